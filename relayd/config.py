@@ -1,0 +1,212 @@
+"""Declarative settings: one table per wing, resolved as flag > environment > default.
+
+Each wing lists its settings as L{Setting} rows (``relayd/<wing>/config.py``); L{relayd.tap.Options} is
+built from all of them, so ``twistd -n relayd --help`` documents every option in one place and every
+value is validated before any socket is opened.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+
+class ConfigError(ValueError):
+    """An invalid setting; the message names the flag or environment variable."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One configurable value.
+
+    @ivar name: the long flag without dashes (``aep-buffer`` is ``--aep-buffer``); also the key in the
+        resolved settings mapping.
+    @ivar parse: turns the text form into the value; raises C{ValueError} with a short reason.
+    @ivar env: environment variable names consulted in order when the flag is absent.
+    @ivar repeatable: the flag may be given several times; the value is a list.
+    @ivar switch: a boolean flag taking no argument (``--no-aep``).
+    @ivar secret: never echo the value (tokens, keys) in warnings or errors.
+    """
+
+    name: str
+    default: Any
+    help: str
+    parse: Callable[[str], Any] = str
+    env: tuple[str, ...] = ()
+    repeatable: bool = False
+    switch: bool = False
+    secret: bool = False
+    metavar: str | None = None
+
+
+@dataclass
+class Resolved:
+    """The outcome of resolving settings: values plus the warnings to log once logging is up."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+
+def resolve(
+    settings: Sequence[Setting],
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str],
+) -> Resolved:
+    """Resolve every setting: an explicit flag wins over the environment, which wins over the default.
+
+    @param flags: values given on the command line, as text (lists of text for repeatable settings,
+        C{True} for switches); absent names were not given.
+    @raise ConfigError: naming the flag or environment variable whose value is invalid.
+    """
+    out = Resolved()
+    for s in settings:
+        env_name, env_value = _from_env(s, environ)
+        if s.name in flags:
+            raw = flags[s.name]
+            origin = f"--{s.name}"
+            out.sources[s.name] = origin
+            if env_name is not None and not s.switch:
+                given = " ".join(raw) if isinstance(raw, list) else str(raw)
+                if given != env_value:
+                    shown = "" if s.secret else f" ({env_value!r} ignored)"
+                    out.warnings.append(f"{origin} overrides {env_name}{shown}")
+        elif env_name is not None:
+            raw = [env_value] if s.repeatable else env_value
+            origin = env_name
+            out.sources[s.name] = origin
+        else:
+            out.values[s.name] = s.default
+            out.sources[s.name] = "default"
+            continue
+        if s.switch:
+            out.values[s.name] = _parse_switch(raw, origin)
+            continue
+        try:
+            if s.repeatable:
+                out.values[s.name] = [s.parse(item) for item in raw]
+            else:
+                out.values[s.name] = s.parse(raw)
+        except ValueError as e:
+            shown = "" if s.secret else f" {raw!r}"
+            raise ConfigError(f"{origin}:{shown} {e}") from None
+    return out
+
+
+def _from_env(s: Setting, environ: Mapping[str, str]) -> tuple[str | None, str]:
+    for name in s.env:
+        value = environ.get(name, "")
+        if value != "":  # an empty variable counts as unset
+            return name, value
+    return None, ""
+
+
+def _parse_switch(raw: Any, origin: str) -> bool:
+    if raw is True:
+        return True
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{origin}: expected a boolean (1/0, true/false), got {raw!r}")
+
+
+# Parsers shared by the wings' tables -------------------------------------------------------------
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    value = _int(text)
+    if value < 1:
+        raise ValueError("must be a positive integer")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0."""
+    value = _int(text)
+    if value < 0:
+        raise ValueError("must be a non-negative integer")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text.strip(), 10)
+    except ValueError:
+        raise ValueError("must be an integer") from None
+
+
+def non_empty(text: str) -> str:
+    """Any text with at least one non-blank character."""
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text
+
+
+def endpoint(text: str) -> str:
+    """A server endpoint description (strports); checked for syntax without listening."""
+    from twisted.internet import endpoints, reactor
+
+    try:
+        endpoints.serverFromString(reactor, text)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"is not a valid server endpoint ({e})") from None
+    return text
+
+
+def endpoint_interface(description: str) -> str | None:
+    """The interface a TCP-like endpoint description binds, or C{None} for "all interfaces"."""
+    parts = _split_strport(description)
+    for part in parts[1:]:
+        if part.startswith("interface="):
+            return part[len("interface=") :].replace("\\:", ":")
+    kind = parts[0] if parts else ""
+    if kind in ("unix", "systemd"):
+        return "127.0.0.1"  # not reachable from the network by itself
+    return None
+
+
+def is_loopback_endpoint(description: str) -> bool:
+    """Whether an endpoint description listens only on loopback (or a local socket)."""
+    interface = endpoint_interface(description)
+    if interface is None:
+        return False
+    if interface in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(interface).is_loopback
+    except ValueError:
+        return False
+
+
+def is_tls_endpoint(description: str) -> bool:
+    """Whether an endpoint description terminates TLS itself."""
+    kind = _split_strport(description)[0]
+    return kind in ("ssl", "tls", "le", "lets")
+
+
+def _split_strport(description: str) -> list[str]:
+    parts: list[str] = []
+    current = ""
+    escaped = False
+    for ch in description:
+        if escaped:
+            current += "\\" + ch
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == ":":
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    parts.append(current)
+    if parts and parts[0] == "haproxy":
+        parts = parts[1:]
+    return parts

@@ -1,0 +1,139 @@
+"""The twistd plugin's Options and makeService: every wing as a child of one MultiService."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any, Mapping, Sequence
+
+from twisted.application.service import IService, MultiService
+from twisted.internet import defer
+from twisted.logger import Logger
+from twisted.python import usage
+
+from relayd.clock import Clock
+from relayd.config import ConfigError, Resolved, Setting, resolve
+
+# Each wing provides relayd.<wing>.config.SETTINGS and relayd.<wing>.service.make_service.
+WINGS = ("aep", "mcp", "buzz")
+
+
+def _wing_modules(kind: str) -> list[Any]:
+    modules = []
+    for wing in WINGS:
+        try:
+            modules.append(importlib.import_module(f"relayd.{wing}.{kind}"))
+        except ModuleNotFoundError as e:
+            if e.name != f"relayd.{wing}.{kind}" and e.name != f"relayd.{wing}":
+                raise
+    return modules
+
+
+def all_settings() -> list[Setting]:
+    """Every setting of every wing, in wing order."""
+    settings: list[Setting] = []
+    for module in _wing_modules("config"):
+        settings.extend(module.SETTINGS)
+    return settings
+
+
+def _make_option_class(settings: Sequence[Setting]) -> type[usage.Options]:
+    namespace: dict[str, Any] = {}
+    for s in settings:
+        namespace["opt_" + s.name.replace("-", "_")] = _option_method(s)
+    return type("_WingOptions", (usage.Options,), namespace)
+
+
+def _option_method(s: Setting) -> Any:
+    default = "" if s.default in (None, [], False) else f" [default: {_show(s.default)}]"
+    env = f" (env {', '.join(s.env)})" if s.env else ""
+    if s.switch:
+
+        def switch(self: Options) -> None:
+            self.given[s.name] = True
+
+        switch.__doc__ = s.help + env
+        return switch
+
+    def value(self: Options, text: str) -> None:
+        if s.repeatable:
+            self.given.setdefault(s.name, []).append(text)
+        else:
+            self.given[s.name] = text
+
+    value.__doc__ = s.help + env + default
+    return value
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, list):
+        return " ".join(str(v) for v in value)
+    return str(value)
+
+
+class Options(_make_option_class(all_settings())):  # type: ignore[misc]
+    """relayd's command line: every wing's flags; flag > environment > default."""
+
+    synopsis = "[options]"
+    longdesc = (
+        "relayd relays agent traffic: the AEP event relay, the MCP tunnel relay and the Buzz broker "
+        "host, each on its own loopback listener by default. Every option can also be set through "
+        "the environment variable named with it; a flag wins over the environment."
+    )
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        super().__init__()
+        self.environ = os.environ if environ is None else environ
+        self.given: dict[str, Any] = {}
+        self.settings = Resolved()
+
+    def postOptions(self) -> None:
+        try:
+            self.settings = resolve(all_settings(), self.given, self.environ)
+        except ConfigError as e:
+            # One line and status 2, before anything listens (twistd would print the whole usage).
+            sys.stderr.write(f"relayd: error: {e}\n")
+            sys.stderr.flush()
+            raise SystemExit(2)
+
+
+class RelaydService(MultiService):
+    """The root service: the wings, then the clock's timers, stopped in that order."""
+
+    _log = Logger()
+
+    def __init__(self, clock: Clock, warnings: Sequence[str] = ()) -> None:
+        super().__init__()
+        self.clock = clock
+        self._warnings = list(warnings)
+
+    def startService(self) -> None:
+        for warning in self._warnings:
+            self._log.warn("{warning}", warning=warning)
+        super().startService()
+
+    @defer.inlineCallbacks
+    def stopService(self) -> Any:
+        yield super().stopService()
+        self.clock.shutdown()
+
+
+def makeService(config: Options, reactor: Any = None) -> IService:
+    """Build the relayd service tree from parsed options."""
+    if reactor is None:
+        from twisted.internet import reactor as _reactor
+
+        reactor = _reactor
+    clock = Clock(reactor)
+    root = RelaydService(clock, config.settings.warnings)
+    try:
+        for module in _wing_modules("service"):
+            service = module.make_service(config.settings, reactor, clock)
+            if service is not None:
+                service.setServiceParent(root)
+    except ConfigError as e:
+        sys.stderr.write(f"relayd: error: {e}\n")
+        sys.stderr.flush()
+        raise SystemExit(2)
+    return root

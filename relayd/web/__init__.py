@@ -1,0 +1,1 @@
+"""HTTP plumbing shared by every wing; it knows no protocol."""

@@ -1,0 +1,41 @@
+"""Token extraction and constant-time comparison."""
+
+from __future__ import annotations
+
+import hmac
+
+from twisted.web.iweb import IRequest
+
+
+def bearer_token(request: IRequest) -> str | None:
+    """The token of an C{Authorization: Bearer <token>} header (case-sensitive prefix, one space)."""
+    values = request.requestHeaders.getRawHeaders(b"authorization")
+    if not values:
+        return None
+    value = values[0]
+    if not value.startswith(b"Bearer "):
+        return None
+    try:
+        return value[len(b"Bearer ") :].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def query_param(request: IRequest, name: str) -> str | None:
+    """The first value of query parameter C{name}, decoded as UTF-8, or C{None}."""
+    values = request.args.get(name.encode("ascii"))
+    if not values:
+        return None
+    try:
+        return values[0].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def tokens_equal(given: str | bytes | None, expected: str | bytes) -> bool:
+    """Compare a presented token with the configured one in constant time."""
+    if given is None:
+        return False
+    a = given.encode("utf-8") if isinstance(given, str) else given
+    b = expected.encode("utf-8") if isinstance(expected, str) else expected
+    return hmac.compare_digest(a, b)

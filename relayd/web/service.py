@@ -1,0 +1,106 @@
+"""The service shape every HTTP wing shares: listen on its endpoints, then drain on shutdown."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from twisted.application.internet import StreamServerEndpointService
+from twisted.application.service import MultiService
+from twisted.internet import defer, endpoints
+from twisted.internet.interfaces import IListeningPort, IReactorCore
+from twisted.logger import Logger
+
+from relayd.clock import Clock
+from relayd.config import is_loopback_endpoint
+from relayd.web.site import RelaySite
+
+DEFAULT_GRACE = 5.0
+_POLL = 0.05
+
+
+class HTTPWingService(MultiService):
+    """One wing's listeners over one site.
+
+    Shutdown runs in phases: stop listening; C{drain()} (the wing ends its streams with its own
+    final frames and answers parked requests); close the site's connections; wait until
+    C{remaining()} and the site report nothing open, at most C{grace} seconds; abort what is left.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        name: str,
+        site: RelaySite,
+        listen: list[str],
+        reactor: IReactorCore,
+        clock: Clock,
+        *,
+        drain: Callable[[], None] = lambda: None,
+        remaining: Callable[[], int] = lambda: 0,
+        abort: Callable[[], None] = lambda: None,
+        grace: float = DEFAULT_GRACE,
+    ) -> None:
+        super().__init__()
+        self.setName(name)
+        self.site = site
+        self.clock = clock
+        self.grace = grace
+        self._drain = drain
+        self._remaining = remaining
+        self._abort = abort
+        self.listeners: list[StreamServerEndpointService] = []
+        for description in listen:
+            svc = StreamServerEndpointService(endpoints.serverFromString(reactor, description), site)
+            svc._raiseSynchronously = True  # a port that cannot be bound fails startup, as strports does
+            svc.description = description  # type: ignore[attr-defined]
+            svc.setServiceParent(self)
+            self.listeners.append(svc)
+            if not is_loopback_endpoint(description):
+                self._log.warn(
+                    "{relay} listens on a non-loopback interface ({endpoint}): put it behind TLS "
+                    "and authentication",
+                    relay=name,
+                    endpoint=description,
+                )
+
+    def ports(self) -> defer.Deferred[list[IListeningPort]]:
+        """Fires with the listening ports once every listener is up (for tests and startup logs)."""
+        return defer.gatherResults([svc._waitingForPort for svc in self.listeners])  # type: ignore[union-attr]
+
+    def startService(self) -> None:
+        super().startService()
+        self.ports().addCallback(self._announce).addErrback(lambda f: None)
+
+    def _announce(self, ports: list[IListeningPort]) -> None:
+        for port in ports:
+            host = port.getHost()
+            self._log.info(
+                "{relay} listening on {host}:{port}",
+                relay=self.name,
+                host=getattr(host, "host", host),
+                port=getattr(host, "port", ""),
+            )
+
+    async def _stop(self) -> None:
+        await defer.gatherResults([defer.maybeDeferred(svc.stopService) for svc in self.listeners])
+        self._drain()
+        self.site.close_connections()
+        waited = 0.0
+        while waited < self.grace and (self._remaining() or self.site.open_connections()):
+            await _sleep(self.clock, _POLL)
+            waited += _POLL
+        if self._remaining() or self.site.open_connections():
+            self._log.warn("{relay}: grace period over, aborting open connections", relay=self.name)
+            self._abort()
+            self.site.close_connections(abort=True)
+
+    def stopService(self) -> defer.Deferred[None]:
+        self.running = False
+        return defer.Deferred.fromCoroutine(self._stop())
+
+
+def _sleep(clock: Clock, seconds: float) -> defer.Deferred[None]:
+    d: defer.Deferred[None] = defer.Deferred()
+    clock.call_later(seconds, d.callback, None)
+    return d

@@ -1,0 +1,217 @@
+"""Server-Sent Events: immediate headers, framing, one shared heartbeat, coalesced writes, backpressure.
+
+Writes to a stream are queued and flushed once per reactor turn for all streams together, so a burst
+of events costs one C{write} per subscriber instead of one per event. Each stream is the push producer
+of its response: while the client does not read, the transport pauses it and its queue grows up to
+C{max_buffer} bytes; past that the stream is aborted (the client reconnects and resumes).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from twisted.internet.interfaces import IPushProducer
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.server import Request
+from zope.interface import implementer
+
+from relayd.clock import Clock
+
+DEFAULT_MAX_BUFFER = 8 * 1024 * 1024
+
+
+def sse_event(data: bytes, event: bytes | None = None, id: bytes | None = None) -> bytes:
+    """One SSE event: C{event:}, C{data:} and C{id:} lines (in that order) and a blank line.
+
+    C{data} must hold no line break; callers serialise compactly when it might.
+    """
+    parts = []
+    if event is not None:
+        parts.append(b"event: " + event + b"\n")
+    parts.append(b"data: " + data + b"\n")
+    if id is not None:
+        parts.append(b"id: " + id + b"\n")
+    parts.append(b"\n")
+    return b"".join(parts)
+
+
+def sse_comment(text: str | bytes) -> bytes:
+    """An SSE comment line followed by a blank line."""
+    if isinstance(text, str):
+        text = text.encode("utf-8")
+    return b": " + text + b"\n\n"
+
+
+@implementer(IPushProducer)
+class SSEStream:
+    """One open C{text/event-stream} response."""
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        request: Request,
+        hub: SSEHub,
+        *,
+        max_buffer: int = DEFAULT_MAX_BUFFER,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        self.request = request
+        self.hub = hub
+        self.max_buffer = max_buffer
+        self.on_close = on_close
+        self.closed = False
+        self.paused = False
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._dirty = False
+
+    @property
+    def backlog(self) -> int:
+        """Bytes queued because the client is not reading (0 while the transport accepts writes).
+
+        Writes made while the transport accepts data are handed over at the end of the reactor
+        turn whatever their size (a large replay is not a slow client); only what piles up while
+        the transport has paused this producer counts against the bounds.
+        """
+        return self._pending_bytes if self.paused else 0
+
+    def start(self, headers: Iterable[tuple[bytes, bytes]], preamble: bytes = b"") -> None:
+        """Send C{200} and the headers now (a live-only subscriber sees them at once)."""
+        request = self.request
+        request.setResponseCode(200)
+        for name, value in headers:
+            request.responseHeaders.setRawHeaders(name, [value])
+        request.registerProducer(self, True)
+        request.write(preamble)  # writes the status line and headers even when the preamble is empty
+        request.notifyFinish().addBoth(self._finished)
+        self.hub.add(self)
+
+    def write(self, chunk: bytes) -> bool:
+        """Queue pre-framed bytes; C{False} if the stream is closed or just overflowed."""
+        if self.closed:
+            return False
+        self._pending.append(chunk)
+        self._pending_bytes += len(chunk)
+        if self.paused and self._pending_bytes > self.max_buffer:
+            self._overflow()
+            return False
+        if not self._dirty and not self.paused:
+            self._dirty = True
+            self.hub.schedule(self)
+        return True
+
+    def flush(self) -> None:
+        """Hand everything queued to the transport (called by the hub once per reactor turn)."""
+        self._dirty = False
+        if self.closed or self.paused or not self._pending:
+            return
+        data = b"".join(self._pending) if len(self._pending) > 1 else self._pending[0]
+        self._pending = []
+        self._pending_bytes = 0
+        self.request.write(data)
+
+    def close(self, final: bytes = b"") -> None:
+        """Send what is queued plus C{final}, then end the response."""
+        if self.closed:
+            return
+        if final:
+            self._pending.append(final)
+        self.paused = False
+        self.flush()
+        self._end()
+        try:
+            self.request.unregisterProducer()
+            self.request.finish()
+        except RuntimeError:
+            pass  # the connection went away meanwhile
+
+    def abort(self) -> None:
+        """Drop the connection without sending what is queued."""
+        if self.closed:
+            return
+        self._end()
+        transport = getattr(self.request.channel, "transport", None)
+        if transport is not None:
+            transport.abortConnection()
+
+    def _overflow(self) -> None:
+        self._log.debug("SSE subscriber overflowed its {max} byte buffer; aborting", max=self.max_buffer)
+        self.abort()
+
+    def _end(self) -> None:
+        self.closed = True
+        self._pending = []
+        self._pending_bytes = 0
+        self.hub.discard(self)
+        callback, self.on_close = self.on_close, None
+        if callback is not None:
+            callback()
+
+    def _finished(self, result: object) -> None:
+        if not self.closed:
+            self._end()
+        if isinstance(result, Failure):
+            return None
+
+    # IPushProducer
+
+    def pauseProducing(self) -> None:
+        self.paused = True
+
+    def resumeProducing(self) -> None:
+        self.paused = False
+        if self._pending and not self._dirty:
+            self._dirty = True
+            self.hub.schedule(self)
+
+    def stopProducing(self) -> None:
+        if not self.closed:
+            self._end()
+
+
+class SSEHub:
+    """The open streams of one wing: one shared heartbeat, one flush per reactor turn, drain."""
+
+    def __init__(self, clock: Clock, heartbeat_interval: float, heartbeat: bytes) -> None:
+        self.clock = clock
+        self.heartbeat = heartbeat
+        self.heartbeat_interval = heartbeat_interval
+        self.streams: set[SSEStream] = set()
+        self._dirty: list[SSEStream] = []
+        self._flush_call: object | None = None
+        self._loop = clock.looping_call(heartbeat_interval, self.beat)
+
+    def add(self, stream: SSEStream) -> None:
+        self.streams.add(stream)
+
+    def discard(self, stream: SSEStream) -> None:
+        self.streams.discard(stream)
+
+    def schedule(self, stream: SSEStream) -> None:
+        """Flush C{stream} at the end of this reactor turn, together with every other dirty stream."""
+        self._dirty.append(stream)
+        if self._flush_call is None:
+            self._flush_call = self.clock.call_later(0, self.flush)
+
+    def flush(self) -> None:
+        """Flush every stream written to since the last flush."""
+        self._flush_call = None
+        dirty, self._dirty = self._dirty, []
+        for stream in dirty:
+            stream.flush()
+
+    def beat(self) -> None:
+        """Send the heartbeat to every open stream."""
+        for stream in list(self.streams):
+            stream.write(self.heartbeat)
+
+    def drain(self, final: bytes) -> None:
+        """End every open stream with C{final} (for shutdown)."""
+        for stream in list(self.streams):
+            stream.close(final)
+
+    def stop(self) -> None:
+        """Stop the heartbeat."""
+        self.clock.stop_loop(self._loop)
