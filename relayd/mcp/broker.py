@@ -1,0 +1,646 @@
+"""The MCP tunnel relay core: sessions, subscribers, fan-out, backlog, reply routing, long-poll, reaper.
+
+No I/O happens here. The HTTP layer hands in request facts (ids, tokens, bodies) and, for an SSE
+stream, a L{Sink} to write encoded events to; the broker answers with results or L{Refused} reasons
+(the wire strings of C{mcp-relay.md} §2), and keeps its state in an L{IMcpStore}.
+
+Semantics follow the Node relay 0.46.0 with relayd's decisions MCP 1-10 (see C{decisions.md}):
+a 64-frame first-frame backlog, newline-safe SSE framing, collision-free reply routing, sessions kept
+alive by open subscribers, bounded queues with C{notifications/frames_dropped}, a session cap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from itertools import count
+from typing import Any, Coroutine, Protocol, TypeVar
+
+import orjson
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.logger import Logger
+
+from relayd.clock import Clock
+from relayd.mcp.store import (
+    INBOUND,
+    OUTBOUND,
+    POLL,
+    SSE,
+    Correlation,
+    IMcpStore,
+    SessionRecord,
+    SubscriberRecord,
+    queue_key,
+)
+
+SESSION_ID = re.compile(r"[A-Za-z0-9_-]{4,64}")
+SUBSCRIBER_ID = re.compile(r"[a-f0-9]{16}")
+TOKEN_MIN, TOKEN_MAX = 16, 128
+
+POLL_MAX_WAIT_MS = 25_000
+POLL_DEFAULT_WAIT_MS = 20_000
+
+PEER_JOINED = "notifications/peer_joined"
+PEER_LEFT = "notifications/peer_left"
+FRAMES_DROPPED = "notifications/frames_dropped"
+# Only the broker emits presence; a posted frame carrying either method is refused (mcp-relay.md §2.7).
+_BROKER_ONLY = frozenset((PEER_JOINED, PEER_LEFT))
+
+_T = TypeVar("_T")
+
+
+class Refused(Exception):
+    """A request the relay refuses; C{reason} is the wire error string (C{session_gone}, ...)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """Limits and timings (defaults: mcp-relay.md §7 and decisions MCP 1, 9)."""
+
+    ttl_ms: float = 14_400_000
+    reap_interval_ms: float = 60_000
+    poll_idle_ms: float = 60_000
+    max_sessions: int = 10_000
+    queue_max_frames: int = 1000
+    queue_max_bytes: int = 8 * 1024 * 1024
+    backlog_frames: int = 64
+    correlations_per_session: int = 1000
+
+
+class Sink(Protocol):
+    """Where the broker writes one SSE subscriber's events (implemented by the HTTP layer)."""
+
+    def deliver(self, event: bytes) -> bool:
+        """Queue one encoded SSE event; C{False} if the subscriber is closed or overflowed."""
+
+    def end(self) -> None:
+        """End the stream (its session ended or the relay is shutting down)."""
+
+
+_UNPARSED: Any = object()
+
+
+class Frame:
+    """One JSON-RPC frame: the posted bytes, the parsed message, and its encodings (each made once)."""
+
+    __slots__ = ("raw", "_message", "_sse", "_json")
+
+    def __init__(self, raw: bytes, message: Any = _UNPARSED) -> None:
+        self.raw = raw
+        self._message = message
+        self._sse: bytes | None = None
+        self._json: bytes | None = None
+
+    @property
+    def message(self) -> Any:
+        """The parsed message."""
+        if self._message is _UNPARSED:
+            self._message = _loads(self.raw)
+        return self._message
+
+    @property
+    def sse(self) -> bytes:
+        """The SSE event: compact frames pass byte for byte; one with a line break is re-serialised
+        compactly (decision MCP 4), so each C{data:} line is a whole frame."""
+        if self._sse is None:
+            data = self.raw
+            if b"\n" in data or b"\r" in data:
+                data = _dumps(self.message)
+            self._sse = b"event: mcp\ndata: " + data + b"\n\n"
+        return self._sse
+
+    @property
+    def json_string(self) -> bytes:
+        """The frame as a JSON string literal, the form a poll response carries."""
+        if self._json is None:
+            self._json = orjson.dumps(self.raw.decode("utf-8"))
+        return self._json
+
+    @property
+    def is_request(self) -> bool:
+        """A single request: a string C{method} and an id that is not null."""
+        m = self.message
+        return isinstance(m, dict) and isinstance(m.get("method"), str) and m.get("id") is not None
+
+    @property
+    def is_response(self) -> bool:
+        """A single response: no string C{method} and an id that is not null."""
+        m = self.message
+        return isinstance(m, dict) and not isinstance(m.get("method"), str) and m.get("id") is not None
+
+    @property
+    def id_key(self) -> bytes:
+        """The compact JSON of the id: C{1} and C{"1"} are different keys."""
+        return _dumps(self.message["id"])
+
+    def with_id(self, new_id: Any) -> Frame:
+        """A copy with another id (re-serialised compactly)."""
+        message = dict(self.message)
+        message["id"] = new_id
+        return Frame(_dumps(message), message)
+
+
+def notification(method: str, params: bytes) -> Frame:
+    """A broker-made JSON-RPC notification; C{params} is already-encoded JSON (key order matters)."""
+    raw = b'{"jsonrpc":"2.0","method":"' + method.encode() + b'","params":' + params + b"}"
+    return Frame(raw)
+
+
+def parse_frame(body: bytes) -> Frame | None:
+    """A valid frame (mcp-relay.md §2.7) or C{None}."""
+    if not body:
+        return None
+    try:
+        message = _loads(body)
+    except ValueError:
+        return None
+    items = message if isinstance(message, list) else [message]
+    if not items:
+        return None
+    for item in items:
+        if not isinstance(item, dict) or item.get("jsonrpc") != "2.0":
+            return None
+        method = item.get("method")
+        if isinstance(method, str):
+            if method in _BROKER_ONLY:
+                return None
+            continue
+        if "id" not in item or (("result" in item) == ("error" in item)):
+            return None
+    return Frame(body, message)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _loads(data: bytes) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        # orjson refuses integers beyond 64 bits, which JSON (and JSON.parse) accepts.
+        try:
+            return json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+        except (UnicodeDecodeError, RecursionError) as e:
+            raise ValueError(str(e)) from None
+
+
+def _dumps(value: Any) -> bytes:
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def token_hash(token: str) -> str:
+    """SHA-256 hex of a token (only the hash is stored)."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def utf16_length(text: str) -> int:
+    """Length in UTF-16 code units (JavaScript's C{.length}), which the token bounds count."""
+    return len(text) + sum(1 for ch in text if ord(ch) > 0xFFFF)
+
+
+def parse_wait_ms(value: str | None) -> int:
+    """The poll park window: JavaScript C{parseInt(v, 10)} clamped to 0..25000; absent is 20000."""
+    if value is None:
+        return POLL_DEFAULT_WAIT_MS
+    match = re.match(r"\s*([+-]?\d+)", value)
+    if match is None:
+        return 0
+    return max(0, min(POLL_MAX_WAIT_MS, int(match.group(1))))
+
+
+@dataclass
+class StreamHandle:
+    """An SSE subscriber just opened: its record, and the backlog events to write after the preamble."""
+
+    record: SubscriberRecord
+    backlog: list[bytes]
+
+
+@dataclass
+class PollResult:
+    """One poll's answer: the subscriber id, frames as JSON string literals, and whether it was new."""
+
+    subscriber: str
+    frames: list[bytes]
+    created: bool = False
+    direction: str = INBOUND
+    session: str = ""
+
+    def body(self) -> bytes:
+        """The response body, C{subscriber} first (frames are already encoded)."""
+        return b'{"subscriber":"' + self.subscriber.encode() + b'","frames":[' + b",".join(self.frames) + b"]}"
+
+
+class _Waiter:
+    __slots__ = ("deferred", "timer")
+
+    def __init__(self, deferred: Deferred[None]) -> None:
+        self.deferred = deferred
+        self.timer: Any = None
+
+
+class Broker:
+    """The relay core. Every public method returns a Deferred; refusals errback with L{Refused}."""
+
+    _log = Logger()
+
+    def __init__(self, store: IMcpStore, clock: Clock, config: BrokerConfig | None = None) -> None:
+        self.store = store
+        self.clock = clock
+        self.config = config or BrokerConfig()
+        # What is bound to this process: open SSE streams and parked polls, by queue key.
+        self._sinks: dict[str, Sink] = {}
+        self._waiters: dict[str, set[_Waiter]] = {}
+        self._fresh_ids = count(1)
+        self._reaper: Any = None
+        self.draining = False
+
+    # lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the reaper (one shared looping call; C{reap_interval_ms=0} disables it)."""
+        if self.config.reap_interval_ms > 0 and self._reaper is None:
+            self._reaper = self.clock.looping_call(self.config.reap_interval_ms / 1000, self._reap_tick)
+
+    def stop(self) -> None:
+        """Stop the reaper."""
+        if self._reaper is not None:
+            self.clock.stop_loop(self._reaper)
+            self._reaper = None
+
+    def drain(self) -> None:
+        """Shutdown: end every local SSE stream and answer every parked poll (sessions stay)."""
+        self.draining = True
+        for sink in list(self._sinks.values()):
+            sink.end()
+        self._sinks.clear()
+        for key in list(self._waiters):
+            self._wake(key)
+
+    def open_streams(self) -> int:
+        """Local SSE streams still open."""
+        return len(self._sinks)
+
+    def parked_polls(self) -> int:
+        """Local poll requests parked right now."""
+        return sum(len(w) for w in self._waiters.values())
+
+    # public operations -------------------------------------------------------------------------
+
+    def register(self, session_id: str, token: str) -> Deferred[None]:
+        """Create a session, or refresh it when the token matches (idempotent)."""
+        return self._run(self._register(session_id, token))
+
+    def check(self, session_id: str, token: str) -> Deferred[str | None]:
+        """C{None} for a live session and good token (sliding the TTL), else the reason."""
+        return self._run(self._check(session_id, token))
+
+    def validate(self, session_id: str, token: str) -> Deferred[bool]:
+        """Whether C{check} succeeds."""
+        return self.check(session_id, token).addCallback(lambda reason: reason is None)
+
+    def inbox(self, session_id: str, token: str, body: bytes, label: str | None = None) -> Deferred[None]:
+        """An agent's frame for the page (fans out on C{inbound})."""
+        return self._run(self._inbox(session_id, token, body, label))
+
+    def outbox(self, session_id: str, token: str, body: bytes) -> Deferred[None]:
+        """The page's frame for the agents (fans out on C{outbound}, replies scoped by label)."""
+        return self._run(self._outbox(session_id, token, body))
+
+    def open_stream(
+        self, session_id: str, token: str, direction: str, label: str | None, sink: Sink
+    ) -> Deferred[StreamHandle]:
+        """Subscribe an SSE stream."""
+        return self._run(self._open_stream(session_id, token, direction, label, sink))
+
+    def close_stream(self, record: SubscriberRecord) -> Deferred[None]:
+        """An SSE stream ended (client went away or overflowed): remove it, tell the page."""
+        return self._run(self._close_stream(record))
+
+    def poll(
+        self,
+        session_id: str,
+        token: str,
+        direction: str,
+        wait_ms: int,
+        subscriber: str | None = None,
+        label: str | None = None,
+    ) -> Deferred[PollResult]:
+        """One long-poll. Cancelling the Deferred (client went away) while parked takes nothing."""
+        return self._run(self._poll(session_id, token, direction, wait_ms, subscriber, label))
+
+    def put_back(self, result: PollResult) -> Deferred[None]:
+        """Frames taken by a poll whose client went away go back to the head of its queue."""
+        return self._run(self._put_back(result))
+
+    def unregister(self, session_id: str, token: str) -> Deferred[bool]:
+        """End a session; fires C{True} when it was already gone."""
+        return self._run(self._unregister(session_id, token))
+
+    def drop_session(self, session_id: str) -> Deferred[None]:
+        """End a session without auth (operator action and tests)."""
+        return self._run(self._end_session(session_id))
+
+    def reap(self) -> Deferred[None]:
+        """One reaper pass: expire idle sessions, then prune idle pollers."""
+        return self._run(self._reap())
+
+    # internals ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _run(coro: Coroutine[Any, Any, _T]) -> Deferred[_T]:
+        return Deferred.fromCoroutine(coro)
+
+    def _now(self) -> float:
+        return self.clock.seconds()
+
+    def _reap_tick(self) -> None:
+        self.reap().addErrback(lambda f: self._log.failure("MCP reaper pass failed", f))
+
+    async def _register(self, session_id: str, token: str) -> None:
+        if not SESSION_ID.fullmatch(session_id):
+            raise Refused("invalid_session_id")
+        if not TOKEN_MIN <= utf16_length(token) <= TOKEN_MAX:
+            raise Refused("invalid_token")
+        digest = token_hash(token)
+        now = self._now()
+        record = await self.store.get_session(session_id)
+        if record is not None:
+            if not hmac.compare_digest(record.token_hash, digest):
+                raise Refused("session_taken")
+            await self.store.touch_session(session_id, now)
+            return
+        if await self.store.session_count() >= self.config.max_sessions:
+            raise Refused("too_many_sessions")
+        await self.store.put_session(SessionRecord(session_id, digest, now))
+
+    async def _check(self, session_id: str, token: str) -> str | None:
+        if not session_id or not token:
+            return "invalid_token"
+        record = await self.store.get_session(session_id)
+        if record is None:
+            return "session_gone"
+        if not hmac.compare_digest(record.token_hash, token_hash(token)):
+            return "invalid_token"
+        await self.store.touch_session(session_id, self._now())
+        return None
+
+    async def _inbox(self, session_id: str, token: str, body: bytes, label: str | None) -> None:
+        reason = await self._check(session_id, token)
+        if reason == "session_gone":
+            raise Refused(reason)
+        frame = parse_frame(body)
+        if reason is not None or frame is None:
+            raise Refused("invalid_token_or_frame")
+        if frame.is_request:
+            frame = await self._correlate(session_id, frame, label)
+        await self._fan_out(session_id, INBOUND, frame)
+
+    async def _correlate(self, session_id: str, frame: Frame, label: str | None) -> Frame:
+        """Record who asked (decision MCP 6); rewrite the id when another request holds it."""
+        key = frame.id_key
+        taken = await self.store.correlation_pending(session_id, key)
+        if label is None:
+            # Not recorded (parity), but never let its reply be mistaken for a labelled client's.
+            return frame.with_id(await self._fresh_id(session_id)) if taken else frame
+        original = None
+        if taken:
+            original = key
+            frame = frame.with_id(await self._fresh_id(session_id))
+        await self.store.record_correlation(
+            session_id, frame.id_key, Correlation(label, original), self.config.correlations_per_session
+        )
+        return frame
+
+    async def _fresh_id(self, session_id: str) -> str:
+        while True:
+            candidate = f"relayd-{next(self._fresh_ids)}"
+            if not await self.store.correlation_pending(session_id, _dumps(candidate)):
+                return candidate
+
+    async def _outbox(self, session_id: str, token: str, body: bytes) -> None:
+        reason = await self._check(session_id, token)
+        if reason == "session_gone":
+            raise Refused(reason)
+        frame = parse_frame(body)
+        if reason is not None or frame is None:
+            raise Refused("invalid_token_or_frame")
+        if frame.is_response:
+            correlation = await self.store.consume_correlation(session_id, frame.id_key)
+            if correlation is not None and correlation.original_id is not None:
+                frame = frame.with_id(_loads(correlation.original_id))
+            outbound = await self.store.subscribers(session_id, OUTBOUND)
+            labelled = any(s.label is not None for s in outbound) or any(
+                s.label is not None for s in await self.store.subscribers(session_id, INBOUND)
+            )
+            if labelled:
+                # Scoped: only the asker's subscribers; an uncorrelated or replayed reply reaches nobody.
+                if correlation is not None:
+                    await self._deliver([s for s in outbound if s.label == correlation.label], frame)
+                return
+        await self._fan_out(session_id, OUTBOUND, frame)
+
+    async def _fan_out(self, session_id: str, direction: str, frame: Frame, backlog: bool = True) -> None:
+        subscribers = await self.store.subscribers(session_id, direction)
+        if subscribers:
+            await self._deliver(subscribers, frame)
+        elif backlog:
+            # Decision MCP 1: hold it for the first subscriber instead of dropping it.
+            await self.store.append_backlog(session_id, direction, frame.raw, self.config.backlog_frames)
+
+    async def _deliver(self, subscribers: list[SubscriberRecord], frame: Frame) -> None:
+        config = self.config
+        for sub in subscribers:
+            key = sub.queue_key
+            if sub.kind == SSE:
+                sink = self._sinks.get(key)
+                if sink is not None:
+                    sink.deliver(frame.sse)  # encoded once, shared by every stream
+            else:
+                await self.store.push(key, frame.json_string, config.queue_max_frames, config.queue_max_bytes)
+                self._wake(key)
+
+    async def _announce(self, session_id: str, method: str, subscriber_id: str) -> None:
+        if self.draining:
+            return
+        params = b'{"subscriberId":"%s","ts":%d}' % (subscriber_id.encode(), int(self._now() * 1000))
+        await self._fan_out(session_id, INBOUND, notification(method, params), backlog=False)
+
+    async def _open_stream(
+        self, session_id: str, token: str, direction: str, label: str | None, sink: Sink
+    ) -> StreamHandle:
+        reason = await self._check(session_id, token)
+        if reason is not None:
+            raise Refused(reason)
+        record = SubscriberRecord(secrets.token_hex(8), session_id, direction, SSE, label, self._now())
+        await self.store.add_subscriber(record)
+        self._sinks[record.queue_key] = sink
+        if direction == OUTBOUND:
+            await self._announce(session_id, PEER_JOINED, record.id)
+        backlog = await self.store.take_backlog(session_id, direction)
+        return StreamHandle(record, [Frame(raw).sse for raw in backlog])
+
+    async def _close_stream(self, record: SubscriberRecord) -> None:
+        self._sinks.pop(record.queue_key, None)
+        removed = await self.store.remove_subscriber(record.session, record.direction, record.id)
+        if removed is not None and record.direction == OUTBOUND:
+            await self._announce(record.session, PEER_LEFT, record.id)
+
+    async def _poll(
+        self,
+        session_id: str,
+        token: str,
+        direction: str,
+        wait_ms: int,
+        subscriber: str | None,
+        label: str | None,
+    ) -> PollResult:
+        reason = await self._check(session_id, token)
+        if reason is not None:
+            raise Refused(reason)
+        record, created = await self._poll_subscriber(session_id, direction, subscriber, label)
+        store, key = self.store, record.queue_key
+        await store.update_subscriber(session_id, direction, record.id, self._now(), 1)
+        try:
+            if wait_ms > 0 and not await store.size(key):
+                await self._park(key, wait_ms / 1000)
+            frames, dropped = await store.take(key)
+        finally:
+            await store.update_subscriber(session_id, direction, record.id, self._now(), -1)
+        if dropped:
+            # Decision MCP 9: the poller learns how many of its oldest frames the bound cost it.
+            note = notification(FRAMES_DROPPED, b'{"count":%d}' % dropped)
+            frames.insert(0, note.json_string)
+        return PollResult(record.id, frames, created, direction, session_id)
+
+    async def _poll_subscriber(
+        self, session_id: str, direction: str, wanted: str | None, label: str | None
+    ) -> tuple[SubscriberRecord, bool]:
+        store = self.store
+        new_id = None
+        if wanted is not None and SUBSCRIBER_ID.fullmatch(wanted):
+            existing = await store.get_subscriber(session_id, direction, wanted)
+            if existing is not None and existing.kind == POLL:
+                return existing, False
+            same_id = await store.find_subscriber(session_id, wanted)
+            if not any(r.kind == SSE for r in same_id):
+                new_id = wanted  # adopt (e.g. after an idle prune); never split an SSE queue (P13)
+        record = SubscriberRecord(new_id or secrets.token_hex(8), session_id, direction, POLL, label, self._now())
+        await store.add_subscriber(record)
+        if direction == OUTBOUND:
+            await self._announce(session_id, PEER_JOINED, record.id)
+        backlog = await store.take_backlog(session_id, direction)
+        if backlog:
+            await store.put_back(record.queue_key, [Frame(raw).json_string for raw in backlog])
+        return record, True
+
+    def _park(self, key: str, seconds: float) -> Deferred[None]:
+        waiters = self._waiters.setdefault(key, set())
+
+        def forget() -> None:
+            waiters.discard(waiter)
+            if not waiters and self._waiters.get(key) is waiters:
+                del self._waiters[key]
+            self.clock.cancel(waiter.timer)
+
+        def expire() -> None:
+            waiter.timer = None
+            forget()
+            d.callback(None)
+
+        d: Deferred[None] = Deferred(canceller=lambda _: forget())
+        waiter = _Waiter(d)
+        waiter.timer = self.clock.call_later(seconds, expire)
+        waiters.add(waiter)
+        return d
+
+    def _wake(self, key: str) -> None:
+        waiters = self._waiters.pop(key, None)
+        if not waiters:
+            return
+        for waiter in list(waiters):
+            self.clock.cancel(waiter.timer)
+            waiter.timer = None
+            if not waiter.deferred.called:
+                waiter.deferred.callback(None)
+
+    async def _put_back(self, result: PollResult) -> None:
+        if not result.frames:
+            return
+        record = await self.store.get_subscriber(result.session, result.direction, result.subscriber)
+        if record is not None:
+            await self.store.put_back(record.queue_key, result.frames)
+            self._wake(record.queue_key)
+
+    async def _unregister(self, session_id: str, token: str) -> bool:
+        if not token:
+            raise Refused("invalid_token")
+        record = await self.store.get_session(session_id)
+        if record is None:
+            return True
+        if not hmac.compare_digest(record.token_hash, token_hash(token)):
+            raise Refused("invalid_token")
+        await self._end_session(session_id)
+        return False
+
+    async def _end_session(self, session_id: str) -> None:
+        """Delete a session and end its subscribers (no C{peer_left}: the session is over)."""
+        store = self.store
+        await store.delete_session(session_id)
+        # Parked polls answer with what is queued so far, so wake them before the queues go.
+        for direction in (INBOUND, OUTBOUND):
+            for sub in await store.subscribers(session_id, direction):
+                if sub.kind == POLL:
+                    self._wake(sub.queue_key)
+        for sub in await store.drop_session_state(session_id):
+            sink = self._sinks.pop(sub.queue_key, None)
+            if sink is not None:
+                sink.end()
+
+    def _active_sessions(self) -> set[str]:
+        keys = list(self._sinks) + [k for k, w in self._waiters.items() if w]
+        return {k.split("/", 1)[0] for k in keys}
+
+    async def _reap(self) -> None:
+        now = self._now()
+        store = self.store
+        # Decision MCP 7: an open SSE stream or a parked poll keeps its session alive.
+        for session_id in self._active_sessions():
+            await store.touch_session(session_id, now)
+        for session_id in await store.expired_session_ids(now - self.config.ttl_ms / 1000):
+            await self._end_session(session_id)
+        for sub in await store.idle_pollers(now - self.config.poll_idle_ms / 1000):
+            removed = await store.remove_subscriber(sub.session, sub.direction, sub.id)
+            if removed is not None and sub.direction == OUTBOUND:
+                await self._announce(sub.session, PEER_LEFT, sub.id)
+
+
+def is_cancel(failure: Any) -> bool:
+    """Whether a failure is a cancellation (a poll whose client went away)."""
+    return bool(failure.check(CancelledError))
+
+
+__all__ = [
+    "Broker",
+    "BrokerConfig",
+    "Frame",
+    "PollResult",
+    "Refused",
+    "Sink",
+    "StreamHandle",
+    "parse_frame",
+    "parse_wait_ms",
+    "queue_key",
+]

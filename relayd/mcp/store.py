@@ -1,0 +1,354 @@
+"""The MCP relay's state behind interfaces: sessions, subscribers, frame queues, backlogs, correlations.
+
+Every method returns a Deferred, so a networked implementation (Redis, a later issue) fits without
+changing the broker; the in-memory one here returns already-fired Deferreds.
+
+What lives here is the state another relay process would need to see: session records, who is
+subscribed (with labels and poll bookkeeping), queued frames of pollers, the first-frame backlog and
+reply correlations. What stays in the broker is what is bound to this process's connections: the open
+SSE streams and the parked poll requests.
+
+Frames in queues are stored already encoded as JSON string literals (the form a poll response carries),
+so a frame is encoded once per broadcast, not once per poll; backlog frames are stored raw (a backlog
+is handed to an SSE stream or a poller, which want different encodings).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from twisted.internet.defer import Deferred, succeed
+from zope.interface import Interface, implementer
+
+INBOUND = "inbound"
+OUTBOUND = "outbound"
+DIRECTIONS = (INBOUND, OUTBOUND)
+
+SSE = "sse"
+POLL = "poll"
+
+
+@dataclass
+class SessionRecord:
+    """A registered session: its id, the SHA-256 hex of its token, and when it was last touched (s)."""
+
+    id: str
+    token_hash: str
+    last_seen: float
+
+
+@dataclass
+class SubscriberRecord:
+    """One reader of one direction of a session, over SSE or long-poll.
+
+    @ivar label: the C{client} label (C{None} when absent or empty).
+    @ivar parked: how many poll requests are waiting on this subscriber right now.
+    """
+
+    id: str
+    session: str
+    direction: str
+    kind: str
+    label: str | None
+    last_seen: float
+    parked: int = 0
+
+    @property
+    def queue_key(self) -> str:
+        """The key of this subscriber's frame queue."""
+        return queue_key(self.session, self.direction, self.id)
+
+
+def queue_key(session: str, direction: str, subscriber: str) -> str:
+    """The queue key of a subscriber (session ids and subscriber ids never contain C{/})."""
+    return f"{session}/{direction}/{subscriber}"
+
+
+@dataclass(frozen=True)
+class Correlation:
+    """Where the reply to a labelled request goes.
+
+    @ivar label: the client label the reply is scoped to.
+    @ivar original_id: the compact JSON of the request's own id when the relay rewrote it to avoid a
+        collision (restored on the reply), else C{None}.
+    """
+
+    label: str | None
+    original_id: bytes | None = None
+
+
+class ISessionStore(Interface):
+    """Session records."""
+
+    def get_session(session_id: str) -> Deferred[SessionRecord | None]:
+        """The session, or C{None} when it never existed or is gone."""
+
+    def put_session(record: SessionRecord) -> Deferred[None]:
+        """Create or replace a session."""
+
+    def touch_session(session_id: str, now: float) -> Deferred[None]:
+        """Slide the session's TTL: set C{last_seen} (no-op for an unknown session)."""
+
+    def delete_session(session_id: str) -> Deferred[bool]:
+        """Delete a session; C{True} if it existed."""
+
+    def expired_session_ids(cutoff: float) -> Deferred[list[str]]:
+        """Ids of sessions with C{last_seen < cutoff}."""
+
+    def session_count() -> Deferred[int]:
+        """How many sessions exist."""
+
+
+class ISubscriberStore(Interface):
+    """Subscriber records, per session and direction."""
+
+    def add_subscriber(record: SubscriberRecord) -> Deferred[None]:
+        """Add a subscriber (replacing one with the same session, direction and id)."""
+
+    def get_subscriber(session_id: str, direction: str, subscriber_id: str) -> Deferred[SubscriberRecord | None]:
+        """One subscriber, or C{None}."""
+
+    def find_subscriber(session_id: str, subscriber_id: str) -> Deferred[list[SubscriberRecord]]:
+        """Subscribers with this id in any direction of the session."""
+
+    def subscribers(session_id: str, direction: str) -> Deferred[list[SubscriberRecord]]:
+        """The subscribers of one direction, in arrival order."""
+
+    def update_subscriber(
+        session_id: str, direction: str, subscriber_id: str, last_seen: float | None, parked_delta: int
+    ) -> Deferred[None]:
+        """Set C{last_seen} (unless C{None}) and add C{parked_delta} to C{parked}; no-op when gone."""
+
+    def remove_subscriber(session_id: str, direction: str, subscriber_id: str) -> Deferred[SubscriberRecord | None]:
+        """Remove a subscriber and its queue; the removed record, or C{None} if it was not there."""
+
+    def idle_pollers(cutoff: float) -> Deferred[list[SubscriberRecord]]:
+        """Poll subscribers with no parked request and C{last_seen < cutoff}."""
+
+    def drop_session_state(session_id: str) -> Deferred[list[SubscriberRecord]]:
+        """Remove every subscriber, queue, backlog and correlation of a session; the removed subscribers."""
+
+
+class IFrameQueues(Interface):
+    """Bounded per-subscriber FIFO queues of encoded frames."""
+
+    def push(key: str, item: bytes, max_items: int, max_bytes: int) -> Deferred[int]:
+        """Append C{item}; drop the oldest items beyond the bounds. Fires with how many were dropped."""
+
+    def take(key: str) -> Deferred[tuple[list[bytes], int]]:
+        """Remove and return everything queued, and how many items were dropped since the last take."""
+
+    def put_back(key: str, items: list[bytes]) -> Deferred[None]:
+        """Put C{items} back at the head of the queue, in order (a poll whose client went away)."""
+
+    def size(key: str) -> Deferred[int]:
+        """How many items are queued."""
+
+
+class IBacklogs(Interface):
+    """Frames posted while a direction had no subscriber (decision MCP 1)."""
+
+    def append_backlog(session_id: str, direction: str, frame: bytes, cap: int) -> Deferred[None]:
+        """Append a raw frame, dropping the oldest beyond C{cap}."""
+
+    def take_backlog(session_id: str, direction: str) -> Deferred[list[bytes]]:
+        """Atomically remove and return the whole backlog."""
+
+
+class ICorrelations(Interface):
+    """Which labelled client a pending request's reply belongs to."""
+
+    def record_correlation(session_id: str, key: bytes, correlation: Correlation, cap: int) -> Deferred[None]:
+        """Record a pending request under its id key, evicting the oldest beyond C{cap}."""
+
+    def correlation_pending(session_id: str, key: bytes) -> Deferred[bool]:
+        """Whether a request with this id key is pending."""
+
+    def consume_correlation(session_id: str, key: bytes) -> Deferred[Correlation | None]:
+        """Remove and return the correlation of an id key (a reply is routed once)."""
+
+
+class IMcpStore(ISessionStore, ISubscriberStore, IFrameQueues, IBacklogs, ICorrelations):
+    """Everything the MCP broker keeps outside its own process's connections."""
+
+
+class _Queue:
+    __slots__ = ("items", "bytes", "dropped")
+
+    def __init__(self) -> None:
+        self.items: deque[bytes] = deque()
+        self.bytes = 0
+        self.dropped = 0
+
+
+@implementer(IMcpStore)
+class MemoryStore:
+    """The in-process implementation: dicts and deques, every Deferred already fired."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, SessionRecord] = {}
+        # session -> direction -> subscriber id -> record (dicts keep arrival order)
+        self.subs: dict[str, dict[str, dict[str, SubscriberRecord]]] = {}
+        self.queues: dict[str, _Queue] = {}
+        self.backlogs: dict[tuple[str, str], deque[bytes]] = {}
+        self.correlations: dict[str, OrderedDict[bytes, Correlation]] = {}
+        self.max_queue_items_seen = 0
+
+    # sessions
+
+    def get_session(self, session_id: str) -> Deferred[SessionRecord | None]:
+        return succeed(self.sessions.get(session_id))
+
+    def put_session(self, record: SessionRecord) -> Deferred[None]:
+        self.sessions[record.id] = record
+        return succeed(None)
+
+    def touch_session(self, session_id: str, now: float) -> Deferred[None]:
+        record = self.sessions.get(session_id)
+        if record is not None:
+            record.last_seen = now
+        return succeed(None)
+
+    def delete_session(self, session_id: str) -> Deferred[bool]:
+        return succeed(self.sessions.pop(session_id, None) is not None)
+
+    def expired_session_ids(self, cutoff: float) -> Deferred[list[str]]:
+        return succeed([s.id for s in self.sessions.values() if s.last_seen < cutoff])
+
+    def session_count(self) -> Deferred[int]:
+        return succeed(len(self.sessions))
+
+    # subscribers
+
+    def add_subscriber(self, record: SubscriberRecord) -> Deferred[None]:
+        by_dir = self.subs.setdefault(record.session, {})
+        by_dir.setdefault(record.direction, {})[record.id] = record
+        return succeed(None)
+
+    def _get(self, session_id: str, direction: str, subscriber_id: str) -> SubscriberRecord | None:
+        return self.subs.get(session_id, {}).get(direction, {}).get(subscriber_id)
+
+    def get_subscriber(self, session_id: str, direction: str, subscriber_id: str) -> Deferred[SubscriberRecord | None]:
+        return succeed(self._get(session_id, direction, subscriber_id))
+
+    def find_subscriber(self, session_id: str, subscriber_id: str) -> Deferred[list[SubscriberRecord]]:
+        by_dir = self.subs.get(session_id, {})
+        return succeed([d[subscriber_id] for d in by_dir.values() if subscriber_id in d])
+
+    def subscribers(self, session_id: str, direction: str) -> Deferred[list[SubscriberRecord]]:
+        return succeed(list(self.subs.get(session_id, {}).get(direction, {}).values()))
+
+    def update_subscriber(
+        self, session_id: str, direction: str, subscriber_id: str, last_seen: float | None, parked_delta: int
+    ) -> Deferred[None]:
+        record = self._get(session_id, direction, subscriber_id)
+        if record is not None:
+            if last_seen is not None:
+                record.last_seen = last_seen
+            record.parked += parked_delta
+        return succeed(None)
+
+    def remove_subscriber(self, session_id: str, direction: str, subscriber_id: str) -> Deferred[SubscriberRecord | None]:
+        by_dir = self.subs.get(session_id)
+        record = None
+        if by_dir is not None:
+            record = by_dir.get(direction, {}).pop(subscriber_id, None)
+            if not any(by_dir.values()):
+                del self.subs[session_id]
+        self.queues.pop(queue_key(session_id, direction, subscriber_id), None)
+        return succeed(record)
+
+    def idle_pollers(self, cutoff: float) -> Deferred[list[SubscriberRecord]]:
+        return succeed(
+            [
+                r
+                for by_dir in self.subs.values()
+                for d in by_dir.values()
+                for r in d.values()
+                if r.kind == POLL and r.parked == 0 and r.last_seen < cutoff
+            ]
+        )
+
+    def drop_session_state(self, session_id: str) -> Deferred[list[SubscriberRecord]]:
+        by_dir = self.subs.pop(session_id, {})
+        removed = [r for d in by_dir.values() for r in d.values()]
+        for r in removed:
+            self.queues.pop(r.queue_key, None)
+        for direction in DIRECTIONS:
+            self.backlogs.pop((session_id, direction), None)
+        self.correlations.pop(session_id, None)
+        return succeed(removed)
+
+    # queues
+
+    def push(self, key: str, item: bytes, max_items: int, max_bytes: int) -> Deferred[int]:
+        q = self.queues.get(key)
+        if q is None:
+            q = self.queues[key] = _Queue()
+        q.items.append(item)
+        q.bytes += len(item)
+        dropped = 0
+        # Always keep the newest item, even if it alone exceeds the byte bound (frames are capped anyway).
+        while len(q.items) > 1 and (len(q.items) > max_items or q.bytes > max_bytes):
+            q.bytes -= len(q.items.popleft())
+            dropped += 1
+        q.dropped += dropped
+        if len(q.items) > self.max_queue_items_seen:
+            self.max_queue_items_seen = len(q.items)
+        return succeed(dropped)
+
+    def take(self, key: str) -> Deferred[tuple[list[bytes], int]]:
+        q = self.queues.get(key)
+        if q is None:
+            return succeed(([], 0))
+        items, dropped = list(q.items), q.dropped
+        q.items.clear()
+        q.bytes = 0
+        q.dropped = 0
+        return succeed((items, dropped))
+
+    def put_back(self, key: str, items: list[bytes]) -> Deferred[None]:
+        if items:
+            q = self.queues.get(key)
+            if q is None:
+                q = self.queues[key] = _Queue()
+            q.items.extendleft(reversed(items))
+            q.bytes += sum(len(i) for i in items)
+        return succeed(None)
+
+    def size(self, key: str) -> Deferred[int]:
+        q = self.queues.get(key)
+        return succeed(0 if q is None else len(q.items))
+
+    # backlogs
+
+    def append_backlog(self, session_id: str, direction: str, frame: bytes, cap: int) -> Deferred[None]:
+        backlog = self.backlogs.get((session_id, direction))
+        if backlog is None:
+            backlog = self.backlogs[(session_id, direction)] = deque(maxlen=cap)
+        backlog.append(frame)
+        return succeed(None)
+
+    def take_backlog(self, session_id: str, direction: str) -> Deferred[list[bytes]]:
+        backlog = self.backlogs.pop((session_id, direction), None)
+        return succeed(list(backlog) if backlog else [])
+
+    # correlations
+
+    def record_correlation(self, session_id: str, key: bytes, correlation: Correlation, cap: int) -> Deferred[None]:
+        pending = self.correlations.get(session_id)
+        if pending is None:
+            pending = self.correlations[session_id] = OrderedDict()
+        pending.pop(key, None)
+        pending[key] = correlation
+        while len(pending) > cap:
+            pending.popitem(last=False)
+        return succeed(None)
+
+    def correlation_pending(self, session_id: str, key: bytes) -> Deferred[bool]:
+        return succeed(key in self.correlations.get(session_id, ()))
+
+    def consume_correlation(self, session_id: str, key: bytes) -> Deferred[Correlation | None]:
+        pending = self.correlations.get(session_id)
+        return succeed(None if pending is None else pending.pop(key, None))
+
