@@ -1,0 +1,215 @@
+"""C{relayd-admin broker issue|revoke|list}: credentials for keyless agents.
+
+C{issue} binds a new credential to one agent identity, a channel scope and an action set, and
+prints C{{"credential": ..., "agentPubkey": ...}} once: only its SHA-256 is stored. The agent's key
+is imported from C{--secret-key-file} (64 hex or nsec1), reused when the named agent already exists
+(e.g. a managed agent created through C{agents.create}), or minted; it is kept sealed under the
+key-encryption key. C{list} and C{revoke} never print secrets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+from typing import Sequence, TextIO
+
+from relayd.buzz import contract, nostr
+from relayd.buzz.config import KEK_ENV
+from relayd.buzz.host import credential_hash
+from relayd.buzz.keys import Custody, KEKError, load_kek
+from relayd.buzz.state import Agent, StateDB
+
+CREDENTIAL_PREFIX = "bzh_"
+
+
+def new_credential() -> str:
+    """C{bzh_} + base64url(32 random bytes), unpadded."""
+    return CREDENTIAL_PREFIX + base64.urlsafe_b64encode(os.urandom(32)).rstrip(b"=").decode("ascii")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _UsageError(f"{self.prog}: error: {message}")
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="relayd-admin broker", description="Manage Buzz broker credentials.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--state-dir", default=os.environ.get("RELAYD_BROKER_STATE_DIR") or "./relayd-state")
+        sp.add_argument("--kek-file", default=os.environ.get("RELAYD_BROKER_KEK_FILE") or None)
+
+    issue = sub.add_parser("issue", help="issue a credential (printed once)")
+    common(issue)
+    issue.add_argument("--agent", required=True, help="agent name (or public key of an existing agent)")
+    issue.add_argument("--channel", action="append", default=[], help="channel UUID the credential may act in (repeatable)")
+    issue.add_argument("--actions", default=",".join(contract.ACTIONS), help="comma-separated actions (default: all nine)")
+    issue.add_argument("--secret-key-file", help="file holding the agent's key (64 hex or nsec1)")
+    issue.add_argument("--owner", help="public key of the agent's owner (for storage.address)")
+
+    revoke = sub.add_parser("revoke", help="revoke credentials")
+    common(revoke)
+    which = revoke.add_mutually_exclusive_group(required=True)
+    which.add_argument("--id", help="credential id (from list)")
+    which.add_argument("--agent", help="revoke every credential of this agent (name or public key)")
+
+    lst = sub.add_parser("list", help="list credentials and agents (no secrets)")
+    common(lst)
+    return p
+
+
+def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    """Run C{relayd-admin broker ...} with C{argv} (without the leading C{broker}); returns the exit status."""
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    try:
+        args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    except _UsageError as e:
+        err.write(f"{e}\n")
+        return 2
+    except SystemExit as e:  # --help
+        return int(e.code or 0)
+    try:
+        db = StateDB.in_dir(args.state_dir)
+    except Exception as e:
+        err.write(f"relayd-admin broker: cannot open state in {args.state_dir!r}: {e}\n")
+        return 1
+    try:
+        if args.command == "issue":
+            return _issue(args, db, out, err)
+        if args.command == "revoke":
+            return _revoke(args, db, out, err)
+        return _list(db, out)
+    except _UsageError as e:
+        err.write(f"relayd-admin broker: {e}\n")
+        return 2
+    finally:
+        db.close()
+
+
+def _custody(args: argparse.Namespace) -> Custody:
+    try:
+        return Custody(load_kek(args.state_dir, args.kek_file, os.environ.get(KEK_ENV) or None))
+    except KEKError as e:
+        raise _UsageError(str(e)) from None
+
+
+def _find_agent(db: StateDB, ref: str) -> Agent | None:
+    try:
+        pk = contract.pubkey(ref)
+    except contract.ContractError:
+        pk = None
+    if pk is not None:
+        a = db.agent(pk)
+        if a is not None and not a.deleted:
+            return a
+    named = [a for a in db.agents_named(None, contract.trim(ref))]
+    if len(named) > 1:
+        raise _UsageError(f"more than one agent is named {ref!r}; use its public key")
+    return named[0] if named else None
+
+
+def _issue(args: argparse.Namespace, db: StateDB, out: TextIO, err: TextIO) -> int:
+    try:
+        channels = sorted({contract.channel_id(c, "--channel") for c in args.channel})
+        owner = contract.pubkey(args.owner, "--owner") if args.owner else None
+    except contract.ContractError as e:
+        raise _UsageError(e.message) from None
+    actions = sorted({a.strip() for a in args.actions.split(",") if a.strip()})
+    unknown = [a for a in actions if a not in contract.ACTIONS]
+    if unknown or not actions:
+        raise _UsageError(f"--actions: unknown action {unknown[0]!r}" if unknown else "--actions: empty")
+    custody = _custody(args)
+    existing = _find_agent(db, args.agent)
+    if args.secret_key_file:
+        try:
+            with open(args.secret_key_file, encoding="utf-8") as f:
+                secret = nostr.parse_secret_key(f.read())
+        except OSError as e:
+            raise _UsageError(f"--secret-key-file: cannot read ({e.strerror})") from None
+        except ValueError as e:
+            raise _UsageError(f"--secret-key-file: {e}") from None
+        signer = nostr.Signer(secret)
+        if existing is not None and existing.pubkey != signer.pubkey:
+            raise _UsageError(f"agent {args.agent!r} already exists with a different key")
+        existing = db.agent(signer.pubkey) if existing is None else existing
+    elif existing is None:
+        secret = nostr.generate_secret()
+        signer = nostr.Signer(secret)
+    else:
+        signer = None  # reuse the stored key
+    if existing is not None and signer is None:
+        agent = existing
+        if owner is not None and owner != existing.owner:
+            if existing.managed:
+                raise _UsageError("a managed agent's owner is the agent that created it")
+            agent = Agent(**{**existing.__dict__, "owner": owner})
+            db.put_agent(agent)
+    else:
+        assert signer is not None
+        base = existing if existing is not None and existing.pubkey == signer.pubkey else None
+        name = base.name if base is not None else contract.trim(args.agent)
+        agent = Agent(
+            pubkey=signer.pubkey,
+            name=name,
+            sealed_key=custody.seal(signer.secret, signer.pubkey),
+            owner=owner if owner is not None else (base.owner if base else None),
+            managed=base.managed if base else False,
+            depth=base.depth if base else 0,
+            channel=base.channel if base else None,
+            settings=base.settings if base else {},
+            record_created_at=base.record_created_at if base else 0,
+            deleted=False,
+        )
+        db.put_agent(agent)
+    credential = new_credential()
+    db.add_credential(credential_hash(credential), agent.pubkey, channels, actions)
+    out.write(json.dumps({"credential": credential, "agentPubkey": agent.pubkey}) + "\n")
+    out.flush()
+    return 0
+
+
+def _revoke(args: argparse.Namespace, db: StateDB, out: TextIO, err: TextIO) -> int:
+    if args.id:
+        n = db.revoke(credential_id=args.id.strip())
+    else:
+        agent = _find_agent(db, args.agent)
+        if agent is None:
+            err.write(f"relayd-admin broker: no agent {args.agent!r}\n")
+            return 1
+        n = db.revoke(agent_pubkey=agent.pubkey)
+    out.write(json.dumps({"revoked": n}) + "\n")
+    return 0 if n else 1
+
+
+def _list(db: StateDB, out: TextIO) -> int:
+    agents = {a.pubkey: a for a in db.agents()}
+    for cred in db.credentials():
+        a = agents.get(cred.agent_pubkey)
+        out.write(
+            json.dumps(
+                {
+                    "id": cred.id,
+                    "agent": a.name if a else None,
+                    "agentPubkey": cred.agent_pubkey,
+                    "channels": sorted(cred.channels),
+                    "actions": sorted(cred.actions),
+                    "revoked": cred.revoked,
+                    "createdAt": cred.created_at,
+                }
+            )
+            + "\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

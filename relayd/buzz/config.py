@@ -1,0 +1,112 @@
+"""The broker wing's settings (flag > RELAYD_BROKER_* environment > default)."""
+
+from __future__ import annotations
+
+from relayd.config import Setting, endpoint, non_empty, positive_int
+
+
+def _relay_url(text: str) -> str:
+    text = text.strip()
+    if not (text.startswith("ws://") or text.startswith("wss://")) or len(text) <= len("wss://"):
+        raise ValueError("must be a ws:// or wss:// URL")
+    return text
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError("must be a number of seconds") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise ValueError("must be a positive number of seconds")
+    return value
+
+
+def _csv(text: str) -> list[str]:
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+SETTINGS: list[Setting] = [
+    Setting(
+        "broker-listen",
+        ["tcp:8789:interface=127.0.0.1"],
+        "Buzz broker listen endpoint (strports; repeatable; loopback or TLS only)",
+        parse=endpoint,
+        env=("RELAYD_BROKER_LISTEN",),
+        repeatable=True,
+        metavar="ENDPOINT",
+    ),
+    Setting(
+        "broker-nostr-relay",
+        None,
+        "Nostr relay URL the broker acts on (ws:// or wss://); the broker starts only when set",
+        parse=_relay_url,
+        env=("RELAYD_BROKER_NOSTR_RELAY",),
+        metavar="URL",
+    ),
+    Setting(
+        "broker-auth-url",
+        None,
+        "relay URL to name in NIP-42 AUTH when it differs from --broker-nostr-relay",
+        parse=_relay_url,
+        env=("RELAYD_BROKER_AUTH_URL",),
+        metavar="URL",
+    ),
+    Setting(
+        "broker-state-dir",
+        "./relayd-state",
+        "directory for the broker's SQLite state and generated key-encryption key",
+        parse=non_empty,
+        env=("RELAYD_BROKER_STATE_DIR",),
+        metavar="DIR",
+    ),
+    Setting(
+        "broker-kek-file",
+        None,
+        "file holding the 64-hex-character key-encryption key (else RELAYD_BROKER_KEK, else generated)",
+        parse=non_empty,
+        env=("RELAYD_BROKER_KEK_FILE",),
+        metavar="FILE",
+    ),
+    Setting(
+        "broker-max-agent-depth",
+        4,
+        "longest chain of agents owning agents",
+        parse=positive_int,
+        env=("RELAYD_BROKER_MAX_AGENT_DEPTH",),
+    ),
+    Setting(
+        "broker-action-timeout",
+        10.0,
+        "seconds to wait for the relay (connect, AUTH, OK/EOSE) before answering indeterminate",
+        parse=_seconds,
+        env=("RELAYD_BROKER_ACTION_TIMEOUT",),
+        metavar="SECONDS",
+    ),
+    Setting(
+        "broker-max-body",
+        2 * 1024 * 1024,
+        "largest request body in bytes",
+        parse=positive_int,
+        env=("RELAYD_BROKER_MAX_BODY",),
+        metavar="BYTES",
+    ),
+    Setting(
+        "broker-runtimes",
+        ["buzz-acp"],
+        "comma-separated agent runtimes agents.create/update accept",
+        parse=_csv,
+        env=("RELAYD_BROKER_RUNTIMES",),
+        metavar="LIST",
+    ),
+    Setting(
+        "broker-disable-reactions",
+        False,
+        "answer reaction.add with unsupported",
+        switch=True,
+        env=("RELAYD_BROKER_DISABLE_REACTIONS",),
+    ),
+]
+
+# Read directly from the environment by the service (never a flag: it would land in argv / ps).
+KEK_ENV = "RELAYD_BROKER_KEK"

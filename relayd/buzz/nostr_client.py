@@ -1,0 +1,411 @@
+"""A Twisted Nostr relay client (autobahn WebSocket): one NIP-42-authenticated connection per identity.
+
+Each L{RelayConnection} speaks for one signer: on connect it waits briefly for the relay's AUTH
+challenge, answers it with a kind-22242 event signed by that identity, and from then on sends
+EVENTs (tracked until their C{OK} or a timeout) and REQs (collected until C{EOSE}, then CLOSEd).
+A relay that never answers the AUTH with C{OK} is normal (PyPI nostr-relay does not); messages on
+one connection are processed in order, so what follows the AUTH is judged authenticated.
+
+An C{OK} whose message starts with C{duplicate:} means the relay already holds the event, which is
+success whatever its boolean. A dropped connection fails what is pending on it (callers turn a
+publish in flight into C{outcome_unknown}); the next demand reconnects, after an exponential backoff
+when connecting keeps failing. Every timer goes through the L{relayd.clock.Clock}.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+import orjson
+from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
+from twisted.internet import defer, endpoints
+from twisted.internet.interfaces import IDelayedCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from relayd.buzz import nostr
+from relayd.clock import Clock
+
+Event = dict[str, Any]
+
+
+class RelayError(Exception):
+    """Base class of relay-side failures."""
+
+
+class NotConnected(RelayError):
+    """The relay could not be reached (nothing was sent in this attempt)."""
+
+
+class ConnectionLost(RelayError):
+    """The connection dropped while a request was outstanding: its fate is unknown."""
+
+
+class RelayTimeout(RelayError):
+    """No OK/EOSE within the timeout."""
+
+
+class QueryClosed(RelayError):
+    """The relay refused a subscription (C{CLOSED}); the message is the relay's."""
+
+
+class _Protocol(WebSocketClientProtocol):
+    conn: "RelayConnection"
+
+    def onOpen(self) -> None:
+        self.factory.conn._opened(self)
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        self.factory.conn._message(self, payload)
+
+    def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
+        self.factory.conn._closed(self, reason or "")
+
+
+class _Publish:
+    """An EVENT awaiting its OK; every caller publishing the same event shares the answer."""
+
+    __slots__ = ("waiters", "timer")
+
+    def __init__(self, timer: IDelayedCall) -> None:
+        self.waiters: list[defer.Deferred[tuple[bool, str]]] = []
+        self.timer = timer
+
+    def wait(self) -> defer.Deferred[tuple[bool, str]]:
+        d: defer.Deferred[tuple[bool, str]] = defer.Deferred()
+        self.waiters.append(d)
+        return d
+
+    def resolve(self, result: tuple[bool, str] | Exception) -> None:
+        waiters, self.waiters = self.waiters, []
+        for d in waiters:
+            if isinstance(result, Exception):
+                d.errback(result)
+            else:
+                d.callback(result)
+
+
+class _Query:
+    __slots__ = ("deferred", "timer", "events")
+
+    def __init__(self, deferred: defer.Deferred[list[Event]], timer: IDelayedCall) -> None:
+        self.deferred = deferred
+        self.timer = timer
+        self.events: list[Event] = []
+
+
+class RelayConnection:
+    """The connection the host uses to act as one identity."""
+
+    _log = Logger()
+    _sub_ids = itertools.count(1)
+
+    def __init__(
+        self,
+        pool: "RelayPool",
+        signer: nostr.Signer,
+    ) -> None:
+        self.pool = pool
+        self.signer = signer
+        self._proto: _Protocol | None = None
+        self._ready = False
+        self._connecting = False
+        self._waiters: list[defer.Deferred[None]] = []
+        self._challenge_timer: IDelayedCall | None = None
+        self._retry_timer: IDelayedCall | None = None
+        self._failures = 0
+        self._next_attempt = 0.0
+        self._publishes: dict[str, _Publish] = {}
+        self._queries: dict[str, _Query] = {}
+        self.authenticated_as: str | None = None
+
+    # --- connection lifecycle
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    def ensure_ready(self, timeout: float) -> defer.Deferred[None]:
+        """Fires once the connection is open and (if the relay asked) AUTH has been sent."""
+        if self._ready:
+            return defer.succeed(None)
+        clock = self.pool.clock
+        d: defer.Deferred[None] = defer.Deferred()
+        timer = clock.call_later(timeout, self._waiter_timeout, d)
+        d.addBoth(lambda r: (clock.cancel(timer), r)[1])
+        self._waiters.append(d)
+        if not self._connecting and self._retry_timer is None:
+            delay = self._next_attempt - clock.seconds()
+            if delay > 0:
+                self._retry_timer = clock.call_later(delay, self._retry)
+            else:
+                self._connect()
+        return d
+
+    def _waiter_timeout(self, d: defer.Deferred[None]) -> None:
+        if d in self._waiters:
+            self._waiters.remove(d)
+            d.errback(NotConnected("relay connection not ready within the timeout"))
+
+    def _retry(self) -> None:
+        self._retry_timer = None
+        if self._waiters and not self._connecting and not self._ready:
+            self._connect()
+
+    def _connect(self) -> None:
+        self._connecting = True
+        pool = self.pool
+        factory = WebSocketClientFactory(pool.url)
+        factory.protocol = _Protocol
+        factory.conn = self  # type: ignore[attr-defined]
+        factory.setProtocolOptions(maxMessagePayloadSize=pool.max_message, maxFramePayloadSize=pool.max_message)
+        parts = urlsplit(pool.url)
+        host = parts.hostname or "127.0.0.1"
+        port = parts.port or (443 if parts.scheme == "wss" else 80)
+        ep: Any = endpoints.HostnameEndpoint(pool.reactor, host, port, timeout=pool.connect_timeout)
+        if parts.scheme == "wss":
+            from twisted.internet.ssl import optionsForClientTLS
+
+            ep = endpoints.wrapClientTLS(optionsForClientTLS(host), ep)
+        ep.connect(factory).addErrback(self._connect_failed)
+
+    def _connect_failed(self, failure: Failure) -> None:
+        self._connecting = False
+        self._note_failure(f"cannot connect: {failure.getErrorMessage()}")
+
+    def _note_failure(self, why: str) -> None:
+        self._failures += 1
+        delay = min(self.pool.backoff_cap, self.pool.backoff_base * (2 ** (self._failures - 1)))
+        self._next_attempt = self.pool.clock.seconds() + delay
+        self._log.info(
+            "relay {url} unavailable for {who} ({why}); next attempt in {delay:.2f}s",
+            url=self.pool.url,
+            who=self.signer.pubkey[:12],
+            why=why,
+            delay=delay,
+        )
+        if self._waiters and self._retry_timer is None:
+            self._retry_timer = self.pool.clock.call_later(delay, self._retry)
+
+    def _opened(self, proto: _Protocol) -> None:
+        self._proto = proto
+        self._connecting = False
+        self._failures = 0
+        self._next_attempt = 0.0
+        # A relay that requires NIP-42 sends its challenge on connect: give it a moment.
+        self._challenge_timer = self.pool.clock.call_later(self.pool.challenge_wait, self._set_ready)
+
+    def _set_ready(self) -> None:
+        self._challenge_timer = None
+        if self._proto is None:
+            return
+        self._ready = True
+        waiters, self._waiters = self._waiters, []
+        for d in waiters:
+            d.callback(None)
+
+    def _closed(self, proto: _Protocol, reason: str) -> None:
+        if proto is not self._proto:
+            if self._connecting:  # the handshake failed
+                self._connecting = False
+                self._note_failure(reason or "handshake failed")
+            return
+        self._proto = None
+        self._ready = False
+        self.authenticated_as = None
+        self.pool.clock.cancel(self._challenge_timer)
+        self._challenge_timer = None
+        publishes, self._publishes = self._publishes, {}
+        queries, self._queries = self._queries, {}
+        for p in publishes.values():
+            self.pool.clock.cancel(p.timer)
+            p.resolve(ConnectionLost("relay connection dropped after publish was attempted"))
+        for q in queries.values():
+            self.pool.clock.cancel(q.timer)
+            q.deferred.errback(ConnectionLost("relay connection dropped during a read"))
+        if self._waiters:
+            self._note_failure(reason or "connection closed")
+
+    def close(self) -> None:
+        """Close the connection (pending requests fail with L{ConnectionLost})."""
+        self.pool.clock.cancel(self._retry_timer)
+        self._retry_timer = None
+        waiters, self._waiters = self._waiters, []
+        for d in waiters:
+            d.errback(NotConnected("relay client shutting down"))
+        if self._proto is not None:
+            self._proto.sendClose()
+
+    def abort(self) -> None:
+        """Drop the connection at once."""
+        if self._proto is not None and self._proto.transport is not None:
+            self._proto.transport.abortConnection()
+
+    # --- messages
+
+    def _send(self, message: list[Any]) -> None:
+        assert self._proto is not None
+        self._proto.sendMessage(orjson.dumps(message))
+
+    def _message(self, proto: _Protocol, payload: bytes) -> None:
+        try:
+            msg = orjson.loads(payload)
+            kind = msg[0]
+        except Exception:
+            self._log.debug("ignoring a malformed relay message")
+            return
+        try:
+            if kind == "EVENT":
+                q = self._queries.get(msg[1])
+                if q is not None and isinstance(msg[2], dict):
+                    q.events.append(msg[2])
+            elif kind == "EOSE":
+                self._finish_query(msg[1], None)
+            elif kind == "OK":
+                self._ok(str(msg[1]), msg[2] is True, str(msg[3]) if len(msg) > 3 else "")
+            elif kind == "CLOSED":
+                self._finish_query(msg[1], QueryClosed(str(msg[2]) if len(msg) > 2 else "closed"))
+            elif kind == "AUTH":
+                self._auth(str(msg[1]))
+            elif kind == "NOTICE":
+                self._log.info("relay notice: {notice}", notice=str(msg[1])[:200])
+        except (IndexError, TypeError, KeyError):
+            self._log.debug("ignoring a malformed {kind} message", kind=kind)
+
+    def _auth(self, challenge: str) -> None:
+        ev = nostr.auth_event(self.signer, self.pool.auth_url, challenge, int(self.pool.clock_now()))
+        self._send(["AUTH", ev])
+        self.authenticated_as = self.signer.pubkey
+        if self._challenge_timer is not None:
+            self.pool.clock.cancel(self._challenge_timer)
+            self._set_ready()
+
+    def _ok(self, event_id: str, accepted: bool, message: str) -> None:
+        p = self._publishes.pop(event_id, None)
+        if p is None and event_id == "" and len(self._publishes) == 1:
+            # Some relays answer a refused EVENT with an empty id; with one publish pending it is ours.
+            (only,) = self._publishes
+            p = self._publishes.pop(only)
+        if p is None:
+            if not accepted:
+                self._log.info("relay refused {id}: {message}", id=event_id[:16], message=message[:200])
+            return
+        self.pool.clock.cancel(p.timer)
+        p.resolve((accepted or message.startswith("duplicate:"), message))
+
+    def _finish_query(self, sub_id: str, error: Exception | None) -> None:
+        q = self._queries.pop(sub_id, None)
+        if q is None:
+            return
+        self.pool.clock.cancel(q.timer)
+        if error is None:
+            if self._proto is not None:
+                self._send(["CLOSE", sub_id])
+            q.deferred.callback(q.events)
+        else:
+            q.deferred.errback(error)
+
+    # --- requests
+
+    async def publish(self, event: Event, timeout: float) -> tuple[bool, str]:
+        """Send an EVENT; returns (accepted, relay message). C{duplicate:} counts as accepted.
+
+        @raise NotConnected: the relay was not reachable within the timeout (nothing sent now).
+        @raise ConnectionLost: the connection dropped after sending.
+        @raise RelayTimeout: no OK within the timeout.
+        """
+        clock = self.pool.clock
+        start = clock.seconds()
+        await self.ensure_ready(timeout)
+        remaining = max(0.0, timeout - (clock.seconds() - start))
+        eid = event["id"]
+        existing = self._publishes.get(eid)
+        if existing is not None:  # the same event is already in flight: share its answer
+            return await existing.wait()
+        p = self._publishes[eid] = _Publish(clock.call_later(remaining, self._publish_timeout, eid))
+        d = p.wait()
+        self._send(["EVENT", event])
+        return await d
+
+    def _publish_timeout(self, eid: str) -> None:
+        p = self._publishes.pop(eid, None)
+        if p is not None:
+            p.resolve(RelayTimeout("no OK from the relay within the timeout"))
+
+    async def query(self, filters: list[dict[str, Any]], timeout: float) -> list[Event]:
+        """Run a REQ until EOSE and return the stored events it yielded (relay order)."""
+        clock = self.pool.clock
+        start = clock.seconds()
+        await self.ensure_ready(timeout)
+        remaining = max(0.0, timeout - (clock.seconds() - start))
+        sub_id = f"q{next(self._sub_ids)}"
+        d: defer.Deferred[list[Event]] = defer.Deferred()
+        timer = clock.call_later(remaining, self._query_timeout, sub_id)
+        self._queries[sub_id] = _Query(d, timer)
+        self._send(["REQ", sub_id, *filters])
+        return await d
+
+    def _query_timeout(self, sub_id: str) -> None:
+        q = self._queries.pop(sub_id, None)
+        if q is not None:
+            if self._proto is not None:
+                self._send(["CLOSE", sub_id])
+            q.deferred.errback(RelayTimeout("no EOSE from the relay within the timeout"))
+
+
+class RelayPool:
+    """Connections to one relay, one per identity, opened on demand."""
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        url: str,
+        reactor: Any,
+        clock: Clock,
+        *,
+        auth_url: str | None = None,
+        connect_timeout: float = 10.0,
+        challenge_wait: float = 1.0,
+        backoff_base: float = 0.25,
+        backoff_cap: float = 5.0,
+        max_message: int = 16 * 1024 * 1024,
+        wall_clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.url = url
+        self.auth_url = auth_url or url
+        self.reactor = reactor
+        self.clock = clock
+        self.connect_timeout = connect_timeout
+        self.challenge_wait = challenge_wait
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self.max_message = max_message
+        self.clock_now = wall_clock or clock.seconds
+        self._conns: dict[str, RelayConnection] = {}
+
+    def connection(self, signer: nostr.Signer) -> RelayConnection:
+        """The connection that speaks as C{signer}."""
+        conn = self._conns.get(signer.pubkey)
+        if conn is None:
+            conn = self._conns[signer.pubkey] = RelayConnection(self, signer)
+        return conn
+
+    def forget(self, pubkey: str) -> None:
+        """Close and drop the connection of an identity that no longer exists."""
+        conn = self._conns.pop(pubkey, None)
+        if conn is not None:
+            conn.close()
+
+    def close(self) -> None:
+        """Close every connection."""
+        for conn in list(self._conns.values()):
+            conn.close()
+        self._conns.clear()
+
+    def abort(self) -> None:
+        """Drop every connection at once (tests simulating a dead relay)."""
+        for conn in list(self._conns.values()):
+            conn.abort()

@@ -1,0 +1,437 @@
+"""The nine broker operations, mapped onto Nostr (docs/buzz-broker.md section 2, decisions.md).
+
+An operation either answers directly (C{channel.read}, C{storage.address}, a no-op update) or
+returns a L{Plan}: the fully signed events to publish, in order, the outcome they produce and the
+local effects to apply once the relay accepted them. The host stores the plan before sending
+anything, which is what makes a retry after a crash resend the identical events.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from twisted.logger import Logger
+
+from relayd.buzz import contract, cursor, nostr
+from relayd.buzz.keys import Custody
+from relayd.buzz.nostr_client import RelayPool
+from relayd.buzz.state import Agent, IAgentStore
+
+Event = dict[str, Any]
+_SAME_SECOND_LIMIT = 5000
+
+
+class ActionFailed(Exception):
+    """The action ran and reported a domain failure (C{failed}/C{action_failed}); nothing published."""
+
+
+class Unauthorized(Exception):
+    """Authenticated but not permitted (C{failed}/C{unauthorized})."""
+
+
+class Unsupported(Exception):
+    """The host knows the action but does not offer it (C{failed}/C{unsupported})."""
+
+
+class InvalidArgs(Exception):
+    """Arguments that only the host can judge invalid (a foreign cursor): C{invalid_request}."""
+
+
+@dataclass
+class Plan:
+    """What an execution will publish and change; serialisable so it survives a crash."""
+
+    action: str
+    outcome: dict[str, Any]
+    events: list[dict[str, Any]] = field(default_factory=list)  # {"by": pubkey, "event": ev}
+    effects: list[dict[str, Any]] = field(default_factory=list)
+    keys: dict[str, str] = field(default_factory=dict)  # sealed keys of identities not yet stored
+
+    def to_bytes(self) -> bytes:
+        return contract.dumps(
+            {"action": self.action, "outcome": self.outcome, "events": self.events, "effects": self.effects, "keys": self.keys}
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Plan":
+        d = json.loads(data)
+        return cls(d["action"], d["outcome"], d["events"], d["effects"], d["keys"])
+
+
+@dataclass(frozen=True)
+class Context:
+    """Who is acting: the agent the credential is bound to, and its signer."""
+
+    agent: Agent
+    signer: nostr.Signer
+
+
+class Operations:
+    """Executes the nine operations for an authenticated, authorised requester."""
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        agents: IAgentStore,
+        pool: RelayPool,
+        custody: Custody,
+        *,
+        timeout: float,
+        now: Callable[[], float],
+        runtimes: list[str],
+        reactions_enabled: bool = True,
+    ) -> None:
+        self.agents = agents
+        self.pool = pool
+        self.custody = custody
+        self.timeout = timeout
+        self.now = now
+        self.runtimes = frozenset(runtimes)
+        self.reactions_enabled = reactions_enabled
+        self.cursor_key = cursor.derive_key(custody.derive(b"cursor"))
+        self._signers: dict[str, nostr.Signer] = {}
+
+    # --- identities
+
+    def signer_for(self, agent: Agent) -> nostr.Signer:
+        """The signer of a stored agent (cached; the sealed key is opened once)."""
+        s = self._signers.get(agent.pubkey)
+        if s is None:
+            if agent.sealed_key is None:
+                raise Unauthorized("this identity has no key on this host")
+            s = nostr.Signer(self.custody.open(agent.sealed_key, agent.pubkey))
+            self._signers[agent.pubkey] = s
+        return s
+
+    def forget(self, pubkey: str) -> None:
+        self._signers.pop(pubkey, None)
+        self.pool.forget(pubkey)
+
+    async def signer_by_pubkey(self, pubkey: str, plan: Plan) -> nostr.Signer:
+        """The signer for an event of a plan: a stored agent, or a key minted by the plan itself."""
+        if pubkey in self._signers:
+            return self._signers[pubkey]
+        if pubkey in plan.keys:
+            s = nostr.Signer(self.custody.open(bytes.fromhex(plan.keys[pubkey]), pubkey))
+            self._signers[pubkey] = s
+            return s
+        agent = await self.agents.agent(pubkey)
+        if agent is None:
+            raise ActionFailed("signing identity no longer exists")
+        return self.signer_for(agent)
+
+    def _created_at(self, after: int = -1) -> int:
+        return max(int(self.now()), after + 1)
+
+    async def _query(self, ctx: Context, filters: list[dict[str, Any]]) -> list[Event]:
+        return await self.pool.connection(ctx.signer).query(filters, self.timeout)
+
+    async def _fetch(self, ctx: Context, event_id: str) -> Event | None:
+        for ev in await self._query(ctx, [{"ids": [event_id], "limit": 1}]):
+            if ev.get("id") == event_id:
+                return _checked(ev)
+        return None
+
+    # --- dispatch
+
+    async def run(self, ctx: Context, req: contract.Request) -> Plan:
+        """Execute or plan C{req}; a plan without events is a final answer."""
+        handler = getattr(self, "_" + req.action.replace(".", "_"))
+        return await handler(ctx, req.args)
+
+    # --- channel.read
+
+    async def _channel_read(self, ctx: Context, args: dict[str, Any]) -> Plan:
+        ch = args["channelId"]
+        limit = args.get("limit", contract.DEFAULT_LIMIT)
+        root = args.get("rootEventId", "")
+        mentions_only = bool(args.get("mentionsOnly", False))
+        scope = cursor.Scope(ctx.agent.pubkey, ch, root, mentions_only)
+        pos = None
+        if "cursor" in args:
+            try:
+                pos = cursor.open_cursor(self.cursor_key, scope, args["cursor"])
+            except cursor.CursorError as e:
+                raise InvalidArgs(str(e)) from None
+        base: dict[str, Any] = {"kinds": [nostr.KIND_CHANNEL_MESSAGE], "#h": [ch]}
+        if mentions_only:
+            base["#p"] = [ctx.agent.pubkey]
+        if root:
+            base["#e"] = [root]
+
+        def wanted(ev: Event) -> bool:
+            if ev["kind"] != nostr.KIND_CHANNEL_MESSAGE or ch not in nostr.tag_values(ev, "h"):
+                return False
+            if mentions_only and ctx.agent.pubkey not in nostr.tag_values(ev, "p"):
+                return False
+            if root and ev["id"] != root and root not in nostr.tag_values(ev, "e"):
+                return False
+            return pos is None or pos.is_after(ev["created_at"], ev["id"])
+
+        found: dict[str, Event] = {}
+
+        def take(events: list[Event]) -> list[Event]:
+            kept = []
+            for raw in events:
+                ev = _checked(raw)
+                if ev is not None and wanted(ev):
+                    found.setdefault(ev["id"], ev)
+                    kept.append(ev)
+            return kept
+
+        need = limit + 1  # one more than the page, so the page knows whether more exist
+        if pos is None:
+            asked = need
+            raw = await self._query(ctx, [{**base, "limit": asked}])
+        else:
+            # Events of the cursor's own second after its id: the relay cannot page inside a second.
+            same = await self._query(
+                ctx, [{**base, "since": pos.created_at, "until": pos.created_at + 1, "limit": _SAME_SECOND_LIMIT}]
+            )
+            take(same)
+            at_cursor = sum(1 for e in same if e.get("created_at") == pos.created_at)
+            # `until` is inclusive in NIP-01 and exclusive on some relays: ask for enough to cover both.
+            asked = need + at_cursor
+            raw = await self._query(ctx, [{**base, "until": pos.created_at, "limit": asked}])
+        take(raw)
+        floor = None
+        if len(raw) >= asked:
+            # Truncated: the oldest second returned may be partial (relays order by created_at only).
+            floor = min(int(e["created_at"]) for e in raw if isinstance(e.get("created_at"), int))
+            take(
+                await self._query(
+                    ctx, [{**base, "since": floor, "until": floor + 1, "limit": _SAME_SECOND_LIMIT}]
+                )
+            )
+        if root and root not in found:
+            head = await self._fetch(ctx, root)
+            if head is not None and wanted(head) and (floor is None or head["created_at"] >= floor):
+                found[head["id"]] = head
+        ordered = sorted(
+            (e for e in found.values() if floor is None or e["created_at"] >= floor), key=nostr.newest_first_key
+        )
+        page = ordered[:limit]
+        outcome: dict[str, Any] = {"messages": page}
+        if len(ordered) > limit and page:
+            last = page[-1]
+            outcome["nextCursor"] = cursor.issue(
+                self.cursor_key, scope, cursor.Position(last["created_at"], last["id"])
+            )
+        return Plan("channel.read", outcome)
+
+    # --- publishing operations
+
+    def _publish_plan(self, action: str, signer: nostr.Signer, kind: int, tags: list[list[str]], content: str, created_at: int) -> Plan:
+        ev = signer.sign(kind, tags, content, created_at)
+        return Plan(
+            action,
+            {"eventId": ev["id"], "kind": kind, "createdAt": created_at},
+            events=[{"by": signer.pubkey, "event": ev}],
+        )
+
+    async def _message_post(self, ctx: Context, args: dict[str, Any]) -> Plan:
+        tags = [["h", args["channelId"]]] + nostr.mention_tags(args.get("mentions", ()))
+        return self._publish_plan(
+            "message.post", ctx.signer, nostr.KIND_CHANNEL_MESSAGE, tags, args["content"], self._created_at()
+        )
+
+    async def _in_channel(self, ctx: Context, event_id: str, channel: str, what: str) -> Event:
+        ev = await self._fetch(ctx, event_id)
+        if ev is None:
+            raise ActionFailed(f"{what} event not found")
+        if ev["kind"] != nostr.KIND_CHANNEL_MESSAGE or channel not in nostr.tag_values(ev, "h"):
+            raise ActionFailed(f"{what} event belongs to a different channel")
+        return ev
+
+    async def _message_reply(self, ctx: Context, args: dict[str, Any]) -> Plan:
+        ch = args["channelId"]
+        parent = await self._in_channel(ctx, args["replyToEventId"], ch, "parent")
+        root = nostr.thread_root_for_reply(parent)
+        tags = nostr.reply_tags(ch, root, parent["id"]) + nostr.mention_tags(args.get("mentions", ()))
+        return self._publish_plan(
+            "message.reply", ctx.signer, nostr.KIND_CHANNEL_MESSAGE, tags, args["content"], self._created_at()
+        )
+
+    async def _reaction_add(self, ctx: Context, args: dict[str, Any]) -> Plan:
+        if not self.reactions_enabled:
+            raise Unsupported("reactions are disabled on this host")
+        ch = args["channelId"]
+        target = await self._in_channel(ctx, args["targetEventId"], ch, "target")
+        tags = [["e", target["id"]], ["p", target["pubkey"]], ["k", str(target["kind"])], ["h", ch]]
+        return self._publish_plan("reaction.add", ctx.signer, nostr.KIND_REACTION, tags, args["reaction"], self._created_at())
+
+    async def _latest_profile(self, ctx: Context, signer: nostr.Signer) -> tuple[dict[str, Any], int]:
+        events = await self.pool.connection(signer).query(
+            [{"authors": [signer.pubkey], "kinds": [nostr.KIND_PROFILE], "limit": 10}], self.timeout
+        )
+        best = None
+        for raw in events:
+            ev = _checked(raw)
+            if ev is not None and ev["pubkey"] == signer.pubkey and ev["kind"] == nostr.KIND_PROFILE:
+                if best is None or nostr.newest_first_key(ev) < nostr.newest_first_key(best):
+                    best = ev
+        if best is None:
+            return {}, -1
+        try:
+            content = json.loads(best["content"])
+        except ValueError:
+            content = {}
+        return (content if isinstance(content, dict) else {}), int(best["created_at"])
+
+    async def _profile_set(self, ctx: Context, args: dict[str, Any]) -> Plan:
+        profile, prev = await self._latest_profile(ctx, ctx.signer)
+        merged = _merge_profile(profile, args)
+        return self._publish_plan(
+            "profile.set", ctx.signer, nostr.KIND_PROFILE, [], _json(merged), self._created_at(prev)
+        )
+
+    # --- storage.address
+
+    async def _storage_address(self, ctx: Context, args: dict[str, Any]) -> Plan:
+        owner = ctx.agent.owner
+        if owner is None:
+            raise ActionFailed("no owner is configured for this agent, so its memory has no address")
+        d = nostr.d_tag(ctx.signer.conversation_key(owner), args["slug"])
+        return Plan("storage.address", {"authorPubkey": ctx.agent.pubkey, "kind": contract.STORAGE_KIND, "dTag": d})
+
+    # --- managed agents
+
+    def _check_runtime(self, args: dict[str, Any]) -> None:
+        if "runtime" in args and args["runtime"] not in self.runtimes:
+            raise ActionFailed(f"runtime {args['runtime']!r} is not available on this host")
+
+    def _instance_event(self, owner: nostr.Signer, agent_pubkey: str, name: str, channel: str | None, settings: dict[str, Any], created_at: int) -> Event:
+        public = {"name": name, "respond_to": settings.get("respondTo", "owner-only")}
+        for wire, key in (("systemPrompt", "system_prompt"), ("runtime", "runtime"), ("provider", "provider"), ("model", "model")):
+            if wire in settings:
+                public[key] = settings[wire]
+        tags = [["d", agent_pubkey], ["p", agent_pubkey]]
+        if channel:
+            tags.append(["h", channel])
+        return owner.sign(nostr.KIND_MANAGED_AGENT, tags, _json(public), created_at)
+
+    async def _agents_create(self, ctx: Context, args: dict[str, Any]) -> Plan:
+        self._check_runtime(args)
+        secret = nostr.generate_secret()
+        agent = nostr.Signer(secret)
+        sealed = self.custody.seal(secret, agent.pubkey).hex()
+        name = args["displayName"]
+        settings = {k: args[k] for k in ("systemPrompt", "runtime", "provider", "model", "respondTo") if k in args}
+        settings.setdefault("respondTo", "owner-only")
+        now = self._created_at()
+        profile = agent.sign(nostr.KIND_PROFILE, [], _json({"name": name, "display_name": name}), now)
+        record = self._instance_event(ctx.signer, agent.pubkey, name, args["channelId"], settings, now)
+        return Plan(
+            "agents.create",
+            {"agentPubkey": agent.pubkey, "displayName": name, "channelId": args["channelId"]},
+            events=[{"by": agent.pubkey, "event": profile}, {"by": ctx.signer.pubkey, "event": record}],
+            effects=[
+                {
+                    "op": "create_agent",
+                    "agent": {
+                        "pubkey": agent.pubkey,
+                        "name": name,
+                        "sealed_key": sealed,
+                        "owner": ctx.agent.pubkey,
+                        "depth": ctx.agent.depth + 1,
+                        "channel": args["channelId"],
+                        "settings": settings,
+                        "record_created_at": now,
+                    },
+                }
+            ],
+            keys={agent.pubkey: sealed},
+        )
+
+    async def _target(self, ctx: Context, target: dict[str, str]) -> Agent:
+        if "pubkey" in target:
+            agent = await self.agents.agent(target["pubkey"])
+            if agent is None or agent.deleted or not agent.managed:
+                raise ActionFailed("no such managed agent")
+            if agent.owner != ctx.agent.pubkey:
+                raise Unauthorized("this agent is not owned by the requester")
+            return agent
+        found = await self.agents.agents_named(ctx.agent.pubkey, target["name"])
+        found = [a for a in found if a.managed]
+        if not found:
+            raise ActionFailed("no managed agent of the requester has that name")
+        if len(found) > 1:
+            raise ActionFailed("more than one managed agent of the requester has that name")
+        return found[0]
+
+    async def _agents_update(self, ctx: Context, args: dict[str, Any]) -> Plan:
+        agent = await self._target(ctx, args["target"])
+        self._check_runtime(args)
+        settings = dict(agent.settings)
+        name = agent.name
+        changed: list[str] = []
+        for wire in ("displayName", "systemPrompt", "runtime", "provider", "model", "respondTo"):
+            if wire not in args:
+                continue
+            current = name if wire == "displayName" else settings.get(wire)
+            if args[wire] != current:
+                changed.append(wire)
+                if wire == "displayName":
+                    name = args[wire]
+                else:
+                    settings[wire] = args[wire]
+        changed.sort()
+        outcome = {"agentPubkey": agent.pubkey, "displayName": name, "updatedFields": changed}
+        if not changed:
+            return Plan("agents.update", outcome)
+        now = self._created_at(agent.record_created_at)
+        events = [{"by": ctx.signer.pubkey, "event": self._instance_event(ctx.signer, agent.pubkey, name, agent.channel, settings, now)}]
+        if "displayName" in changed:
+            agent_signer = self.signer_for(agent)
+            profile, prev = await self._latest_profile(ctx, agent_signer)
+            profile = _merge_profile(profile, {"displayName": name})
+            profile["name"] = name
+            ev = agent_signer.sign(nostr.KIND_PROFILE, [], _json(profile), self._created_at(prev))
+            events.insert(0, {"by": agent.pubkey, "event": ev})
+        return Plan(
+            "agents.update",
+            outcome,
+            events=events,
+            effects=[{"op": "update_agent", "pubkey": agent.pubkey, "name": name, "settings": settings, "record_created_at": now}],
+        )
+
+    async def _agents_delete(self, ctx: Context, args: dict[str, Any]) -> Plan:
+        agent = await self._target(ctx, args["target"])
+        owner = ctx.signer
+        tags = [["a", f"{nostr.KIND_MANAGED_AGENT}:{owner.pubkey}:{agent.pubkey}"], ["k", str(nostr.KIND_MANAGED_AGENT)]]
+        ev = owner.sign(nostr.KIND_DELETION, tags, "", self._created_at(agent.record_created_at))
+        return Plan(
+            "agents.delete",
+            {"agentPubkey": agent.pubkey, "displayName": agent.name},
+            events=[{"by": owner.pubkey, "event": ev}],
+            effects=[{"op": "delete_agent", "pubkey": agent.pubkey}],
+        )
+
+
+def _merge_profile(profile: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
+    """Kind-0 merge: absent members are kept, unknown keys preserved; C{name} follows the display name."""
+    merged = dict(profile)
+    if "displayName" in args:
+        if "name" not in merged or merged.get("name") == merged.get("display_name"):
+            merged["name"] = args["displayName"]
+        merged["display_name"] = args["displayName"]
+    if "about" in args:
+        merged["about"] = args["about"]
+    if "picture" in args:
+        merged["picture"] = args["picture"]
+    return merged
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _checked(raw: Any) -> Event | None:
+    """A relay event held to the contract's seven-member shape, or C{None} (dropped)."""
+    try:
+        return contract.signed_event(raw)
+    except contract.ContractError:
+        return None

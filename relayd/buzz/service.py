@@ -1,0 +1,162 @@
+"""Composes the broker wing for relayd.tap: state, key custody, relay pool, host, HTTP listeners."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from typing import Any, Callable
+
+from twisted.application.internet import StreamServerEndpointService
+from twisted.application.service import IService, MultiService
+from twisted.internet import defer, endpoints
+from twisted.internet.interfaces import IListeningPort
+from twisted.logger import Logger
+
+from relayd.buzz.config import KEK_ENV
+from relayd.buzz.host import BrokerHost
+from relayd.buzz.http import body_limit, make_root
+from relayd.buzz.keys import Custody, KEKError, load_kek
+from relayd.buzz.nostr_client import RelayPool
+from relayd.buzz.operations import Operations
+from relayd.buzz.state import SQLiteState, StateDB
+from relayd.clock import Clock
+from relayd.config import ConfigError, Resolved, is_loopback_endpoint, is_tls_endpoint
+from relayd.web.site import RelaySite
+
+_log = Logger(namespace="relayd.buzz")
+DEFAULT_GRACE = 5.0
+
+
+def check_listeners(listen: list[str]) -> None:
+    """Refuse a non-loopback plain-TCP listener: the credential is the agent's whole authority."""
+    for description in listen:
+        if not is_loopback_endpoint(description) and not is_tls_endpoint(description):
+            raise ConfigError(
+                f"--broker-listen: {description!r} is neither loopback nor TLS; the broker serves "
+                "bearer credentials only over loopback or TLS"
+            )
+
+
+def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | None:
+    """The broker service, or C{None} (with one log line) when no Nostr relay URL is configured.
+
+    @raise ConfigError: a non-loopback plain-TCP listener, an unusable state directory or KEK.
+    """
+    url = settings["broker-nostr-relay"]
+    if not url:
+        _log.info("Buzz broker not started: no --broker-nostr-relay (RELAYD_BROKER_NOSTR_RELAY) configured")
+        return None
+    listen = list(settings["broker-listen"])
+    check_listeners(listen)
+    state_dir = settings["broker-state-dir"]
+    try:
+        kek = load_kek(state_dir, settings["broker-kek-file"], os.environ.get(KEK_ENV) or None)
+    except KEKError as e:
+        raise ConfigError(str(e)) from None
+    except OSError as e:
+        raise ConfigError(f"--broker-state-dir: {state_dir!r}: {e.strerror}") from None
+    try:
+        db = StateDB.in_dir(state_dir)
+    except (OSError, sqlite3.Error) as e:
+        raise ConfigError(f"--broker-state-dir: {state_dir!r}: cannot open state ({e})") from None
+    return BrokerService(
+        listen=listen,
+        relay_url=url,
+        auth_url=settings["broker-auth-url"],
+        db=db,
+        kek=kek,
+        reactor=reactor,
+        clock=clock,
+        timeout=settings["broker-action-timeout"],
+        max_agent_depth=settings["broker-max-agent-depth"],
+        max_body=settings["broker-max-body"],
+        runtimes=settings["broker-runtimes"],
+        reactions_enabled=not settings["broker-disable-reactions"],
+    )
+
+
+class BrokerService(MultiService):
+    """The broker wing. Stop: stop listening, let in-flight actions finish, close connections."""
+
+    def __init__(
+        self,
+        *,
+        listen: list[str],
+        relay_url: str,
+        auth_url: str | None,
+        db: StateDB,
+        kek: bytes,
+        reactor: Any,
+        clock: Clock,
+        timeout: float = 10.0,
+        max_agent_depth: int = 4,
+        max_body: int = 2 * 1024 * 1024,
+        runtimes: list[str] | None = None,
+        reactions_enabled: bool = True,
+        now: Callable[[], float] = time.time,
+        challenge_wait: float = 1.0,
+        grace: float = DEFAULT_GRACE,
+    ) -> None:
+        super().__init__()
+        self.setName("broker")
+        self.reactor = reactor
+        self.clock = clock
+        self.grace = grace
+        self.db = db
+        self.custody = Custody(kek)
+        self.state = SQLiteState(db, reactor)
+        self.pool = RelayPool(
+            relay_url, reactor, clock, auth_url=auth_url, connect_timeout=timeout, challenge_wait=challenge_wait,
+            wall_clock=now,
+        )
+        self.ops = Operations(
+            self.state,
+            self.pool,
+            self.custody,
+            timeout=timeout,
+            now=now,
+            runtimes=runtimes if runtimes is not None else ["buzz-acp"],
+            reactions_enabled=reactions_enabled,
+        )
+        self.host = BrokerHost(self.state, self.state, self.state, self.ops, max_agent_depth=max_agent_depth)
+        self.site = RelaySite(make_root(self.host), body_limit=body_limit(max_body))
+        self.listeners: list[StreamServerEndpointService] = []
+        for description in listen:
+            svc = StreamServerEndpointService(endpoints.serverFromString(reactor, description), self.site)
+            svc._raiseSynchronously = True
+            svc.setServiceParent(self)
+            self.listeners.append(svc)
+
+    def ports(self) -> defer.Deferred[list[IListeningPort]]:
+        """Fires with the listening ports once they are bound."""
+        return defer.gatherResults([svc._waitingForPort for svc in self.listeners])  # type: ignore[union-attr]
+
+    def startService(self) -> None:
+        super().startService()
+        self.ports().addCallback(self._announce).addErrback(lambda f: None)
+
+    def _announce(self, ports: list[IListeningPort]) -> None:
+        for port in ports:
+            host = port.getHost()
+            _log.info(
+                "Buzz broker listening on {host}:{port}, acting on {relay}",
+                host=getattr(host, "host", host),
+                port=getattr(host, "port", ""),
+                relay=self.pool.url,
+            )
+
+    async def _stop(self) -> None:
+        await defer.gatherResults([defer.maybeDeferred(svc.stopService) for svc in self.listeners])
+        if self.host.active:
+            idle = self.host.wait_idle()
+            timer = self.clock.call_later(self.grace, lambda: idle.called or idle.callback(None))
+            await idle
+            self.clock.cancel(timer)
+        self.site.close_connections()
+        self.pool.close()
+        await self.state.close()
+
+    def stopService(self) -> defer.Deferred[None]:
+        self.running = False
+        return defer.Deferred.fromCoroutine(self._stop())
