@@ -54,6 +54,14 @@ class QueryClosed(RelayError):
 class _Protocol(WebSocketClientProtocol):
     conn: "RelayConnection"
 
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        self.factory.conn._transport_up(self)
+
+    def connectionLost(self, reason: Failure) -> None:
+        super().connectionLost(reason)
+        self.factory.conn._transport_down(self)
+
     def onOpen(self) -> None:
         self.factory.conn._opened(self)
 
@@ -120,6 +128,9 @@ class RelayConnection:
         self._publishes: dict[str, _Publish] = {}
         self._queries: dict[str, _Query] = {}
         self.authenticated_as: str | None = None
+        self._live: set[_Protocol] = set()  # transports not yet lost (open or handshaking)
+        self._gone: list[defer.Deferred[None]] = []
+        self._handshake_timer: IDelayedCall | None = None
 
     # --- connection lifecycle
 
@@ -160,7 +171,14 @@ class RelayConnection:
         factory = WebSocketClientFactory(pool.url)
         factory.protocol = _Protocol
         factory.conn = self  # type: ignore[attr-defined]
-        factory.setProtocolOptions(maxMessagePayloadSize=pool.max_message, maxFramePayloadSize=pool.max_message)
+        # autobahn's own handshake timers run on txaio's batched timer, outside the Clock (and are
+        # left behind when cancelled): disable them and guard the handshake with our own timer.
+        factory.setProtocolOptions(
+            maxMessagePayloadSize=pool.max_message,
+            maxFramePayloadSize=pool.max_message,
+            openHandshakeTimeout=0,
+            closeHandshakeTimeout=0,
+        )
         parts = urlsplit(pool.url)
         host = parts.hostname or "127.0.0.1"
         port = parts.port or (443 if parts.scheme == "wss" else 80)
@@ -170,6 +188,22 @@ class RelayConnection:
 
             ep = endpoints.wrapClientTLS(optionsForClientTLS(host), ep)
         ep.connect(factory).addErrback(self._connect_failed)
+
+    def _transport_up(self, proto: _Protocol) -> None:
+        self._live.add(proto)
+        self._handshake_timer = self.pool.clock.call_later(self.pool.connect_timeout, self._handshake_expired, proto)
+
+    def _handshake_expired(self, proto: _Protocol) -> None:
+        self._handshake_timer = None
+        if proto is not self._proto and proto.transport is not None:
+            proto.transport.abortConnection()
+
+    def _transport_down(self, proto: _Protocol) -> None:
+        self._live.discard(proto)
+        if not self._live:
+            gone, self._gone = self._gone, []
+            for d in gone:
+                d.callback(None)
 
     def _connect_failed(self, failure: Failure) -> None:
         self._connecting = False
@@ -190,6 +224,8 @@ class RelayConnection:
             self._retry_timer = self.pool.clock.call_later(delay, self._retry)
 
     def _opened(self, proto: _Protocol) -> None:
+        self.pool.clock.cancel(self._handshake_timer)
+        self._handshake_timer = None
         self._proto = proto
         self._connecting = False
         self._failures = 0
@@ -228,20 +264,34 @@ class RelayConnection:
         if self._waiters:
             self._note_failure(reason or "connection closed")
 
-    def close(self) -> None:
-        """Close the connection (pending requests fail with L{ConnectionLost})."""
-        self.pool.clock.cancel(self._retry_timer)
+    def close(self, grace: float = 2.0) -> defer.Deferred[None]:
+        """Close the connection; fires once the transport is gone (aborted after C{grace})."""
+        clock = self.pool.clock
+        clock.cancel(self._retry_timer)
         self._retry_timer = None
+        clock.cancel(self._handshake_timer)
+        self._handshake_timer = None
         waiters, self._waiters = self._waiters, []
         for d in waiters:
             d.errback(NotConnected("relay client shutting down"))
-        if self._proto is not None:
-            self._proto.sendClose()
+        if not self._live:
+            return defer.succeed(None)
+        d: defer.Deferred[None] = defer.Deferred()
+        self._gone.append(d)
+        for proto in list(self._live):
+            if proto is self._proto:
+                proto.sendClose()
+            elif proto.transport is not None:
+                proto.transport.loseConnection()
+        timer = clock.call_later(grace, self.abort)
+        d.addBoth(lambda r: (clock.cancel(timer), r)[1])
+        return d
 
     def abort(self) -> None:
         """Drop the connection at once."""
-        if self._proto is not None and self._proto.transport is not None:
-            self._proto.transport.abortConnection()
+        for proto in list(self._live):
+            if proto.transport is not None:
+                proto.transport.abortConnection()
 
     # --- messages
 
@@ -385,6 +435,7 @@ class RelayPool:
         self.max_message = max_message
         self.clock_now = wall_clock or clock.seconds
         self._conns: dict[str, RelayConnection] = {}
+        self._closing: list[defer.Deferred[None]] = []
 
     def connection(self, signer: nostr.Signer) -> RelayConnection:
         """The connection that speaks as C{signer}."""
@@ -397,13 +448,14 @@ class RelayPool:
         """Close and drop the connection of an identity that no longer exists."""
         conn = self._conns.pop(pubkey, None)
         if conn is not None:
-            conn.close()
+            self._closing.append(conn.close())
 
-    def close(self) -> None:
-        """Close every connection."""
-        for conn in list(self._conns.values()):
-            conn.close()
+    def close(self) -> defer.Deferred[Any]:
+        """Close every connection; fires when all are gone."""
+        closing = [conn.close() for conn in self._conns.values()] + self._closing
         self._conns.clear()
+        self._closing = []
+        return defer.gatherResults(closing)
 
     def abort(self) -> None:
         """Drop every connection at once (tests simulating a dead relay)."""

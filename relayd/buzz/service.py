@@ -154,7 +154,7 @@ class BrokerService(MultiService):
             await idle
             self.clock.cancel(timer)
         self.site.close_connections()
-        self.pool.close()
+        await self.pool.close()
         await self.state.close()
 
     def stopService(self) -> defer.Deferred[None]:
