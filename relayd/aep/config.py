@@ -1,0 +1,64 @@
+"""The AEP relay's settings (flag > environment > default; the reference's env names work)."""
+
+from __future__ import annotations
+
+from relayd.config import Setting, endpoint, non_empty, positive_int
+
+DEFAULT_LISTEN = "tcp:8787:interface=127.0.0.1"
+
+SETTINGS = [
+    Setting(
+        "aep-listen",
+        [DEFAULT_LISTEN],
+        "AEP relay listen endpoint (strports; repeatable)",
+        parse=endpoint,
+        env=("RELAYD_AEP_LISTEN",),
+        repeatable=True,
+    ),
+    Setting("no-aep", False, "Do not run the AEP relay", env=("RELAYD_NO_AEP",), switch=True),
+    Setting(
+        "aep-token",
+        None,
+        "Bearer token for every AEP endpoint but /healthz; without it the relay is watch-only "
+        "(control commands refused)",
+        parse=non_empty,
+        env=("AEP_TOKEN", "RELAYD_AEP_TOKEN"),
+        secret=True,
+    ),
+    Setting("aep-buffer", 10000, "Events kept per session for replay", parse=positive_int, env=("AEP_BUFFER",)),
+    Setting(
+        "aep-max-sessions",
+        500,
+        "Sessions kept; the least recently written is evicted",
+        parse=positive_int,
+        env=("AEP_MAX_SESSIONS",),
+    ),
+    Setting(
+        "aep-max-body",
+        16 * 1024 * 1024,
+        "Largest ingest body in bytes (413 payload-too-large)",
+        parse=positive_int,
+        env=("AEP_MAX_BODY",),
+    ),
+    Setting(
+        "aep-max-batch",
+        10000,
+        "Most events in one NDJSON batch (413 too-many-events)",
+        parse=positive_int,
+        env=("AEP_MAX_BATCH",),
+    ),
+    Setting(
+        "aep-max-from",
+        None,
+        "Most resume positions in one `from` [default: --aep-max-sessions]",
+        parse=positive_int,
+        env=("AEP_MAX_FROM",),
+    ),
+    Setting(
+        "aep-heartbeat",
+        25,
+        "Seconds between SSE `: ping` comments and WebSocket ping frames",
+        parse=positive_int,
+        env=("RELAYD_AEP_HEARTBEAT",),
+    ),
+]

@@ -1,0 +1,123 @@
+"""An accepted event: the parsed envelope, the bytes it arrived as, and its encodings made once.
+
+Fan-out asks an event for its wire form at a capture level; each form is produced at most once per
+event (not once per subscriber) and, when no downlevel applies and the posted bytes hold no line
+break, it *is* the posted bytes (decision AEP 12: byte identity).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+from relayd.aep.capture import downlevel
+from relayd.aep.envelope import EventKind, event_kind
+
+SEVERITY_RANK = {"debug": 0, "info": 1, "notice": 2, "warning": 3, "error": 4, "critical": 5}
+NOTICE = SEVERITY_RANK["notice"]
+
+
+class JSONError(ValueError):
+    """Bytes that are not one JSON value (bad syntax or invalid UTF-8)."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json(data: bytes) -> Any:
+    """Parse one JSON value strictly (UTF-8, no NaN/Infinity), keeping integers exact."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        if "64-bit" not in str(e):  # orjson bounds integers; the stdlib parser does not
+            raise JSONError(str(e)) from None
+    try:
+        return json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise JSONError(str(e)) from None
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact JSON like JavaScript's C{JSON.stringify}: no spaces, UTF-8, key order kept."""
+    try:
+        return orjson.dumps(obj)
+    except TypeError:  # integers beyond 64 bits
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _sse_id(ev: dict[str, Any]) -> bytes:
+    epoch = ev.get("epoch") or 0
+    return f"{ev['session']}:{int(epoch)}:{int(ev['seq'])}".encode("utf-8")
+
+
+class Event:
+    """One valid event on its way through the relay."""
+
+    __slots__ = (
+        "ev",
+        "raw",
+        "kind",
+        "session",
+        "position",
+        "key",
+        "severity",
+        "type",
+        "_payloads",
+        "_sse",
+        "_prepared",
+    )
+
+    def __init__(self, ev: dict[str, Any], raw: bytes | None) -> None:
+        self.ev = ev
+        # The posted bytes are forwarded as they are only when SSE framing can carry them on one line.
+        self.raw = raw if raw is not None and b"\n" not in raw and b"\r" not in raw else None
+        self.kind = event_kind(ev)
+        self.type: str = ev["type"]
+        self.session: str | None = ev.get("session")
+        if self.kind is EventKind.SEQUENCED:
+            self.position: tuple[int, int] = (int(ev.get("epoch") or 0), int(ev["seq"]))
+        else:
+            self.position = (0, -1)
+        self.key = (ev["source"], ev["id"])
+        self.severity = SEVERITY_RANK.get(ev.get("severity", "info"), 1)
+        self._payloads: dict[str | None, bytes] = {}
+        self._sse: dict[str | None, bytes] = {}
+        self._prepared: dict[str | None, Any] = {}
+
+    @property
+    def sequenced(self) -> bool:
+        return self.kind is EventKind.SEQUENCED
+
+    def payload(self, level: str | None = None) -> bytes:
+        """The compact JSON of the event, downlevelled to C{level} (C{None}: as received)."""
+        payload = self._payloads.get(level)
+        if payload is None:
+            if level is None:
+                payload = self.raw if self.raw is not None else dumps(self.ev)
+            else:
+                payload = dumps(downlevel(self.ev, level))
+            self._payloads[level] = payload
+        return payload
+
+    def sse_frame(self, level: str | None = None) -> bytes:
+        """The SSE frame (C{event:}, C{data:}, C{id:} when sequenced) at C{level}."""
+        frame = self._sse.get(level)
+        if frame is None:
+            parts = [b"event: ", self.type.encode("utf-8"), b"\ndata: ", self.payload(level), b"\n"]
+            if self.kind is EventKind.SEQUENCED:
+                parts += [b"id: ", _sse_id(self.ev), b"\n"]
+            parts.append(b"\n")
+            frame = b"".join(parts)
+            self._sse[level] = frame
+        return frame
+
+    def prepared(self, level: str | None, factory: Any) -> Any:
+        """An autobahn prepared text message at C{level}, framed once for every WebSocket."""
+        message = self._prepared.get(level)
+        if message is None:
+            message = factory.prepareMessage(self.payload(level), isBinary=False)
+            self._prepared[level] = message
+        return message

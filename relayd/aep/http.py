@@ -1,0 +1,384 @@
+"""AEP over HTTP: ingest, discovery, health, introspection and the SSE stream (aep.md §3-§4)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Callable
+
+from twisted.internet.defer import succeed
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.resource import IResource, Resource
+from twisted.web.server import NOT_DONE_YET, Request
+
+from relayd.aep.capture import capture_error
+from relayd.aep.envelope import envelope_error
+from relayd.aep.event import NOTICE, Event, JSONError, dumps, parse_json
+from relayd.aep.filters import compile_filter, filter_error
+from relayd.aep.relay import Relay, Subscriber
+from relayd.aep.store import Position, Replay
+from relayd.web.auth import bearer_token, query_param, tokens_equal
+from relayd.web.body import EarlyAnswer, read_body
+from relayd.web.sse import SSEHub, SSEStream, sse_comment
+
+SOFT_BACKLOG = 1024 * 1024  # above this, events below `notice` are dropped for a slow consumer
+HARD_BACKLOG = 8 * 1024 * 1024  # above this, the consumer is cut off (it resumes by position)
+
+JSON_TYPE = b"application/json"
+NDJSON_TYPE = b"application/x-ndjson"
+
+CORS_ANY = (b"access-control-allow-origin", b"*")
+PREFLIGHT = [
+    CORS_ANY,
+    (b"access-control-allow-methods", b"GET, OPTIONS"),
+    (b"access-control-allow-headers", b"authorization, accept, content-type, last-event-id"),
+    (b"access-control-max-age", b"86400"),
+]
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"connection", b"keep-alive"),
+    CORS_ANY,
+    (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
+]
+_LAST_EVENT_ID = re.compile(r"(.+):(\d+):(\d+)", re.DOTALL)
+
+
+class BadRequest(Exception):
+    """A refusal before any stream headers: 400, plain text, CORS."""
+
+
+class IngestError(Exception):
+    """An ingest refusal: its status and JSON body."""
+
+    def __init__(self, status: int, body: dict[str, Any] | None) -> None:
+        self.status = status
+        self.body = body
+
+
+def parse_batch(body: bytes, ndjson: bool, max_batch: int) -> list[Event]:
+    """Parse and validate a whole ingest body before anything is ingested (decision AEP 5).
+
+    @raise IngestError: 400 invalid-json, 413 too-many-events or 400 invalid-event with the line.
+    """
+    if ndjson:
+        lines = [line.strip() for line in body.split(b"\n")]
+        lines = [line for line in lines if line]
+    else:
+        lines = [body.strip()]
+    values = []
+    for line in lines:
+        try:
+            values.append(parse_json(line))
+        except JSONError as e:
+            raise IngestError(400, {"error": "invalid-json", "detail": str(e)}) from None
+    if len(values) > max_batch:
+        raise IngestError(413, {"error": "too-many-events", "max": max_batch, "count": len(values)})
+    events = []
+    for index, (value, line) in enumerate(zip(values, lines)):
+        problem = envelope_error(value)
+        if problem is not None:
+            raise IngestError(400, {"error": "invalid-event", "line": index, "detail": problem})
+        events.append(Event(value, line))
+    return events
+
+
+def parse_from_entries(value: Any) -> list[tuple[str, Position]]:
+    """Validate a C{from} array of C{{session, epoch?, seq?}} (decision AEP 2: never crash).
+
+    @raise ValueError: naming what is wrong.
+    """
+    if not isinstance(value, list):
+        raise ValueError("from must be an array of resume positions or the string \"all\"")
+    entries = []
+    for item in value:
+        if not isinstance(item, dict):
+            raise ValueError("from entries must be objects {session, epoch, seq}")
+        session = item.get("session")
+        if not isinstance(session, str):
+            raise ValueError("from entry needs a string session")
+        epoch = _integer(item.get("epoch", 0), 0)
+        seq = _integer(item.get("seq", -1), -1)
+        if epoch is None or seq is None:
+            raise ValueError("from entry epoch must be an integer >= 0 and seq an integer >= -1")
+        entries.append((session, (epoch, seq)))
+    return entries
+
+
+def _integer(value: Any, minimum: int) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and value >= minimum:
+        return value
+    return None
+
+
+class SSESubscriber(Subscriber):
+    """An SSE consumer: frames written to its stream, with the soft/hard backlog policy."""
+
+    __slots__ = ("stream", "dropped")
+
+    def __init__(self, match: Callable[[dict[str, Any]], bool], ceiling: str | None, stream: SSEStream):
+        super().__init__(match, ceiling)
+        self.stream = stream
+        self.dropped = 0
+
+    def send(self, event: Event) -> None:
+        stream = self.stream
+        if stream.backlog > SOFT_BACKLOG and event.severity < NOTICE:
+            self.dropped += 1
+            return
+        stream.write(event.sse_frame(self.level(event)))
+
+
+class AEPResource(Resource):
+    """The whole AEP HTTP surface; paths match exactly (a trailing slash is a 404)."""
+
+    isLeaf = True
+    _log = Logger()
+
+    def __init__(
+        self,
+        relay: Relay,
+        hub: SSEHub,
+        *,
+        max_body: int,
+        max_batch: int,
+        socket: IResource | None = None,
+        socket_counts: Callable[[], list[dict[str, Any]]] = lambda: [],
+    ) -> None:
+        super().__init__()
+        self.relay = relay
+        self.hub = hub
+        self.max_body = max_body
+        self.max_batch = max_batch
+        self.socket = socket
+        self._socket_listing = socket_counts
+        self.sse_subscribers = 0
+        self._discovery = json.dumps(relay.discovery, indent=2, ensure_ascii=False).encode("utf-8")
+
+    # The auth wall ---------------------------------------------------------------------------
+
+    def authorized(self, request: Request) -> bool:
+        token = self.relay.token
+        if not token:
+            return True
+        return tokens_equal(bearer_token(request), token) or tokens_equal(
+            query_param(request, "access_token"), token
+        )
+
+    # Dispatch --------------------------------------------------------------------------------
+
+    def render(self, request: Request) -> bytes | int:
+        path, method = request.path, request.method
+        if path == b"/healthz" and method == b"GET":
+            return self.healthz(request)
+        if method == b"OPTIONS" and path in (b"/stream", b"/connections"):
+            return _respond(request, 204, b"", PREFLIGHT)
+        if not self.authorized(request):
+            return _respond(request, 401, b"", [CORS_ANY])
+        if method == b"GET":
+            if path == b"/connections":
+                return self.connections(request)
+            if path in (b"/events", b"/.well-known/aep"):
+                return _respond(request, 200, self._discovery, [(b"content-type", JSON_TYPE)])
+            if path == b"/stream":
+                return self.stream(request)
+        if path == b"/events" and method == b"POST":
+            return self.ingest(request)
+        if path == b"/socket" and self.socket is not None:
+            return self.socket.render(request)
+        return _respond(request, 404, b"")
+
+    def early_answer(self, request: Request) -> EarlyAnswer:
+        """The answer to a body over C{AEP_MAX_BODY}, in the reference's order of checks."""
+        if not self.authorized(request):
+            return 401, [CORS_ANY], b""
+        if request.path == b"/events" and request.method == b"POST":
+            problem = self._header_problem(request)
+            if problem is not None:
+                return problem
+        body = dumps({"error": "payload-too-large", "max_bytes": self.max_body})
+        return 413, [(b"content-type", JSON_TYPE)], body
+
+    # Health and introspection ----------------------------------------------------------------
+
+    def healthz(self, request: Request) -> bytes:
+        body: dict[str, Any] = {"ok": True}
+        if self.authorized(request):
+            body.update(self.relay.counts())
+        return _respond(request, 200, dumps(body), [(b"content-type", JSON_TYPE)])
+
+    def connections(self, request: Request) -> bytes:
+        counts = self.relay.counts()
+        body = {
+            "ok": True,
+            "relay": {**counts, "control": bool(self.relay.token)},
+            "connections": self._socket_listing(),
+            "sse_subscribers": self.sse_subscribers,
+        }
+        return _respond(request, 200, dumps(body), [(b"content-type", JSON_TYPE), CORS_ANY])
+
+    # Ingest ----------------------------------------------------------------------------------
+
+    def _header_problem(self, request: Request) -> EarlyAnswer | None:
+        versions = request.requestHeaders.getRawHeaders(b"aep-version")
+        if versions != [b"0.1"]:
+            return 426, [(b"content-type", JSON_TYPE)], b'{"versions":["0.1"]}'
+        if _media_type(request) not in (JSON_TYPE, NDJSON_TYPE):
+            return 415, [], b""
+        return None
+
+    def ingest(self, request: Request) -> bytes | int:
+        problem = self._header_problem(request)
+        if problem is not None:
+            status, headers, body = problem
+            return _respond(request, status, body, headers)
+        try:
+            events = parse_batch(read_body(request), _media_type(request) == NDJSON_TYPE, self.max_batch)
+        except IngestError as e:
+            return _respond(request, e.status, dumps(e.body), [(b"content-type", JSON_TYPE)])
+        if not events:
+            return _respond(request, 202, b"")
+        d = self.relay.ingest(events)
+        if d.called and not isinstance(d.result, Failure):  # the in-memory store answers at once
+            return _respond(request, 202, b"")
+        d.addCallbacks(
+            lambda _: _finish(request, 202, b""),
+            lambda f: self._store_failed(request, f),
+        )
+        return NOT_DONE_YET
+
+    def _store_failed(self, request: Request, failure: Failure) -> None:
+        self._log.failure("ingest failed in the event store", failure)
+        body = dumps({"error": "store-unavailable", "store": "aep"})
+        _finish(request, 503, body, [(b"content-type", JSON_TYPE)])
+
+    # SSE -------------------------------------------------------------------------------------
+
+    def stream(self, request: Request) -> bytes | int:
+        try:
+            match, ceiling, from_value, history_only, filter_session = self._stream_query(request)
+        except BadRequest as e:
+            return _respond(request, 400, str(e).encode("utf-8"), [CORS_ANY])
+        stream = SSEStream(request, self.hub, max_buffer=HARD_BACKLOG)
+        sub = SSESubscriber(match, ceiling, stream)
+        key = object()
+        stream.on_close = lambda: self._closed(key)
+        stream.start(SSE_HEADERS)
+        self.sse_subscribers += 1
+        if not history_only:
+            sub.hold()
+            self.relay.subscribe(key, sub)
+        d = self.relay.expand_all() if from_value == "all" else succeed(from_value)
+        d.addCallback(lambda entries: self._resume(request, entries, from_value == "all"))
+        d.addCallback(lambda entries: self._replay(sub, entries, history_only, filter_session))
+        d.addErrback(lambda f: self._replay_failed(stream, f))
+        return NOT_DONE_YET
+
+    def _closed(self, key: object) -> None:
+        self.sse_subscribers -= 1
+        self.relay.unsubscribe(key)
+
+    def _stream_query(self, request: Request) -> tuple[Any, str | None, Any, bool, str | None]:
+        raw_filter = request.args.get(b"filter", [b""])[0]
+        if raw_filter:
+            try:
+                flt = parse_json(raw_filter)
+            except JSONError:
+                raise BadRequest("bad filter JSON") from None
+        else:
+            flt = {}
+        problem = filter_error(flt)
+        if problem is not None:
+            raise BadRequest(problem)
+        ceiling = query_param(request, "capture") or None
+        if ceiling is not None:
+            problem = capture_error(ceiling)
+            if problem is not None:
+                raise BadRequest(problem)
+        raw_from = request.args.get(b"from", [b""])[0]
+        from_value: Any = []
+        if raw_from == b"all":
+            from_value = "all"
+        elif raw_from:
+            try:
+                parsed = parse_json(raw_from)
+            except JSONError:
+                raise BadRequest("bad from JSON") from None
+            if not isinstance(parsed, list):
+                raise BadRequest("bad from JSON")
+            if len(parsed) > self.relay.max_from:
+                raise BadRequest("from too large")
+            try:
+                from_value = parse_from_entries(parsed)
+            except ValueError as e:
+                raise BadRequest(f"bad from entry: {e}") from None
+        history_only = request.args.get(b"live", [None])[0] == b"0"
+        session = flt.get("session")
+        filter_session = session if isinstance(session, str) else None
+        return compile_filter(flt), ceiling, from_value, history_only, filter_session
+
+    def _resume(self, request: Request, entries: list[tuple[str, Position]], from_all: bool) -> Any:
+        if not entries:
+            header = request.getHeader(b"last-event-id")
+            found = _LAST_EVENT_ID.fullmatch(header) if header else None
+            if found:
+                entries = [(found.group(1), (int(found.group(2)), int(found.group(3))))]
+        return entries, from_all
+
+    def _replay(
+        self,
+        sub: SSESubscriber,
+        resolved: tuple[list[tuple[str, Position]], bool],
+        history_only: bool,
+        filter_session: str | None,
+    ) -> Any:
+        entries, from_all = resolved
+        if history_only and filter_session is not None:
+            if filter_session not in {session for session, _ in entries}:
+                entries = [*entries, (filter_session, (0, -1))]
+
+        def write(replays: list[tuple[str, Replay]]) -> None:
+            stream = sub.stream
+            for session, replay in replays:
+                if replay.exhausted is not None and not from_all:
+                    epoch, seq = replay.exhausted
+                    stream.write(sse_comment(f"replay-exhausted {session} {epoch}:{seq}"))
+                for event in replay.events:
+                    if sub.match(event.ev):
+                        sub.send(event)
+            if history_only:
+                stream.close(sse_comment("replay-complete"))
+            else:
+                sub.release()
+
+        return self.relay.replay(entries).addCallback(write)
+
+    def _replay_failed(self, stream: SSEStream, failure: Failure) -> None:
+        self._log.failure("replay failed", failure)
+        stream.close(sse_comment("replay-failed"))
+
+
+def _media_type(request: Request) -> bytes:
+    value = request.getHeader(b"content-type") or b""
+    return value.split(b";", 1)[0].strip()
+
+
+def _respond(request: Request, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = []) -> bytes:
+    request.setResponseCode(status)
+    for name, value in headers:
+        request.responseHeaders.setRawHeaders(name, [value])
+    if body or status not in (204,):
+        request.setHeader(b"content-length", b"%d" % len(body))
+    return body
+
+
+def _finish(request: Request, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = []) -> None:
+    if request._disconnected:
+        return
+    request.write(_respond(request, status, body, headers))
+    request.finish()

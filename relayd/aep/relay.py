@@ -1,0 +1,264 @@
+"""The AEP relay core: ingest, buffer admission, fan-out, subscriptions, claims, command routing.
+
+No I/O here: transports hand in parsed L{Event}s and L{Subscriber}s and receive deliveries and error
+frames through the small interfaces below.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+from twisted.internet.defer import Deferred, gatherResults, succeed
+from twisted.logger import Logger
+
+from relayd.aep.capture import downlevel_target
+from relayd.aep.envelope import EventKind
+from relayd.aep.event import Event
+from relayd.aep.store import IEventLog, Position, Replay
+
+DISCOVERY_ENDPOINTS = {"events": "/events", "stream": "/stream", "socket": "/socket"}
+CAPTURE_LEVELS = ["none", "metadata", "redacted", "full"]
+
+
+class Subscriber:
+    """A delivery target: one SSE stream or one WebSocket subscription.
+
+    While it replays history its live deliveries are held, then released in arrival order, so a
+    resuming consumer never misses an event that arrives mid-replay (whatever the store's latency).
+    """
+
+    __slots__ = ("match", "ceiling", "_held")
+
+    def __init__(self, match: Callable[[dict[str, Any]], bool], ceiling: str | None) -> None:
+        self.match = match
+        self.ceiling = ceiling
+        self._held: list[Event] | None = None
+
+    def level(self, event: Event) -> str | None:
+        """The capture level to send C{event} at (C{None}: as stored)."""
+        return downlevel_target(event.ev, self.ceiling) if self.ceiling is not None else None
+
+    def hold(self) -> None:
+        self._held = []
+
+    def release(self) -> None:
+        held, self._held = self._held, None
+        for event in held or ():
+            self.send(event)
+
+    def deliver(self, event: Event) -> None:
+        if self._held is not None:
+            self._held.append(event)
+        else:
+            self.send(event)
+
+    def send(self, event: Event) -> None:
+        raise NotImplementedError
+
+
+class Emitter:
+    """What command routing needs from a WebSocket connection."""
+
+    role: str = "both"
+    hello_done: bool = False
+    identity: dict[str, Any] = {}
+    capabilities: dict[str, Any] = {}
+    claims: list[str]
+
+    def send_frame(self, frame: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def send_command(self, event: Event) -> None:
+        raise NotImplementedError
+
+
+def error_frame(code: str, detail: str | None = None, **extra: Any) -> dict[str, Any]:
+    """An in-band error frame; connection-scoped, never history."""
+    frame: dict[str, Any] = {"type": "error"}
+    frame.update(extra)
+    frame["code"] = code
+    if detail is not None:
+        frame["detail"] = detail
+    return frame
+
+
+class Relay:
+    """One AEP relay's state."""
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        log: IEventLog,
+        *,
+        token: str | None,
+        buffer: int,
+        max_from: int,
+        seconds: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.log = log
+        self.token = token
+        self.buffer = buffer
+        self.max_from = max_from
+        self._seconds = seconds
+        self._started = seconds()
+        self.subscribers: dict[object, Subscriber] = {}
+        self.connections: dict[object, Emitter] = {}
+        self._claims: dict[str, list[Emitter]] = {}
+        self.discovery = {
+            "aep": ["0.1"],
+            "role": "collector",
+            "endpoints": dict(DISCOVERY_ENDPOINTS),
+            "capabilities": {
+                "filters": ["attr-match"],
+                "replay": {"buffer": buffer, "all": True},
+                "capture": list(CAPTURE_LEVELS),
+                "control": {"accepts": []},
+                "roster": {},
+                "experimental": {},
+            },
+        }
+
+    # Ingest ------------------------------------------------------------------------------------
+
+    def ingest(self, events: Sequence[Event], sender: Emitter | None = None) -> Deferred[None]:
+        """Buffer the sequenced events, then fan out / route every event in arrival order."""
+        sequenced = [e for e in events if e.kind is EventKind.SEQUENCED]
+        if sender is not None:
+            for event in sequenced:
+                self.claim(sender, event.session)  # type: ignore[arg-type]
+        d: Deferred[Any] = self.log.append(sequenced) if sequenced else succeed(None)
+        d.addCallback(lambda _: self._dispatch(events, sender))
+        return d
+
+    def _dispatch(self, events: Iterable[Event], sender: Emitter | None) -> None:
+        for event in events:
+            if event.kind is EventKind.COMMAND:
+                self.route_command(event, sender)
+            else:
+                # Even a duplicate is fanned out live: a byte-identical re-ack must traverse.
+                self.fan_out(event)
+
+    def fan_out(self, event: Event) -> None:
+        """Deliver C{event} to every subscriber whose filter matches."""
+        ev = event.ev
+        for sub in list(self.subscribers.values()):
+            if sub.match(ev):
+                sub.deliver(event)
+
+    # Command routing (AEP-0004) ----------------------------------------------------------------
+
+    def route_command(self, event: Event, sender: Emitter | None) -> None:
+        """Forward a command to the one emitter that owns its session, or refuse toward the sender."""
+        ev = event.ev
+        cause = ev.get("id")
+        if not self.token:
+            self._refuse(
+                sender,
+                "unauthorized",
+                cause,
+                "control requires an authenticated binding (AEP-0004 §4.1); "
+                "this relay runs without AEP_TOKEN",
+            )
+            return
+        session = ev["session"]
+        targets = self.claimants(session)
+        if not targets:
+            self._refuse(sender, "no-route", cause, f"no connected emitter owns session {session}")
+            return
+        if len(targets) > 1:
+            self._refuse(
+                sender, "ambiguous", cause, f"{len(targets)} connected emitters claim session {session}"
+            )
+            return
+        target = targets[0]
+        control = target.capabilities.get("control") if isinstance(target.capabilities, dict) else None
+        accepts = control.get("accepts") if isinstance(control, dict) else None
+        if isinstance(accepts, list) and event.type not in accepts:
+            self._refuse(sender, "unsupported", cause, f"target does not accept {event.type}")
+        else:
+            target.send_command(event)
+        self.fan_out(event)  # audit: subscribers see routed (and refused-unsupported) commands
+
+    def _refuse(self, sender: Emitter | None, code: str, cause: Any, detail: str) -> None:
+        if sender is not None:
+            sender.send_frame(error_frame(code, detail, cause=cause))
+
+    # Connections and claims --------------------------------------------------------------------
+
+    def connect(self, key: object, conn: Emitter) -> None:
+        self.connections[key] = conn
+
+    def disconnect(self, key: object) -> None:
+        conn = self.connections.pop(key, None)
+        if conn is None:
+            return
+        for session in conn.claims:
+            owners = self._claims.get(session)
+            if owners is not None:
+                if conn in owners:
+                    owners.remove(conn)
+                if not owners:
+                    del self._claims[session]
+
+    def claim(self, conn: Emitter, session: str) -> None:
+        owners = self._claims.setdefault(session, [])
+        if conn not in owners:
+            owners.append(conn)
+            conn.claims.append(session)
+
+    def claimants(self, session: str) -> list[Emitter]:
+        return [c for c in self._claims.get(session, ()) if c.hello_done and c.role != "consumer"]
+
+    def roster(self) -> list[dict[str, Any]]:
+        """One entry per (hello-done non-consumer connection, claimed session), in that order."""
+        entries = []
+        for conn in self.connections.values():
+            if not conn.hello_done or conn.role == "consumer":
+                continue
+            identity = conn.identity if isinstance(conn.identity, dict) else {}
+            caps = conn.capabilities if isinstance(conn.capabilities, dict) else {}
+            for session in conn.claims:
+                entry: dict[str, Any] = {"session": session}
+                if identity.get("agent"):
+                    entry["agent"] = identity["agent"]
+                if identity.get("instance"):
+                    entry["instance"] = identity["instance"]
+                if "control" in caps:
+                    entry["control"] = caps["control"]
+                if "emits" in caps:
+                    entry["emits"] = caps["emits"]
+                entries.append(entry)
+        return entries
+
+    # Subscriptions and replay ------------------------------------------------------------------
+
+    def subscribe(self, key: object, sub: Subscriber) -> None:
+        """Register a subscriber (replacing one under the same key)."""
+        self.subscribers.pop(key, None)
+        self.subscribers[key] = sub
+
+    def unsubscribe(self, key: object) -> bool:
+        return self.subscribers.pop(key, None) is not None
+
+    def expand_all(self) -> Deferred[list[tuple[str, Position]]]:
+        """C{from=all}: every held session, least recently written first, from the start."""
+        return self.log.sessions().addCallback(lambda sessions: [(s, (0, -1)) for s in sessions])
+
+    def replay(self, entries: Sequence[tuple[str, Position]]) -> Deferred[list[tuple[str, Replay]]]:
+        """The replay of each resume entry, in order (a session named twice replays twice)."""
+        ds = [self.log.replay(session, after) for session, after in entries]
+        return gatherResults(ds).addCallback(
+            lambda replays: [(session, r) for (session, _), r in zip(entries, replays)]
+        )
+
+    # Health ------------------------------------------------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "sessions": self.log.session_count(),
+            "subscribers": len(self.subscribers),
+            "connections": len(self.connections),
+            "uptime_s": round(self._seconds() - self._started),
+        }

@@ -1,0 +1,142 @@
+"""Per-session bounded replay buffers: the C{IEventLog} interface and its in-memory implementation."""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Sequence
+
+from twisted.internet.defer import Deferred, succeed
+from zope.interface import Attribute, Interface, implementer
+
+from relayd.aep.event import Event
+
+Position = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What a resume position yields: the held events after it, and the earliest held position
+    when the buffer no longer covers the gap (the C{replay-exhausted} marker), else C{None}."""
+
+    events: Sequence[Event]
+    exhausted: Position | None
+
+
+class IEventLog(Interface):
+    """Bounded, deduplicated, position-ordered history per session, with LRU session eviction."""
+
+    capacity = Attribute("Events kept per session (C{AEP_BUFFER}).")
+    max_sessions = Attribute("Sessions kept (C{AEP_MAX_SESSIONS}); the least recently written goes.")
+
+    def append(events: Sequence[Event]) -> Deferred[list[bool]]:
+        """Admit sequenced events in order; fires with one flag per event (C{False}: a duplicate
+        C{(source, id)}). Every write, duplicates too, refreshes its session's recency."""
+
+    def replay(session: str, after: Position) -> Deferred[Replay]:
+        """The held events of C{session} strictly after C{after}, in position order."""
+
+    def sessions() -> Deferred[list[str]]:
+        """Held sessions, least recently written first."""
+
+    def session_count() -> int:
+        """How many sessions are held (cheap; for health and metrics)."""
+
+
+class _SessionBuffer:
+    __slots__ = ("events", "head", "ids")
+
+    def __init__(self) -> None:
+        # A list with a moving head: appends and trims are O(1); compaction is amortised.
+        self.events: list[Event] = []
+        self.head = 0
+        self.ids: set[tuple[str, str]] = set()
+
+    def __len__(self) -> int:
+        return len(self.events) - self.head
+
+    def insert(self, event: Event) -> None:
+        events = self.events
+        if len(events) == self.head or events[-1].position <= event.position:
+            events.append(event)  # the usual case: in order
+        else:
+            # Equal positions keep arrival order: insert after every event not greater.
+            index = bisect_right(events, event.position, lo=self.head, key=_position)
+            events.insert(index, event)
+        self.ids.add(event.key)
+
+    def trim(self, capacity: int) -> None:
+        while len(self) > capacity:
+            oldest = self.events[self.head]
+            self.events[self.head] = None  # type: ignore[call-overload]
+            self.head += 1
+            self.ids.discard(oldest.key)
+        if self.head > 1024 and self.head * 2 > len(self.events):
+            del self.events[: self.head]
+            self.head = 0
+
+    def earliest(self) -> Position | None:
+        return self.events[self.head].position if len(self) else None
+
+    def after(self, position: Position) -> list[Event]:
+        index = bisect_right(self.events, position, lo=self.head, key=_position)
+        return self.events[index:]
+
+
+def _position(event: Event) -> Position:
+    return event.position
+
+
+def exhausted_marker(earliest: Position | None, after: Position) -> Position | None:
+    """The earliest held position when a resume from C{after} would skip events, else C{None}.
+
+    As the reference relay: only for a non-empty buffer, only for C{seq >= 0}, and only when the
+    earliest held position lies beyond the one right after the requested position.
+    """
+    epoch, seq = after
+    if earliest is None or seq < 0:
+        return None
+    return earliest if earliest > (epoch, seq + 1) else None
+
+
+@implementer(IEventLog)
+class MemoryEventLog:
+    """C{IEventLog} in process memory."""
+
+    def __init__(self, capacity: int, max_sessions: int) -> None:
+        self.capacity = capacity
+        self.max_sessions = max_sessions
+        self._buffers: OrderedDict[str, _SessionBuffer] = OrderedDict()
+
+    def append(self, events: Sequence[Event]) -> Deferred[list[bool]]:
+        return succeed([self._append(event) for event in events])
+
+    def _append(self, event: Event) -> bool:
+        session = event.session
+        assert session is not None
+        buffers = self._buffers
+        buffer = buffers.get(session)
+        if buffer is None:
+            if len(buffers) >= self.max_sessions:
+                buffers.popitem(last=False)
+            buffer = buffers[session] = _SessionBuffer()
+        else:
+            buffers.move_to_end(session)
+        if event.key in buffer.ids:
+            return False
+        buffer.insert(event)
+        buffer.trim(self.capacity)
+        return True
+
+    def replay(self, session: str, after: Position) -> Deferred[Replay]:
+        buffer = self._buffers.get(session)
+        if buffer is None:
+            return succeed(Replay((), None))
+        return succeed(Replay(buffer.after(after), exhausted_marker(buffer.earliest(), after)))
+
+    def sessions(self) -> Deferred[list[str]]:
+        return succeed(list(self._buffers))
+
+    def session_count(self) -> int:
+        return len(self._buffers)

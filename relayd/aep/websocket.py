@@ -1,0 +1,399 @@
+"""AEP over WebSocket (``/socket``, aep.md §5): hello gate, subscriptions, roster, ingest, claims.
+
+Messages:
+  -> hello {versions, role, identity, capabilities}     <- hello (or error + close 1002)
+  -> subscribe {id, filter, from, capture}              <- subscribed, replay-exhausted?, events
+  -> unsubscribe {id}                                   <- unsubscribed
+  -> roster {id}                                        <- roster {id, entries} (consumer/both only)
+  -> ping {t}                                           <- pong {t}
+  -> <event envelope>                                   <- nothing, or error invalid-event
+                                                        <- ping {t} every heartbeat, closing on backpressure
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from autobahn.websocket.types import ConnectionRequest
+from twisted.internet.defer import succeed
+from twisted.internet.interfaces import IPushProducer
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from relayd.aep.capture import capture_error
+from relayd.aep.envelope import envelope_error
+from relayd.aep.event import NOTICE, Event, JSONError, dumps, parse_json
+from relayd.aep.filters import compile_filter, filter_error
+from relayd.aep.http import HARD_BACKLOG, SOFT_BACKLOG, parse_from_entries
+from relayd.aep.relay import Emitter, Relay, Subscriber, error_frame
+from relayd.aep.store import Position, Replay
+from relayd.clock import Clock
+
+ROLES = ("emitter", "consumer", "both")
+CLOSE_GOING_AWAY = 1001
+CLOSE_PROTOCOL_ERROR = 1002
+CLOSE_UNSUPPORTED_DATA = 1003
+CLOSE_TRY_AGAIN_LATER = 1013
+
+
+class WSSubscription(Subscriber):
+    """One subscription of one connection; remembers the last position sent per session."""
+
+    __slots__ = ("conn", "sub_id", "delivered")
+
+    def __init__(self, match: Callable[[dict[str, Any]], bool], ceiling: str | None, conn: AEPSocket, sub_id: Any):
+        super().__init__(match, ceiling)
+        self.conn = conn
+        self.sub_id = sub_id
+        self.delivered: dict[str, Position] = {}
+
+    def send(self, event: Event) -> None:
+        self.conn.send_event(self, event, self.level(event))
+
+
+@implementer(IPushProducer)
+class _Backpressure:
+    """The connection's push producer: the transport pauses it while the client does not read."""
+
+    def __init__(self, conn: AEPSocket) -> None:
+        self.conn = conn
+
+    def pauseProducing(self) -> None:
+        self.conn.paused = True
+
+    def resumeProducing(self) -> None:
+        self.conn.paused = False
+        self.conn.flush_queue()
+
+    def stopProducing(self) -> None:
+        self.conn.paused = True
+
+
+class AEPSocket(WebSocketServerProtocol, Emitter):
+    """One ``/socket`` connection."""
+
+    _log = Logger()  # autobahn owns self.log
+    factory: AEPSocketFactory
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.role = "both"
+        self.hello_done = False
+        self.identity: dict[str, Any] = {}
+        self.capabilities: dict[str, Any] = {}
+        self.claims: list[str] = []
+        self.subscriptions: dict[Any, WSSubscription] = {}
+        self.paused = False
+        self._queue: list[tuple[Any, WSSubscription | None, Event | None]] = []
+        self._queued_bytes = 0
+        self._open = False
+
+    # Lifecycle -------------------------------------------------------------------------------
+
+    def onConnect(self, request: ConnectionRequest) -> str | None:
+        # No AEP subprotocol exists; accept the first one offered so browsers that send one connect.
+        return request.protocols[0] if request.protocols else None
+
+    def onOpen(self) -> None:
+        try:
+            # Under WebSocketResource the HTTP channel is still the transport's producer.
+            self.transport.unregisterProducer()
+            self.transport.registerProducer(_Backpressure(self), True)
+        except Exception:
+            self._log.failure("could not register the WebSocket producer")
+        self._open = True
+        self.factory.connections[self] = None
+        self.factory.relay.connect(self, self)
+
+    def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
+        if not self._open:
+            return
+        self._open = False
+        self.factory.connections.pop(self, None)
+        relay = self.factory.relay
+        for sub_id in list(self.subscriptions):
+            relay.unsubscribe((self, sub_id))
+        self.subscriptions.clear()
+        relay.disconnect(self)
+        self._queue = []
+
+    # Sending ---------------------------------------------------------------------------------
+
+    def send_frame(self, frame: dict[str, Any]) -> None:
+        """Send a protocol frame; frames are never dropped."""
+        self._send(self.factory.prepareMessage(dumps(frame)), None, None)
+
+    def send_command(self, event: Event) -> None:
+        """A routed command, forwarded byte-identically as a bare envelope."""
+        self._send(event.prepared(None, self.factory), None, None)
+
+    def send_event(self, sub: WSSubscription, event: Event, level: str | None) -> None:
+        if self.paused:
+            if self._queued_bytes > SOFT_BACKLOG and event.severity < NOTICE:
+                return
+            if self._queued_bytes > HARD_BACKLOG:
+                self._backpressure_close()
+                return
+        self._send(event.prepared(level, self.factory), sub, event)
+
+    def _send(self, message: Any, sub: WSSubscription | None, event: Event | None) -> None:
+        if not self._open:
+            return
+        if self.paused or self._queue:
+            self._queue.append((message, sub, event))
+            self._queued_bytes += len(message.payload)
+            return
+        self._transmit(message, sub, event)
+
+    def _transmit(self, message: Any, sub: WSSubscription | None, event: Event | None) -> None:
+        self.sendPreparedMessage(message)
+        if sub is not None and event is not None and event.sequenced:
+            sub.delivered[event.session] = event.position  # type: ignore[index]
+
+    def flush_queue(self) -> None:
+        while self._queue and not self.paused and self._open:
+            message, sub, event = self._queue.pop(0)
+            self._queued_bytes -= len(message.payload)
+            self._transmit(message, sub, event)
+
+    def _backpressure_close(self) -> None:
+        delivered = [
+            {"sub": sub.sub_id, "session": session, "epoch": pos[0], "seq": pos[1]}
+            for sub in self.subscriptions.values()
+            for session, pos in sub.delivered.items()
+        ]
+        self._queue = []
+        self._queued_bytes = 0
+        self.sendMessage(dumps({"type": "closing", "reason": "backpressure", "delivered": delivered}))
+        self.sendClose(CLOSE_TRY_AGAIN_LATER, "backpressure")
+        self.onClose(False, CLOSE_TRY_AGAIN_LATER, "backpressure")
+
+    # Receiving -------------------------------------------------------------------------------
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        try:
+            self._on_message(payload, isBinary)
+        except Exception:
+            # A handler bug must cost one message, never the process or the connection.
+            self._log.failure("AEP WebSocket message handling failed")
+
+    def _on_message(self, payload: bytes, isBinary: bool) -> None:
+        if isBinary:
+            self.send_frame(error_frame("binary-unsupported"))
+            self.sendClose(CLOSE_UNSUPPORTED_DATA, "binary unsupported")
+            return
+        try:
+            msg = parse_json(payload)
+        except JSONError:
+            self.send_frame(error_frame("bad-json"))
+            return
+        if not isinstance(msg, dict):
+            self.send_frame(error_frame("bad-json", "a message is one JSON object"))
+            return
+        kind = msg.get("type")
+        if not self.hello_done:
+            if kind != "hello":
+                self.send_frame(error_frame("hello-required"))
+                self.sendClose(CLOSE_PROTOCOL_ERROR, "hello required")
+                return
+            self.on_hello(msg)
+            return
+        if isinstance(kind, str) and "." in kind:
+            self.on_event(msg, payload)
+            return
+        handler = _FRAME_HANDLERS.get(kind) if isinstance(kind, str) else None
+        if handler is not None:
+            handler(self, msg)
+        # Unknown frames (and a second hello) are ignored (AEP-0003 §2).
+
+    def on_hello(self, msg: dict[str, Any]) -> None:
+        versions = msg.get("versions")
+        if not isinstance(versions, list) or "0.1" not in versions:
+            self.send_frame(error_frame("version-unsupported", versions=["0.1"]))
+            self.sendClose(CLOSE_PROTOCOL_ERROR, "version unsupported")
+            return
+        role = msg.get("role", "both")
+        identity = msg.get("identity", {})
+        capabilities = msg.get("capabilities", {})
+        if role not in ROLES:
+            problem = "role must be one of emitter, consumer, both"
+        elif not isinstance(identity, dict) or not isinstance(capabilities, dict):
+            problem = "identity and capabilities must be objects"
+        elif role != "consumer" and "agent" in identity and not isinstance(identity["agent"], str):
+            problem = "identity.agent must be a string"
+        else:
+            problem = None
+        if problem is not None:
+            self.send_frame(error_frame("bad-hello", problem))
+            self.sendClose(CLOSE_PROTOCOL_ERROR, "bad hello")
+            return
+        self.role, self.identity, self.capabilities = role, identity, capabilities
+        self.hello_done = True
+        relay = self.factory.relay
+        self.send_frame(
+            {
+                "type": "hello",
+                "versions": ["0.1"],
+                "role": "both",
+                "identity": {"agent": "aep-relay"},
+                "capabilities": relay.discovery["capabilities"],
+            }
+        )
+
+    def on_event(self, msg: dict[str, Any], payload: bytes) -> None:
+        problem = envelope_error(msg)
+        if problem is not None:
+            self.send_frame(error_frame("invalid-event", problem, cause=msg.get("id")))
+            return
+        self.factory.relay.ingest([Event(msg, payload)], self).addErrback(
+            lambda f: self.send_frame(error_frame("unavailable", "event store unavailable", cause=msg.get("id")))
+        )
+
+    def on_subscribe(self, msg: dict[str, Any]) -> None:
+        sub_id = msg.get("id")
+        relay = self.factory.relay
+        flt = msg.get("filter")
+        flt = {} if flt is None else flt
+        problem = filter_error(flt)
+        if problem is not None:
+            self.send_frame(error_frame("invalid-filter", problem, id=sub_id))
+            return
+        ceiling = msg.get("capture")
+        if ceiling is not None:
+            problem = capture_error(ceiling)
+            if problem is not None:
+                self.send_frame(error_frame("invalid-filter", problem, id=sub_id))
+                return
+        from_value = msg.get("from", [])
+        from_all = from_value == "all"
+        entries: list[tuple[str, Position]] = []
+        if not from_all:
+            if not isinstance(from_value, list):
+                self.send_frame(
+                    error_frame(
+                        "invalid-filter",
+                        'from must be an array of resume positions or the string "all"',
+                        id=sub_id,
+                    )
+                )
+                return
+            if len(from_value) > relay.max_from:
+                self.send_frame(
+                    error_frame(
+                        "limit-exceeded",
+                        f"from exceeds AEP_MAX_FROM={relay.max_from} resume positions",
+                        id=sub_id,
+                    )
+                )
+                return
+            try:
+                entries = parse_from_entries(from_value)
+            except ValueError as e:
+                self.send_frame(error_frame("invalid-filter", str(e), id=sub_id))
+                return
+        sub = WSSubscription(compile_filter(flt), ceiling, self, sub_id)
+        sub.hold()
+        self.subscriptions[sub_id] = sub  # a reused id replaces the older subscription
+        relay.subscribe((self, sub_id), sub)
+        self.send_frame({"type": "subscribed", "id": sub_id})
+        d = relay.expand_all() if from_all else succeed(entries)
+        d.addCallback(relay.replay)
+        d.addCallback(lambda replays: self._replay(sub, replays, from_all))
+        d.addErrback(lambda f: self._log.failure("replay failed", f))
+
+    def _replay(self, sub: WSSubscription, replays: list[tuple[str, Replay]], from_all: bool) -> None:
+        for session, replay in replays:
+            if replay.exhausted is not None and not from_all:
+                epoch, seq = replay.exhausted
+                self.send_frame(
+                    {
+                        "type": "replay-exhausted",
+                        "sub": sub.sub_id,
+                        "session": session,
+                        "earliest": {"epoch": epoch, "seq": seq},
+                    }
+                )
+            for event in replay.events:
+                if sub.match(event.ev):
+                    sub.send(event)  # the capture ceiling applies to replay too (decision AEP 1)
+        sub.release()
+
+    def on_unsubscribe(self, msg: dict[str, Any]) -> None:
+        sub_id = msg.get("id")
+        if self.subscriptions.pop(sub_id, None) is not None:
+            self.factory.relay.unsubscribe((self, sub_id))
+        self.send_frame({"type": "unsubscribed", "id": sub_id})
+
+    def on_roster(self, msg: dict[str, Any]) -> None:
+        if self.role == "emitter":
+            self.send_frame(
+                error_frame("unauthorized", "roster is answered on consumer/both connections", id=msg.get("id"))
+            )
+            return
+        self.send_frame({"type": "roster", "id": msg.get("id"), "entries": self.factory.relay.roster()})
+
+    def on_ping(self, msg: dict[str, Any]) -> None:
+        self.send_frame({"type": "pong", "t": msg.get("t")})
+
+    def listing(self) -> dict[str, Any]:
+        """This connection in C{GET /connections}."""
+        control = self.capabilities.get("control") if isinstance(self.capabilities, dict) else None
+        accepts = control.get("accepts") if isinstance(control, dict) else None
+        return {
+            "role": self.role,
+            "identity": self.identity,
+            "accepts": accepts,
+            "sessions": list(self.claims),
+            "subscriptions": len(self.subscriptions),
+        }
+
+
+_FRAME_HANDLERS: dict[str, Callable[[AEPSocket, dict[str, Any]], None]] = {
+    "subscribe": AEPSocket.on_subscribe,
+    "unsubscribe": AEPSocket.on_unsubscribe,
+    "roster": AEPSocket.on_roster,
+    "ping": AEPSocket.on_ping,
+}
+
+
+class AEPSocketFactory(WebSocketServerFactory):
+    """The ``/socket`` factory: its connections, one shared ping loop, drain."""
+
+    protocol = AEPSocket
+
+    def __init__(self, relay: Relay, clock: Clock, *, heartbeat: float, max_message: int) -> None:
+        super().__init__()
+        self.relay = relay
+        self.clock = clock
+        self.connections: dict[AEPSocket, None] = {}
+        self.setProtocolOptions(
+            maxMessagePayloadSize=max_message,
+            maxFramePayloadSize=max_message,
+            autoPingInterval=0,  # AEP has its own JSON ping, sent by one shared loop below
+            openHandshakeTimeout=10,
+            closeHandshakeTimeout=1,
+        )
+        self._loop = clock.looping_call(heartbeat, self.ping_all)
+
+    def ping_all(self) -> None:
+        if not self.connections:
+            return
+        message = self.prepareMessage(dumps({"type": "ping", "t": int(time.time() * 1000)}))
+        for conn in list(self.connections):
+            conn._send(message, None, None)
+
+    def listing(self) -> list[dict[str, Any]]:
+        return [conn.listing() for conn in self.connections if conn.hello_done]
+
+    def drain(self) -> None:
+        """Close every connection with 1001 (going away)."""
+        self.clock.stop_loop(self._loop)
+        for conn in list(self.connections):
+            conn.sendClose(CLOSE_GOING_AWAY, "shutting down")
+
+    def abort(self) -> None:
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.abortConnection()

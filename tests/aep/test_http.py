@@ -1,0 +1,270 @@
+"""The AEP HTTP surface (aep.md §3) and the parity items of §9.5 that concern it."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+from twisted.internet import threads
+from twisted.trial.unittest import TestCase
+
+from tests.support.aep import AEPRelay, event, ndjson
+from tests.support.sse import SSEClient
+
+TOKEN = "s3cret-token"
+
+
+def header(response, name: str):
+    values = response.headers.getRawHeaders(name)
+    return values[0] if values else None
+
+
+class DiscoveryAndHealth(TestCase):
+    async def test_discovery_document_on_both_paths(self) -> None:
+        relay = await AEPRelay.start(aep_buffer=8)
+        self.addCleanup(relay.stop)
+        for path in ("/events", "/.well-known/aep"):
+            response, body = await relay.get(path)
+            self.assertEqual(response.code, 200)
+            self.assertEqual(header(response, "content-type"), "application/json")
+            self.assertIsNone(header(response, "access-control-allow-origin"))
+            doc = json.loads(body)
+            self.assertEqual(list(doc), ["aep", "role", "endpoints", "capabilities"])
+            self.assertEqual(doc["aep"], ["0.1"])
+            self.assertEqual(doc["endpoints"], {"events": "/events", "stream": "/stream", "socket": "/socket"})
+            self.assertEqual(doc["capabilities"]["replay"], {"buffer": 8, "all": True})
+            self.assertEqual(doc["capabilities"]["capture"], ["none", "metadata", "redacted", "full"])
+            self.assertTrue(body.startswith(b'{\n  "aep": [\n    "0.1"\n  ],'))  # 2-space pretty print
+
+    async def test_healthz_without_token_shows_counts(self) -> None:
+        relay = await AEPRelay.start()
+        self.addCleanup(relay.stop)
+        response, body = await relay.get("/healthz")
+        self.assertEqual(response.code, 200)
+        self.assertEqual(list(json.loads(body)), ["ok", "sessions", "subscribers", "connections", "uptime_s"])
+
+    async def test_healthz_with_token_hides_counts_unless_authorized(self) -> None:
+        relay = await AEPRelay.start(aep_token=TOKEN)
+        self.addCleanup(relay.stop)
+        response, body = await relay.get("/healthz")
+        self.assertEqual((response.code, json.loads(body)), (200, {"ok": True}))
+        _, body = await relay.get("/healthz", {"authorization": f"Bearer {TOKEN}"})
+        self.assertIn("sessions", json.loads(body))
+        _, body = await relay.get(f"/healthz?access_token={TOKEN}")
+        self.assertIn("sessions", json.loads(body))
+
+    async def test_connections_introspection(self) -> None:
+        relay = await AEPRelay.start(aep_token=TOKEN)
+        self.addCleanup(relay.stop)
+        response, body = await relay.get("/connections", {"authorization": f"Bearer {TOKEN}"})
+        self.assertEqual(response.code, 200)
+        self.assertEqual(header(response, "access-control-allow-origin"), "*")
+        doc = json.loads(body)
+        self.assertEqual(doc["relay"]["control"], True)
+        self.assertEqual(doc["connections"], [])
+        self.assertEqual(doc["sse_subscribers"], 0)
+
+
+class AuthWall(TestCase):
+    async def test_401_carries_cors_and_empty_body(self) -> None:
+        relay = await AEPRelay.start(aep_token=TOKEN)
+        self.addCleanup(relay.stop)
+        for path in ("/events", "/stream", "/connections", "/nowhere"):
+            response, body = await relay.get(path)
+            self.assertEqual(response.code, 401, path)
+            self.assertEqual(header(response, "access-control-allow-origin"), "*")
+            self.assertEqual(body, b"")
+
+    async def test_wrong_token_on_post_is_401(self) -> None:
+        relay = await AEPRelay.start(aep_token=TOKEN)
+        self.addCleanup(relay.stop)
+        response, _ = await relay.post(event(), token="wrong")
+        self.assertEqual(response.code, 401)
+        response, _ = await relay.post(event(), token=TOKEN)
+        self.assertEqual(response.code, 202)
+
+    async def test_wrong_header_does_not_block_a_correct_query_token(self) -> None:
+        relay = await AEPRelay.start(aep_token=TOKEN)
+        self.addCleanup(relay.stop)
+        response, _ = await relay.get(f"/events?access_token={TOKEN}", {"authorization": "Bearer nope"})
+        self.assertEqual(response.code, 200)
+
+    async def test_bearer_prefix_is_exact(self) -> None:
+        relay = await AEPRelay.start(aep_token=TOKEN)
+        self.addCleanup(relay.stop)
+        for value in (f"bearer {TOKEN}", f"Bearer  {TOKEN}", TOKEN):
+            response, _ = await relay.get("/events", {"authorization": value})
+            self.assertEqual(response.code, 401, value)
+
+    async def test_preflight_needs_no_token(self) -> None:
+        relay = await AEPRelay.start(aep_token=TOKEN)
+        self.addCleanup(relay.stop)
+        for path in ("/stream", "/connections"):
+            response, body = await relay.request("OPTIONS", path)
+            self.assertEqual(response.code, 204)
+            self.assertEqual(header(response, "access-control-allow-origin"), "*")
+            self.assertEqual(header(response, "access-control-allow-methods"), "GET, OPTIONS")
+            self.assertEqual(
+                header(response, "access-control-allow-headers"), "authorization, accept, content-type, last-event-id"
+            )
+            self.assertEqual(header(response, "access-control-max-age"), "86400")
+        response, _ = await relay.request("OPTIONS", "/events")
+        self.assertEqual(response.code, 401)  # other preflights hit the wall
+
+
+class NotFound(TestCase):
+    async def test_other_paths_and_methods_are_404_with_empty_body(self) -> None:
+        relay = await AEPRelay.start()
+        self.addCleanup(relay.stop)
+        for method, path in (("GET", "/healthz/"), ("HEAD", "/events"), ("PUT", "/events"), ("GET", "/x"), ("DELETE", "/stream")):
+            response, body = await relay.request(method, path)
+            self.assertEqual(response.code, 404, (method, path))
+            self.assertEqual(body, b"")
+            self.assertIsNone(header(response, "content-type"))
+
+
+class Ingest(TestCase):
+    async def asyncSetUpRelay(self, **flags):
+        relay = await AEPRelay.start(**flags)
+        self.addCleanup(relay.stop)
+        return relay
+
+    async def test_version_gate_426_before_415(self) -> None:
+        relay = await self.asyncSetUpRelay()
+        for version in (None, "9.9"):
+            headers = {"content-type": "text/plain"}
+            if version:
+                headers["aep-version"] = version
+            response, body = await relay.request("POST", "/events", b"{}", headers)
+            self.assertEqual(response.code, 426)
+            self.assertEqual(header(response, "content-type"), "application/json")
+            self.assertEqual(json.loads(body), {"versions": ["0.1"]})
+
+    async def test_duplicated_version_header_is_426(self) -> None:
+        relay = await self.asyncSetUpRelay()
+        raw = (
+            b"POST /events HTTP/1.1\r\nHost: x\r\naep-version: 0.1\r\naep-version: 0.1\r\n"
+            b"content-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}"
+        )
+        reply = await threads.deferToThread(_raw_exchange, relay.url, raw)
+        self.assertTrue(reply.startswith(b"HTTP/1.1 426"), reply[:40])
+
+    async def test_415_has_empty_body_and_no_content_type(self) -> None:
+        relay = await self.asyncSetUpRelay()
+        for ctype in ("text/plain", "Application/JSON", "application/jsonx"):
+            response, body = await relay.request("POST", "/events", b"{}", {"aep-version": "0.1", "content-type": ctype})
+            self.assertEqual(response.code, 415, ctype)
+            self.assertEqual(body, b"")
+            self.assertIsNone(header(response, "content-type"))
+        response, _ = await relay.request(
+            "POST", "/events", json.dumps(event()).encode(), {"aep-version": "0.1", "content-type": " application/json ; charset=utf-8"}
+        )
+        self.assertEqual(response.code, 202)
+
+    async def test_single_json_event_and_empty_bodies(self) -> None:
+        relay = await self.asyncSetUpRelay()
+        json_headers = {"aep-version": "0.1", "content-type": "application/json"}
+        response, body = await relay.request("POST", "/events", json.dumps(event()).encode(), json_headers)
+        self.assertEqual((response.code, body), (202, b""))
+        self.assertIsNone(header(response, "content-type"))
+        response, body = await relay.request("POST", "/events", b"", json_headers)
+        self.assertEqual(response.code, 400)
+        self.assertEqual(json.loads(body)["error"], "invalid-json")
+        response, body = await relay.request("POST", "/events", b"  \n \n", {"aep-version": "0.1", "content-type": "application/x-ndjson"})
+        self.assertEqual((response.code, body), (202, b""))
+
+    async def test_json_array_is_not_an_object(self) -> None:
+        relay = await self.asyncSetUpRelay()
+        response, body = await relay.request("POST", "/events", b"[1]", {"aep-version": "0.1", "content-type": "application/json"})
+        self.assertEqual(response.code, 400)
+        self.assertEqual(json.loads(body), {"error": "invalid-event", "line": 0, "detail": "not an object"})
+
+    async def test_reject_invalid_missing_id(self) -> None:
+        relay = await self.asyncSetUpRelay()
+        ev = event()
+        del ev["id"]
+        response, body = await relay.post(ev)
+        self.assertEqual(response.code, 400)
+        self.assertEqual(json.loads(body), {"error": "invalid-event", "line": 0, "detail": "missing/invalid id"})
+
+    async def test_bad_json_line_anywhere_ingests_nothing(self) -> None:
+        relay = await self.asyncSetUpRelay()
+        body = ndjson(event(seq=0)) + b"{not json\n" + ndjson(event(seq=2))
+        response, content = await relay.request("POST", "/events", body, {"aep-version": "0.1", "content-type": "application/x-ndjson"})
+        self.assertEqual(response.code, 400)
+        self.assertEqual(json.loads(content)["error"], "invalid-json")
+        self.assertEqual(relay.core.log.session_count(), 0)
+
+    async def test_invalid_utf8_is_invalid_json(self) -> None:
+        relay = await self.asyncSetUpRelay()
+        response, content = await relay.request(
+            "POST", "/events", b'{"aep":"0.1","id":"\xff"}', {"aep-version": "0.1", "content-type": "application/json"}
+        )
+        self.assertEqual(response.code, 400)
+        self.assertEqual(json.loads(content)["error"], "invalid-json")
+
+    async def test_too_many_events_carries_max_and_count(self) -> None:
+        relay = await self.asyncSetUpRelay(aep_max_batch=3)
+        response, body = await relay.post(*[event(seq=i) for i in range(4)])
+        self.assertEqual(response.code, 413)
+        self.assertEqual(json.loads(body), {"error": "too-many-events", "max": 3, "count": 4})
+        self.assertEqual(relay.core.log.session_count(), 0)
+
+    async def test_payload_too_large_arrives_before_the_upload_ends(self) -> None:
+        relay = await self.asyncSetUpRelay(aep_max_body=1000)
+        # Announce 10 MB but send only 2 KB: the answer must come without the rest of the body.
+        head = (
+            b"POST /events HTTP/1.1\r\nHost: x\r\naep-version: 0.1\r\ncontent-type: application/x-ndjson\r\n"
+            b"content-length: 10000000\r\n\r\n" + b"x" * 2000
+        )
+        reply = await threads.deferToThread(_raw_exchange, relay.url, head)
+        status, _, rest = reply.partition(b"\r\n")
+        self.assertEqual(status, b"HTTP/1.1 413 Payload Too Large")
+        headers, _, body = rest.partition(b"\r\n\r\n")
+        self.assertIn(b"connection: close", headers.lower())
+        self.assertIn(b"content-type: application/json", headers.lower())
+        self.assertEqual(json.loads(body), {"error": "payload-too-large", "max_bytes": 1000})
+
+    async def test_payload_too_large_chunked(self) -> None:
+        relay = await self.asyncSetUpRelay(aep_max_body=1000)
+        head = (
+            b"POST /events HTTP/1.1\r\nHost: x\r\naep-version: 0.1\r\ncontent-type: application/x-ndjson\r\n"
+            b"transfer-encoding: chunked\r\n\r\n" + b"7d0\r\n" + b"x" * 2000 + b"\r\n"
+        )
+        reply = await threads.deferToThread(_raw_exchange, relay.url, head)
+        self.assertTrue(reply.startswith(b"HTTP/1.1 413"), reply[:60])
+
+    async def test_max_body_counts_bytes(self) -> None:
+        relay = await self.asyncSetUpRelay(aep_max_body=350)
+        ev = event(data={"text": "é" * 100})  # 100 characters, 200 bytes of UTF-8
+        body = json.dumps(ev, ensure_ascii=False).encode()
+        self.assertLess(len(body.decode()), 350)
+        self.assertGreater(len(body), 350)
+        response, _ = await relay.request("POST", "/events", body, {"aep-version": "0.1", "content-type": "application/json"})
+        self.assertEqual(response.code, 413)
+
+    async def test_posted_command_without_token_is_accepted_and_dropped(self) -> None:
+        relay = await self.asyncSetUpRelay()
+        stream = await SSEClient.connect(relay.url + "/stream")
+        self.addCleanup(stream.close)
+        cmd = event(seq=None, type="control.pause", id="cmd-1")
+        response, _ = await relay.post(cmd, event(seq=0))
+        self.assertEqual(response.code, 202)
+        first = await stream.next_event()
+        self.assertEqual(first.event, "session.started")  # the command never reached the stream
+
+
+def _raw_exchange(url: str, request: bytes) -> bytes:
+    host, port = url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(request)
+        chunks = []
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
