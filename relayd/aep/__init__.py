@@ -1,0 +1,1 @@
+"""AEP event relay wing: envelope checks, attr-match filters, capture downlevel, and the relay."""

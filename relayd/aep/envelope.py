@@ -1,0 +1,206 @@
+"""Relay-grade envelope checks and event classification (aep.md section 2).
+
+Pure functions over decoded JSON values (dict/list/str/int/float/bool/None); no I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from decimal import Decimal
+from typing import Final
+
+__all__ = [
+    "CAPTURE_LEVELS",
+    "SEVERITIES",
+    "EventKind",
+    "envelope_error",
+    "event_kind",
+    "is_command_type",
+    "js_str",
+    "position",
+]
+
+SEVERITIES: Final = ("debug", "info", "notice", "warning", "error", "critical")
+CAPTURE_LEVELS: Final = ("none", "metadata", "redacted", "full")
+
+_SEVERITY_SET: Final = frozenset(SEVERITIES)
+_CAPTURE_SET: Final = frozenset(CAPTURE_LEVELS)
+_REQUIRED_STRINGS: Final = ("id", "type", "time", "source", "agent")
+
+# The reference uses JS regexes whose `$` only matches at the very end, so these are
+# always applied with fullmatch (Python's `$` would also accept a trailing newline).
+_TYPE_RE: Final = re.compile(r"x\.[a-z0-9_-]+(?:\.[a-z0-9_]+){2,}|[a-z0-9_]+(?:\.[a-z0-9_]+)+")
+# JS `.` excludes every line terminator, not just "\n".
+_COMMAND_RE: Final = re.compile(
+    r"control\.(?:attention\.respond|cancel|pause|resume)|x\.[a-z0-9_-]+\.control\.[^\n\r\u2028\u2029]+"
+)
+
+# Decision 4: the one non-command foreign-emitter type (carries session, never seq).
+FOREIGN_TYPE: Final = "attention.routed"
+
+
+class EventKind(enum.Enum):
+    """How the relay routes a valid event."""
+
+    COMMAND = "command"  # control verbs: routed to one emitter, fanned out, never buffered
+    AGENT_SCOPED = "agent"  # agent.*: live fan-out only, no session/seq
+    FOREIGN = "foreign"  # attention.routed without seq: live fan-out only (decision 4)
+    SEQUENCED = "sequenced"  # everything else: buffered by (session, epoch, seq)
+
+
+class _Undefined:
+    """Marker for an absent attribute, rendered like JS ``undefined``."""
+
+    def __repr__(self) -> str:
+        return "undefined"
+
+
+UNDEFINED: Final = _Undefined()
+
+
+def _js_number(x: float) -> str:
+    """Format a float exactly like ECMAScript ``Number.prototype.toString()``."""
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "Infinity" if x > 0 else "-Infinity"
+    if x == 0:
+        return "0"  # includes -0, which JS prints as "0"
+    sign = "-" if x < 0 else ""
+    # repr() gives the shortest round-tripping digits, which is what JS prints too;
+    # only the layout (where the point goes, when to use an exponent) differs.
+    _, digit_tuple, exp = Decimal(repr(abs(x))).as_tuple()
+    digits = "".join(map(str, digit_tuple)).rstrip("0")
+    exp += len("".join(map(str, digit_tuple))) - len(digits)
+    k = len(digits)
+    n = k + int(exp)
+    if k <= n <= 21:
+        body = digits + "0" * (n - k)
+    elif 0 < n <= 21:
+        body = digits[:n] + "." + digits[n:]
+    elif -6 < n <= 0:
+        body = "0." + "0" * (-n) + digits
+    else:
+        e = n - 1
+        mantissa = digits if k == 1 else digits[0] + "." + digits[1:]
+        body = f"{mantissa}e{'+' if e >= 0 else '-'}{abs(e)}"
+    return sign + body
+
+
+def js_str(value: object) -> str:
+    """Render a JSON value as JS ``String(value)`` does, for byte-exact error messages.
+
+    Pass L{UNDEFINED} for an absent attribute (it renders as ``undefined``).
+    """
+    if value is UNDEFINED:
+        return "undefined"
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        # JS holds every number as a double; beyond 1e21 it switches to exponent form.
+        return str(value) if abs(value) < 10**21 else _js_number(float(value))
+    if isinstance(value, float):
+        return _js_number(value)
+    if isinstance(value, (list, tuple)):
+        # Array.prototype.join renders null/undefined elements as empty strings.
+        return ",".join("" if v is None or v is UNDEFINED else js_str(v) for v in value)
+    return "[object Object]"
+
+
+def _is_js_integer(value: object) -> bool:
+    """JS ``Number.isInteger``: integral ints and floats, never bool, never NaN/inf."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, float) and value.is_integer()
+
+
+def is_command_type(t: str) -> bool:
+    """True for command types: ``control.{attention.respond,cancel,pause,resume}`` and ``x.{v}.control.*``.
+
+    Acks (``control.accepted``, ``control.rejected``) are ordinary sequenced events, not commands.
+    """
+    return isinstance(t, str) and _COMMAND_RE.fullmatch(t) is not None
+
+
+def envelope_error(ev: object) -> str | None:
+    """Return the first relay-grade envelope problem of C{ev} (exact reference text), or None.
+
+    Checks, in order: object, ``aep``, required strings, type syntax, scope, severity, capture.
+    ``attention.routed`` follows the command rule (session, no seq) with its own messages.
+    """
+    if not isinstance(ev, dict):
+        return "not an object"
+    aep = ev.get("aep", UNDEFINED)
+    if not (isinstance(aep, str) and aep == "0.1"):
+        return f"unsupported aep version: {js_str(aep)}"
+    for key in _REQUIRED_STRINGS:
+        v = ev.get(key)
+        if not isinstance(v, str) or not v:
+            return f"missing/invalid {key}"
+    t: str = ev["type"]
+    if _TYPE_RE.fullmatch(t) is None:
+        return f"bad type syntax: {t}"
+    # Presence, not value, decides: the reference tests `!== undefined`, so an explicit
+    # null session/seq counts as present.
+    if t.startswith("agent."):
+        if "session" in ev or "seq" in ev:
+            return "agent-scoped events omit session/seq"
+    elif _COMMAND_RE.fullmatch(t) is not None:
+        if not isinstance(ev.get("session"), str):
+            return "command events require session (target)"
+        if "seq" in ev:
+            return "command events omit seq"
+    elif t == FOREIGN_TYPE:
+        if not isinstance(ev.get("session"), str):
+            return "foreign-emitter events require session"
+        if "seq" in ev:
+            return "foreign-emitter events omit seq"
+    else:
+        if not isinstance(ev.get("session"), str):
+            return "session required"
+        seq = ev.get("seq")
+        if not _is_js_integer(seq) or seq < 0:  # type: ignore[operator]
+            return "seq required (integer >= 0)"
+    if "severity" in ev:
+        sev = ev["severity"]
+        if not (isinstance(sev, str) and sev in _SEVERITY_SET):
+            return "bad severity"
+    if "capture" in ev:
+        cap = ev["capture"]
+        if not (isinstance(cap, str) and cap in _CAPTURE_SET):
+            return "bad capture"
+    return None
+
+
+def event_kind(ev: dict) -> EventKind:
+    """Classify an event that already passed L{envelope_error}."""
+    t: str = ev["type"]
+    if t.startswith("agent."):
+        return EventKind.AGENT_SCOPED
+    if _COMMAND_RE.fullmatch(t) is not None:
+        return EventKind.COMMAND
+    if t == FOREIGN_TYPE:
+        return EventKind.FOREIGN
+    return EventKind.SEQUENCED
+
+
+def position(ev: dict) -> tuple[int, int]:
+    """``(epoch, seq)`` of a valid sequenced event as exact ints, for lexicographic ordering.
+
+    Decision 3: never a float key (``epoch * 2**40 + seq`` loses precision once epoch >= 8192).
+    ``epoch`` is not checked at relay grade; an absent, null or non-integer epoch counts as
+    the consumer default 0. Raises ValueError when the event has no integer ``seq``.
+    """
+    seq = ev.get("seq")
+    if not _is_js_integer(seq):
+        raise ValueError("event has no integer seq")
+    epoch = ev.get("epoch", 0)
+    return (int(epoch) if _is_js_integer(epoch) else 0, int(seq))  # type: ignore[arg-type]

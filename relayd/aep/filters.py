@@ -1,0 +1,187 @@
+"""attr-match subscription filters (aep.md section 4.1): validation and compiled predicates.
+
+A filter is validated and compiled once per subscription; the resulting predicate runs per
+event per subscriber, so all per-filter work (sets, prefix tuples, rank bounds) happens up front.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Callable, Final, Iterable
+
+from relayd.aep.envelope import SEVERITIES, js_str
+
+__all__ = ["Predicate", "compile_filter", "filter_error", "match_all"]
+
+Predicate = Callable[[dict], bool]
+
+_CORE_ATTRS: Final = frozenset(
+    {
+        "aep", "id", "type", "subject", "time", "source", "agent", "session", "run",
+        "step", "seq", "epoch", "cause", "traceparent", "severity", "capture", "data",
+    }
+)  # fmt: skip
+_FILTERABLE: Final = frozenset(
+    {"id", "type", "subject", "source", "agent", "session", "run", "step", "epoch", "cause", "severity", "capture"}
+)
+_UNFILTERABLE: Final = frozenset({"time", "seq", "aep", "data"})
+_EXTENSION_RE: Final = re.compile(r"[a-z0-9]{1,20}")
+_TYPE_PATTERN_RE: Final = re.compile(r"(?:[a-z0-9_-]+\.)+\*")
+_SEV_RANK: Final = {name: rank for rank, name in enumerate(SEVERITIES)}
+# Consumers apply these defaults before comparing (aep.md section 2).
+_DEFAULTS: Final = {"severity": "info", "capture": "metadata", "epoch": 0}
+_MISSING: Final = object()
+
+_ARRAY_INDEX_RE: Final = re.compile(r"0|[1-9][0-9]*")
+
+
+def _js_key_order(obj: dict) -> list:
+    """Keys in JS ``Object.keys`` order: array-index keys ascending, then insertion order.
+
+    Only the choice of *first* error message depends on it, but that text is part of the protocol.
+    """
+    index_keys: list[tuple[int, str]] = []
+    other: list = []
+    for k in obj:
+        if isinstance(k, str) and _ARRAY_INDEX_RE.fullmatch(k) and int(k) < 2**32 - 1:
+            index_keys.append((int(k), k))
+        else:
+            other.append(k)
+    if not index_keys:
+        return other
+    index_keys.sort()
+    return [k for _, k in index_keys] + other
+
+
+def _is_scalar(v: object) -> bool:
+    return isinstance(v, (str, bool, int, float))
+
+
+def filter_error(f: object) -> str | None:
+    """Return the first problem of attr-match filter C{f} (exact reference text), or None if valid."""
+    if not isinstance(f, dict):
+        return "filter must be a JSON object"
+    for key in _js_key_order(f):
+        pred = f[key]
+        if key in _UNFILTERABLE:
+            return f"attribute not filterable: {key}"
+        if key not in _FILTERABLE and not (
+            isinstance(key, str) and _EXTENSION_RE.fullmatch(key) and key not in _CORE_ATTRS
+        ):
+            return f"unknown filter key: {key}"
+        if key == "severity" and isinstance(pred, dict):
+            for op in _js_key_order(pred):
+                if op not in ("gte", "lte"):
+                    return "severity comparison allows gte/lte only"
+                level = pred[op]
+                if not (isinstance(level, str) and level in _SEV_RANK):
+                    return f"unknown severity level: {js_str(level)}"
+            continue
+        values = pred if isinstance(pred, list) else [pred]
+        if not values:
+            return f"empty inclusion array on {key}"
+        for v in values:
+            if not _is_scalar(v):
+                return f"predicate values must be scalars ({key})"
+            if isinstance(v, str) and "*" in v:
+                if key != "type":
+                    return f'glob patterns are only legal on "type" ({key})'
+                if _TYPE_PATTERN_RE.fullmatch(v) is None:
+                    return f"bad type pattern: {v} (form: prefix.*)"
+    return None
+
+
+def match_all(ev: dict) -> bool:
+    """The predicate of the empty filter ``{}``."""
+    return True
+
+
+def _severity_band(pred: dict) -> Predicate | None:
+    lo = _SEV_RANK[pred["gte"]] if "gte" in pred else None
+    hi = _SEV_RANK[pred["lte"]] if "lte" in pred else None
+    if lo is None and hi is None:
+        return None  # `{}` bounds nothing
+    # Open bounds sit outside every rank, including the -1 an unknown level gets (JS indexOf).
+    lo_ = -1 if lo is None else lo
+    hi_ = len(SEVERITIES) if hi is None else hi
+
+    def band(ev: dict) -> bool:
+        sev = ev.get("severity")
+        if sev is None:
+            sev = "info"
+        rank = _SEV_RANK.get(sev, -1) if isinstance(sev, str) else -1
+        return lo_ <= rank <= hi_
+
+    return band
+
+
+def _membership(key: str, values: Iterable[object]) -> Predicate:
+    """Any-of strict (JS ``===``) equality, plus ``prefix.*`` globs when key is ``type``."""
+    strs: set[str] = set()
+    nums: set[float] = set()
+    bools: set[bool] = set()
+    prefixes: list[str] = []
+    for v in values:
+        if isinstance(v, str):
+            if key == "type" and v.endswith(".*"):
+                prefixes.append(v[:-1])  # keep the dot: "tool.*" must not match "toolbox.x"
+            else:
+                strs.add(v)
+        elif isinstance(v, bool):
+            # Kept apart from numbers: in Python True == 1, under JS === it is not.
+            bools.add(v)
+        elif isinstance(v, float) and math.isnan(v):
+            continue  # NaN === NaN is false in JS; a set would match it by identity
+        else:
+            nums.add(v)  # type: ignore[arg-type]
+    prefix_tuple = tuple(prefixes)
+    default = _DEFAULTS.get(key, _MISSING)
+
+    def member(ev: dict) -> bool:
+        val = ev.get(key, _MISSING)
+        if default is not _MISSING and (val is _MISSING or val is None):
+            val = default  # JS `??` also replaces an explicit null
+        if isinstance(val, str):
+            return val in strs or (bool(prefix_tuple) and val.startswith(prefix_tuple))
+        if isinstance(val, bool):
+            return val in bools
+        if isinstance(val, (int, float)):
+            return val in nums  # 1 == 1.0 as in JS
+        return False  # absent, null, or a non-scalar extension value never matches
+
+    return member
+
+
+def compile_filter(f: dict) -> Predicate:
+    """Compile a valid attr-match filter into a predicate over events.
+
+    Members are ANDed; raises ValueError (with the L{filter_error} text) if C{f} is invalid.
+    """
+    err = filter_error(f)
+    if err is not None:
+        raise ValueError(err)
+    checks: list[Predicate] = []
+    for key, pred in f.items():
+        if key == "severity" and isinstance(pred, dict):
+            band = _severity_band(pred)
+            if band is not None:
+                checks.append(band)
+        else:
+            checks.append(_membership(key, pred if isinstance(pred, list) else [pred]))
+    if not checks:
+        return match_all
+    if len(checks) == 1:
+        return checks[0]
+    if len(checks) == 2:
+        first, second = checks
+        return lambda ev: first(ev) and second(ev)
+    all_checks = tuple(checks)
+
+    def conjunction(ev: dict) -> bool:
+        for check in all_checks:
+            if not check(ev):
+                return False
+        return True
+
+    return conjunction
