@@ -148,7 +148,8 @@ class RelayConnection:
         d.addBoth(lambda r: (clock.cancel(timer), r)[1])
         self._waiters.append(d)
         if not self._connecting and self._retry_timer is None:
-            delay = self._next_attempt - clock.seconds()
+            # Back off, but never so long that this demand gets no attempt within its timeout.
+            delay = min(self._next_attempt - clock.seconds(), timeout / 2)
             if delay > 0:
                 self._retry_timer = clock.call_later(delay, self._retry)
             else:

@@ -1,0 +1,120 @@
+"""Crash safety (acceptance 5): kill -9 mid-action, and a relay that goes away and comes back."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+import pytest
+from twisted.internet import defer, error, protocol, reactor
+from twisted.trial import unittest
+
+from relayd.buzz import contract
+from tests.buzz.conftest import HERE, REPO
+from tests.buzz.harness import BrokerUnderTest, independent_verify, issue, new_channel
+
+
+class _BrokerProcess(protocol.ProcessProtocol):
+    def __init__(self) -> None:
+        self.port: defer.Deferred[int] = defer.Deferred()
+        self.ended: defer.Deferred[int] = defer.Deferred()
+        self.buf = b""
+
+    def outReceived(self, data: bytes) -> None:
+        self.buf += data
+        if not self.port.called and b"\n" in self.buf:
+            for line in self.buf.splitlines():
+                if line.startswith(b"PORT "):
+                    self.port.callback(int(line[5:]))
+                    break
+
+    def processEnded(self, reason: object) -> None:
+        code = getattr(getattr(reason, "value", None), "signal", None) or getattr(getattr(reason, "value", None), "exitCode", 0)
+        if not self.port.called:
+            self.port.errback(RuntimeError(f"broker exited early: {self.buf!r}"))
+        self.ended.callback(code)
+
+
+def spawn(state_dir: str, relay_url: str, crash_at: str = "") -> _BrokerProcess:
+    proto = _BrokerProcess()
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    args = [sys.executable, os.path.join(HERE, "broker_process.py"), state_dir, relay_url] + ([crash_at] if crash_at else [])
+    reactor.spawnProcess(proto, sys.executable, args, env=env, childFDs={0: "w", 1: "r", 2: 2})
+    return proto
+
+
+@pytest.mark.usefixtures("private_relay_for_class")
+class CrashTests(unittest.TestCase):
+    timeout = 120
+    relay: object
+
+    def setUp(self) -> None:
+        self.tmp = tempfile.mkdtemp(prefix="relayd-crash-")
+        self.state = os.path.join(self.tmp, "state")
+        os.makedirs(self.state)
+        with open(os.path.join(self.state, "test.kek"), "w") as f:
+            f.write(os.urandom(32).hex())
+        self.channel = new_channel()
+        self.alice = issue(self.state, "--agent", "alice", "--channel", self.channel, kek_file=os.path.join(self.state, "test.kek"))
+
+    async def _kill9_then_retry(self, crash_at: str) -> None:
+        content = f"crash test {crash_at}"
+        b = contract.freeze(contract.build_request("message.post", {"channelId": self.channel, "content": content}, f"req-{crash_at}"))
+        helper = BrokerUnderTest(self.state, self.relay.url)  # type: ignore[attr-defined]  # reused for its HTTP client
+        doomed = spawn(self.state, self.relay.url, crash_at)  # type: ignore[attr-defined]
+        helper.port = await doomed.port
+        with self.assertRaises(Exception):  # the connection dies with the process: no verdict
+            await helper.post(b, self.alice["credential"])
+        assert await doomed.ended == 9
+        survivor = spawn(self.state, self.relay.url)  # type: ignore[attr-defined]
+        helper.port = await survivor.port
+        try:
+            status, data = await helper.post(b, self.alice["credential"])
+            resp = contract.read_http_response(contract.parse_request(b), status, data)
+            assert resp.status == "succeeded" and not resp.replayed, data
+            stored = [e for e in self.relay.events(pubkey=self.alice["agentPubkey"]) if e["content"] == content]  # type: ignore[attr-defined]
+            assert len(stored) == 1 and stored[0]["id"] == resp.outcome["eventId"]  # type: ignore[index]
+            assert independent_verify(stored[0])
+            # and now it is a recorded verdict
+            _, again = await helper.post(b, self.alice["credential"])
+            assert json.loads(again)["replayed"] is True
+        finally:
+            survivor.transport.signalProcess("TERM")  # type: ignore[attr-defined]
+            await survivor.ended
+
+    async def test_kill9_after_relay_stored_event_before_ok_handled(self) -> None:
+        await self._kill9_then_retry("on_ok")
+
+    async def test_kill9_after_event_stored_before_send(self) -> None:
+        await self._kill9_then_retry("after_store")
+
+    async def test_relay_down_is_indeterminate_then_retry_succeeds_once(self) -> None:
+        broker = BrokerUnderTest(self.state, self.relay.url, timeout=1.5)  # type: ignore[attr-defined]
+        await broker.start()
+        try:
+            cred = self.alice["credential"]
+            ok_first = await broker.call(cred, "channel.read", {"channelId": self.channel})  # connection is up
+            assert ok_first["status"] == "succeeded"
+            self.relay.stop()  # type: ignore[attr-defined]
+            b = contract.freeze(contract.build_request("message.post", {"channelId": self.channel, "content": "while down"}, "req-down"))
+            started = time.monotonic()
+            status, data = await broker.post(b, cred)
+            elapsed = time.monotonic() - started
+            resp = contract.parse_response(data, contract.parse_request(b))
+            assert resp.status == "indeterminate" and resp.code == "outcome_unknown", data
+            assert elapsed < 1.5 + 1.0
+            self.relay.start()  # type: ignore[attr-defined]
+            status, data = await broker.post(b, cred)
+            resp = contract.parse_response(data, contract.parse_request(b))
+            assert resp.status == "succeeded", data
+            stored = [e for e in self.relay.events(pubkey=self.alice["agentPubkey"]) if e["content"] == "while down"]  # type: ignore[attr-defined]
+            assert len(stored) == 1
+            # a retry after success replays, and the relay still holds one event
+            _, data = await broker.post(b, cred)
+            assert json.loads(data)["replayed"] is True
+            assert len([e for e in self.relay.events() if e["content"] == "while down"]) == 1  # type: ignore[attr-defined]
+        finally:
+            await broker.stop()
