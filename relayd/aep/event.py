@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from relayd.aep.capture import downlevel
-from relayd.aep.envelope import EventKind, event_kind
+from relayd.aep.envelope import EventKind, event_kind, position
 
 SEVERITY_RANK = {"debug": 0, "info": 1, "notice": 2, "warning": 3, "error": 4, "critical": 5}
 NOTICE = SEVERITY_RANK["notice"]
@@ -48,9 +48,8 @@ def dumps(obj: Any) -> bytes:
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def _sse_id(ev: dict[str, Any]) -> bytes:
-    epoch = ev.get("epoch") or 0
-    return f"{ev['session']}:{int(epoch)}:{int(ev['seq'])}".encode("utf-8")
+def _sse_id(session: str, position: tuple[int, int]) -> bytes:
+    return f"{session}:{position[0]}:{position[1]}".encode("utf-8")
 
 
 class Event:
@@ -78,7 +77,7 @@ class Event:
         self.type: str = ev["type"]
         self.session: str | None = ev.get("session")
         if self.kind is EventKind.SEQUENCED:
-            self.position: tuple[int, int] = (int(ev.get("epoch") or 0), int(ev["seq"]))
+            self.position: tuple[int, int] = position(ev)
         else:
             self.position = (0, -1)
         self.key = (ev["source"], ev["id"])
@@ -108,7 +107,7 @@ class Event:
         if frame is None:
             parts = [b"event: ", self.type.encode("utf-8"), b"\ndata: ", self.payload(level), b"\n"]
             if self.kind is EventKind.SEQUENCED:
-                parts += [b"id: ", _sse_id(self.ev), b"\n"]
+                parts += [b"id: ", _sse_id(self.ev["session"], self.position), b"\n"]
             parts.append(b"\n")
             frame = b"".join(parts)
             self._sse[level] = frame
