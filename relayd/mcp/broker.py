@@ -103,7 +103,7 @@ class Frame:
     def message(self) -> Any:
         """The parsed message."""
         if self._message is _UNPARSED:
-            self._message = _loads(self.raw)
+            self._message = loads_json(self.raw)
         return self._message
 
     @property
@@ -159,7 +159,7 @@ def parse_frame(body: bytes) -> Frame | None:
     if not body:
         return None
     try:
-        message = _loads(body)
+        message = loads_json(body)
     except ValueError:
         return None
     items = message if isinstance(message, list) else [message]
@@ -182,7 +182,7 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _loads(data: bytes) -> Any:
+def loads_json(data: bytes) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -440,7 +440,7 @@ class Broker:
         if frame.is_response:
             correlation = await self.store.consume_correlation(session_id, frame.id_key)
             if correlation is not None and correlation.original_id is not None:
-                frame = frame.with_id(_loads(correlation.original_id))
+                frame = frame.with_id(loads_json(correlation.original_id))
             outbound = await self.store.subscribers(session_id, OUTBOUND)
             labelled = any(s.label is not None for s in outbound) or any(
                 s.label is not None for s in await self.store.subscribers(session_id, INBOUND)

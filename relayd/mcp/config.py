@@ -1,0 +1,166 @@
+"""The MCP tunnel relay's settings (flag > environment > default; the Node relay's env names still work)."""
+
+from __future__ import annotations
+
+import math
+
+from relayd.config import ConfigError, Resolved, Setting, endpoint, non_negative_int, positive_int
+from relayd.web.cors import CorsPolicyError, OriginPolicy, parse_origins
+
+DEFAULT_LISTEN = "tcp:8788:interface=127.0.0.1"
+
+
+def prefix(text: str) -> str:
+    """A URL path prefix such as C{/mcp-relay}; one trailing C{/} is stripped, C{""} means none."""
+    text = text.strip()
+    if text.endswith("/"):
+        text = text[:-1]
+    if text and not text.startswith("/"):
+        raise ValueError("must start with / (e.g. /mcp-relay)")
+    if any(ch in text for ch in "?# "):
+        raise ValueError("must be a plain path")
+    return text
+
+
+def ttl_ms(text: str) -> float:
+    """A finite number of milliseconds > 0 (non-integers accepted, as the Node relay does)."""
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError("must be a number of milliseconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError("must be a finite number of milliseconds > 0")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port, 1..65535."""
+    value = positive_int(text)
+    if value > 65535:
+        raise ValueError("must be a port from 1 to 65535")
+    return value
+
+
+def cors_entry(text: str) -> str:
+    """One configured CORS value (C{*} or a comma list), validated on its own; combined later."""
+    try:
+        parse_origins(text)
+    except CorsPolicyError as e:
+        raise ValueError(str(e)) from None
+    return text
+
+
+SETTINGS: list[Setting] = [
+    Setting(
+        "mcp-listen",
+        [DEFAULT_LISTEN],
+        "MCP relay listen endpoint (strports; repeatable)",
+        parse=endpoint,
+        env=("RELAYD_MCP_LISTEN",),
+        repeatable=True,
+        metavar="ENDPOINT",
+    ),
+    Setting(
+        "mcp-port",
+        None,
+        "MCP relay port, when --mcp-listen is not given (the Node relay's PORT)",
+        parse=port,
+        env=("RELAYD_MCP_PORT", "PORT"),
+        metavar="N",
+    ),
+    Setting(
+        "mcp-host",
+        None,
+        "MCP relay bind address, when --mcp-listen is not given (the Node relay's HOST)",
+        env=("RELAYD_MCP_HOST", "HOST"),
+        metavar="ADDR",
+    ),
+    Setting("no-mcp", False, "do not start the MCP tunnel relay", env=("RELAYD_NO_MCP",), switch=True),
+    Setting(
+        "mcp-prefix",
+        "",
+        "URL path prefix of every MCP relay route (e.g. /mcp-relay behind a proxy)",
+        parse=prefix,
+        env=("RELAYD_MCP_PREFIX", "PREFIX"),
+        metavar="PATH",
+    ),
+    Setting(
+        "mcp-ttl-ms",
+        14_400_000.0,
+        "MCP session inactivity timeout in ms",
+        parse=ttl_ms,
+        env=("RELAYD_MCP_TTL_MS", "TTL_MS"),
+        metavar="MS",
+    ),
+    Setting(
+        "mcp-cors",
+        ["*"],
+        "browser origins allowed to read MCP relay responses: * or a comma list (repeatable)",
+        parse=cors_entry,
+        env=("RELAYD_MCP_CORS_ALLOW_ORIGIN", "CORS_ALLOW_ORIGIN"),
+        repeatable=True,
+        metavar="ORIGINS",
+    ),
+    Setting(
+        "mcp-max-sessions",
+        10_000,
+        "most MCP sessions at once; register beyond answers 503",
+        parse=positive_int,
+        env=("RELAYD_MCP_MAX_SESSIONS",),
+        metavar="N",
+    ),
+    Setting(
+        "mcp-poll-idle-ms",
+        60_000,
+        "drop a long-poll subscriber that has not polled for this long (ms)",
+        parse=positive_int,
+        env=("RELAYD_MCP_POLL_IDLE_MS",),
+        metavar="MS",
+    ),
+    Setting(
+        "mcp-reap-interval-ms",
+        60_000,
+        "how often expired sessions and idle pollers are reaped (ms; 0 disables)",
+        parse=non_negative_int,
+        env=("RELAYD_MCP_REAP_INTERVAL_MS",),
+        metavar="MS",
+    ),
+    Setting(
+        "mcp-queue-frames",
+        1000,
+        "most frames queued per subscriber before the oldest are dropped (or an SSE client is cut)",
+        parse=positive_int,
+        env=("RELAYD_MCP_QUEUE_FRAMES",),
+        metavar="N",
+    ),
+    Setting(
+        "mcp-queue-bytes",
+        8 * 1024 * 1024,
+        "most bytes queued per subscriber",
+        parse=positive_int,
+        env=("RELAYD_MCP_QUEUE_BYTES",),
+        metavar="BYTES",
+    ),
+]
+
+
+def cors_policy(settings: Resolved) -> OriginPolicy:
+    """The origin policy from C{mcp-cors} (repeated values are combined, as if comma-joined).
+
+    @raise ConfigError: naming where the value came from (C{*} combined with origins across flags).
+    """
+    try:
+        return parse_origins(list(settings["mcp-cors"]))
+    except CorsPolicyError as e:
+        raise ConfigError(f"{settings.sources.get('mcp-cors', '--mcp-cors')}: {e}") from None
+
+
+def listen_endpoints(settings: Resolved) -> list[str]:
+    """C{mcp-listen}, or the endpoint PORT/HOST describe when no listen endpoint was configured."""
+    if settings.sources.get("mcp-listen", "default") != "default":
+        return list(settings["mcp-listen"])
+    host, port_ = settings.values.get("mcp-host"), settings.values.get("mcp-port")
+    if host is None and port_ is None:
+        return list(settings["mcp-listen"])
+    host = host or "127.0.0.1"
+    return [f"tcp:{port_ or 8788}:interface={host.strip('[]').replace(':', chr(92) + ':')}"]

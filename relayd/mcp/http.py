@@ -1,0 +1,331 @@
+"""The MCP relay's HTTP surface: routing, statuses and bodies of mcp-relay.md §2, SSE and long-poll legs.
+
+One leaf resource routes on the raw (not percent-decoded) request path, as the Node relay does:
+C{{prefix}/register} and C{{prefix}/{session}/(inbox|outbox|events|poll|unregister)}; health at C{/},
+C{/healthz} and C{{prefix}/}. The broker decides; this module only translates.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Request
+
+from relayd.mcp.broker import Broker, PollResult, Refused, StreamHandle, loads_json, parse_wait_ms
+from relayd.mcp.store import INBOUND, OUTBOUND
+from relayd.web.auth import bearer_token, query_param
+from relayd.web.body import EarlyAnswer, read_body
+from relayd.web.cors import OriginPolicy
+from relayd.web.sse import DEFAULT_MAX_BUFFER, SSEHub, SSEStream, sse_comment
+
+MAX_BODY = 256 * 1024
+HEALTH_BODY = b'{"ok":true,"service":"agent-integrations-relay"}'
+SSE_PREAMBLE = b"retry: 2000\n\n"
+KEEPALIVE = b": keepalive\n\n"
+KEEPALIVE_INTERVAL = 15.0
+SHUTDOWN_COMMENT = sse_comment("relay shutting down")
+
+_ROUTE = re.compile(rb"/([A-Za-z0-9_-]{4,64})/(inbox|outbox|events|poll|unregister)")
+_METHODS = {
+    b"register": b"POST",
+    b"inbox": b"POST",
+    b"outbox": b"POST",
+    b"events": b"GET",
+    b"poll": b"GET",
+    b"unregister": b"POST",
+}
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"connection", b"keep-alive"),
+    (b"x-accel-buffering", b"no"),
+]
+_STATUS = {"session_gone": 410, "too_many_sessions": 503}
+
+
+def status_for(reason: str) -> int:
+    """HTTP status of a refusal: gone is 410, the session cap 503, every other refusal 401."""
+    return _STATUS.get(reason, 401)
+
+
+def _gone(request: Request) -> bool:
+    return bool(getattr(request, "_disconnected", False)) or bool(request.finished)
+
+
+def _token(request: Request) -> str:
+    # Decision MCP 5: an Authorization: Bearer header wins over ?token=.
+    return bearer_token(request) or query_param(request, "token") or ""
+
+
+def _direction(request: Request) -> str:
+    return OUTBOUND if query_param(request, "direction") == "outbound" else INBOUND
+
+
+def _label(request: Request) -> str | None:
+    return query_param(request, "client") or None  # decision MCP 6: client= counts as no label
+
+
+class StreamSink:
+    """The broker's view of one SSE response: buffers events until started, bounds what a paused
+    (non-reading) client may have queued (decision MCP 9), and ends the response when told."""
+
+    def __init__(self, request: Request, hub: SSEHub, max_frames: int, max_bytes: int) -> None:
+        self.stream = SSEStream(request, hub, max_buffer=max_bytes)
+        self.max_frames = max_frames
+        self._early: list[bytes] | None = []
+        self._paused_frames = 0
+        self._end_requested = False
+
+    def start(self, preamble: bytes, on_close: Callable[[], None]) -> None:
+        """Send status, headers, the preamble and anything delivered meanwhile."""
+        early, self._early = self._early or [], None
+        self.stream.on_close = on_close
+        self.stream.start(_SSE_HEADERS, preamble + b"".join(early))
+        if self._end_requested:
+            self.stream.close()
+
+    def deliver(self, event: bytes) -> bool:
+        if self._early is not None:
+            self._early.append(event)
+            return True
+        stream = self.stream
+        if stream.paused:
+            self._paused_frames += 1
+            if self._paused_frames > self.max_frames:
+                stream.abort()  # the client reconnects; its memory here is released now
+                return False
+        else:
+            self._paused_frames = 0
+        return stream.write(event)
+
+    def end(self) -> None:
+        if self._early is not None:
+            self._end_requested = True
+        else:
+            self.stream.close()
+
+
+class McpResource(Resource):
+    """Every route of the MCP relay under one prefix."""
+
+    isLeaf = True
+    _log = Logger()
+
+    def __init__(
+        self,
+        broker: Broker,
+        policy: OriginPolicy,
+        hub: SSEHub,
+        prefix: str = "",
+        max_frames: int = 1000,
+        max_bytes: int = DEFAULT_MAX_BUFFER,
+    ) -> None:
+        super().__init__()
+        self.broker = broker
+        self.policy = policy
+        self.hub = hub
+        self.prefix = prefix.encode("utf-8")
+        self.max_frames = max_frames
+        self.max_bytes = max_bytes
+        self._health = {b"/", b"/healthz", self.prefix + b"/"}
+
+    # routing -----------------------------------------------------------------------------------
+
+    def render(self, request: Request) -> Any:
+        method = request.method
+        if method == b"GET" and request.uri in self._health:
+            request.setHeader(b"content-type", b"application/json")
+            return HEALTH_BODY
+        # Decision MCP 3: every answer a browser may need to read carries CORS, 404 included.
+        self.policy.apply(request)
+        route, session_id = self._route(request.path)
+        if route is None:
+            return self._json(request, 404, b'{"error":"not_found"}')
+        if method == b"OPTIONS":
+            request.setResponseCode(204)
+            return b""
+        if method != _METHODS[route]:
+            return self._json(request, 405, b'{"error":"method_not_allowed"}')
+        handler = getattr(self, "_" + route.decode())
+        try:
+            return handler(request, session_id)
+        except Exception:
+            self._log.failure("MCP {route} failed", route=route.decode())
+            return self._json(request, 500, b'{"error":"internal_error"}')
+
+    def _route(self, path: bytes) -> tuple[bytes | None, str]:
+        prefix = self.prefix
+        if not path.startswith(prefix + b"/"):
+            return None, ""
+        rest = path[len(prefix) :]
+        if rest == b"/register":
+            return b"register", ""
+        match = _ROUTE.fullmatch(rest)
+        if match is None:
+            return None, ""
+        return match.group(2), match.group(1).decode("ascii")
+
+    # answers -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _json(request: Request, status: int, body: bytes) -> bytes:
+        request.setResponseCode(status)
+        request.setHeader(b"content-type", b"application/json")
+        return body
+
+    def _finish_json(self, request: Request, status: int, body: bytes) -> None:
+        if _gone(request):
+            return
+        request.setResponseCode(status)
+        request.setHeader(b"content-type", b"application/json")
+        request.setHeader(b"content-length", b"%d" % len(body))
+        request.write(body)
+        request.finish()
+
+    def _answer(self, request: Request, d: Deferred[Any], ok: Callable[[Any], bytes]) -> Any:
+        """Answer C{200 ok(result)} or the refusal as C{{"error": reason}}."""
+
+        def success(result: Any) -> None:
+            self._finish_json(request, 200, ok(result))
+
+        def failure(f: Failure) -> None:
+            if f.check(Refused):
+                reason = f.value.reason
+                self._finish_json(request, status_for(reason), b'{"error":"%s"}' % reason.encode())
+            else:
+                self._log.failure("MCP request failed", f)
+                self._finish_json(request, 500, b'{"error":"internal_error"}')
+
+        d.addCallbacks(success, failure)
+        return NOT_DONE_YET
+
+    def too_large(self, request: Request) -> EarlyAnswer:
+        """Decision MCP 2: a real 413 with CORS headers (the body limit's early answer)."""
+        values = request.requestHeaders.getRawHeaders(b"origin")
+        headers = self.policy.headers(values[0] if values else None)
+        headers.append((b"content-type", b"application/json"))
+        return 413, headers, b'{"error":"payload_too_large"}'
+
+    # routes ------------------------------------------------------------------------------------
+
+    def _register(self, request: Request, _: str) -> Any:
+        try:
+            body = loads_json(read_body(request))
+        except ValueError:
+            return self._json(request, 400, b'{"error":"invalid_json"}')
+        session = body.get("session") if isinstance(body, dict) else None
+        token = body.get("token") if isinstance(body, dict) else None
+        if not isinstance(session, str) or not isinstance(token, str):
+            return self._json(request, 400, b'{"error":"missing_fields"}')
+        return self._answer(request, self.broker.register(session, token), lambda _: b'{"ok":true}')
+
+    def _inbox(self, request: Request, session_id: str) -> Any:
+        body = read_body(request)  # read before auth, as the contract orders it
+        d = self.broker.inbox(session_id, _token(request), body, _label(request))
+        return self._answer(request, d, lambda _: b'{"ok":true}')
+
+    def _outbox(self, request: Request, session_id: str) -> Any:
+        body = read_body(request)
+        d = self.broker.outbox(session_id, _token(request), body)
+        return self._answer(request, d, lambda _: b'{"ok":true}')
+
+    def _unregister(self, request: Request, session_id: str) -> Any:
+        token = _token(request)
+        if not token:
+            # Decision MCP 8: the browser hook sends {"token": ...} in the body.
+            try:
+                body = loads_json(read_body(request))
+            except ValueError:
+                body = None
+            if isinstance(body, dict) and isinstance(body.get("token"), str):
+                token = body["token"]
+        d = self.broker.unregister(session_id, token)
+        return self._answer(
+            request, d, lambda already_gone: b'{"ok":true,"alreadyGone":true}' if already_gone else b'{"ok":true}'
+        )
+
+    def _events(self, request: Request, session_id: str) -> Any:
+        sink = StreamSink(request, self.hub, self.max_frames, self.max_bytes)
+        d = self.broker.open_stream(session_id, _token(request), _direction(request), _label(request), sink)
+
+        def opened(handle: StreamHandle) -> None:
+            def closed() -> None:
+                self.broker.close_stream(handle.record).addErrback(
+                    lambda f: self._log.failure("closing MCP stream failed", f)
+                )
+
+            if _gone(request):
+                closed()
+                return
+            sink.start(SSE_PREAMBLE + b"".join(handle.backlog), closed)
+
+        def refused(f: Failure) -> None:
+            if not f.check(Refused):
+                self._log.failure("MCP events failed", f)
+                self._finish_json(request, 500, b'{"error":"internal_error"}')
+                return
+            if _gone(request):
+                return
+            body = b"event: error\ndata: " + f.value.reason.encode() + b"\n\n"
+            request.setResponseCode(status_for(f.value.reason))
+            request.setHeader(b"content-type", b"text/event-stream")
+            request.setHeader(b"content-length", b"%d" % len(body))
+            request.write(body)
+            request.finish()
+
+        d.addCallbacks(opened, refused)
+        return NOT_DONE_YET
+
+    def _poll(self, request: Request, session_id: str) -> Any:
+        d = self.broker.poll(
+            session_id,
+            _token(request),
+            _direction(request),
+            parse_wait_ms(query_param(request, "wait")),
+            query_param(request, "subscriber"),
+            _label(request),
+        )
+        # The client going away un-parks the poll; nothing is taken (mcp-relay.md §4.3).
+        request.notifyFinish().addErrback(lambda _: d.cancel())
+
+        def answer(result: PollResult) -> None:
+            if _gone(request):
+                self.broker.put_back(result)  # taken but never delivered: back to the head
+                return
+            body = result.body()
+            request.setResponseCode(200)
+            request.setHeader(b"content-type", b"application/json")
+            request.setHeader(b"cache-control", b"no-store")
+            request.setHeader(b"content-length", b"%d" % len(body))
+            request.write(body)
+            request.finish()
+
+        def failure(f: Failure) -> None:
+            if f.check(CancelledError):
+                return
+            if f.check(Refused):
+                reason = f.value.reason
+                self._finish_json(request, status_for(reason), b'{"error":"%s"}' % reason.encode())
+                return
+            self._log.failure("MCP poll failed", f)
+            self._finish_json(request, 500, b'{"error":"internal_error"}')
+
+        d.addCallbacks(answer, failure)
+        return NOT_DONE_YET
+
+    # shutdown ----------------------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """End every SSE stream with a final comment and answer every parked poll."""
+        self.broker.draining = True
+        self.hub.drain(SHUTDOWN_COMMENT)
+        self.broker.drain()
+
+    def remaining(self) -> int:
+        """Streams and parked polls still open."""
+        return len(self.hub.streams) + self.broker.parked_polls()

@@ -1,0 +1,108 @@
+"""Composes the MCP tunnel relay wing for C{relayd.tap}: store, broker, resource, site, listeners."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.application.service import IService
+from twisted.internet import defer
+from twisted.logger import Logger
+
+from relayd.clock import Clock
+from relayd.config import Resolved, is_loopback_endpoint
+from relayd.mcp.broker import Broker, BrokerConfig
+from relayd.mcp.config import cors_policy, listen_endpoints
+from relayd.mcp.http import KEEPALIVE, KEEPALIVE_INTERVAL, MAX_BODY, McpResource
+from relayd.mcp.store import MemoryStore
+from relayd.web.body import BodyLimit
+from relayd.web.service import HTTPWingService
+from relayd.web.site import RelaySite
+from relayd.web.sse import SSEHub
+
+_log = Logger(namespace="relayd.mcp")
+
+
+class McpService(HTTPWingService):
+    """The MCP wing: its listeners, its broker's reaper, and a drain that ends streams and polls."""
+
+    def __init__(
+        self, resource: McpResource, site: RelaySite, listen: list[str], reactor: Any, clock: Clock, startup_line: str
+    ) -> None:
+        super().__init__(
+            "mcp",
+            site,
+            listen,
+            reactor,
+            clock,
+            drain=resource.drain,
+            remaining=resource.remaining,
+            abort=self._abort_streams,
+        )
+        self.resource = resource
+        self.broker = resource.broker
+        self._startup_line = startup_line
+
+    def _abort_streams(self) -> None:
+        for stream in list(self.resource.hub.streams):
+            stream.abort()
+
+    def startService(self) -> None:
+        self.broker.start()
+        super().startService()
+        self.ports().addCallback(self._listening).addErrback(lambda f: None)
+
+    def _listening(self, ports: list[Any]) -> None:
+        for p in ports:
+            host = p.getHost()
+            _log.info(
+                "MCP relay listening on http://{host}:{port}{line}",
+                host=getattr(host, "host", host),
+                port=getattr(host, "port", ""),
+                line=self._startup_line,
+            )
+
+    @defer.inlineCallbacks
+    def stopService(self) -> Any:
+        _log.info("MCP relay shutting down")
+        self.broker.stop()
+        yield super().stopService()
+        self.resource.hub.stop()
+
+
+def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | None:
+    """The MCP wing's service, or C{None} with C{--no-mcp}.
+
+    @raise relayd.config.ConfigError: an origin policy that is refused (exit 2 before listening).
+    """
+    if settings["no-mcp"]:
+        _log.info("MCP relay disabled (--no-mcp)")
+        return None
+    policy = cors_policy(settings)
+    listen = listen_endpoints(settings)
+    prefix: str = settings["mcp-prefix"]
+    ttl: float = settings["mcp-ttl-ms"]
+    config = BrokerConfig(
+        ttl_ms=ttl,
+        reap_interval_ms=settings["mcp-reap-interval-ms"],
+        poll_idle_ms=settings["mcp-poll-idle-ms"],
+        max_sessions=settings["mcp-max-sessions"],
+        queue_max_frames=settings["mcp-queue-frames"],
+        queue_max_bytes=settings["mcp-queue-bytes"],
+    )
+    broker = Broker(MemoryStore(), clock, config)
+    hub = SSEHub(clock, KEEPALIVE_INTERVAL, KEEPALIVE)
+    resource = McpResource(
+        broker, policy, hub, prefix, max_frames=config.queue_max_frames, max_bytes=config.queue_max_bytes
+    )
+    site = RelaySite(resource, body_limit=BodyLimit(MAX_BODY, resource.too_large))
+    source = settings.sources.get("mcp-cors", "default")
+    line = f"{prefix} (ttl={round(ttl / 1000)}s, cors={policy.describe()} from {source})"
+    for description in listen:
+        if not is_loopback_endpoint(description):
+            _log.warn(
+                "binding {endpoint} exposes the MCP relay on non-loopback interfaces. register is "
+                "unauthenticated and a leaked session token grants every tool the page exposes. Only do "
+                "this behind an authenticating proxy / trusted network.",
+                endpoint=description,
+            )
+    return McpService(resource, site, listen, reactor, clock, line)
