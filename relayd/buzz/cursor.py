@@ -89,6 +89,9 @@ def open_cursor(key: bytes, scope: Scope, text: str) -> Position:
         mac = _unb64(parts[2])
     except (binascii.Error, ValueError):
         raise CursorError("cursor was not issued by this host") from None
+    # Only the canonical encoding is accepted, so a cursor has exactly one spelling.
+    if _b64(payload) != parts[1] or _b64(mac) != parts[2]:
+        raise CursorError("cursor was not issued by this host")
     if len(payload) != 40 or not hmac.compare_digest(mac, _mac(key, scope, payload)):
         raise CursorError("cursor was not issued by this host for this read")
     (created_at,) = struct.unpack(">Q", payload[:8])

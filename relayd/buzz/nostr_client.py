@@ -131,6 +131,7 @@ class RelayConnection:
         self._live: set[_Protocol] = set()  # transports not yet lost (open or handshaking)
         self._gone: list[defer.Deferred[None]] = []
         self._handshake_timer: IDelayedCall | None = None
+        self._connect_d: defer.Deferred[Any] | None = None
 
     # --- connection lifecycle
 
@@ -160,6 +161,14 @@ class RelayConnection:
         if d in self._waiters:
             self._waiters.remove(d)
             d.errback(NotConnected("relay connection not ready within the timeout"))
+        if not self._waiters:
+            self._cancel_connect()
+
+    def _cancel_connect(self) -> None:
+        """Give up a TCP connection attempt nobody waits for any more."""
+        pending, self._connect_d = self._connect_d, None
+        if pending is not None and not pending.called:
+            pending.cancel()
 
     def _retry(self) -> None:
         self._retry_timer = None
@@ -183,12 +192,13 @@ class RelayConnection:
         parts = urlsplit(pool.url)
         host = parts.hostname or "127.0.0.1"
         port = parts.port or (443 if parts.scheme == "wss" else 80)
-        ep: Any = endpoints.HostnameEndpoint(pool.reactor, host, port, timeout=pool.connect_timeout)
+        ep: Any = _endpoint(pool.reactor, host, port, pool.connect_timeout)
         if parts.scheme == "wss":
             from twisted.internet.ssl import optionsForClientTLS
 
             ep = endpoints.wrapClientTLS(optionsForClientTLS(host), ep)
-        ep.connect(factory).addErrback(self._connect_failed)
+        self._connect_d = ep.connect(factory)
+        self._connect_d.addErrback(self._connect_failed)
 
     def _transport_up(self, proto: _Protocol) -> None:
         self._live.add(proto)
@@ -208,6 +218,8 @@ class RelayConnection:
 
     def _connect_failed(self, failure: Failure) -> None:
         self._connecting = False
+        if failure.check(defer.CancelledError):
+            return
         self._note_failure(f"cannot connect: {failure.getErrorMessage()}")
 
     def _note_failure(self, why: str) -> None:
@@ -275,6 +287,7 @@ class RelayConnection:
         waiters, self._waiters = self._waiters, []
         for d in waiters:
             d.errback(NotConnected("relay client shutting down"))
+        self._cancel_connect()
         if not self._live:
             return defer.succeed(None)
         d: defer.Deferred[None] = defer.Deferred()
@@ -404,6 +417,18 @@ class RelayConnection:
             if self._proto is not None:
                 self._send(["CLOSE", sub_id])
             q.deferred.errback(RelayTimeout("no EOSE from the relay within the timeout"))
+
+
+def _endpoint(reactor: Any, host: str, port: int, timeout: float) -> Any:
+    """A plain TCP endpoint for an IP literal (HostnameEndpoint leaves a timer behind when cancelled)."""
+    import ipaddress
+
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return endpoints.HostnameEndpoint(reactor, host, port, timeout=timeout)
+    cls = endpoints.TCP6ClientEndpoint if ip.version == 6 else endpoints.TCP4ClientEndpoint
+    return cls(reactor, host, port, timeout=timeout)
 
 
 class RelayPool:

@@ -1,0 +1,115 @@
+"""The Nostr client against a scripted in-process relay; timers on a task.Clock."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from twisted.internet import defer, endpoints, reactor, task
+from twisted.trial import unittest
+
+from relayd.buzz import nostr
+from relayd.buzz.nostr_client import ConnectionLost, NotConnected, RelayPool, RelayTimeout
+from relayd.clock import Clock
+
+
+class ScriptedRelay(WebSocketServerProtocol):
+    """Sends a challenge; answers EVENTs as the test's C{script} says (or not at all)."""
+
+    def onOpen(self) -> None:
+        self.factory.conns.append(self)
+        self.sendMessage(json.dumps(["AUTH", "chal-1"]).encode())
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        msg = json.loads(payload)
+        self.factory.received.append(msg)
+        reply = self.factory.script(msg)
+        for r in reply or ():
+            self.sendMessage(json.dumps(r).encode())
+        waiter, self.factory.waiter = self.factory.waiter, None
+        if waiter is not None:
+            waiter.callback(msg)
+
+
+class ClientTests(unittest.TestCase):
+    async def setUp(self) -> None:
+        self.factory = WebSocketServerFactory()
+        self.factory.protocol = ScriptedRelay
+        self.factory.conns = []
+        self.factory.received = []
+        self.factory.waiter = None
+        self.factory.script = lambda msg: None
+        self.port = await endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(self.factory)
+        self.clock = task.Clock()
+        self.clock.advance(1_800_000_000)
+        url = f"ws://127.0.0.1:{self.port.getHost().port}"
+        self.pool = RelayPool(url, reactor, Clock(self.clock), challenge_wait=5.0)
+        self.signer = nostr.Signer(nostr.generate_secret())
+
+    async def tearDown(self) -> None:
+        await self.pool.close()
+        for c in self.factory.conns:
+            c.transport.abortConnection()
+        await self.port.stopListening()
+
+    def next_message(self) -> defer.Deferred[Any]:
+        d: defer.Deferred[Any] = defer.Deferred()
+        self.factory.waiter = d
+        return d
+
+    async def test_auth_then_ok_duplicate_counts_as_success(self) -> None:
+        self.factory.script = lambda m: [["OK", m[1]["id"], False, "duplicate: exists"]] if m[0] == "EVENT" else None
+        ev = self.signer.sign(9, [["h", "x"]], "hi", 1_800_000_000)
+        accepted, message = await self.pool.connection(self.signer).publish(ev, 5.0)
+        assert accepted and message.startswith("duplicate:")
+        auth = self.factory.received[0]
+        assert auth[0] == "AUTH" and auth[1]["kind"] == 22242 and nostr.verify_event(auth[1])
+        assert ["challenge", "chal-1"] in auth[1]["tags"] and ["relay", self.pool.url] in auth[1]["tags"]
+        assert auth[1]["pubkey"] == self.signer.pubkey
+
+    async def test_refusal_is_not_success(self) -> None:
+        self.factory.script = lambda m: [["OK", m[1]["id"], False, "blocked: no"]] if m[0] == "EVENT" else None
+        ev = self.signer.sign(9, [], "hi", 1_800_000_000)
+        assert await self.pool.connection(self.signer).publish(ev, 5.0) == (False, "blocked: no")
+
+    async def test_no_ok_times_out_on_the_clock(self) -> None:
+        conn = self.pool.connection(self.signer)
+        ev = self.signer.sign(9, [], "hi", 1_800_000_000)
+        sent = self.next_message()  # the AUTH
+        d = defer.ensureDeferred(conn.publish(ev, 10.0))
+        await sent
+        event_seen = self.next_message()
+        await event_seen
+        assert not d.called
+        self.clock.advance(9.9)
+        assert not d.called
+        self.clock.advance(0.2)
+        with self.assertRaises(RelayTimeout):
+            await d
+
+    async def test_dropped_connection_fails_pending_publish_as_lost(self) -> None:
+        conn = self.pool.connection(self.signer)
+        ev = self.signer.sign(9, [], "hi", 1_800_000_000)
+        auth = self.next_message()
+        d = defer.ensureDeferred(conn.publish(ev, 10.0))
+        await auth
+        await self.next_message()
+        self.factory.conns[0].transport.abortConnection()
+        with self.assertRaises(ConnectionLost):
+            await d
+
+    async def test_query_collects_until_eose(self) -> None:
+        ev = self.signer.sign(9, [], "stored", 1_800_000_000)
+        self.factory.script = lambda m: [["EVENT", m[1], ev], ["EOSE", m[1]]] if m[0] == "REQ" else None
+        events = await self.pool.connection(self.signer).query([{"kinds": [9]}], 5.0)
+        assert events == [ev]
+        assert self.factory.received[-1][0] in ("REQ", "CLOSE")
+
+    async def test_unreachable_relay_is_not_connected(self) -> None:
+        await self.port.stopListening()
+        pool = RelayPool(self.pool.url, reactor, Clock(reactor), connect_timeout=2.0, backoff_base=0.05)
+        with self.assertRaises(NotConnected):
+            await pool.connection(self.signer).publish(self.signer.sign(9, [], "x", 1), 0.5)
+        await pool.close()
+        self.port = await endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(self.factory)
