@@ -84,6 +84,7 @@ class HTTPWingService(MultiService):
 
     async def _stop(self) -> None:
         await defer.gatherResults([defer.maybeDeferred(svc.stopService) for svc in self.listeners])
+        self._log.info("{relay}: stopped listening, draining", relay=self.name)
         self._drain()
         self.site.close_connections()
         waited = 0.0

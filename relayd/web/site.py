@@ -45,7 +45,7 @@ class RelaySite(Site):
     def close_connections(self, abort: bool = False) -> None:
         """Close every connection (politely, or C{abort} without flushing)."""
         for protocol in list(self._protocols):
-            transport = getattr(protocol, "transport", None)
+            transport = _transport(protocol)
             if transport is None or not _connected(protocol):
                 continue
             if abort:
@@ -54,6 +54,11 @@ class RelaySite(Site):
                 transport.loseConnection()
 
 
+def _transport(protocol: Any) -> Any:
+    # Site protocols wrap the HTTPChannel (which holds the transport) in a generic proxy.
+    return getattr(getattr(protocol, "_channel", protocol), "transport", None)
+
+
 def _connected(protocol: Any) -> bool:
-    transport = getattr(protocol, "transport", None)
+    transport = _transport(protocol)
     return transport is not None and bool(getattr(transport, "connected", False))
