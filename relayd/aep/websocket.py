@@ -121,6 +121,14 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
 
     # Sending ---------------------------------------------------------------------------------
 
+    def close_with(self, code: int, reason: str) -> None:
+        """Start the closing handshake with a protocol-level code (1001, 1002, 1003, 1013).
+
+        autobahn's C{sendClose} admits only 1000 and 3000-4999 (application codes); AEP names
+        protocol codes, which the frame-level call sends as they are.
+        """
+        self.sendCloseFrame(code=code, reasonUtf8=reason.encode("utf-8"), isReply=False)
+
     def send_frame(self, frame: dict[str, Any]) -> None:
         """Send a protocol frame; frames are never dropped."""
         self._send(self.factory.prepareMessage(dumps(frame)), None, None)
@@ -167,7 +175,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         self._queue = []
         self._queued_bytes = 0
         self.sendMessage(dumps({"type": "closing", "reason": "backpressure", "delivered": delivered}))
-        self.sendClose(CLOSE_TRY_AGAIN_LATER, "backpressure")
+        self.close_with(CLOSE_TRY_AGAIN_LATER, "backpressure")
         self.onClose(False, CLOSE_TRY_AGAIN_LATER, "backpressure")
 
     # Receiving -------------------------------------------------------------------------------
@@ -182,7 +190,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
     def _on_message(self, payload: bytes, isBinary: bool) -> None:
         if isBinary:
             self.send_frame(error_frame("binary-unsupported"))
-            self.sendClose(CLOSE_UNSUPPORTED_DATA, "binary unsupported")
+            self.close_with(CLOSE_UNSUPPORTED_DATA, "binary unsupported")
             return
         try:
             msg = parse_json(payload)
@@ -196,7 +204,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         if not self.hello_done:
             if kind != "hello":
                 self.send_frame(error_frame("hello-required"))
-                self.sendClose(CLOSE_PROTOCOL_ERROR, "hello required")
+                self.close_with(CLOSE_PROTOCOL_ERROR, "hello required")
                 return
             self.on_hello(msg)
             return
@@ -212,7 +220,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         versions = msg.get("versions")
         if not isinstance(versions, list) or "0.1" not in versions:
             self.send_frame(error_frame("version-unsupported", versions=["0.1"]))
-            self.sendClose(CLOSE_PROTOCOL_ERROR, "version unsupported")
+            self.close_with(CLOSE_PROTOCOL_ERROR, "version unsupported")
             return
         role = msg.get("role", "both")
         identity = msg.get("identity", {})
@@ -227,7 +235,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
             problem = None
         if problem is not None:
             self.send_frame(error_frame("bad-hello", problem))
-            self.sendClose(CLOSE_PROTOCOL_ERROR, "bad hello")
+            self.close_with(CLOSE_PROTOCOL_ERROR, "bad hello")
             return
         self.role, self.identity, self.capabilities = role, identity, capabilities
         self.hello_done = True
@@ -391,7 +399,7 @@ class AEPSocketFactory(WebSocketServerFactory):
         """Close every connection with 1001 (going away)."""
         self.clock.stop_loop(self._loop)
         for conn in list(self.connections):
-            conn.sendClose(CLOSE_GOING_AWAY, "shutting down")
+            conn.close_with(CLOSE_GOING_AWAY, "shutting down")
 
     def abort(self) -> None:
         for conn in list(self.connections):

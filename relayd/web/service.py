@@ -98,7 +98,10 @@ class HTTPWingService(MultiService):
 
     def stopService(self) -> defer.Deferred[None]:
         self.running = False
-        return defer.Deferred.fromCoroutine(self._stop())
+        d = defer.Deferred.fromCoroutine(self._stop())
+        # The reactor swallows a failing shutdown trigger silently: say what went wrong.
+        d.addErrback(lambda f: self._log.failure("{relay}: drain failed", f, relay=self.name))
+        return d
 
 
 def _sleep(clock: Clock, seconds: float) -> defer.Deferred[None]:
