@@ -117,6 +117,12 @@ class RelaydService(MultiService):
     def stopService(self) -> Any:
         yield super().stopService()
         self.clock.shutdown()
+        if all(getattr(child, "drained", True) for child in self):
+            # Drained cleanly: exit 0. twistd would otherwise re-raise the SIGTERM that stopped it,
+            # and an operator (or a supervisor) could not tell a clean drain from an abort.
+            reactor = self.clock.reactor
+            if getattr(reactor, "_exitSignal", None) is not None:
+                reactor._exitSignal = None
 
 
 def makeService(config: Options, reactor: Any = None) -> IService:

@@ -50,6 +50,7 @@ class HTTPWingService(MultiService):
         self._remaining = remaining
         self._abort = abort
         self.listeners: list[StreamServerEndpointService] = []
+        self.drained = True  # False when shutdown had to abort connections after the grace period
         for description in listen:
             svc = StreamServerEndpointService(endpoints.serverFromString(reactor, description), site)
             svc._raiseSynchronously = True  # a port that cannot be bound fails startup, as strports does
@@ -93,6 +94,7 @@ class HTTPWingService(MultiService):
             waited += _POLL
         if self._remaining() or self.site.open_connections():
             self._log.warn("{relay}: grace period over, aborting open connections", relay=self.name)
+            self.drained = False
             self._abort()
             self.site.close_connections(abort=True)
 

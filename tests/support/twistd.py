@@ -1,0 +1,123 @@
+"""Run a real ``twistd -n relayd`` subprocess and watch its log."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.error import ProcessDone, ProcessTerminated
+from twisted.internet.protocol import ProcessProtocol
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT = 15.0
+
+
+def twistd_argv() -> list[str]:
+    """The operator's command: the installed C{twistd} script next to this interpreter if any."""
+    script = Path(sys.executable).with_name("twistd")
+    if script.exists():
+        return [sys.executable, str(script)]
+    return [sys.executable, "-c", "import sys; from twisted.scripts.twistd import run; sys.argv[0]='twistd'; run()"]
+
+
+class _Watch(ProcessProtocol):
+    def __init__(self, proc: RelaydProcess) -> None:
+        self.proc = proc
+
+    def outReceived(self, data: bytes) -> None:
+        self.proc._output(data)
+
+    def errReceived(self, data: bytes) -> None:
+        self.proc._output(data)
+
+    def processEnded(self, reason: Any) -> None:
+        value = reason.value
+        if isinstance(value, ProcessDone):
+            self.proc.status = 0
+        elif isinstance(value, ProcessTerminated):
+            self.proc.status = value.exitCode if value.exitCode is not None else -(value.signal or 0)
+        self.proc._ended()
+
+
+class RelaydProcess:
+    """C{await RelaydProcess.start([...relayd options...])}; C{.port("aep")}; C{await .terminate()}."""
+
+    def __init__(self) -> None:
+        self.log = b""
+        self.status: int | None = None
+        self.exited: Deferred[int] = Deferred()
+        self._waiters: list[tuple[re.Pattern[bytes], Deferred[re.Match[bytes]]]] = []
+        self.transport: Any = None
+        self.ports: dict[str, int] = {}
+
+    @classmethod
+    async def start(
+        cls,
+        options: list[str],
+        env: dict[str, str] | None = None,
+        wait_for: tuple[str, ...] = ("aep",),
+        cwd: str | None = None,
+    ) -> RelaydProcess:
+        proc = cls()
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(("AEP_", "RELAYD_"))}
+        environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environ.get("PYTHONPATH")]))
+        environ.update(env or {})
+        argv = twistd_argv() + ["-n", "--pidfile=", "--logfile=-", "relayd", *options]
+        proc.transport = reactor.spawnProcess(
+            _Watch(proc), argv[0], argv, env=environ, path=cwd or str(ROOT), usePTY=False
+        )
+        for relay in wait_for:
+            match = await proc.wait_for(rb"%s listening on [^:\s]+:(\d+)" % relay.encode())
+            proc.ports[relay] = int(match.group(1))
+        return proc
+
+    def port(self, relay: str) -> int:
+        return self.ports[relay]
+
+    def _output(self, data: bytes) -> None:
+        self.log += data
+        for pattern, d in list(self._waiters):
+            match = pattern.search(self.log)
+            if match:
+                self._waiters.remove((pattern, d))
+                d.callback(match)
+
+    def _ended(self) -> None:
+        for _, d in self._waiters:
+            d.errback(RuntimeError("relayd exited:\n" + self.log.decode(errors="replace")))
+        self._waiters = []
+        self.exited.callback(self.status)
+
+    def wait_for(self, pattern: bytes, timeout: float = TIMEOUT) -> Deferred[re.Match[bytes]]:
+        """Fires when the log matches C{pattern} (at once if it already does)."""
+        compiled = re.compile(pattern)
+        match = compiled.search(self.log)
+        d: Deferred[re.Match[bytes]] = Deferred()
+        if match:
+            d.callback(match)
+        elif self.exited.called:
+            d.errback(RuntimeError("relayd exited:\n" + self.log.decode(errors="replace")))
+        else:
+            self._waiters.append((compiled, d))
+            d.addTimeout(timeout, reactor)
+        return d
+
+    async def terminate(self, sig: int = signal.SIGTERM, timeout: float = TIMEOUT) -> int:
+        """Send C{sig} and wait for the exit status."""
+        if not self.exited.called:
+            self.transport.signalProcess({signal.SIGTERM: "TERM", signal.SIGINT: "INT", signal.SIGKILL: "KILL"}[sig])
+        d = self.exited
+        if not d.called:
+            d.addTimeout(timeout, reactor)
+        return await d
+
+    async def kill(self) -> None:
+        if not self.exited.called:
+            self.transport.signalProcess("KILL")
+            await self.exited
