@@ -1,0 +1,169 @@
+"""Acceptance 4: a real headless Chromium page, served from another origin than the relay, registers a
+session, reads C{inbound} with C{EventSource} and answers C{tools/list} by POSTing to C{outbox}; an agent
+in the test gets the answer over SSE and over poll. With a CORS list that lacks the page origin the
+browser refuses to read.
+
+Skips locally when Chromium, chromedriver or selenium is missing; fails instead under C{CI=true}.
+Selenium blocks, so every browser step runs in a thread (the relay and the page server run in this
+test's reactor).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from twisted.internet import reactor, threads
+from twisted.trial import unittest
+from twisted.web.resource import Resource
+from twisted.web.server import Request, Site
+
+from tests.mcp.harness import TOKEN, RelayTestCase, next_mcp
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+SESSION = "brws01"
+WAIT = 20  # seconds, generous for a loaded CI machine
+
+PAGE = b"""<!doctype html><html><head><meta charset="utf-8"><title>page</title></head><body><script>
+const q = new URLSearchParams(location.search);
+const relay = q.get('relay'), session = q.get('session'), token = q.get('token');
+window.state = {registered: null, opened: false, received: [], posted: [], errors: [], esErrors: []};
+function post(path, body) {
+  return fetch(relay + path, {method: 'POST', headers: {'content-type': 'application/json'},
+                              body: JSON.stringify(body)});
+}
+post('/register', {session: session, token: token})
+  .then(r => { state.registered = r.status; })
+  .catch(e => { state.registered = 'failed'; state.errors.push('register: ' + e.name + ': ' + e.message); })
+  .finally(() => {
+    const es = new EventSource(relay + '/' + session + '/events?token=' + token + '&direction=inbound');
+    es.onopen = () => { state.opened = true; };
+    es.onerror = () => { state.esErrors.push(es.readyState); };
+    es.addEventListener('mcp', ev => {
+      const msg = JSON.parse(ev.data);
+      state.received.push(msg);
+      if (msg.method === 'tools/list') {
+        post('/' + session + '/outbox?token=' + token,
+             {jsonrpc: '2.0', id: msg.id, result: {tools: [{name: 'page_tool', inputSchema: {type: 'object'}}]}})
+          .then(r => state.posted.push(r.status))
+          .catch(e => state.errors.push('outbox: ' + e.name + ': ' + e.message));
+      }
+    });
+  });
+</script></body></html>"""
+
+
+class PageResource(Resource):
+    """Serves the page at any path of the page server (a different origin from the relay)."""
+
+    isLeaf = True
+
+    def render_GET(self, request: Request) -> bytes:
+        request.setHeader(b"content-type", b"text/html; charset=utf-8")
+        return PAGE
+
+
+def _browser_missing() -> str | None:
+    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+        return "Debian chromium / chromium-driver not installed (see .ci/install-browser.sh)"
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium not installed (see .ci/install-browser.sh)"
+    return None
+
+
+def make_driver(profile: str) -> Any:
+    os.environ.setdefault("SE_OFFLINE", "true")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in (
+        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
+        f"--user-data-dir={profile}",
+        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1",
+    ):
+        opts.add_argument(flag)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(options=opts, service=Service(executable_path=CHROMEDRIVER))
+
+
+def wait_for(driver: Any, script: str) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, WAIT, poll_frequency=0.05).until(lambda d: d.execute_script(script))
+    return driver.execute_script("return window.state")
+
+
+class BrowserCase(RelayTestCase):
+    timeout = 120
+    allow_page_origin = True
+
+    async def setUp(self) -> None:  # type: ignore[override]
+        missing = _browser_missing()
+        if missing is not None:
+            if os.environ.get("CI") == "true":
+                self.fail(f"CI=true but the real-browser test cannot run: {missing}")
+            raise unittest.SkipTest(missing)
+        # The page server first: its origin goes into the relay's CORS list.
+        self.page_port = reactor.listenTCP(0, Site(PageResource()), interface="127.0.0.1")
+        self.addCleanup(self.page_port.stopListening)
+        self.page_origin = f"http://127.0.0.1:{self.page_port.getHost().port}"
+        allowed = self.page_origin if self.allow_page_origin else "http://127.0.0.1:1"
+        await self.start_relay(flags={"mcp-cors": [f"https://elsewhere.example,{allowed}"]})
+        self.profile = tempfile.mkdtemp(prefix="relayd-chromium-")
+        self.driver = await threads.deferToThread(make_driver, self.profile)
+        self.addCleanup(shutil.rmtree, self.profile, True)
+        self.addCleanup(threads.deferToThread, self.driver.quit)
+
+    def page_url(self) -> str:
+        return f"{self.page_origin}/page.html?relay={self.base}&session={SESSION}&token={TOKEN}"
+
+
+class AllowedOriginTests(BrowserCase):
+    async def test_page_answers_tools_list_over_sse_and_poll(self) -> None:
+        await threads.deferToThread(self.driver.get, self.page_url())
+        state = await threads.deferToThread(wait_for, self.driver, "return window.state && window.state.opened")
+        self.assertEqual(state["registered"], 200)
+        # The agent: one SSE reader and one poller, both outbound.
+        agent = await self.events(SESSION, "&direction=outbound")
+        first = await self.poll(SESSION, "&direction=outbound&wait=0")
+        sub = first.json()["subscriber"]
+        reply = await self.post(f"/{SESSION}/inbox?token={TOKEN}", raw=b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}')
+        self.assertEqual(reply.code, 200)
+        over_sse = json.loads((await next_mcp(agent, timeout=WAIT)).data)
+        self.assertEqual(over_sse["id"], 1)
+        self.assertEqual(over_sse["result"]["tools"][0]["name"], "page_tool")
+        polled = (await self.poll(SESSION, f"&direction=outbound&wait=20000&subscriber={sub}")).json()
+        self.assertEqual([json.loads(f) for f in polled["frames"]], [over_sse])
+        state = await threads.deferToThread(wait_for, self.driver, "return window.state.posted.length > 0")
+        self.assertEqual(state["posted"], [200])
+        self.assertEqual(state["errors"], [])
+        methods = [m.get("method") for m in state["received"]]
+        self.assertEqual(sorted(methods[:2]), ["notifications/peer_joined"] * 2)
+        self.assertEqual(methods[2:], ["tools/list"])
+
+
+class RefusedOriginTests(BrowserCase):
+    allow_page_origin = False
+
+    async def test_browser_refuses_to_read(self) -> None:
+        await self.register(SESSION)  # so the only obstacle left is CORS
+        await threads.deferToThread(self.driver.get, self.page_url())
+        state = await threads.deferToThread(
+            wait_for, self.driver, "return window.state.registered !== null && window.state.esErrors.length > 0"
+        )
+        self.assertEqual(state["registered"], "failed")
+        self.assertIn("register: TypeError: Failed to fetch", state["errors"])
+        self.assertFalse(state["opened"])
+        self.assertEqual(state["esErrors"][0], 2)  # CLOSED: the browser gives up, no reconnect
+        self.assertEqual(state["received"], [])
+        log = await threads.deferToThread(self.driver.get_log, "browser")
+        self.assertTrue(any("blocked by CORS policy" in entry["message"] for entry in log), log)
