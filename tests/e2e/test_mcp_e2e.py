@@ -1,0 +1,101 @@
+"""End to end: a real ``twistd -n relayd`` serving the MCP tunnel relay (issue 3, acceptance 5)."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import treq
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.trial.unittest import TestCase
+from twisted.web.client import HTTPConnectionPool
+
+from tests.support.sse import SSEClient
+from tests.support.twistd import RelaydProcess
+
+TOKEN = "e2e_abcdefghijklmnopqrstuvwxyz"
+# The Node relay's env names apply to the MCP wing; make sure the caller's environment cannot leak in.
+CLEAN_ENV = {name: "" for name in ("PORT", "HOST", "PREFIX", "TTL_MS", "CORS_ALLOW_ORIGIN")}
+
+
+class TwistdMCP(TestCase):
+    timeout = 60
+
+    async def test_round_trip_then_sigterm_ends_streams_and_releases_polls(self) -> None:
+        proc = await RelaydProcess.start(
+            ["--mcp-listen", "tcp:0:interface=127.0.0.1", "--no-aep", "--mcp-cors", "https://page.example"],
+            env=CLEAN_ENV,
+            wait_for=("mcp",),
+        )
+        self.addCleanup(proc.kill)
+        base = f"http://127.0.0.1:{proc.port('mcp')}"
+        pool = HTTPConnectionPool(reactor, persistent=False)
+        self.addCleanup(pool.closeCachedConnections)
+
+        async def post(path: str, body: bytes) -> int:
+            response = await treq.post(base + path, data=body, headers={"content-type": "application/json"}, pool=pool)
+            await treq.content(response)
+            return response.code
+
+        self.assertEqual(await post("/register", json.dumps({"session": "e2e-1", "token": TOKEN}).encode()), 200)
+        page = await SSEClient.connect(f"{base}/e2e-1/events?token={TOKEN}&direction=inbound")
+        agent = await SSEClient.connect(f"{base}/e2e-1/events?token={TOKEN}&direction=outbound")
+        self.assertEqual((page.code, agent.code), (200, 200))
+        self.assertEqual(page.header("access-control-allow-origin"), None)  # no Origin sent
+        self.assertEqual(page.header("vary"), "Origin")
+
+        self.assertEqual(await post(f"/e2e-1/inbox?token={TOKEN}", b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}'), 200)
+        seen = []
+        while len(seen) < 2:
+            msg = await page.next()
+            assert msg is not None
+            if msg.event == "mcp":
+                seen.append(json.loads(msg.data or ""))
+        self.assertEqual([m.get("method") for m in seen], ["notifications/peer_joined", "tools/list"])
+        self.assertEqual(await post(f"/e2e-1/outbox?token={TOKEN}", b'{"jsonrpc":"2.0","id":1,"result":{"tools":[]}}'), 200)
+        while True:
+            msg = await agent.next()
+            assert msg is not None
+            if msg.event == "mcp":
+                self.assertEqual(json.loads(msg.data or ""), {"jsonrpc": "2.0", "id": 1, "result": {"tools": []}})
+                break
+
+        # A poll parked for up to 20 s: shutdown must answer it, not drop it.
+        parked = treq.get(f"{base}/e2e-1/poll?token={TOKEN}&direction=outbound&wait=20000", pool=pool)
+        # Wait until the poll is known to be parked: the page sees the new poller's peer_joined.
+        while True:
+            msg = await page.next()
+            assert msg is not None
+            if msg.event == "mcp" and json.loads(msg.data or "").get("method") == "notifications/peer_joined":
+                break
+
+        status_d: Deferred[int] = Deferred.fromCoroutine(proc.terminate(signal.SIGTERM))
+        page_rest = await page.read_until_end()
+        agent_rest = await agent.read_until_end()
+        self.assertIn("relay shutting down", [m.comment for m in page_rest])
+        self.assertIn("relay shutting down", [m.comment for m in agent_rest])
+        response = await parked
+        self.assertEqual(response.code, 200)
+        body = json.loads(await treq.content(response))
+        self.assertEqual((sorted(body), body["frames"]), (["frames", "subscriber"], []))
+        self.assertEqual(await status_d, 0)
+        log = proc.log.decode(errors="replace")
+        self.assertNotIn("Traceback", log)
+        self.assertNotIn(TOKEN, log)
+        self.assertIn("cors=https://page.example from --mcp-cors", log)
+
+    async def test_refused_origin_policy_exits_2_with_one_line(self) -> None:
+        proc = await RelaydProcess.start(["--mcp-cors", "null", "--no-aep"], env=CLEAN_ENV, wait_for=())
+        self.assertEqual(await proc.exited, 2)
+        lines = [line for line in proc.log.decode().splitlines() if line.strip()]
+        self.assertEqual(len(lines), 1, lines)
+        self.assertTrue(lines[0].startswith("relayd: error: --mcp-cors:"), lines)
+
+    async def test_env_policy_error_names_the_variable(self) -> None:
+        proc = await RelaydProcess.start(
+            ["--no-aep"], env={**CLEAN_ENV, "CORS_ALLOW_ORIGIN": "*,https://a.example"}, wait_for=()
+        )
+        self.assertEqual(await proc.exited, 2)
+        self.assertIn(b"CORS_ALLOW_ORIGIN", proc.log)
+        self.assertNotIn(b"Traceback", proc.log)
