@@ -42,7 +42,8 @@ SSE_HEADERS = [
     CORS_ANY,
     (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
 ]
-_LAST_EVENT_ID = re.compile(r"(.+):(\d+):(\d+)", re.DOTALL)
+# `{session}:{epoch}:{seq}`, greedy so that sessions may contain ":" (JS `^(.+):(\d+):(\d+)$`).
+_LAST_EVENT_ID = re.compile(r"(.+):([0-9]+):([0-9]+)")
 
 
 class BadRequest(Exception):
@@ -324,10 +325,9 @@ class AEPResource(Resource):
 
     def _resume(self, request: Request, entries: list[tuple[str, Position]], from_all: bool) -> Any:
         if not entries:
-            header = request.getHeader(b"last-event-id")
-            found = _LAST_EVENT_ID.fullmatch(header) if header else None
-            if found:
-                entries = [(found.group(1), (int(found.group(2)), int(found.group(3))))]
+            found = _last_event_id(request)
+            if found is not None:
+                entries = [found]
         return entries, from_all
 
     def _replay(
@@ -361,6 +361,20 @@ class AEPResource(Resource):
     def _replay_failed(self, stream: SSEStream, failure: Failure) -> None:
         self._log.failure("replay failed", failure)
         stream.close(sse_comment("replay-failed"))
+
+
+def _last_event_id(request: Request) -> tuple[str, Position] | None:
+    """The resume position of a C{Last-Event-ID} header; a malformed value is ignored."""
+    header = request.getHeader(b"last-event-id")
+    if not header:
+        return None
+    try:
+        found = _LAST_EVENT_ID.fullmatch(header.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None
+    if found is None:
+        return None
+    return found.group(1), (int(found.group(2)), int(found.group(3)))
 
 
 def _media_type(request: Request) -> bytes:
