@@ -1,0 +1,327 @@
+"""AEP relay benchmark (a benchmark, not a test): ingest, fan-out, latency, idle memory.
+
+Starts a real ``twistd -n relayd`` per scenario on a free loopback port, drives it from asyncio
+clients in this process, and reads the server's own CPU time and RSS from /proc. Figures go to
+docs/performance.md.
+
+    python bench/aep.py                      # every scenario
+    python bench/aep.py ingest fanout-sse    # a selection
+    python bench/aep.py --seconds 10 ...     # longer runs
+
+Scenarios: ingest (NDJSON batches of 100 x ~500 B over 8 connections), single (one JSON event per
+POST, 8 connections), fanout-sse (one WS emitter -> 100 and 1000 SSE subscribers), fanout-ws
+(-> 100 WebSocket subscribers), latency (1000 SSE subscribers at 100 events/s), idle (1000 and
+5000 idle SSE connections).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from autobahn.asyncio.websocket import WebSocketClientFactory, WebSocketClientProtocol
+
+ROOT = Path(__file__).resolve().parents[1]
+TICK = os.sysconf("SC_CLK_TCK")
+PAD = "x" * 330  # makes each event about 500 bytes
+
+
+# The server ----------------------------------------------------------------------------------
+
+
+class Server:
+    def __init__(self, *options: str) -> None:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        twistd = Path(sys.executable).with_name("twistd")
+        argv = [sys.executable, str(twistd)] if twistd.exists() else [
+            sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
+        argv += ["-n", "--pidfile=", "--logfile=-", "relayd", "--no-mcp",
+                 "--aep-listen", "tcp:0:interface=127.0.0.1", *options]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                     preexec_fn=_raise_nofile)
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            found = re.search(rb"aep listening on [^:\s]+:(\d+)", line)
+            if found:
+                self.port = int(found.group(1))
+                break
+        else:
+            raise RuntimeError("relayd did not start")
+
+    def cpu(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICK
+
+    def rss_kb(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def _raise_nofile() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def event(session: str, seq: int, **extra: Any) -> dict[str, Any]:
+    return {"aep": "0.1", "id": f"{session}-{seq}", "type": "progress.status", "time": "2026-11-29T00:00:00Z",
+            "source": f"aep://bench/agent/a/session/{session}", "agent": "bench", "session": session,
+            "seq": seq, "severity": "notice", "data": {"message": PAD, **extra}}
+
+
+# Clients -------------------------------------------------------------------------------------
+
+
+async def http_post_loop(port: int, body_for: Any, ctype: str, stop_at: float, counter: list[int], per: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    n = 0
+    while time.perf_counter() < stop_at:
+        body = body_for(n)
+        writer.write(b"POST /events HTTP/1.1\r\nHost: b\r\naep-version: 0.1\r\ncontent-type: %s\r\n"
+                     b"content-length: %d\r\n\r\n" % (ctype.encode(), len(body)) + body)
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 202"), head
+        n += 1
+        counter[0] += per
+    writer.close()
+
+
+class SSESubscriber:
+    """Counts deliveries; when C{timed}, parses each frame's send time for latency."""
+
+    def __init__(self, timed: bool) -> None:
+        self.count = 0
+        self.timed = timed
+        self.latencies: list[float] = []
+        self.tail = b""
+
+    async def run(self, port: int, path: str = "/stream", ready: asyncio.Event | None = None) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET %s HTTP/1.1\r\nHost: b\r\n\r\n" % path.encode())
+        await reader.readuntil(b"\r\n\r\n")
+        if ready is not None:
+            ready.set()
+        self.writer = writer
+        while True:
+            chunk = await reader.read(262144)
+            if not chunk:
+                return
+            now = time.time()
+            data = self.tail + chunk
+            self.count += data.count(b"\nid: ")
+            cut = data.rfind(b"\n")
+            self.tail = data[cut:] if cut >= 0 else data
+            if self.timed:
+                for t in re.findall(rb'"t":([0-9.]+)', chunk):
+                    self.latencies.append(now - float(t))
+
+
+class WSBase(WebSocketClientProtocol):
+    bench: Any = None
+
+    def onOpen(self) -> None:
+        self.bench.opened(self)
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        self.bench.message(self, payload)
+
+
+class WSPeer:
+    def __init__(self, timed: bool = False) -> None:
+        self.count = 0
+        self.timed = timed
+        self.latencies: list[float] = []
+        self.ready = asyncio.get_event_loop().create_future()
+        self.proto: Any = None
+
+    def opened(self, proto: Any) -> None:
+        self.proto = proto
+
+    def message(self, proto: Any, payload: bytes) -> None:
+        if payload.startswith(b'{"type":'):
+            if b'"subscribed"' in payload or b'"hello"' in payload:
+                if not self.ready.done():
+                    self.ready.set_result(None)
+            return
+        self.count += 1
+        if self.timed:
+            m = re.search(rb'"t":([0-9.]+)', payload)
+            if m:
+                self.latencies.append(time.time() - float(m.group(1)))
+
+    async def connect(self, port: int, hello: dict[str, Any], then: dict[str, Any] | None = None) -> None:
+        factory = WebSocketClientFactory(f"ws://127.0.0.1:{port}/socket")
+        peer = self
+
+        class Proto(WSBase):
+            bench = peer
+
+        factory.protocol = Proto
+        await asyncio.get_event_loop().create_connection(factory, "127.0.0.1", port)
+        while self.proto is None:
+            await asyncio.sleep(0.001)
+        self.proto.sendMessage(json.dumps({"type": "hello", "versions": ["0.1"], **hello}).encode())
+        if then is not None:
+            await self.ready
+            self.ready = asyncio.get_event_loop().create_future()
+            self.proto.sendMessage(json.dumps(then).encode())
+        await self.ready
+
+
+async def emit(emitter: WSPeer, rate: float, seconds: float, session: str = "F") -> int:
+    """Send C{rate} events/s for C{seconds}, in small bursts every 10 ms."""
+    sent = 0
+    start = time.perf_counter()
+    while True:
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return sent
+        due = int(elapsed * rate) + 1
+        while sent < due:
+            ev = event(session, sent, t=time.time())
+            emitter.proto.sendMessage(json.dumps(ev, separators=(",", ":")).encode())
+            sent += 1
+        await asyncio.sleep(0.01)
+
+
+# Scenarios -----------------------------------------------------------------------------------
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(len(values) * p))]
+
+
+async def scenario_ingest(seconds: float, batch: int) -> dict[str, Any]:
+    server = Server("--aep-buffer", "1000", "--aep-max-sessions", "64")
+    try:
+        counter = [0]
+        ctype = "application/x-ndjson" if batch > 1 else "application/json"
+
+        def body_for_conn(c: int) -> Any:
+            # Pre-serialised template: the client must not spend the CPU the server is measured on.
+            line = json.dumps(event(f"s{c}", 123456789), separators=(",", ":")).encode()
+            template = line.replace(b"123456789", b"%d")
+            return lambda n: b"".join(template % (n * batch + i, n * batch + i) + b"\n" for i in range(batch))
+
+        cpu0, t0 = server.cpu(), time.perf_counter()
+        stop_at = t0 + seconds
+        await asyncio.gather(*(http_post_loop(server.port, body_for_conn(c), ctype, stop_at, counter, batch)
+                               for c in range(8)))
+        wall, cpu = time.perf_counter() - t0, server.cpu() - cpu0
+        return {"events": counter[0], "events_per_s": counter[0] / wall,
+                "server_cpu_us_per_event": cpu / counter[0] * 1e6, "server_cpu_share": cpu / wall}
+    finally:
+        server.stop()
+
+
+async def scenario_fanout(subscribers: int, transport: str, rate: float, seconds: float, timed: int) -> dict[str, Any]:
+    server = Server()
+    try:
+        subs: list[Any] = []
+        tasks = []
+        if transport == "sse":
+            path = '/stream?filter={"session":"F"}'.replace('"', "%22")
+            for i in range(subscribers):
+                sub = SSESubscriber(timed=i < timed)
+                ready = asyncio.Event()
+                tasks.append(asyncio.ensure_future(sub.run(server.port, path, ready)))
+                await ready.wait()
+                subs.append(sub)
+        else:
+            for i in range(subscribers):
+                peer = WSPeer(timed=i < timed)
+                await peer.connect(server.port, {"role": "consumer"},
+                                   {"type": "subscribe", "id": "s", "filter": {"session": "F"}})
+                subs.append(peer)
+        emitter = WSPeer()
+        await emitter.connect(server.port, {"role": "emitter", "identity": {"agent": "bench"}})
+        await asyncio.sleep(0.5)
+        cpu0, t0 = server.cpu(), time.perf_counter()
+        sent = await emit(emitter, rate, seconds)
+        expected = sent * subscribers
+        deadline = time.perf_counter() + 10
+        while sum(s.count for s in subs) < expected and time.perf_counter() < deadline:
+            await asyncio.sleep(0.05)
+        wall, cpu = time.perf_counter() - t0, server.cpu() - cpu0
+        delivered = sum(s.count for s in subs)
+        latencies = [x for s in subs for x in s.latencies]
+        for t in tasks:
+            t.cancel()
+        return {"subscribers": subscribers, "transport": transport, "events": sent, "deliveries": delivered,
+                "expected": expected, "deliveries_per_s": delivered / wall,
+                "server_cpu_us_per_delivery": cpu / max(delivered, 1) * 1e6,
+                "p50_ms": pct(latencies, 0.5) * 1000, "p99_ms": pct(latencies, 0.99) * 1000}
+    finally:
+        server.stop()
+
+
+async def scenario_idle(connections: int) -> dict[str, Any]:
+    server = Server()
+    try:
+        await asyncio.sleep(0.5)
+        base = server.rss_kb()
+        writers = []
+        for i in range(connections):
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(b"GET /stream HTTP/1.1\r\nHost: b\r\n\r\n")
+            writers.append((reader, writer))
+            if i % 200 == 199:
+                await asyncio.gather(*(r.readuntil(b"\r\n\r\n") for r, _ in writers[-200:]))
+        await asyncio.gather(*(r.readuntil(b"\r\n\r\n") for r, _ in writers[(connections // 200) * 200:]))
+        await asyncio.sleep(1.0)
+        rss = server.rss_kb()
+        for _, w in writers:
+            w.close()
+        return {"connections": connections, "baseline_rss_mb": base / 1024, "rss_mb": rss / 1024,
+                "kb_per_connection": (rss - base) / connections}
+    finally:
+        server.stop()
+
+
+async def main(selected: list[str], seconds: float) -> None:
+    _raise_nofile()
+    runs: list[tuple[str, Any]] = [
+        ("ingest", lambda: scenario_ingest(seconds, 100)),
+        ("single", lambda: scenario_ingest(seconds, 1)),
+        ("fanout-sse", lambda: scenario_fanout(100, "sse", 1000, seconds, 10)),
+        ("fanout-sse", lambda: scenario_fanout(1000, "sse", 100, seconds, 20)),
+        ("fanout-ws", lambda: scenario_fanout(100, "ws", 1000, seconds, 10)),
+        ("latency", lambda: scenario_fanout(1000, "sse", 100, seconds, 50)),
+        ("idle", lambda: scenario_idle(1000)),
+        ("idle", lambda: scenario_idle(5000)),
+    ]
+    for name, run in runs:
+        if selected and name not in selected:
+            continue
+        result = await run()
+        print(json.dumps({"scenario": name, **{k: round(v, 2) if isinstance(v, float) else v
+                                                for k, v in result.items()}}), flush=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("scenarios", nargs="*")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    asyncio.run(main(args.scenarios, args.seconds))
