@@ -7,10 +7,42 @@ from typing import Any
 
 from twisted.internet.interfaces import IAddress
 from twisted.logger import Logger
+from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol
 from twisted.web.resource import IResource
 from twisted.web.server import Site
 
 from relayd.web.body import BodyLimit, LimitedRequest
+
+
+_HEADERS_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+)
+
+
+class RelayChannel(HTTPChannel):
+    """An C{HTTPChannel} that answers a request line or header block over 16 KiB with C{431}.
+
+    Twisted would drop the connection without a word (a line over C{MAX_LENGTH}) or answer C{400};
+    a client that bounds long query strings (the AEP SDK's C{from} budget) needs a 4xx it can read.
+    """
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        self._refuse_header_fields()
+
+    def lineReceived(self, line: bytes) -> None:
+        if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
+            self._refuse_header_fields()
+            return
+        super().lineReceived(line)
+
+    def _refuse_header_fields(self) -> None:
+        if self.transport is not None:
+            self.transport.write(_HEADERS_TOO_LARGE)
+        self.loseConnection()
+
+
+def _relay_channel(site: Site) -> _GenericHTTPChannelProtocol:
+    return _GenericHTTPChannelProtocol(RelayChannel())
 
 
 class RelaySite(Site):
@@ -23,6 +55,7 @@ class RelaySite(Site):
     """
 
     requestFactory = LimitedRequest
+    protocol = _relay_channel
     _log = Logger()
 
     def __init__(self, resource: IResource, *, body_limit: BodyLimit | None = None, **kw: Any) -> None:
