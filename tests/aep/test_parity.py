@@ -1,0 +1,252 @@
+"""aep.md §9.5: the extra parity tests derived from the reference relay's code, where tests/aep/test_http.py
+does not already cover them (426/415, 413s, /healthz with a token, 401 CORS and the preflight live there).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+from twisted.internet import threads
+from twisted.trial.unittest import TestCase
+
+from tests.aep.helpers import AUTH, TOKEN, comments_of, open_sse, open_ws, seqs, start_relay, subscribe
+from tests.support.aep import AEPRelay, event
+from tests.support.sse import SSEClient
+from tests.support.ws import WSClient
+
+NDJSON = {"aep-version": "0.1", "content-type": "application/x-ndjson"}
+
+
+class BatchLines(TestCase):
+    async def test_invalid_event_names_its_line_among_non_blank_lines(self) -> None:
+        relay = await start_relay(self)
+        stream = await open_sse(self, relay)
+        bad = event("b", 2)
+        del bad["seq"]
+        body = b"\n".join(
+            [json.dumps(event("b", 0)).encode(), b"", b"   ", json.dumps(event("b", 1)).encode(), json.dumps(bad).encode(), b""]
+        )
+        response, content = await relay.request("POST", "/events", body, NDJSON)
+        self.assertEqual(response.code, 400)
+        self.assertEqual(json.loads(content), {"error": "invalid-event", "line": 2, "detail": "seq required (integer >= 0)"})
+        # Decision AEP 5: the lines before it were not ingested either (nothing buffered, nothing fanned out).
+        self.assertEqual(relay.core.log.session_count(), 0)
+        await relay.post(event("after", 0))
+        self.assertEqual((await stream.next_event()).json()["session"], "after")
+
+
+class Buffering(TestCase):
+    async def test_duplicate_is_fanned_out_live_but_replayed_once(self) -> None:
+        relay = await start_relay(self)
+        stream = await open_sse(self, relay, filter={"session": "dup"})
+        ev = event("dup", 0)
+        await relay.post(ev)
+        await relay.post(ev)
+        self.assertEqual((await stream.next_event()).json(), ev)
+        self.assertEqual((await stream.next_event()).json(), ev)
+        history = await open_sse(self, relay, live="0", filter={"session": "dup"})
+        self.assertEqual(seqs(await history.read_until_end()), [0])
+
+    async def test_trimming_drops_the_lowest_position_and_forgets_its_id(self) -> None:
+        relay = await start_relay(self, aep_buffer=3)
+        await relay.post(*[event("trim", seq, "progress.status", id=f"e{seq}") for seq in (1, 2, 3)])
+        await relay.post(event("trim", 0, "progress.status", id="e0"))  # arrives late, is the lowest: dropped
+        await relay.post(event("trim", 4, "progress.status", id="e4"))  # pushes out seq 1
+        history = await open_sse(self, relay, live="0", filter={"session": "trim"})
+        self.assertEqual(seqs(await history.read_until_end()), [2, 3, 4])
+        # The id of a trimmed event is forgotten: it is admitted again.
+        await relay.post(event("trim", 5, "progress.status", id="e1"))
+        history = await open_sse(self, relay, live="0", filter={"session": "trim"})
+        self.assertEqual([m.json()["id"] for m in await history.read_until_end() if m.data], ["e3", "e4", "e1"])
+
+    async def test_equal_positions_keep_arrival_order(self) -> None:
+        relay = await start_relay(self)
+        await relay.post(event("eq", 2, id="late-2"), event("eq", 1, id="first-1"), event("eq", 1, id="second-1"))
+        history = await open_sse(self, relay, live="0", filter={"session": "eq"})
+        ids = [m.json()["id"] for m in await history.read_until_end() if m.data]
+        self.assertEqual(ids, ["first-1", "second-1", "late-2"])
+
+    async def test_least_recently_written_session_is_evicted_at_max_sessions(self) -> None:
+        relay = await start_relay(self, aep_max_sessions=2)
+        await relay.post(event("A", 0))
+        await relay.post(event("B", 0))
+        await relay.post(event("A", 0))  # a duplicate write still refreshes A's recency
+        await relay.post(event("C", 0))  # evicts B, the least recently written
+        history = await open_sse(self, relay, live="0", from_="all")
+        self.assertEqual([m.json()["session"] for m in await history.read_until_end() if m.data], ["A", "C"])
+
+
+class Resume(TestCase):
+    async def test_last_event_id_resumes(self) -> None:
+        relay = await start_relay(self)
+        await relay.post(*[event("a:b", seq, "progress.status") for seq in range(4)])  # a session with a colon
+        stream = await open_sse(self, relay, {"last-event-id": "a:b:0:1"}, filter={"session": "a:b"})
+        self.assertEqual(seqs([await stream.next_event() for _ in range(2)]), [2, 3])
+
+    async def test_from_overrides_last_event_id(self) -> None:
+        relay = await start_relay(self)
+        await relay.post(*[event("ov", seq, "progress.status") for seq in range(4)])
+        stream = await open_sse(
+            self, relay, {"last-event-id": "ov:0:0"}, live="0", from_=[{"session": "ov", "epoch": 0, "seq": 2}]
+        )
+        self.assertEqual(seqs(await stream.read_until_end()), [3])
+
+    async def test_malformed_last_event_id_is_ignored(self) -> None:
+        relay = await start_relay(self)
+        await relay.post(event("m", 0))
+        for value in ("m:0", "m:x:1", "m:0:-1", ":0:1"):
+            stream = await SSEClient.connect(relay.url + "/stream?live=0", {"last-event-id": value})
+            self.assertEqual(stream.code, 200, value)
+            self.assertEqual(comments_of(await stream.read_until_end()), ["replay-complete"])
+
+    async def test_id_line_absent_for_agent_events_and_commands_and_agent_events_never_replayed(self) -> None:
+        relay = await start_relay(self, aep_token=TOKEN)
+        stream = await open_sse(self, relay, AUTH)
+        target = await open_ws(self, relay, AUTH, hello={"role": "emitter", "identity": {"agent": "t"}})
+        target.send(event("cmds", 0))
+        await target.roundtrip()
+        claimed = await stream.next_event()
+        self.assertEqual(claimed.id, "cmds:0:0")
+        self.assertEqual(claimed.fields, ["event", "data", "id"])  # framing order
+
+        heartbeat = event(None, None, "agent.heartbeat")
+        await relay.post(heartbeat, token=TOKEN)
+        msg = await stream.next_event()
+        self.assertEqual((msg.event, msg.id, msg.fields), ("agent.heartbeat", None, ["event", "data"]))
+
+        await relay.post(event("cmds", None, "control.pause", id="pause-1", data={}), token=TOKEN)
+        msg = await stream.next_event()
+        self.assertEqual((msg.event, msg.id, msg.fields), ("control.pause", None, ["event", "data"]))
+
+        history = await open_sse(self, relay, AUTH, live="0", from_="all")
+        self.assertEqual([m.event for m in await history.read_until_end() if m.data], ["session.started"])
+
+
+class SocketFrames(TestCase):
+    async def test_unsubscribe_of_unknown_id_still_answers(self) -> None:
+        relay = await start_relay(self)
+        client = await open_ws(self, relay, hello={})
+        client.send({"type": "unsubscribe", "id": "never-subscribed"})
+        self.assertEqual(await client.recv(), {"type": "unsubscribed", "id": "never-subscribed"})
+
+    async def test_unsubscribe_stops_delivery(self) -> None:
+        relay = await start_relay(self)
+        client = await open_ws(self, relay, hello={})
+        await subscribe(self, client, "u", filter={"session": "un"})
+        client.send({"type": "unsubscribe", "id": "u"})
+        self.assertEqual(await client.recv(), {"type": "unsubscribed", "id": "u"})
+        await relay.post(event("un", 0))
+        self.assertEqual(await client.roundtrip(), [])
+
+
+class CommandRouting(TestCase):
+    async def emitter(self, relay, session: str, agent: str, accepts=None) -> WSClient:
+        caps = {} if accepts is None else {"control": {"accepts": accepts}}
+        client = await open_ws(self, relay, AUTH, hello={"role": "emitter", "identity": {"agent": agent}, "capabilities": caps})
+        client.send(event(session, 0, agent=agent, source=f"aep://t/agent/{agent}/session/{session}"))
+        await client.roundtrip()
+        return client
+
+    async def test_ambiguous_when_two_emitters_claim_the_session(self) -> None:
+        relay = await start_relay(self, aep_token=TOKEN)
+        stream = await open_sse(self, relay, AUTH, filter={"type": ["control.pause"]})
+        one = await self.emitter(relay, "shared", "one")
+        two = await self.emitter(relay, "shared", "two")
+        sender = await open_ws(self, relay, AUTH, hello={"role": "consumer"})
+        sender.send(event("shared", None, "control.pause", id="amb", data={}))
+        reply = await sender.recv()
+        self.assertEqual(
+            reply,
+            {"type": "error", "code": "ambiguous", "cause": "amb", "detail": "2 connected emitters claim session shared"},
+        )
+        self.assertEqual(await one.roundtrip(), [])
+        self.assertEqual(await two.roundtrip(), [])
+        # Not fanned out: the next thing on the audit stream is a later, routable command.
+        await two.close()
+        sender.send(event("shared", None, "control.pause", id="routed", data={}))
+        self.assertEqual((await one.recv())["id"], "routed")
+        self.assertEqual((await stream.next_event()).json()["id"], "routed")
+
+    async def test_unsupported_is_refused_not_forwarded_but_still_fanned_out(self) -> None:
+        relay = await start_relay(self, aep_token=TOKEN)
+        stream = await open_sse(self, relay, AUTH, filter={"session": "picky"})
+        target = await self.emitter(relay, "picky", "picky", accepts=["control.cancel"])
+        await stream.next_event()  # the claiming session.started
+        sender = await open_ws(self, relay, AUTH, hello={"role": "consumer"})
+        cmd = event("picky", None, "control.pause", id="unsup", data={})
+        sender.send(cmd)
+        reply = await sender.recv()
+        self.assertEqual(
+            reply,
+            {"type": "error", "code": "unsupported", "cause": "unsup", "detail": "target does not accept control.pause"},
+        )
+        self.assertEqual(await target.roundtrip(), [])
+        self.assertEqual((await stream.next_event()).json(), cmd)
+
+    async def test_accepts_not_declared_forwards_everything(self) -> None:
+        relay = await start_relay(self, aep_token=TOKEN)
+        target = await self.emitter(relay, "open", "open")
+        sender = await open_ws(self, relay, AUTH, hello={"role": "consumer"})
+        cmd = event("open", None, "x.acme.control.reboot", id="vendor", data={})
+        sender.send(cmd)
+        self.assertEqual(await target.recv(), cmd)
+        self.assertEqual(await sender.roundtrip(), [])  # no refusal, no ack from the relay
+
+    async def test_without_token_a_ws_command_is_unauthorized_and_not_fanned_out(self) -> None:
+        relay = await start_relay(self)
+        stream = await open_sse(self, relay)
+        client = await open_ws(self, relay, hello={})
+        client.send(event("nt", 0))
+        self.assertEqual((await stream.next_event()).event, "session.started")
+        client.send(event("nt", None, "control.resume", id="noauth", data={}))
+        reply = await client.recv()
+        self.assertEqual((reply["type"], reply["code"], reply["cause"]), ("error", "unauthorized", "noauth"))
+        self.assertIn("AEP_TOKEN", reply["detail"])
+        self.assertEqual(await client.roundtrip(), [])
+        await relay.post(event("nt", 1, "progress.status"))
+        self.assertEqual((await stream.next_event()).event, "progress.status")
+
+
+class Shutdown(TestCase):
+    async def test_sse_gets_shutting_down_and_websocket_1001(self) -> None:
+        relay = await AEPRelay.start()
+        stream = await SSEClient.connect(relay.url + "/stream")
+        self.addCleanup(stream.close)
+        client = await WSClient.connect(relay.ws_url)
+        self.addCleanup(client.close)
+        await client.hello()
+        await relay.stop()
+        messages = await stream.read_until_end()
+        self.assertEqual(comments_of(messages), ["shutting-down"])
+        self.assertEqual(await client.closed, (1001, "shutting down"))
+
+
+class HeaderLimits(TestCase):
+    async def test_request_line_over_16_kib_gets_431_not_a_dropped_connection(self) -> None:
+        relay = await start_relay(self)
+        long_from = "x" * 17000
+        request = f"GET /stream?from={long_from} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+        reply = await threads.deferToThread(_exchange, relay.url, request)
+        self.assertTrue(reply.startswith(b"HTTP/1.1 431 "), reply[:60])
+        headers = b"".join(f"x-h{i}: {'v' * 100}\r\n".encode() for i in range(200))
+        reply = await threads.deferToThread(_exchange, relay.url, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
+        self.assertTrue(reply.startswith(b"HTTP/1.1 431 "), reply[:60])
+        response, _ = await relay.get("/healthz")
+        self.assertEqual(response.code, 200)
+
+
+def _exchange(url: str, request: bytes) -> bytes:
+    host, port = url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(request)
+        chunks = []
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    return b"".join(chunks)
