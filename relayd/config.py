@@ -27,6 +27,8 @@ class Setting:
     @ivar repeatable: the flag may be given several times; the value is a list.
     @ivar switch: a boolean flag taking no argument (``--no-aep``).
     @ivar secret: never echo the value (tokens, keys) in warnings or errors.
+    @ivar canonical: maps a parsed value to what it means, so that a flag overriding an environment
+        variable with an equivalent spelling draws no warning.
     """
 
     name: str
@@ -38,6 +40,7 @@ class Setting:
     switch: bool = False
     secret: bool = False
     metavar: str | None = None
+    canonical: Callable[[Any], Any] = lambda value: value  # what "the same value" means for warnings
 
 
 @dataclass
@@ -69,32 +72,47 @@ def resolve(
         if s.name in flags:
             raw = flags[s.name]
             origin = f"--{s.name}"
-            out.sources[s.name] = origin
-            if env_name is not None and not s.switch:
-                given = " ".join(raw) if isinstance(raw, list) else str(raw)
-                if given != env_value:
-                    shown = "" if s.secret else f" ({env_value!r} ignored)"
-                    out.warnings.append(f"{origin} overrides {env_name}{shown}")
         elif env_name is not None:
             raw = [env_value] if s.repeatable else env_value
             origin = env_name
-            out.sources[s.name] = origin
         else:
             out.values[s.name] = s.default
             out.sources[s.name] = "default"
             continue
-        if s.switch:
-            out.values[s.name] = _parse_switch(raw, origin)
-            continue
-        try:
-            if s.repeatable:
-                out.values[s.name] = [s.parse(item) for item in raw]
-            else:
-                out.values[s.name] = s.parse(raw)
-        except ValueError as e:
-            shown = "" if s.secret else f" {raw!r}"
-            raise ConfigError(f"{origin}:{shown} {e}") from None
+        out.sources[s.name] = origin
+        value = _parse(s, raw, origin)
+        out.values[s.name] = value
+        if origin != env_name and env_name is not None and not s.switch:
+            warning = _override_warning(s, raw, value, env_name, env_value)
+            if warning:
+                out.warnings.append(warning)
     return out
+
+
+def _parse(s: Setting, raw: Any, origin: str) -> Any:
+    if s.switch:
+        return _parse_switch(raw, origin)
+    try:
+        if s.repeatable:
+            return [s.parse(item) for item in raw]
+        return s.parse(raw)
+    except ValueError as e:
+        shown = "" if s.secret else f" {raw!r}"
+        raise ConfigError(f"{origin}:{shown} {e}") from None
+
+
+def _override_warning(s: Setting, raw: Any, value: Any, env_name: str, env_value: str) -> str | None:
+    """The warning for a flag that overrides a set environment variable with another value."""
+    try:
+        env_parsed = _parse(s, [env_value] if s.repeatable else env_value, env_name)
+        if s.canonical(env_parsed) == s.canonical(value):
+            return None  # the same setting, spelled differently: nothing is ignored
+    except ConfigError:
+        pass
+    if s.secret:
+        return f"{env_name} is ignored: --{s.name} was passed, and a flag wins over its env var."
+    given = ",".join(raw) if isinstance(raw, list) else str(raw)
+    return f"{env_name}={env_value} is ignored: --{s.name} {given} was passed, and a flag wins over its env var."
 
 
 def _from_env(s: Setting, environ: Mapping[str, str]) -> tuple[str | None, str]:

@@ -88,6 +88,10 @@ class Options(_make_option_class(all_settings())):  # type: ignore[misc]
         self.given: dict[str, Any] = {}
         self.settings = Resolved()
 
+    def opt_h(self) -> None:
+        """Display this help and exit."""
+        self.opt_help()
+
     def postOptions(self) -> None:
         try:
             self.settings = resolve(all_settings(), self.given, self.environ)

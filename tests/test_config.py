@@ -26,7 +26,8 @@ def test_env_then_flag_precedence_with_a_warning() -> None:
     assert (r["size"], r.sources["size"]) == (5, "SIZE")
     r = resolve(TABLE, {"size": "7"}, {"SIZE": "5"})
     assert r["size"] == 7
-    assert r.warnings == ["--size overrides SIZE ('5' ignored)"]
+    assert r.warnings == ["SIZE=5 is ignored: --size 7 was passed, and a flag wins over its env var."]
+    assert resolve(TABLE, {"size": "07"}, {"SIZE": "7"}).warnings == []  # same value: nothing ignored
 
 
 def test_first_env_name_wins_and_empty_counts_as_unset() -> None:
@@ -36,7 +37,7 @@ def test_first_env_name_wins_and_empty_counts_as_unset() -> None:
 
 def test_secret_values_are_never_echoed() -> None:
     r = resolve(TABLE, {"token": "flag-secret"}, {"TOKEN": "env-secret"})
-    assert r.warnings == ["--token overrides TOKEN"]
+    assert r.warnings == ["TOKEN is ignored: --token was passed, and a flag wins over its env var."]
     assert "secret" not in " ".join(r.warnings)
 
 

@@ -50,6 +50,15 @@ def cors_entry(text: str) -> str:
     return text
 
 
+def _cors_policy(entries: list[str]) -> object:
+    """What a CORS setting means: two spellings of one policy draw no override warning (§6.3)."""
+    try:
+        policy = parse_origins(list(entries))
+    except CorsPolicyError:
+        return tuple(entries)
+    return policy.any, frozenset(policy.origins)
+
+
 SETTINGS: list[Setting] = [
     Setting(
         "mcp-listen",
@@ -100,6 +109,7 @@ SETTINGS: list[Setting] = [
         env=("RELAYD_MCP_CORS_ALLOW_ORIGIN", "CORS_ALLOW_ORIGIN"),
         repeatable=True,
         metavar="ORIGINS",
+        canonical=_cors_policy,
     ),
     Setting(
         "mcp-max-sessions",

@@ -94,7 +94,16 @@ def test_a11_flags_beat_env_with_two_warnings() -> None:
     s = settings({"mcp-port": "9001", "mcp-host": "127.0.0.1"}, {"PORT": "9000", "HOST": "0.0.0.0"})
     assert listen_endpoints(s) == ["tcp:9001:interface=127.0.0.1"]
     assert len(s.warnings) == 2
-    assert any(re.search(r"--mcp-host.*HOST.*0\.0\.0\.0.*ignored", w) for w in s.warnings)
+    assert "HOST=0.0.0.0 is ignored: --mcp-host 127.0.0.1 was passed, and a flag wins over its env var." in s.warnings
+
+
+def test_cors_override_warns_only_when_the_policy_differs() -> None:
+    same = settings({"mcp-cors": ["https://b.com", "https://a.com/"]}, {"CORS_ALLOW_ORIGIN": "https://a.com,https://b.com"})
+    assert same.warnings == []
+    other = settings({"mcp-cors": ["https://a.com"]}, {"CORS_ALLOW_ORIGIN": "*"})
+    assert other.warnings == [
+        "CORS_ALLOW_ORIGIN=* is ignored: --mcp-cors https://a.com was passed, and a flag wins over its env var."
+    ]
 
 
 def test_a12_invalid_port() -> None:
