@@ -37,9 +37,6 @@ class LimitedRequest(Request):
     _received = 0
     # Every response names its own type; an empty 202/404 must not claim to be text/html.
     defaultContentType = None
-    # relayd takes no HTML form posts; skipping Twisted's form parsing (which runs every POST's
-    # content type through the email package) saves about a third of a small POST's CPU.
-    _parsePOSTFormSubmission = False
 
     def _limit(self) -> BodyLimit | None:
         site = getattr(self.channel, "site", None)
