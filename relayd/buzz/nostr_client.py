@@ -188,6 +188,7 @@ class RelayConnection:
             maxFramePayloadSize=pool.max_message,
             openHandshakeTimeout=0,
             closeHandshakeTimeout=0,
+            utf8validateIncoming=False,  # orjson rejects invalid UTF-8 anyway
         )
         parts = urlsplit(pool.url)
         host = parts.hostname or "127.0.0.1"

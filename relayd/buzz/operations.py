@@ -201,6 +201,9 @@ class Operations:
         if len(raw) >= asked:
             # Truncated: the oldest second returned may be partial (relays order by created_at only).
             floor = min(int(e["created_at"]) for e in raw if isinstance(e.get("created_at"), int))
+            newer = sum(1 for e in found.values() if e["created_at"] > floor)
+        if floor is not None and newer < limit:
+            # The page reaches into the floor second: it needs all of that second, in id order.
             take(
                 await self._query(
                     ctx, [{**base, "since": floor, "until": floor + 1, "limit": _SAME_SECOND_LIMIT}]
@@ -210,6 +213,8 @@ class Operations:
             head = await self._fetch(ctx, root)
             if head is not None and wanted(head) and (floor is None or head["created_at"] >= floor):
                 found[head["id"]] = head
+        # Seconds older than the floor are not known complete; a floor second not fetched in full
+        # only contributes the look-ahead that proves more exist (it sorts after a full page).
         ordered = sorted(
             (e for e in found.values() if floor is None or e["created_at"] >= floor), key=nostr.newest_first_key
         )
