@@ -8,6 +8,7 @@ break, it *is* the posted bytes (decision AEP 12: byte identity).
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import orjson
@@ -27,17 +28,67 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def parse_json(data: bytes) -> Any:
-    """Parse one JSON value strictly (UTF-8, no NaN/Infinity), keeping integers exact."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as e:
-        if "64-bit" not in str(e):  # orjson bounds integers; the stdlib parser does not
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (math.inf, -math.inf):
+        raise ValueError(f"number out of range: {text}")
+    return value
+
+
+_WIDEST_EXACT = 2**63  # orjson reads integers beyond 64 bits as (inexact) floats
+# Deeper JSON is refused as invalid-json: orjson serialises at most this deep, and nothing the
+# relay handles needs more.
+MAX_DEPTH = 255
+# orjson parses recursively on the C stack and crashes the process (a segfault, not an exception)
+# some tens of thousands of levels down; a value with fewer brackets than this cannot get there.
+_ORJSON_SAFE_BRACKETS = 10_000
+
+
+def _inexact(value: Any) -> bool:
+    return type(value) is float and abs(value) >= _WIDEST_EXACT
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether C{value} nests arrays/objects more than L{MAX_DEPTH} levels (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if type(node) is dict else node
+        if depth > MAX_DEPTH:
+            return True
+        stack.extend((child, depth + 1) for child in children if type(child) in (dict, list))
+    return False
+
+
+def parse_json(data: bytes, exact: bool = False) -> Any:
+    """Parse one JSON value strictly (UTF-8, no NaN/Infinity, at most L{MAX_DEPTH} deep), keeping
+    positions exact.
+
+    orjson does the work, but it reads integers beyond 64 bits as floats: an envelope whose
+    C{epoch} or C{seq} it could only read that way, or a value parsed C{exact} (resume positions
+    nested in a C{from} list), goes through the standard library, whose integers are exact
+    (decision AEP 3: positions are exact for any epoch). So does a value with so many brackets
+    that orjson might recurse off the C stack; the standard library raises C{RecursionError}.
+    """
+    brackets = data.count(b"[") + data.count(b"{")
+    value: Any = None
+    parsed = False
+    if not exact and brackets < _ORJSON_SAFE_BRACKETS:
+        try:
+            value = orjson.loads(data)
+        except orjson.JSONDecodeError as e:
+            if "64-bit" not in str(e):  # some orjson versions refuse wide integers instead
+                raise JSONError(str(e)) from None
+        else:
+            parsed = type(value) is not dict or not (_inexact(value.get("seq")) or _inexact(value.get("epoch")))
+    if not parsed:
+        try:
+            value = json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite)
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
             raise JSONError(str(e)) from None
-    try:
-        return json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise JSONError(str(e)) from None
+    if brackets > MAX_DEPTH and type(value) in (dict, list) and _too_deep(value):
+        raise JSONError(f"nesting deeper than {MAX_DEPTH} levels")
+    return value
 
 
 def dumps(obj: Any) -> bytes:

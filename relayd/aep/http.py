@@ -307,7 +307,7 @@ class AEPResource(Resource):
             from_value = "all"
         elif raw_from:
             try:
-                parsed = parse_json(raw_from)
+                parsed = parse_json(raw_from, exact=True)
             except JSONError:
                 raise BadRequest("bad from JSON") from None
             if not isinstance(parsed, list):

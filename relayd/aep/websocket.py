@@ -213,6 +213,8 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
             return
         handler = _FRAME_HANDLERS.get(kind) if isinstance(kind, str) else None
         if handler is not None:
+            if kind == "subscribe":
+                msg = parse_json(payload, exact=True)  # resume positions are exact integers
             handler(self, msg)
         # Unknown frames (and a second hello) are ignored (AEP-0003 §2).
 
