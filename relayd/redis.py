@@ -1,0 +1,230 @@
+"""Redis for relayd: one connection pool, prompt failure while Redis is away, and a pub/sub bus.
+
+It knows no protocol. Every call fails fast with L{StoreUnavailable} while no connection is up (instead
+of queueing until Redis returns, which would hang requests), and after C{timeout} seconds when Redis
+does not answer; the pool and the subscriber reconnect by themselves with backoff.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+from urllib.parse import unquote, urlsplit
+
+import txredisapi
+from twisted.internet import defer
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from relayd.clock import Clock
+
+DEFAULT_TIMEOUT = 2.0
+
+
+class StoreUnavailable(Exception):
+    """Redis did not answer (down, unreachable, or too slow); the request can be retried."""
+
+    def __init__(self, store: str, reason: str = "unavailable") -> None:
+        super().__init__(f"{store} store unavailable: {reason}")
+        self.store = store
+
+
+@dataclass(frozen=True)
+class RedisURL:
+    """A parsed C{redis://} / C{rediss://} URL."""
+
+    host: str
+    port: int
+    db: int
+    username: str | None
+    password: str | None
+    tls: bool
+
+    def __str__(self) -> str:  # never shows the password
+        scheme = "rediss" if self.tls else "redis"
+        return f"{scheme}://{self.host}:{self.port}/{self.db}"
+
+
+def parse_redis_url(text: str) -> RedisURL:
+    """Parse C{redis://[user:password@]host[:port][/db]} (C{rediss://} for TLS)."""
+    parts = urlsplit(text.strip())
+    if parts.scheme not in ("redis", "rediss"):
+        raise ValueError("must be a redis:// or rediss:// URL")
+    if not parts.hostname:
+        raise ValueError("must name a host")
+    try:
+        port = parts.port or 6379
+    except ValueError:
+        raise ValueError("has an invalid port") from None
+    path = parts.path.strip("/")
+    if path and not path.isdigit():
+        raise ValueError("database must be a number (redis://host:port/0)")
+    return RedisURL(
+        host=parts.hostname,
+        port=port,
+        db=int(path or 0),
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password else None,
+        tls=parts.scheme == "rediss",
+    )
+
+
+def redis_url(text: str) -> str:
+    """Setting parser: validates and keeps the URL text."""
+    parse_redis_url(text)
+    return text.strip()
+
+
+class _Subscriber(txredisapi.SubscriberProtocol):
+    bus: RedisBus
+
+    def connectionMade(self) -> Any:
+        d = super().connectionMade()
+        # Wait for AUTH/SELECT, then (re)subscribe: a reconnect must not lose the bus.
+        self.whenConnected().addCallback(lambda _: self.bus._subscribed(self))
+        return d
+
+    def messageReceived(self, pattern: Any, channel: bytes, message: bytes) -> None:
+        self.bus._message(channel, message)
+
+    def connectionLost(self, why: Failure) -> None:
+        self.bus._lost(self)
+        super().connectionLost(why)
+
+
+class Redis:
+    """The process's Redis client."""
+
+    _log = Logger()
+
+    def __init__(self, url: str, clock: Clock, *, timeout: float = DEFAULT_TIMEOUT, poolsize: int = 4) -> None:
+        self.url = parse_redis_url(url)
+        self.clock = clock
+        self.timeout = timeout
+        self._pool = txredisapi.lazyConnectionPool(
+            self.url.host,
+            self.url.port,
+            dbid=self.url.db,
+            poolsize=poolsize,
+            reconnect=True,
+            charset=None,  # bytes in, bytes out: payloads are forwarded as they are
+            password=self.url.password,
+            username=self.url.username,
+            ssl_context_factory=_client_tls(self.url.host) if self.url.tls else False,
+            connectTimeout=timeout,
+            replyTimeout=timeout,
+            convertNumbers=False,
+        )
+
+    @property
+    def connected(self) -> bool:
+        return bool(self._pool._factory.size)
+
+    def execute(self, store: str, *command: Any) -> Deferred[Any]:
+        """Run one command; L{StoreUnavailable} (naming C{store}) when Redis is away."""
+        return self._guard(store, lambda: self._pool.execute_command(*command))
+
+    def eval(self, store: str, script: bytes, keys: list[Any], args: list[Any]) -> Deferred[Any]:
+        """Run a Lua script (EVALSHA, loading it on first use)."""
+        return self._guard(store, lambda: self._pool.eval(script, keys, args))
+
+    def _guard(self, store: str, call: Callable[[], Deferred[Any]]) -> Deferred[Any]:
+        if not self.connected:
+            return defer.fail(StoreUnavailable(store, "not connected"))
+        try:
+            d = call()
+        except Exception as e:  # txredisapi raises synchronously on a connection that just died
+            return defer.fail(StoreUnavailable(store, str(e)))
+        d.addTimeout(self.timeout, self.clock.reactor)
+
+        def translate(f: Failure) -> Failure:
+            if f.check(txredisapi.ResponseError):
+                return f  # a real answer from Redis (a bug, not an outage)
+            raise StoreUnavailable(store, f.getErrorMessage() or f.type.__name__)
+
+        return d.addErrback(translate)
+
+    def bus(self) -> RedisBus:
+        """A pub/sub subscriber on its own connection."""
+        return RedisBus(self)
+
+    def close(self) -> Deferred[Any]:
+        return self._pool.disconnect()
+
+
+class RedisBus:
+    """Pub/sub on a dedicated connection that resubscribes after every reconnect."""
+
+    _log = Logger()
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+        self._handlers: dict[bytes, Callable[[bytes], None]] = {}
+        self._protocol: _Subscriber | None = None
+        factory = txredisapi.SubscriberFactory(isLazy=True)
+        factory.continueTrying = True
+        bus = self
+
+        class Subscriber(_Subscriber):
+            pass
+
+        Subscriber.bus = bus
+        factory.protocol = Subscriber
+        factory.password = redis.url.password
+        factory.username = redis.url.username
+        factory.maxDelay = 2
+        self._factory = factory
+        url = redis.url
+        factory.startConnecting(
+            txredisapi._makeEndpoint(url.host, url.port, redis.timeout, _client_tls(url.host) if url.tls else None)
+        )
+        self.ready: Deferred[None] = Deferred()
+
+    def subscribe(self, channel: bytes, handler: Callable[[bytes], None]) -> None:
+        """Call C{handler(message)} for every message published on C{channel}."""
+        self._handlers[channel] = handler
+        if self._protocol is not None:
+            self._protocol.subscribe([channel])
+
+    def publish(self, store: str, channel: bytes, message: bytes) -> Deferred[Any]:
+        return self.redis.execute(store, "PUBLISH", channel, message)
+
+    def _subscribed(self, protocol: _Subscriber) -> None:
+        self._protocol = protocol
+        d = protocol.subscribe(list(self._handlers)) if self._handlers else defer.succeed(None)
+
+        def up(_: Any) -> None:
+            if not self.ready.called:
+                self.ready.callback(None)
+
+        d.addCallback(up)
+        d.addErrback(lambda f: self._log.failure("Redis subscribe failed", f))
+
+    def _lost(self, protocol: _Subscriber) -> None:
+        if self._protocol is protocol:
+            self._protocol = None
+
+    def _message(self, channel: bytes, message: bytes) -> None:
+        handler = self._handlers.get(channel)
+        if handler is None:
+            return
+        try:
+            handler(message)
+        except Exception:
+            self._log.failure("Redis bus handler failed for {channel}", channel=channel)
+
+    @property
+    def connected(self) -> bool:
+        return self._protocol is not None
+
+    def close(self) -> Deferred[Any]:
+        self._factory.stopTrying()
+        return self._factory.disconnect()
+
+
+def _client_tls(host: str) -> Any:
+    """Verified TLS (certificate chain and hostname, via service_identity) for C{rediss://}."""
+    from twisted.internet.ssl import optionsForClientTLS
+
+    return optionsForClientTLS(host)

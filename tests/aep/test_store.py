@@ -1,0 +1,124 @@
+"""The IEventLog contract, run against the in-memory and the Redis implementation."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+from twisted.trial.unittest import TestCase
+from zope.interface.verify import verifyObject
+
+from relayd.aep.event import Event
+from relayd.aep.redis_store import RedisEventLog, decode_position, encode_position
+from relayd.aep.store import IEventLog, MemoryEventLog
+from tests.support.aep import event
+from tests.support.redis import connected_redis, shared_redis
+
+_prefixes = itertools.count()
+
+
+def ev(session: str = "S", seq: int = 0, epoch: int | None = None, **extra) -> Event:
+    e = event(session, seq, "progress.status", **extra)
+    if epoch is not None:
+        e["epoch"] = epoch
+    raw = json.dumps(e, separators=(",", ":")).encode()
+    return Event(json.loads(raw), raw)
+
+
+class EventLogContract:
+    """Behaviour every IEventLog must have; subclasses provide C{make(capacity, max_sessions)}."""
+
+    async def make(self, capacity: int = 10, max_sessions: int = 10) -> IEventLog:
+        raise NotImplementedError
+
+    async def test_provides_the_interface(self) -> None:
+        log = await self.make()
+        self.assertTrue(verifyObject(IEventLog, log))
+
+    async def test_append_dedupes_on_source_and_id(self) -> None:
+        log = await self.make()
+        flags = await log.append([ev(seq=0), ev(seq=1), ev(seq=0)])
+        self.assertEqual(flags, [True, True, False])
+        replay = await log.replay("S", (0, -1))
+        self.assertEqual([e.position for e in replay.events], [(0, 0), (0, 1)])
+        self.assertIsNone(replay.exhausted)
+
+    async def test_same_id_from_another_source_is_kept(self) -> None:
+        log = await self.make()
+        self.assertEqual(await log.append([ev(seq=0, id="x"), ev(seq=1, id="x", source="aep://other")]), [True, True])
+
+    async def test_ordered_by_position_and_equal_positions_keep_arrival(self) -> None:
+        log = await self.make()
+        await log.append([ev(seq=5, id="a"), ev(seq=2, id="b"), ev(seq=5, id="c"), ev(seq=1, epoch=1, id="d")])
+        replay = await log.replay("S", (0, -1))
+        self.assertEqual([e.ev["id"] for e in replay.events], ["b", "a", "c", "d"])
+
+    async def test_huge_epochs_order_exactly(self) -> None:
+        log = await self.make()
+        big = 2**53 + 1
+        await log.append([ev(seq=0, epoch=big, id="hi"), ev(seq=0, epoch=big - 1, id="lo"), ev(seq=7, epoch=8192, id="mid")])
+        replay = await log.replay("S", (8192, 7))
+        self.assertEqual([e.ev["id"] for e in replay.events], ["lo", "hi"])
+        self.assertEqual(replay.events[-1].position, (big, 0))
+
+    async def test_replay_after_a_position_and_from_an_epoch(self) -> None:
+        log = await self.make()
+        await log.append([ev(seq=i) for i in range(5)] + [ev(seq=0, epoch=2, id="e2")])
+        replay = await log.replay("S", (0, 2))
+        self.assertEqual([e.position for e in replay.events], [(0, 3), (0, 4), (2, 0)])
+        replay = await log.replay("S", (2, -1))
+        self.assertEqual([e.position for e in replay.events], [(2, 0)])
+        self.assertEqual(list((await log.replay("nope", (0, -1))).events), [])
+
+    async def test_trim_drops_the_lowest_position_and_forgets_its_id(self) -> None:
+        log = await self.make(capacity=3)
+        await log.append([ev(seq=i) for i in range(5)])
+        replay = await log.replay("S", (0, -1))
+        self.assertEqual([e.position for e in replay.events], [(0, 2), (0, 3), (0, 4)])
+        self.assertEqual(await log.append([ev(seq=0)]), [True])  # forgotten, so admitted again
+
+    async def test_exhausted_marker_names_the_earliest_held_position(self) -> None:
+        log = await self.make(capacity=3)
+        await log.append([ev(seq=i, epoch=1) for i in range(6)])
+        replay = await log.replay("S", (1, 0))
+        self.assertEqual(replay.exhausted, (1, 3))
+        self.assertEqual(len(replay.events), 3)
+        self.assertIsNone((await log.replay("S", (1, 2))).exhausted)  # the next one is held
+        self.assertIsNone((await log.replay("S", (1, -1))).exhausted)  # seq -1: "from the start"
+
+    async def test_least_recently_written_session_is_evicted(self) -> None:
+        log = await self.make(max_sessions=2)
+        await log.append([ev("a", 0)])
+        await log.append([ev("b", 0)])
+        await log.append([ev("a", 0)])  # a duplicate still refreshes recency
+        await log.append([ev("c", 0)])
+        self.assertEqual(await log.sessions(), ["a", "c"])
+        self.assertEqual(log.session_count(), 2)
+        self.assertEqual(list((await log.replay("b", (0, -1))).events), [])
+
+    async def test_payload_bytes_round_trip(self) -> None:
+        log = await self.make()
+        raw = b'{"aep":"0.1", "id":"x","type":"progress.status","time":"t","source":"s","agent":"a","session":"S","seq":0,"data":{"m":"\\u00e9\xc3\xa9"}}'
+        await log.append([Event(json.loads(raw), raw)])
+        replay = await log.replay("S", (0, -1))
+        self.assertEqual(replay.events[0].payload(None), raw)
+
+
+class MemoryEventLogTests(EventLogContract, TestCase):
+    async def make(self, capacity: int = 10, max_sessions: int = 10) -> IEventLog:
+        return MemoryEventLog(capacity, max_sessions)
+
+
+class RedisEventLogTests(EventLogContract, TestCase):
+    async def make(self, capacity: int = 10, max_sessions: int = 10) -> IEventLog:
+        server = shared_redis()
+        redis = await connected_redis(server.url)
+        self.addCleanup(redis.close)
+        return RedisEventLog(redis, capacity, max_sessions, prefix=f"t{next(_prefixes)}:{id(self)}:")
+
+
+def test_position_encoding_sorts_like_integers() -> None:
+    positions = [(0, 0), (0, 9), (0, 10), (1, 0), (9, 99), (10, 0), (2**70, 3)]
+    encoded = [encode_position(p) for p in positions]
+    assert encoded == sorted(encoded)
+    assert [decode_position(e) for e in encoded] == positions

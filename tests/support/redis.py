@@ -1,0 +1,120 @@
+"""A real redis-server on a free loopback port, started by the test (skip locally without one)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+from twisted.trial.unittest import SkipTest
+
+CI = os.environ.get("CI") == "true"
+
+
+def require_redis_server() -> str:
+    """The redis-server binary; skips the test locally without it, fails under CI=true."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        message = "redis-server is not installed (apt-get install redis-server)"
+        if CI:
+            raise AssertionError(message + "; CI must install it (.ci/install-redis.sh)")
+        raise SkipTest(message)
+    return binary
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """C{RedisServer.start()}; C{.url}; C{.stop()}; C{.restart()} keeps the data (AOF off, RDB on stop)."""
+
+    def __init__(self) -> None:
+        self.binary = require_redis_server()
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="relayd-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def start(cls) -> RedisServer:
+        server = cls()
+        server._spawn()
+        return server
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _spawn(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
+             "--save", "", "--appendonly", "no", "--dbfilename", "dump.rdb"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.02)  # waiting for an external process to accept connections
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self, save: bool = True) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            if save:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
+                    s.sendall(b"SHUTDOWN SAVE\r\n")
+                    s.recv(16)
+            else:
+                self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop(save=True)
+        self._spawn()
+
+    def cleanup(self) -> None:
+        self.stop(save=False)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_shared: RedisServer | None = None
+
+
+def shared_redis() -> RedisServer:
+    """One redis-server for the whole test run (tests isolate themselves by key prefix)."""
+    global _shared
+    if _shared is None or _shared.proc is None or _shared.proc.poll() is not None:
+        _shared = RedisServer.start()
+        import atexit
+
+        atexit.register(_shared.cleanup)
+    return _shared
+
+
+async def connected_redis(url: str, timeout: float = 5.0):  # type: ignore[no-untyped-def]
+    """A L{relayd.redis.Redis} client whose pool is up."""
+    from twisted.internet import reactor
+    from twisted.internet.task import deferLater
+
+    from relayd.clock import Clock
+    from relayd.redis import Redis
+
+    redis = Redis(url, Clock(reactor))
+    waited = 0.0
+    while not redis.connected:
+        if waited > timeout:
+            raise AssertionError(f"could not connect to {url}")
+        await deferLater(reactor, 0.01, lambda: None)  # polling a connection that is being made
+        waited += 0.01
+    return redis
