@@ -153,6 +153,21 @@ class Redis:
         return self._pool.disconnect()
 
 
+_clients: dict[tuple[str, int], Redis] = {}
+
+
+def redis_for(settings: Any, clock: Clock) -> Redis | None:
+    """The process's client for C{--redis} (one pool shared by every wing), or C{None} without it."""
+    url = settings.values.get("redis")
+    if not url:
+        return None
+    key = (url, id(clock))
+    client = _clients.get(key)
+    if client is None:
+        client = _clients[key] = Redis(url, clock)
+    return client
+
+
 class RedisBus:
     """Pub/sub on a dedicated connection that resubscribes after every reconnect."""
 

@@ -30,9 +30,15 @@ def _wing_modules(kind: str) -> list[Any]:
     return modules
 
 
+# Settings that belong to no wing (shared plumbing).
+GLOBAL_SETTINGS = ("relayd.redis_config",)
+
+
 def all_settings() -> list[Setting]:
-    """Every setting of every wing, in wing order."""
+    """Every setting: the shared ones, then every wing's, in wing order."""
     settings: list[Setting] = []
+    for name in GLOBAL_SETTINGS:
+        settings.extend(importlib.import_module(name).SETTINGS)
     for module in _wing_modules("config"):
         settings.extend(module.SETTINGS)
     return settings
