@@ -296,7 +296,8 @@ class AEPResource(Resource):
         problem = filter_error(flt)
         if problem is not None:
             raise BadRequest(problem)
-        ceiling = query_param(request, "capture") or None
+        # Not query_param: a value that is not UTF-8 is no capture level either (decision AEP 6).
+        ceiling = request.args.get(b"capture", [b""])[0].decode("utf-8", "replace") or None
         if ceiling is not None:
             problem = capture_error(ceiling)
             if problem is not None:
