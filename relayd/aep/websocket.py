@@ -38,6 +38,18 @@ CLOSE_UNSUPPORTED_DATA = 1003
 CLOSE_TRY_AGAIN_LATER = 1013
 
 
+def subscription_key(sub_id: Any) -> Any:
+    """A hashable key for a subscription id, which may be any JSON value (an object or array too).
+
+    Equal JSON values are the same id; C{true} is not C{1} (in Python C{True == 1}), C{1} is C{1.0}.
+    """
+    if isinstance(sub_id, bool):
+        return ("bool", sub_id)
+    if isinstance(sub_id, (list, dict)):
+        return ("json", dumps(sub_id))
+    return sub_id
+
+
 class WSSubscription(Subscriber):
     """One subscription of one connection; remembers the last position sent per session."""
 
@@ -113,8 +125,8 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         self._open = False
         self.factory.connections.pop(self, None)
         relay = self.factory.relay
-        for sub_id in list(self.subscriptions):
-            relay.unsubscribe((self, sub_id))
+        for key in list(self.subscriptions):
+            relay.unsubscribe((self, key))
         self.subscriptions.clear()
         relay.disconnect(self)
         self._queue = []
@@ -213,8 +225,8 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
             return
         handler = _FRAME_HANDLERS.get(kind) if isinstance(kind, str) else None
         if handler is not None:
-            if kind == "subscribe":
-                msg = parse_json(payload, exact=True)  # resume positions are exact integers
+            # Frames are few: parse them exactly (resume positions, echoed ids and ping times).
+            msg = parse_json(payload, exact=True)
             handler(self, msg)
         # Unknown frames (and a second hello) are ignored (AEP-0003 §2).
 
@@ -305,8 +317,9 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
                 return
         sub = WSSubscription(compile_filter(flt), ceiling, self, sub_id)
         sub.hold()
-        self.subscriptions[sub_id] = sub  # a reused id replaces the older subscription
-        relay.subscribe((self, sub_id), sub)
+        key = subscription_key(sub_id)
+        self.subscriptions[key] = sub  # a reused id replaces the older subscription
+        relay.subscribe((self, key), sub)
         self.send_frame({"type": "subscribed", "id": sub_id})
         d = relay.expand_all() if from_all else succeed(entries)
         d.addCallback(relay.replay)
@@ -332,8 +345,9 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
 
     def on_unsubscribe(self, msg: dict[str, Any]) -> None:
         sub_id = msg.get("id")
-        if self.subscriptions.pop(sub_id, None) is not None:
-            self.factory.relay.unsubscribe((self, sub_id))
+        key = subscription_key(sub_id)
+        if self.subscriptions.pop(key, None) is not None:
+            self.factory.relay.unsubscribe((self, key))
         self.send_frame({"type": "unsubscribed", "id": sub_id})
 
     def on_roster(self, msg: dict[str, Any]) -> None:
