@@ -15,6 +15,7 @@ __all__ = [
     "CAPTURE_LEVELS",
     "SEVERITIES",
     "EventKind",
+    "classify",
     "envelope_error",
     "event_kind",
     "is_command_type",
@@ -204,3 +205,74 @@ def position(ev: dict) -> tuple[int, int]:
         raise ValueError("event has no integer seq")
     epoch = ev.get("epoch", 0)
     return (int(epoch) if _is_js_integer(epoch) else 0, int(seq))  # type: ignore[arg-type]
+
+
+# Valid type strings seen so far and their kinds: types repeat endlessly, so the regexes run once per
+# type rather than once per event. Bounded so a stream of unique types cannot grow it without end.
+_KIND_OF_TYPE: dict[str, EventKind] = {}
+_KIND_CACHE_MAX: Final = 4096
+
+
+def _kind_of_type(t: str) -> EventKind | None:
+    kind = _KIND_OF_TYPE.get(t)
+    if kind is None:
+        if _TYPE_RE.fullmatch(t) is None:
+            return None
+        if t.startswith("agent."):
+            kind = EventKind.AGENT_SCOPED
+        elif _COMMAND_RE.fullmatch(t) is not None:
+            kind = EventKind.COMMAND
+        elif t == FOREIGN_TYPE:
+            kind = EventKind.FOREIGN
+        else:
+            kind = EventKind.SEQUENCED
+        if len(_KIND_OF_TYPE) >= _KIND_CACHE_MAX:
+            _KIND_OF_TYPE.clear()
+        _KIND_OF_TYPE[t] = kind
+    return kind
+
+
+def classify(ev: object) -> EventKind | str:
+    """The kind of a valid event, else the L{envelope_error} message: one pass for the hot path.
+
+    The common case (plain types, int positions) is checked inline; anything unusual falls back to
+    L{envelope_error} so the messages stay exactly the reference's.
+    """
+    if type(ev) is dict:
+        get = ev.get
+        t = get("type")
+        if (
+            get("aep") == "0.1"
+            and type(get("id")) is str
+            and type(t) is str
+            and type(get("time")) is str
+            and type(get("source")) is str
+            and type(get("agent")) is str
+            and ev["id"]
+            and t
+            and ev["time"]
+            and ev["source"]
+            and ev["agent"]
+        ):
+            kind = _kind_of_type(t)
+            if kind is not None and _scope_ok(ev, kind) and _levels_ok(ev):
+                return kind
+    problem = envelope_error(ev)
+    if problem is not None:
+        return problem
+    return event_kind(ev)  # type: ignore[arg-type]
+
+
+def _scope_ok(ev: dict, kind: EventKind) -> bool:
+    if kind is EventKind.SEQUENCED:
+        seq = ev.get("seq")
+        return type(ev.get("session")) is str and type(seq) is int and seq >= 0
+    if kind is EventKind.AGENT_SCOPED:
+        return "session" not in ev and "seq" not in ev
+    return type(ev.get("session")) is str and "seq" not in ev
+
+
+def _levels_ok(ev: dict) -> bool:
+    severity = ev.get("severity", "info")
+    capture = ev.get("capture", "metadata")
+    return type(severity) is str and severity in _SEVERITY_SET and type(capture) is str and capture in _CAPTURE_SET
