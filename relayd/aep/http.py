@@ -12,6 +12,7 @@ from twisted.python.failure import Failure
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
+from relayd import metrics
 from relayd.aep.capture import capture_error
 from relayd.aep.envelope import envelope_error
 from relayd.aep.event import NOTICE, Event, JSONError, dumps, parse_json
@@ -42,6 +43,18 @@ SSE_HEADERS = [
     CORS_ANY,
     (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
 ]
+_SLOW_CONSUMER = metrics.events_dropped.labels(relay="aep", reason="slow-consumer")
+_CUT_OFF = metrics.events_dropped.labels(relay="aep", reason="cut-off")
+_REPLAYED = metrics.replayed_events.labels(relay="aep")
+
+
+_HEADER_REFUSALS = {"426": "version-unsupported", "415": "unsupported-media-type"}
+
+
+def _refused(reason: str) -> None:
+    metrics.ingest_refused.labels(relay="aep", reason=_HEADER_REFUSALS.get(reason, reason)).inc()
+
+
 # `{session}:{epoch}:{seq}`, greedy so that sessions may contain ":" (JS `^(.+):(\d+):(\d+)$`).
 _LAST_EVENT_ID = re.compile(r"(.+):([0-9]+):([0-9]+)")
 
@@ -131,8 +144,11 @@ class SSESubscriber(Subscriber):
         stream = self.stream
         if stream.backlog > SOFT_BACKLOG and event.severity < NOTICE:
             self.dropped += 1
+            _SLOW_CONSUMER.inc()
             return
-        stream.write(event.sse_frame(self.level(event)))
+        if not stream.write(event.sse_frame(self.level(event))) and stream.discarded:
+            _CUT_OFF.inc(stream.discarded)  # the stream was just cut off with these frames unsent
+            stream.discarded = 0
 
 
 class AEPResource(Resource):
@@ -190,7 +206,7 @@ class AEPResource(Resource):
                 return self.stream(request)
         if path == b"/events" and method == b"POST":
             return self.ingest(request)
-        if path == b"/socket" and self.socket is not None:
+        if path == b"/socket" and self.socket is not None and _is_upgrade(request):
             return self.socket.render(request)
         return _respond(request, 404, b"")
 
@@ -201,7 +217,9 @@ class AEPResource(Resource):
         if request.path == b"/events" and request.method == b"POST":
             problem = self._header_problem(request)
             if problem is not None:
+                _refused(str(problem[0]))
                 return problem
+        _refused("payload-too-large")
         body = dumps({"error": "payload-too-large", "max_bytes": self.max_body})
         return 413, [(b"content-type", JSON_TYPE)], body
 
@@ -237,10 +255,12 @@ class AEPResource(Resource):
         problem = self._header_problem(request)
         if problem is not None:
             status, headers, body = problem
+            _refused(str(status))
             return _respond(request, status, body, headers)
         try:
             events = parse_batch(read_body(request), _media_type(request) == NDJSON_TYPE, self.max_batch)
         except IngestError as e:
+            _refused(str((e.body or {}).get("error", e.status)))
             return _respond(request, e.status, dumps(e.body), [(b"content-type", JSON_TYPE)])
         if not events:
             return _respond(request, 202, b"")
@@ -255,6 +275,7 @@ class AEPResource(Resource):
 
     def _store_failed(self, request: Request, failure: Failure) -> None:
         self._log.failure("ingest failed in the event store", failure)
+        metrics.store_errors.labels(relay="aep", operation="append").inc()
         body = dumps({"error": "store-unavailable", "store": "aep"})
         _finish(request, 503, body, [(b"content-type", JSON_TYPE)])
 
@@ -345,13 +366,21 @@ class AEPResource(Resource):
 
         def write(replays: list[tuple[str, Replay]]) -> None:
             stream = sub.stream
+            exhausted = sent = 0
             for session, replay in replays:
                 if replay.exhausted is not None and not from_all:
+                    exhausted += 1
                     epoch, seq = replay.exhausted
                     stream.write(sse_comment(f"replay-exhausted {session} {epoch}:{seq}"))
                 for event in replay.events:
                     if sub.match(event.ev):
                         sub.send(event)
+                        sent += 1
+            if replays:
+                outcome = "exhausted" if exhausted else "complete"
+                metrics.replays.labels(relay="aep", outcome=outcome).inc()
+                if sent:
+                    _REPLAYED.inc(sent)
             if history_only:
                 stream.close(sse_comment("replay-complete"))
             else:
@@ -361,6 +390,8 @@ class AEPResource(Resource):
 
     def _replay_failed(self, stream: SSEStream, failure: Failure) -> None:
         self._log.failure("replay failed", failure)
+        metrics.store_errors.labels(relay="aep", operation="replay").inc()
+        metrics.replays.labels(relay="aep", outcome="failed").inc()
         stream.close(sse_comment("replay-failed"))
 
 
@@ -376,6 +407,12 @@ def _last_event_id(request: Request) -> tuple[str, Position] | None:
     if found is None:
         return None
     return found.group(1), (int(found.group(2)), int(found.group(3)))
+
+
+def _is_upgrade(request: Request) -> bool:
+    """A WebSocket opening handshake (anything else at C{/socket} is an ordinary 404)."""
+    upgrade = request.getHeader(b"upgrade") or b""
+    return request.method == b"GET" and b"websocket" in upgrade.lower()
 
 
 def _media_type(request: Request) -> bytes:
