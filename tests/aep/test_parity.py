@@ -140,6 +140,51 @@ class SocketFrames(TestCase):
         self.assertEqual(await client.roundtrip(), [])
 
 
+class SocketEndpoint(TestCase):
+    async def test_hello_reply_is_exact(self) -> None:
+        relay = await start_relay(self, aep_buffer=8)
+        client = await open_ws(self, relay)
+        reply = await client.hello(role="consumer", identity={"agent": "me"}, capabilities={"filters": ["attr-match"]})
+        discovery = json.loads((await relay.get("/events"))[1])
+        self.assertEqual(
+            reply,
+            {"type": "hello", "versions": ["0.1"], "role": "both", "identity": {"agent": "aep-relay"},
+             "capabilities": discovery["capabilities"]},
+        )  # fmt: skip
+
+    async def test_connections_count_before_hello_but_list_after(self) -> None:
+        relay = await start_relay(self)
+        waiting = await open_ws(self, relay)
+        _, body = await relay.get("/healthz")
+        self.assertEqual(json.loads(body)["connections"], 1)
+        _, body = await relay.get("/connections")
+        self.assertEqual(json.loads(body)["connections"], [])
+        await waiting.hello(role="emitter", identity={"agent": "e"}, capabilities={"control": {"accepts": ["control.pause"]}})
+        waiting.send(event("listed", 0))
+        await waiting.roundtrip()
+        _, body = await relay.get("/connections")
+        doc = json.loads(body)
+        self.assertEqual(
+            doc["connections"],
+            [{"role": "emitter", "identity": {"agent": "e"}, "accepts": ["control.pause"], "sessions": ["listed"], "subscriptions": 0}],
+        )
+        self.assertEqual(list(doc["relay"]), ["sessions", "subscribers", "connections", "uptime_s", "control"])
+
+    async def test_socket_needs_the_token_and_takes_it_from_the_query(self) -> None:
+        relay = await start_relay(self, aep_token=TOKEN)
+        with self.assertRaises(ConnectionError):  # the opening handshake is refused (401)
+            await WSClient.connect(relay.ws_url)
+        client = await WSClient.connect(relay.ws_url + f"?access_token={TOKEN}")
+        self.addCleanup(client.close)
+        self.assertEqual((await client.hello())["type"], "hello")
+
+    async def test_plain_http_at_socket_is_404(self) -> None:
+        relay = await start_relay(self)
+        for method in ("GET", "POST", "PUT"):
+            response, body = await relay.request(method, "/socket")
+            self.assertEqual((response.code, body), (404, b""), method)
+
+
 class CommandRouting(TestCase):
     async def emitter(self, relay, session: str, agent: str, accepts=None) -> WSClient:
         caps = {} if accepts is None else {"control": {"accepts": accepts}}
