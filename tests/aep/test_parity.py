@@ -10,10 +10,14 @@ import socket
 from twisted.internet import threads
 from twisted.trial.unittest import TestCase
 
+from relayd.aep.event import Event
+from relayd.aep.filters import match_all
+from relayd.aep.http import HARD_BACKLOG, SSESubscriber
 from tests.aep.helpers import AUTH, TOKEN, comments_of, open_sse, open_ws, seqs, start_relay, subscribe
 from tests.support.aep import AEPRelay, event
 from tests.support.sse import SSEClient
 from tests.support.ws import WSClient
+from tests.web.test_sse import Harness
 
 NDJSON = {"aep-version": "0.1", "content-type": "application/x-ndjson"}
 
@@ -251,6 +255,43 @@ class CommandRouting(TestCase):
         self.assertEqual(await client.roundtrip(), [])
         await relay.post(event("nt", 1, "progress.status"))
         self.assertEqual((await stream.next_event()).event, "progress.status")
+
+
+class Backpressure(TestCase):
+    """aep.md §4/§5: above 1 MiB queued, events below `notice` are dropped; above 8 MiB the consumer is cut off."""
+
+    async def test_websocket_drops_below_notice_past_one_mib_and_keeps_frames(self) -> None:
+        relay = await start_relay(self)
+        client = await open_ws(self, relay, hello={"role": "consumer"})
+        await subscribe(self, client, "soft", filter={"session": "soft"})
+        blob = "x" * (256 * 1024)
+        # One burst in one reactor turn: the first event fills the socket's buffer, the rest queue.
+        burst = [event("soft", seq, "progress.status", severity="notice", data={"m": blob}) for seq in range(6)]
+        burst += [event("soft", seq, "progress.status", data={"m": "info"}) for seq in range(6, 9)]  # info: dropped
+        burst += [event("soft", 9, "progress.status", severity="warning", data={"m": "kept"})]
+        response, _ = await relay.post(*burst)
+        self.assertEqual(response.code, 202)
+        received = [await client.recv() for _ in range(7)]
+        self.assertEqual([e["seq"] for e in received], [0, 1, 2, 3, 4, 5, 9])
+        self.assertEqual(await client.roundtrip(), [])  # still open; frames still answered
+
+    def test_sse_drops_below_notice_past_one_mib_and_cuts_off_past_eight(self) -> None:
+        harness = Harness(max_buffer=HARD_BACKLOG)
+        stream, transport, _ = harness.open()
+        sub = SSESubscriber(match_all, None, stream)
+        stream.pauseProducing()  # the client stopped reading
+        big = Event(event("sse", 0, severity="notice", data={"m": "x" * (512 * 1024)}), None)
+        sub.send(big)
+        sub.send(big)
+        self.assertGreater(stream.backlog, 1024 * 1024)
+        before = stream.backlog
+        sub.send(Event(event("sse", 1), None))  # info: dropped silently
+        self.assertEqual((stream.backlog, sub.dropped), (before, 1))
+        sub.send(Event(event("sse", 2, severity="notice"), None))  # notice: never dropped silently
+        self.assertGreater(stream.backlog, before)
+        while not stream.closed:
+            sub.send(big)
+        self.assertTrue(transport.disconnecting)  # cut off; the client resumes by position
 
 
 class Shutdown(TestCase):
