@@ -242,6 +242,20 @@ class CommandRouting(TestCase):
         self.assertEqual(await target.recv(), cmd)
         self.assertEqual(await sender.roundtrip(), [])  # no refusal, no ack from the relay
 
+    async def test_posted_command_with_token_is_routed_and_audited(self) -> None:
+        relay = await start_relay(self, aep_token=TOKEN)
+        stream = await open_sse(self, relay, AUTH, filter={"type": ["control.*"]})
+        target = await self.emitter(relay, "via-http", "t", accepts=["control.cancel"])
+        cancel = event("via-http", None, "control.cancel", id="http-cancel", data={"scope": "run"})
+        pause = event("via-http", None, "control.pause", id="http-pause", data={})  # unsupported: refusal dropped
+        nowhere = event("nobody", None, "control.pause", id="http-nowhere", data={})  # no-route: dropped
+        response, _ = await relay.post(cancel, pause, nowhere, token=TOKEN)
+        self.assertEqual(response.code, 202)
+        self.assertEqual(await target.roundtrip(), [cancel])
+        self.assertEqual([(await stream.next_event()).json()["id"] for _ in range(2)], ["http-cancel", "http-pause"])
+        await relay.post(event("via-http", None, "control.resume", id="sync"), token=TOKEN)
+        self.assertEqual((await stream.next_event()).json()["id"], "sync")  # no-route was not fanned out
+
     async def test_without_token_a_ws_command_is_unauthorized_and_not_fanned_out(self) -> None:
         relay = await start_relay(self)
         stream = await open_sse(self, relay)
