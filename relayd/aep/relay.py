@@ -7,15 +7,23 @@ frames through the small interfaces below.
 from __future__ import annotations
 
 import time
+from time import perf_counter
 from typing import Any, Callable, Iterable, Sequence
 
 from twisted.internet.defer import Deferred, gatherResults, succeed
 from twisted.logger import Logger
 
+from relayd import metrics
 from relayd.aep.capture import downlevel_target
 from relayd.aep.envelope import EventKind
 from relayd.aep.event import Event
 from relayd.aep.store import IEventLog, Position, Replay
+
+# Bound once: the ingest path counts per batch, never per delivery.
+_INGESTED = metrics.events_ingested.labels(relay="aep")
+_DELIVERED = metrics.events_delivered.labels(relay="aep")
+_UNROUTABLE = metrics.events_dropped.labels(relay="aep", reason="unroutable")
+_FANOUT = metrics.fanout_seconds.labels(relay="aep")
 
 DISCOVERY_ENDPOINTS = {"events": "/events", "stream": "/stream", "socket": "/socket"}
 CAPTURE_LEVELS = ["none", "metadata", "redacted", "full"]
@@ -133,19 +141,29 @@ class Relay:
         return d
 
     def _dispatch(self, events: Iterable[Event], sender: Emitter | None) -> None:
+        started = perf_counter()
+        count = delivered = 0
         for event in events:
+            count += 1
             if event.kind is EventKind.COMMAND:
                 self.route_command(event, sender)
             else:
                 # Even a duplicate is fanned out live: a byte-identical re-ack must traverse.
-                self.fan_out(event)
+                delivered += self.fan_out(event)
+        _FANOUT.observe(perf_counter() - started)
+        _INGESTED.inc(count)
+        if delivered:
+            _DELIVERED.inc(delivered)
 
-    def fan_out(self, event: Event) -> None:
-        """Deliver C{event} to every subscriber whose filter matches."""
+    def fan_out(self, event: Event) -> int:
+        """Deliver C{event} to every subscriber whose filter matches; returns how many matched."""
         ev = event.ev
+        matched = 0
         for sub in list(self.subscribers.values()):
             if sub.match(ev):
                 sub.deliver(event)
+                matched += 1
+        return matched
 
     # Command routing (AEP-0004) ----------------------------------------------------------------
 
@@ -179,9 +197,12 @@ class Relay:
             self._refuse(sender, "unsupported", cause, f"target does not accept {event.type}")
         else:
             target.send_command(event)
-        self.fan_out(event)  # audit: subscribers see routed (and refused-unsupported) commands
+        audited = self.fan_out(event)  # audit: subscribers see routed (and refused-unsupported) commands
+        if audited:
+            _DELIVERED.inc(audited)
 
     def _refuse(self, sender: Emitter | None, code: str, cause: Any, detail: str) -> None:
+        _UNROUTABLE.inc()
         if sender is not None:
             sender.send_frame(error_frame(code, detail, cause=cause))
 

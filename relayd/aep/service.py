@@ -8,6 +8,7 @@ from autobahn.twisted.resource import WebSocketResource
 from twisted.application.service import IService
 from twisted.logger import Logger
 
+from relayd import metrics
 from relayd.aep.http import AEPResource
 from relayd.aep.relay import Relay
 from relayd.aep.store import MemoryEventLog
@@ -70,4 +71,11 @@ def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | N
     )
     _log.info("aep relay: buffer {buffer}/session, {auth}", buffer=buffer, auth=auth)
     service.relay = relay  # type: ignore[attr-defined]
+    # Levels for the metrics listener, read at scrape time (nothing is counted on the hot path).
+    watching = metrics.Watching()
+    watching.add(metrics.connections, lambda: len(hub.streams), relay="aep", transport="sse")
+    watching.add(metrics.connections, lambda: len(sockets.connections), relay="aep", transport="ws")
+    watching.add(metrics.sessions, relay.log.session_count, relay="aep")
+    watching.add(metrics.subscribers, lambda: len(relay.subscribers), relay="aep")
+    watching.setServiceParent(service)
     return service

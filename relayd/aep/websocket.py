@@ -22,6 +22,7 @@ from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from relayd import metrics
 from relayd.aep.capture import capture_error
 from relayd.aep.envelope import envelope_error
 from relayd.aep.event import NOTICE, Event, JSONError, dumps, parse_json
@@ -36,6 +37,9 @@ CLOSE_GOING_AWAY = 1001
 CLOSE_PROTOCOL_ERROR = 1002
 CLOSE_UNSUPPORTED_DATA = 1003
 CLOSE_TRY_AGAIN_LATER = 1013
+
+_SLOW_CONSUMER = metrics.events_dropped.labels(relay="aep", reason="slow-consumer")
+_CUT_OFF = metrics.events_dropped.labels(relay="aep", reason="cut-off")
 
 
 def subscription_key(sub_id: Any) -> Any:
@@ -152,6 +156,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
     def send_event(self, sub: WSSubscription, event: Event, level: str | None) -> None:
         if self.paused:
             if self._queued_bytes > SOFT_BACKLOG and event.severity < NOTICE:
+                _SLOW_CONSUMER.inc()
                 return
             if self._queued_bytes > HARD_BACKLOG:
                 self._backpressure_close()
@@ -184,6 +189,9 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
             for sub in self.subscriptions.values()
             for session, pos in sub.delivered.items()
         ]
+        discarded = sum(1 for _, sub, event in self._queue if event is not None)
+        if discarded:
+            _CUT_OFF.inc(discarded)
         self._queue = []
         self._queued_bytes = 0
         self.sendMessage(dumps({"type": "closing", "reason": "backpressure", "delivered": delivered}))
@@ -267,11 +275,14 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
     def on_event(self, msg: dict[str, Any], payload: bytes) -> None:
         problem = envelope_error(msg)
         if problem is not None:
+            metrics.ingest_refused.labels(relay="aep", reason="invalid-event").inc()
             self.send_frame(error_frame("invalid-event", problem, cause=msg.get("id")))
             return
-        self.factory.relay.ingest([Event(msg, payload)], self).addErrback(
-            lambda f: self.send_frame(error_frame("unavailable", "event store unavailable", cause=msg.get("id")))
-        )
+        self.factory.relay.ingest([Event(msg, payload)], self).addErrback(self._store_failed, msg.get("id"))
+
+    def _store_failed(self, failure: Any, cause: Any) -> None:
+        metrics.store_errors.labels(relay="aep", operation="append").inc()
+        self.send_frame(error_frame("unavailable", "event store unavailable", cause=cause))
 
     def on_subscribe(self, msg: dict[str, Any]) -> None:
         sub_id = msg.get("id")
@@ -324,11 +335,18 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         d = relay.expand_all() if from_all else succeed(entries)
         d.addCallback(relay.replay)
         d.addCallback(lambda replays: self._replay(sub, replays, from_all))
-        d.addErrback(lambda f: self._log.failure("replay failed", f))
+        d.addErrback(self._replay_failed)
+
+    def _replay_failed(self, failure: Any) -> None:
+        self._log.failure("replay failed", failure)
+        metrics.store_errors.labels(relay="aep", operation="replay").inc()
+        metrics.replays.labels(relay="aep", outcome="failed").inc()
 
     def _replay(self, sub: WSSubscription, replays: list[tuple[str, Replay]], from_all: bool) -> None:
+        exhausted = sent = 0
         for session, replay in replays:
             if replay.exhausted is not None and not from_all:
+                exhausted += 1
                 epoch, seq = replay.exhausted
                 self.send_frame(
                     {
@@ -341,6 +359,11 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
             for event in replay.events:
                 if sub.match(event.ev):
                     sub.send(event)  # the capture ceiling applies to replay too (decision AEP 1)
+                    sent += 1
+        if replays:
+            metrics.replays.labels(relay="aep", outcome="exhausted" if exhausted else "complete").inc()
+            if sent:
+                metrics.replayed_events.labels(relay="aep").inc(sent)
         sub.release()
 
     def on_unsubscribe(self, msg: dict[str, Any]) -> None:

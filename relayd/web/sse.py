@@ -63,6 +63,7 @@ class SSEStream:
         self.on_close = on_close
         self.closed = False
         self.paused = False
+        self.discarded = 0
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._dirty = False
@@ -137,6 +138,7 @@ class SSEStream:
             transport.abortConnection()
 
     def _overflow(self) -> None:
+        self.discarded = len(self._pending)  # frames dropped with the stream, for the wing's metrics
         self._log.debug("SSE subscriber overflowed its {max} byte buffer; aborting", max=self.max_buffer)
         self.abort()
 
