@@ -156,6 +156,14 @@ class SocketEndpoint(TestCase):
              "capabilities": discovery["capabilities"]},
         )  # fmt: skip
 
+    async def test_a_second_hello_is_ignored(self) -> None:
+        relay = await start_relay(self)
+        client = await open_ws(self, relay, hello={"role": "consumer"})
+        client.send({"type": "hello", "versions": ["9.9"], "role": "emitter"})
+        self.assertEqual(await client.roundtrip(), [])
+        client.send({"type": "roster", "id": "still-consumer"})
+        self.assertEqual((await client.recv())["type"], "roster")  # the first hello's role stands
+
     async def test_connections_count_before_hello_but_list_after(self) -> None:
         relay = await start_relay(self)
         waiting = await open_ws(self, relay)
