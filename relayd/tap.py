@@ -12,8 +12,12 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python import usage
 
+from relayd import logging as relayd_logging
+from relayd import metrics, sdnotify
 from relayd.clock import Clock
 from relayd.config import ConfigError, Resolved, Setting, resolve
+from relayd.rlimits import increase_rlimits
+from relayd.web.site import RelaySite
 
 # Each wing provides relayd.<wing>.config.SETTINGS and relayd.<wing>.service.make_service.
 WINGS = ("aep", "mcp", "buzz")
@@ -31,7 +35,7 @@ def _wing_modules(kind: str) -> list[Any]:
 
 
 # Settings that belong to no wing (shared plumbing).
-GLOBAL_SETTINGS = ("relayd.redis_config",)
+GLOBAL_SETTINGS = ("relayd.settings", "relayd.redis_config")
 
 
 def all_settings() -> list[Setting]:
@@ -122,9 +126,18 @@ class RelaydService(MultiService):
         for warning in self._warnings:
             self._log.warn("{warning}", warning=warning)
         super().startService()
+        waiting = [child.ports() for child in self if callable(getattr(child, "ports", None))]
+        defer.gatherResults(waiting, consumeErrors=True).addCallbacks(self._ready, lambda f: None)
+
+    def _ready(self, ports: list[Any]) -> None:
+        """Every listener is bound: tell systemd (C{Type=notify}) we are ready."""
+        names = [child.name for child in self if callable(getattr(child, "ports", None))]
+        self._log.info("relayd ready: {relays}", relays=", ".join(names))
+        sdnotify.notify("READY=1\nSTATUS=listening: " + ", ".join(names))
 
     @defer.inlineCallbacks
     def stopService(self) -> Any:
+        sdnotify.notify("STOPPING=1")
         yield super().stopService()
         self.clock.shutdown()
         if all(getattr(child, "drained", True) for child in self):
@@ -141,15 +154,44 @@ def makeService(config: Options, reactor: Any = None) -> IService:
         from twisted.internet import reactor as _reactor
 
         reactor = _reactor
+    settings = config.settings
+    # Before anything is logged: no observer (twistd's text log, --logger, twist's JSON) sees a secret.
+    relayd_logging.install_scrubber()
+    for s in all_settings():
+        if s.secret and isinstance(settings.values.get(s.name), str):
+            relayd_logging.register_secret(settings[s.name])
+    increase_rlimits()
     clock = Clock(reactor)
-    root = RelaydService(clock, config.settings.warnings)
+    root = RelaydService(clock, settings.warnings)
     try:
+        if settings.values.get("metrics-listen"):
+            metrics.make_service(settings["metrics-listen"], reactor, clock).setServiceParent(root)
         for module in _wing_modules("service"):
-            service = module.make_service(config.settings, reactor, clock)
+            service = module.make_service(settings, reactor, clock)
             if service is not None:
                 service.setServiceParent(root)
     except ConfigError as e:
         sys.stderr.write(f"relayd: error: {e}\n")
         sys.stderr.flush()
         raise SystemExit(2)
+    configure_children(root, settings)
     return root
+
+
+def configure_children(root: MultiService, settings: Resolved) -> None:
+    """Apply the process-wide settings to every relay's site and shutdown, and watch its connections."""
+    watching = metrics.Watching()
+    for child in list(root):
+        if hasattr(child, "grace") and "shutdown-grace" in settings.values:
+            child.grace = settings["shutdown-grace"]
+        site = getattr(child, "site", None)
+        if not isinstance(site, RelaySite):
+            continue
+        if site.relay is None:
+            site.relay = child.name or "http"
+        site.trust_forwarded_for = settings.values.get("trust-forwarded-for", 0)
+        site.header_timeout = settings.values.get("header-timeout", site.header_timeout)
+        site.timeOut = settings.values.get("idle-timeout", site.timeOut)
+        site.access_log = not settings.values.get("no-access-log", False)
+        watching.add(metrics.http_connections, site.open_connections, relay=site.relay)
+    watching.setServiceParent(root)

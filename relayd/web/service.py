@@ -44,6 +44,8 @@ class HTTPWingService(MultiService):
         super().__init__()
         self.setName(name)
         self.site = site
+        if getattr(site, "relay", None) is None:
+            site.relay = name  # access-log lines and metrics name the relay
         self.clock = clock
         self.grace = grace
         self._drain = drain
@@ -97,6 +99,9 @@ class HTTPWingService(MultiService):
             self.drained = False
             self._abort()
             self.site.close_connections(abort=True)
+        # Other children (metrics callbacks, ...) stop once the connections are gone.
+        others = [svc for svc in self if svc not in self.listeners and svc.running]
+        await defer.gatherResults([defer.maybeDeferred(svc.stopService) for svc in others])
 
     def stopService(self) -> defer.Deferred[None]:
         self.running = False

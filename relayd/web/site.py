@@ -1,22 +1,29 @@
-"""A C{Site} that caps bodies, keeps no access log of query strings, and can close what it served."""
+"""A C{Site} that caps bodies, times out slow headers, logs requests without query strings, and can
+close what it served."""
 
 from __future__ import annotations
 
+import time
 import weakref
 from typing import Any
 
-from twisted.internet.interfaces import IAddress
+from twisted.internet.interfaces import IAddress, IDelayedCall
 from twisted.logger import Logger
 from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol
 from twisted.web.resource import IResource
 from twisted.web.server import Site
 
-from relayd.web.body import BodyLimit, LimitedRequest
+from relayd import metrics
+from relayd.web.body import BodyLimit, EarlyAnswer, LimitedRequest
 
 
 _HEADERS_TOO_LARGE = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 )
+_REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+DEFAULT_HEADER_TIMEOUT = 20.0
+# A module-level logger: a Logger class attribute would take the class's name as its namespace.
+_access_log = Logger(namespace="relayd.access")
 
 
 class RelayChannel(HTTPChannel):
@@ -26,8 +33,55 @@ class RelayChannel(HTTPChannel):
     a client that bounds long query strings (the AEP SDK's C{from} budget) needs a 4xx it can read.
     """
 
+    _header_call: IDelayedCall | None = None
+
     def lineLengthExceeded(self, line: bytes) -> None:
         self._refuse_header_fields()
+
+    # Slowloris: Twisted's idle timeout restarts with every byte, so a client trickling a header
+    # byte at a time would hold the connection forever. The request line and headers must all
+    # arrive within the site's header_timeout of their first byte (or of the connection).
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        self._start_header_clock()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._header_call is None and self.line_mode:
+            self._start_header_clock()
+        super().dataReceived(data)
+
+    def allHeadersReceived(self) -> None:
+        self._stop_header_clock()
+        super().allHeadersReceived()
+
+    def connectionLost(self, reason: Any) -> None:
+        self._stop_header_clock()
+        super().connectionLost(reason)
+
+    def _start_header_clock(self) -> None:
+        timeout = getattr(getattr(self, "site", None), "header_timeout", DEFAULT_HEADER_TIMEOUT)
+        if timeout and self.callLater is not None:
+            self._header_call = self.callLater(timeout, self._headers_too_slow)
+
+    def _stop_header_clock(self) -> None:
+        call, self._header_call = self._header_call, None
+        if call is not None and call.active():
+            call.cancel()
+
+    def _headers_too_slow(self) -> None:
+        self._header_call = None
+        self._access_log(408)
+        if self.transport is not None:
+            self.transport.write(_REQUEST_TIMEOUT)
+        self.loseConnection()
+
+    def _access_log(self, status: int) -> None:
+        site = getattr(self, "site", None)
+        if isinstance(site, RelaySite) and self.transport is not None:
+            peer = _host_of(self.transport.getPeer())
+            site.access(method=getattr(self, "_command", b"-"), path=_strip_query(getattr(self, "_path", b"-")),
+                        status=status, sent=0, peer=peer)
 
     def lineReceived(self, line: bytes) -> None:
         if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
@@ -36,9 +90,63 @@ class RelayChannel(HTTPChannel):
         super().lineReceived(line)
 
     def _refuse_header_fields(self) -> None:
+        self._stop_header_clock()
+        self._access_log(431)
         if self.transport is not None:
             self.transport.write(_HEADERS_TOO_LARGE)
         self.loseConnection()
+
+
+class RelayRequest(LimitedRequest):
+    """A request that writes one access-log line however it ends: finished, refused, upgraded to a
+    WebSocket, or abandoned by the client (a consumer closing its SSE stream)."""
+
+    _received_at = 0.0
+    _logged = False
+
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        self._received_at = time.monotonic()
+        super().requestReceived(command, path, version)
+
+    def render(self, resrc: IResource) -> None:
+        super().render(resrc)
+        channel = getattr(self, "channel", None)  # gone once the response has finished
+        if channel is not None and channel.transport is None and not self.finished:
+            self._access(101)  # a WebSocket upgrade took the connection over; no finish() will come
+
+    def connectionLost(self, reason: Any) -> None:
+        if self._received_at and not self.finished:
+            self._access(self.code)
+        super().connectionLost(reason)
+
+    def _refuse(self, limit: BodyLimit) -> None:
+        answered: list[EarlyAnswer] = []
+
+        def respond(request: Any) -> EarlyAnswer:
+            answered.append(limit.respond(request))
+            return answered[0]
+
+        super()._refuse(BodyLimit(limit.max_bytes, respond))
+        if answered:
+            self.code = answered[0][0]
+            self.sentLength = len(answered[0][2])
+            self._received_at = self._received_at or time.monotonic()
+            self._access(self.code)
+
+    def _access(self, status: int) -> None:
+        if self._logged:
+            return
+        self._logged = True
+        site = getattr(getattr(self, "channel", None), "site", None)
+        if isinstance(site, RelaySite):
+            site.access(
+                method=self.method if isinstance(self.method, bytes) else b"-",
+                path=self.path if isinstance(self.path, bytes) else b"-",
+                status=status,
+                sent=self.sentLength,
+                peer=site.client_address(self),
+                started=self._received_at or None,
+            )
 
 
 def _relay_channel(site: Site) -> _GenericHTTPChannelProtocol:
@@ -50,13 +158,25 @@ class RelaySite(Site):
 
     It tracks its connections (weakly: a WebSocket upgrade hands the transport to autobahn, which
     then owns it) so that shutdown can close long-lived HTTP responses that C{stopListening} leaves
-    open, and it never writes the twisted.web access log, whose lines would carry query-string
-    tokens (C{access_token}).
+    open. It never writes the twisted.web access log, whose lines would carry query-string tokens
+    (C{access_token}); it logs its own line per request instead (L{access}): method, path without
+    the query, status, bytes, peer.
+
+    @ivar relay: the relay named in access-log lines and metrics (set from the service's name).
+    @ivar trust_forwarded_for: how many reverse proxies' C{X-Forwarded-For} entries to believe (0:
+        none; the peer is the connection's, or the PROXY-protocol source on a C{haproxy:} listener).
+    @ivar header_timeout: seconds a request line and its headers may take (C{408} after).
+    @ivar access_log: whether to log a line per request.
     """
 
-    requestFactory = LimitedRequest
+    requestFactory = RelayRequest
     protocol = _relay_channel
     _log = Logger()
+    noisy = False  # no "Starting factory" lines per listener
+    relay: str | None = None
+    trust_forwarded_for = 0
+    header_timeout: float | None = DEFAULT_HEADER_TIMEOUT
+    access_log = True
 
     def __init__(self, resource: IResource, *, body_limit: BodyLimit | None = None, **kw: Any) -> None:
         # relayd takes no HTML form posts; Twisted's form parsing runs every POST's content type
@@ -72,7 +192,42 @@ class RelaySite(Site):
         return protocol
 
     def log(self, request: Any) -> None:
-        """No twisted.web access log (it would record query strings); wings log what they need."""
+        """Called by twisted.web when a response finishes: relayd's access line, not Twisted's."""
+        access = getattr(request, "_access", None)
+        if access is not None:
+            access(request.code)
+
+    def client_address(self, request: Any) -> str:
+        """The client's address: the trusted C{X-Forwarded-For} entry, else the (PROXY) peer."""
+        hops = self.trust_forwarded_for
+        if hops:
+            values = request.requestHeaders.getRawHeaders(b"x-forwarded-for") or []
+            addresses = [a.strip() for value in values for a in value.split(b",") if a.strip()]
+            if addresses:
+                # Each trusted proxy appended the address it saw; the entry the outermost trusted
+                # proxy appended is the client as far as anyone trustworthy knows (autobahn's rule).
+                return addresses[-hops:][0].decode("ascii", "replace")[:64]
+        return _host_of(request.getClientAddress())
+
+    def access(
+        self, *, method: bytes, path: bytes, status: int, sent: int, peer: str, started: float | None = None
+    ) -> None:
+        """Count one answered request and log its line (never the query string)."""
+        relay = self.relay or "http"
+        metrics.http_requests.labels(relay=relay, code=str(status)).inc()
+        if not self.access_log:
+            return
+        duration = round((time.monotonic() - started) * 1000, 1) if started else None
+        _access_log.info(
+            '{relay} {peer} "{method} {path}" {status} {bytes}',
+            relay=relay,
+            peer=peer,
+            method=method.decode("ascii", "replace"),
+            path=_strip_query(path).decode("utf-8", "replace"),
+            status=status,
+            bytes=sent,
+            duration_ms=duration,
+        )
 
     def open_connections(self) -> int:
         """How many HTTP connections this site still serves."""
@@ -98,3 +253,15 @@ def _transport(protocol: Any) -> Any:
 def _connected(protocol: Any) -> bool:
     transport = _transport(protocol)
     return transport is not None and bool(getattr(transport, "connected", False))
+
+
+def _strip_query(path: bytes) -> bytes:
+    return path.split(b"?", 1)[0]
+
+
+def _host_of(address: Any) -> str:
+    host = getattr(address, "host", None)
+    if host:
+        return str(host)
+    name = getattr(address, "name", None)  # a UNIX socket peer
+    return "unix" if name is not None or address is None else str(address)

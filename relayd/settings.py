@@ -1,0 +1,69 @@
+"""Process-wide settings (not owned by any one relay): metrics, proxies, timeouts, shutdown, access log.
+
+L{relayd.tap} puts these ahead of the wings' tables; the same rules apply (flag > environment >
+default, one-line errors, exit 2 before anything listens).
+"""
+
+from __future__ import annotations
+
+from relayd.config import Setting, endpoint, non_negative_int
+
+
+def positive_seconds(text: str) -> float:
+    """A number of seconds > 0 (fractions allowed)."""
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError("must be a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError("must be a positive number of seconds")
+    return value
+
+
+SETTINGS = [
+    Setting(
+        "metrics-listen",
+        [],
+        "Prometheus metrics listen endpoint (strports; repeatable); serves GET /metrics. Off unless given",
+        parse=endpoint,
+        env=("RELAYD_METRICS_LISTEN",),
+        repeatable=True,
+    ),
+    Setting(
+        "trust-forwarded-for",
+        0,
+        "Number of reverse proxies in front of relayd whose X-Forwarded-For entries are trusted for the "
+        "client address in access logs (0: ignore the header)",
+        parse=non_negative_int,
+        env=("RELAYD_TRUST_FORWARDED_FOR",),
+    ),
+    Setting(
+        "header-timeout",
+        20.0,
+        "Seconds a client has to send a request line and all headers; slower clients get 408 and are "
+        "disconnected (slowloris)",
+        parse=positive_seconds,
+        env=("RELAYD_HEADER_TIMEOUT",),
+    ),
+    Setting(
+        "idle-timeout",
+        60.0,
+        "Seconds an HTTP connection may sit idle between requests (or stall mid-request) before it is closed",
+        parse=positive_seconds,
+        env=("RELAYD_IDLE_TIMEOUT",),
+    ),
+    Setting(
+        "shutdown-grace",
+        5.0,
+        "Seconds each relay waits at shutdown for streams and in-flight work to drain before aborting",
+        parse=positive_seconds,
+        env=("RELAYD_SHUTDOWN_GRACE",),
+    ),
+    Setting(
+        "no-access-log",
+        False,
+        "Do not log one line per HTTP request (method, path without query, status, bytes, peer)",
+        env=("RELAYD_NO_ACCESS_LOG",),
+        switch=True,
+    ),
+]

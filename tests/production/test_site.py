@@ -1,0 +1,262 @@
+"""RelaySite plumbing: one access line per request without the query string, the client address from
+X-Forwarded-For only when trusted, and the slowloris header deadline (timers on a task.Clock, sockets
+real)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import treq
+from twisted.internet import reactor, task
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.protocol import Protocol
+from twisted.internet.testing import EventLoggingObserver
+from twisted.logger import globalLogPublisher
+from twisted.trial.unittest import TestCase
+from twisted.web.client import HTTPConnectionPool
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
+
+from relayd.web.site import RelaySite
+from tests.support.aep import AEPRelay, event, ndjson
+from tests.support.sse import SSEClient
+from tests.support.ws import WSClient
+
+TIMEOUT = 5.0
+
+
+class _Plain(Resource):
+    isLeaf = True
+
+    def render_GET(self, request: Any) -> Any:
+        if request.path == b"/held":
+            return NOT_DONE_YET  # like an SSE stream: open until the client goes
+        request.setHeader(b"content-type", b"text/plain")
+        return b"hello"
+
+
+class RawClient(Protocol):
+    """A TCP client that records what it receives and when the server closes."""
+
+    def __init__(self) -> None:
+        self.received = b""
+        self.closed: Deferred[None] = Deferred()
+        self._waiting: list[tuple[bytes, Deferred[None]]] = []
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += data
+        for needle, d in list(self._waiting):
+            if needle in self.received:
+                self._waiting.remove((needle, d))
+                d.callback(None)
+
+    def connectionLost(self, reason: Any) -> None:
+        self.closed.callback(None)
+
+    def wait_for(self, needle: bytes) -> Deferred[None]:
+        d: Deferred[None] = Deferred()
+        if needle in self.received:
+            d.callback(None)
+        else:
+            self._waiting.append((needle, d))
+        return d.addTimeout(TIMEOUT, reactor)
+
+
+def access_lines(observer: EventLoggingObserver) -> list[dict[str, Any]]:
+    return [e for e in observer if e.get("log_namespace") == "relayd.access"]
+
+
+def next_access_line(test: TestCase, path: str) -> Deferred[dict[str, Any]]:
+    """Fires with the next access-log event for C{path}."""
+    d: Deferred[dict[str, Any]] = Deferred()
+
+    def observe(e: dict[str, Any]) -> None:
+        if e.get("log_namespace") == "relayd.access" and e.get("path") == path and not d.called:
+            globalLogPublisher.removeObserver(observe)
+            d.callback(e)
+
+    globalLogPublisher.addObserver(observe)
+    test.addCleanup(globalLogPublisher.removeObserver, observe)
+    return d.addTimeout(TIMEOUT, reactor)
+
+
+class AccessLog(TestCase):
+    timeout = 30
+
+    def setUp(self) -> None:
+        self.log = EventLoggingObserver.createWithCleanup(self, globalLogPublisher)
+        self.site = RelaySite(_Plain())
+        self.site.relay = "test"
+        self.port = reactor.listenTCP(0, self.site, interface="127.0.0.1")
+        self.addCleanup(self.port.stopListening)
+        self.url = f"http://127.0.0.1:{self.port.getHost().port}"
+        self.pool = HTTPConnectionPool(reactor, persistent=False)
+        self.addCleanup(self.pool.closeCachedConnections)
+
+    async def get(self, path: str, headers: dict[str, str] | None = None) -> Any:
+        d = treq.get(self.url + path, headers=headers or {}, pool=self.pool)
+        d.addTimeout(TIMEOUT, reactor)
+        response = await d
+        await treq.content(response)
+        return response
+
+    async def test_one_line_per_request_without_the_query(self) -> None:
+        await self.get("/hello?access_token=s3cret&x=1")
+        (line,) = access_lines(self.log)
+        self.assertEqual(
+            {k: line[k] for k in ("relay", "peer", "method", "path", "status", "bytes")},
+            {"relay": "test", "peer": "127.0.0.1", "method": "GET", "path": "/hello", "status": 200, "bytes": 5},
+        )
+        self.assertIsInstance(line["duration_ms"], float)
+        self.assertNotIn("s3cret", repr(line))
+
+    async def test_forwarded_for_only_when_trusted(self) -> None:
+        xff = {"X-Forwarded-For": "198.51.100.1, 203.0.113.9"}
+        await self.get("/a", xff)
+        self.site.trust_forwarded_for = 1
+        await self.get("/b", xff)
+        self.site.trust_forwarded_for = 2
+        await self.get("/c", xff)
+        self.site.trust_forwarded_for = 5  # fewer entries than proxies: the leftmost
+        await self.get("/d", xff)
+        peers = [line["peer"] for line in access_lines(self.log)]
+        self.assertEqual(peers, ["127.0.0.1", "203.0.113.9", "198.51.100.1", "198.51.100.1"])
+
+    async def test_a_request_the_client_abandons_is_logged_when_it_goes(self) -> None:
+        client = RawClient()
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", self.port.getHost().port), client)
+        client.transport.write(b"GET /held?token=abc HTTP/1.1\r\nHost: x\r\n\r\n")
+        # the open request has no line yet; the line comes when the client leaves
+        line = next_access_line(self, "/held")
+        await _turns(3)
+        self.assertEqual(access_lines(self.log), [])  # open: no line yet
+        client.transport.loseConnection()
+        self.assertEqual((await line)["status"], 200)
+
+    async def test_access_log_can_be_turned_off(self) -> None:
+        self.site.access_log = False
+        await self.get("/hello")
+        self.assertEqual(access_lines(self.log), [])
+
+
+class AccessLogOnTheAEPRelay(TestCase):
+    """Refusals written below the resource (413 early, 431) and WebSocket upgrades get lines too."""
+
+    timeout = 30
+
+    async def setUp(self) -> None:  # type: ignore[override]
+        self.log = EventLoggingObserver.createWithCleanup(self, globalLogPublisher)
+        self.relay = await AEPRelay.start(aep_max_body=200)
+        self.addCleanup(self.relay.stop)
+
+    async def test_early_413_431_and_101(self) -> None:
+        body = ndjson(*[event("S", i, data={"pad": "x" * 50}) for i in range(5)])
+        r, _ = await self.relay.request(
+            "POST", "/events", body, {"aep-version": "0.1", "content-type": "application/x-ndjson"}
+        )
+        self.assertEqual(r.code, 413)
+        port = int(self.relay.url.rsplit(":", 1)[1])
+        client = RawClient()
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), client)
+        client.transport.write(b"GET /stream?access_token=" + b"a" * 20000 + b" HTTP/1.1\r\n")
+        await client.closed
+        self.assertIn(b" 431 ", client.received)
+        ws = await WSClient.connect(self.relay.ws_url + "?access_token=zzz")
+        await ws.close()
+        lines = [(line["method"], line["path"], line["status"]) for line in access_lines(self.log)]
+        self.assertEqual(lines, [("POST", "/events", 413), ("-", "-", 431), ("GET", "/socket", 101)])
+        self.assertNotIn("access_token", repr(access_lines(self.log)))
+
+    async def test_sse_stream_line_when_the_consumer_leaves(self) -> None:
+        stream = await SSEClient.connect(self.relay.url + "/stream?access_token=abc")
+        await self.relay.post(event("S", 0))
+        await stream.next_event()
+        line = next_access_line(self, "/stream")
+        await disconnect(stream)
+        self.assertEqual(((await line)["status"], (await line)["bytes"] > 0), (200, True))
+
+
+class HeaderDeadline(TestCase):
+    """Slowloris: header bytes trickling in do not extend the deadline (Twisted's idle timer would)."""
+
+    timeout = 30
+
+    def setUp(self) -> None:
+        self.clock = task.Clock()
+        self.site = RelaySite(_Plain(), reactor=self.clock)
+        self.site.header_timeout = 20.0
+        self.log = EventLoggingObserver.createWithCleanup(self, globalLogPublisher)
+        self.port = reactor.listenTCP(0, self.site, interface="127.0.0.1")
+        self.addCleanup(self.port.stopListening)
+
+    async def connect(self) -> tuple[RawClient, Any]:
+        client = RawClient()
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", self.port.getHost().port), client)
+        while not list(self.site._protocols):
+            await _turns(1)
+        (protocol,) = list(self.site._protocols)
+        return client, protocol._channel
+
+    async def send(self, client: RawClient, channel: Any, data: bytes) -> None:
+        """Write C{data} and wait until the server's channel has read it."""
+        arrived: Deferred[None] = Deferred()
+        original = channel.dataReceived
+
+        def received(chunk: bytes) -> None:
+            channel.dataReceived = original
+            original(chunk)
+            arrived.callback(None)
+
+        channel.dataReceived = received
+        client.transport.write(data)
+        await arrived.addTimeout(TIMEOUT, reactor)
+
+    async def test_trickled_headers_get_408_at_the_deadline(self) -> None:
+        client, channel = await self.connect()
+        await self.send(client, channel, b"GET /hello HTTP/1.1\r\n")
+        for _ in range(4):
+            self.clock.advance(4.9)  # each byte would reset an idle timer
+            await self.send(client, channel, b"X")
+        self.assertFalse(client.closed.called)
+        self.clock.advance(1)
+        await client.closed
+        self.assertTrue(client.received.startswith(b"HTTP/1.1 408 "))
+        self.assertEqual([e["status"] for e in access_lines(self.log)], [408])
+
+    async def test_a_silent_connection_gets_408_too(self) -> None:
+        client, channel = await self.connect()
+        self.clock.advance(20)
+        await client.closed
+        self.assertTrue(client.received.startswith(b"HTTP/1.1 408 "))
+
+    async def test_a_request_in_time_then_keepalive_restarts_the_deadline(self) -> None:
+        client, channel = await self.connect()
+        self.clock.advance(19)
+        await self.send(client, channel, b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+        await client.wait_for(b"hello")
+        self.clock.advance(19)  # idle keep-alive: the header clock is not running
+        self.assertFalse(client.closed.called)
+        await self.send(client, channel, b"GET /hello HTTP/1.1\r\n")
+        self.clock.advance(19.5)
+        self.assertFalse(client.closed.called)
+        self.clock.advance(1)
+        await client.closed
+        self.assertIn(b"HTTP/1.1 408 ", client.received)
+
+
+async def disconnect(stream: SSEClient) -> None:
+    """Drop an SSE client's connection (the consumer goes away) and wait for its end."""
+    response = stream.response
+    transport = getattr(getattr(response, "original", response), "_transport", None)
+    if transport is not None and not stream.ended.called:
+        transport.stopProducing()
+    await stream.ended
+
+
+async def _turns(n: int) -> None:
+    """Let the reactor run C{n} iterations (I/O already in flight is processed)."""
+    for _ in range(n):
+        d: Deferred[None] = Deferred()
+        reactor.callLater(0, d.callback, None)
+        await d
