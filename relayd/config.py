@@ -173,6 +173,9 @@ def endpoint(text: str) -> str:
 
     try:
         endpoints.serverFromString(reactor, text)
+    except IndexError:
+        # systemd:index=N names a socket that was not passed (LISTEN_FDS/LISTEN_PID unset or too few).
+        raise ValueError("is not a valid server endpoint (no such inherited socket)") from None
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"is not a valid server endpoint ({e})") from None
     return text

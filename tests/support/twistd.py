@@ -63,14 +63,22 @@ class RelaydProcess:
         env: dict[str, str] | None = None,
         wait_for: tuple[str, ...] = ("aep",),
         cwd: str | None = None,
+        wrapper: list[str] | None = None,
+        child_fds: dict[int, Any] | None = None,
+        twistd_options: list[str] | None = None,
     ) -> RelaydProcess:
+        """Start relayd; C{wrapper} is an argv prefix that ends by exec-ing the rest (as systemd's
+        socket passing needs), C{child_fds} extra descriptors for the child (C{{3: fd}}),
+        C{twistd_options} options for twistd itself (C{--logger=...})."""
         proc = cls()
         environ = {k: v for k, v in os.environ.items() if not k.startswith(("AEP_", "RELAYD_"))}
         environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environ.get("PYTHONPATH")]))
         environ.update(env or {})
-        argv = twistd_argv() + ["-n", "--pidfile=", "--logfile=-", "relayd", *options]
+        twistd = ["-n", "--pidfile=", "--logfile=-", *(twistd_options or [])]
+        argv = (wrapper or []) + twistd_argv() + [*twistd, "relayd", *options]
+        fds: dict[int, Any] = {0: "w", 1: "r", 2: "r", **(child_fds or {})}
         proc.transport = reactor.spawnProcess(
-            _Watch(proc), argv[0], argv, env=environ, path=cwd or str(ROOT), usePTY=False
+            _Watch(proc), argv[0], argv, env=environ, path=cwd or str(ROOT), usePTY=False, childFDs=fds
         )
         for relay in wait_for:
             match = await proc.wait_for(rb"%s listening on [^:\s]+:(\d+)" % relay.encode())

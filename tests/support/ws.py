@@ -45,7 +45,7 @@ class WSClient:
         self.close_reason: str | None = None
 
     @classmethod
-    async def connect(cls, url: str, headers: dict[str, str] | None = None) -> WSClient:
+    async def connect(cls, url: str, headers: dict[str, str] | None = None, context_factory: Any = None) -> WSClient:
         client = cls()
         factory = WebSocketClientFactory(url, headers=headers or {})
         factory.setProtocolOptions(autoPingInterval=0)
@@ -55,7 +55,7 @@ class WSClient:
             client = client_ref
 
         factory.protocol = Protocol
-        connectWS(factory, timeout=TIMEOUT)
+        connectWS(factory, contextFactory=context_factory, timeout=TIMEOUT)
         d = client.opened
         d.addTimeout(TIMEOUT, reactor)
         await d
