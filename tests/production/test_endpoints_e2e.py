@@ -9,7 +9,6 @@ import json
 import re
 import signal
 import socket
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import treq
 from treq.client import HTTPClient
 from twisted.internet import reactor, ssl
-from twisted.internet.defer import Deferred, DeferredQueue
+from twisted.internet.defer import DeferredQueue
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import DatagramProtocol
 from twisted.trial.unittest import TestCase
@@ -26,21 +25,11 @@ from twisted.web.client import Agent, BrowserLikePolicyForHTTPS, HTTPConnectionP
 from tests.production.test_site import RawClient
 from tests.support.aep import event, ndjson
 from tests.support.tls import make_pki
-from tests.support.twistd import RelaydProcess
+from tests.support.twistd import SYSTEMD_WRAPPER, RelaydProcess
 from tests.support.ws import WSClient
 
 TIMEOUT = 10.0
 TOKEN = "tls-e2e-token-123"
-
-# systemd's protocol (sd_listen_fds): the sockets start at fd 3, LISTEN_FDS says how many,
-# LISTEN_FDNAMES names them (FileDescriptorName=; Twisted ignores the sockets without it) and LISTEN_PID
-# must be the pid of the process reading them, so it is set after the fork, right before exec.
-SYSTEMD_WRAPPER = [
-    sys.executable,
-    "-c",
-    "import os, sys; os.environ.update(LISTEN_FDS='1', LISTEN_FDNAMES='relayd-aep', LISTEN_PID=str(os.getpid())); "
-    "os.execv(sys.argv[1], sys.argv[1:])",
-]
 
 
 class _Notifications(DatagramProtocol):

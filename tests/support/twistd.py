@@ -17,6 +17,17 @@ from twisted.internet.protocol import ProcessProtocol
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 15.0
 
+# Passes one listening socket the way systemd does (sd_listen_fds): it is fd 3, LISTEN_FDS says how
+# many, LISTEN_FDNAMES names them (FileDescriptorName=; Twisted ignores the sockets without it) and
+# LISTEN_PID must be the pid of the process reading them, so it is set after the fork, right before
+# exec. Use with C{child_fds={3: sock.fileno()}} and C{--aep-listen systemd:domain=INET:name=relayd-aep}.
+SYSTEMD_WRAPPER = [
+    sys.executable,
+    "-c",
+    "import os, sys; os.environ.update(LISTEN_FDS='1', LISTEN_FDNAMES='relayd-aep', LISTEN_PID=str(os.getpid())); "
+    "os.execv(sys.argv[1], sys.argv[1:])",
+]
+
 
 def twistd_argv() -> list[str]:
     """The operator's command: the installed C{twistd} script next to this interpreter if any."""

@@ -1,0 +1,261 @@
+"""Issue 6 acceptance 4: ``relayd-admin`` as an operator runs it (a real subprocess).
+
+``aep tail`` follows a real ``twistd -n relayd`` through a restart and prints every event exactly once;
+``aep post`` feeds it; ``mcp connect`` lists and calls the tools of a page simulated in the test;
+``status`` reports health and counts."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+from typing import Any
+
+import pytest
+from twisted.internet.defer import Deferred
+from twisted.trial.unittest import TestCase
+
+from relayd.admin import UsageError, mcp_endpoints
+from tests.mcp.harness import RelayTestCase
+from tests.support.aep import AEPRelay, event, ndjson
+from tests.support.command import Command
+from tests.support.sse import SSEClient
+from tests.support.twistd import SYSTEMD_WRAPPER, RelaydProcess
+
+TOKEN = "admin-tail-token-42"
+
+
+def _events(stdout: bytes) -> list[int]:
+    return [json.loads(line)["seq"] for line in stdout.decode().splitlines()]
+
+
+class TailAcrossRestart(TestCase):
+    timeout = 90
+
+    async def start_relay(self, sock: socket.socket) -> RelaydProcess:
+        # The listening socket outlives each relayd, as under systemd socket activation: clients that
+        # connect while relayd restarts wait in the kernel's backlog instead of being refused.
+        proc = await RelaydProcess.start(
+            ["--aep-listen", "systemd:domain=INET:name=relayd-aep", "--no-mcp"],
+            env={"AEP_TOKEN": TOKEN},
+            wrapper=SYSTEMD_WRAPPER,
+            child_fds={3: sock.fileno()},
+        )
+        self.addCleanup(proc.kill)
+        return proc
+
+    async def post(self, url: str, seqs: range) -> None:
+        poster = Command.admin("aep", "post", url, env={"AEP_TOKEN": TOKEN}, stdin=ndjson(*[event("S", i) for i in seqs]))
+        self.assertEqual(await poster.finished(), 0, poster.stderr)
+        self.assertIn(f"{len(seqs)} events accepted".encode(), poster.stderr)
+
+    async def test_tail_resumes_without_gap_or_duplicate(self) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        self.addCleanup(sock.close)
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+        first = await self.start_relay(sock)
+        tail = Command.admin("aep", "tail", url, "--session", "S", "--progress", "0", "--retry-max", "0.5",
+                             env={"AEP_TOKEN": TOKEN})
+        self.addCleanup(tail.stop)
+        await tail.wait_stderr(rb"tail: connected to ")
+        await self.post(url, range(0, 5))
+        await tail.wait_stdout(rb'"seq":4')
+
+        self.assertEqual(await first.terminate(signal.SIGTERM), 0)
+        await tail.wait_stderr(rb"reconnecting")
+        second = await self.start_relay(sock)
+        # The emitter re-sends from 2 (as an SDK does with unacknowledged events); the restarted relay
+        # holds 2..9. Whether the tail reconnects before or after this POST, it must print 5..9 once.
+        await self.post(url, range(2, 10))
+        await tail.wait_stdout(rb'"seq":9')
+        await tail.wait_stderr(rb"resumed from S:0:4")
+        await self.post(url, range(10, 11))  # and it is live again
+        await tail.wait_stdout(rb'"seq":10')
+
+        self.assertEqual(await tail.stop(signal.SIGTERM), 0)
+        self.assertEqual(_events(tail.stdout), list(range(11)))
+        self.assertNotIn(TOKEN.encode(), tail.stderr + tail.stdout)
+        self.assertEqual(await second.terminate(signal.SIGTERM), 0)
+
+
+class AdminAgainstInProcessAEP(TestCase):
+    timeout = 30
+
+    async def setUp(self) -> None:  # type: ignore[override]
+        self.relay = await AEPRelay.start(aep_token=TOKEN)
+        self.addCleanup(self.relay.stop)
+
+    async def test_post_file_then_history_only_tail(self) -> None:
+        path = self.mktemp()
+        with open(path, "wb") as f:
+            f.write(ndjson(*[event("A", i) for i in range(3)]) + b"\n\n" + ndjson(event("B", 0)))
+        poster = Command.admin("aep", "post", self.relay.url, path, "--batch", "2", env={"AEP_TOKEN": TOKEN})
+        self.assertEqual(await poster.finished(), 0, poster.stderr)
+        self.assertIn(b"4 events accepted in 2 batches", poster.stderr)
+        tail = Command.admin("aep", "tail", self.relay.url + "/stream", "--from", "all", "--no-live",
+                             "--filter", '{"session":"A"}', "--token", TOKEN)
+        self.assertEqual(await tail.finished(), 0, tail.stderr)
+        self.assertEqual(_events(tail.stdout), [0, 1, 2])
+
+    async def test_post_refusal_names_the_batch_and_exits_1(self) -> None:
+        bad = ndjson(event("A", 0)) + b'{"aep":"0.1"}\n'
+        poster = Command.admin("aep", "post", self.relay.url, env={"AEP_TOKEN": TOKEN}, stdin=bad)
+        self.assertEqual(await poster.finished(), 1)
+        self.assertIn(b"refused: 400", poster.stderr)
+        self.assertIn(b"invalid-event", poster.stderr)
+
+    async def test_tail_with_a_wrong_token_stops_with_2(self) -> None:
+        tail = Command.admin("aep", "tail", self.relay.url, "--token", "wrong")
+        self.assertEqual(await tail.finished(), 2)
+        self.assertIn(b"refused: 401", tail.stderr)
+
+    async def test_tail_prints_live_events_with_filter_and_capture(self) -> None:
+        tail = Command.admin("aep", "tail", self.relay.url, "--filter", '{"session":"L"}', "--capture", "none",
+                             env={"AEP_TOKEN": TOKEN})
+        self.addCleanup(tail.stop)
+        await tail.wait_stderr(rb"connected to")
+        await self.relay.post(event("L", 0, data={"text": "secret words"}), event("M", 0), token=TOKEN)
+        await tail.wait_stdout(rb"\n")
+        printed = json.loads(tail.stdout.decode().splitlines()[0])
+        self.assertEqual((printed["session"], printed["seq"], printed["capture"]), ("L", 0, "none"))
+        self.assertNotIn("data", printed)  # the ceiling applied
+
+    async def test_status_reports_counts_and_a_down_relay(self) -> None:
+        from relayd import metrics
+        from relayd.clock import Clock
+        from twisted.internet import reactor
+
+        service = metrics.make_service(["tcp:0:interface=127.0.0.1"], reactor, Clock(reactor))
+        service.startService()
+        self.addCleanup(service.stopService)
+        (port,) = await service.ports()
+        stream = await SSEClient.connect(self.relay.url + "/stream", {"authorization": f"Bearer {TOKEN}"})
+        self.addCleanup(stream.close)
+        await self.relay.post(event("Z", 0), token=TOKEN)
+        status = Command.admin("status", "--aep", self.relay.url, "--metrics", f"http://127.0.0.1:{port.getHost().port}",
+                               "--json", env={"AEP_TOKEN": TOKEN})
+        self.assertEqual(await status.finished(), 0, status.stderr)
+        report = json.loads(status.stdout)
+        self.assertEqual(report["aep"]["up"], True)
+        self.assertEqual((report["aep"]["sessions"], report["aep"]["subscribers"]), (1, 1))
+        self.assertGreaterEqual(report["metrics"]["sessions"], 1)
+        self.assertGreater(report["metrics"]["rss_bytes"], 0)
+
+        down = Command.admin("status", "--aep", "http://127.0.0.1:9")
+        self.assertEqual(await down.finished(), 1)
+        self.assertIn(b"DOWN", down.stdout)
+
+
+PAGE_TOOLS = [{"name": "whiteboard_add_sticky", "description": "add a sticky", "inputSchema": {"type": "object"}}]
+
+
+def page_answer(message: dict[str, Any]) -> dict[str, Any] | None:
+    """What a browser-hosted MCP server answers (None for notifications)."""
+    if "id" not in message:
+        return None
+    method = message.get("method")
+    if method == "initialize":
+        result: Any = {"protocolVersion": message["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                       "serverInfo": {"name": "page", "version": "1"}}
+    elif method == "tools/list":
+        result = {"tools": PAGE_TOOLS}
+    elif method == "tools/call":
+        result = {"content": [{"type": "text", "text": json.dumps(message["params"])}]}
+    else:
+        return {"jsonrpc": "2.0", "id": message["id"], "error": {"code": -32601, "message": "no such method"}}
+    return {"jsonrpc": "2.0", "id": message["id"], "result": result}
+
+
+class McpConnect(RelayTestCase):
+    """A page simulated over inbound SSE answers what ``relayd-admin mcp connect`` asks."""
+
+    timeout = 30
+    SESSION = "Ab3_x9Zq"
+    TOKEN_ = "tok_abcdefghijklmnopqrstuvwxyz01"
+
+    async def setUp(self) -> None:  # type: ignore[override]
+        self.page_loop: Deferred[None] | None = None
+        await super().setUp()
+        await self.register(self.SESSION, self.TOKEN_)
+        page = await self.events(self.SESSION, "&direction=inbound", token=self.TOKEN_)
+        self.seen: list[dict[str, Any]] = []
+
+        async def serve() -> None:
+            while True:
+                msg = await page.next(timeout=30)
+                if msg is None:
+                    return
+                if msg.event != "mcp":
+                    continue
+                message = json.loads(msg.data or "")
+                self.seen.append(message)
+                reply = page_answer(message)
+                if reply is not None:
+                    r = await self.post(f"/{self.SESSION}/outbox?token={self.TOKEN_}", reply)
+                    assert r.code == 200
+
+        self.page_loop = Deferred.fromCoroutine(serve()).addErrback(lambda f: None)
+
+    async def test_lists_the_page_tools(self) -> None:
+        url = f"{self.base}/{self.SESSION}?token={self.TOKEN_}"
+        connect = Command.admin("mcp", "connect", url)
+        self.assertEqual(await connect.finished(), 0, connect.stderr)
+        self.assertEqual(json.loads(connect.stdout)["result"]["tools"], PAGE_TOOLS)
+        methods = [m.get("method") for m in self.seen if not m.get("method", "").startswith("notifications/peer_")]
+        self.assertEqual(methods, ["initialize", "notifications/initialized", "tools/list"])
+
+    async def test_calls_a_tool_with_the_token_from_the_environment(self) -> None:
+        url = f"{self.base}/{self.SESSION}/events"
+        connect = Command.admin("mcp", "connect", url, "call", "whiteboard_add_sticky", '{"x": 3}',
+                                env={"MCP_TOKEN": self.TOKEN_})
+        self.assertEqual(await connect.finished(), 0, connect.stderr)
+        text = json.loads(connect.stdout)["result"]["content"][0]["text"]
+        self.assertEqual(json.loads(text), {"name": "whiteboard_add_sticky", "arguments": {"x": 3}})
+
+    async def test_a_wrong_token_is_refused(self) -> None:
+        connect = Command.admin("mcp", "connect", f"{self.base}/{self.SESSION}?token=nope")
+        self.assertEqual(await connect.finished(), 2)
+        self.assertIn(b"refused: 401", connect.stderr)
+
+
+# mcp-relay.md §10.1: deriving the endpoints from a URL (the npx CLI's eight cases).
+
+
+def test_share_url() -> None:
+    e = mcp_endpoints("https://h.example/whiteboard?session=ABC&token=XYZ")
+    assert e.url("inbox") == "https://h.example/agent-relay/ABC/inbox?token=XYZ"
+    assert e.url("events", "&direction=outbound") == "https://h.example/agent-relay/ABC/events?token=XYZ&direction=outbound"
+
+
+def test_key_alias() -> None:
+    assert mcp_endpoints("https://h.example/x?session=S&key=K").token == "K"
+
+
+def test_direct_path_with_events_stripped() -> None:
+    e = mcp_endpoints("https://h.example/mcp-relay/S1/events?token=T")
+    assert (e.base, e.session) == ("https://h.example/mcp-relay", "S1")
+
+
+def test_explicit_token_wins() -> None:
+    assert mcp_endpoints("https://h.example/r/S?token=URL", token="EXPLICIT").token == "EXPLICIT"
+
+
+def test_custom_relay_path() -> None:
+    assert mcp_endpoints("https://h.example/?session=S&token=T", relay_path="/custom/").base == "https://h.example/custom"
+
+
+def test_token_is_url_encoded() -> None:
+    assert mcp_endpoints("https://h.example/r/S", token="a/b").url("inbox").endswith("?token=a%2Fb")
+
+
+def test_missing_token() -> None:
+    with pytest.raises(UsageError, match="(?i)token"):
+        mcp_endpoints("https://h.example/r/S")
+
+
+def test_missing_session() -> None:
+    with pytest.raises(UsageError, match="(?i)session"):
+        mcp_endpoints("https://h.example/?token=T")
