@@ -31,12 +31,14 @@ from relayd.aep.http import HARD_BACKLOG, SOFT_BACKLOG, parse_from_entries
 from relayd.aep.relay import Emitter, Relay, Subscriber, error_frame
 from relayd.aep.store import Position, Replay
 from relayd.clock import Clock
+from relayd.web.transport import no_delay, write_now
 
 ROLES = ("emitter", "consumer", "both")
 CLOSE_GOING_AWAY = 1001
 CLOSE_PROTOCOL_ERROR = 1002
 CLOSE_UNSUPPORTED_DATA = 1003
 CLOSE_TRY_AGAIN_LATER = 1013
+FLUSH_AT = 64 * 1024  # coalesce small messages per reactor turn, but never hold back a burst
 
 _SLOW_CONSUMER = metrics.events_dropped.labels(relay="aep", reason="slow-consumer")
 _CUT_OFF = metrics.events_dropped.labels(relay="aep", reason="cut-off")
@@ -104,6 +106,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         self.paused = False
         self._queue: list[tuple[Any, WSSubscription | None, Event | None]] = []
         self._queued_bytes = 0
+        self._dirty = False
         self._open = False
 
     # Lifecycle -------------------------------------------------------------------------------
@@ -121,6 +124,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
             self._log.failure("could not register the WebSocket producer")
         self._open = True
         self.factory.connections[self] = None
+        no_delay(self.transport)
         self.factory.relay.connect(self, self)
 
     def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
@@ -141,8 +145,10 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         """Start the closing handshake with a protocol-level code (1001, 1002, 1003, 1013).
 
         autobahn's C{sendClose} admits only 1000 and 3000-4999 (application codes); AEP names
-        protocol codes, which the frame-level call sends as they are.
+        protocol codes, which the frame-level call sends as they are. What is queued (an error
+        frame explaining the close) goes first.
         """
+        self.flush_queue()
         self.sendCloseFrame(code=code, reasonUtf8=reason.encode("utf-8"), isReply=False)
 
     def send_frame(self, frame: dict[str, Any]) -> None:
@@ -164,24 +170,38 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         self._send(event.prepared(level, self.factory), sub, event)
 
     def _send(self, message: Any, sub: WSSubscription | None, event: Event | None) -> None:
+        """Queue a prepared message; the factory flushes every dirty connection once per turn."""
         if not self._open:
             return
-        if self.paused or self._queue:
-            self._queue.append((message, sub, event))
-            self._queued_bytes += len(message.payload)
+        self._queue.append((message, sub, event))
+        self._queued_bytes += len(message.payloadHybi)
+        if self.paused:
             return
-        self._transmit(message, sub, event)
-
-    def _transmit(self, message: Any, sub: WSSubscription | None, event: Event | None) -> None:
-        self.sendPreparedMessage(message)
-        if sub is not None and event is not None and event.sequenced:
-            sub.delivered[event.session] = event.position  # type: ignore[index]
+        if self._queued_bytes >= FLUSH_AT:
+            # A burst goes to the transport now, so a client that does not read pauses this
+            # connection (and the backlog bounds apply) instead of the burst piling up here.
+            self.flush_queue()
+        elif not self._dirty:
+            self._dirty = True
+            self.factory.schedule(self)
 
     def flush_queue(self) -> None:
-        while self._queue and not self.paused and self._open:
-            message, sub, event = self._queue.pop(0)
-            self._queued_bytes -= len(message.payload)
-            self._transmit(message, sub, event)
+        """Write everything queued as one buffer (one system call when the socket takes it)."""
+        self._dirty = False
+        if self.paused or not self._open or not self._queue:
+            return
+        queue, self._queue = self._queue, []
+        self._queued_bytes = 0
+        for _, sub, event in queue:
+            if sub is not None and event is not None and event.sequenced:
+                sub.delivered[event.session] = event.position  # type: ignore[index]
+        if self._perMessageCompress is None and not self.send_queue and self.state == self.STATE_OPEN:
+            # The frames are already framed (prepared once per event for every connection):
+            # bypass autobahn's per-message path, which formats a debug log line per send.
+            write_now(self.transport, b"".join(message.payloadHybi for message, _, _ in queue))
+        else:
+            for message, _, _ in queue:
+                self.sendPreparedMessage(message)
 
     def _backpressure_close(self) -> None:
         delivered = [
@@ -423,6 +443,20 @@ class AEPSocketFactory(WebSocketServerFactory):
             closeHandshakeTimeout=1,
         )
         self._loop = clock.looping_call(heartbeat, self.ping_all)
+        self._dirty: list[AEPSocket] = []
+        self._flush_call: Any = None
+
+    def schedule(self, conn: AEPSocket) -> None:
+        """Flush C{conn} at the end of this reactor turn, with every other connection written to."""
+        self._dirty.append(conn)
+        if self._flush_call is None:
+            self._flush_call = self.clock.call_later(0, self.flush)
+
+    def flush(self) -> None:
+        self._flush_call = None
+        dirty, self._dirty = self._dirty, []
+        for conn in dirty:
+            conn.flush_queue()
 
     def ping_all(self) -> None:
         if not self.connections:

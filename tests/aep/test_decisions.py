@@ -141,12 +141,16 @@ class Decisions(TestCase):
         relay = await start_relay(self)
         client = await open_ws(self, relay, hello={"role": "consumer"})
         await subscribe(self, client, "bp", filter={"session": "bp"})
-        # One burst of 10 MiB of `notice` events (never dropped silently) outruns any socket: the
-        # relay queues past its 8 MiB bound and gives up on the connection.
+        # The client stops reading; 20 MiB of `notice` events (never dropped silently) fill the
+        # kernel's buffers, then the relay's queue past its 8 MiB bound, and it gives up on the
+        # connection with a `closing` frame. Then the client reads again and sees it all.
+        client.protocol.transport.pauseProducing()
         blob = "x" * (256 * 1024)
-        burst = [event("bp", seq, "progress.status", severity="notice", data={"message": blob}) for seq in range(40)]
-        response, _ = await relay.post(*burst)
-        self.assertEqual(response.code, 202)
+        burst = [event("bp", seq, "progress.status", severity="notice", data={"message": blob}) for seq in range(80)]
+        for half in (burst[:40], burst[40:]):
+            response, _ = await relay.post(*half)
+            self.assertEqual(response.code, 202)
+        client.protocol.transport.resumeProducing()
         received = []
         while True:
             msg = await client.recv()

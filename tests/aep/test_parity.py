@@ -287,14 +287,17 @@ class Backpressure(TestCase):
         client = await open_ws(self, relay, hello={"role": "consumer"})
         await subscribe(self, client, "soft", filter={"session": "soft"})
         blob = "x" * (256 * 1024)
-        # One burst in one reactor turn: the first event fills the socket's buffer, the rest queue.
-        burst = [event("soft", seq, "progress.status", severity="notice", data={"m": blob}) for seq in range(6)]
-        burst += [event("soft", seq, "progress.status", data={"m": "info"}) for seq in range(6, 9)]  # info: dropped
-        burst += [event("soft", 9, "progress.status", severity="warning", data={"m": "kept"})]
+        # The client stops reading; 6 MiB of notice events fill the kernel's buffers and leave
+        # more than 1 MiB (and less than 8) queued in the relay.
+        client.protocol.transport.pauseProducing()
+        burst = [event("soft", seq, "progress.status", severity="notice", data={"m": blob}) for seq in range(24)]
+        burst += [event("soft", seq, "progress.status", data={"m": "info"}) for seq in range(24, 27)]  # info: dropped
+        burst += [event("soft", 27, "progress.status", severity="warning", data={"m": "kept"})]
         response, _ = await relay.post(*burst)
         self.assertEqual(response.code, 202)
-        received = [await client.recv() for _ in range(7)]
-        self.assertEqual([e["seq"] for e in received], [0, 1, 2, 3, 4, 5, 9])
+        client.protocol.transport.resumeProducing()
+        received = [await client.recv() for _ in range(25)]
+        self.assertEqual([e["seq"] for e in received], [*range(24), 27])
         self.assertEqual(await client.roundtrip(), [])  # still open; frames still answered
 
     def test_sse_drops_below_notice_past_one_mib_and_cuts_off_past_eight(self) -> None:
