@@ -122,10 +122,12 @@ class SSEStream:
         transport = self._transport
         if transport is None or self.request._disconnected:
             self.request.write(data)
-        elif self._chunked:
-            write_now(transport, b"%x\r\n%b\r\n" % (len(data), data))
         else:
-            write_now(transport, data)
+            if self._chunked:
+                write_now(transport, b"%x\r\n%b\r\n" % (len(data), data))
+            else:
+                write_now(transport, data)
+            self.request.sentLength += len(data)  # as request.write would count it (the access log's bytes)
 
     def close(self, final: bytes = b"") -> None:
         """Send what is queued plus C{final}, then end the response."""
