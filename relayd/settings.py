@@ -46,6 +46,14 @@ SETTINGS = [
         env=("RELAYD_HEADER_TIMEOUT",),
     ),
     Setting(
+        "body-timeout",
+        60.0,
+        "Seconds a client has to send a request body once its headers are in; slower uploads get 408 and "
+        "are disconnected",
+        parse=positive_seconds,
+        env=("RELAYD_BODY_TIMEOUT",),
+    ),
+    Setting(
         "idle-timeout",
         60.0,
         "Seconds an HTTP connection may sit idle between requests (or stall mid-request) before it is closed",

@@ -191,6 +191,7 @@ def configure_children(root: MultiService, settings: Resolved) -> None:
             site.relay = child.name or "http"
         site.trust_forwarded_for = settings.values.get("trust-forwarded-for", 0)
         site.header_timeout = settings.values.get("header-timeout", site.header_timeout)
+        site.body_timeout = settings.values.get("body-timeout", site.body_timeout)
         site.timeOut = settings.values.get("idle-timeout", site.timeOut)
         site.access_log = not settings.values.get("no-access-log", False)
         watching.add(metrics.http_connections, site.open_connections, relay=site.relay)

@@ -22,6 +22,7 @@ _HEADERS_TOO_LARGE = (
 )
 _REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 DEFAULT_HEADER_TIMEOUT = 20.0
+DEFAULT_BODY_TIMEOUT = 60.0
 # A module-level logger: a Logger class attribute would take the class's name as its namespace.
 _access_log = Logger(namespace="relayd.access")
 
@@ -40,7 +41,8 @@ class RelayChannel(HTTPChannel):
 
     # Slowloris: Twisted's idle timeout restarts with every byte, so a client trickling a header
     # byte at a time would hold the connection forever. The request line and headers must all
-    # arrive within the site's header_timeout of their first byte (or of the connection).
+    # arrive within the site's header_timeout of their first byte (or of the connection), and a
+    # body within its body_timeout of the end of the headers (the slow-POST variant).
 
     def connectionMade(self) -> None:
         super().connectionMade()
@@ -53,7 +55,15 @@ class RelayChannel(HTTPChannel):
 
     def allHeadersReceived(self) -> None:
         self._stop_header_clock()
+        if self.length != 0:  # a body follows (a length, or chunked)
+            timeout = getattr(getattr(self, "site", None), "body_timeout", DEFAULT_BODY_TIMEOUT)
+            if timeout and self.callLater is not None:
+                self._header_call = self.callLater(timeout, self._request_too_slow)
         super().allHeadersReceived()
+
+    def allContentReceived(self) -> None:
+        self._stop_header_clock()
+        super().allContentReceived()
 
     def connectionLost(self, reason: Any) -> None:
         self._stop_header_clock()
@@ -62,14 +72,14 @@ class RelayChannel(HTTPChannel):
     def _start_header_clock(self) -> None:
         timeout = getattr(getattr(self, "site", None), "header_timeout", DEFAULT_HEADER_TIMEOUT)
         if timeout and self.callLater is not None:
-            self._header_call = self.callLater(timeout, self._headers_too_slow)
+            self._header_call = self.callLater(timeout, self._request_too_slow)
 
     def _stop_header_clock(self) -> None:
         call, self._header_call = self._header_call, None
         if call is not None and call.active():
             call.cancel()
 
-    def _headers_too_slow(self) -> None:
+    def _request_too_slow(self) -> None:
         self._header_call = None
         self._access_log(408)
         if self.transport is not None:
@@ -166,6 +176,7 @@ class RelaySite(Site):
     @ivar trust_forwarded_for: how many reverse proxies' C{X-Forwarded-For} entries to believe (0:
         none; the peer is the connection's, or the PROXY-protocol source on a C{haproxy:} listener).
     @ivar header_timeout: seconds a request line and its headers may take (C{408} after).
+    @ivar body_timeout: seconds a request body may take once the headers are in (C{408} after).
     @ivar access_log: whether to log a line per request.
     """
 
@@ -176,6 +187,7 @@ class RelaySite(Site):
     relay: str | None = None
     trust_forwarded_for = 0
     header_timeout: float | None = DEFAULT_HEADER_TIMEOUT
+    body_timeout: float | None = DEFAULT_BODY_TIMEOUT
     access_log = True
 
     def __init__(self, resource: IResource, *, body_limit: BodyLimit | None = None, **kw: Any) -> None:

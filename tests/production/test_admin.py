@@ -7,8 +7,11 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import socket
+import tempfile
 from typing import Any
 
 import pytest
@@ -89,7 +92,9 @@ class AdminAgainstInProcessAEP(TestCase):
         self.addCleanup(self.relay.stop)
 
     async def test_post_file_then_history_only_tail(self) -> None:
-        path = self.mktemp()
+        directory = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, directory)
+        path = os.path.join(directory, "events.ndjson")
         with open(path, "wb") as f:
             f.write(ndjson(*[event("A", i) for i in range(3)]) + b"\n\n" + ndjson(event("B", 0)))
         poster = Command.admin("aep", "post", self.relay.url, path, "--batch", "2", env={"AEP_TOKEN": TOKEN})

@@ -67,12 +67,13 @@ def _options(*argv: str, environ: dict[str, str] | None = None) -> Options:
 
 def test_process_wide_defaults_and_overrides() -> None:
     names = [s.name for s in all_settings()]
-    for name in ("metrics-listen", "trust-forwarded-for", "header-timeout", "idle-timeout", "shutdown-grace",
-                 "no-access-log"):
+    for name in ("metrics-listen", "trust-forwarded-for", "header-timeout", "body-timeout", "idle-timeout",
+                 "shutdown-grace", "no-access-log"):
         assert name in names
     values = _options().settings.values
     assert (values["metrics-listen"], values["trust-forwarded-for"], values["no-access-log"]) == ([], 0, False)
-    assert (values["header-timeout"], values["idle-timeout"], values["shutdown-grace"]) == (20.0, 60.0, 5.0)
+    assert (values["header-timeout"], values["body-timeout"], values["idle-timeout"]) == (20.0, 60.0, 60.0)
+    assert values["shutdown-grace"] == 5.0
     values = _options(
         "--metrics-listen", "tcp:0:interface=127.0.0.1", "--metrics-listen", "unix:/tmp/m.sock",
         "--trust-forwarded-for", "2", "--header-timeout", "0.5", "--no-access-log",

@@ -224,6 +224,21 @@ class HeaderDeadline(TestCase):
         self.assertTrue(client.received.startswith(b"HTTP/1.1 408 "))
         self.assertEqual([e["status"] for e in access_lines(self.log)], [408])
 
+    async def test_a_trickled_body_gets_408_at_the_body_deadline(self) -> None:
+        self.site.body_timeout = 30.0
+        client, channel = await self.connect()
+        await self.send(client, channel, b"POST /hello HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+        self.clock.advance(19.9)  # the header clock has stopped: headers were in time
+        for _ in range(2):
+            await self.send(client, channel, b"x")
+            self.clock.advance(5)
+        self.assertFalse(client.closed.called)
+        self.clock.advance(0.2)
+        await client.closed
+        self.assertTrue(client.received.startswith(b"HTTP/1.1 408 "))
+        (line,) = access_lines(self.log)
+        self.assertEqual((line["method"], line["path"], line["status"]), ("POST", "/hello", 408))
+
     async def test_a_silent_connection_gets_408_too(self) -> None:
         client, channel = await self.connect()
         self.clock.advance(20)
