@@ -1,20 +1,26 @@
 """MCP tunnel relay benchmark (a benchmark, not a test): round trips, latency, idle memory.
 
-Starts a real ``twistd -n relayd`` per scenario on a free loopback port and drives it from asyncio
-clients in this process (raw HTTP/1.1 keep-alive connections, a minimal chunked SSE reader), reading
-the server's own CPU time and RSS from /proc. Figures go to docs/performance.md.
+Starts a real ``twistd -n relayd`` per scenario on a free loopback port (or two sharing a
+redis-server with ``--redis``) and drives it from client processes built on raw asyncio protocols
+with pre-built requests, so the load generator costs as little as possible. The server's own CPU
+time and RSS are read from /proc, so "server CPU per round trip" means the same whether or not the
+client was the limit.
 
-    python bench/mcp.py                          # every scenario
-    python bench/mcp.py rt-sse rt-poll           # a selection
+    python bench/mcp.py                                   # every scenario
+    python bench/mcp.py rt-sse rt-poll                    # a selection
     python bench/mcp.py --seconds 10 --sessions 100 --rate 1000 latency-sse
+    python bench/mcp.py --procs 2 rt-sse                  # two client processes
+    python bench/mcp.py --profile /tmp/mcp.txt rt-sse     # py-spy the server while it is measured
+    python bench/mcp.py --redis rt-sse                    # relayd --redis (real redis-server)
+    python bench/mcp.py --redis --instances 2 rt-sse      # the page on one instance, the agent on another
 
 Scenarios:
-  rt-sse / rt-poll   100 sessions, closed loop: agent POST inbox -> page SSE -> page POST outbox ->
-                     agent (over SSE, or over long-poll); round trips/s and p50/p99 latency.
-  latency-sse        the same at a fixed offered load (--rate, default 1000 round trips/s in total).
+  rt-sse / rt-poll   --sessions sessions, closed loop: agent POST inbox -> page SSE -> page POST
+                     outbox -> agent (over SSE, or over long-poll); round trips/s, p50/p99 latency.
+  latency-sse        the same, each session paced so the total offered load is --rate round trips/s.
   latency-poll       ditto over long-poll.
-  idle-sse           1000 sessions each with one idle SSE subscriber: RSS per subscriber.
-  idle-poll          1000 sessions each with one parked poll: RSS per parked poll.
+  idle-sse           --idle sessions each with one idle SSE subscriber: RSS per subscriber.
+  idle-poll          --idle sessions each with one parked poll: RSS per parked poll.
 """
 
 from __future__ import annotations
@@ -22,18 +28,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import re
 import resource
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
 TICK = os.sysconf("SC_CLK_TCK")
 TOKEN = "bench_token_abcdefghijklmnopqrstuv"
+NODE_ENV = ("PORT", "HOST", "PREFIX", "TTL_MS", "CORS_ALLOW_ORIGIN")
 
 
 def _raise_nofile() -> None:
@@ -41,11 +54,23 @@ def _raise_nofile() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _proc_cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
 class Server:
     """A real relayd subprocess with only the MCP wing."""
 
     def __init__(self, *options: str) -> None:
-        env = {k: v for k, v in os.environ.items() if k not in ("PORT", "HOST", "PREFIX", "TTL_MS", "CORS_ALLOW_ORIGIN")}
+        env = {k: v for k, v in os.environ.items() if k not in NODE_ENV and not k.startswith("RELAYD_")}
         env["PYTHONPATH"] = str(ROOT)
         twistd = Path(sys.executable).with_name("twistd")
         argv = [sys.executable, str(twistd)] if twistd.exists() else [
@@ -62,215 +87,375 @@ class Server:
                 break
         else:
             raise RuntimeError("relayd did not start")
+        # Keep draining the log so a chatty server never blocks on a full pipe.
+        self._drain = subprocess.Popen(["cat"], stdin=self.proc.stdout, stdout=subprocess.DEVNULL)
 
     def rss_kb(self) -> int:
         with open(f"/proc/{self.proc.pid}/status") as f:
             return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))  # type: ignore[union-attr]
 
     def cpu_seconds(self) -> float:
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICK
+        return _proc_cpu(self.proc.pid)
 
     def stop(self) -> None:
         self.proc.terminate()
         try:
-            self.proc.wait(10)
+            self.proc.wait(15)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+        self._drain.wait(5)
 
 
-# Minimal HTTP/1.1 clients ---------------------------------------------------------------------
+class RedisProcess:
+    """A throwaway redis-server on a free port (for ``--redis``)."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise SystemExit("--redis needs redis-server (apt-get install redis-server)")
+        self.port = _free_port()
+        self.dir = tempfile.mkdtemp(prefix="bench-redis-")
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir, "--save", "",
+             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.02)  # waiting for an external process to listen
+        raise RuntimeError("redis-server did not start")
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def cpu_seconds(self) -> float:
+        return _proc_cpu(self.proc.pid)
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(5)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
-class Conn:
-    """One keep-alive connection; one request at a time; responses with content-length."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.lock = asyncio.Lock()
-
-    async def open(self) -> Conn:
-        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
-        return self
-
-    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
-        async with self.lock:
-            head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(body)}\r\n\r\n").encode()
-            self.writer.write(head + body)
-            status_line = await self.reader.readline()
-            length = 0
-            while True:
-                line = await self.reader.readline()
-                if line in (b"\r\n", b""):
-                    break
-                if line[:15].lower() == b"content-length:":
-                    length = int(line[15:])
-            data = await self.reader.readexactly(length) if length else b""
-            return int(status_line.split()[1]), data
-
-    def close(self) -> None:
-        self.writer.close()
+# Minimal HTTP/1.1 clients on asyncio protocols ----------------------------------------------------
 
 
-class SSE:
-    """An SSE reader: yields the C{data:} of each C{event: mcp} from a chunked response."""
+class Http(asyncio.Protocol):
+    """One keep-alive connection; requests are queued and answered in order (content-length bodies)."""
 
-    def __init__(self, port: int) -> None:
-        self.port = port
-
-    async def open(self, path: str) -> SSE:
-        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
-        self.writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n".encode())
-        status = await self.reader.readline()
-        assert b" 200 " in status, status
-        while (await self.reader.readline()) not in (b"\r\n", b""):
-            pass
+    def __init__(self) -> None:
         self.buffer = b""
-        return self
+        self.waiting: list[Callable[[int, bytes], None]] = []
+        self.transport: Any = None
 
-    async def next_data(self) -> bytes:
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def send(self, request: bytes, done: Callable[[int, bytes], None]) -> None:
+        self.waiting.append(done)
+        self.transport.write(request)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buffer + data if self.buffer else data
         while True:
-            end = self.buffer.find(b"\n\n")
-            if end >= 0:
-                block, self.buffer = self.buffer[:end], self.buffer[end + 2:]
-                if block.startswith(b"event: mcp\n"):
-                    return block[len(b"event: mcp\ndata: "):]
-                continue
-            size = int((await self.reader.readline()).strip(), 16)
-            chunk = await self.reader.readexactly(size + 2)
-            self.buffer += chunk[:-2]
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-# Round trips ----------------------------------------------------------------------------------
-
-
-async def session_setup(port: int, name: str) -> None:
-    conn = await Conn(port).open()
-    status, body = await conn.request("POST", "/register", json.dumps({"session": name, "token": TOKEN}).encode())
-    assert status == 200, body
-    conn.close()
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                break
+            head = buf[:end]
+            i = head.find(b"ontent-Length: ")  # Twisted capitalises header names
+            if i < 0:
+                i = head.find(b"ontent-length: ")
+            if i >= 0:
+                eol = head.find(b"\r\n", i)
+                length = int(head[i + 15 : eol if eol >= 0 else len(head)])
+            else:
+                length = 0
+            if len(buf) < end + 4 + length:
+                break
+            body = buf[end + 4 : end + 4 + length]
+            buf = buf[end + 4 + length :]
+            self.waiting.pop(0)(int(head[9:12]), body)
+        self.buffer = buf
 
 
-async def page_loop(port: int, name: str, ready: asyncio.Event) -> None:
-    """The page: reads inbound SSE and answers every request on outbox."""
-    sse = await SSE(port).open(f"/{name}/events?token={TOKEN}&direction=inbound")
-    out = await Conn(port).open()
-    ready.set()
+class Sse(asyncio.Protocol):
+    """A chunked C{text/event-stream} reader calling C{on_event(data)} for each C{event: mcp}."""
+
+    def __init__(self, request: bytes, on_event: Callable[[bytes], None], opened: asyncio.Future[None]) -> None:
+        self.request = request
+        self.on_event = on_event
+        self.opened = opened
+        self.buffer = b""
+        self.headers_done = False
+        self.transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buffer + data if self.buffer else data
+        if not self.headers_done:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                self.buffer = buf
+                return
+            assert buf[9:12] == b"200", buf[:200]
+            self.headers_done = True
+            buf = buf[end + 4 :]
+            self.opened.set_result(None)
+        while True:
+            line_end = buf.find(b"\r\n")
+            if line_end < 0:
+                break
+            size = int(buf[:line_end], 16)
+            if len(buf) < line_end + 4 + size:
+                break
+            chunk = buf[line_end + 2 : line_end + 2 + size]
+            buf = buf[line_end + 4 + size :]
+            for block in chunk.split(b"\n\n"):
+                if block.startswith(b"event: mcp\ndata: "):
+                    self.on_event(block[17:])
+        self.buffer = buf
+
+
+async def _connect(port: int, factory: Callable[[], asyncio.Protocol]) -> Any:
+    loop = asyncio.get_running_loop()
+    _, protocol = await loop.create_connection(factory, "127.0.0.1", port)
+    return protocol
+
+
+async def _request(port: int, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+    conn: Http = await _connect(port, Http)
+    done: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+    conn.send(_build(method, path, body), lambda status, data: done.set_result((status, data)))
+    result = await done
+    conn.transport.close()
+    return result
+
+
+def _build(method: str, path: str, body: bytes = b"") -> bytes:
+    return (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode() + body
+
+
+def _sse_request(path: str) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\naccept: text/event-stream\r\n\r\n".encode()
+
+
+# Round trips --------------------------------------------------------------------------------------
+
+
+class Session:
+    """One session's page and agent, driven by callbacks (no task per message)."""
+
+    def __init__(self, name: str, page_port: int, agent_port: int, mode: str, interval: float,
+                 latencies: list[float]) -> None:
+        self.name = name
+        self.page_port = page_port
+        self.agent_port = agent_port
+        self.mode = mode
+        self.interval = interval
+        self.latencies = latencies
+        self.n = 0
+        self.sent_at = 0.0
+        self.next_at = 0.0
+        self.running = False
+        self.loop = asyncio.get_running_loop()
+        t = TOKEN
+        self.inbox_head = (f"POST /{name}/inbox?token={t} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                           "content-type: application/json\r\ncontent-length: ").encode()
+        self.outbox_head = (f"POST /{name}/outbox?token={t} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                            "content-type: application/json\r\ncontent-length: ").encode()
+        self.poll_request = b""
+
+    async def open(self) -> None:
+        name, t = self.name, TOKEN
+        status, body = await _request(self.page_port, "POST", "/register",
+                                      json.dumps({"session": name, "token": t}).encode())
+        assert status == 200, body
+        loop = self.loop
+        self.page_out: Http = await _connect(self.page_port, Http)
+        self.agent_in: Http = await _connect(self.agent_port, Http)
+        opened = loop.create_future()
+        await _connect(self.page_port, lambda: Sse(
+            _sse_request(f"/{name}/events?token={t}&direction=inbound"), self.page_event, opened))
+        await opened
+        if self.mode == "sse":
+            opened = loop.create_future()
+            await _connect(self.agent_port, lambda: Sse(
+                _sse_request(f"/{name}/events?token={t}&direction=outbound"), self.agent_event, opened))
+            await opened
+        else:
+            status, body = await _request(self.agent_port, "GET",
+                                          f"/{name}/poll?token={t}&direction=outbound&wait=0")
+            sub = orjson.loads(body)["subscriber"]
+            self.poll_request = _build(
+                "GET", f"/{name}/poll?token={t}&direction=outbound&wait=20000&subscriber={sub}")
+            self.poller: Http = await _connect(self.agent_port, Http)
+            self.poller.send(self.poll_request, self.polled)
+
+    @staticmethod
+    def _ignore(status: int, body: bytes) -> None:
+        assert status == 200, (status, body)
+
+    def page_event(self, data: bytes) -> None:
+        if b'"method":"tools/call"' not in data:
+            return  # presence notifications
+        frame_id = orjson.loads(data)["id"]
+        body = b'{"jsonrpc":"2.0","id":%d,"result":{"ok":true}}' % frame_id
+        self.page_out.send(self.outbox_head + b"%d\r\n\r\n" % len(body) + body, self._ignore)
+
+    def agent_event(self, data: bytes) -> None:
+        if orjson.loads(data).get("id") == self.n:
+            self.replied()
+
+    def polled(self, status: int, body: bytes) -> None:
+        assert status == 200, (status, body)
+        frames = orjson.loads(body)["frames"]
+        self.poller.send(self.poll_request, self.polled)
+        for frame in frames:
+            if orjson.loads(frame).get("id") == self.n:
+                self.replied()
+
+    def start(self, stop_at: float) -> None:
+        self.stop_at = stop_at
+        self.running = True
+        self.next_at = time.monotonic()
+        self.send()
+
+    def send(self) -> None:
+        if time.monotonic() >= self.stop_at:
+            self.running = False
+            return
+        self.n += 1
+        body = b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"t"}}' % self.n
+        self.sent_at = time.monotonic()
+        self.agent_in.send(self.inbox_head + b"%d\r\n\r\n" % len(body) + body, self._ignore)
+
+    def replied(self) -> None:
+        now = time.monotonic()
+        self.latencies.append(now - self.sent_at)
+        if not self.interval:
+            self.send()
+            return
+        self.next_at += self.interval
+        delay = self.next_at - now
+        if delay > 0:
+            self.loop.call_later(delay, self.send)
+        else:
+            self.send()
+
+
+def _client(names: list[str], ports: tuple[int, int], mode: str, interval: float, pipe: Any) -> None:
+    """One client process: open its sessions, report ready, run when told, send back latencies."""
     try:
-        while True:
-            data = json.loads(await sse.next_data())
-            if "id" in data and "method" in data:
-                reply = b'{"jsonrpc":"2.0","id":%d,"result":{"ok":true}}' % data["id"]
-                await out.request("POST", f"/{name}/outbox?token={TOKEN}", reply)
-    finally:
-        sse.close()
-        out.close()
+        import uvloop  # optional: a cheaper event loop leaves more CPU to the server
+
+        uvloop.install()
+    except ImportError:
+        pass
+
+    async def run() -> None:
+        latencies: list[float] = []
+        sessions = [Session(n, ports[0], ports[1], mode, interval, latencies) for n in names]
+        for s in sessions:
+            await s.open()
+        pipe.send("ready")
+        loop = asyncio.get_running_loop()
+        seconds = await loop.run_in_executor(None, pipe.recv)
+        cpu0 = time.process_time()
+        stop_at = time.monotonic() + seconds
+        for i, s in enumerate(sessions):
+            # Spread the paced sessions' first sends over one interval (no thundering herd).
+            loop.call_later(interval * i / len(sessions) if interval else 0, s.start, stop_at)
+        while time.monotonic() < stop_at + 0.05:
+            await asyncio.sleep(0.05)
+        # Round trips still in flight at the end are not counted (they would skew latency).
+        pipe.send((latencies, time.process_time() - cpu0))
+
+    asyncio.run(run())
 
 
-async def agent_loop(port: int, name: str, mode: str, stop: float, interval: float, latencies: list[float]) -> None:
-    inbox = await Conn(port).open()
-    if mode == "sse":
-        sse = await SSE(port).open(f"/{name}/events?token={TOKEN}&direction=outbound")
-
-        async def receive() -> Any:
-            while True:
-                data = json.loads(await sse.next_data())
-                if "id" in data:
-                    return data
-    else:
-        poller = await Conn(port).open()
-        status, body = await poller.request("GET", f"/{name}/poll?token={TOKEN}&direction=outbound&wait=0")
-        sub = json.loads(body)["subscriber"]
-        pending: list[Any] = []
-
-        async def receive() -> Any:
-            while True:
-                while pending:
-                    frame = pending.pop(0)
-                    if "id" in frame:
-                        return frame
-                _, body = await poller.request(
-                    "GET", f"/{name}/poll?token={TOKEN}&direction=outbound&wait=20000&subscriber={sub}")
-                pending.extend(json.loads(f) for f in json.loads(body)["frames"])
-
-    n = 0
-    next_send = time.monotonic()
-    while time.monotonic() < stop:
-        n += 1
-        started = time.monotonic()
-        frame = b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"t"}}' % n
-        await inbox.request("POST", f"/{name}/inbox?token={TOKEN}", frame)
-        reply = await receive()
-        assert reply["id"] == n, reply
-        latencies.append(time.monotonic() - started)
-        if interval:
-            next_send += interval
-            delay = next_send - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-    inbox.close()
-
-
-async def round_trips(server: Server, mode: str, sessions: int, seconds: float, rate: float | None) -> dict[str, Any]:
-    names = [f"bench{i:05d}" for i in range(sessions)]
-    for name in names:
-        await session_setup(server.port, name)
-    readies = [asyncio.Event() for _ in names]
-    pages = [asyncio.create_task(page_loop(server.port, n, r)) for n, r in zip(names, readies)]
-    for r in readies:
-        await r.wait()
-    latencies: list[float] = []
+def round_trips(ports: tuple[int, int], servers: list[Any], mode: str, sessions: int, seconds: float,
+                rate: float | None, procs: int, prefix: str = "b") -> dict[str, Any]:
+    names = [f"{prefix}{i:05d}" for i in range(sessions)]
     interval = sessions / rate if rate else 0.0
-    cpu0, t0 = server.cpu_seconds(), time.monotonic()
-    stop = t0 + seconds
-    await asyncio.gather(*(agent_loop(server.port, n, mode, stop, interval, latencies) for n in names))
+    ctx = multiprocessing.get_context("fork")
+    pipes, workers = [], []
+    for k in range(procs):
+        parent, child = ctx.Pipe()
+        w = ctx.Process(target=_client, args=(names[k::procs], ports, mode, interval, child))
+        w.start()
+        pipes.append(parent)
+        workers.append(w)
+    for p in pipes:
+        assert p.recv() == "ready"
+    cpu0 = [s.cpu_seconds() for s in servers]
+    t0 = time.monotonic()
+    for p in pipes:
+        p.send(seconds)
+    latencies: list[float] = []
+    client_cpu = 0.0
+    for p in pipes:
+        lat, cpu = p.recv()
+        latencies += lat
+        client_cpu += cpu
     elapsed = time.monotonic() - t0
-    cpu = server.cpu_seconds() - cpu0
-    for p in pages:
-        p.cancel()
-    await asyncio.gather(*pages, return_exceptions=True)
+    cpu = [s.cpu_seconds() - c for s, c in zip(servers, cpu0)]
+    for w in workers:
+        w.join(10)
     latencies.sort()
+    n = max(1, len(latencies))
     return {
         "mode": mode,
         "sessions": sessions,
         "offered_rate": rate,
+        "client_procs": procs,
         "round_trips": len(latencies),
         "round_trips_per_s": round(len(latencies) / elapsed, 1),
         "p50_ms": round(latencies[len(latencies) // 2] * 1000, 2),
         "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 2),
-        "server_cpu_per_rt_us": round(cpu / max(1, len(latencies)) * 1e6, 1),
+        "server_cpu_per_rt_us": [round(c / n * 1e6, 1) for c in cpu],
+        "server_cpu_util": [round(c / elapsed, 2) for c in cpu],
+        "client_cpu_per_rt_us": round(client_cpu / n * 1e6, 1),
     }
 
 
-# Idle memory ----------------------------------------------------------------------------------
+# Idle memory --------------------------------------------------------------------------------------
 
 
-async def idle(server: Server, mode: str, sessions: int) -> dict[str, Any]:
-    names = [f"idle{i:05d}" for i in range(sessions)]
+async def _idle(port: int, mode: str, count: int, rss: Callable[[], int]) -> dict[str, Any]:
+    names = [f"idle{i:05d}" for i in range(count)]
     for name in names:
-        await session_setup(server.port, name)
-    await asyncio.sleep(1.0)
-    before = server.rss_kb()
+        status, _ = await _request(port, "POST", "/register", json.dumps({"session": name, "token": TOKEN}).encode())
+        assert status == 200
+    await asyncio.sleep(1.0)  # a measurement pause, not synchronisation
+    before = rss()
     held: list[Any] = []
+    loop = asyncio.get_running_loop()
     for name in names:
         if mode == "sse":
-            held.append(await SSE(server.port).open(f"/{name}/events?token={TOKEN}&direction=outbound"))
+            opened = loop.create_future()
+            held.append(await _connect(port, lambda: Sse(
+                _sse_request(f"/{name}/events?token={TOKEN}&direction=outbound"), lambda d: None, opened)))
+            await opened
         else:
-            conn = await Conn(server.port).open()
-            conn.writer.write(
-                f"GET /{name}/poll?token={TOKEN}&direction=outbound&wait=25000 HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            conn: Http = await _connect(port, Http)
+            conn.send(_build("GET", f"/{name}/poll?token={TOKEN}&direction=outbound&wait=25000"), lambda s, b: None)
             held.append(conn)
-    await asyncio.sleep(1.0)  # let the server settle (not synchronisation: a measurement pause)
-    after = server.rss_kb()
+    await asyncio.sleep(1.0)  # let the server settle (a measurement pause)
+    after = rss()
     for h in held:
-        h.close() if hasattr(h, "close") else None
-    return {"mode": mode, "subscribers": sessions, "rss_before_kb": before, "rss_after_kb": after,
-            "kb_per_subscriber": round((after - before) / sessions, 2)}
+        h.transport.close()
+    return {"mode": mode, "subscribers": count, "rss_before_kb": before, "rss_after_kb": after,
+            "kb_per_subscriber": round((after - before) / count, 2)}
 
 
 SCENARIOS = ("rt-sse", "rt-poll", "latency-sse", "latency-poll", "idle-sse", "idle-poll")
@@ -283,21 +468,46 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--rate", type=float, default=1000.0, help="offered round trips/s for latency-*")
     parser.add_argument("--idle", type=int, default=1000)
+    parser.add_argument("--procs", type=int, default=1, help="client processes")
+    parser.add_argument("--redis", action="store_true", help="run relayd with --redis on a fresh redis-server")
+    parser.add_argument("--instances", type=int, default=1, choices=(1, 2),
+                        help="with 2 (needs --redis): pages on instance A, agents on instance B")
+    parser.add_argument("--no-access-log", action="store_true", help="run relayd with --no-access-log")
+    parser.add_argument("--profile", help="py-spy record the (first) server into this file (raw format)")
     args = parser.parse_args()
     _raise_nofile()
+    if args.instances == 2 and not args.redis:
+        parser.error("--instances 2 needs --redis")
     for scenario in args.scenarios:
-        server = Server("--mcp-max-sessions", str(max(args.idle, args.sessions) + 10))
+        redis = RedisProcess() if args.redis else None
+        options = (["--no-access-log"] if args.no_access_log else []) + ["--mcp-max-sessions", str(max(args.idle, args.sessions) + 10)]
+        if redis is not None:
+            options += ["--redis", redis.url]
+        servers = [Server(*options) for _ in range(args.instances)]
+        spy = None
         try:
             kind, mode = scenario.split("-")
-            if kind == "rt":
-                result = asyncio.run(round_trips(server, mode, args.sessions, args.seconds, None))
-            elif kind == "latency":
-                result = asyncio.run(round_trips(server, mode, args.sessions, args.seconds, args.rate))
+            if kind == "idle":
+                result = asyncio.run(_idle(servers[0].port, mode, args.idle, servers[0].rss_kb))
             else:
-                result = asyncio.run(idle(server, mode, args.idle))
+                ports = (servers[0].port, servers[-1].port)
+                if args.profile:
+                    spy = subprocess.Popen(["py-spy", "record", "-p", str(servers[0].proc.pid), "-f", "raw",
+                                            "-o", args.profile, "-d", str(int(args.seconds) + 3)],
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                rate = args.rate if kind == "latency" else None
+                result = round_trips(ports, servers, mode, args.sessions, args.seconds, rate, args.procs)
+            if redis is not None:
+                result["redis"] = True
+                result["instances"] = args.instances
             print(json.dumps({"scenario": scenario, **result}), flush=True)
         finally:
-            server.stop()
+            if spy is not None:
+                spy.wait()
+            for s in servers:
+                s.stop()
+            if redis is not None:
+                redis.stop()
 
 
 if __name__ == "__main__":

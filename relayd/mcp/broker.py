@@ -18,13 +18,16 @@ import re
 import secrets
 from dataclasses import dataclass
 from itertools import count
-from typing import Any, Coroutine, Protocol, TypeVar
+from typing import Any, Protocol
 
 import orjson
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from relayd.clock import Clock
+from relayd.mcp.bus import IMcpBus, LocalBus
+from relayd.mcp.drive import run
 from relayd.mcp.store import (
     INBOUND,
     OUTBOUND,
@@ -49,9 +52,6 @@ PEER_LEFT = "notifications/peer_left"
 FRAMES_DROPPED = "notifications/frames_dropped"
 # Only the broker emits presence; a posted frame carrying either method is refused (mcp-relay.md §2.7).
 _BROKER_ONLY = frozenset((PEER_JOINED, PEER_LEFT))
-
-_T = TypeVar("_T")
-
 
 class Refused(Exception):
     """A request the relay refuses; C{reason} is the wire error string (C{session_gone}, ...)."""
@@ -243,12 +243,73 @@ class PollResult:
         return b'{"subscriber":"' + self.subscriber.encode() + b'","frames":[' + b",".join(self.frames) + b"]}"
 
 
-class _Waiter:
-    __slots__ = ("deferred", "timer")
+_BEGIN, _PARKED, _FINISHING, _DONE, _CANCELLED = range(5)
 
-    def __init__(self, deferred: Deferred[None]) -> None:
-        self.deferred = deferred
+
+class _Poll:
+    """One poll request between its auth and its answer; while parked, all the broker keeps of it.
+
+    A parked poll is an object with a timer, not a suspended coroutine: a relay holds thousands.
+    """
+
+    __slots__ = ("broker", "deferred", "record", "created", "wait", "state", "timer", "woken")
+
+    def __init__(self, broker: Broker, wait: float) -> None:
+        self.broker = broker
+        self.deferred: Deferred[PollResult] = Deferred(self._cancel)
+        self.record: SubscriberRecord | None = None
+        self.created = False
+        self.wait = wait
+        self.state = _BEGIN
         self.timer: Any = None
+        self.woken = False
+
+    def begun(self, ready: bool) -> None:
+        """Auth, subscriber and parked count are done; C{ready}: answer without parking."""
+        if self.state == _CANCELLED:
+            self.broker._unpark(self)
+            self.broker._poll_ended(self)
+        elif ready or self.woken:
+            self.broker._unpark(self)
+            self.finish()
+        else:
+            self.state = _PARKED
+            self.timer = self.broker.clock.call_later(self.wait, self.wake)
+
+    def failed(self, failure: Failure) -> None:
+        self.broker._unpark(self)
+        self.state = _DONE
+        if not self.deferred.called:
+            self.deferred.errback(failure)
+
+    def wake(self) -> None:
+        """A frame arrived, the wait ran out, or the session or relay is ending."""
+        if self.state == _BEGIN:
+            self.woken = True  # a wake-up raced the queue check: answer as soon as it is done
+        elif self.state == _PARKED:
+            self.broker._unpark(self)
+            self.finish()
+
+    def finish(self) -> None:
+        self.state = _FINISHING
+        run(self.broker._poll_finish(self)).addCallbacks(self._answer, self.failed)
+
+    def _answer(self, result: PollResult) -> None:
+        self.state = _DONE
+        if self.deferred.called:
+            # The client went away while the frames were being taken: they go back.
+            self.broker.put_back(result).addErrback(self.broker._log_failure, "MCP put-back failed")
+        else:
+            self.deferred.callback(result)
+
+    def _cancel(self, _: Deferred[PollResult]) -> None:
+        # The client went away (mcp-relay.md §4.3): a parked wait takes nothing.
+        state, self.state = self.state, _CANCELLED
+        if state == _PARKED:
+            self.broker._unpark(self)
+            self.broker._poll_ended(self)
+        elif state == _FINISHING:
+            self.state = _FINISHING  # _answer puts the taken frames back
 
 
 class Broker:
@@ -256,16 +317,22 @@ class Broker:
 
     _log = Logger()
 
-    def __init__(self, store: IMcpStore, clock: Clock, config: BrokerConfig | None = None) -> None:
+    def __init__(
+        self, store: IMcpStore, clock: Clock, config: BrokerConfig | None = None, bus: IMcpBus | None = None
+    ) -> None:
         self.store = store
         self.clock = clock
         self.config = config or BrokerConfig()
+        self.bus: IMcpBus = bus or LocalBus()
+        self.instance: str = self.bus.instance
+        self._remote = bool(self.bus.remote)
         # What is bound to this process: open SSE streams and parked polls, by queue key.
         self._sinks: dict[str, Sink] = {}
-        self._waiters: dict[str, set[_Waiter]] = {}
+        self._waiters: dict[str, set[_Poll]] = {}
         self._fresh_ids = count(1)
         self._reaper: Any = None
         self.draining = False
+        self.bus.start(self)
 
     # lifecycle ---------------------------------------------------------------------------------
 
@@ -301,11 +368,11 @@ class Broker:
 
     def register(self, session_id: str, token: str) -> Deferred[None]:
         """Create a session, or refresh it when the token matches (idempotent)."""
-        return self._run(self._register(session_id, token))
+        return run(self._register(session_id, token))
 
     def check(self, session_id: str, token: str) -> Deferred[str | None]:
         """C{None} for a live session and good token (sliding the TTL), else the reason."""
-        return self._run(self._check(session_id, token))
+        return run(self._check(session_id, token))
 
     def validate(self, session_id: str, token: str) -> Deferred[bool]:
         """Whether C{check} succeeds."""
@@ -313,21 +380,21 @@ class Broker:
 
     def inbox(self, session_id: str, token: str, body: bytes, label: str | None = None) -> Deferred[None]:
         """An agent's frame for the page (fans out on C{inbound})."""
-        return self._run(self._inbox(session_id, token, body, label))
+        return run(self._inbox(session_id, token, body, label))
 
     def outbox(self, session_id: str, token: str, body: bytes) -> Deferred[None]:
         """The page's frame for the agents (fans out on C{outbound}, replies scoped by label)."""
-        return self._run(self._outbox(session_id, token, body))
+        return run(self._outbox(session_id, token, body))
 
     def open_stream(
         self, session_id: str, token: str, direction: str, label: str | None, sink: Sink
     ) -> Deferred[StreamHandle]:
         """Subscribe an SSE stream."""
-        return self._run(self._open_stream(session_id, token, direction, label, sink))
+        return run(self._open_stream(session_id, token, direction, label, sink))
 
     def close_stream(self, record: SubscriberRecord) -> Deferred[None]:
         """An SSE stream ended (client went away or overflowed): remove it, tell the page."""
-        return self._run(self._close_stream(record))
+        return run(self._close_stream(record))
 
     def poll(
         self,
@@ -339,35 +406,53 @@ class Broker:
         label: str | None = None,
     ) -> Deferred[PollResult]:
         """One long-poll. Cancelling the Deferred (client went away) while parked takes nothing."""
-        return self._run(self._poll(session_id, token, direction, wait_ms, subscriber, label))
+        p = _Poll(self, wait_ms / 1000)
+        begin = run(self._poll_begin(p, session_id, token, direction, wait_ms, subscriber, label))
+        begin.addCallbacks(p.begun, p.failed)
+        return p.deferred
 
     def put_back(self, result: PollResult) -> Deferred[None]:
         """Frames taken by a poll whose client went away go back to the head of its queue."""
-        return self._run(self._put_back(result))
+        return run(self._put_back(result))
 
     def unregister(self, session_id: str, token: str) -> Deferred[bool]:
         """End a session; fires C{True} when it was already gone."""
-        return self._run(self._unregister(session_id, token))
+        return run(self._unregister(session_id, token))
 
     def drop_session(self, session_id: str) -> Deferred[None]:
         """End a session without auth (operator action and tests)."""
-        return self._run(self._end_session(session_id))
+        return run(self._end_session(session_id))
 
     def reap(self) -> Deferred[None]:
         """One reaper pass: expire idle sessions, then prune idle pollers."""
-        return self._run(self._reap())
+        return run(self._reap())
+
+    # what other processes tell this one (IMcpBus listener) -------------------------------------
+
+    def bus_deliver(self, keys: list[str], event: bytes) -> None:
+        sinks = self._sinks
+        for key in keys:
+            sink = sinks.get(key)
+            if sink is not None:
+                sink.deliver(event)
+
+    def bus_wake(self, keys: list[str]) -> None:
+        for key in keys:
+            self._wake(key)
+
+    def bus_end(self, session_id: str) -> None:
+        self._end_local(session_id)
 
     # internals ---------------------------------------------------------------------------------
-
-    @staticmethod
-    def _run(coro: Coroutine[Any, Any, _T]) -> Deferred[_T]:
-        return Deferred.fromCoroutine(coro)
 
     def _now(self) -> float:
         return self.clock.seconds()
 
+    def _log_failure(self, failure: Failure, what: str) -> None:
+        self._log.failure(what, failure)
+
     def _reap_tick(self) -> None:
-        self.reap().addErrback(lambda f: self._log.failure("MCP reaper pass failed", f))
+        self.reap().addErrback(self._log_failure, "MCP reaper pass failed")
 
     async def _register(self, session_id: str, token: str) -> None:
         if not SESSION_ID.fullmatch(session_id):
@@ -450,6 +535,9 @@ class Broker:
                 if correlation is not None:
                     await self._deliver([s for s in outbound if s.label == correlation.label], frame)
                 return
+            if outbound:
+                await self._deliver(outbound, frame)
+                return
         await self._fan_out(session_id, OUTBOUND, frame)
 
     async def _fan_out(self, session_id: str, direction: str, frame: Frame, backlog: bool = True) -> None:
@@ -462,15 +550,32 @@ class Broker:
 
     async def _deliver(self, subscribers: list[SubscriberRecord], frame: Frame) -> None:
         config = self.config
+        sinks = self._sinks
+        remote: dict[str, list[str]] | None = None
+        woken: list[str] | None = None
         for sub in subscribers:
             key = sub.queue_key
             if sub.kind == SSE:
-                sink = self._sinks.get(key)
-                if sink is not None:
-                    sink.deliver(frame.sse)  # encoded once, shared by every stream
+                if sub.instance == self.instance:
+                    sink = sinks.get(key)
+                    if sink is not None:
+                        sink.deliver(frame.sse)  # encoded once, shared by every stream
+                else:
+                    if remote is None:
+                        remote = {}
+                    remote.setdefault(sub.instance, []).append(key)
             else:
                 await self.store.push(key, frame.json_string, config.queue_max_frames, config.queue_max_bytes)
                 self._wake(key)
+                if woken is None:
+                    woken = []
+                woken.append(key)
+        if self._remote:
+            if remote:
+                for instance, keys in remote.items():
+                    await self.bus.deliver(instance, keys, frame.sse)
+            if woken:
+                await self.bus.wake(woken)
 
     async def _announce(self, session_id: str, method: str, subscriber_id: str) -> None:
         if self.draining:
@@ -484,9 +589,9 @@ class Broker:
         reason = await self._check(session_id, token)
         if reason is not None:
             raise Refused(reason)
-        record = SubscriberRecord(secrets.token_hex(8), session_id, direction, SSE, label, self._now())
-        await self.store.add_subscriber(record)
+        record = SubscriberRecord(secrets.token_hex(8), session_id, direction, SSE, label, self._now(), 0, self.instance)
         self._sinks[record.queue_key] = sink
+        await self.store.add_subscriber(record)
         if direction == OUTBOUND:
             await self._announce(session_id, PEER_JOINED, record.id)
         backlog = await self.store.take_backlog(session_id, direction)
@@ -498,32 +603,64 @@ class Broker:
         if removed is not None and record.direction == OUTBOUND:
             await self._announce(record.session, PEER_LEFT, record.id)
 
-    async def _poll(
+    async def _poll_begin(
         self,
+        p: _Poll,
         session_id: str,
         token: str,
         direction: str,
         wait_ms: int,
         subscriber: str | None,
         label: str | None,
-    ) -> PollResult:
+    ) -> bool:
+        """Auth, subscriber, parked count; whether to answer at once (C{False}: park)."""
         reason = await self._check(session_id, token)
         if reason is not None:
             raise Refused(reason)
-        record, created = await self._poll_subscriber(session_id, direction, subscriber, label)
-        store, key = self.store, record.queue_key
-        await store.update_subscriber(session_id, direction, record.id, self._now(), 1)
+        record, p.created = await self._poll_subscriber(session_id, direction, subscriber, label)
+        p.record = record
+        await self.store.update_subscriber(session_id, direction, record.id, self._now(), 1)
+        if wait_ms <= 0:
+            return True
+        # Listen before looking: a frame pushed by another process between the look and the park
+        # would otherwise wake nobody.
+        self._waiters.setdefault(record.queue_key, set()).add(p)
+        return bool(await self.store.size(record.queue_key))
+
+    async def _poll_finish(self, p: _Poll) -> PollResult:
+        record = p.record
+        assert record is not None
+        store = self.store
         try:
-            if wait_ms > 0 and not await store.size(key):
-                await self._park(key, wait_ms / 1000)
-            frames, dropped = await store.take(key)
+            frames, dropped = await store.take(record.queue_key)
         finally:
-            await store.update_subscriber(session_id, direction, record.id, self._now(), -1)
+            await store.update_subscriber(record.session, record.direction, record.id, self._now(), -1)
         if dropped:
             # Decision MCP 9: the poller learns how many of its oldest frames the bound cost it.
             note = notification(FRAMES_DROPPED, b'{"count":%d}' % dropped)
             frames.insert(0, note.json_string)
-        return PollResult(record.id, frames, created, direction, session_id)
+        return PollResult(record.id, frames, p.created, record.direction, record.session)
+
+    def _poll_ended(self, p: _Poll) -> None:
+        """A poll that takes nothing (its client went away): only its parked count goes."""
+        record = p.record
+        if record is not None:
+            self.store.update_subscriber(record.session, record.direction, record.id, self._now(), -1).addErrback(
+                self._log_failure, "MCP poll bookkeeping failed"
+            )
+
+    def _unpark(self, p: _Poll) -> None:
+        if p.timer is not None:
+            self.clock.cancel(p.timer)
+            p.timer = None
+        record = p.record
+        if record is None:
+            return
+        waiters = self._waiters.get(record.queue_key)
+        if waiters is not None:
+            waiters.discard(p)
+            if not waiters:
+                del self._waiters[record.queue_key]
 
     async def _poll_subscriber(
         self, session_id: str, direction: str, wanted: str | None, label: str | None
@@ -546,35 +683,11 @@ class Broker:
             await store.put_back(record.queue_key, [Frame(raw).json_string for raw in backlog])
         return record, True
 
-    def _park(self, key: str, seconds: float) -> Deferred[None]:
-        waiters = self._waiters.setdefault(key, set())
-
-        def forget() -> None:
-            waiters.discard(waiter)
-            if not waiters and self._waiters.get(key) is waiters:
-                del self._waiters[key]
-            self.clock.cancel(waiter.timer)
-
-        def expire() -> None:
-            waiter.timer = None
-            forget()
-            d.callback(None)
-
-        d: Deferred[None] = Deferred(canceller=lambda _: forget())
-        waiter = _Waiter(d)
-        waiter.timer = self.clock.call_later(seconds, expire)
-        waiters.add(waiter)
-        return d
-
     def _wake(self, key: str) -> None:
         waiters = self._waiters.pop(key, None)
-        if not waiters:
-            return
-        for waiter in list(waiters):
-            self.clock.cancel(waiter.timer)
-            waiter.timer = None
-            if not waiter.deferred.called:
-                waiter.deferred.callback(None)
+        if waiters:
+            for p in list(waiters):
+                p.wake()
 
     async def _put_back(self, result: PollResult) -> None:
         if not result.frames:
@@ -583,6 +696,8 @@ class Broker:
         if record is not None:
             await self.store.put_back(record.queue_key, result.frames)
             self._wake(record.queue_key)
+            if self._remote:
+                await self.bus.wake([record.queue_key])
 
     async def _unregister(self, session_id: str, token: str) -> bool:
         if not token:
@@ -596,7 +711,7 @@ class Broker:
         return False
 
     async def _end_session(self, session_id: str) -> None:
-        """Delete a session and end its subscribers (no C{peer_left}: the session is over)."""
+        """Delete a session and end its subscribers everywhere (no C{peer_left}: the session is over)."""
         store = self.store
         await store.delete_session(session_id)
         # Parked polls answer with what is queued so far, so wake them before the queues go.
@@ -604,8 +719,21 @@ class Broker:
             for sub in await store.subscribers(session_id, direction):
                 if sub.kind == POLL:
                     self._wake(sub.queue_key)
+        if self._remote:
+            await self.bus.end_session(session_id)
         for sub in await store.drop_session_state(session_id):
             sink = self._sinks.pop(sub.queue_key, None)
+            if sink is not None:
+                sink.end()
+        self._end_local(session_id)
+
+    def _end_local(self, session_id: str) -> None:
+        """End this process's streams and parked polls of a session (it ended, here or elsewhere)."""
+        prefix = session_id + "/"
+        for key in [k for k in self._waiters if k.startswith(prefix)]:
+            self._wake(key)
+        for key in [k for k in self._sinks if k.startswith(prefix)]:
+            sink = self._sinks.pop(key, None)
             if sink is not None:
                 sink.end()
 

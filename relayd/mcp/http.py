@@ -13,11 +13,12 @@ from typing import Any, Callable
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from relayd.mcp.broker import Broker, PollResult, Refused, StreamHandle, loads_json, parse_wait_ms
-from relayd.mcp.store import INBOUND, OUTBOUND
+from relayd.mcp.store import INBOUND, OUTBOUND, SubscriberRecord
 from relayd.web.auth import bearer_token, query_param
 from relayd.web.body import EarlyAnswer, read_body
 from relayd.web.cors import OriginPolicy
@@ -70,24 +71,48 @@ def _label(request: Request) -> str | None:
     return query_param(request, "client") or None  # decision MCP 6: client= counts as no label
 
 
+def _shed(request: Request) -> None:
+    """Drop what a long-lived request no longer needs once its response has started or parked.
+
+    The query arguments have been read and the response headers are on the wire: an idle relay
+    would otherwise hold about 2 KB of them per open stream.
+    """
+    request.args = {}
+    if request.startedWriting:
+        request.responseHeaders = Headers()
+
+
 class StreamSink:
     """The broker's view of one SSE response: buffers events until started, bounds what a paused
     (non-reading) client may have queued (decision MCP 9), and ends the response when told."""
 
-    def __init__(self, request: Request, hub: SSEHub, max_frames: int, max_bytes: int) -> None:
+    # Slots: an idle relay holds one per open stream.
+    __slots__ = ("stream", "max_frames", "broker", "record", "_early", "_paused_frames", "_end_requested")
+
+    def __init__(self, request: Request, hub: SSEHub, max_frames: int, max_bytes: int, broker: Broker) -> None:
         self.stream = SSEStream(request, hub, max_buffer=max_bytes)
         self.max_frames = max_frames
+        self.broker = broker
+        self.record: SubscriberRecord | None = None
         self._early: list[bytes] | None = []
         self._paused_frames = 0
         self._end_requested = False
 
-    def start(self, preamble: bytes, on_close: Callable[[], None]) -> None:
+    def start(self, preamble: bytes, record: SubscriberRecord) -> None:
         """Send status, headers, the preamble and anything delivered meanwhile."""
         early, self._early = self._early or [], None
-        self.stream.on_close = on_close
+        self.record = record
+        self.stream.on_close = self.closed
         self.stream.start(_SSE_HEADERS, preamble + b"".join(early))
+        _shed(self.stream.request)
         if self._end_requested:
             self.stream.close()
+
+    def closed(self) -> None:
+        """The stream ended (client went away, overflow, or the relay ended it): tell the broker."""
+        record, self.record = self.record, None
+        if record is not None:
+            self.broker.close_stream(record).addErrback(self.broker._log_failure, "closing MCP stream failed")
 
     def deliver(self, event: bytes) -> bool:
         if self._early is not None:
@@ -108,6 +133,46 @@ class StreamSink:
             self._end_requested = True
         else:
             self.stream.close()
+
+
+class _PollAnswer:
+    """Writes one poll's answer (bound methods, not closures: a parked poll holds this only)."""
+
+    __slots__ = ("resource", "request", "deferred")
+
+    def __init__(self, resource: McpResource, request: Request, deferred: Deferred[PollResult]) -> None:
+        self.resource = resource
+        self.request = request
+        self.deferred = deferred
+
+    def gone(self, _: Failure) -> None:
+        # The client went away: un-park the poll; nothing is taken (mcp-relay.md §4.3).
+        self.deferred.cancel()
+
+    def answer(self, result: PollResult) -> None:
+        request = self.request
+        if _gone(request):
+            # Taken but never delivered: back to the head.
+            self.resource.broker.put_back(result).addErrback(self.resource.broker._log_failure, "MCP put-back failed")
+            return
+        body = result.body()
+        request.setResponseCode(200)
+        request.setHeader(b"content-type", b"application/json")
+        request.setHeader(b"cache-control", b"no-store")
+        request.setHeader(b"content-length", b"%d" % len(body))
+        request.write(body)
+        request.finish()
+
+    def failure(self, f: Failure) -> None:
+        if f.check(CancelledError):
+            return
+        resource = self.resource
+        if f.check(Refused):
+            reason = f.value.reason
+            resource._finish_json(self.request, status_for(reason), b'{"error":"%s"}' % reason.encode())
+            return
+        resource._log.failure("MCP poll failed", f)
+        resource._finish_json(self.request, 500, b'{"error":"internal_error"}')
 
 
 class McpResource(Resource):
@@ -250,19 +315,15 @@ class McpResource(Resource):
         )
 
     def _events(self, request: Request, session_id: str) -> Any:
-        sink = StreamSink(request, self.hub, self.max_frames, self.max_bytes)
-        d = self.broker.open_stream(session_id, _token(request), _direction(request), _label(request), sink)
+        broker = self.broker
+        sink = StreamSink(request, self.hub, self.max_frames, self.max_bytes, broker)
+        d = broker.open_stream(session_id, _token(request), _direction(request), _label(request), sink)
 
         def opened(handle: StreamHandle) -> None:
-            def closed() -> None:
-                self.broker.close_stream(handle.record).addErrback(
-                    lambda f: self._log.failure("closing MCP stream failed", f)
-                )
-
             if _gone(request):
-                closed()
+                broker.close_stream(handle.record).addErrback(broker._log_failure, "closing MCP stream failed")
                 return
-            sink.start(SSE_PREAMBLE + b"".join(handle.backlog), closed)
+            sink.start(SSE_PREAMBLE + b"".join(handle.backlog), handle.record)
 
         def refused(f: Failure) -> None:
             if not f.check(Refused):
@@ -290,32 +351,11 @@ class McpResource(Resource):
             query_param(request, "subscriber"),
             _label(request),
         )
-        # The client going away un-parks the poll; nothing is taken (mcp-relay.md §4.3).
-        request.notifyFinish().addErrback(lambda _: d.cancel())
-
-        def answer(result: PollResult) -> None:
-            if _gone(request):
-                self.broker.put_back(result)  # taken but never delivered: back to the head
-                return
-            body = result.body()
-            request.setResponseCode(200)
-            request.setHeader(b"content-type", b"application/json")
-            request.setHeader(b"cache-control", b"no-store")
-            request.setHeader(b"content-length", b"%d" % len(body))
-            request.write(body)
-            request.finish()
-
-        def failure(f: Failure) -> None:
-            if f.check(CancelledError):
-                return
-            if f.check(Refused):
-                reason = f.value.reason
-                self._finish_json(request, status_for(reason), b'{"error":"%s"}' % reason.encode())
-                return
-            self._log.failure("MCP poll failed", f)
-            self._finish_json(request, 500, b'{"error":"internal_error"}')
-
-        d.addCallbacks(answer, failure)
+        answer = _PollAnswer(self, request, d)
+        if not d.called:
+            request.notifyFinish().addErrback(answer.gone)
+            _shed(request)
+        d.addCallbacks(answer.answer, answer.failure)
         return NOT_DONE_YET
 
     # shutdown ----------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ SSE = "sse"
 POLL = "poll"
 
 
-@dataclass
+@dataclass(slots=True)
 class SessionRecord:
     """A registered session: its id, the SHA-256 hex of its token, and when it was last touched (s)."""
 
@@ -37,24 +37,52 @@ class SessionRecord:
     last_seen: float
 
 
-@dataclass
 class SubscriberRecord:
     """One reader of one direction of a session, over SSE or long-poll.
 
     @ivar label: the C{client} label (C{None} when absent or empty).
+    @ivar last_seen: when it last polled or was created (s).
     @ivar parked: how many poll requests are waiting on this subscriber right now.
+    @ivar instance: the relayd process holding an SSE subscriber's connection (C{""}: this one,
+        or any for a poller, whose queue lives in the store).
+    @ivar queue_key: the key of its frame queue (and of its local sink or parked polls).
     """
 
-    id: str
-    session: str
-    direction: str
-    kind: str
-    label: str | None
-    last_seen: float
-    parked: int = 0
+    # Slots: an idle relay holds one of these per subscriber.
+    __slots__ = ("id", "session", "direction", "kind", "label", "last_seen", "parked", "instance", "queue_key")
 
-    @property
-    def queue_key(self) -> str:
+    def __init__(
+        self,
+        id: str,
+        session: str,
+        direction: str,
+        kind: str,
+        label: str | None,
+        last_seen: float,
+        parked: int = 0,
+        instance: str = "",
+    ) -> None:
+        self.id = id
+        self.session = session
+        self.direction = direction
+        self.kind = kind
+        self.label = label
+        self.last_seen = last_seen
+        self.parked = parked
+        self.instance = instance
+        self.queue_key = queue_key(session, direction, id)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SubscriberRecord):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in self.__slots__)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__[:-1])
+        return f"SubscriberRecord({fields})"
+
+
+def queue_key(self) -> str:
         """The key of this subscriber's frame queue."""
         return queue_key(self.session, self.direction, self.id)
 
