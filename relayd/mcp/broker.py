@@ -443,6 +443,14 @@ class Broker:
     def bus_end(self, session_id: str) -> None:
         self._end_local(session_id)
 
+    def bus_reset(self) -> None:
+        # Clients reconnect (SSE) or poll again, and re-subscribe through the bus that is back.
+        for sink in list(self._sinks.values()):
+            sink.end()
+        self._sinks.clear()
+        for key in list(self._waiters):
+            self._wake(key)
+
     # internals ---------------------------------------------------------------------------------
 
     def _now(self) -> float:

@@ -26,6 +26,9 @@ class BusListener(Protocol):
     def bus_end(self, session_id: str) -> None:
         """End local streams and release local polls of a session that ended elsewhere."""
 
+    def bus_reset(self) -> None:
+        """The bus was away (frames may have been missed): end every local stream and poll."""
+
 
 class IMcpBus(Interface):
     """Cross-process notifications of the MCP broker."""

@@ -19,6 +19,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 
 from relayd.mcp.broker import Broker, PollResult, Refused, StreamHandle, loads_json, parse_wait_ms
 from relayd.mcp.store import INBOUND, OUTBOUND, SubscriberRecord
+from relayd.redis import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param
 from relayd.web.body import EarlyAnswer, read_body
 from relayd.web.cors import OriginPolicy
@@ -47,6 +48,11 @@ _SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 _STATUS = {"session_gone": 410, "too_many_sessions": 503}
+
+
+def unavailable_body(error: StoreUnavailable) -> bytes:
+    """The 503 body when the shared store (Redis) does not answer: it names the store."""
+    return b'{"error":"store_unavailable","store":"%s"}' % error.store.encode()
 
 
 def status_for(reason: str) -> int:
@@ -171,6 +177,9 @@ class _PollAnswer:
             reason = f.value.reason
             resource._finish_json(self.request, status_for(reason), b'{"error":"%s"}' % reason.encode())
             return
+        if f.check(StoreUnavailable):
+            resource._finish_json(self.request, 503, unavailable_body(f.value))
+            return
         resource._log.failure("MCP poll failed", f)
         resource._finish_json(self.request, 500, b'{"error":"internal_error"}')
 
@@ -262,6 +271,8 @@ class McpResource(Resource):
             if f.check(Refused):
                 reason = f.value.reason
                 self._finish_json(request, status_for(reason), b'{"error":"%s"}' % reason.encode())
+            elif f.check(StoreUnavailable):
+                self._finish_json(request, 503, unavailable_body(f.value))
             else:
                 self._log.failure("MCP request failed", f)
                 self._finish_json(request, 500, b'{"error":"internal_error"}')
@@ -326,6 +337,9 @@ class McpResource(Resource):
             sink.start(SSE_PREAMBLE + b"".join(handle.backlog), handle.record)
 
         def refused(f: Failure) -> None:
+            if f.check(StoreUnavailable):
+                self._finish_json(request, 503, unavailable_body(f.value))
+                return
             if not f.check(Refused):
                 self._log.failure("MCP events failed", f)
                 self._finish_json(request, 500, b'{"error":"internal_error"}')

@@ -13,7 +13,11 @@ from relayd.config import Resolved, is_loopback_endpoint
 from relayd.mcp.broker import Broker, BrokerConfig
 from relayd.mcp.config import cors_policy, listen_endpoints
 from relayd.mcp.http import KEEPALIVE, KEEPALIVE_INTERVAL, MAX_BODY, McpResource
-from relayd.mcp.store import MemoryStore
+from relayd.mcp.bus import IMcpBus, LocalBus
+from relayd.mcp.redis_bus import RedisMcpBus
+from relayd.mcp.redis_store import RedisStore
+from relayd.mcp.store import IMcpStore, MemoryStore
+from relayd.redis import redis_for
 from relayd.web.body import BodyLimit
 from relayd.web.service import HTTPWingService
 from relayd.web.site import RelaySite
@@ -67,6 +71,17 @@ class McpService(HTTPWingService):
         self.broker.stop()
         yield super().stopService()
         self.resource.hub.stop()
+        yield self.broker.bus.stop()
+
+
+def _shared_state(settings: Resolved, clock: Clock) -> tuple[IMcpStore, IMcpBus]:
+    """Redis store and bus with C{--redis} (instances share sessions, queues and streams), else memory."""
+    redis = redis_for(settings, clock)
+    if redis is None:
+        return MemoryStore(), LocalBus()
+    prefix: str = settings.values.get("redis-prefix") or "relayd:"
+    _log.info("MCP relay state in Redis at {url} (prefix {prefix})", url=str(redis.url), prefix=prefix)
+    return RedisStore(redis, prefix), RedisMcpBus(redis, prefix)
 
 
 def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | None:
@@ -89,7 +104,8 @@ def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | N
         queue_max_frames=settings["mcp-queue-frames"],
         queue_max_bytes=settings["mcp-queue-bytes"],
     )
-    broker = Broker(MemoryStore(), clock, config)
+    store, bus = _shared_state(settings, clock)
+    broker = Broker(store, clock, config, bus)
     hub = SSEHub(clock, KEEPALIVE_INTERVAL, KEEPALIVE)
     resource = McpResource(
         broker, policy, hub, prefix, max_frames=config.queue_max_frames, max_bytes=config.queue_max_bytes

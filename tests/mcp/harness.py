@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 from typing import Any, Mapping
 
 import treq
 from twisted.internet import reactor
+from twisted.internet.task import deferLater
 from twisted.trial import unittest
 from twisted.web.client import HTTPConnectionPool
 
+import relayd.redis
 from relayd.clock import Clock
 from relayd.config import resolve
 from relayd.mcp.config import SETTINGS
+from relayd.mcp.redis_bus import RedisMcpBus
 from relayd.mcp.service import McpService, make_service
+from relayd.redis_config import SETTINGS as REDIS_SETTINGS
+from tests.support.redis import shared_redis
 from tests.support.sse import SSEClient
 
 TOKEN = "tok_abcdefghijklmnopqrstuvwxyz01"
@@ -42,17 +49,22 @@ class RelayTestCase(unittest.TestCase):
     flags: Mapping[str, Any] = {}
     environ: Mapping[str, str] = {}
     timeout = 30
+    # Set by the Redis variants: run the wing with --redis on the test run's redis-server.
+    with_redis = False
 
     async def start_relay(self, flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> None:
         given = {"mcp-listen": ["tcp:0:interface=127.0.0.1"], "mcp-reap-interval-ms": "0"}
         given.update(self.flags if flags is None else flags)
-        settings = resolve(SETTINGS, given, self.environ if environ is None else environ)
+        if self.with_redis:
+            given.update(redis_flags(shared_redis().url))
+        settings = resolve(REDIS_SETTINGS + SETTINGS, given, self.environ if environ is None else environ)
         self.clock = Clock(reactor)
         service = make_service(settings, reactor, self.clock)
         assert isinstance(service, McpService)
         self.service = service
         self.broker = service.broker
         service.startService()
+        await wait_ready(service)
         (port,) = await service.ports()
         self.port = port.getHost().port
         self.prefix = settings["mcp-prefix"]
@@ -69,6 +81,7 @@ class RelayTestCase(unittest.TestCase):
             await disconnect(stream)
             await stream.pool.closeCachedConnections()
         await self.pool.closeCachedConnections()
+        await close_redis(self.service)
         self.clock.shutdown()
 
     async def setUp(self) -> None:  # type: ignore[override]
@@ -104,6 +117,39 @@ class RelayTestCase(unittest.TestCase):
 
     async def poll(self, session: str = "sess", query: str = "", token: str = TOKEN) -> Reply:
         return await self.get(f"/{session}/poll?token={token}{query}")
+
+
+_prefixes = itertools.count()
+
+
+def redis_flags(url: str, prefix: str | None = None) -> dict[str, str]:
+    """The flags of a wing on Redis; a fresh key prefix isolates each test (or each test's instances)."""
+    return {"redis": url, "redis-prefix": prefix or f"t{os.getpid()}-{next(_prefixes)}:"}
+
+
+async def wait_ready(service: McpService, timeout: float = TIMEOUT) -> None:
+    """With Redis: until the pool is connected and the bus subscribed (a fresh process's startup)."""
+    bus = service.broker.bus
+    if not isinstance(bus, RedisMcpBus):
+        return
+    waited = 0.0
+    while not bus.redis.connected:
+        if waited > timeout:
+            raise AssertionError("Redis pool did not connect")
+        await deferLater(reactor, 0.01, lambda: None)  # polling a connection that is being made
+        waited += 0.01
+    await bus.ready
+
+
+async def close_redis(service: McpService) -> None:
+    """Close the wing's Redis pool (the process would at exit) and forget it in the process cache."""
+    bus = service.broker.bus
+    if isinstance(bus, RedisMcpBus):
+        await bus.stop()
+        for key, client in list(relayd.redis._clients.items()):
+            if client is bus.redis:
+                del relayd.redis._clients[key]
+        await bus.redis.close()
 
 
 async def next_mcp(stream: SSEClient, timeout: float = TIMEOUT) -> Any:
