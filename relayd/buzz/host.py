@@ -5,17 +5,27 @@ Decisions (docs/decisions.md, "Buzz broker host"):
     correlated C{failed} verdict with HTTP 200 (unauthenticated, then validation, then authorization).
  3. Receipts are keyed on (agent identity of the credential, requestId) and hold the SHA-256 of
     the received bytes; same digest replays (C{replayed: true}), a different one is a conflict.
-    Concurrent duplicates wait for the first execution and then replay it.
+    Concurrent duplicates wait for the first execution and then replay it: in this process on an
+    in-memory gate, across instances on the receipt store's claim.
  4. Writes store the signed events before sending. Relay OK (incl. C{duplicate:}) -> succeeded;
     OK false -> failed/action_failed; no answer -> indeterminate/outcome_unknown with the plan kept,
     so a retry of the same bytes resends the identical events.
 Validation failures and pre-dispatch faults are not recorded: they are functions of the bytes, or
 promise nothing happened, so re-evaluating a retry is equivalent.
+
+A retry is answered before anything else is looked at: once the credential is known, the SHA-256
+of the body finds the settled verdict in a cache of recent verdicts, so a replay costs neither JSON
+parsing nor validation nor a store lookup. That is equivalent to the full pipeline: only bytes
+that passed validation have a verdict, and the same bytes carry the same requestId. A retry the
+cache does not hold (after a restart, or first seen by another instance) takes the full pipeline
+and finds the verdict through the store's claim. (Asking the store by digest on every request
+would cost each new request a read and an index.)
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from typing import Any, Sequence
 
 from twisted.internet import defer
@@ -23,13 +33,36 @@ from twisted.logger import Logger
 
 from relayd.buzz import contract
 from relayd.buzz.keys import SealError
-from relayd.buzz.nostr_client import ConnectionLost, NotConnected, QueryClosed, RelayError, RelayTimeout
-from relayd.buzz.operations import ActionFailed, Context, InvalidArgs, Operations, Plan, Unauthorized, Unsupported
-from relayd.buzz.state import Agent, Credential, IAgentStore, ICredentialStore, IReceiptStore
+from relayd.buzz.nostr_client import (
+    ConnectionLost,
+    NotConnected,
+    QueryClosed,
+    RelayError,
+    RelayTimeout,
+)
+from relayd.buzz.operations import (
+    ActionFailed,
+    Context,
+    InvalidArgs,
+    Operations,
+    Plan,
+    Unauthorized,
+    Unsupported,
+)
+from relayd.buzz.state import (
+    Agent,
+    Claim,
+    Credential,
+    IAgentStore,
+    ICredentialStore,
+    IReceiptStore,
+)
+from relayd.redis import StoreUnavailable
 
 CHANNEL_ACTIONS = frozenset({"channel.read", "message.post", "message.reply", "reaction.add", "agents.create"})
 _BEARER = b"Bearer "
 _MAX_MESSAGE = 300
+_WAIT_STEP = 0.5  # a waiter for another instance re-checks at least this often (a missed notification)
 
 
 def credential_hash(credential: str | bytes) -> str:
@@ -41,6 +74,41 @@ def credential_hash(credential: str | bytes) -> str:
 def _safe(message: str) -> str:
     """Operator-facing text from a relay or exception, bounded and single-line."""
     return " ".join(message.split())[:_MAX_MESSAGE] or "no detail"
+
+
+class VerdictCache:
+    """Settled verdicts by (principal, body digest), least recently used out first.
+
+    A settled verdict never changes, so a cached one is right on every instance; the bounds keep
+    large read pages from holding much memory.
+    """
+
+    def __init__(self, max_entries: int = 4096, max_bytes: int = 16 * 1024 * 1024, max_item: int = 256 * 1024) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.max_item = max_item
+        self._items: OrderedDict[tuple[str, bytes], bytes] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, principal: str, digest: bytes) -> bytes | None:
+        key = (principal, digest)
+        data = self._items.get(key)
+        if data is not None:
+            self._items.move_to_end(key)
+        return data
+
+    def put(self, principal: str, digest: bytes, data: bytes) -> None:
+        if len(data) > self.max_item:
+            return
+        key = (principal, digest)
+        old = self._items.pop(key, None)
+        if old is not None:
+            self._bytes -= len(old)
+        self._items[key] = data
+        self._bytes += len(data)
+        while len(self._items) > self.max_entries or self._bytes > self.max_bytes:
+            _, gone = self._items.popitem(last=False)
+            self._bytes -= len(gone)
 
 
 class BrokerHost:
@@ -56,12 +124,16 @@ class BrokerHost:
         operations: Operations,
         *,
         max_agent_depth: int = 4,
+        busy_wait: float | None = None,
     ) -> None:
         self.credentials = credentials
         self.agents = agents
         self.receipts = receipts
         self.ops = operations
         self.max_agent_depth = max_agent_depth
+        # How long a duplicate waits for another instance's execution before answering indeterminate.
+        self.busy_wait = operations.timeout if busy_wait is None else busy_wait
+        self.verdicts = VerdictCache()
         self._inflight: dict[tuple[str, str], defer.Deferred[None]] = {}
         self._active = 0
         self._idle: list[defer.Deferred[None]] = []
@@ -82,30 +154,56 @@ class BrokerHost:
         return d
 
     def handle(self, authorization: Sequence[bytes] | None, body: bytes) -> defer.Deferred[tuple[int, bytes]]:
-        """Answer a request; never fails (faults become verdicts)."""
+        """Answer a request; never fails (faults become verdicts).
+
+        When every store answers at once (a replay from the cache or SQLite), the Deferred has
+        already fired on return, so the caller can answer in the same reactor turn.
+        """
         self._active += 1
         d = defer.Deferred.fromCoroutine(self._handle(authorization, body))
+        if d.called:
+            self._done()
+        else:
+            d.addBoth(self._done_with)
+        return d
 
-        def done(result: Any) -> Any:
-            self._active -= 1
-            if self._active == 0:
-                idle, self._idle = self._idle, []
-                for w in idle:
-                    w.callback(None)
-            return result
+    def _done_with(self, result: Any) -> Any:
+        self._done()
+        return result
 
-        return d.addBoth(done)
+    def _done(self) -> None:
+        self._active -= 1
+        if self._active == 0 and self._idle:
+            idle, self._idle = self._idle, []
+            for w in idle:
+                w.callback(None)
 
     async def _handle(self, authorization: Sequence[bytes] | None, body: bytes) -> tuple[int, bytes]:
+        digest = hashlib.sha256(body).digest()
+        who = fault = None
+        try:
+            who = await self._authenticate(authorization)
+            if who is not None:
+                replay = self.verdicts.get(who[1].pubkey, digest)
+                if replay is not None:
+                    return 200, contract.mark_replayed(replay)
+        except Exception as e:
+            fault = e
         try:
             rid, tree = contract.parse_request_body(body)
         except contract.RequestIdError as e:
             return 400, contract.dumps({"error": "invalid_request", "message": e.message})
         try:
-            return 200, await self._correlated(rid, tree, authorization, body)
+            if fault is not None:
+                raise fault
+            return 200, await self._correlated(rid, tree, who, digest)
+        except StoreUnavailable as e:
+            # Before dispatch (or with the plan kept for a retry): say so at once, never hang.
+            self._log.warn("broker store {store} unavailable (requestId {rid})", store=e.store, rid=rid)
+            return 200, _verdict(contract.failed(rid, "internal", f"the {e.store} store is unavailable; retry later"))
         except Exception:
             self._log.failure("broker fault before dispatch (requestId {rid})", rid=rid)
-            return 200, contract.serialize_response(contract.failed(rid, "internal", "internal host fault"))
+            return 200, _verdict(contract.failed(rid, "internal", "internal host fault"))
 
     async def _authenticate(self, authorization: Sequence[bytes] | None) -> tuple[Credential, Agent] | None:
         if not authorization or len(authorization) != 1 or not authorization[0].startswith(_BEARER):
@@ -122,9 +220,8 @@ class BrokerHost:
         return cred, agent
 
     async def _correlated(
-        self, rid: str, tree: Any, authorization: Sequence[bytes] | None, body: bytes
+        self, rid: str, tree: Any, who: tuple[Credential, Agent] | None, digest: bytes
     ) -> bytes:
-        who = await self._authenticate(authorization)
         if who is None:
             return _verdict(contract.failed(rid, "unauthenticated", "credential missing, malformed or rejected"))
         cred, agent = who
@@ -133,41 +230,77 @@ class BrokerHost:
         except contract.ContractError as e:
             return _verdict(contract.failed(rid, e.code, e.message))
         key = (agent.pubkey, rid)
-        # One execution per key at a time: later duplicates wait, then find the receipt.
+        # One execution per key at a time in this process: later duplicates wait, then find the receipt.
         while key in self._inflight:
             await _wait(self._inflight[key])
         gate: defer.Deferred[None] = defer.Deferred()
         self._inflight[key] = gate
         try:
-            return await self._idempotent(cred, agent, req, hashlib.sha256(body).digest())
+            return await self._idempotent(cred, agent, req, digest)
         finally:
             del self._inflight[key]
             gate.callback(None)
 
+    async def _claim(self, principal: str, rid: str, digest: bytes) -> Claim | None:
+        """The claim on (principal, rid), waiting while another instance executes it; None at the deadline."""
+        clock = self.ops.pool.clock
+        deadline = clock.seconds() + self.busy_wait
+        while True:
+            claim = await self.receipts.claim(principal, rid, digest)
+            if claim.status != "busy":
+                return claim
+            remaining = deadline - clock.seconds()
+            if remaining <= 0:
+                return None
+            await self.receipts.wait(principal, rid, min(remaining, _WAIT_STEP))
+
     async def _idempotent(self, cred: Credential, agent: Agent, req: contract.Request, digest: bytes) -> bytes:
         rid = req.request_id
-        receipt = await self.receipts.receipt(agent.pubkey, rid)
-        if receipt is not None:
-            if receipt.digest != digest:
-                return _verdict(
-                    contract.failed(rid, "request_id_conflict", "requestId was already used with different bytes")
+        principal = agent.pubkey
+        claim = await self._claim(principal, rid, digest)
+        if claim is None:
+            return _verdict(
+                contract.indeterminate(
+                    rid, "outcome_unknown", "another broker instance is still executing this request; retry the same bytes"
                 )
-            if receipt.state == "done" and receipt.response is not None:
-                return contract.mark_replayed(receipt.response)
-            assert receipt.plan is not None
-            return await self._execute(agent.pubkey, rid, Plan.from_bytes(receipt.plan))
+            )
+        if claim.status == "conflict":
+            return _verdict(contract.failed(rid, "request_id_conflict", "requestId was already used with different bytes"))
+        if claim.status == "done":
+            assert claim.response is not None
+            self.verdicts.put(principal, digest, claim.response)
+            return contract.mark_replayed(claim.response)
+        settled: list[bytes] = []
+        try:
+            if claim.status == "resume":
+                assert claim.plan is not None
+                return await self._execute(principal, rid, digest, Plan.from_bytes(claim.plan), settled)
+            return await self._run(cred, agent, req, digest, settled)
+        finally:
+            if not settled:
+                # No verdict: let a retry (here or on another instance) run at once, a stored plan kept.
+                try:
+                    await self.receipts.release(principal, rid)
+                except Exception as e:
+                    self._log.info("could not release the claim on {rid}: {why}", rid=rid, why=str(e))
+
+    async def _run(
+        self, cred: Credential, agent: Agent, req: contract.Request, digest: bytes, settled: list[bytes]
+    ) -> bytes:
+        rid = req.request_id
+        principal = agent.pubkey
         denial = self._authorize(cred, agent, req)
         if denial is not None:
-            return await self._record(agent.pubkey, rid, digest, contract.failed(rid, "unauthorized", denial))
+            return await self._settle(principal, rid, digest, contract.failed(rid, "unauthorized", denial), [], settled)
         try:
             ctx = Context(agent, self.ops.signer_for(agent))
             plan = await self.ops.run(ctx, req)
         except Unauthorized as e:
-            return await self._record(agent.pubkey, rid, digest, contract.failed(rid, "unauthorized", str(e)))
+            return await self._settle(principal, rid, digest, contract.failed(rid, "unauthorized", str(e)), [], settled)
         except Unsupported as e:
-            return await self._record(agent.pubkey, rid, digest, contract.failed(rid, "unsupported", str(e)))
+            return await self._settle(principal, rid, digest, contract.failed(rid, "unsupported", str(e)), [], settled)
         except ActionFailed as e:
-            return await self._record(agent.pubkey, rid, digest, contract.failed(rid, "action_failed", str(e)))
+            return await self._settle(principal, rid, digest, contract.failed(rid, "action_failed", str(e)), [], settled)
         except InvalidArgs as e:
             return _verdict(contract.failed(rid, "invalid_request", str(e)))
         except QueryClosed as e:
@@ -179,11 +312,11 @@ class BrokerHost:
             self._log.error("a sealed key of {agent} does not open under this key-encryption key", agent=agent.pubkey)
             return _verdict(contract.failed(rid, "internal", "key custody fault"))
         if not plan.events:
-            return await self._record(
-                agent.pubkey, rid, digest, contract.succeeded(rid, req.action, plan.outcome), plan.effects
+            return await self._settle(
+                principal, rid, digest, contract.succeeded(rid, req.action, plan.outcome), plan.effects, settled
             )
-        await self.receipts.store_plan(agent.pubkey, rid, digest, plan.to_bytes())
-        return await self._execute(agent.pubkey, rid, plan)
+        await self.receipts.store_plan(principal, rid, digest, plan.to_bytes())
+        return await self._execute(principal, rid, digest, plan, settled)
 
     def _authorize(self, cred: Credential, agent: Agent, req: contract.Request) -> str | None:
         if req.action not in cred.actions:
@@ -194,31 +327,43 @@ class BrokerHost:
             return f"agent ownership chains are limited to depth {self.max_agent_depth}"
         return None
 
-    async def _record(
+    async def _settle(
         self,
         principal: str,
         rid: str,
         digest: bytes,
         resp: contract.Response,
-        effects: list[dict[str, Any]] | None = None,
+        effects: list[dict[str, Any]],
+        settled: list[bytes],
     ) -> bytes:
-        data = _verdict(resp)
-        if effects:
-            await self.receipts.store_plan(principal, rid, digest, b"{}")
-            await self.receipts.complete(principal, rid, data, effects)
-        else:
-            await self.receipts.record(principal, rid, digest, data)
+        """Record a verdict (with its effects) and answer the one on record."""
+        data = await self.receipts.complete(principal, rid, digest, _verdict(resp), effects)
+        settled.append(data)
+        self.verdicts.put(principal, digest, data)
         return data
 
-    async def _execute(self, principal: str, rid: str, plan: Plan) -> bytes:
-        """Publish a stored plan's events in order and settle the verdict."""
+    async def _execute(self, principal: str, rid: str, digest: bytes, plan: Plan, settled: list[bytes]) -> bytes:
+        """Publish a stored plan's events in order and settle the verdict.
+
+        Events may be out by now, so a fault here is C{indeterminate} (C{failed} promises nothing
+        happened); the plan stays stored and a retry of the same bytes resends it.
+        """
+        try:
+            return await self._publish(principal, rid, digest, plan, settled)
+        except StoreUnavailable as e:
+            self._log.warn("broker store {store} unavailable mid-execution (requestId {rid})", store=e.store, rid=rid)
+            why = f"the {e.store} store is unavailable; retry the same bytes"
+        except Exception:
+            self._log.failure("broker fault mid-execution (requestId {rid})", rid=rid)
+            why = "internal host fault during execution; retry the same bytes"
+        return _verdict(contract.indeterminate(rid, "internal", why))
+
+    async def _publish(self, principal: str, rid: str, digest: bytes, plan: Plan, settled: list[bytes]) -> bytes:
         for item in plan.events:
             try:
                 signer = await self.ops.signer_by_pubkey(item["by"], plan)
             except ActionFailed as e:
-                data = _verdict(contract.failed(rid, "action_failed", str(e)))
-                await _settle(self.receipts, principal, rid, data, [])
-                return data
+                return await self._settle(principal, rid, digest, contract.failed(rid, "action_failed", str(e)), [], settled)
             conn = self.ops.pool.connection(signer)
             try:
                 accepted, message = await conn.publish(item["event"], self.ops.timeout)
@@ -226,19 +371,15 @@ class BrokerHost:
                 self._log.info("outcome unknown for {rid}: {why}", rid=rid, why=str(e))
                 return _verdict(contract.indeterminate(rid, "outcome_unknown", _safe(str(e))))
             if not accepted:
-                data = _verdict(contract.failed(rid, "action_failed", "relay refused the event: " + _safe(message)))
-                await _settle(self.receipts, principal, rid, data, [])
-                return data
-        data = _verdict(contract.succeeded(rid, plan.action, plan.outcome))
-        await _settle(self.receipts, principal, rid, data, plan.effects)
+                resp = contract.failed(rid, "action_failed", "relay refused the event: " + _safe(message))
+                return await self._settle(principal, rid, digest, resp, [], settled)
+        data = await self._settle(
+            principal, rid, digest, contract.succeeded(rid, plan.action, plan.outcome), plan.effects, settled
+        )
         for effect in plan.effects:
             if effect["op"] == "delete_agent":
                 self.ops.forget(effect["pubkey"])
         return data
-
-
-async def _settle(receipts: IReceiptStore, principal: str, rid: str, data: bytes, effects: list[dict[str, Any]]) -> None:
-    await receipts.complete(principal, rid, data, effects)
 
 
 def _verdict(resp: contract.Response) -> bytes:

@@ -28,24 +28,48 @@ class ActionResource(Resource):
     def render_POST(self, request: Request) -> Any:
         body = read_body(request)
         auth = request.requestHeaders.getRawHeaders(b"authorization")
-        gone = []
-        request.notifyFinish().addErrback(lambda _: gone.append(True))
+        now: list[Any] = []
+        later: list[bool] = []
+        gone: list[bool] = []
 
-        def answer(result: tuple[int, bytes]) -> None:
+        def answer(result: Any) -> None:
+            if not later:
+                now.append(result)  # answered within this call: returned below
+                return
             if gone:
                 return  # the client left; the verdict is recorded and a retry replays it
+            if not isinstance(result, tuple):
+                self._log.failure("a broker answer failed", result)
+                request.setResponseCode(500)
+                request.finish()
+                return
             status, data = result
-            request.setResponseCode(status)
-            request.setHeader(b"content-type", _JSON)
-            request.setHeader(b"cache-control", b"no-store")
+            _headers(request, status)
             request.setHeader(b"content-length", b"%d" % len(data))
             request.write(data)
             request.finish()
 
-        self.host.handle(auth, body).addCallback(answer).addErrback(
-            lambda f: self._log.failure("writing a broker answer failed", f)
-        )
+        self.host.handle(auth, body).addBoth(answer)
+        if now:
+            # A replay is answered in the reactor turn that read it: no finish notification or
+            # callback chain; twisted.web sets the length and finishes.
+            result = now[0]
+            if isinstance(result, tuple):
+                status, data = result
+                _headers(request, status)
+                return data
+            self._log.failure("a broker answer failed", result)
+            request.setResponseCode(500)
+            return b""
+        later.append(True)
+        request.notifyFinish().addErrback(lambda _: gone.append(True))
         return NOT_DONE_YET
+
+
+def _headers(request: Request, status: int) -> None:
+    request.setResponseCode(status)
+    request.setHeader(b"content-type", _JSON)
+    request.setHeader(b"cache-control", b"no-store")
 
 
 def make_root(host: BrokerHost) -> Resource:

@@ -15,11 +15,15 @@ when connecting keeps failing. Every timer goes through the L{relayd.clock.Clock
 from __future__ import annotations
 
 import itertools
+import os
+import struct
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
 import orjson
 from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
+from autobahn.websocket.protocol import WebSocketProtocol
+from autobahn.websocket.xormasker import create_xor_masker
 from twisted.internet import defer, endpoints
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
@@ -51,8 +55,127 @@ class QueryClosed(RelayError):
     """The relay refused a subscription (C{CLOSED}); the message is the relay's."""
 
 
+_OPEN = WebSocketProtocol.STATE_OPEN
+_TEXT_FIN = 0x81  # FIN + text opcode, no RSV bits
+_SMALL_MASK = 1024  # below this, masking with Python integers beats building autobahn's masker
+
+
+def _mask(payload: bytes, key: bytes) -> bytes:
+    """RFC 6455 masking: XOR with the 4-byte key repeated."""
+    n = len(payload)
+    if n >= _SMALL_MASK:
+        return create_xor_masker(key, n).process(payload)
+    pad = (key * ((n >> 2) + 1))[:n]
+    return (int.from_bytes(payload, "big") ^ int.from_bytes(pad, "big")).to_bytes(n, "big")
+
+
 class _Protocol(WebSocketClientProtocol):
+    """autobahn's client with a fast path for the frames a relay conversation consists of.
+
+    Per message, autobahn's generic machinery (debug-log argument formatting, a masker object, a
+    frame header object, four callbacks and traffic statistics) cost more CPU than everything the
+    broker does with the message. While the connection is open and no partial frame is buffered,
+    whole unfragmented text frames are parsed here and handed straight to the connection, and text
+    messages are framed and masked here; anything else (control frames, fragments, partial frames,
+    oversize or non-minimal lengths, the handshake) goes through autobahn unchanged.
+    """
+
     conn: "RelayConnection"
+
+    # An incomplete plain text frame at the end of a read is held here (as chunks, joined once it
+    # is complete) instead of going to autobahn, which would then take every following frame.
+    _held: list[bytes] | None = None
+    _held_len = 0
+    _need = 0  # bytes the held frame needs in all (its header's size while that is incomplete)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._held is not None:
+            self._held.append(data)
+            self._held_len += len(data)
+            if self._held_len < self._need:
+                return
+            data = b"".join(self._held)
+            self._held = None
+        if (
+            self.state == _OPEN
+            and self.current_frame is None
+            and not self.inside_message
+            and not self.data
+            and self._perMessageCompress is None
+        ):
+            used, need = self._fast_frames(data)
+            if need:
+                self._held = [data[used:] if used else data]
+                self._held_len = len(data) - used
+                self._need = need
+                return
+            if used == len(data):
+                return
+            if used:
+                data = data[used:]
+        self._dataReceived(data)  # autobahn's path, minus its per-call debug-log formatting
+
+    def _fast_frames(self, data: bytes) -> tuple[int, int]:
+        """Deliver the complete plain text frames at the head of C{data}.
+
+        Returns (bytes consumed, bytes needed): C{needed} is non-zero when what is left starts a
+        plain text frame that is not complete yet (its full size, or its header's while that is
+        cut); zero when what is left (if anything) is for autobahn.
+        """
+        n = len(data)
+        i = 0
+        limit = self.maxMessagePayloadSize
+        conn = self.factory.conn
+        while i < n:
+            if data[i] != _TEXT_FIN:
+                return i, 0
+            avail = n - i
+            if avail < 2:
+                return i, 2
+            b1 = data[i + 1]
+            if b1 & 0x80:  # a masked server frame: autobahn refuses it
+                return i, 0
+            length = b1
+            header = 2
+            if length == 126:
+                if avail < 4:
+                    return i, 4
+                (length,) = struct.unpack_from("!H", data, i + 2)
+                header = 4
+                if length < 126:
+                    return i, 0
+            elif length == 127:
+                if avail < 10:
+                    return i, 10
+                (length,) = struct.unpack_from("!Q", data, i + 2)
+                header = 10
+                if length < 65536:
+                    return i, 0
+            if limit and length > limit:
+                return i, 0
+            if header + length > avail:
+                return i, header + length
+            end = i + header + length
+            conn._message(self, data[i + header : end])
+            i = end
+            if self.state != _OPEN:
+                return i, 0  # the message closed the connection: autobahn handles what follows
+        return i, 0
+
+    def send_text(self, payload: bytes) -> None:
+        """Send one text message (framed and masked here while the connection is plainly open)."""
+        if self.state != _OPEN or self.send_queue or self._perMessageCompress is not None or self.transport is None:
+            self.sendMessage(payload)
+            return
+        n = len(payload)
+        if n < 126:
+            header = bytes((_TEXT_FIN, 0x80 | n))
+        elif n < 65536:
+            header = struct.pack("!BBH", _TEXT_FIN, 0xFE, n)
+        else:
+            header = struct.pack("!BBQ", _TEXT_FIN, 0xFF, n)
+        key = os.urandom(4)
+        self.transport.write(header + key + _mask(payload, key))
 
     def connectionMade(self) -> None:
         super().connectionMade()
@@ -312,7 +435,7 @@ class RelayConnection:
 
     def _send(self, message: list[Any]) -> None:
         assert self._proto is not None
-        self._proto.sendMessage(orjson.dumps(message))
+        self._proto.send_text(orjson.dumps(message))
 
     def _message(self, proto: _Protocol, payload: bytes) -> None:
         try:

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import orjson
 from twisted.logger import Logger
 
 from relayd.buzz import contract, cursor, nostr
@@ -56,7 +57,7 @@ class Plan:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "Plan":
-        d = json.loads(data)
+        d = orjson.loads(data)
         return cls(d["action"], d["outcome"], d["events"], d["effects"], d["keys"])
 
 
@@ -218,7 +219,7 @@ class Operations:
         ordered = sorted(
             (e for e in found.values() if floor is None or e["created_at"] >= floor), key=nostr.newest_first_key
         )
-        page = ordered[:limit]
+        page = contract.CheckedEvents(ordered[:limit])  # each came out of contract.signed_event
         outcome: dict[str, Any] = {"messages": page}
         if len(ordered) > limit and page:
             last = page[-1]

@@ -1,8 +1,8 @@
 """Broker state: credentials, agents and their sealed keys, idempotency receipts with pending events.
 
-L{StateDB} is the synchronous SQLite core (also used by the admin command); L{SQLiteState} runs it
-on one dedicated thread with one connection and returns Deferreds, behind the zope interfaces the
-host uses (a Redis receipts store can implement L{IReceiptStore} later).
+L{StateDB} is the synchronous SQLite core (also used by the admin command); L{SQLiteState} serves
+it to the reactor behind the zope interfaces the host uses (see its docstring for the threading).
+L{relayd.buzz.redis_state} implements L{IReceiptStore} on Redis for several instances.
 
 Durability: SQLite WAL with C{synchronous=NORMAL}: a committed transaction survives a crash of the
 process (kill -9); power loss may lose the last commits.
@@ -92,12 +92,35 @@ class Agent:
 
 @dataclass(frozen=True)
 class Receipt:
-    """An idempotency record: C{done} with its verdict bytes, or C{pending} with its stored plan."""
+    """An idempotency record: C{done} with its verdict bytes, C{pending} with its stored plan, or
+    (Redis only) C{claimed} while an instance executes it and nothing is stored yet."""
 
     digest: bytes
     state: str
     response: bytes | None
     plan: bytes | None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The answer to L{IReceiptStore.claim}.
+
+    C{status} is one of:
+     - C{new}: no verdict and no plan; the caller executes (and now holds the claim);
+     - C{resume}: a stored plan (C{plan}) awaits its verdict; the caller resends it (and holds the claim);
+     - C{done}: the verdict (C{response}) is on record; replay it;
+     - C{conflict}: the requestId was used with different bytes;
+     - C{busy}: another instance holds the claim; wait (L{IReceiptStore.wait}) and claim again.
+    """
+
+    status: str
+    response: bytes | None = None
+    plan: bytes | None = None
+
+
+NEW = Claim("new")
+CONFLICT = Claim("conflict")
+BUSY = Claim("busy")
 
 
 class ICredentialStore(Interface):
@@ -112,33 +135,55 @@ class IAgentStore(Interface):
     def agents_named(owner: str, name: str) -> "defer.Deferred[list[Agent]]":
         """Live agents of C{owner} called C{name}."""
 
+    def apply_effects(effects: list[dict[str, Any]]) -> "defer.Deferred[None]":
+        """Apply an execution's local effects (agents created, updated, deleted) in one transaction.
+
+        Idempotent: a retry that resumes a plan may apply the same effects again.
+        """
+
 
 class IReceiptStore(Interface):
+    """Idempotency receipts and the pending signed events of executions, keyed by (principal, requestId).
+
+    The caller serialises its own duplicates in process; C{claim} makes duplicates on other
+    instances sharing the store wait, so each request executes once.
+    """
+
     def receipt(principal: str, request_id: str) -> "defer.Deferred[Receipt | None]":
         """The receipt for (principal, requestId), if any."""
 
-    def record(principal: str, request_id: str, digest: bytes, response: bytes) -> "defer.Deferred[None]":
-        """Store a final verdict (replacing a pending plan)."""
+    def claim(principal: str, request_id: str, digest: bytes) -> "defer.Deferred[Claim]":
+        """Look the request up and, when it needs executing, take the claim to execute it."""
+
+    def wait(principal: str, request_id: str, timeout: float) -> "defer.Deferred[None]":
+        """Fires when a claim held elsewhere may have ended (settled, released, lapsed), or after C{timeout}."""
+
+    def release(principal: str, request_id: str) -> "defer.Deferred[None]":
+        """Give a claim up without a verdict: a stored plan stays for a retry to resend; a bare claim goes."""
 
     def store_plan(principal: str, request_id: str, digest: bytes, plan: bytes) -> "defer.Deferred[None]":
         """Durably store the signed events and effects of an execution before anything is sent."""
 
     def complete(
-        principal: str, request_id: str, response: bytes, effects: list[dict[str, Any]]
-    ) -> "defer.Deferred[None]":
-        """Apply an execution's local effects and store its verdict, in one transaction."""
+        principal: str, request_id: str, digest: bytes, response: bytes, effects: list[dict[str, Any]]
+    ) -> "defer.Deferred[bytes]":
+        """Apply C{effects}, store the verdict (replacing a plan) and end the claim.
+
+        Fires with the verdict on record: C{response}, or one another instance settled first.
+        """
 
 
 class StateDB:
     """The synchronous SQLite core. Not thread-safe: use from one thread."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, busy_timeout_ms: int = 5000) -> None:
         self.path = path
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.conn.execute("PRAGMA busy_timeout=5000")  # the schema step may meet another process
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
-        self.conn.execute("PRAGMA busy_timeout=5000")
         self.conn.executescript(_SCHEMA)
+        self.conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         try:
             os.chmod(path, 0o600)
         except OSError:
@@ -156,11 +201,20 @@ class StateDB:
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             result = f(self.conn)
+            self.conn.execute("COMMIT")
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
             raise
-        self.conn.execute("COMMIT")
         return result
+
+    def data_version(self) -> int:
+        """Changes whenever another connection (thread or process) commits; never for this one's commits."""
+        return int(self.conn.execute("PRAGMA data_version").fetchone()[0])
+
+    def checkpoint(self) -> None:
+        """Copy committed WAL pages into the database without waiting for readers or writers."""
+        self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     # credentials
 
@@ -229,16 +283,6 @@ class StateDB:
         ).fetchone()
         return Receipt(bytes(row[0]), row[1], row[2], row[3]) if row else None
 
-    def record(self, principal: str, request_id: str, digest: bytes, response: bytes) -> None:
-        self._tx(
-            lambda c: c.execute(
-                "INSERT INTO receipts (principal, request_id, digest, state, response, created_at)"
-                " VALUES (?, ?, ?, 'done', ?, ?) ON CONFLICT (principal, request_id) DO UPDATE SET"
-                " state = 'done', response = excluded.response, plan = NULL",
-                (principal, request_id, digest, response, int(time.time())),
-            )
-        )
-
     def store_plan(self, principal: str, request_id: str, digest: bytes, plan: bytes) -> None:
         self._tx(
             lambda c: c.execute(
@@ -248,14 +292,26 @@ class StateDB:
             )
         )
 
-    def complete(self, principal: str, request_id: str, response: bytes, effects: list[dict[str, Any]]) -> None:
+    def complete(
+        self, principal: str, request_id: str, digest: bytes, response: bytes, effects: list[dict[str, Any]]
+    ) -> bytes:
         def tx(c: sqlite3.Connection) -> None:
             for effect in effects:
                 _apply_effect(c, effect)
             c.execute(
-                "UPDATE receipts SET state = 'done', response = ?, plan = NULL WHERE principal = ? AND request_id = ?",
-                (response, principal, request_id),
+                "INSERT INTO receipts (principal, request_id, digest, state, response, created_at)"
+                " VALUES (?, ?, ?, 'done', ?, ?) ON CONFLICT (principal, request_id) DO UPDATE SET"
+                " state = 'done', response = excluded.response, plan = NULL",
+                (principal, request_id, digest, response, int(time.time())),
             )
+
+        self._tx(tx)
+        return response
+
+    def apply_effects(self, effects: list[dict[str, Any]]) -> None:
+        def tx(c: sqlite3.Connection) -> None:
+            for effect in effects:
+                _apply_effect(c, effect)
 
         self._tx(tx)
 
@@ -353,62 +409,198 @@ def _apply_effect(c: sqlite3.Connection, effect: dict[str, Any]) -> None:
 
 @implementer(ICredentialStore, IAgentStore, IReceiptStore)
 class SQLiteState:
-    """L{StateDB} writes on one dedicated thread; lookups on a read-only connection in the caller's thread.
+    """The stores on SQLite: one connection on the reactor thread, a worker thread for the rest.
 
-    Lookups are single-row primary-key reads; in WAL mode readers never wait for the writer, so
-    they run inline (already-fired Deferreds) instead of paying a thread hop each: that hop was
-    most of the host's CPU per replayed verdict.
+    Reads and writes run inline on the reactor thread, on one connection: a primary-key read is a
+    few microseconds and a WAL commit with C{synchronous=NORMAL} is a C{write()} without C{fsync},
+    while handing either to a thread and back cost several times the work itself (two wake-ups,
+    the GIL changing hands). What could block stays off the reactor: checkpoints (which C{fsync})
+    run on the worker thread, and a write that finds another process holding the write lock (the
+    admin command) is handed to the worker, which waits for it; later writes queue behind it so
+    they commit in order.
+
+    Credentials and agents are cached. The cache is dropped whenever C{PRAGMA data_version} says
+    another connection committed (the admin command revoking, another instance, the worker) and
+    after this connection applies agent effects, so a revocation counts from the next request.
+
+    Receipts need no claim here: the host serialises duplicates in its process, and a process
+    owns its SQLite receipts (several instances share receipts through Redis).
     """
+
+    BUSY_TIMEOUT_MS = 10  # the reactor thread waits this long for another process's write lock
+    CHECKPOINT_EVERY = 256  # inline commits between passive checkpoints
+    CACHE_ENTRIES = 10_000
 
     def __init__(self, db: StateDB, reactor: Any) -> None:
         self.db = db
-        self._reader = StateDB(db.path)
-        self._reader.conn.execute("PRAGMA query_only=1")
+        db.conn.execute(f"PRAGMA busy_timeout={self.BUSY_TIMEOUT_MS}")
+        db.conn.execute("PRAGMA wal_autocheckpoint=0")  # the worker checkpoints (it may fsync)
         self._reactor = reactor
         self._pool = ThreadPool(minthreads=1, maxthreads=1, name="relayd-buzz-sqlite")
+        self._worker_db: StateDB | None = None
+        self._queued = 0
+        self._commits = 0
+        self._checkpointing = False
+        self._version = db.data_version()
+        self._credentials: dict[str, Credential] = {}
+        self._agents: dict[str, Agent] = {}
 
     @classmethod
     def in_dir(cls, state_dir: str, reactor: Any) -> "SQLiteState":
         return cls(StateDB.in_dir(state_dir), reactor)
 
-    def _run(self, f: Callable[..., T], *args: Any) -> "defer.Deferred[T]":
+    # --- plumbing
+
+    def _worker(self) -> StateDB:
+        """The worker thread's own connection (opened there, on first use)."""
+        if self._worker_db is None:
+            self._worker_db = StateDB(self.db.path)
+            self._worker_db.conn.execute("PRAGMA wal_autocheckpoint=0")
+        return self._worker_db
+
+    def _on_worker(self, f: Callable[..., T], *args: Any) -> "defer.Deferred[T]":
         if not self._pool.started:  # started on first use, so an unstarted service leaves no thread
             self._pool.start()
         return threads.deferToThreadPool(self._reactor, self._pool, f, *args)
 
+    def _write(self, name: str, *args: Any) -> "defer.Deferred[Any]":
+        """Run C{StateDB.<name>(*args)} inline, or on the worker when it is busy or the lock is taken."""
+        if self._queued == 0:
+            try:
+                result = getattr(self.db, name)(*args)
+            except sqlite3.OperationalError as e:
+                if not _locked(e):
+                    return defer.fail()
+            except Exception:
+                return defer.fail()
+            else:
+                self._committed()
+                return defer.succeed(result)
+        self._queued += 1
+        d = self._on_worker(lambda: getattr(self._worker(), name)(*args))
+
+        def done(result: Any) -> Any:
+            self._queued -= 1
+            return result
+
+        return d.addBoth(done)
+
+    def _committed(self) -> None:
+        self._commits += 1
+        if self._commits >= self.CHECKPOINT_EVERY and not self._checkpointing:
+            self._commits = 0
+            self._checkpointing = True
+
+            def done(result: Any) -> None:
+                self._checkpointing = False
+
+            self._on_worker(lambda: self._worker().checkpoint()).addBoth(done)
+
+    def _fresh(self) -> None:
+        version = self.db.data_version()
+        if version != self._version:
+            self._version = version
+            self._forget()
+
+    def _forget(self) -> None:
+        self._credentials.clear()
+        self._agents.clear()
+
     def close(self) -> "defer.Deferred[None]":
-        """Close the connection on its thread, then stop the thread."""
-        self._reader.close()
+        """Close the worker's connection on its thread, stop the thread, close the reactor's connection."""
         if not self._pool.started:
             self.db.close()
             return defer.succeed(None)
-        d = self._run(self.db.close)
+
+        def close_worker() -> None:
+            if self._worker_db is not None:
+                self._worker_db.close()
+                self._worker_db = None
+
+        d = self._on_worker(close_worker)
 
         def stop(result: Any) -> Any:
             self._pool.stop()
+            self.db.close()
             return result
 
         return d.addBoth(stop)
 
+    # --- credentials and agents
+
     def credential(self, hash: str) -> "defer.Deferred[Credential | None]":
-        return defer.maybeDeferred(self._reader.credential, hash)
+        try:
+            self._fresh()
+            cred = self._credentials.get(hash)
+            if cred is None:
+                cred = self.db.credential(hash)
+                if cred is not None:
+                    if len(self._credentials) >= self.CACHE_ENTRIES:
+                        self._credentials.clear()
+                    self._credentials[hash] = cred
+        except Exception:
+            return defer.fail()
+        return defer.succeed(cred)
 
     def agent(self, pubkey: str) -> "defer.Deferred[Agent | None]":
-        return defer.maybeDeferred(self._reader.agent, pubkey)
+        try:
+            self._fresh()
+            agent = self._agents.get(pubkey)
+            if agent is None:
+                agent = self.db.agent(pubkey)
+                if agent is not None:
+                    if len(self._agents) >= self.CACHE_ENTRIES:
+                        self._agents.clear()
+                    self._agents[pubkey] = agent
+        except Exception:
+            return defer.fail()
+        return defer.succeed(agent)
 
     def agents_named(self, owner: str, name: str) -> "defer.Deferred[list[Agent]]":
-        return defer.maybeDeferred(self._reader.agents_named, owner, name)
+        return defer.maybeDeferred(self.db.agents_named, owner, name)
+
+    def apply_effects(self, effects: list[dict[str, Any]]) -> "defer.Deferred[None]":
+        return self._write("apply_effects", effects).addBoth(self._after_effects)
+
+    def _after_effects(self, result: Any) -> Any:
+        self._forget()
+        return result
+
+    # --- receipts
 
     def receipt(self, principal: str, request_id: str) -> "defer.Deferred[Receipt | None]":
-        return defer.maybeDeferred(self._reader.receipt, principal, request_id)
+        return defer.maybeDeferred(self.db.receipt, principal, request_id)
 
-    def record(self, principal: str, request_id: str, digest: bytes, response: bytes) -> "defer.Deferred[None]":
-        return self._run(self.db.record, principal, request_id, digest, response)
+    def claim(self, principal: str, request_id: str, digest: bytes) -> "defer.Deferred[Claim]":
+        try:
+            r = self.db.receipt(principal, request_id)
+        except Exception:
+            return defer.fail()
+        if r is None:
+            return defer.succeed(NEW)
+        if r.digest != digest:
+            return defer.succeed(CONFLICT)
+        if r.state == "done" and r.response is not None:
+            return defer.succeed(Claim("done", response=bytes(r.response)))
+        return defer.succeed(Claim("resume", plan=bytes(r.plan) if r.plan is not None else b"{}"))
+
+    def wait(self, principal: str, request_id: str, timeout: float) -> "defer.Deferred[None]":
+        return defer.succeed(None)  # never busy: no other process shares these receipts
+
+    def release(self, principal: str, request_id: str) -> "defer.Deferred[None]":
+        return defer.succeed(None)  # a claim here is only the host's in-process gate
 
     def store_plan(self, principal: str, request_id: str, digest: bytes, plan: bytes) -> "defer.Deferred[None]":
-        return self._run(self.db.store_plan, principal, request_id, digest, plan)
+        return self._write("store_plan", principal, request_id, digest, plan)
 
     def complete(
-        self, principal: str, request_id: str, response: bytes, effects: list[dict[str, Any]]
-    ) -> "defer.Deferred[None]":
-        return self._run(self.db.complete, principal, request_id, response, effects)
+        self, principal: str, request_id: str, digest: bytes, response: bytes, effects: list[dict[str, Any]]
+    ) -> "defer.Deferred[bytes]":
+        d = self._write("complete", principal, request_id, digest, response, effects)
+        return d.addBoth(self._after_effects) if effects else d
+
+
+def _locked(e: sqlite3.OperationalError) -> bool:
+    """SQLITE_BUSY / SQLITE_LOCKED: another connection holds the lock this one needs."""
+    text = str(e).lower()
+    return "locked" in text or "busy" in text

@@ -10,7 +10,12 @@ from twisted.internet import defer, endpoints, reactor, task
 from twisted.trial import unittest
 
 from relayd.buzz import nostr
-from relayd.buzz.nostr_client import ConnectionLost, NotConnected, RelayPool, RelayTimeout
+from relayd.buzz.nostr_client import (
+    ConnectionLost,
+    NotConnected,
+    RelayPool,
+    RelayTimeout,
+)
 from relayd.clock import Clock
 
 
@@ -113,3 +118,46 @@ class ClientTests(unittest.TestCase):
             await pool.connection(self.signer).publish(self.signer.sign(9, [], "x", 1), 0.5)
         await pool.close()
         self.port = await endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(self.factory)
+
+    async def test_frames_split_anywhere_fragmented_or_mixed_with_control_frames(self) -> None:
+        """The client's fast frame path hands whole plain frames on and leaves the rest to autobahn."""
+        import struct
+
+        conn = self.pool.connection(self.signer)
+        contents = ["short", "m" * 300, "l" * 70_000, "fragmented " * 30, "after the ping"]
+        for size in (None, 1, 7, 1000):
+            sent = self.next_message()
+            query = defer.ensureDeferred(conn.query([{"kinds": [9]}], 5.0))
+            while True:  # the AUTH (first round only), then the REQ
+                msg = await sent
+                if msg[0] == "REQ":
+                    break
+                sent = self.next_message()
+            sub = msg[1]
+            events = [self.signer.sign(9, [], c, 1_800_000_000) for c in contents]
+
+            def frame(payload: bytes, opcode: int = 1, fin: bool = True) -> bytes:
+                n = len(payload)
+                head = bytes([(0x80 if fin else 0) | opcode])
+                if n < 126:
+                    head += bytes([n])
+                elif n < 65536:
+                    head += bytes([126]) + struct.pack("!H", n)
+                else:
+                    head += bytes([127]) + struct.pack("!Q", n)
+                return head + payload
+
+            wire = b""
+            for ev in events[:3]:
+                wire += frame(json.dumps(["EVENT", sub, ev]).encode())
+            text = json.dumps(["EVENT", sub, events[3]]).encode()
+            wire += frame(text[:50], 1, False) + frame(b"", 9) + frame(text[50:], 0, True)  # a ping inside
+            wire += frame(b"pong?", 9) + frame(json.dumps(["EVENT", sub, events[4]]).encode())
+            wire += frame(json.dumps(["EOSE", sub]).encode())
+            proto = conn._proto
+            assert proto is not None
+            step = size or len(wire)
+            for i in range(0, len(wire), step):
+                proto.dataReceived(wire[i : i + step])
+            got = await query
+            assert [e["content"] for e in got] == contents, size
