@@ -39,6 +39,7 @@ from relayd.mcp.store import (
     SubscriberRecord,
     queue_key,
 )
+from relayd.redis import StoreUnavailable
 
 SESSION_ID = re.compile(r"[A-Za-z0-9_-]{4,64}")
 SUBSCRIBER_ID = re.compile(r"[a-f0-9]{16}")
@@ -330,6 +331,7 @@ class Broker:
         self._sinks: dict[str, Sink] = {}
         self._waiters: dict[str, set[_Poll]] = {}
         self._fresh_ids = count(1)
+        self._orphans: list[SubscriberRecord] = []
         self._reaper: Any = None
         self.draining = False
         self.bus.start(self)
@@ -457,7 +459,10 @@ class Broker:
         return self.clock.seconds()
 
     def _log_failure(self, failure: Failure, what: str) -> None:
-        self._log.failure(what, failure)
+        if failure.check(StoreUnavailable):
+            self._log.warn("{what}: {error}", what=what, error=failure.getErrorMessage())
+        else:
+            self._log.failure(what, failure)
 
     def _reap_tick(self) -> None:
         self.reap().addErrback(self._log_failure, "MCP reaper pass failed")
@@ -607,7 +612,12 @@ class Broker:
 
     async def _close_stream(self, record: SubscriberRecord) -> None:
         self._sinks.pop(record.queue_key, None)
-        removed = await self.store.remove_subscriber(record.session, record.direction, record.id)
+        try:
+            removed = await self.store.remove_subscriber(record.session, record.direction, record.id)
+        except StoreUnavailable:
+            # The stream is gone but its record is not: remove it once the store answers again.
+            self._orphans.append(record)
+            raise
         if removed is not None and record.direction == OUTBOUND:
             await self._announce(record.session, PEER_LEFT, record.id)
 
@@ -752,6 +762,9 @@ class Broker:
     async def _reap(self) -> None:
         now = self._now()
         store = self.store
+        orphans, self._orphans = self._orphans, []
+        for record in orphans:
+            await self._close_stream(record)
         # Decision MCP 7: an open SSE stream or a parked poll keeps its session alive.
         for session_id in self._active_sessions():
             await store.touch_session(session_id, now)

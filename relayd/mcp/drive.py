@@ -53,6 +53,11 @@ class _Resumer:
         # The coroutine reads the awaited Deferred's result itself (Deferred.__await__), so it must
         # run before this callback returns; returning None then consumes a failure it has seen.
         self.awaited = None
+        if isinstance(outcome, Failure):
+            # Inside its own callbacks a failed Deferred cannot raise from __await__ yet; throw the
+            # error into the coroutine where it awaits.
+            self._step_throw(outcome.value.with_traceback(outcome.getTracebackObject()))
+            return None
         try:
             awaited = self.coro.send(None)
         except StopIteration as done:

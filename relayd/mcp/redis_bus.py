@@ -35,6 +35,9 @@ class _Subscription(RedisBus):
     def __init__(self, redis: Redis, owner: RedisMcpBus) -> None:
         self.owner = owner
         super().__init__(redis)
+        # txredisapi's subscriber decodes channels and messages as UTF-8 by default; the bus keys
+        # its handlers by bytes and events are bytes. (Set before the connection is built.)
+        self._factory.charset = None
 
     def _subscribed(self, protocol: Any) -> None:
         super()._subscribed(protocol)

@@ -1,0 +1,241 @@
+"""Several MCP relay instances sharing one real redis-server behave as one relay (issue 5, MCP part).
+
+Each instance is a whole in-process MCP wing (its own listener, Redis pool, bus subscription and
+clock), as a separate ``twistd`` process would have; they share only Redis. A page on A, an agent on
+B and a poller landing on C each time; unregister or expiry on one instance ends streams and parked
+polls on the others; Redis restarted during traffic.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import treq
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.task import deferLater
+from twisted.trial.unittest import TestCase
+from twisted.web.client import HTTPConnectionPool
+
+from relayd.clock import Clock
+from relayd.config import resolve
+from relayd.mcp.config import SETTINGS
+from relayd.mcp.service import McpService, make_service
+from relayd.redis_config import SETTINGS as REDIS_SETTINGS
+from tests.mcp.harness import TOKEN, Reply, close_redis, disconnect, next_mcp, redis_flags, wait_ready
+from tests.support.redis import RedisServer, shared_redis
+from tests.support.sse import SSEClient
+
+SESSION = "multi-01"
+REQUEST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+REPLY = {"jsonrpc": "2.0", "id": 1, "result": {"tools": []}}
+
+
+class Instances(TestCase):
+    """Starts C{count} wings on one Redis key prefix; C{self.urls[i]} is instance i's base URL."""
+
+    timeout = 60
+    count = 3
+
+    async def setUp(self) -> None:  # type: ignore[override]
+        self.redis_url = self.redis_server_url()
+        flags = redis_flags(self.redis_url)
+        self.services: list[McpService] = []
+        self.urls: list[str] = []
+        self.streams: list[SSEClient] = []
+        self.pool = HTTPConnectionPool(reactor, persistent=False)
+        self.addCleanup(self._stop)
+        for _ in range(self.count):
+            await self.start_instance(flags)
+        await self.post(0, "/register", {"session": SESSION, "token": TOKEN})
+
+    def redis_server_url(self) -> str:
+        return shared_redis().url
+
+    async def start_instance(self, flags: dict[str, str]) -> None:
+        given = {"mcp-listen": ["tcp:0:interface=127.0.0.1"], "mcp-reap-interval-ms": "0", **flags}
+        settings = resolve(REDIS_SETTINGS + SETTINGS, given, {})
+        clock = Clock(reactor)
+        service = make_service(settings, reactor, clock)
+        assert isinstance(service, McpService)
+        service.startService()
+        self.services.append(service)
+        await wait_ready(service)
+        (port,) = await service.ports()
+        self.urls.append(f"http://127.0.0.1:{port.getHost().port}")
+
+    async def _stop(self) -> None:
+        for service in self.services:
+            if service.running:
+                await service.stopService()
+        for stream in self.streams:
+            await disconnect(stream)
+            await stream.pool.closeCachedConnections()
+        await self.pool.closeCachedConnections()
+        for service in self.services:
+            await close_redis(service)
+            service.clock.shutdown()
+
+    async def request(self, i: int, method: str, path: str, body: Any = None, timeout: float = 5.0) -> Reply:
+        data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+        d = treq.request(method, self.urls[i] + path, data=data, pool=self.pool,
+                         headers={"content-type": "application/json"})
+        d.addTimeout(timeout, reactor)
+        response = await d
+        return Reply(response.code, response.headers, await treq.content(response))
+
+    async def post(self, i: int, path: str, body: Any = None) -> Reply:
+        return await self.request(i, "POST", path, body if body is not None else b"")
+
+    async def poll(self, i: int, query: str, timeout: float = 5.0) -> Reply:
+        return await self.request(i, "GET", f"/{SESSION}/poll?token={TOKEN}{query}", timeout=timeout)
+
+    async def parked(self, i: int) -> None:
+        """Until instance i has a poll parked (its broker counts it)."""
+        deadline = time.monotonic() + 5
+        while self.services[i].broker.parked_polls() == 0:
+            assert time.monotonic() < deadline, "the poll never parked"
+            await deferLater(reactor, 0.005, lambda: None)  # polling the instance's own state
+
+    async def events(self, i: int, direction: str) -> SSEClient:
+        stream = await SSEClient.connect(f"{self.urls[i]}/{SESSION}/events?token={TOKEN}&direction={direction}")
+        self.streams.append(stream)
+        assert stream.code == 200
+        return stream
+
+
+class MultiInstanceTests(Instances):
+    async def test_page_on_a_agent_on_b_round_trip_with_presence(self) -> None:
+        page = await self.events(0, "inbound")
+        agent = await self.events(1, "outbound")
+        joined = (await next_mcp(page)).json()
+        self.assertEqual(joined["method"], "notifications/peer_joined")
+        self.assertEqual((await self.post(1, f"/{SESSION}/inbox?token={TOKEN}&client=alice", REQUEST)).code, 200)
+        self.assertEqual((await next_mcp(page)).json(), REQUEST)
+        self.assertEqual((await self.post(0, f"/{SESSION}/outbox?token={TOKEN}", REPLY)).code, 200)
+        self.assertEqual((await next_mcp(agent)).json(), REPLY)
+        # The agent leaves B: the page on A hears it.
+        await disconnect(agent)
+        left = (await next_mcp(page)).json()
+        self.assertEqual((left["method"], left["params"]["subscriberId"]),
+                         ("notifications/peer_left", joined["params"]["subscriberId"]))
+
+    async def test_poller_landing_on_another_instance_each_time(self) -> None:
+        page = await self.events(0, "inbound")
+        first = (await self.poll(1, "&direction=outbound&wait=0")).json()
+        sub = first["subscriber"]
+        self.assertEqual((await next_mcp(page)).json()["params"]["subscriberId"], sub)
+        # Adopted on C, not created again: no second peer_joined (the next page event is the request).
+        again = await self.poll(2, f"&direction=outbound&wait=0&subscriber={sub}")
+        self.assertEqual(again.json(), {"subscriber": sub, "frames": []})
+        # A poll parked on C is woken by a reply posted on A.
+        parked = Deferred.fromCoroutine(self.poll(2, f"&direction=outbound&wait=20000&subscriber={sub}"))
+        await self.parked(2)
+        await self.post(1, f"/{SESSION}/inbox?token={TOKEN}", REQUEST)
+        self.assertEqual((await next_mcp(page)).json(), REQUEST)
+        started = time.monotonic()
+        await self.post(0, f"/{SESSION}/outbox?token={TOKEN}", REPLY)
+        result = (await parked).json()
+        self.assertLess(time.monotonic() - started, 2.0)
+        self.assertEqual((result["subscriber"], [json.loads(f) for f in result["frames"]]), (sub, [REPLY]))
+        # Queued while no poll is parked anywhere, taken on B.
+        await self.post(2, f"/{SESSION}/outbox?token={TOKEN}", {"jsonrpc": "2.0", "method": "n"})
+        later = (await self.poll(1, f"&direction=outbound&wait=0&subscriber={sub}")).json()
+        self.assertEqual([json.loads(f) for f in later["frames"]], [{"jsonrpc": "2.0", "method": "n"}])
+
+    async def test_labelled_clients_on_different_instances_get_their_own_reply(self) -> None:
+        alice = await self.events(1, "outbound&client=alice")
+        bob = (await self.poll(2, "&direction=outbound&wait=0&client=bob")).json()["subscriber"]
+        page = await self.events(0, "inbound")
+        await self.post(1, f"/{SESSION}/inbox?token={TOKEN}&client=alice", REQUEST)
+        await self.post(2, f"/{SESSION}/inbox?token={TOKEN}&client=bob", REQUEST)
+        seen = [(await next_mcp(page)).json() for _ in range(2)]
+        ids = [m["id"] for m in seen]
+        self.assertEqual(ids[0], 1)
+        self.assertNotEqual(ids[1], 1)  # bob's id collided and was rewritten (decision MCP 6)
+        for forwarded in reversed(ids):
+            await self.post(0, f"/{SESSION}/outbox?token={TOKEN}", {"jsonrpc": "2.0", "id": forwarded, "result": {}})
+        self.assertEqual((await next_mcp(alice)).json()["id"], 1)
+        bobs = (await self.poll(0, f"&direction=outbound&wait=0&subscriber={bob}")).json()["frames"]
+        self.assertEqual([json.loads(f)["id"] for f in bobs], [1])
+
+    async def test_first_frame_backlog_is_shared(self) -> None:
+        await self.post(0, f"/{SESSION}/inbox?token={TOKEN}", REQUEST)
+        first = (await self.poll(1, "&direction=inbound&wait=0")).json()
+        self.assertEqual([json.loads(f) for f in first["frames"]], [REQUEST])
+        self.assertEqual((await self.poll(2, "&direction=inbound&wait=0")).json()["frames"], [])
+
+    async def test_unregister_on_a_ends_stream_on_b_and_releases_poll_on_c_within_1s(self) -> None:
+        agent = await self.events(1, "outbound")
+        sub = (await self.poll(2, "&direction=inbound&wait=0")).json()["subscriber"]
+        parked = Deferred.fromCoroutine(self.poll(2, f"&direction=inbound&wait=20000&subscriber={sub}"))
+        await self.parked(2)
+        started = time.monotonic()
+        self.assertEqual((await self.post(0, f"/{SESSION}/unregister?token={TOKEN}")).json(), {"ok": True})
+        await agent.read_until_end(timeout=1.0)
+        released = await parked
+        self.assertLess(time.monotonic() - started, 1.0)
+        self.assertEqual((released.code, released.json()["frames"]), (200, []))
+        self.assertEqual((await self.poll(1, "&direction=inbound&wait=0")).code, 410)
+
+    async def test_expiry_reaped_on_one_instance_ends_streams_on_another(self) -> None:
+        page = await self.events(1, "inbound")
+        broker = self.services[0].broker
+        # Age the session as the TTL would (time is the one thing tests fake), then reap on A.
+        await broker.store.touch_session(SESSION, broker.clock.seconds() - 10 * 3600)
+        started = time.monotonic()
+        await broker.reap()
+        await page.read_until_end(timeout=1.0)
+        self.assertLess(time.monotonic() - started, 1.0)
+        self.assertEqual((await self.poll(2, "&direction=inbound&wait=0")).code, 410)
+
+
+class RedisRestartTests(Instances):
+    """Redis goes away during traffic and comes back: prompt 503s, then service without a restart."""
+
+    count = 2
+
+    def redis_server_url(self) -> str:
+        self.redis_server = RedisServer.start()
+        self.addCleanup(self.redis_server.cleanup)
+        return self.redis_server.url
+
+    async def test_restart_during_traffic(self) -> None:
+        # Acknowledged before the restart: a frame queued for a poller.
+        sub = (await self.poll(1, "&direction=outbound&wait=0")).json()["subscriber"]
+        self.assertEqual((await self.post(0, f"/{SESSION}/outbox?token={TOKEN}", REPLY)).json(), {"ok": True})
+        page = await self.events(0, "inbound")
+        parked = Deferred.fromCoroutine(self.poll(1, "&direction=inbound&wait=1000", timeout=10.0))
+        await self.parked(1)
+
+        self.redis_server.stop(save=True)
+        started = time.monotonic()
+        refused = await self.post(1, f"/{SESSION}/inbox?token={TOKEN}", REQUEST)
+        self.assertLess(time.monotonic() - started, 5.0)
+        self.assertEqual((refused.code, refused.json()), (503, {"error": "store_unavailable", "store": "mcp"}))
+        gone = await parked  # in flight when Redis went: it answers (its wait ended without Redis)
+        self.assertLess(time.monotonic() - started, 5.0)
+        self.assertEqual(gone.code, 503)
+
+        self.redis_server._spawn()
+        deadline = time.monotonic() + 20
+        while True:
+            reply = await self.post(1, f"/{SESSION}/inbox?token={TOKEN}", {"jsonrpc": "2.0", "method": "ping"})
+            if reply.code == 200:
+                break
+            self.assertEqual(reply.code, 503)
+            self.assertLess(time.monotonic(), deadline, "relayd did not reconnect to Redis")
+            await deferLater(reactor, 0.1, lambda: None)  # retrying as a client would, until Redis is back
+        # The stream on A lived through an outage of its bus: it is ended so its client re-subscribes.
+        await page.read_until_end(timeout=10.0)
+        for service in self.services:
+            await wait_ready(service)
+        page = await self.events(0, "inbound")
+        # Acknowledged data survived, and traffic flows across instances again.
+        kept = (await self.poll(0, f"&direction=outbound&wait=0&subscriber={sub}")).json()
+        self.assertEqual([json.loads(f) for f in kept["frames"]], [REPLY])
+        self.assertEqual((await self.post(1, f"/{SESSION}/inbox?token={TOKEN}", REQUEST)).code, 200)
+        while (message := (await next_mcp(page)).json()) != REQUEST:
+            self.assertEqual(message, {"jsonrpc": "2.0", "method": "ping"})  # held while no page listened
