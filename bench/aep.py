@@ -25,6 +25,7 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -41,22 +42,29 @@ PAD = "x" * 330  # makes each event about 500 bytes
 
 class Server:
     def __init__(self, *options: str) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("BENCH_EXTRA_PATH")])))
         twistd = Path(sys.executable).with_name("twistd")
         argv = [sys.executable, str(twistd)] if twistd.exists() else [
             sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
         argv += ["-n", "--pidfile=", "--logfile=-", "relayd", "--no-mcp",
                  "--aep-listen", "tcp:0:interface=127.0.0.1", *options]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+        # The log goes to a file: a pipe nobody reads would fill and block the server.
+        self.log = tempfile.NamedTemporaryFile(prefix="relayd-bench-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                      preexec_fn=_raise_nofile)
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            found = re.search(rb"aep listening on [^:\s]+:(\d+)", line)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            found = re.search(rb"aep listening on [^:\s]+:(\d+)", Path(self.log.name).read_bytes())
             if found:
                 self.port = int(found.group(1))
                 break
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)  # waiting for another process to start
         else:
-            raise RuntimeError("relayd did not start")
+            found = None
+        if not found:
+            raise RuntimeError("relayd did not start:\n" + Path(self.log.name).read_text())
 
     def cpu(self) -> float:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -74,6 +82,7 @@ class Server:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+        os.unlink(self.log.name)
 
 
 def _raise_nofile() -> None:

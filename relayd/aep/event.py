@@ -104,70 +104,77 @@ def _sse_id(session: str, position: tuple[int, int]) -> bytes:
 
 
 class Event:
-    """One valid event on its way through the relay."""
+    """One valid event on its way through the relay.
 
-    __slots__ = (
-        "ev",
-        "raw",
-        "kind",
-        "session",
-        "position",
-        "key",
-        "severity",
-        "type",
-        "_payloads",
-        "_sse",
-        "_prepared",
-    )
+    Build it from a value that passed the relay-grade check; pass the C{kind} L{classify} returned
+    to skip classifying twice.
+    """
 
-    def __init__(self, ev: dict[str, Any], raw: bytes | None) -> None:
+    __slots__ = ("ev", "raw", "kind", "session", "position", "key", "severity", "type", "_forms")
+
+    def __init__(self, ev: dict[str, Any], raw: bytes | None, kind: EventKind | None = None) -> None:
         self.ev = ev
         # The posted bytes are forwarded as they are only when SSE framing can carry them on one line.
         self.raw = raw if raw is not None and b"\n" not in raw and b"\r" not in raw else None
-        self.kind = event_kind(ev)
+        self.kind = kind = event_kind(ev) if kind is None else kind
         self.type: str = ev["type"]
         self.session: str | None = ev.get("session")
-        if self.kind is EventKind.SEQUENCED:
-            self.position: tuple[int, int] = position(ev)
+        if kind is EventKind.SEQUENCED:
+            seq = ev["seq"]
+            epoch = ev.get("epoch", 0)
+            if type(seq) is int and type(epoch) is int:
+                self.position: tuple[int, int] = (epoch, seq)
+            else:  # integral floats, a non-integer epoch (counts as 0)
+                self.position = position(ev)
         else:
             self.position = (0, -1)
         self.key = (ev["source"], ev["id"])
         self.severity = SEVERITY_RANK.get(ev.get("severity", "info"), 1)
-        self._payloads: dict[str | None, bytes] = {}
-        self._sse: dict[str | None, bytes] = {}
-        self._prepared: dict[str | None, Any] = {}
+        # Wire forms made so far, keyed by (form, capture level); most events never need one.
+        self._forms: dict[tuple[str, str | None], Any] | None = None
 
     @property
     def sequenced(self) -> bool:
         return self.kind is EventKind.SEQUENCED
 
+    def _form(self, key: tuple[str, str | None]) -> Any:
+        forms = self._forms
+        return None if forms is None else forms.get(key)
+
+    def _keep(self, key: tuple[str, str | None], value: Any) -> Any:
+        if self._forms is None:
+            self._forms = {}
+        self._forms[key] = value
+        return value
+
     def payload(self, level: str | None = None) -> bytes:
         """The compact JSON of the event, downlevelled to C{level} (C{None}: as received)."""
-        payload = self._payloads.get(level)
+        key = ("json", level)
+        payload = self._form(key)
         if payload is None:
             if level is None:
                 payload = self.raw if self.raw is not None else dumps(self.ev)
             else:
                 payload = dumps(downlevel(self.ev, level))
-            self._payloads[level] = payload
+            self._keep(key, payload)
         return payload
 
     def sse_frame(self, level: str | None = None) -> bytes:
         """The SSE frame (C{event:}, C{data:}, C{id:} when sequenced) at C{level}."""
-        frame = self._sse.get(level)
+        key = ("sse", level)
+        frame = self._form(key)
         if frame is None:
             parts = [b"event: ", self.type.encode("utf-8"), b"\ndata: ", self.payload(level), b"\n"]
             if self.kind is EventKind.SEQUENCED:
                 parts += [b"id: ", _sse_id(self.ev["session"], self.position), b"\n"]
             parts.append(b"\n")
-            frame = b"".join(parts)
-            self._sse[level] = frame
+            frame = self._keep(key, b"".join(parts))
         return frame
 
     def prepared(self, level: str | None, factory: Any) -> Any:
         """An autobahn prepared text message at C{level}, framed once for every WebSocket."""
-        message = self._prepared.get(level)
+        key = ("ws", level)
+        message = self._form(key)
         if message is None:
-            message = factory.prepareMessage(self.payload(level), isBinary=False)
-            self._prepared[level] = message
+            message = self._keep(key, factory.prepareMessage(self.payload(level), isBinary=False))
         return message

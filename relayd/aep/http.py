@@ -14,7 +14,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 
 from relayd import metrics
 from relayd.aep.capture import capture_error
-from relayd.aep.envelope import envelope_error
+from relayd.aep.envelope import classify
 from relayd.aep.event import NOTICE, Event, JSONError, dumps, parse_json
 from relayd.aep.filters import compile_filter, filter_error
 from relayd.aep.relay import Relay, Subscriber
@@ -91,10 +91,10 @@ def parse_batch(body: bytes, ndjson: bool, max_batch: int) -> list[Event]:
         raise IngestError(413, {"error": "too-many-events", "max": max_batch, "count": len(values)})
     events = []
     for index, (value, line) in enumerate(zip(values, lines)):
-        problem = envelope_error(value)
-        if problem is not None:
-            raise IngestError(400, {"error": "invalid-event", "line": index, "detail": problem})
-        events.append(Event(value, line))
+        kind = classify(value)
+        if type(kind) is str:
+            raise IngestError(400, {"error": "invalid-event", "line": index, "detail": kind})
+        events.append(Event(value, line, kind))  # type: ignore[arg-type]
     return events
 
 

@@ -126,7 +126,8 @@ class MemoryEventLog:
         if event.key in buffer.ids:
             return False
         buffer.insert(event)
-        buffer.trim(self.capacity)
+        if len(buffer.events) - buffer.head > self.capacity:
+            buffer.trim(self.capacity)
         return True
 
     def replay(self, session: str, after: Position) -> Deferred[Replay]:

@@ -24,7 +24,7 @@ from zope.interface import implementer
 
 from relayd import metrics
 from relayd.aep.capture import capture_error
-from relayd.aep.envelope import envelope_error
+from relayd.aep.envelope import classify
 from relayd.aep.event import NOTICE, Event, JSONError, dumps, parse_json
 from relayd.aep.filters import compile_filter, filter_error
 from relayd.aep.http import HARD_BACKLOG, SOFT_BACKLOG, parse_from_entries
@@ -293,12 +293,12 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         )
 
     def on_event(self, msg: dict[str, Any], payload: bytes) -> None:
-        problem = envelope_error(msg)
-        if problem is not None:
+        kind = classify(msg)
+        if type(kind) is str:
             metrics.ingest_refused.labels(relay="aep", reason="invalid-event").inc()
-            self.send_frame(error_frame("invalid-event", problem, cause=msg.get("id")))
+            self.send_frame(error_frame("invalid-event", kind, cause=msg.get("id")))
             return
-        self.factory.relay.ingest([Event(msg, payload)], self).addErrback(self._store_failed, msg.get("id"))
+        self.factory.relay.ingest([Event(msg, payload, kind)], self)  # type: ignore[arg-type].addErrback(self._store_failed, msg.get("id"))
 
     def _store_failed(self, failure: Any, cause: Any) -> None:
         metrics.store_errors.labels(relay="aep", operation="append").inc()
