@@ -26,7 +26,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from relayd.clock import Clock
-from relayd.mcp.bus import IMcpBus, LocalBus
+from relayd.mcp.bus import IMcpBus, InstanceGone, LocalBus
 from relayd.mcp.drive import run
 from relayd.mcp.store import (
     INBOUND,
@@ -584,11 +584,26 @@ class Broker:
                     woken = []
                 woken.append(key)
         if self._remote:
-            if remote:
-                for instance, keys in remote.items():
-                    await self.bus.deliver(instance, keys, frame.sse)
             if woken:
                 await self.bus.wake(woken)
+            if remote:
+                gone = None
+                for instance, keys in remote.items():
+                    try:
+                        await self.bus.deliver(instance, keys, frame.sse)
+                    except InstanceGone as e:
+                        gone = e
+                        await self._forget_streams([s for s in subscribers if s.instance == instance])
+                if gone is not None:
+                    # Not acknowledged: the client retries, and the retry no longer counts on them.
+                    raise gone
+
+    async def _forget_streams(self, records: list[SubscriberRecord]) -> None:
+        """Remove the records of streams whose instance no longer listens (it died or lost Redis)."""
+        for record in records:
+            removed = await self.store.remove_subscriber(record.session, record.direction, record.id)
+            if removed is not None and record.direction == OUTBOUND:
+                await self._announce(record.session, PEER_LEFT, record.id)
 
     async def _announce(self, session_id: str, method: str, subscriber_id: str) -> None:
         if self.draining:

@@ -13,6 +13,16 @@ from typing import Protocol
 from twisted.internet.defer import Deferred, succeed
 from zope.interface import Attribute, Interface, implementer
 
+from relayd.redis import StoreUnavailable
+
+
+class InstanceGone(StoreUnavailable):
+    """No process listens for the instance that holds some streams (it died, or lost Redis)."""
+
+    def __init__(self, instance: str) -> None:
+        super().__init__("mcp", f"instance {instance} is not listening")
+        self.instance = instance
+
 
 class BusListener(Protocol):
     """What a bus calls on its broker when another process published something."""
@@ -43,7 +53,10 @@ class IMcpBus(Interface):
         """Stop listening."""
 
     def deliver(instance: str, keys: list[str], event: bytes) -> Deferred[None]:
-        """Have process C{instance} write C{event} to its streams with these queue keys."""
+        """Have process C{instance} write C{event} to its streams with these queue keys.
+
+        @raise InstanceGone: (errback) nobody listens for C{instance}.
+        """
 
     def wake(keys: list[str]) -> Deferred[None]:
         """Wake polls parked anywhere on these queue keys."""

@@ -24,9 +24,9 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from relayd.mcp.bus import BusListener, IMcpBus
+from relayd.mcp.bus import BusListener, IMcpBus, InstanceGone
 from relayd.mcp.redis_store import STORE
-from relayd.redis import Redis, RedisBus, StoreUnavailable
+from relayd.redis import Redis, RedisBus
 
 
 class _Subscription(RedisBus):
@@ -94,7 +94,7 @@ class RedisMcpBus:
         def heard(receivers: Any) -> None:
             if int(receivers) == 0:
                 # Nobody holds those streams right now: refuse rather than acknowledge a lost frame.
-                raise StoreUnavailable(STORE, f"instance {instance} is not listening")
+                raise InstanceGone(instance)
 
         return self.redis.execute(STORE, "PUBLISH", channel, message).addCallback(heard)
 

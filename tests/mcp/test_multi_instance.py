@@ -192,6 +192,24 @@ class MultiInstanceTests(Instances):
         self.assertEqual((await self.poll(2, "&direction=inbound&wait=0")).code, 410)
 
 
+class DeadInstanceTests(Instances):
+    count = 2
+
+    async def test_streams_of_an_instance_that_stopped_listening_are_forgotten(self) -> None:
+        page = await self.events(0, "inbound")
+        await self.events(1, "outbound")
+        joined = (await next_mcp(page)).json()["params"]["subscriberId"]
+        await self.services[1].broker.bus.stop()  # B is gone as far as Redis can tell
+        refused = await self.post(0, f"/{SESSION}/outbox?token={TOKEN}", REPLY)
+        self.assertEqual((refused.code, refused.json()), (503, {"error": "store_unavailable", "store": "mcp"}))
+        left = (await next_mcp(page)).json()
+        self.assertEqual((left["method"], left["params"]["subscriberId"]), ("notifications/peer_left", joined))
+        # The retry no longer counts on B's stream: it waits in the backlog for the next agent.
+        self.assertEqual((await self.post(0, f"/{SESSION}/outbox?token={TOKEN}", REPLY)).code, 200)
+        first = (await self.poll(0, "&direction=outbound&wait=0")).json()
+        self.assertEqual([json.loads(f) for f in first["frames"]], [REPLY])
+
+
 class RedisRestartTests(Instances):
     """Redis goes away during traffic and comes back: prompt 503s, then service without a restart."""
 
