@@ -19,9 +19,10 @@ from relayd.buzz.http import body_limit, make_root
 from relayd.buzz.keys import Custody, KEKError, load_kek
 from relayd.buzz.nostr_client import RelayPool
 from relayd.buzz.operations import Operations
-from relayd.buzz.state import SQLiteState, StateDB
+from relayd.buzz.state import IReceiptStore, SQLiteState, StateDB
 from relayd.clock import Clock
 from relayd.config import ConfigError, Resolved, is_loopback_endpoint, is_tls_endpoint
+from relayd.redis import Redis
 from relayd.web.site import RelaySite
 
 _log = Logger(namespace="relayd.buzz")
@@ -73,6 +74,9 @@ def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | N
         max_body=settings["broker-max-body"],
         runtimes=settings["broker-runtimes"],
         reactions_enabled=not settings["broker-disable-reactions"],
+        # The shared plumbing's --redis (RELAYD_REDIS): receipts and pending events go to Redis.
+        redis_url=settings.values.get("redis"),
+        redis_prefix=settings.values.get("redis-prefix") or "relayd:",
     )
 
 
@@ -97,6 +101,8 @@ class BrokerService(MultiService):
         now: Callable[[], float] = time.time,
         challenge_wait: float = 1.0,
         grace: float = DEFAULT_GRACE,
+        redis_url: str | None = None,
+        redis_prefix: str = "relayd:",
     ) -> None:
         super().__init__()
         self.setName("broker")
@@ -119,7 +125,19 @@ class BrokerService(MultiService):
             runtimes=runtimes if runtimes is not None else ["buzz-acp"],
             reactions_enabled=reactions_enabled,
         )
-        self.host = BrokerHost(self.state, self.state, self.state, self.ops, max_agent_depth=max_agent_depth)
+        self.redis: Redis | None = None
+        self.redis_receipts: Any = None
+        receipts: IReceiptStore = self.state
+        if redis_url:
+            from relayd.buzz.redis_state import RedisReceipts
+
+            self.redis = Redis(redis_url, clock)
+            # The lease outlasts the longest execution: a few queries and two publishes, each
+            # bounded by the action timeout.
+            self.redis_receipts = receipts = RedisReceipts(
+                self.redis, clock, self.state.apply_effects, prefix=redis_prefix, lease=6 * timeout + 5
+            )
+        self.host = BrokerHost(self.state, self.state, receipts, self.ops, max_agent_depth=max_agent_depth)
         self.site = RelaySite(make_root(self.host), body_limit=body_limit(max_body))
         self.listeners: list[StreamServerEndpointService] = []
         for description in listen:
@@ -145,6 +163,8 @@ class BrokerService(MultiService):
                 port=getattr(host, "port", ""),
                 relay=self.pool.url,
             )
+        if self.redis is not None:
+            _log.info("Buzz broker receipts and pending events on {redis}", redis=str(self.redis.url))
 
     async def _stop(self) -> None:
         await defer.gatherResults([defer.maybeDeferred(svc.stopService) for svc in self.listeners])
@@ -155,6 +175,10 @@ class BrokerService(MultiService):
             self.clock.cancel(timer)
         self.site.close_connections()
         await self.pool.close()
+        if self.redis_receipts is not None:
+            await self.redis_receipts.close()
+        if self.redis is not None:
+            await self.redis.close()
         await self.state.close()
 
     def stopService(self) -> defer.Deferred[None]:

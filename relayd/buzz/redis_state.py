@@ -1,0 +1,251 @@
+"""Idempotency receipts and pending signed events on Redis, shared by every broker instance.
+
+With several relayd processes behind a load balancer, a retry may reach another instance than the
+first attempt, and concurrent duplicates may be spread over instances. Both need the receipts in
+one place; credentials, keys and agents stay in the (shared) SQLite state directory.
+
+Layout (every key under the deployment's prefix, default C{relayd:}):
+
+- C{buzz:r:<principal>:<requestId>}: hash C{d} (SHA-256 of the request bytes), C{s} (C{claimed},
+  C{pending} or C{done}), C{p} (the stored plan while pending), C{v} (the verdict once done);
+  expires L{RETENTION} after its last write.
+- C{buzz:l:<principal>:<requestId>}: the claim's lease, the holder's token, with a millisecond
+  expiry. While it lives, other instances wait; when the holder crashes it lapses and the next
+  claim takes over (a stored plan is resumed, a bare claim executes afresh).
+- C{buzz:settled}: pub/sub channel; the receipt key is published when a claim ends (verdict or
+  release), so waiters on every instance claim again at once instead of at their next poll.
+
+Claim, plan, completion and release are each one Lua script, so a claim is atomic (two instances
+cannot both execute) and a holder whose lease lapsed and was taken over cannot store its plan.
+(Keys are passed to the scripts, but a receipt and its lease must live on one node: Redis Cluster
+is not supported; use one primary.)
+
+Durability is Redis's: with AOF (C{appendfsync everysec} or C{always}) an acknowledged verdict
+survives a Redis restart; without persistence it survives while Redis is up.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from twisted.internet import defer
+from twisted.internet.interfaces import IDelayedCall
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from relayd.buzz.state import BUSY, CONFLICT, NEW, Claim, IReceiptStore, Receipt
+from relayd.clock import Clock
+from relayd.redis import Redis, RedisBus
+
+STORE = "broker receipts (Redis)"
+RETENTION = 30 * 24 * 3600  # seconds a receipt is kept after its last write
+
+_CLAIM = b"""
+local r = redis.call('HMGET', KEYS[1], 'd', 's', 'v', 'p')
+local function take()
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+end
+if not r[1] then
+  redis.call('HSET', KEYS[1], 'd', ARGV[1], 's', 'claimed')
+  redis.call('EXPIRE', KEYS[1], ARGV[5])
+  take()
+  return {'new'}
+end
+if r[1] ~= ARGV[1] then return {'conflict'} end
+if r[2] == 'done' then return {'done', r[3]} end
+local holder = redis.call('GET', KEYS[2])
+if holder and string.sub(holder, 1, #ARGV[4]) ~= ARGV[4] then return {'busy'} end
+take()
+if r[2] == 'pending' then return {'resume', r[4]} end
+return {'new'}
+"""
+
+_STORE_PLAN = b"""
+if redis.call('GET', KEYS[2]) ~= ARGV[3] then
+  return redis.error_reply('LEASE the claim lapsed and another instance took it over')
+end
+redis.call('HSET', KEYS[1], 'd', ARGV[1], 's', 'pending', 'p', ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return 1
+"""
+
+_COMPLETE = b"""
+local r = redis.call('HMGET', KEYS[1], 's', 'v')
+if r[1] == 'done' then
+  if redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end
+  return r[2]
+end
+redis.call('HSET', KEYS[1], 'd', ARGV[1], 's', 'done', 'v', ARGV[2])
+redis.call('HDEL', KEYS[1], 'p')
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+if redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end
+redis.call('PUBLISH', KEYS[3], KEYS[1])
+return ARGV[2]
+"""
+
+_RELEASE = b"""
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[2])
+if redis.call('HGET', KEYS[1], 's') == 'claimed' then redis.call('DEL', KEYS[1]) end
+redis.call('PUBLISH', KEYS[3], KEYS[1])
+return 1
+"""
+
+
+@implementer(IReceiptStore)
+class RedisReceipts:
+    """L{IReceiptStore} on Redis (see the module docstring for the layout).
+
+    @param apply_effects: applies an execution's agent effects to the SQLite state before its
+        verdict is stored here (effects are idempotent, so a crash in between is repaired by the
+        retry that resumes the plan).
+    @param lease: seconds a claim holds without a verdict before another instance may take over;
+        longer than any execution (several relay round trips, each bounded by the action timeout).
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        redis: Redis,
+        clock: Clock,
+        apply_effects: Callable[[list[dict[str, Any]]], "defer.Deferred[None]"],
+        *,
+        prefix: str = "relayd:",
+        lease: float = 65.0,
+        bus: RedisBus | None = None,
+    ) -> None:
+        self.redis = redis
+        self.clock = clock
+        self.apply_effects = apply_effects
+        self.prefix = prefix.encode("utf-8")
+        self.lease_ms = max(1, int(lease * 1000))
+        # A lease names its holder: this store's claims are recognisably its own, so one left
+        # behind by a fault here (Redis gone before the release) does not block this instance.
+        self.instance = os.urandom(8).hex().encode("ascii")
+        self._serial = 0
+        self._tokens: dict[tuple[str, str], bytes] = {}
+        self._waiters: dict[bytes, list[defer.Deferred[None]]] = {}
+        self.channel = self.prefix + b"buzz:settled"
+        self.bus = bus if bus is not None else redis.bus()
+        self.bus.subscribe(self.channel, self._settled)
+        # relayd.redis's subscriber decodes channel names and messages as UTF-8 text, so it looks
+        # the handler up by a str; registering both spellings (one Redis subscription) works
+        # whichever the bus delivers.
+        self.bus.subscribe(self.channel.decode("utf-8"), self._settled)  # type: ignore[arg-type]
+
+    # --- keys
+
+    def _keys(self, principal: str, request_id: str) -> tuple[bytes, bytes]:
+        tail = f"{principal}:{request_id}".encode("utf-8")
+        return self.prefix + b"buzz:r:" + tail, self.prefix + b"buzz:l:" + tail
+
+    def _token(self, principal: str, request_id: str) -> bytes:
+        self._serial += 1
+        token = self.instance + b":%d" % self._serial
+        self._tokens[(principal, request_id)] = token
+        return token
+
+    # --- IReceiptStore
+
+    def receipt(self, principal: str, request_id: str) -> "defer.Deferred[Receipt | None]":
+        rkey, _ = self._keys(principal, request_id)
+
+        def build(r: list[Any]) -> Receipt | None:
+            if r[0] is None:
+                return None
+            return Receipt(bytes(r[0]), r[1].decode("ascii"), r[2], r[3])
+
+        return self.redis.execute(STORE, "HMGET", rkey, "d", "s", "v", "p").addCallback(build)
+
+    def claim(self, principal: str, request_id: str, digest: bytes) -> "defer.Deferred[Claim]":
+        rkey, lkey = self._keys(principal, request_id)
+        token = self._token(principal, request_id)
+        args = [digest, token, self.lease_ms, self.instance, RETENTION]
+
+        def build(r: list[Any]) -> Claim:
+            status = r[0].decode("ascii")
+            if status == "new":
+                return NEW
+            if status == "conflict" or status == "busy":
+                self._tokens.pop((principal, request_id), None)
+                return CONFLICT if status == "conflict" else BUSY
+            if status == "done":
+                self._tokens.pop((principal, request_id), None)
+                return Claim("done", response=r[1])
+            return Claim("resume", plan=r[1])
+
+        def forget(f: Any) -> Any:
+            self._tokens.pop((principal, request_id), None)
+            return f
+
+        return self.redis.eval(STORE, _CLAIM, [rkey, lkey], args).addCallbacks(build, forget)
+
+    def wait(self, principal: str, request_id: str, timeout: float) -> "defer.Deferred[None]":
+        rkey, _ = self._keys(principal, request_id)
+        d: defer.Deferred[None] = defer.Deferred()
+        waiters = self._waiters.setdefault(rkey, [])
+        waiters.append(d)
+        timer: IDelayedCall = self.clock.call_later(timeout, self._wake_one, rkey, d)
+        d.addBoth(lambda r: (self.clock.cancel(timer), r)[1])
+        return d
+
+    def release(self, principal: str, request_id: str) -> "defer.Deferred[None]":
+        token = self._tokens.pop((principal, request_id), None)
+        if token is None:
+            return defer.succeed(None)
+        rkey, lkey = self._keys(principal, request_id)
+        return self.redis.eval(STORE, _RELEASE, [rkey, lkey, self.channel], [token]).addCallback(lambda _: None)
+
+    def store_plan(self, principal: str, request_id: str, digest: bytes, plan: bytes) -> "defer.Deferred[None]":
+        rkey, lkey = self._keys(principal, request_id)
+        token = self._tokens.get((principal, request_id), b"")
+        return self.redis.eval(STORE, _STORE_PLAN, [rkey, lkey], [digest, plan, token, RETENTION]).addCallback(
+            lambda _: None
+        )
+
+    def complete(
+        self, principal: str, request_id: str, digest: bytes, response: bytes, effects: list[dict[str, Any]]
+    ) -> "defer.Deferred[bytes]":
+        return defer.Deferred.fromCoroutine(self._complete(principal, request_id, digest, response, effects))
+
+    async def _complete(
+        self, principal: str, request_id: str, digest: bytes, response: bytes, effects: list[dict[str, Any]]
+    ) -> bytes:
+        if effects:
+            await self.apply_effects(effects)
+        rkey, lkey = self._keys(principal, request_id)
+        token = self._tokens.get((principal, request_id), b"")
+        stored = await self.redis.eval(
+            STORE, _COMPLETE, [rkey, lkey, self.channel], [digest, response, token, RETENTION]
+        )
+        self._tokens.pop((principal, request_id), None)
+        return bytes(stored)
+
+    # --- notifications
+
+    def _settled(self, rkey: bytes | str) -> None:
+        if isinstance(rkey, str):
+            rkey = rkey.encode("utf-8")
+        for d in self._waiters.pop(rkey, []):
+            if not d.called:
+                d.callback(None)
+
+    def _wake_one(self, rkey: bytes, d: defer.Deferred[None]) -> None:
+        waiters = self._waiters.get(rkey)
+        if waiters is not None and d in waiters:
+            waiters.remove(d)
+            if not waiters:
+                del self._waiters[rkey]
+        if not d.called:
+            d.callback(None)
+
+    def close(self) -> "defer.Deferred[Any]":
+        """Wake every waiter (they claim again and answer) and close the subscriber."""
+        waiters, self._waiters = self._waiters, {}
+        for ds in waiters.values():
+            for d in ds:
+                if not d.called:
+                    d.callback(None)
+        return self.bus.close()

@@ -1,0 +1,148 @@
+"""Several broker instances on one Redis (issue 5, broker part): retries replay across instances,
+concurrent duplicates execute once, and Redis going away is a prompt C{internal} verdict.
+
+Two in-process brokers share one state directory (credentials, keys, agents in SQLite) and one
+real redis-server (receipts and pending events), each with its own HTTP listener and relay
+connections, as two relayd processes on one host would.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import tempfile
+import time
+
+import pytest
+from twisted.internet import defer, reactor
+from twisted.internet.task import deferLater
+from twisted.trial import unittest
+
+from relayd.buzz import contract
+from tests.buzz.harness import BrokerUnderTest, new_channel
+from tests.support.redis import RedisServer, shared_redis
+
+_prefixes = itertools.count()
+
+
+def body(action: str, args: dict, rid: str) -> bytes:
+    return contract.freeze(contract.build_request(action, args, rid))
+
+
+@pytest.mark.usefixtures("relay_for_class")
+class TwoInstances(unittest.TestCase):
+    timeout = 120
+    relay: object
+
+    async def setUp(self) -> None:
+        self.redis_url = shared_redis().url
+        self.state = os.path.join(tempfile.mkdtemp(prefix="relayd-redis-broker-"), "state")
+        prefix = f"t{next(_prefixes)}:{os.getpid()}:{id(self)}:"
+        self.a = BrokerUnderTest(self.state, self.relay.url, redis_url=self.redis_url, redis_prefix=prefix)  # type: ignore[attr-defined]
+        self.b = BrokerUnderTest(self.state, self.relay.url, redis_url=self.redis_url, redis_prefix=prefix)  # type: ignore[attr-defined]
+        await self.a.start()
+        await self.b.start()
+        await self._redis_up(self.a)
+        await self._redis_up(self.b)
+        self.channel = new_channel()
+        self.alice = self.a.issue(f"alice-{self.channel[:8]}", "--channel", self.channel)
+        self.cred = self.alice["credential"]
+
+    async def tearDown(self) -> None:
+        await self.a.stop()
+        await self.b.stop()
+
+    async def _redis_up(self, broker: BrokerUnderTest) -> None:
+        """Wait (bounded) for the instance's Redis pool and subscriber to connect."""
+        service = broker.service
+        assert service is not None and service.redis is not None
+        for _ in range(500):
+            if service.redis.connected and service.redis_receipts.bus.connected:
+                return
+            await deferLater(reactor, 0.01, lambda: None)  # polling a connection being made
+        raise AssertionError("the broker did not connect to Redis")
+
+    def relay_count(self, content: str) -> int:
+        return len([e for e in self.relay.events(pubkey=self.alice["agentPubkey"]) if e["content"] == content])  # type: ignore[attr-defined]
+
+    async def test_a_retry_on_the_other_instance_replays_the_verdict(self) -> None:
+        b1 = body("message.post", {"channelId": self.channel, "content": "across"}, "req-across")
+        status, first = await self.a.post(b1, self.cred)
+        assert status == 200 and json.loads(first)["status"] == "succeeded"
+        status, again = await self.b.post(b1, self.cred)
+        assert status == 200 and again == first[:-1] + b',"replayed":true}'
+        assert self.relay_count("across") == 1
+        other = body("message.post", {"channelId": self.channel, "content": "different"}, "req-across")
+        _, conflict = await self.b.post(other, self.cred)
+        assert json.loads(conflict)["error"]["code"] == "request_id_conflict"
+
+    async def test_ten_concurrent_duplicates_over_two_instances_execute_once(self) -> None:
+        b1 = body("message.post", {"channelId": self.channel, "content": "ten over two"}, "req-ten")
+        calls = [defer.ensureDeferred((self.a if i % 2 else self.b).post(b1, self.cred)) for i in range(10)]
+        results = await defer.gatherResults(calls)
+        assert all(status == 200 for status, _ in results)
+        parsed = [json.loads(data) for _, data in results]
+        assert [p["status"] for p in parsed] == ["succeeded"] * 10, parsed
+        assert sum(1 for p in parsed if "replayed" not in p) == 1
+        assert sum(1 for p in parsed if p.get("replayed") is True) == 9
+        assert len({p["outcome"]["eventId"] for p in parsed}) == 1
+        assert self.relay_count("ten over two") == 1
+
+    async def test_an_agent_created_on_one_instance_acts_through_the_other(self) -> None:
+        create = body(
+            "agents.create", {"channelId": self.channel, "displayName": "kid", "systemPrompt": "p"}, "req-kid"
+        )
+        _, data = await self.a.post(create, self.cred)
+        kid = json.loads(data)["outcome"]["agentPubkey"]
+        kid_cred = self.b.issue(kid, "--channel", self.channel)["credential"]
+        out = await self.b.call(kid_cred, "message.post", {"channelId": self.channel, "content": "from kid"})
+        assert out["status"] == "succeeded"
+        delete = body("agents.delete", {"target": {"pubkey": kid}}, "req-kid-delete")
+        _, gone = await self.b.post(delete, self.cred)
+        assert json.loads(gone)["status"] == "succeeded"
+        refused = await self.a.call(kid_cred, "message.post", {"channelId": self.channel, "content": "after"})
+        assert refused["error"]["code"] == "unauthenticated"
+
+
+@pytest.mark.usefixtures("relay_for_class")
+class RedisGoesAway(unittest.TestCase):
+    timeout = 120
+    relay: object
+
+    async def setUp(self) -> None:
+        self.server = RedisServer.start()
+        self.addCleanup(self.server.cleanup)
+        state = os.path.join(tempfile.mkdtemp(prefix="relayd-redis-down-"), "state")
+        self.broker = BrokerUnderTest(state, self.relay.url, redis_url=self.server.url)  # type: ignore[attr-defined]
+        await self.broker.start()
+        await TwoInstances._redis_up(self, self.broker)  # type: ignore[arg-type]
+        self.channel = new_channel()
+        self.alice = self.broker.issue("alice", "--channel", self.channel)
+        self.cred = self.alice["credential"]
+
+    async def tearDown(self) -> None:
+        await self.broker.stop()
+
+    async def test_internal_at_once_while_down_then_service_resumes(self) -> None:
+        kept = body("message.post", {"channelId": self.channel, "content": "before"}, "req-before")
+        _, before = await self.broker.post(kept, self.cred)
+        assert json.loads(before)["status"] == "succeeded"
+        self.server.stop(save=True)
+        fresh = body("message.post", {"channelId": self.channel, "content": "while down"}, "req-down")
+        started = time.monotonic()
+        status, data = await self.broker.post(fresh, self.cred)
+        elapsed = time.monotonic() - started
+        resp = contract.read_http_response(contract.parse_request(fresh), status, data)
+        assert resp.status == "failed" and resp.code == "internal", data
+        assert "store is unavailable" in (resp.message or "") and self.server.url not in data.decode()
+        assert elapsed < 3.0
+        assert not [e for e in self.relay.events() if e["content"] == "while down"]  # type: ignore[attr-defined]
+        self.server._spawn()  # same port, same data
+        await TwoInstances._redis_up(self, self.broker)  # type: ignore[arg-type]
+        # No relayd restart: the same bytes now execute, and the verdict from before is still there.
+        _, data = await self.broker.post(fresh, self.cred)
+        assert json.loads(data)["status"] == "succeeded", data
+        self.broker.service.host.verdicts = type(self.broker.service.host.verdicts)()  # type: ignore[union-attr]
+        _, again = await self.broker.post(kept, self.cred)
+        assert again == before[:-1] + b',"replayed":true}'
