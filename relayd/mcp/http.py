@@ -17,7 +17,14 @@ from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
-from relayd.mcp.broker import Broker, PollResult, Refused, StreamHandle, loads_json, parse_wait_ms
+from relayd.mcp.broker import (
+    Broker,
+    PollResult,
+    Refused,
+    StreamHandle,
+    loads_json,
+    parse_wait_ms,
+)
 from relayd.mcp.store import INBOUND, OUTBOUND, SubscriberRecord
 from relayd.redis import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param

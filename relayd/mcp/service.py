@@ -11,9 +11,9 @@ from twisted.logger import Logger
 from relayd.clock import Clock
 from relayd.config import Resolved, is_loopback_endpoint
 from relayd.mcp.broker import Broker, BrokerConfig
+from relayd.mcp.bus import IMcpBus, LocalBus
 from relayd.mcp.config import cors_policy, listen_endpoints
 from relayd.mcp.http import KEEPALIVE, KEEPALIVE_INTERVAL, MAX_BODY, McpResource
-from relayd.mcp.bus import IMcpBus, LocalBus
 from relayd.mcp.redis_bus import RedisMcpBus
 from relayd.mcp.redis_store import RedisStore
 from relayd.mcp.store import IMcpStore, MemoryStore

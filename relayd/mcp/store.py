@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+
 from twisted.internet.defer import Deferred, succeed
 from zope.interface import Interface, implementer
 
@@ -80,11 +81,6 @@ class SubscriberRecord:
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__[:-1])
         return f"SubscriberRecord({fields})"
-
-
-def queue_key(self) -> str:
-        """The key of this subscriber's frame queue."""
-        return queue_key(self.session, self.direction, self.id)
 
 
 def queue_key(session: str, direction: str, subscriber: str) -> str:

@@ -24,7 +24,15 @@ from relayd.config import resolve
 from relayd.mcp.config import SETTINGS
 from relayd.mcp.service import McpService, make_service
 from relayd.redis_config import SETTINGS as REDIS_SETTINGS
-from tests.mcp.harness import TOKEN, Reply, close_redis, disconnect, next_mcp, redis_flags, wait_ready
+from tests.mcp.harness import (
+    TOKEN,
+    Reply,
+    close_redis,
+    disconnect,
+    next_mcp,
+    redis_flags,
+    wait_ready,
+)
 from tests.support.redis import RedisServer, shared_redis
 from tests.support.sse import SSEClient
 
