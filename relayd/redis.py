@@ -102,6 +102,7 @@ class Redis:
         self.url = parse_redis_url(url)
         self.clock = clock
         self.timeout = timeout
+        self._buses: list[RedisBus] = []
         self._pool = txredisapi.lazyConnectionPool(
             self.url.host,
             self.url.port,
@@ -147,13 +148,26 @@ class Redis:
 
     def bus(self) -> RedisBus:
         """A pub/sub subscriber on its own connection."""
-        return RedisBus(self)
+        bus = RedisBus(self)
+        self._buses.append(bus)
+        return bus
 
     def close(self) -> Deferred[Any]:
-        return self._pool.disconnect()
+        """Close the pool and every bus made from this client."""
+        ds = [bus.close() for bus in self._buses] + [self._pool.disconnect()]
+        self._buses = []
+        for key, client in list(_clients.items()):
+            if client is self:
+                del _clients[key]
+        return defer.gatherResults(ds, consumeErrors=True)
 
 
 _clients: dict[tuple[str, int], Redis] = {}
+
+
+def clients() -> list[Redis]:
+    """Every client L{redis_for} made (so the process can close them at shutdown)."""
+    return list(_clients.values())
 
 
 def redis_for(settings: Any, clock: Clock) -> Redis | None:
