@@ -487,13 +487,8 @@ class Broker:
     async def _check(self, session_id: str, token: str) -> str | None:
         if not session_id or not token:
             return "invalid_token"
-        record = await self.store.get_session(session_id)
-        if record is None:
-            return "session_gone"
-        if not hmac.compare_digest(record.token_hash, token_hash(token)):
-            return "invalid_token"
-        await self.store.touch_session(session_id, self._now())
-        return None
+        # One store round trip: look up, compare and slide the TTL together.
+        return await self.store.check_session(session_id, token_hash(token), self._now())
 
     async def _inbox(self, session_id: str, token: str, body: bytes, label: str | None) -> None:
         reason = await self._check(session_id, token)
@@ -539,10 +534,8 @@ class Broker:
             correlation = await self.store.consume_correlation(session_id, frame.id_key)
             if correlation is not None and correlation.original_id is not None:
                 frame = frame.with_id(loads_json(correlation.original_id))
-            outbound = await self.store.subscribers(session_id, OUTBOUND)
-            labelled = any(s.label is not None for s in outbound) or any(
-                s.label is not None for s in await self.store.subscribers(session_id, INBOUND)
-            )
+            inbound, outbound = await self.store.all_subscribers(session_id)
+            labelled = any(s.label is not None for s in outbound) or any(s.label is not None for s in inbound)
             if labelled:
                 # Scoped: only the asker's subscribers; an uncorrelated or replayed reply reaches nobody.
                 if correlation is not None:

@@ -25,7 +25,14 @@ import orjson
 from twisted.internet.defer import Deferred
 from zope.interface import implementer
 
-from relayd.mcp.store import Correlation, IMcpStore, SessionRecord, SubscriberRecord
+from relayd.mcp.store import (
+    INBOUND,
+    OUTBOUND,
+    Correlation,
+    IMcpStore,
+    SessionRecord,
+    SubscriberRecord,
+)
 from relayd.redis import Redis
 
 STORE = "mcp"
@@ -46,6 +53,25 @@ if redis.call('EXISTS', key) == 0 then return 0 end
 redis.call('HSET', key, 't', ARGV[3])
 redis.call('ZADD', p .. 'mcp:sessions', ARGV[3], id)
 return 1
+"""
+
+# The stored and the presented token hashes are compared in Lua (not in constant time): both are
+# SHA-256 digests, so timing reveals at most how many leading hex digits of two hashes agree, which
+# says nothing useful about a token.
+_SESSION_CHECK = b"""
+local p, id = ARGV[1], ARGV[2]
+local key = p .. 'mcp:s:' .. id
+local stored = redis.call('HGET', key, 'h')
+if not stored then return 'session_gone' end
+if stored ~= ARGV[3] then return 'invalid_token' end
+redis.call('HSET', key, 't', ARGV[4])
+redis.call('ZADD', p .. 'mcp:sessions', ARGV[4], id)
+return false
+"""
+
+_SUB_ALL = b"""
+local p, s = ARGV[1], ARGV[2]
+return {redis.call('HGETALL', p .. 'mcp:sub:' .. s .. ':inbound'), redis.call('HGETALL', p .. 'mcp:sub:' .. s .. ':outbound')}
 """
 
 _SESSION_DELETE = b"""
@@ -225,6 +251,13 @@ def _record(session: str, direction: str, subscriber: bytes | str, packed: bytes
     )
 
 
+def _records(session: str, direction: str, flat: list[Any]) -> list[SubscriberRecord]:
+    """Records from an C{HGETALL} reply, in arrival order."""
+    found = [(orjson.loads(v)[5], sid, v) for sid, v in zip(flat[::2], flat[1::2])]
+    found.sort(key=lambda r: r[0])
+    return [_record(session, direction, sid, v) for _, sid, v in found]
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -259,6 +292,10 @@ class RedisStore:
 
     def touch_session(self, session_id: str, now: float) -> Deferred[None]:
         return self._eval(_SESSION_TOUCH, session_id, repr(now)).addCallback(_none)
+
+    def check_session(self, session_id: str, token_hash: str, now: float) -> Deferred[str | None]:
+        d = self._eval(_SESSION_CHECK, session_id, token_hash, repr(now))
+        return d.addCallback(lambda reason: None if reason is None else _text(reason))
 
     def delete_session(self, session_id: str) -> Deferred[bool]:
         return self._eval(_SESSION_DELETE, session_id).addCallback(lambda n: int(n) > 0)
@@ -296,12 +333,14 @@ class RedisStore:
         return self._eval(_SUB_FIND, session_id, subscriber_id).addCallback(build)
 
     def subscribers(self, session_id: str, direction: str) -> Deferred[list[SubscriberRecord]]:
-        def build(flat: list[Any]) -> list[SubscriberRecord]:
-            records = [(orjson.loads(v)[5], sid, v) for sid, v in zip(flat[::2], flat[1::2])]
-            records.sort(key=lambda r: r[0])  # arrival order
-            return [_record(session_id, direction, sid, v) for _, sid, v in records]
+        d = self.redis.execute(STORE, "HGETALL", self._key("sub", session_id, direction))
+        return d.addCallback(lambda flat: _records(session_id, direction, flat))
 
-        return self.redis.execute(STORE, "HGETALL", self._key("sub", session_id, direction)).addCallback(build)
+    def all_subscribers(self, session_id: str) -> Deferred[tuple[list[SubscriberRecord], list[SubscriberRecord]]]:
+        def build(both: list[Any]) -> tuple[list[SubscriberRecord], list[SubscriberRecord]]:
+            return _records(session_id, INBOUND, both[0] or []), _records(session_id, OUTBOUND, both[1] or [])
+
+        return self._eval(_SUB_ALL, session_id).addCallback(build)
 
     def update_subscriber(
         self, session_id: str, direction: str, subscriber_id: str, last_seen: float | None, parked_delta: int

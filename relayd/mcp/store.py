@@ -15,6 +15,7 @@ is handed to an SSE stream or a poller, which want different encodings).
 
 from __future__ import annotations
 
+import hmac
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
@@ -113,6 +114,11 @@ class ISessionStore(Interface):
     def touch_session(session_id: str, now: float) -> Deferred[None]:
         """Slide the session's TTL: set C{last_seen} (no-op for an unknown session)."""
 
+    def check_session(session_id: str, token_hash: str, now: float) -> Deferred[str | None]:
+        """Authenticate and touch in one step: C{None} when the session exists and its token hash is
+        C{token_hash} (C{last_seen} is then set to C{now}), else C{"session_gone"} or
+        C{"invalid_token"} (nothing is touched)."""
+
     def delete_session(session_id: str) -> Deferred[bool]:
         """Delete a session; C{True} if it existed."""
 
@@ -137,6 +143,9 @@ class ISubscriberStore(Interface):
 
     def subscribers(session_id: str, direction: str) -> Deferred[list[SubscriberRecord]]:
         """The subscribers of one direction, in arrival order."""
+
+    def all_subscribers(session_id: str) -> Deferred[tuple[list[SubscriberRecord], list[SubscriberRecord]]]:
+        """The inbound and the outbound subscribers, each in arrival order."""
 
     def update_subscriber(
         session_id: str, direction: str, subscriber_id: str, last_seen: float | None, parked_delta: int
@@ -233,6 +242,15 @@ class MemoryStore:
             record.last_seen = now
         return succeed(None)
 
+    def check_session(self, session_id: str, token_hash: str, now: float) -> Deferred[str | None]:
+        record = self.sessions.get(session_id)
+        if record is None:
+            return succeed("session_gone")
+        if not hmac.compare_digest(record.token_hash, token_hash):
+            return succeed("invalid_token")
+        record.last_seen = now
+        return succeed(None)
+
     def delete_session(self, session_id: str) -> Deferred[bool]:
         return succeed(self.sessions.pop(session_id, None) is not None)
 
@@ -261,6 +279,12 @@ class MemoryStore:
 
     def subscribers(self, session_id: str, direction: str) -> Deferred[list[SubscriberRecord]]:
         return succeed(list(self.subs.get(session_id, {}).get(direction, {}).values()))
+
+    def all_subscribers(self, session_id: str) -> Deferred[tuple[list[SubscriberRecord], list[SubscriberRecord]]]:
+        by_dir = self.subs.get(session_id)
+        if by_dir is None:
+            return succeed(([], []))
+        return succeed((list(by_dir.get(INBOUND, {}).values()), list(by_dir.get(OUTBOUND, {}).values())))
 
     def update_subscriber(
         self, session_id: str, direction: str, subscriber_id: str, last_seen: float | None, parked_delta: int

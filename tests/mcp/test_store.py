@@ -58,6 +58,16 @@ class McpStoreContract:
         self.assertFalse(await store.delete_session("other"))
         self.assertEqual(await store.session_count(), 1)
 
+    async def test_check_session_authenticates_and_slides_the_ttl(self) -> None:
+        store = await self.make()
+        await store.put_session(SessionRecord("sess", "ab" * 32, 100.0))
+        self.assertEqual(await store.check_session("never", "ab" * 32, 200.0), "session_gone")
+        self.assertEqual(await store.check_session("sess", "cd" * 32, 200.0), "invalid_token")
+        self.assertEqual((await store.get_session("sess")).last_seen, 100.0)  # a wrong token touches nothing
+        self.assertIsNone(await store.check_session("sess", "ab" * 32, 200.5))
+        self.assertEqual((await store.get_session("sess")).last_seen, 200.5)
+        self.assertEqual(await store.expired_session_ids(200.5), [])
+
     async def test_subscribers_in_arrival_order_with_labels_and_instances(self) -> None:
         store = await self.make()
         await store.add_subscriber(sub("b" * 16, label="alice", kind=SSE, instance="i1"))
@@ -71,6 +81,9 @@ class McpStoreContract:
         self.assertEqual(await store.get_subscriber("sess", OUTBOUND, "a" * 16), sub("a" * 16))
         self.assertIsNone(await store.get_subscriber("sess", INBOUND, "a" * 16))
         self.assertEqual(found[0].queue_key, queue_key("sess", OUTBOUND, "b" * 16))
+        inbound, outbound = await store.all_subscribers("sess")
+        self.assertEqual(([r.id for r in inbound], [r.id for r in outbound]), (["c" * 16], ["b" * 16, "a" * 16]))
+        self.assertEqual(await store.all_subscribers("nope"), ([], []))
 
     async def test_find_subscriber_in_both_directions(self) -> None:
         store = await self.make()
