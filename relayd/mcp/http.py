@@ -214,6 +214,9 @@ class McpResource(Resource):
         self.max_frames = max_frames
         self.max_bytes = max_bytes
         self._health = {b"/", b"/healthz", self.prefix + b"/"}
+        self._handlers: dict[bytes, Callable[[Request, str], Any]] = {
+            route: getattr(self, "_" + route.decode()) for route in _METHODS
+        }
 
     # routing -----------------------------------------------------------------------------------
 
@@ -232,7 +235,7 @@ class McpResource(Resource):
             return b""
         if method != _METHODS[route]:
             return self._json(request, 405, b'{"error":"method_not_allowed"}')
-        handler = getattr(self, "_" + route.decode())
+        handler = self._handlers[route]
         try:
             return handler(request, session_id)
         except Exception:

@@ -64,9 +64,15 @@ class OriginPolicy:
 
     def apply(self, request: IRequest) -> None:
         """Set the CORS headers on C{request}'s response."""
+        set_header = request.responseHeaders.setRawHeaders
+        if self.any:
+            # The same four headers for every request: no per-request list to build.
+            for name, value in _ANY_HEADERS:
+                set_header(name, [value])
+            return
         values = request.requestHeaders.getRawHeaders(b"origin")
         for name, value in self.headers(values[0] if values else None):
-            request.responseHeaders.setRawHeaders(name, [value])
+            set_header(name, [value])
 
     @property
     def _allowed_bytes(self) -> frozenset[bytes]:
@@ -79,6 +85,7 @@ class OriginPolicy:
 
 
 ANY_ORIGIN = OriginPolicy(any=True)
+_ANY_HEADERS = tuple(ANY_ORIGIN.headers(None))
 
 
 def parse_origins(value: str | Sequence[str]) -> OriginPolicy:
