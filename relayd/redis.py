@@ -117,6 +117,9 @@ class Redis:
             replyTimeout=timeout,
             convertNumbers=False,
         )
+        # Reconnect quickly: while Redis is away every request that needs it is refused.
+        self._pool._factory.initialDelay = 0.2
+        self._pool._factory.maxDelay = 2
 
     @property
     def connected(self) -> bool:
@@ -192,6 +195,7 @@ class RedisBus:
         self._handlers: dict[bytes, Callable[[bytes], None]] = {}
         self._protocol: _Subscriber | None = None
         factory = txredisapi.SubscriberFactory(isLazy=True)
+        factory.charset = None  # channels and messages stay bytes
         factory.continueTrying = True
         bus = self
 
@@ -202,6 +206,7 @@ class RedisBus:
         factory.protocol = Subscriber
         factory.password = redis.url.password
         factory.username = redis.url.username
+        factory.initialDelay = 0.2
         factory.maxDelay = 2
         self._factory = factory
         url = redis.url

@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any, Callable
 
-from twisted.internet.defer import succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.resource import IResource, Resource
@@ -289,17 +289,47 @@ class AEPResource(Resource):
         stream = SSEStream(request, self.hub, max_buffer=HARD_BACKLOG)
         sub = SSESubscriber(match, ceiling, stream)
         key = object()
+        if not history_only:
+            # Registered (and holding live events) before the history is read, so nothing that
+            # arrives meanwhile is missed whatever the store's latency.
+            sub.hold()
+            self.relay.subscribe(key, sub)
+        # The history is read before any header goes out, so a store that cannot answer gets a
+        # 503 the client can act on; with the in-memory log this all happens in this call.
+        d = self.relay.expand_all() if from_value == "all" else succeed(from_value)
+        d.addCallback(lambda entries: self._resume(request, entries, from_value == "all"))
+        d.addCallback(lambda resolved: self._fetch(resolved, history_only, filter_session))
+        d.addCallbacks(
+            lambda fetched: self._open(request, key, sub, fetched, history_only),
+            lambda f: self._store_unavailable(request, key, f),
+        )
+        return NOT_DONE_YET
+
+    def _open(
+        self,
+        request: Request,
+        key: object,
+        sub: SSESubscriber,
+        fetched: tuple[list[tuple[str, Replay]], bool],
+        history_only: bool,
+    ) -> None:
+        if request._disconnected:
+            self.relay.unsubscribe(key)
+            return
+        stream = sub.stream
         stream.on_close = lambda: self._closed(key)
         stream.start(SSE_HEADERS)
         self.sse_subscribers += 1
-        if not history_only:
-            sub.hold()
-            self.relay.subscribe(key, sub)
-        d = self.relay.expand_all() if from_value == "all" else succeed(from_value)
-        d.addCallback(lambda entries: self._resume(request, entries, from_value == "all"))
-        d.addCallback(lambda entries: self._replay(sub, entries, history_only, filter_session))
-        d.addErrback(lambda f: self._replay_failed(stream, f))
-        return NOT_DONE_YET
+        replays, from_all = fetched
+        self._write_replay(sub, replays, from_all, history_only)
+
+    def _store_unavailable(self, request: Request, key: object, failure: Failure) -> None:
+        self.relay.unsubscribe(key)
+        metrics.store_errors.labels(relay="aep", operation="replay").inc()
+        metrics.replays.labels(relay="aep", outcome="failed").inc()
+        self._log.warn("replay failed: {reason}", reason=failure.getErrorMessage())
+        body = dumps({"error": "store-unavailable", "store": "aep"})
+        _finish(request, 503, body, [(b"content-type", JSON_TYPE), CORS_ANY])
 
     def _closed(self, key: object) -> None:
         self.sse_subscribers -= 1
@@ -352,47 +382,38 @@ class AEPResource(Resource):
                 entries = [found]
         return entries, from_all
 
-    def _replay(
-        self,
-        sub: SSESubscriber,
-        resolved: tuple[list[tuple[str, Position]], bool],
-        history_only: bool,
-        filter_session: str | None,
-    ) -> Any:
+    def _fetch(
+        self, resolved: tuple[list[tuple[str, Position]], bool], history_only: bool, filter_session: str | None
+    ) -> Deferred[tuple[list[tuple[str, Replay]], bool]]:
         entries, from_all = resolved
         if history_only and filter_session is not None:
             if filter_session not in {session for session, _ in entries}:
                 entries = [*entries, (filter_session, (0, -1))]
+        return self.relay.replay(entries).addCallback(lambda replays: (replays, from_all))
 
-        def write(replays: list[tuple[str, Replay]]) -> None:
-            stream = sub.stream
-            exhausted = sent = 0
-            for session, replay in replays:
-                if replay.exhausted is not None and not from_all:
-                    exhausted += 1
-                    epoch, seq = replay.exhausted
-                    stream.write(sse_comment(f"replay-exhausted {session} {epoch}:{seq}"))
-                for event in replay.events:
-                    if sub.match(event.ev):
-                        sub.send(event)
-                        sent += 1
-            if replays:
-                outcome = "exhausted" if exhausted else "complete"
-                metrics.replays.labels(relay="aep", outcome=outcome).inc()
-                if sent:
-                    _REPLAYED.inc(sent)
-            if history_only:
-                stream.close(sse_comment("replay-complete"))
-            else:
-                sub.release()
-
-        return self.relay.replay(entries).addCallback(write)
-
-    def _replay_failed(self, stream: SSEStream, failure: Failure) -> None:
-        self._log.failure("replay failed", failure)
-        metrics.store_errors.labels(relay="aep", operation="replay").inc()
-        metrics.replays.labels(relay="aep", outcome="failed").inc()
-        stream.close(sse_comment("replay-failed"))
+    def _write_replay(
+        self, sub: SSESubscriber, replays: list[tuple[str, Replay]], from_all: bool, history_only: bool
+    ) -> None:
+        stream = sub.stream
+        exhausted = sent = 0
+        for session, replay in replays:
+            if replay.exhausted is not None and not from_all:
+                exhausted += 1
+                epoch, seq = replay.exhausted
+                stream.write(sse_comment(f"replay-exhausted {session} {epoch}:{seq}"))
+            for event in replay.events:
+                if sub.match(event.ev):
+                    sub.send(event)
+                    sent += 1
+        if replays:
+            outcome = "exhausted" if exhausted else "complete"
+            metrics.replays.labels(relay="aep", outcome=outcome).inc()
+            if sent:
+                _REPLAYED.inc(sent)
+        if history_only:
+            stream.close(sse_comment("replay-complete"))
+        else:
+            sub.release()
 
 
 def _last_event_id(request: Request) -> tuple[str, Position] | None:

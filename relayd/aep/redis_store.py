@@ -7,7 +7,8 @@ Layout (every key under the deployment's prefix, default C{relayd:}):
 - C{aep:s:<session>}: sorted set (all scores 0, ordered by member) of C{<position><arrival>}
   members; a position is the length-prefixed decimal epoch and seq, so lexicographic order is exact
   integer order for any epoch (decision AEP 3) and equal positions keep arrival order.
-- C{aep:e:<session>}: hash member -> the event's bytes.
+- C{aep:e:<session>}: hash member -> the event's bytes (one line: events are stored in their
+  newline-free wire form).
 - C{aep:k:<session>}: hash dedupe key (C{source\\0id}) -> member, for admission dedupe, and
   C{aep:m:<session>}: hash member -> dedupe key, to forget the key of a trimmed event.
 
@@ -60,7 +61,8 @@ while i <= #ARGV do
       for _, m in ipairs(gone) do
         local key_of = redis.call('HGET', mkey, m)
         if key_of then redis.call('HDEL', kkey, key_of) end
-        redis.call('HDEL', ekey, m, mkey, m)
+        redis.call('HDEL', ekey, m)
+        redis.call('HDEL', mkey, m)
       end
       redis.call('ZREMRANGEBYRANK', skey, 0, excess - 1)
     end
@@ -75,14 +77,17 @@ _REPLAY = b"""
 local prefix, session, low = ARGV[1], ARGV[2], ARGV[3]
 local skey, ekey = prefix .. 'aep:s:' .. session, prefix .. 'aep:e:' .. session
 local first = redis.call('ZRANGE', skey, 0, 0)
-if #first == 0 then return {} end
+if #first == 0 then return '' end
 local members = redis.call('ZRANGEBYLEX', skey, low, '+')
 local out = {first[1]}
 for _, m in ipairs(members) do
-  out[#out + 1] = m
-  out[#out + 1] = redis.call('HGET', ekey, m)
+  local payload = redis.call('HGET', ekey, m)
+  if payload then
+    out[#out + 1] = m
+    out[#out + 1] = payload
+  end
 end
-return out
+return table.concat(out, '\\n')
 """
 
 
@@ -146,15 +151,15 @@ class RedisEventLog:
             low = b"(" + _epoch_key(epoch) + encode_int(seq) + b"\xff"
         args = [self.prefix, session.encode("utf-8"), low]
 
-        def build(result: list[Any]) -> Replay:
-            if not result:
+        def build(reply: bytes) -> Replay:
+            # One bulk string (the earliest member, then member and event lines): the client parses
+            # a single reply instead of one per event.
+            if not reply:
                 return Replay((), None)
-            earliest = decode_position(result[0])
+            lines = reply.split(b"\n")
+            earliest = decode_position(lines[0])
             events = []
-            for member, stored in zip(result[1::2], result[2::2]):
-                if stored is None:
-                    continue  # trimmed between the two reads of the script (cannot happen in Lua)
-                raw = stored
+            for member, raw in zip(lines[1::2], lines[2::2]):
                 ev = parse_json(raw)
                 events.append(Event(ev, raw))
             return Replay(events, exhausted_marker(earliest, after))

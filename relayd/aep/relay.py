@@ -12,9 +12,11 @@ from typing import Any, Callable, Iterable, Sequence
 
 from twisted.internet.defer import Deferred, gatherResults, succeed
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from relayd import metrics
 from relayd.aep.capture import downlevel_target
+from relayd.aep.claims import Claimant, IClaims, MemoryClaims
 from relayd.aep.envelope import EventKind
 from relayd.aep.event import Event
 from relayd.aep.store import IEventLog, Position, Replay
@@ -24,6 +26,7 @@ _INGESTED = metrics.events_ingested.labels(relay="aep")
 _DELIVERED = metrics.events_delivered.labels(relay="aep")
 _UNROUTABLE = metrics.events_dropped.labels(relay="aep", reason="unroutable")
 _FANOUT = metrics.fanout_seconds.labels(relay="aep")
+_STORE_ERRORS = metrics.store_errors
 
 DISCOVERY_ENDPOINTS = {"events": "/events", "stream": "/stream", "socket": "/socket"}
 CAPTURE_LEVELS = ["none", "metadata", "redacted", "full"]
@@ -104,8 +107,13 @@ class Relay:
         buffer: int,
         max_from: int,
         seconds: Callable[[], float] = time.monotonic,
+        claims: IClaims | None = None,
+        fanout: Any = None,
     ) -> None:
         self.log = log
+        self.claims: IClaims = claims if claims is not None else MemoryClaims()
+        # Live fan-out to other instances (Redis); None when this process is the whole relay.
+        self.fanout = fanout
         self.token = token
         self.buffer = buffer
         self.max_from = max_from
@@ -113,7 +121,6 @@ class Relay:
         self._started = seconds()
         self.subscribers: dict[object, Subscriber] = {}
         self.connections: dict[object, Emitter] = {}
-        self._claims: dict[str, list[Emitter]] = {}
         self.discovery = {
             "aep": ["0.1"],
             "role": "collector",
@@ -154,6 +161,17 @@ class Relay:
         _INGESTED.inc(count)
         if delivered:
             _DELIVERED.inc(delivered)
+        if self.fanout is not None:
+            self._publish([e for e in events if e.kind is not EventKind.COMMAND])
+
+    def _publish(self, events: Sequence[Event]) -> None:
+        """Hand events to the other instances' subscribers (they are already ours)."""
+        if events:
+            self.fanout.publish(events).addErrback(self._store_error, "publish")
+
+    def _store_error(self, failure: Failure, operation: str) -> None:
+        _STORE_ERRORS.labels(relay="aep", operation=operation).inc()
+        self._log.warn("aep store: {operation} failed: {reason}", operation=operation, reason=failure.getErrorMessage())
 
     def fan_out(self, event: Event) -> int:
         """Deliver C{event} to every subscriber whose filter matches; returns how many matched."""
@@ -167,10 +185,9 @@ class Relay:
 
     # Command routing (AEP-0004) ----------------------------------------------------------------
 
-    def route_command(self, event: Event, sender: Emitter | None) -> None:
+    def route_command(self, event: Event, sender: Emitter | None) -> Deferred[None]:
         """Forward a command to the one emitter that owns its session, or refuse toward the sender."""
-        ev = event.ev
-        cause = ev.get("id")
+        cause = event.ev.get("id")
         if not self.token:
             self._refuse(
                 sender,
@@ -179,27 +196,37 @@ class Relay:
                 "control requires an authenticated binding (AEP-0004 §4.1); "
                 "this relay runs without AEP_TOKEN",
             )
-            return
-        session = ev["session"]
-        targets = self.claimants(session)
+            return succeed(None)
+        d = self.claims.claimants(event.ev["session"])
+        d.addCallback(self._route, event, sender)
+        d.addErrback(self._route_failed, event, sender)
+        return d
+
+    def _route(self, targets: list[Claimant], event: Event, sender: Emitter | None) -> Deferred[None] | None:
+        session, cause = event.ev["session"], event.ev.get("id")
         if not targets:
             self._refuse(sender, "no-route", cause, f"no connected emitter owns session {session}")
-            return
+            return None
         if len(targets) > 1:
-            self._refuse(
-                sender, "ambiguous", cause, f"{len(targets)} connected emitters claim session {session}"
-            )
-            return
+            self._refuse(sender, "ambiguous", cause, f"{len(targets)} connected emitters claim session {session}")
+            return None
         target = targets[0]
-        control = target.capabilities.get("control") if isinstance(target.capabilities, dict) else None
-        accepts = control.get("accepts") if isinstance(control, dict) else None
-        if isinstance(accepts, list) and event.type not in accepts:
+        accepts = target.accepts
+        d: Deferred[None] | None = None
+        if accepts is not None and event.type not in accepts:
             self._refuse(sender, "unsupported", cause, f"target does not accept {event.type}")
         else:
-            target.send_command(event)
+            d = self.claims.deliver(target, event)
         audited = self.fan_out(event)  # audit: subscribers see routed (and refused-unsupported) commands
         if audited:
             _DELIVERED.inc(audited)
+        if self.fanout is not None:
+            self._publish([event])
+        return d
+
+    def _route_failed(self, failure: Failure, event: Event, sender: Emitter | None) -> None:
+        self._store_error(failure, "route")
+        self._refuse(sender, "unavailable", event.ev.get("id"), f"command routing unavailable: {failure.getErrorMessage()}")
 
     def _refuse(self, sender: Emitter | None, code: str, cause: Any, detail: str) -> None:
         _UNROUTABLE.inc()
@@ -210,48 +237,21 @@ class Relay:
 
     def connect(self, key: object, conn: Emitter) -> None:
         self.connections[key] = conn
+        self.claims.connect(conn)
 
     def disconnect(self, key: object) -> None:
         conn = self.connections.pop(key, None)
-        if conn is None:
-            return
-        for session in conn.claims:
-            owners = self._claims.get(session)
-            if owners is not None:
-                if conn in owners:
-                    owners.remove(conn)
-                if not owners:
-                    del self._claims[session]
+        if conn is not None:
+            self.claims.disconnect(conn).addErrback(self._store_error, "release")
 
     def claim(self, conn: Emitter, session: str) -> None:
-        owners = self._claims.setdefault(session, [])
-        if conn not in owners:
-            owners.append(conn)
-            conn.claims.append(session)
+        """C{conn} claims C{session} until it closes (a sequenced event it sent names the session)."""
+        if session not in conn.claims:
+            self.claims.claim(conn, session).addErrback(self._store_error, "claim")
 
-    def claimants(self, session: str) -> list[Emitter]:
-        return [c for c in self._claims.get(session, ()) if c.hello_done and c.role != "consumer"]
-
-    def roster(self) -> list[dict[str, Any]]:
+    def roster(self) -> Deferred[list[dict[str, Any]]]:
         """One entry per (hello-done non-consumer connection, claimed session), in that order."""
-        entries = []
-        for conn in self.connections.values():
-            if not conn.hello_done or conn.role == "consumer":
-                continue
-            identity = conn.identity if isinstance(conn.identity, dict) else {}
-            caps = conn.capabilities if isinstance(conn.capabilities, dict) else {}
-            for session in conn.claims:
-                entry: dict[str, Any] = {"session": session}
-                if identity.get("agent"):
-                    entry["agent"] = identity["agent"]
-                if identity.get("instance"):
-                    entry["instance"] = identity["instance"]
-                if "control" in caps:
-                    entry["control"] = caps["control"]
-                if "emits" in caps:
-                    entry["emits"] = caps["emits"]
-                entries.append(entry)
-        return entries
+        return self.claims.roster()
 
     # Subscriptions and replay ------------------------------------------------------------------
 

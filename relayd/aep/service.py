@@ -11,10 +11,13 @@ from twisted.logger import Logger
 from relayd import metrics
 from relayd.aep.http import AEPResource
 from relayd.aep.relay import Relay
+from relayd.aep.redis_cluster import RedisClaims, RedisFanout
+from relayd.aep.redis_store import RedisEventLog
 from relayd.aep.store import MemoryEventLog
 from relayd.aep.websocket import AEPSocketFactory
 from relayd.clock import Clock
 from relayd.config import Resolved
+from relayd.redis import redis_for
 from relayd.web.body import BodyLimit
 from relayd.web.service import HTTPWingService
 from relayd.web.site import RelaySite
@@ -35,8 +38,19 @@ def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | N
     max_from = settings["aep-max-from"] or max_sessions
     heartbeat = settings["aep-heartbeat"]
 
-    relay = Relay(MemoryEventLog(buffer, max_sessions), token=token, buffer=buffer, max_from=max_from,
-                  seconds=clock.seconds)
+    redis = redis_for(settings, clock)
+    if redis is None:
+        relay = Relay(MemoryEventLog(buffer, max_sessions), token=token, buffer=buffer, max_from=max_from,
+                      seconds=clock.seconds)
+    else:
+        # Several instances share buffers, claims and live fan-out through Redis.
+        prefix = settings.values.get("redis-prefix") or "relayd:"
+        bus = redis.bus()
+        claims = RedisClaims(redis, bus, clock, prefix)
+        relay = Relay(RedisEventLog(redis, buffer, max_sessions, prefix), token=token, buffer=buffer,
+                      max_from=max_from, seconds=clock.seconds, claims=claims)
+        relay.fanout = RedisFanout(redis, bus, claims.instance, relay.fan_out, prefix)
+        _log.info("aep relay: shared state in Redis at {url}", url=str(redis.url))
     hub = SSEHub(clock, heartbeat, sse_comment("ping"))
     sockets = AEPSocketFactory(relay, clock, heartbeat=heartbeat, max_message=max_body)
     resource = AEPResource(
@@ -53,6 +67,8 @@ def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | N
         hub.drain(sse_comment("shutting-down"))
         hub.stop()
         sockets.drain()
+        if isinstance(relay.claims, RedisClaims):
+            relay.claims.stop()
 
     service = HTTPWingService(
         "aep",

@@ -399,7 +399,12 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
                 error_frame("unauthorized", "roster is answered on consumer/both connections", id=msg.get("id"))
             )
             return
-        self.send_frame({"type": "roster", "id": msg.get("id"), "entries": self.factory.relay.roster()})
+        roster_id = msg.get("id")
+        d = self.factory.relay.roster()
+        d.addCallback(lambda entries: self.send_frame({"type": "roster", "id": roster_id, "entries": entries}))
+        d.addErrback(
+            lambda f: self.send_frame(error_frame("unavailable", f"roster unavailable: {f.getErrorMessage()}", id=roster_id))
+        )
 
     def on_ping(self, msg: dict[str, Any]) -> None:
         self.send_frame({"type": "pong", "t": msg.get("t")})

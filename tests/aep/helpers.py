@@ -19,9 +19,21 @@ AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 async def start_relay(tc: TestCase, **flags: Any) -> AEPRelay:
     """A relay stopped at the end of the test (after every client the test opens later)."""
-    relay = await AEPRelay.start(**flags)
+    extra = getattr(tc, "extra_relay_flags", None)
+    relay = await AEPRelay.start(**{**(extra() if extra else {}), **flags})
     tc.addCleanup(relay.stop)
     return relay
+
+
+class OnRedis:
+    """Mixin: the test case's relays keep their state in a real Redis (a fresh key prefix each)."""
+
+    def extra_relay_flags(self) -> dict[str, Any]:
+        import uuid
+
+        from tests.support.redis import shared_redis
+
+        return {"redis": shared_redis().url, "redis_prefix": f"test-{uuid.uuid4().hex[:8]}:"}
 
 
 def query(**params: Any) -> str:

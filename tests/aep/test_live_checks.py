@@ -12,6 +12,7 @@ import re
 from twisted.trial.unittest import TestCase
 
 from tests.aep.helpers import (
+    OnRedis,
     AUTH,
     TOKEN,
     comments_of,
@@ -329,3 +330,33 @@ class Control(TestCase):
         messages = await stream.read_until_end()
         self.assertEqual([m.json()["id"] for m in events_of(messages)], ["behalf-1-progress.status"])
         self.assertEqual(comments_of(messages), ["replay-complete"])
+
+
+# Issue 5: the same checks against relays that keep their state in Redis.
+
+
+class LiveChecksOnRedis(OnRedis, LiveChecks):
+    pass
+
+
+class EvictOnRedis(OnRedis, Evict):
+    pass
+
+
+class RosterOnRedis(OnRedis, Roster):
+    pass
+
+
+class ControlOnRedis(OnRedis, Control):
+    pass
+
+
+class StateIsInRedis(OnRedis, TestCase):
+    async def test_the_buffer_lives_in_redis(self) -> None:
+        relay = await start_relay(self)
+        self.assertEqual(type(relay.core.log).__name__, "RedisEventLog")
+        response, _ = await relay.post(event("in-redis", 0))
+        self.assertEqual(response.code, 202)
+        prefix = relay.core.log.prefix
+        members = await relay.redis.execute("test", "ZRANGE", prefix + b"aep:s:in-redis", 0, -1)
+        self.assertEqual(len(members), 1)

@@ -13,6 +13,7 @@ from relayd.aep.config import SETTINGS
 from relayd.aep.service import make_service
 from relayd.clock import Clock
 from relayd.config import resolve
+from relayd.redis_config import SETTINGS as REDIS_SETTINGS
 
 TIMEOUT = 5.0
 
@@ -39,6 +40,18 @@ def ndjson(*events: dict[str, Any]) -> bytes:
     return b"".join(json.dumps(e, separators=(",", ":")).encode() + b"\n" for e in events)
 
 
+async def wait_until(condition: Any, timeout: float = 5.0) -> None:
+    """Poll C{condition} (a connection being made by another component) until it holds."""
+    from twisted.internet.task import deferLater
+
+    waited = 0.0
+    while not condition():
+        if waited > timeout:
+            raise AssertionError("condition not reached")
+        await deferLater(reactor, 0.01, lambda: None)
+        waited += 0.01
+
+
 class AEPRelay:
     """C{await AEPRelay.start(**flags)}; C{.url}; C{await relay.stop()}."""
 
@@ -47,17 +60,24 @@ class AEPRelay:
         self.url = ""
         self.ws_url = ""
         self.pool = HTTPConnectionPool(reactor, persistent=False)
+        self.redis: Any = None
 
     @classmethod
     async def start(cls, **flags: Any) -> AEPRelay:
         relay = cls()
         given = {"aep-listen": ["tcp:0:interface=127.0.0.1"]}
         given.update({k.replace("_", "-"): str(v) for k, v in flags.items()})
-        settings = resolve(SETTINGS, given, {})
+        settings = resolve([*REDIS_SETTINGS, *SETTINGS], given, {})
         relay.service = make_service(settings, reactor, Clock(reactor))
         relay.service.startService()
         ports = await relay.service.ports()
         port = ports[0].getHost().port
+        redis = getattr(relay.core.log, "redis", None)
+        if redis is not None:
+            relay.redis = redis
+            await wait_until(lambda: redis.connected)
+            for bus in redis._buses:
+                await bus.ready
         relay.url = f"http://127.0.0.1:{port}"
         relay.ws_url = f"ws://127.0.0.1:{port}/socket"
         return relay
@@ -69,6 +89,8 @@ class AEPRelay:
     async def stop(self) -> None:
         await self.service.stopService()
         await self.pool.closeCachedConnections()
+        if self.redis is not None:
+            await self.redis.close()
 
     async def request(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[Any, bytes]:
         d = treq.request(method, self.url + path, data=body, headers=headers or {}, pool=self.pool)

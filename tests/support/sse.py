@@ -42,6 +42,7 @@ class SSEClient:
         self._current = Message()
         self._done = False
         self.pool = HTTPConnectionPool(reactor, persistent=False)
+        self.refusal = b""
 
     @classmethod
     async def connect(cls, url: str, headers: dict[str, str] | None = None) -> SSEClient:
@@ -51,6 +52,9 @@ class SSEClient:
         client.response = await d
         if client.response.code == 200:
             treq.collect(client.response, client._data).addBoth(client._end)
+        else:  # a refusal: its body is the whole answer, and there is no stream to read
+            client.refusal = await treq.content(client.response)
+            client._end(None)
         return client
 
     @property

@@ -1,0 +1,247 @@
+"""AEP across relayd instances on one Redis: shared claims, command delivery and live fan-out.
+
+- Claims: C{aep:claims:<session>} hashes connection id -> claimant JSON; C{aep:claimed} lists the
+  sessions with claims (for the roster). Every instance refreshes C{aep:instance:<id>} (a key with a
+  TTL); the claims of an instance whose key expired are ignored and cleaned up, so claims disappear
+  when their connection *or their instance* dies.
+- Commands for a claimant on another instance go over C{aep:cmd:<instance>}.
+- Live fan-out: every accepted event is published once on C{aep:fanout}; every other instance
+  parses it once and delivers it to its own subscribers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from typing import Any, Callable, Sequence
+
+import orjson
+from twisted.internet.defer import Deferred, succeed
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from relayd.aep.claims import Claimant, IClaims, MemoryClaims, claimant_of
+from relayd.aep.event import Event, parse_json
+from relayd.clock import Clock
+from relayd.redis import Redis, RedisBus
+
+STORE = "aep"
+INSTANCE_TTL = 15.0
+REFRESH = 5.0
+
+_ROSTER = b"""
+local prefix = ARGV[1]
+local out = {}
+for _, session in ipairs(redis.call('SMEMBERS', prefix .. 'aep:claimed')) do
+  local entries = redis.call('HGETALL', prefix .. 'aep:claims:' .. session)
+  if #entries == 0 then
+    redis.call('SREM', prefix .. 'aep:claimed', session)
+  else
+    out[#out + 1] = session
+    out[#out + 1] = entries
+  end
+end
+return out
+"""
+
+
+@implementer(IClaims)
+class RedisClaims:
+    """C{IClaims} over every instance sharing one Redis."""
+
+    _log = Logger()
+
+    def __init__(self, redis: Redis, bus: RedisBus, clock: Clock, prefix: str = "relayd:") -> None:
+        self.redis = redis
+        self.clock = clock
+        self.prefix = prefix.encode("utf-8")
+        self.instance = uuid.uuid4().hex[:16]
+        self.started = int(clock.seconds() * 1000)
+        self.local = MemoryClaims()
+        self._ids: dict[Any, str] = {}
+        self._by_id: dict[str, Any] = {}
+        self._counter = itertools.count()
+        self._confirmed = False
+        bus.subscribe(self._key(b"aep:cmd:", self.instance), self._command_received)
+        self._alive()
+        self._loop = clock.looping_call(REFRESH, self._alive)
+
+    def _key(self, *parts: bytes | str) -> bytes:
+        return self.prefix + b"".join(p.encode("utf-8") if isinstance(p, str) else p for p in parts)
+
+    def _alive(self) -> Deferred[Any]:
+        """Refresh this instance's liveness key (its claims count only while it exists)."""
+        d = self.redis.execute(
+            STORE, "SET", self._key(b"aep:instance:", self.instance), b"1", "PX", int(INSTANCE_TTL * 1000)
+        )
+
+        def confirmed(_: Any) -> None:
+            self._confirmed = True
+
+        # Redis away: the claims expire with the key, as they must.
+        return d.addCallbacks(confirmed, lambda f: None)
+
+    def stop(self) -> None:
+        self.clock.stop_loop(self._loop)
+
+    # Local bookkeeping ---------------------------------------------------------------------------
+
+    def connect(self, conn: Any) -> None:
+        self.local.connect(conn)
+        conn_id = f"{self.instance}:{next(self._counter)}"
+        self._ids[conn] = conn_id
+        self._by_id[conn_id] = conn
+
+    def disconnect(self, conn: Any) -> Deferred[None]:
+        sessions = list(conn.claims)
+        self.local.disconnect(conn)
+        conn_id = self._ids.pop(conn, None)
+        self._by_id.pop(conn_id, None)  # type: ignore[arg-type]
+        if conn_id is None or not sessions:
+            return succeed(None)
+        ds = [self.redis.execute(STORE, "HDEL", self._key(b"aep:claims:", s), conn_id) for s in sessions]
+        for d in ds:
+            d.addErrback(lambda f: None)  # an unreachable Redis forgets them with the instance key
+        return succeed(None)
+
+    def claim(self, conn: Any, session: str) -> Deferred[None]:
+        if session in conn.claims:
+            return succeed(None)
+        self.local.claim(conn, session)
+        info = {
+            "role": conn.role,
+            "identity": conn.identity,
+            "capabilities": conn.capabilities,
+            # Roster order over instances: instance start, instance, connection, claim.
+            "order": [self.started, self.instance, int(self._ids[conn].rsplit(":", 1)[1]), len(conn.claims) - 1],
+        }
+        d = succeed(None) if self._confirmed else self._alive()  # at start-up the loop may not have run yet
+        d.addCallback(
+            lambda _: self.redis.execute(STORE, "HSET", self._key(b"aep:claims:", session), self._ids[conn], orjson.dumps(info))
+        )
+        d.addCallback(lambda _: self.redis.execute(STORE, "SADD", self._key(b"aep:claimed"), session))
+        return d.addCallback(lambda _: None)
+
+    # Queries over every instance ----------------------------------------------------------------
+
+    def claimants(self, session: str) -> Deferred[list[Claimant]]:
+        d = self.redis.execute(STORE, "HGETALL", self._key(b"aep:claims:", session))
+        return d.addCallback(lambda flat: self._alive_only({session: _pairs(flat)})).addCallback(
+            lambda by_session: [c for c, _ in by_session.get(session, [])]
+        )
+
+    def roster(self) -> Deferred[list[dict[str, Any]]]:
+        d = self.redis.eval(STORE, _ROSTER, [], [self.prefix])
+
+        def collect(flat: list[Any]) -> dict[str, list[tuple[bytes, bytes]]]:
+            return {flat[i].decode("utf-8"): _pairs(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+        def entries(by_session: dict[str, list[tuple[Claimant, int]]]) -> list[dict[str, Any]]:
+            rows = [
+                (claimant.order, claimant.roster_entry(session))
+                for session, claimants in by_session.items()
+                for claimant, _ in claimants
+            ]
+            rows.sort(key=lambda row: row[0])
+            return [entry for _, entry in rows]
+
+        return d.addCallback(collect).addCallback(self._alive_only).addCallback(entries)
+
+    def _alive_only(self, by_session: dict[str, list[tuple[bytes, bytes]]]) -> Deferred[dict[str, list[tuple[Claimant, int]]]]:
+        decoded: dict[str, list[tuple[Claimant, str]]] = {}
+        instances: set[str] = set()
+        for session, pairs in by_session.items():
+            for conn_id_raw, info_raw in pairs:
+                conn_id = conn_id_raw.decode("utf-8")
+                info = orjson.loads(info_raw)
+                if info.get("role") == "consumer":
+                    continue
+                claimant = Claimant(
+                    conn_id=conn_id,
+                    role=info.get("role", "both"),
+                    identity=info.get("identity") or {},
+                    capabilities=info.get("capabilities") or {},
+                    local=self._by_id.get(conn_id),
+                    order=tuple(_order_key(info.get("order"))),
+                )
+                decoded.setdefault(session, []).append((claimant, conn_id))
+                instances.add(conn_id.split(":", 1)[0])
+        if not instances:
+            return succeed({})
+        names = sorted(instances)
+        d = self.redis.execute(STORE, "MGET", *[self._key(b"aep:instance:", i) for i in names])
+
+        def keep(values: list[Any]) -> dict[str, list[tuple[Claimant, int]]]:
+            live = {name for name, value in zip(names, values) if value is not None}
+            live.add(self.instance)
+            out: dict[str, list[tuple[Claimant, int]]] = {}
+            for session, claimants in decoded.items():
+                for claimant, conn_id in claimants:
+                    instance = conn_id.split(":", 1)[0]
+                    if instance in live and (instance != self.instance or claimant.local is not None):
+                        out.setdefault(session, []).append((claimant, 0))
+                    else:  # a dead instance's (or our own closed connection's) claim: clean it up
+                        self.redis.execute(STORE, "HDEL", self._key(b"aep:claims:", session), conn_id).addErrback(
+                            lambda f: None
+                        )
+            for claimants in out.values():
+                claimants.sort(key=lambda pair: pair[0].order)
+            return out
+
+        return d.addCallback(keep)
+
+    # Commands ----------------------------------------------------------------------------------
+
+    def deliver(self, claimant: Claimant, event: Event) -> Deferred[None]:
+        if claimant.local is not None:
+            claimant.local.send_command(event)
+            return succeed(None)
+        instance = claimant.conn_id.split(":", 1)[0]
+        message = claimant.conn_id.encode("utf-8") + b"\n" + event.payload(None)
+        return self.redis.execute(STORE, "PUBLISH", self._key(b"aep:cmd:", instance), message).addCallback(
+            lambda _: None
+        )
+
+    def _command_received(self, message: bytes) -> None:
+        conn_id, _, raw = message.partition(b"\n")
+        conn = self._by_id.get(conn_id.decode("utf-8"))
+        if conn is not None:
+            conn.send_command(Event(parse_json(raw), raw))
+
+    def local_claimant(self, conn: Any) -> Claimant:
+        return claimant_of(conn)
+
+
+def _pairs(flat: list[Any]) -> list[tuple[bytes, bytes]]:
+    return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+
+
+def _order_key(order: Any) -> list[Any]:
+    return order if isinstance(order, list) and len(order) == 4 else [0, "", 0, 0]
+
+
+class RedisFanout:
+    """Live fan-out across instances: publish accepted events once, deliver others' locally."""
+
+    _log = Logger()
+
+    def __init__(self, redis: Redis, bus: RedisBus, instance: str, deliver: Callable[[Event], Any], prefix: str = "relayd:") -> None:
+        self.redis = redis
+        self.instance = instance.encode("utf-8")
+        self.channel = prefix.encode("utf-8") + b"aep:fanout"
+        self._deliver = deliver
+        bus.subscribe(self.channel, self._received)
+
+    def publish(self, events: Sequence[Event]) -> Deferred[Any]:
+        if not events:
+            return succeed(None)
+        message = self.instance + b"\n" + b"\n".join(event.payload(None) for event in events)
+        return self.redis.execute(STORE, "PUBLISH", self.channel, message)
+
+    def _received(self, message: bytes) -> None:
+        instance, _, body = message.partition(b"\n")
+        if instance == self.instance:
+            return  # delivered locally already, before publishing
+        for raw in body.split(b"\n"):
+            if raw:
+                self._deliver(Event(parse_json(raw), raw))

@@ -1,0 +1,157 @@
+"""Several real ``twistd -n relayd`` processes sharing one real Redis behave as one AEP relay (issue 5)."""
+
+from __future__ import annotations
+
+import json
+
+import treq
+from twisted.internet import reactor
+from twisted.internet.task import deferLater
+from twisted.trial.unittest import TestCase
+from twisted.web.client import HTTPConnectionPool
+
+from tests.support.aep import event, ndjson
+from tests.support.redis import RedisServer
+from tests.support.sse import SSEClient
+from tests.support.twistd import RelaydProcess
+from tests.support.ws import WSClient
+
+TOKEN = "cluster-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class ThreeInstances(TestCase):
+    timeout = 90
+
+    async def start_cluster(self, count: int = 3) -> list[int]:
+        self.redis = RedisServer.start()
+        self.addCleanup(self.redis.cleanup)
+        self.pool = HTTPConnectionPool(reactor, persistent=False)
+        ports = []
+        for _ in range(count):
+            proc = await RelaydProcess.start(
+                ["--aep-listen", "tcp:0:interface=127.0.0.1", "--no-mcp", "--redis", self.redis.url],
+                env={"AEP_TOKEN": TOKEN},
+            )
+            self.addCleanup(proc.kill)
+            await proc.wait_for(rb"shared state in Redis")
+            ports.append(proc.port("aep"))
+        self.procs = ports
+        return ports
+
+    async def post(self, port: int, *events: dict) -> int:
+        response = await treq.post(
+            f"http://127.0.0.1:{port}/events",
+            data=ndjson(*events),
+            headers={**AUTH, "aep-version": "0.1", "content-type": "application/x-ndjson"},
+            pool=self.pool,
+        )
+        await treq.content(response)
+        return response.code
+
+    async def ws(self, port: int, **hello: object) -> WSClient:
+        client = await WSClient.connect(f"ws://127.0.0.1:{port}/socket", AUTH)
+        self.addCleanup(client.close)
+        reply = await client.hello(**hello)
+        self.assertEqual(reply["type"], "hello")
+        return client
+
+    async def sse(self, port: int, query: str) -> SSEClient:
+        client = await SSEClient.connect(f"http://127.0.0.1:{port}/stream{query}", AUTH)
+        self.addCleanup(client.close)
+        self.assertEqual(client.code, 200)
+        return client
+
+    async def roster_with(self, client: WSClient, count: int) -> list:
+        """The roster once it has C{count} entries (claims reach Redis a moment after the event)."""
+        for _ in range(100):
+            client.send({"type": "roster", "id": "r"})
+            reply = await client.recv()
+            if len(reply["entries"]) == count:
+                return reply["entries"]
+            await deferLater(reactor, 0.02, lambda: None)  # polling another process's write
+        self.fail(f"roster never had {count} entries: {reply}")
+
+    async def test_ingest_on_a_reaches_sse_on_b_and_ws_on_c_then_resume_on_b(self) -> None:
+        a, b, c = await self.start_cluster()
+        consumer_b = await self.sse(b, '?filter={"session":"X"}')
+        consumer_c = await self.ws(c, role="consumer")
+        consumer_c.send({"type": "subscribe", "id": "c", "filter": {"session": "X"}})
+        self.assertEqual(await consumer_c.recv(), {"type": "subscribed", "id": "c"})
+        # The subscription on C is registered with C's bus before the event is posted on A.
+        await consumer_c.roundtrip()
+        self.assertEqual(await self.post(a, *[event("X", i, "progress.status") for i in range(3)]), 202)
+        got_b = [(await consumer_b.next_event()).id for _ in range(3)]
+        self.assertEqual(got_b, ["X:0:0", "X:0:1", "X:0:2"])
+        got_c = [(await consumer_c.recv())["seq"] for _ in range(3)]
+        self.assertEqual(got_c, [0, 1, 2])
+        # Resume on B from a position: the history written through A is there.
+        history = await SSEClient.connect(
+            f"http://127.0.0.1:{b}/stream?live=0&from=" + json.dumps([{"session": "X", "epoch": 0, "seq": 0}]), AUTH
+        )
+        rest = await history.read_until_end()
+        self.assertEqual([m.id for m in rest if m.id], ["X:0:1", "X:0:2"])
+        self.assertEqual(rest[-1].comment, "replay-complete")
+        # Last-Event-ID resume on C, and from=all on A, see the same history.
+        everything = await SSEClient.connect(f"http://127.0.0.1:{a}/stream?live=0&from=all", AUTH)
+        self.assertEqual([m.id for m in await everything.read_until_end() if m.id], ["X:0:0", "X:0:1", "X:0:2"])
+
+    async def test_command_from_c_reaches_the_emitter_on_a_and_two_claimants_are_ambiguous(self) -> None:
+        a, b, c = await self.start_cluster()
+        emitter = await self.ws(a, role="emitter", identity={"agent": "agent-a"},
+                                capabilities={"control": {"accepts": ["control.pause"]}})
+        emitter.send(event("S", 0, "session.started"))
+        await emitter.roundtrip()  # the claim is registered before anyone routes to it
+        sender = await self.ws(c, role="consumer", identity={"agent": "operator"})
+        roster = await self.roster_with(sender, 1)
+        self.assertEqual(roster, [{"session": "S", "agent": "agent-a", "control": {"accepts": ["control.pause"]}}])
+        command = event("S", None, "control.pause", id="cmd-1", agent="operator")
+        sender.send(command)
+        self.assertEqual(await emitter.recv(), command)  # routed across instances, byte for byte
+        unsupported = event("S", None, "control.resume", id="cmd-2", agent="operator")
+        sender.send(unsupported)
+        refusal = await sender.recv()
+        self.assertEqual((refusal["code"], refusal["cause"]), ("unsupported", "cmd-2"))
+
+        second = await self.ws(b, role="emitter", identity={"agent": "agent-b"})
+        second.send(event("S", 1, "progress.status", source="aep://other/agent/b"))
+        self.assertEqual(len(await self.roster_with(sender, 2)), 2)
+        sender.send(event("S", None, "control.pause", id="cmd-3", agent="operator"))
+        reply = await sender.recv()
+        self.assertEqual((reply["code"], reply["cause"]), ("ambiguous", "cmd-3"))
+        self.assertIn("2 connected emitters", reply["detail"])
+
+        # The claimant on A goes away: its claim goes with it, and only B's remains.
+        await emitter.close()
+        self.assertEqual([e["agent"] for e in await self.roster_with(sender, 1)], ["agent-b"])
+        sender.send(event("S", None, "control.pause", id="cmd-4", agent="operator"))
+        self.assertEqual(await second.recv(), event("S", None, "control.pause", id="cmd-4", agent="operator"))
+
+    async def test_redis_restart_during_traffic(self) -> None:
+        a, b = await self.start_cluster(2)
+        self.assertEqual(await self.post(a, event("R", 0)), 202)
+        self.redis.stop(save=True)
+        # Redis away: ingest answers promptly with 503 naming the store, never hangs.
+        started = reactor.seconds()
+        response = await treq.post(
+            f"http://127.0.0.1:{a}/events", data=ndjson(event("R", 1)),
+            headers={**AUTH, "aep-version": "0.1", "content-type": "application/x-ndjson"}, pool=self.pool,
+        )
+        body = json.loads(await treq.content(response))
+        self.assertEqual((response.code, body), (503, {"error": "store-unavailable", "store": "aep"}))
+        self.assertLess(reactor.seconds() - started, 5)
+        self.redis.restart()
+        # relayd reconnects by itself; acknowledged data from before the restart is still there.
+        for _ in range(200):
+            code = await self.post(b, event("R", 2))
+            if code == 202:
+                break
+            await deferLater(reactor, 0.05, lambda: None)
+        self.assertEqual(code, 202)
+        for _ in range(200):  # A reconnects on its own schedule
+            history = await SSEClient.connect(f"http://127.0.0.1:{a}/stream?live=0&from=all", AUTH)
+            if history.code == 200:
+                break
+            self.assertEqual(json.loads(history.refusal), {"error": "store-unavailable", "store": "aep"})
+            await deferLater(reactor, 0.05, lambda: None)
+        self.assertEqual([m.id for m in await history.read_until_end() if m.id], ["R:0:0", "R:0:2"])
