@@ -179,6 +179,13 @@ class _Protocol(WebSocketClientProtocol):
 
     def connectionMade(self) -> None:
         super().connectionMade()
+        # autobahn means to disable Nagle but reads its option before copying it from the factory
+        # (the AttributeError is swallowed). With Nagle on, a small frame written while an earlier
+        # one is unacknowledged waits for the relay's delayed ACK: ~40 ms per request/response turn.
+        try:
+            self.transport.setTcpNoDelay(True)
+        except (AttributeError, OSError):  # not a TCP transport
+            pass
         self.factory.conn._transport_up(self)
 
     def connectionLost(self, reason: Failure) -> None:

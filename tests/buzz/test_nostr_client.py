@@ -161,3 +161,14 @@ class ClientTests(unittest.TestCase):
                 proto.dataReceived(wire[i : i + step])
             got = await query
             assert [e["content"] for e in got] == contents, size
+
+    async def test_nagle_is_off_on_the_relay_connection(self) -> None:
+        """Small request frames must not wait for the relay's delayed ACK (autobahn never turns Nagle off)."""
+        import socket
+
+        self.factory.script = lambda m: [["EOSE", m[1]]] if m[0] == "REQ" else None
+        conn = self.pool.connection(self.signer)
+        await conn.query([{"kinds": [9]}], 5.0)
+        assert conn._proto is not None
+        sock = conn._proto.transport.getHandle()
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
