@@ -130,10 +130,6 @@ class RedisReceipts:
         self.channel = self.prefix + b"buzz:settled"
         self.bus = bus if bus is not None else redis.bus()
         self.bus.subscribe(self.channel, self._settled)
-        # relayd.redis's subscriber decodes channel names and messages as UTF-8 text, so it looks
-        # the handler up by a str; registering both spellings (one Redis subscription) works
-        # whichever the bus delivers.
-        self.bus.subscribe(self.channel.decode("utf-8"), self._settled)  # type: ignore[arg-type]
 
     # --- keys
 
@@ -225,9 +221,7 @@ class RedisReceipts:
 
     # --- notifications
 
-    def _settled(self, rkey: bytes | str) -> None:
-        if isinstance(rkey, str):
-            rkey = rkey.encode("utf-8")
+    def _settled(self, rkey: bytes) -> None:
         for d in self._waiters.pop(rkey, []):
             if not d.called:
                 d.callback(None)
@@ -241,11 +235,11 @@ class RedisReceipts:
         if not d.called:
             d.callback(None)
 
-    def close(self) -> "defer.Deferred[Any]":
-        """Wake every waiter (they claim again and answer) and close the subscriber."""
+    def close(self) -> "defer.Deferred[None]":
+        """Wake every waiter (they claim again and answer). The bus is the Redis client's to close."""
         waiters, self._waiters = self._waiters, {}
         for ds in waiters.values():
             for d in ds:
                 if not d.called:
                     d.callback(None)
-        return self.bus.close()
+        return defer.succeed(None)

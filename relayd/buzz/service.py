@@ -22,7 +22,7 @@ from relayd.buzz.operations import Operations
 from relayd.buzz.state import IReceiptStore, SQLiteState, StateDB
 from relayd.clock import Clock
 from relayd.config import ConfigError, Resolved, is_loopback_endpoint, is_tls_endpoint
-from relayd.redis import Redis
+from relayd.redis import Redis, redis_for
 from relayd.web.site import RelaySite
 
 _log = Logger(namespace="relayd.buzz")
@@ -74,8 +74,9 @@ def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | N
         max_body=settings["broker-max-body"],
         runtimes=settings["broker-runtimes"],
         reactions_enabled=not settings["broker-disable-reactions"],
-        # The shared plumbing's --redis (RELAYD_REDIS): receipts and pending events go to Redis.
-        redis_url=settings.values.get("redis"),
+        # The shared plumbing's --redis (RELAYD_REDIS): receipts and pending events go to Redis,
+        # on the process's one client (shared with the other wings, closed by the process).
+        redis=redis_for(settings, clock),
         redis_prefix=settings.values.get("redis-prefix") or "relayd:",
     )
 
@@ -101,6 +102,7 @@ class BrokerService(MultiService):
         now: Callable[[], float] = time.time,
         challenge_wait: float = 1.0,
         grace: float = DEFAULT_GRACE,
+        redis: Redis | None = None,
         redis_url: str | None = None,
         redis_prefix: str = "relayd:",
     ) -> None:
@@ -125,13 +127,16 @@ class BrokerService(MultiService):
             runtimes=runtimes if runtimes is not None else ["buzz-acp"],
             reactions_enabled=reactions_enabled,
         )
-        self.redis: Redis | None = None
+        # A client handed in is shared and not ours to close; one made from redis_url is.
+        self.redis: Redis | None = redis
+        self._own_redis = redis is None and bool(redis_url)
         self.redis_receipts: Any = None
         receipts: IReceiptStore = self.state
-        if redis_url:
+        if self._own_redis:
+            self.redis = Redis(redis_url, clock)  # type: ignore[arg-type]
+        if self.redis is not None:
             from relayd.buzz.redis_state import RedisReceipts
 
-            self.redis = Redis(redis_url, clock)
             # The lease outlasts the longest execution: a few queries and two publishes, each
             # bounded by the action timeout.
             self.redis_receipts = receipts = RedisReceipts(
@@ -177,7 +182,7 @@ class BrokerService(MultiService):
         await self.pool.close()
         if self.redis_receipts is not None:
             await self.redis_receipts.close()
-        if self.redis is not None:
+        if self._own_redis and self.redis is not None:
             await self.redis.close()
         await self.state.close()
 

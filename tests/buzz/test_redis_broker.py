@@ -146,3 +146,26 @@ class RedisGoesAway(unittest.TestCase):
         self.broker.service.host.verdicts = type(self.broker.service.host.verdicts)()  # type: ignore[union-attr]
         _, again = await self.broker.post(kept, self.cred)
         assert again == before[:-1] + b',"replayed":true}'
+
+
+class Wiring(unittest.TestCase):
+    async def test_the_shared_redis_setting_puts_receipts_on_redis(self) -> None:
+        from relayd import redis_config
+        from relayd.buzz.config import SETTINGS
+        from relayd.buzz.redis_state import RedisReceipts
+        from relayd.buzz.service import make_service
+        from relayd.clock import Clock
+        from relayd.config import resolve
+
+        state = tempfile.mkdtemp(prefix="relayd-wiring-")
+        flags = {"broker-nostr-relay": "ws://127.0.0.1:1", "broker-state-dir": state}
+        plain = make_service(resolve(redis_config.SETTINGS + SETTINGS, flags, {}), reactor, Clock(reactor))
+        assert plain is not None and plain.host.receipts is plain.state  # type: ignore[attr-defined]
+        await plain.state.close()  # type: ignore[attr-defined]
+        env = {"RELAYD_REDIS": shared_redis().url, "RELAYD_REDIS_PREFIX": "wiring:"}
+        svc = make_service(resolve(redis_config.SETTINGS + SETTINGS, flags, env), reactor, Clock(reactor))
+        assert svc is not None
+        receipts = svc.host.receipts  # type: ignore[attr-defined]
+        assert isinstance(receipts, RedisReceipts) and receipts.prefix == b"wiring:"
+        await svc.state.close()  # type: ignore[attr-defined]
+        await svc.redis.close()  # type: ignore[attr-defined]  # the process's shared client
