@@ -19,6 +19,7 @@ from relayd.aep.event import NOTICE, Event, JSONError, dumps, parse_json
 from relayd.aep.filters import compile_filter, filter_error
 from relayd.aep.relay import Relay, Subscriber
 from relayd.aep.store import Position, Replay
+from relayd.redis import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param, tokens_equal
 from relayd.web.body import EarlyAnswer, read_body
 from relayd.web.sse import SSEHub, SSEStream, sse_comment
@@ -274,7 +275,11 @@ class AEPResource(Resource):
         return NOT_DONE_YET
 
     def _store_failed(self, request: Request, failure: Failure) -> None:
-        self._log.failure("ingest failed in the event store", failure)
+        if failure.check(StoreUnavailable):
+            # An outage, not a bug: one line per refusal (the metric counts them), no traceback.
+            self._log.warn("ingest refused: {reason}", reason=failure.getErrorMessage())
+        else:
+            self._log.failure("ingest failed in the event store", failure)
         metrics.store_errors.labels(relay="aep", operation="append").inc()
         body = dumps({"error": "store-unavailable", "store": "aep"})
         _finish(request, 503, body, [(b"content-type", JSON_TYPE)])
