@@ -31,6 +31,7 @@ from typing import Any, Sequence
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from relayd import metrics
 from relayd.buzz import contract
 from relayd.buzz.keys import SealError
 from relayd.buzz.nostr_client import (
@@ -63,6 +64,26 @@ CHANNEL_ACTIONS = frozenset({"channel.read", "message.post", "message.reply", "r
 _BEARER = b"Bearer "
 _MAX_MESSAGE = 300
 _WAIT_STEP = 0.5  # a waiter for another instance re-checks at least this often (a missed notification)
+_STATUS = b'"status":"'
+_ACTIONS = frozenset(contract.ACTIONS)
+_counters: dict[tuple[str, str], Any] = {}
+
+
+def _count(action: str, status: str) -> None:
+    """One answered action on relayd_broker_actions_total (label children cached: labels() is slow)."""
+    counter = _counters.get((action, status))
+    if counter is None:
+        counter = _counters[(action, status)] = metrics.broker_actions.labels(action=action, status=status)
+    counter.inc()
+
+
+def verdict_status(data: bytes) -> str:
+    """The status of a verdict the host wrote (its first C{"status":"} member; a requestId's quotes are escaped)."""
+    i = data.find(_STATUS)
+    if i < 0:
+        return "unknown"
+    i += len(_STATUS)
+    return data[i : data.find(b'"', i)].decode("ascii", "replace")
 
 
 def credential_hash(credential: str | bytes) -> str:
@@ -87,28 +108,29 @@ class VerdictCache:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.max_item = max_item
-        self._items: OrderedDict[tuple[str, bytes], bytes] = OrderedDict()
+        self._items: OrderedDict[tuple[str, bytes], tuple[bytes, str]] = OrderedDict()
         self._bytes = 0
 
-    def get(self, principal: str, digest: bytes) -> bytes | None:
+    def get(self, principal: str, digest: bytes) -> tuple[bytes, str] | None:
+        """(verdict bytes, action) of a settled request, if held."""
         key = (principal, digest)
-        data = self._items.get(key)
-        if data is not None:
+        entry = self._items.get(key)
+        if entry is not None:
             self._items.move_to_end(key)
-        return data
+        return entry
 
-    def put(self, principal: str, digest: bytes, data: bytes) -> None:
+    def put(self, principal: str, digest: bytes, data: bytes, action: str) -> None:
         if len(data) > self.max_item:
             return
         key = (principal, digest)
         old = self._items.pop(key, None)
         if old is not None:
-            self._bytes -= len(old)
-        self._items[key] = data
+            self._bytes -= len(old[0])
+        self._items[key] = (data, action)
         self._bytes += len(data)
         while len(self._items) > self.max_entries or self._bytes > self.max_bytes:
             _, gone = self._items.popitem(last=False)
-            self._bytes -= len(gone)
+            self._bytes -= len(gone[0])
 
 
 class BrokerHost:
@@ -186,13 +208,26 @@ class BrokerHost:
             if who is not None:
                 replay = self.verdicts.get(who[1].pubkey, digest)
                 if replay is not None:
-                    return 200, contract.mark_replayed(replay)
+                    data = contract.mark_replayed(replay[0])
+                    _count(replay[1], verdict_status(data))
+                    return 200, data
         except Exception as e:
             fault = e
         try:
             rid, tree = contract.parse_request_body(body)
         except contract.RequestIdError as e:
+            _count("unknown", "rejected")
             return 400, contract.dumps({"error": "invalid_request", "message": e.message})
+        action = tree.get("action")
+        if action not in _ACTIONS:
+            action = "unknown"
+        code, data = await self._verdict_for(rid, tree, who, digest, fault)
+        _count(action, verdict_status(data))
+        return code, data
+
+    async def _verdict_for(
+        self, rid: str, tree: Any, who: tuple[Credential, Agent] | None, digest: bytes, fault: Exception | None
+    ) -> tuple[int, bytes]:
         try:
             if fault is not None:
                 raise fault
@@ -268,7 +303,7 @@ class BrokerHost:
             return _verdict(contract.failed(rid, "request_id_conflict", "requestId was already used with different bytes"))
         if claim.status == "done":
             assert claim.response is not None
-            self.verdicts.put(principal, digest, claim.response)
+            self.verdicts.put(principal, digest, claim.response, req.action)
             return contract.mark_replayed(claim.response)
         settled: list[bytes] = []
         try:
@@ -291,16 +326,16 @@ class BrokerHost:
         principal = agent.pubkey
         denial = self._authorize(cred, agent, req)
         if denial is not None:
-            return await self._settle(principal, rid, digest, contract.failed(rid, "unauthorized", denial), [], settled)
+            return await self._settle(principal, rid, digest, contract.failed(rid, "unauthorized", denial), [], settled, req.action)
         try:
             ctx = Context(agent, self.ops.signer_for(agent))
             plan = await self.ops.run(ctx, req)
         except Unauthorized as e:
-            return await self._settle(principal, rid, digest, contract.failed(rid, "unauthorized", str(e)), [], settled)
+            return await self._settle(principal, rid, digest, contract.failed(rid, "unauthorized", str(e)), [], settled, req.action)
         except Unsupported as e:
-            return await self._settle(principal, rid, digest, contract.failed(rid, "unsupported", str(e)), [], settled)
+            return await self._settle(principal, rid, digest, contract.failed(rid, "unsupported", str(e)), [], settled, req.action)
         except ActionFailed as e:
-            return await self._settle(principal, rid, digest, contract.failed(rid, "action_failed", str(e)), [], settled)
+            return await self._settle(principal, rid, digest, contract.failed(rid, "action_failed", str(e)), [], settled, req.action)
         except InvalidArgs as e:
             return _verdict(contract.failed(rid, "invalid_request", str(e)))
         except QueryClosed as e:
@@ -313,7 +348,7 @@ class BrokerHost:
             return _verdict(contract.failed(rid, "internal", "key custody fault"))
         if not plan.events:
             return await self._settle(
-                principal, rid, digest, contract.succeeded(rid, req.action, plan.outcome), plan.effects, settled
+                principal, rid, digest, contract.succeeded(rid, req.action, plan.outcome), plan.effects, settled, req.action
             )
         await self.receipts.store_plan(principal, rid, digest, plan.to_bytes())
         return await self._execute(principal, rid, digest, plan, settled)
@@ -335,11 +370,12 @@ class BrokerHost:
         resp: contract.Response,
         effects: list[dict[str, Any]],
         settled: list[bytes],
+        action: str,
     ) -> bytes:
         """Record a verdict (with its effects) and answer the one on record."""
         data = await self.receipts.complete(principal, rid, digest, _verdict(resp), effects)
         settled.append(data)
-        self.verdicts.put(principal, digest, data)
+        self.verdicts.put(principal, digest, data, action)
         return data
 
     async def _execute(self, principal: str, rid: str, digest: bytes, plan: Plan, settled: list[bytes]) -> bytes:
@@ -363,7 +399,7 @@ class BrokerHost:
             try:
                 signer = await self.ops.signer_by_pubkey(item["by"], plan)
             except ActionFailed as e:
-                return await self._settle(principal, rid, digest, contract.failed(rid, "action_failed", str(e)), [], settled)
+                return await self._settle(principal, rid, digest, contract.failed(rid, "action_failed", str(e)), [], settled, plan.action)
             conn = self.ops.pool.connection(signer)
             try:
                 accepted, message = await conn.publish(item["event"], self.ops.timeout)
@@ -372,9 +408,9 @@ class BrokerHost:
                 return _verdict(contract.indeterminate(rid, "outcome_unknown", _safe(str(e))))
             if not accepted:
                 resp = contract.failed(rid, "action_failed", "relay refused the event: " + _safe(message))
-                return await self._settle(principal, rid, digest, resp, [], settled)
+                return await self._settle(principal, rid, digest, resp, [], settled, plan.action)
         data = await self._settle(
-            principal, rid, digest, contract.succeeded(rid, plan.action, plan.outcome), plan.effects, settled
+            principal, rid, digest, contract.succeeded(rid, plan.action, plan.outcome), plan.effects, settled, plan.action
         )
         for effect in plan.effects:
             if effect["op"] == "delete_agent":

@@ -601,6 +601,13 @@ class RelayPool:
             conn = self._conns[signer.pubkey] = RelayConnection(self, signer)
         return conn
 
+    def states(self) -> dict[str, int]:
+        """Connections by state (C{ready}, C{connecting}, C{down}), for the metrics listener."""
+        counts = {"ready": 0, "connecting": 0, "down": 0}
+        for conn in self._conns.values():
+            counts["ready" if conn.ready else "connecting" if conn._connecting else "down"] += 1
+        return counts
+
     def forget(self, pubkey: str) -> None:
         """Close and drop the connection of an identity that no longer exists."""
         conn = self._conns.pop(pubkey, None)

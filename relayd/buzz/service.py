@@ -13,6 +13,7 @@ from twisted.internet import defer, endpoints
 from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 
+from relayd import metrics
 from relayd.buzz.config import KEK_ENV
 from relayd.buzz.host import BrokerHost
 from relayd.buzz.http import body_limit, make_root
@@ -144,12 +145,17 @@ class BrokerService(MultiService):
             )
         self.host = BrokerHost(self.state, self.state, receipts, self.ops, max_agent_depth=max_agent_depth)
         self.site = RelaySite(make_root(self.host), body_limit=body_limit(max_body))
+        self.site.relay = "broker"  # access-log lines and HTTP metrics name the broker
+        self.drained = True  # False when shutdown had to give up on actions in flight
         self.listeners: list[StreamServerEndpointService] = []
         for description in listen:
             svc = StreamServerEndpointService(endpoints.serverFromString(reactor, description), self.site)
             svc._raiseSynchronously = True
             svc.setServiceParent(self)
             self.listeners.append(svc)
+        # Read at scrape time by the metrics listener; registered while the service runs.
+        self.watching = metrics.Watching().add(metrics.nostr_connections, self.pool.states)
+        self.watching.setServiceParent(self)
 
     def ports(self) -> defer.Deferred[list[IListeningPort]]:
         """Fires with the listening ports once they are bound."""
@@ -178,6 +184,7 @@ class BrokerService(MultiService):
             timer = self.clock.call_later(self.grace, lambda: idle.called or idle.callback(None))
             await idle
             self.clock.cancel(timer)
+            self.drained = not self.host.active
         self.site.close_connections()
         await self.pool.close()
         if self.redis_receipts is not None:
@@ -185,6 +192,7 @@ class BrokerService(MultiService):
         if self._own_redis and self.redis is not None:
             await self.redis.close()
         await self.state.close()
+        await defer.maybeDeferred(self.watching.stopService)
 
     def stopService(self) -> defer.Deferred[None]:
         self.running = False

@@ -215,3 +215,22 @@ class HostTests(unittest.TestCase):
         await self._start(reactions_enabled=False)
         r = await self.broker.call(self.cred, "reaction.add", {"channelId": self.channel, "targetEventId": "ab" * 32, "reaction": "+"})
         assert r["status"] == "failed" and r["error"]["code"] == "unsupported"
+
+    # --- metrics (docs/deployment.md lists the broker's series)
+
+    async def test_actions_and_relay_connections_are_counted(self) -> None:
+        from relayd import metrics
+
+        def count(action: str, status: str) -> float:
+            value = metrics.REGISTRY.get_sample_value("relayd_broker_actions_total", {"action": action, "status": status})
+            return value or 0.0
+
+        before = count("message.post", "succeeded"), count("channel.read", "failed"), count("unknown", "rejected")
+        b = body("message.post", {"channelId": self.channel, "content": "counted"})
+        await self.broker.post(b, self.cred)
+        await self.broker.post(b, self.cred)  # a replay counts too
+        await self.broker.call(self.cred, "channel.read", {"channelId": new_channel()})  # unauthorized
+        await self.broker.post(b"not json", self.cred)
+        after = count("message.post", "succeeded"), count("channel.read", "failed"), count("unknown", "rejected")
+        assert [a - b for a, b in zip(after, before)] == [2, 1, 1]
+        assert metrics.nostr_connections.value(state="ready") >= 1
