@@ -48,6 +48,12 @@ def sse_comment(text: str | bytes) -> bytes:
 class SSEStream:
     """One open C{text/event-stream} response."""
 
+    # Thousands of these sit idle per process: no per-instance __dict__.
+    __slots__ = (
+        "request", "hub", "max_buffer", "on_close", "closed", "paused", "discarded",
+        "_pending", "_pending_bytes", "_dirty", "_transport", "_chunked",
+    )
+
     _log = Logger()
 
     def __init__(
@@ -122,6 +128,10 @@ class SSEStream:
         transport = self._transport
         if transport is None or self.request._disconnected:
             self.request.write(data)
+            return
+        self.request.sentLength += len(data)  # the access log reports what the stream carried
+        if False:
+            pass
         else:
             if self._chunked:
                 write_now(transport, b"%x\r\n%b\r\n" % (len(data), data))
