@@ -129,15 +129,11 @@ class SSEStream:
         if transport is None or self.request._disconnected:
             self.request.write(data)
             return
-        self.request.sentLength += len(data)  # the access log reports what the stream carried
-        if False:
-            pass
+        if self._chunked:
+            write_now(transport, b"%x\r\n%b\r\n" % (len(data), data))
         else:
-            if self._chunked:
-                write_now(transport, b"%x\r\n%b\r\n" % (len(data), data))
-            else:
-                write_now(transport, data)
-            self.request.sentLength += len(data)  # as request.write would count it (the access log's bytes)
+            write_now(transport, data)
+        self.request.sentLength += len(data)  # as request.write would count it (the access log's bytes)
 
     def close(self, final: bytes = b"") -> None:
         """Send what is queued plus C{final}, then end the response."""
