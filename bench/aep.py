@@ -8,6 +8,10 @@ docs/performance.md.
     python bench/aep.py ingest fanout-sse    # a selection
     python bench/aep.py --seconds 10 ...     # longer runs
 
+Scenarios with --redis (two instances, one redis-server started by the bench): cluster-ingest,
+cluster-fanout (emitter on A, 100 / 1000 SSE subscribers on B), cluster-latency (1000 events/s
+from A to 10 subscribers on B).
+
 Scenarios: ingest (NDJSON batches of 100 x ~500 B over 8 connections), single (one JSON event per
 POST, 8 connections), fanout-sse (one WS emitter -> 100 and 1000 SSE subscribers), fanout-ws
 (-> 100 WebSocket subscribers), latency (1000 SSE subscribers at 100 events/s), idle (1000 and
@@ -303,9 +307,10 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(len(values) * p))]
 
 
-async def scenario_ingest(seconds: float, batch: int) -> dict[str, Any]:
-    server = Server("--aep-buffer", "1000", "--aep-max-sessions", "64")
+async def scenario_ingest(seconds: float, batch: int, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    server = Server("--aep-buffer", "1000", "--aep-max-sessions", "64", *extra)
     try:
+        await wait_ready(server.port)
         counter = [0]
         ctype = "application/x-ndjson" if batch > 1 else "application/json"
 
@@ -391,6 +396,93 @@ async def scenario_idle(connections: int) -> dict[str, Any]:
         server.stop()
 
 
+class RedisProcess:
+    """A throwaway redis-server on a free port for the --redis scenarios."""
+
+    def __init__(self) -> None:
+        import shutil
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise SystemExit("the --redis scenarios need redis-server")
+        self.proc = subprocess.Popen([binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no"], stdout=subprocess.DEVNULL)
+        time.sleep(0.5)  # waiting for another process to start listening
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+async def wait_ready(port: int) -> None:
+    """Until the instance accepts an event (with --redis it answers 503 until Redis is connected)."""
+    body = json.dumps(event("ready", 0), separators=(",", ":")).encode()
+    for _ in range(200):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /events HTTP/1.1\r\nHost: b\r\naep-version: 0.1\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body) + body)
+        head = await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+        if head.startswith(b"HTTP/1.1 202"):
+            return
+        await asyncio.sleep(0.05)
+    raise RuntimeError("relayd never became ready")
+
+
+async def scenario_cluster_ingest(seconds: float) -> dict[str, Any]:
+    """Batched ingest on one instance that keeps its buffers in Redis."""
+    redis = RedisProcess()
+    try:
+        return await scenario_ingest(seconds, 100, ("--redis", redis.url))
+    finally:
+        redis.stop()
+
+
+async def scenario_cluster_fanout(subscribers: int, rate: float, seconds: float, timed: int) -> dict[str, Any]:
+    """Emitter on instance A, subscribers on instance B, one Redis; CPU is A's plus B's."""
+    redis = RedisProcess()
+    a = Server("--redis", redis.url)
+    b = Server("--redis", redis.url)
+    try:
+        await wait_ready(a.port)
+        await wait_ready(b.port)
+        drainer = Drainer(b.port, "sse", subscribers - timed) if subscribers > timed else None
+        subs = []
+        tasks = []
+        for _ in range(timed):
+            sub = SSESubscriber(timed=True)
+            ready = asyncio.Event()
+            tasks.append(asyncio.ensure_future(sub.run(b.port, '/stream?filter={"session":"F"}'.replace('"', "%22"), ready)))
+            await ready.wait()
+            subs.append(sub)
+        emitter = WSPeer()
+        await emitter.connect(a.port, {"role": "emitter", "identity": {"agent": "bench"}})
+        await asyncio.sleep(0.5)
+        cpu0, t0 = a.cpu() + b.cpu(), time.perf_counter()
+        sent = await emit(emitter, rate, seconds)
+        deadline = time.perf_counter() + 10
+        while sum(s.count for s in subs) < sent * timed and time.perf_counter() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        wall, cpu = time.perf_counter() - t0, a.cpu() + b.cpu() - cpu0
+        delivered = sum(s.count for s in subs) + (drainer.total() if drainer else 0)
+        latencies = [x for s in subs for x in s.latencies]
+        for t in tasks:
+            t.cancel()
+        return {"subscribers": subscribers, "events": sent, "rate": rate, "deliveries": delivered,
+                "expected": sent * subscribers, "server_cpu_us_per_delivery": cpu / max(delivered, 1) * 1e6,
+                "p50_ms": pct(latencies, 0.5) * 1000, "p99_ms": pct(latencies, 0.99) * 1000}
+    finally:
+        a.stop()
+        b.stop()
+        redis.stop()
+
+
 async def main(selected: list[str], seconds: float) -> None:
     _raise_nofile()
     runs: list[tuple[str, Any]] = [
@@ -402,6 +494,10 @@ async def main(selected: list[str], seconds: float) -> None:
         ("latency", lambda: scenario_fanout(1000, "sse", 100, seconds, 50)),
         ("idle", lambda: scenario_idle(1000)),
         ("idle", lambda: scenario_idle(5000)),
+        ("cluster-ingest", lambda: scenario_cluster_ingest(seconds)),
+        ("cluster-fanout", lambda: scenario_cluster_fanout(100, 1000, seconds, 10)),
+        ("cluster-fanout", lambda: scenario_cluster_fanout(1000, 100, seconds, 20)),
+        ("cluster-latency", lambda: scenario_cluster_fanout(10, 1000, seconds, 10)),
     ]
     for name, run in runs:
         if selected and name not in selected:

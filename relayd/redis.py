@@ -76,7 +76,35 @@ def redis_url(text: str) -> str:
     return text.strip()
 
 
-class _Subscriber(txredisapi.SubscriberProtocol):
+class _ReplyParsing:
+    """Parse a whole read in one go.
+
+    txredisapi's line receiver goes back to line mode after every bulk string by pausing the
+    transport and scheduling the rest of the read for the next reactor turn: a reply of N bulk
+    strings (a pub/sub message is three) takes N reactor turns, and a busy relay falls seconds
+    behind its bus. Here the rest is kept and fed back in a loop within the same read.
+    """
+
+    _rest = b""
+
+    def setLineMode(self, extra: bytes = b"") -> None:
+        self.line_mode = 1
+        if extra:
+            self._rest += extra
+
+    def dataReceived(self, data: bytes, unpause: bool = False) -> Any:
+        result = super().dataReceived(data, unpause)  # type: ignore[misc]
+        while self._rest and not self.paused:  # type: ignore[attr-defined]
+            rest, self._rest = self._rest, b""
+            result = super().dataReceived(rest)  # type: ignore[misc]
+        return result
+
+
+class _Protocol(_ReplyParsing, txredisapi.RedisProtocol):
+    pass
+
+
+class _Subscriber(_ReplyParsing, txredisapi.SubscriberProtocol):
     bus: RedisBus
 
     def connectionMade(self) -> Any:
@@ -117,6 +145,7 @@ class Redis:
             replyTimeout=timeout,
             convertNumbers=False,
         )
+        self._pool._factory.protocol = _Protocol  # built when each connection is made, later on
         # Reconnect quickly: while Redis is away every request that needs it is refused.
         self._pool._factory.initialDelay = 0.2
         self._pool._factory.maxDelay = 2
