@@ -240,6 +240,17 @@ async def _request(port: int, method: str, path: str, body: bytes = b"") -> tupl
     return result
 
 
+async def _register(port: int, name: str) -> None:
+    """Register a session; a relay on Redis answers 503 until its pool has connected, so retry."""
+    deadline = time.monotonic() + 10
+    while True:
+        status, body = await _request(port, "POST", "/register", json.dumps({"session": name, "token": TOKEN}).encode())
+        if status == 200:
+            return
+        assert status == 503 and time.monotonic() < deadline, (status, body)
+        await asyncio.sleep(0.05)
+
+
 def _build(method: str, path: str, body: bytes = b"") -> bytes:
     return (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\n\r\n").encode() + body
@@ -277,9 +288,7 @@ class Session:
 
     async def open(self) -> None:
         name, t = self.name, TOKEN
-        status, body = await _request(self.page_port, "POST", "/register",
-                                      json.dumps({"session": name, "token": t}).encode())
-        assert status == 200, body
+        await _register(self.page_port, name)
         loop = self.loop
         self.page_out: Http = await _connect(self.page_port, Http)
         self.agent_in: Http = await _connect(self.agent_port, Http)
@@ -434,8 +443,7 @@ def round_trips(ports: tuple[int, int], servers: list[Any], mode: str, sessions:
 async def _idle(port: int, mode: str, count: int, rss: Callable[[], int]) -> dict[str, Any]:
     names = [f"idle{i:05d}" for i in range(count)]
     for name in names:
-        status, _ = await _request(port, "POST", "/register", json.dumps({"session": name, "token": TOKEN}).encode())
-        assert status == 200
+        await _register(port, name)
     await asyncio.sleep(1.0)  # a measurement pause, not synchronisation
     before = rss()
     held: list[Any] = []
