@@ -393,8 +393,8 @@ def _client(names: list[str], ports: tuple[int, int], mode: str, interval: float
 
 
 def round_trips(ports: tuple[int, int], servers: list[Any], mode: str, sessions: int, seconds: float,
-                rate: float | None, procs: int, prefix: str = "b") -> dict[str, Any]:
-    names = [f"{prefix}{i:05d}" for i in range(sessions)]
+                rate: float | None, procs: int, redis: RedisProcess | None = None) -> dict[str, Any]:
+    names = [f"b{i:05d}" for i in range(sessions)]
     interval = sessions / rate if rate else 0.0
     ctx = multiprocessing.get_context("fork")
     pipes, workers = [], []
@@ -407,6 +407,7 @@ def round_trips(ports: tuple[int, int], servers: list[Any], mode: str, sessions:
     for p in pipes:
         assert p.recv() == "ready"
     cpu0 = [s.cpu_seconds() for s in servers]
+    redis0 = redis.cpu_seconds() if redis is not None else 0.0
     t0 = time.monotonic()
     for p in pipes:
         p.send(seconds)
@@ -418,10 +419,12 @@ def round_trips(ports: tuple[int, int], servers: list[Any], mode: str, sessions:
         client_cpu += cpu
     elapsed = time.monotonic() - t0
     cpu = [s.cpu_seconds() - c for s, c in zip(servers, cpu0)]
+    redis_cpu = redis.cpu_seconds() - redis0 if redis is not None else None
     for w in workers:
         w.join(10)
     latencies.sort()
     n = max(1, len(latencies))
+    extra = {} if redis_cpu is None else {"redis_cpu_per_rt_us": round(redis_cpu / n * 1e6, 1)}
     return {
         "mode": mode,
         "sessions": sessions,
@@ -434,6 +437,7 @@ def round_trips(ports: tuple[int, int], servers: list[Any], mode: str, sessions:
         "server_cpu_per_rt_us": [round(c / n * 1e6, 1) for c in cpu],
         "server_cpu_util": [round(c / elapsed, 2) for c in cpu],
         "client_cpu_per_rt_us": round(client_cpu / n * 1e6, 1),
+        **extra,
     }
 
 
@@ -504,7 +508,7 @@ def main() -> None:
                                             "-o", args.profile, "-d", str(int(args.seconds) + 3)],
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 rate = args.rate if kind == "latency" else None
-                result = round_trips(ports, servers, mode, args.sessions, args.seconds, rate, args.procs)
+                result = round_trips(ports, servers, mode, args.sessions, args.seconds, rate, args.procs, redis)
             if redis is not None:
                 result["redis"] = True
                 result["instances"] = args.instances
