@@ -23,9 +23,11 @@ any observer sees it, so twistd's default text log is scrubbed too.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import re
+import string
 import sys
 from datetime import datetime, timezone
 from typing import IO, Any, Callable
@@ -78,6 +80,9 @@ _TEXT_PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\bbzh_[A-Za-z0-9_-]{16,}"), SCRUBBED),
 ]
 
+# Every pattern above needs one of these in the text: one search decides for most strings.
+_TRIGGER = re.compile(r"(?i)bearer|basic|nostr|token|key|secret|passw|credential|kek|sig|authoriz|nsec1|bzh_|://")
+
 _SECRET_WORDS = (
     "token", "secret", "passw", "credential", "authoriz", "cookie", "nsec", "private", "apikey", "api_key", "seckey",
 )
@@ -97,6 +102,7 @@ def register_secret(value: str | bytes | None) -> None:
     _secrets_ordered[:] = sorted(_secrets, key=len, reverse=True)
 
 
+@functools.lru_cache(maxsize=4096)
 def is_secret_name(name: str) -> bool:
     """Whether a field named C{name} holds a secret (C{token}, C{api_key}, C{kek}, ... but not C{pubkey})."""
     n = name.lower().replace("-", "_")
@@ -112,6 +118,8 @@ def scrub_text(text: str) -> str:
     for secret in _secrets_ordered:
         if secret in text:
             text = text.replace(secret, SCRUBBED)
+    if not _TRIGGER.search(text):
+        return text  # the common case: an address, a path, a count
     for pattern, replacement in _TEXT_PATTERNS:
         text = pattern.sub(replacement, text)
     return text
@@ -146,12 +154,35 @@ def _is_texty(value: Any) -> bool:
 # Keys Twisted owns whose values are not text to scrub (or are handled separately).
 _UNTOUCHED = frozenset(
     ("log_logger", "log_source", "log_level", "log_namespace", "log_time", "log_trace", "log_failure", "log_format",
-     "log_scrubbed")
+     "log_scrubbed", "log_relayd_scrubbed")
 )
+_MARK = "log_relayd_scrubbed"  # set on an event once scrubbed, so later observers need not do it again
+
+
+@functools.lru_cache(maxsize=1024)
+def _plain_format(fmt: str) -> bool:
+    """Whether C{str.format_map} renders C{fmt} as Twisted would (no Twisted-only C{{f()}} calls)."""
+    try:
+        return all(field is None or "(" not in field for _, field, _, _ in string.Formatter().parse(fmt))
+    except ValueError:
+        return False
+
+
+def render(event: LogEvent) -> str:
+    """The event's message, as C{twisted.logger.formatEvent} renders it (much faster for plain formats)."""
+    fmt = event.get("log_format")
+    if isinstance(fmt, str) and _plain_format(fmt):
+        try:
+            return fmt.format_map(event)
+        except Exception:
+            pass  # a missing key or a failing __format__: Twisted's formatter says so in its own words
+    return formatEvent(event)
 
 
 def scrub_in_place(event: LogEvent) -> None:
     """Remove secrets from C{event} itself: field values, the formatted message and any traceback."""
+    if event.get(_MARK):
+        return
     for key, value in list(event.items()):
         if key in _UNTOUCHED:
             continue
@@ -162,8 +193,8 @@ def scrub_in_place(event: LogEvent) -> None:
         if clean is not value:
             event[key] = clean
     if event.get("log_format") is not None:
-        # The format may reach into objects ({request.uri}); check what it renders to.
-        text = formatEvent(event)
+        # The format may reach into objects ({request.uri}) or join fields: check what it renders to.
+        text = render(event)
         clean = scrub_text(text)
         if clean != text:
             event["log_format"] = "{log_scrubbed}"
@@ -171,13 +202,16 @@ def scrub_in_place(event: LogEvent) -> None:
     failure = event.get("log_failure")
     if isinstance(failure, Failure):
         event["log_failure"] = _scrub_failure(failure)
+    event[_MARK] = True
 
 
 provider(ILogObserver)(scrub_in_place)
 
 
 def scrub_event(event: LogEvent) -> LogEvent:
-    """A scrubbed copy of C{event} (the original is left as it is)."""
+    """A scrubbed copy of C{event} (the original is left as it is; an already scrubbed event is returned)."""
+    if event.get(_MARK):
+        return event
     clean = dict(event)
     scrub_in_place(clean)
     return clean
@@ -284,7 +318,7 @@ def event_as_json(event: LogEvent) -> str:
         "time": _iso(event.get("log_time")),
         "level": _LEVELS.get(event.get("log_level"), "info"),  # type: ignore[arg-type]
         "relay": _relay_of(event),
-        "event": scrub_text(formatEvent(event)),
+        "event": scrub_text(render(event)),
         "namespace": event.get("log_namespace"),
         "fields": {
             key: _jsonable(value)

@@ -161,3 +161,34 @@ def test_text_observer_scrubs() -> None:
     Logger(observer=observer).info("Authorization: Bearer text-leak")
     assert "text-leak" not in buffer.getvalue()
     assert "Bearer [scrubbed]" in buffer.getvalue()
+
+
+def test_render_matches_twisted_formatting() -> None:
+    from twisted.logger import formatEvent
+
+    class Thing:
+        name = "t"
+
+        def call(self) -> str:
+            return "called"
+
+    for fmt, fields in [
+        ("{a} and {b!r} {c:>4}", {"a": "x", "b": "y", "c": 7}),
+        ("{thing.name} {thing.call()}", {"thing": Thing()}),  # Twisted's call syntax
+        ("missing {nope}", {}),
+        ("braces {{literal}} {a}", {"a": 1}),
+    ]:
+        event = {"log_format": fmt, **fields}
+        assert rlog.render(event) == formatEvent(event)
+
+
+def test_an_event_is_scrubbed_once() -> None:
+    publisher = LogPublisher()
+    seen: list[dict] = []
+    rlog.install_scrubber(publisher)
+    publisher.addObserver(seen.append)
+    Logger(observer=publisher).info("x {t}", t="Bearer once-leak")
+    (event,) = seen
+    assert event["log_relayd_scrubbed"] is True
+    assert rlog.scrub_event(event) is event  # observers after the scrubber do not copy it again
+    assert "once-leak" not in rlog.event_as_json(event)
