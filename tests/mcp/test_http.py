@@ -196,8 +196,7 @@ class EventsTests(RelayTestCase):
         await self.post(f"/sess/unregister?token={TOKEN}")
         stream = await self.events(query="&direction=outbound")
         self.assertEqual(stream.code, 410)
-        body = await treq.content(stream.response)
-        self.assertEqual(body, b"event: error\ndata: session_gone\n\n")
+        self.assertEqual(stream.refusal, b"event: error\ndata: session_gone\n\n")
         self.assertEqual(stream.header("content-type"), "text/event-stream")
         self.assertIsNone(stream.header("cache-control"))
         self.assertEqual(stream.header("access-control-allow-origin"), "*")
@@ -205,19 +204,19 @@ class EventsTests(RelayTestCase):
     async def test_e2_never_registered_is_410(self) -> None:
         stream = await self.events(session="never")
         self.assertEqual(stream.code, 410)
-        await treq.content(stream.response)
+        self.assertEqual(stream.refusal, b"event: error\ndata: session_gone\n\n")
 
     async def test_e3_wrong_token_is_401(self) -> None:
         await self.register()
         stream = await self.events(token="wrong-token-wrong-token")
         self.assertEqual(stream.code, 401)
-        self.assertIn(b"invalid_token", await treq.content(stream.response))
+        self.assertIn(b"invalid_token", stream.refusal)
 
     async def test_e4_no_token_is_401(self) -> None:
         await self.register()
         stream = await SSEClient_connect(self, f"{self.base}/sess/events")
         self.assertEqual(stream.code, 401)
-        self.assertEqual(await treq.content(stream.response), b"event: error\ndata: invalid_token\n\n")
+        self.assertEqual(stream.refusal, b"event: error\ndata: invalid_token\n\n")
 
     async def test_e5_open_stream_ends_after_unregister(self) -> None:
         await self.register()
@@ -227,7 +226,7 @@ class EventsTests(RelayTestCase):
         await stream.read_until_end(timeout=2)
         again = await self.events(query="&direction=outbound")
         self.assertEqual(again.code, 410)
-        await treq.content(again.response)
+        self.assertEqual(again.refusal, b"event: error\ndata: session_gone\n\n")
 
     async def test_e6_same_tick_frames_all_arrive(self) -> None:
         await self.register()
