@@ -65,6 +65,7 @@ _BEARER = b"Bearer "
 _MAX_MESSAGE = 300
 _WAIT_STEP = 0.5  # a waiter for another instance re-checks at least this often (a missed notification)
 _STATUS = b'"status":"'
+_OUTAGE_LOG_INTERVAL = 60.0
 _ACTIONS = frozenset(contract.ACTIONS)
 _counters: dict[tuple[str, str], Any] = {}
 
@@ -156,6 +157,7 @@ class BrokerHost:
         # How long a duplicate waits for another instance's execution before answering indeterminate.
         self.busy_wait = operations.timeout if busy_wait is None else busy_wait
         self.verdicts = VerdictCache()
+        self._outage_logged: dict[str, float] = {}
         self._inflight: dict[tuple[str, str], defer.Deferred[None]] = {}
         self._active = 0
         self._idle: list[defer.Deferred[None]] = []
@@ -233,12 +235,23 @@ class BrokerHost:
                 raise fault
             return 200, await self._correlated(rid, tree, who, digest)
         except StoreUnavailable as e:
-            # Before dispatch (or with the plan kept for a retry): say so at once, never hang.
-            self._log.warn("broker store {store} unavailable (requestId {rid})", store=e.store, rid=rid)
+            # Before dispatch: say so at once, never hang.
+            self._outage(e, rid)
             return 200, _verdict(contract.failed(rid, "internal", f"the {e.store} store is unavailable; retry later"))
         except Exception:
             self._log.failure("broker fault before dispatch (requestId {rid})", rid=rid)
             return 200, _verdict(contract.failed(rid, "internal", "internal host fault"))
+
+    def _outage(self, e: StoreUnavailable, rid: str) -> None:
+        """One warning per store outage (at most one a minute), not one per refused request."""
+        now = self.ops.pool.clock.seconds()
+        if now - self._outage_logged.get(e.store, -1e9) >= _OUTAGE_LOG_INTERVAL:
+            self._outage_logged[e.store] = now
+            self._log.warn(
+                "broker store {store} unavailable (first refused: requestId {rid}); refusing with internal until it returns",
+                store=e.store,
+                rid=rid,
+            )
 
     async def _authenticate(self, authorization: Sequence[bytes] | None) -> tuple[Credential, Agent] | None:
         if not authorization or len(authorization) != 1 or not authorization[0].startswith(_BEARER):
@@ -387,7 +400,7 @@ class BrokerHost:
         try:
             return await self._publish(principal, rid, digest, plan, settled)
         except StoreUnavailable as e:
-            self._log.warn("broker store {store} unavailable mid-execution (requestId {rid})", store=e.store, rid=rid)
+            self._outage(e, rid)
             why = f"the {e.store} store is unavailable; retry the same bytes"
         except Exception:
             self._log.failure("broker fault mid-execution (requestId {rid})", rid=rid)
