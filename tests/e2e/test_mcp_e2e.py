@@ -8,9 +8,11 @@ import signal
 import treq
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
+from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
+from tests.support.redis import shared_redis
 from tests.support.sse import SSEClient
 from tests.support.twistd import RelaydProcess
 
@@ -99,3 +101,68 @@ class TwistdMCP(TestCase):
         self.assertEqual(await proc.exited, 2)
         self.assertIn(b"CORS_ALLOW_ORIGIN", proc.log)
         self.assertNotIn(b"Traceback", proc.log)
+
+
+class TwistdMCPOnRedis(TestCase):
+    """Two real relayd processes sharing one redis-server behave as one relay (issue 5, acceptance 2)."""
+
+    timeout = 60
+
+    async def test_page_on_a_agent_on_b_and_unregister_on_a_ends_the_stream_on_b(self) -> None:
+        redis = shared_redis()
+        options = ["--mcp-listen", "tcp:0:interface=127.0.0.1", "--no-aep", "--redis", redis.url,
+                   "--redis-prefix", f"e2e{id(self)}:"]
+        a = await RelaydProcess.start(options, env=CLEAN_ENV, wait_for=("mcp",))
+        self.addCleanup(a.kill)
+        b = await RelaydProcess.start(options, env=CLEAN_ENV, wait_for=("mcp",))
+        self.addCleanup(b.kill)
+        base_a, base_b = f"http://127.0.0.1:{a.port('mcp')}", f"http://127.0.0.1:{b.port('mcp')}"
+        pool = HTTPConnectionPool(reactor, persistent=False)
+        self.addCleanup(pool.closeCachedConnections)
+
+        async def post(url: str, body: bytes) -> int:
+            response = await treq.post(url, data=body, headers={"content-type": "application/json"}, pool=pool)
+            await treq.content(response)
+            return response.code
+
+        # A fresh process answers 503 until its Redis pool is up: retry as a client would.
+        register = json.dumps({"session": "e2e-redis", "token": TOKEN}).encode()
+        for base in (base_a, base_b):
+            for _ in range(200):
+                if await post(base + "/register", register) == 200:
+                    break
+                await deferLater(reactor, 0.05, lambda: None)
+            else:
+                self.fail("relayd never reached Redis")
+        page = await SSEClient.connect(f"{base_a}/e2e-redis/events?token={TOKEN}&direction=inbound")
+        for _ in range(200):  # B subscribes to its bus channel just after start: until A can reach B's stream
+            agent = await SSEClient.connect(f"{base_b}/e2e-redis/events?token={TOKEN}&direction=outbound")
+            if await post(f"{base_a}/e2e-redis/outbox?token={TOKEN}", b'{"jsonrpc":"2.0","method":"hello"}') == 200:
+                break
+            await agent.close()
+            await deferLater(reactor, 0.05, lambda: None)
+        self.assertEqual(await mcp_event(agent), {"jsonrpc": "2.0", "method": "hello"})
+        self.assertEqual(await post(f"{base_b}/e2e-redis/inbox?token={TOKEN}", b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}'), 200)
+        self.assertEqual((await mcp_event(page))["method"], "tools/list")  # presence skipped
+        self.assertEqual(await post(f"{base_a}/e2e-redis/outbox?token={TOKEN}", b'{"jsonrpc":"2.0","id":1,"result":{}}'), 200)
+        self.assertEqual((await mcp_event(agent))["id"], 1)
+
+        started = reactor.seconds()
+        self.assertEqual(await post(f"{base_a}/e2e-redis/unregister?token={TOKEN}", b""), 200)
+        await agent.read_until_end(timeout=1.0)
+        self.assertLess(reactor.seconds() - started, 1.0)
+        await page.read_until_end(timeout=1.0)
+        self.assertEqual(await a.terminate(signal.SIGTERM), 0)
+        self.assertEqual(await b.terminate(signal.SIGTERM), 0)
+        self.assertNotIn(b"Traceback", a.log + b.log)
+
+
+async def mcp_event(stream: SSEClient) -> dict:
+    """The next C{event: mcp} message that is not presence."""
+    while True:
+        msg = await stream.next()
+        assert msg is not None, "stream ended"
+        if msg.event == "mcp":
+            message = json.loads(msg.data or "")
+            if not str(message.get("method", "")).startswith("notifications/peer_"):
+                return message
