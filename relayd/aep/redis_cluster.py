@@ -134,7 +134,10 @@ class RedisClaims:
         d = self.redis.eval(STORE, _ROSTER, [], [self.prefix])
 
         def collect(flat: list[Any]) -> dict[str, list[tuple[bytes, bytes]]]:
-            return {flat[i].decode("utf-8"): _pairs(flat[i + 1]) for i in range(0, len(flat), 2)}
+            by_session = {flat[i].decode("utf-8"): _pairs(flat[i + 1]) for i in range(0, len(flat), 2)}
+            for _, session in self.local.local_roster():
+                by_session.setdefault(session, [])
+            return by_session
 
         def entries(by_session: dict[str, list[tuple[Claimant, int]]]) -> list[dict[str, Any]]:
             rows = [
@@ -167,7 +170,10 @@ class RedisClaims:
                 decoded.setdefault(session, []).append((claimant, conn_id))
                 instances.add(conn_id.split(":", 1)[0])
         if not instances:
-            return succeed({})
+            out: dict[str, list[tuple[Claimant, int]]] = {}
+            for session in by_session:
+                self._merge_local(out, session)
+            return succeed(out)
         names = sorted(instances)
         d = self.redis.execute(STORE, "MGET", *[self._key(b"aep:instance:", i) for i in names])
 
@@ -184,11 +190,27 @@ class RedisClaims:
                         self.redis.execute(STORE, "HDEL", self._key(b"aep:claims:", session), conn_id).addErrback(
                             lambda f: None
                         )
+            # This process's own claims count at once, even before their write reaches Redis.
+            for session in by_session:
+                self._merge_local(out, session)
             for claimants in out.values():
                 claimants.sort(key=lambda pair: pair[0].order)
             return out
 
         return d.addCallback(keep)
+
+    def _merge_local(self, out: dict[str, list[tuple[Claimant, int]]], session: str) -> None:
+        known = {claimant.conn_id for claimant, _ in out.get(session, [])}
+        for conn in self.local.local_claimants(session):
+            conn_id = self._ids.get(conn)
+            if conn_id is not None and conn_id not in known:
+                out.setdefault(session, []).append((self._claimant(conn, session), 0))
+
+    def _claimant(self, conn: Any, session: str) -> Claimant:
+        counter = int(self._ids[conn].rsplit(":", 1)[1])
+        claimant = claimant_of(conn, (self.started, self.instance, counter, conn.claims.index(session)))
+        claimant.conn_id = self._ids[conn]
+        return claimant
 
     # Commands ----------------------------------------------------------------------------------
 

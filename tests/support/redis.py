@@ -60,9 +60,19 @@ class RedisServer:
         while time.monotonic() < deadline:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
+                    s.sendall(b"INFO server\r\n")
+                    info = b""
+                    while b"process_id:" not in info or not info.endswith(b"\r\n"):
+                        chunk = s.recv(65536)
+                        if not chunk:
+                            break
+                        info += chunk
+                    # The server that answers must be ours: another test run may have taken the
+                    # port while this one was restarting.
+                    if f"process_id:{self.proc.pid}\r\n".encode() in info:
                         return
+                    if self.proc.poll() is not None:
+                        raise RuntimeError(f"redis-server could not start on port {self.port}")
             except OSError:
                 pass
             time.sleep(0.02)  # waiting for an external process to accept connections
