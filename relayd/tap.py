@@ -15,6 +15,7 @@ from twisted.python import usage
 from relayd import logging as relayd_logging
 from relayd import metrics, sdnotify
 from relayd.clock import Clock
+from relayd.redis import clients as redis_clients
 from relayd.config import ConfigError, Resolved, Setting, resolve
 from relayd.rlimits import increase_rlimits
 from relayd.web.site import RelaySite
@@ -139,6 +140,8 @@ class RelaydService(MultiService):
     def stopService(self) -> Any:
         sdnotify.notify("STOPPING=1")
         yield super().stopService()
+        # The wings are drained; now the shared Redis connections (if any) can go.
+        yield defer.gatherResults([client.close() for client in redis_clients()], consumeErrors=True)
         self.clock.shutdown()
         if all(getattr(child, "drained", True) for child in self):
             # Drained cleanly: exit 0. twistd would otherwise re-raise the SIGTERM that stopped it,
