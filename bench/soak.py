@@ -141,6 +141,7 @@ class Stats:
         self.latency: dict[str, list[float]] = defaultdict(list)
         self.errors: list[str] = []
         self.stopping = False
+        self.totals: dict[str, int] = defaultdict(int)
 
     def error(self, what: str) -> None:
         if not self.stopping:
@@ -148,6 +149,8 @@ class Stats:
 
     def take(self) -> tuple[dict[str, int], dict[str, list[float]]]:
         counts, latency = dict(self.counts), dict(self.latency)
+        for name, value in counts.items():
+            self.totals[name] += value
         self.counts, self.latency = defaultdict(int), defaultdict(list)
         return counts, latency
 
@@ -525,6 +528,37 @@ def start_broker_backend(workdir: Path) -> tuple[Any, dict[str, str], str, str]:
 
 # The run -----------------------------------------------------------------------------------------
 
+# What the metrics listener says at the end, summed over the other labels (relayd's own account).
+SERIES = {
+    "relayd_events_ingested_total": ("relay",),
+    "relayd_events_delivered_total": ("relay",),
+    "relayd_events_dropped_total": ("relay", "reason"),
+    "relayd_replays_total": ("relay", "outcome"),
+    "relayd_mcp_frames_total": ("direction",),
+    "relayd_broker_actions_total": ("action", "status"),
+    "relayd_nostr_relay_connections": ("state",),
+    "relayd_http_requests_total": ("relay",),
+    "relayd_store_errors_total": ("relay",),
+}
+
+
+async def scrape_metrics(port: int) -> dict[str, dict[str, float]]:
+    """Selected series of C{/metrics}, keyed by name then by the label values joined with C{/}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, body = await http(port, "GET", "/metrics")
+    out: dict[str, dict[str, float]] = defaultdict(dict)
+    if status != 200:
+        return {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            labels = SERIES.get(sample.name)
+            if labels is None:
+                continue
+            key = "/".join(sample.labels.get(label, "") for label in labels)
+            out[sample.name][key] = out[sample.name].get(key, 0.0) + sample.value
+    return dict(out)
+
 
 async def soak(args: argparse.Namespace) -> int:
     duration = args.seconds if args.seconds else args.minutes * 60
@@ -625,6 +659,8 @@ async def run_mix(args: argparse.Namespace, duration: float, server: Server, bro
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    stats.take()  # what happened after the last report line still counts in the totals
+    scraped = await scrape_metrics(server.ports["metrics"])
     exit_status = await server.stop()
     log = server.log_path.read_bytes()
     problems = list(stats.errors)
@@ -643,6 +679,7 @@ async def run_mix(args: argparse.Namespace, duration: float, server: Server, bro
         "rss_max_mib": max((s["rss_mib"] for s in samples), default=None),
         "rss_growth_second_half_mib": round(growth, 1),
         "problems": problems[:50], "log": str(server.log_path),
+        "totals": dict(stats.totals), "metrics": scraped,
     }
     print(f"soak: RSS {summary['rss_start_mib']} -> {summary['rss_end_mib']} MiB (max {summary['rss_max_mib']}), "
           f"second-half growth {growth:.1f} MiB; {len(problems)} problem(s)")

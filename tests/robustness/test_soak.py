@@ -43,3 +43,18 @@ class Soak(TestCase):
                 self.assertGreater(sample["broker_actions"], 0)
         self.assertEqual(summary["broker"], broker)
         self.assertLess(summary["rss_growth_second_half_mib"], 20)
+
+        # Issue 6 acceptance 1 under real traffic: the metrics listener's account matches the clients'.
+        totals, metrics = summary["totals"], summary["metrics"]
+        ingested = metrics["relayd_events_ingested_total"]["aep"]
+        self.assertLessEqual(ingested, totals["aep_posted"])
+        self.assertGreater(ingested, totals["aep_posted"] - 50)  # WebSocket sends still in flight at the end
+        delivered = metrics["relayd_events_delivered_total"]["aep"]
+        self.assertGreaterEqual(delivered, totals["aep_delivered"])
+        self.assertLessEqual(delivered, totals["aep_delivered"] + totals["aep_resumed_events"] + 500)
+        self.assertGreaterEqual(sum(metrics["relayd_replays_total"].values()), totals["aep_resumes"] - 10)
+        for relay in ("aep", "mcp") + (("broker",) if broker else ()):
+            self.assertGreater(metrics["relayd_http_requests_total"][relay], 0)
+        if broker:
+            self.assertEqual(metrics["relayd_broker_actions_total"]["message.post/succeeded"], totals["broker_actions"])
+            self.assertEqual(metrics["relayd_nostr_relay_connections"]["ready"], 1)
