@@ -25,6 +25,7 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from relayd import metrics
 from relayd.clock import Clock
 from relayd.mcp.bus import IMcpBus, InstanceGone, LocalBus
 from relayd.mcp.drive import run
@@ -51,6 +52,15 @@ POLL_DEFAULT_WAIT_MS = 20_000
 PEER_JOINED = "notifications/peer_joined"
 PEER_LEFT = "notifications/peer_left"
 FRAMES_DROPPED = "notifications/frames_dropped"
+
+# Frames accepted, counted once per POST (bound once: nothing is looked up per frame).
+_INBOUND = metrics.mcp_frames.labels(direction="inbound")
+_OUTBOUND = metrics.mcp_frames.labels(direction="outbound")
+
+
+def _counted(result: Any, counter: Any) -> Any:
+    counter.inc()
+    return result
 # Only the broker emits presence; a posted frame carrying either method is refused (mcp-relay.md §2.7).
 _BROKER_ONLY = frozenset((PEER_JOINED, PEER_LEFT))
 
@@ -382,11 +392,11 @@ class Broker:
 
     def inbox(self, session_id: str, token: str, body: bytes, label: str | None = None) -> Deferred[None]:
         """An agent's frame for the page (fans out on C{inbound})."""
-        return run(self._inbox(session_id, token, body, label))
+        return run(self._inbox(session_id, token, body, label)).addCallback(_counted, _INBOUND)
 
     def outbox(self, session_id: str, token: str, body: bytes) -> Deferred[None]:
         """The page's frame for the agents (fans out on C{outbound}, replies scoped by label)."""
-        return run(self._outbox(session_id, token, body))
+        return run(self._outbox(session_id, token, body)).addCallback(_counted, _OUTBOUND)
 
     def open_stream(
         self, session_id: str, token: str, direction: str, label: str | None, sink: Sink

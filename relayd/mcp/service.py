@@ -8,6 +8,7 @@ from twisted.application.service import IService
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from relayd import metrics
 from relayd.clock import Clock
 from relayd.config import Resolved, is_loopback_endpoint
 from relayd.mcp.broker import Broker, BrokerConfig
@@ -121,4 +122,10 @@ def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | N
                 "this behind an authenticating proxy / trusted network.",
                 endpoint=description,
             )
-    return McpService(resource, site, listen, reactor, clock, line)
+    service = McpService(resource, site, listen, reactor, clock, line)
+    # Levels for the metrics listener, read at scrape time.
+    watching = metrics.Watching()
+    watching.add(metrics.connections, broker.open_streams, relay="mcp", transport="sse")
+    watching.add(metrics.connections, broker.parked_polls, relay="mcp", transport="longpoll")
+    watching.setServiceParent(service)
+    return service

@@ -10,6 +10,7 @@ from twisted.trial.unittest import TestCase
 
 from relayd import metrics
 from relayd.clock import Clock
+from tests.mcp.harness import TOKEN as MCP_TOKEN, RelayTestCase
 from tests.support.aep import AEPRelay, event, ndjson
 from tests.support.metrics import delta, names, scrape, value
 from tests.support.sse import SSEClient
@@ -150,3 +151,29 @@ class CallbackGauges(TestCase):
         text = metrics.generate_latest(registry).decode()
         self.assertIn('t_gauge3{a="y"} 5.0', text)
         self.flushLoggedErrors(ZeroDivisionError)
+
+
+class MetricsOverMCP(RelayTestCase):
+    """Issue 6 acceptance 1 (MCP part): streams, parked polls and frames in the scrape."""
+
+    timeout = 30
+
+    async def test_streams_polls_and_frames(self) -> None:
+        service = metrics.make_service(["tcp:0:interface=127.0.0.1"], reactor, Clock(reactor))
+        service.startService()
+        self.addCleanup(service.stopService)
+        (port,) = await service.ports()
+        url = f"http://127.0.0.1:{port.getHost().port}/metrics"
+        before, _ = await scrape(url)
+        await self.register()
+        stream = await self.events(query="&direction=inbound")
+        self.addCleanup(stream.close)
+        reply = await self.post("/sess/inbox?token=" + MCP_TOKEN, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        self.assertEqual(reply.code, 200)
+        reply = await self.post("/sess/outbox?token=" + MCP_TOKEN, {"jsonrpc": "2.0", "id": 1, "result": {}})
+        self.assertEqual(reply.code, 200)
+        after, _ = await scrape(url)
+        self.assertEqual(delta(before, after, "relayd_mcp_frames_total", direction="inbound"), 1)
+        self.assertEqual(delta(before, after, "relayd_mcp_frames_total", direction="outbound"), 1)
+        self.assertEqual(value(after, "relayd_connections", relay="mcp", transport="sse"), 1)
+        self.assertEqual(value(after, "relayd_connections", relay="mcp", transport="longpoll"), 0)
