@@ -157,6 +157,7 @@ _UNTOUCHED = frozenset(
      "log_scrubbed", "log_relayd_scrubbed")
 )
 _MARK = "log_relayd_scrubbed"  # set on an event once scrubbed, so later observers need not do it again
+SCRUBBED_MARK = _MARK  # for emitters whose events hold no secret by construction (the access log)
 
 
 @functools.lru_cache(maxsize=1024)
