@@ -173,6 +173,12 @@ class Relay:
         _STORE_ERRORS.labels(relay="aep", operation=operation).inc()
         self._log.warn("aep store: {operation} failed: {reason}", operation=operation, reason=failure.getErrorMessage())
 
+    def fan_out_remote(self, event: Event) -> None:
+        """Deliver an event another instance accepted (it arrived over the bus)."""
+        delivered = self.fan_out(event)
+        if delivered:
+            _DELIVERED.inc(delivered)
+
     def fan_out(self, event: Event) -> int:
         """Deliver C{event} to every subscriber whose filter matches; returns how many matched."""
         ev = event.ev

@@ -49,7 +49,7 @@ def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | N
         claims = RedisClaims(redis, bus, clock, prefix)
         relay = Relay(RedisEventLog(redis, buffer, max_sessions, prefix), token=token, buffer=buffer,
                       max_from=max_from, seconds=clock.seconds, claims=claims)
-        relay.fanout = RedisFanout(redis, bus, claims.instance, relay.fan_out, prefix)
+        relay.fanout = RedisFanout(redis, bus, claims.instance, relay.fan_out_remote, prefix)
         _log.info("aep relay: shared state in Redis at {url}", url=str(redis.url))
     hub = SSEHub(clock, heartbeat, sse_comment("ping"))
     sockets = AEPSocketFactory(relay, clock, heartbeat=heartbeat, max_message=max_body)
