@@ -11,8 +11,8 @@ from twisted.trial.unittest import TestCase
 import relayd.aep.event as event_module
 from relayd.aep.config import SETTINGS
 from relayd.config import is_loopback_endpoint, resolve
-from tests.aep.helpers import AUTH, TOKEN, comments_of, events_of, open_sse, open_ws, seqs, start_relay, subscribe
-from tests.support.aep import event, ndjson
+from tests.aep.helpers import AUTH, TOKEN, comments_of, events_of, open_sse, open_ws, start_relay, subscribe
+from tests.support.aep import event
 from tests.support.sse import SSEClient
 
 NDJSON = {"aep-version": "0.1", "content-type": "application/x-ndjson"}

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import socket
 
 from twisted.internet import threads
 from twisted.trial.unittest import TestCase
 
+from tests.support.raw import raw_exchange
 from tests.support.aep import AEPRelay, event, ndjson
 from tests.support.sse import SSEClient
 
@@ -146,7 +146,7 @@ class Ingest(TestCase):
             b"POST /events HTTP/1.1\r\nHost: x\r\naep-version: 0.1\r\naep-version: 0.1\r\n"
             b"content-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}"
         )
-        reply = await threads.deferToThread(_raw_exchange, relay.url, raw)
+        reply = await threads.deferToThread(raw_exchange, relay.url, raw)
         self.assertTrue(reply.startswith(b"HTTP/1.1 426"), reply[:40])
 
     async def test_415_has_empty_body_and_no_content_type(self) -> None:
@@ -217,7 +217,7 @@ class Ingest(TestCase):
             b"POST /events HTTP/1.1\r\nHost: x\r\naep-version: 0.1\r\ncontent-type: application/x-ndjson\r\n"
             b"content-length: 10000000\r\n\r\n" + b"x" * 2000
         )
-        reply = await threads.deferToThread(_raw_exchange, relay.url, head)
+        reply = await threads.deferToThread(raw_exchange, relay.url, head)
         status, _, rest = reply.partition(b"\r\n")
         self.assertEqual(status, b"HTTP/1.1 413 Payload Too Large")
         headers, _, body = rest.partition(b"\r\n\r\n")
@@ -231,7 +231,7 @@ class Ingest(TestCase):
             b"POST /events HTTP/1.1\r\nHost: x\r\naep-version: 0.1\r\ncontent-type: application/x-ndjson\r\n"
             b"transfer-encoding: chunked\r\n\r\n" + b"7d0\r\n" + b"x" * 2000 + b"\r\n"
         )
-        reply = await threads.deferToThread(_raw_exchange, relay.url, head)
+        reply = await threads.deferToThread(raw_exchange, relay.url, head)
         self.assertTrue(reply.startswith(b"HTTP/1.1 413"), reply[:60])
 
     async def test_max_body_counts_bytes(self) -> None:
@@ -252,19 +252,3 @@ class Ingest(TestCase):
         self.assertEqual(response.code, 202)
         first = await stream.next_event()
         self.assertEqual(first.event, "session.started")  # the command never reached the stream
-
-
-def _raw_exchange(url: str, request: bytes) -> bytes:
-    host, port = url.split("//")[1].split(":")
-    with socket.create_connection((host, int(port)), timeout=5) as s:
-        s.sendall(request)
-        chunks = []
-        while True:
-            try:
-                chunk = s.recv(65536)
-            except ConnectionResetError:
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-        return b"".join(chunks)

@@ -24,7 +24,7 @@ from tests.aep.helpers import (
     subscribe,
     valid,
 )
-from tests.support.aep import event, ndjson
+from tests.support.aep import event
 
 CLOSED_CODES = {"invalid-filter", "unknown-dialect", "unauthorized", "limit-exceeded"}
 

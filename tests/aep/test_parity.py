@@ -5,7 +5,6 @@ does not already cover them (426/415, 413s, /healthz with a token, 401 CORS and 
 from __future__ import annotations
 
 import json
-import socket
 
 from twisted.internet import threads
 from twisted.trial.unittest import TestCase
@@ -14,6 +13,7 @@ from relayd.aep.event import Event
 from relayd.aep.filters import match_all
 from relayd.aep.http import HARD_BACKLOG, SSESubscriber
 from tests.aep.helpers import AUTH, TOKEN, comments_of, open_sse, open_ws, seqs, start_relay, subscribe
+from tests.support.raw import raw_exchange
 from tests.support.aep import AEPRelay, event
 from tests.support.sse import SSEClient
 from tests.support.ws import WSClient
@@ -338,26 +338,10 @@ class HeaderLimits(TestCase):
         relay = await start_relay(self)
         long_from = "x" * 17000
         request = f"GET /stream?from={long_from} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
-        reply = await threads.deferToThread(_exchange, relay.url, request)
+        reply = await threads.deferToThread(raw_exchange, relay.url, request)
         self.assertTrue(reply.startswith(b"HTTP/1.1 431 "), reply[:60])
         headers = b"".join(f"x-h{i}: {'v' * 100}\r\n".encode() for i in range(200))
-        reply = await threads.deferToThread(_exchange, relay.url, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
+        reply = await threads.deferToThread(raw_exchange, relay.url, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
         self.assertTrue(reply.startswith(b"HTTP/1.1 431 "), reply[:60])
         response, _ = await relay.get("/healthz")
         self.assertEqual(response.code, 200)
-
-
-def _exchange(url: str, request: bytes) -> bytes:
-    host, port = url.split("//")[1].split(":")
-    with socket.create_connection((host, int(port)), timeout=5) as s:
-        s.sendall(request)
-        chunks = []
-        while True:
-            try:
-                chunk = s.recv(65536)
-            except ConnectionResetError:
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-    return b"".join(chunks)

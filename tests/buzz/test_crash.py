@@ -9,7 +9,7 @@ import tempfile
 import time
 
 import pytest
-from twisted.internet import defer, error, protocol, reactor
+from twisted.internet import defer, protocol, reactor
 from twisted.trial import unittest
 
 from relayd.buzz import contract

@@ -18,7 +18,7 @@ from relayd.buzz.service import make_service
 from relayd.buzz.state import StateDB
 from relayd.clock import Clock
 from relayd.config import ConfigError, resolve
-from tests.buzz.harness import BrokerUnderTest, new_channel, ok
+from tests.buzz.harness import BrokerUnderTest, new_channel
 
 
 def settings(**flags: object) -> object:
