@@ -490,6 +490,8 @@ async def main(selected: list[str], seconds: float) -> None:
         ("single", lambda: scenario_ingest(seconds, 1)),
         ("fanout-sse", lambda: scenario_fanout(100, "sse", 1000, seconds, 10)),
         ("fanout-sse", lambda: scenario_fanout(1000, "sse", 100, seconds, 20)),
+        # Throughput: several events per 10 ms burst share one write per subscriber.
+        ("fanout-sse", lambda: scenario_fanout(1000, "sse", 500, seconds, 10)),
         ("fanout-ws", lambda: scenario_fanout(100, "ws", 1000, seconds, 2)),
         ("latency", lambda: scenario_fanout(1000, "sse", 100, seconds, 50)),
         ("idle", lambda: scenario_idle(1000)),
