@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 from twisted.internet import threads
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import Clock as FakeTime
 from twisted.trial.unittest import TestCase
+from twisted.web.test.requesthelper import DummyRequest
 
-from tests.support.raw import raw_exchange
+from relayd.aep.http import AEPResource
+from relayd.aep.relay import Relay
+from relayd.aep.store import MemoryEventLog
+from relayd.clock import Clock
+from relayd.web.sse import SSEHub, sse_comment
 from tests.support.aep import AEPRelay, event, ndjson
+from tests.support.raw import raw_exchange
 from tests.support.sse import SSEClient
 
 TOKEN = "s3cret-token"
@@ -252,3 +261,29 @@ class Ingest(TestCase):
         self.assertEqual(response.code, 202)
         first = await stream.next_event()
         self.assertEqual(first.event, "session.started")  # the command never reached the stream
+
+
+class AcknowledgedMeansStored(TestCase):
+    """A 202 goes out only once the store has the events (issue 5: nothing acknowledged is lost)."""
+
+    def test_no_202_while_the_store_is_still_writing(self) -> None:
+        pending: Deferred[list[bool]] = Deferred()
+
+        class SlowLog(MemoryEventLog):
+            def append(self, events):  # type: ignore[no-untyped-def]
+                # Fired, but chained to a write still in flight: it reads as "called".
+                return succeed(None).addCallback(lambda _: pending)
+
+        relay = Relay(SlowLog(10, 10), token=None, buffer=10, max_from=10)
+        resource = AEPResource(relay, SSEHub(Clock(FakeTime()), 25, sse_comment("ping")), max_body=1 << 20, max_batch=10)
+        request = DummyRequest([b"events"])
+        request.method = b"POST"
+        request.path = b"/events"
+        request.requestHeaders.setRawHeaders(b"aep-version", [b"0.1"])
+        request.requestHeaders.setRawHeaders(b"content-type", [b"application/x-ndjson"])
+        request.content = io.BytesIO(ndjson(event()))
+        request._disconnected = False
+        resource.render(request)
+        self.assertEqual(request.finished, 0)  # nothing said while the write is in flight
+        pending.callback([True])
+        self.assertEqual((request.finished, request.responseCode), (1, 202))

@@ -31,6 +31,7 @@ class ThreeInstances(TestCase):
     async def start_cluster(self, count: int = 3) -> list[int]:
         self.redis = RedisServer.start()
         self.addCleanup(self.redis.cleanup)
+
         self.pool = HTTPConnectionPool(reactor, persistent=False)
         ports = []
         for _ in range(count):
