@@ -15,6 +15,7 @@ import orjson
 
 from relayd.aep.capture import downlevel
 from relayd.aep.envelope import EventKind, event_kind, position
+from relayd.web.sse import http_chunk
 
 SEVERITY_RANK = {"debug": 0, "info": 1, "notice": 2, "warning": 3, "error": 4, "critical": 5}
 NOTICE = SEVERITY_RANK["notice"]
@@ -170,6 +171,14 @@ class Event:
             parts.append(b"\n")
             frame = self._keep(key, b"".join(parts))
         return frame
+
+    def sse_chunk(self, level: str | None = None) -> bytes:
+        """L{sse_frame} in HTTP chunked form, made once for every SSE subscriber of a fan-out."""
+        key = ("chunk", level)
+        chunk = self._form(key)
+        if chunk is None:
+            chunk = self._keep(key, http_chunk(self.sse_frame(level)))
+        return chunk
 
     def prepared(self, level: str | None, factory: Any) -> Any:
         """An autobahn prepared text message at C{level}, framed once for every WebSocket."""

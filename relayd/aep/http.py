@@ -147,7 +147,8 @@ class SSESubscriber(Subscriber):
             self.dropped += 1
             _SLOW_CONSUMER.inc()
             return
-        if not stream.write(event.sse_frame(self.level(event))) and stream.discarded:
+        level = self.level(event)
+        if not stream.write(event.sse_frame(level), event.sse_chunk(level)) and stream.discarded:
             _CUT_OFF.inc(stream.discarded)  # the stream was just cut off with these frames unsent
             stream.discarded = 0
 

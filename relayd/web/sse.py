@@ -37,6 +37,11 @@ def sse_event(data: bytes, event: bytes | None = None, id: bytes | None = None) 
     return b"".join(parts)
 
 
+def http_chunk(data: bytes) -> bytes:
+    """C{data} as one HTTP/1.1 chunk (what a chunked response carries on the wire)."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
 def sse_comment(text: str | bytes) -> bytes:
     """An SSE comment line followed by a blank line."""
     if isinstance(text, str):
@@ -51,7 +56,7 @@ class SSEStream:
     # Thousands of these sit idle per process: no per-instance __dict__.
     __slots__ = (
         "request", "hub", "max_buffer", "on_close", "closed", "paused", "discarded",
-        "_pending", "_pending_bytes", "_dirty", "_transport", "_chunked",
+        "_pending", "_pending_bytes", "_dirty", "_transport", "_chunked", "_encoded",
     )
 
     _log = Logger()
@@ -73,6 +78,7 @@ class SSEStream:
         self.discarded = 0
         self._pending: list[bytes] = []
         self._pending_bytes = 0
+        self._encoded: bytes | None = None
         self._dirty = False
         self._transport: Any = None
         self._chunked = False
@@ -103,10 +109,15 @@ class SSEStream:
         no_delay(self._transport)
         self.hub.add(self)
 
-    def write(self, chunk: bytes) -> bool:
-        """Queue pre-framed bytes; C{False} if the stream is closed or just overflowed."""
+    def write(self, chunk: bytes, encoded: bytes | None = None) -> bool:
+        """Queue pre-framed bytes; C{False} if the stream is closed or just overflowed.
+
+        C{encoded} is C{chunk} already in HTTP chunked form (L{http_chunk}), made once for every
+        subscriber of a fan-out: a stream that sends just that one frame sends it as it is.
+        """
         if self.closed:
             return False
+        self._encoded = encoded if not self._pending else None
         self._pending.append(chunk)
         self._pending_bytes += len(chunk)
         if self.paused and self._pending_bytes > self.max_buffer:
@@ -122,15 +133,18 @@ class SSEStream:
         self._dirty = False
         if self.closed or self.paused or not self._pending:
             return
-        data = b"".join(self._pending) if len(self._pending) > 1 else self._pending[0]
+        pending = self._pending
+        data = b"".join(pending) if len(pending) > 1 else pending[0]
+        encoded = self._encoded if len(pending) == 1 else None
         self._pending = []
         self._pending_bytes = 0
+        self._encoded = None
         transport = self._transport
         if transport is None or self.request._disconnected:
             self.request.write(data)
             return
         if self._chunked:
-            write_now(transport, b"%x\r\n%b\r\n" % (len(data), data))
+            write_now(transport, encoded if encoded is not None else http_chunk(data))
         else:
             write_now(transport, data)
         self.request.sentLength += len(data)  # as request.write would count it (the access log's bytes)
