@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable
 
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
+from twisted.web.http_headers import Headers
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 from zope.interface import implementer
@@ -101,6 +102,10 @@ class SSEStream:
             request.responseHeaders.setRawHeaders(name, [value])
         request.registerProducer(self, True)
         request.write(preamble)  # writes the status line and headers even when the preamble is empty
+        # The query has been read and the headers are on the wire: a stream can stay open for days,
+        # and these are about 2 KB of it.
+        request.args = {}
+        request.responseHeaders = Headers()
         request.notifyFinish().addBoth(self._finished)
         # Frames go straight to the TCP transport (chunk-framed here): the request's write path
         # costs more than the frame itself on a fan-out of one small event per reactor turn.
