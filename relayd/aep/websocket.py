@@ -107,6 +107,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         self._queue: list[tuple[Any, WSSubscription | None, Event | None]] = []
         self._queued_bytes = 0
         self._dirty = False
+        self._events: list[Event] = []
         self._open = False
 
     # Lifecycle -------------------------------------------------------------------------------
@@ -130,6 +131,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
     def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
         if not self._open:
             return
+        self.ingest_events()  # what arrived before the close still counts
         self._open = False
         self.factory.connections.pop(self, None)
         relay = self.factory.relay
@@ -229,15 +231,18 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
 
     def _on_message(self, payload: bytes, isBinary: bool) -> None:
         if isBinary:
+            self.ingest_events()  # whatever answers a message, the events before it come first
             self.send_frame(error_frame("binary-unsupported"))
             self.close_with(CLOSE_UNSUPPORTED_DATA, "binary unsupported")
             return
         try:
             msg = parse_json(payload)
         except JSONError:
+            self.ingest_events()
             self.send_frame(error_frame("bad-json"))
             return
         if not isinstance(msg, dict):
+            self.ingest_events()
             self.send_frame(error_frame("bad-json", "a message is one JSON object"))
             return
         kind = msg.get("type")
@@ -251,6 +256,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         if isinstance(kind, str) and "." in kind:
             self.on_event(msg, payload)
             return
+        self.ingest_events()  # events sent before this frame come first
         handler = _FRAME_HANDLERS.get(kind) if isinstance(kind, str) else None
         if handler is not None:
             # Frames are few: parse them exactly (resume positions, echoed ids and ping times).
@@ -295,14 +301,26 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
     def on_event(self, msg: dict[str, Any], payload: bytes) -> None:
         kind = classify(msg)
         if type(kind) is str:
+            self.ingest_events()  # the events before this one are refused or routed first
             metrics.ingest_refused.labels(relay="aep", reason="invalid-event").inc()
             self.send_frame(error_frame("invalid-event", kind, cause=msg.get("id")))
             return
-        self.factory.relay.ingest([Event(msg, payload, kind)], self)  # type: ignore[arg-type].addErrback(self._store_failed, msg.get("id"))
+        # The events of one read are ingested together at the end of the reactor turn (one store
+        # write, one publish); a frame that follows them in the same read waits for them.
+        self._events.append(Event(msg, payload, kind))  # type: ignore[arg-type]
+        if len(self._events) == 1:
+            self.factory.schedule_events(self)
 
-    def _store_failed(self, failure: Any, cause: Any) -> None:
+    def ingest_events(self) -> None:
+        """Hand the events received this turn to the relay, in order."""
+        events, self._events = self._events, []
+        if events:
+            self.factory.relay.ingest(events, self).addErrback(self._store_failed, [e.ev.get("id") for e in events])
+
+    def _store_failed(self, failure: Any, causes: list[Any]) -> None:
         metrics.store_errors.labels(relay="aep", operation="append").inc()
-        self.send_frame(error_frame("unavailable", "event store unavailable", cause=cause))
+        for cause in causes:
+            self.send_frame(error_frame("unavailable", "event store unavailable", cause=cause))
 
     def on_subscribe(self, msg: dict[str, Any]) -> None:
         sub_id = msg.get("id")
@@ -450,6 +468,20 @@ class AEPSocketFactory(WebSocketServerFactory):
         self._loop = clock.looping_call(heartbeat, self.ping_all)
         self._dirty: list[AEPSocket] = []
         self._flush_call: Any = None
+        self._with_events: list[AEPSocket] = []
+        self._events_call: Any = None
+
+    def schedule_events(self, conn: AEPSocket) -> None:
+        """Ingest C{conn}'s events at the end of this reactor turn, with every other connection's."""
+        self._with_events.append(conn)
+        if self._events_call is None:
+            self._events_call = self.clock.call_later(0, self.ingest_events)
+
+    def ingest_events(self) -> None:
+        self._events_call = None
+        pending, self._with_events = self._with_events, []
+        for conn in pending:
+            conn.ingest_events()
 
     def schedule(self, conn: AEPSocket) -> None:
         """Flush C{conn} at the end of this reactor turn, with every other connection written to."""

@@ -1,0 +1,42 @@
+"""Events sent over WebSocket: one store write per read, frames after them wait, outages answered."""
+
+from __future__ import annotations
+
+from twisted.internet.defer import fail
+from twisted.trial.unittest import TestCase
+
+from relayd.redis import StoreUnavailable
+from tests.aep.helpers import open_ws, start_relay
+from tests.support.aep import event
+
+
+class WebSocketIngest(TestCase):
+    async def test_the_events_of_one_read_are_one_store_write_in_order(self) -> None:
+        relay = await start_relay(self)
+        log = relay.core.log
+        writes: list[list[int]] = []
+        append = log.append
+
+        def counting(events):  # type: ignore[no-untyped-def]
+            writes.append([e.position[1] for e in events])
+            return append(events)
+
+        log.append = counting
+        client = await open_ws(self, relay, hello={"role": "both"})
+        for seq in range(5):  # one reactor turn: one TCP write, one read on the relay's side
+            client.send(event("batch", seq, "progress.status"))
+        client.send({"type": "roster", "id": "after"})
+        roster = await client.recv()
+        # The roster (a frame after the events) already sees the claim the events made.
+        self.assertEqual([e["session"] for e in roster["entries"]], ["batch"])
+        self.assertEqual(writes, [[0, 1, 2, 3, 4]])
+
+    async def test_a_store_outage_answers_every_event_with_its_cause(self) -> None:
+        relay = await start_relay(self)
+        relay.core.log.append = lambda events: fail(StoreUnavailable("aep"))
+        client = await open_ws(self, relay, hello={"role": "emitter"})
+        client.send(event("down", 0, "progress.status", id="e0"))
+        client.send(event("down", 1, "progress.status", id="e1"))
+        replies = [await client.recv(), await client.recv()]
+        self.assertEqual([(r["code"], r["cause"]) for r in replies], [("unavailable", "e0"), ("unavailable", "e1")])
+        self.assertEqual(await client.roundtrip(), [])  # the connection stays open
