@@ -1,4 +1,4 @@
-"""A representative part of the MCP HTTP suite against a wing running with --redis (issue 5, acceptance 4).
+"""The MCP HTTP suite against a wing running with --redis (issue 5, acceptance 4).
 
 The same test bodies as the in-memory runs; only the wing's state lives in a real redis-server (skipped
 locally without one, failing under CI=true).
@@ -6,7 +6,7 @@ locally without one, failing under CI=true).
 
 from __future__ import annotations
 
-from tests.mcp import test_http, test_interop
+from tests.mcp import test_cors_http, test_http, test_interop
 
 
 class RegisterOnRedis(test_http.RegisterTests):
@@ -38,4 +38,48 @@ class SseAgentPollPageOnRedis(test_interop.SseAgentPollPage):
 
 
 class PollAgentSsePageOnRedis(test_interop.PollAgentSsePage):
+    with_redis = True
+
+
+class RoutingOnRedis(test_http.RoutingTests):
+    with_redis = True
+
+
+class PrefixOnRedis(test_http.PrefixTests):
+    with_redis = True
+
+
+class SlowReaderOnRedis(test_http.SlowReaderTests):
+    with_redis = True
+
+
+class SseAgentSsePageOnRedis(test_interop.SseAgentSsePage):
+    with_redis = True
+
+
+class PollAgentPollPageOnRedis(test_interop.PollAgentPollPage):
+    with_redis = True
+
+
+class ListPolicyOnRedis(test_cors_http.ListPolicyTests):
+    with_redis = True
+
+
+class NormalisedListOnRedis(test_cors_http.NormalisedListTests):
+    with_redis = True
+
+
+class DefaultPolicyOnRedis(test_cors_http.DefaultPolicyTests):
+    with_redis = True
+
+
+class ExplicitStarOnRedis(test_cors_http.ExplicitStarTests):
+    with_redis = True
+
+
+class RepeatedFlagOnRedis(test_cors_http.RepeatedFlagTests):
+    with_redis = True
+
+
+class FlagOverEnvOnRedis(test_cors_http.FlagOverEnvTests):
     with_redis = True
