@@ -10,7 +10,7 @@ import time
 from time import perf_counter
 from typing import Any, Callable, Iterable, Sequence
 
-from twisted.internet.defer import Deferred, gatherResults, succeed
+from twisted.internet.defer import Deferred, FirstError, gatherResults, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -276,9 +276,9 @@ class Relay:
     def replay(self, entries: Sequence[tuple[str, Position]]) -> Deferred[list[tuple[str, Replay]]]:
         """The replay of each resume entry, in order (a session named twice replays twice)."""
         ds = [self.log.replay(session, after) for session, after in entries]
-        return gatherResults(ds).addCallback(
-            lambda replays: [(session, r) for (session, _), r in zip(entries, replays)]
-        )
+        d = gatherResults(ds, consumeErrors=True)
+        d.addErrback(_first_failure)
+        return d.addCallback(lambda replays: [(session, r) for (session, _), r in zip(entries, replays)])
 
     # Health ------------------------------------------------------------------------------------
 
@@ -289,3 +289,10 @@ class Relay:
             "connections": len(self.connections),
             "uptime_s": round(self._seconds() - self._started),
         }
+
+
+def _first_failure(failure: Failure) -> Failure:
+    """The failure itself rather than gatherResults' wrapper, so callers can tell an outage."""
+    if failure.check(FirstError):
+        return failure.value.subFailure
+    return failure

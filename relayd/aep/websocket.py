@@ -31,6 +31,7 @@ from relayd.aep.http import HARD_BACKLOG, SOFT_BACKLOG, parse_from_entries
 from relayd.aep.relay import Emitter, Relay, Subscriber, error_frame
 from relayd.aep.store import Position, Replay
 from relayd.clock import Clock
+from relayd.redis import StoreUnavailable
 from relayd.web.transport import no_delay, write_now
 
 ROLES = ("emitter", "consumer", "both")
@@ -108,6 +109,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         self._queued_bytes = 0
         self._dirty = False
         self._events: list[Event] = []
+        self._held_messages: list[tuple[bytes, bool]] | None = None
         self._open = False
 
     # Lifecycle -------------------------------------------------------------------------------
@@ -223,11 +225,29 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
     # Receiving -------------------------------------------------------------------------------
 
     def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        if self._held_messages is not None:
+            # A replay is being read from the store: what the client sent after the subscribe is
+            # handled after the replay went out, as it would be with an in-memory log.
+            self._held_messages.append((payload, isBinary))
+            return
+        self._handle(payload, isBinary)
+
+    def _handle(self, payload: bytes, isBinary: bool) -> None:
         try:
             self._on_message(payload, isBinary)
         except Exception:
             # A handler bug must cost one message, never the process or the connection.
             self._log.failure("AEP WebSocket message handling failed")
+
+    def _release_messages(self, result: Any) -> Any:
+        held, self._held_messages = self._held_messages or [], None
+        while held:
+            if self._held_messages is not None:  # a held subscribe started another replay
+                self._held_messages[:0] = held
+                break
+            payload, isBinary = held.pop(0)
+            self._handle(payload, isBinary)
+        return result
 
     def _on_message(self, payload: bytes, isBinary: bool) -> None:
         if isBinary:
@@ -373,12 +393,26 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         d = relay.expand_all() if from_all else succeed(entries)
         d.addCallback(relay.replay)
         d.addCallback(lambda replays: self._replay(sub, replays, from_all))
-        d.addErrback(self._replay_failed)
+        d.addErrback(self._replay_failed, sub)
+        done: list[bool] = []
+        d.addBoth(lambda result: done.append(True))
+        if not done:  # the store answers later (Redis): hold what the client sends meanwhile
+            self._held_messages = []
+            d.addBoth(self._release_messages)
 
-    def _replay_failed(self, failure: Any) -> None:
-        self._log.failure("replay failed", failure)
+    def _replay_failed(self, failure: Any, sub: WSSubscription) -> None:
+        """The history could not be read: the subscription is withdrawn and the client told so."""
+        if failure.check(StoreUnavailable):
+            self._log.warn("replay refused: {reason}", reason=failure.getErrorMessage())
+        else:
+            self._log.failure("replay failed", failure)
         metrics.store_errors.labels(relay="aep", operation="replay").inc()
         metrics.replays.labels(relay="aep", outcome="failed").inc()
+        key = subscription_key(sub.sub_id)
+        if self.subscriptions.get(key) is sub:
+            del self.subscriptions[key]
+            self.factory.relay.unsubscribe((self, key))
+        self.send_frame(error_frame("unavailable", "event history unavailable", id=sub.sub_id))
 
     def _replay(self, sub: WSSubscription, replays: list[tuple[str, Replay]], from_all: bool) -> None:
         exhausted = sent = 0

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from twisted.internet.defer import fail
+from typing import Any
+
+from twisted.internet.defer import Deferred, fail
 from twisted.trial.unittest import TestCase
 
 from relayd.redis import StoreUnavailable
 from tests.aep.helpers import open_ws, start_relay
-from tests.support.aep import event
+from tests.support.aep import event, wait_until
 
 
 class WebSocketIngest(TestCase):
@@ -40,3 +42,38 @@ class WebSocketIngest(TestCase):
         replies = [await client.recv(), await client.recv()]
         self.assertEqual([(r["code"], r["cause"]) for r in replies], [("unavailable", "e0"), ("unavailable", "e1")])
         self.assertEqual(await client.roundtrip(), [])  # the connection stays open
+
+
+class WebSocketReplayFromAStore(TestCase):
+    async def test_frames_after_a_subscribe_wait_for_its_replay(self) -> None:
+        relay = await start_relay(self)
+        await relay.post(*[event("held", seq, "progress.status") for seq in range(3)])
+        log = relay.core.log
+        replay = log.replay
+        gate: list[Any] = []
+
+        def slow_replay(session, after):  # type: ignore[no-untyped-def]
+            d = Deferred()
+            gate.append((d, replay(session, after)))
+            return d
+
+        log.replay = slow_replay
+        client = await open_ws(self, relay, hello={})
+        client.send({"type": "subscribe", "id": "s", "from": [{"session": "held", "seq": -1}]})
+        self.assertEqual(await client.recv(), {"type": "subscribed", "id": "s"})
+        client.send({"type": "ping", "t": "after"})
+        await wait_until(lambda: gate)
+        d, answer = gate[0]
+        answer.addCallback(d.callback)  # the store answers now
+        frames = [await client.recv() for _ in range(4)]
+        self.assertEqual([f.get("seq", f.get("type")) for f in frames], [0, 1, 2, "pong"])
+
+    async def test_a_replay_the_store_cannot_read_is_an_error_and_no_subscription(self) -> None:
+        relay = await start_relay(self)
+        relay.core.log.replay = lambda session, after: fail(StoreUnavailable("aep"))
+        client = await open_ws(self, relay, hello={})
+        client.send({"type": "subscribe", "id": "s", "from": [{"session": "x", "seq": 0}]})
+        self.assertEqual(await client.recv(), {"type": "subscribed", "id": "s"})
+        error = await client.recv()
+        self.assertEqual((error["type"], error["code"], error["id"]), ("error", "unavailable", "s"))
+        self.assertEqual(relay.core.subscribers, {})
