@@ -497,7 +497,8 @@ class AEPSocketFactory(WebSocketServerFactory):
             maxFramePayloadSize=max_message,
             autoPingInterval=0,  # AEP has its own JSON ping, sent by one shared loop below
             openHandshakeTimeout=10,
-            closeHandshakeTimeout=1,
+            # A backpressure close waits behind what the client has not read yet: give it time.
+            closeHandshakeTimeout=5,
         )
         self._loop = clock.looping_call(heartbeat, self.ping_all)
         self._dirty: list[AEPSocket] = []
