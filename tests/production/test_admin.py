@@ -20,6 +20,7 @@ from twisted.trial.unittest import TestCase
 
 from relayd.admin import UsageError, mcp_endpoints
 from tests.mcp.harness import RelayTestCase
+from tests.mcp.test_interop import PAGE_TOOLS, page_answer
 from tests.support.aep import AEPRelay, event, ndjson
 from tests.support.command import Command
 from tests.support.sse import SSEClient
@@ -152,26 +153,6 @@ class AdminAgainstInProcessAEP(TestCase):
         down = Command.admin("status", "--aep", "http://127.0.0.1:9")
         self.assertEqual(await down.finished(), 1)
         self.assertIn(b"DOWN", down.stdout)
-
-
-PAGE_TOOLS = [{"name": "whiteboard_add_sticky", "description": "add a sticky", "inputSchema": {"type": "object"}}]
-
-
-def page_answer(message: dict[str, Any]) -> dict[str, Any] | None:
-    """What a browser-hosted MCP server answers (None for notifications)."""
-    if "id" not in message:
-        return None
-    method = message.get("method")
-    if method == "initialize":
-        result: Any = {"protocolVersion": message["params"]["protocolVersion"], "capabilities": {"tools": {}},
-                       "serverInfo": {"name": "page", "version": "1"}}
-    elif method == "tools/list":
-        result = {"tools": PAGE_TOOLS}
-    elif method == "tools/call":
-        result = {"content": [{"type": "text", "text": json.dumps(message["params"])}]}
-    else:
-        return {"jsonrpc": "2.0", "id": message["id"], "error": {"code": -32601, "message": "no such method"}}
-    return {"jsonrpc": "2.0", "id": message["id"], "result": result}
 
 
 class McpConnect(RelayTestCase):
