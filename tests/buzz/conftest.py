@@ -147,9 +147,7 @@ class NostrRelay:
         return out
 
 
-@pytest.fixture(scope="session")
-def nostr_relay() -> Iterator[NostrRelay]:
-    """One relay for the session (tests use their own channels)."""
+def _running_relay() -> Iterator[NostrRelay]:
     require_module("nostr_relay", "needs a real Nostr relay")
     with tempfile.TemporaryDirectory(prefix="relayd-nostr-") as d:
         relay = NostrRelay(d)
@@ -158,19 +156,18 @@ def nostr_relay() -> Iterator[NostrRelay]:
             yield relay
         finally:
             relay.stop()
+
+
+@pytest.fixture(scope="session")
+def nostr_relay() -> Iterator[NostrRelay]:
+    """One relay for the session (tests use their own channels)."""
+    yield from _running_relay()
 
 
 @pytest.fixture
 def private_relay() -> Iterator[NostrRelay]:
     """A relay of the test's own (for tests that stop and restart it)."""
-    require_module("nostr_relay", "needs a real Nostr relay")
-    with tempfile.TemporaryDirectory(prefix="relayd-nostr-") as d:
-        relay = NostrRelay(d)
-        relay.start()
-        try:
-            yield relay
-        finally:
-            relay.stop()
+    yield from _running_relay()
 
 
 @pytest.fixture
