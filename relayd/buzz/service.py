@@ -7,9 +7,8 @@ import sqlite3
 import time
 from typing import Any, Callable
 
-from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import IService, MultiService
-from twisted.internet import defer, endpoints
+from twisted.internet import defer
 from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 
@@ -24,6 +23,7 @@ from relayd.buzz.state import IReceiptStore, SQLiteState, StateDB
 from relayd.clock import Clock
 from relayd.config import ConfigError, Resolved, is_loopback_endpoint, is_tls_endpoint
 from relayd.redis import Redis, redis_for
+from relayd.web.service import add_listeners, bound_ports
 from relayd.web.site import RelaySite
 
 _log = Logger(namespace="relayd.buzz")
@@ -147,19 +147,14 @@ class BrokerService(MultiService):
         self.site = RelaySite(make_root(self.host), body_limit=body_limit(max_body))
         self.site.relay = "broker"  # access-log lines and HTTP metrics name the broker
         self.drained = True  # False when shutdown had to give up on actions in flight
-        self.listeners: list[StreamServerEndpointService] = []
-        for description in listen:
-            svc = StreamServerEndpointService(endpoints.serverFromString(reactor, description), self.site)
-            svc._raiseSynchronously = True
-            svc.setServiceParent(self)
-            self.listeners.append(svc)
+        self.listeners = add_listeners(self, self.site, listen, reactor)
         # Read at scrape time by the metrics listener; registered while the service runs.
         self.watching = metrics.Watching().add(metrics.nostr_connections, self.pool.states)
         self.watching.setServiceParent(self)
 
     def ports(self) -> defer.Deferred[list[IListeningPort]]:
         """Fires with the listening ports once they are bound."""
-        return defer.gatherResults([svc._waitingForPort for svc in self.listeners])  # type: ignore[union-attr]
+        return bound_ports(self.listeners)
 
     def startService(self) -> None:
         super().startService()

@@ -18,6 +18,25 @@ DEFAULT_GRACE = 5.0
 _POLL = 0.05
 
 
+def add_listeners(
+    parent: MultiService, site: RelaySite, listen: list[str], reactor: IReactorCore
+) -> list[StreamServerEndpointService]:
+    """One child listener of C{parent} per endpoint description, all serving C{site}."""
+    listeners = []
+    for description in listen:
+        svc = StreamServerEndpointService(endpoints.serverFromString(reactor, description), site)
+        svc._raiseSynchronously = True  # a port that cannot be bound fails startup, as strports does
+        svc.description = description  # type: ignore[attr-defined]
+        svc.setServiceParent(parent)
+        listeners.append(svc)
+    return listeners
+
+
+def bound_ports(listeners: list[StreamServerEndpointService]) -> defer.Deferred[list[IListeningPort]]:
+    """Fires with the listeners' ports once every one is bound."""
+    return defer.gatherResults([svc._waitingForPort for svc in listeners])  # type: ignore[union-attr]
+
+
 class HTTPWingService(MultiService):
     """One wing's listeners over one site.
 
@@ -51,14 +70,9 @@ class HTTPWingService(MultiService):
         self._drain = drain
         self._remaining = remaining
         self._abort = abort
-        self.listeners: list[StreamServerEndpointService] = []
+        self.listeners = add_listeners(self, site, listen, reactor)
         self.drained = True  # False when shutdown had to abort connections after the grace period
         for description in listen:
-            svc = StreamServerEndpointService(endpoints.serverFromString(reactor, description), site)
-            svc._raiseSynchronously = True  # a port that cannot be bound fails startup, as strports does
-            svc.description = description  # type: ignore[attr-defined]
-            svc.setServiceParent(self)
-            self.listeners.append(svc)
             if not is_loopback_endpoint(description):
                 self._log.warn(
                     "{relay} listens on a non-loopback interface ({endpoint}): put it behind TLS "
@@ -69,7 +83,7 @@ class HTTPWingService(MultiService):
 
     def ports(self) -> defer.Deferred[list[IListeningPort]]:
         """Fires with the listening ports once every listener is up (for tests and startup logs)."""
-        return defer.gatherResults([svc._waitingForPort for svc in self.listeners])  # type: ignore[union-attr]
+        return bound_ports(self.listeners)
 
     def startService(self) -> None:
         super().startService()
