@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 
 from twisted.internet import threads
 from twisted.trial.unittest import TestCase
@@ -13,6 +12,7 @@ from relayd.aep.config import SETTINGS
 from relayd.config import is_loopback_endpoint, resolve
 from tests.aep.helpers import AUTH, TOKEN, comments_of, events_of, open_sse, open_ws, start_relay, subscribe
 from tests.support.aep import event
+from tests.support.raw import raw_exchange
 from tests.support.sse import SSEClient
 
 NDJSON = {"aep-version": "0.1", "content-type": "application/x-ndjson"}
@@ -190,7 +190,7 @@ class Decisions(TestCase):
         split = body.index("\u2603".encode()) + 1  # inside the three bytes of the snowman
         chunked = b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (split, body[:split], len(body) - split, body[split:])
         reply = await threads.deferToThread(
-            _exchange,
+            raw_exchange,
             relay.url,
             b"POST /events HTTP/1.1\r\nHost: x\r\naep-version: 0.1\r\ncontent-type: application/json\r\n"
             b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n" + chunked,
@@ -297,16 +297,3 @@ class Decisions(TestCase):
 
 def seqs_of(events: list[dict]) -> list[int]:
     return [e["seq"] for e in events]
-
-
-def _exchange(url: str, request: bytes) -> bytes:
-    host, port = url.split("//")[1].split(":")
-    with socket.create_connection((host, int(port)), timeout=5) as s:
-        s.sendall(request)
-        chunks = []
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    return b"".join(chunks)
