@@ -150,13 +150,15 @@ class Relay:
     def _dispatch(self, events: Iterable[Event], sender: Emitter | None) -> None:
         started = perf_counter()
         count = delivered = 0
+        # One snapshot per batch, not per event: a subscriber that closes meanwhile refuses writes.
+        subscribers = tuple(self.subscribers.values())
         for event in events:
             count += 1
             if event.kind is EventKind.COMMAND:
                 self.route_command(event, sender)
             else:
                 # Even a duplicate is fanned out live: a byte-identical re-ack must traverse.
-                delivered += self.fan_out(event)
+                delivered += self.fan_out(event, subscribers)
         _FANOUT.observe(perf_counter() - started)
         _INGESTED.inc(count)
         if delivered:
@@ -179,11 +181,11 @@ class Relay:
         if delivered:
             _DELIVERED.inc(delivered)
 
-    def fan_out(self, event: Event) -> int:
+    def fan_out(self, event: Event, subscribers: Sequence[Subscriber] | None = None) -> int:
         """Deliver C{event} to every subscriber whose filter matches; returns how many matched."""
         ev = event.ev
         matched = 0
-        for sub in list(self.subscribers.values()):
+        for sub in tuple(self.subscribers.values()) if subscribers is None else subscribers:
             if sub.match(ev):
                 sub.deliver(event)
                 matched += 1
