@@ -100,11 +100,47 @@ class _ReplyParsing:
         return result
 
 
-class _Protocol(_ReplyParsing, txredisapi.RedisProtocol):
+class _Handshake:
+    """AUTH and SELECT on every (re)connect; when they fail, only this connection is dropped and retried.
+
+    txredisapi's own handshake stops the whole pool from ever reconnecting when AUTH or SELECT fails,
+    which is what happens when Redis closes a connection mid-handshake while it restarts: one unlucky
+    reconnect would leave relayd without Redis until it is restarted.
+    """
+
+    _log = Logger()
+    password: str | None
+    username: str | None
+    dbid: int | None
+    transport: Any
+
+    @defer.inlineCallbacks
+    def connectionMade(self) -> Any:
+        try:
+            if self.password is not None:
+                reply = yield self.auth(self.password, self.username)  # type: ignore[attr-defined]
+                if isinstance(reply, Exception):
+                    raise reply
+            if self.dbid:  # database 0 is where every connection starts
+                reply = yield self.select(self.dbid)  # type: ignore[attr-defined]
+                if isinstance(reply, Exception):
+                    raise reply
+        except Exception as e:
+            self._log.warn("Redis connection handshake failed ({error}); reconnecting", error=str(e))
+            self.transport.loseConnection()
+            return
+        self.connected = 1
+        self._ready = True
+        waiting, self._waiting_for_connect = self._waiting_for_connect, []
+        for d in waiting:
+            d.callback(self)
+
+
+class _Protocol(_Handshake, _ReplyParsing, txredisapi.RedisProtocol):
     pass
 
 
-class _Subscriber(_ReplyParsing, txredisapi.SubscriberProtocol):
+class _Subscriber(_Handshake, _ReplyParsing, txredisapi.SubscriberProtocol):
     bus: RedisBus
 
     def connectionMade(self) -> Any:
