@@ -123,12 +123,16 @@ def downlevel_target(ev: dict, ceiling: str | None) -> str | None:
     A mechanical hop never mints ``redacted``: a ``redacted`` ceiling on a ``full`` event yields
     ``metadata``. Raises ValueError for an invalid ceiling (validate with L{capture_error} first).
     """
+    return capture_target(ev.get("capture"), ceiling)
+
+
+def capture_target(ev_cap: object, ceiling: str | None) -> str | None:
+    """L{downlevel_target} for an event whose C{capture} attribute is C{ev_cap} (C{None}: absent)."""
     if ceiling is None or ceiling == "":
         return None
     ceiling_rank = _RANK.get(ceiling) if isinstance(ceiling, str) else None
     if ceiling_rank is None:
         raise ValueError(f"unknown capture level: {js_str(ceiling)}")
-    ev_cap = ev.get("capture")
     if ev_cap is None:
         ev_cap = "metadata"
     # An unvalidated level ranks -1 like JS indexOf, so it always passes unchanged.

@@ -8,13 +8,13 @@ break, it *is* the posted bytes (decision AEP 12: byte identity).
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
+import msgspec
 import orjson
 
 from relayd.aep.capture import downlevel
-from relayd.aep.envelope import EventKind, event_kind, position
+from relayd.aep.envelope import EventKind, envelope_ok, event_kind, position
 from relayd.web.sse import http_chunk
 
 SEVERITY_RANK = {"debug": 0, "info": 1, "notice": 2, "warning": 3, "error": 4, "critical": 5}
@@ -29,20 +29,12 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _finite(text: str) -> float:
-    value = float(text)
-    if value in (math.inf, -math.inf):
-        raise ValueError(f"number out of range: {text}")
-    return value
-
-
 _WIDEST_EXACT = 2**63  # orjson reads integers beyond 64 bits as (inexact) floats
 # Deeper JSON is refused as invalid-json: orjson serialises at most this deep, and nothing the
-# relay handles needs more.
+# relay handles needs more. (orjson itself refuses more than 1024 levels, so parsing a deeper value
+# cannot exhaust the C stack: setup.cfg requires a version with that limit.)
 MAX_DEPTH = 255
-# orjson parses recursively on the C stack and crashes the process (a segfault, not an exception)
-# some tens of thousands of levels down; a value with fewer brackets than this cannot get there.
-_ORJSON_SAFE_BRACKETS = 10_000
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[{")
 
 
 def _inexact(value: Any) -> bool:
@@ -61,33 +53,38 @@ def _too_deep(value: Any) -> bool:
     return False
 
 
-def parse_json(data: bytes, exact: bool = False) -> Any:
-    """Parse one JSON value strictly (UTF-8, no NaN/Infinity, at most L{MAX_DEPTH} deep), keeping
-    positions exact.
+def _brackets(data: bytes) -> int:
+    return len(data.translate(None, _NOT_BRACKETS))
 
-    orjson does the work, but it reads integers beyond 64 bits as floats: an envelope whose
-    C{epoch} or C{seq} it could only read that way, or a value parsed C{exact} (resume positions
-    nested in a C{from} list), goes through the standard library, whose integers are exact
-    (decision AEP 3: positions are exact for any epoch). So does a value with so many brackets
-    that orjson might recurse off the C stack; the standard library raises C{RecursionError}.
+
+def parse_json(data: bytes, exact: bool = False) -> Any:
+    """Parse one JSON value strictly (UTF-8, no NaN/Infinity literals, at most L{MAX_DEPTH} deep),
+    keeping positions exact.
+
+    orjson does the work, but it reads integers beyond 64 bits as floats and refuses numbers beyond
+    the double range: an envelope whose C{epoch} or C{seq} it could only read that way, a value with
+    such a number (JavaScript's C{JSON.parse}, the reference's parser, reads it as infinity), or a
+    value parsed C{exact} (resume positions nested in a C{from} list), goes through the standard
+    library, whose integers are exact (decision AEP 3: positions are exact for any epoch).
     """
-    brackets = data.count(b"[") + data.count(b"{")
     value: Any = None
     parsed = False
-    if not exact and brackets < _ORJSON_SAFE_BRACKETS:
+    if not exact:
         try:
             value = orjson.loads(data)
         except orjson.JSONDecodeError as e:
-            if "64-bit" not in str(e):  # some orjson versions refuse wide integers instead
-                raise JSONError(str(e)) from None
+            reason = str(e)
+            # Some orjson versions refuse wide integers instead of reading them as floats.
+            if "64-bit" not in reason and "infinity" not in reason:
+                raise JSONError(reason) from None
         else:
             parsed = type(value) is not dict or not (_inexact(value.get("seq")) or _inexact(value.get("epoch")))
     if not parsed:
         try:
-            value = json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite)
+            value = json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
         except (ValueError, UnicodeDecodeError, RecursionError) as e:
             raise JSONError(str(e)) from None
-    if brackets > MAX_DEPTH and type(value) in (dict, list) and _too_deep(value):
+    if type(value) in (dict, list) and _brackets(data) > MAX_DEPTH and _too_deep(value):
         raise JSONError(f"nesting deeper than {MAX_DEPTH} levels")
     return value
 
@@ -107,14 +104,16 @@ def _sse_id(session: str, position: tuple[int, int]) -> bytes:
 class Event:
     """One valid event on its way through the relay.
 
-    Build it from a value that passed the relay-grade check; pass the C{kind} L{classify} returned
-    to skip classifying twice.
+    Build it from a value that passed the relay-grade check (pass the C{kind} L{classify} returned
+    to skip classifying twice), or let L{admit} build it from the bytes alone. The parsed value,
+    C{ev}, is then made only when something needs it (a filter, a capture downlevel): a relay whose
+    consumers take every event as posted never builds it.
     """
 
-    __slots__ = ("ev", "raw", "kind", "session", "position", "key", "severity", "type", "_forms")
+    __slots__ = ("_ev", "raw", "kind", "session", "position", "key", "severity", "capture", "type", "_forms")
 
     def __init__(self, ev: dict[str, Any], raw: bytes | None, kind: EventKind | None = None) -> None:
-        self.ev = ev
+        self._ev: dict[str, Any] | None = ev
         # The posted bytes are forwarded as they are only when SSE framing can carry them on one line.
         self.raw = raw if raw is not None and b"\n" not in raw and b"\r" not in raw else None
         self.kind = kind = event_kind(ev) if kind is None else kind
@@ -131,8 +130,17 @@ class Event:
             self.position = (0, -1)
         self.key = (ev["source"], ev["id"])
         self.severity = SEVERITY_RANK.get(ev.get("severity", "info"), 1)
+        self.capture: Any = ev.get("capture")
         # Wire forms made so far, keyed by (form, capture level); most events never need one.
         self._forms: dict[tuple[str, str | None], Any] | None = None
+
+    @property
+    def ev(self) -> dict[str, Any]:
+        """The parsed event (parsed from the posted bytes on first use when L{admit} built it)."""
+        ev = self._ev
+        if ev is None:
+            ev = self._ev = parse_json(self.raw)  # type: ignore[arg-type]
+        return ev
 
     @property
     def sequenced(self) -> bool:
@@ -187,3 +195,70 @@ class Event:
         if message is None:
             message = self._keep(key, factory.prepareMessage(self.payload(level), isBinary=False))
         return message
+
+
+class _Envelope(msgspec.Struct, gc=False):
+    """The attributes the relay reads from every event; the rest is validated, not built."""
+
+    aep: Any = msgspec.UNSET
+    id: Any = msgspec.UNSET
+    type: Any = msgspec.UNSET
+    time: Any = msgspec.UNSET
+    source: Any = msgspec.UNSET
+    agent: Any = msgspec.UNSET
+    session: Any = msgspec.UNSET
+    seq: Any = msgspec.UNSET
+    epoch: Any = msgspec.UNSET
+    severity: Any = msgspec.UNSET
+    capture: Any = msgspec.UNSET
+
+
+_read_envelope = msgspec.json.Decoder(_Envelope).decode
+_UNSET = msgspec.UNSET
+
+
+def admit(raw: bytes) -> Event | None:
+    """The event in C{raw} when it is plainly valid, without building its parsed value; else C{None}.
+
+    The ingest hot path: one pass that checks the JSON and reads only the envelope. Anything out of
+    the ordinary (not ASCII, possibly nested deeper than L{MAX_DEPTH}, a line break, invalid JSON or
+    envelope, a float position) answers C{None}, and the caller takes the exact path
+    (L{parse_json}, then L{classify}), which finds the same verdict and the reference's wording.
+    """
+    if not raw.isascii() or raw.find(b"\r") >= 0 or raw.find(b"\n") >= 0 or _brackets(raw) > MAX_DEPTH:
+        return None
+    try:
+        env = _read_envelope(raw)
+    except msgspec.MsgspecError:
+        return None
+    kind = envelope_ok(env, _UNSET)
+    if kind is None:
+        return None
+    event = Event.__new__(Event)
+    event._ev = None
+    event.raw = raw
+    event.kind = kind
+    event.type = env.type
+    session, epoch = env.session, env.epoch
+    if kind is EventKind.SEQUENCED:
+        if epoch is _UNSET:
+            event.position = (0, env.seq)
+        elif type(epoch) is int:
+            event.position = (epoch, env.seq)
+        else:
+            return None  # a float or non-number epoch: the exact path knows what it counts as
+    else:
+        event.position = (0, -1)
+    event.session = None if session is _UNSET else session
+    event.key = (env.source, env.id)
+    severity = env.severity
+    event.severity = 1 if severity is _UNSET else SEVERITY_RANK[severity]
+    event.capture = None if env.capture is _UNSET else env.capture
+    event._forms = None
+    return event
+
+
+def event_from(raw: bytes) -> Event:
+    """An event the relay accepted before (from a store or another instance), rebuilt from its bytes."""
+    event = admit(raw)
+    return event if event is not None else Event(parse_json(raw), raw)

@@ -15,7 +15,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 from relayd import metrics
 from relayd.aep.capture import capture_error
 from relayd.aep.envelope import classify
-from relayd.aep.event import NOTICE, Event, JSONError, dumps, parse_json
+from relayd.aep.event import NOTICE, Event, JSONError, admit, dumps, parse_json
 from relayd.aep.filters import compile_filter, filter_error
 from relayd.aep.relay import Relay, Subscriber
 from relayd.aep.store import Position, Replay
@@ -78,25 +78,31 @@ def parse_batch(body: bytes, ndjson: bool, max_batch: int) -> list[Event]:
     @raise IngestError: 400 invalid-json, 413 too-many-events or 400 invalid-event with the line.
     """
     if ndjson:
-        lines = [line.strip() for line in body.split(b"\n")]
-        lines = [line for line in lines if line]
+        lines = [line for line in map(bytes.strip, body.split(b"\n")) if line]
     else:
         lines = [body.strip()]
-    values = []
-    for line in lines:
-        try:
-            values.append(parse_json(line))
-        except JSONError as e:
-            raise IngestError(400, {"error": "invalid-json", "detail": str(e)}) from None
-    if len(values) > max_batch:
-        raise IngestError(413, {"error": "too-many-events", "max": max_batch, "count": len(values)})
-    events = []
-    for index, (value, line) in enumerate(zip(values, lines)):
+    # Plainly valid lines become events at once; the others are parsed exactly, so that the first
+    # invalid-json line is reported before the count and the first invalid-event line after it.
+    admitted: list[Event | None] = []
+    values: dict[int, Any] = {}
+    for index, line in enumerate(lines):
+        event = admit(line)
+        admitted.append(event)
+        if event is None:
+            try:
+                values[index] = parse_json(line)
+            except JSONError as e:
+                raise IngestError(400, {"error": "invalid-json", "detail": str(e)}) from None
+    if len(lines) > max_batch:
+        raise IngestError(413, {"error": "too-many-events", "max": max_batch, "count": len(lines)})
+    if not values:
+        return admitted  # type: ignore[return-value]
+    for index, value in values.items():
         kind = classify(value)
         if type(kind) is str:
             raise IngestError(400, {"error": "invalid-event", "line": index, "detail": kind})
-        events.append(Event(value, line, kind))  # type: ignore[arg-type]
-    return events
+        admitted[index] = Event(value, lines[index], kind)  # type: ignore[arg-type]
+    return admitted  # type: ignore[return-value]
 
 
 def parse_from_entries(value: Any) -> list[tuple[str, Position]]:
@@ -409,7 +415,7 @@ class AEPResource(Resource):
                 epoch, seq = replay.exhausted
                 stream.write(sse_comment(f"replay-exhausted {session} {epoch}:{seq}"))
             for event in replay.events:
-                if sub.match(event.ev):
+                if sub.wants(event):
                     sub.send(event)
                     sent += 1
         if replays:

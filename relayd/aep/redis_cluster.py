@@ -21,7 +21,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from relayd.aep.claims import Claimant, IClaims, MemoryClaims, claimant_of
-from relayd.aep.event import Event, parse_json
+from relayd.aep.event import Event, event_from
 from relayd.clock import Clock
 from relayd.redis import Redis, RedisBus
 
@@ -228,7 +228,7 @@ class RedisClaims:
         conn_id, _, raw = message.partition(b"\n")
         conn = self._by_id.get(conn_id.decode("utf-8"))
         if conn is not None:
-            conn.send_command(Event(parse_json(raw), raw))
+            conn.send_command(event_from(raw))
 
     def local_claimant(self, conn: Any) -> Claimant:
         return claimant_of(conn)
@@ -266,4 +266,4 @@ class RedisFanout:
             return  # delivered locally already, before publishing
         for raw in body.split(b"\n"):
             if raw:
-                self._deliver(Event(parse_json(raw), raw))
+                self._deliver(event_from(raw))

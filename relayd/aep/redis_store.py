@@ -25,7 +25,7 @@ from typing import Any, Sequence
 from twisted.internet.defer import Deferred
 from zope.interface import implementer
 
-from relayd.aep.event import Event, parse_json
+from relayd.aep.event import Event, event_from
 from relayd.aep.store import IEventLog, Position, Replay, exhausted_marker
 from relayd.redis import Redis
 
@@ -171,8 +171,7 @@ class RedisEventLog:
             earliest = decode_position(lines[0])
             events = []
             for member, raw in zip(lines[1::2], lines[2::2]):
-                ev = parse_json(raw)
-                events.append(Event(ev, raw))
+                events.append(event_from(raw))
             return Replay(events, exhausted_marker(earliest, after))
 
         return self.redis.eval(STORE, _REPLAY, [], args).addCallback(build)

@@ -15,10 +15,11 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from relayd import metrics
-from relayd.aep.capture import downlevel_target
+from relayd.aep.capture import capture_target
 from relayd.aep.claims import Claimant, IClaims, MemoryClaims
 from relayd.aep.envelope import EventKind
 from relayd.aep.event import Event
+from relayd.aep.filters import match_all
 from relayd.aep.store import IEventLog, Position, Replay
 
 # Bound once: the ingest path counts per batch, never per delivery.
@@ -48,7 +49,12 @@ class Subscriber:
 
     def level(self, event: Event) -> str | None:
         """The capture level to send C{event} at (C{None}: as stored)."""
-        return downlevel_target(event.ev, self.ceiling) if self.ceiling is not None else None
+        return capture_target(event.capture, self.ceiling) if self.ceiling is not None else None
+
+    def wants(self, event: Event) -> bool:
+        """Whether C{event} passes this subscriber's filter (the empty filter never parses it)."""
+        match = self.match
+        return match is match_all or match(event.ev)
 
     def hold(self) -> None:
         self._held = []
@@ -183,12 +189,17 @@ class Relay:
 
     def fan_out(self, event: Event, subscribers: Sequence[Subscriber] | None = None) -> int:
         """Deliver C{event} to every subscriber whose filter matches; returns how many matched."""
-        ev = event.ev
         matched = 0
+        ev = None
         for sub in tuple(self.subscribers.values()) if subscribers is None else subscribers:
-            if sub.match(ev):
-                sub.deliver(event)
-                matched += 1
+            match = sub.match
+            if match is not match_all:  # (inlined L{Subscriber.wants}: this loop runs per delivery)
+                if ev is None:
+                    ev = event.ev
+                if not match(ev):
+                    continue
+            sub.deliver(event)
+            matched += 1
         return matched
 
     # Command routing (AEP-0004) ----------------------------------------------------------------

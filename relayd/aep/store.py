@@ -110,25 +110,30 @@ class MemoryEventLog:
         self._buffers: OrderedDict[str, _SessionBuffer] = OrderedDict()
 
     def append(self, events: Sequence[Event]) -> Deferred[list[bool]]:
-        return succeed([self._append(event) for event in events])
-
-    def _append(self, event: Event) -> bool:
-        session = event.session
-        assert session is not None
+        admitted = []
         buffers = self._buffers
-        buffer = buffers.get(session)
-        if buffer is None:
-            if len(buffers) >= self.max_sessions:
-                buffers.popitem(last=False)
-            buffer = buffers[session] = _SessionBuffer()
-        else:
-            buffers.move_to_end(session)
-        if event.key in buffer.ids:
-            return False
-        buffer.insert(event)
-        if len(buffer.events) - buffer.head > self.capacity:
-            buffer.trim(self.capacity)
-        return True
+        capacity = self.capacity
+        session = buffer = None
+        for event in events:
+            if event.session != session:
+                # A batch is usually one session: its recency is refreshed once per run of events.
+                session = event.session
+                assert session is not None
+                buffer = buffers.get(session)
+                if buffer is None:
+                    if len(buffers) >= self.max_sessions:
+                        buffers.popitem(last=False)
+                    buffer = buffers[session] = _SessionBuffer()
+                else:
+                    buffers.move_to_end(session)
+            if event.key in buffer.ids:  # type: ignore[union-attr]
+                admitted.append(False)
+                continue
+            buffer.insert(event)  # type: ignore[union-attr]
+            if len(buffer.events) - buffer.head > capacity:  # type: ignore[union-attr]
+                buffer.trim(capacity)  # type: ignore[union-attr]
+            admitted.append(True)
+        return succeed(admitted)
 
     def replay(self, session: str, after: Position) -> Deferred[Replay]:
         buffer = self._buffers.get(session)

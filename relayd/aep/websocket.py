@@ -429,7 +429,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
                     }
                 )
             for event in replay.events:
-                if sub.match(event.ev):
+                if sub.wants(event):
                     sub.send(event)  # the capture ceiling applies to replay too (decision AEP 1)
                     sent += 1
         if replays:
