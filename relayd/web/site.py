@@ -16,6 +16,7 @@ from twisted.web.server import Site
 from relayd import metrics
 from relayd.logging import SCRUBBED_MARK
 from relayd.web.body import BodyLimit, EarlyAnswer, LimitedRequest
+from relayd.web.transport import hold_writes, release_writes
 
 
 _HEADERS_TOO_LARGE = (
@@ -36,6 +37,15 @@ class RelayChannel(HTTPChannel):
     """
 
     _header_call: IDelayedCall | None = None
+    _host: Any = None
+
+    def getHost(self) -> Any:
+        # Twisted asks the socket (a system call) for every request; the local address of a
+        # connection never changes.
+        host = self._host
+        if host is None:
+            host = self._host = super().getHost()
+        return host
 
     def lineLengthExceeded(self, line: bytes) -> None:
         self._refuse_header_fields()
@@ -52,7 +62,14 @@ class RelayChannel(HTTPChannel):
     def dataReceived(self, data: bytes) -> None:
         if self._header_call is None and self.line_mode:
             self._start_header_clock()
-        super().dataReceived(data)
+        transport = self.transport
+        if not hold_writes(transport):
+            super().dataReceived(data)
+            return
+        try:
+            super().dataReceived(data)
+        finally:
+            release_writes(transport)
 
     def allHeadersReceived(self) -> None:
         self._stop_header_clock()

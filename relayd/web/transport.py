@@ -38,6 +38,42 @@ def write_now(transport: Any, data: bytes) -> None:
     transport.write(data)
 
 
+def _held() -> None:
+    """Stands in for C{startWriting} while writes are held (see L{hold_writes})."""
+
+
+def hold_writes(transport: Any) -> bool:
+    """Until L{release_writes}, let bytes written to C{transport} queue without watching the socket.
+
+    Twisted registers a socket for writability on its first queued write and unregisters it once
+    the bytes are sent on the next reactor turn: two system calls around the one that sends. A
+    response made while a read is handled (most HTTP answers) is then sent by L{release_writes} at
+    the end of that read, with one system call. C{False} when the transport is not plain TCP.
+    """
+    if type(transport) not in _DIRECT or not transport.connected or "startWriting" in transport.__dict__:
+        return False
+    transport.startWriting = _held
+    return True
+
+
+def release_writes(transport: Any) -> None:
+    """Send what was queued since L{hold_writes}; whatever cannot go now is left to the reactor."""
+    del transport.startWriting
+    if not transport.connected or getattr(transport, "_aborting", False):
+        return
+    if transport.disconnecting:
+        transport.startWriting()  # a close asked for meanwhile: the reactor flushes, then closes
+        return
+    if not transport._tempDataBuffer and transport.offset == len(transport.dataBuffer):
+        return
+    try:
+        failed = transport.doWrite() is not None
+    except Exception:
+        failed = True
+    if failed or transport._tempDataBuffer or transport.offset < len(transport.dataBuffer):
+        transport.startWriting()  # the rest (or the error) is the reactor's to handle
+
+
 def no_delay(transport: Any) -> None:
     """Disable Nagle's algorithm: a stream's small writes must not wait for the previous ACK."""
     try:

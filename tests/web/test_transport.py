@@ -1,0 +1,95 @@
+"""hold_writes / release_writes on real loopback TCP connections: one send, no writability watch."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.protocol import Factory, Protocol
+from twisted.trial.unittest import TestCase
+
+from relayd.web.transport import hold_writes, release_writes
+
+
+class Answering(Protocol):
+    """Answers each read with C{answer(transport)}, its writes held until the read is handled."""
+
+    answer: Callable[[Any], None]
+    watched: list[bool]
+
+    def dataReceived(self, data: bytes) -> None:
+        held = hold_writes(self.transport)
+        try:
+            self.answer(self.transport)
+        finally:
+            if held:
+                release_writes(self.transport)
+        self.watched.append(self.transport in reactor.getWriters())
+
+
+class Collecting(Protocol):
+    def __init__(self) -> None:
+        self.received = b""
+        self.closed: Deferred[bytes] = Deferred()
+
+    def connectionMade(self) -> None:
+        self.transport.write(b"go")
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += data
+
+    def connectionLost(self, reason: Any) -> None:
+        self.closed.callback(self.received)
+
+
+class HeldWrites(TestCase):
+    def serve(self, answer: Callable[[Any], None]) -> tuple[int, list[bool]]:
+        watched: list[bool] = []
+        factory = Factory.forProtocol(type("A", (Answering,), {"answer": staticmethod(answer), "watched": watched}))
+        port = reactor.listenTCP(0, factory, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        return port.getHost().port, watched
+
+    async def exchange(self, answer: Callable[[Any], None]) -> tuple[bytes, list[bool]]:
+        """Connect, send one read, and collect everything until the server closes."""
+        port, watched = self.serve(answer)
+        client = Collecting()
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), client)
+        return await client.closed, watched
+
+    async def test_an_answer_goes_out_at_once_without_a_writability_watch(self) -> None:
+        def answer(transport: Any) -> None:
+            transport.write(b"HTTP/1.1 202 Accepted\r\n")
+            transport.writeSequence([b"content-length: 0\r\n", b"\r\n"])
+            transport.loseConnection()
+
+        received, _ = await self.exchange(answer)
+        # The close asked for while writes were held still comes after every byte.
+        self.assertEqual(received, b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+
+    async def test_what_the_kernel_does_not_take_is_left_to_the_reactor(self) -> None:
+        big = b"x" * (16 * 2**20)  # more than a loopback socket buffer takes at once
+
+        def answer(transport: Any) -> None:
+            transport.write(big)
+            transport.loseConnection()
+
+        received, watched = await self.exchange(answer)
+        self.assertEqual(len(received), len(big))
+        self.assertEqual(watched, [True])  # the rest was queued and the socket watched
+
+    async def test_a_small_answer_leaves_the_socket_unwatched(self) -> None:
+        def answer(transport: Any) -> None:
+            transport.write(b"pong")
+
+        port, watched = self.serve(answer)
+        client = Collecting()
+        got: Deferred[bytes] = Deferred()
+        client.dataReceived = lambda data: got.callback(data)  # type: ignore[method-assign]
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), client)
+        self.assertEqual(await got, b"pong")
+        self.assertEqual(watched, [False])  # sent within the read: never registered for writability
+        client.transport.loseConnection()
+        await client.closed
