@@ -14,7 +14,7 @@ from twisted.web.resource import IResource
 from twisted.web.server import Site
 
 from relayd import metrics
-from relayd.logging import SCRUBBED_MARK
+from relayd.logging import ACCESS_NAMESPACE, SCRUBBED_MARK
 from relayd.web.body import BodyLimit, EarlyAnswer, LimitedRequest
 from relayd.web.transport import hold_writes, release_writes
 
@@ -26,7 +26,7 @@ _REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnec
 DEFAULT_HEADER_TIMEOUT = 20.0
 DEFAULT_BODY_TIMEOUT = 60.0
 # A module-level logger: a Logger class attribute would take the class's name as its namespace.
-_access_log = Logger(namespace="relayd.access")
+_access_log = Logger(namespace=ACCESS_NAMESPACE)
 
 
 class RelayChannel(HTTPChannel):

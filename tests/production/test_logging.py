@@ -192,3 +192,40 @@ def test_an_event_is_scrubbed_once() -> None:
     assert event["log_relayd_scrubbed"] is True
     assert rlog.scrub_event(event) is event  # observers after the scrubber do not copy it again
     assert "once-leak" not in rlog.event_as_json(event)
+
+
+def test_access_lines_in_the_text_log_are_byte_identical_and_cheap() -> None:
+    # twistd's text observer formats through Twisted's general formatter; relayd reuses the time
+    # prefix within a second for access lines, and leaves every other event to Twisted.
+    plain, quick = io.StringIO(), io.StringIO()
+    published = LogPublisher()
+    published.addObserver(textFileLogObserver(plain))
+    quickened = LogPublisher()
+    quickened.addObserver(textFileLogObserver(quick))
+    rlog.quicken_access_lines(quickened)
+    observer = quickened._observers[0]  # type: ignore[attr-defined]
+    calls = []
+    original = observer.formatEvent.format_event
+    observer.formatEvent.format_event = lambda event: calls.append(event) or original(event)
+
+    def access(when: float, line: str, **extra: object) -> dict:
+        return {"log_namespace": rlog.ACCESS_NAMESPACE, "log_level": rlog.LogLevel.info, "log_time": when,
+                "log_format": "{access_line}", "access_line": line, **extra}
+
+    events = [
+        access(1000.1, 'aep 127.0.0.1 "POST /events" 202 0'),
+        access(1000.5, 'aep 127.0.0.1 "GET /stream" 200 512'),
+        {"log_namespace": "relayd.aep", "log_level": rlog.LogLevel.warn, "log_time": 1000.6,
+         "log_format": "store {what}", "what": "down"},
+        access(1000.9, 'mcp ::1 "POST /s/inbox" 401 0'),
+        access(1001.0, 'aep 127.0.0.1 "POST /events" 413 0'),
+        access(1001.2, "multi\nline"),
+        access(1001.3, 'aep 127.0.0.1 "GET /" 200 0', log_system="custom"),
+    ]
+    for event in events:
+        published(dict(event))
+        quickened(dict(event))
+    assert quick.getvalue() == plain.getvalue()
+    assert quick.getvalue().count("[relayd.access#info] ") == 5
+    # Twisted formatted the first access line of each second and the events it must: 5 of 7.
+    assert len(calls) == 5
