@@ -9,7 +9,7 @@ import enum
 import math
 import re
 from decimal import Decimal
-from typing import Any, Final
+from typing import Final
 
 __all__ = [
     "CAPTURE_LEVELS",
@@ -17,7 +17,7 @@ __all__ = [
     "EventKind",
     "classify",
     "envelope_error",
-    "envelope_ok",
+    "kind_of_type",
     "event_kind",
     "is_command_type",
     "js_str",
@@ -214,7 +214,8 @@ _KIND_OF_TYPE: dict[str, EventKind] = {}
 _KIND_CACHE_MAX: Final = 4096
 
 
-def _kind_of_type(t: str) -> EventKind | None:
+def kind_of_type(t: str) -> EventKind | None:
+    """The kind of an event of type C{t}, or C{None} when C{t} is no valid type (cached per type)."""
     kind = _KIND_OF_TYPE.get(t)
     if kind is None:
         if _TYPE_RE.fullmatch(t) is None:
@@ -255,7 +256,7 @@ def classify(ev: object) -> EventKind | str:
             and ev["source"]
             and ev["agent"]
         ):
-            kind = _kind_of_type(t)
+            kind = kind_of_type(t)
             if kind is not None and _scope_ok(ev, kind) and _levels_ok(ev):
                 return kind
     problem = envelope_error(ev)
@@ -278,44 +279,3 @@ def _levels_ok(ev: dict) -> bool:
     capture = ev.get("capture", "metadata")
     return type(severity) is str and severity in _SEVERITY_SET and type(capture) is str and capture in _CAPTURE_SET
 
-
-def envelope_ok(env: Any, missing: object) -> EventKind | None:
-    """The kind of an event whose envelope attributes are plainly valid, else C{None}.
-
-    C{env} carries the envelope as attributes (C{aep}, C{id}, ..., C{capture}), C{missing} where
-    the event has none. C{None} does not mean invalid: the caller then runs L{classify} on the
-    parsed event, which decides (and words the reference's message).
-    """
-    t = env.type
-    if not (
-        env.aep == "0.1"
-        and type(env.id) is str
-        and type(t) is str
-        and type(env.time) is str
-        and type(env.source) is str
-        and type(env.agent) is str
-        and env.id
-        and t
-        and env.time
-        and env.source
-        and env.agent
-    ):
-        return None
-    kind = _kind_of_type(t)
-    if kind is None:
-        return None
-    session, seq = env.session, env.seq
-    if kind is EventKind.SEQUENCED:
-        if not (type(session) is str and type(seq) is int and seq >= 0):
-            return None
-    elif kind is EventKind.AGENT_SCOPED:
-        if session is not missing or seq is not missing:
-            return None
-    elif type(session) is not str or seq is not missing:
-        return None
-    severity, capture = env.severity, env.capture
-    if severity is not missing and not (type(severity) is str and severity in _SEVERITY_SET):
-        return None
-    if capture is not missing and not (type(capture) is str and capture in _CAPTURE_SET):
-        return None
-    return kind

@@ -8,13 +8,13 @@ break, it *is* the posted bytes (decision AEP 12: byte identity).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import orjson
 
 from relayd.aep.capture import downlevel
-from relayd.aep.envelope import EventKind, envelope_ok, event_kind, position
+from relayd.aep.envelope import EventKind, event_kind, kind_of_type, position
 from relayd.web.sse import http_chunk
 
 SEVERITY_RANK = {"debug": 0, "info": 1, "notice": 2, "warning": 3, "error": 4, "critical": 5}
@@ -197,63 +197,75 @@ class Event:
         return message
 
 
-class _Envelope(msgspec.Struct, gc=False):
-    """The attributes the relay reads from every event; the rest is validated, not built."""
+_NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 
-    aep: Any = msgspec.UNSET
-    id: Any = msgspec.UNSET
-    type: Any = msgspec.UNSET
-    time: Any = msgspec.UNSET
-    source: Any = msgspec.UNSET
-    agent: Any = msgspec.UNSET
-    session: Any = msgspec.UNSET
-    seq: Any = msgspec.UNSET
-    epoch: Any = msgspec.UNSET
-    severity: Any = msgspec.UNSET
-    capture: Any = msgspec.UNSET
+
+class _Envelope(msgspec.Struct, gc=False):
+    """What the relay reads from an event, typed as a plainly valid event has it; the rest of the
+    line is validated, not built. A line that does not fit is left to the exact path."""
+
+    aep: Literal["0.1"]
+    id: _NonEmpty
+    type: _NonEmpty
+    time: _NonEmpty
+    source: _NonEmpty
+    agent: _NonEmpty
+    session: str | msgspec.UnsetType = msgspec.UNSET
+    seq: Annotated[int, msgspec.Meta(ge=0)] | msgspec.UnsetType = msgspec.UNSET
+    epoch: int | msgspec.UnsetType = msgspec.UNSET
+    severity: Literal["debug", "info", "notice", "warning", "error", "critical"] | msgspec.UnsetType = msgspec.UNSET
+    capture: Literal["none", "metadata", "redacted", "full"] | msgspec.UnsetType = msgspec.UNSET
 
 
 _read_envelope = msgspec.json.Decoder(_Envelope).decode
 _UNSET = msgspec.UNSET
+# One scan finds what sends a line to the exact path: brackets (how deep it might nest) and line breaks.
+_NOT_SPECIAL = bytes(b for b in range(256) if b not in b"[{\r\n")
 
 
 def admit(raw: bytes) -> Event | None:
     """The event in C{raw} when it is plainly valid, without building its parsed value; else C{None}.
 
     The ingest hot path: one pass that checks the JSON and reads only the envelope. Anything out of
-    the ordinary (not ASCII, possibly nested deeper than L{MAX_DEPTH}, a line break, invalid JSON or
-    envelope, a float position) answers C{None}, and the caller takes the exact path
-    (L{parse_json}, then L{classify}), which finds the same verdict and the reference's wording.
+    the ordinary (not ASCII, possibly nested deeper than L{MAX_DEPTH}, a line break, invalid JSON,
+    an envelope attribute of an unusual type or value, an invalid scope) answers C{None}, and the
+    caller takes the exact path (L{parse_json}, then L{classify}), which finds the verdict and the
+    reference's wording.
     """
-    if not raw.isascii() or raw.find(b"\r") >= 0 or raw.find(b"\n") >= 0 or _brackets(raw) > MAX_DEPTH:
+    if not raw.isascii():
+        return None
+    special = raw.translate(None, _NOT_SPECIAL)
+    if len(special) > MAX_DEPTH or b"\r" in special or b"\n" in special:
         return None
     try:
         env = _read_envelope(raw)
     except msgspec.MsgspecError:
         return None
-    kind = envelope_ok(env, _UNSET)
-    if kind is None:
+    kind = kind_of_type(env.type)
+    session, seq = env.session, env.seq
+    if kind is EventKind.SEQUENCED:
+        if session is _UNSET or seq is _UNSET:
+            return None
+        epoch = env.epoch
+        position = (0 if epoch is _UNSET else epoch, seq)
+    elif kind is None:
         return None
+    elif seq is not _UNSET or (session is _UNSET) is not (kind is EventKind.AGENT_SCOPED):
+        return None  # agent.* carries neither; commands and attention.routed carry a session only
+    else:
+        position = (0, -1)
     event = Event.__new__(Event)
     event._ev = None
     event.raw = raw
     event.kind = kind
     event.type = env.type
-    session, epoch = env.session, env.epoch
-    if kind is EventKind.SEQUENCED:
-        if epoch is _UNSET:
-            event.position = (0, env.seq)
-        elif type(epoch) is int:
-            event.position = (epoch, env.seq)
-        else:
-            return None  # a float or non-number epoch: the exact path knows what it counts as
-    else:
-        event.position = (0, -1)
+    event.position = position
     event.session = None if session is _UNSET else session
     event.key = (env.source, env.id)
     severity = env.severity
     event.severity = 1 if severity is _UNSET else SEVERITY_RANK[severity]
-    event.capture = None if env.capture is _UNSET else env.capture
+    capture = env.capture
+    event.capture = None if capture is _UNSET else capture
     event._forms = None
     return event
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from twisted.internet.defer import Deferred, succeed
 from zope.interface import Attribute, Interface, implementer
@@ -113,7 +113,8 @@ class MemoryEventLog:
         admitted = []
         buffers = self._buffers
         capacity = self.capacity
-        session = buffer = None
+        session: str | None = None
+        buffer: Any = None
         for event in events:
             if event.session != session:
                 # A batch is usually one session: its recency is refreshed once per run of events.
@@ -126,12 +127,26 @@ class MemoryEventLog:
                     buffer = buffers[session] = _SessionBuffer()
                 else:
                     buffers.move_to_end(session)
-            if event.key in buffer.ids:  # type: ignore[union-attr]
+                ids, held = buffer.ids, buffer.events
+            key = event.key
+            if key in ids:
                 admitted.append(False)
                 continue
-            buffer.insert(event)  # type: ignore[union-attr]
-            if len(buffer.events) - buffer.head > capacity:  # type: ignore[union-attr]
-                buffer.trim(capacity)  # type: ignore[union-attr]
+            # (L{_SessionBuffer.insert} and L{_SessionBuffer.trim} inlined for the usual case: in
+            # order, one over capacity. This loop runs once per ingested event.)
+            if len(held) == buffer.head or held[-1].position <= event.position:
+                held.append(event)
+                ids.add(key)
+            else:
+                buffer.insert(event)
+            if len(held) - buffer.head > capacity:
+                head = buffer.head
+                if len(held) - head == capacity + 1 and head < 1024:
+                    ids.discard(held[head].key)
+                    held[head] = None
+                    buffer.head = head + 1
+                else:
+                    buffer.trim(capacity)
             admitted.append(True)
         return succeed(admitted)
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 
+import pytest
 from twisted.trial.unittest import TestCase
 from zope.interface.verify import verifyObject
 
@@ -122,3 +124,53 @@ def test_position_encoding_sorts_like_integers() -> None:
     encoded = [encode_position(p) for p in positions]
     assert encoded == sorted(encoded)
     assert [decode_position(e) for e in encoded] == positions
+
+
+class ReferenceLog:
+    """The IEventLog rules one event at a time, written as plainly as possible (a model to check against)."""
+
+    def __init__(self, capacity: int, max_sessions: int) -> None:
+        self.capacity, self.max_sessions = capacity, max_sessions
+        self.buffers: dict[str, list[Event]] = {}  # insertion order = recency
+
+    def append(self, events: list[Event]) -> list[bool]:
+        admitted = []
+        for e in events:
+            buffer = self.buffers.pop(e.session, None)  # type: ignore[arg-type]
+            if buffer is None:
+                buffer = []
+                if len(self.buffers) >= self.max_sessions:
+                    del self.buffers[next(iter(self.buffers))]
+            self.buffers[e.session] = buffer  # type: ignore[index]
+            if any(held.key == e.key for held in buffer):
+                admitted.append(False)
+                continue
+            index = len(buffer)
+            while index and buffer[index - 1].position > e.position:
+                index -= 1
+            buffer.insert(index, e)
+            if len(buffer) > self.capacity:
+                del buffer[0]
+            admitted.append(True)
+        return admitted
+
+
+@pytest.mark.parametrize("max_sessions", [3, 4])  # with session evictions; with long runs that compact buffers
+def test_memory_log_matches_the_one_event_at_a_time_rules(max_sessions: int) -> None:
+    # Batches that mix sessions, duplicates and out-of-order positions, checked against the plain
+    # model after every batch.
+    rng = random.Random(7)
+    log = MemoryEventLog(capacity=5, max_sessions=max_sessions)
+    model = ReferenceLog(capacity=5, max_sessions=max_sessions)
+    seq = itertools.count()
+    for _ in range(1500):
+        batch = []
+        for _ in range(rng.choice([1, 3, 8])):
+            session = rng.choice("abcd")
+            position = next(seq) if rng.random() < 0.8 else rng.randrange(0, 40)
+            reused = {"id": f"again-{rng.randrange(3)}"} if rng.random() < 0.1 else {}
+            batch.append(ev(session, position, **reused))
+        assert log.append(batch).result == model.append(batch)  # type: ignore[attr-defined]
+        assert log.sessions().result == list(model.buffers)  # type: ignore[attr-defined]
+        for session, held in model.buffers.items():
+            assert list(log.replay(session, (0, -1)).result.events) == held  # type: ignore[attr-defined]
