@@ -7,7 +7,7 @@ import sqlite3
 import time
 from typing import Any, Callable
 
-from twisted.application.service import IService, MultiService
+from twisted.application.service import IService, Service
 from twisted.internet import defer
 from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
@@ -23,11 +23,10 @@ from relayd.buzz.state import IReceiptStore, SQLiteState, StateDB
 from relayd.clock import Clock
 from relayd.config import ConfigError, Resolved, is_loopback_endpoint, is_tls_endpoint
 from relayd.redis import Redis, redis_for
-from relayd.web.service import add_listeners, bound_ports
+from relayd.web.service import DEFAULT_GRACE, HTTPWingService
 from relayd.web.site import RelaySite
 
 _log = Logger(namespace="relayd.buzz")
-DEFAULT_GRACE = 5.0
 
 
 def check_listeners(listen: list[str]) -> None:
@@ -82,8 +81,9 @@ def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | N
     )
 
 
-class BrokerService(MultiService):
-    """The broker wing. Stop: stop listening, let in-flight actions finish, close connections."""
+class BrokerService(HTTPWingService):
+    """The broker wing. Stop: stop listening, let in-flight actions finish (at most C{grace}
+    seconds), close connections, then the relay connections and the state."""
 
     def __init__(
         self,
@@ -107,11 +107,7 @@ class BrokerService(MultiService):
         redis_url: str | None = None,
         redis_prefix: str = "relayd:",
     ) -> None:
-        super().__init__()
-        self.setName("broker")
         self.reactor = reactor
-        self.clock = clock
-        self.grace = grace
         self.db = db
         self.custody = Custody(kek)
         self.state = SQLiteState(db, reactor)
@@ -144,23 +140,16 @@ class BrokerService(MultiService):
                 self.redis, clock, self.state.apply_effects, prefix=redis_prefix, lease=6 * timeout + 5
             )
         self.host = BrokerHost(self.state, self.state, receipts, self.ops, max_agent_depth=max_agent_depth)
-        self.site = RelaySite(make_root(self.host), body_limit=body_limit(max_body))
-        self.site.relay = "broker"  # access-log lines and HTTP metrics name the broker
-        self.drained = True  # False when shutdown had to give up on actions in flight
-        self.listeners = add_listeners(self, self.site, listen, reactor)
+        site = RelaySite(make_root(self.host), body_limit=body_limit(max_body))
+        site.relay = "broker"  # access-log lines and HTTP metrics name the broker
+        super().__init__("broker", site, listen, reactor, clock, settle=self.host.wait_idle, grace=grace)
         # Read at scrape time by the metrics listener; registered while the service runs.
         self.watching = metrics.Watching().add(metrics.nostr_connections, self.pool.states)
         self.watching.setServiceParent(self)
-
-    def ports(self) -> defer.Deferred[list[IListeningPort]]:
-        """Fires with the listening ports once they are bound."""
-        return bound_ports(self.listeners)
-
-    def startService(self) -> None:
-        super().startService()
-        self.ports().addCallback(self._announce).addErrback(lambda f: None)
+        _Closing(self._close).setServiceParent(self)
 
     def _announce(self, ports: list[IListeningPort]) -> None:
+        super()._announce(ports)
         for port in ports:
             host = port.getHost()
             _log.info(
@@ -172,23 +161,22 @@ class BrokerService(MultiService):
         if self.redis is not None:
             _log.info("Buzz broker receipts and pending events on {redis}", redis=str(self.redis.url))
 
-    async def _stop(self) -> None:
-        await defer.gatherResults([defer.maybeDeferred(svc.stopService) for svc in self.listeners])
-        if self.host.active:
-            idle = self.host.wait_idle()
-            timer = self.clock.call_later(self.grace, lambda: idle.called or idle.callback(None))
-            await idle
-            self.clock.cancel(timer)
-            self.drained = not self.host.active
-        self.site.close_connections()
+    async def _close(self) -> None:
+        """Once the connections are gone: the relay connections, the receipts, then the state."""
         await self.pool.close()
         if self.redis_receipts is not None:
             await self.redis_receipts.close()
         if self._own_redis and self.redis is not None:
             await self.redis.close()
         await self.state.close()
-        await defer.maybeDeferred(self.watching.stopService)
+
+
+class _Closing(Service):
+    """A child that runs C{close()} when its parent stops it (after the wing's connections)."""
+
+    def __init__(self, close: Callable[[], Any]) -> None:
+        self._close = close
 
     def stopService(self) -> defer.Deferred[None]:
-        self.running = False
-        return defer.Deferred.fromCoroutine(self._stop())
+        super().stopService()
+        return defer.Deferred.fromCoroutine(self._close())

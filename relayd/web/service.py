@@ -40,9 +40,11 @@ def bound_ports(listeners: list[StreamServerEndpointService]) -> defer.Deferred[
 class HTTPWingService(MultiService):
     """One wing's listeners over one site.
 
-    Shutdown runs in phases: stop listening; C{drain()} (the wing ends its streams with its own
+    Shutdown runs in phases: stop listening; wait for C{settle()} (requests whose answers are still
+    being worked out, such as broker actions); C{drain()} (the wing ends its streams with its own
     final frames and answers parked requests); close the site's connections; wait until
-    C{remaining()} and the site report nothing open, at most C{grace} seconds; abort what is left.
+    C{remaining()} and the site report nothing open; abort what is left once C{grace} seconds have
+    passed since listening stopped; then stop the other children (what they hold is no longer used).
     """
 
     _log = Logger()
@@ -55,6 +57,7 @@ class HTTPWingService(MultiService):
         reactor: IReactorCore,
         clock: Clock,
         *,
+        settle: Callable[[], defer.Deferred[None]] = lambda: defer.succeed(None),
         drain: Callable[[], None] = lambda: None,
         remaining: Callable[[], int] = lambda: 0,
         abort: Callable[[], None] = lambda: None,
@@ -67,11 +70,12 @@ class HTTPWingService(MultiService):
             site.relay = name  # access-log lines and metrics name the relay
         self.clock = clock
         self.grace = grace
+        self._settle = settle
         self._drain = drain
         self._remaining = remaining
         self._abort = abort
         self.listeners = add_listeners(self, site, listen, reactor)
-        self.drained = True  # False when shutdown had to abort connections after the grace period
+        self.drained = True  # False when shutdown had to give up on requests after a grace period
         for description in listen:
             if not is_loopback_endpoint(description):
                 self._log.warn(
@@ -102,9 +106,14 @@ class HTTPWingService(MultiService):
     async def _stop(self) -> None:
         await defer.gatherResults([defer.maybeDeferred(svc.stopService) for svc in self.listeners])
         self._log.info("{relay}: stopped listening, draining", relay=self.name)
+        # One grace period covers settling and draining together.
+        started = self.clock.seconds()
+        if not await _within(self.clock, self.grace, self._settle()):
+            self._log.warn("{relay}: grace period over with requests still in flight", relay=self.name)
+            self.drained = False
         self._drain()
         self.site.close_connections()
-        waited = 0.0
+        waited = self.clock.seconds() - started
         while waited < self.grace and (self._remaining() or self.site.open_connections()):
             await _sleep(self.clock, _POLL)
             waited += _POLL
@@ -123,6 +132,20 @@ class HTTPWingService(MultiService):
         # The reactor swallows a failing shutdown trigger silently: say what went wrong.
         d.addErrback(lambda f: self._log.failure("{relay}: drain failed", f, relay=self.name))
         return d
+
+
+def _within(clock: Clock, seconds: float, d: defer.Deferred[None]) -> defer.Deferred[bool]:
+    """Fires with C{True} when C{d} does within C{seconds}, else with C{False} at that time."""
+    outcome: defer.Deferred[bool] = defer.Deferred()
+    timer = clock.call_later(seconds, lambda: outcome.called or outcome.callback(False))
+
+    def settled(_: object) -> None:
+        if not outcome.called:
+            clock.cancel(timer)
+            outcome.callback(True)
+
+    d.addBoth(settled)
+    return outcome
 
 
 def _sleep(clock: Clock, seconds: float) -> defer.Deferred[None]:
