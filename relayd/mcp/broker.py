@@ -362,11 +362,7 @@ class Broker:
     def drain(self) -> None:
         """Shutdown: end every local SSE stream and answer every parked poll (sessions stay)."""
         self.draining = True
-        for sink in list(self._sinks.values()):
-            sink.end()
-        self._sinks.clear()
-        for key in list(self._waiters):
-            self._wake(key)
+        self._release_local()
 
     def open_streams(self) -> int:
         """Local SSE streams still open."""
@@ -457,6 +453,10 @@ class Broker:
 
     def bus_reset(self) -> None:
         # Clients reconnect (SSE) or poll again, and re-subscribe through the bus that is back.
+        self._release_local()
+
+    def _release_local(self) -> None:
+        """End every local SSE stream and answer every parked poll."""
         for sink in list(self._sinks.values()):
             sink.end()
         self._sinks.clear()

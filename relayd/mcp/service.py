@@ -54,9 +54,9 @@ class McpService(HTTPWingService):
     def startService(self) -> None:
         self.broker.start()
         super().startService()
-        self.ports().addCallback(self._listening).addErrback(lambda f: None)
 
-    def _listening(self, ports: list[Any]) -> None:
+    def _announce(self, ports: list[Any]) -> None:
+        super()._announce(ports)
         for p in ports:
             host = p.getHost()
             _log.info(
