@@ -206,7 +206,7 @@ class Relay:
 
     def route_command(self, event: Event, sender: Emitter | None) -> Deferred[None]:
         """Forward a command to the one emitter that owns its session, or refuse toward the sender."""
-        cause = event.ev.get("id")
+        cause = event.key[1]
         if not self.token:
             self._refuse(
                 sender,
@@ -216,13 +216,13 @@ class Relay:
                 "this relay runs without AEP_TOKEN",
             )
             return succeed(None)
-        d = self.claims.claimants(event.ev["session"])
+        d = self.claims.claimants(event.session)
         d.addCallback(self._route, event, sender)
         d.addErrback(self._route_failed, event, sender)
         return d
 
     def _route(self, targets: list[Claimant], event: Event, sender: Emitter | None) -> Deferred[None] | None:
-        session, cause = event.ev["session"], event.ev.get("id")
+        session, cause = event.session, event.key[1]
         if not targets:
             self._refuse(sender, "no-route", cause, f"no connected emitter owns session {session}")
             return None
@@ -245,7 +245,7 @@ class Relay:
 
     def _route_failed(self, failure: Failure, event: Event, sender: Emitter | None) -> None:
         self._store_error(failure, "route")
-        self._refuse(sender, "unavailable", event.ev.get("id"), f"command routing unavailable: {failure.getErrorMessage()}")
+        self._refuse(sender, "unavailable", event.key[1], f"command routing unavailable: {failure.getErrorMessage()}")
 
     def _refuse(self, sender: Emitter | None, code: str, cause: Any, detail: str) -> None:
         _UNROUTABLE.inc()

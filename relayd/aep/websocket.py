@@ -25,7 +25,7 @@ from zope.interface import implementer
 from relayd import metrics
 from relayd.aep.capture import capture_error
 from relayd.aep.envelope import classify
-from relayd.aep.event import NOTICE, Event, JSONError, dumps, parse_json
+from relayd.aep.event import NOTICE, Event, JSONError, admit, dumps, parse_json
 from relayd.aep.filters import compile_filter, filter_error
 from relayd.aep.http import HARD_BACKLOG, SOFT_BACKLOG, parse_from_entries
 from relayd.aep.relay import Emitter, Relay, Subscriber, error_frame
@@ -255,6 +255,11 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
             self.send_frame(error_frame("binary-unsupported"))
             self.close_with(CLOSE_UNSUPPORTED_DATA, "binary unsupported")
             return
+        if self.hello_done:
+            event = admit(payload)  # the usual frame: a plainly valid event (no control frame passes)
+            if event is not None:
+                self._add_event(event)
+                return
         try:
             msg = parse_json(payload)
         except JSONError:
@@ -327,7 +332,10 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
             return
         # The events of one read are ingested together at the end of the reactor turn (one store
         # write, one publish); a frame that follows them in the same read waits for them.
-        self._events.append(Event(msg, payload, kind))  # type: ignore[arg-type]
+        self._add_event(Event(msg, payload, kind))  # type: ignore[arg-type]
+
+    def _add_event(self, event: Event) -> None:
+        self._events.append(event)
         if len(self._events) == 1:
             self.factory.schedule_events(self)
 
@@ -335,7 +343,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         """Hand the events received this turn to the relay, in order."""
         events, self._events = self._events, []
         if events:
-            self.factory.relay.ingest(events, self).addErrback(self._store_failed, [e.ev.get("id") for e in events])
+            self.factory.relay.ingest(events, self).addErrback(self._store_failed, [e.key[1] for e in events])
 
     def _store_failed(self, failure: Any, causes: list[Any]) -> None:
         metrics.store_errors.labels(relay="aep", operation="append").inc()

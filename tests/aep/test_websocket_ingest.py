@@ -33,6 +33,25 @@ class WebSocketIngest(TestCase):
         self.assertEqual([e["session"] for e in roster["entries"]], ["batch"])
         self.assertEqual(writes, [[0, 1, 2, 3, 4]])
 
+    async def test_plain_events_are_never_parsed_whole(self) -> None:
+        # Over WebSocket as over POST, a plainly valid event is admitted from its envelope alone;
+        # with no filter asking, nothing builds its parsed value on the way to the store.
+        relay = await start_relay(self)
+        log = relay.core.log
+        stored: list[Any] = []
+        append = log.append
+
+        def keeping(events):  # type: ignore[no-untyped-def]
+            stored.extend(events)
+            return append(events)
+
+        log.append = keeping
+        client = await open_ws(self, relay, hello={"role": "both"})
+        client.send(event("lazy", 0, "progress.status"))
+        await relay.post(event("lazy", 1, "progress.status"))
+        await wait_until(lambda: len(stored) == 2)
+        self.assertEqual([e._ev for e in stored], [None, None])
+
     async def test_a_store_outage_answers_every_event_with_its_cause(self) -> None:
         relay = await start_relay(self)
         relay.core.log.append = lambda events: fail(StoreUnavailable("aep"))
