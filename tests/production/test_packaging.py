@@ -50,7 +50,12 @@ def test_pip_install_then_twistd_lists_relayd_and_relayd_admin_runs(tmp_path: Pa
     assert module.startswith(str(venv)), module
     plugin_dir = Path(purelib) / "twisted" / "plugins"
     assert (plugin_dir / "relayd_plugin.py").exists()
-    assert not (plugin_dir / "__init__.py").exists()  # a package there would hide Twisted's own plugins
+    # relayd must not ship twisted/plugins/__init__.py: it would replace Twisted's own (which is there
+    # when Twisted is installed into the same venv) and hide every other plugin.
+    record = _run([str(python), "-c", "import importlib.metadata as m; print(*m.files('relayd'), sep=chr(10))"], tmp_path)
+    shipped = record.stdout.split()
+    assert "twisted/plugins/relayd_plugin.py" in shipped, shipped
+    assert "twisted/plugins/__init__.py" not in shipped, shipped
 
     # Twisted's plugin docs: regenerate the cache after installing (read-only site-packages later).
     cache = _run([str(python), "-c", "from twisted.plugin import IPlugin, getPlugins; list(getPlugins(IPlugin))"], tmp_path)
