@@ -1,0 +1,78 @@
+"""A real ``twistd -n relayd`` subprocess for the benchmarks: its listeners' ports, CPU time and RSS."""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def raise_nofile() -> None:
+    """Lift the soft open-file limit to the hard one (thousands of benchmark connections)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+class RelaydServer:
+    """Starts relayd with C{options} and waits until each listener in C{wait_for} announced its port."""
+
+    def __init__(self, *options: str, wait_for: tuple[str, ...] = ("aep",), env: dict[str, str] | None = None) -> None:
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(("AEP_", "RELAYD_"))}
+        environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("BENCH_EXTRA_PATH"), str(ROOT)]))
+        environ.update(env or {})
+        twistd = Path(sys.executable).with_name("twistd")
+        argv = [sys.executable, str(twistd)] if twistd.exists() else [
+            sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
+        argv += ["-n", "--pidfile=", "--logfile=-", "relayd", *options]
+        # The log goes to a file: a pipe nobody reads would fill and block the server.
+        self.log = tempfile.NamedTemporaryFile(prefix="relayd-bench-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=environ,
+                                     preexec_fn=raise_nofile)
+        self.ports: dict[str, int] = {}
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            text = Path(self.log.name).read_bytes()
+            for name in wait_for:
+                found = re.search(rb"%s listening on [^:\s]+:(\d+)" % name.encode(), text)
+                if found:
+                    self.ports[name] = int(found.group(1))
+            if len(self.ports) == len(wait_for):
+                return
+            time.sleep(0.05)  # waiting for another process to start
+        raise RuntimeError("relayd did not start:\n" + self.log_text())
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log_text(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")
+
+    def cpu(self) -> float:
+        """User plus system CPU seconds so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICK
+
+    def rss_kb(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.unlink(self.log.name)
