@@ -13,6 +13,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python import usage
 
+import relayd
 from relayd import logging as relayd_logging
 from relayd import metrics, sdnotify
 from relayd.clock import Clock
@@ -97,6 +98,14 @@ class Options(_make_option_class(all_settings())):  # type: ignore[misc]
     def opt_h(self) -> None:
         """Display this help and exit."""
         self.opt_help()
+
+    def opt_version(self) -> None:
+        """Display relayd's version (and Twisted's and Python's) and exit."""
+        import twisted
+
+        sys.stdout.write(f"relayd {relayd.__version__} (Twisted {twisted.__version__}, Python {sys.version.split()[0]})\n")
+        sys.stdout.flush()
+        raise SystemExit(0)
 
     def postOptions(self) -> None:
         try:
