@@ -12,7 +12,10 @@ Rules (seed "agent-broker.md"; docs/buzz-broker.md section 1):
    content, cursors and request ids; name limits count code points, content/cursor/requestId bytes;
  - identities are normalised at every door: UUIDs to lowercase hyphenated (four spellings), hex to
    lowercase, public keys must be x-only secp256k1 points;
- - integers are integers (no bools, no floats), booleans are booleans.
+ - integers are integers (no bools, no floats), booleans are booleans;
+ - every JSON text gets an answer: numbers of any length (L{_parse_int}), nesting up to
+   L{MAX_DEPTH}, any string; error messages quote at most L{MAX_ECHO} characters of a member
+   name and are at most L{MAX_ERROR} long.
 """
 
 from __future__ import annotations

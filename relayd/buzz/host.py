@@ -203,8 +203,8 @@ class BrokerHost:
                 w.callback(None)
 
     async def _handle(self, authorization: Sequence[bytes] | None, body: bytes) -> tuple[int, bytes]:
-        # The credential is checked first: before it is known, the body is only decoded as far as
-        # finding the requestId an `unauthenticated` verdict must carry (and not even hashed).
+        # The credential is checked first: until it is known, the body is only decoded, to read the
+        # requestId an `unauthenticated` verdict must carry; it is neither hashed nor validated.
         digest = b""
         who = fault = None
         try:
