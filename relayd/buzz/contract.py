@@ -12,7 +12,10 @@ Rules (seed "agent-broker.md"; docs/buzz-broker.md section 1):
    content, cursors and request ids; name limits count code points, content/cursor/requestId bytes;
  - identities are normalised at every door: UUIDs to lowercase hyphenated (four spellings), hex to
    lowercase, public keys must be x-only secp256k1 points;
- - integers are integers (no bools, no floats), booleans are booleans.
+ - integers are integers (no bools, no floats), booleans are booleans;
+ - every JSON text gets an answer: numbers of any length (L{_parse_int}), nesting up to
+   L{MAX_DEPTH}, any string; error messages quote at most L{MAX_ECHO} characters of a member
+   name and are at most L{MAX_ERROR} long.
 """
 
 from __future__ import annotations
@@ -76,6 +79,16 @@ MAX_SLUG = 255
 MAX_CHANNEL_TEXT = 128
 MAX_REQUEST_ID = 128
 MAX_CURSOR = 256
+# Containers nested in one payload: the contract's deepest is a read outcome's tag (6 levels).
+MAX_DEPTH = 32
+# Characters of a member name (chosen by whoever sent the payload) an error message quotes.
+MAX_ECHO = 64
+# Longest error message: whatever a message quotes, a verdict never grows with the request.
+MAX_ERROR = 512
+# Integers with more digits than this are out of every range the contract has (2**64 has 20):
+# they are read as a stand-in of the same sign instead of converting thousands of digits.
+_MAX_INT_DIGITS = 40
+_BIG = 10**_MAX_INT_DIGITS
 RESPOND_TO = ("owner-only", "anyone")
 STORAGE_KIND = 30174
 
@@ -100,6 +113,8 @@ class ContractError(ValueError):
     """A payload that breaks the contract; C{code} is the failed-verdict code it earns."""
 
     def __init__(self, message: str, code: str = "invalid_request") -> None:
+        if len(message) > MAX_ERROR:
+            message = message[: MAX_ERROR - 1] + "\u2026"
         super().__init__(message)
         self.code = code
         self.message = message
@@ -136,14 +151,33 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-_DECODER = json.JSONDecoder(object_pairs_hook=_Obj, parse_constant=_reject_constant)
+def _parse_int(digits: str) -> int:
+    """An integer literal; one too long for any range is a same-signed stand-in beyond them all.
+
+    Python refuses to convert more than 4,300 digits (the conversion is quadratic), which would
+    make a valid JSON number an undecodable body instead of a member out of range.
+    """
+    if len(digits) <= _MAX_INT_DIGITS:
+        return int(digits)
+    return -_BIG if digits.startswith("-") else _BIG
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_Obj, parse_constant=_reject_constant, parse_int=_parse_int)
+
+
+def quote(name: str) -> str:
+    """A member name as an error message names it: quoted, escaped, at most L{MAX_ECHO} characters."""
+    if len(name) <= MAX_ECHO:
+        return repr(name)
+    return repr(name[:MAX_ECHO]) + f"\u2026 ({len(name)} characters)"
 
 
 def loads_strict(data: bytes | str) -> Any:
     """Decode JSON, keeping repeated-key information; raises C{ValueError} for non-JSON or bad UTF-8.
 
-    Repeated keys, nulls and lone surrogates are found by L{check_tree}, so a caller can still read
-    the requestId of an otherwise malformed body.
+    Repeated keys, nulls, lone surrogates and deep nesting are found by L{check_tree}, so a caller
+    can still read the requestId of an otherwise malformed body. Nesting beyond what the decoder
+    itself handles (several hundred levels) raises C{RecursionError}.
     """
     if isinstance(data, (bytes, bytearray, memoryview)):
         text = bytes(data).decode("utf-8")  # strict: invalid UTF-8 raises UnicodeDecodeError
@@ -163,11 +197,13 @@ def _skip_ws(text: str, i: int) -> int:
 
 
 def check_tree(value: Any, path: str = "$") -> None:
-    """Reject a null, a repeated key, or a string with a lone surrogate anywhere in C{value}."""
+    """Reject a null, a repeated key, a string with a lone surrogate, a non-finite number, or
+    containers nested more than L{MAX_DEPTH} deep, anywhere in C{value}."""
     # The common case (a sound tree) is walked without building a path per member; only a tree
-    # with a fault is walked again to name where it is.
-    if not _tree_sound(value):
-        _check_tree(value, path)
+    # with a fault is walked again to name where it is. Both stop at MAX_DEPTH, so neither can
+    # exhaust the stack on a deeply nested payload.
+    if not _tree_sound(value, 1):
+        _check_tree(value, path, 1)
 
 
 def _text_sound(s: str) -> bool:
@@ -180,7 +216,7 @@ def _text_sound(s: str) -> bool:
     return True
 
 
-def _tree_sound(value: Any) -> bool:
+def _tree_sound(value: Any, depth: int) -> bool:
     t = type(value)
     if t is str:
         return _text_sound(value)
@@ -189,15 +225,17 @@ def _tree_sound(value: Any) -> bool:
     if value is None:
         return False
     if isinstance(value, dict):
-        if getattr(value, "dups", None):
+        if depth > MAX_DEPTH or getattr(value, "dups", None):
             return False
         for k, v in value.items():
-            if not _text_sound(k) or not _tree_sound(v):
+            if not _text_sound(k) or not _tree_sound(v, depth + 1):
                 return False
         return True
     if t is list:
+        if depth > MAX_DEPTH:
+            return False
         for v in value:
-            if not _tree_sound(v):
+            if not _tree_sound(v, depth + 1):
                 return False
         return True
     if t is float:
@@ -205,25 +243,36 @@ def _tree_sound(value: Any) -> bool:
     return True
 
 
-def _check_tree(value: Any, path: str) -> None:
+def _check_tree(value: Any, path: str, depth: int) -> None:
     if value is None:
         raise ContractError(f"{path} is null")
     t = type(value)
     if t is str:
         _check_scalar_text(value, path)
     elif isinstance(value, dict):
+        if depth > MAX_DEPTH:
+            raise ContractError(f"{path} nests deeper than {MAX_DEPTH} levels")
         dups = getattr(value, "dups", None)
         if dups:
-            raise ContractError(f"{path} repeats key {sorted(dups)[0]!r}")
+            raise ContractError(f"{path} repeats key {quote(sorted(dups)[0])}")
         for k, v in value.items():
             _check_scalar_text(k, path)
-            _check_tree(v, f"{path}.{k}")
+            _check_tree(v, _member_path(path, k), depth + 1)
     elif t is list:
+        if depth > MAX_DEPTH:
+            raise ContractError(f"{path} nests deeper than {MAX_DEPTH} levels")
         for i, v in enumerate(value):
-            _check_tree(v, f"{path}[{i}]")
+            _check_tree(v, f"{path}[{i}]", depth + 1)
     elif t is float:
         if value != value or value in (float("inf"), float("-inf")):
             raise ContractError(f"{path} is not a finite number")
+
+
+def _member_path(path: str, key: str) -> str:
+    """C{path.key} for a plain short key, C{path['odd key']} (bounded by L{quote}) for any other."""
+    if len(key) <= MAX_ECHO and key.isidentifier() and key.isascii():
+        return f"{path}.{key}"
+    return f"{path}[{quote(key)}]"
 
 
 def _check_scalar_text(s: str, path: str) -> None:
@@ -441,7 +490,7 @@ class Shape:
         obj = _object(v, path)
         for k in obj:
             if k not in self.required and k not in self.optional:
-                raise ContractError(f"{path} has unknown member {k!r}")
+                raise ContractError(f"{path} has unknown member {quote(k)}")
         out: dict[str, Any] = {}
         for k, check in self.required.items():
             if k not in obj:
@@ -538,7 +587,7 @@ def signed_event(v: Any, path: str = "event") -> dict[str, Any]:
     obj = _object(v, path)
     if obj.keys() != EVENT_MEMBERS:
         extra = sorted(set(obj) - EVENT_MEMBERS)
-        raise ContractError(f"{path} has unknown member {extra[0]!r}" if extra else f"{path} lacks a member")
+        raise ContractError(f"{path} has unknown member {quote(extra[0])}" if extra else f"{path} lacks a member")
     tags = obj["tags"]
     if type(tags) is not list:
         raise ContractError(f"{path}.tags must be an array of string arrays")
@@ -673,8 +722,10 @@ def parse_request_body(body: bytes) -> tuple[str, Any]:
     """
     try:
         tree = loads_strict(body)
-    except (ValueError, RecursionError):
+    except ValueError:
         raise RequestIdError("request body is not valid JSON") from None
+    except RecursionError:
+        raise RequestIdError("request body nests too deeply to decode") from None
     return extract_request_id(tree), tree
 
 
@@ -688,7 +739,7 @@ def validate_request(tree: Any) -> Request:
     check_tree(tree)
     for k in tree:
         if k not in REQUEST_MEMBERS:
-            raise ContractError(f"request has unknown member {k!r}")
+            raise ContractError(f"request has unknown member {quote(k)}")
     for k in ("type", "protocolVersion", "actionVersion", "action", "args"):
         if k not in tree:
             raise ContractError(f"request is missing {k!r}")
@@ -833,7 +884,7 @@ def _parse_response_tree(tree: Any) -> Response:
     allowed |= {"action", "outcome"} if status == "succeeded" else {"error"}
     for k in obj:
         if k not in allowed:
-            raise ContractError(f"response has member {k!r} not allowed with status {status}")
+            raise ContractError(f"response has member {quote(k)} not allowed with status {status}")
     for k in allowed - {"replayed"}:
         if k not in obj:
             raise ContractError(f"response is missing {k!r}")

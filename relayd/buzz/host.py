@@ -203,11 +203,14 @@ class BrokerHost:
                 w.callback(None)
 
     async def _handle(self, authorization: Sequence[bytes] | None, body: bytes) -> tuple[int, bytes]:
-        digest = hashlib.sha256(body).digest()
+        # The credential is checked first: until it is known, the body is only decoded, to read the
+        # requestId an `unauthenticated` verdict must carry; it is neither hashed nor validated.
+        digest = b""
         who = fault = None
         try:
             who = await self._authenticate(authorization)
             if who is not None:
+                digest = hashlib.sha256(body).digest()
                 replay = self.verdicts.get(who[1].pubkey, digest)
                 if replay is not None:
                     data = contract.mark_replayed(replay[0])
@@ -221,7 +224,7 @@ class BrokerHost:
             _count("unknown", "rejected")
             return 400, contract.dumps({"error": "invalid_request", "message": e.message})
         action = tree.get("action")
-        if action not in _ACTIONS:
+        if type(action) is not str or action not in _ACTIONS:  # any JSON value: [] is not hashable
             action = "unknown"
         code, data = await self._verdict_for(rid, tree, who, digest, fault)
         _count(action, verdict_status(data))

@@ -1,4 +1,10 @@
-"""C{POST /v1/action}: the HTTP binding of the broker contract."""
+"""C{POST /v1/action}: the HTTP binding of the broker contract.
+
+The broker serves exactly one resource, C{/v1/action}, and exactly one method on it. Everything
+else is answered here, in JSON, before the credential or the body is looked at (RFC 9110):
+another path is C{404}, another method C{405} with C{Allow: POST}, a body that is not
+C{application/json} (or carries a content coding) C{415}.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +19,46 @@ from relayd.buzz.host import BrokerHost
 from relayd.web.body import BodyLimit, EarlyAnswer, read_body
 
 _JSON = b"application/json"
+ACTION_PATH = b"/v1/action"
+_ALLOW = b"POST"
+_OWS = b" \t"
 
 
-class ActionResource(Resource):
-    """The one endpoint. Every verdict is HTTP 200 with an envelope; only uncorrelatable bodies get 400."""
+def _refusal(error: str, message: str) -> bytes:
+    return contract.dumps({"error": error, "message": message})
+
+
+# Every refusal is a constant: none quotes anything the request chose.
+_NOT_FOUND = _refusal("not_found", "the broker serves only POST /v1/action")
+_NOT_ALLOWED = _refusal("method_not_allowed", "/v1/action accepts only POST")
+_NOT_JSON = _refusal("unsupported_media_type", "the body must be sent as Content-Type: application/json")
+_CODED = _refusal("unsupported_media_type", "the body must be sent without a Content-Encoding")
+
+
+def is_json(content_types: list[bytes] | None) -> bool:
+    """Whether the request's C{Content-Type} header values name C{application/json}.
+
+    Exactly one value; its media type compared case-insensitively (RFC 9110 8.3.1); parameters
+    such as C{charset=utf-8} are allowed and ignored (the body is always read as UTF-8).
+    """
+    if not content_types or len(content_types) != 1:
+        return False
+    return content_types[0].split(b";", 1)[0].strip(_OWS).lower() == _JSON
+
+
+def _identity_coded(encodings: list[bytes] | None) -> bool:
+    """Whether no content coding other than C{identity} was applied to the body."""
+    for value in encodings or ():
+        for coding in value.split(b","):
+            if coding.strip(_OWS).lower() not in (b"", b"identity"):
+                return False
+    return True
+
+
+class BrokerResource(Resource):
+    """The broker's whole resource tree. Every verdict is HTTP 200 with an envelope; only
+    uncorrelatable bodies get 400, and requests that are not C{POST /v1/action} with a JSON body
+    get the JSON 404, 405 or 415 above."""
 
     isLeaf = True
     _log = Logger()
@@ -25,7 +67,22 @@ class ActionResource(Resource):
         super().__init__()
         self.host = host
 
-    def render_POST(self, request: Request) -> Any:
+    def render(self, request: Request) -> Any:
+        if request.path != ACTION_PATH:
+            return _refuse(request, 404, _NOT_FOUND)
+        if request.method != b"POST":
+            request.setHeader(b"allow", _ALLOW)
+            return _refuse(request, 405, _NOT_ALLOWED)
+        headers = request.requestHeaders
+        if not is_json(headers.getRawHeaders(b"content-type")):
+            request.setHeader(b"accept-post", _JSON)
+            return _refuse(request, 415, _NOT_JSON)
+        if not _identity_coded(headers.getRawHeaders(b"content-encoding")):
+            request.setHeader(b"accept-encoding", b"identity")
+            return _refuse(request, 415, _CODED)
+        return self._action(request)
+
+    def _action(self, request: Request) -> Any:
         body = read_body(request)
         auth = request.requestHeaders.getRawHeaders(b"authorization")
         now: list[Any] = []
@@ -72,13 +129,18 @@ def _headers(request: Request, status: int) -> None:
     request.setHeader(b"cache-control", b"no-store")
 
 
+def _refuse(request: Request, status: int, body: bytes) -> bytes:
+    """A JSON refusal; a HEAD request gets its headers (and length) without the body."""
+    _headers(request, status)
+    if request.method == b"HEAD":
+        request.setHeader(b"content-length", b"%d" % len(body))
+        return b""
+    return body
+
+
 def make_root(host: BrokerHost) -> Resource:
-    """The resource tree: only C{/v1/action} exists."""
-    root = Resource()
-    v1 = Resource()
-    root.putChild(b"v1", v1)
-    v1.putChild(b"action", ActionResource(host))
-    return root
+    """The resource tree: one leaf that serves C{/v1/action} and refuses every other path."""
+    return BrokerResource(host)
 
 
 def body_limit(max_bytes: int) -> BodyLimit:

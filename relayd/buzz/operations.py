@@ -8,6 +8,7 @@ anything, which is what makes a retry after a crash resend the identical events.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -18,7 +19,7 @@ from twisted.logger import Logger
 from relayd.buzz import contract, cursor, nostr
 from relayd.buzz.keys import Custody
 from relayd.buzz.nostr_client import RelayPool
-from relayd.buzz.state import Agent, IAgentStore
+from relayd.buzz.state import STAMP_DIGEST_BYTES, Agent, IAgentStore
 
 Event = dict[str, Any]
 _SAME_SECOND_LIMIT = 5000
@@ -124,8 +125,18 @@ class Operations:
             raise ActionFailed("signing identity no longer exists")
         return self.signer_for(agent)
 
-    def _created_at(self, after: int = -1) -> int:
-        return max(int(self.now()), after + 1)
+    async def _sign(
+        self, signer: nostr.Signer, kind: int, tags: list[list[str]], content: str, after: int = -1
+    ) -> Event:
+        """Sign a new event of C{signer} at a C{created_at} its clock hands out (after C{after}).
+
+        Two requests are two messages: an event identical to one this identity already has in the
+        same second would get the same id and the relay would keep one, so the state store's clock
+        moves such an event to a later second (L{IAgentStore.stamp}).
+        """
+        digest = hashlib.sha256(nostr.serialize_for_id("", 0, kind, tags, content)).digest()[:STAMP_DIGEST_BYTES]
+        created_at = await self.agents.stamp(signer.pubkey, digest, int(self.now()), after)
+        return signer.sign(kind, tags, content, created_at)
 
     async def _query(self, ctx: Context, filters: list[dict[str, Any]]) -> list[Event]:
         return await self.pool.connection(ctx.signer).query(filters, self.timeout)
@@ -230,19 +241,19 @@ class Operations:
 
     # --- publishing operations
 
-    def _publish_plan(self, action: str, signer: nostr.Signer, kind: int, tags: list[list[str]], content: str, created_at: int) -> Plan:
-        ev = signer.sign(kind, tags, content, created_at)
+    async def _publish_plan(
+        self, action: str, signer: nostr.Signer, kind: int, tags: list[list[str]], content: str, after: int = -1
+    ) -> Plan:
+        ev = await self._sign(signer, kind, tags, content, after)
         return Plan(
             action,
-            {"eventId": ev["id"], "kind": kind, "createdAt": created_at},
+            {"eventId": ev["id"], "kind": kind, "createdAt": ev["created_at"]},
             events=[{"by": signer.pubkey, "event": ev}],
         )
 
     async def _message_post(self, ctx: Context, args: dict[str, Any]) -> Plan:
         tags = [["h", args["channelId"]]] + nostr.mention_tags(args.get("mentions", ()))
-        return self._publish_plan(
-            "message.post", ctx.signer, nostr.KIND_CHANNEL_MESSAGE, tags, args["content"], self._created_at()
-        )
+        return await self._publish_plan("message.post", ctx.signer, nostr.KIND_CHANNEL_MESSAGE, tags, args["content"])
 
     async def _in_channel(self, ctx: Context, event_id: str, channel: str, what: str) -> Event:
         ev = await self._fetch(ctx, event_id)
@@ -257,9 +268,7 @@ class Operations:
         parent = await self._in_channel(ctx, args["replyToEventId"], ch, "parent")
         root = nostr.thread_root_for_reply(parent)
         tags = nostr.reply_tags(ch, root, parent["id"]) + nostr.mention_tags(args.get("mentions", ()))
-        return self._publish_plan(
-            "message.reply", ctx.signer, nostr.KIND_CHANNEL_MESSAGE, tags, args["content"], self._created_at()
-        )
+        return await self._publish_plan("message.reply", ctx.signer, nostr.KIND_CHANNEL_MESSAGE, tags, args["content"])
 
     async def _reaction_add(self, ctx: Context, args: dict[str, Any]) -> Plan:
         if not self.reactions_enabled:
@@ -267,7 +276,7 @@ class Operations:
         ch = args["channelId"]
         target = await self._in_channel(ctx, args["targetEventId"], ch, "target")
         tags = [["e", target["id"]], ["p", target["pubkey"]], ["k", str(target["kind"])], ["h", ch]]
-        return self._publish_plan("reaction.add", ctx.signer, nostr.KIND_REACTION, tags, args["reaction"], self._created_at())
+        return await self._publish_plan("reaction.add", ctx.signer, nostr.KIND_REACTION, tags, args["reaction"])
 
     async def _latest_profile(self, ctx: Context, signer: nostr.Signer) -> tuple[dict[str, Any], int]:
         events = await self.pool.connection(signer).query(
@@ -290,9 +299,7 @@ class Operations:
     async def _profile_set(self, ctx: Context, args: dict[str, Any]) -> Plan:
         profile, prev = await self._latest_profile(ctx, ctx.signer)
         merged = _merge_profile(profile, args)
-        return self._publish_plan(
-            "profile.set", ctx.signer, nostr.KIND_PROFILE, [], _json(merged), self._created_at(prev)
-        )
+        return await self._publish_plan("profile.set", ctx.signer, nostr.KIND_PROFILE, [], _json(merged), prev)
 
     # --- storage.address
 
@@ -309,7 +316,9 @@ class Operations:
         if "runtime" in args and args["runtime"] not in self.runtimes:
             raise ActionFailed(f"runtime {args['runtime']!r} is not available on this host")
 
-    def _instance_event(self, owner: nostr.Signer, agent_pubkey: str, name: str, channel: str | None, settings: dict[str, Any], created_at: int) -> Event:
+    async def _instance_event(
+        self, owner: nostr.Signer, agent_pubkey: str, name: str, channel: str | None, settings: dict[str, Any], after: int = -1
+    ) -> Event:
         public = {"name": name, "respond_to": settings.get("respondTo", "owner-only")}
         for wire, key in (("systemPrompt", "system_prompt"), ("runtime", "runtime"), ("provider", "provider"), ("model", "model")):
             if wire in settings:
@@ -317,7 +326,7 @@ class Operations:
         tags = [["d", agent_pubkey], ["p", agent_pubkey]]
         if channel:
             tags.append(["h", channel])
-        return owner.sign(nostr.KIND_MANAGED_AGENT, tags, _json(public), created_at)
+        return await self._sign(owner, nostr.KIND_MANAGED_AGENT, tags, _json(public), after)
 
     async def _agents_create(self, ctx: Context, args: dict[str, Any]) -> Plan:
         self._check_runtime(args)
@@ -327,9 +336,8 @@ class Operations:
         name = args["displayName"]
         settings = {k: args[k] for k in ("systemPrompt", "runtime", "provider", "model", "respondTo") if k in args}
         settings.setdefault("respondTo", "owner-only")
-        now = self._created_at()
-        profile = agent.sign(nostr.KIND_PROFILE, [], _json({"name": name, "display_name": name}), now)
-        record = self._instance_event(ctx.signer, agent.pubkey, name, args["channelId"], settings, now)
+        profile = await self._sign(agent, nostr.KIND_PROFILE, [], _json({"name": name, "display_name": name}))
+        record = await self._instance_event(ctx.signer, agent.pubkey, name, args["channelId"], settings)
         return Plan(
             "agents.create",
             {"agentPubkey": agent.pubkey, "displayName": name, "channelId": args["channelId"]},
@@ -345,7 +353,7 @@ class Operations:
                         "depth": ctx.agent.depth + 1,
                         "channel": args["channelId"],
                         "settings": settings,
-                        "record_created_at": now,
+                        "record_created_at": record["created_at"],
                     },
                 }
             ],
@@ -388,27 +396,37 @@ class Operations:
         outcome = {"agentPubkey": agent.pubkey, "displayName": name, "updatedFields": changed}
         if not changed:
             return Plan("agents.update", outcome)
-        now = self._created_at(agent.record_created_at)
-        events = [{"by": ctx.signer.pubkey, "event": self._instance_event(ctx.signer, agent.pubkey, name, agent.channel, settings, now)}]
+        record = await self._instance_event(
+            ctx.signer, agent.pubkey, name, agent.channel, settings, agent.record_created_at
+        )
+        events = [{"by": ctx.signer.pubkey, "event": record}]
         if "displayName" in changed:
             agent_signer = self.signer_for(agent)
             profile, prev = await self._latest_profile(ctx, agent_signer)
             profile = _merge_profile(profile, {"displayName": name})
             profile["name"] = name
-            ev = agent_signer.sign(nostr.KIND_PROFILE, [], _json(profile), self._created_at(prev))
+            ev = await self._sign(agent_signer, nostr.KIND_PROFILE, [], _json(profile), prev)
             events.insert(0, {"by": agent.pubkey, "event": ev})
         return Plan(
             "agents.update",
             outcome,
             events=events,
-            effects=[{"op": "update_agent", "pubkey": agent.pubkey, "name": name, "settings": settings, "record_created_at": now}],
+            effects=[
+                {
+                    "op": "update_agent",
+                    "pubkey": agent.pubkey,
+                    "name": name,
+                    "settings": settings,
+                    "record_created_at": record["created_at"],
+                }
+            ],
         )
 
     async def _agents_delete(self, ctx: Context, args: dict[str, Any]) -> Plan:
         agent = await self._target(ctx, args["target"])
         owner = ctx.signer
         tags = [["a", f"{nostr.KIND_MANAGED_AGENT}:{owner.pubkey}:{agent.pubkey}"], ["k", str(nostr.KIND_MANAGED_AGENT)]]
-        ev = owner.sign(nostr.KIND_DELETION, tags, "", self._created_at(agent.record_created_at))
+        ev = await self._sign(owner, nostr.KIND_DELETION, tags, "", agent.record_created_at)
         return Plan(
             "agents.delete",
             {"agentPubkey": agent.pubkey, "displayName": agent.name},

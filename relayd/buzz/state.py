@@ -59,7 +59,15 @@ CREATE TABLE IF NOT EXISTS receipts (
     created_at INTEGER NOT NULL,
     PRIMARY KEY (principal, request_id)
 );
+CREATE TABLE IF NOT EXISTS clocks (
+    pubkey TEXT PRIMARY KEY,
+    second INTEGER NOT NULL,
+    digests BLOB NOT NULL
+);
 """
+# Distinct events one identity may be given in one second before its clock moves on to the next.
+STAMPS_PER_SECOND = 1024
+STAMP_DIGEST_BYTES = 16
 
 
 @dataclass(frozen=True)
@@ -139,6 +147,15 @@ class IAgentStore(Interface):
         """Apply an execution's local effects (agents created, updated, deleted) in one transaction.
 
         Idempotent: a retry that resumes a plan may apply the same effects again.
+        """
+
+    def stamp(pubkey: str, digest: bytes, now: int, after: int) -> "defer.Deferred[int]":
+        """The C{created_at} for a new event of identity C{pubkey}, durably handed out once.
+
+        C{digest} (L{STAMP_DIGEST_BYTES} bytes) identifies the event's kind, tags and content. The answer is at
+        least C{now}, more than C{after}, never below one handed out before for this identity, and
+        never the second of an earlier event with the same digest: two events of one identity
+        never share an id, even across restarts and processes sharing the state.
         """
 
 
@@ -315,11 +332,46 @@ class StateDB:
 
         self._tx(tx)
 
+    # event clocks
+
+    def stamp(self, pubkey: str, digest: bytes, now: int, after: int = -1) -> int:
+        """See L{IAgentStore.stamp}. One write transaction, so processes sharing the file agree.
+
+        Per identity the row keeps the latest second handed out and the digests given in it:
+        only an event identical to one already in that second moves the clock on (by one
+        second), so the C{created_at} of distinct events stays the wall clock.
+        """
+
+        def tx(c: sqlite3.Connection) -> int:
+            row = c.execute("SELECT second, digests FROM clocks WHERE pubkey = ?", (pubkey,)).fetchone()
+            second, used = (int(row[0]), bytes(row[1])) if row else (-1, b"")
+            at = max(now, after + 1, second)
+            if at != second:
+                used = b""
+            elif _holds(used, digest) or len(used) >= STAMPS_PER_SECOND * STAMP_DIGEST_BYTES:
+                at, used = second + 1, b""
+            c.execute(
+                "INSERT INTO clocks (pubkey, second, digests) VALUES (?, ?, ?)"
+                " ON CONFLICT (pubkey) DO UPDATE SET second = excluded.second, digests = excluded.digests",
+                (pubkey, at, used + digest),
+            )
+            return at
+
+        return self._tx(tx)
+
 
 _AGENT_SELECT = (
     "SELECT pubkey, name, sealed_key, owner, managed, depth, channel, settings, record_created_at, deleted_at"
     " FROM agents"
 )
+
+
+def _holds(used: bytes, digest: bytes) -> bool:
+    """Whether the concatenated fixed-size digests C{used} include C{digest} (at a digest boundary)."""
+    i = used.find(digest)
+    while i >= 0 and i % STAMP_DIGEST_BYTES:
+        i = used.find(digest, i + 1)
+    return i >= 0
 
 
 def _credential(row: Any) -> Credential:
@@ -561,6 +613,9 @@ class SQLiteState:
 
     def apply_effects(self, effects: list[dict[str, Any]]) -> "defer.Deferred[None]":
         return self._write("apply_effects", effects).addBoth(self._after_effects)
+
+    def stamp(self, pubkey: str, digest: bytes, now: int, after: int = -1) -> "defer.Deferred[int]":
+        return self._write("stamp", pubkey, digest, now, after)
 
     def _after_effects(self, result: Any) -> Any:
         self._forget()

@@ -77,6 +77,22 @@ class TwoInstances(unittest.TestCase):
         _, conflict = await self.b.post(other, self.cred)
         assert json.loads(conflict)["error"]["code"] == "request_id_conflict"
 
+    async def test_identical_posts_through_both_instances_in_one_second_are_two_events(self) -> None:
+        """The per-identity event clock lives in the shared state: instances cannot hand out one second twice."""
+        second = int(time.time()) - 5
+        for broker in (self.a, self.b):
+            assert broker.service is not None
+            broker.service.ops.now = lambda: second  # both clocks held in one second
+        ids = []
+        for broker, rid in ((self.a, "same-on-a"), (self.b, "same-on-b"), (self.a, "same-on-a-again")):
+            _, data = await broker.post(body("message.post", {"channelId": self.channel, "content": "same"}, rid), self.cred)
+            verdict = json.loads(data)
+            assert verdict["status"] == "succeeded", verdict
+            ids.append((verdict["outcome"]["eventId"], verdict["outcome"]["createdAt"]))
+        assert [at for _, at in ids] == [second, second + 1, second + 2]
+        held = {e["id"] for e in self.relay.events(pubkey=self.alice["agentPubkey"]) if e["content"] == "same"}  # type: ignore[attr-defined]
+        assert held == {eid for eid, _ in ids}
+
     async def test_ten_concurrent_duplicates_over_two_instances_execute_once(self) -> None:
         b1 = body("message.post", {"channelId": self.channel, "content": "ten over two"}, "req-ten")
         calls = [defer.ensureDeferred((self.a if i % 2 else self.b).post(b1, self.cred)) for i in range(10)]

@@ -22,6 +22,8 @@ from relayd.buzz import admin
 from relayd.buzz.host import credential_hash
 from relayd.buzz.redis_state import RedisReceipts
 from relayd.buzz.state import (
+    STAMP_DIGEST_BYTES,
+    STAMPS_PER_SECOND,
     Agent,
     IAgentStore,
     ICredentialStore,
@@ -147,6 +149,31 @@ class CredentialAndAgentStoreTests(TestCase):
         assert (await self.state.agent(kid)) is not None
         receipt = await self.state.receipt(P, "r-after")
         assert receipt is not None and receipt.state == "pending"
+
+
+    async def test_event_clock_separates_identical_events_and_survives_reopening(self) -> None:
+        """IAgentStore.stamp: identical events of one identity never share a second; distinct ones keep it."""
+        same, other = b"s" * STAMP_DIGEST_BYTES, b"o" * STAMP_DIGEST_BYTES
+        assert await self.state.stamp(P, same, 1000, -1) == 1000
+        assert await self.state.stamp(P, other, 1000, -1) == 1000  # distinct: the wall-clock second
+        assert await self.state.stamp(P, same, 1000, -1) == 1001  # identical: the next second
+        assert await self.state.stamp(P, other, 1000, -1) == 1001  # never earlier than one handed out
+        assert await self.state.stamp("b" * 64, same, 1000, -1) == 1000  # per identity
+        assert await self.state.stamp(P, b"x" * STAMP_DIGEST_BYTES, 1000, 1005) == 1006  # after `after`
+        # another connection (a restart, or another instance on the same state) continues the clock
+        other_db = StateDB(self.state.db.path)
+        self.addCleanup(other_db.close)
+        assert other_db.stamp(P, b"x" * STAMP_DIGEST_BYTES, 900) == 1007
+        assert await self.state.stamp(P, b"x" * STAMP_DIGEST_BYTES, 900, -1) == 1008
+        # a digest is only found at a digest boundary: a match straddling two stored digests is none
+        straddle = b"x" * (STAMP_DIGEST_BYTES // 2) + b"y" * (STAMP_DIGEST_BYTES // 2)
+        assert await self.state.stamp(P, b"y" * STAMP_DIGEST_BYTES, 1008, -1) == 1008
+        assert await self.state.stamp(P, straddle, 1008, -1) == 1008
+
+    async def test_event_clock_moves_on_after_the_per_second_cap(self) -> None:
+        for i in range(STAMPS_PER_SECOND):
+            assert self.state.db.stamp(P, i.to_bytes(STAMP_DIGEST_BYTES, "big"), 50) == 50
+        assert await self.state.stamp(P, b"z" * STAMP_DIGEST_BYTES, 50, -1) == 51
 
 
 # --- receipts (SQLite and Redis) ---------------------------------------------------------------
