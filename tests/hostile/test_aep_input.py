@@ -40,10 +40,11 @@ from hypothesis import strategies as st
 from twisted.internet import reactor, threads
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
-from twisted.trial.unittest import SkipTest, TestCase
+from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from relayd.aep.event import Event, admit, parse_json
+from relayd.aep.envelope import EventKind, classify
+from relayd.aep.event import Event, JSONError, admit, event_from, parse_json
 from tests.production.test_site import RawClient
 from tests.support.aep import event, ndjson
 from tests.support.redis import CI, shared_redis
@@ -754,3 +755,33 @@ class HostileProperties(RelaydCase):
                 assert reply.endswith(b": replay-complete\n\n\r\n0\r\n\r\n"), reply[-200:]  # type: ignore[union-attr]
 
         await threads.deferToThread(answered)
+
+
+class EveryAcceptedEventCanBeServed(SynchronousTestCase):
+    """In process, on the same generated lines: what the hot path admits, the exact path accepts as
+    the same event, and every accepted event can be framed at every capture level, written as JSON a
+    browser reads, and rebuilt from its stored form (what Redis and other instances hand back)."""
+
+    @settings(SETTINGS, max_examples=int(os.environ.get("RELAYD_HYPOTHESIS_EXAMPLES", "400")))
+    @given(raw=event_texts())
+    def test_admitted_implies_servable(self, raw: bytes) -> None:
+        fast = admit(raw)
+        try:
+            value = parse_json(raw)
+        except JSONError:
+            self.assertIsNone(fast, raw)
+            return
+        kind = classify(value)
+        if fast is not None:
+            self.assertIs(kind, fast.kind, raw)
+            self.assertEqual((fast.session, fast.position, fast.key), (value.get("session"), Event(value, raw, kind).position, (value["source"], value["id"])))
+        if not isinstance(kind, EventKind):
+            return
+        event = Event(value, raw, kind)
+        for level in (None, "none", "metadata", "redacted", "full"):
+            lines = event.sse_frame(level).split(b"\n")
+            self.assertEqual(lines[-2:], [b"", b""])
+            self.assertEqual([line.split(b": ", 1)[0] for line in lines[:-2]], [b"event", b"data", b"id"][: len(lines) - 2])
+            strict_json(event.payload(level).decode("utf-8"))
+        stored = event_from(event.payload(None))
+        self.assertEqual((stored.kind, stored.session, stored.position), (kind, event.session, event.position))
