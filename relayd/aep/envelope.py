@@ -20,6 +20,7 @@ __all__ = [
     "kind_of_type",
     "event_kind",
     "is_command_type",
+    "has_control",
     "js_str",
     "limit_error",
     "position",
@@ -202,7 +203,7 @@ def envelope_error(ev: object) -> str | None:
     return None
 
 
-def _unframeable(text: str) -> bool:
+def has_control(text: str) -> bool:
     """Whether C{text} holds a C0 control or DEL (C{isprintable} first: it is C and nearly always true)."""
     return not text.isprintable() and _CONTROL_RE.search(text) is not None
 
@@ -220,7 +221,7 @@ def limit_error(ev: dict, kind: EventKind) -> str | None:
     """
     for key in _IDENTIFIERS:
         value = ev.get(key)
-        if type(value) is str and _unframeable(value):
+        if type(value) is str and has_control(value):
             return f"control character in {key}"
     if kind is EventKind.SEQUENCED:
         for key in ("epoch", "seq"):

@@ -14,7 +14,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 
 from relayd import metrics
 from relayd.aep.capture import capture_error
-from relayd.aep.envelope import MAX_POSITION_DIGITS, POSITION_LIMIT, classify
+from relayd.aep.envelope import MAX_POSITION_DIGITS, POSITION_LIMIT, classify, has_control
 from relayd.aep.event import NOTICE, Event, JSONError, admit, dumps, frame_safe, parse_json
 from relayd.aep.filters import compile_filter, filter_error
 from relayd.aep.relay import Relay, Subscriber
@@ -59,18 +59,17 @@ def _refused(reason: str) -> None:
 # `{session}:{epoch}:{seq}`, greedy so that sessions may contain ":" (JS `^(.+):(\d+):(\d+)$`);
 # positions have at most MAX_POSITION_DIGITS digits, and a session no control character (what the
 # relay can have stored), so a value that could not name a held event is ignored as malformed.
-_LAST_EVENT_ID = re.compile(r"([^\x00-\x1f\x7f]+):([0-9]{1,%d}):([0-9]{1,%d})" % (MAX_POSITION_DIGITS, MAX_POSITION_DIGITS))
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_LAST_EVENT_ID = re.compile(r"([^\x00-\x1f\x7f]+):([0-9]{1,%d}):([0-9]{1,%d})" % ((MAX_POSITION_DIGITS,) * 2))
 
 # The methods of each route (C{405} and C{Allow} for any other on these paths). HEAD is answered
 # like GET, without the body, where GET is a plain document.
-ALLOWED = {
-    b"/healthz": b"GET, HEAD",
-    b"/events": b"GET, HEAD, POST",
-    b"/.well-known/aep": b"GET, HEAD",
-    b"/connections": b"GET, HEAD, OPTIONS",
-    b"/stream": b"GET, OPTIONS",
-    b"/socket": b"GET",
+ALLOWED: dict[bytes, tuple[bytes, ...]] = {
+    b"/healthz": (b"GET", b"HEAD"),
+    b"/events": (b"GET", b"HEAD", b"POST"),
+    b"/.well-known/aep": (b"GET", b"HEAD"),
+    b"/connections": (b"GET", b"HEAD", b"OPTIONS"),
+    b"/stream": (b"GET", b"OPTIONS"),
+    b"/socket": (b"GET",),
 }
 _HEAD_LIKE_GET = frozenset({b"/healthz", b"/events", b"/.well-known/aep", b"/connections"})
 
@@ -134,7 +133,7 @@ def parse_from_entries(value: Any) -> list[tuple[str, Position]]:
         session = item.get("session")
         if not isinstance(session, str):
             raise ValueError("from entry needs a string session")
-        if _CONTROL.search(session):
+        if has_control(session):
             # No stored session holds one (ingest refuses them), and it must not reach a framing line.
             raise ValueError("from entry session holds a control character")
         epoch = _integer(item.get("epoch", 0), 0)
@@ -235,10 +234,8 @@ class AEPResource(Resource):
         if not self.authorized(request):
             return _respond(request, 401, b"", [CORS_ANY])
         allowed = ALLOWED.get(path)
-        if allowed is not None and method not in allowed.split(b", "):
-            body = dumps({"error": "method-not-allowed", "allow": allowed.decode("ascii").split(", ")})
-            body = _respond(request, 405, body, [(b"content-type", JSON_TYPE), (b"allow", allowed)])
-            return b"" if method == b"HEAD" else body  # (Twisted would drop it, with a log line)
+        if allowed is not None and method not in allowed:
+            return self.not_allowed(request, allowed)
         if method == b"GET":
             if path == b"/connections":
                 return self.connections(request)
@@ -251,6 +248,12 @@ class AEPResource(Resource):
         if path == b"/socket" and self.socket is not None and _is_upgrade(request):
             return self.socket.render(request)
         return _respond(request, 404, b"")
+
+    def not_allowed(self, request: Request, allowed: tuple[bytes, ...]) -> bytes:
+        """C{405} for a method the path does not take, naming the ones it does."""
+        body = dumps({"error": "method-not-allowed", "allow": [m.decode("ascii") for m in allowed]})
+        body = _respond(request, 405, body, [(b"content-type", JSON_TYPE), (b"allow", b", ".join(allowed))])
+        return b"" if request.method == b"HEAD" else body  # (Twisted would drop it, with a log line)
 
     def early_answer(self, request: Request) -> EarlyAnswer:
         """The answer to a body over C{AEP_MAX_BODY}, in the reference's order of checks."""

@@ -263,7 +263,8 @@ class OversizeBodyEarlyAnswer(RelaydCase):
     async def test_exactly_the_limit_is_read_and_judged(self) -> None:
         ev = line(event(session_name(), 0))
         body = ev + b" " * (1024 - len(ev))
-        reply = await self.raw(post_head(b"/events?access_token=" + TOKEN.encode(), 1024, extra=b"connection: close\r\n") + body)
+        head = post_head(b"/events?access_token=" + TOKEN.encode(), 1024, extra=b"connection: close\r\n")
+        reply = await self.raw(head + body)
         self.assertTrue(reply.startswith(b"HTTP/1.1 202 "), reply[:200])
 
 
@@ -445,9 +446,11 @@ class NoForgeryThroughFraming(RelaydCase):
         client = await self.ws()
         client.send(event(s + FORGED, 0, id="evil", source="aep://test"))
         reply = await client.recv()
-        self.assertEqual((reply["code"], reply["cause"], reply["detail"]), ("invalid-event", "evil", "control character in session"))
+        self.assertEqual((reply["code"], reply["cause"]), ("invalid-event", "evil"))
+        self.assertEqual(reply["detail"], "control character in session")
         code, answer = await self.post(ndjson(event(s, 0), event(s, 1, id="x\ny")))
-        self.assertEqual((code, answer), (400, {"error": "invalid-event", "line": 1, "detail": "control character in id"}))
+        self.assertEqual(code, 400)
+        self.assertEqual(answer, {"error": "invalid-event", "line": 1, "detail": "control character in id"})
         self.assertEqual(await self.history({"from": [{"session": s}]}), [])  # all or nothing
         self.assertEqual(await self.history({"from": "all", "filter": {"session": s + FORGED}}), [])
 
@@ -474,7 +477,8 @@ class NoForgeryThroughFraming(RelaydCase):
         frame = Event(ev, line(ev)).sse_frame()
         lines = frame.split(b"\n")
         self.assertEqual([part.split(b":")[0] for part in lines], [b"event", b"data", b"id", b"", b""])
-        self.assertEqual(lines[2], "id: a\ufffd\ufffdevent: session.started\ufffddata: {\"forged\":true}\ufffd\ufffd:0:7".encode())
+        escaped = "a" + FORGED.replace("\n", "\ufffd")
+        self.assertEqual(lines[2], f"id: {escaped}:0:7".encode())
 
 
 # The rest of the HTTP input surface -------------------------------------------------------------------
@@ -497,7 +501,9 @@ class HTTPInputSurface(RelaydCase):
             code, headers, body = await self.request(method, path, b"{}", AUTH)
             self.assertEqual((code, headers.getRawHeaders("allow")), (405, [allow]), (method, path))
             self.assertEqual(json.loads(body), {"error": "method-not-allowed", "allow": allow.split(", ")})
-        reply = await self.raw(b"BREW /events HTTP/1.1\r\nHost: x\r\nauthorization: Bearer %s\r\nconnection: close\r\n\r\n" % TOKEN.encode())
+        reply = await self.raw(
+            b"BREW /events HTTP/1.1\r\nHost: x\r\nauthorization: Bearer %s\r\nconnection: close\r\n\r\n" % TOKEN.encode()
+        )
         self.assertTrue(reply.startswith(b"HTTP/1.1 405 "), reply[:100])
         self.assertIn(b"\r\nAllow: GET, HEAD, POST\r\n", reply)
         code, _, body = await self.request("PUT", "/nowhere", b"", AUTH)
@@ -527,7 +533,7 @@ class HTTPInputSurface(RelaydCase):
         for request in (
             b"GET /events HTTP/1.1\r\nHost: x\r\nauthorization: Bearer \xff\xfe\r\nconnection: close\r\n\r\n",
             b"GET /events?access_token=%FF%00 HTTP/1.1\r\nHost: x\r\nconnection: close\r\n\r\n",
-            b"GET /events?access_token=" + quote(TOKEN + "\u0000").encode() + b" HTTP/1.1\r\nHost: x\r\nconnection: close\r\n\r\n",
+            b"GET /events?access_token=%s HTTP/1.1\r\nHost: x\r\nconnection: close\r\n\r\n" % quote(TOKEN + "\0").encode(),
         ):
             reply = await self.raw(request)
             self.assertTrue(reply.startswith(b"HTTP/1.1 401 "), (request, reply[:100]))
@@ -632,7 +638,9 @@ json_texts = st.recursive(
 )
 ENVELOPE = ["aep", "id", "type", "time", "source", "agent", "session", "seq", "epoch", "severity", "capture"]
 # Mostly attributes the envelope check does not look at (the event stays valid and must be served).
-hostile_keys = st.sampled_from(["data", "subject", "run", "ext", "data"]) | st.sampled_from(ENVELOPE) | st.text(max_size=4)
+hostile_keys = st.one_of(
+    st.sampled_from(["data", "subject", "run", "ext", "data"]), st.sampled_from(ENVELOPE), st.text(max_size=4)
+)
 
 
 @st.composite
@@ -712,7 +720,7 @@ class HostileProperties(RelaydCase):
             body=bodies,
             ctype=st.sampled_from(["application/json", "application/x-ndjson", "Application/X-NDJSON; charset=utf-8"]),
             method=st.sampled_from(["POST", "POST", "POST", "PUT", "PATCH"]),
-            token=st.sampled_from([b"Bearer " + TOKEN.encode(), b"Bearer " + TOKEN.encode(), b"Bearer \xff", b"Bearer"]),
+            token=st.sampled_from([b"Bearer %s" % TOKEN.encode()] * 2 + [b"Bearer \xff", b"Bearer"]),
         )
         def answered(body: bytes, ctype: str, method: str, token: bytes) -> None:
             head = b"%s /events HTTP/1.1\r\nHost: x\r\naep-version: 0.1\r\ncontent-type: %s\r\nauthorization: %s\r\n" % (
@@ -735,7 +743,9 @@ class HostileProperties(RelaydCase):
         @SETTINGS
         @given(
             path=st.sampled_from(["/stream", "/stream", "/events", "/.well-known/aep", "/connections"]),
-            params=st.dictionaries(st.sampled_from(["filter", "from", "capture", "live", "access_token", "limit"]), query_values, max_size=4),
+            params=st.dictionaries(
+                st.sampled_from(["filter", "from", "capture", "live", "access_token", "limit"]), query_values, max_size=4
+            ),
             history=st.booleans(),
             last_event_id=st.none() | st.binary(max_size=30).map(lambda b: b.replace(b"\r", b"").replace(b"\n", b""))
             | st.sampled_from([b"p:0:1", b"p:0:" + b"9" * 5000, b"p:" + b"9" * 120 + b":1"]),
@@ -774,14 +784,16 @@ class EveryAcceptedEventCanBeServed(SynchronousTestCase):
         kind = classify(value)
         if fast is not None:
             self.assertIs(kind, fast.kind, raw)
-            self.assertEqual((fast.session, fast.position, fast.key), (value.get("session"), Event(value, raw, kind).position, (value["source"], value["id"])))
+            exact = Event(value, raw, kind)
+            self.assertEqual((fast.session, fast.position, fast.key), (exact.session, exact.position, exact.key))
         if not isinstance(kind, EventKind):
             return
         event = Event(value, raw, kind)
         for level in (None, "none", "metadata", "redacted", "full"):
             lines = event.sse_frame(level).split(b"\n")
             self.assertEqual(lines[-2:], [b"", b""])
-            self.assertEqual([line.split(b": ", 1)[0] for line in lines[:-2]], [b"event", b"data", b"id"][: len(lines) - 2])
+            fields = [line.split(b": ", 1)[0] for line in lines[:-2]]
+            self.assertEqual(fields, [b"event", b"data", b"id"][: len(fields)])
             strict_json(event.payload(level).decode("utf-8"))
         stored = event_from(event.payload(None))
         self.assertEqual((stored.kind, stored.session, stored.position), (kind, event.session, event.position))
