@@ -287,8 +287,9 @@ class _Envelope(msgspec.Struct, gc=False):
 
 _read_envelope = msgspec.json.Decoder(_Envelope).decode
 _UNSET = msgspec.UNSET
-# One scan finds what sends a line to the exact path: brackets (how deep it might nest) and line breaks.
-_NOT_SPECIAL = bytes(b for b in range(256) if b not in b"[{\r\n")
+# One scan finds what sends a line to the exact path: brackets (how deep it might nest), line breaks,
+# and backslashes (whether an escape could have put a control character into an identifier).
+_NOT_SPECIAL = bytes(b for b in range(256) if b not in b"[{\r\n\\")
 
 
 def admit(raw: bytes) -> Event | None:
@@ -304,7 +305,10 @@ def admit(raw: bytes) -> Event | None:
     if not raw.isascii():
         return None
     special = raw.translate(None, _NOT_SPECIAL)
-    if len(special) > MAX_DEPTH or b"\r" in special or b"\n" in special:
+    if b"\r" in special or b"\n" in special:
+        return None
+    escapes = special.count(b"\\")
+    if len(special) - escapes > MAX_DEPTH:
         return None
     # msgspec skips the attributes it does not read without converting their numbers.
     if len(raw) > MAX_INT_DIGITS and _LONG_DIGITS.search(raw) is not None:
@@ -316,7 +320,7 @@ def admit(raw: bytes) -> Event | None:
     kind = kind_of_type(env.type)
     session, seq = env.session, env.seq
     # Only an escape can put a control character into an identifier (raw ones are invalid JSON).
-    if b"\\" in raw and not (env.id + env.source + env.agent + ("" if session is _UNSET else session)).isprintable():
+    if escapes and not (env.id + env.source + env.agent + ("" if session is _UNSET else session)).isprintable():
         return None
     if kind is EventKind.SEQUENCED:
         if session is _UNSET or seq is _UNSET:
