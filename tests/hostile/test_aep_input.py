@@ -89,6 +89,7 @@ class SharedRelayd:
                 argv, pass_fds=[self.sock.fileno()], env=env, cwd=str(ROOT),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             )  # fmt: skip
+        self.sock.close()  # relayd holds it now: if relayd dies, connections are refused, not queued
         self.url = f"http://127.0.0.1:{self.port}"
         self.ready = False
         atexit.register(self.stop)
@@ -105,7 +106,6 @@ class SharedRelayd:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(15)
-        self.sock.close()
         if os.path.exists(self.log_path):
             os.unlink(self.log_path)
 
@@ -149,6 +149,7 @@ class RelaydCase(TestCase):
         return self.relay.log()[self.mark :]
 
     def assert_clean_log(self) -> None:
+        self.assertIsNone(self.relay.proc.poll(), "relayd exited")
         found = BAD_LOG.search(self.new_log())
         self.assertIsNone(found, self.new_log().decode(errors="replace")[-4000:])
 
