@@ -20,8 +20,12 @@ __all__ = [
     "kind_of_type",
     "event_kind",
     "is_command_type",
+    "has_control",
     "js_str",
+    "limit_error",
     "position",
+    "MAX_POSITION_DIGITS",
+    "POSITION_LIMIT",
 ]
 
 SEVERITIES: Final = ("debug", "info", "notice", "warning", "error", "critical")
@@ -41,6 +45,17 @@ _COMMAND_RE: Final = re.compile(
 
 # Decision 4: the one non-command foreign-emitter type (carries session, never seq).
 FOREIGN_TYPE: Final = "attention.routed"
+
+# relayd's own limits on top of the reference's check (L{limit_error}).
+# Positions are stored as length-prefixed decimals with a two-digit length (the Redis log's keys),
+# so an epoch or seq has at most 99 digits; beyond that no store could order or resume it.
+MAX_POSITION_DIGITS: Final = 99
+POSITION_LIMIT: Final = 10**MAX_POSITION_DIGITS  # exclusive, either sign
+# Attributes whose values reach SSE framing lines (C{id:}) or identify an event in frames and
+# routing: C0 controls and DEL (CR and LF above all: a line break would end the framing line) are
+# refused in them. (Lone surrogates never get this far: the parser refuses them everywhere.)
+_IDENTIFIERS: Final = ("id", "source", "agent", "session")
+_CONTROL_RE: Final = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class EventKind(enum.Enum):
@@ -105,8 +120,14 @@ def js_str(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
-        # JS holds every number as a double; beyond 1e21 it switches to exponent form.
-        return str(value) if abs(value) < 10**21 else _js_number(float(value))
+        # JS holds every number as a double; beyond 1e21 it switches to exponent form, and an
+        # integer beyond the double range is what JSON.parse reads it as: Infinity.
+        if abs(value) < 10**21:
+            return str(value)
+        try:
+            return _js_number(float(value))
+        except OverflowError:
+            return "Infinity" if value > 0 else "-Infinity"
     if isinstance(value, float):
         return _js_number(value)
     if isinstance(value, (list, tuple)):
@@ -182,6 +203,33 @@ def envelope_error(ev: object) -> str | None:
     return None
 
 
+def has_control(text: str) -> bool:
+    """Whether C{text} holds a C0 control or DEL (C{isprintable} first: it is C and nearly always true)."""
+    return not text.isprintable() and _CONTROL_RE.search(text) is not None
+
+
+def _position_too_wide(value: object) -> bool:
+    return _is_js_integer(value) and not -POSITION_LIMIT < value < POSITION_LIMIT  # type: ignore[operator]
+
+
+def limit_error(ev: dict, kind: EventKind) -> str | None:
+    """relayd's own refusal of an event of C{kind} that passed L{envelope_error}, or None.
+
+    An identifier attribute holding a control character (it could end an SSE framing line and
+    forge what follows), or a sequenced event's C{epoch}/C{seq} of more than L{MAX_POSITION_DIGITS}
+    digits.
+    """
+    for key in _IDENTIFIERS:
+        value = ev.get(key)
+        if type(value) is str and has_control(value):
+            return f"control character in {key}"
+    if kind is EventKind.SEQUENCED:
+        for key in ("epoch", "seq"):
+            if _position_too_wide(ev.get(key)):
+                return f"{key} out of range (at most {MAX_POSITION_DIGITS} digits)"
+    return None
+
+
 def event_kind(ev: dict) -> EventKind:
     """Classify an event that already passed L{envelope_error}."""
     t: str = ev["type"]
@@ -238,7 +286,8 @@ def classify(ev: object) -> EventKind | str:
     """The kind of a valid event, else the L{envelope_error} message: one pass for the hot path.
 
     The common case (plain types, int positions) is checked inline; anything unusual falls back to
-    L{envelope_error} so the messages stay exactly the reference's.
+    L{envelope_error} so the messages stay exactly the reference's, then to relayd's own
+    L{limit_error}.
     """
     if type(ev) is dict:
         get = ev.get
@@ -257,18 +306,33 @@ def classify(ev: object) -> EventKind | str:
             and ev["agent"]
         ):
             kind = kind_of_type(t)
-            if kind is not None and _scope_ok(ev, kind) and _levels_ok(ev):
+            if kind is not None and _scope_ok(ev, kind) and _levels_ok(ev) and _plain_identifiers(ev):
                 return kind
     problem = envelope_error(ev)
     if problem is not None:
         return problem
-    return event_kind(ev)  # type: ignore[arg-type]
+    kind = event_kind(ev)  # type: ignore[arg-type]
+    return limit_error(ev, kind) or kind  # type: ignore[arg-type]
+
+
+def _plain_identifiers(ev: dict) -> bool:
+    # One C call for the usual case; a miss only means the exact checks run.
+    session = ev.get("session")
+    text = ev["id"] + ev["source"] + ev["agent"] + (session if type(session) is str else "")
+    return text.isprintable()
 
 
 def _scope_ok(ev: dict, kind: EventKind) -> bool:
     if kind is EventKind.SEQUENCED:
         seq = ev.get("seq")
-        return type(ev.get("session")) is str and type(seq) is int and seq >= 0
+        epoch = ev.get("epoch", 0)
+        return (
+            type(ev.get("session")) is str
+            and type(seq) is int
+            and 0 <= seq < POSITION_LIMIT
+            and type(epoch) is int
+            and -POSITION_LIMIT < epoch < POSITION_LIMIT
+        )
     if kind is EventKind.AGENT_SCOPED:
         return "session" not in ev and "seq" not in ev
     return type(ev.get("session")) is str and "seq" not in ev

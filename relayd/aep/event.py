@@ -8,13 +8,15 @@ break, it *is* the posted bytes (decision AEP 12: byte identity).
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Annotated, Any, Literal
 
 import msgspec
 import orjson
 
 from relayd.aep.capture import downlevel
-from relayd.aep.envelope import EventKind, event_kind, kind_of_type, position
+from relayd.aep.envelope import POSITION_LIMIT, EventKind, event_kind, kind_of_type, position
 from relayd.web.sse import http_chunk
 
 SEVERITY_RANK = {"debug": 0, "info": 1, "notice": 2, "warning": 3, "error": 4, "critical": 5}
@@ -35,6 +37,38 @@ _WIDEST_EXACT = 2**63  # orjson reads integers beyond 64 bits as (inexact) float
 # cannot exhaust the C stack: setup.cfg requires a version with that limit.)
 MAX_DEPTH = 255
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[{")
+
+
+# The longest integer literal the relay reads (Python's own limit on converting digit strings, which
+# is what re-reading or re-encoding such a number needs). A longer one is invalid-json: accepting it
+# would store an event the relay could not parse again for a filter, a downlevel or a replay.
+MAX_INT_DIGITS = 4300
+# A run of more digits than that, found from the start of each run only (linear in the line).
+_LONG_DIGITS = re.compile(rb"(?<![0-9])[0-9]{%d}" % (MAX_INT_DIGITS + 1))
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"integer of more than {MAX_INT_DIGITS} digits")
+    return int(text)
+
+
+def _lone_surrogate(value: Any) -> bool:
+    """Whether a string (or key) of C{value} holds a lone surrogate (valid JSON escapes, never UTF-8)."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        kind = type(node)
+        if kind is str:
+            if not node.isascii() and _SURROGATE.search(node):
+                return True
+        elif kind is dict:
+            stack.extend(node)
+            stack.extend(node.values())
+        elif kind is list:
+            stack.extend(node)
+    return False
 
 
 def _inexact(value: Any) -> bool:
@@ -66,6 +100,10 @@ def parse_json(data: bytes, exact: bool = False) -> Any:
     such a number (JavaScript's C{JSON.parse}, the reference's parser, reads it as infinity), or a
     value parsed C{exact} (resume positions nested in a C{from} list), goes through the standard
     library, whose integers are exact (decision AEP 3: positions are exact for any epoch).
+
+    Numbers and text are read only as the relay can write them again: an integer of more than
+    L{MAX_INT_DIGITS} digits and a lone surrogate (C{"\\ud800"}, which has no UTF-8 form) are
+    refused, so anything this accepts can be re-read and re-encoded on every later path.
     """
     value: Any = None
     parsed = False
@@ -81,24 +119,54 @@ def parse_json(data: bytes, exact: bool = False) -> Any:
             parsed = type(value) is not dict or not (_inexact(value.get("seq")) or _inexact(value.get("epoch")))
     if not parsed:
         try:
-            value = json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+            value = json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_int=_parse_int)
         except (ValueError, UnicodeDecodeError, RecursionError) as e:
             raise JSONError(str(e)) from None
+        # (orjson refuses lone surrogates itself; the standard library reads them.)
+        if _lone_surrogate(value):
+            raise JSONError("lone surrogate in a string")
     if type(value) in (dict, list) and _brackets(data) > MAX_DEPTH and _too_deep(value):
         raise JSONError(f"nesting deeper than {MAX_DEPTH} levels")
     return value
 
 
 def dumps(obj: Any) -> bytes:
-    """Compact JSON like JavaScript's C{JSON.stringify}: no spaces, UTF-8, key order kept."""
+    """Compact JSON like JavaScript's C{JSON.stringify}: no spaces, UTF-8, key order kept, and a
+    non-finite number (C{1e400} read as infinity) written as C{null}."""
     try:
         return orjson.dumps(obj)
     except TypeError:  # integers beyond 64 bits
-        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        text = json.dumps(_finite(obj), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return text.encode("utf-8", "replace")
+
+
+def _finite(value: Any) -> Any:
+    """C{value} with infinities and NaN as C{None}, as orjson and C{JSON.stringify} write them
+    (the standard library would write C{Infinity}, which is not JSON)."""
+    kind = type(value)
+    if kind is float:
+        return value if math.isfinite(value) else None
+    if kind is dict:
+        return {k: _finite(v) for k, v in value.items()}
+    if kind in (list, tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+# What may not reach an SSE framing line: ingest refuses these in identifiers (envelope.limit_error);
+# this is the last line of defence for anything stored before, or by another relayd.
+_UNFRAMEABLE = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
+
+
+def frame_safe(text: str) -> bytes:
+    """C{text} as UTF-8 for an SSE field or comment line: controls and surrogates become U+FFFD."""
+    if not text.isprintable():
+        text = _UNFRAMEABLE.sub("\ufffd", text)
+    return text.encode("utf-8")
 
 
 def _sse_id(session: str, position: tuple[int, int]) -> bytes:
-    return f"{session}:{position[0]}:{position[1]}".encode("utf-8")
+    return frame_safe(f"{session}:{position[0]}:{position[1]}")
 
 
 class Event:
@@ -173,9 +241,9 @@ class Event:
         key = ("sse", level)
         frame = self._form(key)
         if frame is None:
-            parts = [b"event: ", self.type.encode("utf-8"), b"\ndata: ", self.payload(level), b"\n"]
+            parts = [b"event: ", frame_safe(self.type), b"\ndata: ", self.payload(level), b"\n"]
             if self.kind is EventKind.SEQUENCED:
-                parts += [b"id: ", _sse_id(self.ev["session"], self.position), b"\n"]
+                parts += [b"id: ", _sse_id(self.session, self.position), b"\n"]  # type: ignore[arg-type]
             parts.append(b"\n")
             frame = self._keep(key, b"".join(parts))
         return frame
@@ -219,8 +287,9 @@ class _Envelope(msgspec.Struct, gc=False):
 
 _read_envelope = msgspec.json.Decoder(_Envelope).decode
 _UNSET = msgspec.UNSET
-# One scan finds what sends a line to the exact path: brackets (how deep it might nest) and line breaks.
-_NOT_SPECIAL = bytes(b for b in range(256) if b not in b"[{\r\n")
+# One scan finds what sends a line to the exact path: brackets (how deep it might nest), line breaks,
+# and backslashes (whether an escape could have put a control character into an identifier).
+_NOT_SPECIAL = bytes(b for b in range(256) if b not in b"[{\r\n\\")
 
 
 def admit(raw: bytes) -> Event | None:
@@ -228,14 +297,21 @@ def admit(raw: bytes) -> Event | None:
 
     The ingest hot path: one pass that checks the JSON and reads only the envelope. Anything out of
     the ordinary (not ASCII, possibly nested deeper than L{MAX_DEPTH}, a line break, invalid JSON,
-    an envelope attribute of an unusual type or value, an invalid scope) answers C{None}, and the
-    caller takes the exact path (L{parse_json}, then L{classify}), which finds the verdict and the
-    reference's wording.
+    an envelope attribute of an unusual type or value, an invalid scope, an escaped character in an
+    identifier, a number too long to re-read, a position beyond the relay's range) answers C{None},
+    and the caller takes the exact path (L{parse_json}, then L{classify}), which finds the verdict
+    and the reference's wording. What this admits, the exact path admits too (and can parse later).
     """
     if not raw.isascii():
         return None
     special = raw.translate(None, _NOT_SPECIAL)
-    if len(special) > MAX_DEPTH or b"\r" in special or b"\n" in special:
+    if b"\r" in special or b"\n" in special:
+        return None
+    escapes = special.count(b"\\")
+    if len(special) - escapes > MAX_DEPTH:
+        return None
+    # msgspec skips the attributes it does not read without converting their numbers.
+    if len(raw) > MAX_INT_DIGITS and _LONG_DIGITS.search(raw) is not None:
         return None
     try:
         env = _read_envelope(raw)
@@ -243,11 +319,16 @@ def admit(raw: bytes) -> Event | None:
         return None
     kind = kind_of_type(env.type)
     session, seq = env.session, env.seq
+    # Only an escape can put a control character into an identifier (raw ones are invalid JSON).
+    if escapes and not (env.id + env.source + env.agent + ("" if session is _UNSET else session)).isprintable():
+        return None
     if kind is EventKind.SEQUENCED:
         if session is _UNSET or seq is _UNSET:
             return None
-        epoch = env.epoch
-        position = (0 if epoch is _UNSET else epoch, seq)
+        epoch = 0 if env.epoch is _UNSET else env.epoch
+        if seq >= POSITION_LIMIT or not -POSITION_LIMIT < epoch < POSITION_LIMIT:
+            return None
+        position = (epoch, seq)
     elif kind is None:
         return None
     elif seq is not _UNSET or (session is _UNSET) is not (kind is EventKind.AGENT_SCOPED):

@@ -44,7 +44,8 @@ def _js_key_order(obj: dict) -> list:
     index_keys: list[tuple[int, str]] = []
     other: list = []
     for k in obj:
-        if isinstance(k, str) and _ARRAY_INDEX_RE.fullmatch(k) and int(k) < 2**32 - 1:
+        # (At most 10 digits can be an array index; a longer key is never converted to a number.)
+        if isinstance(k, str) and len(k) <= 10 and _ARRAY_INDEX_RE.fullmatch(k) and int(k) < 2**32 - 1:
             index_keys.append((int(k), k))
         else:
             other.append(k)

@@ -14,8 +14,8 @@ from twisted.web.server import NOT_DONE_YET, Request
 
 from relayd import metrics
 from relayd.aep.capture import capture_error
-from relayd.aep.envelope import classify
-from relayd.aep.event import NOTICE, Event, JSONError, admit, dumps, parse_json
+from relayd.aep.envelope import MAX_POSITION_DIGITS, POSITION_LIMIT, classify, has_control
+from relayd.aep.event import NOTICE, Event, JSONError, admit, dumps, frame_safe, parse_json
 from relayd.aep.filters import compile_filter, filter_error
 from relayd.aep.relay import Relay, Subscriber
 from relayd.aep.store import Position, Replay
@@ -56,8 +56,22 @@ def _refused(reason: str) -> None:
     metrics.ingest_refused.labels(relay="aep", reason=_HEADER_REFUSALS.get(reason, reason)).inc()
 
 
-# `{session}:{epoch}:{seq}`, greedy so that sessions may contain ":" (JS `^(.+):(\d+):(\d+)$`).
-_LAST_EVENT_ID = re.compile(r"(.+):([0-9]+):([0-9]+)")
+# `{session}:{epoch}:{seq}`, greedy so that sessions may contain ":" (JS `^(.+):(\d+):(\d+)$`);
+# positions have at most MAX_POSITION_DIGITS digits, and a session no control character (what the
+# relay can have stored), so a value that could not name a held event is ignored as malformed.
+_LAST_EVENT_ID = re.compile(r"([^\x00-\x1f\x7f]+):([0-9]{1,%d}):([0-9]{1,%d})" % ((MAX_POSITION_DIGITS,) * 2))
+
+# The methods of each route (C{405} and C{Allow} for any other on these paths). HEAD is answered
+# like GET, without the body, where GET is a plain document.
+ALLOWED: dict[bytes, tuple[bytes, ...]] = {
+    b"/healthz": (b"GET", b"HEAD"),
+    b"/events": (b"GET", b"HEAD", b"POST"),
+    b"/.well-known/aep": (b"GET", b"HEAD"),
+    b"/connections": (b"GET", b"HEAD", b"OPTIONS"),
+    b"/stream": (b"GET", b"OPTIONS"),
+    b"/socket": (b"GET",),
+}
+_HEAD_LIKE_GET = frozenset({b"/healthz", b"/events", b"/.well-known/aep", b"/connections"})
 
 
 class BadRequest(Exception):
@@ -119,18 +133,24 @@ def parse_from_entries(value: Any) -> list[tuple[str, Position]]:
         session = item.get("session")
         if not isinstance(session, str):
             raise ValueError("from entry needs a string session")
+        if has_control(session):
+            # No stored session holds one (ingest refuses them), and it must not reach a framing line.
+            raise ValueError("from entry session holds a control character")
         epoch = _integer(item.get("epoch", 0), 0)
         seq = _integer(item.get("seq", -1), -1)
         if epoch is None or seq is None:
             raise ValueError("from entry epoch must be an integer >= 0 and seq an integer >= -1")
+        if epoch >= POSITION_LIMIT or seq >= POSITION_LIMIT:
+            raise ValueError(f"from entry epoch and seq have at most {MAX_POSITION_DIGITS} digits")
         entries.append((session, (epoch, seq)))
     return entries
 
 
 def _integer(value: Any, minimum: int) -> int | None:
+    """C{value} as an exact integer (an integral float too, as JSON.parse has it) if it is one >= minimum."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, float) and value.is_integer():  # (never true for infinity or NaN)
         value = int(value)
     if isinstance(value, int) and value >= minimum:
         return value
@@ -199,12 +219,23 @@ class AEPResource(Resource):
 
     def render(self, request: Request) -> bytes | int:
         path, method = request.path, request.method
+        if method == b"HEAD" and path in _HEAD_LIKE_GET:
+            # The GET answer's status and headers (its content-length too), without its body.
+            request.method = b"GET"
+            try:
+                self.render(request)
+            finally:
+                request.method = b"HEAD"
+            return b""
         if path == b"/healthz" and method == b"GET":
             return self.healthz(request)
         if method == b"OPTIONS" and path in (b"/stream", b"/connections"):
             return _respond(request, 204, b"", PREFLIGHT)
         if not self.authorized(request):
             return _respond(request, 401, b"", [CORS_ANY])
+        allowed = ALLOWED.get(path)
+        if allowed is not None and method not in allowed:
+            return self.not_allowed(request, allowed)
         if method == b"GET":
             if path == b"/connections":
                 return self.connections(request)
@@ -217,6 +248,12 @@ class AEPResource(Resource):
         if path == b"/socket" and self.socket is not None and _is_upgrade(request):
             return self.socket.render(request)
         return _respond(request, 404, b"")
+
+    def not_allowed(self, request: Request, allowed: tuple[bytes, ...]) -> bytes:
+        """C{405} for a method the path does not take, naming the ones it does."""
+        body = dumps({"error": "method-not-allowed", "allow": [m.decode("ascii") for m in allowed]})
+        body = _respond(request, 405, body, [(b"content-type", JSON_TYPE), (b"allow", b", ".join(allowed))])
+        return b"" if request.method == b"HEAD" else body  # (Twisted would drop it, with a log line)
 
     def early_answer(self, request: Request) -> EarlyAnswer:
         """The answer to a body over C{AEP_MAX_BODY}, in the reference's order of checks."""
@@ -413,7 +450,7 @@ class AEPResource(Resource):
             if replay.exhausted is not None and not from_all:
                 exhausted += 1
                 epoch, seq = replay.exhausted
-                stream.write(sse_comment(f"replay-exhausted {session} {epoch}:{seq}"))
+                stream.write(sse_comment(frame_safe(f"replay-exhausted {session} {epoch}:{seq}")))
             for event in replay.events:
                 if sub.wants(event):
                     sub.send(event)
@@ -450,8 +487,9 @@ def _is_upgrade(request: Request) -> bool:
 
 
 def _media_type(request: Request) -> bytes:
+    """The request's media type, lower-cased (type and subtype are case-insensitive, RFC 9110 8.3.1)."""
     value = request.getHeader(b"content-type") or b""
-    return value.split(b";", 1)[0].strip()
+    return value.split(b";", 1)[0].strip().lower()
 
 
 def _respond(request: Request, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = []) -> bytes:

@@ -22,8 +22,12 @@ def bearer_token(request: IRequest) -> str | None:
 
 
 def query_param(request: IRequest, name: str) -> str | None:
-    """The first value of query parameter C{name}, decoded as UTF-8, or C{None}."""
-    values = request.args.get(name.encode("ascii"))
+    """The first value of query parameter C{name}, decoded as UTF-8, or C{None}.
+
+    C{None} too while the query is not parsed yet (C{args} is C{None} until the request is received).
+    """
+    args = request.args
+    values = args.get(name.encode("ascii")) if args else None
     if not values:
         return None
     try:

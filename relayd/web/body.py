@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from io import BytesIO
 from typing import Callable
 
+from twisted.web.http import parse_qs
 from twisted.web.server import Request
 
 # (status, headers, body) of the early answer to an oversize body.
@@ -69,9 +70,13 @@ class LimitedRequest(Request):
         self._refused = True
         self.content = BytesIO()
         channel = self.channel
-        # The request line is known to the channel even though the request has not been "received".
+        # The request line is known to the channel even though the request has not been "received":
+        # split it as requestReceived would, so the early answer sees the path and the query (an
+        # C{access_token}) exactly as a rendered request does.
         self.method = getattr(channel, "_command", b"")
-        self.uri = self.path = getattr(channel, "_path", b"")
+        self.uri = getattr(channel, "_path", b"")
+        self.path, _, query = self.uri.partition(b"?")
+        self.args = parse_qs(query, 1) if query else {}
         status, headers, body = limit.respond(self)
         lines = [b"HTTP/1.1 %d %s" % (status, _REASONS.get(status, b"Error"))]
         lines.extend(name + b": " + value for name, value in headers)

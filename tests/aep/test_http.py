@@ -122,14 +122,40 @@ class AuthWall(TestCase):
 
 
 class NotFound(TestCase):
-    async def test_other_paths_and_methods_are_404_with_empty_body(self) -> None:
+    async def test_other_paths_are_404_with_empty_body(self) -> None:
         relay = await AEPRelay.start()
         self.addCleanup(relay.stop)
-        for method, path in (("GET", "/healthz/"), ("HEAD", "/events"), ("PUT", "/events"), ("GET", "/x"), ("DELETE", "/stream")):
+        for method, path in (("GET", "/healthz/"), ("GET", "/x"), ("POST", "/x"), ("PUT", "/events/")):
             response, body = await relay.request(method, path)
             self.assertEqual(response.code, 404, (method, path))
             self.assertEqual(body, b"")
             self.assertIsNone(header(response, "content-type"))
+
+    async def test_other_methods_on_known_paths_are_405_with_allow(self) -> None:
+        relay = await AEPRelay.start()
+        self.addCleanup(relay.stop)
+        for method, path, allow in (
+            ("PUT", "/events", "GET, HEAD, POST"), ("DELETE", "/stream", "GET, OPTIONS"), ("POST", "/healthz", "GET, HEAD"),
+            ("TRACE", "/.well-known/aep", "GET, HEAD"), ("PATCH", "/connections", "GET, HEAD, OPTIONS"),
+        ):  # fmt: skip
+            response, body = await relay.request(method, path)
+            self.assertEqual(response.code, 405, (method, path))
+            self.assertEqual(header(response, "allow"), allow)
+            self.assertEqual(header(response, "content-type"), "application/json")
+            self.assertEqual(json.loads(body), {"error": "method-not-allowed", "allow": allow.split(", ")})
+
+    async def test_head_answers_like_get_without_the_body(self) -> None:
+        relay = await AEPRelay.start()
+        self.addCleanup(relay.stop)
+        for path in ("/healthz", "/events", "/.well-known/aep", "/connections"):
+            get, get_body = await relay.request("GET", path)
+            head, head_body = await relay.request("HEAD", path)
+            self.assertEqual((head.code, head_body), (200, b""), path)
+            self.assertEqual(header(head, "content-type"), "application/json")
+            if path != "/connections" and path != "/healthz":  # (those two carry changing counts)
+                self.assertEqual(header(head, "content-length"), str(len(get_body)))
+        response, body = await relay.request("HEAD", "/stream")
+        self.assertEqual((response.code, body, header(response, "allow")), (405, b"", "GET, OPTIONS"))
 
 
 class Ingest(TestCase):
@@ -160,15 +186,15 @@ class Ingest(TestCase):
 
     async def test_415_has_empty_body_and_no_content_type(self) -> None:
         relay = await self.asyncSetUpRelay()
-        for ctype in ("text/plain", "Application/JSON", "application/jsonx"):
+        for ctype in ("text/plain", "application/jsonx", "application/json-seq"):
             response, body = await relay.request("POST", "/events", b"{}", {"aep-version": "0.1", "content-type": ctype})
             self.assertEqual(response.code, 415, ctype)
             self.assertEqual(body, b"")
             self.assertIsNone(header(response, "content-type"))
-        response, _ = await relay.request(
-            "POST", "/events", json.dumps(event()).encode(), {"aep-version": "0.1", "content-type": " application/json ; charset=utf-8"}
-        )
-        self.assertEqual(response.code, 202)
+        for ctype in (" application/json ; charset=utf-8", "Application/JSON; charset=UTF-8", "APPLICATION/X-NDJSON"):
+            # Media types are case-insensitive (RFC 9110 8.3.1).
+            response, _ = await relay.request("POST", "/events", json.dumps(event()).encode(), {"aep-version": "0.1", "content-type": ctype})
+            self.assertEqual(response.code, 202, ctype)
 
     async def test_single_json_event_and_empty_bodies(self) -> None:
         relay = await self.asyncSetUpRelay()

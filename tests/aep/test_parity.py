@@ -192,9 +192,12 @@ class SocketEndpoint(TestCase):
 
     async def test_plain_http_at_socket_is_404(self) -> None:
         relay = await start_relay(self)
-        for method in ("GET", "POST", "PUT"):
+        response, body = await relay.request("GET", "/socket")
+        self.assertEqual((response.code, body), (404, b""))
+        for method in ("POST", "PUT"):  # other methods than the upgrade's GET: 405
             response, body = await relay.request(method, "/socket")
-            self.assertEqual((response.code, body), (404, b""), method)
+            self.assertEqual(response.code, 405, method)
+            self.assertEqual(response.headers.getRawHeaders("allow"), ["GET"])
 
 
 class CommandRouting(TestCase):
