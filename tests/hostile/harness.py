@@ -85,14 +85,14 @@ PROBES: dict[str, tuple[bytes, int]] = {
 _LOG_DEFECTS = (b"Unhandled Error", b"Traceback", b"Unhandled error in Deferred")
 
 SETTINGS = settings(
-    max_examples=int(os.environ.get("RELAYD_HOSTILE_EXAMPLES", "60")),
+    max_examples=int(os.environ.get("RELAYD_HOSTILE_EXAMPLES", "100")),
     deadline=None,
     database=None,
     derandomize=os.environ.get("RELAYD_HYPOTHESIS_RANDOM") is None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
 )
 """Hypothesis settings for hostile properties: reproducible unless C{RELAYD_HYPOTHESIS_RANDOM} is
-set; C{RELAYD_HOSTILE_EXAMPLES} (default 60) examples per property."""
+set; C{RELAYD_HOSTILE_EXAMPLES} (default 100) examples per property."""
 
 
 def request(
