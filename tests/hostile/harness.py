@@ -20,7 +20,9 @@ run it after every example too)
        broker, which has no health route, C{GET /metrics} on the metrics listener) answers within
        L{PROBE_BUDGET} (100 ms) on a new connection; one slow probe is retried twice, so a scheduler
        hiccup on a loaded machine is not a failure but a relay that stays slow is.
-    4. Resident memory grew by at most L{RSS_BUDGET} since the relayd's first check.
+    4. Resident memory grew by at most L{RSS_BUDGET} (16 MiB) since the relayd first answered on
+       every listener (the whole suite stays under 1 MiB of growth; one client that reads nothing
+       while it pipelines requests for 7 KB answers used to cost 20 MB).
 
 How a wing test uses it::
 
@@ -75,7 +77,7 @@ MAX_BODY = 65536
 DEADLINE = 3.0
 """C{--header-timeout} and C{--body-timeout}: an unfinished request is answered 408 after this."""
 PROBE_BUDGET = 0.1
-RSS_BUDGET = 48 * 2**20
+RSS_BUDGET = 16 * 2**20
 PROBES: dict[str, tuple[bytes, int]] = {
     "aep": (b"/healthz", 200),
     "mcp": (b"/healthz", 200),
@@ -231,23 +233,29 @@ class Invariants:
                 at = log.index(defect)
                 raise AssertionError(f"{defect.decode()} in relayd's log:\n" + log[max(0, at - 2000) : at + 4000].decode(errors="replace"))
         rss = memory(self.target.relayd.popen.pid)["VmRSS"]
-        if self.baseline_rss is None:
-            self.baseline_rss = rss
-        grown = rss - self.baseline_rss
+        grown = rss - (self.baseline_rss or rss)
         if grown > RSS_BUDGET:
             raise AssertionError(f"relayd's RSS grew by {grown / 2**20:.1f} MiB (budget {RSS_BUDGET / 2**20:.0f} MiB)")
 
-    def probe(self, wing: str) -> float:
-        """Blocking: the probe of C{wing} answers its status within L{PROBE_BUDGET}; its latency."""
+    def warm_up(self) -> None:
+        """Blocking: one untimed probe per listener (a fresh process pays one-time costs on its
+        first answers), then the RSS baseline."""
+        for wing in WINGS:
+            self.probe(wing, attempts=0)
+        self.baseline_rss = memory(self.target.relayd.popen.pid)["VmRSS"]
+
+    def probe(self, wing: str, attempts: int = 3) -> float:
+        """Blocking: the probe of C{wing} answers its status within L{PROBE_BUDGET} (one of
+        C{attempts} tries; 0: untimed); its latency."""
         path, status = PROBES[wing]
         latencies = []
-        for _ in range(3):
+        for _ in range(max(attempts, 1)):
             answer = exchange(self.target.port(wing), request(b"GET", path), timeout=5.0)
             codes = [r.status for r in answer.responses]
             if codes != [status]:
                 raise AssertionError(f"{wing} probe {path.decode()}: expected {status}, got {answer.describe()}")
             latencies.append(answer.elapsed)
-            if answer.elapsed <= PROBE_BUDGET:
+            if answer.elapsed <= PROBE_BUDGET or not attempts:
                 return answer.elapsed
         raise AssertionError(f"{wing} probe {path.decode()} took {[round(s * 1000) for s in latencies]} ms (budget 100)")
 
@@ -312,7 +320,7 @@ async def hostile(test: TestCase) -> Target:
     if _current is None:
         _current = await _start()
         _current.owner = owner
-        await _current.check()  # the RSS baseline, once relayd has answered each listener
+        await threads.deferToThread(_current.invariants.warm_up)
     target = _current
     target.invariants.mark()
     test.addCleanup(target.check)
