@@ -9,11 +9,11 @@ What runs
     interpreter exit. It is a plain C{subprocess} whose log a thread reads: trial removes every
     reactor reader after each test, so a reactor-spawned process could not outlive one test.
 
-Invariants (L{Target.check}, run after every test by a cleanup L{hostile} registers; property tests
-run it after every example too)
+Invariants
     1. No C{5xx}, and no missing answer: every request gets complete responses (parseable, framed by
        a length, chunks, or C{connection: close}), or the connection closes where closing is the
-       documented answer (L{judge}).
+       documented answer; a C{405} names C{Allow}, a C{431} has a body. L{judge} checks one
+       connection's L{Answer}; the test calls it.
     2. Nothing in relayd's log since the test began contains C{Unhandled Error} or C{Traceback}.
        A log barrier (a request whose access line must appear) makes sure the log is caught up.
     3. Each listener's probe (C{GET /healthz} on AEP and MCP, C{GET /healthz} answered C{404} on the
@@ -23,14 +23,18 @@ run it after every example too)
     4. Resident memory grew by at most L{RSS_BUDGET} (16 MiB) since the relayd first answered on
        every listener (the whole suite stays under 1 MiB of growth; one client that reads nothing
        while it pipelines requests for 7 KB answers used to cost 20 MB).
+    2 to 4 are L{Target.check} (awaitable) or L{Target.check_now} (blocking, for a property after
+    each example); L{hostile} registers a cleanup that checks them after every test.
 
 How a wing test uses it::
 
+    from tests.hostile.harness import SETTINGS, hostile, in_thread, judge, request
+
     class MyAttacks(TestCase):
         async def test_something(self) -> None:
-            target = await hostile(self)                      # invariants checked at cleanup
+            target = await hostile(self)                      # invariants 2-4 checked at cleanup
             answer = await target.send("mcp", request(b"POST", b"/register", body=b"{"))
-            target.judge(answer)                              # no 5xx, complete, or documented close
+            judge(answer)                                     # invariant 1
             self.assertEqual(answer.responses[0].status, 400)
 
         async def test_generated(self) -> None:
@@ -40,13 +44,15 @@ How a wing test uses it::
             @given(body=st.binary())
             def attack(body: bytes) -> None:                  # runs on a worker thread
                 answer = target.exchange("broker", request(b"POST", b"/v1/action", body=body))
-                target.judge(answer)
+                judge(answer)
                 target.check_now("broker")                    # log, probe and RSS after each example
 
             await in_thread(attack)
 
 L{Target.exchange} and L{Target.check_now} block (worker thread: hypothesis keeps its shrinking and
 reporting); L{Target.send} and L{Target.check} are their awaitable forms for the reactor thread.
+C{hostile(self, ["--aep-max-body", "1000"])} runs the class's relayd with more flags. Generic
+request strategies (request lines, header sets, body framings) are in L{tests.hostile.strategies}.
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ import subprocess
 import tempfile
 import threading
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from hypothesis import HealthCheck, settings
 from twisted.internet import reactor, threads
@@ -279,7 +285,7 @@ class Target:
         """A broker credential (C{Authorization: Bearer ...}) scoped to L{channel}."""
         self.channel = channel
         self.invariants = Invariants(self)
-        self.owner: type | None = None
+        self.owner: tuple[type, tuple[str, ...]] | None = None
 
     def port(self, wing: str) -> int:
         return self.relayd.port(wing)
@@ -310,15 +316,19 @@ class Target:
 _current: Target | None = None
 
 
-async def hostile(test: TestCase) -> Target:
-    """The relayd for C{test}'s class (started by its first test); checks invariants at cleanup."""
+async def hostile(test: TestCase, options: Sequence[str] = ()) -> Target:
+    """The relayd for C{test}'s class (started by its first test); checks invariants at cleanup.
+
+    C{options} are more relayd flags (a later flag wins over the harness's own: C{--aep-max-body
+    1000}); a class that wants several configurations gets a fresh relayd per change.
+    """
     global _current
-    owner = type(test)
-    if _current is not None and (_current.owner is not owner or _current.relayd.exited.called):
+    owner = (type(test), tuple(options))
+    if _current is not None and (_current.owner != owner or _current.relayd.exited.called):
         previous, _current = _current, None
         await previous.stop()
     if _current is None:
-        _current = await _start()
+        _current = await _start(list(options))
         _current.owner = owner
         await threads.deferToThread(_current.invariants.warm_up)
     target = _current
@@ -327,7 +337,7 @@ async def hostile(test: TestCase) -> Target:
     return target
 
 
-async def _start() -> Target:
+async def _start(extra: list[str]) -> Target:
     from tests.buzz.conftest import NostrRelay, require_module
     from tests.buzz.harness import issue
 
@@ -347,6 +357,7 @@ async def _start() -> Target:
         "--aep-token", TOKEN, "--aep-max-body", str(MAX_BODY), "--broker-max-body", str(MAX_BODY),
         "--broker-nostr-relay", nostr.url, "--broker-state-dir", state, "--broker-kek-file", kek_file,
         "--header-timeout", str(DEADLINE), "--body-timeout", str(DEADLINE), "--shutdown-grace", "2",
+        *extra,
     ]  # fmt: skip
     try:
         relayd = await DetachedRelayd.launch(options, wait_for=WINGS)
