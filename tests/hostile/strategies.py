@@ -153,14 +153,17 @@ def framings(draw: Callable[..., Any]) -> tuple[list[bytes], bytes, bool]:
 
 
 @st.composite
-def header_attacks(draw: Callable[..., Any], wing_choice: st.SearchStrategy[str] = wings) -> tuple[str, bytes, bool]:
-    """(wing, request bytes, complete): a sane request line with hostile headers and framing."""
+def header_attacks(
+    draw: Callable[..., Any], wing_choice: st.SearchStrategy[str] = wings, credentials: dict[str, bytes] | None = None
+) -> tuple[str, bytes, bool]:
+    """(wing, request bytes, complete): a sane request line with hostile headers and framing; half
+    carry the wing's bearer credential (C{credentials}, else the AEP token)."""
     wing = draw(wing_choice)
     method = draw(st.sampled_from([b"POST", b"POST", b"GET", b"PUT"]))
     path = POSTS[wing] if method != b"GET" else draw(st.sampled_from(PATHS[wing]))
     lines = [method + b" " + path + b" HTTP/1.1", b"Host: relay", b"Connection: close"]
     if draw(st.booleans()):
-        lines.append(b"Authorization: Bearer " + TOKEN.encode())
+        lines.append(b"Authorization: Bearer " + (credentials or {}).get(wing, TOKEN.encode()))
     if wing == "aep" and draw(st.booleans()):
         lines += [b"aep-version: 0.1", b"content-type: application/x-ndjson"]
     lengths, body, complete = draw(framings())

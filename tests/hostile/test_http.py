@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import uuid
 from typing import Any
 
 from hypothesis import assume, given
@@ -18,7 +19,9 @@ from twisted.internet.defer import Deferred, gatherResults
 from twisted.trial.unittest import TestCase
 
 from tests.hostile.harness import DEADLINE, MAX_BODY, SETTINGS, TOKEN, WINGS, Target, hostile, in_thread, judge, request
-from tests.hostile.strategies import PATHS, POSTS, header_attacks, request_lines, tokens, wings
+from tests.buzz.fixtures import request_wire
+from tests.hostile.strategies import PATHS, POSTS, chunked, header_attacks, request_lines, tokens, wings
+from tests.support.aep import event, ndjson
 from tests.support.raw import Answer
 
 # TODO(mcp wing): relayd/mcp/http.py answers a method its route does not take (GET /register,
@@ -52,12 +55,43 @@ class GeneratedAttacks(TestCase):
         target = await hostile(self)
 
         @SETTINGS
-        @given(attack=header_attacks())
+        @given(attack=header_attacks(credentials={"broker": target.credential.encode()}))
         def attack(attack: tuple[str, bytes, bool]) -> None:
             wing, data, complete = attack
             # An unfinished request is broken off by the client: no answer is then a documented end.
             answer = target.exchange(wing, data, half_close=not complete)
             _ok(target, wing, answer, silent_close=not complete)
+
+        await in_thread(attack)
+
+    async def test_valid_requests_in_any_framing_and_pieces(self) -> None:
+        """A request each wing accepts, with its body by length, in chunks of any size, or after
+        C{Expect: 100-continue}, and the bytes cut into TCP segments anywhere: the same success."""
+        target = await hostile(self)
+
+        @SETTINGS
+        @given(
+            wing=wings,
+            framing=st.sampled_from(["length", "chunked", "continue"]),
+            sizes=st.lists(st.integers(1, 40), max_size=6),
+            cuts=st.lists(st.integers(0, 1200), max_size=8),
+        )
+        def attack(wing: str, framing: str, sizes: list[int], cuts: list[int]) -> None:
+            method, path, headers, body, status = _valid(target, wing)
+            if framing == "chunked":
+                headers.append((b"Transfer-Encoding", b"chunked"))
+                body = chunked(body, sizes)
+            else:
+                headers.append((b"Content-Length", b"%d" % len(body)))
+                if framing == "continue":
+                    headers.append((b"Expect", b"100-continue"))
+            data = request(method, path, headers, body, length=False)
+            edges = sorted({min(cut, len(data)) for cut in cuts} | {0, len(data)})
+            answer = target.exchange(wing, [data[a:b] for a, b in zip(edges, edges[1:])])
+            _ok(target, wing, answer)
+            assert answer.responses[0].status == status, answer.describe()
+            if wing == "broker":
+                assert json.loads(answer.responses[0].body)["status"] == "succeeded", answer.describe()
 
         await in_thread(attack)
 
@@ -106,6 +140,23 @@ class GeneratedAttacks(TestCase):
                 self.assertEqual(statuses[-1], 400, answer.describe())
 
         await in_thread(attack)
+
+
+def _valid(target: Target, wing: str) -> tuple[bytes, bytes, list[tuple[bytes, bytes]], bytes, int]:
+    """(method, path, headers, body, status) of a request C{wing} accepts."""
+    unique = str(uuid.uuid4())
+    if wing == "aep":
+        headers = [(b"Authorization", b"Bearer " + TOKEN.encode()), (b"aep-version", b"0.1"),
+                   (b"content-type", b"application/x-ndjson")]  # fmt: skip
+        return b"POST", b"/events", headers, ndjson(event(unique, 0), event(unique, 1, "turn.started")), 202
+    if wing == "mcp":
+        body = json.dumps({"session": unique, "token": "t" * 32}).encode()
+        return b"POST", b"/register", [(b"content-type", b"application/json")], body, 200
+    if wing == "broker":
+        body = json.dumps(request_wire("channel.read", {"channelId": target.channel}, rid=unique)).encode()
+        headers = [(b"Authorization", b"Bearer " + target.credential.encode()), (b"content-type", b"application/json")]
+        return b"POST", b"/v1/action", headers, body, 200
+    return b"GET", b"/metrics", [], b"", 200
 
 
 def _error(answer: Answer) -> Any:

@@ -185,6 +185,7 @@ def exchange(
     answer = Answer()
     received = b""
     with socket.create_connection((host, port), timeout=timeout) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each piece its own segment
         for piece in [data] if isinstance(data, bytes) else data:
             try:
                 s.sendall(piece)
