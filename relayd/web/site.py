@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections import defaultdict
 from typing import Any
 
 from twisted.internet.interfaces import IAddress, IDelayedCall
 from twisted.logger import Logger
-from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol, parse_qs
 from twisted.web import resource as _resource
+from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol, parse_qs
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Site
 
@@ -267,7 +266,7 @@ _NOT_FOUND = JSONError(404, "not_found")
 # aliases of its private classes.
 _TWISTED_ERROR_PAGES = (_resource.ErrorPage, _resource.NoResource, _resource.ForbiddenResource)
 _ERROR_NAMES = {403: "forbidden", 404: "not_found"}
-_METHOD_ORDER: Any = defaultdict(lambda: 9, {b"GET": 0, b"HEAD": 1, b"POST": 2, b"PUT": 3, b"PATCH": 4, b"DELETE": 5})
+_METHOD_ORDER = {b"GET": 0, b"HEAD": 1, b"POST": 2, b"PUT": 3, b"PATCH": 4, b"DELETE": 5}
 
 
 def _json_answer(found: Any, method: bytes) -> IResource | None:
@@ -284,7 +283,7 @@ def _json_answer(found: Any, method: bytes) -> IResource | None:
         return _NOT_FOUND  # an inner node of the tree (/v1): nothing is served there
     if b"GET" in allowed:
         allowed.add(b"HEAD")
-    return JSONError(405, "method_not_allowed", allow=b", ".join(sorted(allowed, key=_METHOD_ORDER.get)))
+    return JSONError(405, "method_not_allowed", allow=b", ".join(sorted(allowed, key=lambda m: (_METHOD_ORDER.get(m, 9), m))))
 
 
 def _renders(found: Any, method: str) -> bool:
