@@ -9,8 +9,9 @@ from typing import Any
 
 from twisted.internet.interfaces import IAddress, IDelayedCall
 from twisted.logger import Logger
-from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol
-from twisted.web.resource import IResource
+from twisted.web import resource as _resource
+from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol, parse_qs
+from twisted.web.resource import IResource, Resource
 from twisted.web.server import Site
 
 from relayd import metrics
@@ -19,10 +20,21 @@ from relayd.web.body import BodyLimit, EarlyAnswer, LimitedRequest
 from relayd.web.transport import hold_writes, release_writes
 
 
+MAX_HEADER_BYTES = 16384
+"""The request line and header block together (Twisted's C{totalHeadersSize}); C{431} beyond."""
+MAX_HEADER_FIELDS = 500
+"""Header fields in one request (Twisted's C{maxHeaders}); C{431} beyond."""
+# Answers written by the channel itself, before (or instead of) any request reaching a resource.
+_BAD_REQUEST = (400, b"Bad Request", b'{"error":"bad_request"}')
 _HEADERS_TOO_LARGE = (
-    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+    431,
+    b"Request Header Fields Too Large",
+    b'{"error":"header_fields_too_large","max_bytes":%d,"max_fields":%d}' % (MAX_HEADER_BYTES, MAX_HEADER_FIELDS),
 )
-_REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+_REQUEST_TIMEOUT = (408, b"Request Timeout", b'{"error":"request_timeout"}')
+# A Content-Length with more digits than this is larger than any body cap; Python's int() refuses
+# over 4300 digits, which Twisted's parser does not expect (an unhandled ValueError, no answer).
+_LENGTH_DIGITS = 18
 DEFAULT_HEADER_TIMEOUT = 20.0
 DEFAULT_BODY_TIMEOUT = 60.0
 # A module-level logger: a Logger class attribute would take the class's name as its namespace.
@@ -30,12 +42,20 @@ _access_log = Logger(namespace=ACCESS_NAMESPACE)
 
 
 class RelayChannel(HTTPChannel):
-    """An C{HTTPChannel} that answers a request line or header block over 16 KiB with C{431}.
+    """An C{HTTPChannel} whose refusals are complete answers a client can read.
 
-    Twisted would drop the connection without a word (a line over C{MAX_LENGTH}) or answer C{400};
-    a client that bounds long query strings (the AEP SDK's C{from} budget) needs a 4xx it can read.
+    A request line and header block over L{MAX_HEADER_BYTES}, or over L{MAX_HEADER_FIELDS} fields,
+    get C{431} (Twisted would drop the connection without a word, a line over C{MAX_LENGTH}, or
+    answer C{400}): a client that bounds long query strings (the AEP SDK's C{from} budget) needs a
+    4xx it can read. Every other malformed request gets C{400}; a slow one C{408}. Each has a JSON
+    body, a length and C{connection: close}, and an access line.
+
+    Pipelined requests are parsed one at a time while their answers can be sent: once the
+    transport's buffer is full (the client reads nothing) the next one waits until it drains.
     """
 
+    maxHeaders = MAX_HEADER_FIELDS
+    totalHeadersSize = MAX_HEADER_BYTES
     _header_call: IDelayedCall | None = None
     _host: Any = None
 
@@ -48,7 +68,7 @@ class RelayChannel(HTTPChannel):
         return host
 
     def lineLengthExceeded(self, line: bytes) -> None:
-        self._refuse_header_fields()
+        self._refuse(_HEADERS_TOO_LARGE)
 
     # Slowloris: Twisted's idle timeout restarts with every byte, so a client trickling a header
     # byte at a time would hold the connection forever. The request line and headers must all
@@ -99,30 +119,68 @@ class RelayChannel(HTTPChannel):
 
     def _request_too_slow(self) -> None:
         self._header_call = None
-        self._access_log(408)
-        if self.transport is not None:
-            self.transport.write(_REQUEST_TIMEOUT)
-        self.loseConnection()
+        self._refuse(_REQUEST_TIMEOUT)
 
-    def _access_log(self, status: int) -> None:
+    def _access_log(self, status: int, sent: int) -> None:
         site = getattr(self, "site", None)
         if isinstance(site, RelaySite) and self.transport is not None:
             peer = _host_of(self.transport.getPeer())
             site.access(method=getattr(self, "_command", b"-"), path=_strip_query(getattr(self, "_path", b"-")),
-                        status=status, sent=0, peer=peer)
+                        status=status, sent=sent, peer=peer)
 
     def lineReceived(self, line: bytes) -> None:
         if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
-            self._refuse_header_fields()
+            self._refuse(_HEADERS_TOO_LARGE)
             return
         super().lineReceived(line)
 
-    def _refuse_header_fields(self) -> None:
+    def headerReceived(self, line: bytes) -> bool:
+        if self._receivedHeaderCount >= self.maxHeaders:
+            self._refuse(_HEADERS_TOO_LARGE)  # Twisted answers the field over its count with 400
+            return False
+        return bool(super().headerReceived(line))
+
+    def _maybeChooseTransferDecoder(self, header: bytes, data: bytes) -> bool:
+        if len(data) > _LENGTH_DIGITS and header.lower() == b"content-length" and data.isdigit():
+            data = data.lstrip(b"0") or b"0"
+            if len(data) > _LENGTH_DIGITS:
+                data = b"9" * _LENGTH_DIGITS  # over every body cap: the site's BodyLimit answers
+        return bool(super()._maybeChooseTransferDecoder(header, data))
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        # Twisted writes a bare status line (no length, no connection: close, no access line).
+        self._refuse(_BAD_REQUEST)
+
+    def _refuse(self, answer: tuple[int, bytes, bytes]) -> None:
+        """Answer the request being read with C{answer} and close: nothing more is read."""
+        status, reason, body = answer
         self._stop_header_clock()
-        self._access_log(431)
+        length = len(body)
+        if getattr(self, "_command", None) == b"HEAD":
+            body = b""  # a HEAD answer announces the length of the body it does not send
+        self._access_log(status, len(body))
         if self.transport is not None:
-            self.transport.write(_HEADERS_TOO_LARGE)
+            self.transport.write(
+                b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                b"connection: close\r\n\r\n%s" % (status, reason, length, body)
+            )
         self.loseConnection()
+
+    # Pipelining: Twisted parses the next request as soon as one is answered, all of one read in a
+    # loop; a client that never reads could have any number of large answers rendered and buffered
+    # from one small read. Once the transport asks us to pause, the rest waits for its resume.
+
+    def requestDone(self, request: Any) -> None:
+        if self.persistent and self._waitingForTransport:
+            self.paused = True  # LineReceiver: keep what is buffered, parse nothing more
+            self._networkProducer.pauseProducing()  # and read nothing more meanwhile
+        super().requestDone(request)
+
+    def resumeProducing(self) -> None:
+        super().resumeProducing()
+        if self.paused and not self._waitingForTransport and self.transport is not None:
+            self.paused = False
+            self.dataReceived(b"")  # parse the held requests now that answers can flow
 
 
 class RelayRequest(LimitedRequest):
@@ -151,6 +209,11 @@ class RelayRequest(LimitedRequest):
         answered: list[EarlyAnswer] = []
 
         def respond(request: Any) -> EarlyAnswer:
+            # The body is refused while the headers are still being read: the request has not been
+            # "received", so its path still carries the query and it has no args. The wing's answer
+            # reads both (AEP's auth wall takes ?access_token=), as for any other request.
+            request.path, _, query = request.uri.partition(b"?")
+            request.args = parse_qs(query, 1)
             answered.append(limit.respond(request))
             return answered[0]
 
@@ -175,6 +238,59 @@ class RelayRequest(LimitedRequest):
                 peer=site.client_address(self),
                 started=self._received_at or None,
             )
+
+
+class JSONError(Resource):
+    """A site-level error in JSON: what Twisted's HTML error pages and its C{501} for an unknown
+    method become (every relayd answer is JSON; a 5xx would say relayd failed)."""
+
+    isLeaf = True
+
+    def __init__(self, status: int, error: str, allow: bytes | None = None) -> None:
+        super().__init__()
+        self.status = status
+        self.body = b'{"error":"%s"}' % error.encode("ascii")
+        self.allow = allow
+
+    def render(self, request: Any) -> bytes:
+        request.setResponseCode(self.status)
+        request.setHeader(b"content-type", b"application/json")
+        request.setHeader(b"content-length", b"%d" % len(self.body))
+        if self.allow is not None:
+            request.setHeader(b"allow", self.allow)
+        return b"" if request.method == b"HEAD" else self.body
+
+
+_NOT_FOUND = JSONError(404, "not_found")
+# Twisted's error-page resources (NoResource from a traversal that found nothing, ...): public
+# aliases of its private classes.
+_TWISTED_ERROR_PAGES = (_resource.ErrorPage, _resource.NoResource, _resource.ForbiddenResource)
+_ERROR_NAMES = {403: "forbidden", 404: "not_found"}
+_METHOD_ORDER = {b"GET": 0, b"HEAD": 1, b"POST": 2, b"PUT": 3, b"PATCH": 4, b"DELETE": 5}
+
+
+def _json_answer(found: Any, method: bytes) -> IResource | None:
+    """The JSON error that replaces Twisted's own answer to C{method} on C{found}, if any."""
+    if isinstance(found, _TWISTED_ERROR_PAGES):
+        code = getattr(found, "code", 404)
+        return _NOT_FOUND if code == 404 else JSONError(code, _ERROR_NAMES.get(code, "error"))
+    if type(found).render is not Resource.render:
+        return None  # the resource dispatches methods itself
+    if _renders(found, method.decode("ascii", "replace")):
+        return None
+    allowed = {m for m in _resource._computeAllowedMethods(found) if _renders(found, m.decode("ascii"))}
+    if not allowed:
+        return _NOT_FOUND  # an inner node of the tree (/v1): nothing is served there
+    if b"GET" in allowed:
+        allowed.add(b"HEAD")
+    return JSONError(405, "method_not_allowed", allow=b", ".join(sorted(allowed, key=lambda m: (_METHOD_ORDER.get(m, 9), m))))
+
+
+def _renders(found: Any, method: str) -> bool:
+    """Whether C{found} answers C{method}: Resource's own C{render_HEAD} is C{render_GET}'s."""
+    if method == "HEAD" and getattr(type(found), "render_HEAD", None) is Resource.render_HEAD:
+        method = "GET"
+    return getattr(found, "render_" + method, None) is not None
 
 
 def _relay_channel(site: Site) -> _GenericHTTPChannelProtocol:
@@ -221,6 +337,12 @@ class RelaySite(Site):
         protocol = super().buildProtocol(addr)
         self._protocols.add(protocol)
         return protocol
+
+    def getResourceFor(self, request: Any) -> IResource:
+        """The addressed resource, or a L{JSONError} where Twisted would answer in HTML (a path
+        nothing serves) or with C{501} (a method the resource has no C{render_} for)."""
+        found = super().getResourceFor(request)
+        return _json_answer(found, request.method) or found
 
     def log(self, request: Any) -> None:
         """Called by twisted.web when a response finishes: relayd's access line, not Twisted's."""

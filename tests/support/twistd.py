@@ -37,6 +37,21 @@ def twistd_argv() -> list[str]:
     return [sys.executable, "-c", "import sys; from twisted.scripts.twistd import run; sys.argv[0]='twistd'; run()"]
 
 
+def command(
+    options: list[str],
+    env: dict[str, str] | None = None,
+    wrapper: list[str] | None = None,
+    twistd_options: list[str] | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of C{twistd -n relayd OPTIONS} run from this checkout (no
+    C{AEP_}/C{RELAYD_} variables inherited, the worktree first on C{PYTHONPATH})."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("AEP_", "RELAYD_"))}
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environ.get("PYTHONPATH")]))
+    environ.update(env or {})
+    twistd = ["-n", "--pidfile=", "--logfile=-", *(twistd_options or [])]
+    return (wrapper or []) + twistd_argv() + [*twistd, "relayd", *options], environ
+
+
 class _Watch(ProcessProtocol):
     def __init__(self, proc: RelaydProcess) -> None:
         self.proc = proc
@@ -82,19 +97,19 @@ class RelaydProcess:
         socket passing needs), C{child_fds} extra descriptors for the child (C{{3: fd}}),
         C{twistd_options} options for twistd itself (C{--logger=...})."""
         proc = cls()
-        environ = {k: v for k, v in os.environ.items() if not k.startswith(("AEP_", "RELAYD_"))}
-        environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environ.get("PYTHONPATH")]))
-        environ.update(env or {})
-        twistd = ["-n", "--pidfile=", "--logfile=-", *(twistd_options or [])]
-        argv = (wrapper or []) + twistd_argv() + [*twistd, "relayd", *options]
+        argv, environ = command(options, env, wrapper, twistd_options)
         fds: dict[int, Any] = {0: "w", 1: "r", 2: "r", **(child_fds or {})}
         proc.transport = reactor.spawnProcess(
             _Watch(proc), argv[0], argv, env=environ, path=cwd or str(ROOT), usePTY=False, childFDs=fds
         )
-        for relay in wait_for:
-            match = await proc.wait_for(rb"%s listening on [^:\s]+:(\d+)" % relay.encode())
-            proc.ports[relay] = int(match.group(1))
+        await proc.discover_ports(wait_for)
         return proc
+
+    async def discover_ports(self, relays: tuple[str, ...]) -> None:
+        """Wait for each relay's "listening on" line and record its port."""
+        for relay in relays:
+            match = await self.wait_for(rb"%s listening on [^:\s]+:(\d+)" % relay.encode())
+            self.ports[relay] = int(match.group(1))
 
     def port(self, relay: str) -> int:
         return self.ports[relay]
