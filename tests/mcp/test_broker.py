@@ -434,14 +434,15 @@ def test_presence_is_not_backlogged() -> None:
 # Decision 4: newline-safe SSE framing ----------------------------------------------------------
 
 
-def test_decision4_multiline_frame_sent_compact_and_compact_frames_pass_verbatim() -> None:
+def test_decision4_multiline_frame_sent_on_one_line_and_compact_frames_pass_verbatim() -> None:
     broker, _, _ = make_broker()
     page = open_sse(broker, INBOUND)
-    pretty = b'{\n  "jsonrpc": "2.0",\n  "id": 1,\n  "method": "x"\n}'
+    pretty = b'{\r\n  "jsonrpc": "2.0",\n  "id": 1,\r  "method": "x"\n}'
     compact_odd = b'{"jsonrpc":"2.0",   "method":"y" ,"id":2}'
     fired(broker.inbox(SESSION, TOKEN, pretty))
     fired(broker.inbox(SESSION, TOKEN, compact_odd))
-    assert page.events[0] == b'event: mcp\ndata: {"jsonrpc":"2.0","id":1,"method":"x"}\n\n'
+    # Line breaks are whitespace between tokens in valid JSON: removed, nothing else changes.
+    assert page.events[0] == b'event: mcp\ndata: {  "jsonrpc": "2.0",  "id": 1,  "method": "x"}\n\n'
     assert page.events[1] == b"event: mcp\ndata: " + compact_odd + b"\n\n"
 
 
