@@ -34,7 +34,15 @@ from tests.mcp.hostile_support import (
     start_mcp,
     until_store_answers,
 )
-from tests.robustness.support import HeldConnection, close_all, memory, open_many, require_open_files
+from tests.robustness.support import (
+    HeldConnection,
+    _One,
+    close_all,
+    memory,
+    open_many,
+    require_open_files,
+    sse_request,
+)
 from tests.support.metrics import scrape, value
 from tests.support.redis import shared_redis
 from tests.support.sse import Message, SSEClient
@@ -421,3 +429,335 @@ class BufferedBytesBoundOnRedis(BufferedBytesBound):
         self.assertEqual(len((await poll(there, "sess-2"))["frames"]), 1)
         self.assertEqual((await self.http.post(f"/sess-3/inbox?token={TOKEN}", frame(48))).code, 200)
         await assert_clean_log(self, other, there)
+
+
+# Memory: each kind of client that never reads stays within its documented bound ----------------------
+
+SLACK = 32 * MiB  # allocator and interpreter noise on top of what the relay holds on purpose
+BIG = 250 * 1024  # a frame near the 256 KiB body limit
+
+
+class NeverReadingClients(TestCase):
+    timeout = 120
+
+    async def test_stream_reader_that_stops_reading_is_cut_at_its_bound(self) -> None:
+        """A stream whose client stops reading holds at most --mcp-queue-bytes, then is cut off."""
+        queue_bytes = 2 * MiB
+        proc = await start_mcp(self, "--no-access-log", f"--mcp-queue-bytes={queue_bytes}")
+        port, pid = proc.port("mcp"), proc.transport.pid
+        http = Http(self, port)
+        await register(http, "sess-s")
+        path = f"/sess-s/events?token={TOKEN}"
+        last = b'"method":"end"'
+        fast = (await open_many(port, 1, lambda: HeldConnection(sse_request(path), watch=last)))[0]
+        slow = (await open_many(port, 1, lambda: HeldConnection(sse_request(path), stop_reading=True)))[0]
+        self.addCleanup(close_all, [fast, slow])
+        base = memory(pid)["VmRSS"]
+        posts = 256  # 64 MiB: without the bound the silent reader would hold all of it
+        for _ in range(posts):
+            reply = await http.post(f"/sess-s/inbox?token={TOKEN}", frame(BIG))
+            self.assertEqual(reply.code, 200)
+        self.assertEqual((await http.post(f"/sess-s/inbox?token={TOKEN}", frame(64, "end"))).code, 200)
+        await fast.seen.addTimeout(30, reactor)  # the reading client got everything
+        growth = memory(pid)["VmHWM"] - base
+        # The silent one was cut off: once it reads again it finds the end of a short stream.
+        slow.transport.resumeProducing()
+        await slow.lost.addTimeout(30, reactor)
+        bound = queue_bytes * 1.25 + SLACK
+        print(f"\nMCP SSE reader not reading: {posts * BIG / MiB:.0f} MiB posted, it got {slow.received / MiB:.1f} "
+              f"MiB; server peak +{growth / MiB:.1f} MiB (bound {bound / MiB:.0f} MiB)")
+        self.assertLess(slow.received, posts * BIG / 4)
+        self.assertLess(growth, bound)
+
+    async def test_many_parked_polls_and_their_queues_stay_bounded(self) -> None:
+        """1000 parked polls whose clients never read: a few KiB each, and the frames queued for
+        them afterwards count against --mcp-max-buffered-bytes."""
+        sessions, per_session, warm = 100, 10, 100
+        parked = sessions * per_session
+        cap = 16 * MiB
+        require_open_files(parked + 512)
+        proc = await start_mcp(
+            self, "--no-access-log", f"--mcp-max-buffered-bytes={cap}",
+            "--metrics-listen", "tcp:0:interface=127.0.0.1",
+            listen="tcp:0:interface=127.0.0.1:backlog=1024", wait_for=("mcp", "metrics"),
+        )
+        port, pid = proc.port("mcp"), proc.transport.pid
+        http = Http(self, port)
+        metrics_url = f"http://127.0.0.1:{proc.port('metrics')}/metrics"
+        names = [f"sess-p{i}" for i in range(sessions)]
+        for name in names:
+            await register(http, name)
+        held: list[HeldConnection] = []
+        self.addCleanup(close_all, held)
+
+        async def park(count: int) -> None:
+            start = len(held)
+            for i in range(start, start + count):
+                request = raw_request(b"GET", f"/{names[i % sessions]}/poll?token={TOKEN}&wait=25000".encode())
+                protocol = HeldConnection(request, stop_reading=True)
+                reactor.connectTCP("127.0.0.1", port, _One(protocol))
+                held.append(protocol)
+            while True:  # until the relay has parked every one of them
+                samples, _ = await scrape(metrics_url, http.pool)
+                if value(samples, "relayd_connections", relay="mcp", transport="longpoll") >= len(held):
+                    return
+
+        await park(warm)
+        base = memory(pid)["VmRSS"]
+        await park(parked - warm)
+        per_poll = (memory(pid)["VmRSS"] - base) / (parked - warm)
+        # Every poll is answered by a frame; the clients still read nothing. Later frames queue for
+        # ten idle pollers per session until the bound refuses them.
+        refused = 0
+        for i in range(sessions * 3):
+            reply = await http.post(f"/{names[i % sessions]}/inbox?token={TOKEN}", frame(BIG))
+            self.assertIn(reply.code, (200, 503))
+            refused += reply.code == 503
+        growth = memory(pid)["VmHWM"] - base
+        bound = parked * 20 * 1024 + cap + SLACK
+        print(f"\nMCP parked polls: {per_poll / 1024:.1f} KiB each; {sessions * 3} frames of {BIG // 1024} KiB for "
+              f"{parked} pollers that never read, {refused} refused; peak +{growth / MiB:.1f} MiB (bound "
+              f"{bound / MiB:.0f} MiB)")
+        self.assertLess(per_poll, 20 * 1024)
+        self.assertGreater(refused, 0)
+        self.assertLess(growth, bound)
+
+    async def test_many_sessions_filling_their_backlogs_stay_within_the_default_bound(self) -> None:
+        """First-frame backlogs of many sessions (no reader ever comes): at most the default 64 MiB."""
+        proc = await start_mcp(self, "--no-access-log")
+        port, pid = proc.port("mcp"), proc.transport.pid
+        http = Http(self, port)
+        sessions = [f"sess-b{i}" for i in range(16)]
+        for name in sessions:
+            await register(http, name)
+        base = memory(pid)["VmRSS"]
+        posts, accepted, refused = 448, 0, 0  # 112 MiB offered, 64 frames per backlog at most
+        for i in range(posts):
+            route = "inbox" if (i // len(sessions)) % 2 == 0 else "outbox"
+            reply = await http.post(f"/{sessions[i % len(sessions)]}/{route}?token={TOKEN}", frame(BIG))
+            if reply.code == 503:
+                self.assertEqual(reply.json(), {"error": "buffer_full"})
+                refused += 1
+            else:
+                self.assertEqual(reply.code, 200)
+                accepted += 1
+        growth = memory(pid)["VmHWM"] - base
+        bound = 64 * MiB + SLACK
+        print(f"\nMCP backlogs: {posts} frames of {BIG // 1024} KiB into {len(sessions)} sessions, {accepted} held, "
+              f"{refused} refused; peak +{growth / MiB:.1f} MiB (bound {bound / MiB:.0f} MiB)")
+        self.assertEqual(accepted, 64 * MiB // BIG)
+        self.assertEqual(refused, posts - accepted)
+        self.assertLess(growth, bound)
+
+
+# Property: malformed requests on every route, one relay for the whole run ----------------------------
+
+_SESSION = "hyp-sess"
+_ROUTES = ["register", "inbox", "outbox", "events", "poll", "unregister"]
+_PARAMS = ["token", "direction", "client", "wait", "subscriber"]
+# Any code point, lone surrogates included (and, often, the ones that break naive code).
+_TEXT = st.one_of(
+    st.text(st.characters(exclude_categories=()), max_size=24),
+    st.sampled_from(["\ud800", "\udfff", "a\udbffb", "\x00", "\r\n", "\ufeff", "\u2028", "\U0001f600"]),
+)
+_NUMBERS = ["1e400", "-1e400", "9" * 5000, "-" + "9" * 5000, "1" + "0" * 30, "-0", "1.5e-400", "18446744073709551616",
+            "1E+2", "-1.5e308", "0.0000001"]
+
+
+class _Literal(str):
+    """JSON text written as it is (a number no Python value writes that way)."""
+
+
+_JSON_LEAF = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False), _TEXT,
+    st.sampled_from(_NUMBERS).map(_Literal),
+)
+_JSON = st.recursive(
+    _JSON_LEAF, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT, inner, max_size=4), max_leaves=10
+)
+_WHITESPACE = st.sampled_from([b"", b" ", b"\n", b"\r\n", b"\t", b"\r"])
+
+
+@st.composite
+def _json_text(draw: Any, value: Any = None) -> bytes:
+    """JSON text of C{value} (drawn when None): any whitespace between tokens, strings escaped to
+    ASCII or written raw (a lone surrogate then becomes invalid UTF-8)."""
+    ascii_only = draw(st.booleans())
+    ws = draw(_WHITESPACE)
+
+    def write(v: Any) -> bytes:
+        if isinstance(v, _Literal):
+            return str(v).encode()
+        if isinstance(v, str):
+            return json.dumps(v, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
+        if isinstance(v, dict):
+            items = [write(k) + ws + b":" + ws + write(x) for k, x in v.items()]
+            return b"{" + ws + (b"," + ws).join(items) + ws + b"}"
+        if isinstance(v, list):
+            return b"[" + ws + (b"," + ws).join(write(x) for x in v) + ws + b"]"
+        return json.dumps(v).encode()
+
+    return write(draw(_JSON) if value is None else value)
+
+
+@st.composite
+def _frame(draw: Any) -> bytes:
+    """Mostly valid JSON-RPC (so frames get past parsing), holding any values."""
+    message: dict[Any, Any] = {"jsonrpc": draw(st.sampled_from(["2.0", "2.0", "2.0", "1.0"]))}
+    if draw(st.booleans()):
+        message["method"] = draw(st.one_of(_TEXT, st.sampled_from(["tools/call", "notifications/peer_joined"])))
+    if draw(st.booleans()):
+        message["id"] = draw(_JSON)
+    for key in draw(st.lists(st.sampled_from(["params", "result", "error"]), max_size=2, unique=True)):
+        message[key] = draw(_JSON)
+    if draw(st.integers(0, 5)) == 0:
+        return draw(_json_text([message, message]))
+    return draw(_json_text(message))
+
+
+def _percent(draw: Any) -> bytes:
+    raw = draw(st.one_of(
+        _TEXT.map(lambda t: t.encode("utf-8", "surrogatepass")),
+        st.binary(max_size=16),
+        st.sampled_from([b"9" * 5000, b"-" + b"9" * 5000, b"outbound", b"0", TOKEN.encode(), b"0123456789abcdef"]),
+    ))
+    return urllib.parse.quote_from_bytes(raw, safe=b"").encode() if draw(st.booleans()) else raw.translate(
+        None, b" #\r\n"
+    )
+
+
+@st.composite
+def _authenticated(draw: Any) -> bytes:
+    """A request that gets past auth into the broker: a frame for the live session, or a poll of it."""
+    extra = b"".join(b"&" + name + b"=" + _percent(draw) for name in draw(st.lists(
+        st.sampled_from([b"client", b"direction", b"wait", b"subscriber"]), max_size=3)))
+    if draw(st.booleans()):
+        route = draw(st.sampled_from([b"inbox", b"outbox"]))
+        target = b"/" + _SESSION.encode() + b"/" + route + b"?token=" + TOKEN.encode() + extra
+        return raw_request(b"POST", target, [(b"content-type", b"application/json")], draw(_frame()))
+    wait = b"&wait=" + draw(st.sampled_from([b"0", b"1", b"-" + b"9" * 5000, b"%FF", b"0" * 5000 + b"1"]))
+    target = b"/" + _SESSION.encode() + b"/poll?token=" + TOKEN.encode() + wait + extra
+    return raw_request(draw(st.sampled_from([b"GET", b"HEAD"])), target)
+
+
+@st.composite
+def _request(draw: Any) -> bytes:
+    """One request as bytes: anything, at any route."""
+    route = draw(st.sampled_from(_ROUTES + ["healthz", "other"]))
+    session = draw(st.one_of(st.just(_SESSION), st.just(_SESSION), st.from_regex(r"[A-Za-z0-9_-]{4,64}", fullmatch=True),
+                             _TEXT.map(lambda t: urllib.parse.quote(t.encode("utf-8", "surrogatepass")))))
+    path = {"register": "/register", "healthz": "/healthz", "other": f"/{session}"}.get(route, f"/{session}/{route}")
+    # Half the time the route's own method, so requests get past routing into the broker.
+    own = b"GET" if route in ("events", "poll", "healthz") else b"POST"
+    method = draw(st.sampled_from([own, own, own, b"GET", b"POST", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"BREW"]))
+    query = b"&".join(
+        draw(st.sampled_from(_PARAMS).map(str.encode) | st.binary(max_size=6).map(
+            lambda b: urllib.parse.quote_from_bytes(b).encode())) + b"=" + _percent(draw)
+        for _ in range(draw(st.integers(0, 4)))
+    )
+    token_ok = draw(st.booleans())
+    if token_ok:
+        query = b"token=" + TOKEN.encode() + (b"&wait=0" if route == "poll" else b"") + (b"&" + query if query else b"")
+    target = path.encode() + (b"?" + query if query else b"")
+    headers: list[tuple[bytes, bytes]] = []
+    if draw(st.booleans()):
+        headers.append((b"authorization", draw(st.one_of(
+            st.just(b"Bearer " + TOKEN.encode()), st.binary(max_size=40).map(lambda b: b"Bearer " + b),
+            st.binary(max_size=40),
+        )).translate(None, b"\r\n")))
+    if draw(st.booleans()):
+        headers.append((b"content-type", draw(st.one_of(
+            st.sampled_from([b"application/json", b"Application/JSON; Charset=utf-8", b"text/plain", b""]),
+            st.binary(max_size=30),
+        )).translate(None, b"\r\n")))
+    if draw(st.booleans()):
+        headers.append((b"origin", draw(st.binary(max_size=30)).translate(None, b"\r\n")))
+    body = None
+    if method != b"GET" or draw(st.booleans()):
+        body = draw(st.one_of(
+            _frame(), _frame(), _json_text(), st.binary(max_size=64),
+            st.builds(lambda s, t: {"session": s, "token": t}, _JSON | st.just(_SESSION), _JSON | st.just(TOKEN))
+            .flatmap(lambda v: _json_text(v)),
+        ))
+    return raw_request(method, target, headers, body)
+
+
+class MalformedRequests(TestCase):
+    """Hypothesis drives malformed requests at every route of one relay (started once, in this
+    class's only test): never a 5xx, always an answer, and afterwards a clean log and a live relay."""
+
+    timeout = 120
+
+    async def test_no_request_gets_a_5xx_or_goes_unanswered(self) -> None:
+        proc = await start_mcp(self)
+        http = Http(self, proc.port("mcp"))
+        await register(http, _SESSION)
+        port = proc.port("mcp")
+        answered: list[int] = []
+
+        @settings(max_examples=400, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))
+        @given(st.one_of(_request(), _authenticated()))
+        def check(request: bytes) -> None:
+            status, _, _ = exchange(port, request)
+            assert status < 500, (status, request[:300])
+            answered.append(status)
+
+        await deferToThread(check)
+        self.assertGreater(len(set(answered)), 4)  # the requests reached many outcomes, not one wall
+        await assert_clean_log(self, proc, http)
+
+
+class AnyFrameOnAStream(TestCase):
+    """Hypothesis posts any frame a client might send while a reader listens over SSE: each arrives
+    as one C{data:} line holding the same JSON text less its line breaks, or is refused with a 4xx."""
+
+    timeout = 120
+
+    async def test_frames_never_break_sse_framing(self) -> None:
+        proc = await start_mcp(self)
+        http = Http(self, proc.port("mcp"))
+        await register(http, _SESSION)
+        port = proc.port("mcp")
+
+        def run() -> None:
+            import socket
+
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as reader:
+                # HTTP/1.0: the stream comes unchunked, exactly as an EventSource parses it.
+                reader.sendall(f"GET /{_SESSION}/events?token={TOKEN} HTTP/1.0\r\n\r\n".encode())
+                pending = b""
+
+                def next_event() -> bytes:
+                    nonlocal pending
+                    while True:
+                        while b"\n\n" not in pending:
+                            chunk = reader.recv(65536)
+                            assert chunk, "the stream ended"
+                            pending += chunk
+                        event, pending = pending.split(b"\n\n", 1)
+                        if b"event: mcp" in event:
+                            return event
+
+                @settings(max_examples=300, deadline=None, database=None, derandomize=True,
+                          suppress_health_check=list(HealthCheck))
+                @given(_frame())
+                def check(body: bytes) -> None:
+                    status, _, _ = exchange(port, raw_request(
+                        b"POST", f"/{_SESSION}/inbox?token={TOKEN}".encode(), [(b"content-type", b"application/json")],
+                        body,
+                    ))
+                    assert status in (200, 401), (status, body[:200])
+                    if status != 200:
+                        return
+                    event = next_event()
+                    lines = event.split(b"\n")
+                    assert lines[0] == b"event: mcp" and len(lines) == 2 and lines[1].startswith(b"data: "), event
+                    assert b"\r" not in event, event
+                    # The same JSON text with only its line breaks (whitespace between tokens) gone.
+                    assert lines[1][len(b"data: "):] == body.translate(None, b"\r\n"), (event, body)
+
+                check()
+
+        await deferToThread(run)
+        await assert_clean_log(self, proc, http)

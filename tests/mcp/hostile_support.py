@@ -25,12 +25,18 @@ CLEAN_ENV = {name: "" for name in ("PORT", "HOST", "PREFIX", "TTL_MS", "CORS_ALL
 _sentinels = itertools.count()
 
 
-async def start_mcp(case: TestCase, *flags: str, env: Mapping[str, str] | None = None) -> RelaydProcess:
+async def start_mcp(
+    case: TestCase,
+    *flags: str,
+    env: Mapping[str, str] | None = None,
+    listen: str = "tcp:0:interface=127.0.0.1",
+    wait_for: tuple[str, ...] = ("mcp",),
+) -> RelaydProcess:
     """C{twistd -n relayd} with only the MCP wing, on a free loopback port; killed at cleanup."""
     proc = await RelaydProcess.start(
-        ["--no-aep", "--mcp-listen", "tcp:0:interface=127.0.0.1", *flags],
+        ["--no-aep", "--mcp-listen", listen, *flags],
         env={**CLEAN_ENV, **(env or {})},
-        wait_for=("mcp",),
+        wait_for=wait_for,
     )
     case.addCleanup(proc.kill)
     return proc
