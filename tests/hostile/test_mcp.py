@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import urllib.parse
 from typing import Any
 
@@ -21,7 +22,6 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
@@ -721,8 +721,6 @@ class AnyFrameOnAStream(TestCase):
         port = proc.port("mcp")
 
         def run() -> None:
-            import socket
-
             with socket.create_connection(("127.0.0.1", port), timeout=10) as reader:
                 # HTTP/1.0: the stream comes unchunked, exactly as an EventSource parses it.
                 reader.sendall(f"GET /{_SESSION}/events?token={TOKEN} HTTP/1.0\r\n\r\n".encode())
