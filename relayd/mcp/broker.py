@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import re
 import secrets
 from dataclasses import dataclass
@@ -84,6 +85,9 @@ class BrokerConfig:
     queue_max_bytes: int = 8 * 1024 * 1024
     backlog_frames: int = 64
     correlations_per_session: int = 1000
+    # Bytes of frames held for readers that are not there yet or not polling (every queue and
+    # first-frame backlog of the store together); a post that would need more is refused.
+    max_buffered_bytes: int = 64 * 1024 * 1024
 
 
 class Sink(Protocol):
@@ -119,12 +123,17 @@ class Frame:
 
     @property
     def sse(self) -> bytes:
-        """The SSE event: compact frames pass byte for byte; one with a line break is re-serialised
-        compactly (decision MCP 4), so each C{data:} line is a whole frame."""
+        """The SSE event: one C{data:} line holding the whole frame (decision MCP 4).
+
+        Valid JSON holds CR and LF only as whitespace between tokens (inside a string they must be
+        escaped), so removing them leaves the same message and cannot join two tokens: no parse, no
+        re-serialisation, nothing a client chose (huge numbers, lone-surrogate escapes) is changed,
+        and no client byte can end the C{data:} line early. Frames without them pass byte for byte.
+        """
         if self._sse is None:
             data = self.raw
             if b"\n" in data or b"\r" in data:
-                data = _dumps(self.message)
+                data = data.translate(None, b"\r\n")
             self._sse = b"event: mcp\ndata: " + data + b"\n\n"
         return self._sse
 
@@ -193,22 +202,59 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _js_number(text: str) -> int | float:
+    """An integer literal as orjson reads it: exact within 64 bits, else the nearest double.
+
+    (JSON.parse reads every number as a double; Python's C{int()} refuses literals over 4300 digits.)
+    """
+    if len(text) <= 20:
+        value = int(text)
+        if -(2**63) <= value < 2**64:
+            return value
+    return float(text)  # never raises: beyond the double range it is +-inf, as in JavaScript
+
+
 def loads_json(data: bytes) -> Any:
+    """Parse JSON text; L{ValueError} for anything that is not JSON (invalid UTF-8 included)."""
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
-        # orjson refuses integers beyond 64 bits, which JSON (and JSON.parse) accepts.
+        # orjson refuses what JSON (and JSON.parse) accepts: numbers beyond the double range, and
+        # escapes of lone surrogates ("\ud800"). The json module reads them.
         try:
-            return json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+            return json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_int=_js_number)
         except (UnicodeDecodeError, RecursionError) as e:
             raise ValueError(str(e)) from None
 
 
+def _finite(value: Any) -> Any:
+    """C{value} as JSON.stringify sees it: non-finite numbers are null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
 def _dumps(value: Any) -> bytes:
+    """Compact JSON of a parsed value; L{ValueError} if it cannot be written (nested too deep)."""
     try:
         return orjson.dumps(value)
     except TypeError:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        pass
+    # orjson refuses strings holding lone surrogates (which JSON can carry as escapes) and nesting
+    # deeper than 254; the json module writes both. Non-ASCII stays as it is unless a lone surrogate
+    # forces escapes (UTF-8 cannot carry one).
+    try:
+        value = _finite(value)
+        try:
+            return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return json.dumps(value, separators=(",", ":"), allow_nan=False).encode("ascii")
+    except RecursionError:
+        raise ValueError("nested too deep to serialise") from None
 
 
 def token_hash(token: str) -> str:
@@ -221,14 +267,25 @@ def utf16_length(text: str) -> int:
     return len(text) + sum(1 for ch in text if ord(ch) > 0xFFFF)
 
 
+_WAIT = re.compile(r"\s*([+-]?)0*([0-9]*)")
+
+
 def parse_wait_ms(value: str | None) -> int:
-    """The poll park window: JavaScript C{parseInt(v, 10)} clamped to 0..25000; absent is 20000."""
+    """The poll park window: JavaScript C{parseInt(v, 10)} clamped to 0..25000; absent is 20000.
+
+    Total over any text: only ASCII digits count (as for parseInt), and a literal of any length is
+    clamped without converting more digits than the bound has.
+    """
     if value is None:
         return POLL_DEFAULT_WAIT_MS
-    match = re.match(r"\s*([+-]?\d+)", value)
-    if match is None:
-        return 0
-    return max(0, min(POLL_MAX_WAIT_MS, int(match.group(1))))
+    match = _WAIT.match(value)
+    assert match is not None  # every part of the pattern may be empty
+    sign, digits = match.groups()
+    if sign == "-" or not digits:
+        return 0  # negative, or no digits (NaN in JavaScript): no parking
+    if len(digits) > len(str(POLL_MAX_WAIT_MS)):
+        return POLL_MAX_WAIT_MS
+    return min(POLL_MAX_WAIT_MS, int(digits))
 
 
 @dataclass
@@ -507,9 +564,20 @@ class Broker:
         frame = parse_frame(body)
         if reason is not None or frame is None:
             raise Refused("invalid_token_or_frame")
+        recorded = False
         if frame.is_request:
-            frame = await self._correlate(session_id, frame, label)
-        await self._fan_out(session_id, INBOUND, frame)
+            try:
+                frame = await self._correlate(session_id, frame, label)
+            except ValueError:
+                raise Refused("invalid_token_or_frame") from None  # an id or frame too deep to write
+            recorded = label is not None
+        try:
+            await self._fan_out(session_id, INBOUND, frame)
+        except Refused:
+            if recorded:
+                # Not delivered: nothing will answer this request, so do not keep its reply route.
+                await self.store.consume_correlation(session_id, frame.id_key)
+            raise
 
     async def _correlate(self, session_id: str, frame: Frame, label: str | None) -> Frame:
         """Record who asked (decision MCP 6); rewrite the id when another request holds it."""
@@ -541,31 +609,68 @@ class Broker:
         if reason is not None or frame is None:
             raise Refused("invalid_token_or_frame")
         if frame.is_response:
-            correlation = await self.store.consume_correlation(session_id, frame.id_key)
-            if correlation is not None and correlation.original_id is not None:
-                frame = frame.with_id(loads_json(correlation.original_id))
-            inbound, outbound = await self.store.all_subscribers(session_id)
-            labelled = any(s.label is not None for s in outbound) or any(s.label is not None for s in inbound)
-            if labelled:
-                # Scoped: only the asker's subscribers; an uncorrelated or replayed reply reaches nobody.
+            try:
+                key = frame.id_key
+            except ValueError:
+                raise Refused("invalid_token_or_frame") from None  # an id too deep to write
+            correlation = await self.store.consume_correlation(session_id, key)
+            try:
+                if await self._route_reply(session_id, frame, correlation):
+                    return
+            except Refused:
                 if correlation is not None:
-                    await self._deliver([s for s in outbound if s.label == correlation.label], frame)
-                return
-            if outbound:
-                await self._deliver(outbound, frame)
-                return
+                    # Nothing was delivered: the page's retry must find its asker again.
+                    await self.store.record_correlation(
+                        session_id, key, correlation, self.config.correlations_per_session
+                    )
+                raise
         await self._fan_out(session_id, OUTBOUND, frame)
 
-    async def _fan_out(self, session_id: str, direction: str, frame: Frame, backlog: bool = True) -> None:
+    async def _route_reply(self, session_id: str, frame: Frame, correlation: Correlation | None) -> bool:
+        """Deliver a reply to its asker (decision MCP 6); C{False} when it goes to every reader instead."""
+        if correlation is not None and correlation.original_id is not None:
+            try:
+                frame = frame.with_id(loads_json(correlation.original_id))
+            except ValueError:
+                raise Refused("invalid_token_or_frame") from None  # a reply too deep to rewrite
+        inbound, outbound = await self.store.all_subscribers(session_id)
+        labelled = any(s.label is not None for s in outbound) or any(s.label is not None for s in inbound)
+        if labelled:
+            # Scoped: only the asker's subscribers; an uncorrelated or replayed reply reaches nobody.
+            if correlation is not None:
+                await self._deliver([s for s in outbound if s.label == correlation.label], frame)
+            return True
+        if outbound:
+            await self._deliver(outbound, frame)
+            return True
+        return False
+
+    async def _fan_out(self, session_id: str, direction: str, frame: Frame, posted: bool = True) -> None:
+        """Deliver to every subscriber of a direction; a posted frame nobody reads yet is backlogged."""
         subscribers = await self.store.subscribers(session_id, direction)
         if subscribers:
-            await self._deliver(subscribers, frame)
-        elif backlog:
+            await self._deliver(subscribers, frame, posted)
+        elif posted:
             # Decision MCP 1: hold it for the first subscriber instead of dropping it.
+            await self._admit(len(frame.raw))
             await self.store.append_backlog(session_id, direction, frame.raw, self.config.backlog_frames)
 
-    async def _deliver(self, subscribers: list[SubscriberRecord], frame: Frame) -> None:
+    async def _admit(self, needed: int) -> None:
+        """Refuse (before any of it is stored) a frame that would take the buffered total over the bound."""
+        if needed and await self.store.buffered_bytes() + needed > self.config.max_buffered_bytes:
+            raise Refused("buffer_full")
+
+    async def _deliver(self, subscribers: list[SubscriberRecord], frame: Frame, posted: bool = True) -> None:
+        """Hand a frame to subscribers: local streams, other instances' streams, poll queues.
+
+        A posted frame is admitted against the buffered bound first (all or nothing); the relay's
+        own presence notifications are not (small, and they must not fail a subscribe).
+        """
         config = self.config
+        if posted:
+            pollers = sum(1 for sub in subscribers if sub.kind != SSE)
+            if pollers:
+                await self._admit(pollers * len(frame.json_string))
         sinks = self._sinks
         remote: dict[str, list[str]] | None = None
         woken: list[str] | None = None
@@ -612,7 +717,7 @@ class Broker:
         if self.draining:
             return
         params = b'{"subscriberId":"%s","ts":%d}' % (subscriber_id.encode(), int(self._now() * 1000))
-        await self._fan_out(session_id, INBOUND, notification(method, params), backlog=False)
+        await self._fan_out(session_id, INBOUND, notification(method, params), posted=False)
 
     async def _open_stream(
         self, session_id: str, token: str, direction: str, label: str | None, sink: Sink

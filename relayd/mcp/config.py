@@ -151,6 +151,15 @@ SETTINGS: list[Setting] = [
         env=("RELAYD_MCP_QUEUE_BYTES",),
         metavar="BYTES",
     ),
+    Setting(
+        "mcp-max-buffered-bytes",
+        64 * 1024 * 1024,
+        "most bytes of frames held for absent readers (first-frame backlogs and poll queues), all "
+        "sessions together (with --redis: the whole deployment); a post beyond answers 503 buffer_full",
+        parse=positive_int,
+        env=("RELAYD_MCP_MAX_BUFFERED_BYTES",),
+        metavar="BYTES",
+    ),
 ]
 
 

@@ -54,7 +54,12 @@ _SSE_HEADERS = [
     (b"connection", b"keep-alive"),
     (b"x-accel-buffering", b"no"),
 ]
-_STATUS = {"session_gone": 410, "too_many_sessions": 503}
+# What a known path allows (RFC 9110: a 405 names them in C{Allow}); HEAD wherever GET is.
+_ALLOW = {route: b"GET, HEAD, OPTIONS" if m == b"GET" else b"POST, OPTIONS" for route, m in _METHODS.items()}
+_HEALTH_ALLOW = b"GET, HEAD"
+_STATUS = {"session_gone": 410, "too_many_sessions": 503, "buffer_full": 503}
+# A full buffer frees as readers take their frames: the client may retry soon.
+BUFFER_FULL_RETRY_AFTER = b"5"
 
 
 def unavailable_body(error: StoreUnavailable) -> bytes:
@@ -78,6 +83,13 @@ def _token(request: Request) -> str:
 
 def _direction(request: Request) -> str:
     return OUTBOUND if query_param(request, "direction") == "outbound" else INBOUND
+
+
+def _wait(request: Request) -> str | None:
+    # Absent means the default wait; a value that is not UTF-8 reads as JavaScript's URLSearchParams
+    # reads it (U+FFFD), which parses as no number: no parking.
+    values = request.args.get(b"wait")
+    return values[0].decode("utf-8", "replace") if values else None
 
 
 def _label(request: Request) -> str | None:
@@ -181,8 +193,7 @@ class _PollAnswer:
             return
         resource = self.resource
         if f.check(Refused):
-            reason = f.value.reason
-            resource._finish_json(self.request, status_for(reason), b'{"error":"%s"}' % reason.encode())
+            resource._refuse(self.request, f.value.reason)
             return
         if f.check(StoreUnavailable):
             resource._finish_json(self.request, 503, unavailable_body(f.value))
@@ -221,19 +232,36 @@ class McpResource(Resource):
     # routing -----------------------------------------------------------------------------------
 
     def render(self, request: Request) -> Any:
+        body = self._render(request)
+        if request.method == b"HEAD" and isinstance(body, bytes):
+            # RFC 9110 §9.3.2: the headers GET would get (its length included), no body. Returning
+            # the body would make Twisted drop it with a logged complaint.
+            request.setHeader(b"content-length", b"%d" % len(body))
+            return b""
+        return body
+
+    def _render(self, request: Request) -> Any:
         method = request.method
-        if method == b"GET" and request.uri in self._health:
-            request.setHeader(b"content-type", b"application/json")
-            return HEALTH_BODY
+        if request.uri in self._health:
+            if method == b"GET" or method == b"HEAD":
+                request.setHeader(b"content-type", b"application/json")
+                return HEALTH_BODY
+            request.setHeader(b"allow", _HEALTH_ALLOW)
+            return self._json(request, 405, b'{"error":"method_not_allowed"}')
         # Decision MCP 3: every answer a browser may need to read carries CORS, 404 included.
         self.policy.apply(request)
         route, session_id = self._route(request.path)
         if route is None:
             return self._json(request, 404, b'{"error":"not_found"}')
         if method == b"OPTIONS":
+            request.setHeader(b"allow", _ALLOW[route])
             request.setResponseCode(204)
             return b""
-        if method != _METHODS[route]:
+        expected = _METHODS[route]
+        if method == b"HEAD" and expected == b"GET":
+            return self._head(request, route, session_id)
+        if method != expected:
+            request.setHeader(b"allow", _ALLOW[route])
             return self._json(request, 405, b'{"error":"method_not_allowed"}')
         handler = self._handlers[route]
         try:
@@ -271,6 +299,12 @@ class McpResource(Resource):
         request.write(body)
         request.finish()
 
+    def _refuse(self, request: Request, reason: str) -> None:
+        """Finish with a refusal's status and C{{"error": reason}} (and when to retry, if it passes)."""
+        if reason == "buffer_full" and not _gone(request):
+            request.setHeader(b"retry-after", BUFFER_FULL_RETRY_AFTER)
+        self._finish_json(request, status_for(reason), b'{"error":"%s"}' % reason.encode())
+
     def _answer(self, request: Request, d: Deferred[Any], ok: Callable[[Any], bytes]) -> Any:
         """Answer C{200 ok(result)} or the refusal as C{{"error": reason}}."""
 
@@ -279,8 +313,7 @@ class McpResource(Resource):
 
         def failure(f: Failure) -> None:
             if f.check(Refused):
-                reason = f.value.reason
-                self._finish_json(request, status_for(reason), b'{"error":"%s"}' % reason.encode())
+                self._refuse(request, f.value.reason)
             elif f.check(StoreUnavailable):
                 self._finish_json(request, 503, unavailable_body(f.value))
             else:
@@ -354,16 +387,56 @@ class McpResource(Resource):
                 self._log.failure("MCP events failed", f)
                 self._finish_json(request, 500, b'{"error":"internal_error"}')
                 return
-            if _gone(request):
-                return
-            body = b"event: error\ndata: " + f.value.reason.encode() + b"\n\n"
-            request.setResponseCode(status_for(f.value.reason))
-            request.setHeader(b"content-type", b"text/event-stream")
-            request.setHeader(b"content-length", b"%d" % len(body))
-            request.write(body)
-            request.finish()
+            self._refuse_stream(request, f.value.reason)
 
         d.addCallbacks(opened, refused)
+        return NOT_DONE_YET
+
+    @staticmethod
+    def _refuse_stream(request: Request, reason: str) -> None:
+        """An C{events} refusal: its status and an SSE C{error} event (reasons are the relay's own words)."""
+        if _gone(request):
+            return
+        body = b"event: error\ndata: " + reason.encode() + b"\n\n"
+        request.setResponseCode(status_for(reason))
+        request.setHeader(b"content-type", b"text/event-stream")
+        request.setHeader(b"content-length", b"%d" % len(body))
+        request.write(body)
+        request.finish()
+
+    def _head(self, request: Request, route: bytes, session_id: str) -> Any:
+        """HEAD on C{events} or C{poll}: the status and headers GET would get, without its work.
+
+        HEAD is safe (RFC 9110 §9.2.1): it neither subscribes (no C{peer_joined}) nor takes frames;
+        it authenticates like GET, so a bad token or a gone session answers as GET would.
+        """
+
+        def checked(reason: str | None) -> None:
+            if _gone(request):
+                return
+            if reason is not None:
+                if route == b"events":
+                    self._refuse_stream(request, reason)
+                else:
+                    self._refuse(request, reason)
+                return
+            request.setResponseCode(200)
+            if route == b"events":
+                for name, value in _SSE_HEADERS:
+                    request.setHeader(name, value)
+            else:
+                request.setHeader(b"content-type", b"application/json")
+                request.setHeader(b"cache-control", b"no-store")
+            request.finish()
+
+        def failed(f: Failure) -> None:
+            if f.check(StoreUnavailable):
+                self._finish_json(request, 503, unavailable_body(f.value))
+                return
+            self._log.failure("MCP HEAD failed", f)
+            self._finish_json(request, 500, b'{"error":"internal_error"}')
+
+        self.broker.check(session_id, _token(request)).addCallbacks(checked, failed)
         return NOT_DONE_YET
 
     def _poll(self, request: Request, session_id: str) -> Any:
@@ -371,7 +444,7 @@ class McpResource(Resource):
             session_id,
             _token(request),
             _direction(request),
-            parse_wait_ms(query_param(request, "wait")),
+            parse_wait_ms(_wait(request)),
             query_param(request, "subscriber"),
             _label(request),
         )

@@ -12,6 +12,9 @@ Layout (every key under the deployment's prefix, default C{relayd:}):
 - C{mcp:b:<session>:<direction>}: list, the first-frame backlog.
 - C{mcp:c:<session>}: hash request-id key -> JSON C{[label, original id]}; C{mcp:co:<session>}: sorted
   set of the same keys by insertion (oldest evicted first).
+- C{mcp:buffered}: bytes of frames in every queue and backlog of the deployment, kept by the same
+  scripts that add and remove them (the bound C{--mcp-max-buffered-bytes} applies to it, so in Redis
+  mode it is one bound for all instances together).
 
 Every read-modify-write is one Lua script, so instances never lose each other's updates. (Keys are
 built inside the scripts: Redis Cluster is not supported; use one primary.)
@@ -36,6 +39,16 @@ from relayd.mcp.store import (
 from relayd.redis import Redis
 
 STORE = "mcp"
+
+# Prepended to every script that removes frames: the buffered-bytes counter never goes below zero
+# (frames stored before the counter existed are released without ever having been counted).
+_RELEASE = b"""
+local function release(p, n)
+  if n > 0 and redis.call('DECRBY', p .. 'mcp:buffered', n) < 0 then
+    redis.call('SET', p .. 'mcp:buffered', 0)
+  end
+end
+"""
 # A parked poll lasts at most 25 s; one parked far longer belongs to an instance that died.
 STALE_PARKED_S = 120.0
 
@@ -109,11 +122,12 @@ if r[1] == 'poll' then redis.call('ZADD', p .. 'mcp:pollers', r[4], s .. '/' .. 
 return 1
 """
 
-_SUB_REMOVE = b"""
+_SUB_REMOVE = _RELEASE + b"""
 local p, s, d, id = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local key = p .. 'mcp:sub:' .. s .. ':' .. d
 local v = redis.call('HGET', key, id)
 local qk = s .. '/' .. d .. '/' .. id
+release(p, tonumber(redis.call('HGET', p .. 'mcp:qm:' .. qk, 'b') or '0'))
 redis.call('DEL', p .. 'mcp:q:' .. qk, p .. 'mcp:qm:' .. qk)
 redis.call('ZREM', p .. 'mcp:pollers', qk)
 if not v then return false end
@@ -149,7 +163,7 @@ end
 return out
 """
 
-_DROP_SESSION = b"""
+_DROP_SESSION = _RELEASE + b"""
 local p, s = ARGV[1], ARGV[2]
 local out = {}
 for _, d in ipairs({'inbound', 'outbound'}) do
@@ -157,26 +171,33 @@ for _, d in ipairs({'inbound', 'outbound'}) do
   local all = redis.call('HGETALL', key)
   for i = 1, #all, 2 do
     local qk = s .. '/' .. d .. '/' .. all[i]
+    release(p, tonumber(redis.call('HGET', p .. 'mcp:qm:' .. qk, 'b') or '0'))
     redis.call('DEL', p .. 'mcp:q:' .. qk, p .. 'mcp:qm:' .. qk)
     redis.call('ZREM', p .. 'mcp:pollers', qk)
     out[#out + 1] = d; out[#out + 1] = all[i]; out[#out + 1] = all[i + 1]
   end
-  redis.call('DEL', key, p .. 'mcp:b:' .. s .. ':' .. d)
+  local backlog = p .. 'mcp:b:' .. s .. ':' .. d
+  local size = 0
+  for _, f in ipairs(redis.call('LRANGE', backlog, 0, -1)) do size = size + #f end
+  release(p, size)
+  redis.call('DEL', key, backlog)
 end
 redis.call('DEL', p .. 'mcp:c:' .. s, p .. 'mcp:co:' .. s)
 return out
 """
 
-_PUSH = b"""
+_PUSH = _RELEASE + b"""
 local p, k, item = ARGV[1], ARGV[2], ARGV[3]
 local max_items, max_bytes = tonumber(ARGV[4]), tonumber(ARGV[5])
 local q, m = p .. 'mcp:q:' .. k, p .. 'mcp:qm:' .. k
 local n = redis.call('RPUSH', q, item)
 local bytes = redis.call('HINCRBY', m, 'b', #item)
+redis.call('INCRBY', p .. 'mcp:buffered', #item)
 local dropped = 0
 while n > 1 and (n > max_items or bytes > max_bytes) do
   local old = redis.call('LPOP', q)
   bytes = redis.call('HINCRBY', m, 'b', -#old)
+  release(p, #old)
   n = n - 1
   dropped = dropped + 1
 end
@@ -184,11 +205,12 @@ if dropped > 0 then redis.call('HINCRBY', m, 'd', dropped) end
 return dropped
 """
 
-_TAKE = b"""
+_TAKE = _RELEASE + b"""
 local p, k = ARGV[1], ARGV[2]
 local q, m = p .. 'mcp:q:' .. k, p .. 'mcp:qm:' .. k
 local items = redis.call('LRANGE', q, 0, -1)
 local dropped = redis.call('HGET', m, 'd')
+release(p, tonumber(redis.call('HGET', m, 'b') or '0'))
 redis.call('DEL', q, m)
 return {items, tonumber(dropped or '0')}
 """
@@ -199,20 +221,29 @@ local q, m = p .. 'mcp:q:' .. k, p .. 'mcp:qm:' .. k
 for i = #ARGV, 3, -1 do
   redis.call('LPUSH', q, ARGV[i])
   redis.call('HINCRBY', m, 'b', #ARGV[i])
+  redis.call('INCRBY', p .. 'mcp:buffered', #ARGV[i])
 end
 return 1
 """
 
-_BACKLOG_APPEND = b"""
-local key = ARGV[1]
-redis.call('RPUSH', key, ARGV[2])
-redis.call('LTRIM', key, -tonumber(ARGV[3]), -1)
+_BACKLOG_APPEND = _RELEASE + b"""
+local p, key, cap = ARGV[1], ARGV[2], tonumber(ARGV[4])
+local n = redis.call('RPUSH', key, ARGV[3])
+redis.call('INCRBY', p .. 'mcp:buffered', #ARGV[3])
+while n > cap do
+  release(p, #redis.call('LPOP', key))
+  n = n - 1
+end
 return 1
 """
 
-_BACKLOG_TAKE = b"""
-local items = redis.call('LRANGE', ARGV[1], 0, -1)
-redis.call('DEL', ARGV[1])
+_BACKLOG_TAKE = _RELEASE + b"""
+local p, key = ARGV[1], ARGV[2]
+local items = redis.call('LRANGE', key, 0, -1)
+local size = 0
+for _, f in ipairs(items) do size = size + #f end
+release(p, size)
+redis.call('DEL', key)
 return items
 """
 
@@ -383,15 +414,19 @@ class RedisStore:
     def size(self, key: str) -> Deferred[int]:
         return self.redis.execute(STORE, "LLEN", self.prefix + b"mcp:q:" + key.encode()).addCallback(int)
 
+    def buffered_bytes(self) -> Deferred[int]:
+        d = self.redis.execute(STORE, "GET", self.prefix + b"mcp:buffered")
+        return d.addCallback(lambda n: max(0, int(n or 0)))
+
     # backlogs
 
     def append_backlog(self, session_id: str, direction: str, frame: bytes, cap: int) -> Deferred[None]:
         key = self._key("b", session_id, direction)
-        return self.redis.eval(STORE, _BACKLOG_APPEND, [], [key, frame, cap]).addCallback(_none)
+        return self._eval(_BACKLOG_APPEND, key, frame, cap).addCallback(_none)
 
     def take_backlog(self, session_id: str, direction: str) -> Deferred[list[bytes]]:
         key = self._key("b", session_id, direction)
-        return self.redis.eval(STORE, _BACKLOG_TAKE, [], [key]).addCallback(lambda items: list(items or []))
+        return self._eval(_BACKLOG_TAKE, key).addCallback(lambda items: list(items or []))
 
     # correlations
 

@@ -104,6 +104,7 @@ def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | N
         max_sessions=settings["mcp-max-sessions"],
         queue_max_frames=settings["mcp-queue-frames"],
         queue_max_bytes=settings["mcp-queue-bytes"],
+        max_buffered_bytes=settings["mcp-max-buffered-bytes"],
     )
     store, bus = _shared_state(settings, clock)
     broker = Broker(store, clock, config, bus)

@@ -177,6 +177,10 @@ class IFrameQueues(Interface):
     def size(key: str) -> Deferred[int]:
         """How many items are queued."""
 
+    def buffered_bytes() -> Deferred[int]:
+        """Bytes of frames held in every queue and first-frame backlog together (the broker keeps
+        this under C{max_buffered_bytes} before it adds more)."""
+
 
 class IBacklogs(Interface):
     """Frames posted while a direction had no subscriber (decision MCP 1)."""
@@ -226,6 +230,8 @@ class MemoryStore:
         self.backlogs: dict[tuple[str, str], deque[bytes]] = {}
         self.correlations: dict[str, OrderedDict[bytes, Correlation]] = {}
         self.max_queue_items_seen = 0
+        # Bytes of frames in every queue and backlog: what this process holds for absent readers.
+        self.buffered = 0
 
     # sessions
 
@@ -303,7 +309,9 @@ class MemoryStore:
             record = by_dir.get(direction, {}).pop(subscriber_id, None)
             if not any(by_dir.values()):
                 del self.subs[session_id]
-        self.queues.pop(queue_key(session_id, direction, subscriber_id), None)
+        q = self.queues.pop(queue_key(session_id, direction, subscriber_id), None)
+        if q is not None:
+            self.buffered -= q.bytes
         return succeed(record)
 
     def idle_pollers(self, cutoff: float) -> Deferred[list[SubscriberRecord]]:
@@ -321,9 +329,13 @@ class MemoryStore:
         by_dir = self.subs.pop(session_id, {})
         removed = [r for d in by_dir.values() for r in d.values()]
         for r in removed:
-            self.queues.pop(r.queue_key, None)
+            q = self.queues.pop(r.queue_key, None)
+            if q is not None:
+                self.buffered -= q.bytes
         for direction in DIRECTIONS:
-            self.backlogs.pop((session_id, direction), None)
+            backlog = self.backlogs.pop((session_id, direction), None)
+            if backlog:
+                self.buffered -= sum(len(f) for f in backlog)
         self.correlations.pop(session_id, None)
         return succeed(removed)
 
@@ -335,10 +347,13 @@ class MemoryStore:
             q = self.queues[key] = _Queue()
         q.items.append(item)
         q.bytes += len(item)
+        self.buffered += len(item)
         dropped = 0
         # Always keep the newest item, even if it alone exceeds the byte bound (frames are capped anyway).
         while len(q.items) > 1 and (len(q.items) > max_items or q.bytes > max_bytes):
-            q.bytes -= len(q.items.popleft())
+            size = len(q.items.popleft())
+            q.bytes -= size
+            self.buffered -= size
             dropped += 1
         q.dropped += dropped
         if len(q.items) > self.max_queue_items_seen:
@@ -351,6 +366,7 @@ class MemoryStore:
             return succeed(([], 0))
         items, dropped = list(q.items), q.dropped
         q.items.clear()
+        self.buffered -= q.bytes
         q.bytes = 0
         q.dropped = 0
         return succeed((items, dropped))
@@ -361,12 +377,17 @@ class MemoryStore:
             if q is None:
                 q = self.queues[key] = _Queue()
             q.items.extendleft(reversed(items))
-            q.bytes += sum(len(i) for i in items)
+            size = sum(len(i) for i in items)
+            q.bytes += size
+            self.buffered += size
         return succeed(None)
 
     def size(self, key: str) -> Deferred[int]:
         q = self.queues.get(key)
         return succeed(0 if q is None else len(q.items))
+
+    def buffered_bytes(self) -> Deferred[int]:
+        return succeed(self.buffered)
 
     # backlogs
 
@@ -374,12 +395,18 @@ class MemoryStore:
         backlog = self.backlogs.get((session_id, direction))
         if backlog is None:
             backlog = self.backlogs[(session_id, direction)] = deque(maxlen=cap)
+        if backlog.maxlen and len(backlog) == backlog.maxlen:
+            self.buffered -= len(backlog[0])  # the deque drops its oldest
         backlog.append(frame)
+        self.buffered += len(frame)
         return succeed(None)
 
     def take_backlog(self, session_id: str, direction: str) -> Deferred[list[bytes]]:
         backlog = self.backlogs.pop((session_id, direction), None)
-        return succeed(list(backlog) if backlog else [])
+        if not backlog:
+            return succeed([])
+        self.buffered -= sum(len(f) for f in backlog)
+        return succeed(list(backlog))
 
     # correlations
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.trial.unittest import TestCase
 
 from relayd.mcp.broker import FRAMES_DROPPED, parse_frame, parse_wait_ms
 from relayd.mcp.store import INBOUND, OUTBOUND
@@ -434,14 +437,15 @@ def test_presence_is_not_backlogged() -> None:
 # Decision 4: newline-safe SSE framing ----------------------------------------------------------
 
 
-def test_decision4_multiline_frame_sent_compact_and_compact_frames_pass_verbatim() -> None:
+def test_decision4_multiline_frame_sent_on_one_line_and_compact_frames_pass_verbatim() -> None:
     broker, _, _ = make_broker()
     page = open_sse(broker, INBOUND)
-    pretty = b'{\n  "jsonrpc": "2.0",\n  "id": 1,\n  "method": "x"\n}'
+    pretty = b'{\r\n  "jsonrpc": "2.0",\n  "id": 1,\r  "method": "x"\n}'
     compact_odd = b'{"jsonrpc":"2.0",   "method":"y" ,"id":2}'
     fired(broker.inbox(SESSION, TOKEN, pretty))
     fired(broker.inbox(SESSION, TOKEN, compact_odd))
-    assert page.events[0] == b'event: mcp\ndata: {"jsonrpc":"2.0","id":1,"method":"x"}\n\n'
+    # Line breaks are whitespace between tokens in valid JSON: removed, nothing else changes.
+    assert page.events[0] == b'event: mcp\ndata: {  "jsonrpc": "2.0",  "id": 1,  "method": "x"}\n\n'
     assert page.events[1] == b"event: mcp\ndata: " + compact_odd + b"\n\n"
 
 
@@ -561,3 +565,65 @@ def test_drain_ends_streams_and_answers_polls() -> None:
     broker.drain()
     assert page.ended and fired(d).frames == []
     assert broker.open_streams() == 0 and broker.parked_polls() == 0
+
+
+# Hostile values: total parsing and writing, the bound on bytes held for absent readers ---------------
+
+
+class HostileValues(TestCase):
+    """Whatever a client sends, the broker answers with a result or a refusal, never an exception."""
+
+    def test_wait_is_total_over_any_text(self) -> None:
+        for raw, expected in [("9" * 5000, 25000), ("-" + "9" * 5000, 0), ("0" * 5000 + "7", 7), ("+7", 7),
+                              ("\u0663", 0), (" \t12", 12), ("\ufffd", 0), ("-0", 0), ("25000", 25000)]:
+            self.assertEqual(parse_wait_ms(raw), expected, raw[:12])
+
+        @settings(max_examples=300, deadline=None, database=None)
+        @given(st.text(st.characters(exclude_categories=())))
+        def total(text: str) -> None:
+            self.assertIn(parse_wait_ms(text), range(0, 25001))
+
+        total()
+
+    def test_lone_surrogates_and_huge_numbers_in_ids_are_routed(self) -> None:
+        broker, _, _ = make_broker()
+        agent = open_sse(broker, OUTBOUND, label="a")
+        other = open_sse(broker, OUTBOUND, label="b")
+        for label in ("a", "b"):  # the same id from two clients: the second is rewritten
+            fired(broker.inbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","id":"\\ud800","method":"m"}', label))
+        (first, second) = [json.loads(json.loads(f)) for f in fired(broker.poll(SESSION, TOKEN, INBOUND, 0)).frames]
+        self.assertEqual(first["id"], "\ud800")
+        fired(broker.outbox(SESSION, TOKEN, json.dumps({"jsonrpc": "2.0", "id": second["id"], "result": 2}).encode()))
+        fired(broker.outbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","id":"\\ud800","result":1}'))
+        self.assertEqual([(m["id"], m["result"]) for m in agent.messages()[-1:]], [("\ud800", 1)])
+        self.assertEqual([(m["id"], m["result"]) for m in other.messages()[-1:]], [("\ud800", 2)])
+        for number in (b"9" * 5000, b"1e400", b"-1e400", b"123456789012345678901234567890"):
+            fired(broker.inbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","id":' + number + b',"method":"m"}', "a"))
+
+    def test_ids_nested_too_deep_to_write_are_refused_not_raised(self) -> None:
+        broker, _, _ = make_broker()
+        deep = b"[" * 1000 + b"]" * 1000  # read (orjson allows 1024 levels), too deep to write back
+        request = b'{"jsonrpc":"2.0","method":"m","id":' + deep + b"}"
+        self.assertEqual(refusal(broker.inbox(SESSION, TOKEN, request, "a")), "invalid_token_or_frame")
+        response = b'{"jsonrpc":"2.0","result":1,"id":' + deep + b"}"
+        self.assertEqual(refusal(broker.outbox(SESSION, TOKEN, response)), "invalid_token_or_frame")
+        shallow = b"[" * 300 + b"]" * 300  # deeper than orjson writes, not than the json module does
+        fired(broker.inbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","method":"m","id":' + shallow + b"}", "a"))
+
+    def test_sse_event_keeps_every_value_and_loses_only_line_breaks(self) -> None:
+        raw = b'{"jsonrpc":"2.0",\r\n"method":"m",\n"params":[1e400,"\\ud800",123456789012345678901234567890]\r}'
+        frame = parse_frame(raw)
+        assert frame is not None
+        self.assertEqual(frame.sse, b"event: mcp\ndata: " + raw.translate(None, b"\r\n") + b"\n\n")
+
+    def test_buffered_bound_is_checked_before_storing(self) -> None:
+        note = b'{"jsonrpc":"2.0","method":"m","params":"' + b"x" * 58 + b'"}'  # 100 bytes
+        broker, _, store = make_broker(max_buffered_bytes=250)
+        fired(broker.inbox(SESSION, TOKEN, note))
+        fired(broker.outbox(SESSION, TOKEN, note[:-14] + b'"}'))  # 88: 188 held
+        self.assertEqual(refusal(broker.inbox(SESSION, TOKEN, note)), "buffer_full")  # 288 > 250
+        fired(broker.inbox(SESSION, TOKEN, note[:-40] + b'"}'))  # 62: exactly 250
+        self.assertEqual(store.buffered, 250)
+        self.assertEqual(refusal(broker.inbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","method":"m"}')), "buffer_full")
+        self.assertEqual(len(fired(broker.poll(SESSION, TOKEN, INBOUND, 0)).frames), 2)
+        self.assertEqual(store.buffered, 88)

@@ -33,8 +33,12 @@ class RoutingTests(RelayTestCase):
     async def test_health_is_exact_raw_url(self) -> None:
         reply = await self.get("/?x=1")
         self.assertEqual((reply.code, reply.json()), (404, {"error": "not_found"}))
+        # HEAD works wherever GET does (RFC 9110): the headers, GET's length, no body.
         head = await self.request("HEAD", "/")
-        self.assertEqual(head.code, 404)
+        self.assertEqual((head.code, head.body), (200, b""))
+        self.assertEqual(head.header("content-length"), str(len(b'{"ok":true,"service":"agent-integrations-relay"}')))
+        head = await self.request("HEAD", "/?x=1")
+        self.assertEqual((head.code, head.body), (404, b""))
 
     async def test_not_found_shapes(self) -> None:
         await self.register()
@@ -267,9 +271,9 @@ class EventsTests(RelayTestCase):
     async def test_decision4_multiline_frame_is_one_data_line(self) -> None:
         await self.register()
         stream = await self.events()
-        await self.post(f"/sess/inbox?token={TOKEN}", raw=b'{\n "jsonrpc": "2.0",\n "method": "x"\n}')
+        await self.post(f"/sess/inbox?token={TOKEN}", raw=b'{\n "jsonrpc": "2.0",\r\n "method": "x"\n}')
         event = await next_mcp(stream)
-        self.assertEqual(event.data, '{"jsonrpc":"2.0","method":"x"}')
+        self.assertEqual(event.data, '{ "jsonrpc": "2.0", "method": "x"}')
         self.assertEqual(event.fields, ["event", "data"])
 
     async def test_presence_and_peer_left_on_disconnect(self) -> None:

@@ -178,6 +178,32 @@ class McpStoreContract:
         self.assertEqual(len(await store.subscribers("keep", OUTBOUND)), 1)
         self.assertEqual([r.id for r in await store.idle_pollers(1e12)], ["c" * 16])
 
+    async def test_buffered_bytes_follow_every_frame_in_and_out(self) -> None:
+        store = await self.make()
+        key = queue_key("sess", OUTBOUND, "a" * 16)
+        await store.add_subscriber(sub("a" * 16))
+        self.assertEqual(await store.buffered_bytes(), 0)
+        await store.push(key, b"x" * 10, 2, 1000)
+        await store.push(key, b"y" * 20, 2, 1000)
+        await store.push(key, b"z" * 30, 2, 1000)  # evicts the 10
+        self.assertEqual(await store.buffered_bytes(), 50)
+        items, _ = await store.take(key)
+        self.assertEqual(await store.buffered_bytes(), 0)
+        await store.put_back(key, items)  # a poll whose client went away
+        self.assertEqual(await store.buffered_bytes(), 50)
+        for size in (5, 6, 7, 8):  # a backlog of 3: the 5 is dropped
+            await store.append_backlog("sess", INBOUND, b"b" * size, 3)
+        await store.append_backlog("other", INBOUND, b"o" * 100, 3)
+        self.assertEqual(await store.buffered_bytes(), 50 + 21 + 100)
+        self.assertEqual(len(await store.take_backlog("other", INBOUND)), 1)
+        self.assertEqual(await store.buffered_bytes(), 71)
+        await store.remove_subscriber("sess", OUTBOUND, "a" * 16)
+        self.assertEqual(await store.buffered_bytes(), 21)
+        await store.add_subscriber(sub("b" * 16))
+        await store.push(queue_key("sess", OUTBOUND, "b" * 16), b"q" * 40, 10, 1000)
+        await store.drop_session_state("sess")  # its queue and its backlog
+        self.assertEqual(await store.buffered_bytes(), 0)
+
 
 class MemoryStoreTests(McpStoreContract, TestCase):
     async def make(self) -> IMcpStore:
