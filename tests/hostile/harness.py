@@ -127,19 +127,18 @@ def request(
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
-def judge(answer: Answer, *, expected: int = 1, silent_close: bool = False, lax: frozenset[str] = frozenset()) -> None:
+def judge(answer: Answer, *, expected: int = 1, silent_close: bool = False) -> None:
     """Invariant 1 for one connection that sent C{expected} requests.
 
     Every response is complete and below C{500}; a response without a length or chunks says
     C{connection: close}; C{405} names C{Allow}; C{431} explains itself in a body. Fewer than
     C{expected} responses are fine only when the server closed after one that said
     C{connection: close} (it reads nothing after that), or, with C{silent_close}, closed without
-    a word (the client broke off its own request). C{lax} names rules not applied (a known wing
-    defect awaiting its fix: C{"405-allow"}).
+    a word (the client broke off its own request).
     """
     problems = []
     for response in answer.responses:
-        problems += _response_problems(response, lax)
+        problems += _response_problems(response)
     if answer.rest:
         problems.append("an incomplete or malformed response")
     if len(answer.responses) < expected:
@@ -154,14 +153,14 @@ def judge(answer: Answer, *, expected: int = 1, silent_close: bool = False, lax:
         raise AssertionError("; ".join(problems) + " -- " + answer.describe())
 
 
-def _response_problems(response: Response, lax: frozenset[str]) -> list[str]:
+def _response_problems(response: Response) -> list[str]:
     problems = []
     if response.status >= 500:
         problems.append(f"{response.status} answered")
     framed = response.header(b"content-length") is not None or response.header(b"transfer-encoding") is not None
     if not framed and response.status not in (204, 304) and response.header(b"connection") != b"close":
         problems.append(f"{response.status} without a length or connection: close")
-    if response.status == 405 and not response.header(b"allow") and "405-allow" not in lax:
+    if response.status == 405 and not response.header(b"allow"):
         problems.append("405 without Allow")
     if response.status == 431 and not response.body:
         problems.append("431 without a body")
