@@ -3,6 +3,7 @@ close what it served."""
 
 from __future__ import annotations
 
+import re
 import time
 import weakref
 from typing import Any
@@ -375,8 +376,8 @@ class RelaySite(Site):
         if not self.access_log:
             return
         duration = round((time.monotonic() - started) * 1000, 1) if started else None
-        verb = method.decode("ascii", "replace")
-        where = _strip_query(path).decode("utf-8", "replace")
+        verb = _loggable(method)
+        where = _loggable(_strip_query(path))
         _access_log.info(
             # Rendered here once: twisted.logger's own formatting of five fields cost a third of
             # the line's price, and one line is written per request.
@@ -421,6 +422,18 @@ def _connected(protocol: Any) -> bool:
 
 def _strip_query(path: bytes) -> bytes:
     return path.split(b"?", 1)[0]
+
+
+# Bytes a client could use to break or forge an access line: controls (Twisted lets DEL through in a
+# path), spaces and the line's own quote.
+_UNLOGGABLE = re.compile(rb'[\x00-\x20\x7f"]')
+
+
+def _loggable(value: bytes) -> str:
+    """C{value} for an access line: unsafe bytes percent-encoded, the rest as UTF-8 (U+FFFD if not)."""
+    if _UNLOGGABLE.search(value):
+        value = _UNLOGGABLE.sub(lambda m: b"%%%02X" % m.group()[0], value)
+    return value.decode("utf-8", "replace")  # (Twisted refuses non-ASCII request targets)
 
 
 def _host_of(address: Any) -> str:

@@ -12,6 +12,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
 from twisted.internet.testing import EventLoggingObserver
+from twisted.internet.threads import deferToThread
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
@@ -20,6 +21,7 @@ from twisted.web.server import NOT_DONE_YET
 
 from relayd.web.site import RelaySite
 from tests.support.aep import AEPRelay, event, ndjson
+from tests.support.raw import exchange
 from tests.support.sse import SSEClient
 from tests.support.ws import WSClient
 
@@ -275,3 +277,26 @@ async def _turns(n: int) -> None:
         d: Deferred[None] = Deferred()
         reactor.callLater(0, d.callback, None)
         await d
+
+
+class AccessLineEscaping(TestCase):
+    """No byte a client chooses can break an access line or forge another (a raw DEL or a quote in
+    the path)."""
+
+    def setUp(self) -> None:
+        self.log = EventLoggingObserver.createWithCleanup(self, globalLogPublisher)
+        self.site = RelaySite(_Plain())
+        self.site.relay = "test"
+        self.port = reactor.listenTCP(0, self.site, interface="127.0.0.1")
+        self.addCleanup(self.port.stopListening)
+
+    async def test_unsafe_bytes_are_percent_encoded(self) -> None:
+        port = self.port.getHost().port
+        for target, logged in (
+            (b"/a\x7fb", "/a%7Fb"),
+            (b'/q"uote', "/q%22uote"),
+            (b"/plain/%0A", "/plain/%0A"),
+        ):
+            await deferToThread(exchange, port, b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            self.assertEqual(access_lines(self.log)[-1]["path"], logged)
+            self.assertNotIn("\n", access_lines(self.log)[-1]["access_line"])
