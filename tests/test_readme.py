@@ -1,7 +1,7 @@
 """README.md's quick tour runs as written, against a real relayd (and a real Nostr relay for the broker).
 
 The tour is read from README.md itself, so the README cannot drift from what relayd does. Under
-C{## A quick tour with curl}, every C{sh} block whose first line is C{# terminal N...} is run, in
+C{## A quick tour with curl}, every C{sh} block (its first line must be C{# terminal N...}) is run, in
 document order: the blocks before the first C{###} heading (starting relayd) and then those of one
 C{###} section per test. Within a block:
 
@@ -118,6 +118,7 @@ def parse_block(first_line: int, lines: list[str]) -> list[Step]:
 def parse_tour(text: str) -> dict[str, list[Step]]:
     """The tour's steps: C{""} for the blocks before the first C{###} section, then one per section."""
     lines = text.splitlines()
+    assert TOUR in lines, f"README.md has no '{TOUR}' section"
     begin = lines.index(TOUR)
     sections: dict[str, list[Step]] = {"": []}
     name = ""
@@ -130,7 +131,8 @@ def parse_tour(text: str) -> dict[str, list[Step]]:
         elif line.startswith("```"):
             end = lines.index("```", i + 1)
             block = lines[i + 1 : end]
-            if line == "```sh" and block and _HEADER.match(block[0]):
+            if line == "```sh":  # a tour block nobody runs could drift: every one names its terminal
+                assert block and _HEADER.match(block[0]), f"README.md:{i + 2}: the block has no '# terminal N' line"
                 sections[name] += parse_block(i + 2, block)
             i = end
         i += 1
@@ -248,12 +250,13 @@ class ReadmeTour(TestCase):
 
     async def server(self, step: Step) -> bool:
         """Start what the step starts in the test's own way, if it is relayd or a Nostr relay."""
-        code = " ".join(line for line in step.code.splitlines() if _is_code(line))
-        words = shlex.split(code) if code else []
-        if words[: len(_RELAYD)] == _RELAYD:
+        code = "\n".join(line for line in step.code.splitlines() if _is_code(line)).replace("\\\n", " ")
+        if code.startswith("twistd "):
+            words = shlex.split(code)
+            self.assertEqual(words[: len(_RELAYD)], _RELAYD, f"{step.where()}: relayd is started as {_RELAYD}")
             await self.start_relayd(step, words[len(_RELAYD) :])
             return True
-        if words[-2:] == ["nostr-relay", "serve"]:
+        if re.search(r"(?:^|&& )nostr-relay serve$", code):
             self.start_nostr_relay()
             return True
         return False

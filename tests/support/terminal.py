@@ -89,9 +89,9 @@ class Terminal:
 
     async def close(self) -> None:
         """Close the window: end bash and whatever still runs in it."""
-        if not self.command.exited.called:
+        if self.command.transport.pid is not None:  # None once bash is reaped (it exited by itself)
             os.killpg(self.command.transport.pid, signal.SIGKILL)
-            await self.command.exited
+        await self.command.exited
 
 
 def _quote(text: str) -> str:
