@@ -269,6 +269,8 @@ class ReadmeTour(TestCase):
         options = [self.rewrite(step, a) for a in args] + listen
         self.relayd = await RelaydProcess.start(options, env=CLEAN_ENV, wait_for=(), cwd=self.dir)
         ready = await self.relayd.wait_for(rb"relayd ready: ([a-z, ]+)")
+        for address in DEFAULTS.values():  # a wing the new relayd does not serve is gone
+            self.addresses.pop(address, None)
         for wing in ready.group(1).decode().split(", "):
             port = (await self.relayd.wait_for(rb"%s listening on [^:\s]+:(\d+)" % wing.encode())).group(1)
             self.addresses[DEFAULTS[wing]] = f"127.0.0.1:{port.decode()}"
