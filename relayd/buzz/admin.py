@@ -18,7 +18,7 @@ from typing import Sequence, TextIO
 
 from relayd.buzz import contract, nostr
 from relayd.buzz.config import KEK_ENV
-from relayd.buzz.host import credential_hash
+from relayd.buzz.host import CHANNEL_ACTIONS, credential_hash
 from relayd.buzz.keys import Custody, KEKError, load_kek
 from relayd.buzz.state import Agent, StateDB
 
@@ -50,7 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     issue = sub.add_parser("issue", help="issue a credential (printed once)")
     common(issue)
     issue.add_argument("--agent", required=True, help="agent name (or public key of an existing agent)")
-    issue.add_argument("--channel", action="append", default=[], help="channel UUID the credential may act in (repeatable)")
+    issue.add_argument(
+        "--channel",
+        action="append",
+        default=[],
+        help="channel UUID the credential may act in (repeatable; required unless --actions has no channel action)",
+    )
     issue.add_argument("--actions", default=",".join(contract.ACTIONS), help="comma-separated actions (default: all nine)")
     issue.add_argument("--secret-key-file", help="file holding the agent's key (64 hex or nsec1)")
     issue.add_argument("--owner", help="public key of the agent's owner (for storage.address)")
@@ -127,6 +132,15 @@ def _issue(args: argparse.Namespace, db: StateDB, out: TextIO, err: TextIO) -> i
     unknown = [a for a in actions if a not in contract.ACTIONS]
     if unknown or not actions:
         raise _UsageError(f"--actions: unknown action {unknown[0]!r}" if unknown else "--actions: empty")
+    in_channels = [a for a in actions if a in CHANNEL_ACTIONS]
+    if in_channels and not channels:
+        # Without a channel these actions are always refused: say so now rather than hand out a
+        # credential that silently cannot post or read anywhere.
+        raise _UsageError(
+            f"--channel is required for {', '.join(in_channels)} (repeat it for each channel); "
+            "without a channel, --actions may only name "
+            + ",".join(a for a in contract.ACTIONS if a not in CHANNEL_ACTIONS)
+        )
     custody = _custody(args)
     existing = _find_agent(db, args.agent)
     if args.secret_key_file:

@@ -121,7 +121,7 @@ class HostTests(unittest.TestCase):
         b = body("channel.read", {"channelId": self.channel}, rid)
         _, d1 = await self.broker.post(b, self.cred)
         # a second credential for the same agent with no read permission replays the recorded verdict
-        narrow = self.broker.issue(self.alice["agentPubkey"], "--actions", "message.post")
+        narrow = self.broker.issue(self.alice["agentPubkey"], "--actions", "message.post", "--channel", self.channel)
         _, d2 = await self.broker.post(b, narrow["credential"])
         assert json.loads(d2)["replayed"] is True and json.loads(d2)["status"] == "succeeded"
         assert json.loads(d1)["status"] == "succeeded"

@@ -104,7 +104,7 @@ class OperationsTests(unittest.TestCase):
         with open(key_file, "w") as f:
             f.write("00" * 31 + "01\n")
         owner = "c6047f9441ed7d6d3045406e95c07cd85c778e4b8cef3ca7abac09b95c709ee5"
-        vec = self.broker.issue("vector-agent", "--secret-key-file", key_file, "--owner", owner)
+        vec = self.broker.issue("vector-agent", "--secret-key-file", key_file, "--owner", owner, "--actions", "storage.address")
         assert vec["agentPubkey"] == nostr.Signer((1).to_bytes(32, "big")).pubkey
         expected = {
             "core": "bdc233238ffe52e272b44cc233c8f33a2bc510b08be04495b225964283be4a90",
@@ -117,7 +117,7 @@ class OperationsTests(unittest.TestCase):
 
     async def test_storage_address_for_an_admin_minted_key(self) -> None:
         owner = nostr.Signer(nostr.generate_secret())
-        minted = self.broker.issue("minted-agent", "--owner", owner.pubkey)
+        minted = self.broker.issue("minted-agent", "--owner", owner.pubkey, "--actions", "storage.address")
         out = ok(await self.broker.call(minted["credential"], "storage.address", {"slug": "mem/slice-c"}))
         # The owner derives the same address from its side of the conversation key.
         assert out["dTag"] == nostr.d_tag(owner.conversation_key(minted["agentPubkey"]), "mem/slice-c")

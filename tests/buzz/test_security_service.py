@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import stat
 import tempfile
 
@@ -78,7 +79,7 @@ def test_sealed_keys_do_not_open_without_the_kek(tmp_path: object) -> None:
     with open(key_file, "w") as f:
         f.write(secret.hex())
     out = io.StringIO()
-    assert admin.main(["issue", "--state-dir", d, "--kek-file", kek_file, "--agent", "a", "--secret-key-file", key_file], stdout=out) == 0
+    assert admin.main(["issue", "--state-dir", d, "--kek-file", kek_file, "--agent", "a", "--secret-key-file", key_file, "--channel", new_channel()], stdout=out) == 0
     issued = json.loads(out.getvalue())
     raw = open(os.path.join(d, "broker.sqlite3"), "rb").read()
     for path in os.listdir(d):
@@ -129,8 +130,61 @@ def test_admin_issue_list_revoke(tmp_path: object) -> None:
     bad_key = os.path.join(d, "bad.key")
     with open(bad_key, "w") as f:
         f.write("ff" * 32)  # above the group order
-    assert admin.main(["issue", "--state-dir", d, "--agent", "x", "--secret-key-file", bad_key], stdout=io.StringIO(), stderr=err) == 2
+    err = io.StringIO()
+    assert admin.main(["issue", "--state-dir", d, "--agent", "x", "--secret-key-file", bad_key, "--channel", ch], stdout=io.StringIO(), stderr=err) == 2
+    assert err.getvalue().startswith("relayd-admin broker: --secret-key-file: ")
     assert "ff" * 32 not in err.getvalue()
+
+
+class AdminIssueChannelScope(unittest.TestCase):
+    """C{broker issue} names the channels of a credential whose actions act in channels."""
+
+    def setUp(self) -> None:
+        self.dir = os.path.join(tempfile.mkdtemp(prefix="relayd-admin-"), "state")
+        self.addCleanup(shutil.rmtree, os.path.dirname(self.dir))
+
+    def issue(self, *args: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        code = admin.main(["issue", "--state-dir", self.dir, "--agent", "scoped", *args], stdout=out, stderr=err)
+        return code, out.getvalue(), err.getvalue()
+
+    def listed(self) -> list[dict[str, object]]:
+        out = io.StringIO()
+        assert admin.main(["list", "--state-dir", self.dir], stdout=out) == 0
+        return [json.loads(line) for line in out.getvalue().splitlines()]
+
+    def test_no_channel_with_the_default_actions_is_a_usage_error(self) -> None:
+        code, out, err = self.issue()
+        self.assertEqual((code, out), (2, ""))
+        self.assertEqual(
+            err,
+            "relayd-admin broker: --channel is required for agents.create, channel.read, message.post, "
+            "message.reply, reaction.add (repeat it for each channel); without a channel, --actions may only "
+            "name profile.set,storage.address,agents.update,agents.delete\n",
+        )
+        self.assertEqual(self.listed(), [])  # nothing issued, no agent minted
+        db = StateDB.in_dir(self.dir)
+        self.addCleanup(db.close)
+        self.assertEqual(db.agents(), [])
+
+    def test_one_channel_action_without_a_channel_is_named(self) -> None:
+        code, _, err = self.issue("--actions", "profile.set,channel.read")
+        self.assertEqual(code, 2)
+        self.assertIn("--channel is required for channel.read (", err)
+        self.assertEqual(self.listed(), [])
+
+    def test_one_channel_is_enough_and_channels_repeat(self) -> None:
+        one, two = new_channel(), new_channel()
+        self.assertEqual(self.issue("--channel", one)[0], 0)
+        self.assertEqual(self.issue("--channel", one, "--channel", two.upper())[0], 0)
+        self.assertEqual(sorted(row["channels"] for row in self.listed()), sorted([[one], sorted([one, two])]))
+
+    def test_channel_less_actions_need_no_channel(self) -> None:
+        code, out, err = self.issue("--actions", "profile.set,storage.address,agents.update,agents.delete")
+        self.assertEqual((code, err), (0, ""))
+        self.assertEqual(set(json.loads(out)), {"credential", "agentPubkey"})
+        (row,) = self.listed()
+        self.assertEqual(row["channels"], [])
 
 
 @pytest.mark.usefixtures("relay_for_class")

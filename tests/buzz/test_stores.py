@@ -35,6 +35,7 @@ from relayd.clock import Clock
 from tests.support.redis import connected_redis, shared_redis
 
 P = "a" * 64
+CHANNEL = "b2c38ca8-9ec3-411e-bab5-f9deab34d52e"  # a credential with channel actions needs one
 _prefixes = itertools.count()
 
 
@@ -91,7 +92,7 @@ class CredentialAndAgentStoreTests(TestCase):
         self.assertTrue(verifyObject(IAgentStore, self.state))
 
     async def test_credential_lookup_and_revocation_by_another_process(self) -> None:
-        issued = self.issue("--agent", "alice", "--actions", "channel.read")
+        issued = self.issue("--agent", "alice", "--actions", "channel.read", "--channel", CHANNEL)
         h = credential_hash(issued["credential"])
         cred = await self.state.credential(h)
         assert cred is not None and not cred.revoked
@@ -103,17 +104,17 @@ class CredentialAndAgentStoreTests(TestCase):
         assert again is not None and again.revoked
 
     async def test_agent_lookup_sees_other_writers(self) -> None:
-        issued = self.issue("--agent", "bob")
+        issued = self.issue("--agent", "bob", "--actions", "profile.set")
         agent = await self.state.agent(issued["agentPubkey"])
         assert agent is not None and agent.name == "bob" and agent.owner is None and not agent.deleted
         owner = "79be667ef9dcbbac55a06295ce870b07029bfcdb2dce28d959f2815b16f81798"
-        self.issue("--agent", issued["agentPubkey"], "--owner", owner)
+        self.issue("--agent", issued["agentPubkey"], "--owner", owner, "--actions", "storage.address")
         changed = await self.state.agent(issued["agentPubkey"])
         assert changed is not None and changed.owner == owner
         assert await self.state.agent("b" * 64) is None
 
     async def test_effects_create_update_delete(self) -> None:
-        issued = self.issue("--agent", "owner")
+        issued = self.issue("--agent", "owner", "--channel", CHANNEL)
         kid = "c6047f9441ed7d6d3045406e95c07cd85c778e4b8cef3ca7abac09b95c709ee5"
         await self.state.apply_effects([managed(kid, "kid", issued["agentPubkey"])])
         agent = await self.state.agent(kid)
@@ -128,7 +129,7 @@ class CredentialAndAgentStoreTests(TestCase):
         updated = await self.state.agent(kid)
         assert updated is not None and updated.name == "kid2" and updated.settings == {"respondTo": "anyone"}
         assert await self.state.agents_named(issued["agentPubkey"], "kid") == []
-        kid_cred = self.issue("--agent", kid)
+        kid_cred = self.issue("--agent", kid, "--channel", CHANNEL)
         await self.state.apply_effects([{"op": "delete_agent", "pubkey": kid}])
         deleted = await self.state.agent(kid)
         assert deleted is not None and deleted.deleted and deleted.sealed_key is None
