@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
@@ -17,7 +17,7 @@ from relayd.aep.capture import capture_error
 from relayd.aep.envelope import classify
 from relayd.aep.event import NOTICE, Event, JSONError, admit, dumps, parse_json
 from relayd.aep.filters import compile_filter, filter_error
-from relayd.aep.relay import Relay, Subscriber
+from relayd.aep.relay import Relay, ReplayItem, Subscriber, count_replay, held_size, replay_items
 from relayd.aep.store import Position, Replay
 from relayd.redis import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param, tokens_equal
@@ -26,6 +26,7 @@ from relayd.web.sse import SSEHub, SSEStream, sse_comment
 
 SOFT_BACKLOG = 1024 * 1024  # above this, events below `notice` are dropped for a slow consumer
 HARD_BACKLOG = 8 * 1024 * 1024  # above this, the consumer is cut off (it resumes by position)
+REPLAY_CHUNK = 64 * 1024  # bytes of replay produced per reactor turn, only while the client keeps up
 
 JSON_TYPE = b"application/json"
 NDJSON_TYPE = b"application/x-ndjson"
@@ -138,14 +139,40 @@ def _integer(value: Any, minimum: int) -> int | None:
 
 
 class SSESubscriber(Subscriber):
-    """An SSE consumer: frames written to its stream, with the soft/hard backlog policy."""
+    """An SSE consumer: frames written to its stream, with the soft/hard backlog policy.
 
-    __slots__ = ("stream", "dropped")
+    The live events held while its replay is sent count against the same bounds as what its stream
+    queues: they are what it has not been sent yet.
+    """
+
+    __slots__ = ("stream", "dropped", "held_bytes")
 
     def __init__(self, match: Callable[[dict[str, Any]], bool], ceiling: str | None, stream: SSEStream):
         super().__init__(match, ceiling)
         self.stream = stream
         self.dropped = 0
+        self.held_bytes = 0
+
+    def held(self, event: Event) -> None:
+        stream = self.stream
+        if stream.closed:
+            return
+        size = held_size(event, self.level(event))
+        backlog = self.held_bytes + size + stream.backlog
+        if backlog > SOFT_BACKLOG and event.severity < NOTICE:
+            self.dropped += 1
+            _SLOW_CONSUMER.inc()
+            return
+        held = self._held
+        assert held is not None
+        if backlog > HARD_BACKLOG:
+            _CUT_OFF.inc(len(held) + 1)  # the consumer lags by more than the bound: it resumes by position
+            held.clear()
+            self.held_bytes = 0
+            stream.abort()
+            return
+        self.held_bytes += size
+        held.append(event)
 
     def send(self, event: Event) -> None:
         stream = self.stream
@@ -306,7 +333,9 @@ class AEPResource(Resource):
             # Registered (and holding live events) before the history is read, so nothing that
             # arrives meanwhile is missed whatever the store's latency.
             sub.hold()
-            self.relay.subscribe(key, sub)
+            if not self.relay.subscribe(key, sub):
+                body = dumps({"error": "limit-exceeded", "max_subscribers": self.relay.max_subscribers})
+                return _respond(request, 503, body, [(b"content-type", JSON_TYPE), CORS_ANY])
         # The history is read before any header goes out, so a store that cannot answer gets a
         # 503 the client can act on; with the in-memory log this all happens in this call.
         d = self.relay.expand_all() if from_value == "all" else succeed(from_value)
@@ -326,15 +355,16 @@ class AEPResource(Resource):
         fetched: tuple[list[tuple[str, Replay]], bool],
         history_only: bool,
     ) -> None:
-        if request._disconnected:
+        stream = sub.stream
+        if request._disconnected or stream.closed:  # gone, or cut off already for what it held
             self.relay.unsubscribe(key)
             return
-        stream = sub.stream
         stream.on_close = lambda: self._closed(key)
         stream.start(SSE_HEADERS)
         self.sse_subscribers += 1
         replays, from_all = fetched
-        self._write_replay(sub, replays, from_all, history_only)
+        count_replay(replays, from_all)
+        stream.produce(SSEReplay(sub, replay_items(sub, replays, from_all), history_only))
 
     def _store_unavailable(self, request: Request, key: object, failure: Failure) -> None:
         self.relay.unsubscribe(key)
@@ -404,29 +434,62 @@ class AEPResource(Resource):
                 entries = [*entries, (filter_session, (0, -1))]
         return self.relay.replay(entries).addCallback(lambda replays: (replays, from_all))
 
-    def _write_replay(
-        self, sub: SSESubscriber, replays: list[tuple[str, Replay]], from_all: bool, history_only: bool
-    ) -> None:
+
+class SSEReplay:
+    """The source of one SSE stream's replay (L{SSEStream.produce}): the history, then the live
+    events held meanwhile, a chunk at a time as the client reads; then live delivery, or for
+    C{live=0} the C{replay-complete} comment and the end of the stream."""
+
+    __slots__ = ("sub", "items", "history_only")
+
+    def __init__(self, sub: SSESubscriber, items: Iterator[ReplayItem], history_only: bool) -> None:
+        self.sub = sub
+        self.items = items
+        self.history_only = history_only
+
+    def __call__(self) -> bool:
+        sub = self.sub
         stream = sub.stream
-        exhausted = sent = 0
-        for session, replay in replays:
-            if replay.exhausted is not None and not from_all:
-                exhausted += 1
-                epoch, seq = replay.exhausted
-                stream.write(sse_comment(f"replay-exhausted {session} {epoch}:{seq}"))
-            for event in replay.events:
-                if sub.wants(event):
-                    sub.send(event)
+        budget = REPLAY_CHUNK
+        sent = 0
+        try:
+            for item in self.items:
+                if type(item) is tuple:
+                    session, (epoch, seq) = item
+                    frame = sse_comment(f"replay-exhausted {_one_line(session)} {epoch}:{seq}")
+                else:
+                    # The frame alone: its chunked form is only worth keeping for a live fan-out.
+                    frame = item.sse_frame(sub.level(item))  # type: ignore[union-attr]
                     sent += 1
-        if replays:
-            outcome = "exhausted" if exhausted else "complete"
-            metrics.replays.labels(relay="aep", outcome=outcome).inc()
+                stream.write(frame)
+                budget -= len(frame)
+                if budget <= 0:
+                    return True
+        finally:
             if sent:
                 _REPLAYED.inc(sent)
-        if history_only:
+        held = sub._held
+        while held:
+            event = held.popleft()
+            level = sub.level(event)
+            sub.held_bytes -= held_size(event, level)
+            frame = event.sse_frame(level)
+            stream.write(frame)
+            budget -= len(frame)
+            if budget <= 0:
+                return True
+        sub.release()  # nothing is held: live events go straight to the stream from now on
+        sub.held_bytes = 0
+        if self.history_only:
             stream.close(sse_comment("replay-complete"))
-        else:
-            sub.release()
+        return False
+
+
+def _one_line(text: str) -> str:
+    """C{text} with its line breaks escaped, for an SSE comment line."""
+    if "\n" in text or "\r" in text:
+        return text.replace("\r", "\\r").replace("\n", "\\n")
+    return text
 
 
 def _last_event_id(request: Request) -> tuple[str, Position] | None:

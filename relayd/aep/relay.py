@@ -7,8 +7,9 @@ frames through the small interfaces below.
 from __future__ import annotations
 
 import time
+from collections import deque
 from time import perf_counter
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence, Union
 
 from twisted.internet.defer import Deferred, FirstError, gatherResults, succeed
 from twisted.logger import Logger
@@ -38,6 +39,7 @@ class Subscriber:
 
     While it replays history its live deliveries are held, then released in arrival order, so a
     resuming consumer never misses an event that arrives mid-replay (whatever the store's latency).
+    Transports bound what is held (L{held}) by the consumer's backlog bound.
     """
 
     __slots__ = ("match", "ceiling", "_held")
@@ -45,7 +47,7 @@ class Subscriber:
     def __init__(self, match: Callable[[dict[str, Any]], bool], ceiling: str | None) -> None:
         self.match = match
         self.ceiling = ceiling
-        self._held: list[Event] | None = None
+        self._held: deque[Event] | None = None
 
     def level(self, event: Event) -> str | None:
         """The capture level to send C{event} at (C{None}: as stored)."""
@@ -57,21 +59,77 @@ class Subscriber:
         return match is match_all or match(event.ev)
 
     def hold(self) -> None:
-        self._held = []
+        """Hold live deliveries from now on (a replay is being read and sent)."""
+        self._held = deque()
+
+    @property
+    def holding(self) -> bool:
+        return self._held is not None
 
     def release(self) -> None:
+        """Send everything held, then deliver live again."""
         held, self._held = self._held, None
         for event in held or ():
             self.send(event)
 
     def deliver(self, event: Event) -> None:
         if self._held is not None:
-            self._held.append(event)
+            self.held(event)
         else:
             self.send(event)
 
+    def held(self, event: Event) -> None:
+        """Keep C{event} until the replay is sent (transports override this to bound it)."""
+        self._held.append(event)  # type: ignore[union-attr]
+
     def send(self, event: Event) -> None:
         raise NotImplementedError
+
+
+def held_size(event: Event, level: str | None) -> int:
+    """What a held event will cost its consumer's backlog once framed, without framing it yet (a
+    consumer that lags may never be sent it): its JSON plus a generous allowance for the framing."""
+    return len(event.payload(level)) + HELD_FRAMING
+
+
+HELD_FRAMING = 64  # bytes: a WebSocket frame header is at most 14; SSE's `event:`/`id:` lines about this
+
+
+# One item of a replay: an event to send, or a C{(session, earliest held position)} gap marker.
+ReplayItem = Union[Event, tuple[str, Position]]
+
+
+def replay_items(sub: Subscriber, replays: Sequence[tuple[str, Replay]], from_all: bool) -> Iterator[ReplayItem]:
+    """What a subscriber's replay sends, in order: per session its C{replay-exhausted} marker (not
+    for C{from=all}), then the held events its filter takes. Lazy: the transport pulls items only
+    as its client reads (a replay can be far larger than any per-client bound)."""
+    for session, replay in replays:
+        if replay.exhausted is not None and not from_all:
+            yield session, replay.exhausted
+        for event in replay.events:
+            if sub.wants(event):
+                yield event
+
+
+def count_replay(replays: Sequence[tuple[str, Replay]], from_all: bool) -> None:
+    """The C{replays} metric of one subscription's replay (when it starts being sent)."""
+    if replays:
+        exhausted = not from_all and any(replay.exhausted is not None for _, replay in replays)
+        metrics.replays.labels(relay="aep", outcome="exhausted" if exhausted else "complete").inc()
+
+
+def unique_sessions(entries: Sequence[tuple[str, Position]]) -> list[tuple[str, Position]]:
+    """Resume entries with each session once, from the earliest position it was named with.
+
+    A session named again adds nothing but a second copy of its history, which only costs the
+    relay (a 3 KB query could ask for the same 10 000 events hundreds of times).
+    """
+    earliest: dict[str, Position] = {}
+    for session, position in entries:
+        known = earliest.get(session)
+        if known is None or position < known:
+            earliest[session] = position
+    return list(earliest.items())
 
 
 class Emitter:
@@ -115,6 +173,7 @@ class Relay:
         seconds: Callable[[], float] = time.monotonic,
         claims: IClaims | None = None,
         fanout: Any = None,
+        max_subscribers: int = 10_000,
     ) -> None:
         self.log = log
         self.claims: IClaims = claims if claims is not None else MemoryClaims()
@@ -123,6 +182,8 @@ class Relay:
         self.token = token
         self.buffer = buffer
         self.max_from = max_from
+        # Every ingested event is matched against every subscriber: their number bounds that cost.
+        self.max_subscribers = max_subscribers
         self._seconds = seconds
         self._started = seconds()
         self.subscribers: dict[object, Subscriber] = {}
@@ -274,10 +335,13 @@ class Relay:
 
     # Subscriptions and replay ------------------------------------------------------------------
 
-    def subscribe(self, key: object, sub: Subscriber) -> None:
-        """Register a subscriber (replacing one under the same key)."""
-        self.subscribers.pop(key, None)
+    def subscribe(self, key: object, sub: Subscriber) -> bool:
+        """Register a subscriber (replacing one under the same key); C{False}, and nothing
+        registered, when that would exceed C{max_subscribers}."""
+        if self.subscribers.pop(key, None) is None and len(self.subscribers) >= self.max_subscribers:
+            return False
         self.subscribers[key] = sub
+        return True
 
     def unsubscribe(self, key: object) -> bool:
         return self.subscribers.pop(key, None) is not None
@@ -287,7 +351,9 @@ class Relay:
         return self.log.sessions().addCallback(lambda sessions: [(s, (0, -1)) for s in sessions])
 
     def replay(self, entries: Sequence[tuple[str, Position]]) -> Deferred[list[tuple[str, Replay]]]:
-        """The replay of each resume entry, in order (a session named twice replays twice)."""
+        """The replay of each session named, in the order first named, from the earliest position
+        it was named with (L{unique_sessions})."""
+        entries = unique_sessions(entries)
         ds = [self.log.replay(session, after) for session, after in entries]
         d = gatherResults(ds, consumeErrors=True)
         d.addErrback(_first_failure)
