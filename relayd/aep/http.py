@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable, Iterator
+from collections import deque
+from typing import Any, Callable
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
@@ -17,8 +18,8 @@ from relayd.aep.capture import capture_error
 from relayd.aep.envelope import classify
 from relayd.aep.event import NOTICE, Event, JSONError, admit, dumps, parse_json
 from relayd.aep.filters import compile_filter, filter_error
-from relayd.aep.relay import Relay, ReplayItem, Subscriber, count_replay, held_size, replay_items
-from relayd.aep.store import Position, Replay
+from relayd.aep.relay import Relay, ReplayReader, Subscriber, held_size
+from relayd.aep.store import Position
 from relayd.redis import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param, tokens_equal
 from relayd.web.body import EarlyAnswer, read_body
@@ -145,13 +146,12 @@ class SSESubscriber(Subscriber):
     queues: they are what it has not been sent yet.
     """
 
-    __slots__ = ("stream", "dropped", "held_bytes")
+    __slots__ = ("stream", "dropped")
 
     def __init__(self, match: Callable[[dict[str, Any]], bool], ceiling: str | None, stream: SSEStream):
         super().__init__(match, ceiling)
         self.stream = stream
         self.dropped = 0
-        self.held_bytes = 0
 
     def held(self, event: Event) -> None:
         stream = self.stream
@@ -163,16 +163,13 @@ class SSESubscriber(Subscriber):
             self.dropped += 1
             _SLOW_CONSUMER.inc()
             return
-        held = self._held
-        assert held is not None
         if backlog > HARD_BACKLOG:
-            _CUT_OFF.inc(len(held) + 1)  # the consumer lags by more than the bound: it resumes by position
-            held.clear()
+            _CUT_OFF.inc(len(self._held or ()) + 1)  # it lags by more than the bound: it resumes by position
+            self._held = deque()
             self.held_bytes = 0
             stream.abort()
             return
-        self.held_bytes += size
-        held.append(event)
+        self.keep_held(event, size)
 
     def send(self, event: Event) -> None:
         stream = self.stream
@@ -340,9 +337,9 @@ class AEPResource(Resource):
         # 503 the client can act on; with the in-memory log this all happens in this call.
         d = self.relay.expand_all() if from_value == "all" else succeed(from_value)
         d.addCallback(lambda entries: self._resume(request, entries, from_value == "all"))
-        d.addCallback(lambda resolved: self._fetch(resolved, history_only, filter_session))
+        d.addCallback(lambda resolved: self._fetch(resolved, history_only, filter_session, sub))
         d.addCallbacks(
-            lambda fetched: self._open(request, key, sub, fetched, history_only),
+            lambda reader: self._open(request, key, sub, reader, history_only),
             lambda f: self._store_unavailable(request, key, f),
         )
         return NOT_DONE_YET
@@ -352,7 +349,7 @@ class AEPResource(Resource):
         request: Request,
         key: object,
         sub: SSESubscriber,
-        fetched: tuple[list[tuple[str, Replay]], bool],
+        reader: ReplayReader,
         history_only: bool,
     ) -> None:
         stream = sub.stream
@@ -362,9 +359,7 @@ class AEPResource(Resource):
         stream.on_close = lambda: self._closed(key)
         stream.start(SSE_HEADERS)
         self.sse_subscribers += 1
-        replays, from_all = fetched
-        count_replay(replays, from_all)
-        stream.produce(SSEReplay(sub, replay_items(sub, replays, from_all), history_only))
+        stream.produce(SSEReplay(sub, reader, history_only))
 
     def _store_unavailable(self, request: Request, key: object, failure: Failure) -> None:
         self.relay.unsubscribe(key)
@@ -426,63 +421,97 @@ class AEPResource(Resource):
         return entries, from_all
 
     def _fetch(
-        self, resolved: tuple[list[tuple[str, Position]], bool], history_only: bool, filter_session: str | None
-    ) -> Deferred[tuple[list[tuple[str, Replay]], bool]]:
+        self,
+        resolved: tuple[list[tuple[str, Position]], bool],
+        history_only: bool,
+        filter_session: str | None,
+        sub: SSESubscriber,
+    ) -> Deferred[ReplayReader]:
         entries, from_all = resolved
         if history_only and filter_session is not None:
             if filter_session not in {session for session, _ in entries}:
                 entries = [*entries, (filter_session, (0, -1))]
-        return self.relay.replay(entries).addCallback(lambda replays: (replays, from_all))
+        reader = self.relay.reader(sub, entries, from_all)
+        # The first page is read before any header goes out, so a store that cannot answer gets a
+        # 503 (the rest is read as the client takes it).
+        loaded = reader.load()
+        d = loaded if isinstance(loaded, Deferred) else succeed(loaded)
+        return d.addCallback(lambda _: reader)
 
 
 class SSEReplay:
-    """The source of one SSE stream's replay (L{SSEStream.produce}): the history, then the live
-    events held meanwhile, a chunk at a time as the client reads; then live delivery, or for
-    C{live=0} the C{replay-complete} comment and the end of the stream."""
+    """The source of one SSE stream's replay (L{SSEStream.produce}): the history, read and sent a
+    chunk at a time as the client reads, then the live events held meanwhile; then live delivery,
+    or for C{live=0} the C{replay-complete} comment and the end of the stream."""
 
-    __slots__ = ("sub", "items", "history_only")
+    __slots__ = ("sub", "reader", "history_only", "history_sent")
 
-    def __init__(self, sub: SSESubscriber, items: Iterator[ReplayItem], history_only: bool) -> None:
+    _log = Logger()
+
+    def __init__(self, sub: SSESubscriber, reader: ReplayReader, history_only: bool) -> None:
         self.sub = sub
-        self.items = items
+        self.reader = reader
         self.history_only = history_only
+        self.history_sent = False
 
-    def __call__(self) -> bool:
-        sub = self.sub
+    def __call__(self) -> bool | Deferred[Any]:
+        sub, reader = self.sub, self.reader
         stream = sub.stream
         budget = REPLAY_CHUNK
-        sent = 0
-        try:
-            for item in self.items:
-                if type(item) is tuple:
-                    session, (epoch, seq) = item
-                    frame = sse_comment(f"replay-exhausted {_one_line(session)} {epoch}:{seq}")
-                else:
-                    # The frame alone: its chunked form is only worth keeping for a live fan-out.
-                    frame = item.sse_frame(sub.level(item))  # type: ignore[union-attr]
-                    sent += 1
-                stream.write(frame)
-                budget -= len(frame)
-                if budget <= 0:
-                    return True
-        finally:
-            if sent:
-                _REPLAYED.inc(sent)
-        held = sub._held
-        while held:
-            event = held.popleft()
-            level = sub.level(event)
-            sub.held_bytes -= held_size(event, level)
-            frame = event.sse_frame(level)
+        if not self.history_sent:
+            sent = 0
+            try:
+                while True:
+                    item = reader.take()
+                    if item is None:
+                        loaded = reader.load()
+                        if loaded is False:
+                            break
+                        if loaded is not True:
+                            return loaded.addErrback(self._failed)  # the store answers later
+                        continue
+                    if type(item) is tuple:
+                        session, (epoch, seq) = item
+                        frame = sse_comment(f"replay-exhausted {_one_line(session)} {epoch}:{seq}")
+                    else:
+                        # The frame alone: its chunked form is only worth keeping for a live fan-out.
+                        frame = item.sse_frame(sub.level(item))  # type: ignore[union-attr]
+                        sent += 1
+                    stream.write(frame)
+                    budget -= len(frame)
+                    if budget <= 0:
+                        return True
+            except Exception:
+                self._failed(Failure())
+                return False
+            finally:
+                if sent:
+                    _REPLAYED.inc(sent)
+            self.history_sent = True
+            reader.count()
+        while budget > 0:
+            event = sub.pop_held()
+            if event is None:
+                break
+            frame = event.sse_frame(sub.level(event))
             stream.write(frame)
             budget -= len(frame)
-            if budget <= 0:
-                return True
+        else:
+            return True
         sub.release()  # nothing is held: live events go straight to the stream from now on
-        sub.held_bytes = 0
         if self.history_only:
             stream.close(sse_comment("replay-complete"))
         return False
+
+    def _failed(self, failure: Failure) -> None:
+        """The store failed after the stream started: end it (the client resumes by position)."""
+        if failure.check(StoreUnavailable):
+            self._log.warn("replay failed: {reason}", reason=failure.getErrorMessage())
+        else:
+            self._log.failure("replay failed", failure)
+        metrics.store_errors.labels(relay="aep", operation="replay").inc()
+        metrics.replays.labels(relay="aep", outcome="failed").inc()
+        self.sub.stream.abort()
 
 
 def _one_line(text: str) -> str:

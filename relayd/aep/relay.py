@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from itertools import chain
 from time import perf_counter
 from typing import Any, Callable, Iterable, Iterator, Sequence, Union
 
-from twisted.internet.defer import Deferred, FirstError, gatherResults, succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -39,15 +40,17 @@ class Subscriber:
 
     While it replays history its live deliveries are held, then released in arrival order, so a
     resuming consumer never misses an event that arrives mid-replay (whatever the store's latency).
-    Transports bound what is held (L{held}) by the consumer's backlog bound.
+    Transports bound what is held (L{held}) by the consumer's backlog bound; C{held_bytes} is
+    what it holds, counted with L{held_size}.
     """
 
-    __slots__ = ("match", "ceiling", "_held")
+    __slots__ = ("match", "ceiling", "_held", "held_bytes")
 
     def __init__(self, match: Callable[[dict[str, Any]], bool], ceiling: str | None) -> None:
         self.match = match
         self.ceiling = ceiling
         self._held: deque[Event] | None = None
+        self.held_bytes = 0
 
     def level(self, event: Event) -> str | None:
         """The capture level to send C{event} at (C{None}: as stored)."""
@@ -69,6 +72,7 @@ class Subscriber:
     def release(self) -> None:
         """Send everything held, then deliver live again."""
         held, self._held = self._held, None
+        self.held_bytes = 0
         for event in held or ():
             self.send(event)
 
@@ -80,7 +84,42 @@ class Subscriber:
 
     def held(self, event: Event) -> None:
         """Keep C{event} until the replay is sent (transports override this to bound it)."""
+        self.keep_held(event, held_size(event, self.level(event)))
+
+    def keep_held(self, event: Event, size: int) -> None:
+        self.held_bytes += size
         self._held.append(event)  # type: ignore[union-attr]
+
+    def pop_held(self) -> Event | None:
+        """The oldest event held, or C{None}."""
+        held = self._held
+        if not held:
+            return None
+        event = held.popleft()
+        self.held_bytes -= held_size(event, self.level(event))
+        return event
+
+    def forget_held(self, session: str, replayed: Sequence[Event]) -> None:
+        """Drop the held live events of C{session} that C{replayed} (a page of its replay, read
+        after they arrived) holds too, by C{(source, id)}: the replay sends them once, in position
+        order. (One pass over what is held per page read; what is held is bounded.)"""
+        held = self._held
+        if not held or not replayed:
+            return
+        keys = {event.key for event in held if event.session == session}
+        if not keys:
+            return
+        keys.intersection_update(event.key for event in replayed)
+        if not keys:
+            return
+        kept = deque()
+        for event in held:
+            if event.session == session and event.key in keys:
+                self.held_bytes -= held_size(event, self.level(event))
+            else:
+                kept.append(event)
+        held.clear()
+        held.extend(kept)
 
     def send(self, event: Event) -> None:
         raise NotImplementedError
@@ -98,24 +137,76 @@ HELD_FRAMING = 64  # bytes: a WebSocket frame header is at most 14; SSE's `event
 # One item of a replay: an event to send, or a C{(session, earliest held position)} gap marker.
 ReplayItem = Union[Event, tuple[str, Position]]
 
-
-def replay_items(sub: Subscriber, replays: Sequence[tuple[str, Replay]], from_all: bool) -> Iterator[ReplayItem]:
-    """What a subscriber's replay sends, in order: per session its C{replay-exhausted} marker (not
-    for C{from=all}), then the held events its filter takes. Lazy: the transport pulls items only
-    as its client reads (a replay can be far larger than any per-client bound)."""
-    for session, replay in replays:
-        if replay.exhausted is not None and not from_all:
-            yield session, replay.exhausted
-        for event in replay.events:
-            if sub.wants(event):
-                yield event
+REPLAY_PAGE = 512  # events one replay reads at a time from a store that copies them (Redis)
 
 
-def count_replay(replays: Sequence[tuple[str, Replay]], from_all: bool) -> None:
-    """The C{replays} metric of one subscription's replay (when it starts being sent)."""
-    if replays:
-        exhausted = not from_all and any(replay.exhausted is not None for _, replay in replays)
-        metrics.replays.labels(relay="aep", outcome="exhausted" if exhausted else "complete").inc()
+class ReplayReader:
+    """The history one subscriber asked for, read from the store a page at a time as it is sent.
+
+    Each session is read once, in the order first named, from the earliest position it was named
+    with (L{unique_sessions}); a page is read only when the transport has sent the previous one,
+    so a replay holds one page in memory (with the in-memory log: a reference per event of one
+    session), whatever the history's size and however slowly its client reads. Each page yields
+    its C{replay-exhausted} marker (not for C{from=all}), then the events the filter takes.
+    """
+
+    def __init__(
+        self, log: IEventLog, sub: Subscriber, entries: Sequence[tuple[str, Position]], from_all: bool
+    ) -> None:
+        self._log = log
+        self._sub = sub
+        self._entries = iter(unique_sessions(entries))
+        self._from_all = from_all
+        self._session = ""
+        self._after: Position = (0, -1)
+        self._cursor: Any = None
+        self._items: Iterator[ReplayItem] = iter(())
+        self.named = bool(entries)
+        self.exhausted = False
+
+    def take(self) -> ReplayItem | None:
+        """The next item of the page read last; C{None} once it is all taken (then L{load})."""
+        return next(self._items, None)
+
+    def load(self) -> bool | Deferred[bool]:
+        """Read the next page: C{True} when one was read (it may hold nothing the filter takes),
+        C{False} at the end of the replay; a C{Deferred} of that while the store answers (the
+        in-memory log answers at once; an unreachable store fails it)."""
+        if self._cursor is None:
+            entry = next(self._entries, None)
+            if entry is None:
+                return False
+            self._session, self._after = entry
+        session, log = self._session, self._log
+        if log.paged:
+            d = log.replay(session, self._after, REPLAY_PAGE, self._cursor)
+        else:
+            d = log.replay(session, self._after)  # references to events it holds anyway: all at once
+        d.addCallback(self._read, session)
+        answered: list[Any] = []
+        d.addBoth(lambda result: answered.append(result) or result)
+        if not answered:
+            return d
+        d.addErrback(lambda failure: None)  # raised here instead
+        if isinstance(answered[0], Failure):
+            answered[0].raiseException()
+        return True
+
+    def _read(self, replay: Replay, session: str) -> bool:
+        sub = self._sub
+        self._cursor = replay.cursor
+        sub.forget_held(session, replay.events)
+        items: Iterator[ReplayItem] = filter(sub.wants, replay.events)
+        if replay.exhausted is not None and not self._from_all:
+            self.exhausted = True
+            items = chain([(session, replay.exhausted)], items)
+        self._items = items
+        return True
+
+    def count(self) -> None:
+        """The C{replays} metric, once the replay is all sent."""
+        if self.named:
+            metrics.replays.labels(relay="aep", outcome="exhausted" if self.exhausted else "complete").inc()
 
 
 def unique_sessions(entries: Sequence[tuple[str, Position]]) -> list[tuple[str, Position]]:
@@ -350,14 +441,11 @@ class Relay:
         """C{from=all}: every held session, least recently written first, from the start."""
         return self.log.sessions().addCallback(lambda sessions: [(s, (0, -1)) for s in sessions])
 
-    def replay(self, entries: Sequence[tuple[str, Position]]) -> Deferred[list[tuple[str, Replay]]]:
-        """The replay of each session named, in the order first named, from the earliest position
-        it was named with (L{unique_sessions})."""
-        entries = unique_sessions(entries)
-        ds = [self.log.replay(session, after) for session, after in entries]
-        d = gatherResults(ds, consumeErrors=True)
-        d.addErrback(_first_failure)
-        return d.addCallback(lambda replays: [(session, r) for (session, _), r in zip(entries, replays)])
+    def reader(
+        self, sub: Subscriber, entries: Sequence[tuple[str, Position]], from_all: bool
+    ) -> ReplayReader:
+        """The replay of C{entries} for C{sub}, to be read as it is sent (L{ReplayReader})."""
+        return ReplayReader(self.log, sub, entries, from_all)
 
     # Health ------------------------------------------------------------------------------------
 
@@ -368,10 +456,3 @@ class Relay:
             "connections": len(self.connections),
             "uptime_s": round(self._seconds() - self._started),
         }
-
-
-def _first_failure(failure: Failure) -> Failure:
-    """The failure itself rather than gatherResults' wrapper, so callers can tell an outage."""
-    if failure.check(FirstError):
-        return failure.value.subFailure
-    return failure

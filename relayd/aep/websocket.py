@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.types import ConnectionRequest
-from twisted.internet.defer import succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from relayd import metrics
@@ -33,17 +34,8 @@ from relayd.aep.envelope import classify
 from relayd.aep.event import NOTICE, Event, JSONError, admit, dumps, parse_json
 from relayd.aep.filters import compile_filter, filter_error
 from relayd.aep.http import HARD_BACKLOG, REPLAY_CHUNK, SOFT_BACKLOG, parse_from_entries
-from relayd.aep.relay import (
-    Emitter,
-    Relay,
-    ReplayItem,
-    Subscriber,
-    count_replay,
-    error_frame,
-    held_size,
-    replay_items,
-)
-from relayd.aep.store import Position, Replay
+from relayd.aep.relay import Emitter, Relay, ReplayReader, Subscriber, error_frame, held_size
+from relayd.aep.store import Position
 from relayd.clock import Clock
 from relayd.redis import StoreUnavailable
 from relayd.web.transport import no_delay, pause_reading, resume_reading, write_now
@@ -75,14 +67,13 @@ def subscription_key(sub_id: Any) -> Any:
 class WSSubscription(Subscriber):
     """One subscription of one connection; remembers the last position sent per session."""
 
-    __slots__ = ("conn", "sub_id", "delivered", "held_bytes")
+    __slots__ = ("conn", "sub_id", "delivered")
 
     def __init__(self, match: Callable[[dict[str, Any]], bool], ceiling: str | None, conn: AEPSocket, sub_id: Any):
         super().__init__(match, ceiling)
         self.conn = conn
         self.sub_id = sub_id
         self.delivered: dict[str, Position] = {}
-        self.held_bytes = 0  # the frames of the live events held while its replay is sent
 
     def send(self, event: Event) -> None:
         self.conn.send_event(self, event, self.level(event))
@@ -92,61 +83,74 @@ class WSSubscription(Subscriber):
 
 
 class WSReplay:
-    """One subscription's replay, then the live events it held meanwhile, queued a chunk at a time
-    as the client reads (the connection calls it while it is not paused)."""
+    """One subscription's replay, read and queued a chunk at a time as the client reads, then the
+    live events it held meanwhile (the connection calls it while it is not paused)."""
 
-    __slots__ = ("conn", "sub", "items")
+    __slots__ = ("conn", "sub", "reader", "history_sent")
 
-    def __init__(self, conn: AEPSocket, sub: WSSubscription, items: Iterator[ReplayItem]) -> None:
+    def __init__(self, conn: AEPSocket, sub: WSSubscription, reader: ReplayReader) -> None:
         self.conn = conn
         self.sub = sub
-        self.items = items
+        self.reader = reader
+        self.history_sent = False
 
-    def __call__(self) -> bool:
-        """Queue the next chunk; C{False} once all of it is queued (or the connection is gone)."""
-        conn, sub = self.conn, self.sub
+    def __call__(self) -> bool | Deferred[Any]:
+        """Queue the next chunk: C{True} while there is more, a C{Deferred} while the store reads
+        the next page, C{False} once all of it is queued (or the connection is gone)."""
+        conn, sub, reader = self.conn, self.sub, self.reader
         factory = conn.factory
         budget = REPLAY_CHUNK
-        sent = 0
-        try:
-            for item in self.items:
-                if type(item) is tuple:
-                    session, (epoch, seq) = item
-                    frame = {"type": "replay-exhausted", "sub": sub.sub_id, "session": session,
-                             "earliest": {"epoch": epoch, "seq": seq}}
-                    message = factory.prepareMessage(dumps(frame))
-                    conn._send(message, None, None)
-                else:
-                    # The capture ceiling applies to replay too (decision AEP 1).
-                    message = item.prepared(sub.level(item), factory)  # type: ignore[union-attr]
-                    conn._send(message, sub, item)  # type: ignore[arg-type]
-                    sent += 1
-                budget -= len(message.payloadHybi)
-                if budget <= 0 or conn.paused or not conn._open:
-                    return conn._open
-        finally:
-            if sent:
-                _REPLAYED.inc(sent)
-        return self._release_held(max(budget, 1))
-
-    def _release_held(self, budget: int) -> bool:
-        conn, sub = self.conn, self.sub
-        held = sub._held
-        while held and conn._open:
+        if not self.history_sent:
+            sent = 0
+            try:
+                while True:
+                    item = reader.take()
+                    if item is None:
+                        loaded = reader.load()
+                        if loaded is False:
+                            break
+                        if loaded is not True:
+                            return loaded.addErrback(self._failed)  # the store answers later
+                        continue
+                    if type(item) is tuple:
+                        session, (epoch, seq) = item
+                        frame = {"type": "replay-exhausted", "sub": sub.sub_id, "session": session,
+                                 "earliest": {"epoch": epoch, "seq": seq}}
+                        message = factory.prepareMessage(dumps(frame))
+                        conn._send(message, None, None)
+                    else:
+                        # The capture ceiling applies to replay too (decision AEP 1).
+                        message = item.prepared(sub.level(item), factory)  # type: ignore[union-attr]
+                        conn._send(message, sub, item)  # type: ignore[arg-type]
+                        sent += 1
+                    budget -= len(message.payloadHybi)
+                    if budget <= 0 or conn.paused or not conn._open:
+                        return conn._open
+            except Exception:
+                self._failed(Failure())
+                return False
+            finally:
+                if sent:
+                    _REPLAYED.inc(sent)
+            self.history_sent = True
+            reader.count()
+        while conn._open:
             if budget <= 0 or conn.paused:
                 return True
-            event = held.popleft()
-            level = sub.level(event)
-            sub.held_bytes -= held_size(event, level)
-            message = event.prepared(level, conn.factory)
+            event = sub.pop_held()
+            if event is None:
+                break
+            message = event.prepared(sub.level(event), factory)
             conn._send(message, sub, event)
             budget -= len(message.payloadHybi)
         if not conn._open:
             return False
         sub.release()  # nothing is held: live events are sent as they come from now on
-        sub.held_bytes = 0
         conn.replay_sent()
         return False
+
+    def _failed(self, failure: Failure) -> None:
+        self.conn._replay_failed(failure, self.sub)
 
 
 @implementer(IPushProducer)
@@ -190,6 +194,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         self._held_messages: deque[tuple[bytes, bool]] | None = None
         self._replaying = False  # from a subscribe until its replay is all queued
         self._replay: WSReplay | None = None
+        self._replay_waiting = False  # its next page is being read from the store
         self._reading = True
         self._handling = False
         self._open = False
@@ -277,8 +282,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         if backlog > HARD_BACKLOG:
             self._backpressure_close()
             return
-        sub.held_bytes += size
-        sub._held.append(event)  # type: ignore[union-attr]
+        sub.keep_held(event, size)
 
     def _send(self, message: Any, sub: WSSubscription | None, event: Event | None) -> None:
         """Queue a prepared message; the factory flushes every dirty connection once per turn.
@@ -312,13 +316,23 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         if self.paused or not self._open:
             return
         replay = self._replay
-        if replay is not None and self._queued_bytes < FLUSH_AT:
+        if replay is not None and not self._replay_waiting and self._queued_bytes < FLUSH_AT:
             self._replay = None  # (it may end, and a held subscribe start another)
-            if replay() and self._open and self._replay is None:
+            more = replay()
+            if more and self._open and self._replay is None:
                 self._replay = replay
+                if more is not True:
+                    self._replay_waiting = True
+                    more.addBoth(self._replay_ready)  # type: ignore[union-attr]
         self._write_queue()
-        if self._replay is not None and not self.paused and self._open and not self._dirty:
-            self._schedule()  # its next chunk on the next turn, unless the client lags
+        if self._replay is not None and not self._replay_waiting and not self.paused and self._open:
+            if not self._dirty:
+                self._schedule()  # its next chunk on the next turn, unless the client lags
+
+    def _replay_ready(self, result: object) -> None:
+        self._replay_waiting = False
+        if self._replay is not None and self._open and not self._dirty:
+            self._schedule()
 
     def _write_queue(self, force: bool = False) -> None:
         """Hand what is queued to the transport, about C{FLUSH_AT} bytes per write, until the
@@ -598,9 +612,8 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         # sends waits (messages are answered in order), whatever the store's latency.
         self._replaying = True
         d = relay.expand_all() if from_all else succeed(entries)
-        d.addCallback(relay.replay)
         d.addCallbacks(
-            lambda replays: self._start_replay(sub, replays, from_all), self._replay_failed, errbackArgs=(sub,)
+            lambda named: self._start_replay(sub, named, from_all), self._replay_failed, errbackArgs=(sub,)
         )
 
     def _replay_failed(self, failure: Any, sub: WSSubscription) -> None:
@@ -611,6 +624,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
             self._log.failure("replay failed", failure)
         metrics.store_errors.labels(relay="aep", operation="replay").inc()
         metrics.replays.labels(relay="aep", outcome="failed").inc()
+        self._replay = None
         key = subscription_key(sub.sub_id)
         if self.subscriptions.get(key) is sub:
             del self.subscriptions[key]
@@ -618,12 +632,11 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         self.send_frame(error_frame("unavailable", "event history unavailable", id=sub.sub_id))
         self.replay_sent()
 
-    def _start_replay(self, sub: WSSubscription, replays: list[tuple[str, Replay]], from_all: bool) -> None:
+    def _start_replay(self, sub: WSSubscription, entries: list[tuple[str, Position]], from_all: bool) -> None:
         """Send the replay as the client reads (L{WSReplay}), from the next flush on."""
         if not self._open:
             return
-        count_replay(replays, from_all)
-        self._replay = WSReplay(self, sub, replay_items(sub, replays, from_all))
+        self._replay = WSReplay(self, sub, self.factory.relay.reader(sub, entries, from_all))
         if not self._dirty:
             self._schedule()
 

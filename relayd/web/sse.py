@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.web.http_headers import Headers
@@ -61,7 +62,7 @@ class SSEStream:
     # Thousands of these sit idle per process: no per-instance __dict__.
     __slots__ = (
         "request", "hub", "max_buffer", "on_close", "closed", "paused", "discarded",
-        "_pending", "_pending_bytes", "_dirty", "_transport", "_chunked", "_encoded", "_source",
+        "_pending", "_pending_bytes", "_dirty", "_transport", "_chunked", "_encoded", "_source", "_waiting",
     )
 
     _log = Logger()
@@ -87,7 +88,8 @@ class SSEStream:
         self._dirty = False
         self._transport: Any = None
         self._chunked = False
-        self._source: Callable[[], bool] | None = None
+        self._source: Callable[[], bool | Deferred[Any]] | None = None
+        self._waiting = False
 
     @property
     def backlog(self) -> int:
@@ -138,12 +140,13 @@ class SSEStream:
             self.hub.schedule(self)
         return True
 
-    def produce(self, source: Callable[[], bool]) -> None:
+    def produce(self, source: Callable[[], bool | Deferred[Any]]) -> None:
         """Pull what to send from C{source} as the client reads.
 
         C{source} writes a bounded chunk to this stream each time it is called and answers whether
-        it has more; it is called once per reactor turn while the transport is not paused (and
-        again when the transport drains), never while the client lags. It may end the stream.
+        it has more (or a C{Deferred} that fires once it has: it waits for its own source); it is
+        called once per reactor turn while the transport is not paused (and again when the
+        transport drains), never while the client lags. It may end the stream.
         """
         self._source = source
         self._schedule()
@@ -159,11 +162,16 @@ class SSEStream:
         if self.closed or self.paused:
             return
         source = self._source
-        if source is not None:
+        if source is not None and not self._waiting:
             self._source = None  # (C{source} may close the stream, which flushes: no re-entry)
-            if source() and not self.closed:
+            more = source()
+            if more and not self.closed:
                 self._source = source
-                self._schedule()  # its next chunk on the next turn, unless the transport pauses us
+                if more is True:
+                    self._schedule()  # its next chunk on the next turn, unless the transport pauses us
+                else:
+                    self._waiting = True
+                    more.addBoth(self._source_ready)  # type: ignore[union-attr]
             if self.closed:
                 return
         if not self._pending:
@@ -183,6 +191,11 @@ class SSEStream:
         else:
             write_now(transport, data)
         self.request.sentLength += len(data)  # as request.write would count it (the access log's bytes)
+
+    def _source_ready(self, result: object) -> None:
+        self._waiting = False
+        if self._source is not None:
+            self._schedule()
 
     def close(self, final: bytes = b"") -> None:
         """Send what is queued plus C{final}, then end the response."""

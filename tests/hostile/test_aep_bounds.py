@@ -27,6 +27,7 @@ from twisted.web.client import HTTPConnectionPool
 from tests.aep.helpers import open_sse, open_ws, start_relay
 from tests.robustness.support import memory, sse_request, ws_request
 from tests.support.aep import event, ndjson
+from tests.support.redis import RedisServer, shared_redis
 from tests.support.twistd import RelaydProcess
 
 MiB = 2**20
@@ -43,11 +44,14 @@ class Reader(Protocol):
     """A raw HTTP client that sends one request, can stop and resume reading, and counts what it got.
 
     C{marker} fires when the given bytes have been received (also across reads); C{count} counts
-    occurrences of C{counted} in the body.
+    occurrences of C{counted} in the body; C{keep} keeps the body.
     """
 
-    def __init__(self, request: bytes, *, stop_reading: bool = False, marker: bytes = b"", counted: bytes = b"") -> None:
+    def __init__(
+        self, request: bytes, *, stop_reading: bool = False, marker: bytes = b"", counted: bytes = b"", keep: bool = False
+    ) -> None:
         self.request = request
+        self.body = bytearray() if keep else None
         self.stop_reading = stop_reading
         self.marker = marker
         self.counted = counted
@@ -70,6 +74,8 @@ class Reader(Protocol):
             if self.stop_reading:
                 self.transport.pauseProducing()
             self.ready.callback(head.split(b"\r\n", 1)[0])
+        if self.body is not None:
+            self.body += data
         window = self._tail + data
         if self.counted:
             self.count += window.count(self.counted) - self._tail.count(self.counted)
@@ -391,6 +397,93 @@ class NeverReadingReplay(TestCase):
         await held.lost.addTimeout(TIMEOUT, reactor)
         assert_cut_off(self, held)
         await relayd.stop()
+
+
+class RedisReplayPages(TestCase):
+    """With --redis a replay is read from the store a page (512 events) at a time as it is sent,
+    instead of every named session at once before anything is sent."""
+
+    timeout = 120
+
+    async def test_a_replay_to_clients_that_never_read_holds_a_page_each(self) -> None:
+        redis = RedisServer.start()
+        self.addCleanup(redis.cleanup)
+        relayd = await Relayd.start(self, "--redis", redis.url)
+        await relayd.fill(REPLAYED, PER_SESSION)
+        base = relayd.rss()
+        history = f"/stream?live=0&from={from_query(REPLAYED)}"
+        stalled = [
+            await connect(relayd.port, Reader(sse_request(history), stop_reading=True, marker=b": replay-complete\n",
+                                              counted=b"\nid: R"))
+            for _ in range(3)
+        ]
+        await relayd.settle()
+        relayd.assert_growth(self, base, len(stalled), "SSE replay from Redis to clients that never read")
+        for reader in stalled:
+            reader.resume()
+            await reader.seen.addTimeout(TIMEOUT, reactor)
+            self.assertEqual(reader.count, len(REPLAYED) * PER_SESSION)
+            reader.transport.abortConnection()
+        await relayd.stop()
+
+    async def test_events_evicted_between_pages_are_named_by_a_marker(self) -> None:
+        relay = await start_relay(self, **on_redis(), aep_buffer=2000)
+        port = int(relay.url.rsplit(":", 1)[1])
+        big = {"pad": "p" * 8000}  # 2000 × 8 KB: more than the kernel buffers of a client that stops reading
+        for start in range(0, 2000, 500):
+            await relay.post(*[event("E", seq, data=big) for seq in range(start, start + 500)])
+        reader = await connect(port, Reader(http10(f"/stream?live=0&from={from_query(['E'])}"), stop_reading=True,
+                                            marker=b": replay-complete\n", keep=True))
+        for start in range(2000, 4000, 500):  # evicts every event the replay began with
+            await relay.post(*[event("E", seq, data={"n": seq}) for seq in range(start, start + 500)])
+        reader.resume()
+        await reader.seen.addTimeout(TIMEOUT, reactor)
+        seqs, comments = sse_ids(bytes(reader.body))
+        self.assertEqual(seqs, sorted(set(seqs)))  # in order, none twice
+        self.assertEqual(comments[-1], "replay-complete")
+        gap = seqs.index(2000)
+        self.assertEqual(seqs[gap:], list(range(2000, 4000)))
+        self.assertLess(gap, 2000)  # the replay was cut short by the eviction...
+        self.assertEqual(comments[:-1], ["replay-exhausted E 0:2000"])  # ...and says so
+
+    async def test_live_events_a_later_page_holds_are_sent_once(self) -> None:
+        """Events that arrive while a paged replay is sent are in its later pages and held live
+        as well: they are sent once, in the replay."""
+        relay = await start_relay(self, **on_redis())
+        port = int(relay.url.rsplit(":", 1)[1])
+        big = {"pad": "p" * 8000}
+        for start in range(0, 2000, 500):
+            await relay.post(*[event("H", seq, data=big) for seq in range(start, start + 500)])
+        reader = await connect(port, Reader(http10(f"/stream?from={from_query(['H'])}"), stop_reading=True,
+                                            marker=b"id: H:0:2100\n", keep=True))
+        await relay.post(*[event("H", seq) for seq in range(2000, 2100)])  # held live, and in a later page
+        reader.resume()
+        await relay.post(event("H", 2100))  # live once the replay is sent
+        await reader.seen.addTimeout(TIMEOUT, reactor)
+        seqs, _ = sse_ids(bytes(reader.body))
+        self.assertEqual(seqs, list(range(2101)))
+        reader.transport.abortConnection()
+
+
+def on_redis() -> dict[str, Any]:
+    """Relay flags: the shared test Redis, a fresh key prefix."""
+    return {"redis": shared_redis().url, "redis_prefix": f"hostile-{os.urandom(4).hex()}:"}
+
+
+def http10(path: str) -> bytes:
+    """An SSE request whose answer is not chunked (its body is the stream as it is)."""
+    return f"GET {path} HTTP/1.0\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n".encode()
+
+
+def sse_ids(body: bytes) -> tuple[list[int], list[str]]:
+    """The seqs of the C{id:} lines and the comments of an SSE body, in order."""
+    seqs, comments = [], []
+    for line in body.split(b"\n"):
+        if line.startswith(b"id: "):
+            seqs.append(int(line.rsplit(b":", 1)[1]))
+        elif line.startswith(b": ") and line != b": ping":
+            comments.append(line[2:].decode())
+    return seqs, comments
 
 
 class NeverReadingReplies(TestCase):
