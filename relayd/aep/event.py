@@ -98,6 +98,8 @@ def dumps(obj: Any) -> bytes:
 
 
 def _sse_id(session: str, position: tuple[int, int]) -> bytes:
+    if "\n" in session or "\r" in session:  # a line break would end the `id:` line (and start another)
+        session = session.replace("\r", "\\r").replace("\n", "\\n")
     return f"{session}:{position[0]}:{position[1]}".encode("utf-8")
 
 
