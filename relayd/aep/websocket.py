@@ -256,7 +256,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         self._start_reading()
 
     def send_frame(self, frame: dict[str, Any]) -> None:
-        """Send a protocol frame; frames are never dropped."""
+        """Send a protocol frame (never skipped for a slow client, but counted in its backlog)."""
         self._send(self.factory.prepareMessage(dumps(frame)), None, None)
 
     def send_command(self, event: Event) -> None:
