@@ -55,6 +55,21 @@ SETTINGS = [
         env=("AEP_MAX_FROM",),
     ),
     Setting(
+        "aep-max-subscriptions",
+        64,
+        "Most subscriptions one WebSocket connection holds (error limit-exceeded)",
+        parse=positive_int,
+        env=("AEP_MAX_SUBSCRIPTIONS",),
+    ),
+    Setting(
+        "aep-max-subscribers",
+        10000,
+        "Most subscribers (SSE streams and WebSocket subscriptions) at once; every event is matched "
+        "against each (SSE 503, WebSocket error limit-exceeded)",
+        parse=positive_int,
+        env=("AEP_MAX_SUBSCRIBERS",),
+    ),
+    Setting(
         "aep-heartbeat",
         25,
         "Seconds between SSE `: ping` comments and WebSocket ping frames",

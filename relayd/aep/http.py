@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import deque
 from typing import Any, Callable
 
 from twisted.internet.defer import Deferred, succeed
@@ -17,8 +18,8 @@ from relayd.aep.capture import capture_error
 from relayd.aep.envelope import MAX_POSITION_DIGITS, POSITION_LIMIT, classify, has_control
 from relayd.aep.event import NOTICE, Event, JSONError, admit, dumps, frame_safe, parse_json
 from relayd.aep.filters import compile_filter, filter_error
-from relayd.aep.relay import Relay, Subscriber
-from relayd.aep.store import Position, Replay
+from relayd.aep.relay import Relay, ReplayReader, Subscriber, held_size
+from relayd.aep.store import Position
 from relayd.redis import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param, tokens_equal
 from relayd.web.body import EarlyAnswer, read_body
@@ -26,6 +27,7 @@ from relayd.web.sse import SSEHub, SSEStream, sse_comment
 
 SOFT_BACKLOG = 1024 * 1024  # above this, events below `notice` are dropped for a slow consumer
 HARD_BACKLOG = 8 * 1024 * 1024  # above this, the consumer is cut off (it resumes by position)
+REPLAY_CHUNK = 64 * 1024  # bytes of replay produced per reactor turn, only while the client keeps up
 
 JSON_TYPE = b"application/json"
 NDJSON_TYPE = b"application/x-ndjson"
@@ -158,7 +160,11 @@ def _integer(value: Any, minimum: int) -> int | None:
 
 
 class SSESubscriber(Subscriber):
-    """An SSE consumer: frames written to its stream, with the soft/hard backlog policy."""
+    """An SSE consumer: frames written to its stream, with the soft/hard backlog policy.
+
+    The live events held while its replay is sent count against the same bounds as what its stream
+    queues: they are what it has not been sent yet.
+    """
 
     __slots__ = ("stream", "dropped")
 
@@ -166,6 +172,24 @@ class SSESubscriber(Subscriber):
         super().__init__(match, ceiling)
         self.stream = stream
         self.dropped = 0
+
+    def held(self, event: Event) -> None:
+        stream = self.stream
+        if stream.closed:
+            return
+        size = held_size(event, self.level(event))
+        backlog = self.held_bytes + size + stream.backlog
+        if backlog > SOFT_BACKLOG and event.severity < NOTICE:
+            self.dropped += 1
+            _SLOW_CONSUMER.inc()
+            return
+        if backlog > HARD_BACKLOG:
+            _CUT_OFF.inc(len(self._held or ()) + 1)  # it lags by more than the bound: it resumes by position
+            self._held = deque()
+            self.held_bytes = 0
+            stream.abort()
+            return
+        self.keep_held(event, size)
 
     def send(self, event: Event) -> None:
         stream = self.stream
@@ -343,14 +367,16 @@ class AEPResource(Resource):
             # Registered (and holding live events) before the history is read, so nothing that
             # arrives meanwhile is missed whatever the store's latency.
             sub.hold()
-            self.relay.subscribe(key, sub)
+            if not self.relay.subscribe(key, sub):
+                body = dumps({"error": "limit-exceeded", "max_subscribers": self.relay.max_subscribers})
+                return _respond(request, 503, body, [(b"content-type", JSON_TYPE), CORS_ANY])
         # The history is read before any header goes out, so a store that cannot answer gets a
         # 503 the client can act on; with the in-memory log this all happens in this call.
         d = self.relay.expand_all() if from_value == "all" else succeed(from_value)
         d.addCallback(lambda entries: self._resume(request, entries, from_value == "all"))
-        d.addCallback(lambda resolved: self._fetch(resolved, history_only, filter_session))
+        d.addCallback(lambda resolved: self._fetch(resolved, history_only, filter_session, sub))
         d.addCallbacks(
-            lambda fetched: self._open(request, key, sub, fetched, history_only),
+            lambda reader: self._open(request, key, sub, reader, history_only),
             lambda f: self._store_unavailable(request, key, f),
         )
         return NOT_DONE_YET
@@ -360,18 +386,17 @@ class AEPResource(Resource):
         request: Request,
         key: object,
         sub: SSESubscriber,
-        fetched: tuple[list[tuple[str, Replay]], bool],
+        reader: ReplayReader,
         history_only: bool,
     ) -> None:
-        if request._disconnected:
+        stream = sub.stream
+        if request._disconnected or stream.closed:  # gone, or cut off already for what it held
             self.relay.unsubscribe(key)
             return
-        stream = sub.stream
         stream.on_close = lambda: self._closed(key)
         stream.start(SSE_HEADERS)
         self.sse_subscribers += 1
-        replays, from_all = fetched
-        self._write_replay(sub, replays, from_all, history_only)
+        stream.produce(SSEReplay(sub, reader, history_only))
 
     def _store_unavailable(self, request: Request, key: object, failure: Failure) -> None:
         self.relay.unsubscribe(key)
@@ -433,37 +458,97 @@ class AEPResource(Resource):
         return entries, from_all
 
     def _fetch(
-        self, resolved: tuple[list[tuple[str, Position]], bool], history_only: bool, filter_session: str | None
-    ) -> Deferred[tuple[list[tuple[str, Replay]], bool]]:
+        self,
+        resolved: tuple[list[tuple[str, Position]], bool],
+        history_only: bool,
+        filter_session: str | None,
+        sub: SSESubscriber,
+    ) -> Deferred[ReplayReader]:
         entries, from_all = resolved
         if history_only and filter_session is not None:
             if filter_session not in {session for session, _ in entries}:
                 entries = [*entries, (filter_session, (0, -1))]
-        return self.relay.replay(entries).addCallback(lambda replays: (replays, from_all))
+        reader = self.relay.reader(sub, entries, from_all)
+        # The first page is read before any header goes out, so a store that cannot answer gets a
+        # 503 (the rest is read as the client takes it).
+        loaded = reader.load()
+        d = loaded if isinstance(loaded, Deferred) else succeed(loaded)
+        return d.addCallback(lambda _: reader)
 
-    def _write_replay(
-        self, sub: SSESubscriber, replays: list[tuple[str, Replay]], from_all: bool, history_only: bool
-    ) -> None:
+
+class SSEReplay:
+    """The source of one SSE stream's replay (L{SSEStream.produce}): the history, read and sent a
+    chunk at a time as the client reads, then the live events held meanwhile; then live delivery,
+    or for C{live=0} the C{replay-complete} comment and the end of the stream."""
+
+    __slots__ = ("sub", "reader", "history_only", "history_sent")
+
+    _log = Logger()
+
+    def __init__(self, sub: SSESubscriber, reader: ReplayReader, history_only: bool) -> None:
+        self.sub = sub
+        self.reader = reader
+        self.history_only = history_only
+        self.history_sent = False
+
+    def __call__(self) -> bool | Deferred[Any]:
+        sub, reader = self.sub, self.reader
         stream = sub.stream
-        exhausted = sent = 0
-        for session, replay in replays:
-            if replay.exhausted is not None and not from_all:
-                exhausted += 1
-                epoch, seq = replay.exhausted
-                stream.write(sse_comment(frame_safe(f"replay-exhausted {session} {epoch}:{seq}")))
-            for event in replay.events:
-                if sub.wants(event):
-                    sub.send(event)
-                    sent += 1
-        if replays:
-            outcome = "exhausted" if exhausted else "complete"
-            metrics.replays.labels(relay="aep", outcome=outcome).inc()
-            if sent:
-                _REPLAYED.inc(sent)
-        if history_only:
-            stream.close(sse_comment("replay-complete"))
+        budget = REPLAY_CHUNK
+        if not self.history_sent:
+            sent = 0
+            try:
+                while True:
+                    item = reader.take()
+                    if item is None:
+                        loaded = reader.load()
+                        if loaded is False:
+                            break
+                        if loaded is not True:
+                            return loaded.addErrback(self._failed)  # the store answers later
+                        continue
+                    if type(item) is tuple:
+                        session, (epoch, seq) = item
+                        frame = sse_comment(frame_safe(f"replay-exhausted {session} {epoch}:{seq}"))
+                    else:
+                        # The frame alone: its chunked form is only worth keeping for a live fan-out.
+                        frame = item.sse_frame(sub.level(item))  # type: ignore[union-attr]
+                        sent += 1
+                    stream.write(frame)
+                    budget -= len(frame)
+                    if budget <= 0:
+                        return True
+            except Exception:
+                self._failed(Failure())
+                return False
+            finally:
+                if sent:
+                    _REPLAYED.inc(sent)
+            self.history_sent = True
+            reader.count()
+        while budget > 0:
+            event = sub.pop_held()
+            if event is None:
+                break
+            frame = event.sse_frame(sub.level(event))
+            stream.write(frame)
+            budget -= len(frame)
         else:
-            sub.release()
+            return True
+        sub.release()  # nothing is held: live events go straight to the stream from now on
+        if self.history_only:
+            stream.close(sse_comment("replay-complete"))
+        return False
+
+    def _failed(self, failure: Failure) -> None:
+        """The store failed after the stream started: end it (the client resumes by position)."""
+        if failure.check(StoreUnavailable):
+            self._log.warn("replay failed: {reason}", reason=failure.getErrorMessage())
+        else:
+            self._log.failure("replay failed", failure)
+        metrics.store_errors.labels(relay="aep", operation="replay").inc()
+        metrics.replays.labels(relay="aep", outcome="failed").inc()
+        self.sub.stream.abort()
 
 
 def _last_event_id(request: Request) -> tuple[str, Position] | None:

@@ -12,8 +12,8 @@ Layout (every key under the deployment's prefix, default C{relayd:}):
 - C{aep:k:<session>}: hash dedupe key (C{source\\0id}) -> member, for admission dedupe, and
   C{aep:m:<session>}: hash member -> dedupe key, to forget the key of a trimmed event.
 
-Appending a batch and reading a replay are single Lua scripts, so several instances can write one
-session at once without a lost update. (Keys are built inside the scripts: Redis Cluster is not
+Appending a batch and reading a replay (or a page of one) are single Lua scripts, so several
+instances can write one session at once without a lost update. (Keys are built inside the scripts: Redis Cluster is not
 supported; use one primary.)
 """
 
@@ -81,12 +81,19 @@ return results
 """
 
 _REPLAY = b"""
-local prefix, session, low = ARGV[1], ARGV[2], ARGV[3]
+local prefix, session, low, limit = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local skey, ekey = prefix .. 'aep:s:' .. session, prefix .. 'aep:e:' .. session
 local first = redis.call('ZRANGE', skey, 0, 0)
 if #first == 0 then return '' end
-local members = redis.call('ZRANGEBYLEX', skey, low, '+')
-local out = {first[1]}
+local members
+if limit > 0 then
+  members = redis.call('ZRANGEBYLEX', skey, low, '+', 'LIMIT', 0, limit)
+else
+  members = redis.call('ZRANGEBYLEX', skey, low, '+')
+end
+local cursor = ''
+if limit > 0 and #members == limit then cursor = members[#members] end
+local out = {first[1], cursor}
 for _, m in ipairs(members) do
   local payload = redis.call('HGET', ekey, m)
   if payload then
@@ -126,6 +133,8 @@ def _epoch_key(epoch: int) -> bytes:
 class RedisEventLog:
     """C{IEventLog} in Redis (see the module docstring for the layout)."""
 
+    paged = True
+
     def __init__(self, redis: Redis, capacity: int, max_sessions: int, prefix: str = "relayd:") -> None:
         self.redis = redis
         self.capacity = capacity
@@ -154,25 +163,33 @@ class RedisEventLog:
 
         return self.redis.eval(STORE, _APPEND, [], args).addCallback(done)
 
-    def replay(self, session: str, after: Position) -> Deferred[Replay]:
+    def replay(self, session: str, after: Position, limit: int | None = None, cursor: Any = None) -> Deferred[Replay]:
         epoch, seq = after
-        if seq < 0:
+        if cursor is not None:
+            low = b"(" + cursor  # the page after the last member of the previous one
+        elif seq < 0:
             low = b"[" + _epoch_key(epoch)
         else:
             low = b"(" + _epoch_key(epoch) + encode_int(seq) + b"\xff"
-        args = [self.prefix, session.encode("utf-8"), low]
+        args = [self.prefix, session.encode("utf-8"), low, limit or 0]
 
         def build(reply: bytes) -> Replay:
-            # One bulk string (the earliest member, then member and event lines): the client parses
-            # a single reply instead of one per event.
+            # One bulk string (the earliest member, the next page's cursor or nothing, then member
+            # and event lines): the client parses a single reply instead of one per event.
             if not reply:
                 return Replay((), None)
             lines = reply.split(b"\n")
             earliest = decode_position(lines[0])
             events = []
-            for member, raw in zip(lines[1::2], lines[2::2]):
+            for member, raw in zip(lines[2::2], lines[3::2]):
                 events.append(event_from(raw))
-            return Replay(events, exhausted_marker(earliest, after))
+            if cursor is None:
+                exhausted = exhausted_marker(earliest, after)
+            elif lines[0] > cursor:  # all up to the previous page is gone: was more evicted meanwhile?
+                exhausted = exhausted_marker(earliest, decode_position(cursor))
+            else:
+                exhausted = None
+            return Replay(events, exhausted, lines[1] or None)
 
         return self.redis.eval(STORE, _REPLAY, [], args).addCallback(build)
 

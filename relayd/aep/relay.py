@@ -7,10 +7,12 @@ frames through the small interfaces below.
 from __future__ import annotations
 
 import time
+from collections import deque
+from itertools import chain
 from time import perf_counter
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence, Union
 
-from twisted.internet.defer import Deferred, FirstError, gatherResults, succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -38,14 +40,17 @@ class Subscriber:
 
     While it replays history its live deliveries are held, then released in arrival order, so a
     resuming consumer never misses an event that arrives mid-replay (whatever the store's latency).
+    Transports bound what is held (L{held}) by the consumer's backlog bound; C{held_bytes} is
+    what it holds, counted with L{held_size}.
     """
 
-    __slots__ = ("match", "ceiling", "_held")
+    __slots__ = ("match", "ceiling", "_held", "held_bytes")
 
     def __init__(self, match: Callable[[dict[str, Any]], bool], ceiling: str | None) -> None:
         self.match = match
         self.ceiling = ceiling
-        self._held: list[Event] | None = None
+        self._held: deque[Event] | None = None
+        self.held_bytes = 0
 
     def level(self, event: Event) -> str | None:
         """The capture level to send C{event} at (C{None}: as stored)."""
@@ -57,21 +62,165 @@ class Subscriber:
         return match is match_all or match(event.ev)
 
     def hold(self) -> None:
-        self._held = []
+        """Hold live deliveries from now on (a replay is being read and sent)."""
+        self._held = deque()
+
+    @property
+    def holding(self) -> bool:
+        return self._held is not None
 
     def release(self) -> None:
+        """Send everything held, then deliver live again."""
         held, self._held = self._held, None
+        self.held_bytes = 0
         for event in held or ():
             self.send(event)
 
     def deliver(self, event: Event) -> None:
         if self._held is not None:
-            self._held.append(event)
+            self.held(event)
         else:
             self.send(event)
 
+    def held(self, event: Event) -> None:
+        """Keep C{event} until the replay is sent (transports override this to bound it)."""
+        self.keep_held(event, held_size(event, self.level(event)))
+
+    def keep_held(self, event: Event, size: int) -> None:
+        self.held_bytes += size
+        self._held.append(event)  # type: ignore[union-attr]
+
+    def pop_held(self) -> Event | None:
+        """The oldest event held, or C{None}."""
+        held = self._held
+        if not held:
+            return None
+        event = held.popleft()
+        self.held_bytes -= held_size(event, self.level(event))
+        return event
+
+    def forget_held(self, session: str, replayed: Sequence[Event]) -> None:
+        """Drop the held live events of C{session} that C{replayed} (a page of its replay, read
+        after they arrived) holds too, by C{(source, id)}: the replay sends them once, in position
+        order. (One pass over what is held per page read; what is held is bounded.)"""
+        held = self._held
+        if not held or not replayed:
+            return
+        keys = {event.key for event in held if event.session == session}
+        if not keys:
+            return
+        keys.intersection_update(event.key for event in replayed)
+        if not keys:
+            return
+        kept = deque()
+        for event in held:
+            if event.session == session and event.key in keys:
+                self.held_bytes -= held_size(event, self.level(event))
+            else:
+                kept.append(event)
+        held.clear()
+        held.extend(kept)
+
     def send(self, event: Event) -> None:
         raise NotImplementedError
+
+
+def held_size(event: Event, level: str | None) -> int:
+    """What a held event will cost its consumer's backlog once framed, without framing it yet (a
+    consumer that lags may never be sent it): its JSON plus a generous allowance for the framing."""
+    return len(event.payload(level)) + HELD_FRAMING
+
+
+HELD_FRAMING = 64  # bytes: a WebSocket frame header is at most 14; SSE's `event:`/`id:` lines about this
+
+
+# One item of a replay: an event to send, or a C{(session, earliest held position)} gap marker.
+ReplayItem = Union[Event, tuple[str, Position]]
+
+REPLAY_PAGE = 512  # events one replay reads at a time from a store that copies them (Redis)
+
+
+class ReplayReader:
+    """The history one subscriber asked for, read from the store a page at a time as it is sent.
+
+    Each session is read once, in the order first named, from the earliest position it was named
+    with (L{unique_sessions}); a page is read only when the transport has sent the previous one,
+    so a replay holds one page in memory (with the in-memory log: a reference per event of one
+    session), whatever the history's size and however slowly its client reads. Each page yields
+    its C{replay-exhausted} marker (not for C{from=all}), then the events the filter takes.
+    """
+
+    def __init__(
+        self, log: IEventLog, sub: Subscriber, entries: Sequence[tuple[str, Position]], from_all: bool
+    ) -> None:
+        self._log = log
+        self._sub = sub
+        self._entries = iter(unique_sessions(entries))
+        self._from_all = from_all
+        self._session = ""
+        self._after: Position = (0, -1)
+        self._cursor: Any = None
+        self._items: Iterator[ReplayItem] = iter(())
+        self.named = bool(entries)
+        self.exhausted = False
+
+    def take(self) -> ReplayItem | None:
+        """The next item of the page read last; C{None} once it is all taken (then L{load})."""
+        return next(self._items, None)
+
+    def load(self) -> bool | Deferred[bool]:
+        """Read the next page: C{True} when one was read (it may hold nothing the filter takes),
+        C{False} at the end of the replay; a C{Deferred} of that while the store answers (the
+        in-memory log answers at once; an unreachable store fails it)."""
+        if self._cursor is None:
+            entry = next(self._entries, None)
+            if entry is None:
+                return False
+            self._session, self._after = entry
+        session, log = self._session, self._log
+        if log.paged:
+            d = log.replay(session, self._after, REPLAY_PAGE, self._cursor)
+        else:
+            d = log.replay(session, self._after)  # references to events it holds anyway: all at once
+        d.addCallback(self._read, session)
+        answered: list[Any] = []
+        d.addBoth(lambda result: answered.append(result) or result)
+        if not answered:
+            return d
+        d.addErrback(lambda failure: None)  # raised here instead
+        if isinstance(answered[0], Failure):
+            answered[0].raiseException()
+        return True
+
+    def _read(self, replay: Replay, session: str) -> bool:
+        sub = self._sub
+        self._cursor = replay.cursor
+        sub.forget_held(session, replay.events)
+        items: Iterator[ReplayItem] = filter(sub.wants, replay.events)
+        if replay.exhausted is not None and not self._from_all:
+            self.exhausted = True
+            items = chain([(session, replay.exhausted)], items)
+        self._items = items
+        return True
+
+    def count(self) -> None:
+        """The C{replays} metric, once the replay is all sent."""
+        if self.named:
+            metrics.replays.labels(relay="aep", outcome="exhausted" if self.exhausted else "complete").inc()
+
+
+def unique_sessions(entries: Sequence[tuple[str, Position]]) -> list[tuple[str, Position]]:
+    """Resume entries with each session once, from the earliest position it was named with.
+
+    A session named again adds nothing but a second copy of its history, which only costs the
+    relay (a 3 KB query could ask for the same 10 000 events hundreds of times).
+    """
+    earliest: dict[str, Position] = {}
+    for session, position in entries:
+        known = earliest.get(session)
+        if known is None or position < known:
+            earliest[session] = position
+    return list(earliest.items())
 
 
 class Emitter:
@@ -115,6 +264,7 @@ class Relay:
         seconds: Callable[[], float] = time.monotonic,
         claims: IClaims | None = None,
         fanout: Any = None,
+        max_subscribers: int = 10_000,
     ) -> None:
         self.log = log
         self.claims: IClaims = claims if claims is not None else MemoryClaims()
@@ -123,6 +273,8 @@ class Relay:
         self.token = token
         self.buffer = buffer
         self.max_from = max_from
+        # Every ingested event is matched against every subscriber: their number bounds that cost.
+        self.max_subscribers = max_subscribers
         self._seconds = seconds
         self._started = seconds()
         self.subscribers: dict[object, Subscriber] = {}
@@ -274,10 +426,13 @@ class Relay:
 
     # Subscriptions and replay ------------------------------------------------------------------
 
-    def subscribe(self, key: object, sub: Subscriber) -> None:
-        """Register a subscriber (replacing one under the same key)."""
-        self.subscribers.pop(key, None)
+    def subscribe(self, key: object, sub: Subscriber) -> bool:
+        """Register a subscriber (replacing one under the same key); C{False}, and nothing
+        registered, when that would exceed C{max_subscribers}."""
+        if self.subscribers.pop(key, None) is None and len(self.subscribers) >= self.max_subscribers:
+            return False
         self.subscribers[key] = sub
+        return True
 
     def unsubscribe(self, key: object) -> bool:
         return self.subscribers.pop(key, None) is not None
@@ -286,12 +441,11 @@ class Relay:
         """C{from=all}: every held session, least recently written first, from the start."""
         return self.log.sessions().addCallback(lambda sessions: [(s, (0, -1)) for s in sessions])
 
-    def replay(self, entries: Sequence[tuple[str, Position]]) -> Deferred[list[tuple[str, Replay]]]:
-        """The replay of each resume entry, in order (a session named twice replays twice)."""
-        ds = [self.log.replay(session, after) for session, after in entries]
-        d = gatherResults(ds, consumeErrors=True)
-        d.addErrback(_first_failure)
-        return d.addCallback(lambda replays: [(session, r) for (session, _), r in zip(entries, replays)])
+    def reader(
+        self, sub: Subscriber, entries: Sequence[tuple[str, Position]], from_all: bool
+    ) -> ReplayReader:
+        """The replay of C{entries} for C{sub}, to be read as it is sent (L{ReplayReader})."""
+        return ReplayReader(self.log, sub, entries, from_all)
 
     # Health ------------------------------------------------------------------------------------
 
@@ -302,10 +456,3 @@ class Relay:
             "connections": len(self.connections),
             "uptime_s": round(self._seconds() - self._started),
         }
-
-
-def _first_failure(failure: Failure) -> Failure:
-    """The failure itself rather than gatherResults' wrapper, so callers can tell an outage."""
-    if failure.check(FirstError):
-        return failure.value.subFailure
-    return failure

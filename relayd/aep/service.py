@@ -37,22 +37,24 @@ def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | N
     max_body = settings["aep-max-body"]
     max_from = settings["aep-max-from"] or max_sessions
     heartbeat = settings["aep-heartbeat"]
+    max_subscribers = settings["aep-max-subscribers"]
 
     redis = redis_for(settings, clock)
     if redis is None:
         relay = Relay(MemoryEventLog(buffer, max_sessions), token=token, buffer=buffer, max_from=max_from,
-                      seconds=clock.seconds)
+                      seconds=clock.seconds, max_subscribers=max_subscribers)
     else:
         # Several instances share buffers, claims and live fan-out through Redis.
         prefix = settings.values.get("redis-prefix") or "relayd:"
         bus = redis.bus()
         claims = RedisClaims(redis, bus, clock, prefix)
         relay = Relay(RedisEventLog(redis, buffer, max_sessions, prefix), token=token, buffer=buffer,
-                      max_from=max_from, seconds=clock.seconds, claims=claims)
+                      max_from=max_from, seconds=clock.seconds, claims=claims, max_subscribers=max_subscribers)
         relay.fanout = RedisFanout(redis, bus, claims.instance, relay.fan_out_remote, prefix)
         _log.info("aep relay: shared state in Redis at {url}", url=str(redis.url))
     hub = SSEHub(clock, heartbeat, sse_comment("ping"))
-    sockets = AEPSocketFactory(relay, clock, heartbeat=heartbeat, max_message=max_body)
+    sockets = AEPSocketFactory(relay, clock, heartbeat=heartbeat, max_message=max_body,
+                               max_subscriptions=settings["aep-max-subscriptions"])
     resource = AEPResource(
         relay,
         hub,

@@ -18,10 +18,15 @@ Position = tuple[int, int]
 @dataclass(frozen=True)
 class Replay:
     """What a resume position yields: the held events after it, and the earliest held position
-    when the buffer no longer covers the gap (the C{replay-exhausted} marker), else C{None}."""
+    when the buffer no longer covers the gap (the C{replay-exhausted} marker), else C{None}.
+
+    A paged read (C{limit}) also says where the next page starts: C{cursor}, opaque, C{None} once
+    this page is the last.
+    """
 
     events: Sequence[Event]
     exhausted: Position | None
+    cursor: Any = None
 
 
 class IEventLog(Interface):
@@ -29,13 +34,20 @@ class IEventLog(Interface):
 
     capacity = Attribute("Events kept per session (C{AEP_BUFFER}).")
     max_sessions = Attribute("Sessions kept (C{AEP_MAX_SESSIONS}); the least recently written goes.")
+    paged = Attribute("Whether a replay copies the events it answers (Redis): then it is read a page at a time.")
 
     def append(events: Sequence[Event]) -> Deferred[list[bool]]:
         """Admit sequenced events in order; fires with one flag per event (C{False}: a duplicate
         C{(source, id)}). Every write, duplicates too, refreshes its session's recency."""
 
-    def replay(session: str, after: Position) -> Deferred[Replay]:
-        """The held events of C{session} strictly after C{after}, in position order."""
+    def replay(session: str, after: Position, limit: int | None = None, cursor: Any = None) -> Deferred[Replay]:
+        """The held events of C{session} strictly after C{after}, in position order.
+
+        With C{limit}, a C{paged} store answers at most that many, and a C{cursor} to pass back
+        for the next page (whose C{exhausted} then names the earliest held position when events
+        between the pages were evicted meanwhile). The in-memory log answers every event at once
+        (they are references).
+        """
 
     def sessions() -> Deferred[list[str]]:
         """Held sessions, least recently written first."""
@@ -104,6 +116,8 @@ def exhausted_marker(earliest: Position | None, after: Position) -> Position | N
 class MemoryEventLog:
     """C{IEventLog} in process memory."""
 
+    paged = False
+
     def __init__(self, capacity: int, max_sessions: int) -> None:
         self.capacity = capacity
         self.max_sessions = max_sessions
@@ -150,7 +164,7 @@ class MemoryEventLog:
             admitted.append(True)
         return succeed(admitted)
 
-    def replay(self, session: str, after: Position) -> Deferred[Replay]:
+    def replay(self, session: str, after: Position, limit: int | None = None, cursor: Any = None) -> Deferred[Replay]:
         buffer = self._buffers.get(session)
         if buffer is None:
             return succeed(Replay((), None))

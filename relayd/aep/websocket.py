@@ -8,18 +8,24 @@ Messages:
   -> ping {t}                                           <- pong {t}
   -> <event envelope>                                   <- nothing, or error invalid-event
                                                         <- ping {t} every heartbeat, closing on backpressure
+
+Everything sent to a client counts against its backlog bound (aep.md): replies, routed commands,
+replays and live events alike. While the client does not read what it was sent (the transport
+paused this connection) or a replay is being sent, what it sends waits, unread, and so adds nothing.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any, Callable
 
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.types import ConnectionRequest
-from twisted.internet.defer import succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from relayd import metrics
@@ -27,12 +33,12 @@ from relayd.aep.capture import capture_error
 from relayd.aep.envelope import classify
 from relayd.aep.event import NOTICE, Event, JSONError, admit, dumps, parse_json
 from relayd.aep.filters import compile_filter, filter_error
-from relayd.aep.http import HARD_BACKLOG, SOFT_BACKLOG, parse_from_entries
-from relayd.aep.relay import Emitter, Relay, Subscriber, error_frame
-from relayd.aep.store import Position, Replay
+from relayd.aep.http import HARD_BACKLOG, REPLAY_CHUNK, SOFT_BACKLOG, parse_from_entries
+from relayd.aep.relay import Emitter, Relay, ReplayReader, Subscriber, error_frame, held_size
+from relayd.aep.store import Position
 from relayd.clock import Clock
 from relayd.redis import StoreUnavailable
-from relayd.web.transport import no_delay, write_now
+from relayd.web.transport import no_delay, pause_reading, resume_reading, write_now
 
 ROLES = ("emitter", "consumer", "both")
 CLOSE_GOING_AWAY = 1001
@@ -43,6 +49,7 @@ FLUSH_AT = 64 * 1024  # coalesce small messages per reactor turn, but never hold
 
 _SLOW_CONSUMER = metrics.events_dropped.labels(relay="aep", reason="slow-consumer")
 _CUT_OFF = metrics.events_dropped.labels(relay="aep", reason="cut-off")
+_REPLAYED = metrics.replayed_events.labels(relay="aep")
 
 
 def subscription_key(sub_id: Any) -> Any:
@@ -71,6 +78,80 @@ class WSSubscription(Subscriber):
     def send(self, event: Event) -> None:
         self.conn.send_event(self, event, self.level(event))
 
+    def held(self, event: Event) -> None:
+        self.conn.hold_event(self, event, self.level(event))
+
+
+class WSReplay:
+    """One subscription's replay, read and queued a chunk at a time as the client reads, then the
+    live events it held meanwhile (the connection calls it while it is not paused)."""
+
+    __slots__ = ("conn", "sub", "reader", "history_sent")
+
+    def __init__(self, conn: AEPSocket, sub: WSSubscription, reader: ReplayReader) -> None:
+        self.conn = conn
+        self.sub = sub
+        self.reader = reader
+        self.history_sent = False
+
+    def __call__(self) -> bool | Deferred[Any]:
+        """Queue the next chunk: C{True} while there is more, a C{Deferred} while the store reads
+        the next page, C{False} once all of it is queued (or the connection is gone)."""
+        conn, sub, reader = self.conn, self.sub, self.reader
+        factory = conn.factory
+        budget = REPLAY_CHUNK
+        if not self.history_sent:
+            sent = 0
+            try:
+                while True:
+                    item = reader.take()
+                    if item is None:
+                        loaded = reader.load()
+                        if loaded is False:
+                            break
+                        if loaded is not True:
+                            return loaded.addErrback(self._failed)  # the store answers later
+                        continue
+                    if type(item) is tuple:
+                        session, (epoch, seq) = item
+                        frame = {"type": "replay-exhausted", "sub": sub.sub_id, "session": session,
+                                 "earliest": {"epoch": epoch, "seq": seq}}
+                        message = factory.prepareMessage(dumps(frame))
+                        conn._send(message, None, None)
+                    else:
+                        # The capture ceiling applies to replay too (decision AEP 1).
+                        message = item.prepared(sub.level(item), factory)  # type: ignore[union-attr]
+                        conn._send(message, sub, item)  # type: ignore[arg-type]
+                        sent += 1
+                    budget -= len(message.payloadHybi)
+                    if budget <= 0 or conn.paused or not conn._open:
+                        return conn._open
+            except Exception:
+                self._failed(Failure())
+                return False
+            finally:
+                if sent:
+                    _REPLAYED.inc(sent)
+            self.history_sent = True
+            reader.count()
+        while conn._open:
+            if budget <= 0 or conn.paused:
+                return True
+            event = sub.pop_held()
+            if event is None:
+                break
+            message = event.prepared(sub.level(event), factory)
+            conn._send(message, sub, event)
+            budget -= len(message.payloadHybi)
+        if not conn._open:
+            return False
+        sub.release()  # nothing is held: live events are sent as they come from now on
+        conn.replay_sent()
+        return False
+
+    def _failed(self, failure: Failure) -> None:
+        self.conn._replay_failed(failure, self.sub)
+
 
 @implementer(IPushProducer)
 class _Backpressure:
@@ -83,8 +164,7 @@ class _Backpressure:
         self.conn.paused = True
 
     def resumeProducing(self) -> None:
-        self.conn.paused = False
-        self.conn.flush_queue()
+        self.conn.drained()
 
     def stopProducing(self) -> None:
         self.conn.paused = True
@@ -104,12 +184,19 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         self.capabilities: dict[str, Any] = {}
         self.claims: list[str] = []
         self.subscriptions: dict[Any, WSSubscription] = {}
-        self.paused = False
+        self.paused = False  # the transport paused us: the client is not reading what it was sent
         self._queue: list[tuple[Any, WSSubscription | None, Event | None]] = []
         self._queued_bytes = 0
         self._dirty = False
         self._events: list[Event] = []
-        self._held_messages: list[tuple[bytes, bool]] | None = None
+        # Messages received while the connection was busy (a replay being read or sent, or the
+        # client not reading), handled in order once it is not; the socket is not read meanwhile.
+        self._held_messages: deque[tuple[bytes, bool]] | None = None
+        self._replaying = False  # from a subscribe until its replay is all queued
+        self._replay: WSReplay | None = None
+        self._replay_waiting = False  # its next page is being read from the store
+        self._reading = True
+        self._handling = False
         self._open = False
 
     # Lifecycle -------------------------------------------------------------------------------
@@ -131,6 +218,11 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         self.factory.relay.connect(self, self)
 
     def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
+        # autobahn leaves its close handshake timer running when it drops the connection on a
+        # second violation during the handshake: a closed connection keeps no timer.
+        if self.state == self.STATE_CLOSED and self.closeHandshakeTimeoutCall is not None:
+            self.closeHandshakeTimeoutCall.cancel()
+            self.closeHandshakeTimeoutCall = None
         if not self._open:
             return
         self.ingest_events()  # what arrived before the close still counts
@@ -142,6 +234,9 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         self.subscriptions.clear()
         relay.disconnect(self)
         self._queue = []
+        self._queued_bytes = 0
+        self._replay = None
+        self._held_messages = None
 
     # Sending ---------------------------------------------------------------------------------
 
@@ -150,13 +245,18 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
 
         autobahn's C{sendClose} admits only 1000 and 3000-4999 (application codes); AEP names
         protocol codes, which the frame-level call sends as they are. What is queued (an error
-        frame explaining the close) goes first.
+        frame explaining the close) goes first, even to a client that is not reading; nothing is
+        sent after the Close frame (L{_send} checks the state), and the socket is read again for
+        the client's answer to it.
         """
-        self.flush_queue()
+        self._replay = None
+        self._write_queue(force=True)
         self.sendCloseFrame(code=code, reasonUtf8=reason.encode("utf-8"), isReply=False)
+        self._held_messages = None
+        self._start_reading()
 
     def send_frame(self, frame: dict[str, Any]) -> None:
-        """Send a protocol frame; frames are never dropped."""
+        """Send a protocol frame (never skipped for a slow client, but counted in its backlog)."""
         self._send(self.factory.prepareMessage(dumps(frame)), None, None)
 
     def send_command(self, event: Event) -> None:
@@ -164,48 +264,116 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         self._send(event.prepared(None, self.factory), None, None)
 
     def send_event(self, sub: WSSubscription, event: Event, level: str | None) -> None:
-        if self.paused:
-            if self._queued_bytes > SOFT_BACKLOG and event.severity < NOTICE:
-                _SLOW_CONSUMER.inc()
-                return
-            if self._queued_bytes > HARD_BACKLOG:
-                self._backpressure_close()
-                return
+        if self.paused and self._queued_bytes > SOFT_BACKLOG and event.severity < NOTICE:
+            _SLOW_CONSUMER.inc()
+            return
         self._send(event.prepared(level, self.factory), sub, event)
 
-    def _send(self, message: Any, sub: WSSubscription | None, event: Event | None) -> None:
-        """Queue a prepared message; the factory flushes every dirty connection once per turn."""
+    def hold_event(self, sub: WSSubscription, event: Event, level: str | None) -> None:
+        """Hold a live event of C{sub} while its replay is sent, within the backlog bounds (what is
+        held has not been sent either)."""
         if not self._open:
             return
+        size = held_size(event, level)
+        backlog = self._queued_bytes + sub.held_bytes + size
+        if backlog > SOFT_BACKLOG and event.severity < NOTICE:
+            _SLOW_CONSUMER.inc()
+            return
+        if backlog > HARD_BACKLOG:
+            self._backpressure_close()
+            return
+        sub.keep_held(event, size)
+
+    def _send(self, message: Any, sub: WSSubscription | None, event: Event | None) -> None:
+        """Queue a prepared message; the factory flushes every dirty connection once per turn.
+
+        Every message counts: past the hard bound, while the client is not reading, the
+        connection is cut off (L{_backpressure_close}).
+        """
+        if not self._open or self.state != self.STATE_OPEN:
+            return  # nothing may follow a Close frame (RFC 6455 §5.5.1)
         self._queue.append((message, sub, event))
         self._queued_bytes += len(message.payloadHybi)
         if self.paused:
+            if self._queued_bytes > HARD_BACKLOG:
+                self._backpressure_close()
             return
         if self._queued_bytes >= FLUSH_AT:
             # A burst goes to the transport now, so a client that does not read pauses this
             # connection (and the backlog bounds apply) instead of the burst piling up here.
-            self.flush_queue()
+            self._write_queue()
         elif not self._dirty:
-            self._dirty = True
-            self.factory.schedule(self)
+            self._schedule()
+
+    def _schedule(self) -> None:
+        self._dirty = True
+        self.factory.schedule(self)
 
     def flush_queue(self) -> None:
-        """Write everything queued as one buffer (one system call when the socket takes it)."""
+        """Queue the next chunk of a replay being sent, then write what is queued (the factory
+        calls this once per reactor turn for every connection written to)."""
         self._dirty = False
-        if self.paused or not self._open or not self._queue:
+        if self.paused or not self._open:
             return
-        queue, self._queue = self._queue, []
-        self._queued_bytes = 0
-        for _, sub, event in queue:
-            if sub is not None and event is not None and event.sequenced:
-                sub.delivered[event.session] = event.position  # type: ignore[index]
-        if self._perMessageCompress is None and not self.send_queue and self.state == self.STATE_OPEN:
-            # The frames are already framed (prepared once per event for every connection):
-            # bypass autobahn's per-message path, which formats a debug log line per send.
-            write_now(self.transport, b"".join(message.payloadHybi for message, _, _ in queue))
-        else:
-            for message, _, _ in queue:
-                self.sendPreparedMessage(message)
+        replay = self._replay
+        if replay is not None and not self._replay_waiting and self._queued_bytes < FLUSH_AT:
+            self._replay = None  # (it may end, and a held subscribe start another)
+            more = replay()
+            if more and self._open and self._replay is None:
+                self._replay = replay
+                if more is not True:
+                    self._replay_waiting = True
+                    more.addBoth(self._replay_ready)  # type: ignore[union-attr]
+        self._write_queue()
+        if self._replay is not None and not self._replay_waiting and not self.paused and self._open:
+            if not self._dirty:
+                self._schedule()  # its next chunk on the next turn, unless the client lags
+
+    def _replay_ready(self, result: object) -> None:
+        self._replay_waiting = False
+        if self._replay is not None and self._open and not self._dirty:
+            self._schedule()
+
+    def _write_queue(self, force: bool = False) -> None:
+        """Hand what is queued to the transport, about C{FLUSH_AT} bytes per write, until the
+        transport pauses this connection (unless C{force}d: the last words before a Close)."""
+        queue = self._queue
+        if not queue or (self.paused and not force):
+            return
+        if self.state != self.STATE_OPEN:
+            self._queue = []
+            self._queued_bytes = 0
+            return
+        direct = self._perMessageCompress is None and not self.send_queue
+        start, count = 0, len(queue)
+        while start < count and (force or not self.paused):
+            if start == 0 and self._queued_bytes <= FLUSH_AT:
+                end, size = count, self._queued_bytes  # the usual case: one write of everything
+            else:
+                end, size = start, 0
+                while end < count and size < FLUSH_AT:
+                    size += len(queue[end][0].payloadHybi)
+                    end += 1
+            batch = queue[start:end]
+            start = end
+            self._queued_bytes -= size
+            for _, sub, event in batch:
+                if sub is not None and event is not None and event.sequenced:
+                    sub.delivered[event.session] = event.position  # type: ignore[index]
+            if direct:
+                # The frames are already framed (prepared once per event for every connection):
+                # bypass autobahn's per-message path, which formats a debug log line per send.
+                write_now(self.transport, b"".join(message.payloadHybi for message, _, _ in batch))
+            else:
+                for message, _, _ in batch:
+                    self.sendPreparedMessage(message)
+        del queue[:start]
+
+    def drained(self) -> None:
+        """The client read what was sent: send on, then handle what it sent meanwhile."""
+        self.paused = False
+        self.flush_queue()
+        self._handle_held()
 
     def _backpressure_close(self) -> None:
         delivered = [
@@ -214,6 +382,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
             for session, pos in sub.delivered.items()
         ]
         discarded = sum(1 for _, sub, event in self._queue if event is not None)
+        discarded += sum(len(sub._held or ()) for sub in self.subscriptions.values())
         if discarded:
             _CUT_OFF.inc(discarded)
         self._queue = []
@@ -225,12 +394,55 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
     # Receiving -------------------------------------------------------------------------------
 
     def onMessage(self, payload: bytes, isBinary: bool) -> None:
-        if self._held_messages is not None:
-            # A replay is being read from the store: what the client sent after the subscribe is
-            # handled after the replay went out, as it would be with an in-memory log.
+        if self.failedByMe or not self._open:
+            return  # the message that broke the protocol (invalid UTF-8), or the connection was cut off
+        if self.state != self.STATE_OPEN:
+            self._handle(payload, isBinary)  # closing: never stop reading (the answer to our Close comes next)
+            return
+        if self._held_messages is not None or self._busy():
+            # A replay is being read or sent, or the client does not read what it was sent: what
+            # it sends now is handled after that, in order, and its socket is not read meanwhile
+            # (TCP backpressure), so what waits here is at most what one read brought.
+            if self._held_messages is None:
+                self._held_messages = deque()
             self._held_messages.append((payload, isBinary))
+            self._stop_reading()
             return
         self._handle(payload, isBinary)
+
+    def _busy(self) -> bool:
+        return self._replaying or self.paused
+
+    def _handle_held(self) -> None:
+        """Handle the messages that waited, until the connection is busy again; then read on."""
+        if self._handling:
+            return  # (a held message being handled ended a replay: the loop below goes on)
+        self._handling = True
+        try:
+            held = self._held_messages
+            while held and self._open and not self._busy():
+                payload, isBinary = held.popleft()
+                self._handle(payload, isBinary)
+        finally:
+            self._handling = False
+        if self._open and not self._busy() and not self._held_messages:
+            self._held_messages = None
+            self._start_reading()
+
+    def _stop_reading(self) -> None:
+        if self._reading:
+            self._reading = False
+            pause_reading(self.transport)
+
+    def _start_reading(self) -> None:
+        if not self._reading:
+            self._reading = True
+            resume_reading(self.transport)
+
+    def replay_sent(self) -> None:
+        """A subscription's replay and what it held are all queued: handle the messages that waited."""
+        self._replaying = False
+        self._handle_held()
 
     def _handle(self, payload: bytes, isBinary: bool) -> None:
         try:
@@ -238,16 +450,6 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         except Exception:
             # A handler bug must cost one message, never the process or the connection.
             self._log.failure("AEP WebSocket message handling failed")
-
-    def _release_messages(self, result: Any) -> Any:
-        held, self._held_messages = self._held_messages or [], None
-        while held:
-            if self._held_messages is not None:  # a held subscribe started another replay
-                self._held_messages[:0] = held
-                break
-            payload, isBinary = held.pop(0)
-            self._handle(payload, isBinary)
-        return result
 
     def _on_message(self, payload: bytes, isBinary: bool) -> None:
         if isBinary:
@@ -392,21 +594,27 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
             except ValueError as e:
                 self.send_frame(error_frame("invalid-filter", str(e), id=sub_id))
                 return
+        key = subscription_key(sub_id)
+        limit = self.factory.max_subscriptions
+        if key not in self.subscriptions and len(self.subscriptions) >= limit:
+            detail = f"subscriptions on one connection exceed AEP_MAX_SUBSCRIPTIONS={limit}"
+            self.send_frame(error_frame("limit-exceeded", detail, id=sub_id))
+            return
         sub = WSSubscription(compile_filter(flt), ceiling, self, sub_id)
         sub.hold()
-        key = subscription_key(sub_id)
+        if not relay.subscribe((self, key), sub):
+            detail = f"subscribers exceed AEP_MAX_SUBSCRIBERS={relay.max_subscribers}"
+            self.send_frame(error_frame("limit-exceeded", detail, id=sub_id))
+            return
         self.subscriptions[key] = sub  # a reused id replaces the older subscription
-        relay.subscribe((self, key), sub)
         self.send_frame({"type": "subscribed", "id": sub_id})
+        # Until the replay and what the subscription held meanwhile are queued, what the client
+        # sends waits (messages are answered in order), whatever the store's latency.
+        self._replaying = True
         d = relay.expand_all() if from_all else succeed(entries)
-        d.addCallback(relay.replay)
-        d.addCallback(lambda replays: self._replay(sub, replays, from_all))
-        d.addErrback(self._replay_failed, sub)
-        done: list[bool] = []
-        d.addBoth(lambda result: done.append(True))
-        if not done:  # the store answers later (Redis): hold what the client sends meanwhile
-            self._held_messages = []
-            d.addBoth(self._release_messages)
+        d.addCallbacks(
+            lambda named: self._start_replay(sub, named, from_all), self._replay_failed, errbackArgs=(sub,)
+        )
 
     def _replay_failed(self, failure: Any, sub: WSSubscription) -> None:
         """The history could not be read: the subscription is withdrawn and the client told so."""
@@ -416,35 +624,21 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
             self._log.failure("replay failed", failure)
         metrics.store_errors.labels(relay="aep", operation="replay").inc()
         metrics.replays.labels(relay="aep", outcome="failed").inc()
+        self._replay = None
         key = subscription_key(sub.sub_id)
         if self.subscriptions.get(key) is sub:
             del self.subscriptions[key]
             self.factory.relay.unsubscribe((self, key))
         self.send_frame(error_frame("unavailable", "event history unavailable", id=sub.sub_id))
+        self.replay_sent()
 
-    def _replay(self, sub: WSSubscription, replays: list[tuple[str, Replay]], from_all: bool) -> None:
-        exhausted = sent = 0
-        for session, replay in replays:
-            if replay.exhausted is not None and not from_all:
-                exhausted += 1
-                epoch, seq = replay.exhausted
-                self.send_frame(
-                    {
-                        "type": "replay-exhausted",
-                        "sub": sub.sub_id,
-                        "session": session,
-                        "earliest": {"epoch": epoch, "seq": seq},
-                    }
-                )
-            for event in replay.events:
-                if sub.wants(event):
-                    sub.send(event)  # the capture ceiling applies to replay too (decision AEP 1)
-                    sent += 1
-        if replays:
-            metrics.replays.labels(relay="aep", outcome="exhausted" if exhausted else "complete").inc()
-            if sent:
-                metrics.replayed_events.labels(relay="aep").inc(sent)
-        sub.release()
+    def _start_replay(self, sub: WSSubscription, entries: list[tuple[str, Position]], from_all: bool) -> None:
+        """Send the replay as the client reads (L{WSReplay}), from the next flush on."""
+        if not self._open:
+            return
+        self._replay = WSReplay(self, sub, self.factory.relay.reader(sub, entries, from_all))
+        if not self._dirty:
+            self._schedule()
 
     def on_unsubscribe(self, msg: dict[str, Any]) -> None:
         sub_id = msg.get("id")
@@ -495,14 +689,20 @@ class AEPSocketFactory(WebSocketServerFactory):
 
     protocol = AEPSocket
 
-    def __init__(self, relay: Relay, clock: Clock, *, heartbeat: float, max_message: int) -> None:
+    def __init__(
+        self, relay: Relay, clock: Clock, *, heartbeat: float, max_message: int, max_subscriptions: int = 64
+    ) -> None:
         super().__init__()
         self.relay = relay
         self.clock = clock
+        self.max_subscriptions = max_subscriptions
         self.connections: dict[AEPSocket, None] = {}
         self.setProtocolOptions(
             maxMessagePayloadSize=max_message,
             maxFramePayloadSize=max_message,
+            # A violation (invalid UTF-8, too big, a protocol error) is answered with a Close frame
+            # and its code (1007, 1009, 1002), as aep.md says, not with a dropped connection.
+            failByDrop=False,
             autoPingInterval=0,  # AEP has its own JSON ping, sent by one shared loop below
             openHandshakeTimeout=10,
             # A backpressure close waits behind what the client has not read yet: give it time.
@@ -543,7 +743,7 @@ class AEPSocketFactory(WebSocketServerFactory):
             return
         message = self.prepareMessage(dumps({"type": "ping", "t": int(time.time() * 1000)}))
         for conn in list(self.connections):
-            conn._send(message, None, None)
+            conn._send(message, None, None)  # (not once its closing handshake started)
 
     def listing(self) -> list[dict[str, Any]]:
         return [conn.listing() for conn in self.connections if conn.hello_done]

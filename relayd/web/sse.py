@@ -4,12 +4,17 @@ Writes to a stream are queued and flushed once per reactor turn for all streams 
 of events costs one C{write} per subscriber instead of one per event. Each stream is the push producer
 of its response: while the client does not read, the transport pauses it and its queue grows up to
 C{max_buffer} bytes; past that the stream is aborted (the client reconnects and resumes).
+
+What a stream sends from a large source (a replay) is pulled from it with L{SSEStream.produce}, a
+chunk per reactor turn and only while the transport is not paused: a client that does not read costs
+one chunk, not the whole source.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.web.http_headers import Headers
@@ -57,7 +62,7 @@ class SSEStream:
     # Thousands of these sit idle per process: no per-instance __dict__.
     __slots__ = (
         "request", "hub", "max_buffer", "on_close", "closed", "paused", "discarded",
-        "_pending", "_pending_bytes", "_dirty", "_transport", "_chunked", "_encoded",
+        "_pending", "_pending_bytes", "_dirty", "_transport", "_chunked", "_encoded", "_source", "_waiting",
     )
 
     _log = Logger()
@@ -83,6 +88,8 @@ class SSEStream:
         self._dirty = False
         self._transport: Any = None
         self._chunked = False
+        self._source: Callable[[], bool | Deferred[Any]] | None = None
+        self._waiting = False
 
     @property
     def backlog(self) -> int:
@@ -133,10 +140,41 @@ class SSEStream:
             self.hub.schedule(self)
         return True
 
+    def produce(self, source: Callable[[], bool | Deferred[Any]]) -> None:
+        """Pull what to send from C{source} as the client reads.
+
+        C{source} writes a bounded chunk to this stream each time it is called and answers whether
+        it has more (or a C{Deferred} that fires once it has: it waits for its own source); it is
+        called once per reactor turn while the transport is not paused (and again when the
+        transport drains), never while the client lags. It may end the stream.
+        """
+        self._source = source
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._dirty and not self.closed:
+            self._dirty = True
+            self.hub.schedule(self)
+
     def flush(self) -> None:
         """Hand everything queued to the transport (called by the hub once per reactor turn)."""
         self._dirty = False
-        if self.closed or self.paused or not self._pending:
+        if self.closed or self.paused:
+            return
+        source = self._source
+        if source is not None and not self._waiting:
+            self._source = None  # (C{source} may close the stream, which flushes: no re-entry)
+            more = source()
+            if more and not self.closed:
+                self._source = source
+                if more is True:
+                    self._schedule()  # its next chunk on the next turn, unless the transport pauses us
+                else:
+                    self._waiting = True
+                    more.addBoth(self._source_ready)  # type: ignore[union-attr]
+            if self.closed:
+                return
+        if not self._pending:
             return
         pending = self._pending
         data = b"".join(pending) if len(pending) > 1 else pending[0]
@@ -153,6 +191,11 @@ class SSEStream:
         else:
             write_now(transport, data)
         self.request.sentLength += len(data)  # as request.write would count it (the access log's bytes)
+
+    def _source_ready(self, result: object) -> None:
+        self._waiting = False
+        if self._source is not None:
+            self._schedule()
 
     def close(self, final: bytes = b"") -> None:
         """Send what is queued plus C{final}, then end the response."""
@@ -187,6 +230,7 @@ class SSEStream:
         self.closed = True
         self._pending = []
         self._pending_bytes = 0
+        self._source = None
         self.hub.discard(self)
         callback, self.on_close = self.on_close, None
         if callback is not None:
@@ -205,9 +249,8 @@ class SSEStream:
 
     def resumeProducing(self) -> None:
         self.paused = False
-        if self._pending and not self._dirty:
-            self._dirty = True
-            self.hub.schedule(self)
+        if self._pending or self._source is not None:
+            self._schedule()
 
     def stopProducing(self) -> None:
         if not self.closed:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from twisted.internet import tcp
+from twisted.internet import abstract, tcp
 
 _DIRECT = (tcp.Server, tcp.Client)
 
@@ -80,3 +80,29 @@ def no_delay(transport: Any) -> None:
         transport.setTcpNoDelay(True)
     except (AttributeError, OSError, socket.error):
         pass  # not TCP (a UNIX socket, a test transport)
+
+
+def _descriptor(transport: Any) -> Any:
+    """The socket's own transport under C{transport} (through TLS), or C{None}."""
+    for _ in range(4):
+        if isinstance(transport, abstract.FileDescriptor):
+            return transport
+        transport = getattr(transport, "transport", None)
+    return None
+
+
+def pause_reading(transport: Any) -> None:
+    """Stop reading from C{transport}'s socket (also under TLS): the peer's sends back up in TCP.
+
+    For a protocol that must not take more requests while it cannot send their answers.
+    """
+    descriptor = _descriptor(transport)
+    if descriptor is not None:
+        descriptor.pauseProducing()
+
+
+def resume_reading(transport: Any) -> None:
+    """Read from C{transport}'s socket again (undoes L{pause_reading}; nothing once it is closing)."""
+    descriptor = _descriptor(transport)
+    if descriptor is not None:
+        descriptor.resumeProducing()
