@@ -666,27 +666,6 @@ class RepeatedFrom(TestCase):
         self.assertEqual([m["seq"] for m in await client.roundtrip()], [2, 3, 4])
 
 
-class LineBreaksInSessions(TestCase):
-    """A session is any JSON string: its line breaks must not reach SSE framing lines (an `id:`
-    line, a `replay-exhausted` comment), where they would start lines of the client's choosing."""
-
-    async def test_a_session_with_line_breaks_stays_on_its_id_line_and_comment(self) -> None:
-        relay = await start_relay(self, aep_buffer=2)
-        session = "s\nid: forged\r\nevent: forged"
-        await relay.post(*[event(session, seq) for seq in range(5)])
-        port = int(relay.url.rsplit(":", 1)[1])
-        query = quote(json.dumps([{"session": session, "seq": 0}]))
-        reader = await connect(port, Reader(http10(f"/stream?live=0&from={query}"), marker=b": replay-complete\n",
-                                            keep=True))
-        await reader.seen.addTimeout(TIMEOUT, reactor)
-        lines = bytes(reader.body).split(b"\n")
-        escaped = b"s\\nid: forged\\r\\nevent: forged"
-        self.assertIn(b": replay-exhausted " + escaped + b" 0:3", lines)
-        self.assertEqual([line for line in lines if line.startswith(b"id: ")],
-                         [b"id: " + escaped + b":0:%d" % seq for seq in (3, 4)])
-        self.assertFalse([line for line in lines if b"forged" in line and not line.startswith((b"id: s", b": ", b"data: "))])
-
-
 # WebSocket close handshake --------------------------------------------------------------------------
 
 

@@ -202,10 +202,10 @@ class ClientChosenValues(TestCase):
 
     async def test_any_unicode_in_tokens_labels_and_bodies(self) -> None:
         odd = ["%00", "%0D%0A", "%FF", "%ED%A0%80", "%EF%BB%BF", "\\ud800", "%E2%80%A8"]
-        for value in odd:
-            for path in (f"/sess-h/poll?token={value}", f"/sess-h/poll?token={TOKEN}&wait=0&client={value}",
-                         f"/sess-h/events?token={value}", f"/sess-h/poll?token={TOKEN}&wait=0&subscriber={value}",
-                         f"/sess-h/poll?token={TOKEN}&wait=0&direction={value}"):
+        for odd_value in odd:
+            for path in (f"/sess-h/poll?token={odd_value}", f"/sess-h/poll?token={TOKEN}&wait=0&client={odd_value}",
+                         f"/sess-h/events?token={odd_value}", f"/sess-h/poll?token={TOKEN}&wait=0&subscriber={odd_value}",
+                         f"/sess-h/poll?token={TOKEN}&wait=0&direction={odd_value}"):
                 reply = await self.http.get(path)
                 self.assertIn(reply.code, (200, 401), path)
         bodies = [b'{"session":"sess-u","token":"\\ud800' + b"x" * 20 + b'"}', b'\xef\xbb\xbf{"session":"s"}',
