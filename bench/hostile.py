@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from relayd_process import RelaydServer  # noqa: E402
 
 PAD = "x" * 330  # makes each event about 500 bytes
+CLIENTS = 1  # attacking clients per attack (--clients); slowloris always holds 1000 per listener
 TOKEN = "hostile-bench-token-0123456789"
 LISTENERS = ("aep", "mcp", "metrics")
 OPTIONS = ("--aep-listen", "tcp:0:interface=127.0.0.1", "--mcp-listen", "tcp:0:interface=127.0.0.1",
@@ -120,18 +121,18 @@ HELLO = ws_message({"type": "hello", "versions": ["0.1"], "role": "consumer"})
 
 
 async def attack_sse_replay(ports: dict[str, int], stop: asyncio.Event) -> list[Any]:
-    """Issue 9 (6): a full session replayed 200 times over to clients that never read."""
+    """A full session (10 000 events) named 200 times in `from`, to clients that never read."""
     await fill_session(ports["aep"], "R", 10000)
     query = quote(json.dumps([{"session": "R"}] * 200))
     held = []
-    for _ in range(20):
+    for _ in range(CLIENTS):
         held.append(await never_reading(ports["aep"], request("GET", f"/stream?live=0&from={query}")))
     return held
 
 
 async def attack_ws_replies(ports: dict[str, int], stop: asyncio.Event) -> list[Any]:
-    """Issue 9 (7): small requests whose replies are never read."""
-    held = [await never_reading(ports["aep"], ws_upgrade() + HELLO) for _ in range(20)]
+    """Small requests (`roster`) sent nonstop by clients that never read the replies."""
+    held = [await never_reading(ports["aep"], ws_upgrade() + HELLO) for _ in range(CLIENTS)]
     roster = ws_message({"type": "roster", "id": 1}) * 100
     while not stop.is_set():
         for protocol in held:
@@ -142,7 +143,8 @@ async def attack_ws_replies(ports: dict[str, int], stop: asyncio.Event) -> list[
 
 
 async def attack_ws_subscriptions(ports: dict[str, int], stop: asyncio.Event) -> list[Any]:
-    """Issue 9 (8): many subscriptions that match nothing, then large batches posted."""
+    """As many subscriptions as one connection may open (20 000 asked), matching nothing, while
+    1000-event batches are posted."""
     subscribe = b"".join(ws_message({"type": "subscribe", "id": i, "filter": {"session": f"none-{i}"}})
                          for i in range(20000))
     held = [await never_reading(ports["aep"], ws_upgrade() + HELLO + subscribe)]
@@ -153,7 +155,7 @@ async def attack_ws_subscriptions(ports: dict[str, int], stop: asyncio.Event) ->
 
 
 async def attack_mcp_backlog(ports: dict[str, int], stop: asyncio.Event) -> list[Any]:
-    """Issue 9 (9): unauthenticated registers, each session's first-frame backlog filled."""
+    """Unauthenticated registers, each session's first-frame backlog filled with 250 KB frames."""
     frame = json.dumps({"jsonrpc": "2.0", "method": "x", "params": {"p": "x" * 250_000}}).encode()
     n = 0
     while not stop.is_set() and n < 64:
@@ -171,14 +173,14 @@ async def attack_mcp_backlog(ports: dict[str, int], stop: asyncio.Event) -> list
 
 
 async def attack_big_batches(ports: dict[str, int], stop: asyncio.Event) -> list[Any]:
-    """The largest batch the defaults allow (10 000 small events), posted back to back from 4 clients."""
+    """The largest batch the defaults allow (10 000 small events), posted back to back."""
     body = b"\n".join(event(f"B{seq % 50}", seq, "y") for seq in range(10000))
 
     async def loop() -> None:
         while not stop.is_set():
             await exchange(ports["aep"], request("POST", "/events", body, "application/x-ndjson"))
 
-    await asyncio.gather(*(loop() for _ in range(4)))
+    await asyncio.gather(*(loop() for _ in range(CLIENTS)))
     return []
 
 
@@ -317,5 +319,7 @@ if __name__ == "__main__":
     parser.add_argument("scenarios", nargs="*", default=[*ATTACKS, "rounds"], choices=[*ATTACKS, "rounds"])
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each attack (default 5)")
     parser.add_argument("--rounds", type=int, default=3, help="how often `rounds` repeats the attacks (default 3)")
+    parser.add_argument("--clients", type=int, default=1, help="attacking clients per attack (default 1)")
     args = parser.parse_args()
+    CLIENTS = args.clients
     asyncio.run(main(args.scenarios, args.seconds, args.rounds))
