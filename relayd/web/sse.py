@@ -3,7 +3,9 @@
 Writes to a stream are queued and flushed once per reactor turn for all streams together, so a burst
 of events costs one C{write} per subscriber instead of one per event. Each stream is the push producer
 of its response: while the client does not read, the transport pauses it and its queue grows up to
-C{max_buffer} bytes; past that the stream is aborted (the client reconnects and resumes).
+C{max_buffer} bytes; past that the stream is aborted (the client reconnects and resumes). What lagging
+clients hold together is bounded too (the hub's C{max_lagging}): thousands of streams each just under
+their own bound would otherwise add up to gigabytes.
 
 What a stream sends from a large source (a replay) is pulled from it with L{SSEStream.produce}, a
 chunk per reactor turn and only while the transport is not paused: a client that does not read costs
@@ -26,6 +28,7 @@ from relayd.clock import Clock
 from relayd.web.transport import no_delay, write_now
 
 DEFAULT_MAX_BUFFER = 8 * 1024 * 1024
+DEFAULT_MAX_LAGGING = 256 * 1024 * 1024  # every lagging stream of one hub (one wing) together
 
 
 def sse_event(data: bytes, event: bytes | None = None, id: bytes | None = None) -> bytes:
@@ -62,7 +65,8 @@ class SSEStream:
     # Thousands of these sit idle per process: no per-instance __dict__.
     __slots__ = (
         "request", "hub", "max_buffer", "on_close", "closed", "paused", "discarded",
-        "_pending", "_pending_bytes", "_dirty", "_transport", "_chunked", "_encoded", "_source", "_waiting",
+        "_pending", "_pending_bytes", "_lagging", "_dirty", "_transport", "_chunked", "_encoded", "_source",
+        "_waiting",
     )
 
     _log = Logger()
@@ -84,6 +88,7 @@ class SSEStream:
         self.discarded = 0
         self._pending: list[bytes] = []
         self._pending_bytes = 0
+        self._lagging = 0  # of the pending bytes, those queued while paused (counted in the hub's total)
         self._encoded: bytes | None = None
         self._dirty = False
         self._transport: Any = None
@@ -132,9 +137,13 @@ class SSEStream:
         self._encoded = encoded if not self._pending else None
         self._pending.append(chunk)
         self._pending_bytes += len(chunk)
-        if self.paused and self._pending_bytes > self.max_buffer:
-            self._overflow()
-            return False
+        if self.paused:
+            hub = self.hub
+            self._lagging += len(chunk)
+            hub.lagging += len(chunk)
+            if self._pending_bytes > self.max_buffer or hub.lagging > hub.max_lagging:
+                self._overflow()
+                return False
         if not self._dirty and not self.paused:
             self._dirty = True
             self.hub.schedule(self)
@@ -181,6 +190,7 @@ class SSEStream:
         encoded = self._encoded if len(pending) == 1 else None
         self._pending = []
         self._pending_bytes = 0
+        self._release_lagging()
         self._encoded = None
         transport = self._transport
         if transport is None or self.request._disconnected:
@@ -223,13 +233,20 @@ class SSEStream:
 
     def _overflow(self) -> None:
         self.discarded = len(self._pending)  # frames dropped with the stream, for the wing's metrics
-        self._log.debug("SSE subscriber overflowed its {max} byte buffer; aborting", max=self.max_buffer)
+        self._log.debug("SSE subscriber overflowed its {max} byte buffer (or the hub's {total}); aborting",
+                        max=self.max_buffer, total=self.hub.max_lagging)
         self.abort()
+
+    def _release_lagging(self) -> None:
+        if self._lagging:
+            self.hub.lagging -= self._lagging
+            self._lagging = 0
 
     def _end(self) -> None:
         self.closed = True
         self._pending = []
         self._pending_bytes = 0
+        self._release_lagging()
         self._source = None
         self.hub.discard(self)
         callback, self.on_close = self.on_close, None
@@ -260,8 +277,12 @@ class SSEStream:
 class SSEHub:
     """The open streams of one wing: one shared heartbeat, one flush per reactor turn, drain."""
 
-    def __init__(self, clock: Clock, heartbeat_interval: float, heartbeat: bytes) -> None:
+    def __init__(
+        self, clock: Clock, heartbeat_interval: float, heartbeat: bytes, *, max_lagging: int = DEFAULT_MAX_LAGGING
+    ) -> None:
         self.clock = clock
+        self.max_lagging = max_lagging
+        self.lagging = 0  # bytes queued for clients that do not read, every stream together
         self.heartbeat = heartbeat
         self.heartbeat_interval = heartbeat_interval
         self.streams: set[SSEStream] = set()

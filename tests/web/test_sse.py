@@ -54,9 +54,9 @@ class StreamResource(Resource):
 class Harness:
     """A site serving SSE streams over in-memory transports, with a fake clock for everything."""
 
-    def __init__(self, max_buffer: int = 1000, heartbeat: float = 25.0) -> None:
+    def __init__(self, max_buffer: int = 1000, heartbeat: float = 25.0, max_lagging: int = 10**9) -> None:
         self.clock = task.Clock()
-        self.hub = SSEHub(Clock(self.clock), heartbeat, sse_comment("ping"))
+        self.hub = SSEHub(Clock(self.clock), heartbeat, sse_comment("ping"), max_lagging=max_lagging)
         self.resource = StreamResource(self.hub, max_buffer)
         self.site = Site(self.resource, reactor=self.clock)
 
@@ -185,6 +185,24 @@ class Backpressure(SynchronousTestCase):
         self.assertFalse(stream.write(b"more"))
         harness.turn()
         self.assertNotIn(b"aaa", transport.value())  # the queue was dropped, not sent
+
+    def test_lagging_streams_together_are_bounded_by_the_hub(self) -> None:
+        harness = Harness(max_buffer=100, max_lagging=150)
+        (one, _, _), (two, _, _), (reader, _, _) = harness.open(), harness.open(), harness.open()
+        one.pauseProducing()
+        two.pauseProducing()
+        self.assertTrue(reader.write(b"r" * 500))  # a stream whose client reads never counts
+        self.assertTrue(one.write(b"a" * 100))
+        self.assertTrue(two.write(b"b" * 50))  # exactly at the hub's bound: still queued
+        self.assertEqual(harness.hub.lagging, 150)
+        self.assertFalse(two.write(b"c"))  # over it: the stream that wrote is cut off
+        self.assertTrue(two.closed)
+        self.assertFalse(one.closed)
+        self.assertEqual(harness.hub.lagging, 100)  # what the cut stream held is released
+        one.resumeProducing()
+        harness.turn()
+        self.assertEqual(harness.hub.lagging, 0)  # sent: nothing lags any more
+        self.assertTrue(one.write(b"d" * 100))
 
     def test_stop_producing_ends_the_stream(self) -> None:
         harness = Harness()
