@@ -186,7 +186,8 @@ events_delivered = Counter(
 events_dropped = Counter(
     "relayd_events_dropped",
     "Events not delivered: slow-consumer (skipped for a lagging consumer), cut-off (discarded with a consumer "
-    "cut off for backpressure), unroutable (a command no emitter could take), queue-full (MCP)",
+    "cut off for backpressure), unroutable (a command no emitter could take), queue-full (MCP), unreadable "
+    "(stored by an older relayd in a form this one refuses)",
     ["relay", "reason"],
     registry=REGISTRY,
 )

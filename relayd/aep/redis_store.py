@@ -25,12 +25,14 @@ from typing import Any, Sequence
 from twisted.internet.defer import Deferred
 from zope.interface import implementer
 
-from relayd.aep.event import Event, event_from
+from relayd import metrics
+from relayd.aep.event import Event, stored_event
 from relayd.aep.store import IEventLog, Position, Replay, exhausted_marker
 from relayd.redis import Redis
 
 STORE = "aep"
 _FRAME = struct.Struct(">I")
+_UNREADABLE = metrics.events_dropped.labels(relay="aep", reason="unreadable")
 
 _APPEND = b"""
 local prefix, capacity, max_sessions, blob = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
@@ -182,7 +184,11 @@ class RedisEventLog:
             earliest = decode_position(lines[0])
             events = []
             for member, raw in zip(lines[2::2], lines[3::2]):
-                events.append(event_from(raw))
+                event = stored_event(raw)
+                if event is None:
+                    _UNREADABLE.inc()
+                    continue
+                events.append(event)
             if cursor is None:
                 exhausted = exhausted_marker(earliest, after)
             elif lines[0] > cursor:  # all up to the previous page is gone: was more evicted meanwhile?
