@@ -11,6 +11,7 @@ import json
 import re
 import socket
 import uuid
+from urllib.parse import quote
 from typing import Any
 
 from hypothesis import assume, given
@@ -71,7 +72,8 @@ class GeneratedAttacks(TestCase):
             cuts=st.lists(st.integers(0, 1200), max_size=8),
         )
         def attack(wing: str, framing: str, sizes: list[int], cuts: list[int]) -> None:
-            method, path, headers, body, status = _valid(target, wing)
+            unique = str(uuid.uuid4())
+            method, path, headers, body, status = _valid(target, wing, unique)
             if framing == "chunked":
                 headers.append((b"Transfer-Encoding", b"chunked"))
                 body = chunked(body, sizes)
@@ -86,6 +88,8 @@ class GeneratedAttacks(TestCase):
             assert answer.responses[0].status == status, answer.describe()
             if wing == "broker":
                 assert json.loads(answer.responses[0].body)["status"] == "succeeded", answer.describe()
+            if wing == "aep":  # nothing acknowledged is lost: both events are held
+                assert _held(target, unique) == [b"id: %s:0:0" % unique.encode(), b"id: %s:0:1" % unique.encode()]
 
         await in_thread(attack)
 
@@ -141,9 +145,8 @@ class GeneratedAttacks(TestCase):
         await in_thread(attack)
 
 
-def _valid(target: Target, wing: str) -> tuple[bytes, bytes, list[tuple[bytes, bytes]], bytes, int]:
-    """(method, path, headers, body, status) of a request C{wing} accepts."""
-    unique = str(uuid.uuid4())
+def _valid(target: Target, wing: str, unique: str) -> tuple[bytes, bytes, list[tuple[bytes, bytes]], bytes, int]:
+    """(method, path, headers, body, status) of a request C{wing} accepts, naming C{unique}."""
     if wing == "aep":
         headers = [(b"Authorization", b"Bearer " + TOKEN.encode()), (b"aep-version", b"0.1"),
                    (b"content-type", b"application/x-ndjson")]  # fmt: skip
@@ -156,6 +159,15 @@ def _valid(target: Target, wing: str) -> tuple[bytes, bytes, list[tuple[bytes, b
         headers = [(b"Authorization", b"Bearer " + target.credential.encode()), (b"content-type", b"application/json")]
         return b"POST", b"/v1/action", headers, body, 200
     return b"GET", b"/metrics", [], b"", 200
+
+
+def _held(target: Target, session: str) -> list[bytes]:
+    """The C{id:} lines the AEP relay replays for C{session}."""
+    query = quote(json.dumps([{"session": session}]))
+    answer = target.exchange("aep", request(b"GET", f"/stream?live=0&from={query}".encode(),
+                                            [(b"Authorization", b"Bearer " + TOKEN.encode())]))
+    _ok(target, "aep", answer)
+    return [line for line in answer.responses[0].body.split(b"\n") if line.startswith(b"id: ")]
 
 
 def _error(answer: Answer) -> Any:
