@@ -11,7 +11,7 @@ from twisted.trial.unittest import TestCase
 from relayd.tap import all_settings
 from tests.support.cases import cases, expand
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 UNITS = sorted((ROOT / "contrib" / "systemd").rglob("*.service")) + sorted(
     (ROOT / "contrib" / "systemd").rglob("*.conf")
 )

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from twisted.trial.unittest import TestCase
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PROJECT_FILES = ("setup.cfg", "pyproject.toml", "README.md", "LICENSE")
 
 
