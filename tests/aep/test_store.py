@@ -174,7 +174,7 @@ class MemoryLogProperty(TestCase):
                 position = next(seq) if rng.random() < 0.8 else rng.randrange(0, 40)
                 reused = {"id": f"again-{rng.randrange(3)}"} if rng.random() < 0.1 else {}
                 batch.append(ev(session, position, **reused))
-            assert log.append(batch).result == model.append(batch)  # type: ignore[attr-defined]
-            assert log.sessions().result == list(model.buffers)  # type: ignore[attr-defined]
+            assert self.successResultOf(log.append(batch)) == model.append(batch)
+            assert self.successResultOf(log.sessions()) == list(model.buffers)
             for session, held in model.buffers.items():
-                assert list(log.replay(session, (0, -1)).result.events) == held  # type: ignore[attr-defined]
+                assert list(self.successResultOf(log.replay(session, (0, -1))).events) == held
