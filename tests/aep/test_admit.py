@@ -59,14 +59,14 @@ class AdmitTests(TestCase):
             same(fast, slow)
 
     @cases(*[
-            b'{"aep":"0.1","id":"i","type":"a.b","time":"t","source":"s","agent":"a","session":"S","seq":1,"data":"\xff"}',
-            b'{"aep":"0.1","id":"i","type":"a.b","time":"t","source":"s","agent":"a","session":"S","seq":1,"x":"\\ud800"}',
-            b'{"aep":"0.1","id":"i","type":"a.b","time":"t","source":"s","agent":"a","session":"S","seq":1,"x":NaN}',
-            b'{"aep":"0.1","id":"i","type":"a.b","time":"t","source":"s","agent":"a","session":"S","seq":1,"x":[1,]}',
-            b'{"aep":"0.1","id":"i","type":"a.b","time":"t","source":"s","agent":"a","session":"S","seq":1}x',
-            b'{"aep":"0.1","id":"i","type":"a.b","time":"t","source":"s","agent":"a","session":"S","seq":1,"d":'
-            + b"[" * 256 + b"]" * 256 + b"}",
-        ])
+        b'{"aep":"0.1","id":"i","type":"a.b","time":"t","source":"s","agent":"a","session":"S","seq":1,"data":"\xff"}',
+        b'{"aep":"0.1","id":"i","type":"a.b","time":"t","source":"s","agent":"a","session":"S","seq":1,"x":"\\ud800"}',
+        b'{"aep":"0.1","id":"i","type":"a.b","time":"t","source":"s","agent":"a","session":"S","seq":1,"x":NaN}',
+        b'{"aep":"0.1","id":"i","type":"a.b","time":"t","source":"s","agent":"a","session":"S","seq":1,"x":[1,]}',
+        b'{"aep":"0.1","id":"i","type":"a.b","time":"t","source":"s","agent":"a","session":"S","seq":1}x',
+        b'{"aep":"0.1","id":"i","type":"a.b","time":"t","source":"s","agent":"a","session":"S","seq":1,"d":'
+        + b"[" * 256 + b"]" * 256 + b"}",
+    ])
     def test_invalid_json_is_never_admitted(self, raw: bytes) -> None:
         assert admit(raw) is None
         assert exact(raw) == "invalid-json"

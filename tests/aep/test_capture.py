@@ -459,15 +459,15 @@ class DownlevelTargets(TestCase):
         assert capture_error(value) is None
 
     @cases(*[
-            ("bogus", "unknown capture level: bogus"),
-            ("FULL", "unknown capture level: FULL"),
-            (" full", "unknown capture level:  full"),
-            (0, "unknown capture level: 0"),
-            (2.5, "unknown capture level: 2.5"),
-            (False, "unknown capture level: false"),
-            (["full"], "unknown capture level: full"),
-            ({"level": "full"}, "unknown capture level: [object Object]"),
-        ])
+        ("bogus", "unknown capture level: bogus"),
+        ("FULL", "unknown capture level: FULL"),
+        (" full", "unknown capture level:  full"),
+        (0, "unknown capture level: 0"),
+        (2.5, "unknown capture level: 2.5"),
+        (False, "unknown capture level: false"),
+        (["full"], "unknown capture level: full"),
+        ({"level": "full"}, "unknown capture level: [object Object]"),
+    ])
     def test_capture_error_rejects(self, value: Any, message: str) -> None:
         assert capture_error(value) == message
 
@@ -546,11 +546,11 @@ class DownlevelTargets(TestCase):
         assert downlevel(nested, "metadata")["data"] == {"gen_ai": {"evaluation": {"name": "n"}}}
 
     @cases(*[
-            ({"subject": "Bash"}, {"kind": "permission", "prompt": "x"}, "a requests permission: Bash"),
-            ({}, {"kind": "permission", "prompt": "x"}, "a requests permission"),
-            ({"subject": ""}, {"prompt": "x"}, "a requests attention"),
-            ({"subject": "S"}, {"kind": None, "prompt": "x"}, "a requests attention: S"),
-        ])
+        ({"subject": "Bash"}, {"kind": "permission", "prompt": "x"}, "a requests permission: Bash"),
+        ({}, {"kind": "permission", "prompt": "x"}, "a requests permission"),
+        ({"subject": ""}, {"prompt": "x"}, "a requests attention"),
+        ({"subject": "S"}, {"kind": None, "prompt": "x"}, "a requests attention: S"),
+    ])
     def test_prompt_synthesis(self, extra: dict, data: dict, prompt: str) -> None:
         ev = _ev("Q1", "attention.requested", "redacted", data, seq=0, **extra)
         assert downlevel(ev, "metadata")["data"]["prompt"] == prompt

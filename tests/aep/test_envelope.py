@@ -154,12 +154,12 @@ class RelayGradeScope(TestCase):
         assert event_kind(routed) is EventKind.FOREIGN
 
     @cases(*[
-            ({"seq": 3}, "foreign-emitter events omit seq"),
-            ({"seq": None}, "foreign-emitter events omit seq"),
-            ({"seq": UNDEFINED, "session": UNDEFINED}, "foreign-emitter events require session"),
-            ({"seq": UNDEFINED, "session": 5}, "foreign-emitter events require session"),
-            ({"seq": 3, "session": UNDEFINED}, "foreign-emitter events require session"),
-        ])
+        ({"seq": 3}, "foreign-emitter events omit seq"),
+        ({"seq": None}, "foreign-emitter events omit seq"),
+        ({"seq": UNDEFINED, "session": UNDEFINED}, "foreign-emitter events require session"),
+        ({"seq": UNDEFINED, "session": 5}, "foreign-emitter events require session"),
+        ({"seq": 3, "session": UNDEFINED}, "foreign-emitter events require session"),
+    ])
     def test_attention_routed_rejections(self, changes: dict, message: str) -> None:
         assert envelope_error(ev(type="attention.routed", **changes)) == message
 
@@ -257,13 +257,13 @@ class RelayGradeScope(TestCase):
     # --- is_command_type / event_kind --------------------------------------------------------------
 
     @cases(*[
-            ("control.attention.respond", True), ("control.cancel", True), ("control.pause", True),
-            ("control.resume", True), ("x.acme.control.reboot", True), ("x.ac-me.control.a.b", True),
-            ("control.accepted", False), ("control.rejected", False), ("control.attention", False),
-            ("control.cancelled", False), ("control.cancel.x", False), ("x.acme.control", False),
-            ("acme.control.reboot", False), ("control.cancel\n", False), ("x.acme.control.a\nb", False),
-            ("attention.routed", False), ("", False),
-        ])  # fmt: skip
+        ("control.attention.respond", True), ("control.cancel", True), ("control.pause", True),
+        ("control.resume", True), ("x.acme.control.reboot", True), ("x.ac-me.control.a.b", True),
+        ("control.accepted", False), ("control.rejected", False), ("control.attention", False),
+        ("control.cancelled", False), ("control.cancel.x", False), ("x.acme.control", False),
+        ("acme.control.reboot", False), ("control.cancel\n", False), ("x.acme.control.a\nb", False),
+        ("attention.routed", False), ("", False),
+    ])  # fmt: skip
     def test_is_command_type(self, type_: str, expected: bool) -> None:
         assert is_command_type(type_) is expected
 

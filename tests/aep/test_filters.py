@@ -76,53 +76,53 @@ class FilterValidationAndMatching(TestCase):
         assert filter_error(f) == "filter must be a JSON object"
 
     @cases(*[
-            ({"severity": {"gte": "loud"}}, "unknown severity level: loud"),
-            ({"severity": {"lte": None}}, "unknown severity level: null"),
-            ({"severity": {"gte": 2}}, "unknown severity level: 2"),
-            ({"severity": {"gte": "INFO"}}, "unknown severity level: INFO"),
-            ({"severity": {"gte": "info", "eq": "info"}}, "severity comparison allows gte/lte only"),
-            ({"severity": {"gte": "bad", "eq": "info"}}, "unknown severity level: bad"),
-            # JS orders array-index keys first, so "0" is looked at before "gte".
-            ({"severity": {"gte": "bad", "0": "info"}}, "severity comparison allows gte/lte only"),
-            ({"severity": None}, "predicate values must be scalars (severity)"),
-            ({"severity": [["info"]]}, "predicate values must be scalars (severity)"),
-            ({"capture": {"gte": "metadata"}}, "predicate values must be scalars (capture)"),
-            ({"agent": None}, "predicate values must be scalars (agent)"),
-            ({"agent": ["a", None]}, "predicate values must be scalars (agent)"),
-            ({"agent": ["a", {"b": 1}]}, "predicate values must be scalars (agent)"),
-            ({"session": ["s1", "s*"]}, 'glob patterns are only legal on "type" (session)'),
-            ({"acmeregion": "eu-*"}, 'glob patterns are only legal on "type" (acmeregion)'),
-            ({"type": "tool*"}, "bad type pattern: tool* (form: prefix.*)"),
-            ({"type": ["tool.*", "*.completed"]}, "bad type pattern: *.completed (form: prefix.*)"),
-            ({"type": "Tool.*"}, "bad type pattern: Tool.* (form: prefix.*)"),
-            ({"type": "tool.*.x"}, "bad type pattern: tool.*.x (form: prefix.*)"),
-            ({"type": "tool.**"}, "bad type pattern: tool.** (form: prefix.*)"),
-            ({"type": []}, "empty inclusion array on type"),
-            ({"abcdefghijklmnopqrstu": 1}, "unknown filter key: abcdefghijklmnopqrstu"),
-            ({"acme_ext": 1}, "unknown filter key: acme_ext"),
-            ({"": 1}, "unknown filter key: "),
-            ({"Agent": "a"}, "unknown filter key: Agent"),
-            # Keys are checked in order; the first failing key decides.
-            ({"agent": [], "seq": 1}, "empty inclusion array on agent"),
-            ({"seq": 1, "agent": []}, "attribute not filterable: seq"),
-            # ...in JS property order, where array-index keys ("5" is a legal extension name) come first.
-            ({"agent": [], "10": None, "5": "x*"}, 'glob patterns are only legal on "type" (5)'),
-        ])
+        ({"severity": {"gte": "loud"}}, "unknown severity level: loud"),
+        ({"severity": {"lte": None}}, "unknown severity level: null"),
+        ({"severity": {"gte": 2}}, "unknown severity level: 2"),
+        ({"severity": {"gte": "INFO"}}, "unknown severity level: INFO"),
+        ({"severity": {"gte": "info", "eq": "info"}}, "severity comparison allows gte/lte only"),
+        ({"severity": {"gte": "bad", "eq": "info"}}, "unknown severity level: bad"),
+        # JS orders array-index keys first, so "0" is looked at before "gte".
+        ({"severity": {"gte": "bad", "0": "info"}}, "severity comparison allows gte/lte only"),
+        ({"severity": None}, "predicate values must be scalars (severity)"),
+        ({"severity": [["info"]]}, "predicate values must be scalars (severity)"),
+        ({"capture": {"gte": "metadata"}}, "predicate values must be scalars (capture)"),
+        ({"agent": None}, "predicate values must be scalars (agent)"),
+        ({"agent": ["a", None]}, "predicate values must be scalars (agent)"),
+        ({"agent": ["a", {"b": 1}]}, "predicate values must be scalars (agent)"),
+        ({"session": ["s1", "s*"]}, 'glob patterns are only legal on "type" (session)'),
+        ({"acmeregion": "eu-*"}, 'glob patterns are only legal on "type" (acmeregion)'),
+        ({"type": "tool*"}, "bad type pattern: tool* (form: prefix.*)"),
+        ({"type": ["tool.*", "*.completed"]}, "bad type pattern: *.completed (form: prefix.*)"),
+        ({"type": "Tool.*"}, "bad type pattern: Tool.* (form: prefix.*)"),
+        ({"type": "tool.*.x"}, "bad type pattern: tool.*.x (form: prefix.*)"),
+        ({"type": "tool.**"}, "bad type pattern: tool.** (form: prefix.*)"),
+        ({"type": []}, "empty inclusion array on type"),
+        ({"abcdefghijklmnopqrstu": 1}, "unknown filter key: abcdefghijklmnopqrstu"),
+        ({"acme_ext": 1}, "unknown filter key: acme_ext"),
+        ({"": 1}, "unknown filter key: "),
+        ({"Agent": "a"}, "unknown filter key: Agent"),
+        # Keys are checked in order; the first failing key decides.
+        ({"agent": [], "seq": 1}, "empty inclusion array on agent"),
+        ({"seq": 1, "agent": []}, "attribute not filterable: seq"),
+        # ...in JS property order, where array-index keys ("5" is a legal extension name) come first.
+        ({"agent": [], "10": None, "5": "x*"}, 'glob patterns are only legal on "type" (5)'),
+    ])
     def test_validation_messages(self, f: dict, message: str) -> None:
         assert filter_error(f) == message
 
     @cases(*[
-            {},
-            {"severity": {}},
-            {"severity": "info"},
-            {"severity": ["bogus"]},  # scalar severity values are compared, not validated
-            {"capture": "bogus"},
-            {"type": ["x.ac-me.*", "tool.completed", "a.b.*"]},
-            {"type": "tool.completed"},
-            {"epoch": [0, 1.5, True, "x"]},
-            {"abcdefghijklmnopqrst": 1, "5": "a", "acmeregion": "eu-1"},
-            {"id": "01J", "subject": "s", "source": "aep://h", "run": "r", "step": "t", "cause": "c"},
-        ])
+        {},
+        {"severity": {}},
+        {"severity": "info"},
+        {"severity": ["bogus"]},  # scalar severity values are compared, not validated
+        {"capture": "bogus"},
+        {"type": ["x.ac-me.*", "tool.completed", "a.b.*"]},
+        {"type": "tool.completed"},
+        {"epoch": [0, 1.5, True, "x"]},
+        {"abcdefghijklmnopqrst": 1, "5": "a", "acmeregion": "eu-1"},
+        {"id": "01J", "subject": "s", "source": "aep://h", "run": "r", "step": "t", "cause": "c"},
+    ])
     def test_valid_filters(self, f: dict) -> None:
         assert filter_error(f) is None
         compile_filter(f)
@@ -135,60 +135,60 @@ class FilterValidationAndMatching(TestCase):
         assert match_all({})
 
     @cases(*[
-            # Strict equality: no string/number coercion, and True is not 1.
-            ({"acmeflag": 0}, {"acmeflag": "0"}, False),
-            ({"acmeflag": "0"}, {"acmeflag": 0}, False),
-            ({"acmeflag": True}, {"acmeflag": 1}, False),
-            ({"acmeflag": 1}, {"acmeflag": True}, False),
-            ({"acmeflag": [0, 1]}, {"acmeflag": False}, False),
-            ({"acmeflag": False}, {"acmeflag": False}, True),
-            ({"acmeflag": 1}, {"acmeflag": 1.0}, True),
-            ({"acmeflag": 1.0}, {"acmeflag": 1}, True),
-            ({"acmeflag": float("nan")}, {"acmeflag": float("nan")}, False),
-            ({"epoch": 0}, {"epoch": 0.0}, True),
-            ({"epoch": 0}, {"epoch": None}, True),  # JS `??` defaults an explicit null too
-            ({"epoch": 1}, {}, False),
-            ({"epoch": [3, 0]}, {"epoch": 3}, True),
-            # Absent or null attributes never match (defaults apply to severity/capture/epoch only).
-            ({"run": "r1"}, {}, False),
-            ({"run": "r1"}, {"run": None}, False),
-            ({"acmeflag": "x"}, {"acmeflag": ["x"]}, False),
-            ({"acmeflag": "x"}, {"acmeflag": {"x": 1}}, False),
-            ({"session": ""}, {"session": ""}, True),
-            # Defaults.
-            ({"capture": "metadata"}, {}, True),
-            ({"capture": "metadata"}, {"capture": None}, True),
-            ({"capture": ["full", "redacted"]}, {}, False),
-            ({"capture": "full"}, {"capture": "full"}, True),
-            ({"severity": "info"}, {}, True),
-            ({"severity": ["warning", "error"]}, {"severity": "error"}, True),
-            ({"severity": "info"}, {"severity": "notice"}, False),
-            # Severity bands are inclusive by rank.
-            ({"severity": {"lte": "info"}}, {}, True),
-            ({"severity": {"lte": "info"}}, {"severity": "notice"}, False),
-            ({"severity": {"gte": "warning", "lte": "error"}}, {"severity": "warning"}, True),
-            ({"severity": {"gte": "warning", "lte": "error"}}, {"severity": "error"}, True),
-            ({"severity": {"gte": "warning", "lte": "error"}}, {"severity": "critical"}, False),
-            ({"severity": {"gte": "warning", "lte": "error"}}, {"severity": "notice"}, False),
-            ({"severity": {"gte": "error", "lte": "warning"}}, {"severity": "error"}, False),
-            ({"severity": {"gte": "debug"}}, {"severity": "debug"}, True),
-            # Type globs are prefixes that include the dot; arrays mix globs and exact names.
-            ({"type": "tool.*"}, {"type": "toolbox.started"}, False),
-            ({"type": "tool.*"}, {"type": "tool"}, False),
-            ({"type": "tool.*"}, {"type": "tool.completed"}, True),
-            ({"type": "x.acme.*"}, {"type": "x.acme2.foo.bar"}, False),
-            ({"type": ["run.*", "tool.completed"]}, {"type": "tool.completed"}, True),
-            ({"type": ["run.*", "tool.completed"]}, {"type": "tool.failed"}, False),
-            ({"type": ["run.*", "tool.*"]}, {"type": "run.step.started"}, True),
-            ({"type": "run.step.*"}, {"type": "run.started"}, False),
-            ({"agent": "tool.*"}, {"agent": "tool.x"}, None),  # invalid: globs only on type
-            # Conjunction.
-            ({"type": "tool.*", "agent": "codex"}, {"type": "tool.failed", "agent": "claude"}, False),
-            ({"type": "tool.*", "agent": "codex", "acmeregion": ["eu-1", "us-1"]},
-             {"type": "tool.failed", "agent": "codex", "acmeregion": "us-1"}, True),
-            ({"type": "tool.*", "agent": "codex", "acmeregion": ["eu-1", "us-1"]},
-             {"type": "tool.failed", "agent": "codex"}, False),
-        ])  # fmt: skip
+        # Strict equality: no string/number coercion, and True is not 1.
+        ({"acmeflag": 0}, {"acmeflag": "0"}, False),
+        ({"acmeflag": "0"}, {"acmeflag": 0}, False),
+        ({"acmeflag": True}, {"acmeflag": 1}, False),
+        ({"acmeflag": 1}, {"acmeflag": True}, False),
+        ({"acmeflag": [0, 1]}, {"acmeflag": False}, False),
+        ({"acmeflag": False}, {"acmeflag": False}, True),
+        ({"acmeflag": 1}, {"acmeflag": 1.0}, True),
+        ({"acmeflag": 1.0}, {"acmeflag": 1}, True),
+        ({"acmeflag": float("nan")}, {"acmeflag": float("nan")}, False),
+        ({"epoch": 0}, {"epoch": 0.0}, True),
+        ({"epoch": 0}, {"epoch": None}, True),  # JS `??` defaults an explicit null too
+        ({"epoch": 1}, {}, False),
+        ({"epoch": [3, 0]}, {"epoch": 3}, True),
+        # Absent or null attributes never match (defaults apply to severity/capture/epoch only).
+        ({"run": "r1"}, {}, False),
+        ({"run": "r1"}, {"run": None}, False),
+        ({"acmeflag": "x"}, {"acmeflag": ["x"]}, False),
+        ({"acmeflag": "x"}, {"acmeflag": {"x": 1}}, False),
+        ({"session": ""}, {"session": ""}, True),
+        # Defaults.
+        ({"capture": "metadata"}, {}, True),
+        ({"capture": "metadata"}, {"capture": None}, True),
+        ({"capture": ["full", "redacted"]}, {}, False),
+        ({"capture": "full"}, {"capture": "full"}, True),
+        ({"severity": "info"}, {}, True),
+        ({"severity": ["warning", "error"]}, {"severity": "error"}, True),
+        ({"severity": "info"}, {"severity": "notice"}, False),
+        # Severity bands are inclusive by rank.
+        ({"severity": {"lte": "info"}}, {}, True),
+        ({"severity": {"lte": "info"}}, {"severity": "notice"}, False),
+        ({"severity": {"gte": "warning", "lte": "error"}}, {"severity": "warning"}, True),
+        ({"severity": {"gte": "warning", "lte": "error"}}, {"severity": "error"}, True),
+        ({"severity": {"gte": "warning", "lte": "error"}}, {"severity": "critical"}, False),
+        ({"severity": {"gte": "warning", "lte": "error"}}, {"severity": "notice"}, False),
+        ({"severity": {"gte": "error", "lte": "warning"}}, {"severity": "error"}, False),
+        ({"severity": {"gte": "debug"}}, {"severity": "debug"}, True),
+        # Type globs are prefixes that include the dot; arrays mix globs and exact names.
+        ({"type": "tool.*"}, {"type": "toolbox.started"}, False),
+        ({"type": "tool.*"}, {"type": "tool"}, False),
+        ({"type": "tool.*"}, {"type": "tool.completed"}, True),
+        ({"type": "x.acme.*"}, {"type": "x.acme2.foo.bar"}, False),
+        ({"type": ["run.*", "tool.completed"]}, {"type": "tool.completed"}, True),
+        ({"type": ["run.*", "tool.completed"]}, {"type": "tool.failed"}, False),
+        ({"type": ["run.*", "tool.*"]}, {"type": "run.step.started"}, True),
+        ({"type": "run.step.*"}, {"type": "run.started"}, False),
+        ({"agent": "tool.*"}, {"agent": "tool.x"}, None),  # invalid: globs only on type
+        # Conjunction.
+        ({"type": "tool.*", "agent": "codex"}, {"type": "tool.failed", "agent": "claude"}, False),
+        ({"type": "tool.*", "agent": "codex", "acmeregion": ["eu-1", "us-1"]},
+         {"type": "tool.failed", "agent": "codex", "acmeregion": "us-1"}, True),
+        ({"type": "tool.*", "agent": "codex", "acmeregion": ["eu-1", "us-1"]},
+         {"type": "tool.failed", "agent": "codex"}, False),
+    ])  # fmt: skip
     def test_matching(self, f: dict, event: dict, expected: bool | None) -> None:
         if expected is None:
             assert filter_error(f) is not None
