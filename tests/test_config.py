@@ -86,13 +86,13 @@ class ConfigTests(TestCase):
             assert flag in text
 
     @cases(*[
-            ("tcp:8787:interface=127.0.0.1", True),
-            (r"tcp6:8787:interface=\:\:1", True),
-            ("tcp:8787:interface=localhost", True),
-            ("tcp:8787", False),
-            ("tcp:8787:interface=0.0.0.0", False),
-            ("unix:/run/relayd.sock", True),
-            ("haproxy:tcp:8787:interface=127.0.0.1", True),
-        ])
+        ("tcp:8787:interface=127.0.0.1", True),
+        (r"tcp6:8787:interface=\:\:1", True),
+        ("tcp:8787:interface=localhost", True),
+        ("tcp:8787", False),
+        ("tcp:8787:interface=0.0.0.0", False),
+        ("unix:/run/relayd.sock", True),
+        ("haproxy:tcp:8787:interface=127.0.0.1", True),
+    ])
     def test_loopback_detection(self, description: str, loopback: bool) -> None:
         assert is_loopback_endpoint(description) is loopback

@@ -20,18 +20,18 @@ rlog.register_secret(SECRET)
 @expand
 class ScrubTests(TestCase):
     @cases(*[
-            ("GET /stream?access_token=abc123&filter=x", "abc123"),
-            ("/s/events?token=tok_zz9&direction=outbound", "tok_zz9"),
-            ("authorization: Bearer eyJhbGciOi.xyz", "eyJhbGciOi"),
-            ("Authorization: Basic dXNlcjpwYXNz", "dXNlcjpwYXNz"),
-            ('{"session":"s1","token":"tok_abcdef"}', "tok_abcdef"),
-            ("{'token': b'raw-bytes-token'}", "raw-bytes-token"),
-            ("key=nsec1qqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqq", "nsec1qqq"),
-            ("issued bzh_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "bzh_AAAA"),
-            (f"configured with {SECRET}", SECRET),
-            ("redis://:hunter2@127.0.0.1:6379/0", "hunter2"),
-            ("ws://h/socket?x=1&access_token%3Dleak", "leak"),
-        ])
+        ("GET /stream?access_token=abc123&filter=x", "abc123"),
+        ("/s/events?token=tok_zz9&direction=outbound", "tok_zz9"),
+        ("authorization: Bearer eyJhbGciOi.xyz", "eyJhbGciOi"),
+        ("Authorization: Basic dXNlcjpwYXNz", "dXNlcjpwYXNz"),
+        ('{"session":"s1","token":"tok_abcdef"}', "tok_abcdef"),
+        ("{'token': b'raw-bytes-token'}", "raw-bytes-token"),
+        ("key=nsec1qqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqq", "nsec1qqq"),
+        ("issued bzh_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "bzh_AAAA"),
+        (f"configured with {SECRET}", SECRET),
+        ("redis://:hunter2@127.0.0.1:6379/0", "hunter2"),
+        ("ws://h/socket?x=1&access_token%3Dleak", "leak"),
+    ])
     def test_scrub_text_removes(self, text: str, leaked: str) -> None:
         clean = rlog.scrub_text(text)
         assert leaked not in clean

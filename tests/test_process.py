@@ -88,11 +88,11 @@ class ProcessDefaults(TestCase):
         assert values["no-access-log"] is True
 
     @cases(*[
-            (["--header-timeout", "0"], "--header-timeout: '0' must be a positive number of seconds"),
-            (["--shutdown-grace", "soon"], "--shutdown-grace: 'soon' must be a number of seconds"),
-            (["--trust-forwarded-for", "-1"], "--trust-forwarded-for: '-1' must be a non-negative integer"),
-            (["--metrics-listen", "nonsense:1"], "--metrics-listen: ['nonsense:1'] is not a valid server endpoint"),
-        ])
+        (["--header-timeout", "0"], "--header-timeout: '0' must be a positive number of seconds"),
+        (["--shutdown-grace", "soon"], "--shutdown-grace: 'soon' must be a number of seconds"),
+        (["--trust-forwarded-for", "-1"], "--trust-forwarded-for: '-1' must be a non-negative integer"),
+        (["--metrics-listen", "nonsense:1"], "--metrics-listen: ['nonsense:1'] is not a valid server endpoint"),
+    ])
     def test_process_wide_errors(self, argv: list[str], message: str) -> None:
         err = io.StringIO()
         self.patch(sys, "stderr", err)

@@ -62,12 +62,12 @@ class CORSPolicyTests(TestCase):
             parse_origins(entry)
 
     @cases(*[
-            ("http://A.Example:80", "http://a.example"),
-            ("wss://a.example:443/", "wss://a.example"),
-            ("http://[::1]:8080", "http://[::1]:8080"),
-            ("chrome-extension://abcdef", "chrome-extension://abcdef"),
-            ("http://bücher.example", "http://xn--bcher-kva.example"),
-        ])
+        ("http://A.Example:80", "http://a.example"),
+        ("wss://a.example:443/", "wss://a.example"),
+        ("http://[::1]:8080", "http://[::1]:8080"),
+        ("chrome-extension://abcdef", "chrome-extension://abcdef"),
+        ("http://bücher.example", "http://xn--bcher-kva.example"),
+    ])
     def test_normalisation(self, entry: str, expected: str) -> None:
         assert normalise_origin(entry) == expected
 
