@@ -268,10 +268,12 @@ async def aep_http_emitter(port: int, stats: Stats, seqs: dict[int, int], rate: 
             session = (session + 1) % (SESSIONS - 5)  # sessions 45..49 belong to the WebSocket emitter
             lines.append(json.dumps(aep_event(session, seqs[session]), separators=(",", ":")))
             seqs[session] += 1
+        # Counted when sent: the run's end cancels this task, and a POST the relay has already taken must
+        # not go uncounted (relayd's ingest count is checked against this one).
+        stats.counts["aep_posted"] += 10
         status, body = await http(port, "POST", "/events", ("\n".join(lines) + "\n").encode(), auth, conn)
         if status != 202:
             stats.error(f"aep POST {status} {body[:100]!r}")
-        stats.counts["aep_posted"] += 10
         await asyncio.sleep(10 / rate)
 
 

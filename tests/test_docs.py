@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from twisted.trial.unittest import TestCase
+
 from relayd.tap import all_settings
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
-def test_configuration_reference_lists_every_flag_and_env_var() -> None:
-    text = (DOCS / "configuration.md").read_text()
-    missing = [f"--{s.name}" for s in all_settings() if f"`--{s.name}`" not in text]
-    missing += [env for s in all_settings() for env in s.env if f"`{env}`" not in text]
-    assert missing == []
+class DocsTests(TestCase):
+    def test_configuration_reference_lists_every_flag_and_env_var(self) -> None:
+        text = (DOCS / "configuration.md").read_text()
+        missing = [f"--{s.name}" for s in all_settings() if f"`--{s.name}`" not in text]
+        missing += [env for s in all_settings() for env in s.env if f"`{env}`" not in text]
+        assert missing == []

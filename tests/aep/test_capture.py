@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
+from twisted.trial.unittest import TestCase
 
 from relayd.aep.capture import ANNOTATIONS, LEVELS, capture_error, downlevel, downlevel_target
+from tests.support.cases import cases, expand
 
 AEP_DATA = Path(__file__).resolve().parent / "data"  # vendored AEP conformance data (see its NOTICE.md)
 FIXTURES = AEP_DATA / "fixtures"
@@ -378,33 +379,31 @@ DOWNLEVEL_CASES: list[tuple[str, dict, str, dict | None]] = [
 ]
 
 
-def test_inline_corpus_is_complete() -> None:
-    assert len(DOWNLEVEL_CASES) == 18
+@expand
+class CaptureCorpus(TestCase):
+    def test_inline_corpus_is_complete(self) -> None:
+        assert len(DOWNLEVEL_CASES) == 18
+
+    @cases(**dict(zip([f"DL{i}" for i in range(1, len(DOWNLEVEL_CASES) + 1)], DOWNLEVEL_CASES)))
+    def test_downlevel_inline(self, ceiling: str, ev: dict, expect_capture: str, expect_data: dict | None) -> None:
+        _check_downlevel(ceiling, ev, expect_capture, expect_data)
 
 
-@pytest.mark.parametrize(
-    ("ceiling", "ev", "expect_capture", "expect_data"),
-    DOWNLEVEL_CASES,
-    ids=[f"DL{i}" for i in range(1, len(DOWNLEVEL_CASES) + 1)],
-)
-def test_downlevel_inline(ceiling: str, ev: dict, expect_capture: str, expect_data: dict | None) -> None:
-    _check_downlevel(ceiling, ev, expect_capture, expect_data)
-
-
-def _fixture_cases() -> list[Any]:
+def _fixture_cases() -> dict[str, tuple[dict]]:
     path = FIXTURES / "downlevel" / "cases.json"
-    cases = json.loads(path.read_text(encoding="utf-8"))["cases"]
-    return [pytest.param(c, id=c["event"]["id"]) for c in cases]
+    table = json.loads(path.read_text(encoding="utf-8"))["cases"]
+    return {c["event"]["id"]: (c,) for c in table}
 
 
-@pytest.mark.parametrize("case", _fixture_cases())
-def test_downlevel_fixture_corpus(case: dict) -> None:
-    _check_downlevel(case["ceiling"], case["event"], case["expect_capture"], case["expect_data"])
+@expand
+class DownlevelFixtures(TestCase):
+    @cases(**_fixture_cases())
+    def test_downlevel_fixture_corpus(self, case: dict) -> None:
+        _check_downlevel(case["ceiling"], case["event"], case["expect_capture"], case["expect_data"])
 
-
-def test_fixture_corpus_size() -> None:
-    path = FIXTURES / "downlevel" / "cases.json"
-    assert len(json.loads(path.read_text(encoding="utf-8"))["cases"]) == 18
+    def test_fixture_corpus_size(self) -> None:
+        path = FIXTURES / "downlevel" / "cases.json"
+        assert len(json.loads(path.read_text(encoding="utf-8"))["cases"]) == 18
 
 
 # --- downlevel_target --------------------------------------------------------------------------
@@ -423,51 +422,43 @@ _TARGETS: dict[tuple[str | None, str], str | None] = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize(("ev_capture", "ceiling"), list(_TARGETS))
-def test_downlevel_target_matrix(ev_capture: str | None, ceiling: str) -> None:
-    ev = _ev("T1", "tool.failed", ev_capture, {"error": {"type": "E", "message": "m"}}, seq=0)
-    assert downlevel_target(ev, ceiling) == _TARGETS[(ev_capture, ceiling)]
+@expand
+class DownlevelTargets(TestCase):
+    @cases(*list(_TARGETS))
+    def test_downlevel_target_matrix(self, ev_capture: str | None, ceiling: str) -> None:
+        ev = _ev("T1", "tool.failed", ev_capture, {"error": {"type": "E", "message": "m"}}, seq=0)
+        assert downlevel_target(ev, ceiling) == _TARGETS[(ev_capture, ceiling)]
 
+    @cases(*[None, ""])
+    def test_no_ceiling_means_unchanged(self, ceiling: str | None) -> None:
+        ev = _ev("T2", "tool.completed", "full", {"result": "verbatim"}, seq=0)
+        assert downlevel_target(ev, ceiling) is None
 
-@pytest.mark.parametrize("ceiling", [None, ""])
-def test_no_ceiling_means_unchanged(ceiling: str | None) -> None:
-    ev = _ev("T2", "tool.completed", "full", {"result": "verbatim"}, seq=0)
-    assert downlevel_target(ev, ceiling) is None
+    def test_explicit_null_capture_counts_as_metadata(self) -> None:
+        ev = _ev("T3", "run.started", None, {"prompt": "p"}, seq=0)
+        ev["capture"] = None
+        assert downlevel_target(ev, "metadata") is None
+        assert downlevel_target(ev, "none") == "none"
 
+    @cases(*["bogus", "FULL", 1, True, ["full"]])
+    def test_downlevel_target_rejects_invalid_ceiling(self, ceiling: Any) -> None:
+        with self.assertRaises(ValueError, match="unknown capture level"):
+            downlevel_target(_ev("T4", "run.started", "full", {}, seq=0), ceiling)
 
-def test_explicit_null_capture_counts_as_metadata() -> None:
-    ev = _ev("T3", "run.started", None, {"prompt": "p"}, seq=0)
-    ev["capture"] = None
-    assert downlevel_target(ev, "metadata") is None
-    assert downlevel_target(ev, "none") == "none"
+    def test_downlevel_rejects_invalid_target(self) -> None:
+        with self.assertRaises(ValueError, match="unknown capture level: loud"):
+            downlevel(_ev("T5", "run.started", "full", {}, seq=0), "loud")
 
+    # --- capture ceiling validation (decision 6) ---------------------------------------------------
 
-@pytest.mark.parametrize("ceiling", ["bogus", "FULL", 1, True, ["full"]])
-def test_downlevel_target_rejects_invalid_ceiling(ceiling: Any) -> None:
-    with pytest.raises(ValueError, match="unknown capture level"):
-        downlevel_target(_ev("T4", "run.started", "full", {}, seq=0), ceiling)
+    def test_levels_in_rank_order(self) -> None:
+        assert LEVELS == ("none", "metadata", "redacted", "full")
 
+    @cases(*[*LEVELS, None, ""])
+    def test_capture_error_accepts(self, value: str | None) -> None:
+        assert capture_error(value) is None
 
-def test_downlevel_rejects_invalid_target() -> None:
-    with pytest.raises(ValueError, match="unknown capture level: loud"):
-        downlevel(_ev("T5", "run.started", "full", {}, seq=0), "loud")
-
-
-# --- capture ceiling validation (decision 6) ---------------------------------------------------
-
-
-def test_levels_in_rank_order() -> None:
-    assert LEVELS == ("none", "metadata", "redacted", "full")
-
-
-@pytest.mark.parametrize("value", [*LEVELS, None, ""])
-def test_capture_error_accepts(value: str | None) -> None:
-    assert capture_error(value) is None
-
-
-@pytest.mark.parametrize(
-    ("value", "message"),
-    [
+    @cases(*[
         ("bogus", "unknown capture level: bogus"),
         ("FULL", "unknown capture level: FULL"),
         (" full", "unknown capture level:  full"),
@@ -476,153 +467,138 @@ def test_capture_error_accepts(value: str | None) -> None:
         (False, "unknown capture level: false"),
         (["full"], "unknown capture level: full"),
         ({"level": "full"}, "unknown capture level: [object Object]"),
-    ],
-)
-def test_capture_error_rejects(value: Any, message: str) -> None:
-    assert capture_error(value) == message
+    ])
+    def test_capture_error_rejects(self, value: Any, message: str) -> None:
+        assert capture_error(value) == message
 
+    # --- downlevel details -------------------------------------------------------------------------
 
-# --- downlevel details -------------------------------------------------------------------------
+    def test_output_data_is_not_shared_with_input(self) -> None:
+        ev = _ev(
+            "N1", "attention.requested", "redacted",
+            {"kind": "form", "prompt": "p", "fields": [{"id": "f", "label": "L", "choices": [{"id": 1, "label": "x"}]}]},
+            seq=0,
+        )  # fmt: skip
+        before = copy.deepcopy(ev)
+        out = downlevel(ev, "metadata")
+        out["data"]["fields"][0]["choices"][0]["id"] = "changed"
+        out["data"]["fields"].append({})
+        assert ev == before
+        assert out["data"]["fields"][0]["choices"][0]["label"] == "1"  # String(1)
 
+    def test_capture_is_set_in_place_or_appended(self) -> None:
+        with_capture = _ev("K1", "tool.failed", "redacted", {"error": {"message": "m"}}, seq=0)
+        assert list(downlevel(with_capture, "metadata")) == list(with_capture)
+        without = _ev("K2", "tool.failed", None, {"error": {"message": "m"}}, seq=0)
+        out = downlevel(without, "none")
+        assert list(out) == [k for k in without if k != "data"] + ["capture"]
+        assert out["capture"] == "none"
 
-def test_output_data_is_not_shared_with_input() -> None:
-    ev = _ev(
-        "N1", "attention.requested", "redacted",
-        {"kind": "form", "prompt": "p", "fields": [{"id": "f", "label": "L", "choices": [{"id": 1, "label": "x"}]}]},
-        seq=0,
-    )  # fmt: skip
-    before = copy.deepcopy(ev)
-    out = downlevel(ev, "metadata")
-    out["data"]["fields"][0]["choices"][0]["id"] = "changed"
-    out["data"]["fields"].append({})
-    assert ev == before
-    assert out["data"]["fields"][0]["choices"][0]["label"] == "1"  # String(1)
+    @cases(*["x.acme.session.blob", "log.emitted", "foo.bar"])
+    def test_types_without_annotations_lose_data(self, type_: str) -> None:
+        out = downlevel(_ev("U1", type_, "full", {"k": 1}, seq=0), "metadata")
+        assert out["capture"] == "metadata" and "data" not in out
 
+    def test_all_metadata_types_keep_their_data(self) -> None:
+        # A type whose schema marks everything metadata is annotated (with nothing to drop),
+        # so its data survives; unknown keys count as metadata.
+        ev = _ev("M1", "agent.heartbeat", "full", {"tick": 1, "interval_ms": 30000, "extra": {"a": [1]}})
+        del ev["session"]
+        assert downlevel(ev, "metadata")["data"] == {"tick": 1, "interval_ms": 30000, "extra": {"a": [1]}}
+        ack = _ev("M2", "control.accepted", "redacted", {"note": "x"}, seq=5)
+        assert downlevel(ack, "metadata")["data"] == {"note": "x"}
 
-def test_capture_is_set_in_place_or_appended() -> None:
-    with_capture = _ev("K1", "tool.failed", "redacted", {"error": {"message": "m"}}, seq=0)
-    assert list(downlevel(with_capture, "metadata")) == list(with_capture)
-    without = _ev("K2", "tool.failed", None, {"error": {"message": "m"}}, seq=0)
-    out = downlevel(without, "none")
-    assert list(out) == [k for k in without if k != "data"] + ["capture"]
-    assert out["capture"] == "none"
+    @cases(*[None, {}, "free text", ["a"], 0, False])
+    def test_target_none_and_odd_data(self, data: Any) -> None:
+        ev = _ev("O1", "progress.status", "redacted", seq=0)
+        if data is not None:
+            ev["data"] = data
+        out = downlevel(ev, "none")
+        assert out["capture"] == "none" and "data" not in out
+        metadata = downlevel(ev, "metadata")
+        if isinstance(data, dict):
+            assert metadata["data"] == {}  # an empty object is truthy in JS: kept
+        else:
+            assert "data" not in metadata
 
+    def test_full_gated_field_survives_a_redacted_target(self) -> None:
+        # Target `redacted` is only reachable by calling downlevel directly; it drops full-only fields.
+        ev = _ev("R1", "tool.completed", "full", {"result": "raw", "result_redacted": "r", "status": "ok"}, seq=0)
+        out = downlevel(ev, "redacted")
+        assert out["capture"] == "redacted"
+        assert out["data"] == {"result_redacted": "r", "status": "ok"}
 
-@pytest.mark.parametrize("type_", ["x.acme.session.blob", "log.emitted", "foo.bar"])
-def test_types_without_annotations_lose_data(type_: str) -> None:
-    out = downlevel(_ev("U1", type_, "full", {"k": 1}, seq=0), "metadata")
-    assert out["capture"] == "metadata" and "data" not in out
+    def test_nested_arrays_and_dotted_property_names(self) -> None:
+        ev = _ev(
+            "P1", "resource.citation.recorded", "full",
+            {"citations": [{"source": {"id": "d", "uri": "u", "title": "t"}, "cited_text": "c", "n": [1]}], "count": 1},
+            seq=0,
+        )  # fmt: skip
+        assert downlevel(ev, "metadata")["data"] == {"citations": [{"source": {"id": "d"}, "n": [1]}], "count": 1}
+        # The annotation path `gen_ai.evaluation.explanation` is one property name in the schema;
+        # like the reference, a nested spelling of the same path is pruned too (never leaks).
+        flat = _ev("P2", "assessment.evaluation.recorded", "full", {"gen_ai.evaluation.explanation": "x", "k": 1}, seq=0)
+        nested = _ev(
+            "P3", "assessment.evaluation.recorded", "full",
+            {"gen_ai": {"evaluation": {"explanation": "x", "name": "n"}}}, seq=0,
+        )  # fmt: skip
+        assert downlevel(flat, "metadata")["data"] == {"k": 1}
+        assert downlevel(nested, "metadata")["data"] == {"gen_ai": {"evaluation": {"name": "n"}}}
 
-
-def test_all_metadata_types_keep_their_data() -> None:
-    # A type whose schema marks everything metadata is annotated (with nothing to drop),
-    # so its data survives; unknown keys count as metadata.
-    ev = _ev("M1", "agent.heartbeat", "full", {"tick": 1, "interval_ms": 30000, "extra": {"a": [1]}})
-    del ev["session"]
-    assert downlevel(ev, "metadata")["data"] == {"tick": 1, "interval_ms": 30000, "extra": {"a": [1]}}
-    ack = _ev("M2", "control.accepted", "redacted", {"note": "x"}, seq=5)
-    assert downlevel(ack, "metadata")["data"] == {"note": "x"}
-
-
-@pytest.mark.parametrize("data", [None, {}, "free text", ["a"], 0, False])
-def test_target_none_and_odd_data(data: Any) -> None:
-    ev = _ev("O1", "progress.status", "redacted", seq=0)
-    if data is not None:
-        ev["data"] = data
-    out = downlevel(ev, "none")
-    assert out["capture"] == "none" and "data" not in out
-    metadata = downlevel(ev, "metadata")
-    if isinstance(data, dict):
-        assert metadata["data"] == {}  # an empty object is truthy in JS: kept
-    else:
-        assert "data" not in metadata
-
-
-def test_full_gated_field_survives_a_redacted_target() -> None:
-    # Target `redacted` is only reachable by calling downlevel directly; it drops full-only fields.
-    ev = _ev("R1", "tool.completed", "full", {"result": "raw", "result_redacted": "r", "status": "ok"}, seq=0)
-    out = downlevel(ev, "redacted")
-    assert out["capture"] == "redacted"
-    assert out["data"] == {"result_redacted": "r", "status": "ok"}
-
-
-def test_nested_arrays_and_dotted_property_names() -> None:
-    ev = _ev(
-        "P1", "resource.citation.recorded", "full",
-        {"citations": [{"source": {"id": "d", "uri": "u", "title": "t"}, "cited_text": "c", "n": [1]}], "count": 1},
-        seq=0,
-    )  # fmt: skip
-    assert downlevel(ev, "metadata")["data"] == {"citations": [{"source": {"id": "d"}, "n": [1]}], "count": 1}
-    # The annotation path `gen_ai.evaluation.explanation` is one property name in the schema;
-    # like the reference, a nested spelling of the same path is pruned too (never leaks).
-    flat = _ev("P2", "assessment.evaluation.recorded", "full", {"gen_ai.evaluation.explanation": "x", "k": 1}, seq=0)
-    nested = _ev(
-        "P3", "assessment.evaluation.recorded", "full",
-        {"gen_ai": {"evaluation": {"explanation": "x", "name": "n"}}}, seq=0,
-    )  # fmt: skip
-    assert downlevel(flat, "metadata")["data"] == {"k": 1}
-    assert downlevel(nested, "metadata")["data"] == {"gen_ai": {"evaluation": {"name": "n"}}}
-
-
-@pytest.mark.parametrize(
-    ("extra", "data", "prompt"),
-    [
+    @cases(*[
         ({"subject": "Bash"}, {"kind": "permission", "prompt": "x"}, "a requests permission: Bash"),
         ({}, {"kind": "permission", "prompt": "x"}, "a requests permission"),
         ({"subject": ""}, {"prompt": "x"}, "a requests attention"),
         ({"subject": "S"}, {"kind": None, "prompt": "x"}, "a requests attention: S"),
-    ],
-)
-def test_prompt_synthesis(extra: dict, data: dict, prompt: str) -> None:
-    ev = _ev("Q1", "attention.requested", "redacted", data, seq=0, **extra)
-    assert downlevel(ev, "metadata")["data"]["prompt"] == prompt
+    ])
+    def test_prompt_synthesis(self, extra: dict, data: dict, prompt: str) -> None:
+        ev = _ev("Q1", "attention.requested", "redacted", data, seq=0, **extra)
+        assert downlevel(ev, "metadata")["data"]["prompt"] == prompt
+
+    def test_attention_requested_context_and_odd_items(self) -> None:
+        ev = _ev(
+            "Q2", "attention.requested", "full",
+            {"prompt": 7, "context": "full transcript", "options": [{"label": "no id"}, "free text option", {"id": None}]},
+            seq=0,
+        )  # fmt: skip
+        out = downlevel(ev, "metadata")["data"]
+        assert "context" not in out
+        assert out["prompt"] == 7  # only a string prompt is synthesised
+        assert out["options"] == [{"label": "undefined"}, {"label": "undefined"}, {"id": None, "label": "null"}]
+
+    def test_degrade_applies_only_below_redacted(self) -> None:
+        ev = _ev("Q3", "attention.requested", "full", {"prompt": "keep", "context": "drop"}, seq=0)
+        assert downlevel(ev, "redacted")["data"] == {"prompt": "keep"}
+
+    @cases(*["attention.answered", "control.attention.respond"])
+    def test_answer_values_keep_numbers_and_booleans(self, type_: str) -> None:
+        values = {"s": "text", "i": 0, "f": 1.5, "b": False, "n": None, "l": ["1"], "o": {"k": 1}}
+        ev = _ev("V1", type_, "redacted", {"answer": {"option": "1", "text": "t", "values": values}})
+        if type_ == "attention.answered":
+            ev["seq"] = 1
+        out = downlevel(ev, "metadata")["data"]
+        assert out == {"answer": {"option": "1", "values": {"i": 0, "f": 1.5, "b": False}}}
+
+    def test_answer_without_values_untouched(self) -> None:
+        ev = _ev("V2", "attention.answered", "redacted", {"answer": {"option": "1"}, "via": "control"}, seq=1)
+        assert downlevel(ev, "metadata")["data"] == {"answer": {"option": "1"}, "via": "control"}
 
 
-def test_attention_requested_context_and_odd_items() -> None:
-    ev = _ev(
-        "Q2", "attention.requested", "full",
-        {"prompt": 7, "context": "full transcript", "options": [{"label": "no id"}, "free text option", {"id": None}]},
-        seq=0,
-    )  # fmt: skip
-    out = downlevel(ev, "metadata")["data"]
-    assert "context" not in out
-    assert out["prompt"] == 7  # only a string prompt is synthesised
-    assert out["options"] == [{"label": "undefined"}, {"label": "undefined"}, {"id": None, "label": "null"}]
-
-
-def test_degrade_applies_only_below_redacted() -> None:
-    ev = _ev("Q3", "attention.requested", "full", {"prompt": "keep", "context": "drop"}, seq=0)
-    assert downlevel(ev, "redacted")["data"] == {"prompt": "keep"}
-
-
-@pytest.mark.parametrize("type_", ["attention.answered", "control.attention.respond"])
-def test_answer_values_keep_numbers_and_booleans(type_: str) -> None:
-    values = {"s": "text", "i": 0, "f": 1.5, "b": False, "n": None, "l": ["1"], "o": {"k": 1}}
-    ev = _ev("V1", type_, "redacted", {"answer": {"option": "1", "text": "t", "values": values}})
-    if type_ == "attention.answered":
-        ev["seq"] = 1
-    out = downlevel(ev, "metadata")["data"]
-    assert out == {"answer": {"option": "1", "values": {"i": 0, "f": 1.5, "b": False}}}
-
-
-def test_answer_without_values_untouched() -> None:
-    ev = _ev("V2", "attention.answered", "redacted", {"answer": {"option": "1"}, "via": "control"}, seq=1)
-    assert downlevel(ev, "metadata")["data"] == {"answer": {"option": "1"}, "via": "control"}
-
-
-def _gating_cases() -> list[Any]:
+def _gating_cases() -> dict[str, tuple[dict]]:
     path = FIXTURES / "capture-gating" / "cases.json"
-    cases = json.loads(path.read_text(encoding="utf-8"))["cases"]
-    return [pytest.param(c, id=c["name"][:40]) for c in cases if c["ceiling"] == "metadata"]
+    table = json.loads(path.read_text(encoding="utf-8"))["cases"]
+    return {c["name"][:40]: (c,) for c in table if c["ceiling"] == "metadata"}
 
 
-@pytest.mark.parametrize("case", _gating_cases())
-def test_hop_never_keeps_more_values_than_the_emitter(case: dict) -> None:
-    # The capture-gating corpus pins the emitter (which has the field_spec). A relay hop has no
-    # field_spec, so it may drop more (closed multi-selects) but must never keep more.
-    ev = _ev("G1", "attention.answered", "redacted", {"answer": {"values": case["values"]}}, seq=0)
-    kept = downlevel(ev, "metadata")["data"]["answer"]["values"]
-    assert kept.items() <= case["expect"].items()
+@expand
+class HopBounds(TestCase):
+    @cases(**_gating_cases())
+    def test_hop_never_keeps_more_values_than_the_emitter(self, case: dict) -> None:
+        # The capture-gating corpus pins the emitter (which has the field_spec). A relay hop has no
+        # field_spec, so it may drop more (closed multi-selects) but must never keep more.
+        ev = _ev("G1", "attention.answered", "redacted", {"answer": {"values": case["values"]}}, seq=0)
+        kept = downlevel(ev, "metadata")["data"]["answer"]["values"]
+        assert kept.items() <= case["expect"].items()
 
 
 # --- the annotation table (decision 13) --------------------------------------------------------
@@ -673,18 +649,19 @@ DOC_TABLE: dict[str, dict[str, str]] = {
 }
 
 
-def test_annotations_match_the_doc_table() -> None:
-    non_empty = {t: dict(paths) for t, paths in ANNOTATIONS.items() if paths}
-    assert non_empty == DOC_TABLE
-    assert all(level in ("redacted", "full") for paths in ANNOTATIONS.values() for level in paths.values())
-    assert len(ANNOTATIONS) == 44
+@expand
+class Annotations(TestCase):
+    def test_annotations_match_the_doc_table(self) -> None:
+        non_empty = {t: dict(paths) for t, paths in ANNOTATIONS.items() if paths}
+        assert non_empty == DOC_TABLE
+        assert all(level in ("redacted", "full") for paths in ANNOTATIONS.values() for level in paths.values())
+        assert len(ANNOTATIONS) == 44
 
-
-def test_annotations_are_read_only() -> None:
-    with pytest.raises(TypeError):
-        ANNOTATIONS["x.acme.thing.done"] = {}  # type: ignore[index]
-    with pytest.raises(TypeError):
-        ANNOTATIONS["run.started"]["prompt"] = "metadata"  # type: ignore[index]
+    def test_annotations_are_read_only(self) -> None:
+        with self.assertRaises(TypeError):
+            ANNOTATIONS["x.acme.thing.done"] = {}  # type: ignore[index]
+        with self.assertRaises(TypeError):
+            ANNOTATIONS["run.started"]["prompt"] = "metadata"  # type: ignore[index]
 
 
 def _schema_annotations(node: Any, base: str, out: dict[str, str]) -> int:
@@ -717,14 +694,16 @@ def _count_key(node: Any, key: str) -> int:
     return 0
 
 
-def test_annotations_match_the_schemas() -> None:
-    from_schemas: dict[str, dict[str, str]] = {}
-    for f in sorted(SCHEMA_TYPES.glob("*.schema.json")):
-        schema = json.loads(f.read_text(encoding="utf-8"))
-        paths: dict[str, str] = {}
-        reached = _schema_annotations(schema, "", paths)
-        # An annotation hidden where the walk does not go (oneOf, $defs...) would be missed.
-        assert reached == _count_key(schema, "x-aep-capture"), f.name
-        from_schemas[f.name.removesuffix(".schema.json")] = {p: lv for p, lv in paths.items() if lv != "metadata"}
-    assert len(from_schemas) == 44
-    assert {t: dict(p) for t, p in ANNOTATIONS.items()} == from_schemas
+@expand
+class AnnotationSchemas(TestCase):
+    def test_annotations_match_the_schemas(self) -> None:
+        from_schemas: dict[str, dict[str, str]] = {}
+        for f in sorted(SCHEMA_TYPES.glob("*.schema.json")):
+            schema = json.loads(f.read_text(encoding="utf-8"))
+            paths: dict[str, str] = {}
+            reached = _schema_annotations(schema, "", paths)
+            # An annotation hidden where the walk does not go (oneOf, $defs...) would be missed.
+            assert reached == _count_key(schema, "x-aep-capture"), f.name
+            from_schemas[f.name.removesuffix(".schema.json")] = {p: lv for p, lv in paths.items() if lv != "metadata"}
+        assert len(from_schemas) == 44
+        assert {t: dict(p) for t, p in ANNOTATIONS.items()} == from_schemas

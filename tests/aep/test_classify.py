@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from twisted.trial.unittest import TestCase
 
 from relayd.aep.envelope import EventKind, classify, envelope_error, event_kind
 
@@ -23,33 +24,32 @@ def base() -> dict:
             "session": "S", "seq": 0}
 
 
-@settings(max_examples=800, deadline=None)
-@given(
-    st.dictionaries(keys, st.one_of(scalars, types), max_size=6),
-    st.lists(keys, max_size=3),
-    st.booleans(),
-)
-def test_classify_agrees_with_envelope_error_and_event_kind(changes: dict, removed: list, from_base: bool) -> None:
-    ev = base() if from_base else {}
-    ev.update(changes)
-    for key in removed:
-        ev.pop(key, None)
-    expected = envelope_error(ev)
-    got = classify(ev)
-    if expected is None:
-        assert got is event_kind(ev)
-    else:
-        assert got == expected
+class ClassifyTests(TestCase):
+    @settings(max_examples=800, deadline=None)
+    @given(
+        st.dictionaries(keys, st.one_of(scalars, types), max_size=6),
+        st.lists(keys, max_size=3),
+        st.booleans(),
+    )
+    def test_classify_agrees_with_envelope_error_and_event_kind(self, changes: dict, removed: list, from_base: bool) -> None:
+        ev = base() if from_base else {}
+        ev.update(changes)
+        for key in removed:
+            ev.pop(key, None)
+        expected = envelope_error(ev)
+        got = classify(ev)
+        if expected is None:
+            assert got is event_kind(ev)
+        else:
+            assert got == expected
 
+    def test_non_objects(self) -> None:
+        for value in (None, [], "x", 1, [base()]):
+            assert classify(value) == "not an object"
 
-def test_non_objects() -> None:
-    for value in (None, [], "x", 1, [base()]):
-        assert classify(value) == "not an object"
-
-
-def test_common_kinds() -> None:
-    assert classify(base()) is EventKind.SEQUENCED
-    assert classify({**base(), "seq": 5.0}) is EventKind.SEQUENCED  # an integral float is an integer
-    cmd = {**base(), "type": "control.pause"}
-    del cmd["seq"]
-    assert classify(cmd) is EventKind.COMMAND
+    def test_common_kinds(self) -> None:
+        assert classify(base()) is EventKind.SEQUENCED
+        assert classify({**base(), "seq": 5.0}) is EventKind.SEQUENCED  # an integral float is an integer
+        cmd = {**base(), "type": "control.pause"}
+        del cmd["seq"]
+        assert classify(cmd) is EventKind.COMMAND

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
+from twisted.trial.unittest import TestCase
 
 from relayd.aep.envelope import (
     UNDEFINED,
@@ -18,6 +18,7 @@ from relayd.aep.envelope import (
     js_str,
     position,
 )
+from tests.support.cases import cases, expand
 
 AEP_DATA = Path(__file__).resolve().parent / "data"  # vendored AEP conformance data (see its NOTICE.md)
 FIXTURES = AEP_DATA / "fixtures"
@@ -88,12 +89,14 @@ GOLDEN: list[tuple[dict, EventKind]] = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("event", "kind"), GOLDEN, ids=[e["id"] for e, _ in GOLDEN])
-def test_golden_sample_accepted(event: dict, kind: EventKind) -> None:
-    before = copy.deepcopy(event)
-    assert envelope_error(event) is None
-    assert event_kind(event) is kind
-    assert event == before
+@expand
+class GoldenSample(TestCase):
+    @cases(**dict(zip([e["id"] for e, _ in GOLDEN], GOLDEN)))
+    def test_golden_sample_accepted(self, event: dict, kind: EventKind) -> None:
+        before = copy.deepcopy(event)
+        assert envelope_error(event) is None
+        assert event_kind(event) is kind
+        assert event == before
 
 
 # --- the relay-grade invalid cases (aep.md section 2; fixtures/invalid) -------------------------
@@ -116,9 +119,11 @@ RELAY_GRADE_INVALID: list[tuple[str, dict, str]] = [
 ROUTED_WITH_SEQ = "attention.routed with seq"
 
 
-@pytest.mark.parametrize(("name", "event", "message"), RELAY_GRADE_INVALID, ids=[c[0] for c in RELAY_GRADE_INVALID])
-def test_relay_grade_invalid(name: str, event: dict, message: str) -> None:
-    assert envelope_error(event) == message
+@expand
+class RelayGradeInvalid(TestCase):
+    @cases(**dict(zip([c[0] for c in RELAY_GRADE_INVALID], RELAY_GRADE_INVALID)))
+    def test_relay_grade_invalid(self, name: str, event: dict, message: str) -> None:
+        assert envelope_error(event) == message
 
 
 # Invalid per the full schema but out of relay-grade scope: must pass the relay check.
@@ -135,223 +140,176 @@ NEEDS_FULL_VALIDATION: list[tuple[str, dict]] = [
 ]
 
 
-@pytest.mark.parametrize(("name", "event"), NEEDS_FULL_VALIDATION, ids=[c[0] for c in NEEDS_FULL_VALIDATION])
-def test_outside_relay_grade_scope_is_accepted(name: str, event: dict) -> None:
-    assert envelope_error(event) is None
+@expand
+class RelayGradeScope(TestCase):
+    @cases(**dict(zip([c[0] for c in NEEDS_FULL_VALIDATION], NEEDS_FULL_VALIDATION)))
+    def test_outside_relay_grade_scope_is_accepted(self, name: str, event: dict) -> None:
+        assert envelope_error(event) is None
 
+    # --- decision 4: attention.routed ---------------------------------------------------------------
 
-# --- decision 4: attention.routed ---------------------------------------------------------------
+    def test_attention_routed_without_seq_accepted(self) -> None:
+        routed = ev(type="attention.routed", seq=UNDEFINED)
+        assert envelope_error(routed) is None
+        assert event_kind(routed) is EventKind.FOREIGN
 
-
-def test_attention_routed_without_seq_accepted() -> None:
-    routed = ev(type="attention.routed", seq=UNDEFINED)
-    assert envelope_error(routed) is None
-    assert event_kind(routed) is EventKind.FOREIGN
-
-
-@pytest.mark.parametrize(
-    ("changes", "message"),
-    [
+    @cases(*[
         ({"seq": 3}, "foreign-emitter events omit seq"),
         ({"seq": None}, "foreign-emitter events omit seq"),
         ({"seq": UNDEFINED, "session": UNDEFINED}, "foreign-emitter events require session"),
         ({"seq": UNDEFINED, "session": 5}, "foreign-emitter events require session"),
         ({"seq": 3, "session": UNDEFINED}, "foreign-emitter events require session"),
-    ],
-)
-def test_attention_routed_rejections(changes: dict, message: str) -> None:
-    assert envelope_error(ev(type="attention.routed", **changes)) == message
+    ])
+    def test_attention_routed_rejections(self, changes: dict, message: str) -> None:
+        assert envelope_error(ev(type="attention.routed", **changes)) == message
 
+    # --- check order and exact texts ---------------------------------------------------------------
 
-# --- check order and exact texts ---------------------------------------------------------------
+    @cases(*[None, [], [BASE], "x", 0, True, 1.5])
+    def test_not_an_object(self, value: Any) -> None:
+        assert envelope_error(value) == "not an object"
 
+    @cases(*[(UNDEFINED, "undefined"), (None, "null"), (0.1, "0.1"), (1.0, "1"), (True, "true"), ("0.10", "0.10"),
+         ({}, "[object Object]"), (["0.1"], "0.1"), (1e-7, "1e-7"), (1e21, "1e+21")])  # fmt: skip
+    def test_aep_version_message(self, aep: Any, shown: str) -> None:
+        # The version check runs before everything else, even the required strings.
+        assert envelope_error(ev(aep=aep, id=UNDEFINED)) == f"unsupported aep version: {shown}"
 
-@pytest.mark.parametrize("value", [None, [], [BASE], "x", 0, True, 1.5])
-def test_not_an_object(value: Any) -> None:
-    assert envelope_error(value) == "not an object"
+    @cases(**{f"{key}_{i}": (key, value) for key in ["id", "type", "time", "source", "agent"]
+              for i, value in enumerate([UNDEFINED, "", None, 5, ["x"]])})
+    def test_required_strings(self, key: str, value: Any) -> None:
+        assert envelope_error(ev(**{key: value})) == f"missing/invalid {key}"
 
+    def test_required_strings_checked_in_order_before_type_syntax(self) -> None:
+        assert envelope_error(ev(id="", agent="", type="BAD")) == "missing/invalid id"
+        assert envelope_error(ev(time=1, type="BAD")) == "missing/invalid time"
+        assert envelope_error(ev(type="BAD", agent=None)) == "missing/invalid agent"
 
-@pytest.mark.parametrize(
-    ("aep", "shown"),
-    [(UNDEFINED, "undefined"), (None, "null"), (0.1, "0.1"), (1.0, "1"), (True, "true"), ("0.10", "0.10"),
-     ({}, "[object Object]"), (["0.1"], "0.1"), (1e-7, "1e-7"), (1e21, "1e+21")],
-)  # fmt: skip
-def test_aep_version_message(aep: Any, shown: str) -> None:
-    # The version check runs before everything else, even the required strings.
-    assert envelope_error(ev(aep=aep, id=UNDEFINED)) == f"unsupported aep version: {shown}"
+    @cases(*["log.emitted", "foo.bar", "x.acme.foo", "x.ac-me.foo.bar", "x.claude-code.session.config_change",
+         "a_b.c_d.e", "tool.completed"])  # fmt: skip
+    def test_type_syntax_accepted(self, type_: str) -> None:
+        assert envelope_error(ev(type=type_)) is None
 
+    @cases(*["tool", "tool.", ".tool", "tool..done", "ac-me.foo", "x.acme.fo-o.bar", "Tool.completed", "tool.completed\n",
+         "tool.completed ", "tool.*", "x..foo.bar", "tool.compl\u00e9ted"])  # fmt: skip
+    def test_type_syntax_rejected(self, type_: str) -> None:
+        assert envelope_error(ev(type=type_)) == f"bad type syntax: {type_}"
 
-@pytest.mark.parametrize("key", ["id", "type", "time", "source", "agent"])
-@pytest.mark.parametrize("value", [UNDEFINED, "", None, 5, ["x"]])
-def test_required_strings(key: str, value: Any) -> None:
-    assert envelope_error(ev(**{key: value})) == f"missing/invalid {key}"
+    def test_agent_scope(self) -> None:
+        agent = ev(type="agent.idle", session=UNDEFINED, seq=UNDEFINED)
+        assert envelope_error(agent) is None
+        assert envelope_error({**agent, "run": "r1", "step": "s"}) is None  # run/step are not checked
+        assert envelope_error({**agent, "session": None}) == "agent-scoped events omit session/seq"
+        assert envelope_error({**agent, "seq": None}) == "agent-scoped events omit session/seq"
 
+    @cases(*["control.attention.respond", "control.cancel", "control.pause", "control.resume", "x.acme.control.reboot"])
+    def test_command_scope(self, type_: str) -> None:
+        command = ev(type=type_, seq=UNDEFINED)
+        assert envelope_error(command) is None
+        assert event_kind(command) is EventKind.COMMAND
+        assert envelope_error({**command, "session": None}) == "command events require session (target)"
+        assert envelope_error(ev(type=type_, session=UNDEFINED, seq=UNDEFINED)) == "command events require session (target)"
+        # Session is checked before seq; any seq, even null, is refused.
+        assert envelope_error(ev(type=type_, session=UNDEFINED)) == "command events require session (target)"
+        assert envelope_error({**command, "seq": None}) == "command events omit seq"
+        assert envelope_error({**command, "seq": 0}) == "command events omit seq"
 
-def test_required_strings_checked_in_order_before_type_syntax() -> None:
-    assert envelope_error(ev(id="", agent="", type="BAD")) == "missing/invalid id"
-    assert envelope_error(ev(time=1, type="BAD")) == "missing/invalid time"
-    assert envelope_error(ev(type="BAD", agent=None)) == "missing/invalid agent"
+    @cases(*["control.accepted", "control.rejected", "control.restart", "x.acme.controls.go"])
+    def test_acks_and_other_control_types_are_sequenced(self, type_: str) -> None:
+        assert envelope_error(ev(type=type_)) is None
+        assert event_kind(ev(type=type_)) is EventKind.SEQUENCED
+        assert envelope_error(ev(type=type_, seq=UNDEFINED)) == "seq required (integer >= 0)"
 
+    @cases(*["", "s:1", "\u00e9"])
+    def test_any_string_session_passes(self, session: str) -> None:
+        assert envelope_error(ev(session=session)) is None
 
-@pytest.mark.parametrize(
-    "type_",
-    ["log.emitted", "foo.bar", "x.acme.foo", "x.ac-me.foo.bar", "x.claude-code.session.config_change",
-     "a_b.c_d.e", "tool.completed"],
-)  # fmt: skip
-def test_type_syntax_accepted(type_: str) -> None:
-    assert envelope_error(ev(type=type_)) is None
+    @cases(*[None, 1, True, ["s1"]])
+    def test_session_must_be_a_string(self, session: Any) -> None:
+        assert envelope_error(ev(session=session)) == "session required"
 
+    @cases(*[0, 5, 5.0, -0.0, 2**63, 1e300])
+    def test_seq_integers(self, seq: Any) -> None:
+        assert envelope_error(ev(seq=seq)) is None
 
-@pytest.mark.parametrize(
-    "type_",
-    ["tool", "tool.", ".tool", "tool..done", "ac-me.foo", "x.acme.fo-o.bar", "Tool.completed", "tool.completed\n",
-     "tool.completed ", "tool.*", "x..foo.bar", "tool.compl\u00e9ted"],
-)  # fmt: skip
-def test_type_syntax_rejected(type_: str) -> None:
-    assert envelope_error(ev(type=type_)) == f"bad type syntax: {type_}"
+    @cases(*[-1, -1.0, 5.5, True, False, "5", None, float("nan"), float("inf"), [1], {}])
+    def test_seq_non_integers(self, seq: Any) -> None:
+        assert envelope_error(ev(seq=seq)) == "seq required (integer >= 0)"
 
+    def test_scope_before_severity_before_capture(self) -> None:
+        assert envelope_error(ev(seq=-1, severity="loud", capture="x")) == "seq required (integer >= 0)"
+        assert envelope_error(ev(severity="loud", capture="x")) == "bad severity"
+        assert envelope_error(ev(capture="x")) == "bad capture"
 
-def test_agent_scope() -> None:
-    agent = ev(type="agent.idle", session=UNDEFINED, seq=UNDEFINED)
-    assert envelope_error(agent) is None
-    assert envelope_error({**agent, "run": "r1", "step": "s"}) is None  # run/step are not checked
-    assert envelope_error({**agent, "session": None}) == "agent-scoped events omit session/seq"
-    assert envelope_error({**agent, "seq": None}) == "agent-scoped events omit session/seq"
+    @cases(*["debug", "info", "notice", "warning", "error", "critical"])
+    def test_severity_levels(self, severity: str) -> None:
+        assert envelope_error(ev(severity=severity)) is None
 
+    @cases(*[None, "INFO", "fatal", 1, ["info"]])
+    def test_bad_severity_and_capture(self, value: Any) -> None:
+        assert envelope_error(ev(severity=value)) == "bad severity"
+        assert envelope_error(ev(capture=value)) == "bad capture"
 
-@pytest.mark.parametrize(
-    "type_", ["control.attention.respond", "control.cancel", "control.pause", "control.resume", "x.acme.control.reboot"]
-)
-def test_command_scope(type_: str) -> None:
-    command = ev(type=type_, seq=UNDEFINED)
-    assert envelope_error(command) is None
-    assert event_kind(command) is EventKind.COMMAND
-    assert envelope_error({**command, "session": None}) == "command events require session (target)"
-    assert envelope_error(ev(type=type_, session=UNDEFINED, seq=UNDEFINED)) == "command events require session (target)"
-    # Session is checked before seq; any seq, even null, is refused.
-    assert envelope_error(ev(type=type_, session=UNDEFINED)) == "command events require session (target)"
-    assert envelope_error({**command, "seq": None}) == "command events omit seq"
-    assert envelope_error({**command, "seq": 0}) == "command events omit seq"
+    @cases(*["none", "metadata", "redacted", "full"])
+    def test_capture_levels(self, capture: str) -> None:
+        assert envelope_error(ev(capture=capture)) is None
 
+    # --- is_command_type / event_kind --------------------------------------------------------------
 
-@pytest.mark.parametrize("type_", ["control.accepted", "control.rejected", "control.restart", "x.acme.controls.go"])
-def test_acks_and_other_control_types_are_sequenced(type_: str) -> None:
-    assert envelope_error(ev(type=type_)) is None
-    assert event_kind(ev(type=type_)) is EventKind.SEQUENCED
-    assert envelope_error(ev(type=type_, seq=UNDEFINED)) == "seq required (integer >= 0)"
-
-
-@pytest.mark.parametrize("session", ["", "s:1", "\u00e9"])
-def test_any_string_session_passes(session: str) -> None:
-    assert envelope_error(ev(session=session)) is None
-
-
-@pytest.mark.parametrize("session", [None, 1, True, ["s1"]])
-def test_session_must_be_a_string(session: Any) -> None:
-    assert envelope_error(ev(session=session)) == "session required"
-
-
-@pytest.mark.parametrize("seq", [0, 5, 5.0, -0.0, 2**63, 1e300])
-def test_seq_integers(seq: Any) -> None:
-    assert envelope_error(ev(seq=seq)) is None
-
-
-@pytest.mark.parametrize("seq", [-1, -1.0, 5.5, True, False, "5", None, float("nan"), float("inf"), [1], {}])
-def test_seq_non_integers(seq: Any) -> None:
-    assert envelope_error(ev(seq=seq)) == "seq required (integer >= 0)"
-
-
-def test_scope_before_severity_before_capture() -> None:
-    assert envelope_error(ev(seq=-1, severity="loud", capture="x")) == "seq required (integer >= 0)"
-    assert envelope_error(ev(severity="loud", capture="x")) == "bad severity"
-    assert envelope_error(ev(capture="x")) == "bad capture"
-
-
-@pytest.mark.parametrize("severity", ["debug", "info", "notice", "warning", "error", "critical"])
-def test_severity_levels(severity: str) -> None:
-    assert envelope_error(ev(severity=severity)) is None
-
-
-@pytest.mark.parametrize("value", [None, "INFO", "fatal", 1, ["info"]])
-def test_bad_severity_and_capture(value: Any) -> None:
-    assert envelope_error(ev(severity=value)) == "bad severity"
-    assert envelope_error(ev(capture=value)) == "bad capture"
-
-
-@pytest.mark.parametrize("capture", ["none", "metadata", "redacted", "full"])
-def test_capture_levels(capture: str) -> None:
-    assert envelope_error(ev(capture=capture)) is None
-
-
-# --- is_command_type / event_kind --------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("type_", "expected"),
-    [
+    @cases(*[
         ("control.attention.respond", True), ("control.cancel", True), ("control.pause", True),
         ("control.resume", True), ("x.acme.control.reboot", True), ("x.ac-me.control.a.b", True),
         ("control.accepted", False), ("control.rejected", False), ("control.attention", False),
         ("control.cancelled", False), ("control.cancel.x", False), ("x.acme.control", False),
         ("acme.control.reboot", False), ("control.cancel\n", False), ("x.acme.control.a\nb", False),
         ("attention.routed", False), ("", False),
-    ],
-)  # fmt: skip
-def test_is_command_type(type_: str, expected: bool) -> None:
-    assert is_command_type(type_) is expected
+    ])  # fmt: skip
+    def test_is_command_type(self, type_: str, expected: bool) -> None:
+        assert is_command_type(type_) is expected
 
+    # --- positions (decision 3) --------------------------------------------------------------------
 
-# --- positions (decision 3) --------------------------------------------------------------------
+    def test_position_exact_ints(self) -> None:
+        assert position(ev(seq=7)) == (0, 7)
+        p = position(ev(seq=7.0, epoch=2.0))
+        assert p == (2, 7) and all(type(x) is int for x in p)
+        assert position(ev(seq=1, epoch=None)) == (0, 1)
+        assert position(ev(seq=1, epoch="abc")) == (0, 1)  # epoch is unchecked: non-integers count as 0
+        assert position(ev(seq=1, epoch=True)) == (0, 1)
 
+    @cases(*[{"seq": UNDEFINED, "type": "control.cancel"}, {"seq": None}, {"seq": 1.5}])
+    def test_position_requires_integer_seq(self, changes: dict) -> None:
+        with self.assertRaises(ValueError):
+            position(ev(**changes))
 
-def test_position_exact_ints() -> None:
-    assert position(ev(seq=7)) == (0, 7)
-    p = position(ev(seq=7.0, epoch=2.0))
-    assert p == (2, 7) and all(type(x) is int for x in p)
-    assert position(ev(seq=1, epoch=None)) == (0, 1)
-    assert position(ev(seq=1, epoch="abc")) == (0, 1)  # epoch is unchecked: non-integers count as 0
-    assert position(ev(seq=1, epoch=True)) == (0, 1)
+    def test_large_epoch_ordering_is_exact(self) -> None:
+        # From epoch 8192 on, the reference's float key epoch * 2**40 + seq collides for adjacent seqs.
+        epoch = 8192
+        a, b = ev(epoch=epoch, seq=0), ev(epoch=epoch, seq=1)
+        assert float(epoch) * 2**40 + 0 == float(epoch) * 2**40 + 1  # the defect being avoided
+        assert position(a) < position(b)
+        timestamp_epoch = 1_767_225_600_000  # a millisecond-timestamp-seeded epoch
+        events = [ev(id=f"e{i}", epoch=e, seq=s) for i, (e, s) in enumerate(
+            [(timestamp_epoch + 1, 0), (timestamp_epoch, 3), (timestamp_epoch, 2**53 + 1), (timestamp_epoch, 2**53),
+             (epoch, 2**40 + 5), (epoch + 1, 0)]
+        )]  # fmt: skip
+        ordered = [position(e) for e in sorted(events, key=position)]
+        assert ordered == [
+            (epoch, 2**40 + 5), (epoch + 1, 0), (timestamp_epoch, 3), (timestamp_epoch, 2**53),
+            (timestamp_epoch, 2**53 + 1), (timestamp_epoch + 1, 0),
+        ]  # fmt: skip
+        # A resume point strictly after (epoch, seq) includes the very next seq.
+        after = (timestamp_epoch, 2**53)
+        assert [p for p in ordered if p > after] == [(timestamp_epoch, 2**53 + 1), (timestamp_epoch + 1, 0)]
 
+    # --- js_str ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("changes", [{"seq": UNDEFINED, "type": "control.cancel"}, {"seq": None}, {"seq": 1.5}])
-def test_position_requires_integer_seq(changes: dict) -> None:
-    with pytest.raises(ValueError):
-        position(ev(**changes))
-
-
-def test_large_epoch_ordering_is_exact() -> None:
-    # From epoch 8192 on, the reference's float key epoch * 2**40 + seq collides for adjacent seqs.
-    epoch = 8192
-    a, b = ev(epoch=epoch, seq=0), ev(epoch=epoch, seq=1)
-    assert float(epoch) * 2**40 + 0 == float(epoch) * 2**40 + 1  # the defect being avoided
-    assert position(a) < position(b)
-    timestamp_epoch = 1_767_225_600_000  # a millisecond-timestamp-seeded epoch
-    events = [ev(id=f"e{i}", epoch=e, seq=s) for i, (e, s) in enumerate(
-        [(timestamp_epoch + 1, 0), (timestamp_epoch, 3), (timestamp_epoch, 2**53 + 1), (timestamp_epoch, 2**53),
-         (epoch, 2**40 + 5), (epoch + 1, 0)]
-    )]  # fmt: skip
-    ordered = [position(e) for e in sorted(events, key=position)]
-    assert ordered == [
-        (epoch, 2**40 + 5), (epoch + 1, 0), (timestamp_epoch, 3), (timestamp_epoch, 2**53),
-        (timestamp_epoch, 2**53 + 1), (timestamp_epoch + 1, 0),
-    ]  # fmt: skip
-    # A resume point strictly after (epoch, seq) includes the very next seq.
-    after = (timestamp_epoch, 2**53)
-    assert [p for p in ordered if p > after] == [(timestamp_epoch, 2**53 + 1), (timestamp_epoch + 1, 0)]
-
-
-# --- js_str ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("value", "text"),
-    [(UNDEFINED, "undefined"), (None, "null"), (True, "true"), (0, "0"), (-0.0, "0"), (10**21, "1e+21"),
-     (123.0, "123"), (0.1, "0.1"), (1.5e-7, "1.5e-7"), (0.000001, "0.000001"), (1e21, "1e+21"),
-     (123456789012345680000.0, "123456789012345680000"), (-2.5, "-2.5"), (float("nan"), "NaN"),
-     (float("-inf"), "-Infinity"), ([1, None, "a", [2, 3]], "1,,a,2,3"), ({"a": 1}, "[object Object]")],
-)  # fmt: skip
-def test_js_str(value: Any, text: str) -> None:
-    assert js_str(value) == text
+    @cases(*[(UNDEFINED, "undefined"), (None, "null"), (True, "true"), (0, "0"), (-0.0, "0"), (10**21, "1e+21"),
+         (123.0, "123"), (0.1, "0.1"), (1.5e-7, "1.5e-7"), (0.000001, "0.000001"), (1e21, "1e+21"),
+         (123456789012345680000.0, "123456789012345680000"), (-2.5, "-2.5"), (float("nan"), "NaN"),
+         (float("-inf"), "-Infinity"), ([1, None, "a", [2, 3]], "1,,a,2,3"), ({"a": 1}, "[object Object]")])  # fmt: skip
+    def test_js_str(self, value: Any, text: str) -> None:
+        assert js_str(value) == text
 
 
 # --- fixture corpora ---------------------------------------------------------------------------
@@ -362,31 +320,32 @@ def _golden() -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def test_golden_corpus_all_accepted() -> None:
-    events = _golden()
-    assert len(events) == 64
-    assert {e["id"]: envelope_error(e) for e in events} == {e["id"]: None for e in events}
-    kinds = [event_kind(e) for e in events]
-    assert [e["type"] for e, k in zip(events, kinds) if k is EventKind.FOREIGN] == ["attention.routed"]
-    assert sorted(e["type"] for e, k in zip(events, kinds) if k is EventKind.COMMAND) == [
-        "control.attention.respond",
-        "control.cancel",
-    ]
-    for e, k in zip(events, kinds):
-        if k is EventKind.SEQUENCED:
-            assert all(type(x) is int for x in position(e))
+@expand
+class GoldenCorpus(TestCase):
+    def test_golden_corpus_all_accepted(self) -> None:
+        events = _golden()
+        assert len(events) == 64
+        assert {e["id"]: envelope_error(e) for e in events} == {e["id"]: None for e in events}
+        kinds = [event_kind(e) for e in events]
+        assert [e["type"] for e, k in zip(events, kinds) if k is EventKind.FOREIGN] == ["attention.routed"]
+        assert sorted(e["type"] for e, k in zip(events, kinds) if k is EventKind.COMMAND) == [
+            "control.attention.respond",
+            "control.cancel",
+        ]
+        for e, k in zip(events, kinds):
+            if k is EventKind.SEQUENCED:
+                assert all(type(x) is int for x in position(e))
 
-
-def test_invalid_corpus_relay_grade_subset() -> None:
-    path = FIXTURES / "invalid" / "cases.json"
-    cases = json.loads(path.read_text(encoding="utf-8"))["cases"]
-    assert len(cases) == 35
-    rejected = {}
-    for case in cases:
-        errors = [envelope_error(e) for e in case.get("events") or [case["event"]]]
-        if any(errors):
-            rejected[case["name"]] = [e for e in errors if e]
-    expected = {name: [message] for name, _, message in RELAY_GRADE_INVALID}
-    expected[ROUTED_WITH_SEQ] = ["foreign-emitter events omit seq"]
-    # Exactly the reference's ten plus decision 4; the other 24 need full validation.
-    assert rejected == expected
+    def test_invalid_corpus_relay_grade_subset(self) -> None:
+        path = FIXTURES / "invalid" / "cases.json"
+        cases = json.loads(path.read_text(encoding="utf-8"))["cases"]
+        assert len(cases) == 35
+        rejected = {}
+        for case in cases:
+            errors = [envelope_error(e) for e in case.get("events") or [case["event"]]]
+            if any(errors):
+                rejected[case["name"]] = [e for e in errors if e]
+        expected = {name: [message] for name, _, message in RELAY_GRADE_INVALID}
+        expected[ROUTED_WITH_SEQ] = ["foreign-emitter events omit seq"]
+        # Exactly the reference's ten plus decision 4; the other 24 need full validation.
+        assert rejected == expected

@@ -6,11 +6,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from twisted.trial.unittest import TestCase
 
 from relayd.aep.filters import compile_filter, filter_error, match_all
+from tests.support.cases import cases, expand
 
 AEP_DATA = Path(__file__).resolve().parent / "data"  # vendored AEP conformance data (see its NOTICE.md)
 FIXTURES = AEP_DATA / "fixtures"
@@ -51,35 +52,30 @@ REJECTED_CASES: list[tuple[str, dict, str]] = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("name", "f", "event", "expected"), MATCH_CASES, ids=[c[0] for c in MATCH_CASES])
-def test_match_cases(name: str, f: dict, event: dict, expected: bool) -> None:
-    assert filter_error(f) is None
-    assert compile_filter(f)(event) is expected
+@expand
+class FilterValidationAndMatching(TestCase):
+    @cases(**dict(zip([c[0] for c in MATCH_CASES], MATCH_CASES)))
+    def test_match_cases(self, name: str, f: dict, event: dict, expected: bool) -> None:
+        assert filter_error(f) is None
+        assert compile_filter(f)(event) is expected
 
+    @cases(**dict(zip([c[0] for c in REJECTED_CASES], REJECTED_CASES)))
+    def test_rejected_cases(self, name: str, f: dict, message: str) -> None:
+        assert filter_error(f) == message
+        with self.assertRaises(ValueError) as raised:
+            compile_filter(f)
+        assert str(raised.exception) == message
 
-@pytest.mark.parametrize(("name", "f", "message"), REJECTED_CASES, ids=[c[0] for c in REJECTED_CASES])
-def test_rejected_cases(name: str, f: dict, message: str) -> None:
-    assert filter_error(f) == message
-    with pytest.raises(ValueError) as raised:
-        compile_filter(f)
-    assert str(raised.value) == message
+    def test_inline_corpus_is_complete(self) -> None:
+        assert (len(MATCH_CASES), len(REJECTED_CASES)) == (14, 10)
 
+    # --- validation details ------------------------------------------------------------------------
 
-def test_inline_corpus_is_complete() -> None:
-    assert (len(MATCH_CASES), len(REJECTED_CASES)) == (14, 10)
+    @cases(*[None, [], [{}], "{}", 0, True])
+    def test_filter_must_be_an_object(self, f: Any) -> None:
+        assert filter_error(f) == "filter must be a JSON object"
 
-
-# --- validation details ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("f", [None, [], [{}], "{}", 0, True])
-def test_filter_must_be_an_object(f: Any) -> None:
-    assert filter_error(f) == "filter must be a JSON object"
-
-
-@pytest.mark.parametrize(
-    ("f", "message"),
-    [
+    @cases(*[
         ({"severity": {"gte": "loud"}}, "unknown severity level: loud"),
         ({"severity": {"lte": None}}, "unknown severity level: null"),
         ({"severity": {"gte": 2}}, "unknown severity level: 2"),
@@ -111,15 +107,11 @@ def test_filter_must_be_an_object(f: Any) -> None:
         ({"seq": 1, "agent": []}, "attribute not filterable: seq"),
         # ...in JS property order, where array-index keys ("5" is a legal extension name) come first.
         ({"agent": [], "10": None, "5": "x*"}, 'glob patterns are only legal on "type" (5)'),
-    ],
-)
-def test_validation_messages(f: dict, message: str) -> None:
-    assert filter_error(f) == message
+    ])
+    def test_validation_messages(self, f: dict, message: str) -> None:
+        assert filter_error(f) == message
 
-
-@pytest.mark.parametrize(
-    "f",
-    [
+    @cases(*[
         {},
         {"severity": {}},
         {"severity": "info"},
@@ -130,25 +122,19 @@ def test_validation_messages(f: dict, message: str) -> None:
         {"epoch": [0, 1.5, True, "x"]},
         {"abcdefghijklmnopqrst": 1, "5": "a", "acmeregion": "eu-1"},
         {"id": "01J", "subject": "s", "source": "aep://h", "run": "r", "step": "t", "cause": "c"},
-    ],
-)
-def test_valid_filters(f: dict) -> None:
-    assert filter_error(f) is None
-    compile_filter(f)
+    ])
+    def test_valid_filters(self, f: dict) -> None:
+        assert filter_error(f) is None
+        compile_filter(f)
 
+    # --- matching semantics ------------------------------------------------------------------------
 
-# --- matching semantics ------------------------------------------------------------------------
+    def test_empty_filters_are_the_constant_predicate(self) -> None:
+        assert compile_filter({}) is match_all
+        assert compile_filter({"severity": {}}) is match_all
+        assert match_all({})
 
-
-def test_empty_filters_are_the_constant_predicate() -> None:
-    assert compile_filter({}) is match_all
-    assert compile_filter({"severity": {}}) is match_all
-    assert match_all({})
-
-
-@pytest.mark.parametrize(
-    ("f", "event", "expected"),
-    [
+    @cases(*[
         # Strict equality: no string/number coercion, and True is not 1.
         ({"acmeflag": 0}, {"acmeflag": "0"}, False),
         ({"acmeflag": "0"}, {"acmeflag": 0}, False),
@@ -202,19 +188,17 @@ def test_empty_filters_are_the_constant_predicate() -> None:
          {"type": "tool.failed", "agent": "codex", "acmeregion": "us-1"}, True),
         ({"type": "tool.*", "agent": "codex", "acmeregion": ["eu-1", "us-1"]},
          {"type": "tool.failed", "agent": "codex"}, False),
-    ],
-)  # fmt: skip
-def test_matching(f: dict, event: dict, expected: bool | None) -> None:
-    if expected is None:
-        assert filter_error(f) is not None
-        return
-    assert compile_filter(f)(event) is expected
+    ])  # fmt: skip
+    def test_matching(self, f: dict, event: dict, expected: bool | None) -> None:
+        if expected is None:
+            assert filter_error(f) is not None
+            return
+        assert compile_filter(f)(event) is expected
 
-
-def test_predicate_does_not_mutate_event() -> None:
-    event = {"type": "tool.completed"}
-    assert compile_filter({"severity": "info", "capture": "metadata", "epoch": 0})(event)
-    assert event == {"type": "tool.completed"}
+    def test_predicate_does_not_mutate_event(self) -> None:
+        event = {"type": "tool.completed"}
+        assert compile_filter({"severity": "info", "capture": "metadata", "epoch": 0})(event)
+        assert event == {"type": "tool.completed"}
 
 
 # --- property: the compiled predicate agrees with a direct reading of section 4.1 ------------
@@ -298,11 +282,13 @@ def _oracle(f: dict, event: dict) -> bool:
     return True
 
 
-@settings(max_examples=400, deadline=None, database=None)
-@given(_filters(), _events())
-def test_compiled_predicate_agrees_with_the_rules(f: dict, event: dict) -> None:
-    assert filter_error(f) is None
-    assert compile_filter(f)(event) is _oracle(f, event)
+@expand
+class FilterProperty(TestCase):
+    @settings(max_examples=400, deadline=None, database=None)
+    @given(_filters(), _events())
+    def test_compiled_predicate_agrees_with_the_rules(self, f: dict, event: dict) -> None:
+        assert filter_error(f) is None
+        assert compile_filter(f)(event) is _oracle(f, event)
 
 
 # --- fixture corpus ----------------------------------------------------------------------------
@@ -313,17 +299,18 @@ def _corpus() -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def test_fixture_match_cases() -> None:
-    cases = _corpus()["match"]
-    assert len(cases) == 14
-    results = {c["name"]: compile_filter(c["filter"])(c["event"]) for c in cases}
-    assert results == {c["name"]: c["match"] for c in cases}
+@expand
+class FilterFixtureCorpus(TestCase):
+    def test_fixture_match_cases(self) -> None:
+        cases = _corpus()["match"]
+        assert len(cases) == 14
+        results = {c["name"]: compile_filter(c["filter"])(c["event"]) for c in cases}
+        assert results == {c["name"]: c["match"] for c in cases}
 
-
-def test_fixture_invalid_filters_rejected() -> None:
-    cases = _corpus()["invalid"]
-    assert len(cases) == 10
-    messages = {c["name"]: filter_error(c["filter"]) for c in cases}
-    assert all(messages.values()), messages
-    # Same exact texts as the inline transcription, in corpus order.
-    assert list(messages.values()) == [message for _, _, message in REJECTED_CASES]
+    def test_fixture_invalid_filters_rejected(self) -> None:
+        cases = _corpus()["invalid"]
+        assert len(cases) == 10
+        messages = {c["name"]: filter_error(c["filter"]) for c in cases}
+        assert all(messages.values()), messages
+        # Same exact texts as the inline transcription, in corpus order.
+        assert list(messages.values()) == [message for _, _, message in REJECTED_CASES]

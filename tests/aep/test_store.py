@@ -6,7 +6,6 @@ import itertools
 import json
 import random
 
-import pytest
 from twisted.trial.unittest import TestCase
 from zope.interface.verify import verifyObject
 
@@ -14,6 +13,7 @@ from relayd.aep.event import Event
 from relayd.aep.redis_store import RedisEventLog, decode_position, encode_position
 from relayd.aep.store import IEventLog, MemoryEventLog
 from tests.support.aep import event
+from tests.support.cases import cases, expand
 from tests.support.redis import connected_redis, shared_redis
 
 _prefixes = itertools.count()
@@ -119,11 +119,13 @@ class RedisEventLogTests(EventLogContract, TestCase):
         return RedisEventLog(redis, capacity, max_sessions, prefix=f"t{next(_prefixes)}:{id(self)}:")
 
 
-def test_position_encoding_sorts_like_integers() -> None:
-    positions = [(0, 0), (0, 9), (0, 10), (1, 0), (9, 99), (10, 0), (2**70, 3)]
-    encoded = [encode_position(p) for p in positions]
-    assert encoded == sorted(encoded)
-    assert [decode_position(e) for e in encoded] == positions
+@expand
+class PositionEncoding(TestCase):
+    def test_position_encoding_sorts_like_integers(self) -> None:
+        positions = [(0, 0), (0, 9), (0, 10), (1, 0), (9, 99), (10, 0), (2**70, 3)]
+        encoded = [encode_position(p) for p in positions]
+        assert encoded == sorted(encoded)
+        assert [decode_position(e) for e in encoded] == positions
 
 
 class ReferenceLog:
@@ -155,22 +157,24 @@ class ReferenceLog:
         return admitted
 
 
-@pytest.mark.parametrize("max_sessions", [3, 4])  # with session evictions; with long runs that compact buffers
-def test_memory_log_matches_the_one_event_at_a_time_rules(max_sessions: int) -> None:
-    # Batches that mix sessions, duplicates and out-of-order positions, checked against the plain
-    # model after every batch.
-    rng = random.Random(7)
-    log = MemoryEventLog(capacity=5, max_sessions=max_sessions)
-    model = ReferenceLog(capacity=5, max_sessions=max_sessions)
-    seq = itertools.count()
-    for _ in range(1500):
-        batch = []
-        for _ in range(rng.choice([1, 3, 8])):
-            session = rng.choice("abcd")
-            position = next(seq) if rng.random() < 0.8 else rng.randrange(0, 40)
-            reused = {"id": f"again-{rng.randrange(3)}"} if rng.random() < 0.1 else {}
-            batch.append(ev(session, position, **reused))
-        assert log.append(batch).result == model.append(batch)  # type: ignore[attr-defined]
-        assert log.sessions().result == list(model.buffers)  # type: ignore[attr-defined]
-        for session, held in model.buffers.items():
-            assert list(log.replay(session, (0, -1)).result.events) == held  # type: ignore[attr-defined]
+@expand
+class MemoryLogProperty(TestCase):
+    @cases(*[3, 4])  # with session evictions; with long runs that compact buffers
+    def test_memory_log_matches_the_one_event_at_a_time_rules(self, max_sessions: int) -> None:
+        # Batches that mix sessions, duplicates and out-of-order positions, checked against the plain
+        # model after every batch.
+        rng = random.Random(7)
+        log = MemoryEventLog(capacity=5, max_sessions=max_sessions)
+        model = ReferenceLog(capacity=5, max_sessions=max_sessions)
+        seq = itertools.count()
+        for _ in range(1500):
+            batch = []
+            for _ in range(rng.choice([1, 3, 8])):
+                session = rng.choice("abcd")
+                position = next(seq) if rng.random() < 0.8 else rng.randrange(0, 40)
+                reused = {"id": f"again-{rng.randrange(3)}"} if rng.random() < 0.1 else {}
+                batch.append(ev(session, position, **reused))
+            assert self.successResultOf(log.append(batch)) == model.append(batch)
+            assert self.successResultOf(log.sessions()) == list(model.buffers)
+            for session, held in model.buffers.items():
+                assert list(self.successResultOf(log.replay(session, (0, -1))).events) == held

@@ -45,8 +45,8 @@ from twisted.web.client import HTTPConnectionPool
 
 from relayd.aep.envelope import EventKind, classify
 from relayd.aep.event import Event, JSONError, admit, event_from, parse_json
-from tests.production.test_site import RawClient
 from tests.support.aep import event, ndjson
+from tests.support.raw import RawClient
 from tests.support.redis import CI, shared_redis
 from tests.support.sse import Message, SSEClient
 from tests.support.twistd import ROOT, twistd_argv

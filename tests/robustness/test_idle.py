@@ -63,8 +63,8 @@ class IdleConnections(TestCase):
         print(f"\nidle connections: baseline RSS {base / 2**20:.1f} MiB; "
               f"{SSE} SSE + {WS} WS: RSS {after_ws / 2**20:.1f} MiB; "
               f"{per_sse / 1024:.1f} KiB per SSE stream, {per_ws / 1024:.1f} KiB per WebSocket")
-        self.assertTrue(all(p.ready.result.startswith(b"HTTP/1.1 200") for p in held[:WARM]))
-        self.assertTrue(all(p.ready.result.startswith(b"HTTP/1.1 101") for p in held[WARM : 2 * WARM]))
+        self.assertTrue(all(self.successResultOf(p.ready).startswith(b"HTTP/1.1 200") for p in held[:WARM]))
+        self.assertTrue(all(self.successResultOf(p.ready).startswith(b"HTTP/1.1 101") for p in held[WARM : 2 * WARM]))
         self.assertLess(per_sse, SSE_BOUND)
         self.assertLess(per_ws, WS_BOUND)
 

@@ -14,7 +14,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.task import LoopingCall
 from twisted.trial.unittest import TestCase
 
-from tests.production.test_site import RawClient
+from tests.support.raw import RawClient
 from tests.support.twistd import RelaydProcess
 
 DEADLINE = 1.0

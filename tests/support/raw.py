@@ -2,6 +2,7 @@
 
 L{raw_exchange} returns the bytes; L{exchange} parses what came back into complete responses and
 says how the exchange ended (the server closed, or went quiet), for tests that judge every answer.
+L{RawClient} is the reactor-side counterpart: a TCP protocol that records what it receives.
 """
 
 from __future__ import annotations
@@ -9,7 +10,11 @@ from __future__ import annotations
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.protocol import Protocol
 
 
 def raw_exchange(url: str, request: bytes) -> bytes:
@@ -214,3 +219,33 @@ def exchange(
     answer.responses, answer.rest = parse_responses(received, answer.closed, heads)
     answer.elapsed = time.monotonic() - started
     return answer
+
+
+RAW_CLIENT_TIMEOUT = 5.0
+
+
+class RawClient(Protocol):
+    """A TCP client that records what it receives and when the server closes."""
+
+    def __init__(self) -> None:
+        self.received = b""
+        self.closed: Deferred[None] = Deferred()
+        self._waiting: list[tuple[bytes, Deferred[None]]] = []
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += data
+        for needle, d in list(self._waiting):
+            if needle in self.received:
+                self._waiting.remove((needle, d))
+                d.callback(None)
+
+    def connectionLost(self, reason: Any) -> None:
+        self.closed.callback(None)
+
+    def wait_for(self, needle: bytes) -> Deferred[None]:
+        d: Deferred[None] = Deferred()
+        if needle in self.received:
+            d.callback(None)
+        else:
+            self._waiting.append((needle, d))
+        return d.addTimeout(RAW_CLIENT_TIMEOUT, reactor)

@@ -9,7 +9,7 @@ import subprocess
 import tempfile
 import time
 
-from twisted.trial.unittest import SkipTest
+from tests.support.skips import missing
 
 CI = os.environ.get("CI") == "true"
 
@@ -18,10 +18,7 @@ def require_redis_server() -> str:
     """The redis-server binary; skips the test locally without it, fails under CI=true."""
     binary = shutil.which("redis-server")
     if binary is None:
-        message = "redis-server is not installed (apt-get install redis-server)"
-        if CI:
-            raise AssertionError(message + "; CI must install it (.ci/install-redis.sh)")
-        raise SkipTest(message)
+        missing("redis-server is not installed (apt-get install redis-server; CI: .ci/install-redis.sh)")
     return binary
 
 

@@ -10,7 +10,6 @@ import treq
 from twisted.internet import reactor, task
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
-from twisted.internet.protocol import Protocol
 from twisted.internet.testing import EventLoggingObserver
 from twisted.internet.threads import deferToThread
 from twisted.logger import globalLogPublisher
@@ -21,7 +20,7 @@ from twisted.web.server import NOT_DONE_YET
 
 from relayd.web.site import RelaySite
 from tests.support.aep import AEPRelay, event, ndjson
-from tests.support.raw import exchange
+from tests.support.raw import RawClient, exchange
 from tests.support.sse import SSEClient
 from tests.support.ws import WSClient
 
@@ -36,33 +35,6 @@ class _Plain(Resource):
             return NOT_DONE_YET  # like an SSE stream: open until the client goes
         request.setHeader(b"content-type", b"text/plain")
         return b"hello"
-
-
-class RawClient(Protocol):
-    """A TCP client that records what it receives and when the server closes."""
-
-    def __init__(self) -> None:
-        self.received = b""
-        self.closed: Deferred[None] = Deferred()
-        self._waiting: list[tuple[bytes, Deferred[None]]] = []
-
-    def dataReceived(self, data: bytes) -> None:
-        self.received += data
-        for needle, d in list(self._waiting):
-            if needle in self.received:
-                self._waiting.remove((needle, d))
-                d.callback(None)
-
-    def connectionLost(self, reason: Any) -> None:
-        self.closed.callback(None)
-
-    def wait_for(self, needle: bytes) -> Deferred[None]:
-        d: Deferred[None] = Deferred()
-        if needle in self.received:
-            d.callback(None)
-        else:
-            self._waiting.append((needle, d))
-        return d.addTimeout(TIMEOUT, reactor)
 
 
 def access_lines(observer: EventLoggingObserver) -> list[dict[str, Any]]:

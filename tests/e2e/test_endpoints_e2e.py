@@ -22,8 +22,8 @@ from twisted.internet.protocol import DatagramProtocol
 from twisted.trial.unittest import TestCase
 from twisted.web.client import Agent, BrowserLikePolicyForHTTPS, HTTPConnectionPool
 
-from tests.production.test_site import RawClient
 from tests.support.aep import event, ndjson
+from tests.support.raw import RawClient
 from tests.support.tls import make_pki
 from tests.support.twistd import SYSTEMD_WRAPPER, RelaydProcess
 from tests.support.ws import WSClient

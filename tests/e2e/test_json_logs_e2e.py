@@ -17,9 +17,9 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.production.test_site import RawClient
 from tests.support.aep import event, ndjson
 from tests.support.metrics import scrape, value
+from tests.support.raw import RawClient
 from tests.support.sse import SSEClient
 from tests.support.twistd import RelaydProcess
 from tests.support.ws import WSClient

@@ -14,7 +14,6 @@ import socket
 import tempfile
 from typing import Any
 
-import pytest
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 
@@ -130,9 +129,10 @@ class AdminAgainstInProcessAEP(TestCase):
         self.assertNotIn("data", printed)  # the ceiling applied
 
     async def test_status_reports_counts_and_a_down_relay(self) -> None:
+        from twisted.internet import reactor
+
         from relayd import metrics
         from relayd.clock import Clock
-        from twisted.internet import reactor
 
         service = metrics.make_service(["tcp:0:interface=127.0.0.1"], reactor, Clock(reactor))
         service.startService()
@@ -210,38 +210,32 @@ class McpConnect(RelayTestCase):
 # mcp-relay.md §10.1: deriving the endpoints from a URL (the npx CLI's eight cases).
 
 
-def test_share_url() -> None:
-    e = mcp_endpoints("https://h.example/whiteboard?session=ABC&token=XYZ")
-    assert e.url("inbox") == "https://h.example/agent-relay/ABC/inbox?token=XYZ"
-    assert e.url("events", "&direction=outbound") == "https://h.example/agent-relay/ABC/events?token=XYZ&direction=outbound"
+class ShareURLTests(TestCase):
+    def test_share_url(self) -> None:
+        e = mcp_endpoints("https://h.example/whiteboard?session=ABC&token=XYZ")
+        assert e.url("inbox") == "https://h.example/agent-relay/ABC/inbox?token=XYZ"
+        assert e.url("events", "&direction=outbound") == "https://h.example/agent-relay/ABC/events?token=XYZ&direction=outbound"
 
+    def test_key_alias(self) -> None:
+        assert mcp_endpoints("https://h.example/x?session=S&key=K").token == "K"
 
-def test_key_alias() -> None:
-    assert mcp_endpoints("https://h.example/x?session=S&key=K").token == "K"
+    def test_direct_path_with_events_stripped(self) -> None:
+        e = mcp_endpoints("https://h.example/mcp-relay/S1/events?token=T")
+        assert (e.base, e.session) == ("https://h.example/mcp-relay", "S1")
 
+    def test_explicit_token_wins(self) -> None:
+        assert mcp_endpoints("https://h.example/r/S?token=URL", token="EXPLICIT").token == "EXPLICIT"
 
-def test_direct_path_with_events_stripped() -> None:
-    e = mcp_endpoints("https://h.example/mcp-relay/S1/events?token=T")
-    assert (e.base, e.session) == ("https://h.example/mcp-relay", "S1")
+    def test_custom_relay_path(self) -> None:
+        assert mcp_endpoints("https://h.example/?session=S&token=T", relay_path="/custom/").base == "https://h.example/custom"
 
+    def test_token_is_url_encoded(self) -> None:
+        assert mcp_endpoints("https://h.example/r/S", token="a/b").url("inbox").endswith("?token=a%2Fb")
 
-def test_explicit_token_wins() -> None:
-    assert mcp_endpoints("https://h.example/r/S?token=URL", token="EXPLICIT").token == "EXPLICIT"
+    def test_missing_token(self) -> None:
+        with self.assertRaises(UsageError, match="(?i)token"):
+            mcp_endpoints("https://h.example/r/S")
 
-
-def test_custom_relay_path() -> None:
-    assert mcp_endpoints("https://h.example/?session=S&token=T", relay_path="/custom/").base == "https://h.example/custom"
-
-
-def test_token_is_url_encoded() -> None:
-    assert mcp_endpoints("https://h.example/r/S", token="a/b").url("inbox").endswith("?token=a%2Fb")
-
-
-def test_missing_token() -> None:
-    with pytest.raises(UsageError, match="(?i)token"):
-        mcp_endpoints("https://h.example/r/S")
-
-
-def test_missing_session() -> None:
-    with pytest.raises(UsageError, match="(?i)session"):
-        mcp_endpoints("https://h.example/?token=T")
+    def test_missing_session(self) -> None:
+        with self.assertRaises(UsageError, match="(?i)session"):
+            mcp_endpoints("https://h.example/?token=T")
