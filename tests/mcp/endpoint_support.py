@@ -32,15 +32,15 @@ def compact(message: Any) -> bytes:
 class SimulatedPage:
     """The page of session C{session}: answers MCP over the tunnel's inbound SSE and outbox."""
 
-    def __init__(self, case: RelayTestCase, session: str, modern: bool = False, answer: bool = True) -> None:
+    def __init__(self, case: RelayTestCase, session: str, modern: bool = False, silent: frozenset[str] = frozenset()) -> None:
         self.case = case
         self.session = session
         self.modern = modern
-        self.answer = answer
+        self.silent = silent  # methods it never answers
         self.seen: list[dict[str, Any]] = []
         self.pings = 0
         self.loop: Deferred[None] | None = None
-        self.changed: Deferred[None] = Deferred()
+        self._waiters: list[tuple[int, Deferred[None]]] = []
 
     async def start(self) -> None:
         stream = await self.case.events(self.session, "&direction=inbound")
@@ -63,13 +63,16 @@ class SimulatedPage:
 
     async def handle(self, message: dict[str, Any]) -> None:
         self.seen.append(message)
+        for waiter in [w for w in self._waiters if w[0] <= len(self.seen)]:
+            self._waiters.remove(waiter)
+            waiter[1].callback(None)
         method = message.get("method")
         if method is None and str(message.get("id", "")).startswith("page-ping"):
             # A client answered the ping: now announce the change it waits for before closing.
             self.pings += 1
             await self.send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
             return
-        if not self.answer or "id" not in message or method is None:
+        if method in self.silent or "id" not in message or method is None:
             return
         if method == "server/discover" and self.modern:
             await self.send({"jsonrpc": "2.0", "id": message["id"], "result": {
@@ -102,6 +105,15 @@ class SimulatedPage:
                                      "params": {"_meta": {"io.modelcontextprotocol/subscriptionId": listen_id}}})
             else:
                 await self.send({"jsonrpc": "2.0", "id": f"page-ping-{len(self.seen)}", "method": "ping"})
+
+    async def next_seen(self, count: int, timeout: float = 10) -> dict[str, Any]:
+        """The page's C{count}-th message, once it has read it."""
+        if len(self.seen) < count:
+            d: Deferred[None] = Deferred()
+            self._waiters.append((count, d))
+            d.addTimeout(timeout, reactor)
+            await d
+        return self.seen[count - 1]
 
     def methods(self) -> list[str]:
         return [m["method"] for m in self.seen if "method" in m]
