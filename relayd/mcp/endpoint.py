@@ -207,9 +207,13 @@ class Client:
                 self.push(restored)
                 return
         if self.stateless:
-            # One exchange: the page's other messages while serving it ride on its stream.
-            for pending in self.pending.values():
-                pending.send(raw if raw is not None else _dumps(item))
+            # One exchange: only what the page stamped with this exchange's (forwarded) id rides on
+            # its stream (a listen stream's acknowledgement and events), with the client's own id.
+            stamped = standard.subscription_id(item)
+            if stamped is not None:
+                for pending in self.pending.values():
+                    if pending.forwarded is not None and _dumps(pending.forwarded) == _dumps(stamped):
+                        pending.send(_dumps(standard.with_subscription_id(item, loads_json(pending.raw_id))))
             return
         self.push(raw if raw is not None else _dumps(item))
 

@@ -20,6 +20,7 @@ STATELESS_VERSIONS = frozenset(("2026-07-28",))
 SUPPORTED_VERSIONS = HANDSHAKE_VERSIONS | STATELESS_VERSIONS
 
 PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"
+SUBSCRIPTION_ID_META = "io.modelcontextprotocol/subscriptionId"
 NAME_BEARING = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
 
 # JSON-RPC codes relayd answers with itself.
@@ -123,6 +124,24 @@ def restore_progress(message: dict[str, Any], original: Any) -> dict[str, Any]:
     """A progress notification carrying the client's own token again."""
     params = dict(message["params"])
     params["progressToken"] = original
+    out = dict(message)
+    out["params"] = params
+    return out
+
+
+def subscription_id(message: dict[str, Any]) -> Any:
+    """2026-07-28: the listen request id a page stamped into a notification's C{_meta}, or C{None}."""
+    params = message.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return meta.get(SUBSCRIPTION_ID_META) if isinstance(meta, dict) else None
+
+
+def with_subscription_id(message: dict[str, Any], client_id: Any) -> dict[str, Any]:
+    """A copy stamped with the client's own listen id (the page saw the forwarded one)."""
+    meta = dict(message["params"]["_meta"])
+    meta[SUBSCRIPTION_ID_META] = client_id
+    params = dict(message["params"])
+    params["_meta"] = meta
     out = dict(message)
     out["params"] = params
     return out

@@ -86,8 +86,9 @@ class SimulatedPage:
             self.listen_id = message["id"]
             return
         if method == "tools/list" and self.modern:
-            await self.send({"jsonrpc": "2.0", "id": message["id"], "result": {"tools": [
-                {"name": "whiteboard_add_sticky", "inputSchema": {"type": "object"}}]}})
+            await self.send({"jsonrpc": "2.0", "id": message["id"], "result": {
+                "tools": [{"name": "whiteboard_add_sticky", "inputSchema": {"type": "object"}}],
+                "resultType": "complete", "ttlMs": 0, "cacheScope": "private"}})
             return
         if method == "tools/call":
             token = ((message.get("params") or {}).get("_meta") or {}).get("progressToken")
@@ -95,6 +96,8 @@ class SimulatedPage:
                 await self.send({"jsonrpc": "2.0", "method": "notifications/progress",
                                  "params": {"progressToken": token, "progress": 1, "total": 2, "message": "half"}})
         reply = page_answer(message)
+        if reply is not None and self.modern and "result" in reply:
+            reply["result"]["resultType"] = "complete"
         if reply is not None:
             await self.send(reply)
         if method == "tools/call":

@@ -53,3 +53,35 @@ class LegacySse(PythonSdkCase):
     async def test_client_session_over_legacy_sse(self) -> None:
         await self.run_mode("sse", route="sse")
         self.check_page()
+
+
+class ModernPage(PythonSdkCase):
+    """A page that speaks 2026-07-28: the SDK's default client discovers it and stays stateless."""
+
+    async def setUp(self) -> None:  # type: ignore[override]
+        await RelayTestCase.setUp(self)
+        await self.register(SESSION)
+        self.page = SimulatedPage(self, SESSION, modern=True)
+        await self.page.start()
+
+    async def test_pinned_2026_client_with_listen_stream(self) -> None:
+        code, out, err = await run_client("sdk_client.py", "modern", f"{self.base}/{SESSION}/mcp", TOKEN)
+        assert code == 0 and out is not None, err[-4000:]
+        assert out["version"] == "2026-07-28"
+        assert out["tools"] == ["whiteboard_add_sticky"]
+        assert out["progress"] == [[1.0, 2.0, "half"]], out
+        assert out["list_changed"] == 1 and out["event"] == "ToolsListChanged", out
+        methods = self.page.methods()
+        assert "initialize" not in methods and "notifications/peer_joined" not in methods
+        assert methods[:3] == ["subscriptions/listen", "tools/list", "tools/call"], methods
+        # Closing the listen stream is its cancellation: the page is told, with the id it saw.
+        cancelled = await self.page.next_seen(4)
+        assert cancelled["method"] == "notifications/cancelled"
+        assert cancelled["params"]["requestId"] == self.page.listen_id
+
+    async def test_default_client_discovers_a_modern_page(self) -> None:
+        code, out, err = await run_client("sdk_client.py", "discover", f"{self.base}/{SESSION}/mcp", TOKEN)
+        assert code == 0 and out is not None, err[-4000:]
+        assert out["version"] == "2026-07-28"
+        assert self.page.methods()[0] == "server/discover"
+        assert "initialize" not in self.page.methods()

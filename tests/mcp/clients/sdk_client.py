@@ -6,7 +6,8 @@ Run as a subprocess by the tests (the SDK is asyncio; relayd's tests run on Twis
 
 MODE: C{client} (the SDK's default C{Client(url)}, token in C{?token=}), C{session} (C{ClientSession}
 over Streamable HTTP, token as a bearer header), C{sse} (C{ClientSession} over legacy HTTP+SSE),
-C{modern} (C{Client(url)} pinned to 2026-07-28, with a C{subscriptions/listen} stream).
+C{modern} (C{Client(url)} pinned to 2026-07-28, with a C{subscriptions/listen} stream), C{discover}
+(the default C{Client(url)}, listing tools only).
 It lists the tools, calls one with a progress callback, waits for C{notifications/tools/list_changed},
 and prints one JSON line of what it saw. Exit status 0 on success.
 """
@@ -54,6 +55,11 @@ async def main(mode: str, url: str, token: str) -> dict[str, Any]:
             out["version"] = client.protocol_version
             await exercise(client.call_tool, client.list_tools)
             await asyncio.wait_for(changed.wait(), 20)
+    elif mode == "discover":
+        async with Client(f"{url}?token={token}") as client:
+            out["version"] = client.protocol_version
+            tools = await client.list_tools()
+            out["tools"] = [t.name for t in tools.tools]
     elif mode == "modern":
         async with Client(f"{url}?token={token}", mode="2026-07-28") as client:
             out["version"] = client.protocol_version
