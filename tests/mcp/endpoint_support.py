@@ -17,12 +17,32 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.utils import getProcessOutputAndValue
 
-from tests.mcp.harness import TOKEN, RelayTestCase
+from tests.mcp.harness import TOKEN, RelayTestCase, Reply, disconnect
+from tests.support.sse import SSEClient
 from tests.mcp.test_interop import page_answer
 
 CLIENTS = Path(__file__).parent / "clients"
 ROOT = Path(__file__).resolve().parents[2]
 MODERN = "2026-07-28"
+
+
+class RemoteRelay:
+    """What L{SimulatedPage} needs of a relay it does not run in-process (a C{twistd} child)."""
+
+    def __init__(self, case: Any, base: str) -> None:
+        from tests.mcp.hostile_support import Http
+
+        self.case = case
+        self.base = base
+        self.http = Http(case, int(base.rsplit(":", 1)[1]))
+
+    async def events(self, session: str, query: str = "") -> SSEClient:
+        stream = await SSEClient.connect(f"{self.base}/{session}/events?token={TOKEN}{query}")
+        self.case.addCleanup(disconnect, stream)
+        return stream
+
+    async def post(self, path: str, raw: bytes, **headers: str) -> Reply:
+        return await self.http.post(path, raw, **headers)
 
 
 def compact(message: Any) -> bytes:
@@ -32,7 +52,7 @@ def compact(message: Any) -> bytes:
 class SimulatedPage:
     """The page of session C{session}: answers MCP over the tunnel's inbound SSE and outbox."""
 
-    def __init__(self, case: RelayTestCase, session: str, modern: bool = False, silent: frozenset[str] = frozenset()) -> None:
+    def __init__(self, case: RelayTestCase | RemoteRelay, session: str, modern: bool = False, silent: frozenset[str] = frozenset()) -> None:
         self.case = case
         self.session = session
         self.modern = modern
