@@ -2,7 +2,7 @@
 
 Run as a subprocess by the tests (the SDK is asyncio; relayd's tests run on Twisted's reactor):
 
-    python sdk_client.py MODE URL TOKEN
+    python sdk_client.py MODE URL TOKEN [TOOL]
 
 MODE: C{client} (the SDK's default C{Client(url)}, token in C{?token=}), C{session} (C{ClientSession}
 over Streamable HTTP, token as a bearer header), C{sse} (C{ClientSession} over legacy HTTP+SSE),
@@ -29,7 +29,7 @@ from mcp.client.streamable_http import streamable_http_client
 TOOL = "whiteboard_add_sticky"
 
 
-async def main(mode: str, url: str, token: str) -> dict[str, Any]:
+async def main(mode: str, url: str, token: str, tool: str = TOOL) -> dict[str, Any]:
     out: dict[str, Any] = {"progress": [], "list_changed": 0}
     changed = asyncio.Event()
 
@@ -47,7 +47,7 @@ async def main(mode: str, url: str, token: str) -> dict[str, Any]:
     async def exercise(call_tool: Any, list_tools: Any) -> None:
         tools = await list_tools()
         out["tools"] = [t.name for t in tools.tools]
-        result = await call_tool(TOOL, {"text": "hello from " + mode}, progress_callback=on_progress)
+        result = await call_tool(tool, {"text": "hello from " + mode}, progress_callback=on_progress)
         out["result"] = [c.text for c in result.content]
 
     if mode == "client":
@@ -87,5 +87,5 @@ async def main(mode: str, url: str, token: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    result = asyncio.run(main(*sys.argv[1:4]))
+    result = asyncio.run(main(*sys.argv[1:5]))
     print(json.dumps(result), flush=True)
