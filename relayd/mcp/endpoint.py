@@ -485,7 +485,7 @@ class Endpoint:
             if len(requests) == 1 and requests[0].get("method") == "initialize":
                 client = self._new_client(request, session, token)
                 if client is not None:
-                    self._open(request, client, lambda: self._forward(request, client, requests[0], sse_ok))
+                    self._open(request, client, lambda: self._forward(request, client, requests[0], sse_ok, first=True))
                 return
             _finish(request, 400, standard.error_body(standard.INVALID_REQUEST, "missing Mcp-Session-Id"))
             return
@@ -538,7 +538,11 @@ class Endpoint:
                                     announce=not client.stateless)
         d.addCallbacks(opened, failed)
 
-    def _forward(self, request: Request, client: Client, message: dict[str, Any], sse_ok: bool) -> None:
+    def _forward(
+        self, request: Request, client: Client, message: dict[str, Any], sse_ok: bool, first: bool = False
+    ) -> None:
+        """Forward one request to the page; C{first}: the client session's C{initialize} (no session
+        id was given out yet, so a refusal ends it)."""
         config = self.config
         key = _dumps(message["id"])
         session = client.session
@@ -550,7 +554,7 @@ class Endpoint:
         ):
             request.setHeader(b"retry-after", b"1")
             _finish(request, 429, standard.error_body(standard.TOO_MANY_PENDING, "too many pending requests", message["id"]))
-            if client.stateless:
+            if client.stateless or first:
                 client.close()
             return
         pending = _Pending(client, key, None if client.legacy else request, sse_ok)
@@ -577,7 +581,7 @@ class Endpoint:
             client.forget_progress(pending)
             self.clock.cancel(pending.timer)
             self._failed(request, f)
-            if client.stateless:
+            if client.stateless or first:
                 client.close()
 
         d = self.broker.forward(session, client.token, _dumps(message), client.label)
