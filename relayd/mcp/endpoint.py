@@ -155,9 +155,10 @@ class Client:
         self.legacy = legacy
         self.stateless = stateless
         self.pending: dict[bytes, _Pending] = {}
-        self.progress: dict[bytes, _Pending] = {}
+        # Made when first needed: an idle client session holds neither (memory per idle client).
+        self.progress: dict[bytes, _Pending] | None = None
         self.stream: SSEStream | None = None
-        self.events: deque[tuple[int, bytes]] = deque()
+        self.events: deque[tuple[int, bytes]] | None = None
         self.events_bytes = 0
         self.next_event = 1
         self.delivered = 0
@@ -201,7 +202,7 @@ class Client:
                 if label != self.label:
                     return  # another client's progress
                 restored = _dumps(standard.restore_progress(item, original))
-                pending = self.progress.get(_dumps(original))
+                pending = self.progress.get(_dumps(original)) if self.progress else None
                 if pending is not None and pending.send(restored):
                     return
                 self.push(restored)
@@ -233,10 +234,13 @@ class Client:
         n = self.next_event
         self.next_event += 1
         config = self.endpoint.config
-        self.events.append((n, raw))
+        events = self.events
+        if events is None:
+            events = self.events = deque()
+        events.append((n, raw))
         self.events_bytes += len(raw)
-        while len(self.events) > config.event_buffer_frames or self.events_bytes > config.event_buffer_bytes:
-            self.events_bytes -= len(self.events.popleft()[1])
+        while len(events) > config.event_buffer_frames or self.events_bytes > config.event_buffer_bytes:
+            self.events_bytes -= len(events.popleft()[1])
         if self.stream is not None and not self.stream.closed:
             self.stream.write(_message_event(raw, b"%d" % n))
             self.delivered = n
@@ -246,13 +250,13 @@ class Client:
         start = self.delivered if after is None else after
         stream = self.stream
         assert stream is not None
-        for n, raw in self.events:
+        for n, raw in self.events or ():
             if n > start:
                 stream.write(_message_event(raw, b"%d" % n))
                 self.delivered = max(self.delivered, n)
 
     def forget_progress(self, pending: _Pending) -> None:
-        if pending.progress is not None:
+        if pending.progress is not None and self.progress:
             self.progress.pop(pending.progress, None)
 
     def cancel_at_page(self, pending: _Pending, reason: str) -> None:
@@ -283,7 +287,7 @@ class Client:
         self.ended = True
         self.endpoint.forget(self)
         pending, self.pending = self.pending, {}
-        self.progress = {}
+        self.progress = None
         for p in pending.values():
             p.answer(standard.error_for(p.raw_id, standard.SESSION_ENDED, message))
         stream, self.stream = self.stream, None
@@ -562,6 +566,8 @@ class Endpoint:
         if token is not None:
             message = standard.with_progress_token(message, client.label)
             pending.progress = _dumps(token)
+            if client.progress is None:
+                client.progress = {}
             client.progress[pending.progress] = pending
         client.pending[key] = pending
         self.pending_per_session[session] = self.pending_per_session.get(session, 0) + 1
