@@ -24,7 +24,8 @@ from twisted.web.server import NOT_DONE_YET, Request
 from relayd.clock import Clock
 from relayd.mcp import standard
 from relayd.mcp.broker import Broker, Frame, Refused, _dumps, loads_json
-from relayd.mcp.store import OUTBOUND, SubscriberRecord
+from relayd.mcp.drive import run
+from relayd.mcp.store import OUTBOUND, ClientRecord, SubscriberRecord
 from relayd.redis import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param
 from relayd.web.body import read_body
@@ -142,15 +143,27 @@ class Client:
 
     __slots__ = (
         "endpoint", "id", "session", "token", "label", "record", "legacy", "stateless", "pending",
-        "progress", "stream", "events", "events_bytes", "next_event", "delivered", "last_used", "ended",
+        "progress", "stream", "events", "events_bytes", "next_event", "delivered", "last_used", "ended", "origin",
     )
 
-    def __init__(self, endpoint: Endpoint, session: str, token: str, legacy: bool = False, stateless: bool = False) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        session: str,
+        token: str,
+        legacy: bool = False,
+        stateless: bool = False,
+        attach: ClientRecord | None = None,
+        client_id: str | None = None,
+    ) -> None:
         self.endpoint = endpoint
-        self.id = secrets.token_urlsafe(24)  # 192 random bits
+        self.id = client_id or secrets.token_urlsafe(24)  # 192 random bits
         self.session = session
         self.token = token
-        self.label = "mcp-" + secrets.token_hex(8)
+        self.label = attach.label if attach is not None else "mcp-" + secrets.token_hex(8)
+        # Created here (it announced presence and owns the shared record), or attached to a client
+        # session another instance created (--redis: the client's requests may land anywhere).
+        self.origin = attach is None
         self.record: SubscriberRecord | None = None
         self.legacy = legacy
         self.stateless = stateless
@@ -242,7 +255,7 @@ class Client:
         while len(events) > config.event_buffer_frames or self.events_bytes > config.event_buffer_bytes:
             self.events_bytes -= len(events.popleft()[1])
         if self.stream is not None and not self.stream.closed:
-            self.stream.write(_message_event(raw, b"%d" % n))
+            self.stream.write(_message_event(raw, self.endpoint.event_id(n)))
             self.delivered = n
 
     def replay(self, after: int | None) -> None:
@@ -252,7 +265,7 @@ class Client:
         assert stream is not None
         for n, raw in self.events or ():
             if n > start:
-                stream.write(_message_event(raw, b"%d" % n))
+                stream.write(_message_event(raw, self.endpoint.event_id(n)))
                 self.delivered = max(self.delivered, n)
 
     def forget_progress(self, pending: _Pending) -> None:
@@ -272,14 +285,21 @@ class Client:
         )
         self.endpoint.broker.inbox(self.session, self.token, body, self.label).addErrback(lambda _: None)
 
-    def close(self) -> None:
-        """The client ended (DELETE, idle, its legacy stream closed, its one exchange done)."""
+    def close(self, shared: bool = True) -> None:
+        """The client ended (DELETE, idle, its legacy stream closed, its one exchange done).
+
+        C{shared=False}: only this instance's attachment ends (the client session goes on elsewhere).
+        """
         record, self.record = self.record, None
         self._finish("the client session ended")
+        broker = self.endpoint.broker
         if record is not None:
-            self.endpoint.broker.close_stream(record, announce=not self.stateless).addErrback(
-                self.endpoint.broker._log_failure, "closing an MCP client session failed"
+            announce = self.origin and not self.stateless
+            broker.close_stream(record, announce=announce).addErrback(
+                broker._log_failure, "closing an MCP client session failed"
             )
+        if shared and self.origin and not self.stateless:
+            broker.store.delete_client(self.id).addErrback(broker._log_failure, "ending an MCP client session failed")
 
     def _finish(self, message: str) -> None:
         if self.ended:
@@ -309,6 +329,10 @@ def _finish(request: Request, status: int, body: bytes, content_type: bytes = b"
     request.finish()
 
 
+def _request_token(request: Request) -> str:
+    return bearer_token(request) or query_param(request, "token") or ""
+
+
 def _header(request: Request, name: bytes) -> str | None:
     values = request.requestHeaders.getRawHeaders(name)
     if not values:
@@ -336,6 +360,21 @@ class Endpoint:
         self.per_session: dict[str, int] = {}
         self.pending_per_session: dict[str, int] = {}
         self._reaper: Any = None
+        # Event ids are "<tag>-<n>": a Last-Event-ID from another instance's numbering is not ours.
+        self.tag = secrets.token_hex(3).encode("ascii")
+        self._last_reap = clock.seconds()
+
+    def event_id(self, n: int) -> bytes:
+        return self.tag + b"-%d" % n
+
+    def parse_event_id(self, value: str | None) -> int | None:
+        """The number of one of this process's event ids, else C{None}."""
+        if value is None:
+            return None
+        tag, _, n = value.partition("-")
+        if tag.encode("ascii", "replace") != self.tag or not n.isdigit() or len(n) > 18:
+            return None
+        return int(n)
 
     def start(self) -> None:
         """Expire idle client sessions (checked a few times per idle period)."""
@@ -350,10 +389,34 @@ class Endpoint:
 
     def reap(self) -> None:
         """End client sessions idle past C{client_idle_ms} (an open GET stream or pending request is use)."""
-        cutoff = self.clock.seconds() - self.config.client_idle_ms / 1000
+        run(self._reap()).addErrback(self.broker._log_failure, "MCP client session reaping failed")
+
+    async def _reap(self) -> None:
+        now = self.clock.seconds()
+        cutoff = now - self.config.client_idle_ms / 1000
+        since, self._last_reap = self._last_reap, now
+        store = self.broker.store
+        shared = self.broker._remote
+        idle_ms = self.config.client_idle_ms
+        active: list[Client] = []
         for client in list(self.clients.values()):
-            if client.last_used < cutoff and not client.pending and (client.stream is None or client.stream.closed):
-                client.close()
+            if client.stateless or client.ended:
+                continue
+            streaming = client.stream is not None and not client.stream.closed
+            if client.pending or streaming or client.last_used >= cutoff:
+                if client.pending or streaming or client.last_used >= since:
+                    active.append(client)
+            elif not client.origin:
+                client.close(shared=False)  # an idle attachment; the client session lives on elsewhere
+            elif not shared or await store.get_client(client.id) is None:
+                client.close()  # idle here, and not kept alive by another instance either
+        if active:
+            # Used since the last pass: keep the shared record alive; one ended elsewhere (a DELETE
+            # on another instance) ends here too.
+            alive = await store.touch_clients([c.id for c in active], idle_ms)
+            for client, exists in zip(active, alive):
+                if not exists:
+                    client.close(shared=False)
 
     def release(self, session: str) -> None:
         """One pending request of C{session} is settled."""
@@ -383,16 +446,16 @@ class Endpoint:
         version = _header(request, b"mcp-protocol-version")
         if version is not None and version not in standard.SUPPORTED_VERSIONS:
             return self._error(request, 400, standard.INVALID_REQUEST, "unsupported MCP-Protocol-Version")
-        token = bearer_token(request) or query_param(request, "token") or ""
+        token = _request_token(request)
         method = request.method
         if route == b"mcp":
             if method == b"POST":
                 body = read_body(request)
                 handler = lambda: self._post(request, session, token, body, version)  # noqa: E731
             elif method == b"GET" and version not in standard.STATELESS_VERSIONS:
-                handler = lambda: self._get(request, session)  # noqa: E731
+                handler = lambda: self._get(request, session, token)  # noqa: E731
             elif method == b"DELETE" and version not in standard.STATELESS_VERSIONS:
-                handler = lambda: self._delete(request, session)  # noqa: E731
+                handler = lambda: self._delete(request, session, token)  # noqa: E731
             else:
                 request.setHeader(b"allow", b"GET, POST, DELETE, OPTIONS")
                 return self._error(request, 405, standard.INVALID_REQUEST, "method not allowed")
@@ -493,23 +556,21 @@ class Endpoint:
                 return
             _finish(request, 400, standard.error_body(standard.INVALID_REQUEST, "missing Mcp-Session-Id"))
             return
-        client = self.clients.get(sid)
-        if client is None or client.session != session:
-            _finish(request, 404, standard.error_body(standard.INVALID_REQUEST, "unknown or ended Mcp-Session-Id"))
-            return
-        client.last_used = self.clock.seconds()
-        client.token = token
-        if requests:
-            self._forward(request, client, requests[0], sse_ok)
-        else:
-            self._notify(request, session, token, client.label, body)
+
+        def proceed(client: Client) -> None:
+            if requests:
+                self._forward(request, client, requests[0], sse_ok)
+            else:
+                self._notify(request, session, token, client.label, body)
+
+        self._client(request, session, token, sid, proceed)
 
     def _notify(self, request: Request, session: str, token: str, label: str | None, body: bytes) -> None:
         """Notifications and responses: forwarded as they are (a response keeps the page's own id)."""
         d = self.broker.inbox(session, token, body, label)
         d.addCallbacks(lambda _: _finish(request, 202, b""), lambda f: self._failed(request, f))
 
-    def _new_client(self, request: Request, session: str, token: str, **kind: bool) -> Client | None:
+    def _new_client(self, request: Request, session: str, token: str, **kind: Any) -> Client | None:
         config = self.config
         if len(self.clients) >= config.max_clients or self.per_session.get(session, 0) >= config.clients_per_session:
             request.setHeader(b"retry-after", b"5")
@@ -531,7 +592,16 @@ class Endpoint:
             client.record = handle.record
             for event in handle.backlog:
                 client.deliver(event)
-            then()
+            if client.origin and not client.stateless:
+                record = ClientRecord(client.session, client.label, client.legacy)
+                stored = self.broker.store.put_client(client.id, record, self.config.client_idle_ms)
+                stored.addCallbacks(lambda _: then(), failed_after)
+            else:
+                then()
+
+        def failed_after(f: Failure) -> None:
+            client.close(shared=False)
+            self._failed(request, f)
 
         def failed(f: Failure) -> None:
             self.forget(client)
@@ -539,8 +609,35 @@ class Endpoint:
             self._failed(request, f)
 
         d = self.broker.open_stream(client.session, client.token, OUTBOUND, client.label, client,
-                                    announce=not client.stateless)
+                                    announce=client.origin and not client.stateless)
         d.addCallbacks(opened, failed)
+
+    def _client(self, request: Request, session: str, token: str, sid: str, then: Any) -> None:
+        """Find client session C{sid} of C{session} (here, or attach to it from the shared store) and
+        call C{then(client)}; C{404} when there is none."""
+        client = self.clients.get(sid)
+        if client is not None:
+            if client.session != session or client.legacy:
+                _finish(request, 404, standard.error_body(standard.INVALID_REQUEST, "unknown or ended Mcp-Session-Id"))
+                return
+            client.last_used = self.clock.seconds()
+            client.token = token
+            then(client)
+            return
+
+        def found(record: ClientRecord | None) -> None:
+            if record is None or record.session != session or record.legacy:
+                _finish(request, 404, standard.error_body(standard.INVALID_REQUEST, "unknown or ended Mcp-Session-Id"))
+                return
+            existing = self.clients.get(sid)
+            if existing is not None:  # attached meanwhile by a concurrent request
+                self._client(request, session, token, sid, then)
+                return
+            attached = self._new_client(request, session, token, attach=record, client_id=sid)
+            if attached is not None:
+                self._open(request, attached, lambda: then(attached))
+
+        self.broker.store.get_client(sid).addCallbacks(found, lambda f: self._failed(request, f))
 
     def _forward(
         self, request: Request, client: Client, message: dict[str, Any], sse_ok: bool, first: bool = False
@@ -593,7 +690,7 @@ class Endpoint:
         d = self.broker.forward(session, client.token, _dumps(message), client.label)
         d.addCallbacks(sent, refused)
 
-    def _get(self, request: Request, session: str) -> None:
+    def _get(self, request: Request, session: str, token: str) -> None:
         accept = _header(request, b"accept") or ""
         if "text/event-stream" not in accept:
             _finish(request, 406, standard.error_body(standard.INVALID_REQUEST, "Accept must include text/event-stream"))
@@ -602,31 +699,47 @@ class Endpoint:
         if sid is None:
             _finish(request, 400, standard.error_body(standard.INVALID_REQUEST, "missing Mcp-Session-Id"))
             return
-        client = self.clients.get(sid)
-        if client is None or client.session != session or client.legacy:
-            _finish(request, 404, standard.error_body(standard.INVALID_REQUEST, "unknown or ended Mcp-Session-Id"))
-            return
-        last = _header(request, b"last-event-id")
-        after = int(last) if last is not None and last.isdigit() and len(last) < 19 else None
-        if client.stream is not None:
-            client.stream.close()  # one GET stream per client session: the newer one wins
-        stream = SSEStream(request, self.hub)
-        client.stream = stream
-        client.last_used = self.clock.seconds()
-        stream.start(_SSE_HEADERS, b": open\n\n")
-        client.replay(after)
+        after = self.parse_event_id(_header(request, b"last-event-id"))
 
-    def _delete(self, request: Request, session: str) -> None:
+        def opened(client: Client) -> None:
+            if _gone(request):
+                return
+            if client.stream is not None:
+                client.stream.close()  # one GET stream per client session: the newer one wins
+            stream = SSEStream(request, self.hub)
+            client.stream = stream
+            stream.start(_SSE_HEADERS, b": open\n\n")
+            client.replay(after)
+
+        self._client(request, session, token, sid, opened)
+
+    def _delete(self, request: Request, session: str, token: str) -> None:
         sid = _header(request, b"mcp-session-id")
         if sid is None:
             _finish(request, 400, standard.error_body(standard.INVALID_REQUEST, "missing Mcp-Session-Id"))
             return
-        client = self.clients.get(sid)
-        if client is None or client.session != session:
-            _finish(request, 404, standard.error_body(standard.INVALID_REQUEST, "unknown or ended Mcp-Session-Id"))
+
+        def found(record: ClientRecord | None) -> None:
+            if record is None or record.session != session or record.legacy:
+                _finish(request, 404, standard.error_body(standard.INVALID_REQUEST, "unknown or ended Mcp-Session-Id"))
+                return
+            local = self.clients.get(sid)
+            if local is not None:
+                local.close(shared=False)
+            # Ended for every instance: the one that created it says peer_left at its next pass.
+            self.broker.store.delete_client(sid).addCallbacks(
+                lambda _: _finish(request, 200, b""), lambda f: self._failed(request, f)
+            )
+
+        local = self.clients.get(sid)
+        if local is not None and local.origin:
+            if local.session != session or local.legacy:
+                found(None)
+                return
+            local.close()
+            _finish(request, 200, b"")
             return
-        client.close()
-        _finish(request, 200, b"")
+        self.broker.store.get_client(sid).addCallbacks(found, lambda f: self._failed(request, f))
 
     # legacy HTTP+SSE (2024-11-05) --------------------------------------------------------------
 
@@ -651,8 +764,22 @@ class Endpoint:
         self._open(request, client, start)
 
     def _legacy_post(self, request: Request, session: str, body: bytes) -> None:
-        client = self.clients.get(query_param(request, "sessionId") or "")
-        if client is None or client.session != session or not client.legacy:
+        sid = query_param(request, "sessionId") or ""
+        client = self.clients.get(sid)
+        if client is None:
+            # --redis: the client's stream is on another instance; its label routes the answers there.
+            def found(record: ClientRecord | None) -> None:
+                if record is None or record.session != session or not record.legacy:
+                    _finish(request, 404, standard.error_body(standard.INVALID_REQUEST, "unknown or ended sessionId"))
+                    return
+                if standard.parse_message(body) is None:
+                    _finish(request, 400, standard.error_body(standard.PARSE_ERROR, "not a JSON-RPC 2.0 message"))
+                    return
+                self._notify(request, session, _request_token(request), record.label, body)
+
+            self.broker.store.get_client(sid).addCallbacks(found, lambda f: self._failed(request, f))
+            return
+        if client.session != session or not client.legacy:
             _finish(request, 404, standard.error_body(standard.INVALID_REQUEST, "unknown or ended sessionId"))
             return
         messages = standard.parse_message(body)

@@ -124,7 +124,7 @@ class Statuses(EndpointCase):
         await self.page.send({"jsonrpc": "2.0", "id": "elicit-7", "method": "elicitation/create", "params": {}})
         msg = await _next_message(stream)
         asked = json.loads(msg.data)
-        assert asked["method"] == "elicitation/create" and msg.id == "1"
+        assert asked["method"] == "elicitation/create" and msg.id.endswith("-1")  # "<process tag>-<n>"
         reply = await self.mcp({"jsonrpc": "2.0", "id": asked["id"], "result": {"action": "decline"}}, sid=sid)
         assert reply.code == 202
         seen = await self.page.next_seen(3)

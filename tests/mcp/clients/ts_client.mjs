@@ -26,6 +26,7 @@ let changed;
 const changedPromise = new Promise((resolve) => { changed = resolve; });
 client.setNotificationHandler(ToolListChangedNotificationSchema, () => { out.list_changed++; changed(); });
 
+client.onerror = (e) => console.error("client error:", e?.message ?? e);
 const timer = setTimeout(() => { console.error("timed out"); process.exit(3); }, 30000);
 await client.connect(transport);
 out.version = transport.protocolVersion ?? null;
