@@ -235,6 +235,9 @@ class Client:
         """The tunnel session ended (or the relay is draining): answer what is pending, end streams."""
         self.record = None  # the broker has forgotten it already
         self._finish("the tunnel session ended")
+        if self.origin and not self.stateless:
+            broker = self.endpoint.broker
+            broker.store.delete_client(self.id).addErrback(broker._log_failure, "ending an MCP client session failed")
 
     # client side -------------------------------------------------------------------------------
 
