@@ -77,8 +77,17 @@ class DemoInChromium(RelayTestCase):
             self.driver.execute_script, "return [...document.querySelectorAll('.note')].map(n => n.textContent)"
         )
         assert notes == ["hello from session"]
+        # A legacy (2024-11-05) client clears the board: the tool list changes back, it is told.
+        sse_url = demo["url"][: -len("/mcp")] + "/sse"
+        code, out, err = await run_client("sdk_client.py", "sse", sse_url, demo["token"], "whiteboard_clear")
+        assert code == 0 and out is not None, err[-4000:]
+        assert out["version"] == "2025-11-25"  # the transport is the 2024-11-05 one; the version the page's choice
+        assert out["tools"] == ["whiteboard_add_note", "whiteboard_list_notes", "whiteboard_clear"]
+        assert out["result"] == ["The whiteboard is empty."] and out["list_changed"] == 1
+        demo = await threads.deferToThread(wait_for, self.driver, "return window.demo.pongs >= 2")
+        assert demo["notes"] == [] and demo["errors"] == []
         # The SDK's default Client(url): server/discover is answered "method not found", it falls back.
         code, out, err = await run_client("sdk_client.py", "discover", demo["url"], demo["token"])
         assert code == 0 and out is not None, err[-4000:]
         assert out["version"] == "2025-11-25"
-        assert out["tools"] == ["whiteboard_add_note", "whiteboard_list_notes", "whiteboard_clear"], json.dumps(out)
+        assert out["tools"] == ["whiteboard_add_note", "whiteboard_list_notes"], json.dumps(out)
