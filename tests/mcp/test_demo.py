@@ -86,8 +86,17 @@ class DemoInChromium(RelayTestCase):
         assert out["result"] == ["The whiteboard is empty."] and out["list_changed"] == 1
         demo = await threads.deferToThread(wait_for, self.driver, "return window.demo.pongs >= 2")
         assert demo["notes"] == [] and demo["errors"] == []
-        # The SDK's default Client(url): server/discover is answered "method not found", it falls back.
+        # A 2026-07-28 client: stateless requests, the change on its subscriptions/listen stream.
+        code, out, err = await run_client("sdk_client.py", "modern", demo["url"], demo["token"], "whiteboard_add_note")
+        assert code == 0 and out is not None, err[-4000:]
+        assert out["version"] == "2026-07-28"
+        assert out["result"] == ["Pinned note 1: hello from modern"]
+        assert out["progress"] == [[1.0, 2.0, "pinning the note"]]
+        assert out["list_changed"] == 1 and out["event"] == "ToolsListChanged"
+        # The SDK's default Client(url): it discovers the page and speaks 2026-07-28 with it.
         code, out, err = await run_client("sdk_client.py", "discover", demo["url"], demo["token"])
         assert code == 0 and out is not None, err[-4000:]
-        assert out["version"] == "2025-11-25"
-        assert out["tools"] == ["whiteboard_add_note", "whiteboard_list_notes"], json.dumps(out)
+        assert out["version"] == "2026-07-28"
+        assert out["tools"] == ["whiteboard_add_note", "whiteboard_list_notes", "whiteboard_clear"], json.dumps(out)
+        demo = await threads.deferToThread(wait_for, self.driver, "return window.demo")
+        assert demo["notes"] == ["hello from modern"] and demo["errors"] == []
