@@ -42,6 +42,8 @@ class DemoOff(RelayTestCase):
 
     async def test_no_mcp_demo_turns_it_off(self) -> None:
         assert (await self.get("/demo")).code == 404
+        # The flag is a real setting that did this (not an unknown key that was ignored).
+        assert self.service.resource.demo is None
 
 
 class DemoInChromium(RelayTestCase):

@@ -74,6 +74,7 @@ class Statuses(EndpointCase):
     async def test_unknown_session_id_is_404(self) -> None:
         reply = await self.mcp({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid="not-a-session-id")
         assert reply.code == 404
+        assert reply.json()["jsonrpc"] == "2.0" and reply.json()["error"]["code"] == -32600  # the endpoint's 404
 
     async def test_ended_session_id_is_404_after_delete(self) -> None:
         sid = await self.initialize()

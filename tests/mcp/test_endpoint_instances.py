@@ -71,4 +71,5 @@ class EndpointAcrossInstances(Instances):
 
     async def test_unknown_session_id_is_404_on_every_instance(self) -> None:
         for i in range(3):
-            assert (await self.mcp(i, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, "nope")).code == 404
+            reply = await self.mcp(i, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, "nope")
+            assert reply.code == 404 and reply.json()["error"]["code"] == -32600
