@@ -52,6 +52,8 @@ class EndpointConfig:
     pending_per_session: int = 1000
     event_buffer_frames: int = 64
     event_buffer_bytes: int = 1024 * 1024
+    # A stream whose client stops reading is cut once this many bytes wait for it (--mcp-queue-bytes).
+    stream_max_bytes: int = 8 * 1024 * 1024
 
 
 def _message_event(raw: bytes, event_id: bytes | None = None) -> bytes:
@@ -90,7 +92,8 @@ class _Pending:
         if request is None or not self.sse_ok or _gone(request):
             return False
         if self.stream is None:
-            self.stream = SSEStream(request, self.client.endpoint.hub)
+            endpoint = self.client.endpoint
+            self.stream = SSEStream(request, endpoint.hub, max_buffer=endpoint.config.stream_max_bytes)
             self.stream.start(_SSE_HEADERS + self.client.session_header())
         self.stream.write(_message_event(raw))
         return True
@@ -709,7 +712,7 @@ class Endpoint:
                 return
             if client.stream is not None:
                 client.stream.close()  # one GET stream per client session: the newer one wins
-            stream = SSEStream(request, self.hub)
+            stream = SSEStream(request, self.hub, max_buffer=self.config.stream_max_bytes)
             client.stream = stream
             stream.start(_SSE_HEADERS, b": open\n\n")
             client.replay(after)
@@ -755,7 +758,7 @@ class Endpoint:
             if _gone(request):
                 client.close()
                 return
-            stream = SSEStream(request, self.hub, on_close=client.close)
+            stream = SSEStream(request, self.hub, max_buffer=self.config.stream_max_bytes, on_close=client.close)
             client.stream = stream
             url = self.prefix + b"/" + session.encode() + b"/messages?sessionId=" + client.id.encode()
             if not bearer_token(request):

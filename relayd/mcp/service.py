@@ -125,6 +125,7 @@ def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | N
             request_timeout_ms=settings["mcp-request-timeout"],
             client_idle_ms=settings["mcp-client-idle-ms"],
             pending_per_session=config.correlations_per_session,
+            stream_max_bytes=config.queue_max_bytes,
         ),
     )
     demo_on = settings["mcp-demo"] or (

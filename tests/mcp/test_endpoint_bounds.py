@@ -130,3 +130,46 @@ class LegacyTokenInQuery(EndpointCase):
         header = await SSEClient.connect(f"{self.base}/{SESSION}/sse", headers={"authorization": f"Bearer {TOKEN}"})
         self.streams.append(header)
         assert "token=" not in (await header.next(5)).data
+
+
+class SlowGetStream(EndpointCase):
+    flags = {"mcp-queue-bytes": "65536"}
+
+    async def test_get_stream_that_stops_reading_is_cut_and_session_goes_on(self) -> None:
+        from twisted.internet import reactor
+
+        from tests.robustness.support import HeldConnection, _One
+
+        sid = await self.initialize()
+        request = (f"GET /{SESSION}/mcp HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n"
+                   f"Authorization: Bearer {TOKEN}\r\nMcp-Session-Id: {sid}\r\n\r\n").encode()
+        held = HeldConnection(request, stop_reading=True)
+        reactor.connectTCP("127.0.0.1", self.port, _One(held))
+        status = await held.ready
+        assert status.startswith(b"HTTP/1.1 200")
+        big = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "x" * 200_000}}
+        client = self.service.resource.endpoint.clients[sid]
+        stream = client.stream
+        assert stream is not None
+        posts = 0
+        # Socket buffers take up to ~4 MB (tcp_wmem's maximum) before the server holds anything;
+        # beyond that, 64 KiB more cut it. 35 posts are 7 MB: short of the 8 MiB default bound.
+        while not stream.closed:
+            assert posts < 35, "the stream was not cut at --mcp-queue-bytes"
+            await self.page.send(big)
+            posts += 1
+        # Once it reads again it finds the end of a short stream.
+        held.transport.resumeProducing()
+        await held.lost.addTimeout(10, reactor)
+        assert held.received < posts * 200_000, held.received
+        # The client session itself goes on: it reconnects with the last event id it read and
+        # resumes from the bounded buffer (1 MiB: the last few of these big events).
+        tag = self.service.resource.endpoint.tag.decode()
+        resumed = await SSEClient.connect(
+            f"{self.base}{self.url}", headers={**AUTH, "mcp-session-id": sid, "last-event-id": f"{tag}-1"}
+        )
+        self.streams.append(resumed)
+        assert resumed.code == 200
+        again = await _next_message(resumed)
+        assert json.loads(again.data)["method"] == "notifications/message"
+        assert int(again.id.split("-")[1]) > posts - 6
