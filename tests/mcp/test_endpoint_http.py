@@ -131,7 +131,7 @@ class Statuses(EndpointCase):
         seen = await self.page.next_seen(3)
         assert seen == {"jsonrpc": "2.0", "id": "elicit-7", "result": {"action": "decline"}}
 
-    async def test_foreign_origin_is_403_with_default_wildcard_allowed(self) -> None:
+    async def test_any_origin_is_allowed_under_the_default_wildcard(self) -> None:
         reply = await self.post(self.url, raw=compact(INIT), **AUTH, origin="http://evil.example")
         assert reply.code == 200  # --mcp-cors '*' (the default) allows any origin
 
