@@ -21,6 +21,12 @@ Scenarios:
   latency-poll       ditto over long-poll.
   idle-sse           --idle sessions each with one idle SSE subscriber: RSS per subscriber.
   idle-poll          --idle sessions each with one parked poll: RSS per parked poll.
+  rt-endpoint        --sessions standard MCP clients (Streamable HTTP, one per session, initialized
+                     first), closed loop: client POST {S}/mcp tools/call -> page SSE -> page POST
+                     outbox -> the POST's JSON answer; round trips/s, p50/p99 latency.
+  latency-endpoint   the same, paced to --rate round trips/s in total.
+  idle-endpoint      --idle sessions, each with a page stream and one initialized client session
+                     with its GET stream open: RSS growth per client session (pages measured before).
 """
 
 from __future__ import annotations
@@ -251,6 +257,33 @@ async def _register(port: int, name: str) -> None:
         await asyncio.sleep(0.05)
 
 
+INIT = b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}}'
+
+
+async def _initialize(port: int, name: str) -> str:
+    """Open a standard MCP client session on C{name} (its page must be reading); its Mcp-Session-Id."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write((f"POST /{name}/mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nauthorization: Bearer {TOKEN}\r\n"
+                  f"accept: application/json\r\ncontent-type: application/json\r\n"
+                  f"content-length: {len(INIT)}\r\nconnection: close\r\n\r\n").encode() + INIT)
+    response = await reader.read()
+    writer.close()
+    found = re.search(rb"(?i)\r\nmcp-session-id: ([^\r]+)", response)
+    assert response[9:12] == b"200" and found, response[:300]
+    return found.group(1).decode()
+
+
+async def _open_get(port: int, name: str, sid: str) -> Any:
+    """A client session's GET stream (held open, never read)."""
+    loop = asyncio.get_running_loop()
+    opened = loop.create_future()
+    request = (f"GET /{name}/mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nauthorization: Bearer {TOKEN}\r\n"
+               f"mcp-session-id: {sid}\r\naccept: text/event-stream\r\n\r\n").encode()
+    conn = await _connect(port, lambda: Sse(request, lambda d: None, opened))
+    await opened
+    return conn
+
+
 def _build(method: str, path: str, body: bytes = b"") -> bytes:
     return (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\n\r\n").encode() + body
@@ -285,6 +318,7 @@ class Session:
         self.outbox_head = (f"POST /{name}/outbox?token={t} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                             "content-type: application/json\r\ncontent-length: ").encode()
         self.poll_request = b""
+        self.mcp_head = b""
 
     async def open(self) -> None:
         name, t = self.name, TOKEN
@@ -296,11 +330,18 @@ class Session:
         await _connect(self.page_port, lambda: Sse(
             _sse_request(f"/{name}/events?token={t}&direction=inbound"), self.page_event, opened))
         await opened
-        if self.mode == "sse":
+        if self.mode == "endpoint":
+            sid = await _initialize(self.agent_port, name)
+            self.mcp_head = (f"POST /{name}/mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nauthorization: Bearer {t}\r\n"
+                             f"mcp-session-id: {sid}\r\naccept: application/json, text/event-stream\r\n"
+                             "content-type: application/json\r\ncontent-length: ").encode()
+        elif self.mode == "sse":
             opened = loop.create_future()
             await _connect(self.agent_port, lambda: Sse(
                 _sse_request(f"/{name}/events?token={t}&direction=outbound"), self.agent_event, opened))
             await opened
+        elif self.mode == "page":
+            return  # only the page (idle-endpoint's clients are opened by the measurement)
         else:
             status, body = await _request(self.agent_port, "GET",
                                           f"/{name}/poll?token={t}&direction=outbound&wait=0")
@@ -315,10 +356,10 @@ class Session:
         assert status == 200, (status, body)
 
     def page_event(self, data: bytes) -> None:
-        if b'"method":"tools/call"' not in data:
+        if b'"method":"tools/call"' not in data and b'"method":"initialize"' not in data:
             return  # presence notifications
         frame_id = orjson.loads(data)["id"]
-        body = b'{"jsonrpc":"2.0","id":%d,"result":{"ok":true}}' % frame_id
+        body = b'{"jsonrpc":"2.0","id":%b,"result":{"ok":true}}' % orjson.dumps(frame_id)
         self.page_out.send(self.outbox_head + b"%d\r\n\r\n" % len(body) + body, self._ignore)
 
     def agent_event(self, data: bytes) -> None:
@@ -346,7 +387,15 @@ class Session:
         self.n += 1
         body = b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"t"}}' % self.n
         self.sent_at = time.monotonic()
+        if self.mcp_head:
+            self.agent_in.send(self.mcp_head + b"%d\r\n\r\n" % len(body) + body, self.answered)
+            return
         self.agent_in.send(self.inbox_head + b"%d\r\n\r\n" % len(body) + body, self._ignore)
+
+    def answered(self, status: int, body: bytes) -> None:
+        """The standard endpoint's answer to a tools/call POST (the page's reply, as JSON)."""
+        assert status == 200 and orjson.loads(body).get("id") == self.n, (status, body)
+        self.replied()
 
     def replied(self) -> None:
         now = time.monotonic()
@@ -446,14 +495,24 @@ def round_trips(ports: tuple[int, int], servers: list[Any], mode: str, sessions:
 
 async def _idle(port: int, mode: str, count: int, rss: Callable[[], int]) -> dict[str, Any]:
     names = [f"idle{i:05d}" for i in range(count)]
+    pages: dict[str, Session] = {}
     for name in names:
-        await _register(port, name)
+        if mode == "endpoint":
+            # The page (it answers initialize) is there before the measurement starts.
+            page = Session(name, port, port, "page", 0.0, [])
+            await page.open()
+            pages[name] = page
+        else:
+            await _register(port, name)
     await asyncio.sleep(1.0)  # a measurement pause, not synchronisation
     before = rss()
     held: list[Any] = []
     loop = asyncio.get_running_loop()
     for name in names:
-        if mode == "sse":
+        if mode == "endpoint":
+            sid = await _initialize(port, name)
+            held.append(await _open_get(port, name, sid))
+        elif mode == "sse":
             opened = loop.create_future()
             held.append(await _connect(port, lambda: Sse(
                 _sse_request(f"/{name}/events?token={TOKEN}&direction=outbound"), lambda d: None, opened)))
@@ -470,7 +529,8 @@ async def _idle(port: int, mode: str, count: int, rss: Callable[[], int]) -> dic
             "kb_per_subscriber": round((after - before) / count, 2)}
 
 
-SCENARIOS = ("rt-sse", "rt-poll", "latency-sse", "latency-poll", "idle-sse", "idle-poll")
+SCENARIOS = ("rt-sse", "rt-poll", "latency-sse", "latency-poll", "idle-sse", "idle-poll",
+             "rt-endpoint", "latency-endpoint", "idle-endpoint")
 
 
 def main() -> None:

@@ -445,6 +445,10 @@ class Broker:
 
     def inbox(self, session_id: str, token: str, body: bytes, label: str | None = None) -> Deferred[None]:
         """An agent's frame for the page (fans out on C{inbound})."""
+        return self.forward(session_id, token, body, label).addCallback(lambda _: None)
+
+    def forward(self, session_id: str, token: str, body: bytes, label: str | None = None) -> Deferred[Frame]:
+        """L{inbox}, firing with the frame as the page received it (its id rewritten on a collision)."""
         return run(self._inbox(session_id, token, body, label)).addCallback(_counted, _INBOUND)
 
     def outbox(self, session_id: str, token: str, body: bytes) -> Deferred[None]:
@@ -452,14 +456,14 @@ class Broker:
         return run(self._outbox(session_id, token, body)).addCallback(_counted, _OUTBOUND)
 
     def open_stream(
-        self, session_id: str, token: str, direction: str, label: str | None, sink: Sink
+        self, session_id: str, token: str, direction: str, label: str | None, sink: Sink, announce: bool = True
     ) -> Deferred[StreamHandle]:
-        """Subscribe an SSE stream."""
-        return run(self._open_stream(session_id, token, direction, label, sink))
+        """Subscribe an SSE stream (C{announce=False}: no presence, for one-exchange readers)."""
+        return run(self._open_stream(session_id, token, direction, label, sink, announce))
 
-    def close_stream(self, record: SubscriberRecord) -> Deferred[None]:
+    def close_stream(self, record: SubscriberRecord, announce: bool = True) -> Deferred[None]:
         """An SSE stream ended (client went away or overflowed): remove it, tell the page."""
-        return run(self._close_stream(record))
+        return run(self._close_stream(record, announce))
 
     def poll(
         self,
@@ -557,7 +561,7 @@ class Broker:
         # One store round trip: look up, compare and slide the TTL together.
         return await self.store.check_session(session_id, token_hash(token), self._now())
 
-    async def _inbox(self, session_id: str, token: str, body: bytes, label: str | None) -> None:
+    async def _inbox(self, session_id: str, token: str, body: bytes, label: str | None) -> Frame:
         reason = await self._check(session_id, token)
         if reason == "session_gone":
             raise Refused(reason)
@@ -578,6 +582,7 @@ class Broker:
                 # Not delivered: nothing will answer this request, so do not keep its reply route.
                 await self.store.consume_correlation(session_id, frame.id_key)
             raise
+        return frame
 
     async def _correlate(self, session_id: str, frame: Frame, label: str | None) -> Frame:
         """Record who asked (decision MCP 6); rewrite the id when another request holds it."""
@@ -720,7 +725,7 @@ class Broker:
         await self._fan_out(session_id, INBOUND, notification(method, params), posted=False)
 
     async def _open_stream(
-        self, session_id: str, token: str, direction: str, label: str | None, sink: Sink
+        self, session_id: str, token: str, direction: str, label: str | None, sink: Sink, announce: bool = True
     ) -> StreamHandle:
         reason = await self._check(session_id, token)
         if reason is not None:
@@ -728,12 +733,12 @@ class Broker:
         record = SubscriberRecord(secrets.token_hex(8), session_id, direction, SSE, label, self._now(), 0, self.instance)
         self._sinks[record.queue_key] = sink
         await self.store.add_subscriber(record)
-        if direction == OUTBOUND:
+        if direction == OUTBOUND and announce:
             await self._announce(session_id, PEER_JOINED, record.id)
         backlog = await self.store.take_backlog(session_id, direction)
         return StreamHandle(record, [Frame(raw).sse for raw in backlog])
 
-    async def _close_stream(self, record: SubscriberRecord) -> None:
+    async def _close_stream(self, record: SubscriberRecord, announce: bool = True) -> None:
         self._sinks.pop(record.queue_key, None)
         try:
             removed = await self.store.remove_subscriber(record.session, record.direction, record.id)
@@ -741,7 +746,7 @@ class Broker:
             # The stream is gone but its record is not: remove it once the store answers again.
             self._orphans.append(record)
             raise
-        if removed is not None and record.direction == OUTBOUND:
+        if removed is not None and record.direction == OUTBOUND and announce:
             await self._announce(record.session, PEER_LEFT, record.id)
 
     async def _poll_begin(

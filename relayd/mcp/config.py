@@ -163,6 +163,40 @@ SETTINGS: list[Setting] = [
 ]
 
 
+SETTINGS += [
+    Setting(
+        "mcp-request-timeout",
+        60_000,
+        "standard MCP endpoint: a request the page has not answered after this many ms gets a JSON-RPC error",
+        parse=positive_int,
+        env=("RELAYD_MCP_REQUEST_TIMEOUT",),
+        metavar="MS",
+    ),
+    Setting(
+        "mcp-client-idle-ms",
+        1_800_000,
+        "standard MCP endpoint: end a client session unused for this long (ms; an open GET stream is use)",
+        parse=positive_int,
+        env=("RELAYD_MCP_CLIENT_IDLE_MS",),
+        metavar="MS",
+    ),
+    Setting(
+        "mcp-demo",
+        False,
+        "serve the demo page at {prefix}/demo even on non-loopback listeners",
+        env=("RELAYD_MCP_DEMO",),
+        switch=True,
+    ),
+    Setting(
+        "no-mcp-demo",
+        False,
+        "do not serve the demo page (it is on by default when every MCP listener is loopback)",
+        env=("RELAYD_NO_MCP_DEMO",),
+        switch=True,
+    ),
+]
+
+
 def cors_policy(settings: Resolved) -> OriginPolicy:
     """The origin policy from C{mcp-cors} (repeated values are combined, as if comma-joined).
 

@@ -25,6 +25,7 @@ from relayd.mcp.broker import (
     loads_json,
     parse_wait_ms,
 )
+from relayd.mcp.endpoint import Endpoint
 from relayd.mcp.store import INBOUND, OUTBOUND, SubscriberRecord
 from relayd.redis import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param
@@ -39,7 +40,12 @@ KEEPALIVE = b": keepalive\n\n"
 KEEPALIVE_INTERVAL = 15.0
 SHUTDOWN_COMMENT = sse_comment("relay shutting down")
 
-_ROUTE = re.compile(rb"/([A-Za-z0-9_-]{4,64})/(inbox|outbox|events|poll|unregister)")
+_ROUTE = re.compile(rb"/([A-Za-z0-9_-]{4,64})/(inbox|outbox|events|poll|unregister|mcp|sse|messages)")
+# The standard MCP endpoint's routes (relayd.mcp.endpoint answers them).
+_ENDPOINT_ALLOW = {b"mcp": b"GET, POST, DELETE, OPTIONS", b"sse": b"GET, OPTIONS", b"messages": b"POST, OPTIONS"}
+_ENDPOINT_CORS_HEADERS = (
+    b"content-type, accept, authorization, mcp-session-id, mcp-protocol-version, mcp-method, mcp-name, last-event-id"
+)
 _METHODS = {
     b"register": b"POST",
     b"inbox": b"POST",
@@ -216,9 +222,13 @@ class McpResource(Resource):
         prefix: str = "",
         max_frames: int = 1000,
         max_bytes: int = DEFAULT_MAX_BUFFER,
+        endpoint: Endpoint | None = None,
+        demo: bytes | None = None,
     ) -> None:
         super().__init__()
         self.broker = broker
+        self.endpoint = endpoint
+        self.demo = demo
         self.policy = policy
         self.hub = hub
         self.prefix = prefix.encode("utf-8")
@@ -253,6 +263,8 @@ class McpResource(Resource):
         route, session_id = self._route(request.path)
         if route is None:
             return self._json(request, 404, b'{"error":"not_found"}')
+        if route in _ENDPOINT_ALLOW or route == b"demo":
+            return self._standard(request, route, session_id)
         if method == b"OPTIONS":
             request.setHeader(b"allow", _ALLOW[route])
             request.setResponseCode(204)
@@ -277,10 +289,36 @@ class McpResource(Resource):
         rest = path[len(prefix) :]
         if rest == b"/register":
             return b"register", ""
+        if rest == b"/demo" and self.demo is not None:
+            return b"demo", ""
         match = _ROUTE.fullmatch(rest)
         if match is None:
             return None, ""
         return match.group(2), match.group(1).decode("ascii")
+
+    def _standard(self, request: Request, route: bytes, session_id: str) -> Any:
+        """The standard MCP endpoint's routes and the demo page."""
+        if route == b"demo":
+            if request.method not in (b"GET", b"HEAD"):
+                request.setHeader(b"allow", b"GET, HEAD")
+                return self._json(request, 405, b'{"error":"method_not_allowed"}')
+            assert self.demo is not None
+            request.setHeader(b"content-type", b"text/html; charset=utf-8")
+            request.setHeader(b"cache-control", b"no-store")
+            return self.demo
+        if self.endpoint is None:
+            return self._json(request, 404, b'{"error":"not_found"}')
+        if request.method == b"OPTIONS":
+            request.setHeader(b"allow", _ENDPOINT_ALLOW[route])
+            request.setHeader(b"access-control-allow-methods", _ENDPOINT_ALLOW[route])
+            request.setHeader(b"access-control-allow-headers", _ENDPOINT_CORS_HEADERS)
+            request.setResponseCode(204)
+            return b""
+        try:
+            return self.endpoint.render(request, route, session_id)
+        except Exception:
+            self._log.failure("MCP endpoint failed")
+            return self._json(request, 500, b'{"error":"internal_error"}')
 
     # answers -----------------------------------------------------------------------------------
 
@@ -464,5 +502,6 @@ class McpResource(Resource):
         self.broker.drain()
 
     def remaining(self) -> int:
-        """Streams and parked polls still open."""
-        return len(self.hub.streams) + self.broker.parked_polls()
+        """Streams, parked polls and endpoint requests still open."""
+        pending = sum(len(c.pending) for c in self.endpoint.clients.values()) if self.endpoint is not None else 0
+        return len(self.hub.streams) + self.broker.parked_polls() + pending

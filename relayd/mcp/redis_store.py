@@ -12,6 +12,8 @@ Layout (every key under the deployment's prefix, default C{relayd:}):
 - C{mcp:b:<session>:<direction>}: list, the first-frame backlog.
 - C{mcp:c:<session>}: hash request-id key -> JSON C{[label, original id]}; C{mcp:co:<session>}: sorted
   set of the same keys by insertion (oldest evicted first).
+- C{mcp:cl:<client id>}: JSON C{[session, label, legacy]} of a standard-endpoint client session,
+  expiring after the client idle time unless touched.
 - C{mcp:buffered}: bytes of frames in every queue and backlog of the deployment, kept by the same
   scripts that add and remove them (the bound C{--mcp-max-buffered-bytes} applies to it, so in Redis
   mode it is one bound for all instances together).
@@ -31,6 +33,7 @@ from zope.interface import implementer
 from relayd.mcp.store import (
     INBOUND,
     OUTBOUND,
+    ClientRecord,
     Correlation,
     IMcpStore,
     SessionRecord,
@@ -51,6 +54,14 @@ end
 """
 # A parked poll lasts at most 25 s; one parked far longer belongs to an instance that died.
 STALE_PARKED_S = 120.0
+
+_CLIENTS_TOUCH = b"""
+local p, out = ARGV[1], {}
+for i = 3, #ARGV do
+  out[#out + 1] = redis.call('PEXPIRE', p .. 'mcp:cl:' .. ARGV[i], ARGV[2])
+end
+return out
+"""
 
 _SESSION_PUT = b"""
 local p, id = ARGV[1], ARGV[2]
@@ -307,6 +318,31 @@ class RedisStore:
     def _eval(self, script: bytes, *args: Any) -> Deferred[Any]:
         return self.redis.eval(STORE, script, [], [self.prefix, *args])
 
+    # client sessions
+
+    def put_client(self, client_id: str, record: ClientRecord, idle_ms: float) -> Deferred[None]:
+        value = orjson.dumps([record.session, record.label, record.legacy])
+        d = self.redis.execute(STORE, "SET", self._key("cl", client_id), value, "PX", max(1, int(idle_ms)))
+        return d.addCallback(_none)
+
+    def get_client(self, client_id: str) -> Deferred[ClientRecord | None]:
+        def build(value: Any) -> ClientRecord | None:
+            if not value:
+                return None
+            session, label, legacy = orjson.loads(value)
+            return ClientRecord(session, label, bool(legacy))
+
+        return self.redis.execute(STORE, "GET", self._key("cl", client_id)).addCallback(build)
+
+    def touch_clients(self, client_ids: list[str], idle_ms: float) -> Deferred[list[bool]]:
+        if not client_ids:
+            return _fired_with([])
+        d = self._eval(_CLIENTS_TOUCH, max(1, int(idle_ms)), *client_ids)
+        return d.addCallback(lambda flags: [int(f) == 1 for f in flags])
+
+    def delete_client(self, client_id: str) -> Deferred[bool]:
+        return self.redis.execute(STORE, "DEL", self._key("cl", client_id)).addCallback(lambda n: int(n) > 0)
+
     # sessions
 
     def get_session(self, session_id: str) -> Deferred[SessionRecord | None]:
@@ -451,6 +487,12 @@ class RedisStore:
 
 def _none(_: Any) -> None:
     return None
+
+
+def _fired_with(value: Any) -> Deferred[Any]:
+    d: Deferred[Any] = Deferred()
+    d.callback(value)
+    return d
 
 
 def _fired() -> Deferred[None]:

@@ -14,6 +14,8 @@ from relayd.config import Resolved, is_loopback_endpoint
 from relayd.mcp.broker import Broker, BrokerConfig
 from relayd.mcp.bus import IMcpBus, LocalBus
 from relayd.mcp.config import cors_policy, listen_endpoints
+from relayd.mcp.demo import demo_page
+from relayd.mcp.endpoint import Endpoint, EndpointConfig
 from relayd.mcp.http import KEEPALIVE, KEEPALIVE_INTERVAL, MAX_BODY, McpResource
 from relayd.mcp.redis_bus import RedisMcpBus
 from relayd.mcp.redis_store import RedisStore
@@ -53,6 +55,8 @@ class McpService(HTTPWingService):
 
     def startService(self) -> None:
         self.broker.start()
+        if self.resource.endpoint is not None:
+            self.resource.endpoint.start()
         super().startService()
 
     def _announce(self, ports: list[Any]) -> None:
@@ -70,6 +74,8 @@ class McpService(HTTPWingService):
     def stopService(self) -> Any:
         _log.info("MCP relay shutting down")
         self.broker.stop()
+        if self.resource.endpoint is not None:
+            self.resource.endpoint.stop()
         yield super().stopService()
         self.resource.hub.stop()
         yield self.broker.bus.stop()
@@ -109,8 +115,31 @@ def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | N
     store, bus = _shared_state(settings, clock)
     broker = Broker(store, clock, config, bus)
     hub = SSEHub(clock, KEEPALIVE_INTERVAL, KEEPALIVE)
+    endpoint = Endpoint(
+        broker,
+        policy,
+        hub,
+        clock,
+        prefix.encode("utf-8"),
+        EndpointConfig(
+            request_timeout_ms=settings["mcp-request-timeout"],
+            client_idle_ms=settings["mcp-client-idle-ms"],
+            pending_per_session=config.correlations_per_session,
+            stream_max_bytes=config.queue_max_bytes,
+        ),
+    )
+    demo_on = settings["mcp-demo"] or (
+        not settings["no-mcp-demo"] and all(is_loopback_endpoint(d) for d in listen)
+    )
     resource = McpResource(
-        broker, policy, hub, prefix, max_frames=config.queue_max_frames, max_bytes=config.queue_max_bytes
+        broker,
+        policy,
+        hub,
+        prefix,
+        max_frames=config.queue_max_frames,
+        max_bytes=config.queue_max_bytes,
+        endpoint=endpoint,
+        demo=demo_page() if demo_on else None,
     )
     site = RelaySite(resource, body_limit=BodyLimit(MAX_BODY, resource.too_large))
     source = settings.sources.get("mcp-cors", "default")

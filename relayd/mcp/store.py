@@ -205,7 +205,37 @@ class ICorrelations(Interface):
         """Remove and return the correlation of an id key (a reply is routed once)."""
 
 
-class IMcpStore(ISessionStore, ISubscriberStore, IFrameQueues, IBacklogs, ICorrelations):
+@dataclass(frozen=True)
+class ClientRecord:
+    """A standard-endpoint client session (C{Mcp-Session-Id}, or a legacy SSE client's C{sessionId}).
+
+    @ivar session: the tunnel session it is bound to.
+    @ivar label: its client label (its requests' reply routing, on every instance).
+    @ivar legacy: a 2024-11-05 HTTP+SSE client (its stream lives on one instance).
+    """
+
+    session: str
+    label: str
+    legacy: bool = False
+
+
+class IClientSessions(Interface):
+    """Standard-endpoint client sessions, so that any instance can serve a client's requests."""
+
+    def put_client(client_id: str, record: ClientRecord, idle_ms: float) -> Deferred[None]:
+        """Record a client session that expires after C{idle_ms} without L{touch_clients}."""
+
+    def get_client(client_id: str) -> Deferred[ClientRecord | None]:
+        """The client session, or C{None} (never created, ended, or expired)."""
+
+    def touch_clients(client_ids: list[str], idle_ms: float) -> Deferred[list[bool]]:
+        """Slide each one's expiry; whether each still exists."""
+
+    def delete_client(client_id: str) -> Deferred[bool]:
+        """End a client session; C{True} if it existed."""
+
+
+class IMcpStore(ISessionStore, ISubscriberStore, IFrameQueues, IBacklogs, ICorrelations, IClientSessions):
     """Everything the MCP broker keeps outside its own process's connections."""
 
 
@@ -229,9 +259,26 @@ class MemoryStore:
         self.queues: dict[str, _Queue] = {}
         self.backlogs: dict[tuple[str, str], deque[bytes]] = {}
         self.correlations: dict[str, OrderedDict[bytes, Correlation]] = {}
+        # One process: expiry is the endpoint's own idle reaping, which deletes them.
+        self.clients: dict[str, ClientRecord] = {}
         self.max_queue_items_seen = 0
         # Bytes of frames in every queue and backlog: what this process holds for absent readers.
         self.buffered = 0
+
+    # client sessions
+
+    def put_client(self, client_id: str, record: ClientRecord, idle_ms: float) -> Deferred[None]:
+        self.clients[client_id] = record
+        return succeed(None)
+
+    def get_client(self, client_id: str) -> Deferred[ClientRecord | None]:
+        return succeed(self.clients.get(client_id))
+
+    def touch_clients(self, client_ids: list[str], idle_ms: float) -> Deferred[list[bool]]:
+        return succeed([c in self.clients for c in client_ids])
+
+    def delete_client(self, client_id: str) -> Deferred[bool]:
+        return succeed(self.clients.pop(client_id, None) is not None)
 
     # sessions
 

@@ -1,0 +1,812 @@
+"""Every tunnel session as a standard MCP endpoint: Streamable HTTP at C{{prefix}/{S}/mcp}, legacy
+HTTP+SSE at C{{prefix}/{S}/sse}, so any MCP client connects with a URL and the session's token.
+
+A client session (C{Mcp-Session-Id}, or one legacy SSE stream) is, to the broker, one labelled
+C{outbound} reader of the tunnel session: its requests go to the page through L{Broker.forward}
+with its label, so the broker's collision-free reply routing makes ids unique among clients and
+brings each reply back to this client's sink with the client's own id. A 2026-07-28 request is one
+such exchange under a label of its own. The rules (revisions, header checks, progress tokens) are
+in L{relayd.mcp.standard}; this module is the transport.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.server import NOT_DONE_YET, Request
+
+from relayd.clock import Clock
+from relayd.mcp import standard
+from relayd.mcp.broker import Broker, Frame, Refused, _dumps, loads_json
+from relayd.mcp.drive import run
+from relayd.mcp.store import OUTBOUND, ClientRecord, SubscriberRecord
+from relayd.redis import StoreUnavailable
+from relayd.web.auth import bearer_token, query_param
+from relayd.web.body import read_body
+from relayd.web.cors import OriginPolicy
+from relayd.web.sse import SSEHub, SSEStream
+
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+_MCP_EVENT = len(b"event: mcp\ndata: ")
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    """The endpoint's bounds and timings (flags in C{relayd.mcp.config})."""
+
+    request_timeout_ms: float = 60_000
+    client_idle_ms: float = 1_800_000
+    max_clients: int = 10_000
+    clients_per_session: int = 64
+    pending_per_client: int = 64
+    pending_per_session: int = 1000
+    event_buffer_frames: int = 64
+    event_buffer_bytes: int = 1024 * 1024
+    # A stream whose client stops reading is cut once this many bytes wait for it (--mcp-queue-bytes).
+    stream_max_bytes: int = 8 * 1024 * 1024
+
+
+def _message_event(raw: bytes, event_id: bytes | None = None) -> bytes:
+    # Page frames arrive without CR/LF (broker-framed) or re-serialised compactly: one data line.
+    if event_id is None:
+        return b"event: message\ndata: " + raw + b"\n\n"
+    return b"id: " + event_id + b"\nevent: message\ndata: " + raw + b"\n\n"
+
+
+class _Pending:
+    """One forwarded request awaiting the page's answer."""
+
+    __slots__ = ("client", "key", "raw_id", "request", "stream", "timer", "forwarded", "progress", "sse_ok", "settled")
+
+    def __init__(self, client: Client, key: bytes, request: Request | None, sse_ok: bool) -> None:
+        self.client = client
+        self.key = key
+        self.raw_id = key
+        self.request = request
+        self.stream: SSEStream | None = None
+        self.timer: Any = None
+        self.forwarded: Any = None
+        self.progress: bytes | None = None
+        self.sse_ok = sse_ok
+        self.settled = False
+
+    def settle(self) -> None:
+        """Count this request out of its session's pending total (once)."""
+        if not self.settled:
+            self.settled = True
+            self.client.endpoint.release(self.client.session)
+
+    def send(self, raw: bytes) -> bool:
+        """A message about this request (progress, the page's request): on its stream if it may have one."""
+        request = self.request
+        if request is None or not self.sse_ok or _gone(request):
+            return False
+        if self.stream is None:
+            endpoint = self.client.endpoint
+            self.stream = SSEStream(request, endpoint.hub, max_buffer=endpoint.config.stream_max_bytes)
+            self.stream.start(_SSE_HEADERS + self.client.session_header())
+        self.stream.write(_message_event(raw))
+        return True
+
+    def answer(self, raw: bytes, status: int = 200) -> None:
+        """The response ends the exchange: the stream's last event, or the JSON body."""
+        self.settle()
+        self.client.endpoint.clock.cancel(self.timer)
+        self.timer = None
+        request, self.request = self.request, None
+        if self.client.legacy:
+            self.client.push(raw)
+            return
+        if request is None or _gone(request):
+            return
+        if self.stream is not None:
+            self.stream.write(_message_event(raw))
+            self.stream.close()
+            return
+        for name, value in self.client.session_header():
+            request.setHeader(name, value)
+        _finish(request, status, raw)
+
+    def expire(self) -> None:
+        """The page did not answer in time: a JSON-RPC error, and the page is told to stop."""
+        self.timer = None
+        client = self.client
+        if client.pending.pop(self.key, None) is None:
+            return
+        client.forget_progress(self)
+        self.answer(standard.error_for(self.raw_id, standard.REQUEST_TIMEOUT, "the page did not answer in time"))
+        client.cancel_at_page(self, "timeout")
+
+    def abandoned(self, _: object) -> None:
+        """The client closed the POST before the answer (2026-07-28: that is its cancellation)."""
+        client = self.client
+        if self.request is None or client.pending.get(self.key) is not self:
+            return
+        self.request = None
+        if client.stateless:
+            client.pending.pop(self.key, None)
+            self.settle()
+            client.endpoint.clock.cancel(self.timer)
+            client.cancel_at_page(self, "client closed the request")
+            client.close()
+
+
+class Client:
+    """One MCP client session on one tunnel session, and the broker's L{Sink} for its label."""
+
+    __slots__ = (
+        "endpoint", "id", "session", "token", "label", "record", "legacy", "stateless", "pending",
+        "progress", "stream", "events", "events_bytes", "next_event", "delivered", "last_used", "ended", "origin",
+    )
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        session: str,
+        token: str,
+        legacy: bool = False,
+        stateless: bool = False,
+        attach: ClientRecord | None = None,
+        client_id: str | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.id = client_id or secrets.token_urlsafe(24)  # 192 random bits
+        self.session = session
+        self.token = token
+        self.label = attach.label if attach is not None else "mcp-" + secrets.token_hex(8)
+        # Created here (it announced presence and owns the shared record), or attached to a client
+        # session another instance created (--redis: the client's requests may land anywhere).
+        self.origin = attach is None
+        self.record: SubscriberRecord | None = None
+        self.legacy = legacy
+        self.stateless = stateless
+        self.pending: dict[bytes, _Pending] = {}
+        # Made when first needed: an idle client session holds neither (memory per idle client).
+        self.progress: dict[bytes, _Pending] | None = None
+        self.stream: SSEStream | None = None
+        self.events: deque[tuple[int, bytes]] | None = None
+        self.events_bytes = 0
+        self.next_event = 1
+        self.delivered = 0
+        self.last_used = endpoint.clock.seconds()
+        self.ended = False
+
+    def session_header(self) -> list[tuple[bytes, bytes]]:
+        if self.legacy or self.stateless:
+            return []
+        return [(b"mcp-session-id", self.id.encode("ascii"))]
+
+    # the broker's sink -------------------------------------------------------------------------
+
+    def deliver(self, event: bytes) -> bool:
+        """A page frame on this client's label (a reply to it, or something for every client)."""
+        raw = event[_MCP_EVENT:-2]
+        try:
+            message = loads_json(raw)
+        except ValueError:
+            return True
+        for item in message if isinstance(message, list) else [message]:
+            if isinstance(item, dict):
+                self._route(item, raw if not isinstance(message, list) else None)
+        return True
+
+    def _route(self, item: dict[str, Any], raw: bytes | None) -> None:
+        method = item.get("method")
+        if not isinstance(method, str):
+            pending = self.pending.pop(_dumps(item.get("id")), None)
+            if pending is not None:
+                self.forget_progress(pending)
+                pending.answer(raw if raw is not None else _dumps(item))
+                if self.stateless:
+                    self.close()
+            return
+        if method == "notifications/progress":
+            params = item.get("params")
+            split = standard.split_token(params.get("progressToken") if isinstance(params, dict) else None)
+            if split is not None:
+                label, original = split
+                if label != self.label:
+                    return  # another client's progress
+                restored = _dumps(standard.restore_progress(item, original))
+                pending = self.progress.get(_dumps(original)) if self.progress else None
+                if pending is not None and pending.send(restored):
+                    return
+                self.push(restored)
+                return
+        if self.stateless:
+            # One exchange: only what the page stamped with this exchange's (forwarded) id rides on
+            # its stream (a listen stream's acknowledgement and events), with the client's own id.
+            stamped = standard.subscription_id(item)
+            if stamped is not None:
+                for pending in self.pending.values():
+                    if pending.forwarded is not None and _dumps(pending.forwarded) == _dumps(stamped):
+                        pending.send(_dumps(standard.with_subscription_id(item, loads_json(pending.raw_id))))
+            return
+        self.push(raw if raw is not None else _dumps(item))
+
+    def end(self) -> None:
+        """The tunnel session ended (or the relay is draining): answer what is pending, end streams."""
+        self.record = None  # the broker has forgotten it already
+        self._finish("the tunnel session ended")
+        if self.origin and not self.stateless:
+            broker = self.endpoint.broker
+            broker.store.delete_client(self.id).addErrback(broker._log_failure, "ending an MCP client session failed")
+
+    # client side -------------------------------------------------------------------------------
+
+    def push(self, raw: bytes) -> None:
+        """A message for the client outside any pending POST: the GET stream (resumable) or the legacy stream."""
+        if self.legacy:
+            if self.stream is not None:
+                self.stream.write(_message_event(raw))
+            return
+        n = self.next_event
+        self.next_event += 1
+        config = self.endpoint.config
+        events = self.events
+        if events is None:
+            events = self.events = deque()
+        events.append((n, raw))
+        self.events_bytes += len(raw)
+        while len(events) > config.event_buffer_frames or self.events_bytes > config.event_buffer_bytes:
+            self.events_bytes -= len(events.popleft()[1])
+        if self.stream is not None and not self.stream.closed:
+            self.stream.write(_message_event(raw, self.endpoint.event_id(n)))
+            self.delivered = n
+
+    def replay(self, after: int | None) -> None:
+        """Write buffered events after C{after} (C{Last-Event-ID}), or those never delivered."""
+        start = self.delivered if after is None else after
+        stream = self.stream
+        assert stream is not None
+        for n, raw in self.events or ():
+            if n > start:
+                stream.write(_message_event(raw, self.endpoint.event_id(n)))
+                self.delivered = max(self.delivered, n)
+
+    def forget_progress(self, pending: _Pending) -> None:
+        if pending.progress is not None and self.progress:
+            self.progress.pop(pending.progress, None)
+
+    def cancel_at_page(self, pending: _Pending, reason: str) -> None:
+        """Tell the page to stop working on a forwarded request (C{notifications/cancelled})."""
+        if pending.forwarded is None:
+            return
+        body = _dumps(
+            {
+                "jsonrpc": "2.0",
+                "method": "notifications/cancelled",
+                "params": {"requestId": pending.forwarded, "reason": reason},
+            }
+        )
+        self.endpoint.broker.inbox(self.session, self.token, body, self.label).addErrback(lambda _: None)
+
+    def close(self, shared: bool = True) -> None:
+        """The client ended (DELETE, idle, its legacy stream closed, its one exchange done).
+
+        C{shared=False}: only this instance's attachment ends (the client session goes on elsewhere).
+        """
+        record, self.record = self.record, None
+        self._finish("the client session ended")
+        broker = self.endpoint.broker
+        if record is not None:
+            announce = self.origin and not self.stateless
+            broker.close_stream(record, announce=announce).addErrback(
+                broker._log_failure, "closing an MCP client session failed"
+            )
+        if shared and self.origin and not self.stateless:
+            broker.store.delete_client(self.id).addErrback(broker._log_failure, "ending an MCP client session failed")
+
+    def _finish(self, message: str) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self.endpoint.forget(self)
+        pending, self.pending = self.pending, {}
+        self.progress = None
+        for p in pending.values():
+            p.answer(standard.error_for(p.raw_id, standard.SESSION_ENDED, message))
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            stream.close()
+
+
+def _gone(request: Request) -> bool:
+    return bool(getattr(request, "_disconnected", False)) or bool(request.finished)
+
+
+def _finish(request: Request, status: int, body: bytes, content_type: bytes = b"application/json") -> None:
+    if _gone(request):
+        return
+    request.setResponseCode(status)
+    request.setHeader(b"content-type", content_type)
+    request.setHeader(b"content-length", b"%d" % len(body))
+    request.write(body)
+    request.finish()
+
+
+def _request_token(request: Request) -> str:
+    return bearer_token(request) or query_param(request, "token") or ""
+
+
+def _header(request: Request, name: bytes) -> str | None:
+    values = request.requestHeaders.getRawHeaders(name)
+    if not values:
+        return None
+    try:
+        return values[0].decode("utf-8")
+    except UnicodeDecodeError:
+        return ""
+
+
+class Endpoint:
+    """The standard MCP routes of every session: C{mcp} (Streamable HTTP), C{sse} and C{messages} (legacy)."""
+
+    _log = Logger()
+
+    def __init__(self, broker: Broker, policy: OriginPolicy, hub: SSEHub, clock: Clock, prefix: bytes,
+                 config: EndpointConfig | None = None) -> None:
+        self.broker = broker
+        self.policy = policy
+        self.hub = hub
+        self.clock = clock
+        self.prefix = prefix
+        self.config = config or EndpointConfig()
+        self.clients: dict[str, Client] = {}
+        self.per_session: dict[str, int] = {}
+        self.pending_per_session: dict[str, int] = {}
+        self._reaper: Any = None
+        # Event ids are "<tag>-<n>": a Last-Event-ID from another instance's numbering is not ours.
+        self.tag = secrets.token_hex(3).encode("ascii")
+        self._last_reap = clock.seconds()
+
+    def event_id(self, n: int) -> bytes:
+        return self.tag + b"-%d" % n
+
+    def parse_event_id(self, value: str | None) -> int | None:
+        """The number of one of this process's event ids, else C{None}."""
+        if value is None:
+            return None
+        tag, _, n = value.partition("-")
+        if tag.encode("ascii", "replace") != self.tag or not n.isdigit() or len(n) > 18:
+            return None
+        return int(n)
+
+    def start(self) -> None:
+        """Expire idle client sessions (checked a few times per idle period)."""
+        if self._reaper is None:
+            interval = max(1.0, self.config.client_idle_ms / 4000)
+            self._reaper = self.clock.looping_call(interval, self.reap)
+
+    def stop(self) -> None:
+        if self._reaper is not None:
+            self.clock.stop_loop(self._reaper)
+            self._reaper = None
+
+    def reap(self) -> None:
+        """End client sessions idle past C{client_idle_ms} (an open GET stream or pending request is use)."""
+        run(self._reap()).addErrback(self.broker._log_failure, "MCP client session reaping failed")
+
+    async def _reap(self) -> None:
+        now = self.clock.seconds()
+        cutoff = now - self.config.client_idle_ms / 1000
+        since, self._last_reap = self._last_reap, now
+        store = self.broker.store
+        shared = self.broker._remote
+        idle_ms = self.config.client_idle_ms
+        active: list[Client] = []
+        for client in list(self.clients.values()):
+            if client.stateless or client.ended:
+                continue
+            streaming = client.stream is not None and not client.stream.closed
+            if client.pending or streaming or client.last_used >= cutoff:
+                if client.pending or streaming or client.last_used >= since:
+                    active.append(client)
+            elif not client.origin:
+                client.close(shared=False)  # an idle attachment; the client session lives on elsewhere
+            elif not shared or await store.get_client(client.id) is None:
+                client.close()  # idle here, and not kept alive by another instance either
+        if active:
+            # Used since the last pass: keep the shared record alive; one ended elsewhere (a DELETE
+            # on another instance) ends here too.
+            alive = await store.touch_clients([c.id for c in active], idle_ms)
+            for client, exists in zip(active, alive):
+                if not exists:
+                    client.close(shared=False)
+
+    def release(self, session: str) -> None:
+        """One pending request of C{session} is settled."""
+        left = self.pending_per_session.get(session, 1) - 1
+        if left > 0:
+            self.pending_per_session[session] = left
+        else:
+            self.pending_per_session.pop(session, None)
+
+    def forget(self, client: Client) -> None:
+        if self.clients.pop(client.id, None) is not None:
+            left = self.per_session.get(client.session, 1) - 1
+            if left > 0:
+                self.per_session[client.session] = left
+            else:
+                self.per_session.pop(client.session, None)
+
+    # dispatch ----------------------------------------------------------------------------------
+
+    def render(self, request: Request, route: bytes, session: str) -> Any:
+        """Answer one request on C{mcp}, C{sse} or C{messages}; CORS headers are already set."""
+        request.setHeader(b"access-control-expose-headers", b"mcp-session-id, www-authenticate")
+        origin = request.requestHeaders.getRawHeaders(b"origin")
+        if origin and not self.policy.any and origin[0] not in self.policy._allowed_bytes:
+            # The spec's DNS-rebinding rule: a browser page of another origin gets nothing.
+            return self._error(request, 403, standard.INVALID_REQUEST, "origin not allowed")
+        version = _header(request, b"mcp-protocol-version")
+        if version is not None and version not in standard.SUPPORTED_VERSIONS:
+            return self._error(request, 400, standard.INVALID_REQUEST, "unsupported MCP-Protocol-Version")
+        token = _request_token(request)
+        method = request.method
+        if route == b"mcp":
+            if method == b"POST":
+                body = read_body(request)
+                handler = lambda: self._post(request, session, token, body, version)  # noqa: E731
+            elif method == b"GET" and version not in standard.STATELESS_VERSIONS:
+                handler = lambda: self._get(request, session, token)  # noqa: E731
+            elif method == b"DELETE" and version not in standard.STATELESS_VERSIONS:
+                handler = lambda: self._delete(request, session, token)  # noqa: E731
+            else:
+                request.setHeader(b"allow", b"GET, POST, DELETE, OPTIONS")
+                return self._error(request, 405, standard.INVALID_REQUEST, "method not allowed")
+        elif route == b"sse":
+            if method != b"GET":
+                request.setHeader(b"allow", b"GET, OPTIONS")
+                return self._error(request, 405, standard.INVALID_REQUEST, "method not allowed")
+            handler = lambda: self._legacy_open(request, session, token)  # noqa: E731
+        else:
+            if method != b"POST":
+                request.setHeader(b"allow", b"POST, OPTIONS")
+                return self._error(request, 405, standard.INVALID_REQUEST, "method not allowed")
+            body = read_body(request)
+            handler = lambda: self._legacy_post(request, session, body)  # noqa: E731
+        if not token:
+            return self._unauthorized(request)
+
+        def checked(reason: str | None) -> None:
+            if reason == "session_gone":
+                _finish(request, 410, standard.error_body(standard.SESSION_ENDED, "the tunnel session is gone"))
+            elif reason is not None:
+                self._unauthorized(request, finish=True)
+            else:
+                handler()
+
+        self.broker.check(session, token).addCallbacks(checked, lambda f: self._failed(request, f))
+        return NOT_DONE_YET
+
+    # answers -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _error(request: Request, status: int, code: int, message: str, request_id: Any = None) -> bytes:
+        request.setResponseCode(status)
+        request.setHeader(b"content-type", b"application/json")
+        return standard.error_body(code, message, request_id)
+
+    def _unauthorized(self, request: Request, finish: bool = False) -> bytes | None:
+        request.setHeader(b"www-authenticate", b'Bearer realm="relayd"')
+        body = standard.error_body(standard.INVALID_REQUEST, "missing or wrong token")
+        if finish:
+            _finish(request, 401, body)
+            return None
+        request.setResponseCode(401)
+        request.setHeader(b"content-type", b"application/json")
+        return body
+
+    def _failed(self, request: Request, f: Failure) -> None:
+        if f.check(Refused):
+            reason = f.value.reason
+            if reason == "session_gone":
+                _finish(request, 410, standard.error_body(standard.SESSION_ENDED, "the tunnel session is gone"))
+            elif reason == "buffer_full":
+                if not _gone(request):
+                    request.setHeader(b"retry-after", b"5")
+                _finish(request, 503, standard.error_body(standard.TOO_MANY_PENDING, "relay buffer full"))
+            else:
+                _finish(request, 400, standard.error_body(standard.INVALID_REQUEST, reason))
+        elif f.check(StoreUnavailable):
+            _finish(request, 503, standard.error_body(standard.SESSION_ENDED, "store unavailable"))
+        else:
+            self._log.failure("MCP endpoint request failed", f)
+            _finish(request, 500, standard.error_body(-32603, "internal error"))
+
+    # Streamable HTTP ---------------------------------------------------------------------------
+
+    def _post(self, request: Request, session: str, token: str, body: bytes, version: str | None) -> None:
+        messages = standard.parse_message(body)
+        if messages is None:
+            _finish(request, 400, standard.error_body(standard.PARSE_ERROR, "not a JSON-RPC 2.0 message"))
+            return
+        requests = [m for m in messages if standard.is_request(m)]
+        if requests and len(messages) > 1:
+            _finish(request, 400, standard.error_body(standard.INVALID_REQUEST, "batches of requests are not supported"))
+            return
+        accept = _header(request, b"accept") or ""
+        sse_ok = "text/event-stream" in accept
+        if version in standard.STATELESS_VERSIONS:
+            if requests:
+                m = requests[0]
+                why = standard.header_mismatch(
+                    m, version, _header(request, b"mcp-method"), _header(request, b"mcp-name")
+                )
+                if why is not None:
+                    _finish(request, 400, standard.error_body(standard.HEADER_MISMATCH, why, m["id"]))
+                    return
+                client = self._new_client(request, session, token, stateless=True)
+                if client is not None:
+                    self._open(request, client, lambda: self._forward(request, client, m, sse_ok))
+                return
+            self._notify(request, session, token, None, body)
+            return
+        sid = _header(request, b"mcp-session-id")
+        if sid is None:
+            if len(requests) == 1 and requests[0].get("method") == "initialize":
+                client = self._new_client(request, session, token)
+                if client is not None:
+                    self._open(request, client, lambda: self._forward(request, client, requests[0], sse_ok, first=True))
+                return
+            _finish(request, 400, standard.error_body(standard.INVALID_REQUEST, "missing Mcp-Session-Id"))
+            return
+
+        def proceed(client: Client) -> None:
+            if requests:
+                self._forward(request, client, requests[0], sse_ok)
+            else:
+                self._notify(request, session, token, client.label, body)
+
+        self._client(request, session, token, sid, proceed)
+
+    def _notify(self, request: Request, session: str, token: str, label: str | None, body: bytes) -> None:
+        """Notifications and responses: forwarded as they are (a response keeps the page's own id)."""
+        d = self.broker.inbox(session, token, body, label)
+        d.addCallbacks(lambda _: _finish(request, 202, b""), lambda f: self._failed(request, f))
+
+    def _new_client(self, request: Request, session: str, token: str, **kind: Any) -> Client | None:
+        config = self.config
+        if len(self.clients) >= config.max_clients or self.per_session.get(session, 0) >= config.clients_per_session:
+            request.setHeader(b"retry-after", b"5")
+            _finish(request, 503, standard.error_body(standard.TOO_MANY_PENDING, "too many client sessions"))
+            return None
+        client = Client(self, session, token, **kind)
+        self.clients[client.id] = client
+        self.per_session[session] = self.per_session.get(session, 0) + 1
+        return client
+
+    def _open(self, request: Request, client: Client, then: Any) -> None:
+        """Subscribe the client's label to the page's frames, then go on."""
+
+        def opened(handle: Any) -> None:
+            if client.ended:
+                self.broker.close_stream(handle.record, announce=not client.stateless)
+                _finish(request, 410, standard.error_body(standard.SESSION_ENDED, "the tunnel session is gone"))
+                return
+            client.record = handle.record
+            for event in handle.backlog:
+                client.deliver(event)
+            if client.origin and not client.stateless:
+                record = ClientRecord(client.session, client.label, client.legacy)
+                stored = self.broker.store.put_client(client.id, record, self.config.client_idle_ms)
+                stored.addCallbacks(lambda _: then(), failed_after)
+            else:
+                then()
+
+        def failed_after(f: Failure) -> None:
+            client.close(shared=False)
+            self._failed(request, f)
+
+        def failed(f: Failure) -> None:
+            self.forget(client)
+            client.ended = True
+            self._failed(request, f)
+
+        d = self.broker.open_stream(client.session, client.token, OUTBOUND, client.label, client,
+                                    announce=client.origin and not client.stateless)
+        d.addCallbacks(opened, failed)
+
+    def _client(self, request: Request, session: str, token: str, sid: str, then: Any) -> None:
+        """Find client session C{sid} of C{session} (here, or attach to it from the shared store) and
+        call C{then(client)}; C{404} when there is none."""
+        client = self.clients.get(sid)
+        if client is not None:
+            if client.session != session or client.legacy:
+                _finish(request, 404, standard.error_body(standard.INVALID_REQUEST, "unknown or ended Mcp-Session-Id"))
+                return
+            client.last_used = self.clock.seconds()
+            client.token = token
+            then(client)
+            return
+
+        def found(record: ClientRecord | None) -> None:
+            if record is None or record.session != session or record.legacy:
+                _finish(request, 404, standard.error_body(standard.INVALID_REQUEST, "unknown or ended Mcp-Session-Id"))
+                return
+            existing = self.clients.get(sid)
+            if existing is not None:  # attached meanwhile by a concurrent request
+                self._client(request, session, token, sid, then)
+                return
+            attached = self._new_client(request, session, token, attach=record, client_id=sid)
+            if attached is not None:
+                self._open(request, attached, lambda: then(attached))
+
+        self.broker.store.get_client(sid).addCallbacks(found, lambda f: self._failed(request, f))
+
+    def _forward(
+        self, request: Request, client: Client, message: dict[str, Any], sse_ok: bool, first: bool = False
+    ) -> None:
+        """Forward one request to the page; C{first}: the client session's C{initialize} (no session
+        id was given out yet, so a refusal ends it)."""
+        config = self.config
+        key = _dumps(message["id"])
+        session = client.session
+        if key in client.pending:
+            _finish(request, 400, standard.error_body(standard.INVALID_REQUEST, "request id already pending", message["id"]))
+            return
+        if len(client.pending) >= config.pending_per_client or (
+            self.pending_per_session.get(session, 0) >= config.pending_per_session
+        ):
+            request.setHeader(b"retry-after", b"1")
+            _finish(request, 429, standard.error_body(standard.TOO_MANY_PENDING, "too many pending requests", message["id"]))
+            if client.stateless or first:
+                client.close()
+            return
+        pending = _Pending(client, key, None if client.legacy else request, sse_ok)
+        token = standard.progress_token(message)
+        if token is not None:
+            message = standard.with_progress_token(message, client.label)
+            pending.progress = _dumps(token)
+            if client.progress is None:
+                client.progress = {}
+            client.progress[pending.progress] = pending
+        client.pending[key] = pending
+        self.pending_per_session[session] = self.pending_per_session.get(session, 0) + 1
+        if not client.legacy:
+            request.notifyFinish().addErrback(pending.abandoned)
+        if message.get("method") != "subscriptions/listen":
+            pending.timer = self.clock.call_later(config.request_timeout_ms / 1000, pending.expire)
+
+        def sent(frame: Frame) -> None:
+            pending.forwarded = frame.message.get("id")
+            if client.legacy:
+                _finish(request, 202, b"")
+
+        def refused(f: Failure) -> None:
+            pending.settle()
+            client.pending.pop(key, None)
+            client.forget_progress(pending)
+            self.clock.cancel(pending.timer)
+            self._failed(request, f)
+            if client.stateless or first:
+                client.close()
+
+        d = self.broker.forward(session, client.token, _dumps(message), client.label)
+        d.addCallbacks(sent, refused)
+
+    def _get(self, request: Request, session: str, token: str) -> None:
+        accept = _header(request, b"accept") or ""
+        if "text/event-stream" not in accept:
+            _finish(request, 406, standard.error_body(standard.INVALID_REQUEST, "Accept must include text/event-stream"))
+            return
+        sid = _header(request, b"mcp-session-id")
+        if sid is None:
+            _finish(request, 400, standard.error_body(standard.INVALID_REQUEST, "missing Mcp-Session-Id"))
+            return
+        after = self.parse_event_id(_header(request, b"last-event-id"))
+
+        def opened(client: Client) -> None:
+            if _gone(request):
+                return
+            if client.stream is not None:
+                client.stream.close()  # one GET stream per client session: the newer one wins
+            stream = SSEStream(request, self.hub, max_buffer=self.config.stream_max_bytes)
+            client.stream = stream
+            stream.start(_SSE_HEADERS, b": open\n\n")
+            client.replay(after)
+
+        self._client(request, session, token, sid, opened)
+
+    def _delete(self, request: Request, session: str, token: str) -> None:
+        sid = _header(request, b"mcp-session-id")
+        if sid is None:
+            _finish(request, 400, standard.error_body(standard.INVALID_REQUEST, "missing Mcp-Session-Id"))
+            return
+
+        def found(record: ClientRecord | None) -> None:
+            if record is None or record.session != session or record.legacy:
+                _finish(request, 404, standard.error_body(standard.INVALID_REQUEST, "unknown or ended Mcp-Session-Id"))
+                return
+            local = self.clients.get(sid)
+            if local is not None:
+                local.close(shared=False)
+            # Ended for every instance: the one that created it says peer_left at its next pass.
+            self.broker.store.delete_client(sid).addCallbacks(
+                lambda _: _finish(request, 200, b""), lambda f: self._failed(request, f)
+            )
+
+        local = self.clients.get(sid)
+        if local is not None and local.origin:
+            if local.session != session or local.legacy:
+                found(None)
+                return
+            local.close()
+            _finish(request, 200, b"")
+            return
+        self.broker.store.get_client(sid).addCallbacks(found, lambda f: self._failed(request, f))
+
+    # legacy HTTP+SSE (2024-11-05) --------------------------------------------------------------
+
+    def _legacy_open(self, request: Request, session: str, token: str) -> None:
+        client = self._new_client(request, session, token, legacy=True)
+        if client is None:
+            return
+
+        def start() -> None:
+            if _gone(request):
+                client.close()
+                return
+            stream = SSEStream(request, self.hub, max_buffer=self.config.stream_max_bytes, on_close=client.close)
+            client.stream = stream
+            url = self.prefix + b"/" + session.encode() + b"/messages?sessionId=" + client.id.encode()
+            if not bearer_token(request):
+                # Only a client that could not send the header gets the token in its POST URL (quoted:
+                # nothing it chose can end the SSE line).
+                url += b"&token=" + quote(token, safe="").encode("ascii")
+            stream.start(_SSE_HEADERS, b"event: endpoint\ndata: " + url + b"\n\n")
+
+        self._open(request, client, start)
+
+    def _legacy_post(self, request: Request, session: str, body: bytes) -> None:
+        sid = query_param(request, "sessionId") or ""
+        client = self.clients.get(sid)
+        if client is None:
+            # --redis: the client's stream is on another instance; its label routes the answers there.
+            def found(record: ClientRecord | None) -> None:
+                if record is None or record.session != session or not record.legacy:
+                    _finish(request, 404, standard.error_body(standard.INVALID_REQUEST, "unknown or ended sessionId"))
+                    return
+                if standard.parse_message(body) is None:
+                    _finish(request, 400, standard.error_body(standard.PARSE_ERROR, "not a JSON-RPC 2.0 message"))
+                    return
+                self._notify(request, session, _request_token(request), record.label, body)
+
+            self.broker.store.get_client(sid).addCallbacks(found, lambda f: self._failed(request, f))
+            return
+        if client.session != session or not client.legacy:
+            _finish(request, 404, standard.error_body(standard.INVALID_REQUEST, "unknown or ended sessionId"))
+            return
+        messages = standard.parse_message(body)
+        if messages is None:
+            _finish(request, 400, standard.error_body(standard.PARSE_ERROR, "not a JSON-RPC 2.0 message"))
+            return
+        requests = [m for m in messages if standard.is_request(m)]
+        if requests and len(messages) > 1:
+            _finish(request, 400, standard.error_body(standard.INVALID_REQUEST, "batches of requests are not supported"))
+            return
+        client.last_used = self.clock.seconds()
+        if requests:
+            self._forward(request, client, requests[0], False)
+        else:
+            self._notify(request, session, client.token, client.label, body)
+
+    # shutdown ----------------------------------------------------------------------------------
+
+    def open_clients(self) -> int:
+        """Client sessions (Streamable HTTP and legacy) held by this process."""
+        return len(self.clients)
+
+
+__all__ = ["Client", "Endpoint", "EndpointConfig"]
