@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from twisted.trial.unittest import TestCase
 
 from relayd.mcp.broker import FRAMES_DROPPED, parse_frame, parse_wait_ms
 from relayd.mcp.store import INBOUND, OUTBOUND
-from tests.mcp.support import SESSION, TOKEN, RecordingSink, fired, frames_of, make_broker, refusal
+from tests.mcp.support import SESSION, TOKEN, BrokerCase, RecordingSink, frames_of, make_broker
+from tests.support.cases import cases, expand
 
 
 def req(id_: object, method: str = "tools/call") -> bytes:
@@ -25,552 +24,510 @@ def res(id_: object, result: object = None) -> bytes:
 NOTE = b'{"jsonrpc":"2.0","method":"notifications/message","params":{}}'
 
 
-# C. Frame validation ---------------------------------------------------------------------------
+@expand
+class FrameValidation(BrokerCase):
+    """C: what the broker accepts as a JSON-RPC frame, from either side."""
 
+    def test_c1_valid_request_accepted(self) -> None:
+        broker, _, _ = make_broker()
+        assert self.successResultOf(broker.inbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","id":1,"method":"tools/call"}')) is None
 
-def test_c1_valid_request_accepted() -> None:
-    broker, _, _ = make_broker()
-    assert fired(broker.inbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","id":1,"method":"tools/call"}')) is None
+    def test_c2_substring_jsonrpc_rejected(self) -> None:
+        broker, _, _ = make_broker()
+        assert self.refusal(broker.inbox(SESSION, TOKEN, b'garbage "jsonrpc" garbage')) == "invalid_token_or_frame"
 
+    @cases(notifications_peer_joined="notifications/peer_joined", notifications_peer_left="notifications/peer_left")
+    def test_c3_forged_presence_rejected_from_both_sides(self, method: str) -> None:
+        broker, _, _ = make_broker()
+        frame = json.dumps({"jsonrpc": "2.0", "method": method, "params": {}}).encode()
+        assert self.refusal(broker.inbox(SESSION, TOKEN, frame)) == "invalid_token_or_frame"
+        assert self.refusal(broker.outbox(SESSION, TOKEN, frame)) == "invalid_token_or_frame"
 
-def test_c2_substring_jsonrpc_rejected() -> None:
-    broker, _, _ = make_broker()
-    assert refusal(broker.inbox(SESSION, TOKEN, b'garbage "jsonrpc" garbage')) == "invalid_token_or_frame"
+    def test_c4_jsonrpc_1_rejected(self) -> None:
+        broker, _, _ = make_broker()
+        assert self.refusal(broker.inbox(SESSION, TOKEN, b'{"jsonrpc":"1.0","id":1,"method":"x"}')) == "invalid_token_or_frame"
 
+    def test_c5_wrong_token_rejected(self) -> None:
+        broker, _, _ = make_broker()
+        assert self.refusal(broker.inbox(SESSION, "wrong-token-wrong-token", req(1))) == "invalid_token_or_frame"
 
-@pytest.mark.parametrize("method", ["notifications/peer_joined", "notifications/peer_left"])
-def test_c3_forged_presence_rejected_from_both_sides(method: str) -> None:
-    broker, _, _ = make_broker()
-    frame = json.dumps({"jsonrpc": "2.0", "method": method, "params": {}}).encode()
-    assert refusal(broker.inbox(SESSION, TOKEN, frame)) == "invalid_token_or_frame"
-    assert refusal(broker.outbox(SESSION, TOKEN, frame)) == "invalid_token_or_frame"
-
-
-def test_c4_jsonrpc_1_rejected() -> None:
-    broker, _, _ = make_broker()
-    assert refusal(broker.inbox(SESSION, TOKEN, b'{"jsonrpc":"1.0","id":1,"method":"x"}')) == "invalid_token_or_frame"
-
-
-def test_c5_wrong_token_rejected() -> None:
-    broker, _, _ = make_broker()
-    assert refusal(broker.inbox(SESSION, "wrong-token-wrong-token", req(1))) == "invalid_token_or_frame"
-
-
-@pytest.mark.parametrize(
-    "body,ok",
-    [
-        (b'[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","method":"b"}]', True),
-        (b"[]", False),
-        (b'[{"jsonrpc":"2.0","id":1,"method":"a"}, 3]', False),
-        (b'{"jsonrpc":"2.0","id":null,"result":1}', True),
-        (b'{"jsonrpc":"2.0","id":1,"result":1,"error":{}}', False),
-        (b'{"jsonrpc":"2.0","id":1}', False),
-        (b'{"jsonrpc":"2.0","result":1}', False),
-        (b'{"jsonrpc":"2.0","method":5,"id":1,"error":{}}', True),
-        (b"", False),
-        (b"null", False),
-        (b'{"jsonrpc":"2.0","id":1,"result":NaN}', False),
-        (b'{"jsonrpc":"2.0","id":123456789012345678901234567890,"result":1}', True),
-    ],
-)
-def test_frame_validation_rules(body: bytes, ok: bool) -> None:
-    assert (parse_frame(body) is not None) is ok
-
-
-# S. Gone vs bad token --------------------------------------------------------------------------
-
-
-def test_s1_live_session_good_token() -> None:
-    broker, _, _ = make_broker()
-    assert fired(broker.check(SESSION, TOKEN)) is None
-
-
-def test_s2_wrong_token_live_session() -> None:
-    broker, _, _ = make_broker()
-    assert fired(broker.check(SESSION, "wrong-token-wrong-token")) == "invalid_token"
-
-
-def test_s3_never_registered_is_gone() -> None:
-    broker, _, _ = make_broker()
-    assert fired(broker.check("nope", TOKEN)) == "session_gone"
-
-
-def test_s4_dropped_session_is_gone() -> None:
-    broker, _, _ = make_broker()
-    fired(broker.drop_session(SESSION))
-    assert fired(broker.check(SESSION, TOKEN)) == "session_gone"
-
-
-def test_s5_empty_id_or_token_is_invalid_token() -> None:
-    broker, _, _ = make_broker()
-    assert fired(broker.check("", TOKEN)) == "invalid_token"
-    assert fired(broker.check(SESSION, "")) == "invalid_token"
-
-
-def test_s6_validate_is_boolean() -> None:
-    broker, _, _ = make_broker()
-    assert fired(broker.validate(SESSION, TOKEN)) is True
-    assert fired(broker.validate(SESSION, "wrong-token-wrong-token")) is False
-    assert fired(broker.validate("nope", TOKEN)) is False
-
-
-# R. Reply routing ------------------------------------------------------------------------------
-
-
-def open_sse(broker, direction: str = OUTBOUND, label: str | None = None) -> RecordingSink:  # type: ignore[no-untyped-def]
-    sink = RecordingSink()
-    fired(broker.open_stream(SESSION, TOKEN, direction, label, sink))
-    return sink
-
-
-def test_r1_reply_reaches_only_the_asker() -> None:
-    broker, _, _ = make_broker()
-    alice, mallory = open_sse(broker, label="alice"), open_sse(broker, label="mallory")
-    fired(broker.inbox(SESSION, TOKEN, req(7), "alice"))
-    fired(broker.outbox(SESSION, TOKEN, res(7)))
-    assert [m["id"] for m in alice.messages()] == [7]
-    assert mallory.messages() == []
-
-
-def test_r2_notification_reaches_everyone() -> None:
-    broker, _, _ = make_broker()
-    alice, bob = open_sse(broker, label="alice"), open_sse(broker, label="bob")
-    fired(broker.outbox(SESSION, TOKEN, NOTE))
-    assert len(alice.messages()) == 1 and len(bob.messages()) == 1
-
-
-def test_r3_uncorrelated_reply_reaches_nobody_when_labelled() -> None:
-    broker, _, _ = make_broker()
-    alice = open_sse(broker, label="alice")
-    fired(broker.outbox(SESSION, TOKEN, res(999)))
-    assert alice.messages() == []
-
-
-def test_r4_each_gets_their_own_reply_in_reverse_order() -> None:
-    broker, _, _ = make_broker()
-    alice, bob = open_sse(broker, label="alice"), open_sse(broker, label="bob")
-    fired(broker.inbox(SESSION, TOKEN, req(1), "alice"))
-    fired(broker.inbox(SESSION, TOKEN, req(2), "bob"))
-    fired(broker.outbox(SESSION, TOKEN, res(2)))
-    fired(broker.outbox(SESSION, TOKEN, res(1)))
-    assert [m["id"] for m in alice.messages()] == [1]
-    assert [m["id"] for m in bob.messages()] == [2]
-
-
-def test_r5_labelled_request_reaches_unlabelled_page() -> None:
-    broker, _, _ = make_broker()
-    page = open_sse(broker, INBOUND)
-    fired(broker.inbox(SESSION, TOKEN, req(3), "alice"))
-    assert [m["id"] for m in page.messages()] == [3]
-
-
-def test_r6_correlation_consumed_once() -> None:
-    broker, _, _ = make_broker()
-    alice = open_sse(broker, label="alice")
-    fired(broker.inbox(SESSION, TOKEN, req(7), "alice"))
-    fired(broker.outbox(SESSION, TOKEN, res(7)))
-    fired(broker.outbox(SESSION, TOKEN, res(7)))
-    assert len(alice.messages()) == 1
-
-
-def test_legacy_mode_broadcasts_replies() -> None:
-    broker, _, _ = make_broker()
-    a, b = open_sse(broker), open_sse(broker)
-    fired(broker.inbox(SESSION, TOKEN, req(1)))
-    fired(broker.outbox(SESSION, TOKEN, res(1)))
-    assert len(a.messages()) == 1 and len(b.messages()) == 1
-
-
-def test_decision6_colliding_ids_each_get_their_own_reply() -> None:
-    """Two labelled clients both send id 1 before either is answered; each gets its own reply."""
-    broker, _, _ = make_broker()
-    page = open_sse(broker, INBOUND)
-    alice, bob = open_sse(broker, label="alice"), open_sse(broker, label="bob")
-    fired(broker.inbox(SESSION, TOKEN, req(1), "alice"))
-    fired(broker.inbox(SESSION, TOKEN, req(1), "bob"))
-    seen = [m for m in page.messages() if "id" in m]  # not the peer_joined notifications
-    assert seen[0]["id"] == 1 and seen[1]["id"] != 1  # the second was rewritten for the page
-    # The page answers in reverse order, echoing the ids it saw.
-    fired(broker.outbox(SESSION, TOKEN, res(seen[1]["id"], {"for": "bob"})))
-    fired(broker.outbox(SESSION, TOKEN, res(seen[0]["id"], {"for": "alice"})))
-    assert alice.messages() == [{"jsonrpc": "2.0", "id": 1, "result": {"for": "alice"}}]
-    assert bob.messages() == [{"jsonrpc": "2.0", "id": 1, "result": {"for": "bob"}}]
-
-
-def test_decision6_empty_client_label_counts_as_none() -> None:
-    broker, _, _ = make_broker()
-    anon = open_sse(broker, label=None)
-    fired(broker.inbox(SESSION, TOKEN, req(1)))
-    fired(broker.outbox(SESSION, TOKEN, res(1)))
-    assert len(anon.messages()) == 1  # legacy broadcast: nobody is labelled
-
-
-def test_numeric_and_string_ids_do_not_collide() -> None:
-    broker, _, _ = make_broker()
-    alice, bob = open_sse(broker, label="alice"), open_sse(broker, label="bob")
-    fired(broker.inbox(SESSION, TOKEN, req(1), "alice"))
-    fired(broker.inbox(SESSION, TOKEN, req("1"), "bob"))
-    fired(broker.outbox(SESSION, TOKEN, res("1")))
-    fired(broker.outbox(SESSION, TOKEN, res(1)))
-    assert [m["id"] for m in alice.messages()] == [1]
-    assert [m["id"] for m in bob.messages()] == ["1"]
-
-
-def test_correlations_bounded_per_session() -> None:
-    broker, _, store = make_broker(correlations_per_session=3)
-    for i in range(10):
-        fired(broker.inbox(SESSION, TOKEN, req(i), "alice"))
-    assert list(store.correlations[SESSION]) == [b"7", b"8", b"9"]
-
-
-# Presence --------------------------------------------------------------------------------------
-
-
-def test_outbound_subscriber_announced_to_page_and_left_on_close() -> None:
-    broker, reactor, store = make_broker()
-    page = open_sse(broker, INBOUND)
-    agent = RecordingSink()
-    handle = fired(broker.open_stream(SESSION, TOKEN, OUTBOUND, None, agent))
-    joined = page.messages()[0]
-    assert joined == {
-        "jsonrpc": "2.0",
-        "method": "notifications/peer_joined",
-        "params": {"subscriberId": handle.record.id, "ts": int(reactor.seconds() * 1000)},
-    }
-    assert page.events[0].startswith(
-        b'event: mcp\ndata: {"jsonrpc":"2.0","method":"notifications/peer_joined","params":{"subscriberId":'
+    @cases(
+        batch=(b'[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","method":"b"}]', True),
+        empty_batch=(b"[]", False),
+        batch_with_a_number=(b'[{"jsonrpc":"2.0","id":1,"method":"a"}, 3]', False),
+        null_id_result=(b'{"jsonrpc":"2.0","id":null,"result":1}', True),
+        result_and_error=(b'{"jsonrpc":"2.0","id":1,"result":1,"error":{}}', False),
+        id_only=(b'{"jsonrpc":"2.0","id":1}', False),
+        result_without_id=(b'{"jsonrpc":"2.0","result":1}', False),
+        error_with_odd_method=(b'{"jsonrpc":"2.0","method":5,"id":1,"error":{}}', True),
+        empty_body=(b"", False),
+        json_null=(b"null", False),
+        nan=(b'{"jsonrpc":"2.0","id":1,"result":NaN}', False),
+        huge_integer_id=(b'{"jsonrpc":"2.0","id":123456789012345678901234567890,"result":1}', True),
     )
-    fired(broker.close_stream(handle.record))
-    assert page.messages()[1]["method"] == "notifications/peer_left"
-    assert page.messages()[1]["params"]["subscriberId"] == handle.record.id
+    def test_frame_validation_rules(self, body: bytes, ok: bool) -> None:
+        assert (parse_frame(body) is not None) is ok
 
 
-def test_inbound_subscribers_make_no_presence() -> None:
-    broker, _, _ = make_broker()
-    page = open_sse(broker, INBOUND)
-    open_sse(broker, INBOUND)
-    assert page.messages() == []
+class GoneVersusBadToken(BrokerCase):
+    """S: a session that is gone is told apart from a wrong token."""
+
+    def test_s1_live_session_good_token(self) -> None:
+        broker, _, _ = make_broker()
+        assert self.successResultOf(broker.check(SESSION, TOKEN)) is None
+
+    def test_s2_wrong_token_live_session(self) -> None:
+        broker, _, _ = make_broker()
+        assert self.successResultOf(broker.check(SESSION, "wrong-token-wrong-token")) == "invalid_token"
+
+    def test_s3_never_registered_is_gone(self) -> None:
+        broker, _, _ = make_broker()
+        assert self.successResultOf(broker.check("nope", TOKEN)) == "session_gone"
+
+    def test_s4_dropped_session_is_gone(self) -> None:
+        broker, _, _ = make_broker()
+        self.successResultOf(broker.drop_session(SESSION))
+        assert self.successResultOf(broker.check(SESSION, TOKEN)) == "session_gone"
+
+    def test_s5_empty_id_or_token_is_invalid_token(self) -> None:
+        broker, _, _ = make_broker()
+        assert self.successResultOf(broker.check("", TOKEN)) == "invalid_token"
+        assert self.successResultOf(broker.check(SESSION, "")) == "invalid_token"
+
+    def test_s6_validate_is_boolean(self) -> None:
+        broker, _, _ = make_broker()
+        assert self.successResultOf(broker.validate(SESSION, TOKEN)) is True
+        assert self.successResultOf(broker.validate(SESSION, "wrong-token-wrong-token")) is False
+        assert self.successResultOf(broker.validate("nope", TOKEN)) is False
 
 
-# Poll (broker level) ---------------------------------------------------------------------------
+class ReplyRouting(BrokerCase):
+    """R and decision 6: a reply reaches only the client that asked."""
+
+    def test_r1_reply_reaches_only_the_asker(self) -> None:
+        broker, _, _ = make_broker()
+        alice, mallory = self.open_sse(broker, label="alice"), self.open_sse(broker, label="mallory")
+        self.successResultOf(broker.inbox(SESSION, TOKEN, req(7), "alice"))
+        self.successResultOf(broker.outbox(SESSION, TOKEN, res(7)))
+        assert [m["id"] for m in alice.messages()] == [7]
+        assert mallory.messages() == []
+
+    def test_r2_notification_reaches_everyone(self) -> None:
+        broker, _, _ = make_broker()
+        alice, bob = self.open_sse(broker, label="alice"), self.open_sse(broker, label="bob")
+        self.successResultOf(broker.outbox(SESSION, TOKEN, NOTE))
+        assert len(alice.messages()) == 1 and len(bob.messages()) == 1
+
+    def test_r3_uncorrelated_reply_reaches_nobody_when_labelled(self) -> None:
+        broker, _, _ = make_broker()
+        alice = self.open_sse(broker, label="alice")
+        self.successResultOf(broker.outbox(SESSION, TOKEN, res(999)))
+        assert alice.messages() == []
+
+    def test_r4_each_gets_their_own_reply_in_reverse_order(self) -> None:
+        broker, _, _ = make_broker()
+        alice, bob = self.open_sse(broker, label="alice"), self.open_sse(broker, label="bob")
+        self.successResultOf(broker.inbox(SESSION, TOKEN, req(1), "alice"))
+        self.successResultOf(broker.inbox(SESSION, TOKEN, req(2), "bob"))
+        self.successResultOf(broker.outbox(SESSION, TOKEN, res(2)))
+        self.successResultOf(broker.outbox(SESSION, TOKEN, res(1)))
+        assert [m["id"] for m in alice.messages()] == [1]
+        assert [m["id"] for m in bob.messages()] == [2]
+
+    def test_r5_labelled_request_reaches_unlabelled_page(self) -> None:
+        broker, _, _ = make_broker()
+        page = self.open_sse(broker, INBOUND)
+        self.successResultOf(broker.inbox(SESSION, TOKEN, req(3), "alice"))
+        assert [m["id"] for m in page.messages()] == [3]
+
+    def test_r6_correlation_consumed_once(self) -> None:
+        broker, _, _ = make_broker()
+        alice = self.open_sse(broker, label="alice")
+        self.successResultOf(broker.inbox(SESSION, TOKEN, req(7), "alice"))
+        self.successResultOf(broker.outbox(SESSION, TOKEN, res(7)))
+        self.successResultOf(broker.outbox(SESSION, TOKEN, res(7)))
+        assert len(alice.messages()) == 1
+
+    def test_legacy_mode_broadcasts_replies(self) -> None:
+        broker, _, _ = make_broker()
+        a, b = self.open_sse(broker), self.open_sse(broker)
+        self.successResultOf(broker.inbox(SESSION, TOKEN, req(1)))
+        self.successResultOf(broker.outbox(SESSION, TOKEN, res(1)))
+        assert len(a.messages()) == 1 and len(b.messages()) == 1
+
+    def test_decision6_colliding_ids_each_get_their_own_reply(self) -> None:
+        """Two labelled clients both send id 1 before either is answered; each gets its own reply."""
+        broker, _, _ = make_broker()
+        page = self.open_sse(broker, INBOUND)
+        alice, bob = self.open_sse(broker, label="alice"), self.open_sse(broker, label="bob")
+        self.successResultOf(broker.inbox(SESSION, TOKEN, req(1), "alice"))
+        self.successResultOf(broker.inbox(SESSION, TOKEN, req(1), "bob"))
+        seen = [m for m in page.messages() if "id" in m]  # not the peer_joined notifications
+        assert seen[0]["id"] == 1 and seen[1]["id"] != 1  # the second was rewritten for the page
+        # The page answers in reverse order, echoing the ids it saw.
+        self.successResultOf(broker.outbox(SESSION, TOKEN, res(seen[1]["id"], {"for": "bob"})))
+        self.successResultOf(broker.outbox(SESSION, TOKEN, res(seen[0]["id"], {"for": "alice"})))
+        assert alice.messages() == [{"jsonrpc": "2.0", "id": 1, "result": {"for": "alice"}}]
+        assert bob.messages() == [{"jsonrpc": "2.0", "id": 1, "result": {"for": "bob"}}]
+
+    def test_decision6_empty_client_label_counts_as_none(self) -> None:
+        broker, _, _ = make_broker()
+        anon = self.open_sse(broker, label=None)
+        self.successResultOf(broker.inbox(SESSION, TOKEN, req(1)))
+        self.successResultOf(broker.outbox(SESSION, TOKEN, res(1)))
+        assert len(anon.messages()) == 1  # legacy broadcast: nobody is labelled
+
+    def test_numeric_and_string_ids_do_not_collide(self) -> None:
+        broker, _, _ = make_broker()
+        alice, bob = self.open_sse(broker, label="alice"), self.open_sse(broker, label="bob")
+        self.successResultOf(broker.inbox(SESSION, TOKEN, req(1), "alice"))
+        self.successResultOf(broker.inbox(SESSION, TOKEN, req("1"), "bob"))
+        self.successResultOf(broker.outbox(SESSION, TOKEN, res("1")))
+        self.successResultOf(broker.outbox(SESSION, TOKEN, res(1)))
+        assert [m["id"] for m in alice.messages()] == [1]
+        assert [m["id"] for m in bob.messages()] == ["1"]
+
+    def test_correlations_bounded_per_session(self) -> None:
+        broker, _, store = make_broker(correlations_per_session=3)
+        for i in range(10):
+            self.successResultOf(broker.inbox(SESSION, TOKEN, req(i), "alice"))
+        assert list(store.correlations[SESSION]) == [b"7", b"8", b"9"]
 
 
-@pytest.mark.parametrize(
-    "raw,expected",
-    [(None, 20000), ("0", 0), ("1500", 1500), ("999999", 25000), ("-5", 0), ("abc", 0), ("", 0), ("1500ms", 1500), ("1e3", 1)],
-)
-def test_p4_wait_clamping(raw: str | None, expected: int) -> None:
-    assert parse_wait_ms(raw) == expected
+class Presence(BrokerCase):
+    """Outbound subscribers are announced to the page (peer_joined/peer_left)."""
+
+    def test_outbound_subscriber_announced_to_page_and_left_on_close(self) -> None:
+        broker, reactor, store = make_broker()
+        page = self.open_sse(broker, INBOUND)
+        agent = RecordingSink()
+        handle = self.successResultOf(broker.open_stream(SESSION, TOKEN, OUTBOUND, None, agent))
+        joined = page.messages()[0]
+        assert joined == {
+            "jsonrpc": "2.0",
+            "method": "notifications/peer_joined",
+            "params": {"subscriberId": handle.record.id, "ts": int(reactor.seconds() * 1000)},
+        }
+        assert page.events[0].startswith(
+            b'event: mcp\ndata: {"jsonrpc":"2.0","method":"notifications/peer_joined","params":{"subscriberId":'
+        )
+        self.successResultOf(broker.close_stream(handle.record))
+        assert page.messages()[1]["method"] == "notifications/peer_left"
+        assert page.messages()[1]["params"]["subscriberId"] == handle.record.id
+
+    def test_inbound_subscribers_make_no_presence(self) -> None:
+        broker, _, _ = make_broker()
+        page = self.open_sse(broker, INBOUND)
+        self.open_sse(broker, INBOUND)
+        assert page.messages() == []
 
 
-def test_poll_parks_until_a_frame_arrives() -> None:
-    broker, reactor, _ = make_broker()
-    first = fired(broker.poll(SESSION, TOKEN, INBOUND, 0))
-    d = broker.poll(SESSION, TOKEN, INBOUND, 10_000, first.subscriber)
-    assert not d.called and broker.parked_polls() == 1
-    reactor.advance(0.1)
-    fired(broker.inbox(SESSION, TOKEN, req(1, "tools/list")))
-    result = fired(d)
-    assert [f["method"] for f in frames_of(result)] == ["tools/list"]
-    assert broker.parked_polls() == 0 and not reactor.getDelayedCalls()
+@expand
+class Poll(BrokerCase):
+    """P at broker level: parking, timeouts, subscriber ids."""
 
+    @cases(
+        **{
+            "None-20000": (None, 20000),
+            "0-0": ("0", 0),
+            "1500-1500": ("1500", 1500),
+            "999999-25000": ("999999", 25000),
+            "minus5-0": ("-5", 0),
+            "abc-0": ("abc", 0),
+            "empty-0": ("", 0),
+            "1500ms-1500": ("1500ms", 1500),
+            "1e3-1": ("1e3", 1),
+        }
+    )
+    def test_p4_wait_clamping(self, raw: str | None, expected: int) -> None:
+        assert parse_wait_ms(raw) == expected
 
-def test_p6_poll_times_out_empty() -> None:
-    broker, reactor, _ = make_broker()
-    d = broker.poll(SESSION, TOKEN, INBOUND, 150)
-    reactor.advance(0.14)
-    assert not d.called
-    reactor.advance(0.02)
-    assert fired(d).frames == []
+    def test_poll_parks_until_a_frame_arrives(self) -> None:
+        broker, reactor, _ = make_broker()
+        first = self.successResultOf(broker.poll(SESSION, TOKEN, INBOUND, 0))
+        d = broker.poll(SESSION, TOKEN, INBOUND, 10_000, first.subscriber)
+        assert not d.called and broker.parked_polls() == 1
+        reactor.advance(0.1)
+        self.successResultOf(broker.inbox(SESSION, TOKEN, req(1, "tools/list")))
+        result = self.successResultOf(d)
+        assert [f["method"] for f in frames_of(result)] == ["tools/list"]
+        assert broker.parked_polls() == 0 and not reactor.getDelayedCalls()
 
+    def test_p6_poll_times_out_empty(self) -> None:
+        broker, reactor, _ = make_broker()
+        d = broker.poll(SESSION, TOKEN, INBOUND, 150)
+        reactor.advance(0.14)
+        assert not d.called
+        reactor.advance(0.02)
+        assert self.successResultOf(d).frames == []
 
-def test_p7_abort_takes_nothing_and_frames_stay_queued() -> None:
-    broker, reactor, _ = make_broker()
-    first = fired(broker.poll(SESSION, TOKEN, INBOUND, 0))
-    d = broker.poll(SESSION, TOKEN, INBOUND, 10_000, first.subscriber)
-    reactor.advance(0.1)
-    d.cancel()
-    d.addErrback(lambda f: None)
-    assert broker.parked_polls() == 0 and not reactor.getDelayedCalls()
-    fired(broker.inbox(SESSION, TOKEN, req(1)))
-    again = fired(broker.poll(SESSION, TOKEN, INBOUND, 0, first.subscriber))
-    assert again.subscriber == first.subscriber and len(again.frames) == 1
+    def test_p7_abort_takes_nothing_and_frames_stay_queued(self) -> None:
+        broker, reactor, _ = make_broker()
+        first = self.successResultOf(broker.poll(SESSION, TOKEN, INBOUND, 0))
+        d = broker.poll(SESSION, TOKEN, INBOUND, 10_000, first.subscriber)
+        reactor.advance(0.1)
+        d.cancel()
+        d.addErrback(lambda f: None)
+        assert broker.parked_polls() == 0 and not reactor.getDelayedCalls()
+        self.successResultOf(broker.inbox(SESSION, TOKEN, req(1)))
+        again = self.successResultOf(broker.poll(SESSION, TOKEN, INBOUND, 0, first.subscriber))
+        assert again.subscriber == first.subscriber and len(again.frames) == 1
 
+    def test_put_back_restores_frames_at_the_head(self) -> None:
+        broker, _, _ = make_broker()
+        first = self.successResultOf(broker.poll(SESSION, TOKEN, INBOUND, 0))
+        self.successResultOf(broker.inbox(SESSION, TOKEN, req(1)))
+        taken = self.successResultOf(broker.poll(SESSION, TOKEN, INBOUND, 0, first.subscriber))
+        self.successResultOf(broker.inbox(SESSION, TOKEN, req(2)))
+        self.successResultOf(broker.put_back(taken))
+        again = self.successResultOf(broker.poll(SESSION, TOKEN, INBOUND, 0, first.subscriber))
+        assert [f["id"] for f in frames_of(again)] == [1, 2]
 
-def test_put_back_restores_frames_at_the_head() -> None:
-    broker, _, _ = make_broker()
-    first = fired(broker.poll(SESSION, TOKEN, INBOUND, 0))
-    fired(broker.inbox(SESSION, TOKEN, req(1)))
-    taken = fired(broker.poll(SESSION, TOKEN, INBOUND, 0, first.subscriber))
-    fired(broker.inbox(SESSION, TOKEN, req(2)))
-    fired(broker.put_back(taken))
-    again = fired(broker.poll(SESSION, TOKEN, INBOUND, 0, first.subscriber))
-    assert [f["id"] for f in frames_of(again)] == [1, 2]
+    def test_p11_same_subscriber_announced_once(self) -> None:
+        broker, _, _ = make_broker()
+        page = self.open_sse(broker, INBOUND)
+        first = self.successResultOf(broker.poll(SESSION, TOKEN, OUTBOUND, 0))
+        for _ in range(2):
+            self.successResultOf(broker.poll(SESSION, TOKEN, OUTBOUND, 0, first.subscriber))
+        assert [m["params"]["subscriberId"] for m in page.messages()] == [first.subscriber]
 
+    def test_p13_sse_id_is_never_adopted(self) -> None:
+        broker, _, _ = make_broker()
+        handle = self.successResultOf(broker.open_stream(SESSION, TOKEN, OUTBOUND, None, RecordingSink()))
+        result = self.successResultOf(broker.poll(SESSION, TOKEN, OUTBOUND, 0, handle.record.id))
+        assert result.subscriber != handle.record.id and result.created
 
-def test_p11_same_subscriber_announced_once() -> None:
-    broker, _, _ = make_broker()
-    page = open_sse(broker, INBOUND)
-    first = fired(broker.poll(SESSION, TOKEN, OUTBOUND, 0))
-    for _ in range(2):
-        fired(broker.poll(SESSION, TOKEN, OUTBOUND, 0, first.subscriber))
-    assert [m["params"]["subscriberId"] for m in page.messages()] == [first.subscriber]
+    def test_unknown_id_is_adopted_and_uppercase_ignored(self) -> None:
+        broker, _, _ = make_broker()
+        result = self.successResultOf(broker.poll(SESSION, TOKEN, INBOUND, 0, "0123456789abcdef"))
+        assert result.subscriber == "0123456789abcdef" and result.created
+        other = self.successResultOf(broker.poll(SESSION, TOKEN, OUTBOUND, 0, "0123456789abcdef"))
+        assert other.subscriber == "0123456789abcdef"  # the same id may live in both directions
+        upper = self.successResultOf(broker.poll(SESSION, TOKEN, INBOUND, 0, "0123456789ABCDEF"))
+        assert upper.subscriber != "0123456789ABCDEF"
 
+    def test_label_set_only_at_creation(self) -> None:
+        broker, _, store = make_broker()
+        first = self.successResultOf(broker.poll(SESSION, TOKEN, OUTBOUND, 0, None, "alice"))
+        self.successResultOf(broker.poll(SESSION, TOKEN, OUTBOUND, 0, first.subscriber, "mallory"))
+        assert store.subs[SESSION][OUTBOUND][first.subscriber].label == "alice"
 
-def test_p13_sse_id_is_never_adopted() -> None:
-    broker, _, _ = make_broker()
-    handle = fired(broker.open_stream(SESSION, TOKEN, OUTBOUND, None, RecordingSink()))
-    result = fired(broker.poll(SESSION, TOKEN, OUTBOUND, 0, handle.record.id))
-    assert result.subscriber != handle.record.id and result.created
+    def test_concurrent_polls_first_takes_all(self) -> None:
+        broker, _, _ = make_broker()
+        first = self.successResultOf(broker.poll(SESSION, TOKEN, INBOUND, 0))
+        d1 = broker.poll(SESSION, TOKEN, INBOUND, 10_000, first.subscriber)
+        d2 = broker.poll(SESSION, TOKEN, INBOUND, 10_000, first.subscriber)
+        self.successResultOf(broker.inbox(SESSION, TOKEN, req(1)))
+        assert len(self.successResultOf(d1).frames) + len(self.successResultOf(d2).frames) == 1
 
+    def test_p15_unregister_releases_parked_poll_with_200_then_410(self) -> None:
+        broker, reactor, _ = make_broker()
+        d = broker.poll(SESSION, TOKEN, OUTBOUND, 10_000)
+        assert self.successResultOf(broker.unregister(SESSION, TOKEN)) is False
+        assert self.successResultOf(d).frames == []
+        assert self.refusal(broker.poll(SESSION, TOKEN, OUTBOUND, 0)) == "session_gone"
+        assert not reactor.getDelayedCalls()
 
-def test_unknown_id_is_adopted_and_uppercase_ignored() -> None:
-    broker, _, _ = make_broker()
-    result = fired(broker.poll(SESSION, TOKEN, INBOUND, 0, "0123456789abcdef"))
-    assert result.subscriber == "0123456789abcdef" and result.created
-    other = fired(broker.poll(SESSION, TOKEN, OUTBOUND, 0, "0123456789abcdef"))
-    assert other.subscriber == "0123456789abcdef"  # the same id may live in both directions
-    upper = fired(broker.poll(SESSION, TOKEN, INBOUND, 0, "0123456789ABCDEF"))
-    assert upper.subscriber != "0123456789ABCDEF"
+    def test_p16_idle_poller_dropped_with_peer_left(self) -> None:
+        broker, reactor, _ = make_broker(reap_interval_ms=1000, poll_idle_ms=60_000)
+        broker.start()
+        page = self.open_sse(broker, INBOUND)
+        first = self.successResultOf(broker.poll(SESSION, TOKEN, OUTBOUND, 0))
+        for _ in range(30):
+            reactor.advance(1)
+        assert [m["method"] for m in page.messages()] == ["notifications/peer_joined"]
+        for _ in range(40):
+            reactor.advance(1)
+        assert [m["method"] for m in page.messages()][-1] == "notifications/peer_left"
+        assert page.messages()[-1]["params"]["subscriberId"] == first.subscriber
+        again = self.successResultOf(broker.poll(SESSION, TOKEN, OUTBOUND, 0, first.subscriber))
+        assert again.created and again.subscriber == first.subscriber
+        assert page.messages()[-1]["method"] == "notifications/peer_joined"
+        broker.stop()
 
-
-def test_label_set_only_at_creation() -> None:
-    broker, _, store = make_broker()
-    first = fired(broker.poll(SESSION, TOKEN, OUTBOUND, 0, None, "alice"))
-    fired(broker.poll(SESSION, TOKEN, OUTBOUND, 0, first.subscriber, "mallory"))
-    assert store.subs[SESSION][OUTBOUND][first.subscriber].label == "alice"
-
-
-def test_concurrent_polls_first_takes_all() -> None:
-    broker, _, _ = make_broker()
-    first = fired(broker.poll(SESSION, TOKEN, INBOUND, 0))
-    d1 = broker.poll(SESSION, TOKEN, INBOUND, 10_000, first.subscriber)
-    d2 = broker.poll(SESSION, TOKEN, INBOUND, 10_000, first.subscriber)
-    fired(broker.inbox(SESSION, TOKEN, req(1)))
-    assert len(fired(d1).frames) + len(fired(d2).frames) == 1
-
-
-def test_p15_unregister_releases_parked_poll_with_200_then_410() -> None:
-    broker, reactor, _ = make_broker()
-    d = broker.poll(SESSION, TOKEN, OUTBOUND, 10_000)
-    assert fired(broker.unregister(SESSION, TOKEN)) is False
-    assert fired(d).frames == []
-    assert refusal(broker.poll(SESSION, TOKEN, OUTBOUND, 0)) == "session_gone"
-    assert not reactor.getDelayedCalls()
-
-
-def test_p16_idle_poller_dropped_with_peer_left() -> None:
-    broker, reactor, _ = make_broker(reap_interval_ms=1000, poll_idle_ms=60_000)
-    broker.start()
-    page = open_sse(broker, INBOUND)
-    first = fired(broker.poll(SESSION, TOKEN, OUTBOUND, 0))
-    for _ in range(30):
+    def test_p17_parked_poller_is_never_pruned(self) -> None:
+        """Scaled: idle window 10 s, reaper every 1 s, a poll parked for 25 s is not pruned meanwhile."""
+        broker, reactor, _ = make_broker(reap_interval_ms=1000, poll_idle_ms=10_000)
+        broker.start()
+        first = self.successResultOf(broker.poll(SESSION, TOKEN, OUTBOUND, 0))
+        d = broker.poll(SESSION, TOKEN, OUTBOUND, 25_000, first.subscriber)
+        for _ in range(24):
+            reactor.advance(1)
+        assert not d.called
         reactor.advance(1)
-    assert [m["method"] for m in page.messages()] == ["notifications/peer_joined"]
-    for _ in range(40):
-        reactor.advance(1)
-    assert [m["method"] for m in page.messages()][-1] == "notifications/peer_left"
-    assert page.messages()[-1]["params"]["subscriberId"] == first.subscriber
-    again = fired(broker.poll(SESSION, TOKEN, OUTBOUND, 0, first.subscriber))
-    assert again.created and again.subscriber == first.subscriber
-    assert page.messages()[-1]["method"] == "notifications/peer_joined"
-    broker.stop()
+        assert self.successResultOf(d).frames == []
+        again = self.successResultOf(broker.poll(SESSION, TOKEN, OUTBOUND, 0, first.subscriber))
+        assert not again.created
+        broker.stop()
 
 
-def test_p17_parked_poller_is_never_pruned() -> None:
-    """Scaled: idle window 10 s, reaper every 1 s, a poll parked for 25 s is not pruned meanwhile."""
-    broker, reactor, _ = make_broker(reap_interval_ms=1000, poll_idle_ms=10_000)
-    broker.start()
-    first = fired(broker.poll(SESSION, TOKEN, OUTBOUND, 0))
-    d = broker.poll(SESSION, TOKEN, OUTBOUND, 25_000, first.subscriber)
-    for _ in range(24):
-        reactor.advance(1)
-    assert not d.called
-    reactor.advance(1)
-    assert fired(d).frames == []
-    again = fired(broker.poll(SESSION, TOKEN, OUTBOUND, 0, first.subscriber))
-    assert not again.created
-    broker.stop()
+class Backlog(BrokerCase):
+    """PHP relay cases and decision 1: frames sent before any subscriber are kept (bounded)."""
+
+    def test_php4_first_frame_before_any_subscriber_is_kept(self) -> None:
+        broker, _, _ = make_broker()
+        init = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}'
+        assert self.successResultOf(broker.inbox(SESSION, TOKEN, init)) is None
+        first = self.successResultOf(broker.poll(SESSION, TOKEN, INBOUND, 0))
+        assert [f["method"] for f in frames_of(first)] == ["initialize"]
+
+    def test_php5_backlog_goes_to_the_first_subscriber_only(self) -> None:
+        broker, _, _ = make_broker()
+        self.successResultOf(broker.inbox(SESSION, TOKEN, req(1)))
+        assert len(self.successResultOf(broker.poll(SESSION, TOKEN, INBOUND, 0)).frames) == 1
+        assert self.successResultOf(broker.poll(SESSION, TOKEN, INBOUND, 0)).frames == []
+
+    def test_php6_normal_path(self) -> None:
+        broker, _, _ = make_broker()
+        first = self.successResultOf(broker.poll(SESSION, TOKEN, INBOUND, 0))
+        self.successResultOf(broker.inbox(SESSION, TOKEN, req(1, "tools/list")))
+        result = self.successResultOf(broker.poll(SESSION, TOKEN, INBOUND, 0, first.subscriber))
+        assert [f["method"] for f in frames_of(result)] == ["tools/list"]
+
+    def test_decision1_backlog_capped_at_64_oldest_dropped_and_given_to_sse(self) -> None:
+        broker, _, _ = make_broker()
+        for i in range(70):
+            self.successResultOf(broker.inbox(SESSION, TOKEN, req(i)))
+        handle = self.successResultOf(broker.open_stream(SESSION, TOKEN, INBOUND, None, RecordingSink()))
+        ids = [json.loads(e[len(b"event: mcp\ndata: ") : -2])["id"] for e in handle.backlog]
+        assert ids == list(range(6, 70))
+
+    def test_presence_is_not_backlogged(self) -> None:
+        broker, _, _ = make_broker()
+        self.successResultOf(broker.poll(SESSION, TOKEN, OUTBOUND, 0))
+        assert self.successResultOf(broker.poll(SESSION, TOKEN, INBOUND, 0)).frames == []
 
 
-# PHP relay cases and decision 1 (backlog) -------------------------------------------------------
+class SseFraming(BrokerCase):
+    """Decision 4: newline-safe SSE framing, encoded once."""
+
+    def test_decision4_multiline_frame_sent_on_one_line_and_compact_frames_pass_verbatim(self) -> None:
+        broker, _, _ = make_broker()
+        page = self.open_sse(broker, INBOUND)
+        pretty = b'{\r\n  "jsonrpc": "2.0",\n  "id": 1,\r  "method": "x"\n}'
+        compact_odd = b'{"jsonrpc":"2.0",   "method":"y" ,"id":2}'
+        self.successResultOf(broker.inbox(SESSION, TOKEN, pretty))
+        self.successResultOf(broker.inbox(SESSION, TOKEN, compact_odd))
+        # Line breaks are whitespace between tokens in valid JSON: removed, nothing else changes.
+        assert page.events[0] == b'event: mcp\ndata: {  "jsonrpc": "2.0",  "id": 1,  "method": "x"}\n\n'
+        assert page.events[1] == b"event: mcp\ndata: " + compact_odd + b"\n\n"
+
+    def test_frame_encoded_once_per_broadcast(self) -> None:
+        broker, _, _ = make_broker()
+        sinks = [self.open_sse(broker, INBOUND) for _ in range(3)]
+        self.successResultOf(broker.inbox(SESSION, TOKEN, req(1)))
+        assert sinks[0].events[0] is sinks[1].events[0] is sinks[2].events[0]
 
 
-def test_php4_first_frame_before_any_subscriber_is_kept() -> None:
-    broker, _, _ = make_broker()
-    init = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}'
-    assert fired(broker.inbox(SESSION, TOKEN, init)) is None
-    first = fired(broker.poll(SESSION, TOKEN, INBOUND, 0))
-    assert [f["method"] for f in frames_of(first)] == ["initialize"]
+class SessionLifetime(BrokerCase):
+    """Decision 7: open subscribers keep a session alive; the TTL reaper ends the rest."""
 
-
-def test_php5_backlog_goes_to_the_first_subscriber_only() -> None:
-    broker, _, _ = make_broker()
-    fired(broker.inbox(SESSION, TOKEN, req(1)))
-    assert len(fired(broker.poll(SESSION, TOKEN, INBOUND, 0)).frames) == 1
-    assert fired(broker.poll(SESSION, TOKEN, INBOUND, 0)).frames == []
-
-
-def test_php6_normal_path() -> None:
-    broker, _, _ = make_broker()
-    first = fired(broker.poll(SESSION, TOKEN, INBOUND, 0))
-    fired(broker.inbox(SESSION, TOKEN, req(1, "tools/list")))
-    result = fired(broker.poll(SESSION, TOKEN, INBOUND, 0, first.subscriber))
-    assert [f["method"] for f in frames_of(result)] == ["tools/list"]
-
-
-def test_decision1_backlog_capped_at_64_oldest_dropped_and_given_to_sse() -> None:
-    broker, _, _ = make_broker()
-    for i in range(70):
-        fired(broker.inbox(SESSION, TOKEN, req(i)))
-    handle = fired(broker.open_stream(SESSION, TOKEN, INBOUND, None, RecordingSink()))
-    ids = [json.loads(e[len(b"event: mcp\ndata: ") : -2])["id"] for e in handle.backlog]
-    assert ids == list(range(6, 70))
-
-
-def test_presence_is_not_backlogged() -> None:
-    broker, _, _ = make_broker()
-    fired(broker.poll(SESSION, TOKEN, OUTBOUND, 0))
-    assert fired(broker.poll(SESSION, TOKEN, INBOUND, 0)).frames == []
-
-
-# Decision 4: newline-safe SSE framing ----------------------------------------------------------
-
-
-def test_decision4_multiline_frame_sent_on_one_line_and_compact_frames_pass_verbatim() -> None:
-    broker, _, _ = make_broker()
-    page = open_sse(broker, INBOUND)
-    pretty = b'{\r\n  "jsonrpc": "2.0",\n  "id": 1,\r  "method": "x"\n}'
-    compact_odd = b'{"jsonrpc":"2.0",   "method":"y" ,"id":2}'
-    fired(broker.inbox(SESSION, TOKEN, pretty))
-    fired(broker.inbox(SESSION, TOKEN, compact_odd))
-    # Line breaks are whitespace between tokens in valid JSON: removed, nothing else changes.
-    assert page.events[0] == b'event: mcp\ndata: {  "jsonrpc": "2.0",  "id": 1,  "method": "x"}\n\n'
-    assert page.events[1] == b"event: mcp\ndata: " + compact_odd + b"\n\n"
-
-
-def test_frame_encoded_once_per_broadcast() -> None:
-    broker, _, _ = make_broker()
-    sinks = [open_sse(broker, INBOUND) for _ in range(3)]
-    fired(broker.inbox(SESSION, TOKEN, req(1)))
-    assert sinks[0].events[0] is sinks[1].events[0] is sinks[2].events[0]
-
-
-# Decision 7: open subscribers keep a session alive; TTL reaper ---------------------------------
-
-
-def test_ttl_reaper_expires_idle_session_and_ends_streams() -> None:
-    broker, reactor, _ = make_broker(ttl_ms=120_000, reap_interval_ms=60_000)
-    broker.start()
-    reactor.advance(60)
-    assert fired(broker.check(SESSION, TOKEN)) is None  # a touch slides the TTL
-    reactor.advance(120)
-    assert fired(broker.check(SESSION, TOKEN)) is None  # last seen 120 s ago: not strictly older
-    for _ in range(4):
+    def test_ttl_reaper_expires_idle_session_and_ends_streams(self) -> None:
+        broker, reactor, _ = make_broker(ttl_ms=120_000, reap_interval_ms=60_000)
+        broker.start()
         reactor.advance(60)
-    assert fired(broker.check(SESSION, TOKEN)) == "session_gone"
-    broker.stop()
+        assert self.successResultOf(broker.check(SESSION, TOKEN)) is None  # a touch slides the TTL
+        reactor.advance(120)
+        assert self.successResultOf(broker.check(SESSION, TOKEN)) is None  # last seen 120 s ago: not strictly older
+        for _ in range(4):
+            reactor.advance(60)
+        assert self.successResultOf(broker.check(SESSION, TOKEN)) == "session_gone"
+        broker.stop()
+
+    def test_decision7_open_stream_keeps_session_alive_and_reaper_closes_the_rest(self) -> None:
+        broker, reactor, _ = make_broker(ttl_ms=120_000, reap_interval_ms=60_000)
+        broker.start()
+        page = RecordingSink()
+        handle = self.successResultOf(broker.open_stream(SESSION, TOKEN, INBOUND, None, page))
+        for _ in range(10):
+            reactor.advance(60)
+        assert self.successResultOf(broker.check(SESSION, TOKEN)) is None and not page.ended
+        self.successResultOf(broker.close_stream(handle.record))
+        for _ in range(4):
+            reactor.advance(60)
+        assert self.successResultOf(broker.check(SESSION, TOKEN)) == "session_gone"
+        broker.stop()
+
+    def test_reaper_ends_streams_of_expired_session_without_peer_left(self) -> None:
+        broker, reactor, _ = make_broker(ttl_ms=60_000, reap_interval_ms=0)
+        page = RecordingSink()
+        self.successResultOf(broker.open_stream(SESSION, TOKEN, INBOUND, None, page))
+        agent = RecordingSink()
+        agent_handle = self.successResultOf(broker.open_stream(SESSION, TOKEN, OUTBOUND, None, agent))
+        broker._sinks.clear()  # the streams are on "another process": nothing keeps the session alive here
+        reactor.advance(61)
+        self.successResultOf(broker.reap())
+        assert self.successResultOf(broker.check(SESSION, TOKEN)) == "session_gone"
+        self.successResultOf(broker.close_stream(agent_handle.record))
+        assert [m["method"] for m in page.messages()] == ["notifications/peer_joined"]
+
+    def test_unregister_ends_streams(self) -> None:
+        broker, _, _ = make_broker()
+        page = self.open_sse(broker, INBOUND)
+        assert self.successResultOf(broker.unregister(SESSION, TOKEN)) is False
+        assert page.ended
+        assert self.successResultOf(broker.unregister(SESSION, TOKEN)) is True  # already gone
+        assert self.refusal(broker.unregister(SESSION, "")) == "invalid_token"
 
 
-def test_decision7_open_stream_keeps_session_alive_and_reaper_closes_the_rest() -> None:
-    broker, reactor, _ = make_broker(ttl_ms=120_000, reap_interval_ms=60_000)
-    broker.start()
-    page = RecordingSink()
-    handle = fired(broker.open_stream(SESSION, TOKEN, INBOUND, None, page))
-    for _ in range(10):
-        reactor.advance(60)
-    assert fired(broker.check(SESSION, TOKEN)) is None and not page.ended
-    fired(broker.close_stream(handle.record))
-    for _ in range(4):
-        reactor.advance(60)
-    assert fired(broker.check(SESSION, TOKEN)) == "session_gone"
-    broker.stop()
+class BoundedMemory(BrokerCase):
+    """Decision 9: queues, buffered bytes and sessions are bounded."""
+
+    def test_decision9_poller_that_never_reads_is_bounded_and_told_what_it_lost(self) -> None:
+        broker, _, store = make_broker(queue_max_frames=10)
+        first = self.successResultOf(broker.poll(SESSION, TOKEN, INBOUND, 0))
+        for i in range(1000):
+            self.successResultOf(broker.inbox(SESSION, TOKEN, req(i)))
+        assert store.max_queue_items_seen == 10
+        frames = frames_of(self.successResultOf(broker.poll(SESSION, TOKEN, INBOUND, 0, first.subscriber)))
+        assert frames[0] == {"jsonrpc": "2.0", "method": FRAMES_DROPPED, "params": {"count": 990}}
+        assert [f["id"] for f in frames[1:]] == list(range(990, 1000))
+
+    def test_decision9_queue_byte_bound(self) -> None:
+        broker, _, store = make_broker(queue_max_bytes=2000)
+        self.successResultOf(broker.poll(SESSION, TOKEN, INBOUND, 0))
+        big = json.dumps({"jsonrpc": "2.0", "method": "n", "params": {"x": "y" * 500}}).encode()
+        for _ in range(100):
+            self.successResultOf(broker.inbox(SESSION, TOKEN, big))
+        (queue,) = store.queues.values()
+        assert queue.bytes <= 2000 and len(queue.items) <= 3
+
+    def test_decision9_session_cap(self) -> None:
+        broker, _, _ = make_broker(max_sessions=2)
+        self.successResultOf(broker.register("second", TOKEN))
+        assert self.refusal(broker.register("third", TOKEN)) == "too_many_sessions"
+        self.successResultOf(broker.register("second", TOKEN))  # re-register of an existing session is not a new one
 
 
-def test_reaper_ends_streams_of_expired_session_without_peer_left() -> None:
-    broker, reactor, _ = make_broker(ttl_ms=60_000, reap_interval_ms=0)
-    page = RecordingSink()
-    fired(broker.open_stream(SESSION, TOKEN, INBOUND, None, page))
-    agent = RecordingSink()
-    agent_handle = fired(broker.open_stream(SESSION, TOKEN, OUTBOUND, None, agent))
-    broker._sinks.clear()  # the streams are on "another process": nothing keeps the session alive here
-    reactor.advance(61)
-    fired(broker.reap())
-    assert fired(broker.check(SESSION, TOKEN)) == "session_gone"
-    fired(broker.close_stream(agent_handle.record))
-    assert [m["method"] for m in page.messages()] == ["notifications/peer_joined"]
+class Register(BrokerCase):
+    """Register rules and drain."""
 
+    def test_register_rules(self) -> None:
+        broker, _, _ = make_broker()
+        assert self.refusal(broker.register("a/b!", TOKEN)) == "invalid_session_id"
+        assert self.refusal(broker.register("abc", TOKEN)) == "invalid_session_id"
+        assert self.refusal(broker.register("x" * 65, TOKEN)) == "invalid_session_id"
+        assert self.refusal(broker.register("okay", "short")) == "invalid_token"
+        assert self.refusal(broker.register("okay", "t" * 129)) == "invalid_token"
+        assert self.refusal(broker.register(SESSION, "another-token-entirely")) == "session_taken"
+        assert self.successResultOf(broker.register(SESSION, TOKEN)) is None
+        # An astral character counts two UTF-16 units, as JavaScript's .length does.
+        assert self.successResultOf(broker.register("astral", "\U0001f600" * 8)) is None
+        assert self.refusal(broker.register("astral2", "\U0001f600" * 65)) == "invalid_token"
 
-def test_unregister_ends_streams() -> None:
-    broker, _, _ = make_broker()
-    page = open_sse(broker, INBOUND)
-    assert fired(broker.unregister(SESSION, TOKEN)) is False
-    assert page.ended
-    assert fired(broker.unregister(SESSION, TOKEN)) is True  # already gone
-    assert refusal(broker.unregister(SESSION, "")) == "invalid_token"
-
-
-# Decision 9: bounded memory --------------------------------------------------------------------
-
-
-def test_decision9_poller_that_never_reads_is_bounded_and_told_what_it_lost() -> None:
-    broker, _, store = make_broker(queue_max_frames=10)
-    first = fired(broker.poll(SESSION, TOKEN, INBOUND, 0))
-    for i in range(1000):
-        fired(broker.inbox(SESSION, TOKEN, req(i)))
-    assert store.max_queue_items_seen == 10
-    frames = frames_of(fired(broker.poll(SESSION, TOKEN, INBOUND, 0, first.subscriber)))
-    assert frames[0] == {"jsonrpc": "2.0", "method": FRAMES_DROPPED, "params": {"count": 990}}
-    assert [f["id"] for f in frames[1:]] == list(range(990, 1000))
-
-
-def test_decision9_queue_byte_bound() -> None:
-    broker, _, store = make_broker(queue_max_bytes=2000)
-    fired(broker.poll(SESSION, TOKEN, INBOUND, 0))
-    big = json.dumps({"jsonrpc": "2.0", "method": "n", "params": {"x": "y" * 500}}).encode()
-    for _ in range(100):
-        fired(broker.inbox(SESSION, TOKEN, big))
-    (queue,) = store.queues.values()
-    assert queue.bytes <= 2000 and len(queue.items) <= 3
-
-
-def test_decision9_session_cap() -> None:
-    broker, _, _ = make_broker(max_sessions=2)
-    fired(broker.register("second", TOKEN))
-    assert refusal(broker.register("third", TOKEN)) == "too_many_sessions"
-    fired(broker.register("second", TOKEN))  # re-register of an existing session is not a new one
-
-
-# Register -------------------------------------------------------------------------------------
-
-
-def test_register_rules() -> None:
-    broker, _, _ = make_broker()
-    assert refusal(broker.register("a/b!", TOKEN)) == "invalid_session_id"
-    assert refusal(broker.register("abc", TOKEN)) == "invalid_session_id"
-    assert refusal(broker.register("x" * 65, TOKEN)) == "invalid_session_id"
-    assert refusal(broker.register("okay", "short")) == "invalid_token"
-    assert refusal(broker.register("okay", "t" * 129)) == "invalid_token"
-    assert refusal(broker.register(SESSION, "another-token-entirely")) == "session_taken"
-    assert fired(broker.register(SESSION, TOKEN)) is None
-    # An astral character counts two UTF-16 units, as JavaScript's .length does.
-    assert fired(broker.register("astral", "\U0001f600" * 8)) is None
-    assert refusal(broker.register("astral2", "\U0001f600" * 65)) == "invalid_token"
-
-
-def test_drain_ends_streams_and_answers_polls() -> None:
-    broker, _, _ = make_broker()
-    page = open_sse(broker, INBOUND)
-    d = broker.poll(SESSION, TOKEN, OUTBOUND, 10_000)
-    broker.drain()
-    assert page.ended and fired(d).frames == []
-    assert broker.open_streams() == 0 and broker.parked_polls() == 0
+    def test_drain_ends_streams_and_answers_polls(self) -> None:
+        broker, _, _ = make_broker()
+        page = self.open_sse(broker, INBOUND)
+        d = broker.poll(SESSION, TOKEN, OUTBOUND, 10_000)
+        broker.drain()
+        assert page.ended and self.successResultOf(d).frames == []
+        assert broker.open_streams() == 0 and broker.parked_polls() == 0
 
 
 # Hostile values: total parsing and writing, the bound on bytes held for absent readers ---------------
 
 
-class HostileValues(TestCase):
+class HostileValues(BrokerCase):
     """Whatever a client sends, the broker answers with a result or a refusal, never an exception."""
 
     def test_wait_is_total_over_any_text(self) -> None:
@@ -587,28 +544,28 @@ class HostileValues(TestCase):
 
     def test_lone_surrogates_and_huge_numbers_in_ids_are_routed(self) -> None:
         broker, _, _ = make_broker()
-        agent = open_sse(broker, OUTBOUND, label="a")
-        other = open_sse(broker, OUTBOUND, label="b")
+        agent = self.open_sse(broker, OUTBOUND, label="a")
+        other = self.open_sse(broker, OUTBOUND, label="b")
         for label in ("a", "b"):  # the same id from two clients: the second is rewritten
-            fired(broker.inbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","id":"\\ud800","method":"m"}', label))
-        (first, second) = [json.loads(json.loads(f)) for f in fired(broker.poll(SESSION, TOKEN, INBOUND, 0)).frames]
+            self.successResultOf(broker.inbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","id":"\\ud800","method":"m"}', label))
+        (first, second) = [json.loads(json.loads(f)) for f in self.successResultOf(broker.poll(SESSION, TOKEN, INBOUND, 0)).frames]
         self.assertEqual(first["id"], "\ud800")
-        fired(broker.outbox(SESSION, TOKEN, json.dumps({"jsonrpc": "2.0", "id": second["id"], "result": 2}).encode()))
-        fired(broker.outbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","id":"\\ud800","result":1}'))
+        self.successResultOf(broker.outbox(SESSION, TOKEN, json.dumps({"jsonrpc": "2.0", "id": second["id"], "result": 2}).encode()))
+        self.successResultOf(broker.outbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","id":"\\ud800","result":1}'))
         self.assertEqual([(m["id"], m["result"]) for m in agent.messages()[-1:]], [("\ud800", 1)])
         self.assertEqual([(m["id"], m["result"]) for m in other.messages()[-1:]], [("\ud800", 2)])
         for number in (b"9" * 5000, b"1e400", b"-1e400", b"123456789012345678901234567890"):
-            fired(broker.inbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","id":' + number + b',"method":"m"}', "a"))
+            self.successResultOf(broker.inbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","id":' + number + b',"method":"m"}', "a"))
 
     def test_ids_nested_too_deep_to_write_are_refused_not_raised(self) -> None:
         broker, _, _ = make_broker()
         deep = b"[" * 1000 + b"]" * 1000  # read (orjson allows 1024 levels), too deep to write back
         request = b'{"jsonrpc":"2.0","method":"m","id":' + deep + b"}"
-        self.assertEqual(refusal(broker.inbox(SESSION, TOKEN, request, "a")), "invalid_token_or_frame")
+        self.assertEqual(self.refusal(broker.inbox(SESSION, TOKEN, request, "a")), "invalid_token_or_frame")
         response = b'{"jsonrpc":"2.0","result":1,"id":' + deep + b"}"
-        self.assertEqual(refusal(broker.outbox(SESSION, TOKEN, response)), "invalid_token_or_frame")
+        self.assertEqual(self.refusal(broker.outbox(SESSION, TOKEN, response)), "invalid_token_or_frame")
         shallow = b"[" * 300 + b"]" * 300  # deeper than orjson writes, not than the json module does
-        fired(broker.inbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","method":"m","id":' + shallow + b"}", "a"))
+        self.successResultOf(broker.inbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","method":"m","id":' + shallow + b"}", "a"))
 
     def test_sse_event_keeps_every_value_and_loses_only_line_breaks(self) -> None:
         raw = b'{"jsonrpc":"2.0",\r\n"method":"m",\n"params":[1e400,"\\ud800",123456789012345678901234567890]\r}'
@@ -619,11 +576,11 @@ class HostileValues(TestCase):
     def test_buffered_bound_is_checked_before_storing(self) -> None:
         note = b'{"jsonrpc":"2.0","method":"m","params":"' + b"x" * 58 + b'"}'  # 100 bytes
         broker, _, store = make_broker(max_buffered_bytes=250)
-        fired(broker.inbox(SESSION, TOKEN, note))
-        fired(broker.outbox(SESSION, TOKEN, note[:-14] + b'"}'))  # 88: 188 held
-        self.assertEqual(refusal(broker.inbox(SESSION, TOKEN, note)), "buffer_full")  # 288 > 250
-        fired(broker.inbox(SESSION, TOKEN, note[:-40] + b'"}'))  # 62: exactly 250
+        self.successResultOf(broker.inbox(SESSION, TOKEN, note))
+        self.successResultOf(broker.outbox(SESSION, TOKEN, note[:-14] + b'"}'))  # 88: 188 held
+        self.assertEqual(self.refusal(broker.inbox(SESSION, TOKEN, note)), "buffer_full")  # 288 > 250
+        self.successResultOf(broker.inbox(SESSION, TOKEN, note[:-40] + b'"}'))  # 62: exactly 250
         self.assertEqual(store.buffered, 250)
-        self.assertEqual(refusal(broker.inbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","method":"m"}')), "buffer_full")
-        self.assertEqual(len(fired(broker.poll(SESSION, TOKEN, INBOUND, 0)).frames), 2)
+        self.assertEqual(self.refusal(broker.inbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","method":"m"}')), "buffer_full")
+        self.assertEqual(len(self.successResultOf(broker.poll(SESSION, TOKEN, INBOUND, 0)).frames), 2)
         self.assertEqual(store.buffered, 88)

@@ -17,11 +17,11 @@ import tempfile
 from typing import Any
 
 from twisted.internet import reactor, threads
-from twisted.trial import unittest
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
 from tests.mcp.harness import TOKEN, RelayTestCase, next_mcp
+from tests.support.skips import missing
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -107,11 +107,9 @@ class BrowserCase(RelayTestCase):
     allow_page_origin = True
 
     async def setUp(self) -> None:  # type: ignore[override]
-        missing = _browser_missing()
-        if missing is not None:
-            if os.environ.get("CI") == "true":
-                self.fail(f"CI=true but the real-browser test cannot run: {missing}")
-            raise unittest.SkipTest(missing)
+        absent = _browser_missing()
+        if absent is not None:
+            missing(absent)
         # The page server first: its origin goes into the relay's CORS list.
         self.page_port = reactor.listenTCP(0, Site(PageResource()), interface="127.0.0.1")
         self.addCleanup(self.page_port.stopListening)

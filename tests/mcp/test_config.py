@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import re
+import sys
 from typing import Any
 
-import pytest
 from twisted.internet import reactor
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.python import usage
@@ -16,138 +17,129 @@ from relayd.clock import Clock
 from relayd.config import ConfigError, Resolved, resolve
 from relayd.mcp.config import SETTINGS, cors_policy, listen_endpoints
 from relayd.mcp.service import McpService, make_service
+from tests.support.cases import cases, expand
 
 
 def settings(flags: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> Resolved:
     return resolve(SETTINGS, flags or {}, env or {})
 
 
-def test_a1_defaults() -> None:
-    s = settings()
-    assert listen_endpoints(s) == ["tcp:8788:interface=127.0.0.1"]
-    assert s["mcp-prefix"] == "" and s["mcp-ttl-ms"] == 14_400_000
-    assert cors_policy(s).any and s.sources["mcp-cors"] == "default"
-    assert s["mcp-max-sessions"] == 10_000 and s["mcp-poll-idle-ms"] == 60_000 and s["no-mcp"] is False
-    assert s.warnings == []
+class Settings(unittest.TestCase):
+    """A1-A12: defaults, flags, env names, warnings and the errors that name what was wrong."""
+
+    def test_a1_defaults(self) -> None:
+        s = settings()
+        assert listen_endpoints(s) == ["tcp:8788:interface=127.0.0.1"]
+        assert s["mcp-prefix"] == "" and s["mcp-ttl-ms"] == 14_400_000
+        assert cors_policy(s).any and s.sources["mcp-cors"] == "default"
+        assert s["mcp-max-sessions"] == 10_000 and s["mcp-poll-idle-ms"] == 60_000 and s["no-mcp"] is False
+        assert s.warnings == []
+
+    def test_a2_cors_flag_list(self) -> None:
+        s = settings({"mcp-cors": ["https://a.example,https://b.example"]})
+        assert cors_policy(s).origins == ("https://a.example", "https://b.example")
+        assert s.sources["mcp-cors"] == "--mcp-cors"
+
+    def test_a3_repeated_cors_accumulates(self) -> None:
+        s = settings({"mcp-cors": ["https://a.example", "https://b.example"]})
+        assert cors_policy(s).origins == ("https://a.example", "https://b.example")
+
+    def test_a4_env_applies(self) -> None:
+        s = settings(env={"CORS_ALLOW_ORIGIN": "https://a.example, https://b.example"})
+        assert cors_policy(s).origins == ("https://a.example", "https://b.example")
+        assert s.sources["mcp-cors"] == "CORS_ALLOW_ORIGIN"
+        prefixed = settings(env={"CORS_ALLOW_ORIGIN": "*", "RELAYD_MCP_CORS_ALLOW_ORIGIN": "https://c.example"})
+        assert prefixed.sources["mcp-cors"] == "RELAYD_MCP_CORS_ALLOW_ORIGIN"
+
+    def test_a5_flag_beats_env_with_a_warning_naming_both(self) -> None:
+        s = settings({"mcp-cors": ["https://a.example"]}, {"CORS_ALLOW_ORIGIN": "https://b.example"})
+        assert cors_policy(s).origins == ("https://a.example",)
+        (warning,) = s.warnings
+        assert re.search(r"CORS_ALLOW_ORIGIN.*ignored", warning) and "--mcp-cors" in warning
+
+    def test_a6_flag_equal_to_env_no_warning(self) -> None:
+        s = settings({"mcp-cors": ["https://a.example"]}, {"CORS_ALLOW_ORIGIN": "https://a.example"})
+        assert s.warnings == []
+
+    def test_a7_empty_env_means_default(self) -> None:
+        s = settings(env={"CORS_ALLOW_ORIGIN": ""})
+        assert cors_policy(s).any and s.sources["mcp-cors"] == "default"
+
+    def test_a8_invalid_flag_names_the_flag(self) -> None:
+        with self.assertRaisesRegex(ConfigError, "--mcp-cors"):
+            settings({"mcp-cors": ["*,https://a.example"]})
+
+    def test_a9_invalid_env_names_the_variable(self) -> None:
+        with self.assertRaisesRegex(ConfigError, "CORS_ALLOW_ORIGIN"):
+            settings(env={"CORS_ALLOW_ORIGIN": "not-an-origin"})
+
+    def test_a10_node_env_names_apply(self) -> None:
+        s = settings(env={"PORT": "9000", "HOST": "0.0.0.0", "PREFIX": "/relay", "TTL_MS": "60000"})
+        assert listen_endpoints(s) == ["tcp:9000:interface=0.0.0.0"]
+        assert s["mcp-prefix"] == "/relay" and s["mcp-ttl-ms"] == 60000
+        assert (s.sources["mcp-port"], s.sources["mcp-host"], s.sources["mcp-prefix"], s.sources["mcp-ttl-ms"]) == (
+            "PORT",
+            "HOST",
+            "PREFIX",
+            "TTL_MS",
+        )
+        assert listen_endpoints(settings(env={"HOST": "::1"})) == [r"tcp:8788:interface=\:\:1"]
+
+    def test_a11_flags_beat_env_with_two_warnings(self) -> None:
+        s = settings({"mcp-port": "9001", "mcp-host": "127.0.0.1"}, {"PORT": "9000", "HOST": "0.0.0.0"})
+        assert listen_endpoints(s) == ["tcp:9001:interface=127.0.0.1"]
+        assert len(s.warnings) == 2
+        assert "HOST=0.0.0.0 is ignored: --mcp-host 127.0.0.1 was passed, and a flag wins over its env var." in s.warnings
+
+    def test_cors_override_warns_only_when_the_policy_differs(self) -> None:
+        same = settings({"mcp-cors": ["https://b.com", "https://a.com/"]}, {"CORS_ALLOW_ORIGIN": "https://a.com,https://b.com"})
+        assert same.warnings == []
+        other = settings({"mcp-cors": ["https://a.com"]}, {"CORS_ALLOW_ORIGIN": "*"})
+        assert other.warnings == [
+            "CORS_ALLOW_ORIGIN=* is ignored: --mcp-cors https://a.com was passed, and a flag wins over its env var."
+        ]
+
+    def test_a12_invalid_port(self) -> None:
+        with self.assertRaisesRegex(ConfigError, "--mcp-port"):
+            settings({"mcp-port": "nope"})
+        with self.assertRaisesRegex(ConfigError, "PORT"):
+            settings(env={"PORT": "-1"})
+        with self.assertRaisesRegex(ConfigError, "TTL_MS"):
+            settings(env={"TTL_MS": "0"})
+        with self.assertRaisesRegex(ConfigError, "--mcp-prefix"):
+            settings({"mcp-prefix": "relay"})
 
 
-def test_a2_cors_flag_list() -> None:
-    s = settings({"mcp-cors": ["https://a.example,https://b.example"]})
-    assert cors_policy(s).origins == ("https://a.example", "https://b.example")
-    assert s.sources["mcp-cors"] == "--mcp-cors"
+@expand
+class CommandLine(unittest.TestCase):
+    """A13-A15 and exit code 2: what twistd's option parsing and makeService do with the settings."""
 
+    def test_a13_flag_without_value(self) -> None:
+        with self.assertRaisesRegex(usage.UsageError, "mcp-cors"):
+            tap.Options(environ={}).parseOptions(["--mcp-cors"])
 
-def test_a3_repeated_cors_accumulates() -> None:
-    s = settings({"mcp-cors": ["https://a.example", "https://b.example"]})
-    assert cors_policy(s).origins == ("https://a.example", "https://b.example")
+    def test_a14_unknown_flag(self) -> None:
+        with self.assertRaisesRegex(usage.UsageError, "nope"):
+            tap.Options(environ={}).parseOptions(["--nope"])
 
+    @cases(help="--help")  # -h belongs to tap.Options (not offered there yet)
+    def test_a15_help(self, flag: str) -> None:
+        out = io.StringIO()
+        self.patch(sys, "stdout", out)
+        exit_ = self.assertRaises(SystemExit, tap.Options(environ={}).parseOptions, [flag])
+        assert exit_.code in (0, None)
+        assert "--mcp-cors" in out.getvalue()
 
-def test_a4_env_applies() -> None:
-    s = settings(env={"CORS_ALLOW_ORIGIN": "https://a.example, https://b.example"})
-    assert cors_policy(s).origins == ("https://a.example", "https://b.example")
-    assert s.sources["mcp-cors"] == "CORS_ALLOW_ORIGIN"
-    prefixed = settings(env={"CORS_ALLOW_ORIGIN": "*", "RELAYD_MCP_CORS_ALLOW_ORIGIN": "https://c.example"})
-    assert prefixed.sources["mcp-cors"] == "RELAYD_MCP_CORS_ALLOW_ORIGIN"
+    def test_invalid_configuration_exits_2_before_listening(self) -> None:
+        exit_ = self.assertRaises(SystemExit, tap.Options(environ={"CORS_ALLOW_ORIGIN": "null"}).parseOptions, [])
+        assert exit_.code == 2
+        options = tap.Options(environ={})
+        options.parseOptions(["--mcp-cors", "*", "--mcp-cors", "https://a.example", "--no-aep"])
+        exit2 = self.assertRaises(SystemExit, tap.makeService, options, reactor)
+        assert exit2.code == 2
 
-
-def test_a5_flag_beats_env_with_a_warning_naming_both() -> None:
-    s = settings({"mcp-cors": ["https://a.example"]}, {"CORS_ALLOW_ORIGIN": "https://b.example"})
-    assert cors_policy(s).origins == ("https://a.example",)
-    (warning,) = s.warnings
-    assert re.search(r"CORS_ALLOW_ORIGIN.*ignored", warning) and "--mcp-cors" in warning
-
-
-def test_a6_flag_equal_to_env_no_warning() -> None:
-    s = settings({"mcp-cors": ["https://a.example"]}, {"CORS_ALLOW_ORIGIN": "https://a.example"})
-    assert s.warnings == []
-
-
-def test_a7_empty_env_means_default() -> None:
-    s = settings(env={"CORS_ALLOW_ORIGIN": ""})
-    assert cors_policy(s).any and s.sources["mcp-cors"] == "default"
-
-
-def test_a8_invalid_flag_names_the_flag() -> None:
-    with pytest.raises(ConfigError, match="--mcp-cors"):
-        settings({"mcp-cors": ["*,https://a.example"]})
-
-
-def test_a9_invalid_env_names_the_variable() -> None:
-    with pytest.raises(ConfigError, match="CORS_ALLOW_ORIGIN"):
-        settings(env={"CORS_ALLOW_ORIGIN": "not-an-origin"})
-
-
-def test_a10_node_env_names_apply() -> None:
-    s = settings(env={"PORT": "9000", "HOST": "0.0.0.0", "PREFIX": "/relay", "TTL_MS": "60000"})
-    assert listen_endpoints(s) == ["tcp:9000:interface=0.0.0.0"]
-    assert s["mcp-prefix"] == "/relay" and s["mcp-ttl-ms"] == 60000
-    assert (s.sources["mcp-port"], s.sources["mcp-host"], s.sources["mcp-prefix"], s.sources["mcp-ttl-ms"]) == (
-        "PORT",
-        "HOST",
-        "PREFIX",
-        "TTL_MS",
-    )
-    assert listen_endpoints(settings(env={"HOST": "::1"})) == [r"tcp:8788:interface=\:\:1"]
-
-
-def test_a11_flags_beat_env_with_two_warnings() -> None:
-    s = settings({"mcp-port": "9001", "mcp-host": "127.0.0.1"}, {"PORT": "9000", "HOST": "0.0.0.0"})
-    assert listen_endpoints(s) == ["tcp:9001:interface=127.0.0.1"]
-    assert len(s.warnings) == 2
-    assert "HOST=0.0.0.0 is ignored: --mcp-host 127.0.0.1 was passed, and a flag wins over its env var." in s.warnings
-
-
-def test_cors_override_warns_only_when_the_policy_differs() -> None:
-    same = settings({"mcp-cors": ["https://b.com", "https://a.com/"]}, {"CORS_ALLOW_ORIGIN": "https://a.com,https://b.com"})
-    assert same.warnings == []
-    other = settings({"mcp-cors": ["https://a.com"]}, {"CORS_ALLOW_ORIGIN": "*"})
-    assert other.warnings == [
-        "CORS_ALLOW_ORIGIN=* is ignored: --mcp-cors https://a.com was passed, and a flag wins over its env var."
-    ]
-
-
-def test_a12_invalid_port() -> None:
-    with pytest.raises(ConfigError, match="--mcp-port"):
-        settings({"mcp-port": "nope"})
-    with pytest.raises(ConfigError, match="PORT"):
-        settings(env={"PORT": "-1"})
-    with pytest.raises(ConfigError, match="TTL_MS"):
-        settings(env={"TTL_MS": "0"})
-    with pytest.raises(ConfigError, match="--mcp-prefix"):
-        settings({"mcp-prefix": "relay"})
-
-
-def test_a13_flag_without_value() -> None:
-    with pytest.raises(usage.UsageError, match="mcp-cors"):
-        tap.Options(environ={}).parseOptions(["--mcp-cors"])
-
-
-def test_a14_unknown_flag() -> None:
-    with pytest.raises(usage.UsageError, match="nope"):
-        tap.Options(environ={}).parseOptions(["--nope"])
-
-
-@pytest.mark.parametrize("flag", ["--help"])  # -h belongs to tap.Options (not offered there yet)
-def test_a15_help(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        tap.Options(environ={}).parseOptions([flag])
-    assert exit_.value.code in (0, None)
-    assert "--mcp-cors" in capsys.readouterr().out
-
-
-def test_invalid_configuration_exits_2_before_listening() -> None:
-    with pytest.raises(SystemExit) as exit_:
-        tap.Options(environ={"CORS_ALLOW_ORIGIN": "null"}).parseOptions([])
-    assert exit_.value.code == 2
-    options = tap.Options(environ={})
-    options.parseOptions(["--mcp-cors", "*", "--mcp-cors", "https://a.example", "--no-aep"])
-    with pytest.raises(SystemExit) as exit2:
-        tap.makeService(options, reactor)
-    assert exit2.value.code == 2
-
-
-def test_no_mcp_switch() -> None:
-    assert make_service(settings({"no-mcp": True}), reactor, Clock(reactor)) is None
+    def test_no_mcp_switch(self) -> None:
+        assert make_service(settings({"no-mcp": True}), reactor, Clock(reactor)) is None
 
 
 class StartupLogTests(unittest.TestCase):

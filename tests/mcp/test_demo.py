@@ -7,16 +7,15 @@ Skips locally when Chromium, chromedriver or selenium is missing; fails instead 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 
 from twisted.internet import threads
-from twisted.trial import unittest
 
 from tests.mcp.endpoint_support import run_client
 from tests.mcp.harness import RelayTestCase
 from tests.mcp.test_browser import _browser_missing, make_driver
+from tests.support.skips import missing
 
 WAIT = 20
 
@@ -50,11 +49,9 @@ class DemoInChromium(RelayTestCase):
     timeout = 180
 
     async def setUp(self) -> None:  # type: ignore[override]
-        missing = _browser_missing()
-        if missing is not None:
-            if os.environ.get("CI") == "true":
-                self.fail(f"CI=true but the real-browser test cannot run: {missing}")
-            raise unittest.SkipTest(missing)
+        absent = _browser_missing()
+        if absent is not None:
+            missing(absent)
         await super().setUp()
         self.profile = tempfile.mkdtemp(prefix="relayd-chromium-")
         self.driver = await threads.deferToThread(make_driver, self.profile)

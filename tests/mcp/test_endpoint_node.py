@@ -13,10 +13,10 @@ import shutil
 
 from twisted.internet import reactor
 from twisted.internet.utils import getProcessOutputAndValue
-from twisted.trial import unittest
 
 from tests.mcp.endpoint_support import CLIENTS, SimulatedPage
 from tests.mcp.harness import TOKEN, RelayTestCase
+from tests.support.skips import missing
 
 SESSION = "nodepage"
 NODE = shutil.which("node") or "/usr/bin/node"
@@ -43,11 +43,9 @@ class NodeCase(RelayTestCase):
     timeout = 120
 
     async def setUp(self) -> None:  # type: ignore[override]
-        missing = _missing()
-        if missing is not None:
-            if os.environ.get("CI") == "true":
-                self.fail(f"CI=true but the Node clients cannot run: {missing}")
-            raise unittest.SkipTest(missing)
+        absent = _missing()
+        if absent is not None:
+            missing(absent)
         await super().setUp()
         await self.register(SESSION)
         self.page = SimulatedPage(self, SESSION)
