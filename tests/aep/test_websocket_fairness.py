@@ -1,0 +1,49 @@
+"""One WebSocket connection handles at most MESSAGES_PER_TURN of what it sent before the others get
+the reactor (relayd.aep.websocket): a read of a thousand small requests no longer holds every other
+connection for the whole batch. Order is kept: the rest waits, then is handled in the next turns."""
+
+from __future__ import annotations
+
+import json
+
+from autobahn.twisted.resource import WebSocketResource
+from twisted.internet import reactor
+from twisted.trial.unittest import TestCase
+
+from relayd.aep.http import AEPResource
+from relayd.aep.relay import Relay
+from relayd.aep.store import MemoryEventLog
+from relayd.aep.websocket import MESSAGES_PER_TURN, AEPSocketFactory
+from relayd.clock import Clock
+from relayd.web.site import RelaySite
+from relayd.web.sse import SSEHub, sse_comment
+from tests.support.ws import WSClient
+
+
+class GivingWay(TestCase):
+    timeout = 30
+
+    async def test_a_burst_of_requests_is_handled_a_turn_at_a_time_in_order(self) -> None:
+        relay = Relay(MemoryEventLog(10, 10), token=None, buffer=10, max_from=10, seconds=reactor.seconds)
+        clock = Clock(reactor)
+        self.addCleanup(clock.shutdown)
+        sockets = AEPSocketFactory(relay, clock, heartbeat=25.0, max_message=2**20)
+        hub = SSEHub(clock, 25.0, sse_comment("ping"))
+        site = RelaySite(AEPResource(relay, hub, max_body=2**20, max_batch=10, socket=WebSocketResource(sockets)))
+        port = reactor.listenTCP(0, site, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        self.addCleanup(sockets.abort)
+        client = await WSClient.connect(f"ws://127.0.0.1:{port.getHost().port}/socket")
+        await client.hello(role="consumer")
+        (conn,) = sockets.connections
+        turns: list[int] = []  # how many messages the connection had handled each time it gave way
+        give_way = conn._give_way
+        conn._give_way = lambda: (turns.append(conn._handled), give_way())[-1]
+
+        count = 3 * MESSAGES_PER_TURN + 50
+        for n in range(count):
+            client.send({"type": "ping", "t": n})
+        pongs = [json.loads(await client.recv_raw()) for _ in range(count)]
+        self.assertEqual([p["t"] for p in pongs], list(range(count)))  # every one, in order
+        self.assertTrue(turns)  # it gave way at least once
+        self.assertEqual(set(turns), {MESSAGES_PER_TURN + 1})  # never more than its share in one turn
