@@ -750,7 +750,7 @@ async def scenario_cluster_fanout(subscribers: int, rate: float, seconds: float,
         redis.stop()
 
 
-async def main(selected: list[str], seconds: float, subscriptions: int) -> None:
+async def main(selected: list[str], seconds: float, subscriptions: int, events: int) -> None:
     _raise_nofile()
     runs: list[tuple[str, Any]] = [
         ("ingest", lambda: scenario_ingest(seconds, 100)),
@@ -767,7 +767,7 @@ async def main(selected: list[str], seconds: float, subscriptions: int) -> None:
         ("cluster-fanout", lambda: scenario_cluster_fanout(100, 1000, seconds, 10)),
         ("cluster-fanout", lambda: scenario_cluster_fanout(1000, 100, seconds, 20)),
         ("cluster-latency", lambda: scenario_cluster_fanout(10, 1000, seconds, 10)),
-        ("index", lambda: scenario_index(subscriptions, seconds)),
+        ("index", lambda: scenario_index(subscriptions, seconds, events)),
     ]
     for name, run in runs:
         if selected and name not in selected:
@@ -791,5 +791,6 @@ if __name__ == "__main__":
     parser.add_argument("scenarios", nargs="*")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--subscriptions", type=int, default=10000, help="for the index scenario")
+    parser.add_argument("--events", type=int, default=10000, help="per CPU run of the index scenario")
     args = parser.parse_args()
-    asyncio.run(main(args.scenarios, args.seconds, args.subscriptions))
+    asyncio.run(main(args.scenarios, args.seconds, args.subscriptions, args.events))

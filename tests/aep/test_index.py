@@ -18,7 +18,7 @@ from relayd.aep.filters import Pin, compile_filter, filter_error, match_all, pin
 from relayd.aep.index import SubscriptionIndex
 from relayd.aep.relay import Subscriber
 from tests.aep.helpers import open_sse, open_ws, start_relay, subscribe
-from tests.support.aep import AEPRelay, event
+from tests.support.aep import AEPRelay, event, wait_until
 
 
 def _event(**fields: Any) -> Event:
@@ -232,6 +232,28 @@ class EvaluationCounting:
         self.assertEqual(calls.pop("scan"), self.EVENTS)  # the counter counts: an unpinned filter is asked
         self.assertEqual(calls, {name: 0 for name in calls})
         self.assertEqual(len(calls), 26)
+
+    async def test_unsubscribe_and_disconnect_leave_nothing_indexed(self) -> None:
+        _, consumer = await self.relays()
+        ws = await open_ws(self, consumer, hello={"role": "consumer"})
+        for i in range(10):
+            await subscribe(self, ws, i, filter={"session": ["S", f"T{i}"], "agent": "a"})
+        await subscribe(self, ws, "again", filter={"agent": "a"})
+        await subscribe(self, ws, "again", filter={"run": "r"})  # a replacement moves it
+        await subscribe(self, ws, "all", filter={})
+        streams = [await open_sse(self, consumer, filter=flt) for flt in ({"session": "S"}, {"type": "tool.*"})]
+        core = consumer.core
+        self.assertEqual(core.index.sizes(), (14, 12, 2))  # buckets S, T0..T9, run r (the SSE one is in S)
+        ws.send({"type": "unsubscribe", "id": 3})
+        self.assertEqual((await ws.recv())["type"], "unsubscribed")
+        self.assertEqual(core.index.sizes(), (13, 11, 2))
+        await ws.close()
+        await wait_until(lambda: len(core.subscribers) == 2)
+        self.assertEqual(core.index.sizes(), (2, 1, 1))
+        for stream in streams:
+            await stream.close()
+        await wait_until(lambda: not core.subscribers)
+        self.assertEqual(core.index.sizes(), (0, 0, 0))
 
 
 class InMemoryEvaluationTests(EvaluationCounting, TestCase):
