@@ -117,6 +117,24 @@ def _severity_band(pred: dict) -> Predicate | None:
     return band
 
 
+class _StringIn:
+    """Any-of string equality on an attribute without a default: the usual filter
+    (C{"session": "S"}), compiled to one small object. A process may hold 100 000 of them, and
+    the garbage collector's full passes visit every object (a closure with its cells and sets
+    is about ten)."""
+
+    __slots__ = ("key", "strs")
+
+    def __init__(self, key: str, strs: set[str]) -> None:
+        self.key = key
+        # A few strings: a tuple, which the collector stops tracking; many: a set.
+        self.strs: tuple[str, ...] | frozenset[str] = tuple(strs) if len(strs) <= 8 else frozenset(strs)
+
+    def __call__(self, ev: dict) -> bool:
+        val = ev.get(self.key)
+        return isinstance(val, str) and val in self.strs
+
+
 def _membership(key: str, values: Iterable[object]) -> Predicate:
     """Any-of strict (JS ``===``) equality, plus ``prefix.*`` globs when key is ``type``."""
     strs: set[str] = set()
@@ -138,6 +156,8 @@ def _membership(key: str, values: Iterable[object]) -> Predicate:
             nums.add(v)  # type: ignore[arg-type]
     prefix_tuple = tuple(prefixes)
     default = _DEFAULTS.get(key, _MISSING)
+    if strs and not (prefix_tuple or nums or bools) and default is _MISSING:
+        return _StringIn(key, strs)
 
     def member(ev: dict) -> bool:
         val = ev.get(key, _MISSING)
