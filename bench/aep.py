@@ -19,7 +19,7 @@ POST, 8 connections), fanout-sse (one WS emitter -> 100 and 1000 SSE subscribers
 SSE and WebSocket mixed; server CPU per event posted to one session against the same with only that
 session's 10 subscribers, and the longest reactor stall while 1000 events/s go across sessions):
 
-    python bench/aep.py index --subscriptions 100000 --seconds 10
+    python bench/aep.py index --subscriptions 100000 --seconds 10 --gc-log
 """
 
 from __future__ import annotations
@@ -585,6 +585,45 @@ async def one_session_cpu(server: Server, events: int) -> tuple[float, float]:
     return sorted(runs)[1], idle
 
 
+# With --gc-log the servers load this hook (a sitecustomize on their path): every collector pass
+# over 5 ms of wall time is logged with its CPU time, to tell its pauses from the machine's load.
+GC_HOOK = """
+import gc, os, sys, time
+if "relayd" in " ".join(sys.argv) and os.environ.get("RELAYD_BENCH_GC"):
+    _t = [0.0, 0.0]
+    _out = open(os.path.join(os.environ["RELAYD_BENCH_GC"], f"{os.getpid()}.log"), "a", buffering=1)
+    def _pass(phase, info):
+        if phase == "start":
+            _t[0], _t[1] = time.perf_counter(), time.thread_time()
+        elif time.perf_counter() - _t[0] > 0.005:
+            wall, cpu = time.perf_counter() - _t[0], time.thread_time() - _t[1]
+            _out.write(f"{time.time():.3f} {info['generation']} {wall * 1000:.1f} {cpu * 1000:.1f}\\n")
+    gc.callbacks.append(_pass)
+"""
+
+
+def gc_log(keep: bool) -> None:
+    """Install L{GC_HOOK} for the servers started from now on."""
+    if not keep:
+        return
+    where = tempfile.mkdtemp(prefix="relayd-bench-gc-")
+    Path(where, "sitecustomize.py").write_text(GC_HOOK)
+    os.environ["RELAYD_BENCH_GC"] = where
+    os.environ["BENCH_EXTRA_PATH"] = os.pathsep.join(filter(None, [os.environ.get("BENCH_EXTRA_PATH"), where]))
+
+
+def gc_passes(server: Server, start: float, end: float) -> dict[str, float]:
+    """The longest collector pass of C{server} between two wall times (ms of wall and of CPU)."""
+    where = os.environ.get("RELAYD_BENCH_GC")
+    if not where:
+        return {}
+    path = Path(where, f"{server.proc.pid}.log")
+    passes = [line.split() for line in (path.read_text().splitlines() if path.exists() else [])]
+    passes = [(float(w), float(c)) for t, _, w, c in passes if start <= float(t) <= end]
+    return {"gc_max_wall_ms": max((w for w, _ in passes), default=0.0),
+            "gc_max_cpu_ms": max((c for _, c in passes), default=0.0)}
+
+
 def _free_port() -> int:
     import socket
 
@@ -623,7 +662,7 @@ async def across_sessions(server: Server, sessions: int, seconds: float) -> dict
     before10, before50 = fanout_over(server.metrics, 0.01)[1], fanout_over(server.metrics, 0.05)[1]
     probe.stdin.write(b"go\n")
     probe.stdin.flush()
-    cpu0, t0 = server.cpu(), time.perf_counter()
+    cpu0, t0, began = server.cpu(), time.perf_counter(), time.time()
     await post_batches(server.port, batches, 100)
     wall, cpu = time.perf_counter() - t0, server.cpu() - cpu0
     out, _ = probe.communicate(timeout=seconds + 30)
@@ -631,7 +670,8 @@ async def across_sessions(server: Server, sessions: int, seconds: float) -> dict
     return {"events_per_s": len(batches) * 10 / wall, "cpu_share": cpu / wall,
             "probe_rtt_p50_ms": pct(rtts, 0.5), "probe_rtt_p99_ms": pct(rtts, 0.99), "probe_rtt_max_ms": max(rtts),
             "fanout_over_10ms": fanout_over(server.metrics, 0.01)[1] - before10,
-            "fanout_over_50ms": fanout_over(server.metrics, 0.05)[1] - before50}
+            "fanout_over_50ms": fanout_over(server.metrics, 0.05)[1] - before50,
+            **gc_passes(server, began, time.time())}
 
 
 async def scenario_index(subscriptions: int, seconds: float, events: int = 10000) -> dict[str, Any]:
@@ -750,8 +790,9 @@ async def scenario_cluster_fanout(subscribers: int, rate: float, seconds: float,
         redis.stop()
 
 
-async def main(selected: list[str], seconds: float, subscriptions: int, events: int) -> None:
+async def main(selected: list[str], seconds: float, subscriptions: int, events: int, gc: bool) -> None:
     _raise_nofile()
+    gc_log(gc)
     runs: list[tuple[str, Any]] = [
         ("ingest", lambda: scenario_ingest(seconds, 100)),
         ("single", lambda: scenario_ingest(seconds, 1)),
@@ -792,5 +833,6 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--subscriptions", type=int, default=10000, help="for the index scenario")
     parser.add_argument("--events", type=int, default=10000, help="per CPU run of the index scenario")
+    parser.add_argument("--gc-log", action="store_true", help="report the servers' longest collector pass (index)")
     args = parser.parse_args()
-    asyncio.run(main(args.scenarios, args.seconds, args.subscriptions, args.events))
+    asyncio.run(main(args.scenarios, args.seconds, args.subscriptions, args.events, args.gc_log))
