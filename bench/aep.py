@@ -15,7 +15,11 @@ from A to 10 subscribers on B).
 Scenarios: ingest (NDJSON batches of 100 x ~500 B over 8 connections), single (one JSON event per
 POST, 8 connections), fanout-sse (one WS emitter -> 100 and 1000 SSE subscribers), fanout-ws
 (-> 100 WebSocket subscribers), latency (1000 SSE subscribers at 100 events/s), idle (1000 and
-5000 idle SSE connections).
+5000 idle SSE connections), index (the subscription index: N subscriptions, 10 per session,
+SSE and WebSocket mixed; server CPU per event posted to one session against the same with only that
+session's 10 subscribers, and the longest reactor stall while 1000 events/s go across sessions):
+
+    python bench/aep.py index --subscriptions 100000 --seconds 10 --gc-log
 """
 
 from __future__ import annotations
@@ -282,6 +286,141 @@ def drain_main(port: int, transport: str, count: int) -> None:
     print(total, flush=True)
 
 
+def _source(i: int) -> str:
+    """Loopback source address of the C{i}th held connection: one address has ~28 000 ephemeral
+    ports, so every 20 000 connections move to the next (127.0.0.2, 127.0.0.3 ...)."""
+    return f"127.0.0.{2 + i // 20000}"
+
+
+INDEX_SSE_EVERY = 10  # slot 0 of every session is an SSE stream, slots 1..9 WebSocket subscriptions
+INDEX_PER_WS = 100  # WebSocket subscriptions per connection (--aep-max-subscriptions is raised to it)
+
+
+def hold_main(port: int, subscriptions: int) -> None:
+    """Hold C{subscriptions} subscriptions, 10 per session C{s<n>} (one SSE stream, nine WebSocket
+    subscriptions spread round-robin over connections of L{INDEX_PER_WS}), and drain them."""
+    import select
+    import socket
+
+    _raise_nofile()
+    sessions = max(1, subscriptions // INDEX_SSE_EVERY)
+    ws_subs = [(f"s{j // INDEX_SSE_EVERY}", j) for j in range(subscriptions) if j % INDEX_SSE_EVERY]
+    # At least nine connections, so a session's nine WebSocket subscriptions are on nine
+    # connections whether the others are held or not (the same delivery work either way).
+    conns = max(min(len(ws_subs), INDEX_SSE_EVERY - 1), -(-len(ws_subs) // INDEX_PER_WS))
+    socks = []
+
+    def opened(i: int) -> socket.socket:
+        s = socket.socket()
+        s.bind((_source(i), 0))
+        s.connect(("127.0.0.1", port))
+        return s
+
+    def read_until(s: socket.socket, marker: bytes, count: int = 1) -> None:
+        got = b""
+        while got.count(marker) < count:
+            chunk = s.recv(65536)
+            if not chunk:
+                raise SystemExit(f"relayd closed a held connection: {got[-300:]!r}")
+            got += chunk
+
+    # SSE streams a listen backlog's worth at a time (a full accept queue drops SYNs for a second).
+    for start in range(0, sessions, 40):
+        batch = []
+        for n in range(start, min(sessions, start + 40)):
+            s = opened(len(socks) + len(batch))
+            flt = "%7B%22session%22%3A%22s" + str(n) + "%22%7D"
+            s.sendall(b"GET /stream?filter=%s HTTP/1.1\r\nHost: b\r\n\r\n" % flt.encode())
+            batch.append(s)
+        for s in batch:
+            read_until(s, b"\r\n\r\n")
+        socks.extend(batch)
+    by_conn: list[list[str]] = [[] for _ in range(conns)]
+    for k, (session, _) in enumerate(ws_subs):
+        by_conn[k % conns].append(session)
+    for c, subs in enumerate(by_conn):
+        s = opened(len(socks))
+        s.sendall(b"GET /socket HTTP/1.1\r\nHost: b\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                  b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        read_until(s, b"\r\n\r\n")
+        frames = [_ws_frame(json.dumps({"type": "hello", "versions": ["0.1"], "role": "consumer"}).encode())]
+        frames += [_ws_frame(json.dumps({"type": "subscribe", "id": f"{c}.{i}", "filter": {"session": session}}).encode())
+                   for i, session in enumerate(subs)]
+        s.sendall(b"".join(frames))
+        read_until(s, b'"subscribed"', len(subs))
+        socks.append(s)
+    for s in socks:
+        s.setblocking(False)
+    ep = select.epoll()
+    by_fd = {s.fileno(): s for s in socks}
+    for fd in by_fd:
+        ep.register(fd, select.EPOLLIN)
+    print("ready", len(socks), flush=True)
+    buf = bytearray(262144)
+    stop = False
+    import threading
+
+    def wait_stdin() -> None:
+        nonlocal stop
+        sys.stdin.read()
+        stop = True
+
+    threading.Thread(target=wait_stdin, daemon=True).start()
+    while not stop:
+        for fd, _ in ep.poll(0.2):
+            if not by_fd[fd].recv_into(buf):
+                ep.unregister(fd)
+    print("done", flush=True)
+
+
+def probe_main(port: int, seconds: float) -> None:
+    """Ping the relay over a WebSocket every 5 ms for C{seconds}; print the round trips (ms).
+
+    A separate process, so the load generator's own scheduling does not count as a stall."""
+    import socket
+
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"GET /socket HTTP/1.1\r\nHost: b\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+              b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    got = b""
+    while b"\r\n\r\n" not in got:
+        got += s.recv(4096)
+    s.sendall(_ws_frame(json.dumps({"type": "hello", "versions": ["0.1"], "role": "consumer"}).encode()))
+    while b'"hello"' not in got:
+        got += s.recv(4096)
+    print("ready", flush=True)
+    sys.stdin.readline()  # go
+    rtts = []
+    end = time.perf_counter() + seconds
+    n = 0
+    while time.perf_counter() < end:
+        n += 1
+        tag = b'"p%d"' % n
+        t0 = time.perf_counter()
+        s.sendall(_ws_frame(b'{"type":"ping","t":%s}' % tag))
+        got = b""
+        while tag not in got:
+            got += s.recv(65536)
+        rtts.append((time.perf_counter() - t0) * 1000)
+        time.sleep(0.005)
+    print(json.dumps(rtts), flush=True)
+
+
+class Holder:
+    """The subscriptions of the index scenario, held and drained by a child process."""
+
+    def __init__(self, port: int, subscriptions: int) -> None:
+        self.proc = subprocess.Popen([sys.executable, __file__, "--hold", str(port), str(subscriptions)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=_raise_nofile)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line.startswith(b"ready"), line
+        self.connections = int(line.split()[1])
+
+    def stop(self) -> None:
+        self.proc.communicate(b"", timeout=60)
+
+
 class Drainer:
     """C{count} subscribers held by a child process; C{.total()} ends it and returns deliveries."""
 
@@ -396,6 +535,174 @@ async def scenario_idle(connections: int) -> dict[str, Any]:
         server.stop()
 
 
+async def post_batches(port: int, batches: list[bytes], rate_per_s: float | None) -> None:
+    """POST each NDJSON body in turn on one connection (at C{rate_per_s} bodies/s, or at once)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    start = time.perf_counter()
+    for n, body in enumerate(batches):
+        if rate_per_s is not None:
+            delay = start + n / rate_per_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        writer.write(b"POST /events HTTP/1.1\r\nHost: b\r\naep-version: 0.1\r\n"
+                     b"content-type: application/x-ndjson\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 202"), head
+    writer.close()
+
+
+def ndjson_of(events: list[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(e, separators=(",", ":")).encode() + b"\n" for e in events)
+
+
+async def one_session_cpu(server: Server, events: int) -> tuple[float, float]:
+    """Server CPU seconds per event posted to session s0 in batches of 100, less what the same
+    wall time costs idle (heartbeats of the held connections): (per event, idle share).
+
+    After a warm-up of 2000 events, the median of three runs of C{events} (CPU time is read in
+    clock ticks, and other processes share the machine)."""
+    seq = 0
+
+    def batches(count: int) -> list[bytes]:
+        nonlocal seq
+        out = [ndjson_of([event("s0", n) for n in range(b, b + 100)]) for b in range(seq, seq + count, 100)]
+        seq += count
+        return out
+
+    await post_batches(server.port, batches(2000), None)
+    await asyncio.sleep(1.0)
+    cpu0, t0 = server.cpu(), time.perf_counter()
+    await asyncio.sleep(3.0)
+    idle = (server.cpu() - cpu0) / (time.perf_counter() - t0)
+    runs = []
+    for _ in range(3):
+        posted = batches(events)
+        cpu0, t0 = server.cpu(), time.perf_counter()
+        await post_batches(server.port, posted, None)
+        await asyncio.sleep(0.5)  # the writes of the last batch
+        wall, cpu = time.perf_counter() - t0, server.cpu() - cpu0
+        runs.append((cpu - idle * wall) / events)
+    return sorted(runs)[1], idle
+
+
+# With --gc-log the servers load this hook (a sitecustomize on their path): every collector pass
+# over 5 ms of wall time is logged with its CPU time, to tell its pauses from the machine's load.
+GC_HOOK = """
+import gc, os, sys, time
+if "relayd" in " ".join(sys.argv) and os.environ.get("RELAYD_BENCH_GC"):
+    _t = [0.0, 0.0]
+    _out = open(os.path.join(os.environ["RELAYD_BENCH_GC"], f"{os.getpid()}.log"), "a", buffering=1)
+    def _pass(phase, info):
+        if phase == "start":
+            _t[0], _t[1] = time.perf_counter(), time.thread_time()
+        elif time.perf_counter() - _t[0] > 0.005:
+            wall, cpu = time.perf_counter() - _t[0], time.thread_time() - _t[1]
+            _out.write(f"{time.time():.3f} {info['generation']} {wall * 1000:.1f} {cpu * 1000:.1f}\\n")
+    gc.callbacks.append(_pass)
+"""
+
+
+def gc_log(keep: bool) -> None:
+    """Install L{GC_HOOK} for the servers started from now on."""
+    if not keep:
+        return
+    where = tempfile.mkdtemp(prefix="relayd-bench-gc-")
+    Path(where, "sitecustomize.py").write_text(GC_HOOK)
+    os.environ["RELAYD_BENCH_GC"] = where
+    os.environ["BENCH_EXTRA_PATH"] = os.pathsep.join(filter(None, [os.environ.get("BENCH_EXTRA_PATH"), where]))
+
+
+def gc_passes(server: Server, start: float, end: float) -> dict[str, float]:
+    """The longest collector pass of C{server} between two wall times (ms of wall and of CPU)."""
+    where = os.environ.get("RELAYD_BENCH_GC")
+    if not where:
+        return {}
+    path = Path(where, f"{server.proc.pid}.log")
+    passes = [line.split() for line in (path.read_text().splitlines() if path.exists() else [])]
+    passes = [(float(w), float(c)) for t, _, w, c in passes if start <= float(t) <= end]
+    return {"gc_max_wall_ms": max((w for w, _ in passes), default=0.0),
+            "gc_max_cpu_ms": max((c for _, c in passes), default=0.0)}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fanout_over(metrics_port: int, seconds: float) -> tuple[int, int]:
+    """(batches, batches whose fan-out took over C{seconds}) from relayd_fanout_seconds."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    buckets = dict(re.findall(r'relayd_fanout_seconds_bucket\{le="([^"]+)",relay="aep"\} ([0-9.e+]+)', text))
+    total = float(buckets["+Inf"])
+    return int(total), int(total - float(buckets[repr(seconds)]))
+
+
+async def across_sessions(server: Server, sessions: int, seconds: float) -> dict[str, float]:
+    """1000 events/s across every session (10 events per 10 ms, each to another session) while a
+    probe process pings the relay every 5 ms: the round trips, the server's CPU share, and how
+    many batches' fan-out took over 10 / 50 ms (server-side, from relayd_fanout_seconds)."""
+    probe = subprocess.Popen([sys.executable, __file__, "--probe", str(server.port), str(seconds)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert probe.stdout is not None and probe.stdin is not None
+    assert probe.stdout.readline().strip() == b"ready"
+    seqs = [1_000_000] * sessions  # above what one_session_cpu posted to s0
+    batches = []
+    for n in range(int(seconds * 100)):
+        batch = []
+        for k in range(10):
+            session = (n * 10 + k) * 7919 % sessions
+            batch.append(event(f"s{session}", seqs[session]))
+            seqs[session] += 1
+        batches.append(ndjson_of(batch))
+    before10, before50 = fanout_over(server.metrics, 0.01)[1], fanout_over(server.metrics, 0.05)[1]
+    probe.stdin.write(b"go\n")
+    probe.stdin.flush()
+    cpu0, t0, began = server.cpu(), time.perf_counter(), time.time()
+    await post_batches(server.port, batches, 100)
+    wall, cpu = time.perf_counter() - t0, server.cpu() - cpu0
+    out, _ = probe.communicate(timeout=seconds + 30)
+    rtts = json.loads(out)
+    return {"events_per_s": len(batches) * 10 / wall, "cpu_share": cpu / wall,
+            "probe_rtt_p50_ms": pct(rtts, 0.5), "probe_rtt_p99_ms": pct(rtts, 0.99), "probe_rtt_max_ms": max(rtts),
+            "fanout_over_10ms": fanout_over(server.metrics, 0.01)[1] - before10,
+            "fanout_over_50ms": fanout_over(server.metrics, 0.05)[1] - before50,
+            **gc_passes(server, began, time.time())}
+
+
+async def scenario_index(subscriptions: int, seconds: float, events: int = 10000) -> dict[str, Any]:
+    """The subscription index at scale (see the module docstring)."""
+    sessions = max(1, subscriptions // INDEX_SSE_EVERY)
+    flags = ("--aep-max-subscribers", str(subscriptions + 100), "--aep-max-subscriptions", str(INDEX_PER_WS))
+    result: dict[str, Any] = {"subscriptions": subscriptions, "sessions": sessions}
+    # Only session s0's own 10 subscribers (the same shape: one SSE stream, nine WebSocket
+    # subscriptions on nine connections), then all of them.
+    for label, held in (("alone", INDEX_SSE_EVERY), ("all", subscriptions)):
+        metrics = _free_port()
+        server = Server(*flags, "--metrics-listen", f"tcp:{metrics}:interface=127.0.0.1")
+        server.metrics = metrics  # type: ignore[attr-defined]
+        try:
+            t0 = time.perf_counter()
+            holder = Holder(server.port, held)
+            result[f"{label}_setup_s"] = time.perf_counter() - t0
+            result[f"{label}_connections"] = holder.connections
+            result[f"{label}_rss_mb"] = server.rss_kb() / 1024
+            per_event, idle = await one_session_cpu(server, events)
+            result[f"{label}_idle_cpu_share"] = idle
+            result[f"{label}_one_session_us_per_event"] = per_event * 1e6
+            for name, value in (await across_sessions(server, sessions, seconds)).items():
+                result[f"{label}_across_{name}"] = value
+            holder.stop()
+        finally:
+            server.stop()
+    result["ratio"] = result["all_one_session_us_per_event"] / result["alone_one_session_us_per_event"]
+    return result
+
+
 class RedisProcess:
     """A throwaway redis-server on a free port for the --redis scenarios."""
 
@@ -483,8 +790,9 @@ async def scenario_cluster_fanout(subscribers: int, rate: float, seconds: float,
         redis.stop()
 
 
-async def main(selected: list[str], seconds: float) -> None:
+async def main(selected: list[str], seconds: float, subscriptions: int, events: int, gc: bool) -> None:
     _raise_nofile()
+    gc_log(gc)
     runs: list[tuple[str, Any]] = [
         ("ingest", lambda: scenario_ingest(seconds, 100)),
         ("single", lambda: scenario_ingest(seconds, 1)),
@@ -500,6 +808,7 @@ async def main(selected: list[str], seconds: float) -> None:
         ("cluster-fanout", lambda: scenario_cluster_fanout(100, 1000, seconds, 10)),
         ("cluster-fanout", lambda: scenario_cluster_fanout(1000, 100, seconds, 20)),
         ("cluster-latency", lambda: scenario_cluster_fanout(10, 1000, seconds, 10)),
+        ("index", lambda: scenario_index(subscriptions, seconds, events)),
     ]
     for name, run in runs:
         if selected and name not in selected:
@@ -513,8 +822,17 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--drain":
         drain_main(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
         sys.exit(0)
+    if len(sys.argv) > 1 and sys.argv[1] == "--hold":
+        hold_main(int(sys.argv[2]), int(sys.argv[3]))
+        sys.exit(0)
+    if len(sys.argv) > 1 and sys.argv[1] == "--probe":
+        probe_main(int(sys.argv[2]), float(sys.argv[3]))
+        sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("scenarios", nargs="*")
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--subscriptions", type=int, default=10000, help="for the index scenario")
+    parser.add_argument("--events", type=int, default=10000, help="per CPU run of the index scenario")
+    parser.add_argument("--gc-log", action="store_true", help="report the servers' longest collector pass (index)")
     args = parser.parse_args()
-    asyncio.run(main(args.scenarios, args.seconds))
+    asyncio.run(main(args.scenarios, args.seconds, args.subscriptions, args.events, args.gc_log))

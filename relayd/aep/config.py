@@ -64,8 +64,8 @@ SETTINGS = [
     Setting(
         "aep-max-subscribers",
         10000,
-        "Most subscribers (SSE streams and WebSocket subscriptions) at once; every event is matched "
-        "against each (SSE 503, WebSocket error limit-exceeded)",
+        "Most subscribers (SSE streams and WebSocket subscriptions) at once (SSE 503, WebSocket error "
+        "limit-exceeded)",
         parse=positive_int,
         env=("AEP_MAX_SUBSCRIBERS",),
     ),

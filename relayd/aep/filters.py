@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Callable, Final, Iterable
+from typing import Any, Callable, Final, Iterable, NamedTuple
 
 from relayd.aep.envelope import SEVERITIES, js_str
 
-__all__ = ["Predicate", "compile_filter", "filter_error", "match_all"]
+__all__ = ["Pin", "Predicate", "compile_filter", "filter_error", "index_value", "match_all", "pin_of"]
 
 Predicate = Callable[[dict], bool]
 
@@ -117,6 +117,24 @@ def _severity_band(pred: dict) -> Predicate | None:
     return band
 
 
+class _StringIn:
+    """Any-of string equality on an attribute without a default: the usual filter
+    (C{"session": "S"}), compiled to one small object. A process may hold 100 000 of them, and
+    the garbage collector's full passes visit every object (a closure with its cells and sets
+    is about ten)."""
+
+    __slots__ = ("key", "strs")
+
+    def __init__(self, key: str, strs: set[str]) -> None:
+        self.key = key
+        # A few strings: a tuple, which the collector stops tracking; many: a set.
+        self.strs: tuple[str, ...] | frozenset[str] = tuple(strs) if len(strs) <= 8 else frozenset(strs)
+
+    def __call__(self, ev: dict) -> bool:
+        val = ev.get(self.key)
+        return isinstance(val, str) and val in self.strs
+
+
 def _membership(key: str, values: Iterable[object]) -> Predicate:
     """Any-of strict (JS ``===``) equality, plus ``prefix.*`` globs when key is ``type``."""
     strs: set[str] = set()
@@ -138,6 +156,8 @@ def _membership(key: str, values: Iterable[object]) -> Predicate:
             nums.add(v)  # type: ignore[arg-type]
     prefix_tuple = tuple(prefixes)
     default = _DEFAULTS.get(key, _MISSING)
+    if strs and not (prefix_tuple or nums or bools) and default is _MISSING:
+        return _StringIn(key, strs)
 
     def member(ev: dict) -> bool:
         val = ev.get(key, _MISSING)
@@ -186,3 +206,59 @@ def compile_filter(f: dict) -> Predicate:
         return True
 
     return conjunction
+
+
+# Which pinned attribute a subscription is indexed by, most selective first: a session (or an id,
+# a run ...) names few events, a capture level or a severity most of them. Extension attributes
+# rank between the core identifiers and the broad classifications.
+_PIN_RANK: Final = ("session", "id", "cause", "run", "step", "subject", "agent", "source")
+_PIN_LAST: Final = ("type", "capture", "severity")
+
+
+class Pin(NamedTuple):
+    """The attribute a filter pins to exact strings: the subscription index's bucket key."""
+
+    attr: str
+    values: tuple[str, ...]
+    alone: bool  # the filter constrains nothing else: being in the bucket is the match
+
+
+def _pinned_values(key: str, pred: object) -> tuple[str, ...] | None:
+    """The strings C{key} must equal (any of), or None when the predicate is not exact string
+    equality (a glob, a severity band, a number or boolean: those are matched by scanning)."""
+    values = pred if isinstance(pred, list) else [pred]
+    if not all(isinstance(v, str) for v in values):
+        return None
+    if key == "type" and any(v.endswith(".*") for v in values):  # type: ignore[union-attr]
+        return None
+    return tuple(dict.fromkeys(values))  # type: ignore[arg-type]
+
+
+def _pin_rank(key: str) -> int:
+    if key in _PIN_RANK:
+        return _PIN_RANK.index(key)
+    if key in _PIN_LAST:
+        return len(_PIN_RANK) + 1 + _PIN_LAST.index(key)
+    return len(_PIN_RANK)  # an extension attribute
+
+
+def pin_of(f: dict) -> Pin | None:
+    """The most selective attribute valid filter C{f} pins to exact strings, or None (the filter
+    must then be tested against every event)."""
+    best: tuple[int, str, tuple[str, ...]] | None = None
+    for key, pred in f.items():
+        values = _pinned_values(key, pred)
+        if values is not None and (best is None or _pin_rank(key) < best[0]):
+            best = (_pin_rank(key), key, values)
+    if best is None:
+        return None
+    return Pin(best[1], best[2], len(f) == 1)
+
+
+def index_value(ev: dict, attr: str) -> Any:
+    """The value of C{attr} an event is compared with (defaults applied as L{compile_filter}
+    does); only a string can equal a pinned value."""
+    val = ev.get(attr)
+    if val is None:
+        val = _DEFAULTS.get(attr)
+    return val

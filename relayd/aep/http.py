@@ -17,7 +17,7 @@ from relayd import metrics
 from relayd.aep.capture import capture_error
 from relayd.aep.envelope import MAX_POSITION_DIGITS, POSITION_LIMIT, classify, has_control
 from relayd.aep.event import NOTICE, Event, JSONError, admit, dumps, frame_safe, parse_json
-from relayd.aep.filters import compile_filter, filter_error
+from relayd.aep.filters import Pin, compile_filter, filter_error, pin_of
 from relayd.aep.relay import Relay, ReplayReader, Subscriber, held_size
 from relayd.aep.store import Position
 from relayd.redis import StoreUnavailable
@@ -199,8 +199,14 @@ class SSESubscriber(Subscriber):
 
     __slots__ = ("stream", "dropped")
 
-    def __init__(self, match: Callable[[dict[str, Any]], bool], ceiling: str | None, stream: SSEStream):
-        super().__init__(match, ceiling)
+    def __init__(
+        self,
+        match: Callable[[dict[str, Any]], bool],
+        ceiling: str | None,
+        stream: SSEStream,
+        pin: Pin | None = None,
+    ):
+        super().__init__(match, ceiling, pin)
         self.stream = stream
         self.dropped = 0
 
@@ -400,11 +406,11 @@ class AEPResource(Resource):
 
     def stream(self, request: Request) -> bytes | int:
         try:
-            match, ceiling, from_value, history_only, filter_session = self._stream_query(request)
+            match, pin, ceiling, from_value, history_only, filter_session = self._stream_query(request)
         except BadRequest as e:
             return _respond(request, 400, str(e).encode("utf-8"), [CORS_ANY])
         stream = SSEStream(request, self.hub, max_buffer=HARD_BACKLOG)
-        sub = SSESubscriber(match, ceiling, stream)
+        sub = SSESubscriber(match, ceiling, stream, pin)
         key = object()
         if not history_only:
             # Registered (and holding live events) before the history is read, so nothing that
@@ -453,7 +459,7 @@ class AEPResource(Resource):
         self.sse_subscribers -= 1
         self.relay.unsubscribe(key)
 
-    def _stream_query(self, request: Request) -> tuple[Any, str | None, Any, bool, str | None]:
+    def _stream_query(self, request: Request) -> tuple[Any, Pin | None, str | None, Any, bool, str | None]:
         raw_filter = request.args.get(b"filter", [b""])[0]
         if raw_filter:
             try:
@@ -491,7 +497,7 @@ class AEPResource(Resource):
         history_only = request.args.get(b"live", [None])[0] == b"0"
         session = flt.get("session")
         filter_session = session if isinstance(session, str) else None
-        return compile_filter(flt), ceiling, from_value, history_only, filter_session
+        return compile_filter(flt), pin_of(flt), ceiling, from_value, history_only, filter_session
 
     def _resume(self, request: Request, entries: list[tuple[str, Position]], from_all: bool) -> Any:
         if not entries:

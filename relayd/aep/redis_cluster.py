@@ -247,7 +247,9 @@ class RedisFanout:
 
     _log = Logger()
 
-    def __init__(self, redis: Redis, bus: RedisBus, instance: str, deliver: Callable[[Event], Any], prefix: str = "relayd:") -> None:
+    def __init__(
+        self, redis: Redis, bus: RedisBus, instance: str, deliver: Callable[[list[Event]], Any], prefix: str = "relayd:"
+    ) -> None:
         self.redis = redis
         self.instance = instance.encode("utf-8")
         self.channel = prefix.encode("utf-8") + b"aep:fanout"
@@ -264,6 +266,5 @@ class RedisFanout:
         instance, _, body = message.partition(b"\n")
         if instance == self.instance:
             return  # delivered locally already, before publishing
-        for raw in body.split(b"\n"):
-            if raw:
-                self._deliver(event_from(raw))
+        # One message is one batch of the publishing instance: delivered as one (one snapshot).
+        self._deliver([event_from(raw) for raw in body.split(b"\n") if raw])

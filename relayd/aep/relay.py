@@ -21,7 +21,8 @@ from relayd.aep.capture import capture_target
 from relayd.aep.claims import Claimant, IClaims, MemoryClaims
 from relayd.aep.envelope import EventKind
 from relayd.aep.event import Event
-from relayd.aep.filters import match_all
+from relayd.aep.filters import Pin, match_all
+from relayd.aep.index import Snapshot, SubscriptionIndex
 from relayd.aep.store import IEventLog, Position, Replay
 
 # Bound once: the ingest path counts per batch, never per delivery.
@@ -41,14 +42,18 @@ class Subscriber:
     While it replays history its live deliveries are held, then released in arrival order, so a
     resuming consumer never misses an event that arrives mid-replay (whatever the store's latency).
     Transports bound what is held (L{held}) by the consumer's backlog bound; C{held_bytes} is
-    what it holds, counted with L{held_size}.
+    what it holds, counted with L{held_size}. C{pin} (L{pin_of} of its filter) is where the
+    subscription index keeps it; C{None} puts it on the list every event is tested against.
     """
 
-    __slots__ = ("match", "ceiling", "_held", "held_bytes")
+    __slots__ = ("match", "ceiling", "pin", "_held", "held_bytes")
 
-    def __init__(self, match: Callable[[dict[str, Any]], bool], ceiling: str | None) -> None:
+    def __init__(
+        self, match: Callable[[dict[str, Any]], bool], ceiling: str | None, pin: Pin | None = None
+    ) -> None:
         self.match = match
         self.ceiling = ceiling
+        self.pin = pin
         self._held: deque[Event] | None = None
         self.held_bytes = 0
 
@@ -273,11 +278,12 @@ class Relay:
         self.token = token
         self.buffer = buffer
         self.max_from = max_from
-        # Every ingested event is matched against every subscriber: their number bounds that cost.
+        # What subscribers cost in memory (fan-out costs what can match: L{SubscriptionIndex}).
         self.max_subscribers = max_subscribers
         self._seconds = seconds
         self._started = seconds()
         self.subscribers: dict[object, Subscriber] = {}
+        self.index = SubscriptionIndex()
         self.connections: dict[object, Emitter] = {}
         self.discovery = {
             "aep": ["0.1"],
@@ -309,7 +315,7 @@ class Relay:
         started = perf_counter()
         count = delivered = 0
         # One snapshot per batch, not per event: a subscriber that closes meanwhile refuses writes.
-        subscribers = tuple(self.subscribers.values())
+        subscribers = self.index.snapshot()
         for event in events:
             count += 1
             if event.kind is EventKind.COMMAND:
@@ -333,25 +339,38 @@ class Relay:
         _STORE_ERRORS.labels(relay="aep", operation=operation).inc()
         self._log.warn("aep store: {operation} failed: {reason}", operation=operation, reason=failure.getErrorMessage())
 
-    def fan_out_remote(self, event: Event) -> None:
-        """Deliver an event another instance accepted (it arrived over the bus)."""
-        delivered = self.fan_out(event)
+    def fan_out_remote(self, events: Sequence[Event]) -> None:
+        """Deliver events another instance accepted (one message of the bus), in order."""
+        subscribers = self.index.snapshot()
+        delivered = 0
+        for event in events:
+            delivered += self.fan_out(event, subscribers)
         if delivered:
             _DELIVERED.inc(delivered)
 
-    def fan_out(self, event: Event, subscribers: Sequence[Subscriber] | None = None) -> int:
-        """Deliver C{event} to every subscriber whose filter matches; returns how many matched."""
+    def fan_out(self, event: Event, subscribers: Snapshot | None = None) -> int:
+        """Deliver C{event} to every subscriber whose filter matches; returns how many matched.
+
+        Only the subscribers the index files under the event's own values (and those whose
+        filter pins nothing) are asked; one filed under its whole filter is not asked at all.
+        """
         matched = 0
         ev = None
-        for sub in tuple(self.subscribers.values()) if subscribers is None else subscribers:
-            match = sub.match
-            if match is not match_all:  # (inlined L{Subscriber.wants}: this loop runs per delivery)
-                if ev is None:
-                    ev = event.ev
-                if not match(ev):
-                    continue
-            sub.deliver(event)
-            matched += 1
+        for group, check in (self.index.snapshot() if subscribers is None else subscribers).groups(event):
+            if not check:
+                for sub in group:
+                    sub.deliver(event)
+                matched += len(group)
+                continue
+            for sub in group:
+                match = sub.match
+                if match is not match_all:  # (inlined L{Subscriber.wants}: this loop runs per delivery)
+                    if ev is None:
+                        ev = event.ev
+                    if not match(ev):
+                        continue
+                sub.deliver(event)
+                matched += 1
         return matched
 
     # Command routing (AEP-0004) ----------------------------------------------------------------
@@ -432,9 +451,11 @@ class Relay:
         if self.subscribers.pop(key, None) is None and len(self.subscribers) >= self.max_subscribers:
             return False
         self.subscribers[key] = sub
+        self.index.add(key, sub, sub.pin)
         return True
 
     def unsubscribe(self, key: object) -> bool:
+        self.index.remove(key)
         return self.subscribers.pop(key, None) is not None
 
     def expand_all(self) -> Deferred[list[tuple[str, Position]]]:

@@ -32,7 +32,7 @@ from relayd import metrics
 from relayd.aep.capture import capture_error
 from relayd.aep.envelope import classify
 from relayd.aep.event import NOTICE, Event, JSONError, admit, dumps, parse_json
-from relayd.aep.filters import compile_filter, filter_error
+from relayd.aep.filters import Pin, compile_filter, filter_error, pin_of
 from relayd.aep.http import HARD_BACKLOG, REPLAY_CHUNK, SOFT_BACKLOG, parse_from_entries
 from relayd.aep.relay import Emitter, Relay, ReplayReader, Subscriber, error_frame, held_size
 from relayd.aep.store import Position
@@ -73,8 +73,15 @@ class WSSubscription(Subscriber):
 
     __slots__ = ("conn", "sub_id", "delivered")
 
-    def __init__(self, match: Callable[[dict[str, Any]], bool], ceiling: str | None, conn: AEPSocket, sub_id: Any):
-        super().__init__(match, ceiling)
+    def __init__(
+        self,
+        match: Callable[[dict[str, Any]], bool],
+        ceiling: str | None,
+        conn: AEPSocket,
+        sub_id: Any,
+        pin: Pin | None = None,
+    ):
+        super().__init__(match, ceiling, pin)
         self.conn = conn
         self.sub_id = sub_id
         self.delivered: dict[str, Position] = {}
@@ -623,7 +630,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
             detail = f"subscriptions on one connection exceed AEP_MAX_SUBSCRIPTIONS={limit}"
             self.send_frame(error_frame("limit-exceeded", detail, id=sub_id))
             return
-        sub = WSSubscription(compile_filter(flt), ceiling, self, sub_id)
+        sub = WSSubscription(compile_filter(flt), ceiling, self, sub_id, pin_of(flt))
         sub.hold()
         if not relay.subscribe((self, key), sub):
             detail = f"subscribers exceed AEP_MAX_SUBSCRIBERS={relay.max_subscribers}"
