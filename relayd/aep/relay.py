@@ -308,8 +308,16 @@ class Relay:
             for event in sequenced:
                 self.claim(sender, event.session)  # type: ignore[arg-type]
         d: Deferred[Any] = self.log.append(sequenced) if sequenced else succeed(None)
-        d.addCallback(lambda _: self._dispatch(events, sender))
+        d.addCallback(lambda _: self._dispatch_stored(events, sender))
         return d
+
+    def _dispatch_stored(self, events: Sequence[Event], sender: Emitter | None) -> None:
+        """L{_dispatch} once the store has the events: a failure there is logged, never reported to
+        the emitter as a refusal (its events were accepted and will be replayed)."""
+        try:
+            self._dispatch(events, sender)
+        except Exception:
+            self._log.failure("aep fan-out failed after the events were stored")
 
     def _dispatch(self, events: Iterable[Event], sender: Emitter | None) -> None:
         started = perf_counter()
