@@ -384,7 +384,7 @@ def _batches(lines: Iterator[bytes | None], size: int, max_bytes: int) -> Iterat
 
 @dataclass(frozen=True)
 class McpEndpoints:
-    """The session's URLs, derived as the MCP relay's clients do (mcp-relay.md §10.1)."""
+    """The session's URLs, derived as the MCP relay's clients do (docs/mcp.md)."""
 
     base: str
     session: str

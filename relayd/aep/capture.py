@@ -1,4 +1,4 @@
-"""Capture levels, relayd's own field annotations, and fan-out downlevel (aep.md section 6).
+"""Capture levels, relayd's own field annotations, and fan-out downlevel (docs/aep.md).
 
 The relay asks L{downlevel_target} once per (event, subscriber) -- a few dict lookups -- and calls
 L{downlevel} at most once per (event, target level), sharing the result among subscribers.
@@ -20,7 +20,7 @@ _REDACTED: Final = _RANK["redacted"]
 _R: Final = "redacted"
 _F: Final = "full"
 
-# Decision 13: the schemas' `x-aep-capture` annotations are relayd's own data, transcribed here
+# docs/decisions.md AEP-13: the schemas' `x-aep-capture` annotations are relayd's own data, transcribed here
 # from the schema files (tests/aep/test_capture.py checks the transcription against them when
 # they are available). Only non-metadata fields are listed, because an unlisted path counts as
 # metadata. Every type that has a payload schema has an entry, even when all its fields are
@@ -107,7 +107,7 @@ _PLANS: Final[dict[str, tuple[_Plan, ...]]] = {
 
 
 def capture_error(value: object) -> str | None:
-    """Validate a subscription capture ceiling (decision 6); None when valid.
+    """Validate a subscription capture ceiling (docs/decisions.md AEP-6); None when valid.
 
     None and "" mean "no ceiling" (the reference treats any falsy ceiling that way on both bindings).
     """

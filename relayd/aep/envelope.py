@@ -1,4 +1,4 @@
-"""Relay-grade envelope checks and event classification (aep.md section 2).
+"""Relay-grade envelope checks and event classification (docs/aep.md).
 
 Pure functions over decoded JSON values (dict/list/str/int/float/bool/None); no I/O.
 """
@@ -43,7 +43,7 @@ _COMMAND_RE: Final = re.compile(
     r"control\.(?:attention\.respond|cancel|pause|resume)|x\.[a-z0-9_-]+\.control\.[^\n\r\u2028\u2029]+"
 )
 
-# Decision 4: the one non-command foreign-emitter type (carries session, never seq).
+# docs/decisions.md AEP-4: the one non-command foreign-emitter type (carries session, never seq).
 FOREIGN_TYPE: Final = "attention.routed"
 
 # relayd's own limits on top of the reference's check (L{limit_error}).
@@ -63,7 +63,7 @@ class EventKind(enum.Enum):
 
     COMMAND = "command"  # control verbs: routed to one emitter, fanned out, never buffered
     AGENT_SCOPED = "agent"  # agent.*: live fan-out only, no session/seq
-    FOREIGN = "foreign"  # attention.routed without seq: live fan-out only (decision 4)
+    FOREIGN = "foreign"  # attention.routed without seq: live fan-out only (docs/decisions.md AEP-4)
     SEQUENCED = "sequenced"  # everything else: buffered by (session, epoch, seq)
 
 
@@ -245,7 +245,7 @@ def event_kind(ev: dict) -> EventKind:
 def position(ev: dict) -> tuple[int, int]:
     """``(epoch, seq)`` of a valid sequenced event as exact ints, for lexicographic ordering.
 
-    Decision 3: never a float key (``epoch * 2**40 + seq`` loses precision once epoch >= 8192).
+    docs/decisions.md AEP-3: never a float key (``epoch * 2**40 + seq`` loses precision once epoch >= 8192).
     ``epoch`` is not checked at relay grade; an absent, null or non-integer epoch counts as
     the consumer default 0. Raises ValueError when the event has no integer ``seq``.
     """

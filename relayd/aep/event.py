@@ -2,7 +2,7 @@
 
 Fan-out asks an event for its wire form at a capture level; each form is produced at most once per
 event (not once per subscriber) and, when no downlevel applies and the posted bytes hold no line
-break, it *is* the posted bytes (decision AEP 12: byte identity).
+break, it *is* the posted bytes (docs/decisions.md AEP-12: byte identity).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def parse_json(data: bytes, exact: bool = False) -> Any:
     the double range: an envelope whose C{epoch} or C{seq} it could only read that way, a value with
     such a number (JavaScript's C{JSON.parse}, the reference's parser, reads it as infinity), or a
     value parsed C{exact} (resume positions nested in a C{from} list), goes through the standard
-    library, whose integers are exact (decision AEP 3: positions are exact for any epoch).
+    library, whose integers are exact (docs/decisions.md AEP-3: positions are exact for any epoch).
 
     Numbers and text are read only as the relay can write them again: an integer of more than
     L{MAX_INT_DIGITS} digits and a lone surrogate (C{"\\ud800"}, which has no UTF-8 form) are

@@ -1,4 +1,4 @@
-"""attr-match subscription filters (aep.md section 4.1): validation and compiled predicates.
+"""attr-match subscription filters (docs/aep.md): validation and compiled predicates.
 
 A filter is validated and compiled once per subscription; the resulting predicate runs per
 event per subscriber, so all per-filter work (sets, prefix tuples, rank bounds) happens up front.
@@ -29,7 +29,7 @@ _UNFILTERABLE: Final = frozenset({"time", "seq", "aep", "data"})
 _EXTENSION_RE: Final = re.compile(r"[a-z0-9]{1,20}")
 _TYPE_PATTERN_RE: Final = re.compile(r"(?:[a-z0-9_-]+\.)+\*")
 _SEV_RANK: Final = {name: rank for rank, name in enumerate(SEVERITIES)}
-# Consumers apply these defaults before comparing (aep.md section 2).
+# Consumers apply these defaults before comparing (docs/aep.md).
 _DEFAULTS: Final = {"severity": "info", "capture": "metadata", "epoch": 0}
 _MISSING: Final = object()
 

@@ -1,4 +1,4 @@
-"""AEP over HTTP: ingest, discovery, health, introspection and the SSE stream (aep.md §3-§4)."""
+"""AEP over HTTP: ingest, discovery, health, introspection and the SSE stream (docs/aep.md)."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ PARSE_SLICE = 1000
 
 class BatchParser:
     """An ingest body parsed a slice of lines at a time; nothing is ingested before all of it is
-    valid (decisions.md AEP-5).
+    valid (docs/decisions.md AEP-5).
 
     Plainly valid lines become events at once; the others are parsed exactly, so that the first
     invalid-json line is reported before the count and the first invalid-event line after it.
@@ -153,7 +153,7 @@ def parse_batch(body: bytes, ndjson: bool, max_batch: int) -> list[Event]:
 
 
 def parse_from_entries(value: Any) -> list[tuple[str, Position]]:
-    """Validate a C{from} array of C{{session, epoch?, seq?}} (decision AEP 2: never crash).
+    """Validate a C{from} array of C{{session, epoch?, seq?}} (docs/decisions.md AEP-2: never crash).
 
     @raise ValueError: naming what is wrong.
     """
@@ -471,7 +471,7 @@ class AEPResource(Resource):
         problem = filter_error(flt)
         if problem is not None:
             raise BadRequest(problem)
-        # Not query_param: a value that is not UTF-8 is no capture level either (decision AEP 6).
+        # Not query_param: a value that is not UTF-8 is no capture level either (docs/decisions.md AEP-6).
         ceiling = request.args.get(b"capture", [b""])[0].decode("utf-8", "replace") or None
         if ceiling is not None:
             problem = capture_error(ceiling)

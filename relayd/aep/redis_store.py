@@ -6,7 +6,7 @@ Layout (every key under the deployment's prefix, default C{relayd:}):
   least recently written and is evicted first.
 - C{aep:s:<session>}: sorted set (all scores 0, ordered by member) of C{<position><arrival>}
   members; a position is the length-prefixed decimal epoch and seq, so lexicographic order is exact
-  integer order for any epoch (decision AEP 3) and equal positions keep arrival order.
+  integer order for any epoch (docs/decisions.md AEP-3) and equal positions keep arrival order.
 - C{aep:e:<session>}: hash member -> the event's bytes (one line: events are stored in their
   newline-free wire form).
 - C{aep:k:<session>}: hash dedupe key (C{source\\0id}) -> member, for admission dedupe, and

@@ -1,4 +1,4 @@
-"""AEP over WebSocket (``/socket``, aep.md §5): hello gate, subscriptions, roster, ingest, claims.
+"""AEP over WebSocket (``/socket``, docs/aep.md): hello gate, subscriptions, roster, ingest, claims.
 
 Messages:
   -> hello {versions, role, identity, capabilities}     <- hello (or error + close 1002)
@@ -9,7 +9,7 @@ Messages:
   -> <event envelope>                                   <- nothing, or error invalid-event
                                                         <- ping {t} every heartbeat, closing on backpressure
 
-Everything sent to a client counts against its backlog bound (aep.md): replies, routed commands,
+Everything sent to a client counts against its backlog bound (docs/aep.md): replies, routed commands,
 replays and live events alike. While the client does not read what it was sent (the transport
 paused this connection) or a replay is being sent, what it sends waits, unread, and so adds nothing.
 """
@@ -130,7 +130,7 @@ class WSReplay:
                         message = factory.prepareMessage(dumps(frame))
                         conn._send(message, None, None)
                     else:
-                        # The capture ceiling applies to replay too (decision AEP 1).
+                        # The capture ceiling applies to replay too (docs/decisions.md AEP-1).
                         message = item.prepared(sub.level(item), factory)  # type: ignore[union-attr]
                         conn._send(message, sub, item)  # type: ignore[arg-type]
                         sent += 1
@@ -731,7 +731,7 @@ class AEPSocketFactory(WebSocketServerFactory):
             maxMessagePayloadSize=max_message,
             maxFramePayloadSize=max_message,
             # A violation (invalid UTF-8, too big, a protocol error) is answered with a Close frame
-            # and its code (1007, 1009, 1002), as aep.md says, not with a dropped connection.
+            # and its code (1007, 1009, 1002), as docs/aep.md says, not with a dropped connection.
             failByDrop=False,
             autoPingInterval=0,  # AEP has its own JSON ping, sent by one shared loop below
             openHandshakeTimeout=10,

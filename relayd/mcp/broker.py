@@ -2,9 +2,9 @@
 
 No I/O happens here. The HTTP layer hands in request facts (ids, tokens, bodies) and, for an SSE
 stream, a L{Sink} to write encoded events to; the broker answers with results or L{Refused} reasons
-(the wire strings of C{mcp-relay.md} §2), and keeps its state in an L{IMcpStore}.
+(the wire strings of docs/mcp.md), and keeps its state in an L{IMcpStore}.
 
-Semantics follow the Node relay 0.46.0 with relayd's decisions MCP 1-10 (see C{decisions.md}):
+Semantics follow the Node relay 0.46.0 with relayd's decisions MCP-1 to MCP-10 (docs/decisions.md):
 a 64-frame first-frame backlog, newline-safe SSE framing, collision-free reply routing, sessions kept
 alive by open subscribers, bounded queues with C{notifications/frames_dropped}, a session cap.
 """
@@ -62,7 +62,7 @@ _OUTBOUND = metrics.mcp_frames.labels(direction="outbound")
 def _counted(result: Any, counter: Any) -> Any:
     counter.inc()
     return result
-# Only the broker emits presence; a posted frame carrying either method is refused (mcp-relay.md §2.7).
+# Only the broker emits presence; a posted frame carrying either method is refused (docs/mcp.md).
 _BROKER_ONLY = frozenset((PEER_JOINED, PEER_LEFT))
 
 class Refused(Exception):
@@ -75,7 +75,7 @@ class Refused(Exception):
 
 @dataclass(frozen=True)
 class BrokerConfig:
-    """Limits and timings (defaults: mcp-relay.md §7 and decisions MCP 1, 9)."""
+    """Limits and timings (defaults: docs/mcp.md and docs/decisions.md MCP-1, MCP-9)."""
 
     ttl_ms: float = 14_400_000
     reap_interval_ms: float = 60_000
@@ -123,7 +123,7 @@ class Frame:
 
     @property
     def sse(self) -> bytes:
-        """The SSE event: one C{data:} line holding the whole frame (decision MCP 4).
+        """The SSE event: one C{data:} line holding the whole frame (docs/decisions.md MCP-4).
 
         Valid JSON holds CR and LF only as whitespace between tokens (inside a string they must be
         escaped), so removing them leaves the same message and cannot join two tokens: no parse, no
@@ -175,7 +175,7 @@ def notification(method: str, params: bytes) -> Frame:
 
 
 def parse_frame(body: bytes) -> Frame | None:
-    """A valid frame (mcp-relay.md §2.7) or C{None}."""
+    """A valid frame (docs/mcp.md) or C{None}."""
     if not body:
         return None
     try:
@@ -371,7 +371,7 @@ class _Poll:
             self.deferred.callback(result)
 
     def _cancel(self, _: Deferred[PollResult]) -> None:
-        # The client went away (mcp-relay.md §4.3): a parked wait takes nothing.
+        # The client went away (docs/mcp.md): a parked wait takes nothing.
         state, self.state = self.state, _CANCELLED
         if state == _PARKED:
             self.broker._unpark(self)
@@ -585,7 +585,7 @@ class Broker:
         return frame
 
     async def _correlate(self, session_id: str, frame: Frame, label: str | None) -> Frame:
-        """Record who asked (decision MCP 6); rewrite the id when another request holds it."""
+        """Record who asked (docs/decisions.md MCP-6); rewrite the id when another request holds it."""
         key = frame.id_key
         taken = await self.store.correlation_pending(session_id, key)
         if label is None:
@@ -632,7 +632,7 @@ class Broker:
         await self._fan_out(session_id, OUTBOUND, frame)
 
     async def _route_reply(self, session_id: str, frame: Frame, correlation: Correlation | None) -> bool:
-        """Deliver a reply to its asker (decision MCP 6); C{False} when it goes to every reader instead."""
+        """Deliver a reply to its asker (docs/decisions.md MCP-6); C{False} when it goes to every reader instead."""
         if correlation is not None and correlation.original_id is not None:
             try:
                 frame = frame.with_id(loads_json(correlation.original_id))
@@ -656,7 +656,7 @@ class Broker:
         if subscribers:
             await self._deliver(subscribers, frame, posted)
         elif posted:
-            # Decision MCP 1: hold it for the first subscriber instead of dropping it.
+            # docs/decisions.md MCP-1: hold it for the first subscriber instead of dropping it.
             await self._admit(len(frame.raw))
             await self.store.append_backlog(session_id, direction, frame.raw, self.config.backlog_frames)
 
@@ -782,7 +782,7 @@ class Broker:
         finally:
             await store.update_subscriber(record.session, record.direction, record.id, self._now(), -1)
         if dropped:
-            # Decision MCP 9: the poller learns how many of its oldest frames the bound cost it.
+            # docs/decisions.md MCP-9: the poller learns how many of its oldest frames the bound cost it.
             note = notification(FRAMES_DROPPED, b'{"count":%d}' % dropped)
             frames.insert(0, note.json_string)
         return PollResult(record.id, frames, p.created, record.direction, record.session)
@@ -893,7 +893,7 @@ class Broker:
         orphans, self._orphans = self._orphans, []
         for record in orphans:
             await self._close_stream(record)
-        # Decision MCP 7: an open SSE stream or a parked poll keeps its session alive.
+        # docs/decisions.md MCP-7: an open SSE stream or a parked poll keeps its session alive.
         for session_id in self._active_sessions():
             await store.touch_session(session_id, now)
         for session_id in await store.expired_session_ids(now - self.config.ttl_ms / 1000):

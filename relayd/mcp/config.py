@@ -51,7 +51,7 @@ def cors_entry(text: str) -> str:
 
 
 def _cors_policy(entries: list[str]) -> object:
-    """What a CORS setting means: two spellings of one policy draw no override warning (§6.3)."""
+    """What a CORS setting means: two spellings of one policy draw no override warning (docs/mcp.md, CORS)."""
     try:
         policy = parse_origins(list(entries))
     except CorsPolicyError:

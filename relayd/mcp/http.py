@@ -1,4 +1,4 @@
-"""The MCP relay's HTTP surface: routing, statuses and bodies of mcp-relay.md §2, SSE and long-poll legs.
+"""The MCP relay's HTTP surface: routing, statuses and bodies of docs/mcp.md, SSE and long-poll legs.
 
 One leaf resource routes on the raw (not percent-decoded) request path, as the Node relay does:
 C{{prefix}/register} and C{{prefix}/{session}/(inbox|outbox|events|poll|unregister)}; health at C{/},
@@ -83,7 +83,7 @@ def _gone(request: Request) -> bool:
 
 
 def _token(request: Request) -> str:
-    # Decision MCP 5: an Authorization: Bearer header wins over ?token=.
+    # docs/decisions.md MCP-5: an Authorization: Bearer header wins over ?token=.
     return bearer_token(request) or query_param(request, "token") or ""
 
 
@@ -99,7 +99,7 @@ def _wait(request: Request) -> str | None:
 
 
 def _label(request: Request) -> str | None:
-    return query_param(request, "client") or None  # decision MCP 6: client= counts as no label
+    return query_param(request, "client") or None  # docs/decisions.md MCP-6: client= counts as no label
 
 
 def _shed(request: Request) -> None:
@@ -115,7 +115,7 @@ def _shed(request: Request) -> None:
 
 class StreamSink:
     """The broker's view of one SSE response: buffers events until started, bounds what a paused
-    (non-reading) client may have queued (decision MCP 9), and ends the response when told."""
+    (non-reading) client may have queued (docs/decisions.md MCP-9), and ends the response when told."""
 
     # Slots: an idle relay holds one per open stream.
     __slots__ = ("stream", "max_frames", "broker", "record", "_early", "_paused_frames", "_end_requested")
@@ -177,7 +177,7 @@ class _PollAnswer:
         self.deferred = deferred
 
     def gone(self, _: Failure) -> None:
-        # The client went away: un-park the poll; nothing is taken (mcp-relay.md §4.3).
+        # The client went away: un-park the poll; nothing is taken (docs/mcp.md).
         self.deferred.cancel()
 
     def answer(self, result: PollResult) -> None:
@@ -258,7 +258,7 @@ class McpResource(Resource):
                 return HEALTH_BODY
             request.setHeader(b"allow", _HEALTH_ALLOW)
             return self._json(request, 405, b'{"error":"method_not_allowed"}')
-        # Decision MCP 3: every answer a browser may need to read carries CORS, 404 included.
+        # docs/decisions.md MCP-3: every answer a browser may need to read carries CORS, 404 included.
         self.policy.apply(request)
         route, session_id = self._route(request.path)
         if route is None:
@@ -362,7 +362,7 @@ class McpResource(Resource):
         return NOT_DONE_YET
 
     def too_large(self, request: Request) -> EarlyAnswer:
-        """Decision MCP 2: a real 413 with CORS headers (the body limit's early answer)."""
+        """docs/decisions.md MCP-2: a real 413 with CORS headers (the body limit's early answer)."""
         values = request.requestHeaders.getRawHeaders(b"origin")
         headers = self.policy.headers(values[0] if values else None)
         headers.append((b"content-type", b"application/json"))
@@ -394,7 +394,7 @@ class McpResource(Resource):
     def _unregister(self, request: Request, session_id: str) -> Any:
         token = _token(request)
         if not token:
-            # Decision MCP 8: the browser hook sends {"token": ...} in the body.
+            # docs/decisions.md MCP-8: the browser hook sends {"token": ...} in the body.
             try:
                 body = loads_json(read_body(request))
             except ValueError:

@@ -183,7 +183,7 @@ class IFrameQueues(Interface):
 
 
 class IBacklogs(Interface):
-    """Frames posted while a direction had no subscriber (decision MCP 1)."""
+    """Frames posted while a direction had no subscriber (docs/decisions.md MCP-1)."""
 
     def append_backlog(session_id: str, direction: str, frame: bytes, cap: int) -> Deferred[None]:
         """Append a raw frame, dropping the oldest beyond C{cap}."""
