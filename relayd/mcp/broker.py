@@ -88,6 +88,9 @@ class BrokerConfig:
     # Bytes of frames held for readers that are not there yet or not polling (every queue and
     # first-frame backlog of the store together); a post that would need more is refused.
     max_buffered_bytes: int = 64 * 1024 * 1024
+    # Readers (SSE streams and poll subscribers, both directions) one session may have at once: a
+    # poll without `subscriber=` makes a new one, kept until it has been idle for a minute or two.
+    max_subscribers: int = 1024
 
 
 class Sink(Protocol):
@@ -730,6 +733,7 @@ class Broker:
         reason = await self._check(session_id, token)
         if reason is not None:
             raise Refused(reason)
+        await self._room_for_a_reader(session_id)
         record = SubscriberRecord(secrets.token_hex(8), session_id, direction, SSE, label, self._now(), 0, self.instance)
         self._sinks[record.queue_key] = sink
         await self.store.add_subscriber(record)
@@ -808,6 +812,12 @@ class Broker:
             if not waiters:
                 del self._waiters[record.queue_key]
 
+    async def _room_for_a_reader(self, session_id: str) -> None:
+        """Refuse a new reader beyond C{max_subscribers} for the session (both directions)."""
+        inbound, outbound = await self.store.all_subscribers(session_id)
+        if len(inbound) + len(outbound) >= self.config.max_subscribers:
+            raise Refused("too_many_subscribers")
+
     async def _poll_subscriber(
         self, session_id: str, direction: str, wanted: str | None, label: str | None
     ) -> tuple[SubscriberRecord, bool]:
@@ -820,6 +830,7 @@ class Broker:
             same_id = await store.find_subscriber(session_id, wanted)
             if not any(r.kind == SSE for r in same_id):
                 new_id = wanted  # adopt (e.g. after an idle prune); never split an SSE queue (P13)
+        await self._room_for_a_reader(session_id)
         record = SubscriberRecord(new_id or secrets.token_hex(8), session_id, direction, POLL, label, self._now())
         await store.add_subscriber(record)
         if direction == OUTBOUND:

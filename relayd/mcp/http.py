@@ -63,7 +63,7 @@ _SSE_HEADERS = [
 # What a known path allows (RFC 9110: a 405 names them in C{Allow}); HEAD wherever GET is.
 _ALLOW = {route: b"GET, HEAD, OPTIONS" if m == b"GET" else b"POST, OPTIONS" for route, m in _METHODS.items()}
 _HEALTH_ALLOW = b"GET, HEAD"
-_STATUS = {"session_gone": 410, "too_many_sessions": 503, "buffer_full": 503}
+_STATUS = {"session_gone": 410, "too_many_sessions": 503, "buffer_full": 503, "too_many_subscribers": 503}
 # A full buffer frees as readers take their frames: the client may retry soon.
 BUFFER_FULL_RETRY_AFTER = b"5"
 
@@ -74,7 +74,7 @@ def unavailable_body(error: StoreUnavailable) -> bytes:
 
 
 def status_for(reason: str) -> int:
-    """HTTP status of a refusal: gone is 410, the session cap 503, every other refusal 401."""
+    """HTTP status of a refusal: gone is 410, a cap 503, every other refusal 401."""
     return _STATUS.get(reason, 401)
 
 

@@ -498,6 +498,16 @@ class BoundedMemory(BrokerCase):
         assert self.refusal(broker.register("third", TOKEN)) == "too_many_sessions"
         self.successResultOf(broker.register("second", TOKEN))  # re-register of an existing session is not a new one
 
+    def test_readers_per_session_are_capped(self) -> None:
+        # A poll without subscriber= makes a new reader: unbounded, a client could make millions.
+        broker, _, _ = make_broker(max_subscribers=3)
+        self.open_sse(broker, OUTBOUND)
+        first = self.successResultOf(broker.poll(SESSION, TOKEN, INBOUND, 0))
+        self.successResultOf(broker.poll(SESSION, TOKEN, OUTBOUND, 0))  # exactly at the cap
+        assert self.refusal(broker.poll(SESSION, TOKEN, INBOUND, 0)) == "too_many_subscribers"
+        assert self.refusal(broker.open_stream(SESSION, TOKEN, INBOUND, None, RecordingSink())) == "too_many_subscribers"
+        self.successResultOf(broker.poll(SESSION, TOKEN, INBOUND, 0, first.subscriber))  # an existing one polls on
+
 
 class Register(BrokerCase):
     """Register rules and drain."""
