@@ -325,7 +325,7 @@ class BrokerHost:
         try:
             if claim.status == "resume":
                 assert claim.plan is not None
-                return await self._execute(principal, rid, digest, Plan.from_bytes(claim.plan), settled)
+                return await self._execute(principal, rid, digest, Plan.from_bytes(claim.plan), settled, resumed=True)
             return await self._run(cred, agent, req, digest, settled)
         finally:
             if not settled:
@@ -394,14 +394,16 @@ class BrokerHost:
         self.verdicts.put(principal, digest, data, action)
         return data
 
-    async def _execute(self, principal: str, rid: str, digest: bytes, plan: Plan, settled: list[bytes]) -> bytes:
+    async def _execute(
+        self, principal: str, rid: str, digest: bytes, plan: Plan, settled: list[bytes], resumed: bool = False
+    ) -> bytes:
         """Publish a stored plan's events in order and settle the verdict.
 
         Events may be out by now, so a fault here is C{indeterminate} (C{failed} promises nothing
         happened); the plan stays stored and a retry of the same bytes resends it.
         """
         try:
-            return await self._publish(principal, rid, digest, plan, settled)
+            return await self._publish(principal, rid, digest, plan, settled, resumed)
         except StoreUnavailable as e:
             self._outage(e, rid)
             why = f"the {e.store} store is unavailable; retry the same bytes"
@@ -410,21 +412,64 @@ class BrokerHost:
             why = "internal host fault during execution; retry the same bytes"
         return _verdict(contract.indeterminate(rid, "internal", why))
 
-    async def _publish(self, principal: str, rid: str, digest: bytes, plan: Plan, settled: list[bytes]) -> bytes:
+    async def _publish(
+        self, principal: str, rid: str, digest: bytes, plan: Plan, settled: list[bytes], resumed: bool
+    ) -> bytes:
+        """Send the plan's events in order; the verdict says exactly how many the relay holds.
+
+        C{failed} only while no event of the plan can be on the relay: the first event refused on
+        this (first) attempt, or a signing identity gone before anything was sent. Once an event
+        is accepted, the plan's local effects are applied at once (the host is never older than
+        the relay: a created agent's key is kept, a rename is the host's name too) and any later
+        fault is C{indeterminate} with the plan kept, so a retry of the same bytes finishes it.
+
+        A resumed plan (a retry of an earlier C{indeterminate}) is first checked against newer
+        state (L{Operations.superseded}): one that would roll an agent back or revive a deleted one
+        is not sent again, and that verdict is recorded so it stays the answer.
+        """
+        if resumed:
+            stale = await self.ops.superseded(plan)
+            if stale is not None:
+                resp = contract.indeterminate(
+                    rid, "outcome_unknown", f"superseded: {stale}; this request's events were not sent again and the newer state stands"
+                )
+                return await self._settle(principal, rid, digest, resp, [], settled, plan.action)
+        total = len(plan.events)
+        done = 0
         for item in plan.events:
             try:
                 signer = await self.ops.signer_by_pubkey(item["by"], plan)
-            except ActionFailed as e:
-                return await self._settle(principal, rid, digest, contract.failed(rid, "action_failed", str(e)), [], settled, plan.action)
+            except (ActionFailed, Unauthorized):
+                if done == 0 and not resumed:
+                    resp = contract.failed(rid, "action_failed", "the signing identity was deleted before anything was published")
+                    return await self._settle(principal, rid, digest, resp, [], settled, plan.action)
+                resp = contract.indeterminate(
+                    rid, "outcome_unknown", f"superseded: a signing identity was deleted; the relay confirmed {done} of {total} events of this request"
+                )
+                return await self._settle(principal, rid, digest, resp, [], settled, plan.action)
             conn = self.ops.pool.connection(signer)
             try:
                 accepted, message = await conn.publish(item["event"], self.ops.timeout)
             except (NotConnected, ConnectionLost, RelayTimeout) as e:
                 self._log.info("outcome unknown for {rid}: {why}", rid=rid, why=str(e))
-                return _verdict(contract.indeterminate(rid, "outcome_unknown", _safe(str(e))))
+                await self._partial(plan, done)
+                why = f"event {done + 1} of {total} unconfirmed: {_safe(str(e))}" if total > 1 else _safe(str(e))
+                return _verdict(contract.indeterminate(rid, "outcome_unknown", why + "; retry the same bytes"))
             if not accepted:
-                resp = contract.failed(rid, "action_failed", "relay refused the event: " + _safe(message))
-                return await self._settle(principal, rid, digest, resp, [], settled, plan.action)
+                if done == 0 and not resumed:
+                    resp = contract.failed(rid, "action_failed", "relay refused the event: " + _safe(message))
+                    return await self._settle(principal, rid, digest, resp, [], settled, plan.action)
+                await self._partial(plan, done)
+                return _verdict(
+                    contract.indeterminate(
+                        rid,
+                        "outcome_unknown",
+                        f"the relay confirmed {done} of {total} events of this request and refused event {done + 1}: "
+                        + _safe(message)
+                        + "; retry the same bytes",
+                    )
+                )
+            done += 1
         data = await self._settle(
             principal, rid, digest, contract.succeeded(rid, plan.action, plan.outcome), plan.effects, settled, plan.action
         )
@@ -432,6 +477,11 @@ class BrokerHost:
             if effect["op"] == "delete_agent":
                 self.ops.forget(effect["pubkey"])
         return data
+
+    async def _partial(self, plan: Plan, done: int) -> None:
+        """Some events of a plan are on the relay: apply its effects now (they never roll back newer state)."""
+        if done and plan.effects:
+            await self.agents.apply_effects(plan.effects)
 
 
 def _verdict(resp: contract.Response) -> bytes:

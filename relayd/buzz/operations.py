@@ -125,8 +125,33 @@ class Operations:
             raise ActionFailed("signing identity no longer exists")
         return self.signer_for(agent)
 
+    async def superseded(self, plan: Plan) -> str | None:
+        """Why resending a stored plan would overwrite newer state (C{None}: it would not).
+
+        A plan waits while its request is C{indeterminate}; by the retry the agent it changes may
+        have been updated (a newer record) or deleted, or one of its signers may be gone.
+        """
+        for effect in plan.effects:
+            op = effect["op"]
+            pubkey = effect["agent"]["pubkey"] if op == "create_agent" else effect["pubkey"]
+            agent = await self.agents.agent(pubkey)
+            if op == "update_agent":
+                if agent is None or agent.deleted:
+                    return "the agent was deleted after this request was planned"
+                if agent.record_created_at > effect["record_created_at"]:
+                    return "the agent was changed by a later request"
+            elif op == "create_agent" and agent is not None and agent.deleted:
+                return "the agent was deleted after this request was planned"
+        for item in plan.events:
+            if item["by"] in plan.keys:
+                continue
+            agent = await self.agents.agent(item["by"])
+            if agent is None or agent.deleted or agent.sealed_key is None:
+                return "a signing identity was deleted after this request was planned"
+        return None
+
     async def _sign(
-        self, signer: nostr.Signer, kind: int, tags: list[list[str]], content: str, after: int = -1
+        self, signer: nostr.Signer, kind: int, tags: list[list[str]], content: str, after: int = -1, strict: bool = False
     ) -> Event:
         """Sign a new event of C{signer} at a C{created_at} its clock hands out (after C{after}).
 
@@ -135,7 +160,7 @@ class Operations:
         moves such an event to a later second (L{IAgentStore.stamp}).
         """
         digest = hashlib.sha256(nostr.serialize_for_id("", 0, kind, tags, content)).digest()[:STAMP_DIGEST_BYTES]
-        created_at = await self.agents.stamp(signer.pubkey, digest, int(self.now()), after)
+        created_at = await self.agents.stamp(signer.pubkey, digest, int(self.now()), after, strict)
         return signer.sign(kind, tags, content, created_at)
 
     async def _query(self, ctx: Context, filters: list[dict[str, Any]]) -> list[Event]:
@@ -326,7 +351,8 @@ class Operations:
         tags = [["d", agent_pubkey], ["p", agent_pubkey]]
         if channel:
             tags.append(["h", channel])
-        return await self._sign(owner, nostr.KIND_MANAGED_AGENT, tags, _json(public), after)
+        # strict: a later record always has a later created_at, so "newer" is decidable (superseded()).
+        return await self._sign(owner, nostr.KIND_MANAGED_AGENT, tags, _json(public), after, strict=True)
 
     async def _agents_create(self, ctx: Context, args: dict[str, Any]) -> Plan:
         self._check_runtime(args)
@@ -426,7 +452,7 @@ class Operations:
         agent = await self._target(ctx, args["target"])
         owner = ctx.signer
         tags = [["a", f"{nostr.KIND_MANAGED_AGENT}:{owner.pubkey}:{agent.pubkey}"], ["k", str(nostr.KIND_MANAGED_AGENT)]]
-        ev = await self._sign(owner, nostr.KIND_DELETION, tags, "", agent.record_created_at)
+        ev = await self._sign(owner, nostr.KIND_DELETION, tags, "", agent.record_created_at, strict=True)
         return Plan(
             "agents.delete",
             {"agentPubkey": agent.pubkey, "displayName": agent.name},

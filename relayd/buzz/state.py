@@ -149,13 +149,15 @@ class IAgentStore(Interface):
         Idempotent: a retry that resumes a plan may apply the same effects again.
         """
 
-    def stamp(pubkey: str, digest: bytes, now: int, after: int) -> "defer.Deferred[int]":
+    def stamp(pubkey: str, digest: bytes, now: int, after: int, strict: bool) -> "defer.Deferred[int]":
         """The C{created_at} for a new event of identity C{pubkey}, durably handed out once.
 
         C{digest} (L{STAMP_DIGEST_BYTES} bytes) identifies the event's kind, tags and content. The answer is at
         least C{now}, more than C{after}, never below one handed out before for this identity, and
         never the second of an earlier event with the same digest: two events of one identity
-        never share an id, even across restarts and processes sharing the state.
+        never share an id, even across restarts and processes sharing the state. With C{strict},
+        the answer is also later than every second handed out before for this identity (an
+        agent record: so records of one owner are totally ordered by C{created_at}).
         """
 
 
@@ -334,7 +336,7 @@ class StateDB:
 
     # event clocks
 
-    def stamp(self, pubkey: str, digest: bytes, now: int, after: int = -1) -> int:
+    def stamp(self, pubkey: str, digest: bytes, now: int, after: int = -1, strict: bool = False) -> int:
         """See L{IAgentStore.stamp}. One write transaction, so processes sharing the file agree.
 
         Per identity the row keeps the latest second handed out and the digests given in it:
@@ -345,7 +347,7 @@ class StateDB:
         def tx(c: sqlite3.Connection) -> int:
             row = c.execute("SELECT second, digests FROM clocks WHERE pubkey = ?", (pubkey,)).fetchone()
             second, used = (int(row[0]), bytes(row[1])) if row else (-1, b"")
-            at = max(now, after + 1, second)
+            at = max(now, after + 1, second + 1 if strict else second)
             if at != second:
                 used = b""
             elif _holds(used, digest) or len(used) >= STAMPS_PER_SECOND * STAMP_DIGEST_BYTES:
@@ -425,32 +427,45 @@ def _put_agent(c: sqlite3.Connection, a: Agent) -> None:
 
 def _apply_effect(c: sqlite3.Connection, effect: dict[str, Any]) -> None:
     op = effect["op"]
+    # Effects are applied again when a plan is resumed and may arrive after newer ones: each is
+    # written so that it never rolls newer state back (a created agent is never re-created over
+    # itself or revived once deleted; an update lands only on a live agent whose record is not newer).
     if op == "create_agent":
         a = effect["agent"]
-        _put_agent(
-            c,
-            Agent(
-                pubkey=a["pubkey"],
-                name=a["name"],
-                sealed_key=bytes.fromhex(a["sealed_key"]),
-                owner=a["owner"],
-                managed=True,
-                depth=a["depth"],
-                channel=a["channel"],
-                settings=a["settings"],
-                record_created_at=a["record_created_at"],
-                deleted=False,
+        c.execute(
+            "INSERT INTO agents (pubkey, name, sealed_key, owner, managed, depth, channel, settings,"
+            " record_created_at, created_at) VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, ?) ON CONFLICT (pubkey) DO NOTHING",
+            (
+                a["pubkey"],
+                a["name"],
+                bytes.fromhex(a["sealed_key"]),
+                a["owner"],
+                a["depth"],
+                a["channel"],
+                json.dumps(a["settings"], sort_keys=True),
+                a["record_created_at"],
+                int(time.time()),
             ),
         )
     elif op == "update_agent":
         c.execute(
-            "UPDATE agents SET name = ?, settings = ?, record_created_at = ? WHERE pubkey = ?",
-            (effect["name"], json.dumps(effect["settings"], sort_keys=True), effect["record_created_at"], effect["pubkey"]),
+            "UPDATE agents SET name = ?, settings = ?, record_created_at = ?"
+            " WHERE pubkey = ? AND deleted_at IS NULL AND record_created_at <= ?",
+            (
+                effect["name"],
+                json.dumps(effect["settings"], sort_keys=True),
+                effect["record_created_at"],
+                effect["pubkey"],
+                effect["record_created_at"],
+            ),
         )
     elif op == "delete_agent":
         # Destroy the key; credentials bound to the agent stop working.
         now = int(time.time())
-        c.execute("UPDATE agents SET sealed_key = NULL, deleted_at = ? WHERE pubkey = ?", (now, effect["pubkey"]))
+        c.execute(
+            "UPDATE agents SET sealed_key = NULL, deleted_at = ? WHERE pubkey = ? AND deleted_at IS NULL",
+            (now, effect["pubkey"]),
+        )
         c.execute(
             "UPDATE credentials SET revoked_at = ? WHERE agent_pubkey = ? AND revoked_at IS NULL",
             (now, effect["pubkey"]),
@@ -614,8 +629,10 @@ class SQLiteState:
     def apply_effects(self, effects: list[dict[str, Any]]) -> "defer.Deferred[None]":
         return self._write("apply_effects", effects).addBoth(self._after_effects)
 
-    def stamp(self, pubkey: str, digest: bytes, now: int, after: int = -1) -> "defer.Deferred[int]":
-        return self._write("stamp", pubkey, digest, now, after)
+    def stamp(
+        self, pubkey: str, digest: bytes, now: int, after: int = -1, strict: bool = False
+    ) -> "defer.Deferred[int]":
+        return self._write("stamp", pubkey, digest, now, after, strict)
 
     def _after_effects(self, result: Any) -> Any:
         self._forget()

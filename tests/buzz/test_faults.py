@@ -1,0 +1,189 @@
+"""Fault injection: every verdict agrees with what the real relay holds, and a retry converges.
+
+The broker talks to the real relay (PyPI nostr-relay, NIP-42 on) through L{FaultRelay}, a proxy
+that refuses, drops OKs, closes connections or throttles on a script. After each fault the test
+reads the real relay's database (an independent view) and the broker's own state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from typing import Any
+
+import pytest
+from twisted.trial import unittest
+
+from relayd.buzz import contract, nostr
+from relayd.buzz.state import StateDB
+from tests.buzz.fault_relay import FaultRelay, kind
+from tests.buzz.harness import BrokerUnderTest, new_channel, ok
+
+
+@pytest.mark.usefixtures("relay_for_class")
+class FaultCase(unittest.TestCase):
+    """A broker behind a fault proxy in front of the session's real relay."""
+
+    timeout = 120
+    relay: Any
+    action_timeout = 4.0
+
+    async def setUp(self) -> None:
+        self.tmp = tempfile.mkdtemp(prefix="relayd-faults-")
+        self.proxy = FaultRelay(self.relay.url)
+        self.proxy.start()
+        self.broker = BrokerUnderTest(
+            os.path.join(self.tmp, "state"), self.proxy.proxy_url, timeout=self.action_timeout, auth_url=self.relay.url
+        )
+        await self.broker.start()
+        self.channel = new_channel()
+        self.alice = self.broker.issue(f"alice-{self.channel[:8]}", "--channel", self.channel)
+        self.cred = self.alice["credential"]
+
+    async def tearDown(self) -> None:
+        await self.broker.stop()
+        await self.proxy.stop()
+
+    async def send(self, action: str, args: dict[str, Any], rid: str) -> dict[str, Any]:
+        """Send the frozen bytes of one request (the same bytes on every call with this rid)."""
+        return await self.broker.call(self.cred, action, args, rid)
+
+    def on_relay(self, **filters: Any) -> list[dict[str, Any]]:
+        return self.relay.events(**filters)
+
+    def host_agent(self, pubkey: str) -> Any:
+        db = StateDB.in_dir(self.broker.state_dir)
+        try:
+            return db.agent(pubkey)
+        finally:
+            db.close()
+
+    def receipt(self, rid: str) -> Any:
+        db = StateDB.in_dir(self.broker.state_dir)
+        try:
+            return db.receipt(self.alice["agentPubkey"], rid)
+        finally:
+            db.close()
+
+    def create_args(self, name: str = "helper") -> dict[str, Any]:
+        return {"channelId": self.channel, "displayName": name, "systemPrompt": "Be helpful."}
+
+    async def create(self, name: str = "helper") -> str:
+        out = ok(await self.send("agents.create", self.create_args(name), f"c-{name}-{time.monotonic_ns()}"))
+        return str(out["agentPubkey"])
+
+    def record(self, agent: str) -> dict[str, Any]:
+        """The newest 30177 record of C{agent} the relay holds (the relay keeps one per address)."""
+        recs = [e for e in self.on_relay(kind=nostr.KIND_MANAGED_AGENT) if ["d", agent] in e["tags"]]
+        assert recs, "no 30177 record on the relay"
+        return max(recs, key=lambda e: e["created_at"])
+
+
+class RefusedSecondEvent(FaultCase):
+    """Defect 1: a refusal after an accepted event is never C{failed}; the plan and the key stay."""
+
+    async def test_create_refused_record_is_indeterminate_and_the_retry_finishes_it(self) -> None:
+        self.proxy.on("refuse", kind(nostr.KIND_MANAGED_AGENT), message="blocked: not today")
+        rid = "create-refused-record"
+        r = await self.send("agents.create", self.create_args(), rid)
+        assert r["status"] == "indeterminate", r
+        assert r["error"]["code"] == "outcome_unknown"
+        assert "1 of 2" in r["error"]["message"], r
+        # The relay holds the new identity's profile; the host holds that identity and its key.
+        profiles = [e for e in self.on_relay(kind=0) if json.loads(e["content"]).get("name") == "helper"]
+        minted = {e["pubkey"] for e in profiles} - {self.alice["agentPubkey"]}
+        assert len(minted) == 1
+        (agent,) = minted
+        held = self.host_agent(agent)
+        assert held is not None and not held.deleted and held.sealed_key is not None
+        assert self.receipt(rid).state == "pending"
+        # The same bytes again, relay willing: the plan finishes, the verdict names the same agent.
+        r2 = await self.send("agents.create", self.create_args(), rid)
+        assert r2["status"] == "succeeded", r2
+        assert r2["outcome"]["agentPubkey"] == agent and "replayed" not in r2
+        assert self.record(agent)["pubkey"] == self.alice["agentPubkey"]
+        r3 = await self.send("agents.create", self.create_args(), rid)
+        assert r3.pop("replayed") is True and r3 == r2
+
+    async def test_rename_refused_record_keeps_host_and_relay_profile_in_step(self) -> None:
+        agent = await self.create()
+        self.proxy.on("refuse", kind(nostr.KIND_MANAGED_AGENT))
+        rid = "rename-refused-record"
+        args = {"target": {"pubkey": agent}, "displayName": "renamed"}
+        r = await self.send("agents.update", args, rid)
+        assert r["status"] == "indeterminate" and r["error"]["code"] == "outcome_unknown", r
+        names = {json.loads(e["content"])["name"] for e in self.on_relay(kind=0, pubkey=agent)}
+        assert "renamed" in names
+        # The host is never older than the relay: its agent already carries the new name.
+        assert self.host_agent(agent).name == "renamed"
+        r2 = await self.send("agents.update", args, rid)
+        assert r2["status"] == "succeeded", r2
+        assert json.loads(self.record(agent)["content"])["name"] == "renamed"
+
+    async def test_refusal_of_the_first_event_is_failed_and_nothing_is_kept(self) -> None:
+        self.proxy.on("refuse", kind(0))
+        rid = "create-refused-profile"
+        r = await self.send("agents.create", self.create_args("nobody"), rid)
+        assert r["status"] == "failed" and r["error"]["code"] == "action_failed", r
+        assert not [e for e in self.on_relay(kind=0) if json.loads(e["content"]).get("name") == "nobody"]
+        assert not [e for e in self.on_relay(kind=nostr.KIND_MANAGED_AGENT) if e["pubkey"] == self.alice["agentPubkey"]]
+        r2 = await self.send("agents.create", self.create_args("nobody"), rid)
+        assert r2.pop("replayed") is True and r2 == r
+
+
+class ResumedPlans(FaultCase):
+    """Defects 2 and 3: a resumed plan settles, and never overwrites newer state."""
+
+    async def test_pending_plan_whose_signer_was_deleted_settles_without_a_fault(self) -> None:
+        agent = await self.create()
+        # A rename publishes the agent's kind 0 first: its OK never comes, so the plan waits.
+        self.proxy.on("drop_ok", kind(0))
+        args = {"target": {"pubkey": agent}, "displayName": "renamed"}
+        rid = "rename-then-delete"
+        r = await self.send("agents.update", args, rid)
+        assert r["status"] == "indeterminate" and r["error"]["code"] == "outcome_unknown", r
+        ok(await self.send("agents.delete", {"target": {"pubkey": agent}}, "delete-it"))
+        errors = self.flushLoggedErrors()
+        r2 = await self.send("agents.update", args, rid)
+        assert r2["status"] == "indeterminate" and r2["error"]["code"] == "outcome_unknown", r2
+        assert r2["error"]["message"].startswith("superseded:"), r2
+        assert not self.flushLoggedErrors() and not errors
+        # Settled: the same bytes replay it; the agent stays deleted and no record came back.
+        r3 = await self.send("agents.update", args, rid)
+        assert r3.pop("replayed") is True and r3 == r2
+        assert self.host_agent(agent).deleted
+        assert self.receipt(rid).state == "done"
+
+    async def test_old_update_resumed_after_a_newer_one_does_not_roll_back(self) -> None:
+        agent = await self.create()
+        self.proxy.on("drop_ok", kind(nostr.KIND_MANAGED_AGENT))
+        old = {"target": {"pubkey": agent}, "systemPrompt": "old prompt"}
+        r = await self.send("agents.update", old, "update-old")
+        assert r["status"] == "indeterminate", r
+        ok(await self.send("agents.update", {"target": {"pubkey": agent}, "systemPrompt": "new prompt"}, "update-new"))
+        newest = self.record(agent)
+        assert json.loads(newest["content"])["system_prompt"] == "new prompt"
+        held = self.host_agent(agent)
+        r2 = await self.send("agents.update", old, "update-old")
+        assert r2["status"] == "indeterminate" and r2["error"]["message"].startswith("superseded:"), r2
+        after = self.host_agent(agent)
+        assert after.settings["systemPrompt"] == "new prompt"
+        assert after.record_created_at == held.record_created_at == newest["created_at"]
+        assert json.loads(self.record(agent)["content"])["system_prompt"] == "new prompt"
+
+    async def test_update_resumed_after_delete_publishes_no_record(self) -> None:
+        agent = await self.create()
+        self.proxy.on("close_before", kind(nostr.KIND_MANAGED_AGENT))
+        args = {"target": {"pubkey": agent}, "systemPrompt": "never"}
+        r = await self.send("agents.update", args, "update-then-delete")
+        assert r["status"] == "indeterminate", r
+        ok(await self.send("agents.delete", {"target": {"pubkey": agent}}, "delete-after"))
+        r2 = await self.send("agents.update", args, "update-then-delete")
+        assert r2["status"] == "indeterminate" and r2["error"]["message"].startswith("superseded:"), r2
+        assert not [
+            e for e in self.on_relay(kind=nostr.KIND_MANAGED_AGENT)
+            if ["d", agent] in e["tags"] and "never" in e["content"]
+        ]
+        assert self.host_agent(agent).deleted
