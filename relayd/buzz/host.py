@@ -10,13 +10,16 @@ Decisions (docs/decisions.md, "Buzz broker host"):
  4. Writes store the signed events before sending. Relay OK (incl. C{duplicate:}) -> succeeded;
     OK false -> failed/action_failed; no answer -> indeterminate/outcome_unknown with the plan kept,
     so a retry of the same bytes resends the identical events.
-Validation failures and pre-dispatch faults are not recorded: they are functions of the bytes, or
-promise nothing happened, so re-evaluating a retry is equivalent.
+Every correlated verdict reached once the credential is known is recorded (validation refusals,
+version codes, a foreign cursor, a relay unreachable before dispatch included), so the same
+requestId with other bytes is always a conflict and never a later execution. Not recorded:
+C{unauthenticated} (no principal to key it on), C{request_id_conflict} (the key holds the original),
+and a fault of the store itself (it cannot hold the verdict).
 
 A retry is answered before anything else is looked at: once the credential is known, the SHA-256
 of the body finds the settled verdict in a cache of recent verdicts, so a replay costs neither JSON
-parsing nor validation nor a store lookup. That is equivalent to the full pipeline: only bytes
-that passed validation have a verdict, and the same bytes carry the same requestId. A retry the
+parsing nor validation nor a store lookup. That is equivalent to the full pipeline: the same
+bytes carry the same requestId, so they have the same recorded verdict. A retry the
 cache does not hold (after a restart, or first seen by another instance) takes the full pipeline
 and finds the verdict through the store's claim. (Asking the store by digest on every request
 would cost each new request a read and an index.)
@@ -276,10 +279,13 @@ class BrokerHost:
         if who is None:
             return _verdict(contract.failed(rid, "unauthenticated", "credential missing, malformed or rejected"))
         cred, agent = who
+        refusal: contract.Response | None = None
         try:
             req = contract.validate_request(tree)
         except contract.ContractError as e:
-            return _verdict(contract.failed(rid, e.code, e.message))
+            # Recorded like every correlated verdict: these bytes keep this answer, and other
+            # bytes with the same requestId are a conflict, never a later execution.
+            refusal = contract.failed(rid, e.code, e.message)
         key = (agent.pubkey, rid)
         # One execution per key at a time in this process: later duplicates wait, then find the receipt.
         while key in self._inflight:
@@ -287,10 +293,34 @@ class BrokerHost:
         gate: defer.Deferred[None] = defer.Deferred()
         self._inflight[key] = gate
         try:
+            if refusal is not None:
+                return await self._refuse(agent.pubkey, rid, digest, refusal)
             return await self._idempotent(cred, agent, req, digest)
         finally:
             del self._inflight[key]
             gate.callback(None)
+
+    async def _refuse(self, principal: str, rid: str, digest: bytes, resp: contract.Response) -> bytes:
+        """Record a refusal reached before execution (or replay what is on record for these bytes)."""
+        claim = await self._claim(principal, rid, digest)
+        if claim is None:
+            return _verdict(
+                contract.indeterminate(
+                    rid, "outcome_unknown", "another broker instance is still executing this request; retry the same bytes"
+                )
+            )
+        if claim.status == "conflict":
+            return _verdict(contract.failed(rid, "request_id_conflict", "requestId was already used with different bytes"))
+        if claim.status == "done":
+            assert claim.response is not None
+            self.verdicts.put(principal, digest, claim.response, "unknown")
+            return contract.mark_replayed(claim.response)
+        settled: list[bytes] = []
+        try:
+            return await self._settle(principal, rid, digest, resp, [], settled, "unknown")
+        finally:
+            if not settled:
+                await self.receipts.release(principal, rid)
 
     async def _claim(self, principal: str, rid: str, digest: bytes) -> Claim | None:
         """The claim on (principal, rid), waiting while another instance executes it; None at the deadline."""
@@ -353,15 +383,20 @@ class BrokerHost:
         except ActionFailed as e:
             return await self._settle(principal, rid, digest, contract.failed(rid, "action_failed", str(e)), [], settled, req.action)
         except InvalidArgs as e:
-            return _verdict(contract.failed(rid, "invalid_request", str(e)))
+            resp = contract.failed(rid, "invalid_request", str(e))
         except QueryClosed as e:
-            return _verdict(contract.failed(rid, "action_failed", "relay refused the read: " + _safe(str(e))))
+            resp = contract.failed(rid, "action_failed", "relay refused the read: " + _safe(str(e)))
         except RelayError as e:
-            # Nothing was signed for publication yet: a known no-op, not recorded, so a retry re-runs.
-            return _verdict(contract.failed(rid, "internal", "relay unavailable: " + _safe(str(e))))
+            # Nothing was signed for publication yet: nothing happened, and the verdict is recorded
+            # like every other (a retry after the outage takes a new requestId).
+            resp = contract.failed(rid, "internal", "relay unavailable: " + _safe(str(e)))
         except SealError:
             self._log.error("a sealed key of {agent} does not open under this key-encryption key", agent=agent.pubkey)
-            return _verdict(contract.failed(rid, "internal", "key custody fault"))
+            resp = contract.failed(rid, "internal", "key custody fault")
+        else:
+            resp = None
+        if resp is not None:
+            return await self._settle(principal, rid, digest, resp, [], settled, req.action)
         if not plan.events:
             return await self._settle(
                 principal, rid, digest, contract.succeeded(rid, req.action, plan.outcome), plan.effects, settled, req.action

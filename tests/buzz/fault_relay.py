@@ -191,11 +191,12 @@ class FaultRelay(WebSocketServerFactory):
 
     def start(self) -> None:
         self.listening = reactor.listenTCP(0, self, interface="127.0.0.1")
+        self.port_number = self.listening.getHost().port
         self.setSessionParameters(url=self.proxy_url)
 
     @property
     def proxy_url(self) -> str:
-        return f"ws://127.0.0.1:{self.listening.getHost().port}"
+        return f"ws://127.0.0.1:{self.port_number}"
 
     def on(self, action: str, match: Callable[[dict[str, Any]], bool] = lambda ev: True, times: int = 1, message: str | None = None) -> Rule:
         """Add a rule (see the module docstring)."""
@@ -213,5 +214,6 @@ class FaultRelay(WebSocketServerFactory):
             up = getattr(c, "up", None)
             if up is not None and up.transport is not None:
                 up.transport.abortConnection()
-        if self.listening is not None:
-            await self.listening.stopListening()
+        listening, self.listening = self.listening, None
+        if listening is not None:
+            await defer.maybeDeferred(listening.stopListening)

@@ -187,3 +187,58 @@ class ResumedPlans(FaultCase):
             if ["d", agent] in e["tags"] and "never" in e["content"]
         ]
         assert self.host_agent(agent).deleted
+
+
+class EveryVerdictRecorded(FaultCase):
+    """Defect 6: every correlated verdict is recorded: replays say so, other bytes are a conflict."""
+
+    async def _raw(self, tree: dict[str, Any], cred: str | None = None) -> dict[str, Any]:
+        status, data = await self.broker.post(json.dumps(tree).encode(), cred or self.cred)
+        assert status == 200, (status, data)
+        return dict(json.loads(data))
+
+    def _wire(self, rid: str, action: str, args: dict[str, Any], **over: Any) -> dict[str, Any]:
+        tree = {"type": "broker_request", "protocolVersion": 1, "requestId": rid, "actionVersion": 1, "action": action, "args": args}
+        tree.update(over)
+        return tree
+
+    async def _recorded(self, bad: dict[str, Any], code: str) -> None:
+        r = await self._raw(bad)
+        assert r["status"] == "failed" and r["error"]["code"] == code, r
+        again = await self._raw(bad)
+        assert again.pop("replayed") is True and again == r
+        # Other (valid) bytes under the same requestId never execute.
+        good = self._wire(bad["requestId"], "message.post", {"channelId": self.channel, "content": "must not appear"})
+        c = await self._raw(good)
+        assert c["status"] == "failed" and c["error"]["code"] == "request_id_conflict", c
+
+    async def test_invalid_request_is_recorded(self) -> None:
+        await self._recorded(self._wire("bad-limit", "channel.read", {"channelId": self.channel, "limit": 0}), "invalid_request")
+
+    async def test_version_codes_are_recorded(self) -> None:
+        await self._recorded(self._wire("bad-proto", "message.post", {}, protocolVersion=2), "unsupported_protocol_version")
+        await self._recorded(self._wire("bad-version", "message.post", {}, actionVersion=9), "unsupported_action_version")
+        await self._recorded(self._wire("bad-action", "message.delete", {}), "unknown_action")
+        assert not [e for e in self.on_relay(kind=9) if e["content"] == "must not appear"]
+
+    async def test_foreign_cursor_is_recorded(self) -> None:
+        for i in range(3):
+            ok(await self.send("message.post", {"channelId": self.channel, "content": f"m{i}"}, f"post-{i}"))
+        page = ok(await self.send("channel.read", {"channelId": self.channel, "limit": 1}, "read-1"))
+        other = new_channel()
+        bob = self.broker.issue(f"bob-{other[:8]}", "--channel", other)
+        self.cred = bob["credential"]
+        await self._recorded(
+            self._wire("foreign-cursor", "channel.read", {"channelId": other, "cursor": page["nextCursor"]}), "invalid_request"
+        )
+
+    async def test_relay_unavailable_before_dispatch_is_recorded(self) -> None:
+        other = new_channel()
+        bob = self.broker.issue(f"bob-{other[:8]}", "--channel", other)
+        await self.proxy.stop()  # bob's first connection finds nobody listening
+        self.cred = bob["credential"]
+        tree = self._wire("read-down", "channel.read", {"channelId": other})
+        r = await self._raw(tree)
+        assert r["status"] == "failed" and r["error"]["code"] == "internal", r
+        again = await self._raw(tree)
+        assert again.pop("replayed") is True and again == r
