@@ -339,7 +339,8 @@ class Operations:
 
     def _check_runtime(self, args: dict[str, Any]) -> None:
         if "runtime" in args and args["runtime"] not in self.runtimes:
-            raise ActionFailed(f"runtime {args['runtime']!r} is not available on this host")
+            # Never the value itself: errors hold no request contents (docs/broker.md).
+            raise ActionFailed("the requested runtime is not available on this host")
 
     async def _instance_event(
         self, owner: nostr.Signer, agent_pubkey: str, name: str, channel: str | None, settings: dict[str, Any], after: int = -1

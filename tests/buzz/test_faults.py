@@ -242,3 +242,13 @@ class EveryVerdictRecorded(FaultCase):
         assert r["status"] == "failed" and r["error"]["code"] == "internal", r
         again = await self._raw(tree)
         assert again.pop("replayed") is True and again == r
+
+
+class NoEcho(FaultCase):
+    """Defect 7: an error holds no request contents (a refused runtime is not quoted back)."""
+
+    async def test_refused_runtime_is_not_echoed(self) -> None:
+        runtime = "zz" + "q" * 298  # exactly the 300-character limit: valid, but not offered
+        r = await self.send("agents.create", {**self.create_args(), "runtime": runtime}, "odd-runtime")
+        assert r["status"] == "failed" and r["error"]["code"] == "action_failed", r
+        assert "qqqq" not in r["error"]["message"] and len(r["error"]["message"]) < 100, r
