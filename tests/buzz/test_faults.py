@@ -252,3 +252,25 @@ class NoEcho(FaultCase):
         r = await self.send("agents.create", {**self.create_args(), "runtime": runtime}, "odd-runtime")
         assert r["status"] == "failed" and r["error"]["code"] == "action_failed", r
         assert "qqqq" not in r["error"]["message"] and len(r["error"]["message"]) < 100, r
+
+
+class BadConnections(FaultCase):
+    """Defect 9: a connection the relay throttles is dropped after repeated failures and replaced."""
+
+    action_timeout = 2.0
+
+    async def test_throttled_connection_is_recycled(self) -> None:
+        ok(await self.send("message.post", {"channelId": self.channel, "content": "warm"}, "warm"))
+        self.proxy.on("throttle", kind(9))  # from now on this connection answers nothing
+        for i in range(3):
+            r = await self.send("message.post", {"channelId": self.channel, "content": f"t{i}"}, f"throttled-{i}")
+            assert r["status"] == "indeterminate" and r["error"]["code"] == "outcome_unknown", r
+        start = time.monotonic()
+        out = ok(await self.send("message.post", {"channelId": self.channel, "content": "after"}, "after"))
+        assert time.monotonic() - start < self.action_timeout
+        assert [e["id"] for e in self.on_relay(kind=9) if e["content"] == "after"] == [out["eventId"]]
+        # The requests the throttled connection swallowed converge on retry (same bytes, new connection).
+        for i in range(3):
+            r = await self.send("message.post", {"channelId": self.channel, "content": f"t{i}"}, f"throttled-{i}")
+            assert r["status"] == "succeeded", r
+            assert len([e for e in self.on_relay(kind=9) if e["content"] == f"t{i}"]) == 1
