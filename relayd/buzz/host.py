@@ -374,7 +374,7 @@ class BrokerHost:
         if denial is not None:
             return await self._settle(principal, rid, digest, contract.failed(rid, "unauthorized", denial), [], settled, req.action)
         try:
-            ctx = Context(agent, self.ops.signer_for(agent))
+            ctx = Context(agent, self.ops.signer_for(agent), cred.channels)
             plan = await self.ops.run(ctx, req)
         except Unauthorized as e:
             return await self._settle(principal, rid, digest, contract.failed(rid, "unauthorized", str(e)), [], settled, req.action)

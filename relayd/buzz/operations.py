@@ -68,6 +68,7 @@ class Context:
 
     agent: Agent
     signer: nostr.Signer
+    channels: frozenset[str] = frozenset()  # the credential's channels (scope of agents.update/delete)
 
 
 class Operations:
@@ -388,20 +389,28 @@ class Operations:
         )
 
     async def _target(self, ctx: Context, target: dict[str, str]) -> Agent:
+        """The requester's managed agent named by C{target}, within the credential's channels.
+
+        A managed agent belongs to the channel it was created in: a credential manages it only
+        when that channel is among its own, as for every other channel-scoped action.
+        """
         if "pubkey" in target:
             agent = await self.agents.agent(target["pubkey"])
             if agent is None or agent.deleted or not agent.managed:
                 raise ActionFailed("no such managed agent")
             if agent.owner != ctx.agent.pubkey:
                 raise Unauthorized("this agent is not owned by the requester")
-            return agent
-        found = await self.agents.agents_named(ctx.agent.pubkey, target["name"])
-        found = [a for a in found if a.managed]
-        if not found:
-            raise ActionFailed("no managed agent of the requester has that name")
-        if len(found) > 1:
-            raise ActionFailed("more than one managed agent of the requester has that name")
-        return found[0]
+        else:
+            found = await self.agents.agents_named(ctx.agent.pubkey, target["name"])
+            found = [a for a in found if a.managed]
+            if not found:
+                raise ActionFailed("no managed agent of the requester has that name")
+            if len(found) > 1:
+                raise ActionFailed("more than one managed agent of the requester has that name")
+            agent = found[0]
+        if agent.channel not in ctx.channels:
+            raise Unauthorized("this session may not manage agents of that agent's channel")
+        return agent
 
     async def _agents_update(self, ctx: Context, args: dict[str, Any]) -> Plan:
         agent = await self._target(ctx, args["target"])
@@ -451,6 +460,9 @@ class Operations:
 
     async def _agents_delete(self, ctx: Context, args: dict[str, Any]) -> Plan:
         agent = await self._target(ctx, args["target"])
+        # Its own managed agents would be left with no owner able to manage them: delete those first.
+        if await self.agents.children(agent.pubkey):
+            raise ActionFailed("this agent owns managed agents; delete them first")
         owner = ctx.signer
         tags = [["a", f"{nostr.KIND_MANAGED_AGENT}:{owner.pubkey}:{agent.pubkey}"], ["k", str(nostr.KIND_MANAGED_AGENT)]]
         ev = await self._sign(owner, nostr.KIND_DELETION, tags, "", agent.record_created_at, strict=True)

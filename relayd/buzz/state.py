@@ -143,6 +143,9 @@ class IAgentStore(Interface):
     def agents_named(owner: str, name: str) -> "defer.Deferred[list[Agent]]":
         """Live agents of C{owner} called C{name}."""
 
+    def children(owner: str) -> "defer.Deferred[int]":
+        """How many live managed agents C{owner} owns."""
+
     def apply_effects(effects: list[dict[str, Any]]) -> "defer.Deferred[None]":
         """Apply an execution's local effects (agents created, updated, deleted) in one transaction.
 
@@ -289,6 +292,12 @@ class StateDB:
                 (owner, name),
             ).fetchall()
         return [_agent(r) for r in rows]
+
+    def children(self, owner: str) -> int:
+        row = self.conn.execute(
+            "SELECT COUNT(*) FROM agents WHERE owner = ? AND managed = 1 AND deleted_at IS NULL", (owner,)
+        ).fetchone()
+        return int(row[0])
 
     def agents(self) -> list[Agent]:
         return [_agent(r) for r in self.conn.execute(_AGENT_SELECT + " ORDER BY created_at").fetchall()]
@@ -625,6 +634,9 @@ class SQLiteState:
 
     def agents_named(self, owner: str, name: str) -> "defer.Deferred[list[Agent]]":
         return defer.maybeDeferred(self.db.agents_named, owner, name)
+
+    def children(self, owner: str) -> "defer.Deferred[int]":
+        return defer.maybeDeferred(self.db.children, owner)
 
     def apply_effects(self, effects: list[dict[str, Any]]) -> "defer.Deferred[None]":
         return self._write("apply_effects", effects).addBoth(self._after_effects)

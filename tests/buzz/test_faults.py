@@ -274,3 +274,42 @@ class BadConnections(FaultCase):
             r = await self.send("message.post", {"channelId": self.channel, "content": f"t{i}"}, f"throttled-{i}")
             assert r["status"] == "succeeded", r
             assert len([e for e in self.on_relay(kind=9) if e["content"] == f"t{i}"]) == 1
+
+
+class AgentScope(FaultCase):
+    """Defect 5: agents.update/delete stay inside the credential's channels; no agent is orphaned."""
+
+    async def test_update_and_delete_need_the_agents_channel(self) -> None:
+        agent = await self.create()  # created in self.channel
+        other = new_channel()
+        # The same owner, a credential for another channel only.
+        narrow = self.broker.issue(self.alice["agentPubkey"], "--channel", other)
+        self.cred = narrow["credential"]
+        r = await self.send("agents.update", {"target": {"pubkey": agent}, "systemPrompt": "hijack"}, "narrow-update")
+        assert r["status"] == "failed" and r["error"]["code"] == "unauthorized", r
+        r = await self.send("agents.delete", {"target": {"name": "helper"}}, "narrow-delete")
+        assert r["status"] == "failed" and r["error"]["code"] == "unauthorized", r
+        held = self.host_agent(agent)
+        assert not held.deleted and held.settings["systemPrompt"] == "Be helpful."
+        assert "hijack" not in self.record(agent)["content"]
+        # A credential that includes the agent's channel may.
+        both = self.broker.issue(self.alice["agentPubkey"], "--channel", other, "--channel", self.channel)
+        self.cred = both["credential"]
+        ok(await self.send("agents.update", {"target": {"pubkey": agent}, "systemPrompt": "fine"}, "wide-update"))
+
+    async def test_an_agent_with_live_children_is_not_deleted(self) -> None:
+        parent = await self.create("parent")
+        cred = self.broker.issue(parent, "--channel", self.channel)
+        self.cred = cred["credential"]
+        child = await self.create("child")
+        self.cred = self.alice["credential"]
+        r = await self.send("agents.delete", {"target": {"pubkey": parent}}, "delete-parent")
+        assert r["status"] == "failed" and r["error"]["code"] == "action_failed", r
+        assert not self.host_agent(parent).deleted
+        assert not [e for e in self.on_relay(kind=nostr.KIND_DELETION) if e["pubkey"] == self.alice["agentPubkey"]]
+        # Children first, then the parent: everything stays manageable through the protocol.
+        self.cred = cred["credential"]
+        ok(await self.send("agents.delete", {"target": {"pubkey": child}}, "delete-child"))
+        self.cred = self.alice["credential"]
+        ok(await self.send("agents.delete", {"target": {"pubkey": parent}}, "delete-parent-2"))
+        assert self.host_agent(parent).deleted and self.host_agent(child).deleted
