@@ -29,9 +29,45 @@ from relayd.web.site import RelaySite
 _log = Logger(namespace="relayd.buzz")
 
 
+def inherited_socket_is_local(description: str) -> bool:
+    """Whether a C{systemd:} listener's inherited socket is a Unix socket or bound to loopback.
+
+    The description says nothing about the address: the socket unit does (C{ListenStream=8080} is
+    every interface), so the inherited descriptor itself is asked.
+    """
+    import ipaddress
+    import socket
+
+    from twisted.internet import endpoints, reactor
+
+    try:
+        fd = endpoints.serverFromString(reactor, description).fileno
+        sock = socket.socket(fileno=os.dup(fd))
+    except (IndexError, ValueError, KeyError, TypeError, AttributeError, OSError):
+        return False  # no such inherited socket: refused here rather than at listen time
+    try:
+        if sock.family == socket.AF_UNIX:
+            return True
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return False
+        host = sock.getsockname()[0]
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except (OSError, ValueError):
+        return False
+    finally:
+        sock.close()
+
+
 def check_listeners(listen: list[str]) -> None:
     """Refuse a non-loopback plain-TCP listener: the credential is the agent's whole authority."""
     for description in listen:
+        if description.split(":", 1)[0] == "systemd":
+            if not inherited_socket_is_local(description):
+                raise ConfigError(
+                    f"--broker-listen: {description!r}: the inherited socket is not bound to loopback "
+                    "(or is missing); the broker serves bearer credentials only over loopback or TLS"
+                )
+            continue
         if not is_loopback_endpoint(description) and not is_tls_endpoint(description):
             raise ConfigError(
                 f"--broker-listen: {description!r} is neither loopback nor TLS; the broker serves "

@@ -200,16 +200,25 @@ class StateDB:
 
     def __init__(self, path: str, busy_timeout_ms: int = 5000) -> None:
         self.path = path
+        # Created 0600 before SQLite opens it: SQLite gives the -wal and -shm files the database
+        # file's mode, so they are never readable by others, not even on first start.
+        try:
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        except OSError:
+            pass
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.conn.execute("PRAGMA busy_timeout=5000")  # the schema step may meet another process
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
+        # Deleted content (a destroyed sealed key, an expired receipt) is overwritten, not left in free space.
+        self.conn.execute("PRAGMA secure_delete=ON")
         self.conn.executescript(_SCHEMA)
         self.conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
-        try:
-            os.chmod(path, 0o600)
-        except OSError:
-            pass
+        for name in (path, path + "-wal", path + "-shm"):  # files from before this rule
+            try:
+                os.chmod(name, 0o600)
+            except OSError:
+                pass
 
     @classmethod
     def in_dir(cls, state_dir: str) -> "StateDB":
@@ -237,6 +246,14 @@ class StateDB:
     def checkpoint(self) -> None:
         """Copy committed WAL pages into the database without waiting for readers or writers."""
         self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+    def scrub_wal(self) -> None:
+        """Checkpoint and truncate the WAL, so older page images (a destroyed key's) leave the disk.
+
+        Best effort: with a reader in the way the WAL is not truncated now, and the next
+        destruction tries again.
+        """
+        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
     # credentials
 
@@ -334,6 +351,8 @@ class StateDB:
             )
 
         self._tx(tx)
+        if _destroys_keys(effects):
+            self.scrub_wal()
         return response
 
     def apply_effects(self, effects: list[dict[str, Any]]) -> None:
@@ -342,6 +361,8 @@ class StateDB:
                 _apply_effect(c, effect)
 
         self._tx(tx)
+        if _destroys_keys(effects):
+            self.scrub_wal()
 
     # event clocks
 
@@ -375,6 +396,10 @@ _AGENT_SELECT = (
     "SELECT pubkey, name, sealed_key, owner, managed, depth, channel, settings, record_created_at, deleted_at"
     " FROM agents"
 )
+
+
+def _destroys_keys(effects: list[dict[str, Any]]) -> bool:
+    return any(e["op"] == "delete_agent" for e in effects)
 
 
 def _holds(used: bytes, digest: bytes) -> bool:

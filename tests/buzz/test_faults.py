@@ -313,3 +313,55 @@ class AgentScope(FaultCase):
         self.cred = self.alice["credential"]
         ok(await self.send("agents.delete", {"target": {"pubkey": parent}}, "delete-parent-2"))
         assert self.host_agent(parent).deleted and self.host_agent(child).deleted
+
+
+class StateFiles(FaultCase):
+    """Defect 8: the state files are private from the first start, and a destroyed key leaves no trace."""
+
+    async def test_database_wal_and_shm_are_0600_on_first_start(self) -> None:
+        ok(await self.send("message.post", {"channelId": self.channel, "content": "x"}, "mode-post"))
+        db = os.path.join(self.broker.state_dir, "broker.sqlite3")
+        for name in (db, db + "-wal", db + "-shm"):
+            assert os.stat(name).st_mode & 0o777 == 0o600, (name, oct(os.stat(name).st_mode))
+
+    async def test_deleted_agents_key_is_gone_from_database_and_wal(self) -> None:
+        agent = await self.create()
+        sealed = self.host_agent(agent).sealed_key
+        assert sealed is not None
+        ok(await self.send("agents.delete", {"target": {"pubkey": agent}}, "delete-scrub"))
+        db = os.path.join(self.broker.state_dir, "broker.sqlite3")
+        for name in (db, db + "-wal"):
+            with open(name, "rb") as f:
+                data = f.read()
+            assert sealed not in data and sealed.hex().encode() not in data, name
+
+
+class SystemdListener(unittest.TestCase):
+    """Defect 8: a systemd: listener is judged by the inherited socket's own address."""
+
+    def _check(self, host: str) -> None:
+        import socket
+
+        from relayd.buzz.service import check_listeners
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.addCleanup(sock.close)
+        sock.bind((host, 0))
+        sock.listen(1)
+        # What systemd would have passed: Twisted reads LISTEN_FDS once, at import, so the
+        # inherited-descriptor list is given the real socket's descriptor directly.
+        from twisted.internet.endpoints import _SystemdParser
+        from twisted.python.systemd import ListenFDs
+
+        self.patch(_SystemdParser, "_sddaemon", ListenFDs([sock.fileno()], ["broker"]))
+        check_listeners(["systemd:domain=INET:index=0"])
+        check_listeners(["systemd:domain=INET:name=broker"])
+
+    def test_inherited_socket_on_all_interfaces_is_refused(self) -> None:
+        from relayd.config import ConfigError
+
+        with self.assertRaises(ConfigError):
+            self._check("0.0.0.0")
+
+    def test_inherited_socket_on_loopback_is_accepted(self) -> None:
+        self._check("127.0.0.1")
