@@ -59,12 +59,28 @@ CREATE TABLE IF NOT EXISTS receipts (
     created_at INTEGER NOT NULL,
     PRIMARY KEY (principal, request_id)
 );
+CREATE INDEX IF NOT EXISTS receipts_created ON receipts(created_at);
 CREATE TABLE IF NOT EXISTS clocks (
     pubkey TEXT PRIMARY KEY,
     second INTEGER NOT NULL,
     digests BLOB NOT NULL
 );
 """
+RECEIPT_RETENTION = 30 * 24 * 3600  # seconds a receipt is kept (the Redis store's expiry too)
+_READ_PAGE = b'"status":"succeeded","action":"channel.read"'
+_READ_PAGE_WITHIN = 200 + 2 * 128  # the envelope's first members, a requestId of 128 escaped characters included
+
+
+def is_read_page(response: bytes) -> bool:
+    """Whether a verdict is a C{channel.read} page (its envelope members come before any message).
+
+    A page is never stored: its receipt keeps the digest only (state C{spent}), so the same
+    requestId with other bytes is still a conflict, while the same bytes read again (a read
+    changes nothing). Message contents, deleted on the relay or not, never reach the disk.
+    """
+    return response.find(_READ_PAGE, 0, _READ_PAGE_WITHIN) >= 0
+
+
 # Distinct events one identity may be given in one second before its clock moves on to the next.
 STAMPS_PER_SECOND = 1024
 STAMP_DIGEST_BYTES = 16
@@ -100,8 +116,9 @@ class Agent:
 
 @dataclass(frozen=True)
 class Receipt:
-    """An idempotency record: C{done} with its verdict bytes, C{pending} with its stored plan, or
-    (Redis only) C{claimed} while an instance executes it and nothing is stored yet."""
+    """An idempotency record: C{done} with its verdict bytes, C{pending} with its stored plan,
+    C{spent} (a read: the digest only, see L{is_read_page}), or (Redis only) C{claimed} while an
+    instance executes it and nothing is stored yet."""
 
     digest: bytes
     state: str
@@ -340,20 +357,26 @@ class StateDB:
     def complete(
         self, principal: str, request_id: str, digest: bytes, response: bytes, effects: list[dict[str, Any]]
     ) -> bytes:
+        spent = is_read_page(response)
+
         def tx(c: sqlite3.Connection) -> None:
             for effect in effects:
                 _apply_effect(c, effect)
             c.execute(
                 "INSERT INTO receipts (principal, request_id, digest, state, response, created_at)"
-                " VALUES (?, ?, ?, 'done', ?, ?) ON CONFLICT (principal, request_id) DO UPDATE SET"
-                " state = 'done', response = excluded.response, plan = NULL",
-                (principal, request_id, digest, response, int(time.time())),
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (principal, request_id) DO UPDATE SET"
+                " state = excluded.state, response = excluded.response, plan = NULL",
+                (principal, request_id, digest, "spent" if spent else "done", None if spent else response, int(time.time())),
             )
 
         self._tx(tx)
         if _destroys_keys(effects):
             self.scrub_wal()
         return response
+
+    def prune(self, now: int, retention: int = RECEIPT_RETENTION) -> int:
+        """Delete receipts (verdicts and pending plans) older than C{retention} seconds; how many went."""
+        return self._tx(lambda c: c.execute("DELETE FROM receipts WHERE created_at < ?", (now - retention,)).rowcount)
 
     def apply_effects(self, effects: list[dict[str, Any]]) -> None:
         def tx(c: sqlite3.Connection) -> None:
@@ -691,6 +714,8 @@ class SQLiteState:
             return defer.succeed(CONFLICT)
         if r.state == "done" and r.response is not None:
             return defer.succeed(Claim("done", response=bytes(r.response)))
+        if r.state == "spent":
+            return defer.succeed(NEW)  # a read whose page was not kept: read again
         return defer.succeed(Claim("resume", plan=bytes(r.plan) if r.plan is not None else b"{}"))
 
     def wait(self, principal: str, request_id: str, timeout: float) -> "defer.Deferred[None]":
@@ -701,6 +726,10 @@ class SQLiteState:
 
     def store_plan(self, principal: str, request_id: str, digest: bytes, plan: bytes) -> "defer.Deferred[None]":
         return self._write("store_plan", principal, request_id, digest, plan)
+
+    def prune(self, now: int, retention: int = RECEIPT_RETENTION) -> "defer.Deferred[int]":
+        """L{StateDB.prune} on the worker thread (a large delete must not stall the reactor)."""
+        return self._on_worker(lambda: self._worker().prune(now, retention))
 
     def complete(
         self, principal: str, request_id: str, digest: bytes, response: bytes, effects: list[dict[str, Any]]

@@ -48,8 +48,8 @@ class HostTests(unittest.TestCase):
     async def test_page_through_250_messages_sharing_one_second(self) -> None:
         await self.broker.stop()
         fixed = int(time.time()) - 5
-        await self._start(now=lambda: fixed + (0 if len(posted) < 180 else 1))
         posted: list[str] = []
+        await self._start(now=lambda: fixed + (0 if len(posted) < 180 else 1))
         for i in range(250):
             out = ok(await self.broker.call(self.cred, "message.post", {"channelId": self.channel, "content": f"m{i}"}))
             posted.append(out["eventId"])
