@@ -11,7 +11,7 @@ import json
 import os
 import tempfile
 import time
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from twisted.trial import unittest
@@ -407,3 +407,127 @@ class ReceiptRetention(FaultCase):
         assert await state.prune(created + retention + 1, retention) >= 1  # one second over: gone
         assert self.receipt("ret-post") is None
         assert now - created < 60
+
+
+# --- the matrix: every publishing operation x every fault x every event of its plan ---------------
+
+FAULTS = ("refuse", "drop_ok", "close_before", "close_after", "throttle")
+# operation -> how many events its plan publishes
+PLANS = {
+    "message.post": 1,
+    "message.reply": 1,
+    "reaction.add": 1,
+    "profile.set": 1,
+    "agents.create": 2,
+    "agents.update": 2,  # a rename: the agent's kind 0, then the owner's record
+    "agents.delete": 1,
+}
+
+
+def nth(n: int) -> Callable[[dict[str, Any]], bool]:
+    """A matcher for the C{n}-th EVENT (0-based) the proxy sees after the rule is installed."""
+    count = [0]
+
+    def match(ev: dict[str, Any]) -> bool:
+        count[0] += 1
+        return count[0] == n + 1
+
+    return match
+
+
+class FaultMatrix(FaultCase):
+    """Acceptance 1: for each operation and fault point, the verdict agrees with the relay, a retry
+    of the same bytes converges, and the host is never older than the relay."""
+
+    action_timeout = 2.0
+
+    async def _prepare(self, action: str) -> dict[str, Any]:
+        ch = self.channel
+        if action == "message.post":
+            return {"channelId": ch, "content": "matrix post"}
+        if action in ("message.reply", "reaction.add"):
+            target = ok(await self.send("message.post", {"channelId": ch, "content": "target"}, f"prep-{action}"))["eventId"]
+            if action == "message.reply":
+                return {"channelId": ch, "replyToEventId": target, "content": "matrix reply"}
+            return {"channelId": ch, "targetEventId": target, "reaction": "+"}
+        if action == "profile.set":
+            return {"displayName": "Matrix", "about": "faults"}
+        if action == "agents.create":
+            return self.create_args("matrix")
+        self.agent = await self.create("matrix")
+        if action == "agents.update":
+            return {"target": {"pubkey": self.agent}, "displayName": "matrix2", "systemPrompt": "changed"}
+        return {"target": {"pubkey": self.agent}}
+
+    def _held(self, ids: list[str]) -> set[str]:
+        on = {e["id"] for e in self.on_relay()}
+        return {i for i in ids if i in on}
+
+    def _host_not_older(self, action: str, outcome: dict[str, Any] | None) -> None:
+        if not action.startswith("agents."):
+            return
+        agent = getattr(self, "agent", None) or (outcome or {}).get("agentPubkey")
+        if agent is None:
+            return
+        owner = self.alice["agentPubkey"]
+        records = [e for e in self.on_relay(kind=nostr.KIND_MANAGED_AGENT, pubkey=owner) if ["d", agent] in e["tags"]]
+        held = self.host_agent(agent)
+        if records:
+            newest = max(records, key=lambda e: e["created_at"])
+            assert held is not None, "the relay holds a record of an agent the host does not know"
+            if not held.deleted:
+                assert held.record_created_at >= newest["created_at"]
+                if held.record_created_at == newest["created_at"]:
+                    assert json.loads(newest["content"])["name"] == held.name
+        deletions = [e for e in self.on_relay(kind=nostr.KIND_DELETION, pubkey=owner) if any(agent in t[1] for t in e["tags"] if t[0] == "a")]
+        if deletions:
+            assert held is not None and held.deleted, "the relay holds a deletion the host has not applied"
+
+    async def _case(self, action: str, fault: str, index: int) -> None:
+        args = await self._prepare(action)
+        rid = f"matrix-{action}-{fault}-{index}"
+        seen_from = len(self.proxy.script.seen)
+        self.proxy.on(fault, nth(index))
+        first = await self.send(action, args, rid)
+        ids = [e["id"] for e in self.proxy.script.seen[seen_from:]]
+        held = self._held(ids)
+        if first["status"] == "succeeded":
+            assert held == set(ids), (first, ids, held)
+        elif first["status"] == "failed":
+            assert not held, ("failed, yet the relay holds", first, held)
+        if first["status"] == "indeterminate":
+            # Outcome unknown: the host keeps the plan (what may be on the relay), for the retry.
+            assert self.receipt(rid).state == "pending"
+        else:
+            self._host_not_older(action, first.get("outcome"))
+        self.proxy.clear()
+        if first["status"] == "failed":
+            again = await self.send(action, args, rid)
+            assert again.pop("replayed", None) is True and again == first
+            return
+        verdict = first
+        for _ in range(4):  # a throttled connection is replaced after 3 failures in a row
+            if verdict["status"] != "indeterminate":
+                break
+            verdict = await self.send(action, args, rid)
+        assert verdict["status"] == "succeeded", (first, verdict)
+        ids = [e["id"] for e in self.proxy.script.seen[seen_from:]]
+        assert self._held(ids) == set(ids), "a settled success the relay does not fully hold"
+        self._host_not_older(action, verdict["outcome"])
+        final = await self.send(action, args, rid)
+        assert final.pop("replayed") is True and final == {k: v for k, v in verdict.items() if k != "replayed"}
+
+
+def _matrix_test(action: str, fault: str, index: int) -> Callable[[FaultMatrix], Any]:
+    async def test(self: FaultMatrix) -> None:
+        await self._case(action, fault, index)
+
+    test.__name__ = f"test_{action.replace('.', '_')}_{fault}_at_event_{index + 1}"
+    return test
+
+
+for _action, _events in PLANS.items():
+    for _fault in FAULTS:
+        for _index in range(_events):
+            _t = _matrix_test(_action, _fault, _index)
+            setattr(FaultMatrix, _t.__name__, _t)
