@@ -266,7 +266,7 @@ class BrokerHost:
         if not token or len(token) > 512:
             return None
         cred = await self.credentials.credential(credential_hash(token))
-        if cred is None or cred.revoked:
+        if cred is None or cred.revoked or cred.expired(self.ops.now()):
             return None
         agent = await self.agents.agent(cred.agent_pubkey)
         if agent is None or agent.deleted or agent.sealed_key is None:

@@ -81,6 +81,24 @@ def is_read_page(response: bytes) -> bool:
     return response.find(_READ_PAGE, 0, _READ_PAGE_WITHIN) >= 0
 
 
+# Columns added after the first schema: (table, column, definition), added when missing.
+_COLUMNS = (
+    ("agents", "attestation", "TEXT"),  # the owner's NIP-OA tag (JSON) for a managed agent
+    ("credentials", "expires_at", "INTEGER"),  # unix time after which the credential is refused
+)
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    for table, column, definition in _COLUMNS:
+        have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in have:
+            try:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+            except sqlite3.OperationalError as e:  # another process added it first
+                if "duplicate column" not in str(e):
+                    raise
+
+
 # Distinct events one identity may be given in one second before its clock moves on to the next.
 STAMPS_PER_SECOND = 1024
 STAMP_DIGEST_BYTES = 16
@@ -96,6 +114,11 @@ class Credential:
     actions: frozenset[str]
     created_at: int
     revoked: bool
+    expires_at: int | None = None  # unix time; refused from that second on (relayd-admin broker issue --expires)
+
+    def expired(self, now: float) -> bool:
+        """Whether the credential has expired at C{now}."""
+        return self.expires_at is not None and now >= self.expires_at
 
 
 @dataclass(frozen=True)
@@ -112,6 +135,7 @@ class Agent:
     settings: dict[str, Any]
     record_created_at: int
     deleted: bool
+    attestation: tuple[str, ...] | None = None  # NIP-OA ["auth", owner, conditions, sig]
 
 
 @dataclass(frozen=True)
@@ -230,6 +254,7 @@ class StateDB:
         # Deleted content (a destroyed sealed key, an expired receipt) is overwritten, not left in free space.
         self.conn.execute("PRAGMA secure_delete=ON")
         self.conn.executescript(_SCHEMA)
+        _migrate(self.conn)
         self.conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         for name in (path, path + "-wal", path + "-shm"):  # files from before this rule
             try:
@@ -274,27 +299,43 @@ class StateDB:
 
     # credentials
 
-    def add_credential(self, hash: str, agent_pubkey: str, channels: Iterable[str], actions: Iterable[str]) -> str:
+    def add_credential(
+        self,
+        hash: str,
+        agent_pubkey: str,
+        channels: Iterable[str],
+        actions: Iterable[str],
+        expires_at: int | None = None,
+    ) -> str:
         cid = hash[:16]
         self._tx(
             lambda c: c.execute(
-                "INSERT INTO credentials (hash, id, agent_pubkey, channels, actions, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (hash, cid, agent_pubkey, json.dumps(sorted(channels)), json.dumps(sorted(actions)), int(time.time())),
+                "INSERT INTO credentials (hash, id, agent_pubkey, channels, actions, created_at, expires_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    hash,
+                    cid,
+                    agent_pubkey,
+                    json.dumps(sorted(channels)),
+                    json.dumps(sorted(actions)),
+                    int(time.time()),
+                    expires_at,
+                ),
             )
         )
         return cid
 
     def credential(self, hash: str) -> Credential | None:
         row = self.conn.execute(
-            "SELECT id, agent_pubkey, channels, actions, created_at, revoked_at FROM credentials WHERE hash = ?",
+            "SELECT id, agent_pubkey, channels, actions, created_at, revoked_at, expires_at FROM credentials WHERE hash = ?",
             (hash,),
         ).fetchone()
         return _credential(row) if row else None
 
     def credentials(self) -> list[Credential]:
         rows = self.conn.execute(
-            "SELECT id, agent_pubkey, channels, actions, created_at, revoked_at FROM credentials ORDER BY created_at, id"
+            "SELECT id, agent_pubkey, channels, actions, created_at, revoked_at, expires_at FROM credentials"
+            " ORDER BY created_at, id"
         ).fetchall()
         return [_credential(r) for r in rows]
 
@@ -416,7 +457,8 @@ class StateDB:
 
 
 _AGENT_SELECT = (
-    "SELECT pubkey, name, sealed_key, owner, managed, depth, channel, settings, record_created_at, deleted_at"
+    "SELECT pubkey, name, sealed_key, owner, managed, depth, channel, settings, record_created_at, deleted_at,"
+    " attestation"
     " FROM agents"
 )
 
@@ -441,6 +483,7 @@ def _credential(row: Any) -> Credential:
         actions=frozenset(json.loads(row[3])),
         created_at=row[4],
         revoked=row[5] is not None,
+        expires_at=row[6],
     )
 
 
@@ -456,6 +499,7 @@ def _agent(row: Any) -> Agent:
         settings=json.loads(row[7]),
         record_created_at=row[8],
         deleted=row[9] is not None,
+        attestation=tuple(json.loads(row[10])) if row[10] else None,
     )
 
 
@@ -491,7 +535,8 @@ def _apply_effect(c: sqlite3.Connection, effect: dict[str, Any]) -> None:
         a = effect["agent"]
         c.execute(
             "INSERT INTO agents (pubkey, name, sealed_key, owner, managed, depth, channel, settings,"
-            " record_created_at, created_at) VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, ?) ON CONFLICT (pubkey) DO NOTHING",
+            " record_created_at, created_at, attestation) VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (pubkey) DO NOTHING",
             (
                 a["pubkey"],
                 a["name"],
@@ -502,6 +547,7 @@ def _apply_effect(c: sqlite3.Connection, effect: dict[str, Any]) -> None:
                 json.dumps(a["settings"], sort_keys=True),
                 a["record_created_at"],
                 int(time.time()),
+                json.dumps(a["attestation"]) if a.get("attestation") else None,
             ),
         )
     elif op == "update_agent":

@@ -531,3 +531,44 @@ for _action, _events in PLANS.items():
         for _index in range(_events):
             _t = _matrix_test(_action, _fault, _index)
             setattr(FaultMatrix, _t.__name__, _t)
+
+
+class CredentialExpiry(FaultCase):
+    """`relayd-admin broker issue --expires`: checked on every request, shown by `list`."""
+
+    async def test_expired_credential_is_unauthenticated_from_that_second(self) -> None:
+        import io
+
+        from relayd.buzz import admin
+
+        clock = [time.time()]
+        self.broker.service.ops.now = lambda: clock[0]  # type: ignore[union-attr]
+        short = self.broker.issue(self.alice["agentPubkey"], "--channel", self.channel, "--expires", "60s")
+        expires = int(short["expiresAt"])
+        self.cred = short["credential"]
+        clock[0] = expires - 1  # one second before: served
+        ok(await self.send("message.post", {"channelId": self.channel, "content": "in time"}, "exp-1"))
+        clock[0] = expires  # exactly the expiry: refused, even the replay of a recorded verdict
+        for rid in ("exp-1", "exp-2"):
+            r = await self.send("message.post", {"channelId": self.channel, "content": "in time"}, rid)
+            assert r["status"] == "failed" and r["error"]["code"] == "unauthenticated", r
+        out = io.StringIO()
+        assert admin.main(["list", "--state-dir", self.broker.state_dir], stdout=out, stderr=io.StringIO()) == 0
+        rows = [json.loads(line) for line in out.getvalue().splitlines()]
+        mine = [row for row in rows if row["expiresAt"] == expires]
+        assert len(mine) == 1 and mine[0]["agentPubkey"] == self.alice["agentPubkey"]
+        assert all(row["expiresAt"] is None for row in rows if row is not mine[0])
+
+    def test_expires_must_be_a_future_time(self) -> None:
+        import io
+
+        from relayd.buzz import admin
+
+        for bad in ("0s", "yesterday", "2020-01-01T00:00:00Z", "2099-01-01T00:00:00", "-5d"):
+            err = io.StringIO()
+            argv = ["issue", "--state-dir", self.broker.state_dir, "--kek-file", self.broker.kek_file,
+                    "--agent", "x", "--channel", self.channel, "--expires", bad]
+            assert admin.main(argv, stdout=io.StringIO(), stderr=err) == 2, bad
+            assert "--expires" in err.getvalue()
+        assert admin.parse_expires("2099-01-01T00:00:00Z", time.time()) == 4070908800
+        assert admin.parse_expires("7d", 1000.0) == 1000 + 7 * 86400
