@@ -478,7 +478,13 @@ class RelayConnection:
             self._log.debug("ignoring a malformed {kind} message", kind=kind)
 
     def _auth(self, challenge: str) -> None:
-        ev = nostr.auth_event(self.signer, self.pool.auth_url, challenge, int(self.pool.clock_now()))
+        ev = nostr.auth_event(
+            self.signer,
+            self.pool.auth_url,
+            challenge,
+            int(self.pool.clock_now()),
+            self.pool.attestations.get(self.signer.pubkey),
+        )
         self._send(["AUTH", ev])
         self.authenticated_as = self.signer.pubkey
         if self._challenge_timer is not None:
@@ -633,6 +639,8 @@ class RelayPool:
         self.clock_now = wall_clock or clock.seconds
         self.recycle_after = recycle_after  # consecutive failures (timeout, refusal) that drop a connection
         self._conns: dict[str, RelayConnection] = {}
+        # Owner attestations (NIP-OA tags) of managed identities, sent in their AUTH events.
+        self.attestations: dict[str, list[str]] = {}
         self._closing: list[defer.Deferred[None]] = []
 
     def connection(self, signer: nostr.Signer) -> RelayConnection:
@@ -651,6 +659,7 @@ class RelayPool:
 
     def forget(self, pubkey: str) -> None:
         """Close and drop the connection of an identity that no longer exists."""
+        self.attestations.pop(pubkey, None)
         conn = self._conns.pop(pubkey, None)
         if conn is not None:
             self._closing.append(conn.close())

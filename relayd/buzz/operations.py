@@ -107,6 +107,8 @@ class Operations:
                 raise Unauthorized("this identity has no key on this host")
             s = nostr.Signer(self.custody.open(agent.sealed_key, agent.pubkey))
             self._signers[agent.pubkey] = s
+            if agent.attestation:
+                self.pool.attestations[agent.pubkey] = list(agent.attestation)
         return s
 
     def forget(self, pubkey: str) -> None:
@@ -120,6 +122,9 @@ class Operations:
         if pubkey in plan.keys:
             s = nostr.Signer(self.custody.open(bytes.fromhex(plan.keys[pubkey]), pubkey))
             self._signers[pubkey] = s
+            for effect in plan.effects:  # a key minted by agents.create: its owner's attestation too
+                if effect["op"] == "create_agent" and effect["agent"]["pubkey"] == pubkey and effect["agent"].get("attestation"):
+                    self.pool.attestations[pubkey] = list(effect["agent"]["attestation"])
             return s
         agent = await self.agents.agent(pubkey)
         if agent is None:
@@ -361,6 +366,9 @@ class Operations:
         secret = nostr.generate_secret()
         agent = nostr.Signer(secret)
         sealed = self.custody.seal(secret, agent.pubkey).hex()
+        # The owner (the requester) attests the new key, so relays that admit agents through their
+        # owners (NIP-OA) let it in; it is sent in the agent's NIP-42 AUTH events.
+        attestation = nostr.owner_attestation(ctx.signer, agent.pubkey)
         name = args["displayName"]
         settings = {k: args[k] for k in ("systemPrompt", "runtime", "provider", "model", "respondTo") if k in args}
         settings.setdefault("respondTo", "owner-only")
@@ -382,6 +390,7 @@ class Operations:
                         "channel": args["channelId"],
                         "settings": settings,
                         "record_created_at": record["created_at"],
+                        "attestation": attestation,
                     },
                 }
             ],

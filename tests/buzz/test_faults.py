@@ -572,3 +572,61 @@ class CredentialExpiry(FaultCase):
             assert "--expires" in err.getvalue()
         assert admin.parse_expires("2099-01-01T00:00:00Z", time.time()) == 4070908800
         assert admin.parse_expires("7d", 1000.0) == 1000 + 7 * 86400
+
+
+@pytest.mark.usefixtures("members_relay_for_class")
+class OwnerAttestation(unittest.TestCase):
+    """NIP-OA: an agent relayd creates is admitted by a members-only relay through its owner's attestation."""
+
+    timeout = 120
+    relay: Any
+
+    async def setUp(self) -> None:
+        tmp = tempfile.mkdtemp(prefix="relayd-oa-")
+        self.broker = BrokerUnderTest(os.path.join(tmp, "state"), self.relay.url)
+        await self.broker.start()
+        self.channel = new_channel()
+        self.owner = self.broker.issue("owner", "--channel", self.channel)
+        with open(self.relay.members_file, "w") as f:
+            f.write(self.owner["agentPubkey"] + "\n")
+
+    async def tearDown(self) -> None:
+        await self.broker.stop()
+
+    async def test_created_agent_authenticates_through_its_owner(self) -> None:
+        owner = self.owner["agentPubkey"]
+        out = ok(await self.broker.call(self.owner["credential"], "agents.create", {
+            "channelId": self.channel, "displayName": "attested", "systemPrompt": "x"}))
+        agent = out["agentPubkey"]
+        # The relay admitted the new identity: its kind 0 is stored, signed by it.
+        assert [e for e in self.relay.events(kind=0) if e["pubkey"] == agent]
+        db = StateDB.in_dir(self.broker.state_dir)
+        try:
+            held = db.agent(agent)
+        finally:
+            db.close()
+        tag = list(held.attestation)
+        assert tag[:3] == ["auth", owner, ""] and nostr.verify_attestation(tag, agent)
+        # Checked independently of relayd's code: BIP-340 over SHA-256("nostr:agent-auth:<agent>:").
+        import hashlib
+
+        from coincurve import PublicKeyXOnly
+
+        digest = hashlib.sha256(f"nostr:agent-auth:{agent}:".encode()).digest()
+        assert PublicKeyXOnly(bytes.fromhex(owner)).verify(bytes.fromhex(tag[3]), digest)
+        # It acts as itself in the members-only relay through a credential of its own.
+        cred = self.broker.issue(agent, "--channel", self.channel)
+        post = ok(await self.broker.call(cred["credential"], "message.post", {"channelId": self.channel, "content": "attested hello"}))
+        assert [e["id"] for e in self.relay.events(kind=9) if e["pubkey"] == agent] == [post["eventId"]]
+        # A tampered attestation does not verify; nor does one for another key or self-attestation.
+        assert not nostr.verify_attestation(tag[:3] + ["00" * 64], agent)
+        assert not nostr.verify_attestation(tag, owner)
+        with self.assertRaises(ValueError):
+            nostr.owner_attestation(nostr.Signer(b"\x01" * 32), nostr.Signer(b"\x01" * 32).pubkey)
+
+    async def test_the_relay_refuses_an_identity_nobody_attests(self) -> None:
+        stranger = self.broker.issue("stranger", "--channel", self.channel)
+        r = await self.broker.call(stranger["credential"], "message.post", {"channelId": self.channel, "content": "let me in"})
+        # This relay refuses (or drops the connection of) an identity it does not admit.
+        assert r["status"] in ("failed", "indeterminate"), r
+        assert not [e for e in self.relay.events() if e["pubkey"] == stranger["agentPubkey"]]
