@@ -66,6 +66,7 @@ CREATE TABLE IF NOT EXISTS clocks (
     digests BLOB NOT NULL
 );
 """
+WAL_LIMIT = 4 * 1024 * 1024  # bytes of WAL before a checkpoint truncates it
 RECEIPT_RETENTION = 30 * 24 * 3600  # seconds a receipt is kept (the Redis store's expiry too)
 _READ_PAGE = b'"status":"succeeded","action":"channel.read"'
 _READ_PAGE_WITHIN = 200 + 2 * 128  # the envelope's first members, a requestId of 128 escaped characters included
@@ -241,6 +242,7 @@ class StateDB:
 
     def __init__(self, path: str, busy_timeout_ms: int = 5000) -> None:
         self.path = path
+        self.now: Callable[[], float] = time.time  # stamps receipts (the retention counts from it)
         # Created 0600 before SQLite opens it: SQLite gives the -wal and -shm files the database
         # file's mode, so they are never readable by others, not even on first start.
         try:
@@ -286,8 +288,19 @@ class StateDB:
         return int(self.conn.execute("PRAGMA data_version").fetchone()[0])
 
     def checkpoint(self) -> None:
-        """Copy committed WAL pages into the database without waiting for readers or writers."""
+        """Copy committed WAL pages into the database without waiting for readers or writers.
+
+        Under steady writes a passive checkpoint never catches up with the frames appended while
+        it runs, so the WAL is never restarted and grows without end: once it is larger than
+        L{WAL_LIMIT}, the checkpoint waits for the writers (they queue meanwhile) and truncates it.
+        """
         self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        try:
+            size = os.path.getsize(self.path + "-wal")
+        except OSError:
+            return
+        if size > WAL_LIMIT:
+            self.scrub_wal()
 
     def scrub_wal(self) -> None:
         """Checkpoint and truncate the WAL, so older page images (a destroyed key's) leave the disk.
@@ -391,7 +404,7 @@ class StateDB:
             lambda c: c.execute(
                 "INSERT INTO receipts (principal, request_id, digest, state, plan, created_at)"
                 " VALUES (?, ?, ?, 'pending', ?, ?)",
-                (principal, request_id, digest, plan, int(time.time())),
+                (principal, request_id, digest, plan, int(self.now())),
             )
         )
 
@@ -407,7 +420,7 @@ class StateDB:
                 "INSERT INTO receipts (principal, request_id, digest, state, response, created_at)"
                 " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (principal, request_id) DO UPDATE SET"
                 " state = excluded.state, response = excluded.response, plan = NULL",
-                (principal, request_id, digest, "spent" if spent else "done", None if spent else response, int(time.time())),
+                (principal, request_id, digest, "spent" if spent else "done", None if spent else response, int(self.now())),
             )
 
         self._tx(tx)
@@ -625,6 +638,7 @@ class SQLiteState:
         """The worker thread's own connection (opened there, on first use)."""
         if self._worker_db is None:
             self._worker_db = StateDB(self.db.path)
+            self._worker_db.now = self.db.now
             self._worker_db.conn.execute("PRAGMA wal_autocheckpoint=0")
         return self._worker_db
 

@@ -630,3 +630,27 @@ class OwnerAttestation(unittest.TestCase):
         # This relay refuses (or drops the connection of) an identity it does not admit.
         assert r["status"] in ("failed", "indeterminate"), r
         assert not [e for e in self.relay.events() if e["pubkey"] == stranger["agentPubkey"]]
+
+
+class WalBound(unittest.TestCase):
+    """Defect 4: the WAL does not grow without end; a checkpoint over the limit truncates it."""
+
+    def test_checkpoint_truncates_a_wal_over_the_limit(self) -> None:
+        from relayd.buzz import state
+
+        d = tempfile.mkdtemp(prefix="relayd-wal-")
+        db = StateDB.in_dir(d)
+        self.addCleanup(db.close)
+        db.conn.execute("PRAGMA wal_autocheckpoint=0")
+        wal = db.path + "-wal"
+        self.patch(state, "WAL_LIMIT", 256 * 1024)
+        for i in range(200):  # ~800 KB of plans: over the limit
+            db.store_plan("p" * 64, f"r{i}", b"d" * 32, b"x" * 4000)
+        assert os.path.getsize(wal) > state.WAL_LIMIT
+        db.checkpoint()
+        assert os.path.getsize(wal) <= state.WAL_LIMIT
+        # Under the limit, a checkpoint leaves the WAL to be reused, not truncated.
+        db.store_plan("p" * 64, "small", b"d" * 32, b"x")
+        size = os.path.getsize(wal)
+        db.checkpoint()
+        assert os.path.getsize(wal) == size
