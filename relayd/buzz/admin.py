@@ -136,7 +136,7 @@ def parse_expires(text: str, now: float) -> int:
         at = int(now) + int(value[:-1]) * _UNITS[value[-1]]
     else:
         try:
-            when = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            when = datetime.datetime.fromisoformat(value)  # Python 3.11 reads a trailing Z
         except ValueError:
             raise _UsageError("--expires: not a duration (90s, 30m, 12h, 7d) or an ISO 8601 date-time") from None
         if when.tzinfo is None:

@@ -34,7 +34,15 @@ from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from relayd.buzz.state import BUSY, CONFLICT, NEW, Claim, IReceiptStore, Receipt, is_read_page
+from relayd.buzz.state import (
+    BUSY,
+    CONFLICT,
+    NEW,
+    Claim,
+    IReceiptStore,
+    Receipt,
+    is_read_page,
+)
 from relayd.clock import Clock
 from relayd.redis import Redis, RedisBus
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pytest
 from twisted.trial import unittest
 
-from relayd.buzz import contract, nostr
+from relayd.buzz import nostr
 from relayd.buzz.state import StateDB
 from tests.buzz.fault_relay import FaultRelay, kind
 from tests.buzz.harness import BrokerUnderTest, new_channel, ok
