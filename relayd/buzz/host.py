@@ -8,8 +8,9 @@ Decisions (docs/decisions.md, "Buzz broker host"):
     Concurrent duplicates wait for the first execution and then replay it: in this process on an
     in-memory gate, across instances on the receipt store's claim.
  4. Writes store the signed events before sending. Relay OK (incl. C{duplicate:}) -> succeeded;
-    OK false -> failed/action_failed; no answer -> indeterminate/outcome_unknown with the plan kept,
-    so a retry of the same bytes resends the identical events.
+    OK false on the first event -> failed/action_failed; no answer, or a refusal after an accepted
+    event -> indeterminate/outcome_unknown with the plan kept (and, once an event is accepted, its
+    effects applied), so a retry of the same bytes resends the identical events.
 Every correlated verdict reached once the credential is known is recorded (validation refusals,
 version codes, a foreign cursor, a relay unreachable before dispatch included), so the same
 requestId with other bytes is always a conflict and never a later execution. Not recorded:
@@ -301,7 +302,19 @@ class BrokerHost:
             gate.callback(None)
 
     async def _refuse(self, principal: str, rid: str, digest: bytes, resp: contract.Response) -> bytes:
-        """Record a refusal reached before execution (or replay what is on record for these bytes)."""
+        """Record a refusal reached before execution (or answer what is on record for these bytes)."""
+        found = await self._lookup(principal, rid, digest, "unknown")
+        if isinstance(found, bytes):
+            return found
+        settled: list[bytes] = []
+        try:
+            return await self._settle(principal, rid, digest, resp, [], settled, "unknown")
+        finally:
+            if not settled:
+                await self.receipts.release(principal, rid)
+
+    async def _lookup(self, principal: str, rid: str, digest: bytes, action: str) -> bytes | Claim:
+        """The answer already due for these bytes (busy elsewhere, conflict, replay), or the claim to execute."""
         claim = await self._claim(principal, rid, digest)
         if claim is None:
             return _verdict(
@@ -313,14 +326,9 @@ class BrokerHost:
             return _verdict(contract.failed(rid, "request_id_conflict", "requestId was already used with different bytes"))
         if claim.status == "done":
             assert claim.response is not None
-            self.verdicts.put(principal, digest, claim.response, "unknown")
+            self.verdicts.put(principal, digest, claim.response, action)
             return contract.mark_replayed(claim.response)
-        settled: list[bytes] = []
-        try:
-            return await self._settle(principal, rid, digest, resp, [], settled, "unknown")
-        finally:
-            if not settled:
-                await self.receipts.release(principal, rid)
+        return claim
 
     async def _claim(self, principal: str, rid: str, digest: bytes) -> Claim | None:
         """The claim on (principal, rid), waiting while another instance executes it; None at the deadline."""
@@ -338,19 +346,10 @@ class BrokerHost:
     async def _idempotent(self, cred: Credential, agent: Agent, req: contract.Request, digest: bytes) -> bytes:
         rid = req.request_id
         principal = agent.pubkey
-        claim = await self._claim(principal, rid, digest)
-        if claim is None:
-            return _verdict(
-                contract.indeterminate(
-                    rid, "outcome_unknown", "another broker instance is still executing this request; retry the same bytes"
-                )
-            )
-        if claim.status == "conflict":
-            return _verdict(contract.failed(rid, "request_id_conflict", "requestId was already used with different bytes"))
-        if claim.status == "done":
-            assert claim.response is not None
-            self.verdicts.put(principal, digest, claim.response, req.action)
-            return contract.mark_replayed(claim.response)
+        found = await self._lookup(principal, rid, digest, req.action)
+        if isinstance(found, bytes):
+            return found
+        claim = found
         settled: list[bytes] = []
         try:
             if claim.status == "resume":
