@@ -41,6 +41,14 @@ class FaultCase(unittest.TestCase):
         self.channel = new_channel()
         self.alice = self.broker.issue(f"alice-{self.channel[:8]}", "--channel", self.channel)
         self.cred = self.alice["credential"]
+        # One action through the proxy before any fault: the relay (started with the session,
+        # possibly still starting) is serving, and the requester's connection is up.
+        # Retried with the same bytes while the relay is not up yet (each try waits the action timeout).
+        for _ in range(30):
+            r = await self.send("message.post", {"channelId": self.channel, "content": "setup"}, f"setup-{self.channel}")
+            if r["status"] != "indeterminate":
+                break
+        ok(r)
 
     async def tearDown(self) -> None:
         await self.broker.stop()
