@@ -14,8 +14,14 @@ Starts PyPI nostr-relay (NIP-42 on) on a free loopback port and an in-process br
    answer arrived (raw sockets, so the load generator's own CPU stays small); the server's CPU per
    replayed verdict over HTTP is this process's CPU during that phase.
 
+ - state directory size (C{--mix N}, instead of the figures above): N actions of a realistic mix
+   (see L{MIX}) through C{BrokerHost.handle} against the real relay, the receipts' clock spread
+   over C{--spread-days} with C{--retention-days} of retention, swept as relayd sweeps; reports the
+   directory's size (database + WAL) and the receipts held, at 10% steps.
+
 usage: PYTHONPATH=. python bench/broker.py [--posts 500] [--reads 100] [--replays 5000]
        [--concurrency 16] [--clients 2] [--rounds 5] [--redis]
+       PYTHONPATH=. python bench/broker.py --mix 100000 [--retention-days 30] [--spread-days 60]
 """
 
 from __future__ import annotations
@@ -133,7 +139,136 @@ async def _replays_from_processes(reactor: Any, port: int, cred: str, body: byte
     return procs * n / elapsed, cpu / (procs * n) * 1e6
 
 
+# A day of a busy agent, in proportion: mostly posts and reads, some replies and reactions, the
+# occasional profile change, retries of the same bytes, and requests the contract refuses.
+MIX = (
+    ("message.post", 40),
+    ("channel.read", 25),
+    ("message.reply", 10),
+    ("reaction.add", 8),
+    ("replay", 10),
+    ("invalid", 5),
+    ("profile.set", 2),
+)
+
+
+def _dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))
+
+
+async def run_mix(reactor: Any, args: argparse.Namespace) -> None:
+    """The state directory's size over C{args.mix} actions with retention on."""
+    import random
+
+    work = tempfile.mkdtemp(prefix="relayd-bench-")
+    relay = NostrRelay(work)
+    relay.start()
+    retention = int(args.retention_days * 86400)
+    step = args.spread_days * 86400 / args.mix  # simulated seconds between two actions
+    start = time.time()
+    sim = [start]
+    broker = BrokerUnderTest(os.path.join(work, "state"), relay.url, receipt_retention=retention)
+    await broker.start()
+    service = broker.service
+    assert service is not None
+    service.db.now = lambda: sim[0]  # receipts are stamped with the simulated time
+    rng = random.Random(7)
+    names = [name for name, _ in MIX]
+    weights = [w for _, w in MIX]
+    results: dict[str, Any] = {
+        "actions": args.mix,
+        "retention days": args.retention_days,
+        "actions spread over days": args.spread_days,
+        "mix (percent)": dict(MIX),
+    }
+    steps: list[dict[str, Any]] = []
+    try:
+        ch = str(uuid.uuid4())
+        cred = broker.issue("bench", "--channel", ch)["credential"]
+        host = service.host
+        auth = [b"Bearer " + cred.encode()]
+        recent: list[str] = []
+        done: list[bytes] = []
+        spent: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        t0 = time.perf_counter()
+        last_sweep = [start]
+        indices = iter(range(args.mix))
+
+        async def one(i: int) -> None:
+            nonlocal recent, done
+            sim[0] = max(sim[0], start + i * step)
+            kind = rng.choices(names, weights)[0]
+            if kind in ("message.reply", "reaction.add") and not recent:
+                kind = "message.post"
+            if kind == "replay" and not done:
+                kind = "message.post"
+            if kind == "message.post":
+                body = _body("message.post", {"channelId": ch, "content": f"post {i} " + "x" * rng.randint(20, 600)})
+            elif kind == "channel.read":
+                body = _body("channel.read", {"channelId": ch, "limit": 20})
+            elif kind == "message.reply":
+                body = _body("message.reply", {"channelId": ch, "replyToEventId": rng.choice(recent), "content": f"reply {i}"})
+            elif kind == "reaction.add":
+                body = _body("reaction.add", {"channelId": ch, "targetEventId": rng.choice(recent), "reaction": "+"})
+            elif kind == "profile.set":
+                body = _body("profile.set", {"about": f"about {i}"})
+            elif kind == "invalid":
+                body = _body("channel.read", {"channelId": ch}).replace(b'"args":{', b'"args":{"limit":0,', 1)
+            else:
+                body = rng.choice(done)
+            a0 = time.perf_counter()
+            status, data = await host.handle(auth, body)
+            spent[kind] = spent.get(kind, 0.0) + time.perf_counter() - a0
+            counts[kind] = counts.get(kind, 0) + 1
+            assert status == 200, data[:200]
+            if kind == "message.post" and b'"succeeded"' in data:
+                recent.append(json.loads(data)["outcome"]["eventId"])
+                recent = recent[-200:]
+            if kind != "replay":
+                done.append(body)
+                if len(done) > 1000:
+                    done = done[-1000:]
+            if sim[0] - last_sweep[0] >= 3600:  # relayd sweeps each minute; hourly in simulated time is plenty
+                last_sweep[0] = sim[0]
+                await service.state.prune(int(sim[0]), retention)
+            if (i + 1) % (args.mix // 10) == 0:
+                receipts = service.db.conn.execute("SELECT COUNT(*) FROM receipts").fetchone()[0]
+                steps.append(
+                    {
+                        "actions": i + 1,
+                        "simulated day": round((sim[0] - start) / 86400, 1),
+                        "state dir MiB": round(_dir_bytes(broker.state_dir) / 2**20, 2),
+                        "receipts held": receipts,
+                        "wall s": round(time.perf_counter() - t0),
+                    }
+                )
+                print(json.dumps(steps[-1]), flush=True)
+
+        async def worker() -> None:
+            for i in indices:
+                await one(i)
+
+        # Several agents' worth of requests in flight: the relay's answer time, not the host, sets the pace.
+        await defer.gatherResults([defer.ensureDeferred(worker()) for _ in range(args.concurrency)])
+        results["concurrent requests"] = args.concurrency
+        results["actions/s"] = round(args.mix / (time.perf_counter() - t0))
+        await service.state.prune(int(sim[0]), retention)
+        service.db.scrub_wal()
+        results["after a final sweep and WAL truncate, state dir MiB"] = round(_dir_bytes(broker.state_dir) / 2**20, 2)
+        results["steps"] = steps
+        results["wall ms per action by kind"] = {k: round(spent[k] / counts[k] * 1e3, 2) for k in spent}
+    finally:
+        await broker.stop()
+        relay.stop()
+    results["cpus"] = os.cpu_count()
+    print(json.dumps(results, indent=2))
+
+
 async def run(reactor: Any, args: argparse.Namespace) -> None:
+    if args.mix:
+        await run_mix(reactor, args)
+        return
     work = tempfile.mkdtemp(prefix="relayd-bench-")
     relay = NostrRelay(work)
     relay.start()
@@ -209,6 +344,9 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=2, help="replay client processes")
     p.add_argument("--rounds", type=int, default=5, help="CPU figures are the median of this many rounds")
     p.add_argument("--redis", action="store_true", help="receipts on a private redis-server (needs redis-server)")
+    p.add_argument("--mix", type=int, default=0, help="measure the state directory over this many mixed actions")
+    p.add_argument("--retention-days", type=float, default=30.0, help="receipt retention for --mix")
+    p.add_argument("--spread-days", type=float, default=60.0, help="simulated days the --mix actions span")
     args = p.parse_args()
     task.react(lambda reactor: defer.ensureDeferred(run(reactor, args)))
 

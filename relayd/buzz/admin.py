@@ -14,6 +14,7 @@ import base64
 import json
 import os
 import sys
+import time
 from typing import Sequence, TextIO
 
 from relayd.buzz import contract, nostr
@@ -23,6 +24,9 @@ from relayd.buzz.keys import Custody, KEKError, load_kek
 from relayd.buzz.state import Agent, StateDB
 
 CREDENTIAL_PREFIX = "bzh_"
+# Actions a credential without channels could never perform: those naming a channel, and managing an
+# agent, which needs the agent's channel in the credential's scope.
+NEEDS_A_CHANNEL = CHANNEL_ACTIONS | {"agents.update", "agents.delete"}
 
 
 def new_credential() -> str:
@@ -59,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     issue.add_argument("--actions", default=",".join(contract.ACTIONS), help="comma-separated actions (default: all nine)")
     issue.add_argument("--secret-key-file", help="file holding the agent's key (64 hex or nsec1)")
     issue.add_argument("--owner", help="public key of the agent's owner (for storage.address)")
+    issue.add_argument(
+        "--expires",
+        help="when the credential stops working: a duration (90s, 30m, 12h, 7d) from now, or an ISO 8601"
+        " date-time with a zone (2027-01-31T00:00:00Z)",
+    )
 
     revoke = sub.add_parser("revoke", help="revoke credentials")
     common(revoke)
@@ -122,6 +131,30 @@ def _find_agent(db: StateDB, ref: str) -> Agent | None:
     return named[0] if named else None
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_expires(text: str, now: float) -> int:
+    """The unix time C{--expires} names: a duration from C{now} (C{90s}, C{12h}, C{7d}) or an ISO 8601
+    date-time with a zone. It must lie in the future."""
+    import datetime
+
+    value = text.strip()
+    if len(value) > 1 and value[-1] in _UNITS and value[:-1].isdigit() and len(value) <= 12:
+        at = int(now) + int(value[:-1]) * _UNITS[value[-1]]
+    else:
+        try:
+            when = datetime.datetime.fromisoformat(value)  # Python 3.11 reads a trailing Z
+        except ValueError:
+            raise _UsageError("--expires: not a duration (90s, 30m, 12h, 7d) or an ISO 8601 date-time") from None
+        if when.tzinfo is None:
+            raise _UsageError("--expires: give the date-time a zone (Z or +hh:mm)")
+        at = int(when.timestamp())
+    if at <= now:
+        raise _UsageError("--expires: must be in the future")
+    return at
+
+
 def _issue(args: argparse.Namespace, db: StateDB, out: TextIO, err: TextIO) -> int:
     try:
         channels = sorted({contract.channel_id(c, "--channel") for c in args.channel})
@@ -132,15 +165,16 @@ def _issue(args: argparse.Namespace, db: StateDB, out: TextIO, err: TextIO) -> i
     unknown = [a for a in actions if a not in contract.ACTIONS]
     if unknown or not actions:
         raise _UsageError(f"--actions: unknown action {unknown[0]!r}" if unknown else "--actions: empty")
-    in_channels = [a for a in actions if a in CHANNEL_ACTIONS]
+    in_channels = [a for a in actions if a in NEEDS_A_CHANNEL]
     if in_channels and not channels:
         # Without a channel these actions are always refused: say so now rather than hand out a
         # credential that silently cannot post or read anywhere.
         raise _UsageError(
             f"--channel is required for {', '.join(in_channels)} (repeat it for each channel); "
             "without a channel, --actions may only name "
-            + ",".join(a for a in contract.ACTIONS if a not in CHANNEL_ACTIONS)
+            + ",".join(a for a in contract.ACTIONS if a not in NEEDS_A_CHANNEL)
         )
+    expires_at = parse_expires(args.expires, time.time()) if args.expires is not None else None
     custody = _custody(args)
     existing = _find_agent(db, args.agent)
     if args.secret_key_file:
@@ -185,8 +219,11 @@ def _issue(args: argparse.Namespace, db: StateDB, out: TextIO, err: TextIO) -> i
         )
         db.put_agent(agent)
     credential = new_credential()
-    db.add_credential(credential_hash(credential), agent.pubkey, channels, actions)
-    out.write(json.dumps({"credential": credential, "agentPubkey": agent.pubkey}) + "\n")
+    db.add_credential(credential_hash(credential), agent.pubkey, channels, actions, expires_at)
+    line: dict[str, object] = {"credential": credential, "agentPubkey": agent.pubkey}
+    if expires_at is not None:
+        line["expiresAt"] = expires_at
+    out.write(json.dumps(line) + "\n")
     out.flush()
     return 0
 
@@ -205,6 +242,7 @@ def _revoke(args: argparse.Namespace, db: StateDB, out: TextIO, err: TextIO) -> 
 
 
 def _list(db: StateDB, out: TextIO) -> int:
+    now = time.time()
     agents = {a.pubkey: a for a in db.agents()}
     for cred in db.credentials():
         a = agents.get(cred.agent_pubkey)
@@ -218,6 +256,8 @@ def _list(db: StateDB, out: TextIO) -> int:
                     "actions": sorted(cred.actions),
                     "revoked": cred.revoked,
                     "createdAt": cred.created_at,
+                    "expiresAt": cred.expires_at,
+                    "expired": cred.expired(now),
                 }
             )
             + "\n"

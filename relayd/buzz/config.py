@@ -92,6 +92,14 @@ SETTINGS: list[Setting] = [
         metavar="BYTES",
     ),
     Setting(
+        "broker-receipt-retention",
+        30 * 24 * 3600,
+        "seconds a request's receipt (its verdict, or its pending plan) is kept; a retry after that executes anew",
+        parse=positive_int,
+        env=("RELAYD_BROKER_RECEIPT_RETENTION",),
+        metavar="SECONDS",
+    ),
+    Setting(
         "broker-runtimes",
         ["buzz-acp"],
         "comma-separated agent runtimes agents.create/update accept",

@@ -8,15 +8,19 @@ Decisions (docs/decisions.md, "Buzz broker host"):
     Concurrent duplicates wait for the first execution and then replay it: in this process on an
     in-memory gate, across instances on the receipt store's claim.
  4. Writes store the signed events before sending. Relay OK (incl. C{duplicate:}) -> succeeded;
-    OK false -> failed/action_failed; no answer -> indeterminate/outcome_unknown with the plan kept,
-    so a retry of the same bytes resends the identical events.
-Validation failures and pre-dispatch faults are not recorded: they are functions of the bytes, or
-promise nothing happened, so re-evaluating a retry is equivalent.
+    OK false on the first event -> failed/action_failed; no answer, or a refusal after an accepted
+    event -> indeterminate/outcome_unknown with the plan kept (and, once an event is accepted, its
+    effects applied), so a retry of the same bytes resends the identical events.
+Every correlated verdict reached once the credential is known is recorded (validation refusals,
+version codes, a foreign cursor, a relay unreachable before dispatch included), so the same
+requestId with other bytes is always a conflict and never a later execution. Not recorded:
+C{unauthenticated} (no principal to key it on), C{request_id_conflict} (the key holds the original),
+and a fault of the store itself (it cannot hold the verdict).
 
 A retry is answered before anything else is looked at: once the credential is known, the SHA-256
 of the body finds the settled verdict in a cache of recent verdicts, so a replay costs neither JSON
-parsing nor validation nor a store lookup. That is equivalent to the full pipeline: only bytes
-that passed validation have a verdict, and the same bytes carry the same requestId. A retry the
+parsing nor validation nor a store lookup. That is equivalent to the full pipeline: the same
+bytes carry the same requestId, so they have the same recorded verdict. A retry the
 cache does not hold (after a restart, or first seen by another instance) takes the full pipeline
 and finds the verdict through the store's claim. (Asking the store by digest on every request
 would cost each new request a read and an index.)
@@ -263,7 +267,7 @@ class BrokerHost:
         if not token or len(token) > 512:
             return None
         cred = await self.credentials.credential(credential_hash(token))
-        if cred is None or cred.revoked:
+        if cred is None or cred.revoked or cred.expired(self.ops.now()):
             return None
         agent = await self.agents.agent(cred.agent_pubkey)
         if agent is None or agent.deleted or agent.sealed_key is None:
@@ -276,10 +280,13 @@ class BrokerHost:
         if who is None:
             return _verdict(contract.failed(rid, "unauthenticated", "credential missing, malformed or rejected"))
         cred, agent = who
+        refusal: contract.Response | None = None
         try:
             req = contract.validate_request(tree)
         except contract.ContractError as e:
-            return _verdict(contract.failed(rid, e.code, e.message))
+            # Recorded like every correlated verdict: these bytes keep this answer, and other
+            # bytes with the same requestId are a conflict, never a later execution.
+            refusal = contract.failed(rid, e.code, e.message)
         key = (agent.pubkey, rid)
         # One execution per key at a time in this process: later duplicates wait, then find the receipt.
         while key in self._inflight:
@@ -287,10 +294,41 @@ class BrokerHost:
         gate: defer.Deferred[None] = defer.Deferred()
         self._inflight[key] = gate
         try:
+            if refusal is not None:
+                return await self._refuse(agent.pubkey, rid, digest, refusal)
             return await self._idempotent(cred, agent, req, digest)
         finally:
             del self._inflight[key]
             gate.callback(None)
+
+    async def _refuse(self, principal: str, rid: str, digest: bytes, resp: contract.Response) -> bytes:
+        """Record a refusal reached before execution (or answer what is on record for these bytes)."""
+        found = await self._lookup(principal, rid, digest, "unknown")
+        if isinstance(found, bytes):
+            return found
+        settled: list[bytes] = []
+        try:
+            return await self._settle(principal, rid, digest, resp, [], settled, "unknown")
+        finally:
+            if not settled:
+                await self.receipts.release(principal, rid)
+
+    async def _lookup(self, principal: str, rid: str, digest: bytes, action: str) -> bytes | Claim:
+        """The answer already due for these bytes (busy elsewhere, conflict, replay), or the claim to execute."""
+        claim = await self._claim(principal, rid, digest)
+        if claim is None:
+            return _verdict(
+                contract.indeterminate(
+                    rid, "outcome_unknown", "another broker instance is still executing this request; retry the same bytes"
+                )
+            )
+        if claim.status == "conflict":
+            return _verdict(contract.failed(rid, "request_id_conflict", "requestId was already used with different bytes"))
+        if claim.status == "done":
+            assert claim.response is not None
+            self.verdicts.put(principal, digest, claim.response, action)
+            return contract.mark_replayed(claim.response)
+        return claim
 
     async def _claim(self, principal: str, rid: str, digest: bytes) -> Claim | None:
         """The claim on (principal, rid), waiting while another instance executes it; None at the deadline."""
@@ -308,24 +346,15 @@ class BrokerHost:
     async def _idempotent(self, cred: Credential, agent: Agent, req: contract.Request, digest: bytes) -> bytes:
         rid = req.request_id
         principal = agent.pubkey
-        claim = await self._claim(principal, rid, digest)
-        if claim is None:
-            return _verdict(
-                contract.indeterminate(
-                    rid, "outcome_unknown", "another broker instance is still executing this request; retry the same bytes"
-                )
-            )
-        if claim.status == "conflict":
-            return _verdict(contract.failed(rid, "request_id_conflict", "requestId was already used with different bytes"))
-        if claim.status == "done":
-            assert claim.response is not None
-            self.verdicts.put(principal, digest, claim.response, req.action)
-            return contract.mark_replayed(claim.response)
+        found = await self._lookup(principal, rid, digest, req.action)
+        if isinstance(found, bytes):
+            return found
+        claim = found
         settled: list[bytes] = []
         try:
             if claim.status == "resume":
                 assert claim.plan is not None
-                return await self._execute(principal, rid, digest, Plan.from_bytes(claim.plan), settled)
+                return await self._execute(principal, rid, digest, Plan.from_bytes(claim.plan), settled, resumed=True)
             return await self._run(cred, agent, req, digest, settled)
         finally:
             if not settled:
@@ -344,7 +373,7 @@ class BrokerHost:
         if denial is not None:
             return await self._settle(principal, rid, digest, contract.failed(rid, "unauthorized", denial), [], settled, req.action)
         try:
-            ctx = Context(agent, self.ops.signer_for(agent))
+            ctx = Context(agent, self.ops.signer_for(agent), cred.channels)
             plan = await self.ops.run(ctx, req)
         except Unauthorized as e:
             return await self._settle(principal, rid, digest, contract.failed(rid, "unauthorized", str(e)), [], settled, req.action)
@@ -353,15 +382,20 @@ class BrokerHost:
         except ActionFailed as e:
             return await self._settle(principal, rid, digest, contract.failed(rid, "action_failed", str(e)), [], settled, req.action)
         except InvalidArgs as e:
-            return _verdict(contract.failed(rid, "invalid_request", str(e)))
+            resp = contract.failed(rid, "invalid_request", str(e))
         except QueryClosed as e:
-            return _verdict(contract.failed(rid, "action_failed", "relay refused the read: " + _safe(str(e))))
+            resp = contract.failed(rid, "action_failed", "relay refused the read: " + _safe(str(e)))
         except RelayError as e:
-            # Nothing was signed for publication yet: a known no-op, not recorded, so a retry re-runs.
-            return _verdict(contract.failed(rid, "internal", "relay unavailable: " + _safe(str(e))))
+            # Nothing was signed for publication yet: nothing happened, and the verdict is recorded
+            # like every other (a retry after the outage takes a new requestId).
+            resp = contract.failed(rid, "internal", "relay unavailable: " + _safe(str(e)))
         except SealError:
             self._log.error("a sealed key of {agent} does not open under this key-encryption key", agent=agent.pubkey)
-            return _verdict(contract.failed(rid, "internal", "key custody fault"))
+            resp = contract.failed(rid, "internal", "key custody fault")
+        else:
+            resp = None
+        if resp is not None:
+            return await self._settle(principal, rid, digest, resp, [], settled, req.action)
         if not plan.events:
             return await self._settle(
                 principal, rid, digest, contract.succeeded(rid, req.action, plan.outcome), plan.effects, settled, req.action
@@ -394,14 +428,16 @@ class BrokerHost:
         self.verdicts.put(principal, digest, data, action)
         return data
 
-    async def _execute(self, principal: str, rid: str, digest: bytes, plan: Plan, settled: list[bytes]) -> bytes:
+    async def _execute(
+        self, principal: str, rid: str, digest: bytes, plan: Plan, settled: list[bytes], resumed: bool = False
+    ) -> bytes:
         """Publish a stored plan's events in order and settle the verdict.
 
         Events may be out by now, so a fault here is C{indeterminate} (C{failed} promises nothing
         happened); the plan stays stored and a retry of the same bytes resends it.
         """
         try:
-            return await self._publish(principal, rid, digest, plan, settled)
+            return await self._publish(principal, rid, digest, plan, settled, resumed)
         except StoreUnavailable as e:
             self._outage(e, rid)
             why = f"the {e.store} store is unavailable; retry the same bytes"
@@ -410,21 +446,64 @@ class BrokerHost:
             why = "internal host fault during execution; retry the same bytes"
         return _verdict(contract.indeterminate(rid, "internal", why))
 
-    async def _publish(self, principal: str, rid: str, digest: bytes, plan: Plan, settled: list[bytes]) -> bytes:
+    async def _publish(
+        self, principal: str, rid: str, digest: bytes, plan: Plan, settled: list[bytes], resumed: bool
+    ) -> bytes:
+        """Send the plan's events in order; the verdict says exactly how many the relay holds.
+
+        C{failed} only while no event of the plan can be on the relay: the first event refused on
+        this (first) attempt, or a signing identity gone before anything was sent. Once an event
+        is accepted, the plan's local effects are applied at once (the host is never older than
+        the relay: a created agent's key is kept, a rename is the host's name too) and any later
+        fault is C{indeterminate} with the plan kept, so a retry of the same bytes finishes it.
+
+        A resumed plan (a retry of an earlier C{indeterminate}) is first checked against newer
+        state (L{Operations.superseded}): one that would roll an agent back or revive a deleted one
+        is not sent again, and that verdict is recorded so it stays the answer.
+        """
+        if resumed:
+            stale = await self.ops.superseded(plan)
+            if stale is not None:
+                resp = contract.indeterminate(
+                    rid, "outcome_unknown", f"superseded: {stale}; this request's events were not sent again and the newer state stands"
+                )
+                return await self._settle(principal, rid, digest, resp, [], settled, plan.action)
+        total = len(plan.events)
+        done = 0
         for item in plan.events:
             try:
                 signer = await self.ops.signer_by_pubkey(item["by"], plan)
-            except ActionFailed as e:
-                return await self._settle(principal, rid, digest, contract.failed(rid, "action_failed", str(e)), [], settled, plan.action)
+            except (ActionFailed, Unauthorized):
+                if done == 0 and not resumed:
+                    resp = contract.failed(rid, "action_failed", "the signing identity was deleted before anything was published")
+                    return await self._settle(principal, rid, digest, resp, [], settled, plan.action)
+                resp = contract.indeterminate(
+                    rid, "outcome_unknown", f"superseded: a signing identity was deleted; the relay confirmed {done} of {total} events of this request"
+                )
+                return await self._settle(principal, rid, digest, resp, [], settled, plan.action)
             conn = self.ops.pool.connection(signer)
             try:
                 accepted, message = await conn.publish(item["event"], self.ops.timeout)
             except (NotConnected, ConnectionLost, RelayTimeout) as e:
                 self._log.info("outcome unknown for {rid}: {why}", rid=rid, why=str(e))
-                return _verdict(contract.indeterminate(rid, "outcome_unknown", _safe(str(e))))
+                await self._partial(plan, done)
+                why = f"event {done + 1} of {total} unconfirmed: {_safe(str(e))}" if total > 1 else _safe(str(e))
+                return _verdict(contract.indeterminate(rid, "outcome_unknown", why + "; retry the same bytes"))
             if not accepted:
-                resp = contract.failed(rid, "action_failed", "relay refused the event: " + _safe(message))
-                return await self._settle(principal, rid, digest, resp, [], settled, plan.action)
+                if done == 0 and not resumed:
+                    resp = contract.failed(rid, "action_failed", "relay refused the event: " + _safe(message))
+                    return await self._settle(principal, rid, digest, resp, [], settled, plan.action)
+                await self._partial(plan, done)
+                return _verdict(
+                    contract.indeterminate(
+                        rid,
+                        "outcome_unknown",
+                        f"the relay confirmed {done} of {total} events of this request and refused event {done + 1}: "
+                        + _safe(message)
+                        + "; retry the same bytes",
+                    )
+                )
+            done += 1
         data = await self._settle(
             principal, rid, digest, contract.succeeded(rid, plan.action, plan.outcome), plan.effects, settled, plan.action
         )
@@ -432,6 +511,11 @@ class BrokerHost:
             if effect["op"] == "delete_agent":
                 self.ops.forget(effect["pubkey"])
         return data
+
+    async def _partial(self, plan: Plan, done: int) -> None:
+        """Some events of a plan are on the relay: apply its effects now (they never roll back newer state)."""
+        if done and plan.effects:
+            await self.agents.apply_effects(plan.effects)
 
 
 def _verdict(resp: contract.Response) -> bytes:

@@ -265,6 +265,41 @@ def newest_first_key(ev: Event) -> tuple[int, str]:
     return (-int(ev["created_at"]), str(ev["id"]))
 
 
-def auth_event(signer: Signer, relay_url: str, challenge: str, created_at: int) -> Event:
-    """A NIP-42 AUTH event (kind 22242)."""
-    return signer.sign(KIND_AUTH, [["relay", relay_url], ["challenge", challenge]], "", created_at)
+def auth_event(
+    signer: Signer, relay_url: str, challenge: str, created_at: int, attestation: list[str] | None = None
+) -> Event:
+    """A NIP-42 AUTH event (kind 22242), carrying the identity's owner attestation when it has one."""
+    tags = [["relay", relay_url], ["challenge", challenge]]
+    if attestation:
+        tags.append(list(attestation))
+    return signer.sign(KIND_AUTH, tags, "", created_at)
+
+
+# NIP-OA: an owner vouches for an agent key with a BIP-340 signature over
+# SHA-256("nostr:agent-auth:" + agent pubkey hex + ":" + conditions), carried as the tag
+# ["auth", owner pubkey hex, conditions, signature hex]. Empty conditions: no restriction.
+_ATTESTATION_PREFIX = b"nostr:agent-auth:"
+
+
+def attestation_digest(agent_pubkey: str, conditions: str) -> bytes:
+    """What the owner signs for C{agent_pubkey} under C{conditions}."""
+    return hashlib.sha256(_ATTESTATION_PREFIX + agent_pubkey.encode("ascii") + b":" + conditions.encode("utf-8")).digest()
+
+
+def owner_attestation(owner: Signer, agent_pubkey: str, conditions: str = "") -> list[str]:
+    """The C{auth} tag by which C{owner} attests that it owns C{agent_pubkey} (never itself)."""
+    if owner.pubkey == agent_pubkey:
+        raise ValueError("an identity cannot attest itself")
+    sig = owner.sign_digest(attestation_digest(agent_pubkey, conditions))
+    return ["auth", owner.pubkey, conditions, sig.hex()]
+
+
+def verify_attestation(tag: list[str], agent_pubkey: str) -> bool:
+    """Whether C{tag} is a well-formed owner attestation for C{agent_pubkey} with a valid signature."""
+    try:
+        name, owner, conditions, sig = tag
+        if name != "auth" or owner == agent_pubkey:
+            return False
+        return PublicKeyXOnly(bytes.fromhex(owner)).verify(bytes.fromhex(sig), attestation_digest(agent_pubkey, conditions))
+    except Exception:
+        return False

@@ -88,6 +88,7 @@ class _Protocol(WebSocketClientProtocol):
     _held: list[bytes] | None = None
     _held_len = 0
     _need = 0  # bytes the held frame needs in all (its header's size while that is incomplete)
+    recycled = False  # dropped by its connection for failing (RelayConnection._outcome)
 
     def dataReceived(self, data: bytes) -> None:
         if self._held is not None:
@@ -265,6 +266,8 @@ class RelayConnection:
         self._gone: list[defer.Deferred[None]] = []
         self._handshake_timer: IDelayedCall | None = None
         self._connect_d: defer.Deferred[Any] | None = None
+        self._strikes = 0  # consecutive publishes/reads on this connection that failed
+        self.recycled = 0  # connections dropped for failing (tests, logs)
 
     # --- connection lifecycle
 
@@ -390,6 +393,8 @@ class RelayConnection:
             d.callback(None)
 
     def _closed(self, proto: _Protocol, reason: str) -> None:
+        if proto.recycled and proto is not self._proto:
+            return  # already accounted for when it was dropped (its close may come during a reconnect)
         if proto is not self._proto:
             if self._connecting:  # the handshake failed
                 self._connecting = False
@@ -473,7 +478,13 @@ class RelayConnection:
             self._log.debug("ignoring a malformed {kind} message", kind=kind)
 
     def _auth(self, challenge: str) -> None:
-        ev = nostr.auth_event(self.signer, self.pool.auth_url, challenge, int(self.pool.clock_now()))
+        ev = nostr.auth_event(
+            self.signer,
+            self.pool.auth_url,
+            challenge,
+            int(self.pool.clock_now()),
+            self.pool.attestations.get(self.signer.pubkey),
+        )
         self._send(["AUTH", ev])
         self.authenticated_as = self.signer.pubkey
         if self._challenge_timer is not None:
@@ -491,7 +502,9 @@ class RelayConnection:
                 self._log.info("relay refused {id}: {message}", id=event_id[:16], message=message[:200])
             return
         self.pool.clock.cancel(p.timer)
-        p.resolve((accepted or message.startswith("duplicate:"), message))
+        good = accepted or message.startswith("duplicate:")
+        p.resolve((good, message))
+        self._outcome(good)
 
     def _finish_query(self, sub_id: str, error: Exception | None) -> None:
         q = self._queries.pop(sub_id, None)
@@ -501,8 +514,10 @@ class RelayConnection:
         if error is None:
             if self._proto is not None:
                 self._send(["CLOSE", sub_id])
+            self._outcome(True)
             q.deferred.callback(q.events)
         else:
+            self._outcome(False)
             q.deferred.errback(error)
 
     # --- requests
@@ -531,6 +546,32 @@ class RelayConnection:
         p = self._publishes.pop(eid, None)
         if p is not None:
             p.resolve(RelayTimeout("no OK from the relay within the timeout"))
+            self._outcome(False)
+
+    def _outcome(self, good: bool) -> None:
+        """Count consecutive failures; drop a connection that keeps failing so the next demand reconnects.
+
+        A relay may throttle or wedge one connection (an identity's, after refusals) while a
+        new one is served normally: keeping the bad one would fail every later request too.
+        """
+        if good:
+            self._strikes = 0
+            return
+        self._strikes += 1
+        if self._strikes >= self.pool.recycle_after and self._proto is not None:
+            self._strikes = 0
+            self.recycled += 1
+            self._log.info(
+                "relay {url}: connection for {who} failed {n} times in a row; reconnecting",
+                url=self.pool.url,
+                who=self.signer.pubkey[:12],
+                n=self.pool.recycle_after,
+            )
+            proto = self._proto
+            proto.recycled = True
+            self._closed(proto, "recycled after repeated failures")  # fail what is pending now, forget it
+            if proto.transport is not None:
+                proto.transport.abortConnection()
 
     async def query(self, filters: list[dict[str, Any]], timeout: float) -> list[Event]:
         """Run a REQ until EOSE and return the stored events it yielded (relay order)."""
@@ -551,6 +592,7 @@ class RelayConnection:
             if self._proto is not None:
                 self._send(["CLOSE", sub_id])
             q.deferred.errback(RelayTimeout("no EOSE from the relay within the timeout"))
+            self._outcome(False)
 
 
 def _endpoint(reactor: Any, host: str, port: int, timeout: float) -> Any:
@@ -583,6 +625,7 @@ class RelayPool:
         backoff_cap: float = 5.0,
         max_message: int = 16 * 1024 * 1024,
         wall_clock: Callable[[], float] | None = None,
+        recycle_after: int = 3,
     ) -> None:
         self.url = url
         self.auth_url = auth_url or url
@@ -594,7 +637,10 @@ class RelayPool:
         self.backoff_cap = backoff_cap
         self.max_message = max_message
         self.clock_now = wall_clock or clock.seconds
+        self.recycle_after = recycle_after  # consecutive failures (timeout, refusal) that drop a connection
         self._conns: dict[str, RelayConnection] = {}
+        # Owner attestations (NIP-OA tags) of managed identities, sent in their AUTH events.
+        self.attestations: dict[str, list[str]] = {}
         self._closing: list[defer.Deferred[None]] = []
 
     def connection(self, signer: nostr.Signer) -> RelayConnection:
@@ -613,6 +659,7 @@ class RelayPool:
 
     def forget(self, pubkey: str) -> None:
         """Close and drop the connection of an identity that no longer exists."""
+        self.attestations.pop(pubkey, None)
         conn = self._conns.pop(pubkey, None)
         if conn is not None:
             self._closing.append(conn.close())

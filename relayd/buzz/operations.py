@@ -68,6 +68,7 @@ class Context:
 
     agent: Agent
     signer: nostr.Signer
+    channels: frozenset[str] = frozenset()  # the credential's channels (scope of agents.update/delete)
 
 
 class Operations:
@@ -106,6 +107,8 @@ class Operations:
                 raise Unauthorized("this identity has no key on this host")
             s = nostr.Signer(self.custody.open(agent.sealed_key, agent.pubkey))
             self._signers[agent.pubkey] = s
+            if agent.attestation:
+                self.pool.attestations[agent.pubkey] = list(agent.attestation)
         return s
 
     def forget(self, pubkey: str) -> None:
@@ -119,14 +122,42 @@ class Operations:
         if pubkey in plan.keys:
             s = nostr.Signer(self.custody.open(bytes.fromhex(plan.keys[pubkey]), pubkey))
             self._signers[pubkey] = s
+            for effect in plan.effects:  # a key minted by agents.create: its owner's attestation too
+                if effect["op"] == "create_agent" and effect["agent"]["pubkey"] == pubkey and effect["agent"].get("attestation"):
+                    self.pool.attestations[pubkey] = list(effect["agent"]["attestation"])
             return s
         agent = await self.agents.agent(pubkey)
         if agent is None:
             raise ActionFailed("signing identity no longer exists")
         return self.signer_for(agent)
 
+    async def superseded(self, plan: Plan) -> str | None:
+        """Why resending a stored plan would overwrite newer state (C{None}: it would not).
+
+        A plan waits while its request is C{indeterminate}; by the retry the agent it changes may
+        have been updated (a newer record) or deleted, or one of its signers may be gone.
+        """
+        for effect in plan.effects:
+            op = effect["op"]
+            pubkey = effect["agent"]["pubkey"] if op == "create_agent" else effect["pubkey"]
+            agent = await self.agents.agent(pubkey)
+            if op == "update_agent":
+                if agent is None or agent.deleted:
+                    return "the agent was deleted after this request was planned"
+                if agent.record_created_at > effect["record_created_at"]:
+                    return "the agent was changed by a later request"
+            elif op == "create_agent" and agent is not None and agent.deleted:
+                return "the agent was deleted after this request was planned"
+        for item in plan.events:
+            if item["by"] in plan.keys:
+                continue
+            agent = await self.agents.agent(item["by"])
+            if agent is None or agent.deleted or agent.sealed_key is None:
+                return "a signing identity was deleted after this request was planned"
+        return None
+
     async def _sign(
-        self, signer: nostr.Signer, kind: int, tags: list[list[str]], content: str, after: int = -1
+        self, signer: nostr.Signer, kind: int, tags: list[list[str]], content: str, after: int = -1, strict: bool = False
     ) -> Event:
         """Sign a new event of C{signer} at a C{created_at} its clock hands out (after C{after}).
 
@@ -135,7 +166,7 @@ class Operations:
         moves such an event to a later second (L{IAgentStore.stamp}).
         """
         digest = hashlib.sha256(nostr.serialize_for_id("", 0, kind, tags, content)).digest()[:STAMP_DIGEST_BYTES]
-        created_at = await self.agents.stamp(signer.pubkey, digest, int(self.now()), after)
+        created_at = await self.agents.stamp(signer.pubkey, digest, int(self.now()), after, strict)
         return signer.sign(kind, tags, content, created_at)
 
     async def _query(self, ctx: Context, filters: list[dict[str, Any]]) -> list[Event]:
@@ -314,7 +345,8 @@ class Operations:
 
     def _check_runtime(self, args: dict[str, Any]) -> None:
         if "runtime" in args and args["runtime"] not in self.runtimes:
-            raise ActionFailed(f"runtime {args['runtime']!r} is not available on this host")
+            # Never the value itself: errors hold no request contents (docs/broker.md).
+            raise ActionFailed("the requested runtime is not available on this host")
 
     async def _instance_event(
         self, owner: nostr.Signer, agent_pubkey: str, name: str, channel: str | None, settings: dict[str, Any], after: int = -1
@@ -326,13 +358,17 @@ class Operations:
         tags = [["d", agent_pubkey], ["p", agent_pubkey]]
         if channel:
             tags.append(["h", channel])
-        return await self._sign(owner, nostr.KIND_MANAGED_AGENT, tags, _json(public), after)
+        # strict: a later record always has a later created_at, so "newer" is decidable (superseded()).
+        return await self._sign(owner, nostr.KIND_MANAGED_AGENT, tags, _json(public), after, strict=True)
 
     async def _agents_create(self, ctx: Context, args: dict[str, Any]) -> Plan:
         self._check_runtime(args)
         secret = nostr.generate_secret()
         agent = nostr.Signer(secret)
         sealed = self.custody.seal(secret, agent.pubkey).hex()
+        # The owner (the requester) attests the new key, so relays that admit agents through their
+        # owners (NIP-OA) let it in; it is sent in the agent's NIP-42 AUTH events.
+        attestation = nostr.owner_attestation(ctx.signer, agent.pubkey)
         name = args["displayName"]
         settings = {k: args[k] for k in ("systemPrompt", "runtime", "provider", "model", "respondTo") if k in args}
         settings.setdefault("respondTo", "owner-only")
@@ -354,6 +390,7 @@ class Operations:
                         "channel": args["channelId"],
                         "settings": settings,
                         "record_created_at": record["created_at"],
+                        "attestation": attestation,
                     },
                 }
             ],
@@ -361,20 +398,28 @@ class Operations:
         )
 
     async def _target(self, ctx: Context, target: dict[str, str]) -> Agent:
+        """The requester's managed agent named by C{target}, within the credential's channels.
+
+        A managed agent belongs to the channel it was created in: a credential manages it only
+        when that channel is among its own, as for every other channel-scoped action.
+        """
         if "pubkey" in target:
             agent = await self.agents.agent(target["pubkey"])
             if agent is None or agent.deleted or not agent.managed:
                 raise ActionFailed("no such managed agent")
             if agent.owner != ctx.agent.pubkey:
                 raise Unauthorized("this agent is not owned by the requester")
-            return agent
-        found = await self.agents.agents_named(ctx.agent.pubkey, target["name"])
-        found = [a for a in found if a.managed]
-        if not found:
-            raise ActionFailed("no managed agent of the requester has that name")
-        if len(found) > 1:
-            raise ActionFailed("more than one managed agent of the requester has that name")
-        return found[0]
+        else:
+            found = await self.agents.agents_named(ctx.agent.pubkey, target["name"])
+            found = [a for a in found if a.managed]
+            if not found:
+                raise ActionFailed("no managed agent of the requester has that name")
+            if len(found) > 1:
+                raise ActionFailed("more than one managed agent of the requester has that name")
+            agent = found[0]
+        if agent.channel not in ctx.channels:
+            raise Unauthorized("this session may not manage agents of that agent's channel")
+        return agent
 
     async def _agents_update(self, ctx: Context, args: dict[str, Any]) -> Plan:
         agent = await self._target(ctx, args["target"])
@@ -424,9 +469,12 @@ class Operations:
 
     async def _agents_delete(self, ctx: Context, args: dict[str, Any]) -> Plan:
         agent = await self._target(ctx, args["target"])
+        # Its own managed agents would be left with no owner able to manage them: delete those first.
+        if await self.agents.children(agent.pubkey):
+            raise ActionFailed("this agent owns managed agents; delete them first")
         owner = ctx.signer
         tags = [["a", f"{nostr.KIND_MANAGED_AGENT}:{owner.pubkey}:{agent.pubkey}"], ["k", str(nostr.KIND_MANAGED_AGENT)]]
-        ev = await self._sign(owner, nostr.KIND_DELETION, tags, "", agent.record_created_at)
+        ev = await self._sign(owner, nostr.KIND_DELETION, tags, "", agent.record_created_at, strict=True)
         return Plan(
             "agents.delete",
             {"agentPubkey": agent.pubkey, "displayName": agent.name},

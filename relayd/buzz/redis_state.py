@@ -34,7 +34,15 @@ from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from relayd.buzz.state import BUSY, CONFLICT, NEW, Claim, IReceiptStore, Receipt
+from relayd.buzz.state import (
+    BUSY,
+    CONFLICT,
+    NEW,
+    Claim,
+    IReceiptStore,
+    Receipt,
+    is_read_page,
+)
 from relayd.clock import Clock
 from relayd.redis import Redis, RedisBus
 
@@ -76,8 +84,13 @@ if r[1] == 'done' then
   if redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end
   return r[2]
 end
-redis.call('HSET', KEYS[1], 'd', ARGV[1], 's', 'done', 'v', ARGV[2])
-redis.call('HDEL', KEYS[1], 'p')
+if ARGV[5] == '1' then
+  redis.call('HSET', KEYS[1], 'd', ARGV[1], 's', 'spent')
+  redis.call('HDEL', KEYS[1], 'p', 'v')
+else
+  redis.call('HSET', KEYS[1], 'd', ARGV[1], 's', 'done', 'v', ARGV[2])
+  redis.call('HDEL', KEYS[1], 'p')
+end
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 if redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end
 redis.call('PUBLISH', KEYS[3], KEYS[1])
@@ -115,9 +128,11 @@ class RedisReceipts:
         prefix: str = "relayd:",
         lease: float = 65.0,
         bus: RedisBus | None = None,
+        retention: int = RETENTION,
     ) -> None:
         self.redis = redis
         self.clock = clock
+        self.retention = max(1, int(retention))
         self.apply_effects = apply_effects
         self.prefix = prefix.encode("utf-8")
         self.lease_ms = max(1, int(lease * 1000))
@@ -158,7 +173,7 @@ class RedisReceipts:
     def claim(self, principal: str, request_id: str, digest: bytes) -> "defer.Deferred[Claim]":
         rkey, lkey = self._keys(principal, request_id)
         token = self._token(principal, request_id)
-        args = [digest, token, self.lease_ms, self.instance, RETENTION]
+        args = [digest, token, self.lease_ms, self.instance, self.retention]
 
         def build(r: list[Any]) -> Claim:
             status = r[0].decode("ascii")
@@ -197,7 +212,7 @@ class RedisReceipts:
     def store_plan(self, principal: str, request_id: str, digest: bytes, plan: bytes) -> "defer.Deferred[None]":
         rkey, lkey = self._keys(principal, request_id)
         token = self._tokens.get((principal, request_id), b"")
-        return self.redis.eval(STORE, _STORE_PLAN, [rkey, lkey], [digest, plan, token, RETENTION]).addCallback(
+        return self.redis.eval(STORE, _STORE_PLAN, [rkey, lkey], [digest, plan, token, self.retention]).addCallback(
             lambda _: None
         )
 
@@ -214,7 +229,10 @@ class RedisReceipts:
         rkey, lkey = self._keys(principal, request_id)
         token = self._tokens.get((principal, request_id), b"")
         stored = await self.redis.eval(
-            STORE, _COMPLETE, [rkey, lkey, self.channel], [digest, response, token, RETENTION]
+            STORE,
+            _COMPLETE,
+            [rkey, lkey, self.channel],
+            [digest, response, token, self.retention, b"1" if is_read_page(response) else b"0"],
         )
         self._tokens.pop((principal, request_id), None)
         return bytes(stored)

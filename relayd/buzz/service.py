@@ -7,6 +7,7 @@ import sqlite3
 import time
 from typing import Any, Callable
 
+from twisted.application.internet import TimerService
 from twisted.application.service import IService, Service
 from twisted.internet import defer
 from twisted.internet.interfaces import IListeningPort
@@ -19,7 +20,7 @@ from relayd.buzz.http import body_limit, make_root
 from relayd.buzz.keys import Custody, KEKError, load_kek
 from relayd.buzz.nostr_client import RelayPool
 from relayd.buzz.operations import Operations
-from relayd.buzz.state import IReceiptStore, SQLiteState, StateDB
+from relayd.buzz.state import RECEIPT_RETENTION, IReceiptStore, SQLiteState, StateDB
 from relayd.clock import Clock
 from relayd.config import ConfigError, Resolved, is_loopback_endpoint, is_tls_endpoint
 from relayd.redis import Redis, redis_for
@@ -27,11 +28,48 @@ from relayd.web.service import DEFAULT_GRACE, HTTPWingService
 from relayd.web.site import RelaySite
 
 _log = Logger(namespace="relayd.buzz")
+PRUNE_INTERVAL = 60.0  # seconds between receipt sweeps
+
+
+def inherited_socket_is_local(description: str) -> bool:
+    """Whether a C{systemd:} listener's inherited socket is a Unix socket or bound to loopback.
+
+    The description says nothing about the address: the socket unit does (C{ListenStream=8080} is
+    every interface), so the inherited descriptor itself is asked.
+    """
+    import ipaddress
+    import socket
+
+    from twisted.internet import endpoints, reactor
+
+    try:
+        fd = endpoints.serverFromString(reactor, description).fileno
+        sock = socket.socket(fileno=os.dup(fd))
+    except (IndexError, ValueError, KeyError, TypeError, AttributeError, OSError):
+        return False  # no such inherited socket: refused here rather than at listen time
+    try:
+        if sock.family == socket.AF_UNIX:
+            return True
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return False
+        host = sock.getsockname()[0]
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except (OSError, ValueError):
+        return False
+    finally:
+        sock.close()
 
 
 def check_listeners(listen: list[str]) -> None:
     """Refuse a non-loopback plain-TCP listener: the credential is the agent's whole authority."""
     for description in listen:
+        if description.split(":", 1)[0] == "systemd":
+            if not inherited_socket_is_local(description):
+                raise ConfigError(
+                    f"--broker-listen: {description!r}: the inherited socket is not bound to loopback "
+                    "(or is missing); the broker serves bearer credentials only over loopback or TLS"
+                )
+            continue
         if not is_loopback_endpoint(description) and not is_tls_endpoint(description):
             raise ConfigError(
                 f"--broker-listen: {description!r} is neither loopback nor TLS; the broker serves "
@@ -74,6 +112,7 @@ def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | N
         max_body=settings["broker-max-body"],
         runtimes=settings["broker-runtimes"],
         reactions_enabled=not settings["broker-disable-reactions"],
+        receipt_retention=settings["broker-receipt-retention"],
         # The shared plumbing's --redis (RELAYD_REDIS): receipts and pending events go to Redis,
         # on the process's one client (shared with the other wings, closed by the process).
         redis=redis_for(settings, clock),
@@ -106,8 +145,11 @@ class BrokerService(HTTPWingService):
         redis: Redis | None = None,
         redis_url: str | None = None,
         redis_prefix: str = "relayd:",
+        receipt_retention: int = RECEIPT_RETENTION,
     ) -> None:
         self.reactor = reactor
+        self.receipt_retention = receipt_retention
+        self.now = now
         self.db = db
         self.custody = Custody(kek)
         self.state = SQLiteState(db, reactor)
@@ -137,7 +179,8 @@ class BrokerService(HTTPWingService):
             # The lease outlasts the longest execution: a few queries and two publishes, each
             # bounded by the action timeout.
             self.redis_receipts = receipts = RedisReceipts(
-                self.redis, clock, self.state.apply_effects, prefix=redis_prefix, lease=6 * timeout + 5
+                self.redis, clock, self.state.apply_effects, prefix=redis_prefix, lease=6 * timeout + 5,
+                retention=receipt_retention,
             )
         self.host = BrokerHost(self.state, self.state, receipts, self.ops, max_agent_depth=max_agent_depth)
         site = RelaySite(make_root(self.host), body_limit=body_limit(max_body))
@@ -147,6 +190,20 @@ class BrokerService(HTTPWingService):
         self.watching = metrics.Watching().add(metrics.nostr_connections, self.pool.states)
         self.watching.setServiceParent(self)
         _Closing(self._close).setServiceParent(self)
+        # Receipts older than the retention go (SQLite; Redis expires its own): a sweep a minute,
+        # on the worker thread, so the state directory holds at most one retention's worth.
+        # Added after _Closing, so it is stopped (and its sweep awaited) before the state closes.
+        pruning = TimerService(PRUNE_INTERVAL, self._prune)
+        pruning.clock = reactor
+        pruning.setServiceParent(self)
+
+    def _prune(self) -> "defer.Deferred[None]":
+        d = self.state.prune(int(self.now()), self.receipt_retention)
+
+        def failed(f: Any) -> None:
+            _log.warn("broker receipt sweep failed: {why}", why=f.getErrorMessage())
+
+        return d.addCallbacks(lambda n: None, failed)
 
     def _announce(self, ports: list[IListeningPort]) -> None:
         super()._announce(ports)

@@ -59,12 +59,47 @@ CREATE TABLE IF NOT EXISTS receipts (
     created_at INTEGER NOT NULL,
     PRIMARY KEY (principal, request_id)
 );
+CREATE INDEX IF NOT EXISTS receipts_created ON receipts(created_at);
 CREATE TABLE IF NOT EXISTS clocks (
     pubkey TEXT PRIMARY KEY,
     second INTEGER NOT NULL,
     digests BLOB NOT NULL
 );
 """
+WAL_LIMIT = 4 * 1024 * 1024  # bytes of WAL before a checkpoint truncates it
+RECEIPT_RETENTION = 30 * 24 * 3600  # seconds a receipt is kept (the Redis store's expiry too)
+_READ_PAGE = b'"status":"succeeded","action":"channel.read"'
+_READ_PAGE_WITHIN = 200 + 2 * 128  # the envelope's first members, a requestId of 128 escaped characters included
+
+
+def is_read_page(response: bytes) -> bool:
+    """Whether a verdict is a C{channel.read} page (its envelope members come before any message).
+
+    A page is never stored: its receipt keeps the digest only (state C{spent}), so the same
+    requestId with other bytes is still a conflict, while the same bytes read again (a read
+    changes nothing). Message contents, deleted on the relay or not, never reach the disk.
+    """
+    return response.find(_READ_PAGE, 0, _READ_PAGE_WITHIN) >= 0
+
+
+# Columns added after the first schema: (table, column, definition), added when missing.
+_COLUMNS = (
+    ("agents", "attestation", "TEXT"),  # the owner's NIP-OA tag (JSON) for a managed agent
+    ("credentials", "expires_at", "INTEGER"),  # unix time after which the credential is refused
+)
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    for table, column, definition in _COLUMNS:
+        have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in have:
+            try:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+            except sqlite3.OperationalError as e:  # another process added it first
+                if "duplicate column" not in str(e):
+                    raise
+
+
 # Distinct events one identity may be given in one second before its clock moves on to the next.
 STAMPS_PER_SECOND = 1024
 STAMP_DIGEST_BYTES = 16
@@ -80,6 +115,11 @@ class Credential:
     actions: frozenset[str]
     created_at: int
     revoked: bool
+    expires_at: int | None = None  # unix time; refused from that second on (relayd-admin broker issue --expires)
+
+    def expired(self, now: float) -> bool:
+        """Whether the credential has expired at C{now}."""
+        return self.expires_at is not None and now >= self.expires_at
 
 
 @dataclass(frozen=True)
@@ -96,12 +136,14 @@ class Agent:
     settings: dict[str, Any]
     record_created_at: int
     deleted: bool
+    attestation: tuple[str, ...] | None = None  # NIP-OA ["auth", owner, conditions, sig]
 
 
 @dataclass(frozen=True)
 class Receipt:
-    """An idempotency record: C{done} with its verdict bytes, C{pending} with its stored plan, or
-    (Redis only) C{claimed} while an instance executes it and nothing is stored yet."""
+    """An idempotency record: C{done} with its verdict bytes, C{pending} with its stored plan,
+    C{spent} (a read: the digest only, see L{is_read_page}), or (Redis only) C{claimed} while an
+    instance executes it and nothing is stored yet."""
 
     digest: bytes
     state: str
@@ -143,19 +185,24 @@ class IAgentStore(Interface):
     def agents_named(owner: str, name: str) -> "defer.Deferred[list[Agent]]":
         """Live agents of C{owner} called C{name}."""
 
+    def children(owner: str) -> "defer.Deferred[int]":
+        """How many live managed agents C{owner} owns."""
+
     def apply_effects(effects: list[dict[str, Any]]) -> "defer.Deferred[None]":
         """Apply an execution's local effects (agents created, updated, deleted) in one transaction.
 
         Idempotent: a retry that resumes a plan may apply the same effects again.
         """
 
-    def stamp(pubkey: str, digest: bytes, now: int, after: int) -> "defer.Deferred[int]":
+    def stamp(pubkey: str, digest: bytes, now: int, after: int, strict: bool) -> "defer.Deferred[int]":
         """The C{created_at} for a new event of identity C{pubkey}, durably handed out once.
 
         C{digest} (L{STAMP_DIGEST_BYTES} bytes) identifies the event's kind, tags and content. The answer is at
         least C{now}, more than C{after}, never below one handed out before for this identity, and
         never the second of an earlier event with the same digest: two events of one identity
-        never share an id, even across restarts and processes sharing the state.
+        never share an id, even across restarts and processes sharing the state. With C{strict},
+        the answer is also later than every second handed out before for this identity (an
+        agent record: so records of one owner are totally ordered by C{created_at}).
         """
 
 
@@ -195,16 +242,27 @@ class StateDB:
 
     def __init__(self, path: str, busy_timeout_ms: int = 5000) -> None:
         self.path = path
+        self.now: Callable[[], float] = time.time  # stamps receipts (the retention counts from it)
+        # Created 0600 before SQLite opens it: SQLite gives the -wal and -shm files the database
+        # file's mode, so they are never readable by others, not even on first start.
+        try:
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        except OSError:
+            pass
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.conn.execute("PRAGMA busy_timeout=5000")  # the schema step may meet another process
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
+        # Deleted content (a destroyed sealed key, an expired receipt) is overwritten, not left in free space.
+        self.conn.execute("PRAGMA secure_delete=ON")
         self.conn.executescript(_SCHEMA)
+        _migrate(self.conn)
         self.conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
-        try:
-            os.chmod(path, 0o600)
-        except OSError:
-            pass
+        for name in (path, path + "-wal", path + "-shm"):  # files from before this rule
+            try:
+                os.chmod(name, 0o600)
+            except OSError:
+                pass
 
     @classmethod
     def in_dir(cls, state_dir: str) -> "StateDB":
@@ -230,32 +288,67 @@ class StateDB:
         return int(self.conn.execute("PRAGMA data_version").fetchone()[0])
 
     def checkpoint(self) -> None:
-        """Copy committed WAL pages into the database without waiting for readers or writers."""
+        """Copy committed WAL pages into the database without waiting for readers or writers.
+
+        Under steady writes a passive checkpoint never catches up with the frames appended while
+        it runs, so the WAL is never restarted and grows without end: once it is larger than
+        L{WAL_LIMIT}, the checkpoint waits for the writers (they queue meanwhile) and truncates it.
+        """
         self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        try:
+            size = os.path.getsize(self.path + "-wal")
+        except OSError:
+            return
+        if size > WAL_LIMIT:
+            self.scrub_wal()
+
+    def scrub_wal(self) -> None:
+        """Checkpoint and truncate the WAL, so older page images (a destroyed key's) leave the disk.
+
+        Best effort: with a reader in the way the WAL is not truncated now, and the next
+        destruction tries again.
+        """
+        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
     # credentials
 
-    def add_credential(self, hash: str, agent_pubkey: str, channels: Iterable[str], actions: Iterable[str]) -> str:
+    def add_credential(
+        self,
+        hash: str,
+        agent_pubkey: str,
+        channels: Iterable[str],
+        actions: Iterable[str],
+        expires_at: int | None = None,
+    ) -> str:
         cid = hash[:16]
         self._tx(
             lambda c: c.execute(
-                "INSERT INTO credentials (hash, id, agent_pubkey, channels, actions, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (hash, cid, agent_pubkey, json.dumps(sorted(channels)), json.dumps(sorted(actions)), int(time.time())),
+                "INSERT INTO credentials (hash, id, agent_pubkey, channels, actions, created_at, expires_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    hash,
+                    cid,
+                    agent_pubkey,
+                    json.dumps(sorted(channels)),
+                    json.dumps(sorted(actions)),
+                    int(time.time()),
+                    expires_at,
+                ),
             )
         )
         return cid
 
     def credential(self, hash: str) -> Credential | None:
         row = self.conn.execute(
-            "SELECT id, agent_pubkey, channels, actions, created_at, revoked_at FROM credentials WHERE hash = ?",
+            "SELECT id, agent_pubkey, channels, actions, created_at, revoked_at, expires_at FROM credentials WHERE hash = ?",
             (hash,),
         ).fetchone()
         return _credential(row) if row else None
 
     def credentials(self) -> list[Credential]:
         rows = self.conn.execute(
-            "SELECT id, agent_pubkey, channels, actions, created_at, revoked_at FROM credentials ORDER BY created_at, id"
+            "SELECT id, agent_pubkey, channels, actions, created_at, revoked_at, expires_at FROM credentials"
+            " ORDER BY created_at, id"
         ).fetchall()
         return [_credential(r) for r in rows]
 
@@ -288,6 +381,12 @@ class StateDB:
             ).fetchall()
         return [_agent(r) for r in rows]
 
+    def children(self, owner: str) -> int:
+        row = self.conn.execute(
+            "SELECT COUNT(*) FROM agents WHERE owner = ? AND managed = 1 AND deleted_at IS NULL", (owner,)
+        ).fetchone()
+        return int(row[0])
+
     def agents(self) -> list[Agent]:
         return [_agent(r) for r in self.conn.execute(_AGENT_SELECT + " ORDER BY created_at").fetchall()]
 
@@ -305,25 +404,33 @@ class StateDB:
             lambda c: c.execute(
                 "INSERT INTO receipts (principal, request_id, digest, state, plan, created_at)"
                 " VALUES (?, ?, ?, 'pending', ?, ?)",
-                (principal, request_id, digest, plan, int(time.time())),
+                (principal, request_id, digest, plan, int(self.now())),
             )
         )
 
     def complete(
         self, principal: str, request_id: str, digest: bytes, response: bytes, effects: list[dict[str, Any]]
     ) -> bytes:
+        spent = is_read_page(response)
+
         def tx(c: sqlite3.Connection) -> None:
             for effect in effects:
                 _apply_effect(c, effect)
             c.execute(
                 "INSERT INTO receipts (principal, request_id, digest, state, response, created_at)"
-                " VALUES (?, ?, ?, 'done', ?, ?) ON CONFLICT (principal, request_id) DO UPDATE SET"
-                " state = 'done', response = excluded.response, plan = NULL",
-                (principal, request_id, digest, response, int(time.time())),
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (principal, request_id) DO UPDATE SET"
+                " state = excluded.state, response = excluded.response, plan = NULL",
+                (principal, request_id, digest, "spent" if spent else "done", None if spent else response, int(self.now())),
             )
 
         self._tx(tx)
+        if _destroys_keys(effects):
+            self.scrub_wal()
         return response
+
+    def prune(self, now: int, retention: int = RECEIPT_RETENTION) -> int:
+        """Delete receipts (verdicts and pending plans) older than C{retention} seconds; how many went."""
+        return self._tx(lambda c: c.execute("DELETE FROM receipts WHERE created_at < ?", (now - retention,)).rowcount)
 
     def apply_effects(self, effects: list[dict[str, Any]]) -> None:
         def tx(c: sqlite3.Connection) -> None:
@@ -331,10 +438,12 @@ class StateDB:
                 _apply_effect(c, effect)
 
         self._tx(tx)
+        if _destroys_keys(effects):
+            self.scrub_wal()
 
     # event clocks
 
-    def stamp(self, pubkey: str, digest: bytes, now: int, after: int = -1) -> int:
+    def stamp(self, pubkey: str, digest: bytes, now: int, after: int = -1, strict: bool = False) -> int:
         """See L{IAgentStore.stamp}. One write transaction, so processes sharing the file agree.
 
         Per identity the row keeps the latest second handed out and the digests given in it:
@@ -345,7 +454,7 @@ class StateDB:
         def tx(c: sqlite3.Connection) -> int:
             row = c.execute("SELECT second, digests FROM clocks WHERE pubkey = ?", (pubkey,)).fetchone()
             second, used = (int(row[0]), bytes(row[1])) if row else (-1, b"")
-            at = max(now, after + 1, second)
+            at = max(now, after + 1, second + 1 if strict else second)
             if at != second:
                 used = b""
             elif _holds(used, digest) or len(used) >= STAMPS_PER_SECOND * STAMP_DIGEST_BYTES:
@@ -361,9 +470,14 @@ class StateDB:
 
 
 _AGENT_SELECT = (
-    "SELECT pubkey, name, sealed_key, owner, managed, depth, channel, settings, record_created_at, deleted_at"
+    "SELECT pubkey, name, sealed_key, owner, managed, depth, channel, settings, record_created_at, deleted_at,"
+    " attestation"
     " FROM agents"
 )
+
+
+def _destroys_keys(effects: list[dict[str, Any]]) -> bool:
+    return any(e["op"] == "delete_agent" for e in effects)
 
 
 def _holds(used: bytes, digest: bytes) -> bool:
@@ -382,6 +496,7 @@ def _credential(row: Any) -> Credential:
         actions=frozenset(json.loads(row[3])),
         created_at=row[4],
         revoked=row[5] is not None,
+        expires_at=row[6],
     )
 
 
@@ -397,6 +512,7 @@ def _agent(row: Any) -> Agent:
         settings=json.loads(row[7]),
         record_created_at=row[8],
         deleted=row[9] is not None,
+        attestation=tuple(json.loads(row[10])) if row[10] else None,
     )
 
 
@@ -425,32 +541,47 @@ def _put_agent(c: sqlite3.Connection, a: Agent) -> None:
 
 def _apply_effect(c: sqlite3.Connection, effect: dict[str, Any]) -> None:
     op = effect["op"]
+    # Effects are applied again when a plan is resumed and may arrive after newer ones: each is
+    # written so that it never rolls newer state back (a created agent is never re-created over
+    # itself or revived once deleted; an update lands only on a live agent whose record is not newer).
     if op == "create_agent":
         a = effect["agent"]
-        _put_agent(
-            c,
-            Agent(
-                pubkey=a["pubkey"],
-                name=a["name"],
-                sealed_key=bytes.fromhex(a["sealed_key"]),
-                owner=a["owner"],
-                managed=True,
-                depth=a["depth"],
-                channel=a["channel"],
-                settings=a["settings"],
-                record_created_at=a["record_created_at"],
-                deleted=False,
+        c.execute(
+            "INSERT INTO agents (pubkey, name, sealed_key, owner, managed, depth, channel, settings,"
+            " record_created_at, created_at, attestation) VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (pubkey) DO NOTHING",
+            (
+                a["pubkey"],
+                a["name"],
+                bytes.fromhex(a["sealed_key"]),
+                a["owner"],
+                a["depth"],
+                a["channel"],
+                json.dumps(a["settings"], sort_keys=True),
+                a["record_created_at"],
+                int(time.time()),
+                json.dumps(a["attestation"]) if a.get("attestation") else None,
             ),
         )
     elif op == "update_agent":
         c.execute(
-            "UPDATE agents SET name = ?, settings = ?, record_created_at = ? WHERE pubkey = ?",
-            (effect["name"], json.dumps(effect["settings"], sort_keys=True), effect["record_created_at"], effect["pubkey"]),
+            "UPDATE agents SET name = ?, settings = ?, record_created_at = ?"
+            " WHERE pubkey = ? AND deleted_at IS NULL AND record_created_at <= ?",
+            (
+                effect["name"],
+                json.dumps(effect["settings"], sort_keys=True),
+                effect["record_created_at"],
+                effect["pubkey"],
+                effect["record_created_at"],
+            ),
         )
     elif op == "delete_agent":
         # Destroy the key; credentials bound to the agent stop working.
         now = int(time.time())
-        c.execute("UPDATE agents SET sealed_key = NULL, deleted_at = ? WHERE pubkey = ?", (now, effect["pubkey"]))
+        c.execute(
+            "UPDATE agents SET sealed_key = NULL, deleted_at = ? WHERE pubkey = ? AND deleted_at IS NULL",
+            (now, effect["pubkey"]),
+        )
         c.execute(
             "UPDATE credentials SET revoked_at = ? WHERE agent_pubkey = ? AND revoked_at IS NULL",
             (now, effect["pubkey"]),
@@ -507,6 +638,7 @@ class SQLiteState:
         """The worker thread's own connection (opened there, on first use)."""
         if self._worker_db is None:
             self._worker_db = StateDB(self.db.path)
+            self._worker_db.now = self.db.now
             self._worker_db.conn.execute("PRAGMA wal_autocheckpoint=0")
         return self._worker_db
 
@@ -611,11 +743,16 @@ class SQLiteState:
     def agents_named(self, owner: str, name: str) -> "defer.Deferred[list[Agent]]":
         return defer.maybeDeferred(self.db.agents_named, owner, name)
 
+    def children(self, owner: str) -> "defer.Deferred[int]":
+        return defer.maybeDeferred(self.db.children, owner)
+
     def apply_effects(self, effects: list[dict[str, Any]]) -> "defer.Deferred[None]":
         return self._write("apply_effects", effects).addBoth(self._after_effects)
 
-    def stamp(self, pubkey: str, digest: bytes, now: int, after: int = -1) -> "defer.Deferred[int]":
-        return self._write("stamp", pubkey, digest, now, after)
+    def stamp(
+        self, pubkey: str, digest: bytes, now: int, after: int = -1, strict: bool = False
+    ) -> "defer.Deferred[int]":
+        return self._write("stamp", pubkey, digest, now, after, strict)
 
     def _after_effects(self, result: Any) -> Any:
         self._forget()
@@ -637,6 +774,8 @@ class SQLiteState:
             return defer.succeed(CONFLICT)
         if r.state == "done" and r.response is not None:
             return defer.succeed(Claim("done", response=bytes(r.response)))
+        if r.state == "spent":
+            return defer.succeed(NEW)  # a read whose page was not kept: read again
         return defer.succeed(Claim("resume", plan=bytes(r.plan) if r.plan is not None else b"{}"))
 
     def wait(self, principal: str, request_id: str, timeout: float) -> "defer.Deferred[None]":
@@ -647,6 +786,10 @@ class SQLiteState:
 
     def store_plan(self, principal: str, request_id: str, digest: bytes, plan: bytes) -> "defer.Deferred[None]":
         return self._write("store_plan", principal, request_id, digest, plan)
+
+    def prune(self, now: int, retention: int = RECEIPT_RETENTION) -> "defer.Deferred[int]":
+        """L{StateDB.prune} on the worker thread (a large delete must not stall the reactor)."""
+        return self._on_worker(lambda: self._worker().prune(now, retention))
 
     def complete(
         self, principal: str, request_id: str, digest: bytes, response: bytes, effects: list[dict[str, Any]]

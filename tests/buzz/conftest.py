@@ -48,7 +48,7 @@ verification:
   nip05_verification: disabled
 authentication:
   enabled: true
-  authenticator_class: tests.buzz.relay_auth.RequireAuth
+  authenticator_class: {authenticator}
   relay_urls:
     - {url}
   actions:
@@ -73,8 +73,10 @@ logging:
 class NostrRelay:
     """A nostr-relay subprocess serving C{url}; stop/start keep the same port and database."""
 
-    def __init__(self, workdir: str) -> None:
+    def __init__(self, workdir: str, authenticator: str = "tests.buzz.relay_auth.RequireAuth") -> None:
         self.workdir = workdir
+        self.authenticator = authenticator
+        self.members_file = os.path.join(workdir, "members")  # for RequireMembership
         self.db = os.path.join(workdir, "relay.sqlite3")
         self.proc: subprocess.Popen[bytes] | None = None
         self.sock: socket.socket | None = None
@@ -98,8 +100,9 @@ class NostrRelay:
         self.sock = self._listen()
         conf = os.path.join(self.workdir, "relay.yaml")
         with open(conf, "w") as f:
-            f.write(_CONFIG.format(db=self.db, url=self.url))
+            f.write(_CONFIG.format(db=self.db, url=self.url, authenticator=self.authenticator))
         env = dict(os.environ)
+        env["RELAYD_TEST_MEMBERS"] = self.members_file
         env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
@@ -168,6 +171,21 @@ def nostr_relay() -> Iterator[NostrRelay]:
 def private_relay() -> Iterator[NostrRelay]:
     """A relay of the test's own (for tests that stop and restart it)."""
     yield from _running_relay()
+
+
+@pytest.fixture
+def members_relay_for_class(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A relay of the class's test that admits members and identities their owners attest (NIP-OA)."""
+    require_module("nostr_relay", "needs a real Nostr relay")
+    with tempfile.TemporaryDirectory(prefix="relayd-nostr-") as d:
+        relay = NostrRelay(d, authenticator="tests.buzz.relay_auth.RequireMembership")
+        open(relay.members_file, "w").close()
+        relay.start()
+        request.cls.relay = relay
+        try:
+            yield
+        finally:
+            relay.stop()
 
 
 @pytest.fixture

@@ -43,9 +43,12 @@ def new_channel() -> str:
 class BrokerUnderTest:
     """A BrokerService on 127.0.0.1:0 with its own state dir and KEK file."""
 
-    def __init__(self, state_dir: str, relay_url: str, *, timeout: float = 10.0, **kw: Any) -> None:
+    def __init__(
+        self, state_dir: str, relay_url: str, *, timeout: float = 10.0, auth_url: str | None = None, **kw: Any
+    ) -> None:
         self.state_dir = state_dir
         self.relay_url = relay_url
+        self.auth_url = auth_url  # the relay URL signed into NIP-42 AUTH (the real relay's behind a proxy)
         self.timeout = timeout
         self.kw = kw
         os.makedirs(state_dir, exist_ok=True)
@@ -63,7 +66,7 @@ class BrokerUnderTest:
         self.service = BrokerService(
             listen=["tcp:0:interface=127.0.0.1"],
             relay_url=self.relay_url,
-            auth_url=None,
+            auth_url=self.auth_url,
             db=StateDB.in_dir(self.state_dir),
             kek=kek,
             reactor=reactor,

@@ -48,8 +48,8 @@ class HostTests(unittest.TestCase):
     async def test_page_through_250_messages_sharing_one_second(self) -> None:
         await self.broker.stop()
         fixed = int(time.time()) - 5
-        await self._start(now=lambda: fixed + (0 if len(posted) < 180 else 1))
         posted: list[str] = []
+        await self._start(now=lambda: fixed + (0 if len(posted) < 180 else 1))
         for i in range(250):
             out = ok(await self.broker.call(self.cred, "message.post", {"channelId": self.channel, "content": f"m{i}"}))
             posted.append(out["eventId"])
@@ -167,18 +167,19 @@ class HostTests(unittest.TestCase):
 
     async def test_validation_codes_are_correlated_verdicts(self) -> None:
         base = json.loads(body("message.post", {"channelId": self.channel, "content": "x"}, "req-v"))
-        for mutate, code in (
+        for i, (mutate, code) in enumerate((
             (lambda t: t.update(protocolVersion=2), "unsupported_protocol_version"),
             (lambda t: t.update(action="sign"), "unknown_action"),
             (lambda t: t.update(actionVersion=2), "unsupported_action_version"),
             (lambda t: t["args"].update(secretKey="x"), "invalid_request"),
             (lambda t: t["args"].update(mentions=None), "invalid_request"),
-        ):
+        )):
             tree = json.loads(json.dumps(base))
             mutate(tree)
+            tree["requestId"] = f"req-v{i}"  # each verdict is recorded: one requestId per bytes
             status, data = await self.broker.post(json.dumps(tree).encode(), self.cred)
             resp = contract.parse_response(data)
-            assert status == 200 and resp.request_id == "req-v" and resp.code == code and resp.status == "failed"
+            assert status == 200 and resp.request_id == f"req-v{i}" and resp.code == code and resp.status == "failed"
 
     async def test_oversize_body_is_413(self) -> None:
         await self.broker.stop()

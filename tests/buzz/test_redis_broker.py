@@ -185,3 +185,49 @@ class Wiring(unittest.TestCase):
         assert isinstance(receipts, RedisReceipts) and receipts.prefix == b"wiring:"
         await svc.state.close()  # type: ignore[attr-defined]
         await svc.redis.close()  # type: ignore[attr-defined]  # the process's shared client
+
+
+@pytest.mark.usefixtures("relay_for_class")
+class RedisReceiptRetention(unittest.TestCase):
+    """Defect 4 with Redis: a read's receipt keeps the digest only; receipts expire after the retention."""
+
+    timeout = 120
+    relay: object
+
+    async def setUp(self) -> None:
+        self.redis = shared_redis()
+        self.prefix = f"ret{next(_prefixes)}:{os.getpid()}:{id(self)}:"
+        state = os.path.join(tempfile.mkdtemp(prefix="relayd-redis-ret-"), "state")
+        self.broker = BrokerUnderTest(
+            state, self.relay.url, redis_url=self.redis.url, redis_prefix=self.prefix, receipt_retention=777  # type: ignore[attr-defined]
+        )
+        await self.broker.start()
+        await TwoInstances._redis_up(self, self.broker)  # type: ignore[arg-type]
+        self.channel = new_channel()
+        self.cred = self.broker.issue(f"r-{self.channel[:8]}", "--channel", self.channel)["credential"]
+
+    async def tearDown(self) -> None:
+        await self.broker.stop()
+
+    async def test_read_receipt_holds_no_page_and_receipts_expire(self) -> None:
+        service = self.broker.service
+        assert service is not None and service.redis is not None
+        _, posted = await self.broker.post(body("message.post", {"channelId": self.channel, "content": "page me"}, "w1"), self.cred)
+        assert json.loads(posted)["status"] == "succeeded"
+        read = body("channel.read", {"channelId": self.channel}, "r1")
+        _, page = await self.broker.post(read, self.cred)
+        assert b"page me" in page
+        redis = service.redis
+        keys = [k for k in await redis.execute("test", "KEYS", self.prefix + "*") if "r1" in str(k) or "w1" in str(k)]
+        dumped = {}
+        for k in keys:
+            if str(await redis.execute("test", "TYPE", k)) in ("hash", "b'hash'"):
+                dumped[str(k)] = str(await redis.execute("test", "HGETALL", k))
+        assert len(dumped) == 2, dumped  # the post's receipt and the read's
+        assert not any("page me" in v for k, v in dumped.items() if "r1" in k), dumped  # no page stored
+        assert any("spent" in v for k, v in dumped.items() if "r1" in k), dumped
+        ttls = [await redis.execute("test", "TTL", k) for k in keys]
+        assert all(0 < int(t) <= 777 for t in ttls), ttls  # --broker-receipt-retention
+        other = body("channel.read", {"channelId": self.channel, "limit": 3}, "r1")
+        _, conflict = await self.broker.post(other, self.cred)
+        assert json.loads(conflict)["error"]["code"] == "request_id_conflict"

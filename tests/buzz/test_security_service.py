@@ -158,9 +158,9 @@ class AdminIssueChannelScope(unittest.TestCase):
         self.assertEqual((code, out), (2, ""))
         self.assertEqual(
             err,
-            "relayd-admin broker: --channel is required for agents.create, channel.read, message.post, "
-            "message.reply, reaction.add (repeat it for each channel); without a channel, --actions may only "
-            "name profile.set,storage.address,agents.update,agents.delete\n",
+            "relayd-admin broker: --channel is required for agents.create, agents.delete, agents.update, "
+            "channel.read, message.post, message.reply, reaction.add (repeat it for each channel); without a "
+            "channel, --actions may only name profile.set,storage.address\n",
         )
         self.assertEqual(self.listed(), [])  # nothing issued, no agent minted
         db = StateDB.in_dir(self.dir)
@@ -180,7 +180,7 @@ class AdminIssueChannelScope(unittest.TestCase):
         self.assertEqual(sorted(row["channels"] for row in self.listed()), sorted([[one], sorted([one, two])]))
 
     def test_channel_less_actions_need_no_channel(self) -> None:
-        code, out, err = self.issue("--actions", "profile.set,storage.address,agents.update,agents.delete")
+        code, out, err = self.issue("--actions", "profile.set,storage.address")
         self.assertEqual((code, err), (0, ""))
         self.assertEqual(set(json.loads(out)), {"credential", "agentPubkey"})
         (row,) = self.listed()

@@ -284,14 +284,16 @@ class BrokerSurface(unittest.TestCase):
     async def test_unicode_anywhere_gets_a_verdict_and_is_never_echoed(self) -> None:
         nasty = ["\ud800", "\udfff", "\x00", "\ufeff", "\n", "\r\n", "\u2028", "\u0085", "\u202e", "😀"]
         for s in nasty:
-            rid = f"u-{next(_rids)}"
-            # in a channel id and a member name: refused, correlated
-            for tree in (
-                envelope("message.post", {"channelId": self.channel[:8] + s + self.channel[8:], "content": "x"}, rid),
-                envelope("message.post", {"channelId": self.channel, "content": "x", "k" + s: 1}, rid),
-            ):
+            # in a channel id and a member name: refused, correlated (each recorded under its own requestId)
+            for field in ("channel", "member"):
+                rid = f"u-{next(_rids)}"
+                if field == "channel":
+                    tree = envelope("message.post", {"channelId": self.channel[:8] + s + self.channel[8:], "content": "x"}, rid)
+                else:
+                    tree = envelope("message.post", {"channelId": self.channel, "content": "x", "k" + s: 1}, rid)
                 status, _, answer = await self.request(b"POST", "/v1/action", wire(tree))
                 assert status == 200 and verdict(answer, rid).code == "invalid_request", (s, answer)
+            rid = f"u-{next(_rids)}"
             # in the requestId: not correlatable, 400
             status, _, answer = await self.request(b"POST", "/v1/action", wire(envelope("x", {}, "r" + s)))
             assert status == 400 and json.loads(answer)["error"] == "invalid_request", (s, answer)
