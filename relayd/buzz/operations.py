@@ -1,4 +1,4 @@
-"""The nine broker operations, mapped onto Nostr (docs/buzz-broker.md section 2, decisions.md).
+"""The nine broker operations, mapped onto Nostr (docs/broker.md section 2, docs/decisions.md).
 
 An operation either answers directly (C{channel.read}, C{storage.address}, a no-op update) or
 returns a L{Plan}: the fully signed events to publish, in order, the outcome they produce and the
