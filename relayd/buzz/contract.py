@@ -5,7 +5,7 @@ response it writes goes through L{serialize_response}, whose output the strict r
 L{parse_response} accepts. Client-side helpers (L{build_request}, L{freeze}, L{read_http_response})
 exist so tests can hold the host to the reader a conforming agent uses.
 
-Rules (seed "agent-broker.md"; docs/broker.md section 1):
+Rules (docs/broker.md, "HTTP" and "The nine actions"):
  - every object is strict: unknown member, missing required member, repeated key, or C{null} at any
    depth is malformed; an optional array is omitted when empty (C{[]} is malformed);
  - strings are trimmed with the Unicode White_Space set (not Python's C{str.strip}) except message
@@ -58,7 +58,7 @@ CODES: tuple[str, ...] = (
     "outcome_unknown",
     "internal",
 )
-# The status/code table of the seed's "Results and errors".
+# The status/code table of docs/broker.md, "Verdict codes".
 _CODE_STATUSES: dict[str, frozenset[str]] = {c: frozenset({"failed"}) for c in CODES}
 _CODE_STATUSES["outcome_unknown"] = frozenset({"indeterminate"})
 _CODE_STATUSES["internal"] = frozenset({"failed", "indeterminate"})
