@@ -177,8 +177,10 @@ def notification(method: str, params: bytes) -> Frame:
     return Frame(raw)
 
 
-def parse_frame(body: bytes) -> Frame | None:
-    """A valid frame (docs/mcp.md) or C{None}."""
+def json_rpc_items(body: bytes) -> tuple[Any, list[dict[str, Any]]] | None:
+    """The parsed body and its messages, if it is one JSON-RPC 2.0 message or a non-empty batch of
+    them (each a request or notification with a string C{method}, or a response with an C{id} and
+    exactly one of C{result}/C{error}); else C{None}."""
     if not body:
         return None
     try:
@@ -191,13 +193,19 @@ def parse_frame(body: bytes) -> Frame | None:
     for item in items:
         if not isinstance(item, dict) or item.get("jsonrpc") != "2.0":
             return None
-        method = item.get("method")
-        if isinstance(method, str):
-            if method in _BROKER_ONLY:
-                return None
-            continue
-        if "id" not in item or (("result" in item) == ("error" in item)):
+        if not isinstance(item.get("method"), str) and ("id" not in item or ("result" in item) == ("error" in item)):
             return None
+    return message, items
+
+
+def parse_frame(body: bytes) -> Frame | None:
+    """A valid frame (docs/mcp.md) or C{None}: JSON-RPC 2.0 that no client may forge (presence)."""
+    parsed = json_rpc_items(body)
+    if parsed is None:
+        return None
+    message, items = parsed
+    if any(isinstance(item.get("method"), str) and item["method"] in _BROKER_ONLY for item in items):
+        return None
     return Frame(body, message)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from relayd.mcp.broker import _dumps, loads_json
+from relayd.mcp.broker import _dumps, json_rpc_items, loads_json
 
 LEGACY = "2024-11-05"
 HANDSHAKE_VERSIONS = frozenset(("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"))
@@ -48,19 +48,8 @@ def error_for(raw_id: bytes, code: int, message: str) -> bytes:
 
 def parse_message(body: bytes) -> list[dict[str, Any]] | None:
     """The messages of a POST body (one, or a batch), or C{None} if it is not JSON-RPC 2.0."""
-    try:
-        message = loads_json(body)
-    except ValueError:
-        return None
-    items = message if isinstance(message, list) else [message]
-    if not items:
-        return None
-    for item in items:
-        if not isinstance(item, dict) or item.get("jsonrpc") != "2.0":
-            return None
-        if not isinstance(item.get("method"), str) and ("id" not in item or ("result" in item) == ("error" in item)):
-            return None
-    return items
+    parsed = json_rpc_items(body)
+    return None if parsed is None else parsed[1]
 
 
 def is_request(message: dict[str, Any]) -> bool:
