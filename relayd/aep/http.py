@@ -18,7 +18,7 @@ from relayd.aep.capture import capture_error
 from relayd.aep.envelope import MAX_POSITION_DIGITS, POSITION_LIMIT, classify, has_control
 from relayd.aep.event import NOTICE, Event, JSONError, admit, dumps, frame_safe, parse_json
 from relayd.aep.filters import Pin, compile_filter, filter_error, pin_of
-from relayd.aep.relay import Relay, ReplayReader, Subscriber, held_size
+from relayd.aep.relay import Relay, ReplayProducer, ReplayReader, Subscriber, held_size
 from relayd.aep.store import Position
 from relayd.redis import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param, tokens_equal
@@ -27,7 +27,6 @@ from relayd.web.sse import SSEHub, SSEStream, sse_comment
 
 SOFT_BACKLOG = 1024 * 1024  # above this, events below `notice` are dropped for a slow consumer
 HARD_BACKLOG = 8 * 1024 * 1024  # above this, the consumer is cut off (it resumes by position)
-REPLAY_CHUNK = 64 * 1024  # bytes of replay produced per reactor turn, only while the client keeps up
 
 JSON_TYPE = b"application/json"
 NDJSON_TYPE = b"application/x-ndjson"
@@ -48,7 +47,6 @@ SSE_HEADERS = [
 ]
 _SLOW_CONSUMER = metrics.events_dropped.labels(relay="aep", reason="slow-consumer")
 _CUT_OFF = metrics.events_dropped.labels(relay="aep", reason="cut-off")
-_REPLAYED = metrics.replayed_events.labels(relay="aep")
 
 
 _HEADER_REFUSALS = {"426": "version-unsupported", "415": "unsupported-media-type"}
@@ -525,71 +523,34 @@ class AEPResource(Resource):
         return d.addCallback(lambda _: reader)
 
 
-class SSEReplay:
-    """The source of one SSE stream's replay (L{SSEStream.produce}): the history, read and sent a
-    chunk at a time as the client reads, then the live events held meanwhile; then live delivery,
-    or for C{live=0} the C{replay-complete} comment and the end of the stream."""
+class SSEReplay(ReplayProducer):
+    """The source of one SSE stream's replay (L{SSEStream.produce}); then live delivery, or for
+    C{live=0} the C{replay-complete} comment and the end of the stream."""
 
-    __slots__ = ("sub", "reader", "history_only", "history_sent")
+    __slots__ = ("history_only",)
 
     _log = Logger()
 
     def __init__(self, sub: SSESubscriber, reader: ReplayReader, history_only: bool) -> None:
-        self.sub = sub
-        self.reader = reader
+        super().__init__(sub, reader)
         self.history_only = history_only
-        self.history_sent = False
 
-    def __call__(self) -> bool | Deferred[Any]:
-        sub, reader = self.sub, self.reader
-        stream = sub.stream
-        budget = REPLAY_CHUNK
-        if not self.history_sent:
-            sent = 0
-            try:
-                while True:
-                    item = reader.take()
-                    if item is None:
-                        loaded = reader.load()
-                        if loaded is False:
-                            break
-                        if loaded is not True:
-                            return loaded.addErrback(self._failed)  # the store answers later
-                        continue
-                    if type(item) is tuple:
-                        session, (epoch, seq) = item
-                        frame = sse_comment(frame_safe(f"replay-exhausted {session} {epoch}:{seq}"))
-                    else:
-                        # The frame alone: its chunked form is only worth keeping for a live fan-out.
-                        frame = item.sse_frame(sub.level(item))  # type: ignore[union-attr]
-                        sent += 1
-                    stream.write(frame)
-                    budget -= len(frame)
-                    if budget <= 0:
-                        return True
-            except Exception:
-                self._failed(Failure())
-                return False
-            finally:
-                if sent:
-                    _REPLAYED.inc(sent)
-            self.history_sent = True
-            reader.count()
-        while budget > 0:
-            event = sub.pop_held()
-            if event is None:
-                break
-            frame = event.sse_frame(sub.level(event))
-            stream.write(frame)
-            budget -= len(frame)
-        else:
-            return True
-        sub.release()  # nothing is held: live events go straight to the stream from now on
+    def send_marker(self, session: str, epoch: int, seq: int) -> int:
+        frame = sse_comment(frame_safe(f"replay-exhausted {session} {epoch}:{seq}"))
+        self.sub.stream.write(frame)  # type: ignore[attr-defined]
+        return len(frame)
+
+    def send_event(self, event: Event) -> int:
+        # The frame alone: its chunked form is only worth keeping for a live fan-out.
+        frame = event.sse_frame(self.sub.level(event))
+        self.sub.stream.write(frame)  # type: ignore[attr-defined]
+        return len(frame)
+
+    def finished(self) -> None:
         if self.history_only:
-            stream.close(sse_comment("replay-complete"))
-        return False
+            self.sub.stream.close(sse_comment("replay-complete"))  # type: ignore[attr-defined]
 
-    def _failed(self, failure: Failure) -> None:
+    def failed(self, failure: Failure) -> None:
         """The store failed after the stream started: end it (the client resumes by position)."""
         if failure.check(StoreUnavailable):
             self._log.warn("replay failed: {reason}", reason=failure.getErrorMessage())
@@ -597,7 +558,7 @@ class SSEReplay:
             self._log.failure("replay failed", failure)
         metrics.store_errors.labels(relay="aep", operation="replay").inc()
         metrics.replays.labels(relay="aep", outcome="failed").inc()
-        self.sub.stream.abort()
+        self.sub.stream.abort()  # type: ignore[attr-defined]
 
 
 def _last_event_id(request: Request) -> tuple[str, Position] | None:

@@ -214,6 +214,93 @@ class ReplayReader:
             metrics.replays.labels(relay="aep", outcome="exhausted" if self.exhausted else "complete").inc()
 
 
+# Bytes of replay one consumer is handed per reactor turn, and only while it keeps up.
+REPLAY_CHUNK = 64 * 1024
+_REPLAYED = metrics.replayed_events.labels(relay="aep")
+
+
+class ReplayProducer:
+    """One subscriber's replay, sent a chunk at a time as its client reads: the history from its
+    L{ReplayReader}, then the live events held meanwhile; then the subscriber takes live events.
+
+    Called once per turn by its transport while the client keeps up; answers C{True} while there
+    is more, a C{Deferred} while the store reads the next page, C{False} once it is all sent (or
+    the client is gone). Transports say how to send a marker and an event, and when to stop.
+    """
+
+    __slots__ = ("sub", "reader", "history_sent")
+
+    def __init__(self, sub: Subscriber, reader: ReplayReader) -> None:
+        self.sub = sub
+        self.reader = reader
+        self.history_sent = False
+
+    def __call__(self) -> bool | Deferred[Any]:
+        sub, reader = self.sub, self.reader
+        budget = REPLAY_CHUNK
+        if not self.history_sent:
+            sent = 0
+            try:
+                while True:
+                    item = reader.take()
+                    if item is None:
+                        loaded = reader.load()
+                        if loaded is False:
+                            break
+                        if loaded is not True:
+                            return loaded.addErrback(self.failed)  # the store answers later
+                        continue
+                    if type(item) is tuple:
+                        session, (epoch, seq) = item
+                        budget -= self.send_marker(session, epoch, seq)
+                    else:
+                        budget -= self.send_event(item)  # type: ignore[arg-type]
+                        sent += 1
+                    if budget <= 0 or self.stalled():
+                        return self.alive()
+            except Exception:
+                self.failed(Failure())
+                return False
+            finally:
+                if sent:
+                    _REPLAYED.inc(sent)
+            self.history_sent = True
+            reader.count()
+        while budget > 0 and not self.stalled():
+            event = sub.pop_held()
+            if event is None:
+                break
+            budget -= self.send_event(event)
+        else:
+            return self.alive()
+        sub.release()  # nothing is held: live events go straight to the client from now on
+        self.finished()
+        return False
+
+    def send_marker(self, session: str, epoch: int, seq: int) -> int:
+        """Send a C{replay-exhausted} marker; the bytes it costs."""
+        raise NotImplementedError
+
+    def send_event(self, event: Event) -> int:
+        """Send an event at the subscriber's capture level; the bytes it costs."""
+        raise NotImplementedError
+
+    def stalled(self) -> bool:
+        """Whether to stop for this turn before the chunk is used up (the client lags or left)."""
+        return False
+
+    def alive(self) -> bool:
+        """Whether there is still a client to send the rest to."""
+        return True
+
+    def finished(self) -> None:
+        """Everything was sent."""
+
+    def failed(self, failure: Failure) -> None:
+        """The store failed after the replay began."""
+        raise NotImplementedError
+
+
 def unique_sessions(entries: Sequence[tuple[str, Position]]) -> list[tuple[str, Position]]:
     """Resume entries with each session once, from the earliest position it was named with.
 

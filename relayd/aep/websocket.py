@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.types import ConnectionRequest
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import succeed
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -33,8 +33,8 @@ from relayd.aep.capture import capture_error
 from relayd.aep.envelope import classify
 from relayd.aep.event import NOTICE, Event, JSONError, admit, dumps, parse_json
 from relayd.aep.filters import Pin, compile_filter, filter_error, pin_of
-from relayd.aep.http import HARD_BACKLOG, REPLAY_CHUNK, SOFT_BACKLOG, parse_from_entries
-from relayd.aep.relay import Emitter, Relay, ReplayReader, Subscriber, error_frame, held_size
+from relayd.aep.http import HARD_BACKLOG, SOFT_BACKLOG, parse_from_entries
+from relayd.aep.relay import Emitter, Relay, ReplayProducer, ReplayReader, Subscriber, error_frame, held_size
 from relayd.aep.store import Position
 from relayd.clock import Clock
 from relayd.redis import StoreUnavailable
@@ -53,7 +53,6 @@ MESSAGES_PER_TURN = 100
 
 _SLOW_CONSUMER = metrics.events_dropped.labels(relay="aep", reason="slow-consumer")
 _CUT_OFF = metrics.events_dropped.labels(relay="aep", reason="cut-off")
-_REPLAYED = metrics.replayed_events.labels(relay="aep")
 
 
 def subscription_key(sub_id: Any) -> Any:
@@ -93,75 +92,40 @@ class WSSubscription(Subscriber):
         self.conn.hold_event(self, event, self.level(event))
 
 
-class WSReplay:
-    """One subscription's replay, read and queued a chunk at a time as the client reads, then the
-    live events it held meanwhile (the connection calls it while it is not paused)."""
+class WSReplay(ReplayProducer):
+    """One subscription's replay, queued a chunk at a time as the client reads (the connection
+    calls it while it is not paused)."""
 
-    __slots__ = ("conn", "sub", "reader", "history_sent")
+    __slots__ = ("conn",)
 
     def __init__(self, conn: AEPSocket, sub: WSSubscription, reader: ReplayReader) -> None:
+        super().__init__(sub, reader)
         self.conn = conn
-        self.sub = sub
-        self.reader = reader
-        self.history_sent = False
 
-    def __call__(self) -> bool | Deferred[Any]:
-        """Queue the next chunk: C{True} while there is more, a C{Deferred} while the store reads
-        the next page, C{False} once all of it is queued (or the connection is gone)."""
-        conn, sub, reader = self.conn, self.sub, self.reader
-        factory = conn.factory
-        budget = REPLAY_CHUNK
-        if not self.history_sent:
-            sent = 0
-            try:
-                while True:
-                    item = reader.take()
-                    if item is None:
-                        loaded = reader.load()
-                        if loaded is False:
-                            break
-                        if loaded is not True:
-                            return loaded.addErrback(self._failed)  # the store answers later
-                        continue
-                    if type(item) is tuple:
-                        session, (epoch, seq) = item
-                        frame = {"type": "replay-exhausted", "sub": sub.sub_id, "session": session,
-                                 "earliest": {"epoch": epoch, "seq": seq}}
-                        message = factory.prepareMessage(dumps(frame))
-                        conn._send(message, None, None)
-                    else:
-                        # The capture ceiling applies to replay too (docs/decisions.md AEP-1).
-                        message = item.prepared(sub.level(item), factory)  # type: ignore[union-attr]
-                        conn._send(message, sub, item)  # type: ignore[arg-type]
-                        sent += 1
-                    budget -= len(message.payloadHybi)
-                    if budget <= 0 or conn.paused or not conn._open:
-                        return conn._open
-            except Exception:
-                self._failed(Failure())
-                return False
-            finally:
-                if sent:
-                    _REPLAYED.inc(sent)
-            self.history_sent = True
-            reader.count()
-        while conn._open:
-            if budget <= 0 or conn.paused:
-                return True
-            event = sub.pop_held()
-            if event is None:
-                break
-            message = event.prepared(sub.level(event), factory)
-            conn._send(message, sub, event)
-            budget -= len(message.payloadHybi)
-        if not conn._open:
-            return False
-        sub.release()  # nothing is held: live events are sent as they come from now on
-        conn.replay_sent()
-        return False
+    def send_marker(self, session: str, epoch: int, seq: int) -> int:
+        frame = {"type": "replay-exhausted", "sub": self.sub.sub_id, "session": session,  # type: ignore[attr-defined]
+                 "earliest": {"epoch": epoch, "seq": seq}}
+        message = self.conn.factory.prepareMessage(dumps(frame))
+        self.conn._send(message, None, None)
+        return len(message.payloadHybi)
 
-    def _failed(self, failure: Failure) -> None:
-        self.conn._replay_failed(failure, self.sub)
+    def send_event(self, event: Event) -> int:
+        # The capture ceiling applies to replay too (docs/decisions.md AEP-1).
+        message = event.prepared(self.sub.level(event), self.conn.factory)
+        self.conn._send(message, self.sub, event)  # type: ignore[arg-type]
+        return len(message.payloadHybi)
+
+    def stalled(self) -> bool:
+        return self.conn.paused or not self.conn._open
+
+    def alive(self) -> bool:
+        return self.conn._open
+
+    def finished(self) -> None:
+        self.conn.replay_sent()
+
+    def failed(self, failure: Failure) -> None:
+        self.conn._replay_failed(failure, self.sub)  # type: ignore[arg-type]
 
 
 @implementer(IPushProducer)
