@@ -29,73 +29,31 @@ import asyncio
 import json
 import os
 import re
-import resource
-import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from autobahn.asyncio.websocket import WebSocketClientFactory, WebSocketClientProtocol
 
-ROOT = Path(__file__).resolve().parents[1]
-TICK = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from relayd_process import RelaydServer, raise_nofile  # noqa: E402
+
 PAD = "x" * 330  # makes each event about 500 bytes
 
 
 # The server ----------------------------------------------------------------------------------
 
 
-class Server:
+class Server(RelaydServer):
+    """relayd with only the AEP wing, on a free loopback port (C{.port})."""
+
     def __init__(self, *options: str) -> None:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("BENCH_EXTRA_PATH")])))
-        twistd = Path(sys.executable).with_name("twistd")
-        argv = [sys.executable, str(twistd)] if twistd.exists() else [
-            sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
-        argv += ["-n", "--pidfile=", "--logfile=-", "relayd", "--no-mcp",
-                 "--aep-listen", "tcp:0:interface=127.0.0.1", *options]
-        # The log goes to a file: a pipe nobody reads would fill and block the server.
-        self.log = tempfile.NamedTemporaryFile(prefix="relayd-bench-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                     preexec_fn=_raise_nofile)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            found = re.search(rb"aep listening on [^:\s]+:(\d+)", Path(self.log.name).read_bytes())
-            if found:
-                self.port = int(found.group(1))
-                break
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)  # waiting for another process to start
-        else:
-            found = None
-        if not found:
-            raise RuntimeError("relayd did not start:\n" + Path(self.log.name).read_text())
-
-    def cpu(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICK
-
-    def rss_kb(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        return 0
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        os.unlink(self.log.name)
-
-
-def _raise_nofile() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        super().__init__("--no-mcp", "--aep-listen", "tcp:0:interface=127.0.0.1", *options)
+        self.port = self.ports["aep"]
 
 
 def event(session: str, seq: int, **extra: Any) -> dict[str, Any]:
@@ -232,6 +190,18 @@ def _ws_frame(payload: bytes) -> bytes:
     return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
 
 
+def stdin_closed() -> threading.Event:
+    """Set once the parent closes our standard input (how a helper process is told to stop)."""
+    closed = threading.Event()
+
+    def wait() -> None:
+        sys.stdin.read()
+        closed.set()
+
+    threading.Thread(target=wait, daemon=True).start()
+    return closed
+
+
 def drain_main(port: int, transport: str, count: int) -> None:
     import select
     import socket
@@ -265,16 +235,8 @@ def drain_main(port: int, transport: str, count: int) -> None:
     print("ready", flush=True)
     buf = bytearray(262144)
     view = memoryview(buf)
-    stop = False
-    import threading
-
-    def wait_stdin() -> None:
-        nonlocal stop
-        sys.stdin.read()
-        stop = True
-
-    threading.Thread(target=wait_stdin, daemon=True).start()
-    while not stop:
+    stop = stdin_closed()
+    while not stop.is_set():
         for fd, _ in ep.poll(0.2):
             n = by_fd[fd].recv_into(buf)
             if not n:
@@ -302,7 +264,7 @@ def hold_main(port: int, subscriptions: int) -> None:
     import select
     import socket
 
-    _raise_nofile()
+    raise_nofile()
     sessions = max(1, subscriptions // INDEX_SSE_EVERY)
     ws_subs = [(f"s{j // INDEX_SSE_EVERY}", j) for j in range(subscriptions) if j % INDEX_SSE_EVERY]
     # At least nine connections, so a session's nine WebSocket subscriptions are on nine
@@ -357,16 +319,8 @@ def hold_main(port: int, subscriptions: int) -> None:
         ep.register(fd, select.EPOLLIN)
     print("ready", len(socks), flush=True)
     buf = bytearray(262144)
-    stop = False
-    import threading
-
-    def wait_stdin() -> None:
-        nonlocal stop
-        sys.stdin.read()
-        stop = True
-
-    threading.Thread(target=wait_stdin, daemon=True).start()
-    while not stop:
+    stop = stdin_closed()
+    while not stop.is_set():
         for fd, _ in ep.poll(0.2):
             if not by_fd[fd].recv_into(buf):
                 ep.unregister(fd)
@@ -411,7 +365,7 @@ class Holder:
 
     def __init__(self, port: int, subscriptions: int) -> None:
         self.proc = subprocess.Popen([sys.executable, __file__, "--hold", str(port), str(subscriptions)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=_raise_nofile)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=raise_nofile)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         assert line.startswith(b"ready"), line
@@ -426,7 +380,7 @@ class Drainer:
 
     def __init__(self, port: int, transport: str, count: int) -> None:
         self.proc = subprocess.Popen([sys.executable, __file__, "--drain", str(port), transport, str(count)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=_raise_nofile)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=raise_nofile)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         assert line.strip() == b"ready", line
@@ -791,7 +745,7 @@ async def scenario_cluster_fanout(subscribers: int, rate: float, seconds: float,
 
 
 async def main(selected: list[str], seconds: float, subscriptions: int, events: int, gc: bool) -> None:
-    _raise_nofile()
+    raise_nofile()
     gc_log(gc)
     runs: list[tuple[str, Any]] = [
         ("ingest", lambda: scenario_ingest(seconds, 100)),
