@@ -21,7 +21,7 @@ Starts PyPI nostr-relay (NIP-42 on) on a free loopback port and an in-process br
 
 usage: PYTHONPATH=. python bench/broker.py [--posts 500] [--reads 100] [--replays 5000]
        [--concurrency 16] [--clients 2] [--rounds 5] [--redis]
-       PYTHONPATH=. python bench/broker.py --mix 100000 [--retention-days 30] [--spread-days 60]
+       PYTHONPATH=. python bench/broker.py --mix 100000 [--retention-days 30] [--spread-days 60] [--max-receipts N]
 """
 
 from __future__ import annotations
@@ -172,12 +172,15 @@ async def run_mix(reactor: Any, args: argparse.Namespace) -> None:
     service = broker.service
     assert service is not None
     service.db.now = lambda: sim[0]  # receipts are stamped with the simulated time
+    if args.max_receipts:
+        service.db.max_receipts = args.max_receipts  # --broker-max-receipts
     rng = random.Random(7)
     names = [name for name, _ in MIX]
     weights = [w for _, w in MIX]
     results: dict[str, Any] = {
         "actions": args.mix,
         "retention days": args.retention_days,
+        "max receipts per agent": args.max_receipts or "default",
         "actions spread over days": args.spread_days,
         "mix (percent)": dict(MIX),
     }
@@ -347,6 +350,7 @@ def main() -> None:
     p.add_argument("--mix", type=int, default=0, help="measure the state directory over this many mixed actions")
     p.add_argument("--retention-days", type=float, default=30.0, help="receipt retention for --mix")
     p.add_argument("--spread-days", type=float, default=60.0, help="simulated days the --mix actions span")
+    p.add_argument("--max-receipts", type=int, default=0, help="--broker-max-receipts for --mix (default: relayd's)")
     args = p.parse_args()
     task.react(lambda reactor: defer.ensureDeferred(run(reactor, args)))
 

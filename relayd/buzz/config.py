@@ -100,6 +100,14 @@ SETTINGS: list[Setting] = [
         metavar="SECONDS",
     ),
     Setting(
+        "broker-max-receipts",
+        100_000,
+        "receipts kept per agent; past it the agent's oldest settled tenth is deleted (a retry of those executes anew)",
+        parse=positive_int,
+        env=("RELAYD_BROKER_MAX_RECEIPTS",),
+        metavar="COUNT",
+    ),
+    Setting(
         "broker-runtimes",
         ["buzz-acp"],
         "comma-separated agent runtimes agents.create/update accept",

@@ -20,7 +20,7 @@ from relayd.buzz.http import body_limit, make_root
 from relayd.buzz.keys import Custody, KEKError, load_kek
 from relayd.buzz.nostr_client import RelayPool
 from relayd.buzz.operations import Operations
-from relayd.buzz.state import RECEIPT_RETENTION, IReceiptStore, SQLiteState, StateDB
+from relayd.buzz.state import MAX_RECEIPTS, RECEIPT_RETENTION, IReceiptStore, SQLiteState, StateDB
 from relayd.clock import Clock
 from relayd.config import ConfigError, Resolved, is_loopback_endpoint, is_tls_endpoint
 from relayd.redis import Redis, redis_for
@@ -113,6 +113,7 @@ def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | N
         runtimes=settings["broker-runtimes"],
         reactions_enabled=not settings["broker-disable-reactions"],
         receipt_retention=settings["broker-receipt-retention"],
+        max_receipts=settings["broker-max-receipts"],
         # The shared plumbing's --redis (RELAYD_REDIS): receipts and pending events go to Redis,
         # on the process's one client (shared with the other wings, closed by the process).
         redis=redis_for(settings, clock),
@@ -146,11 +147,13 @@ class BrokerService(HTTPWingService):
         redis_url: str | None = None,
         redis_prefix: str = "relayd:",
         receipt_retention: int = RECEIPT_RETENTION,
+        max_receipts: int = MAX_RECEIPTS,
     ) -> None:
         self.reactor = reactor
         self.receipt_retention = receipt_retention
         self.now = now
         self.db = db
+        db.max_receipts = max_receipts
         self.custody = Custody(kek)
         self.state = SQLiteState(db, reactor)
         self.pool = RelayPool(

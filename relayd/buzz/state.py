@@ -60,6 +60,7 @@ CREATE TABLE IF NOT EXISTS receipts (
     PRIMARY KEY (principal, request_id)
 );
 CREATE INDEX IF NOT EXISTS receipts_created ON receipts(created_at);
+CREATE INDEX IF NOT EXISTS receipts_principal_created ON receipts(principal, created_at);
 CREATE TABLE IF NOT EXISTS clocks (
     pubkey TEXT PRIMARY KEY,
     second INTEGER NOT NULL,
@@ -68,6 +69,7 @@ CREATE TABLE IF NOT EXISTS clocks (
 """
 WAL_LIMIT = 4 * 1024 * 1024  # bytes of WAL before a checkpoint truncates it
 RECEIPT_RETENTION = 30 * 24 * 3600  # seconds a receipt is kept (the Redis store's expiry too)
+MAX_RECEIPTS = 100_000  # receipts kept per agent (principal); its oldest settled tenth goes when it has more
 _READ_PAGE = b'"status":"succeeded","action":"channel.read"'
 _READ_PAGE_WITHIN = 200 + 2 * 128  # the envelope's first members, a requestId of 128 escaped characters included
 
@@ -89,7 +91,39 @@ _COLUMNS = (
 )
 
 
+# Receipts per principal, kept by triggers in the transaction that inserts or deletes one, so the
+# per-agent cap costs one indexed read per write (counting rows would walk the principal's receipts).
+_RECEIPT_COUNTS = (
+    "CREATE TABLE receipt_counts (principal TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID",
+    "INSERT INTO receipt_counts SELECT principal, COUNT(*) FROM receipts GROUP BY principal",
+    "CREATE TRIGGER receipts_counted AFTER INSERT ON receipts BEGIN"
+    " INSERT INTO receipt_counts VALUES (new.principal, 1) ON CONFLICT (principal) DO UPDATE SET n = n + 1;"
+    " END",
+    "CREATE TRIGGER receipts_uncounted AFTER DELETE ON receipts BEGIN"
+    " UPDATE receipt_counts SET n = n - 1 WHERE principal = old.principal;"
+    " DELETE FROM receipt_counts WHERE principal = old.principal AND n <= 0;"
+    " END",
+)
+
+
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
+
+
 def _migrate(conn: sqlite3.Connection) -> None:
+    if not _has_table(conn, "receipt_counts"):
+        # One transaction: the counts start from the receipts present, and a process racing this
+        # one finds either nothing (and waits on the lock) or the table with its triggers.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if not _has_table(conn, "receipt_counts"):
+                for statement in _RECEIPT_COUNTS:
+                    conn.execute(statement)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
     for table, column, definition in _COLUMNS:
         have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
         if column not in have:
@@ -243,6 +277,7 @@ class StateDB:
     def __init__(self, path: str, busy_timeout_ms: int = 5000) -> None:
         self.path = path
         self.now: Callable[[], float] = time.time  # stamps receipts (the retention counts from it)
+        self.max_receipts = MAX_RECEIPTS  # per principal; see _trim
         # Created 0600 before SQLite opens it: SQLite gives the -wal and -shm files the database
         # file's mode, so they are never readable by others, not even on first start.
         try:
@@ -400,12 +435,31 @@ class StateDB:
         return Receipt(bytes(row[0]), row[1], row[2], row[3]) if row else None
 
     def store_plan(self, principal: str, request_id: str, digest: bytes, plan: bytes) -> None:
-        self._tx(
-            lambda c: c.execute(
+        def tx(c: sqlite3.Connection) -> None:
+            c.execute(
                 "INSERT INTO receipts (principal, request_id, digest, state, plan, created_at)"
                 " VALUES (?, ?, ?, 'pending', ?, ?)",
                 (principal, request_id, digest, plan, int(self.now())),
             )
+            self._trim(c, principal, request_id)
+
+        self._tx(tx)
+
+    def _trim(self, c: sqlite3.Connection, principal: str, keep: str) -> None:
+        """Hold C{principal} to L{max_receipts} (docs/decisions.md B-12), C{keep} excepted.
+
+        A tenth at a time, so the delete (an indexed walk of the oldest rows) runs once per tenth
+        of the cap's writes, not on each. Pending plans are never deleted here: each is a request
+        whose outcome is unknown, and its retry must find the signed events it may have sent.
+        """
+        row = c.execute("SELECT n FROM receipt_counts WHERE principal = ?", (principal,)).fetchone()
+        if row is None or row[0] <= self.max_receipts:
+            return
+        excess = row[0] - self.max_receipts + max(1, self.max_receipts // 10)
+        c.execute(
+            "DELETE FROM receipts WHERE rowid IN (SELECT rowid FROM receipts WHERE principal = ?"
+            " AND state != 'pending' AND request_id != ? ORDER BY created_at, rowid LIMIT ?)",
+            (principal, keep, excess),
         )
 
     def complete(
@@ -422,6 +476,7 @@ class StateDB:
                 " state = excluded.state, response = excluded.response, plan = NULL",
                 (principal, request_id, digest, "spent" if spent else "done", None if spent else response, int(self.now())),
             )
+            self._trim(c, principal, request_id)
 
         self._tx(tx)
         if _destroys_keys(effects):
@@ -639,6 +694,7 @@ class SQLiteState:
         if self._worker_db is None:
             self._worker_db = StateDB(self.db.path)
             self._worker_db.now = self.db.now
+            self._worker_db.max_receipts = self.db.max_receipts
             self._worker_db.conn.execute("PRAGMA wal_autocheckpoint=0")
         return self._worker_db
 
