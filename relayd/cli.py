@@ -1,4 +1,4 @@
-"""The command-line style every C{relayd-admin} tool shares (docs/deployment.md, "relayd-admin").
+"""The command-line style every C{relayd-admin} tool shares (docs/decisions.md P-6).
 
 Help texts are in sentence case without a closing full stop; an option with a default ends with
 C{[default: X]}, X printed as an operator would type it. Errors have argparse's shape, whatever found
