@@ -694,8 +694,8 @@ def _parser() -> argparse.ArgumentParser:
     tail.add_argument("--no-live", action="store_true", help="History only: stop at replay-complete")
     tail.add_argument("--max-from", type=positive_int, default=100, metavar="N",
                       help="Most session positions sent when resuming")
-    tail.add_argument("--retry-max", type=seconds, default=5.0, metavar="SECONDS",
-                      help="Longest reconnect delay in seconds")
+    tail.add_argument("--retry-max", type=positive_seconds, default=5.0, metavar="SECONDS",
+                      help="Longest reconnect delay in seconds")  # 0 would reconnect in a busy loop
     tail.add_argument("--progress", type=seconds, default=10.0, metavar="SECONDS",
                       help="Seconds between progress lines on stderr (0: none)")
     tail.add_argument("--cacert", metavar="FILE", help="CA bundle for https relays [default: the system's]")

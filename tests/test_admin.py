@@ -266,6 +266,8 @@ class ErrorsInOneFormat(TestCase):
         tail_filter_not_json=(("aep", "tail", "--filter", "{bad"), "relayd-admin aep tail", b"--filter is not JSON"),
         tail_filter_not_object=(("aep", "tail", "--filter", "[1]", "--session", "S"), "relayd-admin aep tail",
                                 b"--filter must be a JSON object"),
+        tail_zero_retry_max=(("aep", "tail", "--retry-max", "0"), "relayd-admin aep tail",
+                             b"argument --retry-max: '0' must be more than 0 seconds"),
         tail_bad_from=(("aep", "tail", "--from", "yesterday"), "relayd-admin aep tail", b'--from must be "all"'),
         tail_not_http=(("aep", "tail", "ftp://host/"), "relayd-admin aep tail", b"not an http(s) URL"),
         post_negative_retries=(("aep", "post", "--retries", "-1"), "relayd-admin aep post",
