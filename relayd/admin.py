@@ -30,15 +30,22 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Iterator, Sequence
 
 import relayd
+from relayd.cli import (
+    CommandError,
+    Failure,
+    Parser,
+    UsageError,
+    non_negative_int,
+    positive_int,
+    positive_seconds,
+    report,
+    seconds,
+)
 
 DEFAULT_AEP = "http://127.0.0.1:8787"
 DEFAULT_MCP = "http://127.0.0.1:8788"
 DEFAULT_BROKER = "http://127.0.0.1:8789"
 _ID = re.compile(r"(.+):([0-9]+):([0-9]+)")
-
-
-class UsageError(Exception):
-    """A bad command line or an answer that makes going on pointless (exit 2)."""
 
 
 # HTTP plumbing -----------------------------------------------------------------------------------
@@ -169,9 +176,6 @@ class Tail:
                 time.sleep(delay)  # a CLI's reconnect backoff
             try:
                 finished = self.follow()
-            except UsageError as e:
-                self.say(str(e))
-                return 2
             except BrokenPipeError:
                 return 0  # whoever read our output has gone (| head)
             except (OSError, http.client.HTTPException) as e:
@@ -195,7 +199,7 @@ class Tail:
             response = conn.getresponse()
             if response.status in (400, 401, 403, 404):
                 detail = response.read().decode("utf-8", "replace").strip()
-                raise UsageError(f"refused: {response.status} {detail}".strip())
+                raise Failure(f"{self.target.url('/stream')} refused: {response.status} {detail}".strip())
             if response.status != 200:
                 raise http.client.HTTPException(f"status {response.status}")
             resumed = self.resume_from()
@@ -273,6 +277,8 @@ def _tail(args: argparse.Namespace) -> int:
             flt = json.loads(args.filter)
         except ValueError:
             raise UsageError("--filter is not JSON") from None
+        if not isinstance(flt, dict):
+            raise UsageError("--filter must be a JSON object")
     if args.session:
         flt = {**(flt or {}), "session": args.session}
     start: Any = None
@@ -310,7 +316,10 @@ def _post(args: argparse.Namespace) -> int:
     target = Target.parse(_strip(args.url, "/events"), args.cacert)
     token = args.token or os.environ.get("AEP_TOKEN") or None
     from_stdin = args.file in (None, "-")
-    fd = sys.stdin.fileno() if from_stdin else os.open(args.file, os.O_RDONLY)
+    try:
+        fd = sys.stdin.fileno() if from_stdin else os.open(args.file, os.O_RDONLY)
+    except OSError as e:  # as argparse reports a file argument it cannot open
+        raise UsageError(f"argument file: can't open {args.file!r}: {e.strerror}") from None
     headers = {"aep-version": "0.1", "content-type": "application/x-ndjson", **_auth(token)}
     sent = batches = 0
     try:
@@ -319,17 +328,14 @@ def _post(args: argparse.Namespace) -> int:
                 try:
                     status, body = _request(target, "POST", "/events", b"".join(batch), headers)
                 except (OSError, http.client.HTTPException) as e:
-                    status, body = 0, str(e).encode()
+                    status, body = 0, _describe(e).encode()
                 if status == 202 or (status and status < 500) or attempt == args.retries:
                     break
                 time.sleep(min(5.0, 0.2 * 2**attempt))  # a CLI's retry backoff
             if status != 202:
                 detail = body.decode("utf-8", "replace").strip()
-                sys.stderr.write(
-                    f"post: batch {batches + 1} ({len(batch)} events) refused: {status or 'no answer'} {detail}\n"
-                    f"post: {sent} events accepted before it\n"
-                )
-                return 1
+                outcome = f"refused: {status} {detail}" if status else f"got no answer ({detail})"
+                raise Failure(f"batch {batches + 1} ({len(batch)} events) {outcome}; {sent} events accepted before it")
             sent += len(batch)
             batches += 1
     finally:
@@ -431,7 +437,7 @@ class McpSession:
         """Open the outbound SSE leg and wait until the relay has answered its headers."""
         threading.Thread(target=self._listen, daemon=True).start()
         if not self._opened.wait(self.timeout) or self._error:
-            raise UsageError(self._error[0] if self._error else "the events stream did not open")
+            raise Failure(self._error[0] if self._error else "the events stream did not open")
 
     def _listen(self) -> None:
         url = self.endpoints.url("events", "&direction=outbound")
@@ -443,7 +449,8 @@ class McpSession:
             conn.request("GET", parts.path + "?" + parts.query, headers={"accept": "text/event-stream"})
             response = conn.getresponse()
             if response.status != 200:
-                self._error.append(f"events stream refused: {response.status} {response.read()[:200]!r}")
+                detail = response.read()[:200].decode("utf-8", "replace").strip()
+                self._error.append(f"events stream refused: {response.status} {detail}".strip())
                 self._opened.set()
                 return
             self._opened.set()
@@ -463,7 +470,7 @@ class McpSession:
                 elif line.startswith("data:"):
                     data.append(line[5:].lstrip(" ") if line[5:6] == " " else line[5:])
         except (OSError, http.client.HTTPException) as e:
-            self._error.append(str(e))
+            self._error.append(f"events stream: {_describe(e)}")
             self._opened.set()
         finally:
             self.frames.put(None)
@@ -479,7 +486,7 @@ class McpSession:
             response = conn.getresponse()
             detail = response.read()
             if response.status >= 400:
-                raise UsageError(f"inbox refused: {response.status} {detail[:200].decode('utf-8', 'replace')}")
+                raise Failure(f"inbox refused: {response.status} {detail[:200].decode('utf-8', 'replace')}")
         finally:
             conn.close()
 
@@ -495,7 +502,7 @@ class McpSession:
             except queue.Empty:
                 return None
             if frame is None:
-                raise UsageError("the events stream ended")
+                raise Failure("the events stream ended")
             if isinstance(frame, dict) and frame.get("id") == frame_id and ("result" in frame or "error" in frame):
                 return frame
 
@@ -514,8 +521,29 @@ class McpSession:
                 pass
 
 
+def _json_object(text: str, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise UsageError(f"{what} is not JSON") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{what} must be a JSON object")
+    return value
+
+
 def _mcp_connect(args: argparse.Namespace) -> int:
-    endpoints = mcp_endpoints(args.url, args.token or os.environ.get("MCP_TOKEN") or None, args.relay)
+    relay = args.relay or os.environ.get("MCP_RELAY_PATH") or "agent-relay"
+    endpoints = mcp_endpoints(args.url, args.token or os.environ.get("MCP_TOKEN") or None, relay)
+    command = args.command
+    # The command line is checked before anything is sent.
+    if command == "call" and not args.args:
+        raise UsageError("call needs a tool name")
+    if command == "send" and not args.args:
+        raise UsageError("send needs a JSON-RPC frame")
+    if command in ("tools", "watch") and args.args:
+        raise UsageError(f"{command} takes no arguments")
+    arguments = _json_object(args.args[1], "call ARGUMENTS") if command == "call" and len(args.args) > 1 else {}
+    frame = _json_object(args.args[0], "send FRAME") if command == "send" else None
     session = McpSession(endpoints, args.cacert, args.timeout)
     out = sys.stdout
     session.open()
@@ -526,21 +554,14 @@ def _mcp_connect(args: argparse.Namespace) -> int:
              "clientInfo": {"name": "relayd-admin", "version": relayd.__version__}},
         )
         if init is None:
-            sys.stderr.write("relayd-admin mcp: no response — is the session live and the host connected?\n")
-            return 1
+            raise Failure("no response — is the session live and the host connected?")
         session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        command = args.command or "tools"
         if command == "tools":
             answer = session.request(2, "tools/list")
         elif command == "call":
-            if not args.args:
-                raise UsageError("call needs a tool name")
-            arguments = json.loads(args.args[1]) if len(args.args) > 1 else {}
             answer = session.request(3, "tools/call", {"name": args.args[0], "arguments": arguments})
         elif command == "send":
-            if not args.args:
-                raise UsageError("send needs a JSON-RPC frame")
-            frame = json.loads(args.args[0])
+            assert frame is not None
             session.send(frame)
             answer = session.await_id(frame["id"]) if "id" in frame else None
         elif command == "watch":
@@ -551,7 +572,7 @@ def _mcp_connect(args: argparse.Namespace) -> int:
                     return 0
                 out.write(json.dumps(frame) + "\n")
                 out.flush()
-        else:
+        else:  # argparse's choices keep anything else out
             raise UsageError(f"unknown command {command!r} (tools, call, send, watch)")
         out.write(json.dumps(answer, indent=2) + "\n" if answer is not None else "(no response)\n")
         return 0
@@ -655,82 +676,103 @@ def _strip(url: str, suffix: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="relayd-admin", description="Operator tools for a running relayd.")
-    p.add_argument("--version", action="version", version=f"relayd-admin {relayd.__version__}")
-    top = p.add_subparsers(dest="tool", required=True)
+    """The command line; every help text follows relayd/cli.py's style (tests/test_help.py checks it)."""
+    p = Parser(prog="relayd-admin", description="Operator tools for a running relayd")
+    p.add_argument("--version", action="version", version=f"relayd-admin {relayd.__version__}",
+                   help="Show relayd-admin's version and exit")
+    top = p.add_subparsers(dest="tool", required=True, metavar="{aep,mcp,status,broker}")
 
     aep = top.add_parser("aep", help="AEP relay: tail a stream, post events")
-    aep_sub = aep.add_subparsers(dest="command", required=True)
-    tail = aep_sub.add_parser("tail", help="print events as they arrive; reconnects and resumes by position")
-    tail.add_argument("url", nargs="?", default=DEFAULT_AEP, help=f"relay base URL [default: {DEFAULT_AEP}]")
-    tail.add_argument("--token", help="bearer token [default: $AEP_TOKEN]")
-    tail.add_argument("--filter", help='attr-match filter JSON, e.g. {"severity":["warning","error"]}')
-    tail.add_argument("--session", help="only this session (added to --filter)")
-    tail.add_argument("--capture", help="capture ceiling: none, metadata, redacted or full")
-    tail.add_argument("--from", dest="start", help='replay first: "all" or a JSON array of {session, epoch, seq}')
-    tail.add_argument("--no-live", action="store_true", help="history only: stop at replay-complete")
-    tail.add_argument("--max-from", type=int, default=100, help="most session positions sent when resuming")
-    tail.add_argument("--retry-max", type=float, default=5.0, help="longest reconnect delay in seconds")
-    tail.add_argument("--progress", type=float, default=10.0, help="seconds between progress lines (0: none)")
-    tail.add_argument("--cacert", help="CA bundle for https relays")
-    tail.set_defaults(run=_tail)
+    aep_sub = aep.add_subparsers(dest="command", required=True, metavar="{tail,post}")
+    tail = aep_sub.add_parser("tail", help="Print events as they arrive; reconnects and resumes by position")
+    tail.add_argument("url", nargs="?", default=DEFAULT_AEP, help="Relay base URL")
+    tail.add_argument("--token", help="Bearer token [default: $AEP_TOKEN]")
+    tail.add_argument("--filter", help='Attribute-match filter, a JSON object, e.g. {"severity":["warning","error"]}')
+    tail.add_argument("--session", help="Only this session (added to --filter)")
+    tail.add_argument("--capture", help="Capture ceiling: none, metadata, redacted or full [default: the relay's]")
+    tail.add_argument("--from", dest="start", help='Replay first: "all" or a JSON array of {session, epoch, seq}')
+    tail.add_argument("--no-live", action="store_true", help="History only: stop at replay-complete")
+    tail.add_argument("--max-from", type=positive_int, default=100, metavar="N",
+                      help="Most session positions sent when resuming")
+    tail.add_argument("--retry-max", type=positive_seconds, default=5.0, metavar="SECONDS",
+                      help="Longest reconnect delay in seconds")  # 0 would reconnect in a busy loop
+    tail.add_argument("--progress", type=seconds, default=10.0, metavar="SECONDS",
+                      help="Seconds between progress lines on stderr (0: none)")
+    tail.add_argument("--cacert", metavar="FILE", help="CA bundle for https relays [default: the system's]")
+    tail.set_defaults(run=_tail, prog=tail.prog)
 
-    post = aep_sub.add_parser("post", help="post NDJSON events from a file or stdin")
-    post.add_argument("url", nargs="?", default=DEFAULT_AEP, help=f"relay base URL [default: {DEFAULT_AEP}]")
+    post = aep_sub.add_parser("post", help="Post NDJSON events from a file or stdin")
+    post.add_argument("url", nargs="?", default=DEFAULT_AEP, help="Relay base URL")
     post.add_argument("file", nargs="?", help="NDJSON file [default: stdin]")
-    post.add_argument("--token", help="bearer token [default: $AEP_TOKEN]")
-    post.add_argument("--batch", type=int, default=100, help="most events per POST")
-    post.add_argument("--max-bytes", type=int, default=1024 * 1024, help="most bytes per POST")
-    post.add_argument("--retries", type=int, default=3, help="retries of a batch on connection errors and 5xx")
-    post.add_argument("--cacert", help="CA bundle for https relays")
-    post.set_defaults(run=_post)
+    post.add_argument("--token", help="Bearer token [default: $AEP_TOKEN]")
+    post.add_argument("--batch", type=positive_int, default=100, metavar="N", help="Most events per POST")
+    post.add_argument("--max-bytes", type=positive_int, default=1024 * 1024, metavar="BYTES",
+                      help="Most bytes per POST")
+    post.add_argument("--retries", type=non_negative_int, default=3, metavar="N",
+                      help="Retries of a batch on connection errors and 5xx answers")
+    post.add_argument("--cacert", metavar="FILE", help="CA bundle for https relays [default: the system's]")
+    post.set_defaults(run=_post, prog=post.prog)
 
     mcp = top.add_parser("mcp", help="MCP tunnel relay: act as an MCP client")
-    mcp_sub = mcp.add_subparsers(dest="subcommand", required=True)
-    connect = mcp_sub.add_parser("connect", help="initialize, then tools/list (default), tools/call, send or watch")
-    connect.add_argument("url", help="session URL (share URL with ?session=, or .../<session>[/inbox|events])")
-    connect.add_argument("command", nargs="?", help="tools | call | send | watch [default: tools]")
-    connect.add_argument("args", nargs="*", help="call: NAME [ARGUMENTS-JSON]; send: FRAME-JSON")
-    connect.add_argument("--token", help="session token [default: $MCP_TOKEN, then ?token= / ?key=]")
-    connect.add_argument("--relay", default=os.environ.get("MCP_RELAY_PATH", "agent-relay"),
-                         help="relay path of a share URL [default: agent-relay]")
-    connect.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for each answer")
-    connect.add_argument("--cacert", help="CA bundle for https relays")
-    connect.set_defaults(run=_mcp_connect)
+    mcp_sub = mcp.add_subparsers(dest="subcommand", required=True, metavar="{connect}")
+    connect = mcp_sub.add_parser("connect", help="Initialize, then tools/list (the default), tools/call, send or watch")
+    connect.add_argument("url", help="Session URL (share URL with ?session=, or .../<session>[/inbox|events])")
+    connect.add_argument("command", nargs="?", default="tools", choices=("tools", "call", "send", "watch"),
+                         help="What to do once initialized")
+    connect.add_argument("args", nargs="*", help="For call: NAME [ARGUMENTS-JSON]; for send: FRAME-JSON")
+    connect.add_argument("--token", help="Session token [default: $MCP_TOKEN, then the URL's ?token= or ?key=]")
+    connect.add_argument("--relay", metavar="PATH",
+                         help="Relay path of a share URL [default: $MCP_RELAY_PATH, else agent-relay]")
+    connect.add_argument("--timeout", type=positive_seconds, default=15.0, metavar="SECONDS",
+                         help="Seconds to wait for each answer")
+    connect.add_argument("--cacert", metavar="FILE", help="CA bundle for https relays [default: the system's]")
+    connect.set_defaults(run=_mcp_connect, prog=connect.prog)
 
-    status = top.add_parser("status", help="health and counts of a running relayd")
-    status.add_argument("--aep", help=f"AEP relay URL [default: {DEFAULT_AEP}]")
-    status.add_argument("--mcp", help=f"MCP relay URL [default: {DEFAULT_MCP}]")
-    status.add_argument("--broker", help=f"broker URL [default: {DEFAULT_BROKER}]")
-    status.add_argument("--metrics", help="metrics listener URL (adds counts from /metrics)")
+    status = top.add_parser("status", help="Health and counts of a running relayd")
+    status.add_argument("--aep", metavar="URL", help=f"AEP relay URL [default: {DEFAULT_AEP}]")
+    status.add_argument("--mcp", metavar="URL", help=f"MCP relay URL [default: {DEFAULT_MCP}]")
+    status.add_argument("--broker", metavar="URL", help=f"Broker URL [default: {DEFAULT_BROKER}]")
+    status.add_argument("--metrics", metavar="URL", help="Metrics listener URL (adds counts from /metrics)")
     status.add_argument("--token", help="AEP token, to see its counts [default: $AEP_TOKEN]")
-    status.add_argument("--json", action="store_true", help="machine-readable output")
-    status.add_argument("--cacert", help="CA bundle for https relays")
-    status.set_defaults(run=_status)
+    status.add_argument("--json", action="store_true", help="Machine-readable output")
+    status.add_argument("--cacert", metavar="FILE", help="CA bundle for https relays [default: the system's]")
+    status.set_defaults(run=_status, prog=status.prog)
 
+    # Parsed by relayd.buzz.admin (main hands it everything after "broker").
     top.add_parser("broker", help="Buzz broker credentials: issue, revoke, list (relayd-admin broker -h)", add_help=False)
     return p
 
 
+def _describe(e: BaseException) -> str:
+    """An OS or HTTP error in a few words (no errno, no class path)."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return str(e) or type(e).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """The C{relayd-admin} console script; returns the exit status."""
+    """The C{relayd-admin} console script; returns the exit status (relayd/cli.py: 2 usage, 1 failure)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["broker"]:
         from relayd.buzz.admin import main as broker_main  # a tool may import a wing
 
         return broker_main(args_list[1:])
-    args = _parser().parse_args(args_list)
+    parser = _parser()
+    try:
+        args = parser.parse_args(args_list)
+    except CommandError as e:
+        return report(sys.stderr, e, parser.prog)
     _stop_on_signals()
     try:
         return int(args.run(args))
-    except UsageError as e:
-        sys.stderr.write(f"relayd-admin: {e}\n")
-        return 2
-    except (OSError, http.client.HTTPException) as e:
-        sys.stderr.write(f"relayd-admin: {type(e).__name__}: {e}\n")
-        return 1
     except Stopped:
         return 0
+    except CommandError as e:
+        return report(sys.stderr, e, args.prog)
+    except (OSError, http.client.HTTPException) as e:
+        return report(sys.stderr, Failure(_describe(e)), args.prog)
+    except Exception as e:  # never a traceback for an operator: one line, and the kind of fault
+        return report(sys.stderr, Failure(f"unexpected {type(e).__name__}: {e}"), args.prog)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,13 @@ class Setting:
     @ivar secret: never echo the value (tokens, keys) in warnings or errors.
     @ivar canonical: maps a parsed value to what it means, so that a flag overriding an environment
         variable with an equivalent spelling draws no warning.
+    @ivar metavar: what the value is; for a number, its unit (C{SECONDS}, C{MS}, C{BYTES}, C{N} for a
+        count, C{PORT}), which the help text names (tests/test_help.py).
+    @ivar default_help: the default as C{--help} shows it when C{default} is C{None} because the value
+        is derived (C{"--aep-max-sessions"}, the port used when only C{--mcp-host} is given).
+
+    Help texts are one style (tests/test_help.py): sentence case, no closing full stop, units named;
+    C{--help} appends the environment variables and C{[default: X]} (L{shown_default}).
     """
 
     name: str
@@ -40,7 +47,27 @@ class Setting:
     switch: bool = False
     secret: bool = False
     metavar: str | None = None
+    default_help: str | None = None
     canonical: Callable[[Any], Any] = lambda value: value  # what "the same value" means for warnings
+
+
+def show_value(value: Any, separator: str = " ") -> str:
+    """A value as an operator would type it: C{14400000}, not C{14400000.0}; a list joined."""
+    if isinstance(value, (list, tuple)):
+        return separator.join(show_value(v) for v in value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def shown_default(s: Setting) -> str | None:
+    """What C{[default: X]} shows for C{s}, or C{None} when it has no default (unset, off, empty)."""
+    if s.default_help is not None:
+        return s.default_help
+    if s.switch or s.default is None or isinstance(s.default, bool) or s.default in ("", []):
+        return None
+    # A repeatable flag's values are given one flag each; a list parsed from one value is comma-separated.
+    return show_value(s.default, " " if s.repeatable else ",")
 
 
 @dataclass

@@ -21,5 +21,6 @@ SETTINGS = [
         "relayd:",
         "Prefix of every Redis key relayd writes (several deployments can share one Redis)",
         env=("RELAYD_REDIS_PREFIX",),
+        metavar="PREFIX",
     ),
 ]

@@ -24,10 +24,11 @@ SETTINGS = [
     Setting(
         "metrics-listen",
         [],
-        "Prometheus metrics listen endpoint (strports; repeatable); serves GET /metrics. Off unless given",
+        "Prometheus metrics listen endpoint (strports; repeatable), serving GET /metrics; off unless given",
         parse=endpoint,
         env=("RELAYD_METRICS_LISTEN",),
         repeatable=True,
+        metavar="ENDPOINT",
     ),
     Setting(
         "trust-forwarded-for",
@@ -36,6 +37,7 @@ SETTINGS = [
         "client address in access logs (0: ignore the header)",
         parse=non_negative_int,
         env=("RELAYD_TRUST_FORWARDED_FOR",),
+        metavar="N",
     ),
     Setting(
         "header-timeout",
@@ -44,6 +46,7 @@ SETTINGS = [
         "disconnected (slowloris)",
         parse=positive_seconds,
         env=("RELAYD_HEADER_TIMEOUT",),
+        metavar="SECONDS",
     ),
     Setting(
         "body-timeout",
@@ -52,6 +55,7 @@ SETTINGS = [
         "are disconnected",
         parse=positive_seconds,
         env=("RELAYD_BODY_TIMEOUT",),
+        metavar="SECONDS",
     ),
     Setting(
         "idle-timeout",
@@ -59,6 +63,7 @@ SETTINGS = [
         "Seconds an HTTP connection may sit idle between requests (or stall mid-request) before it is closed",
         parse=positive_seconds,
         env=("RELAYD_IDLE_TIMEOUT",),
+        metavar="SECONDS",
     ),
     Setting(
         "shutdown-grace",
@@ -66,6 +71,7 @@ SETTINGS = [
         "Seconds each relay waits at shutdown for streams and in-flight work to drain before aborting",
         parse=positive_seconds,
         env=("RELAYD_SHUTDOWN_GRACE",),
+        metavar="SECONDS",
     ),
     Setting(
         "no-access-log",

@@ -17,7 +17,7 @@ import relayd
 from relayd import logging as relayd_logging
 from relayd import metrics, sdnotify
 from relayd.clock import Clock
-from relayd.config import ConfigError, Resolved, Setting, resolve
+from relayd.config import ConfigError, Resolved, Setting, resolve, shown_default
 from relayd.redis import clients as redis_clients
 from relayd.rlimits import increase_rlimits
 from relayd.web.site import RelaySite
@@ -53,7 +53,13 @@ def _make_option_class(settings: Sequence[Setting]) -> type[usage.Options]:
 
 
 def _option_method(s: Setting) -> Any:
-    default = "" if s.default in (None, [], False) else f" [default: {_show(s.default)}]"
+    """The C{opt_} method for C{s}; its docstring is the help line: help, environment, default.
+
+    twistd prints C{[default: X]} only for C{optParameters}; these methods carry their own, shown as
+    an operator would type the value (relayd.config.shown_default).
+    """
+    shown = shown_default(s)
+    default = "" if shown is None else f" [default: {shown}]"
     env = f" (env {', '.join(s.env)})" if s.env else ""
     if s.switch:
 
@@ -73,12 +79,6 @@ def _option_method(s: Setting) -> Any:
     return value
 
 
-def _show(value: Any) -> str:
-    if isinstance(value, list):
-        return " ".join(str(v) for v in value)
-    return str(value)
-
-
 class Options(_make_option_class(all_settings())):  # type: ignore[misc]
     """relayd's command line: every wing's flags; flag > environment > default."""
 
@@ -95,12 +95,14 @@ class Options(_make_option_class(all_settings())):  # type: ignore[misc]
         self.given: dict[str, Any] = {}
         self.settings = Resolved()
 
-    def opt_h(self) -> None:
-        """Display this help and exit."""
-        self.opt_help()
+    def opt_help(self) -> None:
+        """Display this help and exit"""
+        super().opt_help()
+
+    opt_h = opt_help  # the same method: twistd lists it as "-h, --help"
 
     def opt_version(self) -> None:
-        """Display relayd's version (and Twisted's and Python's) and exit."""
+        """Display relayd's version (and Twisted's and Python's) and exit"""
         import twisted
 
         sys.stdout.write(f"relayd {relayd.__version__} (Twisted {twisted.__version__}, Python {sys.version.split()[0]})\n")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -21,11 +22,31 @@ from relayd.admin import UsageError, mcp_endpoints
 from tests.mcp.harness import RelayTestCase
 from tests.mcp.test_interop import PAGE_TOOLS, page_answer
 from tests.support.aep import AEPRelay, event, ndjson
+from tests.support.cases import cases, expand
 from tests.support.command import Command
 from tests.support.sse import SSEClient
 from tests.support.twistd import SYSTEMD_WRAPPER, RelaydProcess
 
 TOKEN = "admin-tail-token-42"
+
+# relayd/cli.py: every error is one line `PROG: error: WHAT` (argparse's own put the usage line first).
+ERROR_LINE = re.compile(rb"^(relayd-admin(?: [a-z]+)*): error: \S[^\n]*$")
+
+
+def assert_one_error(test: TestCase, command: Command, status: int, prog: str, what: bytes) -> None:
+    """C{command} exited C{status} with one error line from C{prog} saying C{what}, and no traceback."""
+    test.assertEqual(command.status, status, command.stderr)
+    test.assertNotIn(b"Traceback", command.stderr)
+    lines = command.stderr.decode().splitlines()
+    if lines and lines[0].startswith("usage: "):  # argparse's usage errors only
+        test.assertEqual(status, 2, command.stderr)
+        lines = [line for line in lines if not line.startswith(" ")][1:]  # the usage may wrap
+    test.assertEqual(len(lines), 1, command.stderr)
+    match = ERROR_LINE.match(lines[0].encode())
+    test.assertIsNotNone(match, command.stderr)
+    assert match is not None
+    test.assertEqual(match.group(1).decode(), prog)
+    test.assertIn(what, command.stderr)
 
 
 def _events(stdout: bytes) -> list[int]:
@@ -108,14 +129,19 @@ class AdminAgainstInProcessAEP(TestCase):
     async def test_post_refusal_names_the_batch_and_exits_1(self) -> None:
         bad = ndjson(event("A", 0)) + b'{"aep":"0.1"}\n'
         poster = Command.admin("aep", "post", self.relay.url, env={"AEP_TOKEN": TOKEN}, stdin=bad)
-        self.assertEqual(await poster.finished(), 1)
-        self.assertIn(b"refused: 400", poster.stderr)
+        await poster.finished()
+        assert_one_error(self, poster, 1, "relayd-admin aep post", b"refused: 400")
         self.assertIn(b"invalid-event", poster.stderr)
 
-    async def test_tail_with_a_wrong_token_stops_with_2(self) -> None:
+    async def test_tail_with_a_wrong_token_fails_with_1(self) -> None:
         tail = Command.admin("aep", "tail", self.relay.url, "--token", "wrong")
-        self.assertEqual(await tail.finished(), 2)
-        self.assertIn(b"refused: 401", tail.stderr)
+        await tail.finished()
+        assert_one_error(self, tail, 1, "relayd-admin aep tail", b"/stream refused: 401")
+
+    async def test_post_with_a_wrong_token_fails_with_1(self) -> None:
+        poster = Command.admin("aep", "post", self.relay.url, "--token", "wrong", stdin=ndjson(event("A", 0)))
+        await poster.finished()
+        assert_one_error(self, poster, 1, "relayd-admin aep post", b"batch 1 (1 events) refused: 401")
 
     async def test_tail_prints_live_events_with_filter_and_capture(self) -> None:
         tail = Command.admin("aep", "tail", self.relay.url, "--filter", '{"session":"L"}', "--capture", "none",
@@ -203,8 +229,113 @@ class McpConnect(RelayTestCase):
 
     async def test_a_wrong_token_is_refused(self) -> None:
         connect = Command.admin("mcp", "connect", f"{self.base}/{self.SESSION}?token=nope")
-        self.assertEqual(await connect.finished(), 2)
-        self.assertIn(b"refused: 401", connect.stderr)
+        await connect.finished()
+        assert_one_error(self, connect, 1, "relayd-admin mcp connect", b"events stream refused: 401")
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+@expand
+class ErrorsInOneFormat(TestCase):
+    """Issue 11: every relayd-admin command reports a bad command line (2) or a failure (1) as argparse
+    does, one line on stderr, never a traceback. {dir} is an empty temporary directory, {closed} a
+    port nothing listens on."""
+
+    timeout = 30
+
+    def setUp(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="relayd-admin-errors-")
+        self.addCleanup(shutil.rmtree, self.dir)
+
+    def argv(self, args: tuple[str, ...]) -> list[str]:
+        closed = str(_closed_port())
+        return [a.replace("{dir}", self.dir).replace("{closed}", closed) for a in args]
+
+    @cases(
+        unknown_tool=(("frobnicate",), "relayd-admin", b"invalid choice: 'frobnicate'"),
+        no_tool=((), "relayd-admin", b"the following arguments are required"),
+        tail_max_from_zero=(("aep", "tail", "--max-from", "0"), "relayd-admin aep tail",
+                            b"argument --max-from: '0' must be a positive integer"),
+        tail_filter_not_json=(("aep", "tail", "--filter", "{bad"), "relayd-admin aep tail", b"--filter is not JSON"),
+        tail_filter_not_object=(("aep", "tail", "--filter", "[1]", "--session", "S"), "relayd-admin aep tail",
+                                b"--filter must be a JSON object"),
+        tail_zero_retry_max=(("aep", "tail", "--retry-max", "0"), "relayd-admin aep tail",
+                             b"argument --retry-max: '0' must be more than 0 seconds"),
+        tail_bad_from=(("aep", "tail", "--from", "yesterday"), "relayd-admin aep tail", b'--from must be "all"'),
+        tail_not_http=(("aep", "tail", "ftp://host/"), "relayd-admin aep tail", b"not an http(s) URL"),
+        post_negative_retries=(("aep", "post", "--retries", "-1"), "relayd-admin aep post",
+                               b"argument --retries: '-1' must be 0 or more"),
+        post_batch_not_int=(("aep", "post", "--batch", "ten"), "relayd-admin aep post",
+                            b"argument --batch: 'ten' is not an integer"),
+        post_missing_file=(("aep", "post", "http://127.0.0.1:{closed}", "{dir}/none.ndjson"),
+                           "relayd-admin aep post", b"argument file: can't open"),
+        connect_no_token=(("mcp", "connect", "http://127.0.0.1:{closed}/r/S"), "relayd-admin mcp connect",
+                          b"no token in URL"),
+        connect_bad_command=(("mcp", "connect", "http://127.0.0.1:{closed}/r/S?token=t", "dance"),
+                             "relayd-admin mcp connect", b"invalid choice: 'dance'"),
+        connect_call_bad_json=(("mcp", "connect", "http://127.0.0.1:{closed}/r/S?token=t", "call", "t", "{bad"),
+                               "relayd-admin mcp connect", b"call ARGUMENTS is not JSON"),
+        connect_send_not_object=(("mcp", "connect", "http://127.0.0.1:{closed}/r/S?token=t", "send", "[1]"),
+                                 "relayd-admin mcp connect", b"send FRAME must be a JSON object"),
+        connect_call_without_name=(("mcp", "connect", "http://127.0.0.1:{closed}/r/S?token=t", "call"),
+                                   "relayd-admin mcp connect", b"call needs a tool name"),
+        connect_zero_timeout=(("mcp", "connect", "http://x/r/S?token=t", "--timeout", "0"),
+                              "relayd-admin mcp connect", b"argument --timeout: '0' must be more than 0 seconds"),
+        status_not_http=(("status", "--aep", "ftp://host/"), "relayd-admin status", b"not an http(s) URL"),
+        broker_no_command=(("broker",), "relayd-admin broker", b"the following arguments are required"),
+        broker_issue_no_agent=(("broker", "issue", "--state-dir", "{dir}"), "relayd-admin broker issue",
+                               b"the following arguments are required: --agent"),
+        broker_issue_needs_a_channel=(("broker", "issue", "--state-dir", "{dir}", "--agent", "a"),
+                                      "relayd-admin broker issue", b"--channel is required for agents.create"),
+        broker_issue_unknown_action=(("broker", "issue", "--state-dir", "{dir}", "--agent", "a", "--actions", "sign"),
+                                     "relayd-admin broker issue", b"--actions: unknown action 'sign'"),
+        broker_issue_bad_expiry=(("broker", "issue", "--state-dir", "{dir}", "--agent", "a", "--actions",
+                                  "profile.set", "--expires", "soon"), "relayd-admin broker issue", b"--expires: "),
+        broker_kek_file_unreadable=(("broker", "issue", "--state-dir", "{dir}", "--agent", "a", "--actions",
+                                     "profile.set", "--kek-file", "{dir}"),
+                                    "relayd-admin broker issue", b"--kek-file: cannot read (Is a directory)"),
+        broker_revoke_both=(("broker", "revoke", "--state-dir", "{dir}", "--id", "1", "--agent", "a"),
+                            "relayd-admin broker revoke", b"not allowed with argument"),
+    )
+    async def test_usage_error_exits_2(self, args: tuple[str, ...], prog: str, what: bytes) -> None:
+        command = Command.admin(*self.argv(args))
+        await command.finished()
+        assert_one_error(self, command, 2, prog, what)
+
+    @cases(
+        post_unreachable=(("aep", "post", "http://127.0.0.1:{closed}", "--retries", "0"), "relayd-admin aep post",
+                          b"batch 1 (1 events) got no answer (Connection refused); 0 events accepted before it"),
+        connect_unreachable=(("mcp", "connect", "http://127.0.0.1:{closed}/r/S?token=t", "--timeout", "5"),
+                             "relayd-admin mcp connect", b"events stream: Connection refused"),
+        broker_list_missing_state_dir=(("broker", "list", "--state-dir", "{dir}/none"), "relayd-admin broker list",
+                                       b"no broker state in "),
+        broker_revoke_missing_state_dir=(("broker", "revoke", "--state-dir", "{dir}/none", "--id", "1"),
+                                         "relayd-admin broker revoke", b"no broker state in "),
+        broker_revoke_unknown_agent=(("broker", "revoke", "--state-dir", "{dir}", "--agent", "nobody"),
+                                     "relayd-admin broker revoke", b"no agent 'nobody'"),
+        broker_state_not_a_database=(("broker", "list", "--state-dir", "{dir}"), "relayd-admin broker list",
+                                     b"database"),
+    )
+    async def test_failure_exits_1(self, args: tuple[str, ...], prog: str, what: bytes) -> None:
+        if args[-1:] == ("{dir}",) and args[1] == "list":
+            with open(os.path.join(self.dir, "broker.sqlite3"), "wb") as f:
+                f.write(b"not a database\n" * 512)  # a state file something else overwrote
+        command = Command.admin(*self.argv(args), stdin=ndjson(event("A", 0)))
+        await command.finished()
+        assert_one_error(self, command, 1, prog, what)
+
+    async def test_state_dir_is_not_created_by_list(self) -> None:
+        missing = os.path.join(self.dir, "typo")
+        command = Command.admin("broker", "list", "--state-dir", missing)
+        self.assertEqual(await command.finished(), 1)
+        self.assertFalse(os.path.exists(missing))
 
 
 # mcp-relay.md §10.1: deriving the endpoints from a URL (the npx CLI's eight cases).

@@ -14,6 +14,7 @@ SETTINGS = [
         parse=endpoint,
         env=("RELAYD_AEP_LISTEN",),
         repeatable=True,
+        metavar="ENDPOINT",
     ),
     Setting("no-aep", False, "Do not run the AEP relay", env=("RELAYD_NO_AEP",), switch=True),
     Setting(
@@ -24,14 +25,23 @@ SETTINGS = [
         parse=non_empty,
         env=("AEP_TOKEN", "RELAYD_AEP_TOKEN"),
         secret=True,
+        metavar="TOKEN",
     ),
-    Setting("aep-buffer", 10000, "Events kept per session for replay", parse=positive_int, env=("AEP_BUFFER",)),
+    Setting(
+        "aep-buffer",
+        10000,
+        "Events kept per session for replay",
+        parse=positive_int,
+        env=("AEP_BUFFER",),
+        metavar="N",
+    ),
     Setting(
         "aep-max-sessions",
         500,
         "Sessions kept; the least recently written is evicted",
         parse=positive_int,
         env=("AEP_MAX_SESSIONS",),
+        metavar="N",
     ),
     Setting(
         "aep-max-body",
@@ -39,6 +49,7 @@ SETTINGS = [
         "Largest ingest body in bytes (413 payload-too-large)",
         parse=positive_int,
         env=("AEP_MAX_BODY",),
+        metavar="BYTES",
     ),
     Setting(
         "aep-max-batch",
@@ -46,13 +57,16 @@ SETTINGS = [
         "Most events in one NDJSON batch (413 too-many-events)",
         parse=positive_int,
         env=("AEP_MAX_BATCH",),
+        metavar="N",
     ),
     Setting(
         "aep-max-from",
         None,
-        "Most resume positions in one `from` [default: --aep-max-sessions]",
+        "Most resume positions in one `from`",
         parse=positive_int,
         env=("AEP_MAX_FROM",),
+        metavar="N",
+        default_help="the value of --aep-max-sessions",
     ),
     Setting(
         "aep-max-subscriptions",
@@ -60,6 +74,7 @@ SETTINGS = [
         "Most subscriptions one WebSocket connection holds (error limit-exceeded)",
         parse=positive_int,
         env=("AEP_MAX_SUBSCRIPTIONS",),
+        metavar="N",
     ),
     Setting(
         "aep-max-subscribers",
@@ -68,6 +83,7 @@ SETTINGS = [
         "limit-exceeded)",
         parse=positive_int,
         env=("AEP_MAX_SUBSCRIBERS",),
+        metavar="N",
     ),
     Setting(
         "aep-heartbeat",
@@ -75,5 +91,6 @@ SETTINGS = [
         "Seconds between SSE `: ping` comments and WebSocket ping frames",
         parse=positive_int,
         env=("RELAYD_AEP_HEARTBEAT",),
+        metavar="SECONDS",
     ),
 ]

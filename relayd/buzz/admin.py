@@ -22,6 +22,8 @@ from relayd.buzz.config import KEK_ENV
 from relayd.buzz.host import CHANNEL_ACTIONS, credential_hash
 from relayd.buzz.keys import Custody, KEKError, load_kek
 from relayd.buzz.state import Agent, StateDB
+from relayd.cli import CommandError, Failure, Parser, report
+from relayd.cli import UsageError as _UsageError
 
 CREDENTIAL_PREFIX = "bzh_"
 # Actions a credential without channels could never perform: those naming a channel, and managing an
@@ -34,48 +36,67 @@ def new_credential() -> str:
     return CREDENTIAL_PREFIX + base64.urlsafe_b64encode(os.urandom(32)).rstrip(b"=").decode("ascii")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise _UsageError(f"{self.prog}: error: {message}")
-
-
-class _UsageError(Exception):
-    pass
+DEFAULT_STATE_DIR = "./relayd-state"  # as the broker's --broker-state-dir
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="relayd-admin broker", description="Manage Buzz broker credentials.")
-    sub = p.add_subparsers(dest="command", required=True)
+    """The command line, in relayd/cli.py's style (tests/test_help.py checks every help text)."""
+    p = Parser(prog="relayd-admin broker", description="Manage Buzz broker credentials")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{issue,revoke,list}")
 
     def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--state-dir", default=os.environ.get("RELAYD_BROKER_STATE_DIR") or "./relayd-state")
-        sp.add_argument("--kek-file", default=os.environ.get("RELAYD_BROKER_KEK_FILE") or None)
+        # Defaults resolved after parsing, so that --help shows where they come from, not this shell's values.
+        sp.add_argument(
+            "--state-dir",
+            metavar="DIR",
+            help=f"The broker's state directory (its --broker-state-dir) [default: $RELAYD_BROKER_STATE_DIR, "
+            f"else {DEFAULT_STATE_DIR}]",
+        )
+        sp.add_argument(
+            "--kek-file",
+            metavar="FILE",
+            help="File holding the 64-hex-character key-encryption key (the broker's --broker-kek-file) "
+            f"[default: $RELAYD_BROKER_KEK_FILE, else ${KEK_ENV}, else the state directory's generated key]",
+        )
+        sp.set_defaults(prog=sp.prog)
 
-    issue = sub.add_parser("issue", help="issue a credential (printed once)")
+    channel_actions = [a for a in contract.ACTIONS if a in NEEDS_A_CHANNEL]
+    other_actions = [a for a in contract.ACTIONS if a not in NEEDS_A_CHANNEL]
+    issue = sub.add_parser("issue", help="Issue a credential (printed once)")
     common(issue)
-    issue.add_argument("--agent", required=True, help="agent name (or public key of an existing agent)")
+    issue.add_argument("--agent", required=True, help="Agent name (or public key of an existing agent)")
     issue.add_argument(
         "--channel",
         action="append",
         default=[],
-        help="channel UUID the credential may act in (repeatable; required unless --actions has no channel action)",
+        metavar="UUID",
+        help="Channel UUID the credential may act in (repeatable; required when --actions names a channel "
+        "action)",
     )
-    issue.add_argument("--actions", default=",".join(contract.ACTIONS), help="comma-separated actions (default: all nine)")
-    issue.add_argument("--secret-key-file", help="file holding the agent's key (64 hex or nsec1)")
-    issue.add_argument("--owner", help="public key of the agent's owner (for storage.address)")
+    issue.add_argument(
+        "--actions",
+        default=",".join(contract.ACTIONS),
+        metavar="LIST",
+        help=f"Comma-separated broker actions the credential may perform, of the nine: "
+        f"{', '.join(channel_actions)} (these need --channel), {', '.join(other_actions)} [default: all nine]",
+    )
+    issue.add_argument("--secret-key-file", metavar="FILE", help="File holding the agent's key (64 hex or nsec1) "
+                       "[default: the existing agent's key, else a new one]")
+    issue.add_argument("--owner", metavar="PUBKEY", help="Public key of the agent's owner (for storage.address)")
     issue.add_argument(
         "--expires",
-        help="when the credential stops working: a duration (90s, 30m, 12h, 7d) from now, or an ISO 8601"
-        " date-time with a zone (2027-01-31T00:00:00Z)",
+        metavar="WHEN",
+        help="When the credential stops working: a duration (90s, 30m, 12h, 7d) from now, or an ISO 8601"
+        " date-time with a zone (2027-01-31T00:00:00Z) [default: never]",
     )
 
-    revoke = sub.add_parser("revoke", help="revoke credentials")
+    revoke = sub.add_parser("revoke", help="Revoke credentials")
     common(revoke)
     which = revoke.add_mutually_exclusive_group(required=True)
-    which.add_argument("--id", help="credential id (from list)")
-    which.add_argument("--agent", help="revoke every credential of this agent (name or public key)")
+    which.add_argument("--id", help="Credential id (from list)")
+    which.add_argument("--agent", help="Revoke every credential of this agent (name or public key)")
 
-    lst = sub.add_parser("list", help="list credentials and agents (no secrets)")
+    lst = sub.add_parser("list", help="List credentials and agents (no secrets)")
     common(lst)
     return p
 
@@ -84,27 +105,37 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
     """Run C{relayd-admin broker ...} with C{argv} (without the leading C{broker}); returns the exit status."""
     out = stdout or sys.stdout
     err = stderr or sys.stderr
+    parser = _parser()
     try:
-        args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    except _UsageError as e:
-        err.write(f"{e}\n")
-        return 2
+        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    except CommandError as e:
+        return report(err, e, parser.prog)
     except SystemExit as e:  # --help
         return int(e.code or 0)
+    args.state_dir = args.state_dir or os.environ.get("RELAYD_BROKER_STATE_DIR") or DEFAULT_STATE_DIR
+    args.kek_file = args.kek_file or os.environ.get("RELAYD_BROKER_KEK_FILE") or None
+    try:
+        return _run(args, out, err)
+    except CommandError as e:
+        return report(err, e, args.prog)
+    except Exception as e:  # never a traceback for an operator: one line, and the kind of fault
+        return report(err, Failure(f"unexpected {type(e).__name__}: {e}"), args.prog)
+
+
+def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.command != "issue" and not os.path.isdir(args.state_dir):
+        # Only issue may start a state directory: list or revoke on a mistyped one would create it.
+        raise Failure(f"no broker state in {args.state_dir!r} (--state-dir, or RELAYD_BROKER_STATE_DIR)")
     try:
         db = StateDB.in_dir(args.state_dir)
     except Exception as e:
-        err.write(f"relayd-admin broker: cannot open state in {args.state_dir!r}: {e}\n")
-        return 1
+        raise Failure(f"cannot open the state in {args.state_dir!r}: {e}") from None
     try:
         if args.command == "issue":
             return _issue(args, db, out, err)
         if args.command == "revoke":
             return _revoke(args, db, out, err)
         return _list(db, out)
-    except _UsageError as e:
-        err.write(f"relayd-admin broker: {e}\n")
-        return 2
     finally:
         db.close()
 
@@ -113,7 +144,8 @@ def _custody(args: argparse.Namespace) -> Custody:
     try:
         return Custody(load_kek(args.state_dir, args.kek_file, os.environ.get(KEK_ENV) or None))
     except KEKError as e:
-        raise _UsageError(str(e)) from None
+        # load_kek names the daemon's flag; here the same file was given as --kek-file.
+        raise _UsageError(str(e).replace("--broker-kek-file", "--kek-file")) from None
 
 
 def _find_agent(db: StateDB, ref: str) -> Agent | None:
@@ -234,8 +266,7 @@ def _revoke(args: argparse.Namespace, db: StateDB, out: TextIO, err: TextIO) -> 
     else:
         agent = _find_agent(db, args.agent)
         if agent is None:
-            err.write(f"relayd-admin broker: no agent {args.agent!r}\n")
-            return 1
+            raise Failure(f"no agent {args.agent!r}")
         n = db.revoke(agent_pubkey=agent.pubkey)
     out.write(json.dumps({"revoked": n}) + "\n")
     return 0 if n else 1

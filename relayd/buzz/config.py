@@ -47,7 +47,7 @@ SETTINGS: list[Setting] = [
     Setting(
         "broker-auth-url",
         None,
-        "relay URL to name in NIP-42 AUTH when it differs from --broker-nostr-relay",
+        "Relay URL to name in NIP-42 AUTH when it differs from --broker-nostr-relay",
         parse=_relay_url,
         env=("RELAYD_BROKER_AUTH_URL",),
         metavar="URL",
@@ -55,7 +55,7 @@ SETTINGS: list[Setting] = [
     Setting(
         "broker-state-dir",
         "./relayd-state",
-        "directory for the broker's SQLite state and generated key-encryption key",
+        "Directory for the broker's SQLite state and generated key-encryption key",
         parse=non_empty,
         env=("RELAYD_BROKER_STATE_DIR",),
         metavar="DIR",
@@ -63,7 +63,7 @@ SETTINGS: list[Setting] = [
     Setting(
         "broker-kek-file",
         None,
-        "file holding the 64-hex-character key-encryption key (else RELAYD_BROKER_KEK, else generated)",
+        "File holding the 64-hex-character key-encryption key (else RELAYD_BROKER_KEK, else generated)",
         parse=non_empty,
         env=("RELAYD_BROKER_KEK_FILE",),
         metavar="FILE",
@@ -71,14 +71,15 @@ SETTINGS: list[Setting] = [
     Setting(
         "broker-max-agent-depth",
         4,
-        "longest chain of agents owning agents",
+        "Longest chain of agents owning agents",
         parse=positive_int,
         env=("RELAYD_BROKER_MAX_AGENT_DEPTH",),
+        metavar="N",
     ),
     Setting(
         "broker-action-timeout",
         10.0,
-        "seconds to wait for the relay (connect, AUTH, OK/EOSE) before answering indeterminate",
+        "Seconds to wait for the relay (connect, AUTH, OK/EOSE) before answering indeterminate",
         parse=_seconds,
         env=("RELAYD_BROKER_ACTION_TIMEOUT",),
         metavar="SECONDS",
@@ -86,7 +87,7 @@ SETTINGS: list[Setting] = [
     Setting(
         "broker-max-body",
         2 * 1024 * 1024,
-        "largest request body in bytes",
+        "Largest request body in bytes",
         parse=positive_int,
         env=("RELAYD_BROKER_MAX_BODY",),
         metavar="BYTES",
@@ -94,7 +95,7 @@ SETTINGS: list[Setting] = [
     Setting(
         "broker-receipt-retention",
         30 * 24 * 3600,
-        "seconds a request's receipt (its verdict, or its pending plan) is kept; a retry after that executes anew",
+        "Seconds a request's receipt (its verdict, or its pending plan) is kept; a retry after that executes anew",
         parse=positive_int,
         env=("RELAYD_BROKER_RECEIPT_RETENTION",),
         metavar="SECONDS",
@@ -102,7 +103,7 @@ SETTINGS: list[Setting] = [
     Setting(
         "broker-max-receipts",
         100_000,
-        "receipts kept per agent; past it the agent's oldest settled tenth is deleted (a retry of those executes anew)",
+        "Receipts kept per agent; past it the agent's oldest settled tenth is deleted (a retry of those executes anew)",
         parse=positive_int,
         env=("RELAYD_BROKER_MAX_RECEIPTS",),
         metavar="COUNT",
@@ -110,7 +111,7 @@ SETTINGS: list[Setting] = [
     Setting(
         "broker-runtimes",
         ["buzz-acp"],
-        "comma-separated agent runtimes agents.create/update accept",
+        "Comma-separated agent runtimes that agents.create and agents.update accept",
         parse=_csv,
         env=("RELAYD_BROKER_RUNTIMES",),
         metavar="LIST",
@@ -118,7 +119,7 @@ SETTINGS: list[Setting] = [
     Setting(
         "broker-disable-reactions",
         False,
-        "answer reaction.add with unsupported",
+        "Answer reaction.add with unsupported",
         switch=True,
         env=("RELAYD_BROKER_DISABLE_REACTIONS",),
     ),

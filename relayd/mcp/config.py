@@ -75,7 +75,8 @@ SETTINGS: list[Setting] = [
         "MCP relay port, when --mcp-listen is not given (the Node relay's PORT)",
         parse=port,
         env=("RELAYD_MCP_PORT", "PORT"),
-        metavar="N",
+        metavar="PORT",
+        default_help="8788",
     ),
     Setting(
         "mcp-host",
@@ -83,12 +84,13 @@ SETTINGS: list[Setting] = [
         "MCP relay bind address, when --mcp-listen is not given (the Node relay's HOST)",
         env=("RELAYD_MCP_HOST", "HOST"),
         metavar="ADDR",
+        default_help="127.0.0.1",
     ),
-    Setting("no-mcp", False, "do not start the MCP tunnel relay", env=("RELAYD_NO_MCP",), switch=True),
+    Setting("no-mcp", False, "Do not start the MCP tunnel relay", env=("RELAYD_NO_MCP",), switch=True),
     Setting(
         "mcp-prefix",
         "",
-        "URL path prefix of every MCP relay route (e.g. /mcp-relay behind a proxy)",
+        "URL path prefix of every MCP relay route, e.g. /mcp-relay behind a proxy (none by default)",
         parse=prefix,
         env=("RELAYD_MCP_PREFIX", "PREFIX"),
         metavar="PATH",
@@ -96,7 +98,7 @@ SETTINGS: list[Setting] = [
     Setting(
         "mcp-ttl-ms",
         14_400_000.0,
-        "MCP session inactivity timeout in ms",
+        "MCP session inactivity timeout in milliseconds",
         parse=ttl_ms,
         env=("RELAYD_MCP_TTL_MS", "TTL_MS"),
         metavar="MS",
@@ -104,7 +106,7 @@ SETTINGS: list[Setting] = [
     Setting(
         "mcp-cors",
         ["*"],
-        "browser origins allowed to read MCP relay responses: * or a comma list (repeatable)",
+        "Browser origins allowed to read MCP relay responses: * or a comma list (repeatable)",
         parse=cors_entry,
         env=("RELAYD_MCP_CORS_ALLOW_ORIGIN", "CORS_ALLOW_ORIGIN"),
         repeatable=True,
@@ -114,7 +116,7 @@ SETTINGS: list[Setting] = [
     Setting(
         "mcp-max-sessions",
         10_000,
-        "most MCP sessions at once; register beyond answers 503",
+        "Most MCP sessions at once; a register beyond answers 503",
         parse=positive_int,
         env=("RELAYD_MCP_MAX_SESSIONS",),
         metavar="N",
@@ -122,7 +124,7 @@ SETTINGS: list[Setting] = [
     Setting(
         "mcp-poll-idle-ms",
         60_000,
-        "drop a long-poll subscriber that has not polled for this long (ms)",
+        "Milliseconds after which a long-poll subscriber that has not polled is dropped",
         parse=positive_int,
         env=("RELAYD_MCP_POLL_IDLE_MS",),
         metavar="MS",
@@ -130,7 +132,7 @@ SETTINGS: list[Setting] = [
     Setting(
         "mcp-reap-interval-ms",
         60_000,
-        "how often expired sessions and idle pollers are reaped (ms; 0 disables)",
+        "Milliseconds between reaps of expired sessions and idle pollers (0 disables)",
         parse=non_negative_int,
         env=("RELAYD_MCP_REAP_INTERVAL_MS",),
         metavar="MS",
@@ -138,7 +140,7 @@ SETTINGS: list[Setting] = [
     Setting(
         "mcp-queue-frames",
         1000,
-        "most frames queued per subscriber before the oldest are dropped (or an SSE client is cut)",
+        "Most frames queued per subscriber before the oldest are dropped (or an SSE client is cut)",
         parse=positive_int,
         env=("RELAYD_MCP_QUEUE_FRAMES",),
         metavar="N",
@@ -146,7 +148,7 @@ SETTINGS: list[Setting] = [
     Setting(
         "mcp-queue-bytes",
         8 * 1024 * 1024,
-        "most bytes queued per subscriber",
+        "Most bytes queued per subscriber",
         parse=positive_int,
         env=("RELAYD_MCP_QUEUE_BYTES",),
         metavar="BYTES",
@@ -154,7 +156,7 @@ SETTINGS: list[Setting] = [
     Setting(
         "mcp-max-buffered-bytes",
         64 * 1024 * 1024,
-        "most bytes of frames held for absent readers (first-frame backlogs and poll queues), all "
+        "Most bytes of frames held for absent readers (first-frame backlogs and poll queues), all "
         "sessions together (with --redis: the whole deployment); a post beyond answers 503 buffer_full",
         parse=positive_int,
         env=("RELAYD_MCP_MAX_BUFFERED_BYTES",),
@@ -167,7 +169,8 @@ SETTINGS += [
     Setting(
         "mcp-request-timeout",
         60_000,
-        "standard MCP endpoint: a request the page has not answered after this many ms gets a JSON-RPC error",
+        "Standard MCP endpoint: milliseconds after which a request the page has not answered gets a "
+        "JSON-RPC error",
         parse=positive_int,
         env=("RELAYD_MCP_REQUEST_TIMEOUT",),
         metavar="MS",
@@ -175,7 +178,8 @@ SETTINGS += [
     Setting(
         "mcp-client-idle-ms",
         1_800_000,
-        "standard MCP endpoint: end a client session unused for this long (ms; an open GET stream is use)",
+        "Standard MCP endpoint: milliseconds after which an unused client session ends (an open GET "
+        "stream is use)",
         parse=positive_int,
         env=("RELAYD_MCP_CLIENT_IDLE_MS",),
         metavar="MS",
@@ -183,14 +187,14 @@ SETTINGS += [
     Setting(
         "mcp-demo",
         False,
-        "serve the demo page at {prefix}/demo even on non-loopback listeners",
+        "Serve the demo page at {prefix}/demo even on non-loopback listeners",
         env=("RELAYD_MCP_DEMO",),
         switch=True,
     ),
     Setting(
         "no-mcp-demo",
         False,
-        "do not serve the demo page (it is on by default when every MCP listener is loopback)",
+        "Do not serve the demo page (it is on by default when every MCP listener is loopback)",
         env=("RELAYD_NO_MCP_DEMO",),
         switch=True,
     ),

@@ -132,7 +132,7 @@ def test_admin_issue_list_revoke(tmp_path: object) -> None:
         f.write("ff" * 32)  # above the group order
     err = io.StringIO()
     assert admin.main(["issue", "--state-dir", d, "--agent", "x", "--secret-key-file", bad_key, "--channel", ch], stdout=io.StringIO(), stderr=err) == 2
-    assert err.getvalue().startswith("relayd-admin broker: --secret-key-file: ")
+    assert err.getvalue().startswith("relayd-admin broker issue: error: --secret-key-file: ")
     assert "ff" * 32 not in err.getvalue()
 
 
@@ -158,7 +158,7 @@ class AdminIssueChannelScope(unittest.TestCase):
         self.assertEqual((code, out), (2, ""))
         self.assertEqual(
             err,
-            "relayd-admin broker: --channel is required for agents.create, agents.delete, agents.update, "
+            "relayd-admin broker issue: error: --channel is required for agents.create, agents.delete, agents.update, "
             "channel.read, message.post, message.reply, reaction.add (repeat it for each channel); without a "
             "channel, --actions may only name profile.set,storage.address\n",
         )
