@@ -106,7 +106,7 @@ SETTINGS: list[Setting] = [
         "Receipts kept per agent; past it the agent's oldest settled tenth is deleted (a retry of those executes anew)",
         parse=positive_int,
         env=("RELAYD_BROKER_MAX_RECEIPTS",),
-        metavar="COUNT",
+        metavar="N",
     ),
     Setting(
         "broker-runtimes",
