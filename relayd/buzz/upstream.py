@@ -7,8 +7,12 @@ cannot open, or drops, it is reopened with backoff. What it logs (docs/decisions
 
 - a warning naming the relay (no credentials) when the first attempt fails, or has not completed
   L{START_WARNING} seconds after start;
-- once an outage has been reported, at most one line per L{REPEAT_EVERY} seconds while it lasts;
-- one line when the relay is reachable again.
+- at most one line per L{REPEAT_EVERY} seconds while an outage lasts (or while the relay keeps
+  accepting and dropping the connection);
+- one line when the relay is reachable again (after an outage that was logged).
+
+A connection that had stayed open L{STABLE} seconds and drops (relays may close idle connections) is
+reopened at once without a word; only if that fails is the relay unreachable.
 
 Every timer goes through the L{relayd.clock.Clock}.
 """
@@ -32,6 +36,7 @@ START_WARNING = 5.0  # seconds after start without a connection before the broke
 REPEAT_EVERY = 60.0  # seconds between lines about an outage that goes on
 BACKOFF_BASE = 1.0
 BACKOFF_CAP = 30.0
+STABLE = 10.0  # seconds a connection stays open before its loss is no longer a failing attempt
 
 _log = Logger(namespace="relayd.buzz.upstream")
 
@@ -74,15 +79,9 @@ class Throttle:
         held, self.held = self.held, 0
         return held
 
-    def reset(self) -> None:
-        self._last = None
-        self.held = 0
-
 
 class _Probe(WebSocketClientProtocol):
     """The monitor's connection: it says when it opens and when it is gone, nothing else."""
-
-    upstream: "Upstream"
 
     def connectionMade(self) -> None:
         super().connectionMade()
@@ -127,8 +126,11 @@ class Upstream:
         self.connected = False
         self.since = wall_clock()  # when C{connected} last changed (or the start)
         self.last_error: str | None = None
-        self.failures = 0  # attempts that failed since the relay was last reachable
+        self.failures = 0  # attempts that failed since a connection last stayed up (backoff)
         self._reported = False  # this outage has been logged
+        self._ever_open = False
+        self._opened_at = 0.0
+        self._timed_out = False
         self._repeat = Throttle(clock, repeat_every)
         self._running = False
         self._proto: _Probe | None = None
@@ -192,9 +194,8 @@ class Upstream:
 
     def _start_check(self) -> None:
         self._start_timer = None
-        if not self.connected and not self._reported:
+        if not self.connected and not self._reported and self._repeat.allow() is not None:
             self._reported = True
-            self._repeat.allow()
             _log.warn(
                 "broker: upstream relay {upstream} not reachable {seconds:g}s after start ({why}); actions "
                 "answer failed or indeterminate until it is",
@@ -239,25 +240,25 @@ class Upstream:
     def _handshake_expired(self, proto: _Probe) -> None:
         self._handshake_timer = None
         if proto is not self._proto and proto.transport is not None:
-            self.last_error = "no WebSocket handshake within the timeout"
+            self._timed_out = True
             proto.transport.abortConnection()
 
     def _opened(self, proto: _Probe) -> None:
         self.clock.cancel(self._handshake_timer)
         self._handshake_timer = None
         self._proto = proto
-        was_reported, outage = self._reported, self.wall_clock() - self.since
+        self._opened_at = self.clock.seconds()
+        outage = self.wall_clock() - self.since
         self.connected = True
         self.since = self.wall_clock()
-        self.failures = 0
-        self._reported = False
-        self._repeat.reset()
-        if was_reported:
+        if self._reported:  # the outage was logged: say it is over
+            self._reported = False
             _log.info(
                 "broker: upstream relay {upstream} reachable again after {down:.0f}s", upstream=self.shown_url, down=outage
             )
-        else:
+        elif not self._ever_open:
             _log.info("broker: upstream relay {upstream} reachable", upstream=self.shown_url)
+        self._ever_open = True
         self._tell(True)
 
     def _lost(self, proto: _Probe, reason: Failure) -> None:
@@ -268,35 +269,47 @@ class Upstream:
                 d.callback(None)
         if not self._running:
             return
-        if proto is self._proto:
-            self._proto = None
-            self.connected = False
-            self.since = self.wall_clock()
-            self._down(f"connection lost: {reason.getErrorMessage()}")
-        else:
+        if proto is not self._proto:
             self.clock.cancel(self._handshake_timer)
             self._handshake_timer = None
-            why = self.last_error if self.last_error == "no WebSocket handshake within the timeout" else None
-            self._down(why or f"WebSocket handshake failed: {reason.getErrorMessage()}")
+            timed_out, self._timed_out = self._timed_out, False
+            self._down("no WebSocket handshake within the timeout" if timed_out
+                       else f"WebSocket handshake failed: {reason.getErrorMessage()}")
+            return
+        self._proto = None
+        self.connected = False
+        self.since = self.wall_clock()
+        why = f"connection lost: {reason.getErrorMessage()}"
+        if self.clock.seconds() - self._opened_at >= STABLE:
+            # A connection that had been up a while (a relay may close idle ones): one attempt at
+            # once, and nothing said unless it fails too.
+            self.failures = 0
+            self.last_error = why
+            self._tell(False)
+            self._connect()
+            return
+        self._down(why)  # open, then gone at once: a failing attempt, with backoff
 
     def _down(self, why: str) -> None:
-        """An attempt failed (or the connection dropped): say so (within limits) and retry later."""
+        """An attempt failed (or the connection dropped): say so (within limits) and retry later.
+
+        One throttle spans outages, so a relay that keeps accepting and dropping gets at most a line
+        a minute; a recovery is logged only when its outage was.
+        """
         self.last_error = why
         self.failures += 1
         delay = min(self.backoff_cap, self.backoff_base * 2 ** (self.failures - 1))
-        if not self._reported:
-            self._reported = True
-            self._repeat.allow()
-            _log.warn(
-                "broker: upstream relay {upstream} unreachable ({why}); actions answer failed or indeterminate "
-                "until it is back; retrying in {delay:g}s",
-                upstream=self.shown_url,
-                why=why,
-                delay=delay,
-            )
-        else:
-            held = self._repeat.allow()
-            if held is not None:
+        if self._repeat.allow() is not None:
+            if not self._reported:
+                self._reported = True
+                _log.warn(
+                    "broker: upstream relay {upstream} unreachable ({why}); actions answer failed or "
+                    "indeterminate until it is back; retrying in {delay:g}s",
+                    upstream=self.shown_url,
+                    why=why,
+                    delay=delay,
+                )
+            else:
                 _log.warn(
                     "broker: upstream relay {upstream} still unreachable after {attempts} attempts since {since} "
                     "({why}); retrying in {delay:g}s",

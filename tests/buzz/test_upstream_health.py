@@ -24,7 +24,7 @@ from twisted.web.client import HTTPConnectionPool
 
 from relayd.buzz import nostr
 from relayd.buzz.nostr_client import NotConnected, RelayPool
-from relayd.buzz.upstream import REPEAT_EVERY, START_WARNING, Throttle, Upstream, public_url
+from relayd.buzz.upstream import REPEAT_EVERY, STABLE, START_WARNING, Throttle, Upstream, public_url
 from relayd.clock import Clock
 from tests.support.command import Command
 from tests.support.skips import require_module
@@ -182,12 +182,31 @@ class UpstreamMonitor(TestCase):
         said = lines.about("relayd.buzz.upstream")
         self.assertEqual(len(said), 2, said)
         self.assertRegex(said[1], r"upstream relay ws://127\.0\.0\.1:\d+ reachable again after \d+s")
-        # The relay goes away: the monitor sees it at once.
+        # A connection that stayed up a while and drops (a relay restart) is reopened at once,
+        # without a word.
+        fake.advance(STABLE)
+        dropped = upstream.next_outcome()
+        relay.stop()
+        relay.start()
+        self.assertFalse(await dropped)
+        reopened = upstream.next_outcome()
+        self.assertTrue(await reopened)
+        self.assertEqual(len(lines.about("relayd.buzz.upstream")), 2)
+        # One that drops at once counts as a failing attempt: backoff, and the throttle (the last
+        # line was less than a minute ago) keeps the log quiet.
         dropped = upstream.next_outcome()
         relay.stop()
         self.assertFalse(await dropped)
-        self.assertFalse(upstream.status()["connected"])
-        self.assertIn("unreachable (connection lost", lines.about("relayd.buzz.upstream")[-1])
+        health = upstream.status()
+        self.assertFalse(health["connected"])
+        self.assertIn("connection lost", health["last_error"])
+        self.assertEqual(len(lines.about("relayd.buzz.upstream")), 2)
+        failed = upstream.next_outcome()
+        fake.advance(REPEAT_EVERY)
+        self.assertFalse(await failed)
+        said = lines.about("relayd.buzz.upstream")
+        self.assertEqual(len(said), 3, said)
+        self.assertIn("unreachable (Connection was refused", said[2])
 
 
 class PoolRetryLines(TestCase):
