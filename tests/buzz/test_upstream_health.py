@@ -100,6 +100,8 @@ class ThrottleBoundaries(TestCase):
 class UpstreamMonitor(TestCase):
     """L{Upstream} on a C{task.Clock}; connection attempts are real."""
 
+    timeout = 30
+
     def monitor(self, port: int, **kw: Any) -> tuple[Upstream, task.Clock]:
         fake = task.Clock()
         upstream = Upstream(f"ws://user:hunter2@127.0.0.1:{port}", reactor, Clock(fake), **kw)
@@ -224,7 +226,7 @@ class PoolRetryLines(TestCase):
                     fake.advance(max(0.0, conn._next_attempt - fake.seconds()))
                     attempt = conn._connect_d
                 done: defer.Deferred[None] = defer.Deferred()
-                attempt.addBoth(lambda r: (done.callback(None), r)[1])
+                attempt.addBoth(lambda r, done=done: (done.callback(None), r)[1])
                 await done
                 fake.advance(5.0)  # the demand times out
                 with self.assertRaises(NotConnected):
