@@ -87,7 +87,7 @@ class Server:
                                      preexec_fn=_raise_nofile)
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            found = re.search(rb"mcp listening on [^:\s]+:(\d+)", line)
+            found = re.search(rb'mcp listening on https?://[^\s"]+:(\d+)', line)
             if found:
                 self.port = int(found.group(1))
                 break

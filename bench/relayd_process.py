@@ -42,7 +42,7 @@ class RelaydServer:
         while time.monotonic() < deadline and self.proc.poll() is None:
             text = Path(self.log.name).read_bytes()
             for name in wait_for:
-                found = re.search(rb"%s listening on [^:\s]+:(\d+)" % name.encode(), text)
+                found = re.search(rb'%s listening on https?://[^\s"]+:(\d+)' % name.encode(), text)
                 if found:
                     self.ports[name] = int(found.group(1))
             if len(self.ports) == len(wait_for):

@@ -77,9 +77,9 @@ class Server:
                                      preexec_fn=_raise_nofile)
         self.ports: dict[str, int] = {}
         assert self.proc.stdout is not None
-        patterns = {"aep": rb"aep listening on [^:\s]+:(\d+)", "mcp": rb"mcp listening on [^:\s]+:(\d+)",
-                    "metrics": rb"metrics listening on [^:\s]+:(\d+)",
-                    "broker": rb"Buzz broker listening on [^:\s]+:(\d+)"}
+        patterns = {"aep": rb'aep listening on https?://[^\s"]+:(\d+)', "mcp": rb'mcp listening on https?://[^\s"]+:(\d+)',
+                    "metrics": rb'metrics listening on https?://[^\s"]+:(\d+)',
+                    "broker": rb'broker listening on https?://[^\s"]+:(\d+)'}
         for line in self.proc.stdout:
             self.log.write(line)
             for name, pattern in patterns.items():

@@ -609,7 +609,11 @@ def _status(args: argparse.Namespace) -> int:
     else:
         for name, item in report.items():
             state = "up" if item["up"] else ("not running" if not explicit and name != "metrics" else "DOWN")
-            details = " ".join(f"{k}={v}" for k, v in item.items() if k not in ("url", "up"))
+            if item.get("status") == "degraded":
+                state = "degraded"  # answering, but cannot do its work (the broker's relay is unreachable)
+            details = " ".join(
+                f"{k}={v}" for k, v in _flat(item) if k not in ("url", "up") and not (k == "status" and v == state)
+            )
             sys.stdout.write(f"{name:<8} {state:<12} {item['url']:<28} {details}\n")
     relays = [item["up"] for name, item in report.items() if name != "metrics"]
     if explicit or args.metrics:
@@ -635,9 +639,26 @@ def _mcp_health(target: Target) -> dict[str, Any]:
     return {}
 
 
+def _flat(item: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """C{item}'s members, a nested object's as C{outer.inner}."""
+    out: list[tuple[str, Any]] = []
+    for key, value in item.items():
+        if isinstance(value, dict):
+            out.extend(_flat(value, f"{prefix}{key}."))
+        else:
+            out.append((prefix + key, value))
+    return out
+
+
 def _broker_health(target: Target) -> dict[str, Any]:
-    status, _ = _request(target, "GET", "/v1/action", timeout=5)
-    return {} if status in (200, 405) else {"note": f"GET /v1/action answered {status}"}
+    """The broker's C{/healthz}: C{status} (C{ok}, or C{degraded} while its Nostr relay is
+    unreachable) and C{upstream} (which relay, connected, since when, the last error)."""
+    status, body = _request(target, "GET", "/healthz", timeout=5)
+    if status != 200:
+        raise ValueError(f"/healthz answered {status}")
+    health = json.loads(body)
+    health.pop("ok", None)
+    return health
 
 
 _SUMMARY = {

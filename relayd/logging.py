@@ -4,8 +4,8 @@ JSON lines (one record per line, stable keys)::
 
     twistd -n --logger=relayd.logging.json_observer relayd
 
-    {"time":"2026-11-29T00:00:00.123Z","level":"info","relay":"aep","event":"aep listening on 127.0.0.1:8787",
-     "namespace":"relayd.web.service.HTTPWingService","fields":{"host":"127.0.0.1","port":8787}}
+    {"time":"2026-11-29T00:00:00.123Z","level":"info","relay":"aep","event":"aep listening on http://127.0.0.1:8787",
+     "namespace":"relayd.listening","fields":{"relay":"aep","url":"http://127.0.0.1:8787"}}
 
 C{time} is UTC ISO 8601 with milliseconds, C{level} one of C{debug info warning error critical},
 C{relay} the relay the record is about (C{aep}, C{mcp}, C{broker}, C{metrics}) or C{null}, C{event} the
@@ -237,14 +237,35 @@ class _ScrubbedError(Exception):
     """Stands in for an exception whose message carried a secret."""
 
 
+# Twisted's own lines about each listening port ("RelaySite starting on 8787", "(TCP Port 8787
+# Closed)"): relayd's "<wing> listening on <url>" and "<wing>: stopped listening" lines say it, once,
+# with the wing's name. Only listening ports log these, and every one in relayd is a wing's.
+_PORT_NOISE = re.compile(r"(?:RelaySite starting on .+|\((?:TCP|UNIX) Port .+ Closed\))\Z", re.S)
+
+
+def is_port_noise(event: LogEvent) -> bool:
+    """Whether C{event} is one of Twisted's per-port lines that relayd's output leaves out."""
+    if event.get("log_namespace") != "log_legacy":
+        return False
+    message = event.get("message")
+    return (
+        type(message) is tuple
+        and len(message) == 1
+        and type(message[0]) is str
+        and _PORT_NOISE.match(message[0]) is not None
+    )
+
+
 @implementer(ILogObserver)
 class ScrubbingObserver:
-    """Passes a scrubbed copy of every event to C{observer}."""
+    """Passes a scrubbed copy of every event to C{observer} (not Twisted's per-port lines)."""
 
     def __init__(self, observer: ILogObserver | Callable[[LogEvent], None]) -> None:
         self.observer = observer
 
     def __call__(self, event: LogEvent) -> None:
+        if is_port_noise(event):
+            return
         self.observer(scrub_event(event))
 
 
@@ -297,7 +318,7 @@ class _AccessLines:
             or "log_system" in event
             or "\n" in line
         ):
-            return self.format_event(event)
+            return None if is_port_noise(event) else self.format_event(event)
         second = int(when)
         if second == self._second:
             return f"{self._prefix}{line}\n"
@@ -309,7 +330,8 @@ class _AccessLines:
 
 
 def quicken_access_lines(publisher: LogPublisher | None = None) -> None:
-    """Give twistd's text-file observer (whatever file it writes to) the fast access-line formatter."""
+    """Give twistd's text-file observer (whatever file it writes to) the fast access-line formatter,
+    which also leaves out Twisted's per-port lines (L{is_port_noise}). Calling it again changes nothing."""
     publisher = globalLogPublisher if publisher is None else publisher
     for observer in list(getattr(publisher, "_observers", [])):
         format_event = getattr(observer, "formatEvent", None)
@@ -400,6 +422,8 @@ class JSONLinesObserver:
         self.out = out
 
     def __call__(self, event: LogEvent) -> None:
+        if is_port_noise(event):
+            return
         try:
             line = event_as_json(event)
         except Exception as e:  # an observer must never raise (the publisher would drop it)

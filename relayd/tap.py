@@ -129,6 +129,12 @@ class RelaydService(MultiService):
         self.clock = clock
         self._warnings = list(warnings)
 
+    def privilegedStartService(self) -> None:
+        # twistd binds the listeners here, before startService, and Twisted logs a line per port as
+        # it does: the text log leaves those out from now on (relayd_logging.is_port_noise).
+        relayd_logging.quicken_access_lines()
+        super().privilegedStartService()
+
     def startService(self) -> None:
         for warning in self._warnings:
             self._log.warn("{warning}", warning=warning)

@@ -266,7 +266,7 @@ class ReadmeTour(TestCase):
         for address in DEFAULTS.values():  # a wing the new relayd does not serve is gone
             self.addresses.pop(address, None)
         for wing in ready.group(1).decode().split(", "):
-            port = (await self.relayd.wait_for(rb"%s listening on [^:\s]+:(\d+)" % wing.encode())).group(1)
+            port = (await self.relayd.wait_for(rb'%s listening on https?://[^\s"]+:(\d+)' % wing.encode())).group(1)
             self.addresses[DEFAULTS[wing]] = f"127.0.0.1:{port.decode()}"
         if step.expect:
             self.check(step, self.relayd.log)

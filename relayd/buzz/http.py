@@ -1,14 +1,14 @@
-"""C{POST /v1/action}: the HTTP binding of the broker contract.
+"""C{POST /v1/action}: the HTTP binding of the broker contract, and C{GET /healthz}.
 
-The broker serves exactly one resource, C{/v1/action}, and exactly one method on it. Everything
-else is answered here, in JSON, before the credential or the body is looked at (RFC 9110):
-another path is C{404}, another method C{405} with C{Allow: POST}, a body that is not
-C{application/json} (or carries a content coding) C{415}.
+The broker serves one action resource, C{/v1/action}, with exactly one method on it, and its health
+at C{/healthz} (C{GET}, C{HEAD}). Everything else is answered here, in JSON, before the credential or
+the body is looked at (RFC 9110): another path is C{404}, another method C{405} with C{Allow}, a
+body that is not C{application/json} (or carries a content coding) C{415}.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from twisted.logger import Logger
 from twisted.web.resource import Resource
@@ -20,7 +20,9 @@ from relayd.web.body import BodyLimit, EarlyAnswer, read_body
 
 _JSON = b"application/json"
 ACTION_PATH = b"/v1/action"
+HEALTH_PATH = b"/healthz"
 _ALLOW = b"POST"
+_ALLOW_HEALTH = b"GET, HEAD"
 _OWS = b" \t"
 
 
@@ -29,7 +31,8 @@ def _refusal(error: str, message: str) -> bytes:
 
 
 # Every refusal is a constant: none quotes anything the request chose.
-_NOT_FOUND = _refusal("not_found", "the broker serves only POST /v1/action")
+_NOT_FOUND = _refusal("not_found", "the broker serves only POST /v1/action and GET /healthz")
+_HEALTH_NOT_ALLOWED = _refusal("method_not_allowed", "/healthz accepts only GET and HEAD")
 _NOT_ALLOWED = _refusal("method_not_allowed", "/v1/action accepts only POST")
 _NOT_JSON = _refusal("unsupported_media_type", "the body must be sent as Content-Type: application/json")
 _CODED = _refusal("unsupported_media_type", "the body must be sent without a Content-Encoding")
@@ -63,11 +66,14 @@ class BrokerResource(Resource):
     isLeaf = True
     _log = Logger()
 
-    def __init__(self, host: BrokerHost) -> None:
+    def __init__(self, host: BrokerHost, upstream: Callable[[], dict[str, Any]] | None = None) -> None:
         super().__init__()
         self.host = host
+        self.upstream = upstream
 
     def render(self, request: Request) -> Any:
+        if request.path == HEALTH_PATH:
+            return self._health(request)
         if request.path != ACTION_PATH:
             return _refuse(request, 404, _NOT_FOUND)
         if request.method != b"POST":
@@ -81,6 +87,19 @@ class BrokerResource(Resource):
             request.setHeader(b"accept-encoding", b"identity")
             return _refuse(request, 415, _CODED)
         return self._action(request)
+
+    def _health(self, request: Request) -> bytes:
+        """C{200} while the broker answers (docs/decisions.md B-13): C{status} is C{degraded} while
+        its Nostr relay cannot be reached, and C{upstream} says which relay, since when and why."""
+        if request.method not in (b"GET", b"HEAD"):
+            request.setHeader(b"allow", _ALLOW_HEALTH)
+            return _refuse(request, 405, _HEALTH_NOT_ALLOWED)
+        body: dict[str, Any] = {"ok": True, "status": "ok"}
+        if self.upstream is not None:
+            upstream = self.upstream()
+            body["status"] = "ok" if upstream["connected"] else "degraded"
+            body["upstream"] = upstream
+        return _refuse(request, 200, contract.dumps(body))
 
     def _action(self, request: Request) -> Any:
         body = read_body(request)
@@ -130,7 +149,7 @@ def _headers(request: Request, status: int) -> None:
 
 
 def _refuse(request: Request, status: int, body: bytes) -> bytes:
-    """A JSON refusal; a HEAD request gets its headers (and length) without the body."""
+    """A JSON answer (a refusal, or health); a HEAD request gets its headers (and length) without the body."""
     _headers(request, status)
     if request.method == b"HEAD":
         request.setHeader(b"content-length", b"%d" % len(body))
@@ -138,9 +157,10 @@ def _refuse(request: Request, status: int, body: bytes) -> bytes:
     return body
 
 
-def make_root(host: BrokerHost) -> Resource:
-    """The resource tree: one leaf that serves C{/v1/action} and refuses every other path."""
-    return BrokerResource(host)
+def make_root(host: BrokerHost, upstream: Callable[[], dict[str, Any]] | None = None) -> Resource:
+    """The resource tree: one leaf that serves C{/v1/action} and C{/healthz} (with C{upstream()}, the
+    relay's reachability) and refuses every other path."""
+    return BrokerResource(host, upstream)
 
 
 def body_limit(max_bytes: int) -> BodyLimit:

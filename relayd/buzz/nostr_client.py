@@ -30,6 +30,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from relayd.buzz import nostr
+from relayd.buzz.upstream import REPEAT_EVERY, Throttle, public_url
 from relayd.clock import Clock
 from relayd.web.transport import write_now
 
@@ -315,6 +316,7 @@ class RelayConnection:
         self._connecting = True
         pool = self.pool
         factory = WebSocketClientFactory(pool.url)
+        factory.noisy = False  # no "Starting factory" / "Stopping factory" lines per attempt
         factory.protocol = _Protocol
         factory.conn = self  # type: ignore[attr-defined]
         # autobahn's own handshake timers run on txaio's batched timer, outside the Clock (and are
@@ -363,13 +365,16 @@ class RelayConnection:
         self._failures += 1
         delay = min(self.pool.backoff_cap, self.pool.backoff_base * (2 ** (self._failures - 1)))
         self._next_attempt = self.pool.clock.seconds() + delay
-        self._log.info(
-            "relay {url} unavailable for {who} ({why}); next attempt in {delay:.2f}s",
-            url=self.pool.url,
-            who=self.signer.pubkey[:12],
-            why=why,
-            delay=delay,
-        )
+        held = self.pool.failure_lines.allow()  # one line a minute, however many identities retry
+        if held is not None:
+            self._log.info(
+                "relay {url} unavailable for {who} ({why}); next attempt in {delay:.2f}s{more}",
+                url=self.pool.shown_url,
+                who=self.signer.pubkey[:12],
+                why=why,
+                delay=delay,
+                more=f" ({held} more such lines held back)" if held else "",
+            )
         if self._waiters and self._retry_timer is None:
             self._retry_timer = self.pool.clock.call_later(delay, self._retry)
 
@@ -563,7 +568,7 @@ class RelayConnection:
             self.recycled += 1
             self._log.info(
                 "relay {url}: connection for {who} failed {n} times in a row; reconnecting",
-                url=self.pool.url,
+                url=self.pool.shown_url,
                 who=self.signer.pubkey[:12],
                 n=self.pool.recycle_after,
             )
@@ -628,6 +633,7 @@ class RelayPool:
         recycle_after: int = 3,
     ) -> None:
         self.url = url
+        self.shown_url = public_url(url)  # for logs: no credentials a URL might carry
         self.auth_url = auth_url or url
         self.reactor = reactor
         self.clock = clock
@@ -638,6 +644,7 @@ class RelayPool:
         self.max_message = max_message
         self.clock_now = wall_clock or clock.seconds
         self.recycle_after = recycle_after  # consecutive failures (timeout, refusal) that drop a connection
+        self.failure_lines = Throttle(clock, REPEAT_EVERY)  # connection failures logged at most once a minute
         self._conns: dict[str, RelayConnection] = {}
         # Owner attestations (NIP-OA tags) of managed identities, sent in their AUTH events.
         self.attestations: dict[str, list[str]] = {}

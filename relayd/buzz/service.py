@@ -10,7 +10,6 @@ from typing import Any, Callable
 from twisted.application.internet import TimerService
 from twisted.application.service import IService, Service
 from twisted.internet import defer
-from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 
 from relayd import metrics
@@ -21,6 +20,7 @@ from relayd.buzz.keys import Custody, KEKError, load_kek
 from relayd.buzz.nostr_client import RelayPool
 from relayd.buzz.operations import Operations
 from relayd.buzz.state import MAX_RECEIPTS, RECEIPT_RETENTION, IReceiptStore, SQLiteState, StateDB
+from relayd.buzz.upstream import START_WARNING, Upstream, public_url
 from relayd.clock import Clock
 from relayd.config import ConfigError, Resolved, is_loopback_endpoint, is_tls_endpoint
 from relayd.redis import Redis, redis_for
@@ -148,6 +148,7 @@ class BrokerService(HTTPWingService):
         redis_prefix: str = "relayd:",
         receipt_retention: int = RECEIPT_RETENTION,
         max_receipts: int = MAX_RECEIPTS,
+        upstream_warning: float = START_WARNING,
     ) -> None:
         self.reactor = reactor
         self.receipt_retention = receipt_retention
@@ -159,6 +160,10 @@ class BrokerService(HTTPWingService):
         self.pool = RelayPool(
             relay_url, reactor, clock, auth_url=auth_url, connect_timeout=timeout, challenge_wait=challenge_wait,
             wall_clock=now,
+        )
+        # Whether the relay can be reached, for the log, /healthz and relayd-admin status.
+        self.upstream = Upstream(
+            relay_url, reactor, clock, wall_clock=now, connect_timeout=timeout, start_warning=upstream_warning
         )
         self.ops = Operations(
             self.state,
@@ -186,7 +191,7 @@ class BrokerService(HTTPWingService):
                 retention=receipt_retention,
             )
         self.host = BrokerHost(self.state, self.state, receipts, self.ops, max_agent_depth=max_agent_depth)
-        site = RelaySite(make_root(self.host), body_limit=body_limit(max_body))
+        site = RelaySite(make_root(self.host, self.upstream.status), body_limit=body_limit(max_body))
         site.relay = "broker"  # access-log lines and HTTP metrics name the broker
         super().__init__("broker", site, listen, reactor, clock, settle=self.host.wait_idle, grace=grace)
         # Read at scrape time by the metrics listener; registered while the service runs.
@@ -208,21 +213,18 @@ class BrokerService(HTTPWingService):
 
         return d.addCallbacks(lambda n: None, failed)
 
-    def _announce(self, ports: list[IListeningPort]) -> None:
-        super()._announce(ports)
-        for port in ports:
-            host = port.getHost()
-            _log.info(
-                "Buzz broker listening on {host}:{port}, acting on {relay}",
-                host=getattr(host, "host", host),
-                port=getattr(host, "port", ""),
-                relay=self.pool.url,
-            )
+    def details(self) -> str:
+        return f"upstream relay {public_url(self.pool.url)}"
+
+    def startService(self) -> None:
+        super().startService()
+        self.upstream.start()
         if self.redis is not None:
             _log.info("Buzz broker receipts and pending events on {redis}", redis=str(self.redis.url))
 
     async def _close(self) -> None:
         """Once the connections are gone: the relay connections, the receipts, then the state."""
+        await self.upstream.stop()
         await self.pool.close()
         if self.redis_receipts is not None:
             await self.redis_receipts.close()

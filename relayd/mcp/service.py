@@ -48,6 +48,7 @@ class McpService(HTTPWingService):
         self.resource = resource
         self.broker = resource.broker
         self._startup_line = startup_line
+        self.url_path = resource.prefix.decode("utf-8")  # the startup line's URL ends with the prefix
 
     def _abort_streams(self) -> None:
         for stream in list(self.resource.hub.streams):
@@ -59,16 +60,8 @@ class McpService(HTTPWingService):
             self.resource.endpoint.start()
         super().startService()
 
-    def _announce(self, ports: list[Any]) -> None:
-        super()._announce(ports)
-        for p in ports:
-            host = p.getHost()
-            _log.info(
-                "MCP relay listening on http://{host}:{port}{line}",
-                host=getattr(host, "host", host),
-                port=getattr(host, "port", ""),
-                line=self._startup_line,
-            )
+    def details(self) -> str:
+        return self._startup_line
 
     @defer.inlineCallbacks
     def stopService(self) -> Any:
@@ -143,7 +136,7 @@ def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | N
     )
     site = RelaySite(resource, body_limit=BodyLimit(MAX_BODY, resource.too_large))
     source = settings.sources.get("mcp-cors", "default")
-    line = f"{prefix} (ttl={round(ttl / 1000)}s, cors={policy.describe()} from {source})"
+    line = f"ttl={round(ttl / 1000)}s, cors={policy.describe()} from {source}"
     for description in listen:
         if not is_loopback_endpoint(description):
             _log.warn(

@@ -11,11 +11,13 @@ from twisted.internet.interfaces import IListeningPort, IReactorCore
 from twisted.logger import Logger
 
 from relayd.clock import Clock
-from relayd.config import is_loopback_endpoint
+from relayd.config import is_loopback_endpoint, is_tls_endpoint
 from relayd.web.site import RelaySite
 
 DEFAULT_GRACE = 5.0
 _POLL = 0.05
+# Every wing's startup line comes from this one logger, whatever the wing (docs/configuration.md "Logs").
+_announcer = Logger(namespace="relayd.listening")
 
 
 def add_listeners(
@@ -48,6 +50,7 @@ class HTTPWingService(MultiService):
     """
 
     _log = Logger()
+    url_path = ""  # the path the wing serves under, shown in its startup line (the MCP prefix)
 
     def __init__(
         self,
@@ -93,15 +96,21 @@ class HTTPWingService(MultiService):
         super().startService()
         self.ports().addCallback(self._announce).addErrback(lambda f: None)
 
+    def details(self) -> str:
+        """What the startup line says after the URL (the wing's key settings), or nothing."""
+        return ""
+
     def _announce(self, ports: list[IListeningPort]) -> None:
-        for port in ports:
-            host = port.getHost()
-            self._log.info(
-                "{relay} listening on {host}:{port}",
-                relay=self.name,
-                host=getattr(host, "host", host),
-                port=getattr(host, "port", ""),
-            )
+        """One line per listener: C{"<wing> listening on <url>[ (<details>)]"}."""
+        details = self.details()
+        for svc, port in zip(self.listeners, ports):
+            self._announce_one(listener_url(port, getattr(svc, "description", ""), self.url_path), details)
+
+    def _announce_one(self, url: str, details: str) -> None:
+        if details:
+            _announcer.info("{relay} listening on {url} ({details})", relay=self.name, url=url, details=details)
+        else:
+            _announcer.info("{relay} listening on {url}", relay=self.name, url=url)
 
     async def _stop(self) -> None:
         await defer.gatherResults([defer.maybeDeferred(svc.stopService) for svc in self.listeners])
@@ -132,6 +141,23 @@ class HTTPWingService(MultiService):
         # The reactor swallows a failing shutdown trigger silently: say what went wrong.
         d.addErrback(lambda f: self._log.failure("{relay}: drain failed", f, relay=self.name))
         return d
+
+
+def listener_url(port: IListeningPort, description: str = "", path: str = "") -> str:
+    """The URL a listener serves: C{http://host:port}, C{https://} when the endpoint terminates
+    TLS, C{[v6]} literals bracketed; C{unix:/path} for a Unix socket (clients say how to reach it)."""
+    address = port.getHost()
+    host = getattr(address, "host", None)
+    number = getattr(address, "port", None)
+    if host is None or number is None:
+        name = getattr(address, "name", None)
+        if isinstance(name, bytes):
+            name = name.decode("utf-8", "replace")
+        return f"unix:{name}" if name else str(address)
+    scheme = "https" if is_tls_endpoint(description) else "http"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{scheme}://{host}:{number}{path}"
 
 
 def _within(clock: Clock, seconds: float, d: defer.Deferred[None]) -> defer.Deferred[bool]:

@@ -138,7 +138,7 @@ class SystemdAndProxy(TestCase):
         ready = await notifications.next()
         self.assertTrue(ready.startswith(b"READY=1\n"), ready)
         # READY comes only once both listeners are bound: both are in the log already.
-        ports = [int(p) for p in re.findall(rb"aep listening on [^:\s]+:(\d+)", proc.log)]
+        ports = [int(p) for p in re.findall(rb'aep listening on https?://[^\s"]+:(\d+)', proc.log)]
         self.assertEqual(len(ports), 2)
         self.assertEqual(ports[0], systemd_port)
         proxy_port = ports[1]

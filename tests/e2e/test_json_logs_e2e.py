@@ -58,9 +58,9 @@ class JSONLogs(TestCase):
         )
         self.addCleanup(proc.kill)
         await proc.wait_for(rb"relayd ready")
-        aep, proxied = [int(p) for p in re.findall(rb"aep listening on [^:\s]+:(\d+)", proc.log)]
-        (mcp,) = [int(p) for p in re.findall(rb"mcp listening on [^:\s]+:(\d+)", proc.log)]
-        (metrics_port,) = [int(p) for p in re.findall(rb"metrics listening on [^:\s]+:(\d+)", proc.log)]
+        aep, proxied = [int(p) for p in re.findall(rb'aep listening on https?://[^\s"]+:(\d+)', proc.log)]
+        (mcp,) = [int(p) for p in re.findall(rb'mcp listening on https?://[^\s"]+:(\d+)', proc.log)]
+        (metrics_port,) = [int(p) for p in re.findall(rb'metrics listening on https?://[^\s"]+:(\d+)', proc.log)]
         base, mcp_base = f"http://127.0.0.1:{aep}", f"http://127.0.0.1:{mcp}"
         pool = HTTPConnectionPool(reactor, persistent=False)
         self.addCleanup(pool.closeCachedConnections)

@@ -171,12 +171,12 @@ class BrokerSurface(unittest.TestCase):
     async def test_only_the_exact_path_exists_and_others_get_json_404(self) -> None:
         ok, _, data = await self.request(b"POST", "/v1/action", self.body("exact"))
         assert ok == 200 and verdict(data, "exact").status == "succeeded", data
-        for path in ("/v1/action/", "/v1/action//", "//v1/action", "/v1/./action", "/v1/%61ction", "/v1", "/", "/healthz"):
+        for path in ("/v1/action/", "/v1/action//", "//v1/action", "/v1/./action", "/v1/%61ction", "/v1", "/", "/healthz/"):
             for method in (b"POST", b"GET", b"HEAD"):
                 status, headers, data = await self.request(method, path, self.body(f"p-{next(_rids)}"))
                 assert status == 404, (method, path, status, data)
                 assert headers.getRawHeaders(b"content-type") == JSON
-                assert data == (b"" if method == b"HEAD" else b'{"error":"not_found","message":"the broker serves only POST /v1/action"}')
+                assert data == (b"" if method == b"HEAD" else b'{"error":"not_found","message":"the broker serves only POST /v1/action and GET /healthz"}')
         # Nothing was posted through the paths refused (the only message is "exact").
         assert [e["content"] for e in self.relay.events(pubkey=self.alice["agentPubkey"])] == ["exact"]
 

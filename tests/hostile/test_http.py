@@ -264,8 +264,10 @@ class Regressions(TestCase):
         # Twisted's own dispatch answered 501 (a 5xx) to a method it had never heard of, and HTML
         # 405 to GET/POST on a resource without that method.
         target = await hostile(self)
-        for wing, path, allow in (("broker", b"/v1/action", b"POST"), ("metrics", b"/metrics", b"GET, HEAD")):
-            for method in (b"FOO", b"PUT", b"DELETE", b"GET" if wing == "broker" else b"POST"):
+        for wing, path, allow in (
+            ("broker", b"/v1/action", b"POST"), ("broker", b"/healthz", b"GET, HEAD"), ("metrics", b"/metrics", b"GET, HEAD")
+        ):
+            for method in (b"FOO", b"PUT", b"DELETE", b"GET" if path == b"/v1/action" else b"POST"):
                 answer = await target.send(wing, request(method, path))
                 judge(answer)
                 response = answer.responses[0]
@@ -275,7 +277,7 @@ class Regressions(TestCase):
     async def test_a_path_nothing_serves_is_a_json_404(self) -> None:
         # Twisted's resource traversal answered an HTML "No Such Resource" page.
         target = await hostile(self)
-        for path in (b"/", b"/healthz", b"/v1", b"/v1/", b"/v2/action", b"/%ff"):
+        for path in (b"/", b"/healthz/", b"/v1", b"/v1/", b"/v2/action", b"/%ff"):
             answer = await target.send("broker", request(b"GET", path))
             judge(answer)
             self.assertEqual(answer.responses[0].status, 404, path)

@@ -160,7 +160,7 @@ class StartupLogTests(unittest.TestCase):
         clock.shutdown()
         text = [formatEvent(e) for e in events]
         assert any(
-            re.search(r"MCP relay listening on http://0\.0\.0\.0:\d+/p \(ttl=14400s, cors=https://a.example from --mcp-cors\)", t)
+            re.search(r"mcp listening on http://0\.0\.0\.0:\d+/p \(ttl=14400s, cors=https://a.example from --mcp-cors\)", t)
             for t in text
         ), text
         assert any("exposes the MCP relay on non-loopback interfaces" in t for t in text)

@@ -108,7 +108,7 @@ class RelaydProcess:
     async def discover_ports(self, relays: tuple[str, ...]) -> None:
         """Wait for each relay's "listening on" line and record its port."""
         for relay in relays:
-            match = await self.wait_for(rb"%s listening on [^:\s]+:(\d+)" % relay.encode())
+            match = await self.wait_for(rb'%s listening on https?://[^\s"]+:(\d+)' % relay.encode())
             self.ports[relay] = int(match.group(1))
 
     def port(self, relay: str) -> int:
