@@ -9,6 +9,7 @@ from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 
 from relayd import metrics
+from relayd.web import metrics_listener
 from relayd.clock import Clock
 from tests.mcp.harness import TOKEN as MCP_TOKEN, RelayTestCase
 from tests.support.aep import AEPRelay, event, ndjson
@@ -40,7 +41,7 @@ class MetricsOverAEP(TestCase):
     async def setUp(self) -> None:  # type: ignore[override]
         self.relay = await AEPRelay.start()
         self.addCleanup(self.relay.stop)
-        self.service = metrics.make_service(["tcp:0:interface=127.0.0.1"], reactor, Clock(reactor))
+        self.service = metrics_listener.make_service(["tcp:0:interface=127.0.0.1"], reactor, Clock(reactor))
         self.service.startService()
         self.addCleanup(self.service.stopService)
         (port,) = await self.service.ports()
@@ -159,7 +160,7 @@ class MetricsOverMCP(RelayTestCase):
     timeout = 30
 
     async def test_streams_polls_and_frames(self) -> None:
-        service = metrics.make_service(["tcp:0:interface=127.0.0.1"], reactor, Clock(reactor))
+        service = metrics_listener.make_service(["tcp:0:interface=127.0.0.1"], reactor, Clock(reactor))
         service.startService()
         self.addCleanup(service.stopService)
         (port,) = await service.ports()

@@ -137,7 +137,11 @@ class HTTPWingService(MultiService):
 def _within(clock: Clock, seconds: float, d: defer.Deferred[None]) -> defer.Deferred[bool]:
     """Fires with C{True} when C{d} does within C{seconds}, else with C{False} at that time."""
     outcome: defer.Deferred[bool] = defer.Deferred()
-    timer = clock.call_later(seconds, lambda: outcome.called or outcome.callback(False))
+    def expired() -> None:
+        if not outcome.called:
+            outcome.callback(False)
+
+    timer = clock.call_later(seconds, expired)
 
     def settled(_: object) -> None:
         if not outcome.called:
