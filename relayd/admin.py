@@ -633,7 +633,7 @@ def _aep_health(target: Target, token: str | None) -> dict[str, Any]:
 
 
 def _mcp_health(target: Target) -> dict[str, Any]:
-    status, body = _request(target, "GET", "/healthz", timeout=5)
+    status, _ = _request(target, "GET", "/healthz", timeout=5)
     if status != 200:
         raise ValueError(f"/healthz answered {status}")
     return {}

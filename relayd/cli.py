@@ -75,7 +75,8 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         add_help = kwargs.pop("add_help", True)
-        super().__init__(*args, add_help=False, **kwargs)
+        kwargs["add_help"] = False
+        super().__init__(*args, **kwargs)
         if add_help:  # argparse's own text is lower case with no unit of style
             self.add_argument("-h", "--help", action="help", help="Show this help and exit")
 

@@ -6,11 +6,14 @@ service), and tests drive time deterministically by handing in a C{task.Clock}.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+
+T = TypeVar("T")
 
 
 class Clock:
@@ -43,7 +46,17 @@ class Clock:
         """Cancel a call made by L{call_later} if it is still pending."""
         if call is not None and call.active():
             call.cancel()
-        self._delayed.discard(call)  # type: ignore[arg-type]
+        self._delayed.discard(call)
+
+    def cancel_when(self, d: Deferred[T], call: IDelayedCall) -> Deferred[T]:
+        """Cancel C{call} (a timeout, say) when C{d} fires, either way; C{d}'s result passes through."""
+
+        def cancel(result: Any) -> Any:
+            self.cancel(call)
+            return result
+
+        d.addBoth(cancel)
+        return d
 
     def looping_call(self, interval: float, f: Callable[[], Any], now: bool = False) -> LoopingCall:
         """Run C{f} every C{interval} seconds; an exception is logged and the loop carries on."""

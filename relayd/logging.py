@@ -29,8 +29,8 @@ import math
 import re
 import string
 import sys
-from datetime import datetime, timezone
-from typing import IO, Any, Callable
+from datetime import UTC, datetime
+from typing import IO, Any, Callable, cast
 
 from twisted.logger import (
     FileLogObserver,
@@ -142,7 +142,7 @@ def _scrub_value(value: Any, depth: int = 0) -> Any:
         return value if all(items[k] is value[k] for k in value) else items
     if isinstance(value, (list, tuple)):
         out = [_scrub_value(v, depth + 1) for v in value]
-        if all(a is b for a, b in zip(out, value)):
+        if all(a is b for a, b in zip(out, value, strict=True)):
             return value
         return type(value)(out) if isinstance(value, tuple) and type(value) is tuple else out
     return value
@@ -282,7 +282,7 @@ def install_scrubber(publisher: LogPublisher | None = None) -> None:
     if isinstance(observers, list):
         observers.insert(0, scrub_in_place)  # LogPublisher keeps a plain list; first in it runs first
     else:
-        publisher.addObserver(scrub_in_place)
+        publisher.addObserver(cast(ILogObserver, scrub_in_place))
     publisher._relayd_scrubbing = True  # type: ignore[attr-defined]
 
 
@@ -386,7 +386,7 @@ def _jsonable(value: Any, depth: int = 0) -> Any:
 def _iso(seconds: Any) -> str | None:
     if not isinstance(seconds, (int, float)):
         return None
-    moment = datetime.fromtimestamp(seconds, timezone.utc)
+    moment = datetime.fromtimestamp(seconds, UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
@@ -395,7 +395,7 @@ def event_as_json(event: LogEvent) -> str:
     event = scrub_event(event)
     record: dict[str, Any] = {
         "time": _iso(event.get("log_time")),
-        "level": _LEVELS.get(event.get("log_level"), "info"),  # type: ignore[arg-type]
+        "level": _LEVELS.get(event.get("log_level"), "info"),
         "relay": _relay_of(event),
         "event": scrub_text(render(event)),
         "namespace": event.get("log_namespace"),

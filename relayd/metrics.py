@@ -24,19 +24,15 @@ from typing import Any, Callable, Iterable, Mapping
 
 import prometheus_client
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
-    generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from twisted.application.service import Service
 from twisted.logger import Logger
-from twisted.web.resource import Resource
-from twisted.web.server import Request
 
 import relayd
 
@@ -230,43 +226,6 @@ http_requests = Counter(
 prometheus_client.ProcessCollector(registry=REGISTRY)
 prometheus_client.PlatformCollector(registry=REGISTRY)
 prometheus_client.GCCollector(registry=REGISTRY)
-
-
-# Serving ---------------------------------------------------------------------------------------------
-
-
-class MetricsResource(Resource):
-    """C{GET /metrics}: the registry in Prometheus text format (synapse's form, no thread pool)."""
-
-    isLeaf = True
-
-    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
-        super().__init__()
-        self.registry = registry
-
-    def render_GET(self, request: Request) -> bytes:
-        if request.path != b"/metrics":
-            request.setResponseCode(404)
-            request.setHeader(b"content-type", b"text/plain; charset=utf-8")
-            return b"metrics are served at /metrics\n"
-        body = generate_latest(self.registry)
-        request.setHeader(b"content-type", CONTENT_TYPE_LATEST.encode("ascii"))
-        request.setHeader(b"cache-control", b"no-store")
-        return body
-
-
-def make_service(listen: list[str], reactor: Any, clock: Any) -> Any:
-    """The metrics listener: an C{HTTPWingService} named C{metrics} serving L{MetricsResource}."""
-    from relayd.web.body import BodyLimit
-    from relayd.web.service import HTTPWingService
-    from relayd.web.site import RelaySite
-
-    site = RelaySite(MetricsResource(), body_limit=BodyLimit(64 * 1024, _too_large))
-    return HTTPWingService("metrics", site, listen, reactor, clock)
-
-
-def _too_large(request: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    return 413, [(b"content-type", b"text/plain; charset=utf-8")], b"request body too large\n"
 
 
 def sample(name: str, labels: Mapping[str, str] | None = None, registry: CollectorRegistry = REGISTRY) -> float:

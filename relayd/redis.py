@@ -109,6 +109,7 @@ class _Handshake:
     """
 
     _log = Logger()
+    _waiting_for_connect: list[defer.Deferred[Any]]  # txredisapi's: the pool's callers waiting for this connection
     password: str | None
     username: str | None
     dbid: int | None
@@ -210,7 +211,7 @@ class Redis:
         def translate(f: Failure) -> Failure:
             if f.check(txredisapi.ResponseError):
                 return f  # a real answer from Redis (a bug, not an outage)
-            raise StoreUnavailable(store, f.getErrorMessage() or f.type.__name__)
+            raise StoreUnavailable(store, f.getErrorMessage() or getattr(f.type, "__name__", "error"))
 
         return d.addErrback(translate)
 

@@ -20,6 +20,7 @@ from relayd.clock import Clock
 from relayd.config import ConfigError, Resolved, Setting, resolve, shown_default
 from relayd.redis import clients as redis_clients
 from relayd.rlimits import increase_rlimits
+from relayd.web import metrics_listener
 from relayd.web.site import RelaySite
 
 # Each wing provides relayd.<wing>.config.SETTINGS and relayd.<wing>.service.make_service.
@@ -116,7 +117,7 @@ class Options(_make_option_class(all_settings())):  # type: ignore[misc]
             # One line and status 2, before anything listens (twistd would print the whole usage).
             sys.stderr.write(f"relayd: error: {e}\n")
             sys.stderr.flush()
-            raise SystemExit(2)
+            raise SystemExit(2) from None
 
 
 class RelaydService(MultiService):
@@ -187,7 +188,7 @@ def makeService(config: Options, reactor: Any = None) -> IService:
     root = RelaydService(clock, settings.warnings)
     try:
         if settings.values.get("metrics-listen"):
-            metrics.make_service(settings["metrics-listen"], reactor, clock).setServiceParent(root)
+            metrics_listener.make_service(settings["metrics-listen"], reactor, clock).setServiceParent(root)
         for module in _wing_modules("service"):
             service = module.make_service(settings, reactor, clock)
             if service is not None:
@@ -195,7 +196,7 @@ def makeService(config: Options, reactor: Any = None) -> IService:
     except ConfigError as e:
         sys.stderr.write(f"relayd: error: {e}\n")
         sys.stderr.flush()
-        raise SystemExit(2)
+        raise SystemExit(2) from None
     configure_children(root, settings)
     return root
 

@@ -158,9 +158,10 @@ class AdminAgainstInProcessAEP(TestCase):
         from twisted.internet import reactor
 
         from relayd import metrics
+        from relayd.web import metrics_listener
         from relayd.clock import Clock
 
-        service = metrics.make_service(["tcp:0:interface=127.0.0.1"], reactor, Clock(reactor))
+        service = metrics_listener.make_service(["tcp:0:interface=127.0.0.1"], reactor, Clock(reactor))
         service.startService()
         self.addCleanup(service.stopService)
         (port,) = await service.ports()

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 
+import prometheus_client
 from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 
 from relayd import metrics
 from relayd.clock import Clock
-from tests.mcp.harness import TOKEN as MCP_TOKEN, RelayTestCase
+from relayd.web import metrics_listener
+from tests.mcp.harness import TOKEN as MCP_TOKEN
+from tests.mcp.harness import RelayTestCase
 from tests.support.aep import AEPRelay, event, ndjson
 from tests.support.metrics import delta, names, scrape, value
 from tests.support.sse import SSEClient
@@ -40,7 +43,7 @@ class MetricsOverAEP(TestCase):
     async def setUp(self) -> None:  # type: ignore[override]
         self.relay = await AEPRelay.start()
         self.addCleanup(self.relay.stop)
-        self.service = metrics.make_service(["tcp:0:interface=127.0.0.1"], reactor, Clock(reactor))
+        self.service = metrics_listener.make_service(["tcp:0:interface=127.0.0.1"], reactor, Clock(reactor))
         self.service.startService()
         self.addCleanup(self.service.stopService)
         (port,) = await self.service.ports()
@@ -148,7 +151,7 @@ class CallbackGauges(TestCase):
         gauge = metrics.CallbackGauge("t_gauge3", "test", ["a"], registry=registry)
         gauge.watch(lambda: 1 / 0, a="x")
         gauge.watch(lambda: 5, a="y")
-        text = metrics.generate_latest(registry).decode()
+        text = prometheus_client.generate_latest(registry).decode()
         self.assertIn('t_gauge3{a="y"} 5.0', text)
         self.flushLoggedErrors(ZeroDivisionError)
 
@@ -159,7 +162,7 @@ class MetricsOverMCP(RelayTestCase):
     timeout = 30
 
     async def test_streams_polls_and_frames(self) -> None:
-        service = metrics.make_service(["tcp:0:interface=127.0.0.1"], reactor, Clock(reactor))
+        service = metrics_listener.make_service(["tcp:0:interface=127.0.0.1"], reactor, Clock(reactor))
         service.startService()
         self.addCleanup(service.stopService)
         (port,) = await service.ports()

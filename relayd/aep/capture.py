@@ -7,7 +7,7 @@ L{downlevel} at most once per (event, target level), sharing the result among su
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Final, Mapping
+from typing import Any, Final, Iterable, Mapping
 
 from relayd.aep.envelope import CAPTURE_LEVELS, js_str
 
@@ -217,6 +217,7 @@ def _degrade_answer(data: dict) -> None:
     if not isinstance(answer, dict):
         return
     values = answer.get("values")
+    items: Iterable[tuple[str, Any]]
     if isinstance(values, dict):
         items = values.items()
     elif isinstance(values, list):

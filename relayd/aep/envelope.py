@@ -13,19 +13,19 @@ from typing import Final
 
 __all__ = [
     "CAPTURE_LEVELS",
+    "MAX_POSITION_DIGITS",
+    "POSITION_LIMIT",
     "SEVERITIES",
     "EventKind",
     "classify",
     "envelope_error",
-    "kind_of_type",
     "event_kind",
-    "is_command_type",
     "has_control",
+    "is_command_type",
     "js_str",
+    "kind_of_type",
     "limit_error",
     "position",
-    "MAX_POSITION_DIGITS",
-    "POSITION_LIMIT",
 ]
 
 SEVERITIES: Final = ("debug", "info", "notice", "warning", "error", "critical")
@@ -88,11 +88,12 @@ def _js_number(x: float) -> str:
     sign = "-" if x < 0 else ""
     # repr() gives the shortest round-tripping digits, which is what JS prints too;
     # only the layout (where the point goes, when to use an exponent) differs.
-    _, digit_tuple, exp = Decimal(repr(abs(x))).as_tuple()
+    _, digit_tuple, exponent = Decimal(repr(abs(x))).as_tuple()
+    exp = int(exponent)  # finite here: NaN and the infinities were answered above
     digits = "".join(map(str, digit_tuple)).rstrip("0")
     exp += len("".join(map(str, digit_tuple))) - len(digits)
     k = len(digits)
-    n = k + int(exp)
+    n = k + exp
     if k <= n <= 21:
         body = digits + "0" * (n - k)
     elif 0 < n <= 21:

@@ -17,7 +17,6 @@ import orjson
 
 from relayd.aep.capture import downlevel
 from relayd.aep.envelope import POSITION_LIMIT, EventKind, event_kind, kind_of_type, position
-from relayd.web.sse import http_chunk
 
 SEVERITY_RANK = {"debug": 0, "info": 1, "notice": 2, "warning": 3, "error": 4, "critical": 5}
 NOTICE = SEVERITY_RANK["notice"]
@@ -153,20 +152,6 @@ def _finite(value: Any) -> Any:
     return value
 
 
-# What may not reach an SSE framing line: ingest refuses these in identifiers (envelope.limit_error);
-# this is the last line of defence for anything stored before, or by another relayd.
-_UNFRAMEABLE = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
-
-
-def frame_safe(text: str) -> bytes:
-    """C{text} as UTF-8 for an SSE field or comment line: controls and surrogates become U+FFFD."""
-    if not text.isprintable():
-        text = _UNFRAMEABLE.sub("\ufffd", text)
-    return text.encode("utf-8")
-
-
-def _sse_id(session: str, position: tuple[int, int]) -> bytes:
-    return frame_safe(f"{session}:{position[0]}:{position[1]}")
 
 
 class Event:
@@ -214,11 +199,17 @@ class Event:
     def sequenced(self) -> bool:
         return self.kind is EventKind.SEQUENCED
 
-    def _form(self, key: tuple[str, str | None]) -> Any:
+    def form(self, key: tuple[str, str | None]) -> Any:
+        """A wire form made before under C{key} (form, capture level), or C{None}.
+
+        The transports make each form once per event and level and keep it here, so a fan-out
+        to any number of subscribers encodes the event once (relayd/aep/wire.py).
+        """
         forms = self._forms
         return None if forms is None else forms.get(key)
 
-    def _keep(self, key: tuple[str, str | None], value: Any) -> Any:
+    def keep(self, key: tuple[str, str | None], value: Any) -> Any:
+        """Keep C{value} as the wire form C{key}; returns it."""
         if self._forms is None:
             self._forms = {}
         self._forms[key] = value
@@ -227,42 +218,14 @@ class Event:
     def payload(self, level: str | None = None) -> bytes:
         """The compact JSON of the event, downlevelled to C{level} (C{None}: as received)."""
         key = ("json", level)
-        payload = self._form(key)
+        payload = self.form(key)
         if payload is None:
             if level is None:
                 payload = self.raw if self.raw is not None else dumps(self.ev)
             else:
                 payload = dumps(downlevel(self.ev, level))
-            self._keep(key, payload)
+            self.keep(key, payload)
         return payload
-
-    def sse_frame(self, level: str | None = None) -> bytes:
-        """The SSE frame (C{event:}, C{data:}, C{id:} when sequenced) at C{level}."""
-        key = ("sse", level)
-        frame = self._form(key)
-        if frame is None:
-            parts = [b"event: ", frame_safe(self.type), b"\ndata: ", self.payload(level), b"\n"]
-            if self.kind is EventKind.SEQUENCED:
-                parts += [b"id: ", _sse_id(self.session, self.position), b"\n"]  # type: ignore[arg-type]
-            parts.append(b"\n")
-            frame = self._keep(key, b"".join(parts))
-        return frame
-
-    def sse_chunk(self, level: str | None = None) -> bytes:
-        """L{sse_frame} in HTTP chunked form, made once for every SSE subscriber of a fan-out."""
-        key = ("chunk", level)
-        chunk = self._form(key)
-        if chunk is None:
-            chunk = self._keep(key, http_chunk(self.sse_frame(level)))
-        return chunk
-
-    def prepared(self, level: str | None, factory: Any) -> Any:
-        """An autobahn prepared text message at C{level}, framed once for every WebSocket."""
-        key = ("ws", level)
-        message = self._form(key)
-        if message is None:
-            message = self._keep(key, factory.prepareMessage(self.payload(level), isBinary=False))
-        return message
 
 
 _NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]

@@ -231,7 +231,7 @@ def _pinned_values(key: str, pred: object) -> tuple[str, ...] | None:
         return None
     if key == "type" and any(v.endswith(".*") for v in values):  # type: ignore[union-attr]
         return None
-    return tuple(dict.fromkeys(values))  # type: ignore[arg-type]
+    return tuple(dict.fromkeys(values))
 
 
 def _pin_rank(key: str) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
@@ -16,10 +16,11 @@ from twisted.web.server import NOT_DONE_YET, Request
 from relayd import metrics
 from relayd.aep.capture import capture_error
 from relayd.aep.envelope import MAX_POSITION_DIGITS, POSITION_LIMIT, classify, has_control
-from relayd.aep.event import NOTICE, Event, JSONError, admit, dumps, frame_safe, parse_json
+from relayd.aep.event import NOTICE, Event, JSONError, admit, dumps, parse_json
 from relayd.aep.filters import Pin, compile_filter, filter_error, pin_of
 from relayd.aep.relay import Relay, ReplayProducer, ReplayReader, Subscriber, held_size
 from relayd.aep.store import Position
+from relayd.aep.wire import frame_safe, sse_chunk, sse_frame
 from relayd.redis import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param, tokens_equal
 from relayd.web.body import EarlyAnswer, read_body
@@ -59,7 +60,8 @@ def _refused(reason: str) -> None:
 # `{session}:{epoch}:{seq}`, greedy so that sessions may contain ":" (JS `^(.+):(\d+):(\d+)$`);
 # positions have at most MAX_POSITION_DIGITS digits, and a session no control character (what the
 # relay can have stored), so a value that could not name a held event is ignored as malformed.
-_LAST_EVENT_ID = re.compile(r"([^\x00-\x1f\x7f]+):([0-9]{1,%d}):([0-9]{1,%d})" % ((MAX_POSITION_DIGITS,) * 2))
+_DIGITS = f"[0-9]{{1,{MAX_POSITION_DIGITS}}}"
+_LAST_EVENT_ID = re.compile(rf"([^\x00-\x1f\x7f]+):({_DIGITS}):({_DIGITS})")
 
 # The methods of each route (C{405} and C{Allow} for any other on these paths). HEAD is answered
 # like GET, without the body, where GET is a plain document.
@@ -233,7 +235,7 @@ class SSESubscriber(Subscriber):
             _SLOW_CONSUMER.inc()
             return
         level = self.level(event)
-        if not stream.write(event.sse_frame(level), event.sse_chunk(level)) and stream.discarded:
+        if not stream.write(sse_frame(event, level), sse_chunk(event, level)) and stream.discarded:
             _CUT_OFF.inc(stream.discarded)  # the stream was just cut off with these frames unsent
             stream.discarded = 0
 
@@ -419,7 +421,7 @@ class AEPResource(Resource):
                 return _respond(request, 503, body, [(b"content-type", JSON_TYPE), CORS_ANY])
         # The history is read before any header goes out, so a store that cannot answer gets a
         # 503 the client can act on; with the in-memory log this all happens in this call.
-        d = self.relay.expand_all() if from_value == "all" else succeed(from_value)
+        d: Deferred[Any] = self.relay.expand_all() if from_value == "all" else succeed(from_value)
         d.addCallback(lambda entries: self._resume(request, entries, from_value == "all"))
         d.addCallback(lambda resolved: self._fetch(resolved, history_only, filter_session, sub))
         d.addCallbacks(
@@ -542,7 +544,7 @@ class SSEReplay(ReplayProducer):
 
     def send_event(self, event: Event) -> int:
         # The frame alone: its chunked form is only worth keeping for a live fan-out.
-        frame = event.sse_frame(self.sub.level(event))
+        frame = sse_frame(event, self.sub.level(event))
         self.sub.stream.write(frame)  # type: ignore[attr-defined]
         return len(frame)
 
@@ -587,7 +589,7 @@ def _media_type(request: Request) -> bytes:
     return value.split(b";", 1)[0].strip().lower()
 
 
-def _respond(request: Request, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = []) -> bytes:
+def _respond(request: Request, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()) -> bytes:
     request.setResponseCode(status)
     for name, value in headers:
         request.responseHeaders.setRawHeaders(name, [value])
@@ -596,7 +598,7 @@ def _respond(request: Request, status: int, body: bytes, headers: list[tuple[byt
     return body
 
 
-def _finish(request: Request, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = []) -> None:
+def _finish(request: Request, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
     if request._disconnected:
         return
     request.write(_respond(request, status, body, headers))

@@ -178,7 +178,7 @@ class RedisClaims:
         d = self.redis.execute(STORE, "MGET", *[self._key(b"aep:instance:", i) for i in names])
 
         def keep(values: list[Any]) -> dict[str, list[tuple[Claimant, int]]]:
-            live = {name for name, value in zip(names, values) if value is not None}
+            live = {name for name, value in zip(names, values, strict=True) if value is not None}
             live.add(self.instance)
             out: dict[str, list[tuple[Claimant, int]]] = {}
             for session, claimants in decoded.items():
@@ -193,8 +193,8 @@ class RedisClaims:
             # This process's own claims count at once, even before their write reaches Redis.
             for session in by_session:
                 self._merge_local(out, session)
-            for claimants in out.values():
-                claimants.sort(key=lambda pair: pair[0].order)
+            for held in out.values():
+                held.sort(key=lambda pair: pair[0].order)
             return out
 
         return d.addCallback(keep)

@@ -183,7 +183,7 @@ class RedisEventLog:
             lines = reply.split(b"\n")
             earliest = decode_position(lines[0])
             events = []
-            for member, raw in zip(lines[2::2], lines[3::2]):
+            for raw in lines[3::2]:
                 event = stored_event(raw)
                 if event is None:
                     _UNREADABLE.inc()

@@ -10,7 +10,8 @@ import time
 from collections import deque
 from itertools import chain
 from time import perf_counter
-from typing import Any, Callable, Iterable, Iterator, Sequence, Union
+from types import MappingProxyType
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, cast
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
@@ -117,7 +118,7 @@ class Subscriber:
         keys.intersection_update(event.key for event in replayed)
         if not keys:
             return
-        kept = deque()
+        kept: deque[Event] = deque()
         for event in held:
             if event.session == session and event.key in keys:
                 self.held_bytes -= held_size(event, self.level(event))
@@ -140,7 +141,7 @@ HELD_FRAMING = 64  # bytes: a WebSocket frame header is at most 14; SSE's `event
 
 
 # One item of a replay: an event to send, or a C{(session, earliest held position)} gap marker.
-ReplayItem = Union[Event, tuple[str, Position]]
+ReplayItem = Event | tuple[str, Position]
 
 REPLAY_PAGE = 512  # events one replay reads at a time from a store that copies them (Redis)
 
@@ -184,12 +185,17 @@ class ReplayReader:
             self._session, self._after = entry
         session, log = self._session, self._log
         if log.paged:
-            d = log.replay(session, self._after, REPLAY_PAGE, self._cursor)
+            replay = log.replay(session, self._after, REPLAY_PAGE, self._cursor)
         else:
-            d = log.replay(session, self._after)  # references to events it holds anyway: all at once
-        d.addCallback(self._read, session)
+            replay = log.replay(session, self._after)  # references to events it holds anyway: all at once
+        d = replay.addCallback(self._read, session)
         answered: list[Any] = []
-        d.addBoth(lambda result: answered.append(result) or result)
+
+        def answer(result: Any) -> Any:
+            answered.append(result)
+            return result
+
+        d.addBoth(answer)
         if not answered:
             return d
         d.addErrback(lambda failure: None)  # raised here instead
@@ -201,7 +207,8 @@ class ReplayReader:
         sub = self._sub
         self._cursor = replay.cursor
         sub.forget_held(session, replay.events)
-        items: Iterator[ReplayItem] = filter(sub.wants, replay.events)
+        wanted: Iterator[Event] = filter(sub.wants, replay.events)  # lazily: a page may be the whole history
+        items: Iterator[ReplayItem] = wanted
         if replay.exhausted is not None and not self._from_all:
             self.exhausted = True
             items = chain([(session, replay.exhausted)], items)
@@ -320,8 +327,8 @@ class Emitter:
 
     role: str = "both"
     hello_done: bool = False
-    identity: dict[str, Any] = {}
-    capabilities: dict[str, Any] = {}
+    identity: Mapping[str, Any] = MappingProxyType({})
+    capabilities: Mapping[str, Any] = MappingProxyType({})
     claims: list[str]
 
     def send_frame(self, frame: dict[str, Any]) -> None:
@@ -482,7 +489,8 @@ class Relay:
                 "this relay runs without AEP_TOKEN",
             )
             return succeed(None)
-        d = self.claims.claimants(event.session)
+        # A command is valid only with a session naming its target (envelope.classify).
+        d: Deferred[Any] = self.claims.claimants(cast(str, event.session))
         d.addCallback(self._route, event, sender)
         d.addErrback(self._route_failed, event, sender)
         return d

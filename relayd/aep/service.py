@@ -10,9 +10,9 @@ from twisted.logger import Logger
 
 from relayd import metrics
 from relayd.aep.http import AEPResource
-from relayd.aep.relay import Relay
 from relayd.aep.redis_cluster import RedisClaims, RedisFanout
 from relayd.aep.redis_store import RedisEventLog
+from relayd.aep.relay import Relay
 from relayd.aep.store import MemoryEventLog
 from relayd.aep.websocket import AEPSocketFactory
 from relayd.clock import Clock

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.types import ConnectionRequest
 from twisted.internet.defer import succeed
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IConsumer, IPushProducer, ITCPTransport
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -36,6 +36,7 @@ from relayd.aep.filters import Pin, compile_filter, filter_error, pin_of
 from relayd.aep.http import HARD_BACKLOG, SOFT_BACKLOG, parse_from_entries
 from relayd.aep.relay import Emitter, Relay, ReplayProducer, ReplayReader, Subscriber, error_frame, held_size
 from relayd.aep.store import Position
+from relayd.aep.wire import ws_message
 from relayd.clock import Clock
 from relayd.redis import StoreUnavailable
 from relayd.web.transport import no_delay, pause_reading, resume_reading, write_now
@@ -106,13 +107,13 @@ class WSReplay(ReplayProducer):
         frame = {"type": "replay-exhausted", "sub": self.sub.sub_id, "session": session,  # type: ignore[attr-defined]
                  "earliest": {"epoch": epoch, "seq": seq}}
         message = self.conn.factory.prepareMessage(dumps(frame))
-        self.conn._send(message, None, None)
+        self.conn._queue_message(message, None, None)
         return len(message.payloadHybi)
 
     def send_event(self, event: Event) -> int:
         # The capture ceiling applies to replay too (docs/decisions.md AEP-1).
-        message = event.prepared(self.sub.level(event), self.conn.factory)
-        self.conn._send(message, self.sub, event)  # type: ignore[arg-type]
+        message = ws_message(event, self.sub.level(event), self.conn.factory)
+        self.conn._queue_message(message, self.sub, event)  # type: ignore[arg-type]
         return len(message.payloadHybi)
 
     def stalled(self) -> bool:
@@ -145,7 +146,7 @@ class _Backpressure:
         self.conn.paused = True
 
 
-class AEPSocket(WebSocketServerProtocol, Emitter):
+class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # autobahn's own bases disagree on two attributes
     """One ``/socket`` connection."""
 
     _log = Logger()  # autobahn owns self.log
@@ -185,8 +186,9 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
     def onOpen(self) -> None:
         try:
             # Under WebSocketResource the HTTP channel is still the transport's producer.
-            self.transport.unregisterProducer()
-            self.transport.registerProducer(_Backpressure(self), True)
+            consumer = cast(IConsumer, self.transport)
+            consumer.unregisterProducer()
+            consumer.registerProducer(_Backpressure(self), True)
         except Exception:
             self._log.failure("could not register the WebSocket producer")
         self._open = True
@@ -223,7 +225,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
         autobahn's C{sendClose} admits only 1000 and 3000-4999 (application codes); AEP names
         protocol codes, which the frame-level call sends as they are. What is queued (an error
         frame explaining the close) goes first, even to a client that is not reading; nothing is
-        sent after the Close frame (L{_send} checks the state), and the socket is read again for
+        sent after the Close frame (L{_queue_message} checks the state), and the socket is read again for
         the client's answer to it.
         """
         self._replay = None
@@ -234,17 +236,17 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
 
     def send_frame(self, frame: dict[str, Any]) -> None:
         """Send a protocol frame (never skipped for a slow client, but counted in its backlog)."""
-        self._send(self.factory.prepareMessage(dumps(frame)), None, None)
+        self._queue_message(self.factory.prepareMessage(dumps(frame)), None, None)
 
     def send_command(self, event: Event) -> None:
         """A routed command, forwarded byte-identically as a bare envelope."""
-        self._send(event.prepared(None, self.factory), None, None)
+        self._queue_message(ws_message(event, None, self.factory), None, None)
 
     def send_event(self, sub: WSSubscription, event: Event, level: str | None) -> None:
         if self.paused and self._queued_bytes > SOFT_BACKLOG and event.severity < NOTICE:
             _SLOW_CONSUMER.inc()
             return
-        self._send(event.prepared(level, self.factory), sub, event)
+        self._queue_message(ws_message(event, level, self.factory), sub, event)
 
     def hold_event(self, sub: WSSubscription, event: Event, level: str | None) -> None:
         """Hold a live event of C{sub} while its replay is sent, within the backlog bounds (what is
@@ -261,7 +263,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
             return
         sub.keep_held(event, size)
 
-    def _send(self, message: Any, sub: WSSubscription | None, event: Event | None) -> None:
+    def _queue_message(self, message: Any, sub: WSSubscription | None, event: Event | None) -> None:
         """Queue a prepared message; the factory flushes every dirty connection once per turn.
 
         Every message counts: past the hard bound, while the client is not reading, the
@@ -300,7 +302,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):
                 self._replay = replay
                 if more is not True:
                     self._replay_waiting = True
-                    more.addBoth(self._replay_ready)  # type: ignore[union-attr]
+                    more.addBoth(self._replay_ready)
         self._write_queue()
         if self._replay is not None and not self._replay_waiting and not self.paused and self._open:
             if not self._dirty:
@@ -681,7 +683,7 @@ _FRAME_HANDLERS: dict[str, Callable[[AEPSocket, dict[str, Any]], None]] = {
 class AEPSocketFactory(WebSocketServerFactory):
     """The ``/socket`` factory: its connections, one shared ping loop, drain."""
 
-    protocol = AEPSocket
+    protocol = AEPSocket  # type: ignore[assignment]  # autobahn types it as a generic protocol factory
 
     def __init__(
         self, relay: Relay, clock: Clock, *, heartbeat: float, max_message: int, max_subscriptions: int = 64
@@ -737,7 +739,7 @@ class AEPSocketFactory(WebSocketServerFactory):
             return
         message = self.prepareMessage(dumps({"type": "ping", "t": int(time.time() * 1000)}))
         for conn in list(self.connections):
-            conn._send(message, None, None)  # (not once its closing handshake started)
+            conn._queue_message(message, None, None)  # (not once its closing handshake started)
 
     def listing(self) -> list[dict[str, Any]]:
         return [conn.listing() for conn in self.connections if conn.hello_done]
@@ -751,4 +753,4 @@ class AEPSocketFactory(WebSocketServerFactory):
     def abort(self) -> None:
         for conn in list(self.connections):
             if conn.transport is not None:
-                conn.transport.abortConnection()
+                cast(ITCPTransport, conn.transport).abortConnection()

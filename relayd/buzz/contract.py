@@ -131,7 +131,7 @@ class MalformedResponse(ValueError):
 # --- strict JSON -----------------------------------------------------------------------------------
 
 
-class _Obj(dict):  # type: ignore[type-arg]
+class _Obj(dict[str, Any]):
     """A decoded JSON object that remembers which keys it saw more than once."""
 
     __slots__ = ("dups",)
@@ -618,7 +618,7 @@ def signed_event(v: Any, path: str = "event") -> dict[str, Any]:
     }
 
 
-class CheckedEvents(list):  # type: ignore[type-arg]
+class CheckedEvents(list[Any]):
     """Events that each came out of L{signed_event}: a host-built read outcome is not checked twice."""
 
 
@@ -865,7 +865,9 @@ def parse_response(data: bytes | Any, request: Request | None = None) -> Respons
     @raise MalformedResponse: not a host verdict for the request.
     """
     try:
-        tree = loads_strict(data) if isinstance(data, (bytes, bytearray, str)) else data
+        if isinstance(data, bytearray):
+            data = bytes(data)
+        tree = loads_strict(data) if isinstance(data, (bytes, str)) else data
         check_tree(tree)
         resp = _parse_response_tree(tree)
     except (ContractError, ValueError, RecursionError) as e:

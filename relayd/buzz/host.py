@@ -372,6 +372,7 @@ class BrokerHost:
         denial = self._authorize(cred, agent, req)
         if denial is not None:
             return await self._settle(principal, rid, digest, contract.failed(rid, "unauthorized", denial), [], settled, req.action)
+        resp: contract.Response | None = None  # a failure the relay never saw
         try:
             ctx = Context(agent, self.ops.signer_for(agent), cred.channels)
             plan = await self.ops.run(ctx, req)
@@ -392,8 +393,6 @@ class BrokerHost:
         except SealError:
             self._log.error("a sealed key of {agent} does not open under this key-encryption key", agent=agent.pubkey)
             resp = contract.failed(rid, "internal", "key custody fault")
-        else:
-            resp = None
         if resp is not None:
             return await self._settle(principal, rid, digest, resp, [], settled, req.action)
         if not plan.events:
@@ -524,5 +523,10 @@ def _verdict(resp: contract.Response) -> bytes:
 
 def _wait(gate: defer.Deferred[None]) -> defer.Deferred[None]:
     d: defer.Deferred[None] = defer.Deferred()
-    gate.addBoth(lambda r: (d.callback(None), r)[1])
+
+    def fire(result: Any) -> Any:
+        d.callback(None)
+        return result
+
+    gate.addBoth(fire)
     return d

@@ -8,7 +8,7 @@ body that is not C{application/json} (or carries a content coding) C{415}.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from twisted.logger import Logger
 from twisted.web.resource import Resource
@@ -38,7 +38,7 @@ _NOT_JSON = _refusal("unsupported_media_type", "the body must be sent as Content
 _CODED = _refusal("unsupported_media_type", "the body must be sent without a Content-Encoding")
 
 
-def is_json(content_types: list[bytes] | None) -> bool:
+def is_json(content_types: Sequence[bytes] | None) -> bool:
     """Whether the request's C{Content-Type} header values name C{application/json}.
 
     Exactly one value; its media type compared case-insensitively (RFC 9110 8.3.1); parameters
@@ -49,7 +49,7 @@ def is_json(content_types: list[bytes] | None) -> bool:
     return content_types[0].split(b";", 1)[0].strip(_OWS).lower() == _JSON
 
 
-def _identity_coded(encodings: list[bytes] | None) -> bool:
+def _identity_coded(encodings: Sequence[bytes] | None) -> bool:
     """Whether no content coding other than C{identity} was applied to the body."""
     for value in encodings or ():
         for coding in value.split(b","):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import os
 import struct
-from typing import Any, Callable
+from typing import Any, Callable, cast
 from urllib.parse import urlsplit
 
 import orjson
@@ -25,7 +25,8 @@ from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientPr
 from autobahn.websocket.protocol import WebSocketProtocol
 from autobahn.websocket.xormasker import create_xor_masker
 from twisted.internet import defer, endpoints
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.interfaces import IDelayedCall, ITCPTransport
+from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -90,6 +91,7 @@ class _Protocol(WebSocketClientProtocol):
     _held_len = 0
     _need = 0  # bytes the held frame needs in all (its header's size while that is incomplete)
     recycled = False  # dropped by its connection for failing (RelayConnection._outcome)
+    maxMessagePayloadSize: int  # autobahn's, copied from the factory when the connection opens
 
     def dataReceived(self, data: bytes) -> None:
         if self._held is not None:
@@ -188,12 +190,12 @@ class _Protocol(WebSocketClientProtocol):
         # (the AttributeError is swallowed). With Nagle on, a small frame written while an earlier
         # one is unacknowledged waits for the relay's delayed ACK: ~40 ms per request/response turn.
         try:
-            self.transport.setTcpNoDelay(True)
+            cast(ITCPTransport, self.transport).setTcpNoDelay(True)
         except (AttributeError, OSError):  # not a TCP transport
             pass
         self.factory.conn._transport_up(self)
 
-    def connectionLost(self, reason: Failure) -> None:
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         super().connectionLost(reason)
         self.factory.conn._transport_down(self)
 
@@ -282,8 +284,7 @@ class RelayConnection:
             return defer.succeed(None)
         clock = self.pool.clock
         d: defer.Deferred[None] = defer.Deferred()
-        timer = clock.call_later(timeout, self._waiter_timeout, d)
-        d.addBoth(lambda r: (clock.cancel(timer), r)[1])
+        clock.cancel_when(d, clock.call_later(timeout, self._waiter_timeout, d))
         self._waiters.append(d)
         if not self._connecting and self._retry_timer is None:
             # Back off, but never so long that this demand gets no attempt within its timeout.
@@ -346,7 +347,7 @@ class RelayConnection:
     def _handshake_expired(self, proto: _Protocol) -> None:
         self._handshake_timer = None
         if proto is not self._proto and proto.transport is not None:
-            proto.transport.abortConnection()
+            cast(ITCPTransport, proto.transport).abortConnection()
 
     def _transport_down(self, proto: _Protocol) -> None:
         self._live.discard(proto)
@@ -429,8 +430,8 @@ class RelayConnection:
         clock.cancel(self._handshake_timer)
         self._handshake_timer = None
         waiters, self._waiters = self._waiters, []
-        for d in waiters:
-            d.errback(NotConnected("relay client shutting down"))
+        for waiter in waiters:
+            waiter.errback(NotConnected("relay client shutting down"))
         self._cancel_connect()
         if not self._live:
             return defer.succeed(None)
@@ -441,15 +442,13 @@ class RelayConnection:
                 proto.sendClose()
             elif proto.transport is not None:
                 proto.transport.loseConnection()
-        timer = clock.call_later(grace, self.abort)
-        d.addBoth(lambda r: (clock.cancel(timer), r)[1])
-        return d
+        return clock.cancel_when(d, clock.call_later(grace, self.abort))
 
     def abort(self) -> None:
         """Drop the connection at once."""
         for proto in list(self._live):
             if proto.transport is not None:
-                proto.transport.abortConnection()
+                cast(ITCPTransport, proto.transport).abortConnection()
 
     # --- messages
 
@@ -576,7 +575,7 @@ class RelayConnection:
             proto.recycled = True
             self._closed(proto, "recycled after repeated failures")  # fail what is pending now, forget it
             if proto.transport is not None:
-                proto.transport.abortConnection()
+                cast(ITCPTransport, proto.transport).abortConnection()
 
     async def query(self, filters: list[dict[str, Any]], timeout: float) -> list[Event]:
         """Run a REQ until EOSE and return the stored events it yielded (relay order)."""

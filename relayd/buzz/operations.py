@@ -283,7 +283,7 @@ class Operations:
         )
 
     async def _message_post(self, ctx: Context, args: dict[str, Any]) -> Plan:
-        tags = [["h", args["channelId"]]] + nostr.mention_tags(args.get("mentions", ()))
+        tags = [["h", args["channelId"]], *nostr.mention_tags(args.get("mentions", ()))]
         return await self._publish_plan("message.post", ctx.signer, nostr.KIND_CHANNEL_MESSAGE, tags, args["content"])
 
     async def _in_channel(self, ctx: Context, event_id: str, channel: str, what: str) -> Event:
@@ -370,7 +370,9 @@ class Operations:
         # owners (NIP-OA) let it in; it is sent in the agent's NIP-42 AUTH events.
         attestation = nostr.owner_attestation(ctx.signer, agent.pubkey)
         name = args["displayName"]
-        settings = {k: args[k] for k in ("systemPrompt", "runtime", "provider", "model", "respondTo") if k in args}
+        settings: dict[str, Any] = {
+            k: args[k] for k in ("systemPrompt", "runtime", "provider", "model", "respondTo") if k in args
+        }
         settings.setdefault("respondTo", "owner-only")
         profile = await self._sign(agent, nostr.KIND_PROFILE, [], _json({"name": name, "display_name": name}))
         record = await self._instance_event(ctx.signer, agent.pubkey, name, args["channelId"], settings)

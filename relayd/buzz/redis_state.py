@@ -149,7 +149,7 @@ class RedisReceipts:
     # --- keys
 
     def _keys(self, principal: str, request_id: str) -> tuple[bytes, bytes]:
-        tail = f"{principal}:{request_id}".encode("utf-8")
+        tail = f"{principal}:{request_id}".encode()
         return self.prefix + b"buzz:r:" + tail, self.prefix + b"buzz:l:" + tail
 
     def _token(self, principal: str, request_id: str) -> bytes:
@@ -199,8 +199,7 @@ class RedisReceipts:
         waiters = self._waiters.setdefault(rkey, [])
         waiters.append(d)
         timer: IDelayedCall = self.clock.call_later(timeout, self._wake_one, rkey, d)
-        d.addBoth(lambda r: (self.clock.cancel(timer), r)[1])
-        return d
+        return self.clock.cancel_when(d, timer)
 
     def release(self, principal: str, request_id: str) -> "defer.Deferred[None]":
         token = self._tokens.pop((principal, request_id), None)

@@ -389,6 +389,7 @@ class StateDB:
 
     def revoke(self, credential_id: str | None = None, agent_pubkey: str | None = None) -> int:
         now = int(time.time())
+        arg: str | None
         if credential_id is not None:
             q, arg = "UPDATE credentials SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", credential_id
         else:

@@ -20,13 +20,14 @@ Every timer goes through the L{relayd.clock.Clock}.
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime
+from typing import Any, Callable, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
 from twisted.internet import defer, endpoints
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.interfaces import IDelayedCall, ITCPTransport
+from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -57,7 +58,7 @@ def public_url(url: str) -> str:
 
 def iso(seconds: float) -> str:
     """UTC ISO 8601 with seconds, as the logs' C{time} writes it."""
-    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Throttle:
@@ -93,7 +94,7 @@ class _Probe(WebSocketClientProtocol):
     def onMessage(self, payload: bytes, isBinary: bool) -> None:
         pass  # a NIP-42 challenge or a notice: nothing to do, the connection is only a probe
 
-    def connectionLost(self, reason: Failure) -> None:
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         super().connectionLost(reason)
         self.factory.upstream._lost(self, reason)
 
@@ -189,7 +190,7 @@ class Upstream:
         self._gone.append(d)
         for proto in list(self._live):
             if proto.transport is not None:
-                proto.transport.abortConnection()  # nothing was sent on it: no close handshake owed
+                cast(ITCPTransport, proto.transport).abortConnection()  # nothing was sent on it: no close handshake owed
         return d
 
     def _start_check(self) -> None:
@@ -241,7 +242,7 @@ class Upstream:
         self._handshake_timer = None
         if proto is not self._proto and proto.transport is not None:
             self._timed_out = True
-            proto.transport.abortConnection()
+            cast(ITCPTransport, proto.transport).abortConnection()
 
     def _opened(self, proto: _Probe) -> None:
         self.clock.cancel(self._handshake_timer)

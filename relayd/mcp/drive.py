@@ -56,7 +56,9 @@ class _Resumer:
         if isinstance(outcome, Failure):
             # Inside its own callbacks a failed Deferred cannot raise from __await__ yet; throw the
             # error into the coroutine where it awaits.
-            self._step_throw(outcome.value.with_traceback(outcome.getTracebackObject()))
+            error = outcome.value
+            assert error is not None  # a Failure always holds its exception
+            self._step_throw(error.with_traceback(outcome.getTracebackObject()))
             return None
         try:
             awaited = self.coro.send(None)

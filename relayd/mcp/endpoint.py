@@ -420,7 +420,7 @@ class Endpoint:
             # Used since the last pass: keep the shared record alive; one ended elsewhere (a DELETE
             # on another instance) ends here too.
             alive = await store.touch_clients([c.id for c in active], idle_ms)
-            for client, exists in zip(active, alive):
+            for client, exists in zip(active, alive, strict=True):
                 if not exists:
                     client.close(shared=False)
 
@@ -509,7 +509,7 @@ class Endpoint:
         return body
 
     def _failed(self, request: Request, f: Failure) -> None:
-        if f.check(Refused):
+        if isinstance(f.value, Refused):
             reason = f.value.reason
             if reason == "session_gone":
                 _finish(request, 410, standard.error_body(standard.SESSION_ENDED, "the tunnel session is gone"))

@@ -198,10 +198,10 @@ class _PollAnswer:
         if f.check(CancelledError):
             return
         resource = self.resource
-        if f.check(Refused):
+        if isinstance(f.value, Refused):
             resource._refuse(self.request, f.value.reason)
             return
-        if f.check(StoreUnavailable):
+        if isinstance(f.value, StoreUnavailable):
             resource._finish_json(self.request, 503, unavailable_body(f.value))
             return
         resource._log.failure("MCP poll failed", f)
@@ -350,9 +350,9 @@ class McpResource(Resource):
             self._finish_json(request, 200, ok(result))
 
         def failure(f: Failure) -> None:
-            if f.check(Refused):
+            if isinstance(f.value, Refused):
                 self._refuse(request, f.value.reason)
-            elif f.check(StoreUnavailable):
+            elif isinstance(f.value, StoreUnavailable):
                 self._finish_json(request, 503, unavailable_body(f.value))
             else:
                 self._log.failure("MCP request failed", f)
@@ -418,10 +418,10 @@ class McpResource(Resource):
             sink.start(SSE_PREAMBLE + b"".join(handle.backlog), handle.record)
 
         def refused(f: Failure) -> None:
-            if f.check(StoreUnavailable):
+            if isinstance(f.value, StoreUnavailable):
                 self._finish_json(request, 503, unavailable_body(f.value))
                 return
-            if not f.check(Refused):
+            if not isinstance(f.value, Refused):
                 self._log.failure("MCP events failed", f)
                 self._finish_json(request, 500, b'{"error":"internal_error"}')
                 return
@@ -468,7 +468,7 @@ class McpResource(Resource):
             request.finish()
 
         def failed(f: Failure) -> None:
-            if f.check(StoreUnavailable):
+            if isinstance(f.value, StoreUnavailable):
                 self._finish_json(request, 503, unavailable_body(f.value))
                 return
             self._log.failure("MCP HEAD failed", f)

@@ -282,7 +282,7 @@ return v
 
 
 def _ms(seconds: float) -> int:
-    return int(round(seconds * 1000))
+    return round(seconds * 1000)
 
 
 def _record(session: str, direction: str, subscriber: bytes | str, packed: bytes) -> SubscriberRecord:
@@ -295,7 +295,7 @@ def _record(session: str, direction: str, subscriber: bytes | str, packed: bytes
 
 def _records(session: str, direction: str, flat: list[Any]) -> list[SubscriberRecord]:
     """Records from an C{HGETALL} reply, in arrival order."""
-    found = [(orjson.loads(v)[5], sid, v) for sid, v in zip(flat[::2], flat[1::2])]
+    found = [(orjson.loads(v)[5], sid, v) for sid, v in zip(flat[::2], flat[1::2], strict=True)]
     found.sort(key=lambda r: r[0])
     return [_record(session, direction, sid, v) for _, sid, v in found]
 
@@ -395,7 +395,7 @@ class RedisStore:
 
     def find_subscriber(self, session_id: str, subscriber_id: str) -> Deferred[list[SubscriberRecord]]:
         def build(flat: list[Any]) -> list[SubscriberRecord]:
-            return [_record(session_id, _text(d), subscriber_id, v) for d, v in zip(flat[::2], flat[1::2])]
+            return [_record(session_id, _text(d), subscriber_id, v) for d, v in zip(flat[::2], flat[1::2], strict=True)]
 
         return self._eval(_SUB_FIND, session_id, subscriber_id).addCallback(build)
 
@@ -501,4 +501,4 @@ def _fired() -> Deferred[None]:
     return d
 
 
-__all__ = ["RedisStore", "STORE"]
+__all__ = ["STORE", "RedisStore"]

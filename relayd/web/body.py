@@ -36,6 +36,7 @@ class LimitedRequest(Request):
 
     _refused = False
     _received = 0
+    content: BytesIO  # in memory, set by gotLength before any chunk (Request's own may be None)
     # Every response names its own type; an empty 202/404 must not claim to be text/html.
     defaultContentType = None
 

@@ -56,7 +56,8 @@ class OriginPolicy:
             # serialised form, and "null" never equals a listed entry.
             if origin is not None and origin in self._allowed_bytes:
                 allow.insert(0, (b"access-control-allow-origin", origin))
-        return allow + [
+        return [
+            *allow,
             (b"access-control-allow-methods", ALLOW_METHODS),
             (b"access-control-allow-headers", ALLOW_HEADERS),
             (b"access-control-max-age", MAX_AGE),

@@ -103,7 +103,7 @@ class HTTPWingService(MultiService):
     def _announce(self, ports: list[IListeningPort]) -> None:
         """One line per listener: C{"<wing> listening on <url>[ (<details>)]"}."""
         details = self.details()
-        for svc, port in zip(self.listeners, ports):
+        for svc, port in zip(self.listeners, ports, strict=True):
             self._announce_one(listener_url(port, getattr(svc, "description", ""), self.url_path), details)
 
     def _announce_one(self, url: str, details: str) -> None:
@@ -163,7 +163,11 @@ def listener_url(port: IListeningPort, description: str = "", path: str = "") ->
 def _within(clock: Clock, seconds: float, d: defer.Deferred[None]) -> defer.Deferred[bool]:
     """Fires with C{True} when C{d} does within C{seconds}, else with C{False} at that time."""
     outcome: defer.Deferred[bool] = defer.Deferred()
-    timer = clock.call_later(seconds, lambda: outcome.called or outcome.callback(False))
+    def expired() -> None:
+        if not outcome.called:
+            outcome.callback(False)
+
+    timer = clock.call_later(seconds, expired)
 
     def settled(_: object) -> None:
         if not outcome.called:

@@ -9,7 +9,9 @@ import weakref
 from typing import Any
 
 from twisted.internet.interfaces import IAddress, IDelayedCall
+from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web import resource as _resource
 from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol, parse_qs
 from twisted.web.resource import IResource, Resource
@@ -19,7 +21,6 @@ from relayd import metrics
 from relayd.logging import ACCESS_NAMESPACE, SCRUBBED_MARK
 from relayd.web.body import BodyLimit, EarlyAnswer, LimitedRequest
 from relayd.web.transport import hold_writes, release_writes
-
 
 MAX_HEADER_BYTES = 16384
 """The request line and header block together (Twisted's C{totalHeadersSize}); C{431} beyond."""
@@ -104,7 +105,7 @@ class RelayChannel(HTTPChannel):
         self._stop_header_clock()
         super().allContentReceived()
 
-    def connectionLost(self, reason: Any) -> None:
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._stop_header_clock()
         super().connectionLost(reason)
 
@@ -279,12 +280,19 @@ def _json_answer(found: Any, method: bytes) -> IResource | None:
         return None  # the resource dispatches methods itself
     if _renders(found, method.decode("ascii", "replace")):
         return None
-    allowed = {m for m in _resource._computeAllowedMethods(found) if _renders(found, m.decode("ascii"))}
+    allowed: set[bytes] = {
+        bytes(m) for m in _resource._computeAllowedMethods(found) if _renders(found, bytes(m).decode("ascii"))
+    }
     if not allowed:
         return _NOT_FOUND  # an inner node of the tree (/v1): nothing is served there
     if b"GET" in allowed:
         allowed.add(b"HEAD")
-    return JSONError(405, "method_not_allowed", allow=b", ".join(sorted(allowed, key=lambda m: (_METHOD_ORDER.get(m, 9), m))))
+    ordered: list[bytes] = sorted(allowed, key=_method_rank)
+    return JSONError(405, "method_not_allowed", allow=b", ".join(ordered))
+
+
+def _method_rank(method: bytes) -> tuple[int, bytes]:
+    return _METHOD_ORDER.get(method, 9), method
 
 
 def _renders(found: Any, method: str) -> bool:
@@ -334,7 +342,7 @@ class RelaySite(Site):
         self._protocols: weakref.WeakSet[Any] = weakref.WeakSet()
         self._request_counters: dict[tuple[str, int], Any] = {}  # labelled children, looked up once
 
-    def buildProtocol(self, addr: IAddress) -> Any:
+    def buildProtocol(self, addr: IAddress | None) -> Any:
         protocol = super().buildProtocol(addr)
         self._protocols.add(protocol)
         return protocol

@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterable
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
-from twisted.web.http_headers import Headers
 from twisted.python.failure import Failure
+from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 from zope.interface import implementer
 
@@ -180,7 +180,7 @@ class SSEStream:
                     self._schedule()  # its next chunk on the next turn, unless the transport pauses us
                 else:
                     self._waiting = True
-                    more.addBoth(self._source_ready)  # type: ignore[union-attr]
+                    more.addBoth(self._source_ready)
             if self.closed:
                 return
         if not self._pending:

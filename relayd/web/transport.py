@@ -9,7 +9,6 @@ to C{transport.write}, so ordering and backpressure stay Twisted's.
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 from twisted.internet import abstract, tcp
@@ -78,7 +77,7 @@ def no_delay(transport: Any) -> None:
     """Disable Nagle's algorithm: a stream's small writes must not wait for the previous ACK."""
     try:
         transport.setTcpNoDelay(True)
-    except (AttributeError, OSError, socket.error):
+    except (AttributeError, OSError):
         pass  # not TCP (a UNIX socket, a test transport)
 
 

@@ -45,6 +45,7 @@ from twisted.web.client import HTTPConnectionPool
 
 from relayd.aep.envelope import EventKind, classify
 from relayd.aep.event import Event, JSONError, admit, event_from, parse_json
+from relayd.aep.wire import sse_frame
 from tests.support.aep import event, ndjson
 from tests.support.raw import RawClient
 from tests.support.redis import CI, shared_redis
@@ -475,7 +476,7 @@ class NoForgeryThroughFraming(RelaydCase):
     def test_a_stored_identifier_is_framed_escaped(self) -> None:
         # What another relayd (or an older one) stored is framed safely all the same.
         ev = {**event("a" + FORGED, 7), "type": "progress.status"}
-        frame = Event(ev, line(ev)).sse_frame()
+        frame = sse_frame(Event(ev, line(ev)))
         lines = frame.split(b"\n")
         self.assertEqual([part.split(b":")[0] for part in lines], [b"event", b"data", b"id", b"", b""])
         escaped = "a" + FORGED.replace("\n", "\ufffd")
@@ -791,7 +792,7 @@ class EveryAcceptedEventCanBeServed(SynchronousTestCase):
             return
         event = Event(value, raw, kind)
         for level in (None, "none", "metadata", "redacted", "full"):
-            lines = event.sse_frame(level).split(b"\n")
+            lines = sse_frame(event, level).split(b"\n")
             self.assertEqual(lines[-2:], [b"", b""])
             fields = [line.split(b": ", 1)[0] for line in lines[:-2]]
             self.assertEqual(fields, [b"event", b"data", b"id"][: len(fields)])

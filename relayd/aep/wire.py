@@ -1,0 +1,60 @@
+"""An event's wire forms: the SSE frame, its HTTP chunk and the WebSocket message.
+
+Each is made once per event and capture level and kept on the event (L{Event.form}), so a
+fan-out to any number of subscribers encodes the event once; the AEP core knows none of them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from relayd.aep.envelope import EventKind
+from relayd.aep.event import Event
+from relayd.web.sse import http_chunk
+
+# What may not reach an SSE framing line: ingest refuses these in identifiers (envelope.limit_error);
+# this is the last line of defence for anything stored before, or by another relayd.
+_UNFRAMEABLE = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
+
+
+def frame_safe(text: str) -> bytes:
+    """C{text} as UTF-8 for an SSE field or comment line: controls and surrogates become U+FFFD."""
+    if not text.isprintable():
+        text = _UNFRAMEABLE.sub("\ufffd", text)
+    return text.encode("utf-8")
+
+
+def _sse_id(session: str, position: tuple[int, int]) -> bytes:
+    return frame_safe(f"{session}:{position[0]}:{position[1]}")
+
+
+def sse_frame(event: Event, level: str | None = None) -> bytes:
+    """The SSE frame (C{event:}, C{data:}, C{id:} when sequenced) at C{level}."""
+    key = ("sse", level)
+    frame = event.form(key)
+    if frame is None:
+        parts = [b"event: ", frame_safe(event.type), b"\ndata: ", event.payload(level), b"\n"]
+        if event.kind is EventKind.SEQUENCED:
+            parts += [b"id: ", _sse_id(event.session, event.position), b"\n"]  # type: ignore[arg-type]
+        parts.append(b"\n")
+        frame = event.keep(key, b"".join(parts))
+    return frame
+
+
+def sse_chunk(event: Event, level: str | None = None) -> bytes:
+    """L{sse_frame} in HTTP chunked form, made once for every SSE subscriber of a fan-out."""
+    key = ("chunk", level)
+    chunk = event.form(key)
+    if chunk is None:
+        chunk = event.keep(key, http_chunk(sse_frame(event, level)))
+    return chunk
+
+
+def ws_message(event: Event, level: str | None, factory: Any) -> Any:
+    """An autobahn prepared text message at C{level}, framed once for every WebSocket."""
+    key = ("ws", level)
+    message = event.form(key)
+    if message is None:
+        message = event.keep(key, factory.prepareMessage(event.payload(level), isBinary=False))
+    return message

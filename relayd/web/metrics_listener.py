@@ -1,0 +1,48 @@
+"""The metrics listener: C{GET /metrics} in Prometheus text format on its own endpoints (--metrics-listen).
+
+The registry and its series live in L{relayd.metrics}, which knows nothing of HTTP; this module
+serves them, so metrics and the web plumbing do not import each other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from twisted.web.resource import Resource
+from twisted.web.server import Request
+
+from relayd.metrics import REGISTRY
+from relayd.web.body import BodyLimit
+from relayd.web.service import HTTPWingService
+from relayd.web.site import RelaySite
+
+
+class MetricsResource(Resource):
+    """C{GET /metrics}: the registry in Prometheus text format (synapse's form, no thread pool)."""
+
+    isLeaf = True
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        super().__init__()
+        self.registry = registry
+
+    def render_GET(self, request: Request) -> bytes:
+        if request.path != b"/metrics":
+            request.setResponseCode(404)
+            request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+            return b"metrics are served at /metrics\n"
+        body = generate_latest(self.registry)
+        request.setHeader(b"content-type", CONTENT_TYPE_LATEST.encode("ascii"))
+        request.setHeader(b"cache-control", b"no-store")
+        return body
+
+
+def make_service(listen: list[str], reactor: Any, clock: Any) -> Any:
+    """The metrics listener: an C{HTTPWingService} named C{metrics} serving L{MetricsResource}."""
+    site = RelaySite(MetricsResource(), body_limit=BodyLimit(64 * 1024, _too_large))
+    return HTTPWingService("metrics", site, listen, reactor, clock)
+
+
+def _too_large(request: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    return 413, [(b"content-type", b"text/plain; charset=utf-8")], b"request body too large\n"
