@@ -1,4 +1,4 @@
-"""The contract checklist (docs/buzz-broker.md section 1.7, items 1-37) against relayd.buzz.contract."""
+"""The contract checks, items 1-37 (docs/broker.md "HTTP" and "The nine actions"), against relayd.buzz.contract."""
 
 from __future__ import annotations
 
