@@ -41,8 +41,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from twisted.internet import defer, task  # noqa: E402
 
 from relayd.buzz import contract  # noqa: E402
-from tests.buzz.conftest import NostrRelay  # noqa: E402
 from tests.buzz.harness import BrokerUnderTest  # noqa: E402
+from tests.support.nostr import NostrRelay  # noqa: E402
 
 
 def _body(action: str, args: dict[str, Any], rid: str | None = None) -> bytes:

@@ -505,7 +505,7 @@ async def broker_agent(port: int, stats: Stats, credential: str, channel: str, r
 
 def start_broker_backend(workdir: Path) -> tuple[Any, dict[str, str], str, str]:
     """A Nostr relay subprocess, a state dir with a KEK, and one credential for message.post."""
-    from tests.buzz.conftest import NostrRelay
+    from tests.support.nostr import NostrRelay
 
     relay = NostrRelay(str(workdir / "nostr"))
     os.makedirs(relay.workdir, exist_ok=True)

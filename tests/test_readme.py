@@ -15,7 +15,7 @@ C{###} section per test. Within a block:
     terminal's next block (awaited, with the snippet's end, before anything else is typed there);
   - C{twistd -n --pidfile= relayd ARGS} starts relayd (replacing a running one, as Ctrl-C and a new
     start do) and C{... nostr-relay serve} a Nostr relay: the test runs those itself, on free ports
-    (relayd with ARGS and its listeners on port 0; the relay as tests/buzz/conftest.py's C{NostrRelay}),
+    (relayd with ARGS and its listeners on port 0; the relay as tests/support/nostr.py's C{NostrRelay}),
     and the README's addresses (C{localhost:8787}, C{ws://127.0.0.1:6969}, ...) are rewritten to them.
 """
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from twisted.trial.unittest import TestCase
 
-from tests.buzz.conftest import NostrRelay
+from tests.support.nostr import NostrRelay
 from tests.e2e.test_mcp_e2e import CLEAN_ENV
 from tests.support.command import TIMEOUT
 from tests.support.skips import missing, require_module

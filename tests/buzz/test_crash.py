@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
 
-import pytest
 from twisted.internet import defer, protocol, reactor
 from twisted.trial import unittest
 
 from relayd.buzz import contract
-from tests.buzz.conftest import HERE, REPO
 from tests.buzz.harness import BrokerUnderTest, independent_verify, issue, new_channel
+from tests.support.nostr import REPO, NostrRelay, start_nostr_relay
 
 
 class _BrokerProcess(protocol.ProcessProtocol):
@@ -41,18 +41,18 @@ class _BrokerProcess(protocol.ProcessProtocol):
 def spawn(state_dir: str, relay_url: str, crash_at: str = "") -> _BrokerProcess:
     proto = _BrokerProcess()
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    args = [sys.executable, os.path.join(HERE, "broker_process.py"), state_dir, relay_url] + ([crash_at] if crash_at else [])
+    args = [sys.executable, "-m", "tests.buzz.harness", state_dir, relay_url] + ([crash_at] if crash_at else [])
     reactor.spawnProcess(proto, sys.executable, args, env=env, childFDs={0: "w", 1: "r", 2: 2})
     return proto
 
 
-@pytest.mark.usefixtures("private_relay_for_class")
 class CrashTests(unittest.TestCase):
     timeout = 120
-    relay: object
 
     def setUp(self) -> None:
+        self.relay: NostrRelay = start_nostr_relay(self)  # its own: a test stops and restarts it
         self.tmp = tempfile.mkdtemp(prefix="relayd-crash-")
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
         self.state = os.path.join(self.tmp, "state")
         os.makedirs(self.state)
         with open(os.path.join(self.state, "test.kek"), "w") as f:
@@ -63,26 +63,26 @@ class CrashTests(unittest.TestCase):
     async def _kill9_then_retry(self, crash_at: str) -> None:
         content = f"crash test {crash_at}"
         b = contract.freeze(contract.build_request("message.post", {"channelId": self.channel, "content": content}, f"req-{crash_at}"))
-        helper = BrokerUnderTest(self.state, self.relay.url)  # type: ignore[attr-defined]  # reused for its HTTP client
-        doomed = spawn(self.state, self.relay.url, crash_at)  # type: ignore[attr-defined]
+        helper = BrokerUnderTest(self.state, self.relay.url)  # reused for its HTTP client
+        doomed = spawn(self.state, self.relay.url, crash_at)
         helper.port = await doomed.port
         with self.assertRaises(Exception):  # the connection dies with the process: no verdict
             await helper.post(b, self.alice["credential"])
         assert await doomed.ended == 9
-        survivor = spawn(self.state, self.relay.url)  # type: ignore[attr-defined]
+        survivor = spawn(self.state, self.relay.url)
         helper.port = await survivor.port
         try:
             status, data = await helper.post(b, self.alice["credential"])
             resp = contract.read_http_response(contract.parse_request(b), status, data)
             assert resp.status == "succeeded" and not resp.replayed, data
-            stored = [e for e in self.relay.events(pubkey=self.alice["agentPubkey"]) if e["content"] == content]  # type: ignore[attr-defined]
+            stored = [e for e in self.relay.events(pubkey=self.alice["agentPubkey"]) if e["content"] == content]
             assert len(stored) == 1 and stored[0]["id"] == resp.outcome["eventId"]  # type: ignore[index]
             assert independent_verify(stored[0])
             # and now it is a recorded verdict
             _, again = await helper.post(b, self.alice["credential"])
             assert json.loads(again)["replayed"] is True
         finally:
-            survivor.transport.signalProcess("TERM")  # type: ignore[attr-defined]
+            survivor.transport.signalProcess("TERM")
             await survivor.ended
 
     async def test_kill9_after_relay_stored_event_before_ok_handled(self) -> None:
@@ -92,7 +92,7 @@ class CrashTests(unittest.TestCase):
         await self._kill9_then_retry("after_store")
 
     async def test_relay_down_is_indeterminate_then_retry_succeeds_once(self) -> None:
-        broker = BrokerUnderTest(self.state, self.relay.url, timeout=1.5)  # type: ignore[attr-defined]
+        broker = BrokerUnderTest(self.state, self.relay.url, timeout=1.5)
         await broker.start()
         try:
             cred = self.alice["credential"]
@@ -104,7 +104,7 @@ class CrashTests(unittest.TestCase):
                     break
                 assert ok_first["error"]["code"] == "internal", ok_first
             assert ok_first["status"] == "succeeded", ok_first
-            self.relay.stop()  # type: ignore[attr-defined]
+            self.relay.stop()
             b = contract.freeze(contract.build_request("message.post", {"channelId": self.channel, "content": "while down"}, "req-down"))
             started = time.monotonic()
             status, data = await broker.post(b, cred)
@@ -112,7 +112,7 @@ class CrashTests(unittest.TestCase):
             resp = contract.parse_response(data, contract.parse_request(b))
             assert resp.status == "indeterminate" and resp.code == "outcome_unknown", data
             assert elapsed < 1.5 + 1.0
-            self.relay.start()  # type: ignore[attr-defined]
+            self.relay.start()
             # The relay needs a moment to boot (its socket already queues us): a caller reconciles an
             # indeterminate verdict by retrying the identical bytes, which is what this loop does.
             for _ in range(20):
@@ -121,11 +121,11 @@ class CrashTests(unittest.TestCase):
                 if resp.status != "indeterminate":
                     break
             assert resp.status == "succeeded", data
-            stored = [e for e in self.relay.events(pubkey=self.alice["agentPubkey"]) if e["content"] == "while down"]  # type: ignore[attr-defined]
+            stored = [e for e in self.relay.events(pubkey=self.alice["agentPubkey"]) if e["content"] == "while down"]
             assert len(stored) == 1
             # a retry after success replays, and the relay still holds one event
             _, data = await broker.post(b, cred)
             assert json.loads(data)["replayed"] is True
-            assert len([e for e in self.relay.events() if e["content"] == "while down"]) == 1  # type: ignore[attr-defined]
+            assert len([e for e in self.relay.events() if e["content"] == "while down"]) == 1
         finally:
             await broker.stop()

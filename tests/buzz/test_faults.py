@@ -1,6 +1,6 @@
 """Fault injection: every verdict agrees with what the real relay holds, and a retry converges.
 
-The broker talks to the real relay (PyPI nostr-relay, NIP-42 on) through L{FaultRelay}, a proxy
+The broker talks to the real relay (PyPI nostr-relay, NIP-42 on) through the fault proxy of tests/support/nostr.py, a proxy
 that refuses, drops OKs, closes connections or throttles on a script. After each fault the test
 reads the real relay's database (an independent view) and the broker's own state.
 """
@@ -13,27 +13,24 @@ import tempfile
 import time
 from typing import Any, Callable
 
-import pytest
 from twisted.trial import unittest
 
 from relayd.buzz import nostr
 from relayd.buzz.state import StateDB
-from tests.buzz.fault_relay import FaultRelay, kind
 from tests.buzz.harness import BrokerUnderTest, new_channel, ok
+from tests.support.nostr import REQUIRE_MEMBERSHIP, kind, shared_nostr_relay, start_fault_relay, start_nostr_relay
 
 
-@pytest.mark.usefixtures("relay_for_class")
 class FaultCase(unittest.TestCase):
     """A broker behind a fault proxy in front of the session's real relay."""
 
     timeout = 120
-    relay: Any
     action_timeout = 4.0
 
     async def setUp(self) -> None:
+        self.relay = shared_nostr_relay()
         self.tmp = tempfile.mkdtemp(prefix="relayd-faults-")
-        self.proxy = FaultRelay(self.relay.url)
-        self.proxy.start()
+        self.proxy = start_fault_relay(self, self.relay.url)
         self.broker = BrokerUnderTest(
             os.path.join(self.tmp, "state"), self.proxy.proxy_url, timeout=self.action_timeout, auth_url=self.relay.url
         )
@@ -95,13 +92,15 @@ class RefusedSecondEvent(FaultCase):
     async def test_create_refused_record_is_indeterminate_and_the_retry_finishes_it(self) -> None:
         self.proxy.on("refuse", kind(nostr.KIND_MANAGED_AGENT), message="blocked: not today")
         rid = "create-refused-record"
+        # The relay is shared with other tests that create agents named "helper" too.
+        before = {e["pubkey"] for e in self.on_relay(kind=0) if json.loads(e["content"]).get("name") == "helper"}
         r = await self.send("agents.create", self.create_args(), rid)
         assert r["status"] == "indeterminate", r
         assert r["error"]["code"] == "outcome_unknown"
         assert "1 of 2" in r["error"]["message"], r
         # The relay holds the new identity's profile; the host holds that identity and its key.
         profiles = [e for e in self.on_relay(kind=0) if json.loads(e["content"]).get("name") == "helper"]
-        minted = {e["pubkey"] for e in profiles} - {self.alice["agentPubkey"]}
+        minted = {e["pubkey"] for e in profiles} - {self.alice["agentPubkey"]} - before
         assert len(minted) == 1
         (agent,) = minted
         held = self.host_agent(agent)
@@ -582,14 +581,13 @@ class CredentialExpiry(FaultCase):
         assert admin.parse_expires("7d", 1000.0) == 1000 + 7 * 86400
 
 
-@pytest.mark.usefixtures("members_relay_for_class")
 class OwnerAttestation(unittest.TestCase):
     """NIP-OA: an agent relayd creates is admitted by a members-only relay through its owner's attestation."""
 
     timeout = 120
-    relay: Any
 
     async def setUp(self) -> None:
+        self.relay = start_nostr_relay(self, REQUIRE_MEMBERSHIP)  # its own: the test writes its members
         tmp = tempfile.mkdtemp(prefix="relayd-oa-")
         self.broker = BrokerUnderTest(os.path.join(tmp, "state"), self.relay.url)
         await self.broker.start()

@@ -8,24 +8,23 @@ import tempfile
 import time
 import uuid
 
-import pytest
 from twisted.internet import defer
 from twisted.trial import unittest
 
 from relayd.buzz import contract
 from tests.buzz.harness import BrokerUnderTest, new_channel, ok
+from tests.support.nostr import shared_nostr_relay
 
 
 def body(action: str, args: dict, rid: str | None = None) -> bytes:
     return contract.freeze(contract.build_request(action, args, rid or f"r-{uuid.uuid4()}"))
 
 
-@pytest.mark.usefixtures("relay_for_class")
 class HostTests(unittest.TestCase):
     timeout = 240
-    relay: object
 
     async def setUp(self) -> None:
+        self.relay = shared_nostr_relay()
         self.tmp = tempfile.mkdtemp(prefix="relayd-broker-")
         self.state = os.path.join(self.tmp, "state")
         await self._start()

@@ -86,9 +86,9 @@ class ClientTests(unittest.TestCase):
         await sent
         event_seen = self.next_message()
         await event_seen
-        assert not d.called
+        self.assertNoResult(d)
         self.clock.advance(9.9)
-        assert not d.called
+        self.assertNoResult(d)
         self.clock.advance(0.2)
         with self.assertRaises(RelayTimeout):
             await d

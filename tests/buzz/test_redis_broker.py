@@ -14,7 +14,6 @@ import os
 import tempfile
 import time
 
-import pytest
 from twisted.internet import defer, reactor
 from twisted.internet.task import deferLater
 from twisted.trial import unittest
@@ -22,6 +21,7 @@ from twisted.trial import unittest
 from relayd.buzz import contract
 from tests.buzz.harness import BrokerUnderTest, new_channel
 from tests.support.redis import RedisServer, shared_redis
+from tests.support.nostr import shared_nostr_relay
 
 _prefixes = itertools.count()
 
@@ -30,12 +30,11 @@ def body(action: str, args: dict, rid: str) -> bytes:
     return contract.freeze(contract.build_request(action, args, rid))
 
 
-@pytest.mark.usefixtures("relay_for_class")
 class TwoInstances(unittest.TestCase):
     timeout = 120
-    relay: object
 
     async def setUp(self) -> None:
+        self.relay = shared_nostr_relay()
         self.redis_url = shared_redis().url
         self.state = os.path.join(tempfile.mkdtemp(prefix="relayd-redis-broker-"), "state")
         prefix = f"t{next(_prefixes)}:{os.getpid()}:{id(self)}:"
@@ -121,12 +120,11 @@ class TwoInstances(unittest.TestCase):
         assert refused["error"]["code"] == "unauthenticated"
 
 
-@pytest.mark.usefixtures("relay_for_class")
 class RedisGoesAway(unittest.TestCase):
     timeout = 120
-    relay: object
 
     async def setUp(self) -> None:
+        self.relay = shared_nostr_relay()
         self.server = RedisServer.start()
         self.addCleanup(self.server.cleanup)
         state = os.path.join(tempfile.mkdtemp(prefix="relayd-redis-down-"), "state")
@@ -187,14 +185,13 @@ class Wiring(unittest.TestCase):
         await svc.redis.close()  # type: ignore[attr-defined]  # the process's shared client
 
 
-@pytest.mark.usefixtures("relay_for_class")
 class RedisReceiptRetention(unittest.TestCase):
     """Defect 4 with Redis: a read's receipt keeps the digest only; receipts expire after the retention."""
 
     timeout = 120
-    relay: object
 
     async def setUp(self) -> None:
+        self.relay = shared_nostr_relay()
         self.redis = shared_redis()
         self.prefix = f"ret{next(_prefixes)}:{os.getpid()}:{id(self)}:"
         state = os.path.join(tempfile.mkdtemp(prefix="relayd-redis-ret-"), "state")

@@ -6,21 +6,20 @@ import json
 import os
 import tempfile
 
-import pytest
 from twisted.trial import unittest
 
 from relayd.buzz import contract, nostr
 from tests.buzz.harness import BrokerUnderTest, independent_verify, new_channel, ok
+from tests.support.nostr import shared_nostr_relay
 
 
-@pytest.mark.usefixtures("relay_for_class")
 class OperationsTests(unittest.TestCase):
     timeout = 120
-    relay: object
 
     async def setUp(self) -> None:
+        self.relay = shared_nostr_relay()
         self.tmp = tempfile.mkdtemp(prefix="relayd-broker-")
-        self.broker = BrokerUnderTest(os.path.join(self.tmp, "state"), self.relay.url)  # type: ignore[attr-defined]
+        self.broker = BrokerUnderTest(os.path.join(self.tmp, "state"), self.relay.url)
         await self.broker.start()
         self.channel = new_channel()
         self.alice = self.broker.issue(f"alice-{self.channel[:8]}", "--channel", self.channel)

@@ -9,7 +9,6 @@ import shutil
 import stat
 import tempfile
 
-import pytest
 from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
 
@@ -19,121 +18,13 @@ from relayd.buzz.service import make_service
 from relayd.buzz.state import StateDB
 from relayd.clock import Clock
 from relayd.config import ConfigError, resolve
-from tests.buzz.harness import BrokerUnderTest, new_channel
+from tests.buzz.harness import BrokerUnderTest, new_channel, temp_dir
+from tests.support.cases import cases, expand
+from tests.support.nostr import NostrRelay, shared_nostr_relay
 
 
 def settings(**flags: object) -> object:
     return resolve(SETTINGS, {k.replace("_", "-"): v for k, v in flags.items()}, {})
-
-
-def test_no_relay_url_means_no_service_and_one_log_line() -> None:
-    seen: list[dict] = []
-    globalLogPublisher.addObserver(seen.append)
-    try:
-        assert make_service(settings(), None, Clock(None)) is None  # type: ignore[arg-type]
-    finally:
-        globalLogPublisher.removeObserver(seen.append)
-    lines = [e for e in seen if "broker" in str(e.get("log_format", "")).lower()]
-    assert len(lines) == 1 and "--broker-nostr-relay" in lines[0]["log_format"]
-
-
-@pytest.mark.parametrize(
-    "listen",
-    ["tcp:8789", "tcp:8789:interface=0.0.0.0", "tcp:8789:interface=192.168.1.10", "tcp6:8789:interface=\\:\\:"],
-)
-def test_non_loopback_plain_listener_refused(listen: str, tmp_path: object) -> None:
-    s = settings(broker_nostr_relay="ws://127.0.0.1:1", broker_listen=[listen], broker_state_dir=str(tmp_path))
-    with pytest.raises(ConfigError) as info:
-        make_service(s, None, Clock(None))  # type: ignore[arg-type]
-    assert "--broker-listen" in str(info.value)
-
-
-def test_loopback_and_tls_listeners_accepted(tmp_path: object) -> None:
-    from twisted.internet import reactor
-
-    for listen in ("tcp:0:interface=127.0.0.1", "tcp6:0:interface=\\:\\:1", "unix:/tmp/relayd-broker-test.sock"):
-        s = settings(broker_nostr_relay="ws://127.0.0.1:1", broker_listen=[listen], broker_state_dir=str(tmp_path))
-        svc = make_service(s, reactor, Clock(reactor))
-        assert svc is not None
-        svc.state.db.close()  # type: ignore[attr-defined]
-
-
-def test_kek_generated_0600_on_first_start_and_reused(tmp_path: object) -> None:
-    d = os.path.join(str(tmp_path), "st")
-    k1 = keys.load_kek(d)
-    path = os.path.join(d, keys.KEK_FILE_NAME)
-    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert keys.load_kek(d) == k1
-    with pytest.raises(keys.KEKError) as info:
-        keys.load_kek(d, kek_env="zz")
-    assert "RELAYD_BROKER_KEK" in str(info.value) and "zz" not in str(info.value)
-
-
-def test_sealed_keys_do_not_open_without_the_kek(tmp_path: object) -> None:
-    d = str(tmp_path)
-    kek_file = os.path.join(d, "kek")
-    with open(kek_file, "w") as f:
-        f.write(os.urandom(32).hex())
-    key_file = os.path.join(d, "agent.key")
-    secret = nostr.generate_secret()
-    with open(key_file, "w") as f:
-        f.write(secret.hex())
-    out = io.StringIO()
-    assert admin.main(["issue", "--state-dir", d, "--kek-file", kek_file, "--agent", "a", "--secret-key-file", key_file, "--channel", new_channel()], stdout=out) == 0
-    issued = json.loads(out.getvalue())
-    raw = open(os.path.join(d, "broker.sqlite3"), "rb").read()
-    for path in os.listdir(d):
-        if path.startswith("broker.sqlite3"):
-            raw += open(os.path.join(d, path), "rb").read()
-    assert secret not in raw and secret.hex().encode() not in raw
-    assert issued["credential"].encode() not in raw
-    db = StateDB.in_dir(d)
-    agent = db.agent(issued["agentPubkey"])
-    db.close()
-    assert agent is not None and agent.sealed_key is not None
-    with pytest.raises(keys.SealError):
-        keys.Custody(os.urandom(32)).open(agent.sealed_key, agent.pubkey)
-    right = keys.Custody(bytes.fromhex(open(kek_file).read()))
-    assert right.open(agent.sealed_key, agent.pubkey) == secret
-    with pytest.raises(keys.SealError):  # bound to its identity
-        right.open(agent.sealed_key, nostr.Signer(nostr.generate_secret()).pubkey)
-
-
-def test_admin_issue_list_revoke(tmp_path: object) -> None:
-    d = str(tmp_path)
-    ch = new_channel()
-    key_file = os.path.join(d, "nsec.txt")
-    import nostr_sdk  # noqa: F401  (independent nsec encoder)
-
-    k = nostr_sdk.Keys.generate()
-    with open(key_file, "w") as f:
-        f.write(k.secret_key().to_bech32())
-    out = io.StringIO()
-    assert admin.main(["issue", "--state-dir", d, "--agent", "n", "--secret-key-file", key_file, "--channel", ch.upper(), "--actions", "message.post,channel.read"], stdout=out) == 0
-    issued = json.loads(out.getvalue())
-    assert set(issued) == {"credential", "agentPubkey"}
-    assert issued["agentPubkey"] == k.public_key().to_hex()
-    assert issued["credential"].startswith("bzh_") and len(issued["credential"]) == 47
-    listing = io.StringIO()
-    assert admin.main(["list", "--state-dir", d], stdout=listing) == 0
-    text = listing.getvalue()
-    assert issued["credential"] not in text and k.secret_key().to_hex() not in text
-    (row,) = [json.loads(line) for line in text.splitlines()]
-    assert row["channels"] == [ch] and row["actions"] == ["channel.read", "message.post"] and not row["revoked"]
-    assert admin.main(["revoke", "--state-dir", d, "--id", row["id"]], stdout=io.StringIO()) == 0
-    listing = io.StringIO()
-    admin.main(["list", "--state-dir", d], stdout=listing)
-    assert json.loads(listing.getvalue())["revoked"] is True
-    err = io.StringIO()
-    assert admin.main(["issue", "--state-dir", d, "--agent", "x", "--actions", "sign"], stdout=io.StringIO(), stderr=err) == 2
-    assert admin.main(["issue", "--state-dir", d, "--agent", "x", "--channel", "nope"], stdout=io.StringIO(), stderr=err) == 2
-    bad_key = os.path.join(d, "bad.key")
-    with open(bad_key, "w") as f:
-        f.write("ff" * 32)  # above the group order
-    err = io.StringIO()
-    assert admin.main(["issue", "--state-dir", d, "--agent", "x", "--secret-key-file", bad_key, "--channel", ch], stdout=io.StringIO(), stderr=err) == 2
-    assert err.getvalue().startswith("relayd-admin broker issue: error: --secret-key-file: ")
-    assert "ff" * 32 not in err.getvalue()
 
 
 class AdminIssueChannelScope(unittest.TestCase):
@@ -187,10 +78,12 @@ class AdminIssueChannelScope(unittest.TestCase):
         self.assertEqual(row["channels"], [])
 
 
-@pytest.mark.usefixtures("relay_for_class")
 class NoSecretsInLogsOrAnswers(unittest.TestCase):
     timeout = 120
-    relay: object
+    relay: NostrRelay
+
+    def setUp(self) -> None:
+        self.relay = shared_nostr_relay()
 
     async def test_logs_and_responses_hold_no_secrets(self) -> None:
         seen: list[str] = []
@@ -202,7 +95,7 @@ class NoSecretsInLogsOrAnswers(unittest.TestCase):
 
         globalLogPublisher.addObserver(observe)
         tmp = tempfile.mkdtemp(prefix="relayd-sec-")
-        broker = BrokerUnderTest(os.path.join(tmp, "state"), self.relay.url)  # type: ignore[attr-defined]
+        broker = BrokerUnderTest(os.path.join(tmp, "state"), self.relay.url)
         await broker.start()
         answers: list[bytes] = []
         try:
@@ -238,3 +131,117 @@ class NoSecretsInLogsOrAnswers(unittest.TestCase):
         finally:
             await broker.stop()
             globalLogPublisher.removeObserver(observe)
+
+
+@expand
+class ServiceKeysAndAdmin(unittest.TestCase):
+    """Service construction, key custody and the admin CLI."""
+
+    def test_no_relay_url_means_no_service_and_one_log_line(self) -> None:
+        seen: list[dict] = []
+        globalLogPublisher.addObserver(seen.append)
+        try:
+            assert make_service(settings(), None, Clock(None)) is None  # type: ignore[arg-type]
+        finally:
+            globalLogPublisher.removeObserver(seen.append)
+        lines = [e for e in seen if "broker" in str(e.get("log_format", "")).lower()]
+        assert len(lines) == 1 and "--broker-nostr-relay" in lines[0]["log_format"]
+
+    @cases(
+        default_interface="tcp:8789",
+        any_ipv4="tcp:8789:interface=0.0.0.0",
+        lan_address="tcp:8789:interface=192.168.1.10",
+        any_ipv6="tcp6:8789:interface=\\:\\:",
+    )
+    def test_non_loopback_plain_listener_refused(self, listen: str) -> None:
+        tmp_path = temp_dir(self)
+        s = settings(broker_nostr_relay="ws://127.0.0.1:1", broker_listen=[listen], broker_state_dir=tmp_path)
+        with self.assertRaises(ConfigError) as info:
+            make_service(s, None, Clock(None))  # type: ignore[arg-type]
+        assert "--broker-listen" in str(info.exception)
+
+    def test_loopback_and_tls_listeners_accepted(self) -> None:
+        tmp_path = temp_dir(self)
+        from twisted.internet import reactor
+
+        for listen in ("tcp:0:interface=127.0.0.1", "tcp6:0:interface=\\:\\:1", "unix:/tmp/relayd-broker-test.sock"):
+            s = settings(broker_nostr_relay="ws://127.0.0.1:1", broker_listen=[listen], broker_state_dir=tmp_path)
+            svc = make_service(s, reactor, Clock(reactor))
+            assert svc is not None
+            svc.state.db.close()  # type: ignore[attr-defined]
+
+    def test_kek_generated_0600_on_first_start_and_reused(self) -> None:
+        tmp_path = temp_dir(self)
+        d = os.path.join(tmp_path, "st")
+        k1 = keys.load_kek(d)
+        path = os.path.join(d, keys.KEK_FILE_NAME)
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert keys.load_kek(d) == k1
+        with self.assertRaises(keys.KEKError) as info:
+            keys.load_kek(d, kek_env="zz")
+        assert "RELAYD_BROKER_KEK" in str(info.exception) and "zz" not in str(info.exception)
+
+    def test_sealed_keys_do_not_open_without_the_kek(self) -> None:
+        d = temp_dir(self)
+        kek_file = os.path.join(d, "kek")
+        with open(kek_file, "w") as f:
+            f.write(os.urandom(32).hex())
+        key_file = os.path.join(d, "agent.key")
+        secret = nostr.generate_secret()
+        with open(key_file, "w") as f:
+            f.write(secret.hex())
+        out = io.StringIO()
+        assert admin.main(["issue", "--state-dir", d, "--kek-file", kek_file, "--agent", "a", "--secret-key-file", key_file, "--channel", new_channel()], stdout=out) == 0
+        issued = json.loads(out.getvalue())
+        raw = open(os.path.join(d, "broker.sqlite3"), "rb").read()
+        for path in os.listdir(d):
+            if path.startswith("broker.sqlite3"):
+                raw += open(os.path.join(d, path), "rb").read()
+        assert secret not in raw and secret.hex().encode() not in raw
+        assert issued["credential"].encode() not in raw
+        db = StateDB.in_dir(d)
+        agent = db.agent(issued["agentPubkey"])
+        db.close()
+        assert agent is not None and agent.sealed_key is not None
+        with self.assertRaises(keys.SealError):
+            keys.Custody(os.urandom(32)).open(agent.sealed_key, agent.pubkey)
+        right = keys.Custody(bytes.fromhex(open(kek_file).read()))
+        assert right.open(agent.sealed_key, agent.pubkey) == secret
+        with self.assertRaises(keys.SealError):  # bound to its identity
+            right.open(agent.sealed_key, nostr.Signer(nostr.generate_secret()).pubkey)
+
+    def test_admin_issue_list_revoke(self) -> None:
+        d = temp_dir(self)
+        ch = new_channel()
+        key_file = os.path.join(d, "nsec.txt")
+        import nostr_sdk  # noqa: F401  (independent nsec encoder)
+
+        k = nostr_sdk.Keys.generate()
+        with open(key_file, "w") as f:
+            f.write(k.secret_key().to_bech32())
+        out = io.StringIO()
+        assert admin.main(["issue", "--state-dir", d, "--agent", "n", "--secret-key-file", key_file, "--channel", ch.upper(), "--actions", "message.post,channel.read"], stdout=out) == 0
+        issued = json.loads(out.getvalue())
+        assert set(issued) == {"credential", "agentPubkey"}
+        assert issued["agentPubkey"] == k.public_key().to_hex()
+        assert issued["credential"].startswith("bzh_") and len(issued["credential"]) == 47
+        listing = io.StringIO()
+        assert admin.main(["list", "--state-dir", d], stdout=listing) == 0
+        text = listing.getvalue()
+        assert issued["credential"] not in text and k.secret_key().to_hex() not in text
+        (row,) = [json.loads(line) for line in text.splitlines()]
+        assert row["channels"] == [ch] and row["actions"] == ["channel.read", "message.post"] and not row["revoked"]
+        assert admin.main(["revoke", "--state-dir", d, "--id", row["id"]], stdout=io.StringIO()) == 0
+        listing = io.StringIO()
+        admin.main(["list", "--state-dir", d], stdout=listing)
+        assert json.loads(listing.getvalue())["revoked"] is True
+        err = io.StringIO()
+        assert admin.main(["issue", "--state-dir", d, "--agent", "x", "--actions", "sign"], stdout=io.StringIO(), stderr=err) == 2
+        assert admin.main(["issue", "--state-dir", d, "--agent", "x", "--channel", "nope"], stdout=io.StringIO(), stderr=err) == 2
+        bad_key = os.path.join(d, "bad.key")
+        with open(bad_key, "w") as f:
+            f.write("ff" * 32)  # above the group order
+        err = io.StringIO()
+        assert admin.main(["issue", "--state-dir", d, "--agent", "x", "--secret-key-file", bad_key, "--channel", ch], stdout=io.StringIO(), stderr=err) == 2
+        assert err.getvalue().startswith("relayd-admin broker issue: error: --secret-key-file: ")
+        assert "ff" * 32 not in err.getvalue()

@@ -143,7 +143,8 @@ class CredentialAndAgentStoreTests(TestCase):
         kid = "c6047f9441ed7d6d3045406e95c07cd85c778e4b8cef3ca7abac09b95c709ee5"
         d = self.state.apply_effects([managed(kid, "kid")])
         later = self.state.store_plan(P, "r-after", digest(b"x"), b"{}")
-        assert not d.called and not later.called  # handed to the worker thread, the reactor not blocked
+        self.assertNoResult(d)
+        self.assertNoResult(later)  # handed to the worker thread, the reactor not blocked
         other.conn.execute("COMMIT")
         await d
         await later
@@ -291,7 +292,7 @@ class RedisReceiptStoreTests(ReceiptStoreContract, TestCase):
         assert (await b.claim(P, "r", digest(b"x"))).status == "busy"
         assert (await b.claim(P, "r", digest(b"y"))).status == "conflict"
         woken = b.wait(P, "r", 30.0)
-        assert not woken.called
+        self.assertNoResult(woken)
         await a.complete(P, "r", digest(b"x"), b'{"v":1}', [])
         await woken  # the verdict's notification, long before the 30 s timeout
         claim = await b.claim(P, "r", digest(b"x"))

@@ -9,7 +9,6 @@ import json
 import os
 import tempfile
 
-import pytest
 import treq
 from twisted.internet import defer, reactor
 from twisted.internet.task import deferLater
@@ -20,18 +19,18 @@ from relayd.buzz import contract
 from tests.buzz.harness import issue, new_channel
 from tests.support.redis import RedisServer
 from tests.support.twistd import RelaydProcess
+from tests.support.nostr import shared_nostr_relay
 
 
 def body(content: str, rid: str, channel: str) -> bytes:
     return contract.freeze(contract.build_request("message.post", {"channelId": channel, "content": content}, rid))
 
 
-@pytest.mark.usefixtures("relay_for_class")
 class TwoProcesses(TestCase):
     timeout = 90
-    relay: object
 
     async def setUp(self) -> None:
+        self.relay = shared_nostr_relay()
         self.redis = RedisServer.start()
         self.addCleanup(self.redis.cleanup)
         self.http = HTTPConnectionPool(reactor, persistent=False)

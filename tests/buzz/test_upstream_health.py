@@ -64,7 +64,7 @@ class Lines:
 def nostr_relay_on(test: TestCase, port: int) -> Any:
     """A real nostr-relay (not started) that will serve C{port}; stopped at cleanup."""
     require_module("nostr_relay", "needs a real Nostr relay")
-    from tests.buzz.conftest import NostrRelay
+    from tests.support.nostr import NostrRelay
 
     workdir = tempfile.mkdtemp(prefix="relayd-upstream-")
     test.addCleanup(shutil.rmtree, workdir, ignore_errors=True)

@@ -15,9 +15,8 @@ from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.buzz.conftest import NostrRelay
-from tests.buzz.fixtures import request_wire
-from tests.buzz.harness import issue
+from tests.buzz.harness import issue, request_wire
+from tests.support.nostr import NostrRelay
 from tests.support.skips import require_module
 from tests.support.twistd import RelaydProcess
 

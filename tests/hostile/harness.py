@@ -337,7 +337,8 @@ async def hostile(test: TestCase, options: Sequence[str] = ()) -> Target:
 
 
 async def _start(extra: list[str]) -> Target:
-    from tests.buzz.conftest import NostrRelay, require_module
+    from tests.support.nostr import NostrRelay
+    from tests.support.skips import require_module
     from tests.buzz.harness import issue
 
     require_module("nostr_relay", "the hostile suite attacks the broker on a real Nostr relay")

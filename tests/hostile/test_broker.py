@@ -1,6 +1,6 @@
 """Hostile input at the Buzz broker: its HTTP surface, the JSON it reads, and its event clock.
 
-Every test talks to real things: the PyPI nostr-relay of tests/buzz (NIP-42 on), and either a real
+Every test talks to real things: the PyPI nostr-relay of tests/support/nostr.py (NIP-42 on), and either a real
 ``twistd -n relayd --broker-nostr-relay ...`` process (the HTTP surface, the property test) or the
 in-process broker the broker's own tests use (where the clock must be held still: two requests
 in one second).
@@ -16,7 +16,6 @@ import tempfile
 import time
 from typing import Any
 
-import pytest
 import treq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,9 +25,8 @@ from twisted.web.client import HTTPConnectionPool
 from twisted.web.http import PotentialDataLoss
 
 from relayd.buzz import contract
-from tests.buzz.conftest import nostr_relay, relay_for_class  # noqa: F401  (pytest fixtures)
-from tests.buzz.fixtures import ARGS
-from tests.buzz.harness import BrokerUnderTest, issue, new_channel
+from tests.buzz.harness import ARGS, BrokerUnderTest, issue, new_channel
+from tests.support.nostr import NostrRelay, shared_nostr_relay
 from tests.support.twistd import RelaydProcess
 
 JSON = [b"application/json"]
@@ -64,12 +62,14 @@ def verdict(data: bytes, rid: str) -> contract.Response:
 # --- defect: two requests, one event ----------------------------------------------------------
 
 
-@pytest.mark.usefixtures("relay_for_class")
 class TwoRequestsTwoMessages(unittest.TestCase):
     """Identical content posted twice in one second (different requestIds) is two events on the relay."""
 
     timeout = 60
-    relay: Any
+    relay: NostrRelay
+
+    def setUp(self) -> None:
+        self.relay = shared_nostr_relay()
 
     async def test_identical_posts_in_one_second_are_two_events_across_a_restart(self) -> None:
         state = os.path.join(tempfile.mkdtemp(prefix="relayd-hostile-broker-"), "state")
@@ -114,7 +114,6 @@ class TwoRequestsTwoMessages(unittest.TestCase):
 # --- the HTTP surface of a real twistd broker -------------------------------------------------
 
 
-@pytest.mark.usefixtures("relay_for_class")
 class BrokerSurface(unittest.TestCase):
     """C{POST /v1/action} of a real C{twistd -n relayd} broker, with one credential and channel.
 
@@ -122,9 +121,9 @@ class BrokerSurface(unittest.TestCase):
     """
 
     timeout = 90
-    relay: Any
 
     async def setUp(self) -> None:
+        self.relay = shared_nostr_relay()
         state = os.path.join(tempfile.mkdtemp(prefix="relayd-hostile-twistd-"), "state")
         os.makedirs(state)
         kek = os.path.join(state, "test.kek")

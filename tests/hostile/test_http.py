@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.trial.unittest import TestCase
 
-from tests.buzz.fixtures import request_wire
+from tests.buzz.harness import request_wire
 from tests.hostile.harness import DEADLINE, MAX_BODY, SETTINGS, TOKEN, WINGS, Target, hostile, in_thread, judge, request
 from tests.hostile.strategies import PATHS, POSTS, chunked, header_attacks, request_lines, tokens, wings
 from tests.support.aep import event, ndjson
