@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
-from typing import Callable
 
 SCHEMA_DIR = "schema"
 _STEP_NAME = re.compile(r"^(\d{3})-[a-z0-9][a-z0-9-]*\.sql$")
