@@ -382,7 +382,15 @@ class RedisBus:
                 self.ready.callback(None)
 
         d.addCallback(up)
-        d.addErrback(lambda f: self._log.failure("Redis subscribe failed", f))
+        d.addErrback(self._subscribe_failed)
+
+    def _subscribe_failed(self, f: Failure) -> None:
+        if f.check(txredisapi.ConnectionError):
+            # The connection went while subscribing (Redis restarting, or this process stopping):
+            # the next connection subscribes again; nothing to report beyond one line.
+            self._log.info("Redis subscribe interrupted ({error}); resubscribing on reconnect", error=f.getErrorMessage())
+            return
+        self._log.failure("Redis subscribe failed", f)
 
     def _lost(self, protocol: _Subscriber) -> None:
         if self._protocol is protocol:

@@ -173,3 +173,26 @@ class KeyspaceVersion(TestCase):
         reason = await redis.refused
         self.assertIn("holds relayd keyspace version 999", reason)
         self.assertNotIn("s3cret", reason)
+
+
+class BusSubscribeInterrupted(TestCase):
+    def test_connection_lost_while_subscribing_is_one_line_not_a_traceback(self) -> None:
+        # A bus whose connection goes while it subscribes (Redis restarting, relayd stopping after
+        # a keyspace refusal) subscribes again on the next connection: no failure is logged.
+        import txredisapi
+        from twisted.python.failure import Failure
+
+        from relayd.redis import RedisBus
+
+        logged: list[dict] = []
+        globalLogPublisher.addObserver(logged.append)
+        self.addCleanup(globalLogPublisher.removeObserver, logged.append)
+        bus = RedisBus.__new__(RedisBus)  # no connection needed: only the errback is under test
+        bus._subscribe_failed(Failure(txredisapi.ConnectionError("Lost connection")))
+        self.assertEqual([formatEvent(e) for e in logged], [
+            "Redis subscribe interrupted (Lost connection); resubscribing on reconnect"
+        ])  # fmt: skip
+        self.assertFalse([e for e in logged if "log_failure" in e])
+        bus._subscribe_failed(Failure(ValueError("a bug")))
+        self.assertEqual(len([e for e in logged if "log_failure" in e]), 1)  # anything else keeps its traceback
+        self.flushLoggedErrors(ValueError)
