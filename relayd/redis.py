@@ -154,7 +154,6 @@ class _Handshake:
         for d in waiting:
             d.callback(self)
 
-
     def _check_keyspace(self) -> Any:
         """Before the connection is used: refuse a keyspace of another version (a pool connection's job)."""
         return None
