@@ -63,6 +63,7 @@ class PackagingTests(TestCase):
         assert "twisted/plugins/__init__.py" not in shipped, shipped
         # Package data: the broker's schema files (relayd/sqlite_schema.py reads them at start).
         assert "relayd/buzz/schema/001-initial.sql" in shipped, shipped
+        assert "relayd/buzz/schema/002-receipt-counts.sql" in shipped, shipped
 
         # Twisted's plugin docs: regenerate the cache after installing (read-only site-packages later).
         cache = _run([str(python), "-c", "from twisted.plugin import IPlugin, getPlugins; list(getPlugins(IPlugin))"], tmp_path)
@@ -91,4 +92,4 @@ class PackagingTests(TestCase):
         assert listed.returncode == 0, listed.stderr
         version = _run([str(python), "-c", "import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute("
                         "'PRAGMA user_version').fetchone()[0])", str(state / "broker.sqlite3")], tmp_path)
-        assert version.stdout.strip() == "1", (version.stdout, version.stderr)
+        assert version.stdout.strip() == "2", (version.stdout, version.stderr)  # the last schema file
