@@ -88,6 +88,7 @@ class PackagingTests(TestCase):
 
         # The installed package creates a broker state from its own schema files.
         state = tmp_path / "state"
+        state.mkdir()
         listed = _run([str(bin_dir / "relayd-admin"), "broker", "list", "--state-dir", str(state)], tmp_path)
         assert listed.returncode == 0, listed.stderr
         version = _run([str(python), "-c", "import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute("
