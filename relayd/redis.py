@@ -21,6 +21,14 @@ from relayd.clock import Clock
 
 DEFAULT_TIMEOUT = 2.0
 
+# The version of relayd's keyspace: the names, types and encodings of every key relayd keeps in Redis
+# and what its Lua scripts expect of them. Bump it (one integer for every wing) with any change a
+# relayd of the previous version would misread. Each connection checks it under --redis-prefix
+# (relayd:schema) before it is used, and a relayd that finds another version refuses that Redis
+# (docs/deployment.md "Upgrades").
+KEYSPACE_VERSION = 1
+VERSION_KEY = "schema"  # after the prefix
+
 
 class StoreUnavailable(Exception):
     """Redis did not answer (down, unreachable, or too slow); the request can be retried."""
@@ -28,6 +36,10 @@ class StoreUnavailable(Exception):
     def __init__(self, store: str, reason: str = "unavailable") -> None:
         super().__init__(f"{store} store unavailable: {reason}")
         self.store = store
+
+
+class KeyspaceVersionError(Exception):
+    """Redis holds relayd keys of another keyspace version (L{KEYSPACE_VERSION}); the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +113,8 @@ class _ReplyParsing:
 
 
 class _Handshake:
-    """AUTH and SELECT on every (re)connect; when they fail, only this connection is dropped and retried.
+    """AUTH, SELECT and the keyspace version check on every (re)connect; when AUTH or SELECT fail,
+    only this connection is dropped and retried. Another keyspace version refuses the whole client.
 
     txredisapi's own handshake stops the whole pool from ever reconnecting when AUTH or SELECT fails,
     which is what happens when Redis closes a connection mid-handshake while it restarts: one unlucky
@@ -126,6 +139,11 @@ class _Handshake:
                 reply = yield self.select(self.dbid)  # type: ignore[attr-defined]
                 if isinstance(reply, Exception):
                     raise reply
+            yield self._check_keyspace()
+        except KeyspaceVersionError as e:
+            self.transport.loseConnection()
+            self._refused(str(e))
+            return
         except Exception as e:
             self._log.warn("Redis connection handshake failed ({error}); reconnecting", error=str(e))
             self.transport.loseConnection()
@@ -136,9 +154,41 @@ class _Handshake:
         for d in waiting:
             d.callback(self)
 
+    def _check_keyspace(self) -> Any:
+        """Before the connection is used: refuse a keyspace of another version (a pool connection's job)."""
+        return None
+
+    def _refused(self, message: str) -> None:
+        pass
+
 
 class _Protocol(_Handshake, _ReplyParsing, txredisapi.RedisProtocol):
-    pass
+    factory: Any
+
+    @defer.inlineCallbacks
+    def _check_keyspace(self) -> Any:
+        client: Redis | None = getattr(self.factory, "relayd_client", None)
+        if client is None:
+            return
+        key, mine = client.version_key, str(KEYSPACE_VERSION).encode()
+        try:
+            found = yield self.execute_command("GET", key)
+            if found is None:  # a new keyspace (or one emptied): this relayd's version, unless another was first
+                yield self.execute_command("SET", key, mine, "NX")
+                found = yield self.execute_command("GET", key)
+        except txredisapi.ResponseError as e:
+            if str(e).startswith("WRONGTYPE"):
+                raise KeyspaceVersionError(
+                    client.mismatch(f"a {key.decode(errors='replace')} key that is not a version")
+                ) from None
+            raise  # a transient refusal (LOADING, READONLY...): retried like a failed SELECT
+        if found != mine:
+            raise KeyspaceVersionError(client.mismatch(f"relayd keyspace version {found.decode(errors='replace')}"))
+
+    def _refused(self, message: str) -> None:
+        client: Redis | None = getattr(self.factory, "relayd_client", None)
+        if client is not None:
+            client._refuse(message)
 
 
 class _Subscriber(_Handshake, _ReplyParsing, txredisapi.SubscriberProtocol):
@@ -163,10 +213,17 @@ class Redis:
 
     _log = Logger()
 
-    def __init__(self, url: str, clock: Clock, *, timeout: float = DEFAULT_TIMEOUT, poolsize: int = 4) -> None:
+    def __init__(
+        self, url: str, clock: Clock, *, timeout: float = DEFAULT_TIMEOUT, poolsize: int = 4, prefix: str = "relayd:"
+    ) -> None:
         self.url = parse_redis_url(url)
         self.clock = clock
         self.timeout = timeout
+        self.version_key = (prefix + VERSION_KEY).encode()
+        # Set (with the reason) once Redis was found to hold another keyspace version: the client
+        # then stops reconnecting and refuses every call; C{refused} fires with the reason.
+        self.refusal: str | None = None
+        self.refused: Deferred[str] = Deferred()
         self._buses: list[RedisBus] = []
         self._pool = txredisapi.lazyConnectionPool(
             self.url.host,
@@ -183,13 +240,36 @@ class Redis:
             convertNumbers=False,
         )
         self._pool._factory.protocol = _Protocol  # built when each connection is made, later on
+        self._pool._factory.relayd_client = self  # the keyspace check reports here
         # Reconnect quickly: while Redis is away every request that needs it is refused.
         self._pool._factory.initialDelay = 0.2
         self._pool._factory.maxDelay = 2
 
     @property
     def connected(self) -> bool:
-        return bool(self._pool._factory.size)
+        return bool(self._pool._factory.size) and self.refusal is None
+
+    def mismatch(self, found: str) -> str:
+        """The refusal for a Redis that holds C{found} where this relayd keeps its keyspace version."""
+        prefix = self.version_key[: -len(VERSION_KEY)].decode(errors="replace")
+        return (
+            f"Redis at {self.url} holds {found} (key {self.version_key.decode(errors='replace')}), this relayd "
+            f"uses keyspace version {KEYSPACE_VERSION}: relayd versions that lay out their keys differently cannot "
+            f"share them. Stop the relayd processes of the other version and delete the keys under {prefix!r} "
+            "(FLUSHDB if that database holds nothing else), or give this relayd another Redis database "
+            "(redis://host:port/N) or --redis-prefix; see docs/deployment.md \"Upgrades\""
+        )
+
+    def _refuse(self, message: str) -> None:
+        if self.refusal is not None:
+            return
+        self.refusal = message
+        self._log.critical("{reason}", reason=message)
+        factory = self._pool._factory
+        factory.stopTrying()
+        for conn in list(factory.pool):  # connections checked before another version took over
+            conn.transport.loseConnection()
+        self.refused.callback(message)
 
     def execute(self, store: str, *command: Any) -> Deferred[Any]:
         """Run one command; L{StoreUnavailable} (naming C{store}) when Redis is away."""
@@ -200,6 +280,8 @@ class Redis:
         return self._guard(store, lambda: self._pool.eval(script, keys, args))
 
     def _guard(self, store: str, call: Callable[[], Deferred[Any]]) -> Deferred[Any]:
+        if self.refusal is not None:
+            return defer.fail(StoreUnavailable(store, "another relayd keyspace version"))
         if not self.connected:
             return defer.fail(StoreUnavailable(store, "not connected"))
         try:
@@ -247,7 +329,7 @@ def redis_for(settings: Any, clock: Clock) -> Redis | None:
     key = (url, id(clock))
     client = _clients.get(key)
     if client is None:
-        client = _clients[key] = Redis(url, clock)
+        client = _clients[key] = Redis(url, clock, prefix=settings.values.get("redis-prefix") or "relayd:")
     return client
 
 
@@ -299,7 +381,15 @@ class RedisBus:
                 self.ready.callback(None)
 
         d.addCallback(up)
-        d.addErrback(lambda f: self._log.failure("Redis subscribe failed", f))
+        d.addErrback(self._subscribe_failed)
+
+    def _subscribe_failed(self, f: Failure) -> None:
+        if f.check(txredisapi.ConnectionError):
+            # The connection went while subscribing (Redis restarting, or this process stopping):
+            # the next connection subscribes again; nothing to report beyond one line.
+            self._log.info("Redis subscribe interrupted ({error}); resubscribing on reconnect", error=f.getErrorMessage())
+            return
+        self._log.failure("Redis subscribe failed", f)
 
     def _lost(self, protocol: _Subscriber) -> None:
         if self._protocol is protocol:

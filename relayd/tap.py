@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
 import importlib
 import os
@@ -10,6 +11,7 @@ from typing import Any, Mapping, Sequence
 
 from twisted.application.service import IService, MultiService
 from twisted.internet import defer
+from twisted.internet.error import ReactorNotRunning
 from twisted.logger import Logger
 from twisted.python import usage
 
@@ -129,6 +131,8 @@ class RelaydService(MultiService):
         super().__init__()
         self.clock = clock
         self._warnings = list(warnings)
+        self.exit_status = 0
+        self.exit = _exit_after_shutdown  # how a refusal ends the process (a test replaces it)
 
     def privilegedStartService(self) -> None:
         # twistd binds the listeners here, before startService, and Twisted logs a line per port as
@@ -139,6 +143,9 @@ class RelaydService(MultiService):
     def startService(self) -> None:
         for warning in self._warnings:
             self._log.warn("{warning}", warning=warning)
+        for client in redis_clients():
+            # Redis holding another relayd keyspace version: refuse to run on it (docs/deployment.md "Upgrades").
+            client.refused.addCallback(self.refuse)
         super().startService()
         # twistd's text log is in place by now (it starts after makeService).
         relayd_logging.quicken_access_lines()
@@ -156,6 +163,15 @@ class RelaydService(MultiService):
         self._log.info("relayd ready: {relays}", relays=", ".join(names))
         sdnotify.notify("READY=1\nSTATUS=listening: " + ", ".join(names))
 
+    def refuse(self, reason: str) -> None:
+        """Stop the process with exit status 1: a refusal only a connection could find, after the
+        listeners started (the reason was logged, as a critical line, where it was found)."""
+        if self.exit_status:
+            return
+        self.exit_status = 1
+        self._log.critical("relayd stops (exit status {status}): it cannot run on this Redis", status=self.exit_status)
+        self.exit(self.exit_status, self.clock.reactor)
+
     @defer.inlineCallbacks
     def stopService(self) -> Any:
         sdnotify.notify("STOPPING=1")
@@ -169,6 +185,26 @@ class RelaydService(MultiService):
             reactor = self.clock.reactor
             if getattr(reactor, "_exitSignal", None) is not None:
                 reactor._exitSignal = None
+
+
+def _exit_after_shutdown(status: int, reactor: Any) -> None:
+    """Stop the reactor (the services drain as on SIGTERM), then end the process with C{status}.
+
+    twistd always exits 0 once its reactor has stopped and has no exit status of its own to set:
+    the status is applied at interpreter exit, after twistd has removed its pid file and closed
+    its log.
+    """
+
+    def exit_now() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+    atexit.register(exit_now)
+    try:
+        reactor.stop()
+    except ReactorNotRunning:  # already stopping (a signal came first)
+        pass
 
 
 def makeService(config: Options, reactor: Any = None) -> IService:

@@ -61,6 +61,9 @@ class PackagingTests(TestCase):
         shipped = record.stdout.split()
         assert "twisted/plugins/relayd_plugin.py" in shipped, shipped
         assert "twisted/plugins/__init__.py" not in shipped, shipped
+        # Package data: the broker's schema files (relayd/sqlite_schema.py reads them at start).
+        assert "relayd/buzz/schema/001-initial.sql" in shipped, shipped
+        assert "relayd/buzz/schema/002-receipt-counts.sql" in shipped, shipped
 
         # Twisted's plugin docs: regenerate the cache after installing (read-only site-packages later).
         cache = _run([str(python), "-c", "from twisted.plugin import IPlugin, getPlugins; list(getPlugins(IPlugin))"], tmp_path)
@@ -82,3 +85,12 @@ class PackagingTests(TestCase):
         assert admin.returncode == 0, admin.stderr
         for command in ("aep", "mcp", "status", "broker"):
             assert command in admin.stdout
+
+        # The installed package creates a broker state from its own schema files.
+        state = tmp_path / "state"
+        state.mkdir()
+        listed = _run([str(bin_dir / "relayd-admin"), "broker", "list", "--state-dir", str(state)], tmp_path)
+        assert listed.returncode == 0, listed.stderr
+        version = _run([str(python), "-c", "import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute("
+                        "'PRAGMA user_version').fetchone()[0])", str(state / "broker.sqlite3")], tmp_path)
+        assert version.stdout.strip() == "2", (version.stdout, version.stderr)  # the last schema file

@@ -1,4 +1,5 @@
-"""relayd.redis against a real redis-server: a failed handshake is retried, not given up."""
+"""relayd.redis against a real redis-server: a failed handshake is retried, not given up; a Redis
+holding another relayd keyspace version is refused."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ import socket
 
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
 from relayd.clock import Clock
-from relayd.redis import Redis, StoreUnavailable
+from relayd.redis import KEYSPACE_VERSION, Redis, StoreUnavailable
 from tests.support.redis import RedisServer
 
 
@@ -59,5 +61,138 @@ class Reconnect(TestCase):
         self.assertEqual(admin(port, b"AUTH old\r\nCONFIG SET requirepass new\r\n"), b"+OK\r\n+OK\r\n")
         await self.until_connected(redis)
         self.assertEqual(await redis.execute("probe", "SET", "k", "v"), "OK")
-        # SELECT ran: the key is in database 1, not 0.
-        self.assertEqual(await redis.execute("probe", "DBSIZE"), 1)
+        # SELECT ran: the key is in database 1 (beside the keyspace version), not 0.
+        self.assertEqual(sorted(await redis.execute("probe", "KEYS", "*")), [b"k", b"relayd:schema"])
+
+
+class KeyspaceVersion(TestCase):
+    """The version key (C{<prefix>schema}) is checked on every connection before it is used."""
+
+    timeout = 30
+
+    def setUp(self) -> None:
+        self.server = RedisServer.start()
+        self.addCleanup(self.server.cleanup)
+        self.logged: list[dict] = []
+        globalLogPublisher.addObserver(self.logged.append)
+        self.addCleanup(globalLogPublisher.removeObserver, self.logged.append)
+
+    def get(self, key: bytes) -> bytes:
+        return admin(self.server.port, b"GET " + key + b"\r\n")
+
+    def client(self, prefix: str = "relayd:") -> Redis:
+        redis = Redis(self.server.url, Clock(reactor), timeout=1, prefix=prefix)
+        self.addCleanup(redis.close)
+        return redis
+
+    async def until(self, condition, what: str, within: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+        waited = 0.0
+        while not condition():
+            self.assertLess(waited, within, what)
+            await deferLater(reactor, 0.02, lambda: None)  # polling a connection being made
+            waited += 0.02
+
+    async def test_fresh_redis_gets_this_version(self) -> None:
+        self.assertEqual(self.get(b"relayd:schema"), b"$-1\r\n")
+        redis = self.client()
+        await self.until(lambda: redis.connected, "the client did not connect")
+        mine = str(KEYSPACE_VERSION).encode()
+        self.assertEqual(await redis.execute("probe", "GET", "relayd:schema"), mine)
+        self.assertIsNone(redis.refusal)
+
+    async def test_same_version_is_used(self) -> None:
+        mine = str(KEYSPACE_VERSION).encode()
+        admin(self.server.port, b"SET relayd:schema " + mine + b"\r\n")
+        redis = self.client()
+        await self.until(lambda: redis.connected, "the client did not connect")
+        self.assertEqual(await redis.execute("probe", "SET", "k", "v"), "OK")
+        self.assertFalse(redis.refused.called)
+
+    async def refused(self, stored: bytes, prefix: str = "relayd:") -> tuple[Redis, str]:
+        admin(self.server.port, b"SET " + prefix.encode() + b"schema " + stored + b"\r\n")
+        redis = self.client(prefix)
+        reason = await redis.refused
+        return redis, reason
+
+    async def test_newer_version_is_refused_with_the_reason(self) -> None:
+        redis, reason = await self.refused(str(KEYSPACE_VERSION + 1).encode())
+        self.assertEqual(
+            reason,
+            f"Redis at redis://127.0.0.1:{self.server.port}/0 holds relayd keyspace version {KEYSPACE_VERSION + 1} "
+            f"(key relayd:schema), this relayd uses keyspace version {KEYSPACE_VERSION}: relayd versions that lay "
+            "out their keys differently cannot share them. Stop the relayd processes of the other version and "
+            "delete the keys under 'relayd:' (FLUSHDB if that database holds nothing else), or give this relayd "
+            'another Redis database (redis://host:port/N) or --redis-prefix; see docs/deployment.md "Upgrades"',
+        )
+        # Nothing is run against it, and the version found is left as it was.
+        self.assertFalse(redis.connected)
+        failure = await self.assertFailure(redis.execute("probe", "SET", "k", "v"), StoreUnavailable)
+        self.assertEqual(str(failure), "probe store unavailable: another relayd keyspace version")
+        self.assertEqual(self.get(b"relayd:schema"), b"$1\r\n%d\r\n" % (KEYSPACE_VERSION + 1))
+        self.assertEqual(self.get(b"k"), b"$-1\r\n")
+        # One critical line, no traceback, no password.
+        critical = [e for e in self.logged if e.get("log_level") is not None and e["log_level"].name == "critical"]
+        self.assertEqual([formatEvent(e) for e in critical], [reason])
+        self.assertFalse([e for e in self.logged if "log_failure" in e])
+
+    async def test_older_version_is_refused(self) -> None:
+        _, reason = await self.refused(str(KEYSPACE_VERSION - 1).encode())
+        self.assertIn(f"holds relayd keyspace version {KEYSPACE_VERSION - 1} (key relayd:schema)", reason)
+
+    async def test_a_key_of_another_type_is_refused(self) -> None:
+        admin(self.server.port, b"HSET relayd:schema v 1\r\n")
+        redis = self.client()
+        reason = await redis.refused
+        self.assertIn("holds a relayd:schema key that is not a version (key relayd:schema)", reason)
+
+    async def test_refused_client_stops_reconnecting(self) -> None:
+        redis, _ = await self.refused(b"999")
+
+        def ours() -> int:  # connections from the client under test (the admin socket says QUIT at once)
+            listing = admin(self.server.port, b"CLIENT LIST\r\n")
+            return listing.count(b"cmd=") - listing.count(b"cmd=client")
+
+        await self.until(lambda: ours() == 0, "the refused client kept connections open")
+        self.assertTrue(redis._pool._factory.stopped)
+
+    async def test_version_is_per_prefix(self) -> None:
+        # Another deployment (prefix) with another version does not concern this one.
+        admin(self.server.port, b"SET other:schema 999\r\n")
+        redis = self.client("mine:")
+        await self.until(lambda: redis.connected, "the client did not connect")
+        self.assertEqual(self.get(b"mine:schema"), b"$1\r\n%d\r\n" % KEYSPACE_VERSION)
+        _, reason = await self.refused(b"999", prefix="other:")
+        self.assertIn("(key other:schema)", reason)
+        self.assertIn("delete the keys under 'other:'", reason)
+
+    async def test_password_never_in_the_reason(self) -> None:
+        self.assertEqual(admin(self.server.port, b"CONFIG SET requirepass s3cret\r\n"), b"+OK\r\n")
+        admin(self.server.port, b"AUTH s3cret\r\nSET relayd:schema 999\r\n")
+        redis = Redis(f"redis://:s3cret@127.0.0.1:{self.server.port}/0", Clock(reactor), timeout=1)
+        self.addCleanup(redis.close)
+        reason = await redis.refused
+        self.assertIn("holds relayd keyspace version 999", reason)
+        self.assertNotIn("s3cret", reason)
+
+
+class BusSubscribeInterrupted(TestCase):
+    def test_connection_lost_while_subscribing_is_one_line_not_a_traceback(self) -> None:
+        # A bus whose connection goes while it subscribes (Redis restarting, relayd stopping after
+        # a keyspace refusal) subscribes again on the next connection: no failure is logged.
+        import txredisapi
+        from twisted.python.failure import Failure
+
+        from relayd.redis import RedisBus
+
+        logged: list[dict] = []
+        globalLogPublisher.addObserver(logged.append)
+        self.addCleanup(globalLogPublisher.removeObserver, logged.append)
+        bus = RedisBus.__new__(RedisBus)  # no connection needed: only the errback is under test
+        bus._subscribe_failed(Failure(txredisapi.ConnectionError("Lost connection")))
+        self.assertEqual([formatEvent(e) for e in logged], [
+            "Redis subscribe interrupted (Lost connection); resubscribing on reconnect"
+        ])  # fmt: skip
+        self.assertFalse([e for e in logged if "log_failure" in e])
+        bus._subscribe_failed(Failure(ValueError("a bug")))
+        self.assertEqual(len([e for e in logged if "log_failure" in e]), 1)  # anything else keeps its traceback
+        self.flushLoggedErrors(ValueError)

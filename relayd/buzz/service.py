@@ -180,7 +180,7 @@ class BrokerService(HTTPWingService):
         self.redis_receipts: Any = None
         receipts: IReceiptStore = self.state
         if self._own_redis:
-            self.redis = Redis(redis_url, clock)  # type: ignore[arg-type]
+            self.redis = Redis(redis_url, clock, prefix=redis_prefix)  # type: ignore[arg-type]
         if self.redis is not None:
             from relayd.buzz.redis_state import RedisReceipts
 

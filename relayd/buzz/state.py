@@ -21,52 +21,12 @@ from twisted.internet import defer, threads
 from twisted.python.threadpool import ThreadPool
 from zope.interface import Interface, implementer
 
+from relayd import sqlite_schema
+
 DB_FILE_NAME = "broker.sqlite3"
+_SCHEMA_PACKAGE = "relayd.buzz"  # its schema/NNN-*.sql files (relayd/sqlite_schema.py)
 T = TypeVar("T")
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS credentials (
-    hash TEXT PRIMARY KEY,
-    id TEXT NOT NULL UNIQUE,
-    agent_pubkey TEXT NOT NULL,
-    channels TEXT NOT NULL,
-    actions TEXT NOT NULL,
-    created_at INTEGER NOT NULL,
-    revoked_at INTEGER
-);
-CREATE INDEX IF NOT EXISTS credentials_agent ON credentials(agent_pubkey);
-CREATE TABLE IF NOT EXISTS agents (
-    pubkey TEXT PRIMARY KEY,
-    name TEXT NOT NULL,
-    sealed_key BLOB,
-    owner TEXT,
-    managed INTEGER NOT NULL DEFAULT 0,
-    depth INTEGER NOT NULL DEFAULT 0,
-    channel TEXT,
-    settings TEXT NOT NULL DEFAULT '{}',
-    record_created_at INTEGER NOT NULL DEFAULT 0,
-    created_at INTEGER NOT NULL,
-    deleted_at INTEGER
-);
-CREATE INDEX IF NOT EXISTS agents_owner_name ON agents(owner, name);
-CREATE TABLE IF NOT EXISTS receipts (
-    principal TEXT NOT NULL,
-    request_id TEXT NOT NULL,
-    digest BLOB NOT NULL,
-    state TEXT NOT NULL,
-    response BLOB,
-    plan BLOB,
-    created_at INTEGER NOT NULL,
-    PRIMARY KEY (principal, request_id)
-);
-CREATE INDEX IF NOT EXISTS receipts_created ON receipts(created_at);
-CREATE INDEX IF NOT EXISTS receipts_principal_created ON receipts(principal, created_at);
-CREATE TABLE IF NOT EXISTS clocks (
-    pubkey TEXT PRIMARY KEY,
-    second INTEGER NOT NULL,
-    digests BLOB NOT NULL
-);
-"""
 WAL_LIMIT = 4 * 1024 * 1024  # bytes of WAL before a checkpoint truncates it
 RECEIPT_RETENTION = 30 * 24 * 3600  # seconds a receipt is kept (the Redis store's expiry too)
 MAX_RECEIPTS = 100_000  # receipts kept per agent (principal); its oldest settled tenth goes when it has more
@@ -84,25 +44,10 @@ def is_read_page(response: bytes) -> bool:
     return response.find(_READ_PAGE, 0, _READ_PAGE_WITHIN) >= 0
 
 
-# Columns added after the first schema: (table, column, definition), added when missing.
-_COLUMNS = (
-    ("agents", "attestation", "TEXT"),  # the owner's NIP-OA tag (JSON) for a managed agent
-    ("credentials", "expires_at", "INTEGER"),  # unix time after which the credential is refused
-)
-
-
-# Receipts per principal, kept by triggers in the transaction that inserts or deletes one, so the
-# per-agent cap costs one indexed read per write (counting rows would walk the principal's receipts).
-_RECEIPT_COUNTS = (
-    "CREATE TABLE receipt_counts (principal TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID",
-    "INSERT INTO receipt_counts SELECT principal, COUNT(*) FROM receipts GROUP BY principal",
-    "CREATE TRIGGER receipts_counted AFTER INSERT ON receipts BEGIN"
-    " INSERT INTO receipt_counts VALUES (new.principal, 1) ON CONFLICT (principal) DO UPDATE SET n = n + 1;"
-    " END",
-    "CREATE TRIGGER receipts_uncounted AFTER DELETE ON receipts BEGIN"
-    " UPDATE receipt_counts SET n = n - 1 WHERE principal = old.principal;"
-    " DELETE FROM receipt_counts WHERE principal = old.principal AND n <= 0;"
-    " END",
+# Columns added before versioned schemas: a database from then may lack them (see _adopt).
+_UNVERSIONED_COLUMNS = (
+    ("agents", "attestation", "TEXT"),
+    ("credentials", "expires_at", "INTEGER"),
 )
 
 
@@ -110,28 +55,24 @@ def _has_table(conn: sqlite3.Connection, name: str) -> bool:
     return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
 
 
-def _migrate(conn: sqlite3.Connection) -> None:
-    if not _has_table(conn, "receipt_counts"):
-        # One transaction: the counts start from the receipts present, and a process racing this
-        # one finds either nothing (and waits on the lock) or the table with its triggers.
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            if not _has_table(conn, "receipt_counts"):
-                for statement in _RECEIPT_COUNTS:
-                    conn.execute(statement)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-    for table, column, definition in _COLUMNS:
+def _adopt(conn: sqlite3.Connection) -> int:
+    """Bring a database written before versioned schemas (user_version 0) to a known version, keeping every row.
+
+    Those relayd versions created the tables of 001-initial.sql, added the columns above when
+    missing, and the last of them also the receipt counts of 002-receipt-counts.sql: such a
+    database is at version 2, an older one at version 1 (002 then follows as for any version 1).
+    Runs inside the upgrade's transaction.
+    """
+    for statement in sqlite_schema.statements(sqlite_schema.steps(_SCHEMA_PACKAGE)[0].sql):
+        conn.execute(statement)  # IF NOT EXISTS: only what is missing
+    for table, column, definition in _UNVERSIONED_COLUMNS:
         have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
         if column not in have:
-            try:
-                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
-            except sqlite3.OperationalError as e:  # another process added it first
-                if "duplicate column" not in str(e):
-                    raise
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+    if _has_table(conn, "receipt_counts"):  # created with its triggers in one transaction
+        conn.execute("CREATE INDEX IF NOT EXISTS receipts_principal_created ON receipts(principal, created_at)")
+        return 2
+    return 1
 
 
 # Distinct events one identity may be given in one second before its clock moves on to the next.
@@ -290,8 +231,12 @@ class StateDB:
         self.conn.execute("PRAGMA synchronous=NORMAL")
         # Deleted content (a destroyed sealed key, an expired receipt) is overwritten, not left in free space.
         self.conn.execute("PRAGMA secure_delete=ON")
-        self.conn.executescript(_SCHEMA)
-        _migrate(self.conn)
+        try:
+            # relayd/buzz/schema/*.sql, applied in order (relayd/sqlite_schema.py).
+            sqlite_schema.upgrade(self.conn, _SCHEMA_PACKAGE, adopt=_adopt, label=path)
+        except BaseException:
+            self.conn.close()
+            raise
         self.conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         for name in (path, path + "-wal", path + "-shm"):  # files from before this rule
             try:

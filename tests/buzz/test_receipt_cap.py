@@ -124,9 +124,11 @@ class CountsOfAnEarlierDatabase(TestCase):
         db = StateDB.in_dir(d)
         for i in range(7):
             db.complete(A, f"r{i}", digest(f"r{i}"), b"{}", [])
-        # As an earlier relayd left it: receipts, no counts table, no triggers.
+        # As an earlier relayd left it: receipts, no counts table, no triggers (schema version 1:
+        # relayd/buzz/schema/002-receipt-counts.sql adds them).
         db.conn.executescript(
             "DROP TRIGGER receipts_counted; DROP TRIGGER receipts_uncounted; DROP TABLE receipt_counts;"
+            " PRAGMA user_version = 1;"
         )
         path = db.path
         db.close()
