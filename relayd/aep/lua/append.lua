@@ -1,0 +1,74 @@
+-- Append a batch of events (docs/aep.md "Replay"), in one round trip.
+-- KEYS: the session LRU (aep:lru), its write counter (aep:clock), the sessions being evicted
+-- (aep:evicting), then five keys per session of the batch, in the order of ARGV[4..]: members
+-- (aep:s), events (aep:e), dedupe keys (aep:k), member -> dedupe key (aep:m), arrival counter (aep:n).
+-- ARGV: capacity, max sessions, the length-framed events (session number, position, dedupe key,
+-- payload), then the batch's sessions.
+-- Returns {one '1' (stored) or '0' (duplicate) per event, sessions in the LRU, sessions evicted
+-- whose keys the caller must drop with drop.lua (they are not in this batch)}.
+local lru, clock, evicting = KEYS[1], KEYS[2], KEYS[3]
+local capacity, max_sessions, blob = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local index = {}
+for i = 4, #ARGV do
+  local base = 3 + 5 * (i - 4)
+  index[ARGV[i]] = base
+  -- A session evicted by another batch whose keys are not dropped yet is gone: drop them now.
+  if redis.call('ZREM', evicting, ARGV[i]) == 1 then
+    redis.call('DEL', KEYS[base + 1], KEYS[base + 2], KEYS[base + 3], KEYS[base + 4], KEYS[base + 5])
+  end
+end
+local flags = {}
+local at, size = 1, #blob
+local function field()
+  local length = struct.unpack('>I4', blob, at)
+  local value = string.sub(blob, at + 4, at + 3 + length)
+  at = at + 4 + length
+  return value
+end
+local previous = nil
+while at <= size do
+  local number, pos, key, payload = field(), field(), field(), field()
+  local session = ARGV[3 + tonumber(number)]
+  local base = index[session]
+  local skey, ekey, kkey, mkey = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3], KEYS[base + 4]
+  -- Recency is refreshed once per run of one session's events: no other session writes between.
+  if session ~= previous then
+    if not redis.call('ZSCORE', lru, session) then
+      while redis.call('ZCARD', lru) >= max_sessions do
+        local victim = redis.call('ZPOPMIN', lru)[1]
+        local vbase = index[victim]
+        if vbase then
+          redis.call('DEL', KEYS[vbase + 1], KEYS[vbase + 2], KEYS[vbase + 3], KEYS[vbase + 4], KEYS[vbase + 5])
+        else
+          redis.call('ZADD', evicting, 0, victim)
+        end
+      end
+    end
+    redis.call('ZADD', lru, redis.call('INCR', clock), session)
+    previous = session
+  end
+  if redis.call('HEXISTS', kkey, key) == 1 then
+    flags[#flags + 1] = '0'
+  else
+    local member = pos .. string.format('%016d', redis.call('INCR', KEYS[base + 5]))
+    redis.call('ZADD', skey, 0, member)
+    redis.call('HSET', ekey, member, payload)
+    redis.call('HSET', kkey, key, member)
+    redis.call('HSET', mkey, member, key)
+    local excess = redis.call('ZCARD', skey) - capacity
+    if excess > 0 then
+      local gone = redis.call('ZRANGE', skey, 0, excess - 1)
+      for _, m in ipairs(gone) do
+        local key_of = redis.call('HGET', mkey, m)
+        if key_of then redis.call('HDEL', kkey, key_of) end
+        redis.call('HDEL', ekey, m)
+        redis.call('HDEL', mkey, m)
+      end
+      redis.call('ZREMRANGEBYRANK', skey, 0, excess - 1)
+    end
+    flags[#flags + 1] = '1'
+  end
+end
+local out = {table.concat(flags), redis.call('ZCARD', lru)}
+for _, victim in ipairs(redis.call('ZRANGE', evicting, 0, 63)) do out[#out + 1] = victim end
+return out
