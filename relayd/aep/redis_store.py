@@ -11,9 +11,8 @@ Redis Cluster hash tag, so that one session's keys share a slot):
   order for any epoch (docs/decisions.md AEP-3) and equal positions keep arrival order (the
   session's counter C{aep:n:{s}}).
 - C{aep:e:{s}}: hash member -> the event's bytes (one line: events are stored in their
-  newline-free wire form).
-- C{aep:k:{s}}: hash dedupe key (C{source\\0id}) -> member, for admission dedupe, and
-  C{aep:m:{s}}: hash member -> dedupe key, to forget the key of a trimmed event.
+  newline-free wire form), and C{k<member>} -> its dedupe key, to forget the key of a trimmed event.
+- C{aep:k:{s}}: hash dedupe key (C{source\\0id}) -> member, for admission dedupe.
 
 Appending a batch and reading a replay (or a page of one) are single Lua scripts
 (C{relayd/aep/lua/}), so several instances can write one session at once without a lost update.
@@ -88,10 +87,10 @@ class RedisEventLog:
         self._sessions = 0
 
     def _session_keys(self, session: bytes) -> list[bytes]:
-        """Members, events, dedupe keys, member -> dedupe key, arrival counter of one session."""
+        """Members, events, dedupe keys and arrival counter of one session."""
         tag = tagged(session)
         p = self.prefix
-        return [p + b"aep:s:" + tag, p + b"aep:e:" + tag, p + b"aep:k:" + tag, p + b"aep:m:" + tag, p + b"aep:n:" + tag]
+        return [p + b"aep:s:" + tag, p + b"aep:e:" + tag, p + b"aep:k:" + tag, p + b"aep:n:" + tag]
 
     def append(self, events: Sequence[Event]) -> Deferred[list[bool]]:
         # One length-framed argument for the whole batch: building a command of four arguments per
