@@ -416,7 +416,7 @@ async def scenario_ingest(seconds: float, batch: int, extra: tuple[str, ...] = (
             return lambda n: b"".join(template % (n * batch + i, n * batch + i) + b"\n" for i in range(batch))
 
         if os.environ.get("BENCH_PROFILE"):  # py-spy raw profile of the server into this file
-            spy = subprocess.Popen(["py-spy", "record", "-p", str(server.proc.pid), "-f", "raw", "-o",
+            spy = subprocess.Popen(["py-spy", "record", "-r", "500", "-p", str(server.proc.pid), "-f", "raw", "-o",
                                     os.environ["BENCH_PROFILE"], "-d", str(int(seconds) + 2)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cpu0, t0 = server.cpu(), time.perf_counter()

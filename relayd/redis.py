@@ -261,6 +261,7 @@ class RedisBus:
         self._protocol: _Subscriber | None = None
         factory = txredisapi.SubscriberFactory(isLazy=True)
         factory.charset = None  # channels and messages stay bytes
+        factory.convertNumbers = False  # and are never numbers (it tried to parse every message as one)
         factory.continueTrying = True
         bus = self
 

@@ -255,10 +255,15 @@ class RedisFanout:
         self._deliver = deliver
         bus.subscribe(self.channel, self._received)
 
+    @property
+    def header(self) -> bytes:
+        """What a fan-out message starts with: this instance, then a newline, then the events."""
+        return self.instance + b"\n"
+
     def publish(self, events: Sequence[Event]) -> Deferred[Any]:
         if not events:
             return succeed(None)
-        message = self.instance + b"\n" + b"\n".join(event.payload(None) for event in events)
+        message = self.header + b"\n".join(event.payload(None) for event in events)
         return self.redis.execute(STORE, "PUBLISH", self.channel, message)
 
     def _received(self, message: bytes) -> None:

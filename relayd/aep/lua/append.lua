@@ -2,8 +2,10 @@
 -- KEYS: the session LRU (aep:lru), its write counter (aep:clock), the sessions being evicted
 -- (aep:evicting), then four keys per session of the batch, in the order of ARGV[4..]: members
 -- (aep:s), events (aep:e), dedupe keys (aep:k), arrival counter (aep:n).
--- ARGV: capacity, max sessions, the length-framed events (session number, position, dedupe key,
--- payload), then the batch's sessions.
+-- ARGV: capacity, max sessions, the events (per event four big-endian 32-bit lengths, then the
+-- session number, position, dedupe key and payload), the fan-out channel or '' (then every event
+-- of the batch, duplicates too, is published there as one message: ARGV[5], then the payloads
+-- joined by newlines), the message's header, then the batch's sessions.
 -- Returns {one '1' (stored) or '0' (duplicate) per event, sessions in the LRU, then sessions
 -- evicted whose keys the caller must drop with drop.lua (they are not in this batch)}.
 -- Redis runs this for every ingested event: per event it makes three calls, four more when the
@@ -11,8 +13,8 @@
 local lru, clock, evicting = KEYS[1], KEYS[2], KEYS[3]
 local capacity, max_sessions, blob = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local index = {}
-for i = 4, #ARGV do
-  local base = 3 + 4 * (i - 4)
+for i = 6, #ARGV do
+  local base = 3 + 4 * (i - 6)
   index[ARGV[i]] = base
   -- A session evicted by another batch whose keys are not dropped yet is gone: drop them now.
   if redis.call('ZREM', evicting, ARGV[i]) == 1 then
@@ -23,17 +25,22 @@ end
 -- counter written back at the end.
 local state = {}
 local flags = {}
+local payloads = {}
 local at, size = 1, #blob
-local function field()
-  local length = struct.unpack('>I4', blob, at)
-  local value = string.sub(blob, at + 4, at + 3 + length)
-  at = at + 4 + length
-  return value
-end
 local previous = nil
 while at <= size do
-  local number, pos, key, payload = field(), field(), field(), field()
-  local session = ARGV[3 + tonumber(number)]
+  local a, b, c, d = struct.unpack('>I4I4I4I4', blob, at)
+  at = at + 16
+  local number = string.sub(blob, at, at + a - 1)
+  at = at + a
+  local pos = string.sub(blob, at, at + b - 1)
+  at = at + b
+  local key = string.sub(blob, at, at + c - 1)
+  at = at + c
+  local payload = string.sub(blob, at, at + d - 1)
+  at = at + d
+  payloads[#payloads + 1] = payload
+  local session = ARGV[5 + tonumber(number)]
   local base = index[session]
   local skey, ekey, kkey = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3]
   -- Recency is refreshed once per run of one session's events: no other session writes between.
@@ -80,6 +87,10 @@ while at <= size do
 end
 for base, s in pairs(state) do
   redis.call('SET', KEYS[base + 4], s[1])
+end
+if ARGV[4] ~= '' then
+  -- Live fan-out to the other instances (relayd/aep/redis_cluster.py): the batch is sent to Redis once.
+  redis.call('PUBLISH', ARGV[4], ARGV[5] .. table.concat(payloads, '\n'))
 end
 local out = {table.concat(flags), redis.call('ZCARD', lru)}
 for _, victim in ipairs(redis.call('ZRANGE', evicting, 0, 63)) do out[#out + 1] = victim end
