@@ -108,7 +108,8 @@ class RedisEventLog:
         # One framed argument for the whole batch: building a command of four arguments per event
         # cost the client more than Redis spends running the script.
         numbers: dict[str, bytes] = {}
-        parts = []
+        parts: list[bytes] = []
+        add = parts.extend
         epoch_of: dict[int, bytes] = {}
         pack = _HEADER.pack
         for event in events:
@@ -120,11 +121,12 @@ class RedisEventLog:
             epoch_key = epoch_of.get(epoch)
             if epoch_key is None:
                 epoch_key = epoch_of[epoch] = _epoch_key(epoch)
-            position = epoch_key + encode_int(seq)
-            source, event_id = event.key
-            key = source.encode("utf-8") + b"\x00" + event_id.encode("utf-8")
-            payload = event.payload(None)
-            parts += (pack(len(number), len(position), len(key), len(payload)), number, position, key, payload)
+            digits = b"%d" % seq
+            position = b"%s%02d%s" % (epoch_key, len(digits), digits)  # encode_int, inlined
+            key = ("%s\x00%s" % event.key).encode("utf-8")
+            # The posted bytes when they are the wire form (no copy kept on the event).
+            payload = event.raw if event.raw is not None else event.payload(None)
+            add((pack(len(number), len(position), len(key), len(payload)), number, position, key, payload))
         sessions = [s.encode("utf-8") for s in numbers]  # type: ignore[union-attr]
         keys = [self._lru, self._clock, self._evicting]
         for session in sessions:
