@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 import txredisapi
 from twisted.internet import reactor
+from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 
 from relayd.aep import redis_cluster, redis_store as aep_store
@@ -34,11 +35,12 @@ from relayd.mcp import redis_store as mcp_store
 from relayd.mcp.broker import Broker
 from relayd.mcp.redis_store import RedisStore
 from relayd.mcp.store import INBOUND, OUTBOUND, POLL, SSE, ClientRecord, Correlation, SessionRecord, SubscriberRecord
+from relayd.redis import StoreUnavailable
 from relayd.redis_lua import Script
 from tests.mcp.support import RecordingSink
 from tests.support.aep import event
 from tests.support.cases import cases, expand
-from tests.support.redis import RedisServer, connected_redis
+from tests.support.redis import RedisServer, connected_redis, shared_redis
 from tests.support.redis_monitor import Command, RedisMonitor
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -248,3 +250,39 @@ class Sources(TestCase):
             if lua.search(path.read_text(encoding="utf-8"))
         ]
         self.assertEqual(offenders, [])
+
+
+@expand
+class DropRetries(TestCase):
+    """Dropping a session looks at its subscribers, then drops it unless one arrived meanwhile;
+    it looks at most C{_DROP_ATTEMPTS} times, then answers StoreUnavailable (the caller retries)."""
+
+    @cases(mcp_store._DROP_ATTEMPTS - 1, mcp_store._DROP_ATTEMPTS)
+    async def test_a_session_whose_subscribers_keep_changing(self, interfered: int) -> None:
+        redis = await connected_redis(shared_redis().url)
+        self.addCleanup(redis.close)
+        store = RedisStore(redis, prefix=f"drop-{interfered}:")
+        await store.put_session(SessionRecord(SESSION, "h" * 64, 1.0))
+        await store.add_subscriber(SubscriberRecord("first", SESSION, INBOUND, SSE, None, 1.0, 0, "i1"))
+        run = store._run
+        looks = [0]
+
+        async def interfering(name: str, keys: list[bytes], *args: Any) -> Any:
+            result = await run(name, keys, *args)
+            if name == "sub_all" and looks[0] < interfered:
+                looks[0] += 1  # a reader subscribes between the look and the drop
+                record = SubscriberRecord(f"late{looks[0]}", SESSION, OUTBOUND, SSE, None, 1.0, 0, "i2")
+                await run("sub_add", [store._sub_key(SESSION, OUTBOUND), store._seq, store._pollers],
+                          record.id, SSE, "", "0", "i2", 1000, record.queue_key)
+            return result
+
+        store._run = lambda name, keys, *args: Deferred.fromCoroutine(interfering(name, keys, *args))  # type: ignore[method-assign]
+        if interfered < mcp_store._DROP_ATTEMPTS:
+            dropped = await store.drop_session_state(SESSION)
+            self.assertEqual(len(dropped), 1 + interfered)
+            self.assertEqual(await store.all_subscribers(SESSION), ([], []))
+        else:
+            with self.assertRaises(StoreUnavailable):
+                await store.drop_session_state(SESSION)
+            inbound, outbound = await store.all_subscribers(SESSION)
+            self.assertEqual(len(inbound) + len(outbound), 1 + interfered)  # nothing was dropped

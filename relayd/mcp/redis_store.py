@@ -47,13 +47,15 @@ from relayd.mcp.store import (
     SubscriberRecord,
     queue_key,
 )
-from relayd.redis import Redis
+from relayd.redis import Redis, StoreUnavailable
 from relayd.redis_lua import Script, tagged
 
 STORE = "mcp"
 
 # A parked poll lasts at most 25 s; one parked far longer belongs to an instance that died.
 STALE_PARKED_S = 120.0
+# Looks at a session's subscribers before dropping it gives up (each look sees a new subscriber).
+_DROP_ATTEMPTS = 8
 
 _PACKAGE = "relayd.mcp"
 # The scripts that remove frames share release.lua (the buffered total never goes below zero).
@@ -277,7 +279,7 @@ class RedisStore:
             self._pollers,
             self._buffered,
         ]
-        while True:
+        for _ in range(_DROP_ATTEMPTS):
             # The script needs every queue's keys up front: look, then drop unless a subscriber
             # arrived meanwhile (then look again).
             both = await self._run("sub_all", fixed[:2])
@@ -289,6 +291,8 @@ class RedisStore:
             flat = await self._run("drop_session", keys, *args)
             if int(flat[0]) == 1:
                 return [_record(session_id, _text(flat[i]), flat[i + 1], flat[i + 2]) for i in range(1, len(flat), 3)]
+        # Readers subscribing faster than the session can be dropped: the caller retries later.
+        raise StoreUnavailable(STORE, "the session's subscribers kept changing while it was dropped")
 
     # posts
 
