@@ -9,8 +9,9 @@ also loads it for the next EVALSHA.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from importlib import resources
-from typing import Any, Sequence
+from typing import Any
 
 import txredisapi
 from twisted.internet.defer import Deferred

@@ -24,7 +24,8 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 
-from relayd.aep import redis_cluster, redis_store as aep_store
+from relayd.aep import redis_cluster
+from relayd.aep import redis_store as aep_store
 from relayd.aep.event import Event
 from relayd.aep.redis_cluster import RedisClaims
 from relayd.aep.redis_store import RedisEventLog
@@ -34,7 +35,16 @@ from relayd.clock import Clock
 from relayd.mcp import redis_store as mcp_store
 from relayd.mcp.broker import Broker
 from relayd.mcp.redis_store import RedisStore
-from relayd.mcp.store import INBOUND, OUTBOUND, POLL, SSE, ClientRecord, Correlation, SessionRecord, SubscriberRecord
+from relayd.mcp.store import (
+    INBOUND,
+    OUTBOUND,
+    POLL,
+    SSE,
+    ClientRecord,
+    Correlation,
+    SessionRecord,
+    SubscriberRecord,
+)
 from relayd.redis import StoreUnavailable
 from relayd.redis_lua import Script
 from tests.mcp.support import RecordingSink

@@ -123,14 +123,15 @@ class RedisEventLog:
                 epoch_key = epoch_of[epoch] = _epoch_key(epoch)
             digits = b"%d" % seq
             position = b"%s%02d%s" % (epoch_key, len(digits), digits)  # encode_int, inlined
-            key = ("%s\x00%s" % event.key).encode("utf-8")
+            source, event_id = event.key
+            key = f"{source}\x00{event_id}".encode()
             # The posted bytes when they are the wire form (no copy kept on the event).
             payload = event.raw if event.raw is not None else event.payload(None)
             add((pack(len(number), len(position), len(key), len(payload)), number, position, key, payload))
         sessions = [s.encode("utf-8") for s in numbers]  # type: ignore[union-attr]
         keys = [self._lru, self._clock, self._evicting]
-        for session in sessions:
-            keys += self._session_keys(session)
+        for name in sessions:
+            keys += self._session_keys(name)
         channel, header = self._fanout if publish and self._fanout is not None else (b"", b"")
         args = [self.capacity, self.max_sessions, b"".join(parts), channel, header, *sessions]
         return _APPEND(self.redis, STORE, keys, args).addCallback(self._appended)

@@ -344,13 +344,16 @@ class MemoryStore:
         return succeed(None)
 
     def check_session(self, session_id: str, token_hash: str, now: float) -> Deferred[str | None]:
+        return succeed(self._check(session_id, token_hash, now))
+
+    def _check(self, session_id: str, token_hash: str, now: float) -> str | None:
         record = self.sessions.get(session_id)
         if record is None:
-            return succeed("session_gone")
+            return "session_gone"
         if not hmac.compare_digest(record.token_hash, token_hash):
-            return succeed("invalid_token")
+            return "invalid_token"
         record.last_seen = now
-        return succeed(None)
+        return None
 
     def delete_session(self, session_id: str) -> Deferred[bool]:
         return succeed(self.sessions.pop(session_id, None) is not None)
@@ -534,7 +537,7 @@ class MemoryStore:
         correlation: Correlation | None,
         cap: int,
     ) -> Deferred[InboxStart]:
-        reason = self.check_session(session_id, token_hash, now).result
+        reason = self._check(session_id, token_hash, now)
         if reason is not None:
             return succeed(InboxStart(reason))
         taken = recorded = False
@@ -547,12 +550,14 @@ class MemoryStore:
         return succeed(InboxStart(None, taken, recorded, subscribers))
 
     def start_outbox(self, session_id: str, token_hash: str, now: float, key: bytes | None) -> Deferred[OutboxStart]:
-        reason = self.check_session(session_id, token_hash, now).result
+        reason = self._check(session_id, token_hash, now)
         if reason is not None:
             return succeed(OutboxStart(reason))
         correlation = None
         if key is not None:
             pending = self.correlations.get(session_id)
             correlation = None if pending is None else pending.pop(key, None)
-        inbound, outbound = self.all_subscribers(session_id).result
+        by_dir = self.subs.get(session_id, {})
+        inbound = list(by_dir.get(INBOUND, {}).values())
+        outbound = list(by_dir.get(OUTBOUND, {}).values())
         return succeed(OutboxStart(None, correlation, inbound, outbound))
