@@ -400,8 +400,10 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(len(values) * p))]
 
 
-async def scenario_ingest(seconds: float, batch: int, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+async def scenario_ingest(seconds: float, batch: int, extra: tuple[str, ...] = (),
+                          redis: RedisProcess | None = None) -> dict[str, Any]:
     server = Server("--aep-buffer", "1000", "--aep-max-sessions", "64", *extra)
+    spy = None
     try:
         await wait_ready(server.port)
         counter = [0]
@@ -413,14 +415,26 @@ async def scenario_ingest(seconds: float, batch: int, extra: tuple[str, ...] = (
             template = line.replace(b"123456789", b"%d")
             return lambda n: b"".join(template % (n * batch + i, n * batch + i) + b"\n" for i in range(batch))
 
+        if os.environ.get("BENCH_PROFILE"):  # py-spy raw profile of the server into this file
+            spy = subprocess.Popen(["py-spy", "record", "-r", "500", "-p", str(server.proc.pid), "-f", "raw", "-o",
+                                    os.environ["BENCH_PROFILE"], "-d", str(int(seconds) + 2)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cpu0, t0 = server.cpu(), time.perf_counter()
+        redis0 = redis.cpu() if redis is not None else 0.0
         stop_at = t0 + seconds
         await asyncio.gather(*(http_post_loop(server.port, body_for_conn(c), ctype, stop_at, counter, batch)
                                for c in range(8)))
         wall, cpu = time.perf_counter() - t0, server.cpu() - cpu0
-        return {"events": counter[0], "events_per_s": counter[0] / wall,
-                "server_cpu_us_per_event": cpu / counter[0] * 1e6, "server_cpu_share": cpu / wall}
+        result = {"events": counter[0], "events_per_s": counter[0] / wall,
+                  "server_cpu_us_per_event": cpu / counter[0] * 1e6, "server_cpu_share": cpu / wall}
+        if redis is not None:
+            # The instance's own ceiling: events/s if it had a core to itself (redis-server on the other).
+            result["redis_cpu_us_per_event"] = (redis.cpu() - redis0) / counter[0] * 1e6
+            result["events_per_s_per_core"] = 1e6 / result["server_cpu_us_per_event"]
+        return result
     finally:
+        if spy is not None:
+            spy.wait()
         server.stop()
 
 
@@ -675,6 +689,11 @@ class RedisProcess:
         time.sleep(0.5)  # waiting for another process to start listening
         self.url = f"redis://127.0.0.1:{self.port}/0"
 
+    def cpu(self) -> float:
+        """redis-server's user plus system CPU seconds so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(10)
@@ -699,7 +718,7 @@ async def scenario_cluster_ingest(seconds: float) -> dict[str, Any]:
     """Batched ingest on one instance that keeps its buffers in Redis."""
     redis = RedisProcess()
     try:
-        return await scenario_ingest(seconds, 100, ("--redis", redis.url))
+        return await scenario_ingest(seconds, 100, ("--redis", redis.url), redis)
     finally:
         redis.stop()
 

@@ -26,8 +26,11 @@ DEFAULT_TIMEOUT = 2.0
 # relayd of the previous version would misread. Each connection checks it under --redis-prefix
 # (relayd:schema) before it is used, and a relayd that finds another version refuses that Redis
 # (docs/deployment.md "Upgrades").
-KEYSPACE_VERSION = 1
+KEYSPACE_VERSION = 2  # 2: Lua scripts in files, keys hash-tagged per session (docs/decisions.md REDIS-1)
 VERSION_KEY = "schema"  # after the prefix
+# Deployment-wide keys every earlier relayd kept (before keyspace versions): with no version key
+# beside them, the keys under the prefix are an unversioned layout, not an empty keyspace.
+UNVERSIONED_MARKERS = ("aep:lru", "aep:arrival", "aep:clock", "mcp:sessions", "mcp:buffered", "mcp:seq")
 
 
 class StoreUnavailable(Exception):
@@ -174,6 +177,10 @@ class _Protocol(_Handshake, _ReplyParsing, txredisapi.RedisProtocol):
         try:
             found = yield self.execute_command("GET", key)
             if found is None:  # a new keyspace (or one emptied): this relayd's version, unless another was first
+                prefix = key[: -len(VERSION_KEY)]
+                earlier = yield self.execute_command("EXISTS", *[prefix + m.encode() for m in UNVERSIONED_MARKERS])
+                if earlier:
+                    raise KeyspaceVersionError(client.mismatch("keys of an earlier relayd without a keyspace version"))
                 yield self.execute_command("SET", key, mine, "NX")
                 found = yield self.execute_command("GET", key)
         except txredisapi.ResponseError as e:
@@ -344,6 +351,7 @@ class RedisBus:
         self._protocol: _Subscriber | None = None
         factory = txredisapi.SubscriberFactory(isLazy=True)
         factory.charset = None  # channels and messages stay bytes
+        factory.convertNumbers = False  # and are never numbers (it tried to parse every message as one)
         factory.continueTrying = True
         bus = self
 

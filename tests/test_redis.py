@@ -114,6 +114,20 @@ class KeyspaceVersion(TestCase):
         reason = await redis.refused
         return redis, reason
 
+    async def test_unversioned_keys_of_an_earlier_relayd_are_refused(self) -> None:
+        # An earlier relayd kept no version key: its keys under the prefix are not an empty keyspace.
+        admin(self.server.port, b"SET relayd:mcp:buffered 10\r\n")
+        redis = self.client()
+        reason = await redis.refused
+        self.assertIn("holds keys of an earlier relayd without a keyspace version (key relayd:schema)", reason)
+        self.assertEqual(self.get(b"relayd:schema"), b"$-1\r\n")  # nothing written over them
+
+    async def test_earlier_keys_under_another_prefix_do_not_count(self) -> None:
+        admin(self.server.port, b"SET other:aep:lru x\r\n")
+        redis = self.client()
+        await self.until(lambda: redis.connected, "the client did not connect")
+        self.assertEqual(await redis.execute("probe", "GET", "relayd:schema"), str(KEYSPACE_VERSION).encode())
+
     async def test_newer_version_is_refused_with_the_reason(self) -> None:
         redis, reason = await self.refused(str(KEYSPACE_VERSION + 1).encode())
         self.assertEqual(

@@ -1,6 +1,6 @@
 """AEP across relayd instances on one Redis: shared claims, command delivery and live fan-out.
 
-- Claims: C{aep:claims:<session>} hashes connection id -> claimant JSON; C{aep:claimed} lists the
+- Claims: C{aep:claims:{<session>}} hashes connection id -> claimant JSON; C{aep:claimed} lists the
   sessions with claims (for the roster). Every instance refreshes C{aep:instance:<id>} (a key with a
   TTL); the claims of an instance whose key expired are ignored and cleaned up, so claims disappear
   when their connection *or their instance* dies.
@@ -24,25 +24,13 @@ from relayd.aep.claims import Claimant, IClaims, MemoryClaims, claimant_of
 from relayd.aep.event import Event, event_from
 from relayd.clock import Clock
 from relayd.redis import Redis, RedisBus
+from relayd.redis_lua import Script, tagged
 
 STORE = "aep"
 INSTANCE_TTL = 15.0
 REFRESH = 5.0
 
-_ROSTER = b"""
-local prefix = ARGV[1]
-local out = {}
-for _, session in ipairs(redis.call('SMEMBERS', prefix .. 'aep:claimed')) do
-  local entries = redis.call('HGETALL', prefix .. 'aep:claims:' .. session)
-  if #entries == 0 then
-    redis.call('SREM', prefix .. 'aep:claimed', session)
-  else
-    out[#out + 1] = session
-    out[#out + 1] = entries
-  end
-end
-return out
-"""
+_ROSTER = Script("relayd.aep", "roster")
 
 
 @implementer(IClaims)
@@ -68,6 +56,10 @@ class RedisClaims:
 
     def _key(self, *parts: bytes | str) -> bytes:
         return self.prefix + b"".join(p.encode("utf-8") if isinstance(p, str) else p for p in parts)
+
+    def _claims_key(self, session: str | bytes) -> bytes:
+        """A session's claims hash, C{aep:claims:{session}} (hash-tagged like its event keys)."""
+        return self.prefix + b"aep:claims:" + tagged(session.encode("utf-8") if isinstance(session, str) else session)
 
     def _alive(self) -> Deferred[Any]:
         """Refresh this instance's liveness key (its claims count only while it exists)."""
@@ -99,7 +91,7 @@ class RedisClaims:
         self._by_id.pop(conn_id, None)  # type: ignore[arg-type]
         if conn_id is None or not sessions:
             return succeed(None)
-        ds = [self.redis.execute(STORE, "HDEL", self._key(b"aep:claims:", s), conn_id) for s in sessions]
+        ds = [self.redis.execute(STORE, "HDEL", self._claims_key(s), conn_id) for s in sessions]
         for d in ds:
             d.addErrback(lambda f: None)  # an unreachable Redis forgets them with the instance key
         return succeed(None)
@@ -117,7 +109,7 @@ class RedisClaims:
         }
         d = succeed(None) if self._confirmed else self._alive()  # at start-up the loop may not have run yet
         d.addCallback(
-            lambda _: self.redis.execute(STORE, "HSET", self._key(b"aep:claims:", session), self._ids[conn], orjson.dumps(info))
+            lambda _: self.redis.execute(STORE, "HSET", self._claims_key(session), self._ids[conn], orjson.dumps(info))
         )
         d.addCallback(lambda _: self.redis.execute(STORE, "SADD", self._key(b"aep:claimed"), session))
         return d.addCallback(lambda _: None)
@@ -125,13 +117,20 @@ class RedisClaims:
     # Queries over every instance ----------------------------------------------------------------
 
     def claimants(self, session: str) -> Deferred[list[Claimant]]:
-        d = self.redis.execute(STORE, "HGETALL", self._key(b"aep:claims:", session))
+        d = self.redis.execute(STORE, "HGETALL", self._claims_key(session))
         return d.addCallback(lambda flat: self._alive_only({session: _pairs(flat)})).addCallback(
             lambda by_session: [c for c, _ in by_session.get(session, [])]
         )
 
     def roster(self) -> Deferred[list[dict[str, Any]]]:
-        d = self.redis.eval(STORE, _ROSTER, [], [self.prefix])
+        claimed = self._key(b"aep:claimed")
+
+        def read(sessions: list[bytes]) -> Deferred[Any]:
+            # The script is given every claims hash it reads (docs/decisions.md REDIS-1).
+            keys = [claimed, *[self._claims_key(s) for s in sessions]]
+            return _ROSTER(self.redis, STORE, keys, sessions)
+
+        d = self.redis.execute(STORE, "SMEMBERS", claimed).addCallback(read)
 
         def collect(flat: list[Any]) -> dict[str, list[tuple[bytes, bytes]]]:
             by_session = {flat[i].decode("utf-8"): _pairs(flat[i + 1]) for i in range(0, len(flat), 2)}
@@ -187,7 +186,7 @@ class RedisClaims:
                     if instance in live and (instance != self.instance or claimant.local is not None):
                         out.setdefault(session, []).append((claimant, 0))
                     else:  # a dead instance's (or our own closed connection's) claim: clean it up
-                        self.redis.execute(STORE, "HDEL", self._key(b"aep:claims:", session), conn_id).addErrback(
+                        self.redis.execute(STORE, "HDEL", self._claims_key(session), conn_id).addErrback(
                             lambda f: None
                         )
             # This process's own claims count at once, even before their write reaches Redis.
@@ -256,10 +255,15 @@ class RedisFanout:
         self._deliver = deliver
         bus.subscribe(self.channel, self._received)
 
+    @property
+    def header(self) -> bytes:
+        """What a fan-out message starts with: this instance, then a newline, then the events."""
+        return self.instance + b"\n"
+
     def publish(self, events: Sequence[Event]) -> Deferred[Any]:
         if not events:
             return succeed(None)
-        message = self.instance + b"\n" + b"\n".join(event.payload(None) for event in events)
+        message = self.header + b"\n".join(event.payload(None) for event in events)
         return self.redis.execute(STORE, "PUBLISH", self.channel, message)
 
     def _received(self, message: bytes) -> None:

@@ -1,20 +1,26 @@
 """C{IEventLog} on Redis, shared by every relayd instance of a deployment.
 
-Layout (every key under the deployment's prefix, default C{relayd:}):
+Layout (every key under the deployment's prefix, default C{relayd:}; C{{s}} is the session as a
+Redis Cluster hash tag, so that one session's keys share a slot):
 
 - C{aep:lru}: sorted set of sessions scored by a write counter (C{aep:clock}); the lowest is the
-  least recently written and is evicted first.
-- C{aep:s:<session>}: sorted set (all scores 0, ordered by member) of C{<position><arrival>}
-  members; a position is the length-prefixed decimal epoch and seq, so lexicographic order is exact
-  integer order for any epoch (docs/decisions.md AEP-3) and equal positions keep arrival order.
-- C{aep:e:<session>}: hash member -> the event's bytes (one line: events are stored in their
-  newline-free wire form).
-- C{aep:k:<session>}: hash dedupe key (C{source\\0id}) -> member, for admission dedupe, and
-  C{aep:m:<session>}: hash member -> dedupe key, to forget the key of a trimmed event.
+  least recently written and is evicted first. C{aep:evicting}: sorted set of sessions evicted
+  whose keys are not dropped yet (they count as gone).
+- C{aep:s:{s}}: sorted set (all scores 0, ordered by member) of C{<position><arrival>} members; a
+  position is the length-prefixed decimal epoch and seq, so lexicographic order is exact integer
+  order for any epoch (docs/decisions.md AEP-3) and equal positions keep arrival order (the
+  session's counter C{aep:n:{s}}).
+- C{aep:e:{s}}: hash member -> the event's bytes (one line: events are stored in their
+  newline-free wire form), and C{k<member>} -> its dedupe key, to forget the key of a trimmed event.
+- C{aep:k:{s}}: hash dedupe key (C{source\\0id}) -> member, for admission dedupe.
 
-Appending a batch and reading a replay (or a page of one) are single Lua scripts, so several
-instances can write one session at once without a lost update. (Keys are built inside the scripts: Redis Cluster is not
-supported; use one primary.)
+Appending a batch and reading a replay (or a page of one) are single Lua scripts
+(C{relayd/aep/lua/}), so several instances can write one session at once without a lost update.
+Each script is given every key it touches in C{KEYS} (docs/decisions.md REDIS-1). An append that
+evicts a session that is not in its batch cannot name that session's keys in advance: it moves the
+session to C{aep:evicting} and its keys are dropped by C{drop.lua} before the append answers (or by
+the next append of that session). The LRU is one deployment-wide key used together with a batch's
+sessions: Redis Cluster is not supported yet; use one primary.
 """
 
 from __future__ import annotations
@@ -22,89 +28,22 @@ from __future__ import annotations
 import struct
 from typing import Any, Sequence
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, gatherResults
 from zope.interface import implementer
 
 from relayd import metrics
 from relayd.aep.event import Event, stored_event
 from relayd.aep.store import IEventLog, Position, Replay, exhausted_marker
 from relayd.redis import Redis
+from relayd.redis_lua import Script, tagged
 
 STORE = "aep"
-_FRAME = struct.Struct(">I")
+_HEADER = struct.Struct(">IIII")
 _UNREADABLE = metrics.events_dropped.labels(relay="aep", reason="unreadable")
 
-_APPEND = b"""
-local prefix, capacity, max_sessions, blob = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
-local lru = prefix .. 'aep:lru'
-local results = {}
-local at, size = 1, #blob
-local function field()
-  local length = struct.unpack('>I4', blob, at)
-  local value = string.sub(blob, at + 4, at + 3 + length)
-  at = at + 4 + length
-  return value
-end
-while at <= size do
-  local session, pos, key, payload = field(), field(), field(), field()
-  local skey, ekey, kkey, mkey = prefix .. 'aep:s:' .. session, prefix .. 'aep:e:' .. session, prefix .. 'aep:k:' .. session, prefix .. 'aep:m:' .. session
-  if not redis.call('ZSCORE', lru, session) then
-    while redis.call('ZCARD', lru) >= max_sessions do
-      local oldest = redis.call('ZPOPMIN', lru)
-      local victim = oldest[1]
-      redis.call('DEL', prefix .. 'aep:s:' .. victim, prefix .. 'aep:e:' .. victim, prefix .. 'aep:k:' .. victim, prefix .. 'aep:m:' .. victim)
-    end
-  end
-  redis.call('ZADD', lru, redis.call('INCR', prefix .. 'aep:clock'), session)
-  if redis.call('HEXISTS', kkey, key) == 1 then
-    results[#results + 1] = 0
-  else
-    local member = pos .. string.format('%016d', redis.call('INCR', prefix .. 'aep:arrival'))
-    redis.call('ZADD', skey, 0, member)
-    redis.call('HSET', ekey, member, payload)
-    redis.call('HSET', kkey, key, member)
-    redis.call('HSET', mkey, member, key)
-    local excess = redis.call('ZCARD', skey) - capacity
-    if excess > 0 then
-      local gone = redis.call('ZRANGE', skey, 0, excess - 1)
-      for _, m in ipairs(gone) do
-        local key_of = redis.call('HGET', mkey, m)
-        if key_of then redis.call('HDEL', kkey, key_of) end
-        redis.call('HDEL', ekey, m)
-        redis.call('HDEL', mkey, m)
-      end
-      redis.call('ZREMRANGEBYRANK', skey, 0, excess - 1)
-    end
-    results[#results + 1] = 1
-  end
-end
-results[#results + 1] = redis.call('ZCARD', lru)
-return results
-"""
-
-_REPLAY = b"""
-local prefix, session, low, limit = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
-local skey, ekey = prefix .. 'aep:s:' .. session, prefix .. 'aep:e:' .. session
-local first = redis.call('ZRANGE', skey, 0, 0)
-if #first == 0 then return '' end
-local members
-if limit > 0 then
-  members = redis.call('ZRANGEBYLEX', skey, low, '+', 'LIMIT', 0, limit)
-else
-  members = redis.call('ZRANGEBYLEX', skey, low, '+')
-end
-local cursor = ''
-if limit > 0 and #members == limit then cursor = members[#members] end
-local out = {first[1], cursor}
-for _, m in ipairs(members) do
-  local payload = redis.call('HGET', ekey, m)
-  if payload then
-    out[#out + 1] = m
-    out[#out + 1] = payload
-  end
-end
-return table.concat(out, '\\n')
-"""
+_APPEND = Script("relayd.aep", "append")
+_DROP = Script("relayd.aep", "drop")
+_REPLAY = Script("relayd.aep", "replay")
 
 
 def encode_int(n: int) -> bytes:
@@ -142,28 +81,73 @@ class RedisEventLog:
         self.capacity = capacity
         self.max_sessions = max_sessions
         self.prefix = prefix.encode("utf-8")
+        self._lru = self.prefix + b"aep:lru"
+        self._clock = self.prefix + b"aep:clock"
+        self._evicting = self.prefix + b"aep:evicting"
+        self._fanout: tuple[bytes, bytes] | None = None
         self._sessions = 0
 
-    def append(self, events: Sequence[Event]) -> Deferred[list[bool]]:
-        # One length-framed argument for the whole batch: building a command of four arguments per
-        # event cost the client more than Redis spends running the script.
-        fields = []
+    def _session_keys(self, session: bytes) -> list[bytes]:
+        """Members, events, dedupe keys and arrival counter of one session."""
+        tag = tagged(session)
+        p = self.prefix
+        return [p + b"aep:s:" + tag, p + b"aep:e:" + tag, p + b"aep:k:" + tag, p + b"aep:n:" + tag]
+
+    def publish_with(self, channel: bytes, header: bytes) -> None:
+        """Let L{append} also publish its batch on the fan-out C{channel} (C{header} first)."""
+        self._fanout = (channel, header)
+
+    @property
+    def publishes(self) -> bool:
+        """Whether C{append(events, publish=True)} publishes (see L{publish_with})."""
+        return self._fanout is not None
+
+    def append(self, events: Sequence[Event], publish: bool = False) -> Deferred[list[bool]]:
+        """Store the events; with C{publish}, also hand all of them (duplicates too) to the fan-out
+        in the same script, so the batch is sent to Redis once (docs/performance.md)."""
+        # One framed argument for the whole batch: building a command of four arguments per event
+        # cost the client more than Redis spends running the script.
+        numbers: dict[str, bytes] = {}
+        parts: list[bytes] = []
+        add = parts.extend
+        epoch_of: dict[int, bytes] = {}
+        pack = _HEADER.pack
         for event in events:
+            session = event.session
+            number = numbers.get(session)  # type: ignore[arg-type]
+            if number is None:
+                number = numbers[session] = b"%d" % (len(numbers) + 1)  # type: ignore[index]
+            epoch, seq = event.position
+            epoch_key = epoch_of.get(epoch)
+            if epoch_key is None:
+                epoch_key = epoch_of[epoch] = _epoch_key(epoch)
+            digits = b"%d" % seq
+            position = b"%s%02d%s" % (epoch_key, len(digits), digits)  # encode_int, inlined
             source, event_id = event.key
-            fields += [
-                event.session.encode("utf-8"),  # type: ignore[union-attr]
-                _epoch_key(event.position[0]) + encode_int(event.position[1]),
-                source.encode("utf-8") + b"\x00" + event_id.encode("utf-8"),
-                event.payload(None),
-            ]
-        blob = b"".join(_FRAME.pack(len(f)) + f for f in fields)
-        args: list[Any] = [self.prefix, self.capacity, self.max_sessions, blob]
+            key = f"{source}\x00{event_id}".encode()
+            # The posted bytes when they are the wire form (no copy kept on the event).
+            payload = event.raw if event.raw is not None else event.payload(None)
+            add((pack(len(number), len(position), len(key), len(payload)), number, position, key, payload))
+        sessions = [s.encode("utf-8") for s in numbers]  # type: ignore[union-attr]
+        keys = [self._lru, self._clock, self._evicting]
+        for name in sessions:
+            keys += self._session_keys(name)
+        channel, header = self._fanout if publish and self._fanout is not None else (b"", b"")
+        args = [self.capacity, self.max_sessions, b"".join(parts), channel, header, *sessions]
+        return _APPEND(self.redis, STORE, keys, args).addCallback(self._appended)
 
-        def done(result: list[Any]) -> list[bool]:
-            self._sessions = int(result[-1])
-            return [int(flag) == 1 for flag in result[:-1]]
-
-        return self.redis.eval(STORE, _APPEND, [], args).addCallback(done)
+    def _appended(self, result: list[Any]) -> Deferred[list[bool]] | list[bool]:
+        self._sessions = int(result[1])
+        stored = [flag == 49 for flag in result[0]]  # b"1"
+        victims = result[2:]
+        if not victims:
+            return stored
+        # Sessions evicted to make room whose keys were not in this batch: dropped before the
+        # append answers, so an evicted session is gone once the write that evicted it is done.
+        drops = [
+            _DROP(self.redis, STORE, [self._evicting, *self._session_keys(victim)], [victim]) for victim in victims
+        ]
+        return gatherResults(drops, consumeErrors=True).addCallback(lambda _: stored)
 
     def replay(self, session: str, after: Position, limit: int | None = None, cursor: Any = None) -> Deferred[Replay]:
         epoch, seq = after
@@ -173,7 +157,9 @@ class RedisEventLog:
             low = b"[" + _epoch_key(epoch)
         else:
             low = b"(" + _epoch_key(epoch) + encode_int(seq) + b"\xff"
-        args = [self.prefix, session.encode("utf-8"), low, limit or 0]
+        name = session.encode("utf-8")
+        keys = self._session_keys(name)[:2] + [self._evicting]
+        args = [name, low, limit or 0]
 
         def build(reply: bytes) -> Replay:
             # One bulk string (the earliest member, the next page's cursor or nothing, then member
@@ -197,14 +183,14 @@ class RedisEventLog:
                 exhausted = None
             return Replay(events, exhausted, lines[1] or None)
 
-        return self.redis.eval(STORE, _REPLAY, [], args).addCallback(build)
+        return _REPLAY(self.redis, STORE, keys, args).addCallback(build)
 
     def sessions(self) -> Deferred[list[str]]:
         def decode(members: list[bytes]) -> list[str]:
             self._sessions = len(members)
             return [m.decode("utf-8") for m in members]
 
-        return self.redis.execute(STORE, "ZRANGE", self.prefix + b"aep:lru", 0, -1).addCallback(decode)
+        return self.redis.execute(STORE, "ZRANGE", self._lru, 0, -1).addCallback(decode)
 
     def session_count(self) -> int:
         """The count seen at the last write or listing (health must not wait on Redis)."""

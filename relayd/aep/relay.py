@@ -401,19 +401,28 @@ class Relay:
         if sender is not None:
             for event in sequenced:
                 self.claim(sender, event.session)  # type: ignore[arg-type]
-        d: Deferred[Any] = self.log.append(sequenced) if sequenced else succeed(None)
-        d.addCallback(lambda _: self._dispatch_stored(events, sender))
+        # A batch of stored events only: the Redis log publishes it to the other instances in the
+        # same round trip as the write (docs/performance.md), instead of a PUBLISH after it.
+        published = bool(sequenced) and self.fanout is not None and len(sequenced) == len(events) and getattr(
+            self.log, "publishes", False
+        )
+        d: Deferred[Any]
+        if published:
+            d = self.log.append(sequenced, publish=True)  # type: ignore[call-arg]
+        else:
+            d = self.log.append(sequenced) if sequenced else succeed(None)
+        d.addCallback(lambda _: self._dispatch_stored(events, sender, published))
         return d
 
-    def _dispatch_stored(self, events: Sequence[Event], sender: Emitter | None) -> None:
+    def _dispatch_stored(self, events: Sequence[Event], sender: Emitter | None, published: bool = False) -> None:
         """L{_dispatch} once the store has the events: a failure there is logged, never reported to
         the emitter as a refusal (its events were accepted and will be replayed)."""
         try:
-            self._dispatch(events, sender)
+            self._dispatch(events, sender, published)
         except Exception:
             self._log.failure("aep fan-out failed after the events were stored")
 
-    def _dispatch(self, events: Iterable[Event], sender: Emitter | None) -> None:
+    def _dispatch(self, events: Iterable[Event], sender: Emitter | None, published: bool = False) -> None:
         started = perf_counter()
         count = delivered = 0
         # One snapshot per batch, not per event: a subscriber that closes meanwhile refuses writes.
@@ -429,7 +438,7 @@ class Relay:
         _INGESTED.inc(count)
         if delivered:
             _DELIVERED.inc(delivered)
-        if self.fanout is not None:
+        if self.fanout is not None and not published:
             self._publish([e for e in events if e.kind is not EventKind.COMMAND])
 
     def _publish(self, events: Sequence[Event]) -> None:

@@ -48,9 +48,12 @@ def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | N
         prefix = settings.values.get("redis-prefix") or "relayd:"
         bus = redis.bus()
         claims = RedisClaims(redis, bus, clock, prefix)
-        relay = Relay(RedisEventLog(redis, buffer, max_sessions, prefix), token=token, buffer=buffer,
+        log = RedisEventLog(redis, buffer, max_sessions, prefix)
+        relay = Relay(log, token=token, buffer=buffer,
                       max_from=max_from, seconds=clock.seconds, claims=claims, max_subscribers=max_subscribers)
         relay.fanout = RedisFanout(redis, bus, claims.instance, relay.fan_out_remote, prefix)
+        # A batch of stored events is published by the append script itself (sent to Redis once).
+        log.publish_with(relay.fanout.channel, relay.fanout.header)
         _log.info("aep relay: shared state in Redis at {url}", url=str(redis.url))
     hub = SSEHub(clock, heartbeat, sse_comment("ping"))
     sockets = AEPSocketFactory(relay, clock, heartbeat=heartbeat, max_message=max_body,

@@ -6,19 +6,19 @@ one place; credentials, keys and agents stay in the (shared) SQLite state direct
 
 Layout (every key under the deployment's prefix, default C{relayd:}):
 
-- C{buzz:r:<principal>:<requestId>}: hash C{d} (SHA-256 of the request bytes), C{s} (C{claimed},
+- C{buzz:r:{<principal>:<requestId>}}: hash C{d} (SHA-256 of the request bytes), C{s} (C{claimed},
   C{pending} or C{done}), C{p} (the stored plan while pending), C{v} (the verdict once done);
   expires L{RETENTION} after its last write.
-- C{buzz:l:<principal>:<requestId>}: the claim's lease, the holder's token, with a millisecond
+- C{buzz:l:{<principal>:<requestId>}}: the claim's lease, the holder's token, with a millisecond
   expiry. While it lives, other instances wait; when the holder crashes it lapses and the next
   claim takes over (a stored plan is resumed, a bare claim executes afresh).
 - C{buzz:settled}: pub/sub channel; the receipt key is published when a claim ends (verdict or
   release), so waiters on every instance claim again at once instead of at their next poll.
 
-Claim, plan, completion and release are each one Lua script, so a claim is atomic (two instances
-cannot both execute) and a holder whose lease lapsed and was taken over cannot store its plan.
-(Keys are passed to the scripts, but a receipt and its lease must live on one node: Redis Cluster
-is not supported; use one primary.)
+Claim, plan, completion and release are each one Lua script (C{relayd/buzz/lua/}), so a claim is
+atomic (two instances cannot both execute) and a holder whose lease lapsed and was taken over cannot
+store its plan. Every key a script touches is passed in C{KEYS} (docs/decisions.md REDIS-1), and a
+receipt and its lease share one hash tag, so each script's keys live in one Redis Cluster slot.
 
 Durability is Redis's: with AOF (C{appendfsync everysec} or C{always}) an acknowledged verdict
 survives a Redis restart; without persistence it survives while Redis is up.
@@ -45,65 +45,18 @@ from relayd.buzz.state import (
 )
 from relayd.clock import Clock
 from relayd.redis import Redis, RedisBus
+from relayd.redis_lua import Script, tagged
 
 STORE = "broker receipts (Redis)"
 RETENTION = 30 * 24 * 3600  # seconds a receipt is kept after its last write
 
-_CLAIM = b"""
-local r = redis.call('HMGET', KEYS[1], 'd', 's', 'v', 'p')
-local function take()
-  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-end
-if not r[1] then
-  redis.call('HSET', KEYS[1], 'd', ARGV[1], 's', 'claimed')
-  redis.call('EXPIRE', KEYS[1], ARGV[5])
-  take()
-  return {'new'}
-end
-if r[1] ~= ARGV[1] then return {'conflict'} end
-if r[2] == 'done' then return {'done', r[3]} end
-local holder = redis.call('GET', KEYS[2])
-if holder and string.sub(holder, 1, #ARGV[4]) ~= ARGV[4] then return {'busy'} end
-take()
-if r[2] == 'pending' then return {'resume', r[4]} end
-return {'new'}
-"""
+_CLAIM = Script("relayd.buzz", "claim")
 
-_STORE_PLAN = b"""
-if redis.call('GET', KEYS[2]) ~= ARGV[3] then
-  return redis.error_reply('LEASE the claim lapsed and another instance took it over')
-end
-redis.call('HSET', KEYS[1], 'd', ARGV[1], 's', 'pending', 'p', ARGV[2])
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-return 1
-"""
+_STORE_PLAN = Script("relayd.buzz", "store_plan")
 
-_COMPLETE = b"""
-local r = redis.call('HMGET', KEYS[1], 's', 'v')
-if r[1] == 'done' then
-  if redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end
-  return r[2]
-end
-if ARGV[5] == '1' then
-  redis.call('HSET', KEYS[1], 'd', ARGV[1], 's', 'spent')
-  redis.call('HDEL', KEYS[1], 'p', 'v')
-else
-  redis.call('HSET', KEYS[1], 'd', ARGV[1], 's', 'done', 'v', ARGV[2])
-  redis.call('HDEL', KEYS[1], 'p')
-end
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-if redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end
-redis.call('PUBLISH', KEYS[3], KEYS[1])
-return ARGV[2]
-"""
+_COMPLETE = Script("relayd.buzz", "complete")
 
-_RELEASE = b"""
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[2])
-if redis.call('HGET', KEYS[1], 's') == 'claimed' then redis.call('DEL', KEYS[1]) end
-redis.call('PUBLISH', KEYS[3], KEYS[1])
-return 1
-"""
+_RELEASE = Script("relayd.buzz", "release")
 
 
 @implementer(IReceiptStore)
@@ -149,7 +102,8 @@ class RedisReceipts:
     # --- keys
 
     def _keys(self, principal: str, request_id: str) -> tuple[bytes, bytes]:
-        tail = f"{principal}:{request_id}".encode()
+        # The receipt and its lease are used by one script together: one hash tag, one Cluster slot.
+        tail = tagged(f"{principal}:{request_id}".encode("utf-8"))
         return self.prefix + b"buzz:r:" + tail, self.prefix + b"buzz:l:" + tail
 
     def _token(self, principal: str, request_id: str) -> bytes:
@@ -191,7 +145,7 @@ class RedisReceipts:
             self._tokens.pop((principal, request_id), None)
             return f
 
-        return self.redis.eval(STORE, _CLAIM, [rkey, lkey], args).addCallbacks(build, forget)
+        return _CLAIM(self.redis, STORE, [rkey, lkey], args).addCallbacks(build, forget)
 
     def wait(self, principal: str, request_id: str, timeout: float) -> "defer.Deferred[None]":
         rkey, _ = self._keys(principal, request_id)
@@ -206,12 +160,12 @@ class RedisReceipts:
         if token is None:
             return defer.succeed(None)
         rkey, lkey = self._keys(principal, request_id)
-        return self.redis.eval(STORE, _RELEASE, [rkey, lkey, self.channel], [token]).addCallback(lambda _: None)
+        return _RELEASE(self.redis, STORE, [rkey, lkey], [token, self.channel]).addCallback(lambda _: None)
 
     def store_plan(self, principal: str, request_id: str, digest: bytes, plan: bytes) -> "defer.Deferred[None]":
         rkey, lkey = self._keys(principal, request_id)
         token = self._tokens.get((principal, request_id), b"")
-        return self.redis.eval(STORE, _STORE_PLAN, [rkey, lkey], [digest, plan, token, self.retention]).addCallback(
+        return _STORE_PLAN(self.redis, STORE, [rkey, lkey], [digest, plan, token, self.retention]).addCallback(
             lambda _: None
         )
 
@@ -227,11 +181,11 @@ class RedisReceipts:
             await self.apply_effects(effects)
         rkey, lkey = self._keys(principal, request_id)
         token = self._tokens.get((principal, request_id), b"")
-        stored = await self.redis.eval(
+        stored = await _COMPLETE(
+            self.redis,
             STORE,
-            _COMPLETE,
-            [rkey, lkey, self.channel],
-            [digest, response, token, self.retention, b"1" if is_read_page(response) else b"0"],
+            [rkey, lkey],
+            [digest, response, token, self.retention, b"1" if is_read_page(response) else b"0", self.channel],
         )
         self._tokens.pop((principal, request_id), None)
         return bytes(stored)

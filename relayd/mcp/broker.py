@@ -573,21 +573,37 @@ class Broker:
         return await self.store.check_session(session_id, token_hash(token), self._now())
 
     async def _inbox(self, session_id: str, token: str, body: bytes, label: str | None) -> Frame:
-        reason = await self._check(session_id, token)
-        if reason == "session_gone":
-            raise Refused(reason)
-        frame = parse_frame(body)
-        if reason is not None or frame is None:
+        if not session_id or not token:
             raise Refused("invalid_token_or_frame")
-        recorded = False
-        if frame.is_request:
+        frame = parse_frame(body)
+        key: bytes | None = None
+        bad_id = False
+        if frame is not None and frame.is_request:
             try:
-                frame = await self._correlate(session_id, frame, label)
+                key = frame.id_key
             except ValueError:
-                raise Refused("invalid_token_or_frame") from None  # an id or frame too deep to write
+                bad_id = True  # an id too deep to write
+        # One store round trip: authenticate and touch, correlate, read the readers.
+        correlation = None if label is None or key is None else Correlation(label, None)
+        start = await self.store.start_inbox(
+            session_id, token_hash(token), self._now(), INBOUND, key, correlation, self.config.correlations_per_session
+        )
+        if start.reason == "session_gone":
+            raise Refused(start.reason)
+        if start.reason is not None or frame is None or bad_id:
+            raise Refused("invalid_token_or_frame")
+        subscribers = start.subscribers
+        recorded = False
+        if key is not None:
+            if start.taken:
+                try:
+                    frame = await self._correlate(session_id, frame, label)
+                except ValueError:
+                    raise Refused("invalid_token_or_frame") from None  # a frame too deep to write
+                subscribers = None  # read again: the correlation took a round trip of its own
             recorded = label is not None
         try:
-            await self._fan_out(session_id, INBOUND, frame)
+            await self._fan_out(session_id, INBOUND, frame, subscribers=subscribers)
         except Refused:
             if recorded:
                 # Not delivered: nothing will answer this request, so do not keep its reply route.
@@ -596,19 +612,14 @@ class Broker:
         return frame
 
     async def _correlate(self, session_id: str, frame: Frame, label: str | None) -> Frame:
-        """Record who asked (docs/decisions.md MCP-6); rewrite the id when another request holds it."""
+        """A request whose id another pending request holds (docs/decisions.md MCP-6): a fresh id,
+        recorded for a labelled poster with the original to restore on the reply."""
         key = frame.id_key
-        taken = await self.store.correlation_pending(session_id, key)
-        if label is None:
-            # Not recorded (parity), but never let its reply be mistaken for a labelled client's.
-            return frame.with_id(await self._fresh_id(session_id)) if taken else frame
-        original = None
-        if taken:
-            original = key
-            frame = frame.with_id(await self._fresh_id(session_id))
-        await self.store.record_correlation(
-            session_id, frame.id_key, Correlation(label, original), self.config.correlations_per_session
-        )
+        frame = frame.with_id(await self._fresh_id(session_id))
+        if label is not None:
+            await self.store.record_correlation(
+                session_id, frame.id_key, Correlation(label, key), self.config.correlations_per_session
+            )
         return frame
 
     async def _fresh_id(self, session_id: str) -> str:
@@ -618,20 +629,27 @@ class Broker:
                 return candidate
 
     async def _outbox(self, session_id: str, token: str, body: bytes) -> None:
-        reason = await self._check(session_id, token)
-        if reason == "session_gone":
-            raise Refused(reason)
-        frame = parse_frame(body)
-        if reason is not None or frame is None:
+        if not session_id or not token:
             raise Refused("invalid_token_or_frame")
-        if frame.is_response:
+        frame = parse_frame(body)
+        key: bytes | None = None
+        bad_id = False
+        if frame is not None and frame.is_response:
             try:
                 key = frame.id_key
             except ValueError:
-                raise Refused("invalid_token_or_frame") from None  # an id too deep to write
-            correlation = await self.store.consume_correlation(session_id, key)
+                bad_id = True  # an id too deep to write
+        # One store round trip: authenticate and touch, consume the reply's correlation, read the readers.
+        start = await self.store.start_outbox(session_id, token_hash(token), self._now(), key)
+        if start.reason == "session_gone":
+            raise Refused(start.reason)
+        if start.reason is not None or frame is None or bad_id:
+            raise Refused("invalid_token_or_frame")
+        assert start.inbound is not None and start.outbound is not None
+        if key is not None:
+            correlation = start.correlation
             try:
-                if await self._route_reply(session_id, frame, correlation):
+                if await self._route_reply(session_id, frame, correlation, start.inbound, start.outbound):
                     return
             except Refused:
                 if correlation is not None:
@@ -640,16 +658,22 @@ class Broker:
                         session_id, key, correlation, self.config.correlations_per_session
                     )
                 raise
-        await self._fan_out(session_id, OUTBOUND, frame)
+        await self._fan_out(session_id, OUTBOUND, frame, subscribers=start.outbound)
 
-    async def _route_reply(self, session_id: str, frame: Frame, correlation: Correlation | None) -> bool:
+    async def _route_reply(
+        self,
+        session_id: str,
+        frame: Frame,
+        correlation: Correlation | None,
+        inbound: list[SubscriberRecord],
+        outbound: list[SubscriberRecord],
+    ) -> bool:
         """Deliver a reply to its asker (docs/decisions.md MCP-6); C{False} when it goes to every reader instead."""
         if correlation is not None and correlation.original_id is not None:
             try:
                 frame = frame.with_id(loads_json(correlation.original_id))
             except ValueError:
                 raise Refused("invalid_token_or_frame") from None  # a reply too deep to rewrite
-        inbound, outbound = await self.store.all_subscribers(session_id)
         labelled = any(s.label is not None for s in outbound) or any(s.label is not None for s in inbound)
         if labelled:
             # Scoped: only the asker's subscribers; an uncorrelated or replayed reply reaches nobody.
@@ -661,9 +685,18 @@ class Broker:
             return True
         return False
 
-    async def _fan_out(self, session_id: str, direction: str, frame: Frame, posted: bool = True) -> None:
-        """Deliver to every subscriber of a direction; a posted frame nobody reads yet is backlogged."""
-        subscribers = await self.store.subscribers(session_id, direction)
+    async def _fan_out(
+        self,
+        session_id: str,
+        direction: str,
+        frame: Frame,
+        posted: bool = True,
+        subscribers: list[SubscriberRecord] | None = None,
+    ) -> None:
+        """Deliver to every subscriber of a direction (C{subscribers}: already read with the post);
+        a posted frame nobody reads yet is backlogged."""
+        if subscribers is None:
+            subscribers = await self.store.subscribers(session_id, direction)
         if subscribers:
             await self._deliver(subscribers, frame, posted)
         elif posted:

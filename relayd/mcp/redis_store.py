@@ -1,25 +1,30 @@
 """C{IMcpStore} on Redis, shared by every relayd instance of a deployment.
 
-Layout (every key under the deployment's prefix, default C{relayd:}):
+Layout (every key under the deployment's prefix, default C{relayd:}; C{{s}} is the session id as a
+Redis Cluster hash tag, so that one session's keys share a slot):
 
-- C{mcp:s:<session>}: hash C{h} (token SHA-256 hex), C{t} (last seen, s); C{mcp:sessions}: sorted set
+- C{mcp:s:{s}}: hash C{h} (token SHA-256 hex), C{t} (last seen, s); C{mcp:sessions}: sorted set
   of session ids scored by last seen (expiry scans and the session count).
-- C{mcp:sub:<session>:<direction>}: hash subscriber id -> JSON C{[kind, label, instance, last_seen_ms,
-  parked, arrival]}; C{mcp:pollers}: sorted set of C{<session>/<direction>/<id>} of pollers scored by
-  last seen (idle pruning).
-- C{mcp:q:<queue key>}: list of encoded frames; C{mcp:qm:<queue key>}: hash C{b} (bytes queued),
-  C{d} (frames dropped since the last take).
-- C{mcp:b:<session>:<direction>}: list, the first-frame backlog.
-- C{mcp:c:<session>}: hash request-id key -> JSON C{[label, original id]}; C{mcp:co:<session>}: sorted
-  set of the same keys by insertion (oldest evicted first).
+- C{mcp:sub:{s}:<direction>}: hash subscriber id -> JSON C{[kind, label, instance, last_seen_ms,
+  parked, arrival]} (arrival from the counter C{mcp:seq}); C{mcp:pollers}: sorted set of
+  C{<session>/<direction>/<id>} of pollers scored by last seen (idle pruning).
+- C{mcp:q:{s}/<direction>/<id>}: list of encoded frames; C{mcp:qm:{s}/<direction>/<id>}: hash C{b}
+  (bytes queued), C{d} (frames dropped since the last take).
+- C{mcp:b:{s}:<direction>}: list, the first-frame backlog.
+- C{mcp:c:{s}}: hash request-id key -> JSON C{[label, original id]}; C{mcp:co:{s}}: sorted set of
+  the same keys by insertion within the session (oldest evicted first).
 - C{mcp:cl:<client id>}: JSON C{[session, label, legacy]} of a standard-endpoint client session,
   expiring after the client idle time unless touched.
 - C{mcp:buffered}: bytes of frames in every queue and backlog of the deployment, kept by the same
   scripts that add and remove them (the bound C{--mcp-max-buffered-bytes} applies to it, so in Redis
   mode it is one bound for all instances together).
 
-Every read-modify-write is one Lua script, so instances never lose each other's updates. (Keys are
-built inside the scripts: Redis Cluster is not supported; use one primary.)
+Every read-modify-write is one Lua script (C{relayd/mcp/lua/}), so instances never lose each other's
+updates; each script is given every key it touches in C{KEYS} (docs/decisions.md REDIS-1). A posted
+frame's authentication, correlation and subscriber lookup are one script (C{inbox.lua},
+C{outbox.lua}). The deployment-wide keys (C{mcp:sessions}, C{mcp:pollers}, C{mcp:seq},
+C{mcp:buffered}) are used together with a session's keys in one script: Redis Cluster is not
+supported yet; use one primary.
 """
 
 from __future__ import annotations
@@ -36,249 +41,34 @@ from relayd.mcp.store import (
     ClientRecord,
     Correlation,
     IMcpStore,
+    InboxStart,
+    OutboxStart,
     SessionRecord,
     SubscriberRecord,
+    queue_key,
 )
-from relayd.redis import Redis
+from relayd.redis import Redis, StoreUnavailable
+from relayd.redis_lua import Script, tagged
 
 STORE = "mcp"
 
-# Prepended to every script that removes frames: the buffered-bytes counter never goes below zero
-# (frames stored before the counter existed are released without ever having been counted).
-_RELEASE = b"""
-local function release(p, n)
-  if n > 0 and redis.call('DECRBY', p .. 'mcp:buffered', n) < 0 then
-    redis.call('SET', p .. 'mcp:buffered', 0)
-  end
-end
-"""
 # A parked poll lasts at most 25 s; one parked far longer belongs to an instance that died.
 STALE_PARKED_S = 120.0
+# Looks at a session's subscribers before dropping it gives up (each look sees a new subscriber).
+_DROP_ATTEMPTS = 8
 
-_CLIENTS_TOUCH = b"""
-local p, out = ARGV[1], {}
-for i = 3, #ARGV do
-  out[#out + 1] = redis.call('PEXPIRE', p .. 'mcp:cl:' .. ARGV[i], ARGV[2])
-end
-return out
-"""
-
-_SESSION_PUT = b"""
-local p, id = ARGV[1], ARGV[2]
-redis.call('HSET', p .. 'mcp:s:' .. id, 'h', ARGV[3], 't', ARGV[4])
-redis.call('ZADD', p .. 'mcp:sessions', ARGV[4], id)
-return 1
-"""
-
-_SESSION_TOUCH = b"""
-local p, id = ARGV[1], ARGV[2]
-local key = p .. 'mcp:s:' .. id
-if redis.call('EXISTS', key) == 0 then return 0 end
-redis.call('HSET', key, 't', ARGV[3])
-redis.call('ZADD', p .. 'mcp:sessions', ARGV[3], id)
-return 1
-"""
-
-# The stored and the presented token hashes are compared in Lua (not in constant time): both are
-# SHA-256 digests, so timing reveals at most how many leading hex digits of two hashes agree, which
-# says nothing useful about a token.
-_SESSION_CHECK = b"""
-local p, id = ARGV[1], ARGV[2]
-local key = p .. 'mcp:s:' .. id
-local stored = redis.call('HGET', key, 'h')
-if not stored then return 'session_gone' end
-if stored ~= ARGV[3] then return 'invalid_token' end
-redis.call('HSET', key, 't', ARGV[4])
-redis.call('ZADD', p .. 'mcp:sessions', ARGV[4], id)
-return false
-"""
-
-_SUB_ALL = b"""
-local p, s = ARGV[1], ARGV[2]
-return {redis.call('HGETALL', p .. 'mcp:sub:' .. s .. ':inbound'), redis.call('HGETALL', p .. 'mcp:sub:' .. s .. ':outbound')}
-"""
-
-_SESSION_DELETE = b"""
-local p, id = ARGV[1], ARGV[2]
-redis.call('ZREM', p .. 'mcp:sessions', id)
-return redis.call('DEL', p .. 'mcp:s:' .. id)
-"""
-
-_SUB_ADD = b"""
-local p, s, d, id, kind = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local label = ARGV[6]
-if ARGV[7] == '0' then label = false end
-local seen = tonumber(ARGV[9])
-local seq = redis.call('INCR', p .. 'mcp:seq')
-redis.call('HSET', p .. 'mcp:sub:' .. s .. ':' .. d, id, cjson.encode({kind, label, ARGV[8], seen, 0, seq}))
-local member = s .. '/' .. d .. '/' .. id
-if kind == 'poll' then
-  redis.call('ZADD', p .. 'mcp:pollers', seen, member)
-else
-  redis.call('ZREM', p .. 'mcp:pollers', member)
-end
-return 1
-"""
-
-_SUB_UPDATE = b"""
-local p, s, d, id = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local key = p .. 'mcp:sub:' .. s .. ':' .. d
-local v = redis.call('HGET', key, id)
-if not v then return 0 end
-local r = cjson.decode(v)
-if ARGV[5] ~= '' then r[4] = tonumber(ARGV[5]) end
-r[5] = r[5] + tonumber(ARGV[6])
-redis.call('HSET', key, id, cjson.encode(r))
-if r[1] == 'poll' then redis.call('ZADD', p .. 'mcp:pollers', r[4], s .. '/' .. d .. '/' .. id) end
-return 1
-"""
-
-_SUB_REMOVE = _RELEASE + b"""
-local p, s, d, id = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local key = p .. 'mcp:sub:' .. s .. ':' .. d
-local v = redis.call('HGET', key, id)
-local qk = s .. '/' .. d .. '/' .. id
-release(p, tonumber(redis.call('HGET', p .. 'mcp:qm:' .. qk, 'b') or '0'))
-redis.call('DEL', p .. 'mcp:q:' .. qk, p .. 'mcp:qm:' .. qk)
-redis.call('ZREM', p .. 'mcp:pollers', qk)
-if not v then return false end
-redis.call('HDEL', key, id)
-return v
-"""
-
-_SUB_FIND = b"""
-local p, s, id = ARGV[1], ARGV[2], ARGV[3]
-local out = {}
-for _, d in ipairs({'inbound', 'outbound'}) do
-  local v = redis.call('HGET', p .. 'mcp:sub:' .. s .. ':' .. d, id)
-  if v then out[#out + 1] = d; out[#out + 1] = v end
-end
-return out
-"""
-
-_IDLE_POLLERS = b"""
-local p, cutoff, stale = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local out = {}
-for _, m in ipairs(redis.call('ZRANGEBYSCORE', p .. 'mcp:pollers', '-inf', '(' .. cutoff)) do
-  local s, d, id = string.match(m, '^([^/]+)/([^/]+)/([^/]+)$')
-  local v = redis.call('HGET', p .. 'mcp:sub:' .. s .. ':' .. d, id)
-  if not v then
-    redis.call('ZREM', p .. 'mcp:pollers', m)
-  else
-    local r = cjson.decode(v)
-    if r[5] <= 0 or r[4] < stale then
-      out[#out + 1] = s; out[#out + 1] = d; out[#out + 1] = id; out[#out + 1] = v
-    end
-  end
-end
-return out
-"""
-
-_DROP_SESSION = _RELEASE + b"""
-local p, s = ARGV[1], ARGV[2]
-local out = {}
-for _, d in ipairs({'inbound', 'outbound'}) do
-  local key = p .. 'mcp:sub:' .. s .. ':' .. d
-  local all = redis.call('HGETALL', key)
-  for i = 1, #all, 2 do
-    local qk = s .. '/' .. d .. '/' .. all[i]
-    release(p, tonumber(redis.call('HGET', p .. 'mcp:qm:' .. qk, 'b') or '0'))
-    redis.call('DEL', p .. 'mcp:q:' .. qk, p .. 'mcp:qm:' .. qk)
-    redis.call('ZREM', p .. 'mcp:pollers', qk)
-    out[#out + 1] = d; out[#out + 1] = all[i]; out[#out + 1] = all[i + 1]
-  end
-  local backlog = p .. 'mcp:b:' .. s .. ':' .. d
-  local size = 0
-  for _, f in ipairs(redis.call('LRANGE', backlog, 0, -1)) do size = size + #f end
-  release(p, size)
-  redis.call('DEL', key, backlog)
-end
-redis.call('DEL', p .. 'mcp:c:' .. s, p .. 'mcp:co:' .. s)
-return out
-"""
-
-_PUSH = _RELEASE + b"""
-local p, k, item = ARGV[1], ARGV[2], ARGV[3]
-local max_items, max_bytes = tonumber(ARGV[4]), tonumber(ARGV[5])
-local q, m = p .. 'mcp:q:' .. k, p .. 'mcp:qm:' .. k
-local n = redis.call('RPUSH', q, item)
-local bytes = redis.call('HINCRBY', m, 'b', #item)
-redis.call('INCRBY', p .. 'mcp:buffered', #item)
-local dropped = 0
-while n > 1 and (n > max_items or bytes > max_bytes) do
-  local old = redis.call('LPOP', q)
-  bytes = redis.call('HINCRBY', m, 'b', -#old)
-  release(p, #old)
-  n = n - 1
-  dropped = dropped + 1
-end
-if dropped > 0 then redis.call('HINCRBY', m, 'd', dropped) end
-return dropped
-"""
-
-_TAKE = _RELEASE + b"""
-local p, k = ARGV[1], ARGV[2]
-local q, m = p .. 'mcp:q:' .. k, p .. 'mcp:qm:' .. k
-local items = redis.call('LRANGE', q, 0, -1)
-local dropped = redis.call('HGET', m, 'd')
-release(p, tonumber(redis.call('HGET', m, 'b') or '0'))
-redis.call('DEL', q, m)
-return {items, tonumber(dropped or '0')}
-"""
-
-_PUT_BACK = b"""
-local p, k = ARGV[1], ARGV[2]
-local q, m = p .. 'mcp:q:' .. k, p .. 'mcp:qm:' .. k
-for i = #ARGV, 3, -1 do
-  redis.call('LPUSH', q, ARGV[i])
-  redis.call('HINCRBY', m, 'b', #ARGV[i])
-  redis.call('INCRBY', p .. 'mcp:buffered', #ARGV[i])
-end
-return 1
-"""
-
-_BACKLOG_APPEND = _RELEASE + b"""
-local p, key, cap = ARGV[1], ARGV[2], tonumber(ARGV[4])
-local n = redis.call('RPUSH', key, ARGV[3])
-redis.call('INCRBY', p .. 'mcp:buffered', #ARGV[3])
-while n > cap do
-  release(p, #redis.call('LPOP', key))
-  n = n - 1
-end
-return 1
-"""
-
-_BACKLOG_TAKE = _RELEASE + b"""
-local p, key = ARGV[1], ARGV[2]
-local items = redis.call('LRANGE', key, 0, -1)
-local size = 0
-for _, f in ipairs(items) do size = size + #f end
-release(p, size)
-redis.call('DEL', key)
-return items
-"""
-
-_CORRELATION_RECORD = b"""
-local p, s, key, cap = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[5])
-local c, co = p .. 'mcp:c:' .. s, p .. 'mcp:co:' .. s
-redis.call('HSET', c, key, ARGV[4])
-redis.call('ZADD', co, redis.call('INCR', p .. 'mcp:cseq'), key)
-while redis.call('ZCARD', co) > cap do
-  local oldest = redis.call('ZPOPMIN', co)
-  redis.call('HDEL', c, oldest[1])
-end
-return 1
-"""
-
-_CORRELATION_CONSUME = b"""
-local p, s, key = ARGV[1], ARGV[2], ARGV[3]
-local c = p .. 'mcp:c:' .. s
-local v = redis.call('HGET', c, key)
-if not v then return false end
-redis.call('HDEL', c, key)
-redis.call('ZREM', p .. 'mcp:co:' .. s, key)
-return v
-"""
+_PACKAGE = "relayd.mcp"
+# The scripts that remove frames share release.lua (the buffered total never goes below zero).
+_RELEASING = ("sub_remove", "drop_session", "push", "take", "backlog_append", "backlog_take")
+_SCRIPTS = {
+    name: Script(_PACKAGE, name, ("release",) if name in _RELEASING else ())
+    for name in (
+        "clients_touch", "session_put", "session_touch", "session_check", "session_delete", "sub_all",
+        "sub_add", "sub_update", "sub_remove", "sub_find", "poller_check", "drop_session", "push", "take",
+        "put_back", "backlog_append", "backlog_take", "correlation_record", "correlation_consume",
+        "inbox", "outbox",
+    )
+}  # fmt: skip
 
 
 def _ms(seconds: float) -> int:
@@ -311,18 +101,44 @@ class RedisStore:
     def __init__(self, redis: Redis, prefix: str = "relayd:") -> None:
         self.redis = redis
         self.prefix = prefix.encode("utf-8")
+        p = self.prefix + b"mcp:"
+        self._sessions = p + b"sessions"
+        self._pollers = p + b"pollers"
+        self._buffered = p + b"buffered"
+        self._seq = p + b"seq"
 
-    def _key(self, *parts: str) -> bytes:
-        return self.prefix + b"mcp:" + ":".join(parts).encode("utf-8")
+    # key names (docs/decisions.md REDIS-1: a session's keys carry the session as their hash tag)
 
-    def _eval(self, script: bytes, *args: Any) -> Deferred[Any]:
-        return self.redis.eval(STORE, script, [], [self.prefix, *args])
+    def _session_key(self, session_id: str) -> bytes:
+        return self.prefix + b"mcp:s:" + tagged(session_id.encode("utf-8"))
+
+    def _sub_key(self, session_id: str, direction: str) -> bytes:
+        return self.prefix + b"mcp:sub:" + tagged(session_id.encode("utf-8")) + b":" + direction.encode("utf-8")
+
+    def _backlog_key(self, session_id: str, direction: str) -> bytes:
+        return self.prefix + b"mcp:b:" + tagged(session_id.encode("utf-8")) + b":" + direction.encode("utf-8")
+
+    def _correlation_keys(self, session_id: str) -> tuple[bytes, bytes]:
+        tag = tagged(session_id.encode("utf-8"))
+        return self.prefix + b"mcp:c:" + tag, self.prefix + b"mcp:co:" + tag
+
+    def _queue_keys(self, key: str) -> tuple[bytes, bytes]:
+        """The list and the counters of the queue C{<session>/<direction>/<subscriber>}."""
+        session, _, rest = key.encode("utf-8").partition(b"/")
+        tail = tagged(session) + b"/" + rest
+        return self.prefix + b"mcp:q:" + tail, self.prefix + b"mcp:qm:" + tail
+
+    def _client_key(self, client_id: str) -> bytes:
+        return self.prefix + b"mcp:cl:" + client_id.encode("utf-8")
+
+    def _run(self, name: str, keys: list[bytes], *args: Any) -> Deferred[Any]:
+        return _SCRIPTS[name](self.redis, STORE, keys, args)
 
     # client sessions
 
     def put_client(self, client_id: str, record: ClientRecord, idle_ms: float) -> Deferred[None]:
         value = orjson.dumps([record.session, record.label, record.legacy])
-        d = self.redis.execute(STORE, "SET", self._key("cl", client_id), value, "PX", max(1, int(idle_ms)))
+        d = self.redis.execute(STORE, "SET", self._client_key(client_id), value, "PX", max(1, int(idle_ms)))
         return d.addCallback(_none)
 
     def get_client(self, client_id: str) -> Deferred[ClientRecord | None]:
@@ -332,16 +148,16 @@ class RedisStore:
             session, label, legacy = orjson.loads(value)
             return ClientRecord(session, label, bool(legacy))
 
-        return self.redis.execute(STORE, "GET", self._key("cl", client_id)).addCallback(build)
+        return self.redis.execute(STORE, "GET", self._client_key(client_id)).addCallback(build)
 
     def touch_clients(self, client_ids: list[str], idle_ms: float) -> Deferred[list[bool]]:
         if not client_ids:
             return _fired_with([])
-        d = self._eval(_CLIENTS_TOUCH, max(1, int(idle_ms)), *client_ids)
+        d = self._run("clients_touch", [self._client_key(c) for c in client_ids], max(1, int(idle_ms)))
         return d.addCallback(lambda flags: [int(f) == 1 for f in flags])
 
     def delete_client(self, client_id: str) -> Deferred[bool]:
-        return self.redis.execute(STORE, "DEL", self._key("cl", client_id)).addCallback(lambda n: int(n) > 0)
+        return self.redis.execute(STORE, "DEL", self._client_key(client_id)).addCallback(lambda n: int(n) > 0)
 
     # sessions
 
@@ -352,137 +168,236 @@ class RedisStore:
                 return None
             return SessionRecord(session_id, _text(digest), float(seen))
 
-        return self.redis.execute(STORE, "HMGET", self._key("s", session_id), "h", "t").addCallback(build)
+        return self.redis.execute(STORE, "HMGET", self._session_key(session_id), "h", "t").addCallback(build)
 
     def put_session(self, record: SessionRecord) -> Deferred[None]:
-        return self._eval(_SESSION_PUT, record.id, record.token_hash, repr(record.last_seen)).addCallback(_none)
+        keys = [self._session_key(record.id), self._sessions]
+        return self._run("session_put", keys, record.id, record.token_hash, repr(record.last_seen)).addCallback(_none)
 
     def touch_session(self, session_id: str, now: float) -> Deferred[None]:
-        return self._eval(_SESSION_TOUCH, session_id, repr(now)).addCallback(_none)
+        keys = [self._session_key(session_id), self._sessions]
+        return self._run("session_touch", keys, session_id, repr(now)).addCallback(_none)
 
     def check_session(self, session_id: str, token_hash: str, now: float) -> Deferred[str | None]:
-        d = self._eval(_SESSION_CHECK, session_id, token_hash, repr(now))
+        keys = [self._session_key(session_id), self._sessions]
+        d = self._run("session_check", keys, session_id, token_hash, repr(now))
         return d.addCallback(lambda reason: None if reason is None else _text(reason))
 
     def delete_session(self, session_id: str) -> Deferred[bool]:
-        return self._eval(_SESSION_DELETE, session_id).addCallback(lambda n: int(n) > 0)
+        keys = [self._session_key(session_id), self._sessions]
+        return self._run("session_delete", keys, session_id).addCallback(lambda n: int(n) > 0)
 
     def expired_session_ids(self, cutoff: float) -> Deferred[list[str]]:
-        d = self.redis.execute(STORE, "ZRANGEBYSCORE", self.prefix + b"mcp:sessions", "-inf", f"({cutoff!r}")
+        d = self.redis.execute(STORE, "ZRANGEBYSCORE", self._sessions, "-inf", f"({cutoff!r}")
         return d.addCallback(lambda ids: [_text(i) for i in ids])
 
     def session_count(self) -> Deferred[int]:
-        return self.redis.execute(STORE, "ZCARD", self.prefix + b"mcp:sessions").addCallback(int)
+        return self.redis.execute(STORE, "ZCARD", self._sessions).addCallback(int)
 
     # subscribers
 
     def add_subscriber(self, record: SubscriberRecord) -> Deferred[None]:
-        return self._eval(
-            _SUB_ADD,
-            record.session,
-            record.direction,
+        return self._run(
+            "sub_add",
+            [self._sub_key(record.session, record.direction), self._seq, self._pollers],
             record.id,
             record.kind,
             record.label or "",
             "0" if record.label is None else "1",
             record.instance,
             _ms(record.last_seen),
+            record.queue_key,
         ).addCallback(_none)
 
     def get_subscriber(self, session_id: str, direction: str, subscriber_id: str) -> Deferred[SubscriberRecord | None]:
-        d = self.redis.execute(STORE, "HGET", self._key("sub", session_id, direction), subscriber_id)
+        d = self.redis.execute(STORE, "HGET", self._sub_key(session_id, direction), subscriber_id)
         return d.addCallback(lambda v: None if v is None else _record(session_id, direction, subscriber_id, v))
 
     def find_subscriber(self, session_id: str, subscriber_id: str) -> Deferred[list[SubscriberRecord]]:
         def build(flat: list[Any]) -> list[SubscriberRecord]:
             return [_record(session_id, _text(d), subscriber_id, v) for d, v in zip(flat[::2], flat[1::2], strict=True)]
 
-        return self._eval(_SUB_FIND, session_id, subscriber_id).addCallback(build)
+        keys = [self._sub_key(session_id, INBOUND), self._sub_key(session_id, OUTBOUND)]
+        return self._run("sub_find", keys, subscriber_id).addCallback(build)
 
     def subscribers(self, session_id: str, direction: str) -> Deferred[list[SubscriberRecord]]:
-        d = self.redis.execute(STORE, "HGETALL", self._key("sub", session_id, direction))
+        d = self.redis.execute(STORE, "HGETALL", self._sub_key(session_id, direction))
         return d.addCallback(lambda flat: _records(session_id, direction, flat))
 
     def all_subscribers(self, session_id: str) -> Deferred[tuple[list[SubscriberRecord], list[SubscriberRecord]]]:
         def build(both: list[Any]) -> tuple[list[SubscriberRecord], list[SubscriberRecord]]:
             return _records(session_id, INBOUND, both[0] or []), _records(session_id, OUTBOUND, both[1] or [])
 
-        return self._eval(_SUB_ALL, session_id).addCallback(build)
+        keys = [self._sub_key(session_id, INBOUND), self._sub_key(session_id, OUTBOUND)]
+        return self._run("sub_all", keys).addCallback(build)
 
     def update_subscriber(
         self, session_id: str, direction: str, subscriber_id: str, last_seen: float | None, parked_delta: int
     ) -> Deferred[None]:
         seen = "" if last_seen is None else _ms(last_seen)
-        return self._eval(_SUB_UPDATE, session_id, direction, subscriber_id, seen, parked_delta).addCallback(_none)
+        member = queue_key(session_id, direction, subscriber_id)
+        keys = [self._sub_key(session_id, direction), self._pollers]
+        return self._run("sub_update", keys, subscriber_id, seen, parked_delta, member).addCallback(_none)
 
     def remove_subscriber(self, session_id: str, direction: str, subscriber_id: str) -> Deferred[SubscriberRecord | None]:
-        d = self._eval(_SUB_REMOVE, session_id, direction, subscriber_id)
+        member = queue_key(session_id, direction, subscriber_id)
+        q, qm = self._queue_keys(member)
+        keys = [self._sub_key(session_id, direction), q, qm, self._pollers, self._buffered]
+        d = self._run("sub_remove", keys, subscriber_id, member)
         return d.addCallback(lambda v: None if not v else _record(session_id, direction, subscriber_id, v))
 
     def idle_pollers(self, cutoff: float) -> Deferred[list[SubscriberRecord]]:
-        def build(flat: list[Any]) -> list[SubscriberRecord]:
-            return [
-                _record(_text(flat[i]), _text(flat[i + 1]), flat[i + 2], flat[i + 3]) for i in range(0, len(flat), 4)
-            ]
+        return Deferred.fromCoroutine(self._idle_pollers(cutoff))
 
+    async def _idle_pollers(self, cutoff: float) -> list[SubscriberRecord]:
+        members = await self.redis.execute(STORE, "ZRANGEBYSCORE", self._pollers, "-inf", f"({_ms(cutoff)}")
         stale = _ms(cutoff - STALE_PARKED_S)
-        return self._eval(_IDLE_POLLERS, _ms(cutoff), stale).addCallback(build)
+        checks = []
+        for member in members:
+            session, direction, subscriber = _text(member).split("/")
+            d = self._run("poller_check", [self._pollers, self._sub_key(session, direction)], member, subscriber, stale)
+            checks.append((session, direction, subscriber, d))  # sent at once, answered in order
+        found = []
+        for session, direction, subscriber, d in checks:
+            packed = await d
+            if packed:
+                found.append(_record(session, direction, subscriber, packed))
+        return found
 
     def drop_session_state(self, session_id: str) -> Deferred[list[SubscriberRecord]]:
-        def build(flat: list[Any]) -> list[SubscriberRecord]:
-            return [_record(session_id, _text(flat[i]), flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
+        return Deferred.fromCoroutine(self._drop_session_state(session_id))
 
-        return self._eval(_DROP_SESSION, session_id).addCallback(build)
+    async def _drop_session_state(self, session_id: str) -> list[SubscriberRecord]:
+        c, co = self._correlation_keys(session_id)
+        fixed = [
+            self._sub_key(session_id, INBOUND),
+            self._sub_key(session_id, OUTBOUND),
+            self._backlog_key(session_id, INBOUND),
+            self._backlog_key(session_id, OUTBOUND),
+            c,
+            co,
+            self._pollers,
+            self._buffered,
+        ]
+        for _ in range(_DROP_ATTEMPTS):
+            # The script needs every queue's keys up front: look, then drop unless a subscriber
+            # arrived meanwhile (then look again).
+            both = await self._run("sub_all", fixed[:2])
+            keys, args = list(fixed), [session_id]
+            for direction, flat in zip((INBOUND, OUTBOUND), both):
+                for subscriber in (flat or [])[::2]:
+                    keys += self._queue_keys(queue_key(session_id, direction, _text(subscriber)))
+                    args.append(f"{direction}/{_text(subscriber)}")
+            flat = await self._run("drop_session", keys, *args)
+            if int(flat[0]) == 1:
+                return [_record(session_id, _text(flat[i]), flat[i + 1], flat[i + 2]) for i in range(1, len(flat), 3)]
+        # Readers subscribing faster than the session can be dropped: the caller retries later.
+        raise StoreUnavailable(STORE, "the session's subscribers kept changing while it was dropped")
+
+    # posts
+
+    def start_inbox(
+        self,
+        session_id: str,
+        token_hash: str,
+        now: float,
+        direction: str,
+        key: bytes | None,
+        correlation: Correlation | None,
+        cap: int,
+    ) -> Deferred[InboxStart]:
+        c, co = self._correlation_keys(session_id)
+        keys = [self._session_key(session_id), self._sessions, c, co, self._sub_key(session_id, direction)]
+        value = b"" if correlation is None else _correlation_value(correlation)
+
+        def build(reply: list[Any]) -> InboxStart:
+            if reply[0] is not None:
+                return InboxStart(_text(reply[0]))
+            return InboxStart(None, int(reply[1]) == 1, int(reply[2]) == 1, _records(session_id, direction, reply[3]))
+
+        d = self._run("inbox", keys, session_id, token_hash, repr(now), b"" if key is None else key, value, cap)
+        return d.addCallback(build)
+
+    def start_outbox(self, session_id: str, token_hash: str, now: float, key: bytes | None) -> Deferred[OutboxStart]:
+        c, co = self._correlation_keys(session_id)
+        keys = [
+            self._session_key(session_id),
+            self._sessions,
+            c,
+            co,
+            self._sub_key(session_id, INBOUND),
+            self._sub_key(session_id, OUTBOUND),
+        ]
+
+        def build(reply: list[Any]) -> OutboxStart:
+            if reply[0] is not None:
+                return OutboxStart(_text(reply[0]))
+            return OutboxStart(
+                None,
+                _correlation(reply[1]),
+                _records(session_id, INBOUND, reply[2] or []),
+                _records(session_id, OUTBOUND, reply[3] or []),
+            )
+
+        d = self._run("outbox", keys, session_id, token_hash, repr(now), b"" if key is None else key)
+        return d.addCallback(build)
 
     # queues
 
     def push(self, key: str, item: bytes, max_items: int, max_bytes: int) -> Deferred[int]:
-        return self._eval(_PUSH, key, item, max_items, max_bytes).addCallback(int)
+        return self._run("push", [*self._queue_keys(key), self._buffered], item, max_items, max_bytes).addCallback(int)
 
     def take(self, key: str) -> Deferred[tuple[list[bytes], int]]:
-        return self._eval(_TAKE, key).addCallback(lambda r: (list(r[0] or []), int(r[1])))
+        d = self._run("take", [*self._queue_keys(key), self._buffered])
+        return d.addCallback(lambda r: (list(r[0] or []), int(r[1])))
 
     def put_back(self, key: str, items: list[bytes]) -> Deferred[None]:
         if not items:
             return _fired()
-        return self._eval(_PUT_BACK, key, *items).addCallback(_none)
+        return self._run("put_back", [*self._queue_keys(key), self._buffered], *items).addCallback(_none)
 
     def size(self, key: str) -> Deferred[int]:
-        return self.redis.execute(STORE, "LLEN", self.prefix + b"mcp:q:" + key.encode()).addCallback(int)
+        return self.redis.execute(STORE, "LLEN", self._queue_keys(key)[0]).addCallback(int)
 
     def buffered_bytes(self) -> Deferred[int]:
-        d = self.redis.execute(STORE, "GET", self.prefix + b"mcp:buffered")
+        d = self.redis.execute(STORE, "GET", self._buffered)
         return d.addCallback(lambda n: max(0, int(n or 0)))
 
     # backlogs
 
     def append_backlog(self, session_id: str, direction: str, frame: bytes, cap: int) -> Deferred[None]:
-        key = self._key("b", session_id, direction)
-        return self._eval(_BACKLOG_APPEND, key, frame, cap).addCallback(_none)
+        keys = [self._backlog_key(session_id, direction), self._buffered]
+        return self._run("backlog_append", keys, frame, cap).addCallback(_none)
 
     def take_backlog(self, session_id: str, direction: str) -> Deferred[list[bytes]]:
-        key = self._key("b", session_id, direction)
-        return self._eval(_BACKLOG_TAKE, key).addCallback(lambda items: list(items or []))
+        keys = [self._backlog_key(session_id, direction), self._buffered]
+        return self._run("backlog_take", keys).addCallback(lambda items: list(items or []))
 
     # correlations
 
     def record_correlation(self, session_id: str, key: bytes, correlation: Correlation, cap: int) -> Deferred[None]:
-        original = None if correlation.original_id is None else correlation.original_id.decode("utf-8")
-        value = orjson.dumps([correlation.label, original])
-        return self._eval(_CORRELATION_RECORD, session_id, key, value, cap).addCallback(_none)
+        keys = list(self._correlation_keys(session_id))
+        return self._run("correlation_record", keys, key, _correlation_value(correlation), cap).addCallback(_none)
 
     def correlation_pending(self, session_id: str, key: bytes) -> Deferred[bool]:
-        d = self.redis.execute(STORE, "HEXISTS", self._key("c", session_id), key)
+        d = self.redis.execute(STORE, "HEXISTS", self._correlation_keys(session_id)[0], key)
         return d.addCallback(lambda n: int(n) == 1)
 
     def consume_correlation(self, session_id: str, key: bytes) -> Deferred[Correlation | None]:
-        def build(value: Any) -> Correlation | None:
-            if not value:
-                return None
-            label, original = orjson.loads(value)
-            return Correlation(label, None if original is None else original.encode("utf-8"))
+        keys = list(self._correlation_keys(session_id))
+        return self._run("correlation_consume", keys, key).addCallback(_correlation)
 
-        return self._eval(_CORRELATION_CONSUME, session_id, key).addCallback(build)
+
+def _correlation_value(correlation: Correlation) -> bytes:
+    original = None if correlation.original_id is None else correlation.original_id.decode("utf-8")
+    return orjson.dumps([correlation.label, original])
+
+
+def _correlation(value: Any) -> Correlation | None:
+    if not value:
+        return None
+    label, original = orjson.loads(value)
+    return Correlation(label, None if original is None else original.encode("utf-8"))
 
 
 def _none(_: Any) -> None:

@@ -235,7 +235,55 @@ class IClientSessions(Interface):
         """End a client session; C{True} if it existed."""
 
 
-class IMcpStore(ISessionStore, ISubscriberStore, IFrameQueues, IBacklogs, ICorrelations, IClientSessions):
+@dataclass(slots=True)
+class InboxStart:
+    """What a frame posted to C{inbox} needs from the store before it is delivered.
+
+    @ivar reason: C{None} when the session and token are good, else the refusal (nothing else read).
+    @ivar taken: the request's id was already pending.
+    @ivar recorded: its correlation was recorded (labelled poster, id not taken).
+    @ivar subscribers: the readers of the frame's direction.
+    """
+
+    reason: str | None
+    taken: bool = False
+    recorded: bool = False
+    subscribers: list[SubscriberRecord] | None = None
+
+
+@dataclass(slots=True)
+class OutboxStart:
+    """What a frame posted to C{outbox} needs: the refusal, or the reply's correlation (consumed)
+    and both directions' readers."""
+
+    reason: str | None
+    correlation: Correlation | None = None
+    inbound: list[SubscriberRecord] | None = None
+    outbound: list[SubscriberRecord] | None = None
+
+
+class IPosts(Interface):
+    """A posted frame's store work in one call (one Redis round trip, docs/performance.md)."""
+
+    def start_inbox(
+        session_id: str,
+        token_hash: str,
+        now: float,
+        direction: str,
+        key: bytes | None,
+        correlation: Correlation | None,
+        cap: int,
+    ) -> Deferred[InboxStart]:
+        """L{ISessionStore.check_session}; when it passes and C{key} is given,
+        L{ICorrelations.correlation_pending}, then, when not pending and C{correlation} is given,
+        L{ICorrelations.record_correlation}; then the subscribers of C{direction}."""
+
+    def start_outbox(session_id: str, token_hash: str, now: float, key: bytes | None) -> Deferred[OutboxStart]:
+        """L{ISessionStore.check_session}; when it passes, L{ICorrelations.consume_correlation} of
+        C{key} (if given) and L{ISubscriberStore.all_subscribers}."""
+
+
+class IMcpStore(ISessionStore, ISubscriberStore, IFrameQueues, IBacklogs, ICorrelations, IClientSessions, IPosts):
     """Everything the MCP broker keeps outside its own process's connections."""
 
 
@@ -296,13 +344,16 @@ class MemoryStore:
         return succeed(None)
 
     def check_session(self, session_id: str, token_hash: str, now: float) -> Deferred[str | None]:
+        return succeed(self._check(session_id, token_hash, now))
+
+    def _check(self, session_id: str, token_hash: str, now: float) -> str | None:
         record = self.sessions.get(session_id)
         if record is None:
-            return succeed("session_gone")
+            return "session_gone"
         if not hmac.compare_digest(record.token_hash, token_hash):
-            return succeed("invalid_token")
+            return "invalid_token"
         record.last_seen = now
-        return succeed(None)
+        return None
 
     def delete_session(self, session_id: str) -> Deferred[bool]:
         return succeed(self.sessions.pop(session_id, None) is not None)
@@ -474,3 +525,39 @@ class MemoryStore:
         pending = self.correlations.get(session_id)
         return succeed(None if pending is None else pending.pop(key, None))
 
+    # posts
+
+    def start_inbox(
+        self,
+        session_id: str,
+        token_hash: str,
+        now: float,
+        direction: str,
+        key: bytes | None,
+        correlation: Correlation | None,
+        cap: int,
+    ) -> Deferred[InboxStart]:
+        reason = self._check(session_id, token_hash, now)
+        if reason is not None:
+            return succeed(InboxStart(reason))
+        taken = recorded = False
+        if key is not None:
+            taken = key in self.correlations.get(session_id, ())
+            if not taken and correlation is not None:
+                self.record_correlation(session_id, key, correlation, cap)
+                recorded = True
+        subscribers = list(self.subs.get(session_id, {}).get(direction, {}).values())
+        return succeed(InboxStart(None, taken, recorded, subscribers))
+
+    def start_outbox(self, session_id: str, token_hash: str, now: float, key: bytes | None) -> Deferred[OutboxStart]:
+        reason = self._check(session_id, token_hash, now)
+        if reason is not None:
+            return succeed(OutboxStart(reason))
+        correlation = None
+        if key is not None:
+            pending = self.correlations.get(session_id)
+            correlation = None if pending is None else pending.pop(key, None)
+        by_dir = self.subs.get(session_id, {})
+        inbound = list(by_dir.get(INBOUND, {}).values())
+        outbound = list(by_dir.get(OUTBOUND, {}).values())
+        return succeed(OutboxStart(None, correlation, inbound, outbound))

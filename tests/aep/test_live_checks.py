@@ -358,5 +358,5 @@ class StateIsInRedis(OnRedis, TestCase):
         response, _ = await relay.post(event("in-redis", 0))
         self.assertEqual(response.code, 202)
         prefix = relay.core.log.prefix
-        members = await relay.redis.execute("test", "ZRANGE", prefix + b"aep:s:in-redis", 0, -1)
+        members = await relay.redis.execute("test", "ZRANGE", prefix + b"aep:s:{in-redis}", 0, -1)
         self.assertEqual(len(members), 1)

@@ -178,3 +178,32 @@ class MemoryLogProperty(TestCase):
             assert self.successResultOf(log.sessions()) == list(model.buffers)
             for session, held in model.buffers.items():
                 assert list(self.successResultOf(log.replay(session, (0, -1))).events) == held
+
+
+@expand
+class RedisLogProperty(TestCase):
+    @cases(*[3, 4])  # with session evictions (of sessions in the batch and of others); long runs
+    async def test_redis_log_matches_the_one_event_at_a_time_rules(self, max_sessions: int) -> None:
+        # The Lua append keeps per-run recency, per-session counters and deferred drops of evicted
+        # sessions (relayd/aep/lua/append.lua): its answers and contents must still be the plain
+        # model's after every batch.
+        server = shared_redis()
+        redis = await connected_redis(server.url)
+        self.addCleanup(redis.close)
+        log = RedisEventLog(redis, capacity=5, max_sessions=max_sessions, prefix=f"t{next(_prefixes)}:{id(self)}:")
+        model = ReferenceLog(capacity=5, max_sessions=max_sessions)
+        rng = random.Random(11)
+        seq = itertools.count()
+        for _ in range(300):
+            batch = []
+            for _ in range(rng.choice([1, 3, 8])):
+                session = rng.choice("abcde")
+                position = next(seq) if rng.random() < 0.8 else rng.randrange(0, 40)
+                reused = {"id": f"again-{rng.randrange(3)}"} if rng.random() < 0.1 else {}
+                batch.append(ev(session, position, **reused))
+            assert await log.append(batch) == model.append(batch)
+            assert await log.sessions() == list(model.buffers)
+            for session in "abcde":
+                held = [e.payload(None) for e in model.buffers.get(session, [])]
+                replayed = (await log.replay(session, (0, -1))).events
+                assert [e.payload(None) for e in replayed] == held, session

@@ -314,7 +314,7 @@ class RedisReceiptStoreTests(ReceiptStoreContract, TestCase):
         b = await self.make(prefix=self.prefix)
         await a.claim(P, "r", digest(b"x"))
         # The holder crashed: its lease lapses (deleted here rather than waited for).
-        await self.redis.execute("t", "DEL", (self.prefix + f"buzz:l:{P}:r").encode())
+        await self.redis.execute("t", "DEL", (self.prefix + f"buzz:l:{{{P}:r}}").encode())
         assert (await b.claim(P, "r", digest(b"x"))).status == "new"
         with self.assertRaises(Exception) as info:
             await a.store_plan(P, "r", digest(b"x"), b"{}")
@@ -340,7 +340,7 @@ class RedisReceiptStoreTests(ReceiptStoreContract, TestCase):
         a = await self.make()
         await a.claim(P, "r", digest(b"x"))
         await a.complete(P, "r", digest(b"x"), b"{}", [])
-        ttl = await self.redis.execute("t", "TTL", (self.prefix + f"buzz:r:{P}:r").encode())
+        ttl = await self.redis.execute("t", "TTL", (self.prefix + f"buzz:r:{{{P}:r}}").encode())
         assert 0 < int(ttl) <= 30 * 24 * 3600
 
     async def test_redis_down_fails_fast(self) -> None:

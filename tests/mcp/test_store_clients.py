@@ -47,7 +47,7 @@ class RedisClientSessions(ClientSessionsContract, TestCase):
         await store.put_client("c1", ClientRecord("sess", "mcp-1"), 1)
         # Redis expires the key within its resolution; a touch after that finds it gone.
         redis = store.redis  # type: ignore[attr-defined]
-        ttl = await redis.execute("mcp", "PTTL", store._key("cl", "c1"))  # type: ignore[attr-defined]
+        ttl = await redis.execute("mcp", "PTTL", store._client_key("c1"))  # type: ignore[attr-defined]
         self.assertLessEqual(int(ttl), 1)
         await store.put_client("c2", ClientRecord("sess", "mcp-2"), 600_000)
-        self.assertGreater(int(await redis.execute("mcp", "PTTL", store._key("cl", "c2"))), 500_000)  # type: ignore[attr-defined]
+        self.assertGreater(int(await redis.execute("mcp", "PTTL", store._client_key("c2"))), 500_000)  # type: ignore[attr-defined]
