@@ -128,7 +128,7 @@ class RedisEventLog:
             # The posted bytes when they are the wire form (no copy kept on the event).
             payload = event.raw if event.raw is not None else event.payload(None)
             add((pack(len(number), len(position), len(key), len(payload)), number, position, key, payload))
-        sessions = [s.encode("utf-8") for s in numbers]  # type: ignore[union-attr]
+        sessions = [s.encode("utf-8") for s in numbers]
         keys = [self._lru, self._clock, self._evicting]
         for name in sessions:
             keys += self._session_keys(name)
@@ -158,7 +158,7 @@ class RedisEventLog:
         else:
             low = b"(" + _epoch_key(epoch) + encode_int(seq) + b"\xff"
         name = session.encode("utf-8")
-        keys = self._session_keys(name)[:2] + [self._evicting]
+        keys = [*self._session_keys(name)[:2], self._evicting]
         args = [name, low, limit or 0]
 
         def build(reply: bytes) -> Replay:

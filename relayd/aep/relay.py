@@ -411,8 +411,11 @@ class Relay:
             d = self.log.append(sequenced, publish=True)  # type: ignore[call-arg]
         else:
             d = self.log.append(sequenced) if sequenced else succeed(None)
-        d.addCallback(lambda _: self._dispatch_stored(events, sender, published))
-        return d
+
+        def stored(_: object) -> None:
+            self._dispatch_stored(events, sender, published)
+
+        return d.addCallback(stored)
 
     def _dispatch_stored(self, events: Sequence[Event], sender: Emitter | None, published: bool = False) -> None:
         """L{_dispatch} once the store has the events: a failure there is logged, never reported to

@@ -103,7 +103,7 @@ class RedisReceipts:
 
     def _keys(self, principal: str, request_id: str) -> tuple[bytes, bytes]:
         # The receipt and its lease are used by one script together: one hash tag, one Cluster slot.
-        tail = tagged(f"{principal}:{request_id}".encode("utf-8"))
+        tail = tagged(f"{principal}:{request_id}".encode())
         return self.prefix + b"buzz:r:" + tail, self.prefix + b"buzz:l:" + tail
 
     def _token(self, principal: str, request_id: str) -> bytes:

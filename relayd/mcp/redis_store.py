@@ -284,7 +284,7 @@ class RedisStore:
             # arrived meanwhile (then look again).
             both = await self._run("sub_all", fixed[:2])
             keys, args = list(fixed), [session_id]
-            for direction, flat in zip((INBOUND, OUTBOUND), both):
+            for direction, flat in zip((INBOUND, OUTBOUND), both, strict=False):
                 for subscriber in (flat or [])[::2]:
                     keys += self._queue_keys(queue_key(session_id, direction, _text(subscriber)))
                     args.append(f"{direction}/{_text(subscriber)}")
