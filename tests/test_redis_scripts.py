@@ -62,6 +62,7 @@ def _every_script() -> list[Script]:
     scripts = list(mcp_store._SCRIPTS.values())
     scripts += [aep_store._APPEND, aep_store._DROP, aep_store._REPLAY, redis_cluster._ROSTER]
     scripts += [redis_state._CLAIM, redis_state._STORE_PLAN, redis_state._COMPLETE, redis_state._RELEASE]
+    scripts += [redis_state._INDEX, redis_state._TRIM]
     return scripts
 
 
@@ -224,10 +225,14 @@ class DeclaredKeys(Watched):
         async def no_effects(effects: list[dict[str, Any]]) -> None:
             return None
 
-        receipts = RedisReceipts(self.redis, Clock(reactor), no_effects, prefix="k:")
+        receipts = RedisReceipts(self.redis, Clock(reactor), no_effects, prefix="k:", max_receipts=1)
         await receipts.claim("p", "r1", b"d" * 32)
         await receipts.store_plan("p", "r1", b"d" * 32, b"plan")
         await receipts.complete("p", "r1", b"d" * 32, b'{"ok":true}', [])
+        await receipts.claim("p", "r0", b"d" * 32)
+        await receipts.complete("p", "r0", b"d" * 32, b'{"ok":true}', [])  # past the cap of 1: a trim
+        assert receipts.trimming is not None
+        await receipts.trimming
         await receipts.claim("p", "r2", b"d" * 32)
         await receipts.release("p", "r2")
         await receipts.close()

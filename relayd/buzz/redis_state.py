@@ -12,6 +12,8 @@ Layout (every key under the deployment's prefix, default C{relayd:}):
 - C{buzz:l:{<principal>:<requestId>}}: the claim's lease, the holder's token, with a millisecond
   expiry. While it lives, other instances wait; when the holder crashes it lapses and the next
   claim takes over (a stored plan is resumed, a bare claim executes afresh).
+- C{buzz:i:{<principal>}}: the agent's settled requestIds by settle time (a sorted set), for the
+  per-agent cap (--broker-max-receipts): past it, the oldest settled receipts are deleted.
 - C{buzz:settled}: pub/sub channel; the receipt key is published when a claim ends (verdict or
   release), so waiters on every instance claim again at once instead of at their next poll.
 
@@ -32,11 +34,13 @@ from typing import Any, Callable
 from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from relayd.buzz.state import (
     BUSY,
     CONFLICT,
+    MAX_RECEIPTS,
     NEW,
     Claim,
     IReceiptStore,
@@ -57,6 +61,8 @@ _STORE_PLAN = Script("relayd.buzz", "store_plan")
 _COMPLETE = Script("relayd.buzz", "complete")
 
 _RELEASE = Script("relayd.buzz", "release")
+_INDEX = Script("relayd.buzz", "index")
+_TRIM = Script("relayd.buzz", "trim")
 
 
 @implementer(IReceiptStore)
@@ -82,8 +88,12 @@ class RedisReceipts:
         lease: float = 65.0,
         bus: RedisBus | None = None,
         retention: int = RETENTION,
+        max_receipts: int = MAX_RECEIPTS,
     ) -> None:
         self.redis = redis
+        self.max_receipts = max(1, int(max_receipts))
+        # The running trim of an agent's receipts past the cap (at most one at a time), for tests.
+        self.trimming: defer.Deferred[None] | None = None
         self.clock = clock
         self.retention = max(1, int(retention))
         self.apply_effects = apply_effects
@@ -188,7 +198,46 @@ class RedisReceipts:
             [digest, response, token, self.retention, b"1" if is_read_page(response) else b"0", self.channel],
         )
         self._tokens.pop((principal, request_id), None)
+        await self._index(principal, request_id)
         return bytes(stored)
+
+    # --- the per-agent cap (docs/decisions.md B-12)
+
+    def _index_key(self, principal: str) -> bytes:
+        return self.prefix + b"buzz:i:" + tagged(principal.encode())
+
+    async def _index(self, principal: str, request_id: str) -> None:
+        """Index the settled receipt under its agent; past the cap, trim the oldest in the background.
+
+        The verdict is already stored: a failure here costs only the bound, so it is logged, never
+        answered (the agent's index is rebuilt by its next settled requests).
+        """
+        try:
+            now_ms = int(self.clock.seconds() * 1000)
+            args = [now_ms, request_id.encode(), self.retention, self.max_receipts]
+            oldest = await _INDEX(self.redis, STORE, [self._index_key(principal)], args)
+        except Exception as e:
+            self._log.warn("could not index a broker receipt for the per-agent cap: {why}", why=str(e))
+            return
+        if oldest and self.trimming is None:
+            self.trimming = defer.Deferred.fromCoroutine(self._trim(principal, [bytes(r) for r in oldest]))
+            self.trimming.addBoth(self._trimmed)
+
+    async def _trim(self, principal: str, request_ids: list[bytes]) -> None:
+        """Delete the settled ones of C{request_ids} (one script each: a receipt and its lease share
+        a Cluster slot that the agent's index does not), then take them out of the index."""
+        gone = []
+        for rid in request_ids:
+            rkey, lkey = self._keys(principal, rid.decode())
+            if await _TRIM(self.redis, STORE, [rkey, lkey]):
+                gone.append(rid)
+        if gone:
+            await self.redis.execute(STORE, "ZREM", self._index_key(principal), *gone)
+
+    def _trimmed(self, result: Any) -> None:
+        self.trimming = None
+        if isinstance(result, Failure):
+            self._log.warn("broker receipt trim failed: {why}", why=result.getErrorMessage())
 
     # --- notifications
 

@@ -188,7 +188,7 @@ class BrokerService(HTTPWingService):
             # bounded by the action timeout.
             self.redis_receipts = receipts = RedisReceipts(
                 self.redis, clock, self.state.apply_effects, prefix=redis_prefix, lease=6 * timeout + 5,
-                retention=receipt_retention,
+                retention=receipt_retention, max_receipts=max_receipts,
             )
         self.host = BrokerHost(self.state, self.state, receipts, self.ops, max_agent_depth=max_agent_depth)
         site = RelaySite(make_root(self.host, self.upstream.status), body_limit=body_limit(max_body))

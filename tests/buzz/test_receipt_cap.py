@@ -14,10 +14,12 @@ import tempfile
 from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 
+from relayd.buzz.redis_state import RedisReceipts
 from relayd.buzz.service import make_service
 from relayd.buzz.state import MAX_RECEIPTS, SQLiteState, StateDB
 from relayd.clock import Clock
 from relayd.tap import Options
+from tests.support.redis import connected_redis, shared_redis
 
 A = "a" * 64
 B = "b" * 64
@@ -168,3 +170,68 @@ class ThroughTheService(TestCase):
             await state.complete(A, rid, digest(rid), b"{}", [])
         n = svc.db.conn.execute("SELECT COUNT(*) FROM receipts WHERE principal = ?", (A,)).fetchone()[0]
         assert 0 < n <= 4
+
+
+class RedisReceiptCap(TestCase):
+    """The same cap when receipts live in Redis (several instances): an agent's index, trimmed past it."""
+
+    timeout = 30
+
+    async def make(self, cap: int) -> RedisReceipts:
+        server = shared_redis()
+        redis = await connected_redis(server.url)
+        self.addCleanup(redis.close)
+        d = tempfile.mkdtemp(prefix="relayd-cap-")
+        self.addCleanup(shutil.rmtree, d, True)
+        state = SQLiteState.in_dir(d, reactor)
+        self.addCleanup(state.close)
+        self.prefix = f"cap{id(self)}:"
+        store = RedisReceipts(redis, Clock(reactor), state.apply_effects, prefix=self.prefix, max_receipts=cap)
+        self.addCleanup(store.close)
+        await store.bus.ready
+        self.redis = redis
+        return store
+
+    async def settle(self, store: RedisReceipts, principal: str, *ids: str) -> None:
+        for rid in ids:
+            assert (await store.claim(principal, rid, digest(rid))).status == "new"
+            await store.complete(principal, rid, digest(rid), b'{"v":"' + rid.encode() + b'"}', [])
+            if store.trimming is not None:
+                await store.trimming  # in the background in service; awaited here to see its end
+
+    async def kept(self, store: RedisReceipts, principal: str, ids: list[str]) -> list[str]:
+        return [rid for rid in ids if await store.receipt(principal, rid) is not None]
+
+    async def test_exactly_the_cap_is_kept_and_one_over_trims_the_oldest_tenth_and_one(self) -> None:
+        store = await self.make(cap=10)
+        ids = [f"r{i}" for i in range(11)]
+        await self.settle(store, A, *ids[:10])
+        self.assertEqual(await self.kept(store, A, ids), ids[:10])
+        await self.settle(store, A, ids[10])
+        self.assertEqual(await self.kept(store, A, ids), ids[2:])
+        index = self.prefix + "buzz:i:{" + A + "}"
+        self.assertEqual(await self.redis.execute("probe", "ZCARD", index), 9)
+        self.assertEqual((await store.claim(A, "r0", digest("other bytes"))).status, "new")  # forgotten
+
+    async def test_pending_plans_and_other_agents_are_untouched(self) -> None:
+        store = await self.make(cap=5)
+        assert (await store.claim(A, "p", digest("p"))).status == "new"
+        await store.store_plan(A, "p", digest("p"), b'{"plan":1}')
+        await store.release(A, "p")
+        await self.settle(store, B, "b0")
+        await self.settle(store, A, *[f"r{i}" for i in range(30)])
+        pending = await store.receipt(A, "p")
+        assert pending is not None and pending.state == "pending" and pending.plan == b'{"plan":1}'
+        self.assertIsNotNone(await store.receipt(B, "b0"))
+        self.assertLessEqual(len(await self.kept(store, A, [f"r{i}" for i in range(30)])), 5)
+
+    async def test_a_request_id_reused_after_its_receipt_expired_keeps_its_pending_plan(self) -> None:
+        store = await self.make(cap=5)
+        await self.settle(store, A, "r0")  # indexed
+        await self.redis.execute("probe", "DEL", self.prefix + "buzz:r:{" + A + ":r0}")  # expired meanwhile
+        assert (await store.claim(A, "r0", digest("again"))).status == "new"
+        await store.store_plan(A, "r0", digest("again"), b'{"plan":2}')
+        await store.release(A, "r0")
+        await self.settle(store, A, *[f"r{i}" for i in range(1, 30)])  # r0 is the oldest indexed id
+        pending = await store.receipt(A, "r0")
+        assert pending is not None and pending.state == "pending" and pending.plan == b'{"plan":2}'
