@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any, Mapping, Sequence
 
-from twisted.application.service import IService, MultiService
+from twisted.application.service import MultiService
 from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python import usage
@@ -195,7 +195,7 @@ class RelaydService(MultiService):
                 reactor._exitSignal = None
 
 
-def makeService(config: Options, reactor: Any = None) -> IService:
+def makeService(config: Options, reactor: Any = None) -> RelaydService:
     """Build the relayd service tree from parsed options: the plumbing once, then every wing on it."""
     if reactor is None:
         from twisted.internet import reactor as _reactor
