@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from autobahn.twisted.resource import WebSocketResource
 from twisted.logger import Logger
@@ -29,8 +29,21 @@ _log = Logger(namespace="relayd.aep")
 class AEPService(HTTPWingService):
     """The AEP wing's service; C{relay} is its core (tests and tools reach the relay's state there)."""
 
-    def __init__(self, relay: Relay, site: RelaySite, listen: list[str], plumbing: Plumbing, **phases: Any) -> None:
-        super().__init__("aep", site, listen, plumbing.reactor, plumbing.clock, grace=plumbing.grace, **phases)
+    def __init__(
+        self,
+        relay: Relay,
+        site: RelaySite,
+        listen: list[str],
+        plumbing: Plumbing,
+        *,
+        drain: Callable[[], None],
+        remaining: Callable[[], int],
+        abort: Callable[[], None],
+    ) -> None:
+        super().__init__(
+            "aep", site, listen, plumbing.reactor, plumbing.clock,
+            drain=drain, remaining=remaining, abort=abort, grace=plumbing.grace,
+        )
         self.relay = relay
 
 
