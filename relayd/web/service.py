@@ -17,7 +17,6 @@ from relayd.config import is_loopback_endpoint, is_tls_endpoint
 from relayd.web.site import RelaySite
 from relayd.wing import DEFAULT_GRACE, IWing
 
-__all__ = ["DEFAULT_GRACE", "HTTPWingService", "add_listeners", "bound_ports", "listener_url"]
 _POLL = 0.05
 # Every wing's startup line comes from this one logger, whatever the wing (docs/configuration.md "Logs").
 _announcer = Logger(namespace="relayd.listening")
