@@ -13,6 +13,7 @@ import tempfile
 from typing import Any
 
 import treq
+from prometheus_client import generate_latest
 from twisted.internet import reactor
 from twisted.python import usage
 from twisted.trial.unittest import TestCase
@@ -25,11 +26,13 @@ from relayd.buzz.config import BuzzConfig
 from relayd.clock import Clock
 from relayd.config import Resolved
 from relayd.mcp.config import MCPConfig
+from relayd.metrics import REGISTRY
 from relayd.web import metrics_listener
 from relayd.web.site import SiteSettings
 from relayd.wing import IWing, Plumbing
 from tests.support.aep import wait_until
 from tests.support.cases import cases, expand
+from tests.support.metrics import parse, value
 from tests.support.redis import shared_redis
 
 LOOPBACK = "tcp:0:interface=127.0.0.1"
@@ -155,6 +158,22 @@ class FourthWing(_Wings):
         self.pool = HTTPConnectionPool(reactor, persistent=False)
         self.addCleanup(self.pool.closeCachedConnections)
         self.addCleanup(gc.unfreeze)  # RelaydService.startService freezes what start-up allocated
+
+    async def test_a_wing_reports_its_open_http_connections_with_no_tap(self) -> None:
+        """HTTPWingService itself watches its site on relayd_http_connections while it runs."""
+        settings = self.parse(["--echo-listen", LOOPBACK], tap.options_for((ECHO,))).settings
+        echo = self.make_wing(ECHO, self.plumbing(settings), settings)
+        kept = HTTPConnectionPool(reactor, persistent=True)  # the connection stays open after the answer
+        echo.startService()
+        try:
+            (port,) = await echo.ports()
+            response = await treq.get(f"http://127.0.0.1:{port.getHost().port}/", pool=kept)
+            await response.content()
+            self.assertEqual(value(parse(generate_latest(REGISTRY).decode()), "relayd_http_connections", relay="echo"), 1)
+        finally:
+            await kept.closeCachedConnections()
+            await echo.stopService()
+        self.assertEqual(value(parse(generate_latest(REGISTRY).decode()), "relayd_http_connections", relay="echo"), 0)
 
     def test_without_the_line_its_flag_is_unknown(self) -> None:
         self.assertRaises(usage.UsageError, self.parse, ["--echo-listen", LOOPBACK])
