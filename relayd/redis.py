@@ -216,7 +216,8 @@ class _Subscriber(_Handshake, _ReplyParsing, txredisapi.SubscriberProtocol):
 
 
 class Redis:
-    """The process's Redis client."""
+    """The process's Redis client: the tap makes one with C{--redis} (relayd.wing.Plumbing), every
+    wing shares it, and the root service closes it once the wings are drained."""
 
     _log = Logger()
 
@@ -314,30 +315,7 @@ class Redis:
         """Close the pool and every bus made from this client."""
         ds = [bus.close() for bus in self._buses] + [self._pool.disconnect()]
         self._buses = []
-        for key, client in list(_clients.items()):
-            if client is self:
-                del _clients[key]
         return defer.gatherResults(ds, consumeErrors=True)
-
-
-_clients: dict[tuple[str, int], Redis] = {}
-
-
-def clients() -> list[Redis]:
-    """Every client L{redis_for} made (so the process can close them at shutdown)."""
-    return list(_clients.values())
-
-
-def redis_for(settings: Any, clock: Clock) -> Redis | None:
-    """The process's client for C{--redis} (one pool shared by every wing), or C{None} without it."""
-    url = settings.values.get("redis")
-    if not url:
-        return None
-    key = (url, id(clock))
-    client = _clients.get(key)
-    if client is None:
-        client = _clients[key] = Redis(url, clock, prefix=settings.values.get("redis-prefix") or "relayd:")
-    return client
 
 
 class RedisBus:

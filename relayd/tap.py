@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, Mapping, Sequence
 
-from twisted.application.service import IService, MultiService
+from twisted.application.service import MultiService
 from twisted.internet import defer
 from twisted.internet.error import ReactorNotRunning
 from twisted.logger import Logger
@@ -17,33 +17,39 @@ from twisted.python import usage
 
 import relayd
 from relayd import logging as relayd_logging
-from relayd import metrics, sdnotify
+from relayd import sdnotify
 from relayd.clock import Clock
 from relayd.config import ConfigError, Resolved, Setting, resolve, shown_default
-from relayd.redis import clients as redis_clients
+from relayd.redis import Redis
 from relayd.rlimits import increase_rlimits
 from relayd.web import metrics_listener
-from relayd.web.site import RelaySite
+from relayd.wing import IWing, Plumbing
 
-# Each wing provides relayd.<wing>.config.SETTINGS and relayd.<wing>.service.make_service.
-WINGS = ("aep", "mcp", "buzz")
+# The wings, in start order (shutdown drains them in reverse). Each is a package with a `config`
+# module (SETTINGS, its table) and a `service` module (make_wing(plumbing, settings) -> IWing or
+# None): relayd/wing.py, docs/architecture.md "Adding a wing". Adding a wing is one line here.
+WINGS: tuple[str, ...] = (
+    "relayd.aep",
+    "relayd.mcp",
+    "relayd.buzz",
+)
 
 
-def _wing_modules(kind: str) -> list[Any]:
+def _wing_modules(kind: str, wings: Sequence[str] = WINGS) -> list[Any]:
     """Each wing's C{config} or C{service} module (imported here, so the plugin stays cheap)."""
-    return [importlib.import_module(f"relayd.{wing}.{kind}") for wing in WINGS]
+    return [importlib.import_module(f"{wing}.{kind}") for wing in wings]
 
 
 # Settings that belong to no wing (shared plumbing).
 GLOBAL_SETTINGS = ("relayd.settings", "relayd.redis_config")
 
 
-def all_settings() -> list[Setting]:
+def all_settings(wings: Sequence[str] = WINGS) -> list[Setting]:
     """Every setting: the shared ones, then every wing's, in wing order."""
     settings: list[Setting] = []
     for name in GLOBAL_SETTINGS:
         settings.extend(importlib.import_module(name).SETTINGS)
-    for module in _wing_modules("config"):
+    for module in _wing_modules("config", wings):
         settings.extend(module.SETTINGS)
     return settings
 
@@ -86,6 +92,7 @@ class Options(_make_option_class(all_settings())):  # type: ignore[misc]
     """relayd's command line: every wing's flags; flag > environment > default."""
 
     synopsis = "[options]"
+    wings: tuple[str, ...] = WINGS  # whose flags these are, and which wings makeService builds
     longdesc = (
         "relayd relays agent traffic: the AEP event relay, the MCP tunnel relay and the Buzz broker "
         "host, each on its own loopback listener by default. Every option can also be set through "
@@ -114,7 +121,7 @@ class Options(_make_option_class(all_settings())):  # type: ignore[misc]
 
     def postOptions(self) -> None:
         try:
-            self.settings = resolve(all_settings(), self.given, self.environ)
+            self.settings = resolve(all_settings(self.wings), self.given, self.environ)
         except ConfigError as e:
             # One line and status 2, before anything listens (twistd would print the whole usage).
             sys.stderr.write(f"relayd: error: {e}\n")
@@ -122,14 +129,26 @@ class Options(_make_option_class(all_settings())):  # type: ignore[misc]
             raise SystemExit(2) from None
 
 
+def options_for(wings: Sequence[str]) -> type[Options]:
+    """An L{Options} for another tuple of wings: their flags, and C{makeService} builds them (how
+    tests/test_wing.py adds a wing with one line)."""
+    flags = _make_option_class(all_settings(wings))
+    return type("Options", (flags, Options), {"wings": tuple(wings)})
+
+
 class RelaydService(MultiService):
-    """The root service: the wings, then the clock's timers, stopped in that order."""
+    """The root service: the wings, then the shared Redis client and the clock's timers, stopped in
+    that order.
+
+    @ivar redis: the process's one Redis client (the plumbing's), or C{None}; closed here at stop.
+    """
 
     _log = Logger()
 
-    def __init__(self, clock: Clock, warnings: Sequence[str] = ()) -> None:
+    def __init__(self, clock: Clock, warnings: Sequence[str] = (), redis: Redis | None = None) -> None:
         super().__init__()
         self.clock = clock
+        self.redis = redis
         self._warnings = list(warnings)
         self.exit_status = 0
         self.exit = _exit_after_shutdown  # how a refusal ends the process (a test replaces it)
@@ -143,9 +162,9 @@ class RelaydService(MultiService):
     def startService(self) -> None:
         for warning in self._warnings:
             self._log.warn("{warning}", warning=warning)
-        for client in redis_clients():
+        if self.redis is not None:
             # Redis holding another relayd keyspace version: refuse to run on it (docs/deployment.md "Upgrades").
-            client.refused.addCallback(self.refuse)
+            self.redis.refused.addCallback(self.refuse)
         super().startService()
         # twistd's text log is in place by now (it starts after makeService).
         relayd_logging.quicken_access_lines()
@@ -154,12 +173,16 @@ class RelaydService(MultiService):
         # under load became ~3 ms in the MCP benchmark).
         gc.collect()
         gc.freeze()
-        waiting = [child.ports() for child in self if callable(getattr(child, "ports", None))]
+        waiting = [wing.ports() for wing in self.wings()]
         defer.gatherResults(waiting, consumeErrors=True).addCallbacks(self._ready, lambda f: None)
+
+    def wings(self) -> list[Any]:
+        """The children that are wings (L{IWing}): the metrics listener, then the wings."""
+        return [child for child in self if IWing.providedBy(child)]
 
     def _ready(self, ports: list[Any]) -> None:
         """Every listener is bound: tell systemd (C{Type=notify}) we are ready."""
-        names = [child.name for child in self if callable(getattr(child, "ports", None))]
+        names = [wing.name for wing in self.wings()]
         self._log.info("relayd ready: {relays}", relays=", ".join(names))
         sdnotify.notify("READY=1\nSTATUS=listening: " + ", ".join(names))
 
@@ -176,10 +199,11 @@ class RelaydService(MultiService):
     def stopService(self) -> Any:
         sdnotify.notify("STOPPING=1")
         yield super().stopService()
-        # The wings are drained; now the shared Redis connections (if any) can go.
-        yield defer.gatherResults([client.close() for client in redis_clients()], consumeErrors=True)
+        # The wings are drained; now the shared Redis client (if any) can go.
+        if self.redis is not None:
+            yield self.redis.close()
         self.clock.shutdown()
-        if all(getattr(child, "drained", True) for child in self):
+        if all(wing.drained for wing in self.wings()):
             # Drained cleanly: exit 0. twistd would otherwise re-raise the SIGTERM that stopped it,
             # and an operator (or a supervisor) could not tell a clean drain from an abort.
             reactor = self.clock.reactor
@@ -207,8 +231,8 @@ def _exit_after_shutdown(status: int, reactor: Any) -> None:
         pass
 
 
-def makeService(config: Options, reactor: Any = None) -> IService:
-    """Build the relayd service tree from parsed options."""
+def makeService(config: Options, reactor: Any = None) -> RelaydService:
+    """Build the relayd service tree from parsed options: the plumbing once, then every wing on it."""
     if reactor is None:
         from twisted.internet import reactor as _reactor
 
@@ -216,42 +240,23 @@ def makeService(config: Options, reactor: Any = None) -> IService:
     settings = config.settings
     # Before anything is logged: no observer (twistd's text log, --logger, twist's JSON) sees a secret.
     relayd_logging.install_scrubber()
-    for s in all_settings():
+    for s in all_settings(config.wings):
         if s.secret and isinstance(settings.values.get(s.name), str):
             relayd_logging.register_secret(settings[s.name])
     increase_rlimits()
-    clock = Clock(reactor)
-    root = RelaydService(clock, settings.warnings)
+    plumbing = Plumbing.from_settings(settings, reactor, Clock(reactor))
+    root = RelaydService(plumbing.clock, settings.warnings, redis=plumbing.redis)
     try:
         if settings.values.get("metrics-listen"):
-            metrics_listener.make_service(settings["metrics-listen"], reactor, clock).setServiceParent(root)
-        for module in _wing_modules("service"):
-            service = module.make_service(settings, reactor, clock)
-            if service is not None:
-                service.setServiceParent(root)
+            metrics_listener.make_service(
+                settings["metrics-listen"], reactor, plumbing.clock, site=plumbing.site, grace=plumbing.grace
+            ).setServiceParent(root)
+        for module in _wing_modules("service", config.wings):
+            wing = module.make_wing(plumbing, settings)
+            if wing is not None:
+                wing.setServiceParent(root)
     except ConfigError as e:
         sys.stderr.write(f"relayd: error: {e}\n")
         sys.stderr.flush()
         raise SystemExit(2) from None
-    configure_children(root, settings)
     return root
-
-
-def configure_children(root: MultiService, settings: Resolved) -> None:
-    """Apply the process-wide settings to every relay's site and shutdown, and watch its connections."""
-    watching = metrics.Watching()
-    for child in list(root):
-        if hasattr(child, "grace") and "shutdown-grace" in settings.values:
-            child.grace = settings["shutdown-grace"]
-        site = getattr(child, "site", None)
-        if not isinstance(site, RelaySite):
-            continue
-        if site.relay is None:
-            site.relay = child.name or "http"
-        site.trust_forwarded_for = settings.values.get("trust-forwarded-for", 0)
-        site.header_timeout = settings.values.get("header-timeout", site.header_timeout)
-        site.body_timeout = settings.values.get("body-timeout", site.body_timeout)
-        site.timeOut = settings.values.get("idle-timeout", site.timeOut)
-        site.access_log = not settings.values.get("no-access-log", False)
-        watching.add(metrics.http_connections, site.open_connections, relay=site.relay)
-    watching.setServiceParent(root)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from relayd.config import Setting, endpoint, non_empty, positive_int
+from dataclasses import dataclass
+
+from relayd.config import Resolved, Setting, endpoint, non_empty, positive_int
 
 DEFAULT_LISTEN = "tcp:8787:interface=127.0.0.1"
 
@@ -94,3 +96,38 @@ SETTINGS = [
         metavar="SECONDS",
     ),
 ]
+
+
+@dataclass(frozen=True)
+class AEPConfig:
+    """The AEP wing's settings, typed (read by relayd/aep/service.py instead of the table's names)."""
+
+    listen: tuple[str, ...]
+    token: str | None
+    buffer: int
+    max_sessions: int
+    max_body: int
+    max_batch: int
+    max_from: int
+    max_subscriptions: int
+    max_subscribers: int
+    heartbeat: int
+
+    @classmethod
+    def from_settings(cls, settings: Resolved) -> AEPConfig | None:
+        """The configuration from the resolved table, or C{None} with C{--no-aep}."""
+        if settings["no-aep"]:
+            return None
+        max_sessions: int = settings["aep-max-sessions"]
+        return cls(
+            listen=tuple(settings["aep-listen"]),
+            token=settings["aep-token"],
+            buffer=settings["aep-buffer"],
+            max_sessions=max_sessions,
+            max_body=settings["aep-max-body"],
+            max_batch=settings["aep-max-batch"],
+            max_from=settings["aep-max-from"] or max_sessions,
+            max_subscriptions=settings["aep-max-subscriptions"],
+            max_subscribers=settings["aep-max-subscribers"],
+            heartbeat=settings["aep-heartbeat"],
+        )

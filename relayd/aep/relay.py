@@ -11,7 +11,7 @@ from collections import deque
 from itertools import chain
 from time import perf_counter
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, cast
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence, cast
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
@@ -348,6 +348,17 @@ def error_frame(code: str, detail: str | None = None, **extra: Any) -> dict[str,
     return frame
 
 
+class Fanout(Protocol):
+    """Live fan-out to the other instances of a relay (relayd/aep/redis_cluster.py's C{RedisFanout})."""
+
+    def publish(self, events: Sequence[Event]) -> Deferred[Any]:
+        """Hand C{events} (already delivered here) to the other instances."""
+
+
+# Makes the fan-out, given the relay's delivery of the other instances' events (Relay.fan_out_remote).
+FanoutFactory = Callable[[Callable[[Sequence[Event]], None]], Fanout]
+
+
 class Relay:
     """One AEP relay's state."""
 
@@ -362,13 +373,14 @@ class Relay:
         max_from: int,
         seconds: Callable[[], float] = time.monotonic,
         claims: IClaims | None = None,
-        fanout: Any = None,
+        fanout: FanoutFactory | None = None,
         max_subscribers: int = 10_000,
     ) -> None:
         self.log = log
         self.claims: IClaims = claims if claims is not None else MemoryClaims()
-        # Live fan-out to other instances (Redis); None when this process is the whole relay.
-        self.fanout = fanout
+        # Live fan-out to other instances (Redis); None when this process is the whole relay. It is
+        # made here, handed what delivers the other instances' events to this relay's subscribers.
+        self.fanout: Fanout | None = fanout(self.fan_out_remote) if fanout is not None else None
         self.token = token
         self.buffer = buffer
         self.max_from = max_from
@@ -446,7 +458,7 @@ class Relay:
 
     def _publish(self, events: Sequence[Event]) -> None:
         """Hand events to the other instances' subscribers (they are already ours)."""
-        if events:
+        if events and self.fanout is not None:
             self.fanout.publish(events).addErrback(self._store_error, "publish")
 
     def _store_error(self, failure: Failure, operation: str) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from autobahn.twisted.resource import WebSocketResource
-from twisted.application.service import IService
 from twisted.logger import Logger
 
 from relayd import metrics
+from relayd.aep.config import AEPConfig
 from relayd.aep.http import AEPResource
 from relayd.aep.redis_cluster import RedisClaims, RedisFanout
 from relayd.aep.redis_store import RedisEventLog
@@ -17,56 +17,87 @@ from relayd.aep.store import MemoryEventLog
 from relayd.aep.websocket import AEPSocketFactory
 from relayd.clock import Clock
 from relayd.config import Resolved
-from relayd.redis import redis_for
 from relayd.web.body import BodyLimit
 from relayd.web.service import HTTPWingService
 from relayd.web.site import RelaySite
 from relayd.web.sse import SSEHub, sse_comment
+from relayd.wing import Plumbing
 
 _log = Logger(namespace="relayd.aep")
 
 
-def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | None:
-    """The AEP relay as a service, or C{None} with C{--no-aep}."""
-    if settings["no-aep"]:
+class AEPService(HTTPWingService):
+    """The AEP wing's service; C{relay} is its core (tests and tools reach the relay's state there)."""
+
+    def __init__(
+        self,
+        relay: Relay,
+        site: RelaySite,
+        listen: list[str],
+        plumbing: Plumbing,
+        *,
+        drain: Callable[[], None],
+        remaining: Callable[[], int],
+        abort: Callable[[], None],
+    ) -> None:
+        super().__init__(
+            "aep", site, listen, plumbing.reactor, plumbing.clock,
+            drain=drain, remaining=remaining, abort=abort, grace=plumbing.grace,
+        )
+        self.relay = relay
+
+
+def make_relay(config: AEPConfig, plumbing: Plumbing) -> Relay:
+    """The relay core: in memory, or sharing buffers, claims and live fan-out through Redis."""
+    clock = plumbing.clock
+    redis = plumbing.redis
+    if redis is None:
+        return Relay(MemoryEventLog(config.buffer, config.max_sessions), token=config.token, buffer=config.buffer,
+                     max_from=config.max_from, seconds=clock.seconds, max_subscribers=config.max_subscribers)
+    prefix = plumbing.redis_prefix
+    bus = redis.bus()
+    claims = RedisClaims(redis, bus, clock, prefix)
+    _log.info("aep relay: shared state in Redis at {url}", url=str(redis.url))
+    log = RedisEventLog(redis, config.buffer, config.max_sessions, prefix)
+    relay = Relay(
+        log,
+        token=config.token,
+        buffer=config.buffer,
+        max_from=config.max_from,
+        seconds=clock.seconds,
+        claims=claims,
+        fanout=lambda deliver: RedisFanout(redis, bus, claims.instance, deliver, prefix),
+        max_subscribers=config.max_subscribers,
+    )
+    fanout = relay.fanout
+    assert isinstance(fanout, RedisFanout)
+    # A batch of stored events is published by the append script itself (sent to Redis once).
+    log.publish_with(fanout.channel, fanout.header)
+    return relay
+
+
+def make_wing(plumbing: Plumbing, settings: Resolved) -> AEPService | None:
+    """The AEP relay as a wing (relayd/wing.py), or C{None} with C{--no-aep}."""
+    config = AEPConfig.from_settings(settings)
+    if config is None:
         _log.info("AEP relay disabled (--no-aep)")
         return None
-    token = settings["aep-token"]
-    buffer = settings["aep-buffer"]
-    max_sessions = settings["aep-max-sessions"]
-    max_body = settings["aep-max-body"]
-    max_from = settings["aep-max-from"] or max_sessions
-    heartbeat = settings["aep-heartbeat"]
-    max_subscribers = settings["aep-max-subscribers"]
-
-    redis = redis_for(settings, clock)
-    if redis is None:
-        relay = Relay(MemoryEventLog(buffer, max_sessions), token=token, buffer=buffer, max_from=max_from,
-                      seconds=clock.seconds, max_subscribers=max_subscribers)
-    else:
-        # Several instances share buffers, claims and live fan-out through Redis.
-        prefix = settings.values.get("redis-prefix") or "relayd:"
-        bus = redis.bus()
-        claims = RedisClaims(redis, bus, clock, prefix)
-        log = RedisEventLog(redis, buffer, max_sessions, prefix)
-        relay = Relay(log, token=token, buffer=buffer,
-                      max_from=max_from, seconds=clock.seconds, claims=claims, max_subscribers=max_subscribers)
-        relay.fanout = RedisFanout(redis, bus, claims.instance, relay.fan_out_remote, prefix)
-        # A batch of stored events is published by the append script itself (sent to Redis once).
-        log.publish_with(relay.fanout.channel, relay.fanout.header)
-        _log.info("aep relay: shared state in Redis at {url}", url=str(redis.url))
-    hub = SSEHub(clock, heartbeat, sse_comment("ping"))
-    sockets = AEPSocketFactory(relay, clock, heartbeat=heartbeat, max_message=max_body,
-                               max_subscriptions=settings["aep-max-subscriptions"])
+    clock = plumbing.clock
+    relay = make_relay(config, plumbing)
+    hub = SSEHub(clock, config.heartbeat, sse_comment("ping"))
+    sockets = AEPSocketFactory(relay, clock, heartbeat=config.heartbeat, max_message=config.max_body,
+                               max_subscriptions=config.max_subscriptions)
     resource = AEPResource(
         relay,
         hub,
-        max_body=max_body,
-        max_batch=settings["aep-max-batch"],
+        max_body=config.max_body,
+        max_batch=config.max_batch,
         socket=WebSocketResource(sockets),
         socket_counts=sockets.listing,
     )
-    site = RelaySite(resource, body_limit=BodyLimit(max_body, resource.early_answer))
+    site = RelaySite(
+        resource, body_limit=BodyLimit(config.max_body, resource.early_answer), settings=plumbing.site, relay="aep"
+    )
 
     def drain() -> None:
         hub.drain(sse_comment("shutting-down"))
@@ -75,23 +106,21 @@ def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | N
         if isinstance(relay.claims, RedisClaims):
             relay.claims.stop()
 
-    service = HTTPWingService(
-        "aep",
+    service = AEPService(
+        relay,
         site,
-        settings["aep-listen"],
-        reactor,
-        clock,
+        list(config.listen),
+        plumbing,
         drain=drain,
         remaining=lambda: len(sockets.connections),
         abort=sockets.abort,
     )
     auth = (
         "auth on"
-        if token
+        if config.token
         else "auth OFF — control routing disabled (AEP-0004 §4.1); set AEP_TOKEN to enable"
     )
-    _log.info("aep relay: buffer {buffer}/session, {auth}", buffer=buffer, auth=auth)
-    service.relay = relay  # type: ignore[attr-defined]
+    _log.info("aep relay: buffer {buffer}/session, {auth}", buffer=config.buffer, auth=auth)
     # Levels for the metrics listener, read at scrape time (nothing is counted on the hot path).
     watching = metrics.Watching()
     watching.add(metrics.connections, lambda: len(hub.streams), relay="aep", transport="sse")
@@ -100,3 +129,9 @@ def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | N
     watching.add(metrics.subscribers, lambda: len(relay.subscribers), relay="aep")
     watching.setServiceParent(service)
     return service
+
+
+def make_service(settings: Resolved, reactor: Any, clock: Clock) -> AEPService | None:
+    """L{make_wing} on plumbing made from C{settings} alone (tests; with C{--redis} the caller
+    closes the client, C{service.relay.log.redis})."""
+    return make_wing(Plumbing.from_settings(settings, reactor, clock), settings)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from relayd.config import Setting, endpoint, non_empty, positive_int
+from dataclasses import dataclass
+
+from relayd.config import Resolved, Setting, endpoint, non_empty, positive_int
 
 
 def _relay_url(text: str) -> str:
@@ -127,3 +129,42 @@ SETTINGS: list[Setting] = [
 
 # Read directly from the environment by the service (never a flag: it would land in argv / ps).
 KEK_ENV = "RELAYD_BROKER_KEK"
+
+
+@dataclass(frozen=True)
+class BuzzConfig:
+    """The broker wing's settings, typed (read by relayd/buzz/service.py instead of the table's names)."""
+
+    listen: tuple[str, ...]
+    nostr_relay: str
+    auth_url: str | None
+    state_dir: str
+    kek_file: str | None
+    max_agent_depth: int
+    action_timeout: float
+    max_body: int
+    receipt_retention: int
+    max_receipts: int
+    runtimes: tuple[str, ...]
+    reactions_enabled: bool
+
+    @classmethod
+    def from_settings(cls, settings: Resolved) -> BuzzConfig | None:
+        """The configuration from the resolved table, or C{None} without C{--broker-nostr-relay}."""
+        url = settings["broker-nostr-relay"]
+        if not url:
+            return None
+        return cls(
+            listen=tuple(settings["broker-listen"]),
+            nostr_relay=url,
+            auth_url=settings["broker-auth-url"],
+            state_dir=settings["broker-state-dir"],
+            kek_file=settings["broker-kek-file"],
+            max_agent_depth=settings["broker-max-agent-depth"],
+            action_timeout=settings["broker-action-timeout"],
+            max_body=settings["broker-max-body"],
+            receipt_retention=settings["broker-receipt-retention"],
+            max_receipts=settings["broker-max-receipts"],
+            runtimes=tuple(settings["broker-runtimes"]),
+            reactions_enabled=not settings["broker-disable-reactions"],
+        )

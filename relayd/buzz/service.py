@@ -8,12 +8,12 @@ import time
 from typing import Any, Callable
 
 from twisted.application.internet import TimerService
-from twisted.application.service import IService, Service
+from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.logger import Logger
 
 from relayd import metrics
-from relayd.buzz.config import KEK_ENV
+from relayd.buzz.config import KEK_ENV, BuzzConfig
 from relayd.buzz.host import BrokerHost
 from relayd.buzz.http import body_limit, make_root
 from relayd.buzz.keys import Custody, KEKError, load_kek
@@ -23,9 +23,10 @@ from relayd.buzz.state import MAX_RECEIPTS, RECEIPT_RETENTION, IReceiptStore, SQ
 from relayd.buzz.upstream import START_WARNING, Upstream, public_url
 from relayd.clock import Clock
 from relayd.config import ConfigError, Resolved, is_loopback_endpoint, is_tls_endpoint
-from relayd.redis import Redis, redis_for
-from relayd.web.service import DEFAULT_GRACE, HTTPWingService
-from relayd.web.site import RelaySite
+from relayd.redis import Redis
+from relayd.web.service import HTTPWingService
+from relayd.web.site import DEFAULT_SITE_SETTINGS, RelaySite, SiteSettings
+from relayd.wing import DEFAULT_GRACE, DEFAULT_REDIS_PREFIX, Plumbing
 
 _log = Logger(namespace="relayd.buzz")
 PRUNE_INTERVAL = 60.0  # seconds between receipt sweeps
@@ -77,20 +78,21 @@ def check_listeners(listen: list[str]) -> None:
             )
 
 
-def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | None:
-    """The broker service, or C{None} (with one log line) when no Nostr relay URL is configured.
+def make_wing(plumbing: Plumbing, settings: Resolved) -> BrokerService | None:
+    """The broker wing (relayd/wing.py), or C{None} (with one log line) when no Nostr relay URL is
+    configured.
 
     @raise ConfigError: a non-loopback plain-TCP listener, an unusable state directory or KEK.
     """
-    url = settings["broker-nostr-relay"]
-    if not url:
+    config = BuzzConfig.from_settings(settings)
+    if config is None:
         _log.info("Buzz broker not started: no --broker-nostr-relay (RELAYD_BROKER_NOSTR_RELAY) configured")
         return None
-    listen = list(settings["broker-listen"])
+    listen = list(config.listen)
     check_listeners(listen)
-    state_dir = settings["broker-state-dir"]
+    state_dir = config.state_dir
     try:
-        kek = load_kek(state_dir, settings["broker-kek-file"], os.environ.get(KEK_ENV) or None)
+        kek = load_kek(state_dir, config.kek_file, os.environ.get(KEK_ENV) or None)
     except KEKError as e:
         raise ConfigError(str(e)) from None
     except OSError as e:
@@ -101,24 +103,32 @@ def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | N
         raise ConfigError(f"--broker-state-dir: {state_dir!r}: cannot open state ({e})") from None
     return BrokerService(
         listen=listen,
-        relay_url=url,
-        auth_url=settings["broker-auth-url"],
+        relay_url=config.nostr_relay,
+        auth_url=config.auth_url,
         db=db,
         kek=kek,
-        reactor=reactor,
-        clock=clock,
-        timeout=settings["broker-action-timeout"],
-        max_agent_depth=settings["broker-max-agent-depth"],
-        max_body=settings["broker-max-body"],
-        runtimes=settings["broker-runtimes"],
-        reactions_enabled=not settings["broker-disable-reactions"],
-        receipt_retention=settings["broker-receipt-retention"],
-        max_receipts=settings["broker-max-receipts"],
-        # The shared plumbing's --redis (RELAYD_REDIS): receipts and pending events go to Redis,
-        # on the process's one client (shared with the other wings, closed by the process).
-        redis=redis_for(settings, clock),
-        redis_prefix=settings.values.get("redis-prefix") or "relayd:",
+        reactor=plumbing.reactor,
+        clock=plumbing.clock,
+        timeout=config.action_timeout,
+        max_agent_depth=config.max_agent_depth,
+        max_body=config.max_body,
+        runtimes=list(config.runtimes),
+        reactions_enabled=config.reactions_enabled,
+        receipt_retention=config.receipt_retention,
+        max_receipts=config.max_receipts,
+        # With --redis, receipts and pending events go to Redis, on the process's one client (shared
+        # with the other wings, closed by whoever made the plumbing).
+        redis=plumbing.redis,
+        redis_prefix=plumbing.redis_prefix,
+        grace=plumbing.grace,
+        site=plumbing.site,
     )
+
+
+def make_service(settings: Resolved, reactor: Any, clock: Clock) -> BrokerService | None:
+    """L{make_wing} on plumbing made from C{settings} alone (tests; with C{--redis} the caller
+    closes the client, C{service.redis})."""
+    return make_wing(Plumbing.from_settings(settings, reactor, clock), settings)
 
 
 class BrokerService(HTTPWingService):
@@ -145,7 +155,8 @@ class BrokerService(HTTPWingService):
         grace: float = DEFAULT_GRACE,
         redis: Redis | None = None,
         redis_url: str | None = None,
-        redis_prefix: str = "relayd:",
+        redis_prefix: str = DEFAULT_REDIS_PREFIX,
+        site: SiteSettings = DEFAULT_SITE_SETTINGS,
         receipt_retention: int = RECEIPT_RETENTION,
         max_receipts: int = MAX_RECEIPTS,
         upstream_warning: float = START_WARNING,
@@ -174,7 +185,8 @@ class BrokerService(HTTPWingService):
             runtimes=runtimes if runtimes is not None else ["buzz-acp"],
             reactions_enabled=reactions_enabled,
         )
-        # A client handed in is shared and not ours to close; one made from redis_url is.
+        # A client handed in (the plumbing's) is shared and not ours to close. C{redis_url} is for
+        # a broker built alone (tests, benchmarks): the client made from it is ours, closed with us.
         self.redis: Redis | None = redis
         self._own_redis = redis is None and bool(redis_url)
         self.redis_receipts: Any = None
@@ -191,9 +203,10 @@ class BrokerService(HTTPWingService):
                 retention=receipt_retention, max_receipts=max_receipts,
             )
         self.host = BrokerHost(self.state, self.state, receipts, self.ops, max_agent_depth=max_agent_depth)
-        site = RelaySite(make_root(self.host, self.upstream.status), body_limit=body_limit(max_body))
-        site.relay = "broker"  # access-log lines and HTTP metrics name the broker
-        super().__init__("broker", site, listen, reactor, clock, settle=self.host.wait_idle, grace=grace)
+        relay_site = RelaySite(
+            make_root(self.host, self.upstream.status), body_limit=body_limit(max_body), settings=site, relay="broker"
+        )
+        super().__init__("broker", relay_site, listen, reactor, clock, settle=self.host.wait_idle, grace=grace)
         # Read at scrape time by the metrics listener; registered while the service runs.
         self.watching = metrics.Watching().add(metrics.nostr_connections, self.pool.states)
         self.watching.setServiceParent(self)

@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from relayd.config import ConfigError, Resolved, Setting, endpoint, non_negative_int, positive_int
+from relayd.config import (
+    ConfigError,
+    Resolved,
+    Setting,
+    endpoint,
+    is_loopback_endpoint,
+    non_negative_int,
+    positive_int,
+)
 from relayd.web.cors import CorsPolicyError, OriginPolicy, parse_origins
 
 DEFAULT_LISTEN = "tcp:8788:interface=127.0.0.1"
@@ -221,3 +230,56 @@ def listen_endpoints(settings: Resolved) -> list[str]:
         return list(settings["mcp-listen"])
     host = host or "127.0.0.1"
     return [f"tcp:{port_ or 8788}:interface={host.strip('[]').replace(':', chr(92) + ':')}"]
+
+
+@dataclass(frozen=True)
+class MCPConfig:
+    """The MCP wing's settings, typed (read by relayd/mcp/service.py instead of the table's names).
+
+    @ivar listen: the endpoints (C{--mcp-listen}, or what C{--mcp-port}/C{--mcp-host} describe).
+    @ivar cors: the origin policy; C{cors_source} says where it came from (the startup line).
+    @ivar demo: whether the demo page is served (C{--mcp-demo}, or every listener is loopback
+        and C{--no-mcp-demo} is not given).
+    """
+
+    listen: tuple[str, ...]
+    prefix: str
+    ttl_ms: float
+    cors: OriginPolicy
+    cors_source: str
+    max_sessions: int
+    poll_idle_ms: int
+    reap_interval_ms: int
+    queue_frames: int
+    queue_bytes: int
+    max_buffered_bytes: int
+    request_timeout_ms: int
+    client_idle_ms: int
+    demo: bool
+
+    @classmethod
+    def from_settings(cls, settings: Resolved) -> MCPConfig | None:
+        """The configuration from the resolved table, or C{None} with C{--no-mcp}.
+
+        @raise ConfigError: an origin policy that is refused (exit 2 before listening).
+        """
+        if settings["no-mcp"]:
+            return None
+        listen = listen_endpoints(settings)
+        return cls(
+            listen=tuple(listen),
+            prefix=settings["mcp-prefix"],
+            ttl_ms=settings["mcp-ttl-ms"],
+            cors=cors_policy(settings),
+            cors_source=settings.sources.get("mcp-cors", "default"),
+            max_sessions=settings["mcp-max-sessions"],
+            poll_idle_ms=settings["mcp-poll-idle-ms"],
+            reap_interval_ms=settings["mcp-reap-interval-ms"],
+            queue_frames=settings["mcp-queue-frames"],
+            queue_bytes=settings["mcp-queue-bytes"],
+            max_buffered_bytes=settings["mcp-max-buffered-bytes"],
+            request_timeout_ms=settings["mcp-request-timeout"],
+            client_idle_ms=settings["mcp-client-idle-ms"],
+            demo=settings["mcp-demo"]
+            or (not settings["no-mcp-demo"] and all(is_loopback_endpoint(d) for d in listen)),
+        )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.application.service import IService
 from twisted.internet import defer
 from twisted.logger import Logger
 
@@ -13,18 +12,18 @@ from relayd.clock import Clock
 from relayd.config import Resolved, is_loopback_endpoint
 from relayd.mcp.broker import Broker, BrokerConfig
 from relayd.mcp.bus import IMcpBus, LocalBus
-from relayd.mcp.config import cors_policy, listen_endpoints
+from relayd.mcp.config import MCPConfig
 from relayd.mcp.demo import demo_page
 from relayd.mcp.endpoint import Endpoint, EndpointConfig
 from relayd.mcp.http import KEEPALIVE, KEEPALIVE_INTERVAL, MAX_BODY, McpResource
 from relayd.mcp.redis_bus import RedisMcpBus
 from relayd.mcp.redis_store import RedisStore
 from relayd.mcp.store import IMcpStore, MemoryStore
-from relayd.redis import redis_for
 from relayd.web.body import BodyLimit
 from relayd.web.service import HTTPWingService
 from relayd.web.site import RelaySite
 from relayd.web.sse import SSEHub
+from relayd.wing import DEFAULT_GRACE, Plumbing
 
 _log = Logger(namespace="relayd.mcp")
 
@@ -33,7 +32,15 @@ class McpService(HTTPWingService):
     """The MCP wing: its listeners, its broker's reaper, and a drain that ends streams and polls."""
 
     def __init__(
-        self, resource: McpResource, site: RelaySite, listen: list[str], reactor: Any, clock: Clock, startup_line: str
+        self,
+        resource: McpResource,
+        site: RelaySite,
+        listen: list[str],
+        reactor: Any,
+        clock: Clock,
+        startup_line: str,
+        *,
+        grace: float = DEFAULT_GRACE,
     ) -> None:
         super().__init__(
             "mcp",
@@ -44,6 +51,7 @@ class McpService(HTTPWingService):
             drain=resource.drain,
             remaining=resource.remaining,
             abort=self._abort_streams,
+            grace=grace,
         )
         self.resource = resource
         self.broker = resource.broker
@@ -74,69 +82,64 @@ class McpService(HTTPWingService):
         yield self.broker.bus.stop()
 
 
-def _shared_state(settings: Resolved, clock: Clock) -> tuple[IMcpStore, IMcpBus]:
+def _shared_state(plumbing: Plumbing) -> tuple[IMcpStore, IMcpBus]:
     """Redis store and bus with C{--redis} (instances share sessions, queues and streams), else memory."""
-    redis = redis_for(settings, clock)
+    redis = plumbing.redis
     if redis is None:
         return MemoryStore(), LocalBus()
-    prefix: str = settings.values.get("redis-prefix") or "relayd:"
+    prefix = plumbing.redis_prefix
     _log.info("MCP relay state in Redis at {url} (prefix {prefix})", url=str(redis.url), prefix=prefix)
     return RedisStore(redis, prefix), RedisMcpBus(redis, prefix)
 
 
-def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | None:
-    """The MCP wing's service, or C{None} with C{--no-mcp}.
+def make_wing(plumbing: Plumbing, settings: Resolved) -> McpService | None:
+    """The MCP wing (relayd/wing.py), or C{None} with C{--no-mcp}.
 
     @raise relayd.config.ConfigError: an origin policy that is refused (exit 2 before listening).
     """
-    if settings["no-mcp"]:
+    mcp = MCPConfig.from_settings(settings)
+    if mcp is None:
         _log.info("MCP relay disabled (--no-mcp)")
         return None
-    policy = cors_policy(settings)
-    listen = listen_endpoints(settings)
-    prefix: str = settings["mcp-prefix"]
-    ttl: float = settings["mcp-ttl-ms"]
+    clock = plumbing.clock
+    listen = list(mcp.listen)
     config = BrokerConfig(
-        ttl_ms=ttl,
-        reap_interval_ms=settings["mcp-reap-interval-ms"],
-        poll_idle_ms=settings["mcp-poll-idle-ms"],
-        max_sessions=settings["mcp-max-sessions"],
-        queue_max_frames=settings["mcp-queue-frames"],
-        queue_max_bytes=settings["mcp-queue-bytes"],
-        max_buffered_bytes=settings["mcp-max-buffered-bytes"],
+        ttl_ms=mcp.ttl_ms,
+        reap_interval_ms=mcp.reap_interval_ms,
+        poll_idle_ms=mcp.poll_idle_ms,
+        max_sessions=mcp.max_sessions,
+        queue_max_frames=mcp.queue_frames,
+        queue_max_bytes=mcp.queue_bytes,
+        max_buffered_bytes=mcp.max_buffered_bytes,
     )
-    store, bus = _shared_state(settings, clock)
+    store, bus = _shared_state(plumbing)
     broker = Broker(store, clock, config, bus)
     hub = SSEHub(clock, KEEPALIVE_INTERVAL, KEEPALIVE)
     endpoint = Endpoint(
         broker,
-        policy,
+        mcp.cors,
         hub,
         clock,
-        prefix.encode("utf-8"),
+        mcp.prefix.encode("utf-8"),
         EndpointConfig(
-            request_timeout_ms=settings["mcp-request-timeout"],
-            client_idle_ms=settings["mcp-client-idle-ms"],
+            request_timeout_ms=mcp.request_timeout_ms,
+            client_idle_ms=mcp.client_idle_ms,
             pending_per_session=config.correlations_per_session,
             stream_max_bytes=config.queue_max_bytes,
         ),
     )
-    demo_on = settings["mcp-demo"] or (
-        not settings["no-mcp-demo"] and all(is_loopback_endpoint(d) for d in listen)
-    )
     resource = McpResource(
         broker,
-        policy,
+        mcp.cors,
         hub,
-        prefix,
+        mcp.prefix,
         max_frames=config.queue_max_frames,
         max_bytes=config.queue_max_bytes,
         endpoint=endpoint,
-        demo=demo_page() if demo_on else None,
+        demo=demo_page() if mcp.demo else None,
     )
-    site = RelaySite(resource, body_limit=BodyLimit(MAX_BODY, resource.too_large))
-    source = settings.sources.get("mcp-cors", "default")
-    line = f"ttl={round(ttl / 1000)}s, cors={policy.describe()} from {source}"
+    site = RelaySite(resource, body_limit=BodyLimit(MAX_BODY, resource.too_large), settings=plumbing.site, relay="mcp")
+    line = f"ttl={round(mcp.ttl_ms / 1000)}s, cors={mcp.cors.describe()} from {mcp.cors_source}"
     for description in listen:
         if not is_loopback_endpoint(description):
             _log.warn(
@@ -145,10 +148,16 @@ def make_service(settings: Resolved, reactor: Any, clock: Clock) -> IService | N
                 "this behind an authenticating proxy / trusted network.",
                 endpoint=description,
             )
-    service = McpService(resource, site, listen, reactor, clock, line)
+    service = McpService(resource, site, listen, plumbing.reactor, clock, line, grace=plumbing.grace)
     # Levels for the metrics listener, read at scrape time.
     watching = metrics.Watching()
     watching.add(metrics.connections, broker.open_streams, relay="mcp", transport="sse")
     watching.add(metrics.connections, broker.parked_polls, relay="mcp", transport="longpoll")
     watching.setServiceParent(service)
     return service
+
+
+def make_service(settings: Resolved, reactor: Any, clock: Clock) -> McpService | None:
+    """L{make_wing} on plumbing made from C{settings} alone (tests; with C{--redis} the caller
+    closes the client, the bus's C{redis})."""
+    return make_wing(Plumbing.from_settings(settings, reactor, clock), settings)

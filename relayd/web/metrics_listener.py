@@ -15,7 +15,8 @@ from twisted.web.server import Request
 from relayd.metrics import REGISTRY
 from relayd.web.body import BodyLimit
 from relayd.web.service import HTTPWingService
-from relayd.web.site import RelaySite
+from relayd.web.site import DEFAULT_SITE_SETTINGS, RelaySite, SiteSettings
+from relayd.wing import DEFAULT_GRACE
 
 
 class MetricsResource(Resource):
@@ -38,10 +39,20 @@ class MetricsResource(Resource):
         return body
 
 
-def make_service(listen: list[str], reactor: Any, clock: Any) -> Any:
-    """The metrics listener: an C{HTTPWingService} named C{metrics} serving L{MetricsResource}."""
-    site = RelaySite(MetricsResource(), body_limit=BodyLimit(64 * 1024, _too_large))
-    return HTTPWingService("metrics", site, listen, reactor, clock)
+def make_service(
+    listen: list[str],
+    reactor: Any,
+    clock: Any,
+    *,
+    site: SiteSettings = DEFAULT_SITE_SETTINGS,
+    grace: float = DEFAULT_GRACE,
+) -> HTTPWingService:
+    """The metrics listener: an C{HTTPWingService} named C{metrics} serving L{MetricsResource},
+    its site built with the process's site settings and its shutdown with its grace."""
+    relay_site = RelaySite(
+        MetricsResource(), body_limit=BodyLimit(64 * 1024, _too_large), settings=site, relay="metrics"
+    )
+    return HTTPWingService("metrics", relay_site, listen, reactor, clock, grace=grace)
 
 
 def _too_large(request: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes]:

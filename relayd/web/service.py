@@ -9,12 +9,14 @@ from twisted.application.service import MultiService
 from twisted.internet import defer, endpoints
 from twisted.internet.interfaces import IListeningPort, IReactorCore
 from twisted.logger import Logger
+from zope.interface import implementer
 
+from relayd import metrics
 from relayd.clock import Clock
 from relayd.config import is_loopback_endpoint, is_tls_endpoint
 from relayd.web.site import RelaySite
+from relayd.wing import DEFAULT_GRACE, IWing
 
-DEFAULT_GRACE = 5.0
 _POLL = 0.05
 # Every wing's startup line comes from this one logger, whatever the wing (docs/configuration.md "Logs").
 _announcer = Logger(namespace="relayd.listening")
@@ -39,14 +41,18 @@ def bound_ports(listeners: list[StreamServerEndpointService]) -> defer.Deferred[
     return defer.gatherResults([svc._waitingForPort for svc in listeners])  # type: ignore[union-attr]
 
 
+@implementer(IWing)
 class HTTPWingService(MultiService):
-    """One wing's listeners over one site.
+    """One wing's listeners over one site (L{IWing}).
 
     Shutdown runs in phases: stop listening; wait for C{settle()} (requests whose answers are still
     being worked out, such as broker actions); C{drain()} (the wing ends its streams with its own
     final frames and answers parked requests); close the site's connections; wait until
     C{remaining()} and the site report nothing open; abort what is left once C{grace} seconds have
     passed since listening stopped; then stop the other children (what they hold is no longer used).
+
+    Everything is given at construction (the site built with its settings, the C{grace}); while
+    it runs, the site's open connections are reported on C{relayd_http_connections}.
     """
 
     _log = Logger()
@@ -69,8 +75,6 @@ class HTTPWingService(MultiService):
         super().__init__()
         self.setName(name)
         self.site = site
-        if getattr(site, "relay", None) is None:
-            site.relay = name  # access-log lines and metrics name the relay
         self.clock = clock
         self.grace = grace
         self._settle = settle
@@ -78,6 +82,9 @@ class HTTPWingService(MultiService):
         self._remaining = remaining
         self._abort = abort
         self.listeners = add_listeners(self, site, listen, reactor)
+        # Read at scrape time by the metrics listener (stopped after the listeners, at drain's end).
+        watching = metrics.Watching().add(metrics.http_connections, site.open_connections, relay=site.relay or name)
+        watching.setServiceParent(self)
         self.drained = True  # False when shutdown had to give up on requests after a grace period
         for description in listen:
             if not is_loopback_endpoint(description):
@@ -100,6 +107,22 @@ class HTTPWingService(MultiService):
         """What the startup line says after the URL (the wing's key settings), or nothing."""
         return ""
 
+    def settle(self) -> defer.Deferred[None]:
+        """Fires once requests whose answers are being worked out are answered (shutdown's phase 2)."""
+        return self._settle()
+
+    def drain(self) -> None:
+        """End the wing's streams with its own final frames; answer parked requests."""
+        self._drain()
+
+    def remaining(self) -> int:
+        """Connections the site does not see (WebSockets) that are still open."""
+        return self._remaining()
+
+    def abort(self) -> None:
+        """Abort what is still open once the grace period is over."""
+        self._abort()
+
     def _announce(self, ports: list[IListeningPort]) -> None:
         """One line per listener: C{"<wing> listening on <url>[ (<details>)]"}."""
         details = self.details()
@@ -117,19 +140,19 @@ class HTTPWingService(MultiService):
         self._log.info("{relay}: stopped listening, draining", relay=self.name)
         # One grace period covers settling and draining together.
         started = self.clock.seconds()
-        if not await _within(self.clock, self.grace, self._settle()):
+        if not await _within(self.clock, self.grace, self.settle()):
             self._log.warn("{relay}: grace period over with requests still in flight", relay=self.name)
             self.drained = False
-        self._drain()
+        self.drain()
         self.site.close_connections()
         waited = self.clock.seconds() - started
-        while waited < self.grace and (self._remaining() or self.site.open_connections()):
+        while waited < self.grace and (self.remaining() or self.site.open_connections()):
             await _sleep(self.clock, _POLL)
             waited += _POLL
-        if self._remaining() or self.site.open_connections():
+        if self.remaining() or self.site.open_connections():
             self._log.warn("{relay}: grace period over, aborting open connections", relay=self.name)
             self.drained = False
-            self._abort()
+            self.abort()
             self.site.close_connections(abort=True)
         # Other children (metrics callbacks, ...) stop once the connections are gone.
         others = [svc for svc in self if svc not in self.listeners and svc.running]

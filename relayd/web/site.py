@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 from twisted.internet.interfaces import IAddress, IDelayedCall
@@ -39,6 +40,7 @@ _REQUEST_TIMEOUT = (408, b"Request Timeout", b'{"error":"request_timeout"}')
 _LENGTH_DIGITS = 18
 DEFAULT_HEADER_TIMEOUT = 20.0
 DEFAULT_BODY_TIMEOUT = 60.0
+DEFAULT_IDLE_TIMEOUT = 60.0
 # A module-level logger: a Logger class attribute would take the class's name as its namespace.
 _access_log = Logger(namespace=ACCESS_NAMESPACE)
 
@@ -306,6 +308,28 @@ def _relay_channel(site: Site) -> _GenericHTTPChannelProtocol:
     return _GenericHTTPChannelProtocol(RelayChannel())
 
 
+@dataclass(frozen=True)
+class SiteSettings:
+    """The process-wide settings every wing's site is built with (relayd/settings.py's table).
+
+    @ivar trust_forwarded_for: how many reverse proxies' C{X-Forwarded-For} entries to believe (0:
+        none; the peer is the connection's, or the PROXY-protocol source on a C{haproxy:} listener).
+    @ivar header_timeout: seconds a request line and its headers may take (C{408} after).
+    @ivar body_timeout: seconds a request body may take once the headers are in (C{408} after).
+    @ivar idle_timeout: seconds a connection may sit idle (Twisted's C{timeOut}).
+    @ivar access_log: whether to log a line per request.
+    """
+
+    trust_forwarded_for: int = 0
+    header_timeout: float | None = DEFAULT_HEADER_TIMEOUT
+    body_timeout: float | None = DEFAULT_BODY_TIMEOUT
+    idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT
+    access_log: bool = True
+
+
+DEFAULT_SITE_SETTINGS = SiteSettings()
+
+
 class RelaySite(Site):
     """The site of one wing's listener.
 
@@ -315,30 +339,43 @@ class RelaySite(Site):
     (C{access_token}); it logs its own line per request instead (L{access}): method, path without
     the query, status, bytes, peer.
 
-    @ivar relay: the relay named in access-log lines and metrics (set from the service's name).
-    @ivar trust_forwarded_for: how many reverse proxies' C{X-Forwarded-For} entries to believe (0:
-        none; the peer is the connection's, or the PROXY-protocol source on a C{haproxy:} listener).
-    @ivar header_timeout: seconds a request line and its headers may take (C{408} after).
-    @ivar body_timeout: seconds a request body may take once the headers are in (C{408} after).
-    @ivar access_log: whether to log a line per request.
+    Everything it is configured with is given at construction: C{relay}, the name in access-log
+    lines and metrics, and C{settings} (L{SiteSettings}), whose values become the attributes
+    below (C{idle_timeout} is Twisted's C{timeOut}).
+
+    @ivar relay: the relay named in access-log lines and metrics.
+    @ivar trust_forwarded_for: see L{SiteSettings}.
+    @ivar header_timeout: see L{SiteSettings}.
+    @ivar body_timeout: see L{SiteSettings}.
+    @ivar access_log: see L{SiteSettings}.
     """
 
     requestFactory = RelayRequest
     protocol = _relay_channel
     _log = Logger()
     noisy = False  # no "Starting factory" lines per listener
-    relay: str | None = None
-    trust_forwarded_for = 0
-    header_timeout: float | None = DEFAULT_HEADER_TIMEOUT
-    body_timeout: float | None = DEFAULT_BODY_TIMEOUT
-    access_log = True
 
-    def __init__(self, resource: IResource, *, body_limit: BodyLimit | None = None, **kw: Any) -> None:
+    def __init__(
+        self,
+        resource: IResource,
+        *,
+        body_limit: BodyLimit | None = None,
+        settings: SiteSettings = DEFAULT_SITE_SETTINGS,
+        relay: str | None = None,
+        **kw: Any,
+    ) -> None:
         # relayd takes no HTML form posts; Twisted's form parsing runs every POST's content type
         # through the email package, about a third of a small POST's CPU.
         kw.setdefault("parsePOSTFormSubmission", False)
         super().__init__(resource, **kw)
         self.body_limit = body_limit
+        self.relay: str | None = relay
+        self.settings = settings
+        self.trust_forwarded_for: int = settings.trust_forwarded_for
+        self.header_timeout: float | None = settings.header_timeout
+        self.body_timeout: float | None = settings.body_timeout
+        self.timeOut = settings.idle_timeout
+        self.access_log: bool = settings.access_log
         self._protocols: weakref.WeakSet[Any] = weakref.WeakSet()
         self._request_counters: dict[tuple[str, int], Any] = {}  # labelled children, looked up once
 

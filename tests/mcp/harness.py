@@ -13,7 +13,6 @@ from twisted.internet.task import deferLater
 from twisted.trial import unittest
 from twisted.web.client import HTTPConnectionPool
 
-import relayd.redis
 from relayd.clock import Clock
 from relayd.config import resolve
 from relayd.mcp.config import SETTINGS
@@ -142,13 +141,10 @@ async def wait_ready(service: McpService, timeout: float = TIMEOUT) -> None:
 
 
 async def close_redis(service: McpService) -> None:
-    """Close the wing's Redis pool (the process would at exit) and forget it in the process cache."""
+    """Close the wing's Redis client (the process's root service would, at stop)."""
     bus = service.broker.bus
     if isinstance(bus, RedisMcpBus):
         await bus.stop()
-        for key, client in list(relayd.redis._clients.items()):
-            if client is bus.redis:
-                del relayd.redis._clients[key]
         await bus.redis.close()
 
 

@@ -1,0 +1,111 @@
+"""The wing contract: what C{relayd.tap} hands a wing (L{Plumbing}) and what it gets back (L{IWing}).
+
+A wing is a package with two modules (docs/architecture.md "The wing contract"):
+
+- C{config}: C{SETTINGS}, its table of L{relayd.config.Setting} rows (the tap builds its C{Options}
+  from every wing's), and a frozen config object built from the resolved values;
+- C{service}: C{make_wing(plumbing, settings)}, returning an L{IWing} provider, or C{None} when the
+  wing is not configured.
+
+This module is plumbing: it imports no wing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from twisted.application.service import IService
+from zope.interface import Attribute
+
+from relayd.clock import Clock
+from relayd.config import Resolved
+from relayd.redis import Redis
+from relayd.web.site import DEFAULT_SITE_SETTINGS, SiteSettings
+
+DEFAULT_REDIS_PREFIX = "relayd:"
+DEFAULT_GRACE = 5.0  # --shutdown-grace
+
+
+class IWing(IService):
+    """One wing: a service with its listeners over one site, and a phased shutdown.
+
+    L{relayd.web.service.HTTPWingService} provides it; a wing passes its C{settle}, C{drain},
+    C{remaining} and C{abort} to that class's constructor (or overrides the methods).
+    """
+
+    site = Attribute("The wing's L{relayd.web.site.RelaySite}, built with the plumbing's site settings")
+    grace = Attribute("Seconds shutdown waits for in-flight work and streams before aborting")
+    drained = Attribute("False once a shutdown had to give up on requests after the grace period")
+    url_path = Attribute("The path the wing serves under, shown in its startup line")
+
+    def ports() -> Any:
+        """A Deferred firing with the listening ports once every listener is bound (readiness)."""
+
+    def details() -> str:
+        """What the wing's startup line says after its URL (its key settings), or C{""}."""
+
+    def settle() -> Any:
+        """A Deferred firing once requests whose answers are being worked out are answered."""
+
+    def drain() -> None:
+        """End streams with the wing's final frames and answer parked requests."""
+
+    def remaining() -> int:
+        """How many connections the site does not see (WebSockets) are still open."""
+
+    def abort() -> None:
+        """Abort what is still open once the grace period is over."""
+
+
+@dataclass(frozen=True)
+class Plumbing:
+    """What every wing is built with, made once by the tap from the resolved settings.
+
+    @ivar reactor: the reactor the listeners bind on.
+    @ivar clock: the one owner of timers (tests hand in a L{twisted.internet.task.Clock}).
+    @ivar redis: the process's one Redis client (C{--redis}), or C{None}: shared by every wing,
+        closed by whoever built the plumbing (the tap's root service), never by a wing.
+    @ivar redis_prefix: the prefix of every Redis key (C{--redis-prefix}).
+    @ivar site: the settings every wing's site is constructed with.
+    @ivar grace: the shutdown grace (C{--shutdown-grace}), given to every wing's service.
+    """
+
+    reactor: Any
+    clock: Clock
+    redis: Redis | None = None
+    redis_prefix: str = DEFAULT_REDIS_PREFIX
+    site: SiteSettings = DEFAULT_SITE_SETTINGS
+    grace: float = DEFAULT_GRACE
+
+    @classmethod
+    def from_settings(cls, settings: Resolved, reactor: Any, clock: Clock) -> Plumbing:
+        """The plumbing the resolved settings describe; a table that is absent leaves its defaults.
+
+        With C{--redis} this makes a new client: the caller owns it and closes it.
+        """
+        values = settings.values
+        url = values.get("redis")
+        prefix = values.get("redis-prefix") or DEFAULT_REDIS_PREFIX
+        return cls(
+            reactor=reactor,
+            clock=clock,
+            # The prefix also names the keyspace version key (relayd/redis.py KEYSPACE_VERSION).
+            redis=Redis(url, clock, prefix=prefix) if url else None,
+            redis_prefix=prefix,
+            site=site_settings(settings),
+            grace=values.get("shutdown-grace", DEFAULT_GRACE),
+        )
+
+
+def site_settings(settings: Resolved) -> SiteSettings:
+    """The L{SiteSettings} from relayd/settings.py's values (defaults where the table is absent)."""
+    values = settings.values
+    default = DEFAULT_SITE_SETTINGS
+    return SiteSettings(
+        trust_forwarded_for=values.get("trust-forwarded-for", default.trust_forwarded_for),
+        header_timeout=values.get("header-timeout", default.header_timeout),
+        body_timeout=values.get("body-timeout", default.body_timeout),
+        idle_timeout=values.get("idle-timeout", default.idle_timeout),
+        access_log=not values.get("no-access-log", not default.access_log),
+    )
