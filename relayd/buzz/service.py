@@ -154,7 +154,6 @@ class BrokerService(HTTPWingService):
         challenge_wait: float = 1.0,
         grace: float = DEFAULT_GRACE,
         redis: Redis | None = None,
-        redis_url: str | None = None,
         redis_prefix: str = DEFAULT_REDIS_PREFIX,
         site: SiteSettings = DEFAULT_SITE_SETTINGS,
         receipt_retention: int = RECEIPT_RETENTION,
@@ -185,14 +184,10 @@ class BrokerService(HTTPWingService):
             runtimes=runtimes if runtimes is not None else ["buzz-acp"],
             reactions_enabled=reactions_enabled,
         )
-        # A client handed in (the plumbing's) is shared and not ours to close. C{redis_url} is for
-        # a broker built alone (tests, benchmarks): the client made from it is ours, closed with us.
+        # The client handed in (the plumbing's) is shared: whoever made it closes it.
         self.redis: Redis | None = redis
-        self._own_redis = redis is None and bool(redis_url)
         self.redis_receipts: Any = None
         receipts: IReceiptStore = self.state
-        if self._own_redis:
-            self.redis = Redis(redis_url, clock, prefix=redis_prefix)  # type: ignore[arg-type]
         if self.redis is not None:
             from relayd.buzz.redis_state import RedisReceipts
 
@@ -241,8 +236,6 @@ class BrokerService(HTTPWingService):
         await self.pool.close()
         if self.redis_receipts is not None:
             await self.redis_receipts.close()
-        if self._own_redis and self.redis is not None:
-            await self.redis.close()
         await self.state.close()
 
 

@@ -27,6 +27,7 @@ from relayd.buzz import admin, contract, nostr
 from relayd.buzz.service import BrokerService
 from relayd.buzz.state import StateDB
 from relayd.clock import Clock
+from relayd.redis import Redis
 
 
 def independent_verify(ev: dict[str, Any]) -> bool:
@@ -75,12 +76,19 @@ class BrokerUnderTest:
             with open(self.kek_file, "w") as f:
                 f.write(os.urandom(32).hex())
         self.service: BrokerService | None = None
+        self.redis: Redis | None = None  # made from redis_url=..., ours to close
         self.port = 0
         self.pool = HTTPConnectionPool(reactor, persistent=False)
 
     async def start(self) -> None:
         with open(self.kek_file) as f:
             kek = bytes.fromhex(f.read().strip())
+        kw = dict(self.kw)
+        url = kw.pop("redis_url", None)
+        clock = Clock(reactor)
+        if url is not None:  # a broker built alone, as the tap would hand it the plumbing's client
+            self.redis = Redis(url, clock, prefix=kw.get("redis_prefix", "relayd:"))
+            kw["redis"] = self.redis
         self.service = BrokerService(
             listen=["tcp:0:interface=127.0.0.1"],
             relay_url=self.relay_url,
@@ -88,9 +96,9 @@ class BrokerUnderTest:
             db=StateDB.in_dir(self.state_dir),
             kek=kek,
             reactor=reactor,
-            clock=Clock(reactor),
+            clock=clock,
             timeout=self.timeout,
-            **self.kw,
+            **kw,
         )
         self.service.startService()
         (port,) = await self.service.ports()
@@ -100,6 +108,9 @@ class BrokerUnderTest:
         if self.service is not None:
             await self.service.stopService()
             self.service = None
+        if self.redis is not None:
+            await self.redis.close()
+            self.redis = None
 
     def issue(self, name: str, *args: str) -> dict[str, str]:
         return issue(self.state_dir, "--agent", name, *args, kek_file=self.kek_file)
