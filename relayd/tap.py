@@ -21,6 +21,7 @@ from relayd.config import ConfigError, Resolved, Setting, resolve
 from relayd.redis import clients as redis_clients
 from relayd.rlimits import increase_rlimits
 from relayd.web.site import RelaySite
+from relayd.web import twisted_internals
 
 # Each wing provides relayd.<wing>.config.SETTINGS and relayd.<wing>.service.make_service.
 WINGS = ("aep", "mcp", "buzz")
@@ -157,9 +158,7 @@ class RelaydService(MultiService):
         if all(getattr(child, "drained", True) for child in self):
             # Drained cleanly: exit 0. twistd would otherwise re-raise the SIGTERM that stopped it,
             # and an operator (or a supervisor) could not tell a clean drain from an abort.
-            reactor = self.clock.reactor
-            if getattr(reactor, "_exitSignal", None) is not None:
-                reactor._exitSignal = None
+            twisted_internals.forget_exit_signal(self.clock.reactor)
 
 
 def makeService(config: Options, reactor: Any = None) -> IService:
