@@ -315,8 +315,9 @@ class _StrictListener(StreamServerEndpointService):
         if self.listening is None:
             self.privilegedStartService()
 
-    def stopService(self) -> defer.Deferred[None]:
-        listening, self.listening = self.listening, None
+    def stopService(self) -> Any:
+        listening: Any = self.listening
+        self.listening = None
         self.running = False
         if listening is None:
             return defer.succeed(None)
@@ -367,7 +368,7 @@ TEXT_FORMATTER = _uses(FileLogObserver.__call__, "formatEvent")
 _TEXT_OBSERVER_FORMATTER = "textFileLogObserver.<locals>.formatEvent"
 
 
-def observe_first(publisher: LogPublisher, observer: Callable[[Any], None]) -> None:
+def observe_first(publisher: LogPublisher, observer: Any) -> None:
     """Add C{observer} to C{publisher} ahead of every observer it already has.
 
     Public API can only append: an observer added before this one would see events first (the
@@ -393,7 +394,7 @@ def wrap_text_formatters(publisher: LogPublisher, wrap: Callable[[Callable[[Any]
     if not TEXT_FORMATTER:
         return
     for observer in observers(publisher):
-        format_event = getattr(observer, "formatEvent", None)
+        format_event: Any = getattr(observer, "formatEvent", None)
         if isinstance(observer, FileLogObserver) and getattr(format_event, "__qualname__", "") == _TEXT_OBSERVER_FORMATTER:
             observer.formatEvent = wrap(format_event)
 
