@@ -20,8 +20,8 @@ from relayd.clock import Clock
 from relayd.config import ConfigError, Resolved, Setting, resolve
 from relayd.redis import clients as redis_clients
 from relayd.rlimits import increase_rlimits
-from relayd.web.site import RelaySite
 from relayd.web import twisted_internals
+from relayd.web.site import RelaySite
 
 # Each wing provides relayd.<wing>.config.SETTINGS and relayd.<wing>.service.make_service.
 WINGS = ("aep", "mcp", "buzz")
