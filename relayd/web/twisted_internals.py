@@ -5,8 +5,9 @@ method of L{ChannelHooks}). Each is detected once, at import, on the installed c
 the shortcut relies on must appear in the methods of Twisted or autobahn that use them); when a
 release drops them the flag is off and the shortcut takes the public path, slower or plainer but
 correct. tests/web/test_twisted_internals.py checks each detection over real loopback
-connections, checks that each fallback gives the same observable result, and fails any module
-outside this one that touches a Twisted or autobahn private attribute. setup.cfg bounds the
+connections, checks that each fallback gives the same observable result (or, where no public API
+does the same, Twisted's own plainer behaviour), and fails any module outside this one that
+touches a Twisted or autobahn private attribute. setup.cfg bounds the
 Twisted and autobahn versions so that a new release is admitted only once those tests pass on it.
 
 What each shortcut saves is measured in docs/performance.md ("Twisted internals"). This module
@@ -209,6 +210,8 @@ CHANNEL_PIPELINE = _uses(http.HTTPChannel.requestDone, "_waitingForTransport", "
 CHANNEL_LENGTH_HOOK = hasattr(http.HTTPChannel, "_maybeChooseTransferDecoder")
 CHANNEL_BAD_REQUEST_HOOK = hasattr(http.HTTPChannel, "_respondToBadRequestAndDisconnect")
 GENERIC_CHANNEL = hasattr(http, "_GenericHTTPChannelProtocol")
+"""What each L{ChannelHooks} method and L{channel_protocol} rely on: C{HTTPChannel}'s header counts,
+its pause state and network producer, its two private hooks, and the HTTP/1.1-or-2 wrapper."""
 
 
 class ChannelHooks(http.HTTPChannel):
