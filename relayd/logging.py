@@ -30,10 +30,9 @@ import re
 import string
 import sys
 from datetime import UTC, datetime
-from typing import IO, Any, Callable, cast
+from typing import IO, Any, Callable
 
 from twisted.logger import (
-    FileLogObserver,
     ILogObserver,
     LogEvent,
     LogLevel,
@@ -44,6 +43,8 @@ from twisted.logger import (
 )
 from twisted.python.failure import Failure
 from zope.interface import implementer, provider
+
+from relayd.web.twisted_internals import observe_first, wrap_text_formatters
 
 SCRUBBED = "[scrubbed]"
 
@@ -278,11 +279,7 @@ def install_scrubber(publisher: LogPublisher | None = None) -> None:
     publisher = globalLogPublisher if publisher is None else publisher
     if getattr(publisher, "_relayd_scrubbing", False):
         return
-    observers = getattr(publisher, "_observers", None)
-    if isinstance(observers, list):
-        observers.insert(0, scrub_in_place)  # LogPublisher keeps a plain list; first in it runs first
-    else:
-        publisher.addObserver(cast(ILogObserver, scrub_in_place))
+    observe_first(publisher, scrub_in_place)
     publisher._relayd_scrubbing = True  # type: ignore[attr-defined]
 
 
@@ -333,13 +330,7 @@ def quicken_access_lines(publisher: LogPublisher | None = None) -> None:
     """Give twistd's text-file observer (whatever file it writes to) the fast access-line formatter,
     which also leaves out Twisted's per-port lines (L{is_port_noise}). Calling it again changes nothing."""
     publisher = globalLogPublisher if publisher is None else publisher
-    for observer in list(getattr(publisher, "_observers", [])):
-        format_event = getattr(observer, "formatEvent", None)
-        if (
-            isinstance(observer, FileLogObserver)
-            and getattr(format_event, "__qualname__", "") == "textFileLogObserver.<locals>.formatEvent"
-        ):
-            observer.formatEvent = _AccessLines(format_event)  # type: ignore[arg-type]
+    wrap_text_formatters(publisher, _AccessLines)
 
 
 # JSON lines ------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from relayd.clock import Clock
 from relayd.config import ConfigError, Resolved, Setting, resolve, shown_default
 from relayd.redis import Redis
 from relayd.rlimits import increase_rlimits
-from relayd.web import metrics_listener
+from relayd.web import metrics_listener, twisted_internals
 from relayd.wing import IWing, Plumbing
 
 # The wings, in start order (shutdown drains them in reverse). Each is a package with a `config`
@@ -206,9 +206,7 @@ class RelaydService(MultiService):
         if all(wing.drained for wing in self.wings()):
             # Drained cleanly: exit 0. twistd would otherwise re-raise the SIGTERM that stopped it,
             # and an operator (or a supervisor) could not tell a clean drain from an abort.
-            reactor = self.clock.reactor
-            if getattr(reactor, "_exitSignal", None) is not None:
-                reactor._exitSignal = None
+            twisted_internals.forget_exit_signal(self.clock.reactor)
 
 
 def _exit_after_shutdown(status: int, reactor: Any) -> None:

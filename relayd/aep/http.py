@@ -25,6 +25,7 @@ from relayd.redis import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param, tokens_equal
 from relayd.web.body import EarlyAnswer, read_body
 from relayd.web.sse import SSEHub, SSEStream, sse_comment
+from relayd.web.twisted_internals import request_gone
 
 SOFT_BACKLOG = 1024 * 1024  # above this, events below `notice` are dropped for a slow consumer
 HARD_BACKLOG = 8 * 1024 * 1024  # above this, the consumer is cut off (it resumes by position)
@@ -369,7 +370,7 @@ class AEPResource(Resource):
 
     def _parse(self, request: Request, parser: BatchParser) -> None:
         """Parse one slice of the batch; the next slice waits for the next reactor turn."""
-        if request._disconnected:
+        if request_gone(request):
             return  # nobody is waiting for the answer: stop paying for the body
         try:
             if not parser.step(PARSE_SLICE):
@@ -439,7 +440,7 @@ class AEPResource(Resource):
         history_only: bool,
     ) -> None:
         stream = sub.stream
-        if request._disconnected or stream.closed:  # gone, or cut off already for what it held
+        if request_gone(request) or stream.closed:  # gone, or cut off already for what it held
             self.relay.unsubscribe(key)
             return
         stream.on_close = lambda: self._closed(key)
@@ -599,7 +600,7 @@ def _respond(request: Request, status: int, body: bytes, headers: Sequence[tuple
 
 
 def _finish(request: Request, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
-    if request._disconnected:
+    if request_gone(request):
         return
     request.write(_respond(request, status, body, headers))
     request.finish()

@@ -40,6 +40,7 @@ from relayd.aep.wire import ws_message
 from relayd.clock import Clock
 from relayd.redis import StoreUnavailable
 from relayd.web.transport import no_delay, pause_reading, resume_reading, write_now
+from relayd.web.twisted_internals import ws_frames_direct
 
 ROLES = ("emitter", "consumer", "both")
 CLOSE_GOING_AWAY = 1001
@@ -107,13 +108,13 @@ class WSReplay(ReplayProducer):
         frame = {"type": "replay-exhausted", "sub": self.sub.sub_id, "session": session,  # type: ignore[attr-defined]
                  "earliest": {"epoch": epoch, "seq": seq}}
         message = self.conn.factory.prepareMessage(dumps(frame))
-        self.conn._queue_message(message, None, None)
+        self.conn._enqueue(message, None, None)
         return len(message.payloadHybi)
 
     def send_event(self, event: Event) -> int:
         # The capture ceiling applies to replay too (docs/decisions.md AEP-1).
         message = ws_message(event, self.sub.level(event), self.conn.factory)
-        self.conn._queue_message(message, self.sub, event)  # type: ignore[arg-type]
+        self.conn._enqueue(message, self.sub, event)  # type: ignore[arg-type]
         return len(message.payloadHybi)
 
     def stalled(self) -> bool:
@@ -225,7 +226,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         autobahn's C{sendClose} admits only 1000 and 3000-4999 (application codes); AEP names
         protocol codes, which the frame-level call sends as they are. What is queued (an error
         frame explaining the close) goes first, even to a client that is not reading; nothing is
-        sent after the Close frame (L{_queue_message} checks the state), and the socket is read again for
+        sent after the Close frame (L{_enqueue} checks the state), and the socket is read again for
         the client's answer to it.
         """
         self._replay = None
@@ -236,17 +237,17 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
 
     def send_frame(self, frame: dict[str, Any]) -> None:
         """Send a protocol frame (never skipped for a slow client, but counted in its backlog)."""
-        self._queue_message(self.factory.prepareMessage(dumps(frame)), None, None)
+        self._enqueue(self.factory.prepareMessage(dumps(frame)), None, None)
 
     def send_command(self, event: Event) -> None:
         """A routed command, forwarded byte-identically as a bare envelope."""
-        self._queue_message(ws_message(event, None, self.factory), None, None)
+        self._enqueue(ws_message(event, None, self.factory), None, None)
 
     def send_event(self, sub: WSSubscription, event: Event, level: str | None) -> None:
         if self.paused and self._queued_bytes > SOFT_BACKLOG and event.severity < NOTICE:
             _SLOW_CONSUMER.inc()
             return
-        self._queue_message(ws_message(event, level, self.factory), sub, event)
+        self._enqueue(ws_message(event, level, self.factory), sub, event)
 
     def hold_event(self, sub: WSSubscription, event: Event, level: str | None) -> None:
         """Hold a live event of C{sub} while its replay is sent, within the backlog bounds (what is
@@ -263,7 +264,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
             return
         sub.keep_held(event, size)
 
-    def _queue_message(self, message: Any, sub: WSSubscription | None, event: Event | None) -> None:
+    def _enqueue(self, message: Any, sub: WSSubscription | None, event: Event | None) -> None:
         """Queue a prepared message; the factory flushes every dirty connection once per turn.
 
         Every message counts: past the hard bound, while the client is not reading, the
@@ -323,7 +324,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
             self._queue = []
             self._queued_bytes = 0
             return
-        direct = self._perMessageCompress is None and not self.send_queue
+        direct = ws_frames_direct(self)
         start, count = 0, len(queue)
         while start < count and (force or not self.paused):
             if start == 0 and self._queued_bytes <= FLUSH_AT:
@@ -739,7 +740,7 @@ class AEPSocketFactory(WebSocketServerFactory):
             return
         message = self.prepareMessage(dumps({"type": "ping", "t": int(time.time() * 1000)}))
         for conn in list(self.connections):
-            conn._queue_message(message, None, None)  # (not once its closing handshake started)
+            conn._enqueue(message, None, None)  # (not once its closing handshake started)
 
     def listing(self) -> list[dict[str, Any]]:
         return [conn.listing() for conn in self.connections if conn.hello_done]

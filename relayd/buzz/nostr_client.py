@@ -34,6 +34,7 @@ from relayd.buzz import nostr
 from relayd.buzz.upstream import REPEAT_EVERY, Throttle, public_url
 from relayd.clock import Clock
 from relayd.web.transport import write_now
+from relayd.web.twisted_internals import ws_data_received, ws_frames_direct, ws_parser_idle
 
 Event = dict[str, Any]
 
@@ -103,10 +104,7 @@ class _Protocol(WebSocketClientProtocol):
             self._held = None
         if (
             self.state == _OPEN
-            and self.current_frame is None
-            and not self.inside_message
-            and not self.data
-            and self._perMessageCompress is None
+            and ws_parser_idle(self)
         ):
             used, need = self._fast_frames(data)
             if need:
@@ -118,7 +116,7 @@ class _Protocol(WebSocketClientProtocol):
                 return
             if used:
                 data = data[used:]
-        self._dataReceived(data)  # autobahn's path, minus its per-call debug-log formatting
+        ws_data_received(self, data)  # autobahn's path, minus its per-call debug-log formatting
 
     def _fast_frames(self, data: bytes) -> tuple[int, int]:
         """Deliver the complete plain text frames at the head of C{data}.
@@ -169,7 +167,7 @@ class _Protocol(WebSocketClientProtocol):
 
     def send_text(self, payload: bytes) -> None:
         """Send one text message (framed and masked here while the connection is plainly open)."""
-        if self.state != _OPEN or self.send_queue or self._perMessageCompress is not None or self.transport is None:
+        if self.state != _OPEN or not ws_frames_direct(self) or self.transport is None:
             self.sendMessage(payload)
             return
         n = len(payload)

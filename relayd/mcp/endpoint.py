@@ -31,6 +31,7 @@ from relayd.web.auth import bearer_token, query_param
 from relayd.web.body import read_body
 from relayd.web.cors import OriginPolicy
 from relayd.web.sse import SSEHub, SSEStream
+from relayd.web.twisted_internals import request_gone
 
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
@@ -322,7 +323,7 @@ class Client:
 
 
 def _gone(request: Request) -> bool:
-    return bool(getattr(request, "_disconnected", False)) or bool(request.finished)
+    return request_gone(request) or bool(request.finished)
 
 
 def _finish(request: Request, status: int, body: bytes, content_type: bytes = b"application/json") -> None:

@@ -32,6 +32,7 @@ from relayd.web.auth import bearer_token, query_param
 from relayd.web.body import EarlyAnswer, read_body
 from relayd.web.cors import OriginPolicy
 from relayd.web.sse import DEFAULT_MAX_BUFFER, SSEHub, SSEStream, sse_comment
+from relayd.web.twisted_internals import request_gone
 
 MAX_BODY = 256 * 1024
 HEALTH_BODY = b'{"ok":true,"service":"agent-integrations-relay"}'
@@ -79,7 +80,7 @@ def status_for(reason: str) -> int:
 
 
 def _gone(request: Request) -> bool:
-    return bool(getattr(request, "_disconnected", False)) or bool(request.finished)
+    return request_gone(request) or bool(request.finished)
 
 
 def _token(request: Request) -> str:

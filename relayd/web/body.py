@@ -13,6 +13,8 @@ from typing import Callable
 from twisted.web.http import parse_qs
 from twisted.web.server import Request
 
+from relayd.web.twisted_internals import request_line
+
 # (status, headers, body) of the early answer to an oversize body.
 EarlyAnswer = tuple[int, list[tuple[bytes, bytes]], bytes]
 
@@ -74,8 +76,7 @@ class LimitedRequest(Request):
         # The request line is known to the channel even though the request has not been "received":
         # split it as requestReceived would, so the early answer sees the path and the query (an
         # C{access_token}) exactly as a rendered request does.
-        self.method = getattr(channel, "_command", b"")
-        self.uri = getattr(channel, "_path", b"")
+        self.method, self.uri = request_line(channel)
         self.path, _, query = self.uri.partition(b"?")
         self.args = parse_qs(query, 1) if query else {}
         status, headers, body = limit.respond(self)

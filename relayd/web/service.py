@@ -15,6 +15,7 @@ from relayd import metrics
 from relayd.clock import Clock
 from relayd.config import is_loopback_endpoint, is_tls_endpoint
 from relayd.web.site import RelaySite
+from relayd.web.twisted_internals import bound_port, listening_service
 from relayd.wing import DEFAULT_GRACE, IWing
 
 _POLL = 0.05
@@ -28,8 +29,8 @@ def add_listeners(
     """One child listener of C{parent} per endpoint description, all serving C{site}."""
     listeners = []
     for description in listen:
-        svc = StreamServerEndpointService(endpoints.serverFromString(reactor, description), site)
-        svc._raiseSynchronously = True  # a port that cannot be bound fails startup, as strports does
+        # A port that cannot be bound fails startup, as strports does.
+        svc = listening_service(endpoints.serverFromString(reactor, description), site)
         svc.description = description  # type: ignore[attr-defined]
         svc.setServiceParent(parent)
         listeners.append(svc)
@@ -38,7 +39,7 @@ def add_listeners(
 
 def bound_ports(listeners: list[StreamServerEndpointService]) -> defer.Deferred[list[IListeningPort]]:
     """Fires with the listeners' ports once every one is bound."""
-    return defer.gatherResults([svc._waitingForPort for svc in listeners])  # type: ignore[union-attr]
+    return defer.gatherResults([bound_port(svc) for svc in listeners])
 
 
 @implementer(IWing)

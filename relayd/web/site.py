@@ -14,7 +14,7 @@ from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import resource as _resource
-from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol, parse_qs
+from twisted.web.http import parse_qs
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Site
 
@@ -22,6 +22,7 @@ from relayd import metrics
 from relayd.logging import ACCESS_NAMESPACE, SCRUBBED_MARK
 from relayd.web.body import BodyLimit, EarlyAnswer, LimitedRequest
 from relayd.web.transport import hold_writes, release_writes
+from relayd.web.twisted_internals import ChannelHooks, allowed_methods, channel_of, channel_protocol, request_line
 
 MAX_HEADER_BYTES = 16384
 """The request line and header block together (Twisted's C{totalHeadersSize}); C{431} beyond."""
@@ -45,7 +46,7 @@ DEFAULT_IDLE_TIMEOUT = 60.0
 _access_log = Logger(namespace=ACCESS_NAMESPACE)
 
 
-class RelayChannel(HTTPChannel):
+class RelayChannel(ChannelHooks):
     """An C{HTTPChannel} whose refusals are complete answers a client can read.
 
     A request line and header block over L{MAX_HEADER_BYTES}, or over L{MAX_HEADER_FIELDS} fields,
@@ -129,29 +130,29 @@ class RelayChannel(HTTPChannel):
         site = getattr(self, "site", None)
         if isinstance(site, RelaySite) and self.transport is not None:
             peer = _host_of(self.transport.getPeer())
-            site.access(method=getattr(self, "_command", b"-"), path=_strip_query(getattr(self, "_path", b"-")),
-                        status=status, sent=sent, peer=peer)
+            method, path = request_line(self)
+            site.access(method=method or b"-", path=_strip_query(path or b"-"), status=status, sent=sent, peer=peer)
 
     def lineReceived(self, line: bytes) -> None:
-        if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
+        if self.header_bytes() + len(line) > self.totalHeadersSize:
             self._refuse(_HEADERS_TOO_LARGE)
             return
         super().lineReceived(line)
 
     def headerReceived(self, line: bytes) -> bool:
-        if self._receivedHeaderCount >= self.maxHeaders:
+        if self.header_fields() >= self.maxHeaders:
             self._refuse(_HEADERS_TOO_LARGE)  # Twisted answers the field over its count with 400
             return False
         return bool(super().headerReceived(line))
 
-    def _maybeChooseTransferDecoder(self, header: bytes, data: bytes) -> bool:
+    def length_header(self, header: bytes, data: bytes) -> bytes:
         if len(data) > _LENGTH_DIGITS and header.lower() == b"content-length" and data.isdigit():
             data = data.lstrip(b"0") or b"0"
             if len(data) > _LENGTH_DIGITS:
                 data = b"9" * _LENGTH_DIGITS  # over every body cap: the site's BodyLimit answers
-        return bool(super()._maybeChooseTransferDecoder(header, data))
+        return data
 
-    def _respondToBadRequestAndDisconnect(self) -> None:
+    def bad_request(self) -> None:
         # Twisted writes a bare status line (no length, no connection: close, no access line).
         self._refuse(_BAD_REQUEST)
 
@@ -160,7 +161,7 @@ class RelayChannel(HTTPChannel):
         status, reason, body = answer
         self._stop_header_clock()
         length = len(body)
-        if getattr(self, "_command", None) == b"HEAD":
+        if request_line(self)[0] == b"HEAD":
             body = b""  # a HEAD answer announces the length of the body it does not send
         self._access_log(status, len(body))
         if self.transport is not None:
@@ -175,14 +176,14 @@ class RelayChannel(HTTPChannel):
     # from one small read. Once the transport asks us to pause, the rest waits for its resume.
 
     def requestDone(self, request: Any) -> None:
-        if self.persistent and self._waitingForTransport:
+        if self.persistent and self.waiting_for_transport():
             self.paused = True  # LineReceiver: keep what is buffered, parse nothing more
-            self._networkProducer.pauseProducing()  # and read nothing more meanwhile
+            self.stop_reading()  # and read nothing more meanwhile
         super().requestDone(request)
 
     def resumeProducing(self) -> None:
         super().resumeProducing()
-        if self.paused and not self._waitingForTransport and self.transport is not None:
+        if self.paused and not self.waiting_for_transport() and self.transport is not None:
             self.paused = False
             self.dataReceived(b"")  # parse the held requests now that answers can flow
 
@@ -282,9 +283,7 @@ def _json_answer(found: Any, method: bytes) -> IResource | None:
         return None  # the resource dispatches methods itself
     if _renders(found, method.decode("ascii", "replace")):
         return None
-    allowed: set[bytes] = {
-        bytes(m) for m in _resource._computeAllowedMethods(found) if _renders(found, bytes(m).decode("ascii"))
-    }
+    allowed: set[bytes] = {m for m in allowed_methods(found) if _renders(found, m.decode("ascii"))}
     if not allowed:
         return _NOT_FOUND  # an inner node of the tree (/v1): nothing is served there
     if b"GET" in allowed:
@@ -304,8 +303,8 @@ def _renders(found: Any, method: str) -> bool:
     return getattr(found, "render_" + method, None) is not None
 
 
-def _relay_channel(site: Site) -> _GenericHTTPChannelProtocol:
-    return _GenericHTTPChannelProtocol(RelayChannel())
+def _relay_channel(site: Site) -> Any:
+    return channel_protocol(RelayChannel())
 
 
 @dataclass(frozen=True)
@@ -457,7 +456,7 @@ class RelaySite(Site):
 
 def _transport(protocol: Any) -> Any:
     # Site protocols wrap the HTTPChannel (which holds the transport) in a generic proxy.
-    return getattr(getattr(protocol, "_channel", protocol), "transport", None)
+    return getattr(channel_of(protocol), "transport", None)
 
 
 def _connected(protocol: Any) -> bool:

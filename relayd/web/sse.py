@@ -25,7 +25,8 @@ from twisted.web.server import Request
 from zope.interface import implementer
 
 from relayd.clock import Clock
-from relayd.web.transport import no_delay, write_now
+from relayd.web.transport import no_delay
+from relayd.web.twisted_internals import send_body
 
 DEFAULT_MAX_BUFFER = 8 * 1024 * 1024
 DEFAULT_MAX_LAGGING = 256 * 1024 * 1024  # every lagging stream of one hub (one wing) together
@@ -193,14 +194,10 @@ class SSEStream:
         self._release_lagging()
         self._encoded = None
         transport = self._transport
-        if transport is None or self.request._disconnected:
-            self.request.write(data)
-            return
         if self._chunked:
-            write_now(transport, encoded if encoded is not None else http_chunk(data))
+            send_body(self.request, transport, data, encoded if encoded is not None else http_chunk(data))
         else:
-            write_now(transport, data)
-        self.request.sentLength += len(data)  # as request.write would count it (the access log's bytes)
+            send_body(self.request, transport, data, data)
 
     def _source_ready(self, result: object) -> None:
         self._waiting = False

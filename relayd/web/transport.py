@@ -4,73 +4,20 @@ Twisted's C{transport.write} queues the bytes, registers the socket for writabil
 on the next reactor iteration, then unregisters it: three system calls per write. A stream that
 receives one small event per turn pays that for every subscriber. When nothing is queued on the
 transport, L{write_now} sends at once (one system call) and hands only what the kernel did not take
-to C{transport.write}, so ordering and backpressure stay Twisted's.
+to C{transport.write}, so ordering and backpressure stay Twisted's. Those writes need Twisted's
+private transport state: they are defined in L{relayd.web.twisted_internals} and re-exported here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet import abstract, tcp
+from twisted.internet import abstract
 
-_DIRECT = (tcp.Server, tcp.Client)
+# The writes that reach into Twisted's transport state live with the other shortcuts.
+from relayd.web.twisted_internals import hold_writes, release_writes, write_now
 
-
-def write_now(transport: Any, data: bytes) -> None:
-    """Send C{data} now if C{transport} is a plain TCP connection with nothing queued, else queue it."""
-    if (
-        type(transport) in _DIRECT
-        and transport.connected
-        and not transport.disconnecting
-        and not transport._tempDataBuffer
-        and transport.offset == len(transport.dataBuffer)
-    ):
-        try:
-            sent = transport.socket.send(data)
-        except BlockingIOError:
-            sent = 0
-        except OSError:
-            sent = 0  # let Twisted's own write path see and report the error
-        if sent == len(data):
-            return
-        data = data[sent:]
-    transport.write(data)
-
-
-def _held() -> None:
-    """Stands in for C{startWriting} while writes are held (see L{hold_writes})."""
-
-
-def hold_writes(transport: Any) -> bool:
-    """Until L{release_writes}, let bytes written to C{transport} queue without watching the socket.
-
-    Twisted registers a socket for writability on its first queued write and unregisters it once
-    the bytes are sent on the next reactor turn: two system calls around the one that sends. A
-    response made while a read is handled (most HTTP answers) is then sent by L{release_writes} at
-    the end of that read, with one system call. C{False} when the transport is not plain TCP.
-    """
-    if type(transport) not in _DIRECT or not transport.connected or "startWriting" in transport.__dict__:
-        return False
-    transport.startWriting = _held
-    return True
-
-
-def release_writes(transport: Any) -> None:
-    """Send what was queued since L{hold_writes}; whatever cannot go now is left to the reactor."""
-    del transport.startWriting
-    if not transport.connected or getattr(transport, "_aborting", False):
-        return
-    if transport.disconnecting:
-        transport.startWriting()  # a close asked for meanwhile: the reactor flushes, then closes
-        return
-    if not transport._tempDataBuffer and transport.offset == len(transport.dataBuffer):
-        return
-    try:
-        failed = transport.doWrite() is not None
-    except Exception:
-        failed = True
-    if failed or transport._tempDataBuffer or transport.offset < len(transport.dataBuffer):
-        transport.startWriting()  # the rest (or the error) is the reactor's to handle
+__all__ = ["hold_writes", "no_delay", "pause_reading", "release_writes", "resume_reading", "write_now"]
 
 
 def no_delay(transport: Any) -> None:
