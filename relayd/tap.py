@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import importlib
 import os
 import sys
@@ -18,6 +17,7 @@ from relayd import logging as relayd_logging
 from relayd import metrics, sdnotify
 from relayd.clock import Clock
 from relayd.config import ConfigError, Resolved, Setting, resolve
+from relayd.gcpolicy import CollectorPolicy
 from relayd.redis import clients as redis_clients
 from relayd.rlimits import increase_rlimits
 from relayd.web.site import RelaySite
@@ -122,10 +122,11 @@ class RelaydService(MultiService):
 
     _log = Logger()
 
-    def __init__(self, clock: Clock, warnings: Sequence[str] = ()) -> None:
+    def __init__(self, clock: Clock, warnings: Sequence[str] = (), collector: CollectorPolicy | None = None) -> None:
         super().__init__()
         self.clock = clock
         self._warnings = list(warnings)
+        self.collector = collector if collector is not None else CollectorPolicy(clock, 0, 0)
 
     def startService(self) -> None:
         for warning in self._warnings:
@@ -135,9 +136,9 @@ class RelaydService(MultiService):
         relayd_logging.quicken_access_lines()
         # What start-up allocated lives as long as the process: move it out of the collector's
         # view, so full collections scan only what traffic allocates (gen-2 pauses of 26-55 ms
-        # under load became ~3 ms in the MCP benchmark).
-        gc.collect()
-        gc.freeze()
+        # under load became ~3 ms in the MCP benchmark); then, periodically, what traffic left
+        # alive (relayd/gcpolicy.py).
+        self.collector.start()
         waiting = [child.ports() for child in self if callable(getattr(child, "ports", None))]
         defer.gatherResults(waiting, consumeErrors=True).addCallbacks(self._ready, lambda f: None)
 
@@ -176,7 +177,8 @@ def makeService(config: Options, reactor: Any = None) -> IService:
             relayd_logging.register_secret(settings[s.name])
     increase_rlimits()
     clock = Clock(reactor)
-    root = RelaydService(clock, settings.warnings)
+    collector = CollectorPolicy(clock, settings["gc-freeze-interval"], settings["gc-full-interval"])
+    root = RelaydService(clock, settings.warnings, collector)
     try:
         if settings.values.get("metrics-listen"):
             metrics.make_service(settings["metrics-listen"], reactor, clock).setServiceParent(root)
