@@ -736,9 +736,9 @@ async def one_session_cpu(server: Server, events: int) -> tuple[float, float]:
 # over 5 ms of wall time is logged with its CPU time, to tell its pauses from the machine's load.
 GC_HOOK = """
 import gc, os, sys, time
-if "relayd" in " ".join(sys.argv) and os.environ.get("RELAYD_BENCH_GC"):
+if "relayd" in " ".join(sys.argv) and os.environ.get("BENCH_GC_DIR"):
     _t = [0.0, 0.0]
-    _out = open(os.path.join(os.environ["RELAYD_BENCH_GC"], f"{os.getpid()}.log"), "a", buffering=1)
+    _out = open(os.path.join(os.environ["BENCH_GC_DIR"], f"{os.getpid()}.log"), "a", buffering=1)
     def _pass(phase, info):
         if phase == "start":
             _t[0], _t[1] = time.perf_counter(), time.thread_time()
@@ -755,20 +755,21 @@ def gc_log(keep: bool) -> None:
         return
     where = tempfile.mkdtemp(prefix="relayd-bench-gc-")
     Path(where, "sitecustomize.py").write_text(GC_HOOK)
-    os.environ["RELAYD_BENCH_GC"] = where
+    os.environ["BENCH_GC_DIR"] = where
     os.environ["BENCH_EXTRA_PATH"] = os.pathsep.join(filter(None, [os.environ.get("BENCH_EXTRA_PATH"), where]))
 
 
 def gc_passes(server: Server, start: float, end: float) -> dict[str, float]:
     """The longest collector pass of C{server} between two wall times (ms of wall and of CPU)."""
-    where = os.environ.get("RELAYD_BENCH_GC")
+    where = os.environ.get("BENCH_GC_DIR")
     if not where:
         return {}
     path = Path(where, f"{server.proc.pid}.log")
     passes = [line.split() for line in (path.read_text().splitlines() if path.exists() else [])]
     passes = [(float(w), float(c)) for t, _, w, c in passes if start <= float(t) <= end]
     return {"gc_max_wall_ms": max((w for w, _ in passes), default=0.0),
-            "gc_max_cpu_ms": max((c for _, c in passes), default=0.0)}
+            "gc_max_cpu_ms": max((c for _, c in passes), default=0.0),
+            "gc_passes_over_50ms": sum(1 for w, _ in passes if w > 50)}
 
 
 def _free_port() -> int:
@@ -836,6 +837,7 @@ async def scenario_index(subscriptions: int, seconds: float, events: int = 10000
             t0 = time.perf_counter()
             holder = Holder(server.port, held)
             result[f"{label}_setup_s"] = time.perf_counter() - t0
+            setup_done = time.time()
             result[f"{label}_connections"] = holder.connections
             result[f"{label}_rss_mb"] = server.rss_kb() / 1024
             per_event, idle = await one_session_cpu(server, events)
@@ -843,6 +845,12 @@ async def scenario_index(subscriptions: int, seconds: float, events: int = 10000
             result[f"{label}_one_session_us_per_event"] = per_event * 1e6
             for name, value in (await across_sessions(server, sessions, seconds)).items():
                 result[f"{label}_across_{name}"] = value
+            # Every pass since the subscriptions were in place (not only the across window), and
+            # over the server's whole life (its subscribers arriving while events flow, too).
+            for name, value in gc_passes(server, setup_done, time.time()).items():
+                result[f"{label}_since_setup_{name}"] = value
+            for name, value in gc_passes(server, 0, time.time()).items():
+                result[f"{label}_lifetime_{name}"] = value
             holder.stop()
         finally:
             server.stop()
