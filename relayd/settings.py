@@ -87,7 +87,7 @@ SETTINGS = [
     ),
     Setting(
         "gc-freeze-interval",
-        10.0,
+        2.0,
         "Seconds between moving every object that survived so far out of the garbage collector's full "
         "passes (gc.freeze), so a pass walks only what arrived since; 0: only what start-up allocated",
         parse=non_negative_seconds,
