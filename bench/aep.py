@@ -20,6 +20,20 @@ SSE and WebSocket mixed; server CPU per event posted to one session against the 
 session's 10 subscribers, and the longest reactor stall while 1000 events/s go across sessions):
 
     python bench/aep.py index --subscriptions 100000 --seconds 10 --gc-log
+
+fanout-post: fan-out from HTTP ingest, 100 events/s in POSTs of 10 to 1000 SSE streams (any AEP
+relay takes it: the streams are counted once a warm-up event reached each, whenever the relay sends
+its headers).
+
+Against another AEP relay (the scenarios that use only the protocol: ingest, single, fanout-post,
+idle), instead of starting relayd:
+
+    python bench/aep.py ingest --target http://127.0.0.1:8797 --target-pid PID   # started separately
+    python bench/aep.py ingest --target-cmd 'cd DIR && AEP_PORT={port} exec node server.cjs'
+
+--target-cmd starts the relay per scenario (``{port}`` is a free port) and measures its process
+group's CPU; --target measures the process PID. Give it relayd's settings yourself (ingest runs
+relayd with --aep-buffer 1000 --aep-max-sessions 64).
 """
 
 from __future__ import annotations
