@@ -25,8 +25,9 @@ fanout-post: fan-out from HTTP ingest, 100 events/s in POSTs of 10 to 1000 SSE s
 relay takes it: the streams are counted once a warm-up event reached each, whenever the relay sends
 its headers).
 
-Against another AEP relay (the scenarios that use only the protocol: ingest, single, fanout-post,
-idle), instead of starting relayd:
+Against another AEP relay (the scenarios that use only HTTP ingest and count deliveries without
+waiting for headers: ingest, single, fanout-post; the others wait for each stream's headers, which
+a relay may send only with its first event), instead of starting relayd:
 
     python bench/aep.py ingest --target http://127.0.0.1:8797 --target-pid PID   # started separately
     python bench/aep.py ingest --target-cmd 'cd DIR && AEP_PORT={port} exec node server.cjs'
