@@ -20,6 +20,21 @@ SSE and WebSocket mixed; server CPU per event posted to one session against the 
 session's 10 subscribers, and the longest reactor stall while 1000 events/s go across sessions):
 
     python bench/aep.py index --subscriptions 100000 --seconds 10 --gc-log
+
+fanout-post: fan-out from HTTP ingest, 100 events/s in POSTs of 10 to 1000 SSE streams (any AEP
+relay takes it: the streams are counted once a warm-up event reached each, whenever the relay sends
+its headers).
+
+Against another AEP relay (the scenarios that use only HTTP ingest and count deliveries without
+waiting for headers: ingest, single, fanout-post; the others wait for each stream's headers, which
+a relay may send only with its first event), instead of starting relayd:
+
+    python bench/aep.py ingest --target http://127.0.0.1:8797 --target-pid PID   # started separately
+    python bench/aep.py ingest --target-cmd 'cd DIR && AEP_PORT={port} exec node server.cjs'
+
+--target-cmd starts the relay per scenario (``{port}`` is a free port) and measures its process
+group's CPU; --target measures the process PID. Give it relayd's settings yourself (ingest runs
+relayd with --aep-buffer 1000 --aep-max-sessions 64).
 """
 
 from __future__ import annotations
@@ -40,7 +55,7 @@ from typing import Any
 from autobahn.asyncio.websocket import WebSocketClientFactory, WebSocketClientProtocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from relayd_process import RelaydServer, raise_nofile  # noqa: E402
+from relayd_process import RelaydServer, group_cpu, process_cpu, process_rss_kb, raise_nofile  # noqa: E402
 
 PAD = "x" * 330  # makes each event about 500 bytes
 
@@ -48,12 +63,100 @@ PAD = "x" * 330  # makes each event about 500 bytes
 # The server ----------------------------------------------------------------------------------
 
 
-class Server(RelaydServer):
+class RelaydTarget(RelaydServer):
     """relayd with only the AEP wing, on a free loopback port (C{.port})."""
 
     def __init__(self, *options: str) -> None:
         super().__init__("--no-mcp", "--aep-listen", "tcp:0:interface=127.0.0.1", *options)
         self.port = self.ports["aep"]
+
+
+class OtherTarget:
+    """Another AEP relay: started separately (C{--target URL --target-pid PID}; its CPU is that
+    process's) or started per scenario by the bench (C{--target-cmd}, a shell command in which
+    C{{port}} is a free port; its CPU is its whole process group's: the shell and what it runs).
+    relayd's own options (buffer sizes, limits) do not apply to it: give it the equivalent ones."""
+
+    url: str | None = None
+    pid: int | None = None
+    cmd: str | None = None
+
+    def __init__(self, *options: str) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        if self.cmd is not None:
+            self.port = _free_port()
+            self.log = tempfile.NamedTemporaryFile(prefix="aep-target-", suffix=".log", delete=False)
+            self.proc = subprocess.Popen(self.cmd.replace("{port}", str(self.port)), shell=True,
+                                         stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=raise_nofile)
+            self._wait_listening()
+        else:
+            assert self.url is not None and self.pid is not None, "--target needs --target-pid"
+            found = re.fullmatch(r"http://127\.0\.0\.1:(\d+)/?", self.url)
+            if found is None:
+                raise SystemExit("--target must be http://127.0.0.1:PORT (the bench's clients use loopback)")
+            self.port = int(found.group(1))
+
+    def _wait_listening(self) -> None:
+        import socket
+
+        assert self.proc is not None
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.05)  # waiting for another process to start listening
+        raise RuntimeError("the target did not start:\n" + Path(self.log.name).read_text(errors="replace"))
+
+    def cpu(self) -> float:
+        return group_cpu(self.proc.pid) if self.proc is not None else process_cpu(self.pid)  # type: ignore[arg-type]
+
+    def rss_kb(self) -> int:
+        return process_rss_kb(self.proc.pid if self.proc is not None else self.pid)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return  # started separately: it keeps running
+        import signal
+
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        os.unlink(self.log.name)
+
+
+def Server(*options: str) -> Any:
+    """The relay a scenario runs against: relayd (with C{options}), or the C{--target}."""
+    if OtherTarget.url is not None or OtherTarget.cmd is not None:
+        return OtherTarget(*options)
+    return RelaydTarget(*options)
+
+
+async def read_response(reader: asyncio.StreamReader) -> bytes:
+    """Read one HTTP response, its body too (sized or chunked, as another relay may send it); its head."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lower = head.lower()
+    found = re.search(rb"\r\ncontent-length: *(\d+)", lower)
+    if found:
+        await reader.readexactly(int(found.group(1)))
+    elif b"\r\ntransfer-encoding: chunked" in lower:
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            await reader.readexactly(size + 2)
+            if size == 0:
+                break
+    return head
+
+
+def auth() -> bytes:
+    """The authorization header line for C{--token} (the bench's helper processes inherit it)."""
+    token = os.environ.get("BENCH_AEP_TOKEN")
+    return b"authorization: Bearer %s\r\n" % token.encode() if token else b""
 
 
 def event(session: str, seq: int, **extra: Any) -> dict[str, Any]:
@@ -70,9 +173,9 @@ async def http_post_loop(port: int, body_for: Any, ctype: str, stop_at: float, c
     n = 0
     while time.perf_counter() < stop_at:
         body = body_for(n)
-        writer.write(b"POST /events HTTP/1.1\r\nHost: b\r\naep-version: 0.1\r\ncontent-type: %s\r\n"
-                     b"content-length: %d\r\n\r\n" % (ctype.encode(), len(body)) + body)
-        head = await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"POST /events HTTP/1.1\r\nHost: b\r\naep-version: 0.1\r\ncontent-type: %s\r\n%s"
+                     b"content-length: %d\r\n\r\n" % (ctype.encode(), auth(), len(body)) + body)
+        head = await read_response(reader)
         assert head.startswith(b"HTTP/1.1 202"), head
         n += 1
         counter[0] += per
@@ -82,16 +185,18 @@ async def http_post_loop(port: int, body_for: Any, ctype: str, stop_at: float, c
 class SSESubscriber:
     """Counts deliveries; when C{timed}, parses each frame's send time for latency."""
 
-    def __init__(self, timed: bool) -> None:
+    def __init__(self, timed: bool, lazy: bool = False) -> None:
         self.count = 0
         self.timed = timed
+        self.lazy = lazy  # do not wait for the headers (a relay may send them with its first event)
         self.latencies: list[float] = []
         self.tail = b""
 
     async def run(self, port: int, path: str = "/stream", ready: asyncio.Event | None = None) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET %s HTTP/1.1\r\nHost: b\r\n\r\n" % path.encode())
-        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"GET %s HTTP/1.1\r\nHost: b\r\n%s\r\n" % (path.encode(), auth()))
+        if not self.lazy:
+            await reader.readuntil(b"\r\n\r\n")
         if ready is not None:
             ready.set()
         self.writer = writer
@@ -203,20 +308,28 @@ def stdin_closed() -> threading.Event:
 
 
 def drain_main(port: int, transport: str, count: int) -> None:
+    """Hold C{count} subscribers to session F and count their deliveries; print the total when
+    standard input closes. C{transport} "sse-lazy": do not wait for each stream's headers (a relay
+    may send them only with its first event); then each line read on standard input is answered
+    with "<streams that received an event> <deliveries so far>" (the bench warms up with it)."""
+    import queue
     import select
     import socket
 
+    lazy = transport == "sse-lazy"
+    if lazy:
+        transport = "sse"
     marker = b"\nid: " if transport == "sse" else b'"aep":"0.1"'
     socks = []
     for _ in range(count):
         s = socket.create_connection(("127.0.0.1", port))
         if transport == "sse":
-            s.sendall(b"GET /stream?filter=%7B%22session%22%3A%22F%22%7D HTTP/1.1\r\nHost: b\r\n\r\n")
+            s.sendall(b"GET /stream?filter=%7B%22session%22%3A%22F%22%7D HTTP/1.1\r\nHost: b\r\n" + auth() + b"\r\n")
         else:
             s.sendall(b"GET /socket HTTP/1.1\r\nHost: b\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                       b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
         head = b""
-        while b"\r\n\r\n" not in head:
+        while not lazy and b"\r\n\r\n" not in head:
             head += s.recv(4096)
         if transport == "ws":
             s.sendall(_ws_frame(json.dumps({"type": "hello", "versions": ["0.1"], "role": "consumer"}).encode()))
@@ -231,20 +344,35 @@ def drain_main(port: int, transport: str, count: int) -> None:
     for fd in by_fd:
         ep.register(fd, select.EPOLLIN)
     tails = dict.fromkeys(by_fd, b"")
+    seen: set[int] = set()
     total = 0
     print("ready", flush=True)
     buf = bytearray(262144)
     view = memoryview(buf)
-    stop = stdin_closed()
+    asked: queue.Queue[str] = queue.Queue()
+    stop = threading.Event()
+
+    def read_stdin() -> None:
+        for line in sys.stdin:
+            asked.put(line)
+        stop.set()
+
+    threading.Thread(target=read_stdin, daemon=True).start()
     while not stop.is_set():
-        for fd, _ in ep.poll(0.2):
+        for fd, _ in ep.poll(0.05 if lazy else 0.2):
             n = by_fd[fd].recv_into(buf)
             if not n:
                 ep.unregister(fd)
                 continue
             data = tails[fd] + bytes(view[:n])
-            total += data.count(marker)
+            found = data.count(marker)
+            if found:
+                total += found
+                seen.add(fd)
             tails[fd] = data[-(len(marker) - 1):]
+        while not asked.empty():
+            asked.get()
+            print(len(seen), total, flush=True)
     print(total, flush=True)
 
 
@@ -385,6 +513,14 @@ class Drainer:
         line = self.proc.stdout.readline()
         assert line.strip() == b"ready", line
 
+    def progress(self) -> tuple[int, int]:
+        """(streams that received an event, deliveries so far); for transport "sse-lazy"."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(b"?\n")
+        self.proc.stdin.flush()
+        seen, total = self.proc.stdout.readline().split()
+        return int(seen), int(total)
+
     def total(self) -> int:
         out, _ = self.proc.communicate(b"", timeout=30)
         return int(out.split()[-1])
@@ -480,6 +616,78 @@ async def scenario_fanout(subscribers: int, transport: str, rate: float, seconds
         server.stop()
 
 
+async def post_emit(port: int, rate: float, per: int, seconds: float, session: str = "F", first: int = 0) -> int:
+    """POST C{rate} events/s as NDJSON bodies of C{per} on one connection (each body made when it
+    is due, so its events carry their send time); the events sent."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    sent = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        delay = start + sent / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        body = ndjson_of([event(session, first + sent + i, t=time.time()) for i in range(per)])
+        writer.write(b"POST /events HTTP/1.1\r\nHost: b\r\naep-version: 0.1\r\n%s"
+                     b"content-type: application/x-ndjson\r\ncontent-length: %d\r\n\r\n" % (auth(), len(body)) + body)
+        head = await read_response(reader)
+        assert head.startswith(b"HTTP/1.1 202"), head
+        sent += per
+    writer.close()
+    return sent
+
+
+async def scenario_fanout_post(subscribers: int, rate: float, per: int, seconds: float, timed: int) -> dict[str, Any]:
+    """Fan-out from HTTP ingest (any AEP relay takes it): C{rate} events/s in POSTs of C{per} to
+    C{subscribers} SSE streams; C{timed} of them measure latency, a drain process holds the rest."""
+    server = Server()
+    try:
+        await wait_ready(server.port)
+        drained = subscribers - timed
+        drainer = Drainer(server.port, "sse-lazy", drained)
+        subs = []
+        tasks = []
+        for _ in range(timed):
+            sub = SSESubscriber(timed=True, lazy=True)
+            ready = asyncio.Event()
+            tasks.append(asyncio.ensure_future(sub.run(server.port, "/stream?filter=%7B%22session%22%3A%22F%22%7D", ready)))
+            await ready.wait()
+            subs.append(sub)
+        # Warm-up events to session F until every subscriber has one: then all are subscribed
+        # (and have their headers), whenever the relay sends them.
+        warm = 0
+        while True:
+            await post_emit(server.port, 10, 1, 0.001, session="F", first=warm)
+            warm += 1
+            seen, base = await asyncio.get_running_loop().run_in_executor(None, drainer.progress)
+            if seen == drained and all(s.count for s in subs):
+                break
+            if warm > 200:
+                raise RuntimeError(f"only {seen} of {drained} streams got the warm-up events")
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)
+        timed_base = sum(s.count for s in subs)
+        base = drainer.progress()[1] + timed_base
+        for s in subs:
+            s.latencies.clear()
+        cpu0, t0 = server.cpu(), time.perf_counter()
+        sent = await post_emit(server.port, rate, per, seconds, first=1000)
+        deadline = time.perf_counter() + 10
+        while sum(s.count for s in subs) < timed_base + sent * timed and time.perf_counter() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # let the drain process read the tail
+        wall, cpu = time.perf_counter() - t0, server.cpu() - cpu0
+        delivered = sum(s.count for s in subs) + drainer.total() - base
+        latencies = [x for s in subs for x in s.latencies]
+        for t in tasks:
+            t.cancel()
+        return {"subscribers": subscribers, "events": sent, "rate": rate, "per_post": per,
+                "deliveries": delivered, "expected": sent * subscribers,
+                "server_cpu_us_per_delivery": cpu / max(delivered, 1) * 1e6, "server_cpu_share": cpu / wall,
+                "p50_ms": pct(latencies, 0.5) * 1000, "p99_ms": pct(latencies, 0.99) * 1000}
+    finally:
+        server.stop()
+
+
 async def scenario_idle(connections: int) -> dict[str, Any]:
     server = Server()
     try:
@@ -512,9 +720,9 @@ async def post_batches(port: int, batches: list[bytes], rate_per_s: float | None
             delay = start + n / rate_per_s - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-        writer.write(b"POST /events HTTP/1.1\r\nHost: b\r\naep-version: 0.1\r\n"
-                     b"content-type: application/x-ndjson\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
-        head = await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"POST /events HTTP/1.1\r\nHost: b\r\naep-version: 0.1\r\n%s"
+                     b"content-type: application/x-ndjson\r\ncontent-length: %d\r\n\r\n" % (auth(), len(body)) + body)
+        head = await read_response(reader)
         assert head.startswith(b"HTTP/1.1 202"), head
     writer.close()
 
@@ -557,9 +765,9 @@ async def one_session_cpu(server: Server, events: int) -> tuple[float, float]:
 # over 5 ms of wall time is logged with its CPU time, to tell its pauses from the machine's load.
 GC_HOOK = """
 import gc, os, sys, time
-if "relayd" in " ".join(sys.argv) and os.environ.get("RELAYD_BENCH_GC"):
+if "relayd" in " ".join(sys.argv) and os.environ.get("BENCH_GC_DIR"):
     _t = [0.0, 0.0]
-    _out = open(os.path.join(os.environ["RELAYD_BENCH_GC"], f"{os.getpid()}.log"), "a", buffering=1)
+    _out = open(os.path.join(os.environ["BENCH_GC_DIR"], f"{os.getpid()}.log"), "a", buffering=1)
     def _pass(phase, info):
         if phase == "start":
             _t[0], _t[1] = time.perf_counter(), time.thread_time()
@@ -576,20 +784,21 @@ def gc_log(keep: bool) -> None:
         return
     where = tempfile.mkdtemp(prefix="relayd-bench-gc-")
     Path(where, "sitecustomize.py").write_text(GC_HOOK)
-    os.environ["RELAYD_BENCH_GC"] = where
+    os.environ["BENCH_GC_DIR"] = where
     os.environ["BENCH_EXTRA_PATH"] = os.pathsep.join(filter(None, [os.environ.get("BENCH_EXTRA_PATH"), where]))
 
 
 def gc_passes(server: Server, start: float, end: float) -> dict[str, float]:
     """The longest collector pass of C{server} between two wall times (ms of wall and of CPU)."""
-    where = os.environ.get("RELAYD_BENCH_GC")
+    where = os.environ.get("BENCH_GC_DIR")
     if not where:
         return {}
     path = Path(where, f"{server.proc.pid}.log")
     passes = [line.split() for line in (path.read_text().splitlines() if path.exists() else [])]
     passes = [(float(w), float(c)) for t, _, w, c in passes if start <= float(t) <= end]
     return {"gc_max_wall_ms": max((w for w, _ in passes), default=0.0),
-            "gc_max_cpu_ms": max((c for _, c in passes), default=0.0)}
+            "gc_max_cpu_ms": max((c for _, c in passes), default=0.0),
+            "gc_passes_over_50ms": sum(1 for w, _ in passes if w > 50)}
 
 
 def _free_port() -> int:
@@ -657,6 +866,7 @@ async def scenario_index(subscriptions: int, seconds: float, events: int = 10000
             t0 = time.perf_counter()
             holder = Holder(server.port, held)
             result[f"{label}_setup_s"] = time.perf_counter() - t0
+            setup_done = time.time()
             result[f"{label}_connections"] = holder.connections
             result[f"{label}_rss_mb"] = server.rss_kb() / 1024
             per_event, idle = await one_session_cpu(server, events)
@@ -664,6 +874,12 @@ async def scenario_index(subscriptions: int, seconds: float, events: int = 10000
             result[f"{label}_one_session_us_per_event"] = per_event * 1e6
             for name, value in (await across_sessions(server, sessions, seconds)).items():
                 result[f"{label}_across_{name}"] = value
+            # Every pass since the subscriptions were in place (not only the across window), and
+            # over the server's whole life (its subscribers arriving while events flow, too).
+            for name, value in gc_passes(server, setup_done, time.time()).items():
+                result[f"{label}_since_setup_{name}"] = value
+            for name, value in gc_passes(server, 0, time.time()).items():
+                result[f"{label}_lifetime_{name}"] = value
             holder.stop()
         finally:
             server.stop()
@@ -704,8 +920,8 @@ async def wait_ready(port: int) -> None:
     body = json.dumps(event("ready", 0), separators=(",", ":")).encode()
     for _ in range(200):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"POST /events HTTP/1.1\r\nHost: b\r\naep-version: 0.1\r\ncontent-type: application/json\r\n"
-                     b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body) + body)
+        writer.write(b"POST /events HTTP/1.1\r\nHost: b\r\naep-version: 0.1\r\ncontent-type: application/json\r\n%s"
+                     b"content-length: %d\r\nconnection: close\r\n\r\n" % (auth(), len(body)) + body)
         head = await reader.readuntil(b"\r\n\r\n")
         writer.close()
         if head.startswith(b"HTTP/1.1 202"):
@@ -774,6 +990,7 @@ async def main(selected: list[str], seconds: float, subscriptions: int, events: 
         # Throughput: several events per 10 ms burst share one write per subscriber.
         ("fanout-sse", lambda: scenario_fanout(1000, "sse", 500, seconds, 10)),
         ("fanout-ws", lambda: scenario_fanout(100, "ws", 1000, seconds, 2)),
+        ("fanout-post", lambda: scenario_fanout_post(1000, 100, 10, seconds, 20)),
         ("latency", lambda: scenario_fanout(1000, "sse", 100, seconds, 50)),
         ("idle", lambda: scenario_idle(1000)),
         ("idle", lambda: scenario_idle(5000)),
@@ -807,5 +1024,16 @@ if __name__ == "__main__":
     parser.add_argument("--subscriptions", type=int, default=10000, help="for the index scenario")
     parser.add_argument("--events", type=int, default=10000, help="per CPU run of the index scenario")
     parser.add_argument("--gc-log", action="store_true", help="report the servers' longest collector pass (index)")
+    parser.add_argument("--target", metavar="URL", help="run against another AEP relay already listening "
+                        "at http://127.0.0.1:PORT (with --target-pid) instead of starting relayd")
+    parser.add_argument("--target-pid", type=int, metavar="PID", help="the process whose CPU is measured")
+    parser.add_argument("--target-cmd", metavar="CMD", help="a shell command that starts another AEP relay "
+                        "per scenario, listening on 127.0.0.1:{port}; its process group's CPU is measured")
+    parser.add_argument("--token", help="bearer token for the relay's HTTP requests")
     args = parser.parse_args()
+    OtherTarget.url, OtherTarget.pid, OtherTarget.cmd = args.target, args.target_pid, args.target_cmd
+    if args.target is not None and args.target_pid is None:
+        parser.error("--target needs --target-pid (the process whose CPU is measured)")
+    if args.token:
+        os.environ["BENCH_AEP_TOKEN"] = args.token
     asyncio.run(main(args.scenarios, args.seconds, args.subscriptions, args.events, args.gc_log))

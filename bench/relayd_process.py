@@ -22,6 +22,41 @@ def raise_nofile() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (field 3 is index 0)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def process_cpu(pid: int) -> float:
+    """User plus system CPU seconds process C{pid} has used so far."""
+    fields = _stat(pid)
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def group_cpu(pgid: int) -> float:
+    """User plus system CPU seconds of every live process in process group C{pgid} (a relay started
+    through a shell: the shell and what it runs)."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = _stat(int(entry.name))
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[2]) == pgid:
+            total += (int(fields[11]) + int(fields[12])) / TICK
+    return total
+
+
+def process_rss_kb(pid: int) -> int:
+    """Resident memory of process C{pid} in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
 class RelaydServer:
     """Starts relayd with C{options} and waits until each listener in C{wait_for} announced its port."""
 
@@ -59,14 +94,10 @@ class RelaydServer:
 
     def cpu(self) -> float:
         """User plus system CPU seconds so far."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICK
+        return process_cpu(self.proc.pid)
 
     def rss_kb(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        return 0
+        return process_rss_kb(self.proc.pid)
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)

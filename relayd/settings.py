@@ -9,6 +9,17 @@ from __future__ import annotations
 from relayd.config import Setting, endpoint, non_negative_int
 
 
+def non_negative_seconds(text: str) -> float:
+    """A number of seconds >= 0 (fractions allowed; 0 turns the periodic task off)."""
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError("must be a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise ValueError("must be a number of seconds >= 0")
+    return value
+
+
 def positive_seconds(text: str) -> float:
     """A number of seconds > 0 (fractions allowed)."""
     try:
@@ -79,5 +90,21 @@ SETTINGS = [
         "Do not log one line per HTTP request (method, path without query, status, bytes, peer)",
         env=("RELAYD_NO_ACCESS_LOG",),
         switch=True,
+    ),
+    Setting(
+        "gc-freeze-interval",
+        2.0,
+        "Seconds between moving every object that survived so far out of the garbage collector's full "
+        "passes (gc.freeze), so a pass walks only what arrived since; 0: only what start-up allocated",
+        parse=non_negative_seconds,
+        env=("RELAYD_GC_FREEZE_INTERVAL",),
+    ),
+    Setting(
+        "gc-full-interval",
+        3600.0,
+        "Seconds between unfreezing and collecting everything once (reclaims frozen objects that became "
+        "cyclic garbage; one long pause); 0: never",
+        parse=non_negative_seconds,
+        env=("RELAYD_GC_FULL_INTERVAL",),
     ),
 ]

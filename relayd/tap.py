@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import gc
 import importlib
 import os
 import sys
@@ -20,6 +19,7 @@ from relayd import logging as relayd_logging
 from relayd import sdnotify
 from relayd.clock import Clock
 from relayd.config import ConfigError, Resolved, Setting, resolve, shown_default
+from relayd.gcpolicy import CollectorPolicy
 from relayd.redis import Redis
 from relayd.rlimits import increase_rlimits
 from relayd.web import metrics_listener, twisted_internals
@@ -145,11 +145,18 @@ class RelaydService(MultiService):
 
     _log = Logger()
 
-    def __init__(self, clock: Clock, warnings: Sequence[str] = (), redis: Redis | None = None) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        warnings: Sequence[str] = (),
+        redis: Redis | None = None,
+        collector: CollectorPolicy | None = None,
+    ) -> None:
         super().__init__()
         self.clock = clock
         self.redis = redis
         self._warnings = list(warnings)
+        self.collector = collector if collector is not None else CollectorPolicy(clock, 0, 0)
         self.exit_status = 0
         self.exit = _exit_after_shutdown  # how a refusal ends the process (a test replaces it)
 
@@ -170,9 +177,9 @@ class RelaydService(MultiService):
         relayd_logging.quicken_access_lines()
         # What start-up allocated lives as long as the process: move it out of the collector's
         # view, so full collections scan only what traffic allocates (gen-2 pauses of 26-55 ms
-        # under load became ~3 ms in the MCP benchmark).
-        gc.collect()
-        gc.freeze()
+        # under load became ~3 ms in the MCP benchmark); then, periodically, what traffic left
+        # alive (relayd/gcpolicy.py).
+        self.collector.start()
         waiting = [wing.ports() for wing in self.wings()]
         defer.gatherResults(waiting, consumeErrors=True).addCallbacks(self._ready, lambda f: None)
 
@@ -243,7 +250,8 @@ def makeService(config: Options, reactor: Any = None) -> RelaydService:
             relayd_logging.register_secret(settings[s.name])
     increase_rlimits()
     plumbing = Plumbing.from_settings(settings, reactor, Clock(reactor))
-    root = RelaydService(plumbing.clock, settings.warnings, redis=plumbing.redis)
+    collector = CollectorPolicy(plumbing.clock, settings["gc-freeze-interval"], settings["gc-full-interval"])
+    root = RelaydService(plumbing.clock, settings.warnings, redis=plumbing.redis, collector=collector)
     try:
         if settings.values.get("metrics-listen"):
             metrics_listener.make_service(

@@ -280,6 +280,59 @@ def admit(raw: bytes) -> Event | None:
         env = _read_envelope(raw)
     except msgspec.MsgspecError:
         return None
+    return _from_envelope(raw, env, escapes > 0)
+
+
+class PlainBody:
+    """What an NDJSON body settles for every one of its lines, found once (L{plain_body})."""
+
+    __slots__ = ("arrays", "shallow")
+
+    def __init__(self, arrays: bool, shallow: bool) -> None:
+        self.arrays = arrays  # whether any line may hold a "["
+        self.shallow = shallow  # whether every line has at most MAX_DEPTH brackets
+
+
+def plain_body(body: bytes) -> PlainBody | None:
+    """The checks L{admit} makes byte by byte in each line, made once in a whole NDJSON C{body}:
+    C{None} unless it is ASCII with no carriage return and no backslash (then no line holds an
+    escape or a line break); then whether the body's brackets are too few for any line to nest
+    deeper than L{MAX_DEPTH}."""
+    if not body.isascii() or b"\r" in body or b"\\" in body:
+        return None
+    # Counting is the costly part: "[" is often absent (then it is not counted).
+    arrays = b"[" in body
+    return PlainBody(arrays, body.count(b"{") + (body.count(b"[") if arrays else 0) <= MAX_DEPTH)
+
+
+def admit_lines(lines: list[bytes], plain: PlainBody | None) -> list[Event | None]:
+    """L{admit} of lines of one NDJSON body (split at line feeds, stripped), with what L{plain_body}
+    found in the body; the verdict per line is L{admit}'s."""
+    if plain is None:
+        return [admit(line) for line in lines]
+    arrays, shallow = plain.arrays, plain.shallow
+    read, build, long_int = _read_envelope, _from_envelope, MAX_INT_DIGITS
+    admitted: list[Event | None] = []
+    append = admitted.append
+    for raw in lines:
+        if not shallow and raw.count(b"{") + (raw.count(b"[") if arrays else 0) > MAX_DEPTH:
+            append(None)
+            continue
+        # msgspec skips the attributes it does not read without converting their numbers.
+        if len(raw) > long_int and _LONG_DIGITS.search(raw) is not None:
+            append(None)
+            continue
+        try:
+            env = read(raw)
+        except msgspec.MsgspecError:
+            append(None)
+            continue
+        append(build(raw, env, False))
+    return admitted
+
+
+def _from_envelope(raw: bytes, env: _Envelope, escapes: bool) -> Event | None:
+    """The event of C{raw}, whose checked envelope is C{env}, or C{None} (see L{admit})."""
     kind = kind_of_type(env.type)
     session, seq = env.session, env.seq
     # Only an escape can put a control character into an identifier (raw ones are invalid JSON).
@@ -298,7 +351,7 @@ def admit(raw: bytes) -> Event | None:
         return None  # agent.* carries neither; commands and attention.routed carry a session only
     else:
         position = (0, -1)
-    event = Event.__new__(Event)
+    event = _new_event(Event)
     event._ev = None
     event.raw = raw
     event.kind = kind
@@ -312,6 +365,9 @@ def admit(raw: bytes) -> Event | None:
     event.capture = None if capture is _UNSET else capture
     event._forms = None
     return event
+
+
+_new_event = Event.__new__
 
 
 def event_from(raw: bytes) -> Event:

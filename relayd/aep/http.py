@@ -16,7 +16,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 from relayd import metrics
 from relayd.aep.capture import capture_error
 from relayd.aep.envelope import MAX_POSITION_DIGITS, POSITION_LIMIT, classify, has_control
-from relayd.aep.event import NOTICE, Event, JSONError, admit, dumps, parse_json
+from relayd.aep.event import NOTICE, Event, JSONError, admit, admit_lines, dumps, parse_json, plain_body
 from relayd.aep.filters import Pin, compile_filter, filter_error, pin_of
 from relayd.aep.relay import Relay, ReplayProducer, ReplayReader, Subscriber, held_size
 from relayd.aep.store import Position
@@ -107,6 +107,10 @@ class BatchParser:
             self.lines = [line for line in map(bytes.strip, body.split(b"\n")) if line]
         else:
             self.lines = [body.strip()]
+        # A line feed ends an NDJSON line, so what the whole body settles holds for each line; a
+        # JSON body is one value that may span lines (L{admit} refuses those, for SSE framing).
+        self._plain = plain_body(body) if ndjson else None
+        self._ndjson = ndjson
         self.max_batch = max_batch
         self._admitted: list[Event | None] = []
         self._values: dict[int, Any] = {}
@@ -119,13 +123,14 @@ class BatchParser:
         lines, admitted, values = self.lines, self._admitted, self._values
         start = len(admitted)
         end = min(len(lines), start + count)
+        if self._ndjson:
+            admitted.extend(admit_lines(lines[start:end], self._plain))
+        else:
+            admitted.extend(map(admit, lines[start:end]))
         for index in range(start, end):
-            line = lines[index]
-            event = admit(line)
-            admitted.append(event)
-            if event is None:
+            if admitted[index] is None:
                 try:
-                    values[index] = parse_json(line)
+                    values[index] = parse_json(lines[index])
                 except JSONError as e:
                     raise IngestError(400, {"error": "invalid-json", "detail": str(e)}) from None
         return end == len(lines)

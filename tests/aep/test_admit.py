@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import TestCase
 
 from relayd.aep.envelope import classify
-from relayd.aep.event import Event, JSONError, admit, parse_json
+from relayd.aep.event import MAX_DEPTH, Event, JSONError, admit, admit_lines, parse_json, plain_body
 from relayd.aep.http import IngestError, parse_batch
 from tests.aep.test_classify import base, keys, scalars, types
 from tests.support.cases import cases, expand
@@ -118,3 +119,69 @@ class AdmitTests(TestCase):
         with self.assertRaises(IngestError) as e:
             parse_batch(b"\n".join([good, bad_event, bad_event]), ndjson=True, max_batch=10)
         assert e.exception.body == {"error": "invalid-event", "line": 1, "detail": "seq required (integer >= 0)"}
+
+
+def lines_of(body: bytes) -> list[bytes]:
+    return [line for line in map(bytes.strip, body.split(b"\n")) if line]
+
+
+def verdicts(events: list[Event | None]) -> list[Any]:
+    return [None if e is None else (e.kind, e.type, e.session, e.position, e.key, e.severity, e.capture, e.raw)
+            for e in events]
+
+
+def nested(depth: int) -> bytes:
+    """A valid event with C{depth} brackets: its own and C{depth} - 1 nested arrays."""
+    ev = json.dumps(base(), separators=(",", ":")).encode()
+    assert ev.count(b"{") + ev.count(b"[") == 1
+    return ev[:-1] + b',"deep":' + b"[" * (depth - 1) + b"0" + b"]" * (depth - 1) + b"}"
+
+
+@expand
+class AdmitLinesTests(TestCase):
+    """admit_lines (what a whole NDJSON body settles, checked once) gives admit's verdict per line."""
+
+    @settings(max_examples=500, deadline=None)
+    @given(st.lists(st.tuples(st.dictionaries(keys, st.one_of(extras, types), max_size=4), st.booleans(),
+                              st.sampled_from([b"", b"\\u0041", b"\r", b"[[", b"{", "é".encode()])),
+                    min_size=1, max_size=8))
+    def test_agrees_with_admit_line_by_line(self, specs: list) -> None:
+        raws = []
+        for changes, from_base, tail in specs:
+            ev = base() if from_base else {}
+            ev.update(changes)
+            if tail:
+                ev["note"] = tail.decode("utf-8")
+            raws.append(json.dumps(ev, separators=(",", ":"), ensure_ascii=False).encode())
+        body = b"\n".join(raws) + b"\n"
+        lines = lines_of(body)
+        self.assertEqual(verdicts(admit_lines(lines, plain_body(body))), verdicts([admit(line) for line in lines]))
+
+    @cases(at_the_limit=(MAX_DEPTH, True), one_over=(MAX_DEPTH + 1, False))
+    def test_one_line_at_the_bracket_limit(self, brackets: int, admitted: bool) -> None:
+        body = nested(brackets) + b"\n"
+        self.assertEqual(body.count(b"[") + body.count(b"{"), brackets)
+        (event,) = admit_lines(lines_of(body), plain_body(body))
+        self.assertEqual(event is not None, admitted)
+        self.assertEqual(event is not None, admit(body.strip()) is not None)
+
+    @cases(at_the_limit=MAX_DEPTH, one_over=MAX_DEPTH + 1)
+    def test_a_body_over_the_limit_checks_each_line(self, total: int) -> None:
+        # Shallow lines whose brackets add up to the limit or one over: each is admitted.
+        line = nested(1)
+        per = line.count(b"{") + line.count(b"[")
+        count, rest = divmod(total, per)
+        body = b"\n".join([line] * count + ([nested(rest)] if rest else [])) + b"\n"
+        self.assertEqual(body.count(b"{") + body.count(b"["), total)
+        plain = plain_body(body)
+        assert plain is not None
+        self.assertEqual(plain.shallow, total <= MAX_DEPTH)
+        self.assertEqual(verdicts(admit_lines(lines_of(body), plain)), verdicts([admit(x) for x in lines_of(body)]))
+        self.assertNotIn(None, admit_lines(lines_of(body), plain))
+
+    @cases(backslash=b'"\\u0041"', carriage_return=b'"a"\r', not_ascii='"\u00e9"'.encode())
+    def test_a_body_it_cannot_settle_is_checked_line_by_line(self, value: bytes) -> None:
+        line = json.dumps(base(), separators=(",", ":")).encode()[:-1] + b',"note":' + value + b"}"
+        body = line + b"\n" + line + b"\n"
+        self.assertIsNone(plain_body(body))
+        self.assertEqual(verdicts(admit_lines(lines_of(body), None)), verdicts([admit(x) for x in lines_of(body)]))
