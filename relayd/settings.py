@@ -98,6 +98,7 @@ SETTINGS = [
         "passes (gc.freeze), so a pass walks only what arrived since; 0: only what start-up allocated",
         parse=non_negative_seconds,
         env=("RELAYD_GC_FREEZE_INTERVAL",),
+        metavar="SECONDS",
     ),
     Setting(
         "gc-full-interval",
@@ -106,5 +107,6 @@ SETTINGS = [
         "cyclic garbage; one long pause); 0: never",
         parse=non_negative_seconds,
         env=("RELAYD_GC_FULL_INTERVAL",),
+        metavar="SECONDS",
     ),
 ]
