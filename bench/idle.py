@@ -215,6 +215,7 @@ def post_main(port: int, sessions: int, rate: float, seconds: float) -> None:
     cursor = 0.0
     sent = 0
     late = 0
+    answers = 0
     start = time.perf_counter()
     tick = 0
     while True:
@@ -237,13 +238,34 @@ def post_main(port: int, sessions: int, rate: float, seconds: float) -> None:
             seq[session] += 1
             lines.append(line % (session, seq[session], session, session, seq[session], t))
         body = "".join(lines).encode()
-        status, answer = _http(s, b"POST /events HTTP/1.1\r\nHost: b\r\naep-version: 0.1\r\n"
-                                  b"authorization: Bearer %s\r\ncontent-type: application/x-ndjson\r\n"
-                                  b"content-length: %d\r\n\r\n%s" % (TOKEN.encode(), len(body), body))
-        assert status == 202, (status, answer)
+        s.sendall(b"POST /events HTTP/1.1\r\nHost: b\r\naep-version: 0.1\r\n"
+                  b"authorization: Bearer %s\r\ncontent-type: application/x-ndjson\r\n"
+                  b"content-length: %d\r\n\r\n%s" % (TOKEN.encode(), len(body), body))
         sent += count
-    print(json.dumps({"events": sent, "late_ticks": late, "ticks": tick,
-                      "seconds": round(time.perf_counter() - start, 2)}), flush=True)
+        answers += _answers(s, False)
+    elapsed = time.perf_counter() - start
+    while answers < tick:
+        answers += _answers(s, True)
+    print(json.dumps({"events": sent, "late_ticks": late, "ticks": tick, "seconds": round(elapsed, 2),
+                      "answered_after_s": round(time.perf_counter() - start, 2)}), flush=True)
+
+
+def _answers(s: socket.socket, wait: bool) -> int:
+    """Count the C{202} answers that arrived (open loop: the poster does not wait for them)."""
+    s.setblocking(wait)
+    try:
+        data = s.recv(1 << 20)
+    except BlockingIOError:
+        return 0
+    assert data, "relayd closed the posting connection"
+    _answers.tail += data  # type: ignore[attr-defined]
+    count = _answers.tail.count(b"\r\n\r\n")  # type: ignore[attr-defined]
+    assert _answers.tail.count(b"HTTP/1.1 ") == _answers.tail.count(b"HTTP/1.1 202"), _answers.tail[:300]  # type: ignore[attr-defined]
+    _answers.tail = _answers.tail[_answers.tail.rfind(b"\r\n\r\n") + 4:] if count else _answers.tail  # type: ignore[attr-defined]
+    return count
+
+
+_answers.tail = b""  # type: ignore[attr-defined]
 
 
 # The orchestrator -------------------------------------------------------------------------------
@@ -362,6 +384,7 @@ def run_step(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
         options = ("--no-aep", "--mcp-listen", "tcp:0:interface=127.0.0.1:backlog=4096",
                    "--mcp-max-sessions", str(n + 100))
         wait_for = ("mcp",)
+    options += tuple(args.relayd)
     prefix = ""
     if args.tracemalloc:
         server, prefix = tracemalloc_server(options, wait_for)
@@ -372,7 +395,10 @@ def run_step(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
                               "loadavg_start": os.getloadavg()[0]}
     workers = None
     try:
-        workers = Workers(kind, port, n, args.workers, args.per_session)  # MCP: registers the sessions
+        # each worker holds under its own open-file limit and one source address's ephemeral ports
+        count = max(args.workers, -(-n // (fd_room() - 100)))
+        result["workers"] = count
+        workers = Workers(kind, port, n, count, args.per_session)  # MCP: registers the sessions
         time.sleep(1.0)  # let the server settle before the baseline (a measurement pause)
         base = server.rss_kb()
         before = snapshot(server, prefix, 0) if args.tracemalloc else None
@@ -389,33 +415,41 @@ def run_step(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
                 f"{stat.size_diff / held:.0f} B/conn {stat.count_diff / held:.2f} blocks/conn "
                 f"{stat.traceback[0].filename.split('site-packages/')[-1]}:{stat.traceback[0].lineno}"
                 for stat in after.compare_to(before, "lineno")[:args.top]]
+            result["tracemalloc_files"] = [
+                f"{stat.size_diff / held:.0f} B/conn {stat.traceback[0].filename.split('site-packages/')[-1]}"
+                for stat in after.compare_to(before, "filename")[:args.top]]
             result["tracemalloc_total_per_conn"] = round(
                 sum(s.size_diff for s in after.compare_to(before, "lineno")) / held, 0)
         if kind == "mcp-poll":
             # parked polls are answered when their 25 s wait runs out: measured well inside it
             result["open_seconds_ok"] = result["open_seconds"] < 20
         if kind == "aep" and not args.tracemalloc:
+            cpu0, t0 = server.cpu(), time.perf_counter()
             p = probe(port, args.probe_seconds, args.probe_rate)
             healthz = json.loads(p.communicate(timeout=args.probe_seconds + 60)[0])
+            idle_share = (server.cpu() - cpu0) / (time.perf_counter() - t0)
             result["healthz_ms"] = summary(healthz)
+            result["server_cpu_share_held"] = round(idle_share, 3)
             result["loadavg_held"] = os.getloadavg()[0]
             if args.deliver_seconds > 0:
                 sessions = -(-n // args.per_session)
-                cpu0 = server.cpu()
+                cpu0, t0 = server.cpu(), time.perf_counter()
                 p = probe(port, args.deliver_seconds, args.probe_rate)
                 post = subprocess.Popen([sys.executable, __file__, "--post", str(port), str(sessions),
                                          str(args.rate), str(args.deliver_seconds)], stdout=subprocess.PIPE, text=True)
                 posted = json.loads(post.communicate(timeout=args.deliver_seconds + 120)[0])
                 healthz2 = json.loads(p.communicate(timeout=60)[0])
-                cpu = server.cpu() - cpu0
                 time.sleep(2.0)  # what is in flight arrives (a measurement pause)
                 lat, events, closed = workers.report()
+                # less what holding the streams costs anyway (heartbeats, the probe)
+                cpu = server.cpu() - cpu0 - idle_share * (time.perf_counter() - t0)
                 result["delivery"] = {
                     "sessions": sessions, "subscribers_per_session": args.per_session,
                     "events_per_s_per_session": args.rate, "posted": posted,
                     "deliveries_expected": posted["events"] * args.per_session, "deliveries_timed": events,
                     "streams_closed_by_relayd": closed, "latency_ms": summary(lat),
-                    "server_cpu_share": round(cpu / posted["seconds"], 2),
+                    "server_cpu_s": round(cpu, 2),
+                    "server_cpu_us_per_delivery": round(cpu / max(1, events) * 1e6, 2),
                     "healthz_ms_during": summary(healthz2), "loadavg": os.getloadavg()[0]}
         result["rss_end_mb"] = round(server.rss_kb() / 1024, 1)
     finally:
@@ -433,8 +467,11 @@ def main() -> None:
     parser.add_argument("--per-session", type=int, default=100, help="aep: streams per session")
     parser.add_argument("--rate", type=float, default=10.0, help="aep: events/s to each session")
     parser.add_argument("--deliver-seconds", type=float, default=10.0, help="aep: delivery phase (0: none)")
-    parser.add_argument("--probe-seconds", type=float, default=10.0)
+    parser.add_argument("--probe-seconds", type=float, default=30.0,
+                        help="/healthz probing while the streams are held (30 s: one heartbeat falls inside)")
     parser.add_argument("--probe-rate", type=float, default=20.0, help="/healthz probes per second")
+    parser.add_argument("--relayd", action="append", default=[], metavar="OPTION",
+                        help="one more relayd option (repeatable), e.g. --relayd=--aep-heartbeat=3600")
     parser.add_argument("--tracemalloc", action="store_true", help="tracemalloc top entries instead of timings")
     parser.add_argument("--top", type=int, default=15)
     args = parser.parse_args()
