@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from relayd_process import RelaydServer, raise_nofile  # noqa: E402
+from relayd_process import RelaydServer, raise_nofile
 
 TOKEN = "idle_bench_token_abcdefghijklmnopqrstuv"
 RESERVED_FDS = 300  # relayd's own descriptors (listeners, log, epoll, wakers) and the probe/poster
@@ -307,7 +307,7 @@ class Workers:
         for p in self.procs:
             p.stdin.write("report\n")  # type: ignore[union-attr]
             p.stdin.flush()  # type: ignore[union-attr]
-        for p, out in zip(self.procs, self.outs):
+        for p, out in zip(self.procs, self.outs, strict=True):
             got = json.loads(p.stdout.readline())  # type: ignore[union-attr]
             events += got["events"]
             closed += got["closed"]
@@ -320,7 +320,7 @@ class Workers:
                 p.stdin.close()  # type: ignore[union-attr]
             except BrokenPipeError:
                 pass
-        for p, out in zip(self.procs, self.outs):
+        for p, out in zip(self.procs, self.outs, strict=True):
             try:
                 p.wait(60)
             except subprocess.TimeoutExpired:
