@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IDelayedCall, IPushProducer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
@@ -30,6 +30,7 @@ from relayd.web.twisted_internals import send_body
 
 DEFAULT_MAX_BUFFER = 8 * 1024 * 1024
 DEFAULT_MAX_LAGGING = 256 * 1024 * 1024  # every lagging stream of one hub (one wing) together
+BEAT_SLICE = 1000  # streams one reactor turn sends the heartbeat to (about 10-25 ms of sends)
 
 
 def sse_event(data: bytes, event: bytes | None = None, id: bytes | None = None) -> bytes:
@@ -285,6 +286,8 @@ class SSEHub:
         self.streams: set[SSEStream] = set()
         self._dirty: list[SSEStream] = []
         self._flush_call: object | None = None
+        self._beating: list[SSEStream] = []  # the streams of the heartbeat round in progress
+        self._beat_call: IDelayedCall | None = None
         self._loop = clock.looping_call(heartbeat_interval, self.beat)
 
     def add(self, stream: SSEStream) -> None:
@@ -307,9 +310,25 @@ class SSEHub:
             stream.flush()
 
     def beat(self) -> None:
-        """Send the heartbeat to every open stream."""
-        for stream in list(self.streams):
-            stream.write(self.heartbeat)
+        """Send the heartbeat to every open stream, L{BEAT_SLICE} streams per reactor turn.
+
+        One turn for every stream held the reactor for half a second at 20,000 streams (each
+        write is a send); in slices, requests and deliveries run between them.
+        """
+        if self._beating:
+            return  # the previous round is still going (a very large hub): it covers this one
+        self._beating = list(self.streams)
+        self._beat_slice(0)
+
+    def _beat_slice(self, start: int) -> None:
+        self._beat_call = None
+        end = start + BEAT_SLICE
+        for stream in self._beating[start:end]:
+            stream.write(self.heartbeat)  # a stream closed since the round began refuses it
+        if end < len(self._beating):
+            self._beat_call = self.clock.call_later(0, self._beat_slice, end)
+        else:
+            self._beating = []
 
     def drain(self, final: bytes) -> None:
         """End every open stream with C{final} (for shutdown)."""
@@ -319,3 +338,5 @@ class SSEHub:
     def stop(self) -> None:
         """Stop the heartbeat."""
         self.clock.stop_loop(self._loop)
+        self.clock.cancel(self._beat_call)
+        self._beating = []

@@ -13,7 +13,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
 from relayd.clock import Clock
-from relayd.web.sse import SSEHub, SSEStream, sse_comment, sse_event
+from relayd.web.sse import BEAT_SLICE, SSEHub, SSEStream, sse_comment, sse_event
 
 HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
@@ -245,6 +245,37 @@ class Heartbeat(SynchronousTestCase):
         harness.clock.advance(100)
         harness.turn()
         self.assertEqual(body_of(stays_transport), b": ping\n\n")
+        self.assertEqual(harness.clock.getDelayedCalls(), [])
+
+
+class HeartbeatSlices(SynchronousTestCase):
+    """A heartbeat round reaches BEAT_SLICE streams per reactor turn, not every stream at once."""
+
+    def test_one_slice_per_turn_exactly_at_the_slice_and_one_over(self) -> None:
+        harness = Harness(heartbeat=25)
+        opened = [harness.open() for _ in range(BEAT_SLICE + 1)]
+        beaten = lambda: sum(1 for _, transport, _ in opened if body_of(transport) == b": ping\n\n")  # noqa: E731
+        harness.hub.beat()  # a round starts (as the heartbeat loop calls it): the first slice, this turn
+        harness.hub.flush()
+        self.assertEqual(beaten(), BEAT_SLICE)
+        harness.turn()  # the next turn: the one stream left
+        self.assertEqual(beaten(), BEAT_SLICE + 1)
+        harness.turn()
+        self.assertEqual(beaten(), BEAT_SLICE + 1)  # each stream once per round
+
+    def test_streams_closed_during_a_round_are_skipped_and_stop_ends_the_round(self) -> None:
+        harness = Harness(heartbeat=25)
+        opened = [harness.open() for _ in range(2 * BEAT_SLICE + 1)]
+        harness.hub.beat()
+        harness.hub.flush()
+        waiting = [(stream, transport) for stream, transport, _ in opened if body_of(transport) == b""]
+        self.assertEqual(len(waiting), BEAT_SLICE + 1)  # two slices to go
+        late, late_transport = waiting[0]
+        late.stopProducing()  # gone before its slice
+        harness.turn()  # the second slice
+        self.assertEqual(body_of(late_transport), b"")
+        self.assertEqual(sum(1 for _, t in waiting if body_of(t) == b": ping\n\n"), BEAT_SLICE)
+        harness.hub.stop()  # a round in progress ends with the hub
         self.assertEqual(harness.clock.getDelayedCalls(), [])
 
 
