@@ -18,10 +18,10 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 
 from relayd.admin import UsageError, mcp_endpoints
-from tests.mcp.harness import RelayTestCase
-from tests.mcp.test_interop import PAGE_TOOLS, page_answer
 from tests.support.aep import AEPRelay, event, ndjson
 from tests.support.command import Command
+from tests.support.mcp import McpRelayCase
+from tests.support.mcp_clients import PAGE_TOOLS, page_answer
 from tests.support.sse import SSEClient
 from tests.support.twistd import SYSTEMD_WRAPPER, RelaydProcess
 
@@ -155,7 +155,7 @@ class AdminAgainstInProcessAEP(TestCase):
         self.assertIn(b"DOWN", down.stdout)
 
 
-class McpConnect(RelayTestCase):
+class McpConnect(McpRelayCase):
     """A page simulated over inbound SSE answers what ``relayd-admin mcp connect`` asks."""
 
     timeout = 30

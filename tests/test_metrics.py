@@ -10,8 +10,8 @@ from twisted.trial.unittest import TestCase
 
 from relayd import metrics
 from relayd.clock import Clock
-from tests.mcp.harness import TOKEN as MCP_TOKEN, RelayTestCase
 from tests.support.aep import AEPRelay, event, ndjson
+from tests.support.mcp import TOKEN as MCP_TOKEN, McpRelayCase
 from tests.support.metrics import delta, names, scrape, value
 from tests.support.sse import SSEClient
 from tests.support.ws import WSClient
@@ -153,7 +153,7 @@ class CallbackGauges(TestCase):
         self.flushLoggedErrors(ZeroDivisionError)
 
 
-class MetricsOverMCP(RelayTestCase):
+class MetricsOverMCP(McpRelayCase):
     """Issue 6 acceptance 1 (MCP part): streams, parked polls and frames in the scrape."""
 
     timeout = 30

@@ -20,7 +20,7 @@ from twisted.internet import reactor, threads
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
-from tests.mcp.harness import TOKEN, RelayTestCase, next_mcp
+from tests.support.mcp import TOKEN, McpRelayCase, next_mcp
 from tests.support.skips import missing
 
 CHROMIUM = "/usr/bin/chromium"
@@ -102,7 +102,7 @@ def wait_for(driver: Any, script: str) -> Any:
     return driver.execute_script("return window.state")
 
 
-class BrowserCase(RelayTestCase):
+class BrowserCase(McpRelayCase):
     timeout = 120
     allow_page_origin = True
 

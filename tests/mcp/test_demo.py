@@ -12,9 +12,9 @@ import tempfile
 
 from twisted.internet import threads
 
-from tests.mcp.endpoint_support import run_client
-from tests.mcp.harness import RelayTestCase
 from tests.mcp.test_browser import _browser_missing, make_driver
+from tests.support.mcp import McpRelayCase
+from tests.support.mcp_clients import run_client
 from tests.support.skips import missing
 
 WAIT = 20
@@ -27,7 +27,7 @@ def wait_for(driver: object, script: str) -> object:
     return driver.execute_script("return window.demo")  # type: ignore[attr-defined]
 
 
-class DemoServed(RelayTestCase):
+class DemoServed(McpRelayCase):
     async def test_demo_page_is_served_on_loopback_by_default(self) -> None:
         reply = await self.get("/demo")
         assert reply.code == 200
@@ -36,7 +36,7 @@ class DemoServed(RelayTestCase):
         assert (await self.request("POST", "/demo")).code == 405
 
 
-class DemoOff(RelayTestCase):
+class DemoOff(McpRelayCase):
     flags = {"no-mcp-demo": True}
 
     async def test_no_mcp_demo_turns_it_off(self) -> None:
@@ -45,7 +45,7 @@ class DemoOff(RelayTestCase):
         assert self.service.resource.demo is None
 
 
-class DemoInChromium(RelayTestCase):
+class DemoInChromium(McpRelayCase):
     timeout = 180
 
     async def setUp(self) -> None:  # type: ignore[override]

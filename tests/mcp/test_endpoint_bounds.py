@@ -7,9 +7,9 @@ import json
 
 from twisted.internet.defer import Deferred
 
-from tests.mcp.endpoint_support import compact
-from tests.mcp.harness import TOKEN
 from tests.mcp.test_endpoint_http import AUTH, INIT, SESSION, EndpointCase, _next_message
+from tests.support.mcp import TOKEN
+from tests.support.mcp_clients import compact
 from tests.support.sse import SSEClient
 
 

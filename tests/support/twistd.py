@@ -13,6 +13,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.protocol import ProcessProtocol
+from twisted.trial.unittest import TestCase
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 15.0
@@ -37,6 +38,16 @@ def twistd_argv() -> list[str]:
     return [sys.executable, "-c", "import sys; from twisted.scripts.twistd import run; sys.argv[0]='twistd'; run()"]
 
 
+def inherited_environment() -> dict[str, str]:
+    """This process's environment without anything relayd would read as configuration: the
+    C{AEP_}/C{RELAYD_} names and every other name a setting reads (the MCP wing's C{PORT},
+    C{HOST}, ... of the Node relay), so a developer's shell cannot change what a test runs."""
+    from relayd.tap import all_settings
+
+    read = {name for setting in all_settings() for name in setting.env}
+    return {k: v for k, v in os.environ.items() if not k.startswith(("AEP_", "RELAYD_")) and k not in read}
+
+
 def command(
     options: list[str],
     env: dict[str, str] | None = None,
@@ -44,8 +55,8 @@ def command(
     twistd_options: list[str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment of C{twistd -n relayd OPTIONS} run from this checkout (no
-    C{AEP_}/C{RELAYD_} variables inherited, the worktree first on C{PYTHONPATH})."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("AEP_", "RELAYD_"))}
+    configuration inherited, see L{inherited_environment}; the worktree first on C{PYTHONPATH})."""
+    environ = inherited_environment()
     environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environ.get("PYTHONPATH")]))
     environ.update(env or {})
     twistd = ["-n", "--pidfile=", "--logfile=-", *(twistd_options or [])]
@@ -103,6 +114,13 @@ class RelaydProcess:
             _Watch(proc), argv[0], argv, env=environ, path=cwd or str(ROOT), usePTY=False, childFDs=fds
         )
         await proc.discover_ports(wait_for)
+        return proc
+
+    @classmethod
+    async def start_for(cls, case: TestCase, options: list[str], **kw: Any) -> RelaydProcess:
+        """L{start}, killed at C{case}'s cleanup."""
+        proc = await cls.start(options, **kw)
+        case.addCleanup(proc.kill)
         return proc
 
     async def discover_ports(self, relays: tuple[str, ...]) -> None:

@@ -57,7 +57,7 @@ class Wing:
         wing = cls(name, settings, service, clock)
         service.startService()
         try:
-            await wing._ready()
+            await wing.ready()
             ports = await service.ports()
         except BaseException:
             await wing.stop()
@@ -70,7 +70,8 @@ class Wing:
         """The Redis clients this wing made (one per C{--redis} URL, keyed by its clock)."""
         return [client for client in relayd.redis.clients() if client.clock is self.clock]
 
-    async def _ready(self, timeout: float = TIMEOUT) -> None:
+    async def ready(self, timeout: float = TIMEOUT) -> None:
+        """Until every Redis pool of the wing is connected and every subscription is up."""
         # With Redis, a fresh process answers 503 until its pool is up; tests start after that.
         for client in self.redis_clients():
             waited = 0.0
