@@ -71,7 +71,7 @@ from hypothesis import HealthCheck, settings
 from twisted.internet import reactor, threads
 from twisted.trial.unittest import TestCase
 
-from tests.robustness.support import memory
+from tests.support.connections import memory
 from tests.support.raw import Answer, Response, exchange
 from tests.support.twistd import ROOT, RelaydProcess, command
 

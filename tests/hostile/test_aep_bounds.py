@@ -25,7 +25,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
 from tests.support.aep import event, ndjson, open_sse, open_ws, start_relay
-from tests.robustness.support import memory, sse_request, ws_request
+from tests.support.connections import memory, sse_request, ws_request
 from tests.support.redis import RedisServer, shared_redis
 from tests.support.twistd import RelaydProcess
 

@@ -25,17 +25,17 @@ from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
-from tests.support.http import HttpClient
-from tests.support.mcp import assert_clean_log, start_mcp_process, until_store_answers
-from tests.robustness.support import (
+from tests.support.connections import (
     HeldConnection,
-    _One,
+    SingleUseFactory,
     close_all,
     memory,
     open_many,
     require_open_files,
     sse_request,
 )
+from tests.support.http import HttpClient
+from tests.support.mcp import assert_clean_log, start_mcp_process, until_store_answers
 from tests.support.metrics import scrape, value
 from tests.support.raw import first_response, raw_request
 from tests.support.redis import redis_flags, shared_redis
@@ -489,7 +489,7 @@ class NeverReadingClients(TestCase):
             for i in range(start, start + count):
                 request = raw_request(b"GET", f"/{names[i % sessions]}/poll?token={TOKEN}&wait=25000".encode())
                 protocol = HeldConnection(request, stop_reading=True)
-                reactor.connectTCP("127.0.0.1", port, _One(protocol))
+                reactor.connectTCP("127.0.0.1", port, SingleUseFactory(protocol))
                 held.append(protocol)
             while True:  # until the relay has parked every one of them
                 samples, _ = await scrape(metrics_url, http.pool)

@@ -16,7 +16,8 @@ from twisted.internet.defer import DeferredList
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.robustness.support import (
+from tests.support.aep import event, ndjson
+from tests.support.connections import (
     HeldConnection,
     close_all,
     memory,
@@ -25,7 +26,6 @@ from tests.robustness.support import (
     sse_request,
     ws_request,
 )
-from tests.support.aep import event, ndjson
 from tests.support.twistd import RelaydProcess
 
 SSE = 5000

@@ -12,8 +12,8 @@ from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.robustness.support import HeldConnection, close_all, memory, open_many, sse_request
 from tests.support.aep import event, ndjson
+from tests.support.connections import HeldConnection, close_all, memory, open_many, sse_request
 from tests.support.metrics import scrape, value
 from tests.support.twistd import RelaydProcess
 from tests.support.ws import WSClient
