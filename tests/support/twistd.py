@@ -1,11 +1,20 @@
-"""Run a real ``twistd -n relayd`` subprocess and watch its log."""
+"""Run a real ``twistd -n relayd`` subprocess and watch its log.
+
+L{RelaydProcess} lives as long as one test (C{start_for} kills it at the test's cleanup);
+L{DetachedRelayd} is the same process for tests that share one relayd across a class (trial
+removes every reactor reader after each test, so its output is read by a thread instead).
+"""
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import signal
+import socket
+import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +36,17 @@ SYSTEMD_WRAPPER = [
     "-c",
     "import os, sys; os.environ.update(LISTEN_FDS='1', LISTEN_FDNAMES='relayd-aep', LISTEN_PID=str(os.getpid())); "
     "os.execv(sys.argv[1], sys.argv[1:])",
+]
+
+
+# The same for a socket on any descriptor (C{subprocess} keeps a passed descriptor's number): the
+# wrapper's first argument is that number, which it moves to fd 3.
+_SYSTEMD_DUP_WRAPPER = [
+    sys.executable,
+    "-c",
+    "import os, sys; fd = int(sys.argv[1]); os.dup2(fd, 3) if fd != 3 else None; os.set_inheritable(3, True); "
+    "os.environ.update(LISTEN_FDS='1', LISTEN_FDNAMES='relayd-aep', LISTEN_PID=str(os.getpid())); "
+    "os.execv(sys.argv[2], sys.argv[2:])",
 ]
 
 
@@ -173,3 +193,70 @@ class RelaydProcess:
         if not self.exited.called:
             self.transport.signalProcess("KILL")
             await self.exited
+
+
+class _PopenTransport:
+    """The part of a process transport L{RelaydProcess} uses (signals), for a C{Popen}."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+
+    def signalProcess(self, name: str) -> None:
+        if self.popen.returncode is None:
+            self.popen.send_signal(getattr(signal, "SIG" + name))
+
+
+class DetachedRelayd(RelaydProcess):
+    """A L{RelaydProcess} that outlives one trial test: a C{Popen} whose output a thread hands to
+    the reactor thread (C{wait_for}, C{log}, C{terminate} and C{kill} work as usual); killed at
+    interpreter exit if nothing stopped it before."""
+
+    popen: subprocess.Popen[bytes]
+
+    @classmethod
+    async def launch(
+        cls, options: list[str], wait_for: tuple[str, ...] = ("aep",), systemd_socket: socket.socket | None = None
+    ) -> DetachedRelayd:
+        """Start relayd; with C{systemd_socket} (bound and listening), relayd gets it as systemd
+        passes one (use C{--aep-listen systemd:domain=INET:name=relayd-aep}): its port is known at
+        once and connections wait in its backlog until relayd accepts them."""
+        proc = cls()
+        wrapper, keep = None, ()
+        if systemd_socket is not None:
+            wrapper, keep = [*_SYSTEMD_DUP_WRAPPER, str(systemd_socket.fileno())], (systemd_socket.fileno(),)
+        argv, environ = command(options, wrapper=wrapper)
+        proc.popen = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=environ,
+            cwd=str(ROOT), pass_fds=keep,
+        )  # fmt: skip
+        proc.transport = _PopenTransport(proc.popen)
+        atexit.register(proc.stop_now, graceful=False)
+        threading.Thread(target=proc._read, name="relayd-log", daemon=True).start()
+        await proc.discover_ports(wait_for)
+        return proc
+
+    def _read(self) -> None:
+        out = self.popen.stdout
+        assert out is not None
+        for chunk in iter(lambda: os.read(out.fileno(), 65536), b""):
+            reactor.callFromThread(self._output, chunk)
+        status = self.popen.wait()
+        reactor.callFromThread(self._exit, status)
+
+    def _exit(self, status: int) -> None:
+        self.status = status  # negative: killed by that signal, as RelaydProcess reports it
+        self._ended()
+
+    def stop_now(self, graceful: bool = True, timeout: float = TIMEOUT) -> None:
+        """Blocking (outside the reactor: C{tearDownClass}, exit): SIGTERM and wait, else SIGKILL."""
+        if self.popen.poll() is not None:
+            return
+        if graceful:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+                return
+            except subprocess.TimeoutExpired:
+                pass
+        self.popen.kill()
+        self.popen.wait(timeout)
