@@ -38,13 +38,13 @@ class TailAcrossRestart(TestCase):
     async def start_relay(self, sock: socket.socket) -> RelaydProcess:
         # The listening socket outlives each relayd, as under systemd socket activation: clients that
         # connect while relayd restarts wait in the kernel's backlog instead of being refused.
-        proc = await RelaydProcess.start(
+        proc = await RelaydProcess.start_for(
+            self,
             ["--aep-listen", "systemd:domain=INET:name=relayd-aep", "--no-mcp"],
             env={"AEP_TOKEN": TOKEN},
             wrapper=SYSTEMD_WRAPPER,
             child_fds={3: sock.fileno()},
         )
-        self.addCleanup(proc.kill)
         return proc
 
     async def post(self, url: str, seqs: range) -> None:

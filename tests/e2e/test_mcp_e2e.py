@@ -23,11 +23,11 @@ class TwistdMCP(TestCase):
     timeout = 60
 
     async def test_round_trip_then_sigterm_ends_streams_and_releases_polls(self) -> None:
-        proc = await RelaydProcess.start(
+        proc = await RelaydProcess.start_for(
+            self,
             ["--mcp-listen", "tcp:0:interface=127.0.0.1", "--no-aep", "--mcp-cors", "https://page.example"],
             wait_for=("mcp",),
         )
-        self.addCleanup(proc.kill)
         base = f"http://127.0.0.1:{proc.port('mcp')}"
         pool = HTTPConnectionPool(reactor, persistent=False)
         self.addCleanup(pool.closeCachedConnections)
@@ -109,10 +109,8 @@ class TwistdMCPOnRedis(TestCase):
         redis = shared_redis()
         options = ["--mcp-listen", "tcp:0:interface=127.0.0.1", "--no-aep", "--redis", redis.url,
                    "--redis-prefix", f"e2e{id(self)}:"]
-        a = await RelaydProcess.start(options, wait_for=("mcp",))
-        self.addCleanup(a.kill)
-        b = await RelaydProcess.start(options, wait_for=("mcp",))
-        self.addCleanup(b.kill)
+        a = await RelaydProcess.start_for(self, options, wait_for=("mcp",))
+        b = await RelaydProcess.start_for(self, options, wait_for=("mcp",))
         base_a, base_b = f"http://127.0.0.1:{a.port('mcp')}", f"http://127.0.0.1:{b.port('mcp')}"
         pool = HTTPConnectionPool(reactor, persistent=False)
         self.addCleanup(pool.closeCachedConnections)

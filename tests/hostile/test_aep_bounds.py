@@ -262,10 +262,10 @@ class Relayd:
 
     @classmethod
     async def start(cls, tc: TestCase, *options: str) -> Relayd:
-        proc = await RelaydProcess.start(
+        proc = await RelaydProcess.start_for(
+            tc,
             ["--aep-listen", "tcp:0:interface=127.0.0.1", "--no-mcp", "--no-access-log", *options]
         )
-        tc.addCleanup(proc.kill)
         relayd = cls(proc)
         tc.addCleanup(relayd.pool.closeCachedConnections)
         return relayd

@@ -30,7 +30,8 @@ class SlowConsumers(TestCase):
     timeout = 120
 
     async def test_memory_stays_within_the_backlog_bounds(self) -> None:
-        proc = await RelaydProcess.start(
+        proc = await RelaydProcess.start_for(
+            self,
             [
                 "--aep-listen", "tcp:0:interface=127.0.0.1",
                 "--metrics-listen", "tcp:0:interface=127.0.0.1",
@@ -39,7 +40,6 @@ class SlowConsumers(TestCase):
             ],
             wait_for=("aep", "metrics"),
         )
-        self.addCleanup(proc.kill)
         port, pid = proc.port("aep"), proc.transport.pid
         metrics_url = f"http://127.0.0.1:{proc.port('metrics')}/metrics"
         pool = HTTPConnectionPool(reactor, persistent=True)
