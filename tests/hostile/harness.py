@@ -70,6 +70,7 @@ from twisted.trial.unittest import TestCase
 
 from tests.support.connections import memory
 from tests.support.raw import Answer, Response, exchange
+from tests.support.skips import require_module
 from tests.support.twistd import DetachedRelayd
 
 WINGS = ("aep", "mcp", "broker", "metrics")
@@ -292,7 +293,7 @@ async def hostile(test: TestCase, options: Sequence[str] = ()) -> Target:
 
 
 async def _start(extra: list[str]) -> Target:
-    from tests.buzz.conftest import NostrRelay, require_module
+    from tests.buzz.conftest import NostrRelay
     from tests.buzz.harness import issue
 
     require_module("nostr_relay", "the hostile suite attacks the broker on a real Nostr relay")

@@ -18,7 +18,7 @@ from relayd.config import ConfigError, Resolved, resolve
 from relayd.mcp.config import SETTINGS, cors_policy, listen_endpoints
 from relayd.mcp.service import make_service
 from tests.support.cases import cases, expand
-from tests.support.wing import Wing
+from tests.support.wing import start_wing
 
 
 def settings(flags: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> Resolved:
@@ -148,12 +148,12 @@ class StartupLogTests(unittest.TestCase):
         events: list[dict[str, Any]] = []
         globalLogPublisher.addObserver(events.append)
         self.addCleanup(globalLogPublisher.removeObserver, events.append)
-        wing = await Wing.start(
+        await start_wing(
+            self,
             "mcp",
             {"mcp-listen": ["tcp:0:interface=0.0.0.0"], "mcp-cors": ["https://a.example"], "mcp-prefix": "/p"},
             {"CORS_ALLOW_ORIGIN": "https://b.example"},
         )
-        await wing.stop()
         text = [formatEvent(e) for e in events]
         assert any(
             re.search(r"MCP relay listening on http://0\.0\.0\.0:\d+/p \(ttl=14400s, cors=https://a.example from --mcp-cors\)", t)

@@ -49,7 +49,8 @@ class Wing:
         Its listener is on a free loopback port unless C{given} names one."""
         config = importlib.import_module(f"relayd.{name}.config")
         make_service = importlib.import_module(f"relayd.{name}.service").make_service
-        flags = {f"{name}-listen": [LOOPBACK], **(given or {})}
+        (listen,) = [setting.name for setting in config.SETTINGS if setting.name.endswith("-listen")]  # buzz: broker-listen
+        flags = {listen: [LOOPBACK], **(given or {})}
         settings = resolve([*REDIS_SETTINGS, *config.SETTINGS], flags, dict(environ or {}))
         clock = Clock(reactor)
         service = make_service(settings, reactor, clock)
