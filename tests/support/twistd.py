@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -154,6 +155,10 @@ class RelaydProcess:
 
     def _output(self, data: bytes) -> None:
         self.log += data
+        self._check()
+
+    def _check(self) -> None:
+        """Fire the waiters whose pattern the log now matches."""
         for pattern, d in list(self._waiters):
             match = pattern.search(self.log)
             if match:
@@ -207,11 +212,27 @@ class _PopenTransport:
 
 
 class DetachedRelayd(RelaydProcess):
-    """A L{RelaydProcess} that outlives one trial test: a C{Popen} whose output a thread hands to
-    the reactor thread (C{wait_for}, C{log}, C{terminate} and C{kill} work as usual); killed at
-    interpreter exit if nothing stopped it before."""
+    """A L{RelaydProcess} that outlives one trial test: a C{Popen} whose output a thread reads
+    (C{wait_for}, C{terminate} and C{kill} work as usual); killed at interpreter exit if nothing
+    stopped it before.
+
+    Reading C{log} first takes in whatever relayd has written so far, so a test that has seen an
+    answer also sees the access line relayd wrote before it (as reading a log file would)."""
 
     popen: subprocess.Popen[bytes]
+    _fd: int
+    _lock: threading.Lock
+    _text = b""
+    _eof = False
+
+    @property  # type: ignore[override]
+    def log(self) -> bytes:
+        self._drain()
+        return self._text
+
+    @log.setter
+    def log(self, value: bytes) -> None:  # (RelaydProcess.__init__ sets it empty)
+        self._text = value
 
     @classmethod
     async def launch(
@@ -230,18 +251,35 @@ class DetachedRelayd(RelaydProcess):
             cwd=str(ROOT), pass_fds=keep,
         )  # fmt: skip
         proc.transport = _PopenTransport(proc.popen)
+        assert proc.popen.stdout is not None
+        proc._fd = proc.popen.stdout.fileno()
+        os.set_blocking(proc._fd, False)
+        proc._lock = threading.Lock()
         atexit.register(proc.stop_now, graceful=False)
         threading.Thread(target=proc._read, name="relayd-log", daemon=True).start()
         await proc.discover_ports(wait_for)
         return proc
 
     def _read(self) -> None:
-        out = self.popen.stdout
-        assert out is not None
-        for chunk in iter(lambda: os.read(out.fileno(), 65536), b""):
-            reactor.callFromThread(self._output, chunk)
+        # Waits for output, takes it in and has the reactor thread check the waiters on it.
+        while not self._eof:
+            select.select([self._fd], [], [])
+            self._drain()
+            reactor.callFromThread(self._check)
         status = self.popen.wait()
         reactor.callFromThread(self._exit, status)
+
+    def _drain(self) -> None:
+        """Append what the pipe holds now (from this thread or the reader's, one at a time)."""
+        with self._lock:
+            while not self._eof:
+                try:
+                    chunk = os.read(self._fd, 65536)
+                except BlockingIOError:
+                    return
+                if not chunk:
+                    self._eof = True
+                self._text += chunk
 
     def _exit(self, status: int) -> None:
         self.status = status  # negative: killed by that signal, as RelaydProcess reports it
