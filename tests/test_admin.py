@@ -19,11 +19,11 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 
 from relayd.admin import UsageError, mcp_endpoints
-from tests.mcp.harness import RelayTestCase
-from tests.mcp.test_interop import PAGE_TOOLS, page_answer
 from tests.support.aep import AEPRelay, event, ndjson
 from tests.support.cases import cases, expand
 from tests.support.command import Command
+from tests.support.mcp import McpRelayCase
+from tests.support.mcp_clients import PAGE_TOOLS, page_answer
 from tests.support.sse import SSEClient
 from tests.support.twistd import SYSTEMD_WRAPPER, RelaydProcess
 
@@ -59,13 +59,13 @@ class TailAcrossRestart(TestCase):
     async def start_relay(self, sock: socket.socket) -> RelaydProcess:
         # The listening socket outlives each relayd, as under systemd socket activation: clients that
         # connect while relayd restarts wait in the kernel's backlog instead of being refused.
-        proc = await RelaydProcess.start(
+        proc = await RelaydProcess.start_for(
+            self,
             ["--aep-listen", "systemd:domain=INET:name=relayd-aep", "--no-mcp"],
             env={"AEP_TOKEN": TOKEN},
             wrapper=SYSTEMD_WRAPPER,
             child_fds={3: sock.fileno()},
         )
-        self.addCleanup(proc.kill)
         return proc
 
     async def post(self, url: str, seqs: range) -> None:
@@ -157,7 +157,6 @@ class AdminAgainstInProcessAEP(TestCase):
     async def test_status_reports_counts_and_a_down_relay(self) -> None:
         from twisted.internet import reactor
 
-        from relayd import metrics
         from relayd.web import metrics_listener
         from relayd.clock import Clock
 
@@ -182,7 +181,7 @@ class AdminAgainstInProcessAEP(TestCase):
         self.assertIn(b"DOWN", down.stdout)
 
 
-class McpConnect(RelayTestCase):
+class McpConnect(McpRelayCase):
     """A page simulated over inbound SSE answers what ``relayd-admin mcp connect`` asks."""
 
     timeout = 30

@@ -12,9 +12,9 @@ from twisted.trial.unittest import TestCase
 from relayd import metrics
 from relayd.clock import Clock
 from relayd.web import metrics_listener
-from tests.mcp.harness import TOKEN as MCP_TOKEN
-from tests.mcp.harness import RelayTestCase
 from tests.support.aep import AEPRelay, event, ndjson
+from tests.support.mcp import TOKEN as MCP_TOKEN
+from tests.support.mcp import McpRelayCase
 from tests.support.metrics import delta, names, scrape, value
 from tests.support.sse import SSEClient
 from tests.support.ws import WSClient
@@ -156,7 +156,7 @@ class CallbackGauges(TestCase):
         self.flushLoggedErrors(ZeroDivisionError)
 
 
-class MetricsOverMCP(RelayTestCase):
+class MetricsOverMCP(McpRelayCase):
     """Issue 6 acceptance 1 (MCP part): streams, parked polls and frames in the scrape."""
 
     timeout = 30

@@ -32,9 +32,8 @@ from pathlib import Path
 
 from twisted.trial.unittest import TestCase
 
-from tests.support.nostr import NostrRelay
-from tests.e2e.test_mcp_e2e import CLEAN_ENV
 from tests.support.command import TIMEOUT
+from tests.support.nostr import NostrRelay
 from tests.support.skips import missing, require_module
 from tests.support.terminal import Run, Terminal
 from tests.support.twistd import RelaydProcess
@@ -261,7 +260,7 @@ class ReadmeTour(TestCase):
             await self.relayd.terminate()
         listen = [x for flag in _LISTEN for x in (flag, "tcp:0:interface=127.0.0.1")]
         options = [self.rewrite(step, a) for a in args] + listen
-        self.relayd = await RelaydProcess.start(options, env=CLEAN_ENV, wait_for=(), cwd=self.dir)
+        self.relayd = await RelaydProcess.start(options, wait_for=(), cwd=self.dir)
         ready = await self.relayd.wait_for(rb"relayd ready: ([a-z, ]+)")
         for address in DEFAULTS.values():  # a wing the new relayd does not serve is gone
             self.addresses.pop(address, None)

@@ -47,9 +47,9 @@ from relayd.mcp.store import (
 )
 from relayd.redis import StoreUnavailable
 from relayd.redis_lua import Script
-from tests.mcp.support import RecordingSink
 from tests.support.aep import event
 from tests.support.cases import cases, expand
+from tests.support.mcp import RecordingSink
 from tests.support.redis import RedisServer, connected_redis, shared_redis
 from tests.support.redis_monitor import Command, RedisMonitor
 

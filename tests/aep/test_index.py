@@ -17,8 +17,7 @@ from relayd.aep.event import Event
 from relayd.aep.filters import Pin, compile_filter, filter_error, match_all, pin_of
 from relayd.aep.index import SubscriptionIndex
 from relayd.aep.relay import Subscriber
-from tests.aep.helpers import open_sse, open_ws, start_relay, subscribe
-from tests.support.aep import AEPRelay, event, wait_until
+from tests.support.aep import AEPRelay, event, open_sse, open_ws, start_relay, subscribe, wait_until
 
 
 def _event(**fields: Any) -> Event:

@@ -6,9 +6,8 @@ import uuid
 
 from twisted.trial.unittest import TestCase
 
-from tests.aep.helpers import start_relay
+from tests.support.aep import AEPRelay, start_relay
 from tests.aep.test_index import EvaluationCounting
-from tests.support.aep import AEPRelay
 from tests.support.redis import shared_redis
 
 

@@ -11,11 +11,12 @@ import re
 
 from twisted.trial.unittest import TestCase
 
-from tests.aep.helpers import (
-    OnRedis,
+from tests.support.aep import (
     AUTH,
     TOKEN,
+    OnRedis,
     comments_of,
+    event,
     events_of,
     open_sse,
     open_ws,
@@ -24,7 +25,6 @@ from tests.aep.helpers import (
     subscribe,
     valid,
 )
-from tests.support.aep import event
 
 CLOSED_CODES = {"invalid-filter", "unknown-dialect", "unauthorized", "limit-exceeded"}
 

@@ -12,9 +12,8 @@ from twisted.trial.unittest import TestCase
 from relayd.aep.event import Event
 from relayd.aep.filters import match_all
 from relayd.aep.http import HARD_BACKLOG, SSESubscriber
-from tests.aep.helpers import AUTH, TOKEN, comments_of, open_sse, open_ws, seqs, start_relay, subscribe
+from tests.support.aep import AUTH, TOKEN, AEPRelay, comments_of, event, open_sse, open_ws, seqs, start_relay, subscribe
 from tests.support.raw import raw_exchange
-from tests.support.aep import AEPRelay, event
 from tests.support.sse import SSEClient
 from tests.support.ws import WSClient
 from tests.web.test_sse import Harness

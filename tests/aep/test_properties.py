@@ -24,8 +24,7 @@ from hypothesis import strategies as st
 from twisted.internet import defer, reactor, threads
 from twisted.trial.unittest import TestCase
 
-from tests.aep.helpers import TOKEN, start_relay
-from tests.support.aep import event
+from tests.support.aep import TOKEN, event, start_relay
 from tests.support.ws import WSClient
 
 SETTINGS = settings(

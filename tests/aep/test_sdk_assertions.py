@@ -11,8 +11,7 @@ from typing import Any
 
 from twisted.trial.unittest import TestCase
 
-from tests.aep.helpers import comments_of, events_of, open_sse, open_ws, seqs, start_relay, subscribe, valid
-from tests.support.aep import event
+from tests.support.aep import comments_of, event, events_of, open_sse, open_ws, seqs, start_relay, subscribe, valid
 from tests.support.ws import WSClient
 
 TOKEN = "sdk-smoke-token"

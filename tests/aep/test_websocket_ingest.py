@@ -8,8 +8,7 @@ from twisted.internet.defer import Deferred, fail
 from twisted.trial.unittest import TestCase
 
 from relayd.redis import StoreUnavailable
-from tests.aep.helpers import open_ws, start_relay
-from tests.support.aep import event, wait_until
+from tests.support.aep import event, open_ws, start_relay, wait_until
 
 
 class WebSocketIngest(TestCase):

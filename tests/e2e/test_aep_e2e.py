@@ -23,10 +23,10 @@ class TwistdAEP(TestCase):
     timeout = 60
 
     async def test_events_and_a_command_then_sigterm_drains(self) -> None:
-        proc = await RelaydProcess.start(
+        proc = await RelaydProcess.start_for(
+            self,
             ["--aep-listen", "tcp:0:interface=127.0.0.1", "--no-mcp"], env={"AEP_TOKEN": TOKEN}
         )
-        self.addCleanup(proc.kill)
         port = proc.port("aep")
         base = f"http://127.0.0.1:{port}"
 

@@ -35,11 +35,11 @@ class ThreeInstances(TestCase):
         self.pool = HTTPConnectionPool(reactor, persistent=False)
         ports = []
         for _ in range(count):
-            proc = await RelaydProcess.start(
+            proc = await RelaydProcess.start_for(
+                self,
                 ["--aep-listen", "tcp:0:interface=127.0.0.1", "--no-mcp", "--redis", self.redis.url],
                 env={"AEP_TOKEN": TOKEN},
             )
-            self.addCleanup(proc.kill)
             await proc.wait_for(rb"shared state in Redis")
             ports.append(proc.port("aep"))
             await self.until_ready(proc.port("aep"))

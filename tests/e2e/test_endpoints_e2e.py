@@ -51,14 +51,14 @@ class TLSEndToEnd(TestCase):
     async def test_https_sse_and_wss_with_a_test_certificate(self) -> None:
         tmp = Path(tempfile.mkdtemp())
         pki = make_pki(tmp)
-        proc = await RelaydProcess.start(
+        proc = await RelaydProcess.start_for(
+            self,
             [
                 "--aep-listen", f"ssl:0:interface=127.0.0.1:privateKey={pki.key}:certKey={pki.cert}",
                 "--no-mcp",
             ],
             env={"AEP_TOKEN": TOKEN},
         )
-        self.addCleanup(proc.kill)
         port = proc.port("aep")
         trust = ssl.Certificate.loadPEM(pki.ca_pem)
         pool = HTTPConnectionPool(reactor, persistent=False)
@@ -123,7 +123,8 @@ class SystemdAndProxy(TestCase):
         self.addCleanup(inherited.close)
         systemd_port = inherited.getsockname()[1]
 
-        proc = await RelaydProcess.start(
+        proc = await RelaydProcess.start_for(
+            self,
             [
                 "--aep-listen", "systemd:domain=INET:name=relayd-aep",
                 "--aep-listen", "haproxy:tcp:0:interface=127.0.0.1",
@@ -134,7 +135,6 @@ class SystemdAndProxy(TestCase):
             wrapper=SYSTEMD_WRAPPER,
             child_fds={3: inherited.fileno()},
         )
-        self.addCleanup(proc.kill)
         ready = await notifications.next()
         self.assertTrue(ready.startswith(b"READY=1\n"), ready)
         # READY comes only once both listeners are bound: both are in the log already.

@@ -50,14 +50,14 @@ class BrokerJSONLogs(TestCase):
                        kek_file=kek_file)
         credential = issued["credential"]
 
-        proc = await RelaydProcess.start(
+        proc = await RelaydProcess.start_for(
+            self,
             ["--no-aep", "--no-mcp", "--broker-listen", "tcp:0:interface=127.0.0.1",
              "--broker-nostr-relay", self.relay.url, "--broker-state-dir", state,
              "--broker-kek-file", kek_file],
             wait_for=("broker",),
             twistd_options=["--logger=relayd.logging.json_observer"],
         )
-        self.addCleanup(proc.kill)
         url = f"http://127.0.0.1:{proc.port('broker')}/v1/action"
         pool = HTTPConnectionPool(reactor, persistent=False)
 

@@ -44,7 +44,8 @@ class JSONLogs(TestCase):
     timeout = 60
 
     async def test_json_lines_and_no_secrets_through_successes_and_failures(self) -> None:
-        proc = await RelaydProcess.start(
+        proc = await RelaydProcess.start_for(
+            self,
             [
                 "--aep-listen", "tcp:0:interface=127.0.0.1",
                 "--aep-listen", "haproxy:tcp:0:interface=127.0.0.1",
@@ -56,7 +57,6 @@ class JSONLogs(TestCase):
             wait_for=(),
             twistd_options=["--logger=relayd.logging.json_observer"],
         )
-        self.addCleanup(proc.kill)
         await proc.wait_for(rb"relayd ready")
         aep, proxied = [int(p) for p in re.findall(rb'aep listening on https?://[^\s"]+:(\d+)', proc.log)]
         (mcp,) = [int(p) for p in re.findall(rb'mcp listening on https?://[^\s"]+:(\d+)', proc.log)]

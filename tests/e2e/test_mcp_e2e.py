@@ -17,20 +17,17 @@ from tests.support.sse import SSEClient
 from tests.support.twistd import RelaydProcess
 
 TOKEN = "e2e_abcdefghijklmnopqrstuvwxyz"
-# The Node relay's env names apply to the MCP wing; make sure the caller's environment cannot leak in.
-CLEAN_ENV = {name: "" for name in ("PORT", "HOST", "PREFIX", "TTL_MS", "CORS_ALLOW_ORIGIN")}
 
 
 class TwistdMCP(TestCase):
     timeout = 60
 
     async def test_round_trip_then_sigterm_ends_streams_and_releases_polls(self) -> None:
-        proc = await RelaydProcess.start(
+        proc = await RelaydProcess.start_for(
+            self,
             ["--mcp-listen", "tcp:0:interface=127.0.0.1", "--no-aep", "--mcp-cors", "https://page.example"],
-            env=CLEAN_ENV,
             wait_for=("mcp",),
         )
-        self.addCleanup(proc.kill)
         base = f"http://127.0.0.1:{proc.port('mcp')}"
         pool = HTTPConnectionPool(reactor, persistent=False)
         self.addCleanup(pool.closeCachedConnections)
@@ -88,7 +85,7 @@ class TwistdMCP(TestCase):
         self.assertIn("cors=https://page.example from --mcp-cors", log)
 
     async def test_refused_origin_policy_exits_2_with_one_line(self) -> None:
-        proc = await RelaydProcess.start(["--mcp-cors", "null", "--no-aep"], env=CLEAN_ENV, wait_for=())
+        proc = await RelaydProcess.start(["--mcp-cors", "null", "--no-aep"], wait_for=())
         self.assertEqual(await proc.exited, 2)
         lines = [line for line in proc.log.decode().splitlines() if line.strip()]
         self.assertEqual(len(lines), 1, lines)
@@ -96,7 +93,7 @@ class TwistdMCP(TestCase):
 
     async def test_env_policy_error_names_the_variable(self) -> None:
         proc = await RelaydProcess.start(
-            ["--no-aep"], env={**CLEAN_ENV, "CORS_ALLOW_ORIGIN": "*,https://a.example"}, wait_for=()
+            ["--no-aep"], env={"CORS_ALLOW_ORIGIN": "*,https://a.example"}, wait_for=()
         )
         self.assertEqual(await proc.exited, 2)
         self.assertIn(b"CORS_ALLOW_ORIGIN", proc.log)
@@ -112,10 +109,8 @@ class TwistdMCPOnRedis(TestCase):
         redis = shared_redis()
         options = ["--mcp-listen", "tcp:0:interface=127.0.0.1", "--no-aep", "--redis", redis.url,
                    "--redis-prefix", f"e2e{id(self)}:"]
-        a = await RelaydProcess.start(options, env=CLEAN_ENV, wait_for=("mcp",))
-        self.addCleanup(a.kill)
-        b = await RelaydProcess.start(options, env=CLEAN_ENV, wait_for=("mcp",))
-        self.addCleanup(b.kill)
+        a = await RelaydProcess.start_for(self, options, wait_for=("mcp",))
+        b = await RelaydProcess.start_for(self, options, wait_for=("mcp",))
         base_a, base_b = f"http://127.0.0.1:{a.port('mcp')}", f"http://127.0.0.1:{b.port('mcp')}"
         pool = HTTPConnectionPool(reactor, persistent=False)
         self.addCleanup(pool.closeCachedConnections)

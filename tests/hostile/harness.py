@@ -60,10 +60,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
-import signal
-import subprocess
 import tempfile
-import threading
 import uuid
 from typing import Any, Callable, Sequence
 
@@ -71,9 +68,10 @@ from hypothesis import HealthCheck, settings
 from twisted.internet import reactor, threads
 from twisted.trial.unittest import TestCase
 
-from tests.robustness.support import memory
+from tests.support.connections import memory
 from tests.support.raw import Answer, Response, exchange
-from tests.support.twistd import ROOT, RelaydProcess, command
+from tests.support.skips import require_module
+from tests.support.twistd import DetachedRelayd
 
 WINGS = ("aep", "mcp", "broker", "metrics")
 """Every listener of the relayd under attack; all four speak HTTP."""
@@ -170,48 +168,6 @@ def _response_problems(response: Response) -> list[str]:
 async def in_thread(f: Callable[[], Any]) -> Any:
     """Run blocking C{f} (a hypothesis property, raw exchanges) on a worker thread."""
     return await threads.deferToThread(f)
-
-
-class _PopenTransport:
-    """The part of a process transport L{RelaydProcess} uses (signals), for a C{Popen}."""
-
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
-        self.popen = popen
-
-    def signalProcess(self, name: str) -> None:
-        if self.popen.returncode is None:
-            self.popen.send_signal(getattr(signal, "SIG" + name))
-
-
-class DetachedRelayd(RelaydProcess):
-    """A L{RelaydProcess} that outlives one trial test: a C{Popen} whose output a thread hands to
-    the reactor thread (C{wait_for}, C{log}, C{terminate} and C{kill} work as usual)."""
-
-    popen: subprocess.Popen[bytes]
-
-    @classmethod
-    async def launch(cls, options: list[str], wait_for: tuple[str, ...]) -> DetachedRelayd:
-        proc = cls()
-        argv, environ = command(options)
-        proc.popen = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=environ, cwd=str(ROOT)
-        )
-        proc.transport = _PopenTransport(proc.popen)
-        threading.Thread(target=proc._read, name="relayd-log", daemon=True).start()
-        await proc.discover_ports(wait_for)
-        return proc
-
-    def _read(self) -> None:
-        out = self.popen.stdout
-        assert out is not None
-        for chunk in iter(lambda: os.read(out.fileno(), 65536), b""):
-            reactor.callFromThread(self._output, chunk)
-        status = self.popen.wait()
-        reactor.callFromThread(self._exit, status)
-
-    def _exit(self, status: int) -> None:
-        self.status = status  # negative: killed by that signal, as RelaydProcess reports it
-        self._ended()
 
 
 class Invariants:
@@ -337,9 +293,8 @@ async def hostile(test: TestCase, options: Sequence[str] = ()) -> Target:
 
 
 async def _start(extra: list[str]) -> Target:
-    from tests.support.nostr import NostrRelay
-    from tests.support.skips import require_module
     from tests.buzz.harness import issue
+    from tests.support.nostr import NostrRelay
 
     require_module("nostr_relay", "the hostile suite attacks the broker on a real Nostr relay")
     state = tempfile.mkdtemp(prefix="relayd-hostile-")
@@ -364,12 +319,5 @@ async def _start(extra: list[str]) -> Target:
     except BaseException:
         nostr.stop()
         raise
-    atexit.register(_kill, relayd.popen)
     return Target(relayd, nostr, state, credential, channel)
-
-
-def _kill(popen: subprocess.Popen[bytes]) -> None:
-    if popen.poll() is None:
-        popen.kill()
-        popen.wait()
 

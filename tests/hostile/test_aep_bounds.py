@@ -24,9 +24,8 @@ from twisted.internet.protocol import ClientFactory, Protocol
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.aep.helpers import open_sse, open_ws, start_relay
-from tests.robustness.support import memory, sse_request, ws_request
-from tests.support.aep import event, ndjson
+from tests.support.aep import event, ndjson, open_sse, open_ws, start_relay
+from tests.support.connections import memory, sse_request, ws_request
 from tests.support.redis import RedisServer, shared_redis
 from tests.support.twistd import RelaydProcess
 
@@ -263,10 +262,10 @@ class Relayd:
 
     @classmethod
     async def start(cls, tc: TestCase, *options: str) -> Relayd:
-        proc = await RelaydProcess.start(
+        proc = await RelaydProcess.start_for(
+            tc,
             ["--aep-listen", "tcp:0:interface=127.0.0.1", "--no-mcp", "--no-access-log", *options]
         )
-        tc.addCleanup(proc.kill)
         relayd = cls(proc)
         tc.addCleanup(relayd.pool.closeCachedConnections)
         return relayd

@@ -2,10 +2,10 @@
 
 Each class runs one relayd subprocess for all its tests (started on first use, stopped at the end of
 the class). It is started with ``subprocess`` rather than the reactor, so that it outlives each
-test's reactor-cleanliness check, and its listening socket is made here and passed in the way
-systemd passes one: the port is known before relayd runs, and the first request simply waits in
-the listen backlog until relayd accepts it. Its log goes to a file that the tests read: every test
-ends by checking that the log holds no traceback.
+test's reactor-cleanliness check (tests/support/twistd.py's DetachedRelayd), and its listening
+socket is made here and passed in the way systemd passes one: the port is known before relayd
+runs, and the first request simply waits in the listen backlog until relayd accepts it. Every test
+ends by checking that relayd's log holds no traceback.
 
 The rules held here (docs/aep.md):
 
@@ -21,15 +21,10 @@ The rules held here (docs/aep.md):
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import re
-import signal
 import socket
-import subprocess
-import sys
-import tempfile
 import uuid
 from typing import Any, ClassVar
 from urllib.parse import quote
@@ -50,7 +45,7 @@ from tests.support.aep import event, ndjson
 from tests.support.raw import RawClient
 from tests.support.redis import CI, shared_redis
 from tests.support.sse import Message, SSEClient
-from tests.support.twistd import ROOT, twistd_argv
+from tests.support.twistd import DetachedRelayd
 from tests.support.ws import WSClient
 
 TOKEN = "hostile-t0ken"
@@ -61,82 +56,42 @@ TIMEOUT = 10.0
 START_TIMEOUT = 60.0  # the first request waits in the backlog while relayd starts (2 cores, shared)
 BAD_LOG = re.compile(rb"Traceback|Unhandled Error|Unhandled error|CRITICAL|\[-\] Exception", re.I)
 
-# Puts the passed socket on fd 3 and announces it as systemd does (sd_listen_fds), then execs twistd.
-_SYSTEMD_EXEC = (
-    "import os, sys; fd = int(sys.argv[1]); os.dup2(fd, 3) if fd != 3 else None; os.set_inheritable(3, True); "
-    "os.environ.update(LISTEN_FDS='1', LISTEN_FDNAMES='relayd-aep', LISTEN_PID=str(os.getpid())); "
-    "os.execv(sys.argv[2], sys.argv[2:])"
-)
-
-
-class SharedRelayd:
-    """One ``twistd -n relayd`` subprocess with the AEP wing on a socket made here."""
-
-    def __init__(self, options: list[str]) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(512)
-        self.port = self.sock.getsockname()[1]
-        fd, self.log_path = tempfile.mkstemp(prefix="relayd-hostile-", suffix=".log")
-        os.close(fd)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AEP_", "RELAYD_"))}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        argv = [sys.executable, "-c", _SYSTEMD_EXEC, str(self.sock.fileno()), *twistd_argv()]
-        # --logfile=-: the log goes to stdout (a file here) and is never rotated.
-        argv += ["-n", "--pidfile=", "--logfile=-", "relayd", "--no-mcp"]
-        argv += ["--aep-listen", "systemd:domain=INET:name=relayd-aep", *options]
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                argv, pass_fds=[self.sock.fileno()], env=env, cwd=str(ROOT),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            )  # fmt: skip
-        self.sock.close()  # relayd holds it now: if relayd dies, connections are refused, not queued
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.ready = False
-        atexit.register(self.stop)
-
-    def log(self) -> bytes:
-        with open(self.log_path, "rb") as f:
-            return f.read()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(15)
-        if os.path.exists(self.log_path):
-            os.unlink(self.log_path)
-
-
 class RelaydCase(TestCase):
     """A test case whose tests share one relayd started with C{options}."""
 
     timeout = 60
     options: ClassVar[list[str]] = ["--aep-token", TOKEN]
-    relayd: ClassVar[SharedRelayd | None] = None
+    relayd: ClassVar[DetachedRelayd | None] = None
 
     @classmethod
     def tearDownClass(cls) -> None:
         relayd = cls.__dict__.get("relayd")
         if relayd is not None:
-            relayd.stop()
+            relayd.stop_now()
             cls.relayd = None
 
     async def _start(self) -> None:
         cls = type(self)
-        if cls.__dict__.get("relayd") is None:  # (not a base class's)
-            cls.relayd = SharedRelayd(cls.extra_options() + cls.options)
+        started = cls.__dict__.get("relayd") is None  # (not a base class's)
+        if started:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", 0))
+                sock.listen(512)
+                options = ["--no-mcp", "--aep-listen", "systemd:domain=INET:name=relayd-aep"]
+                cls.relayd = await DetachedRelayd.launch(options + cls.extra_options() + cls.options, (), sock)
+                cls.relayd.ports["aep"] = sock.getsockname()[1]
+            # (closed here: relayd holds it now, so if relayd dies connections are refused, not queued)
         self.relay = cls.relayd
+        assert self.relay is not None
+        self.port = self.relay.port("aep")
+        self.url = f"http://127.0.0.1:{self.port}"
         self.pool = HTTPConnectionPool(reactor, persistent=False)
         self.addCleanup(self.pool.closeCachedConnections)
-        if not self.relay.ready:
+        if started:
             code, _, _ = await self.request("GET", "/healthz", timeout=START_TIMEOUT)
-            self.assertEqual(code, 200, self.relay.log().decode(errors="replace"))
-            self.relay.ready = True
-        self.mark = len(self.relay.log())
+            self.assertEqual(code, 200, self.relay.log.decode(errors="replace"))
+            await self.relay.wait_for(rb'"GET /healthz" 200')  # not counted as the first test's own
+        self.mark = len(self.relay.log)
         self.addCleanup(self.assert_clean_log)
 
     def setUp(self) -> Deferred[None]:
@@ -147,10 +102,10 @@ class RelaydCase(TestCase):
         return []
 
     def new_log(self) -> bytes:
-        return self.relay.log()[self.mark :]
+        return self.relay.log[self.mark :]
 
     def assert_clean_log(self) -> None:
-        self.assertIsNone(self.relay.proc.poll(), "relayd exited")
+        self.assertIsNone(self.relay.popen.poll(), "relayd exited")
         found = BAD_LOG.search(self.new_log())
         self.assertIsNone(found, self.new_log().decode(errors="replace")[-4000:])
 
@@ -160,7 +115,7 @@ class RelaydCase(TestCase):
         self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None,
         timeout: float = TIMEOUT,
     ) -> tuple[int, Any, bytes]:  # fmt: skip
-        d = treq.request(method, self.relay.url + path, data=body, headers=headers or {}, pool=self.pool)
+        d = treq.request(method, self.url + path, data=body, headers=headers or {}, pool=self.pool)
         d.addTimeout(timeout, reactor)
         response = await d
         content = await treq.content(response)
@@ -173,7 +128,7 @@ class RelaydCase(TestCase):
     async def raw(self, data: bytes) -> bytes:
         """Send C{data} on a fresh connection; everything answered until the server closes."""
         client = RawClient()
-        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", self.relay.port), client)
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", self.port), client)
         client.transport.write(data)
         await client.closed.addTimeout(TIMEOUT, reactor)
         return client.received
@@ -183,7 +138,7 @@ class RelaydCase(TestCase):
             f"{k}={quote(v if isinstance(v, (str, bytes)) else json.dumps(v, separators=(',', ':')), safe='')}"
             for k, v in (params or {}).items()
         )
-        client = await SSEClient.connect(self.relay.url + "/stream?" + query, {**AUTH, **(headers or {})})
+        client = await SSEClient.connect(self.url + "/stream?" + query, {**AUTH, **(headers or {})})
         self.addCleanup(client.close)
         return client
 
@@ -196,7 +151,7 @@ class RelaydCase(TestCase):
         return messages[:-1]
 
     async def ws(self) -> WSClient:
-        client = await WSClient.connect(f"ws://127.0.0.1:{self.relay.port}/socket", AUTH)
+        client = await WSClient.connect(f"ws://127.0.0.1:{self.port}/socket", AUTH)
         self.addCleanup(client.close)
         self.assertEqual((await client.hello())["type"], "hello")
         return client
@@ -704,14 +659,14 @@ class HostileProperties(RelaydCase):
         status = status_of(reply)
         assert status is not None, "no answer"
         assert status < 500, reply[:300]  # type: ignore[index]
-        health = exchange(self.relay.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nconnection: close\r\n\r\n", True)
+        health = exchange(self.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nconnection: close\r\n\r\n", True)
         assert status_of(health) == 200, health
         bad = BAD_LOG.search(self.new_log())
         assert bad is None, self.new_log().decode(errors="replace")[-3000:]
         return status
 
     async def test_post_events(self) -> None:
-        port = self.relay.port
+        port = self.port
         # Subscribers that make the relay read and re-encode every event it accepts (a filter and a
         # downlevel): an event it could not serve would fail its own POST (or worse).
         await self.sse({"filter": {"agent": "a"}, "capture": "metadata"})
@@ -738,7 +693,7 @@ class HostileProperties(RelaydCase):
         await threads.deferToThread(answered)
 
     async def test_get_stream_and_events_queries(self) -> None:
-        port = self.relay.port
+        port = self.port
         code, _ = await self.post(ndjson(*[event("p", i) for i in range(3)]))
         self.assertEqual(code, 202)
 

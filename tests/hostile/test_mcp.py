@@ -25,26 +25,20 @@ from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
-from tests.mcp.harness import redis_flags
-from tests.mcp.hostile_support import (
-    Http,
-    assert_clean_log,
-    exchange,
-    raw_request,
-    start_mcp,
-    until_store_answers,
-)
-from tests.robustness.support import (
+from tests.support.connections import (
     HeldConnection,
-    _One,
+    SingleUseFactory,
     close_all,
     memory,
     open_many,
     require_open_files,
     sse_request,
 )
+from tests.support.http import HttpClient
+from tests.support.mcp import assert_clean_log, start_mcp_process, until_store_answers
 from tests.support.metrics import scrape, value
-from tests.support.redis import shared_redis
+from tests.support.raw import first_response, raw_request
+from tests.support.redis import redis_flags, shared_redis
 from tests.support.sse import Message, SSEClient
 
 TOKEN = "hostile_abcdefghijklmnopqrstuv"
@@ -64,12 +58,12 @@ def poll_form(raw: bytes) -> bytes:
     return orjson.dumps(raw.decode("utf-8"))
 
 
-async def register(http: Http, session: str, token: str = TOKEN) -> None:
+async def register(http: HttpClient, session: str, token: str = TOKEN) -> None:
     reply = await http.post("/register", json.dumps({"session": session, "token": token}).encode())
     assert reply.code == 200, reply.body
 
 
-async def poll(http: Http, session: str, query: str = "") -> Any:
+async def poll(http: HttpClient, session: str, query: str = "") -> Any:
     reply = await http.get(f"/{session}/poll?token={TOKEN}&wait=0{query}")
     assert reply.code == 200, (reply.code, reply.body)
     return reply.json()
@@ -92,8 +86,8 @@ class ClientChosenValues(TestCase):
     timeout = 60
 
     async def setUp(self) -> None:  # type: ignore[override]
-        self.proc = await start_mcp(self)
-        self.http = Http(self, self.proc.port("mcp"))
+        self.proc = await start_mcp_process(self)
+        self.http = HttpClient.on_port(self, self.proc.port("mcp"))
         self.streams: list[SSEClient] = []
         await register(self.http, "sess-h")
 
@@ -230,8 +224,8 @@ class HttpSurface(TestCase):
     timeout = 60
 
     async def setUp(self) -> None:  # type: ignore[override]
-        self.proc = await start_mcp(self)
-        self.http = Http(self, self.proc.port("mcp"))
+        self.proc = await start_mcp_process(self)
+        self.http = HttpClient.on_port(self, self.proc.port("mcp"))
         await register(self.http, "sess-r")
 
     async def test_head_on_health_answers_like_get_without_a_body(self) -> None:
@@ -333,8 +327,8 @@ class BufferedBytesBound(TestCase):
 
     async def setUp(self) -> None:  # type: ignore[override]
         self.flags = [f"--mcp-max-buffered-bytes={CAP}", *self.state_flags()]
-        self.proc = await start_mcp(self, *self.flags)
-        self.http = Http(self, self.proc.port("mcp"))
+        self.proc = await start_mcp_process(self, *self.flags)
+        self.http = HttpClient.on_port(self, self.proc.port("mcp"))
         if self.with_redis:
             await until_store_answers(self, self.http)
         for session in ("sess-1", "sess-2", "sess-3"):
@@ -419,8 +413,8 @@ class BufferedBytesBoundOnRedis(BufferedBytesBound):
     with_redis = True
 
     async def test_the_bound_is_shared_by_every_instance(self) -> None:
-        other = await start_mcp(self, *self.flags)
-        there = Http(self, other.port("mcp"))
+        other = await start_mcp_process(self, *self.flags)
+        there = HttpClient.on_port(self, other.port("mcp"))
         await until_store_answers(self, there)
         self.assertEqual((await self.http.post(f"/sess-1/inbox?token={TOKEN}", frame(CAP - 48))).code, 200)
         self.assertEqual((await there.post(f"/sess-2/inbox?token={TOKEN}", frame(48))).code, 200)
@@ -443,9 +437,9 @@ class NeverReadingClients(TestCase):
     async def test_stream_reader_that_stops_reading_is_cut_at_its_bound(self) -> None:
         """A stream whose client stops reading holds at most --mcp-queue-bytes, then is cut off."""
         queue_bytes = 2 * MiB
-        proc = await start_mcp(self, "--no-access-log", f"--mcp-queue-bytes={queue_bytes}")
+        proc = await start_mcp_process(self, "--no-access-log", f"--mcp-queue-bytes={queue_bytes}")
         port, pid = proc.port("mcp"), proc.transport.pid
-        http = Http(self, port)
+        http = HttpClient.on_port(self, port)
         await register(http, "sess-s")
         path = f"/sess-s/events?token={TOKEN}"
         last = b'"method":"end"'
@@ -476,13 +470,13 @@ class NeverReadingClients(TestCase):
         parked = sessions * per_session
         cap = 16 * MiB
         require_open_files(parked + 512)
-        proc = await start_mcp(
+        proc = await start_mcp_process(
             self, "--no-access-log", f"--mcp-max-buffered-bytes={cap}",
             "--metrics-listen", "tcp:0:interface=127.0.0.1",
             listen="tcp:0:interface=127.0.0.1:backlog=1024", wait_for=("mcp", "metrics"),
         )
         port, pid = proc.port("mcp"), proc.transport.pid
-        http = Http(self, port)
+        http = HttpClient.on_port(self, port)
         metrics_url = f"http://127.0.0.1:{proc.port('metrics')}/metrics"
         names = [f"sess-p{i}" for i in range(sessions)]
         for name in names:
@@ -495,7 +489,7 @@ class NeverReadingClients(TestCase):
             for i in range(start, start + count):
                 request = raw_request(b"GET", f"/{names[i % sessions]}/poll?token={TOKEN}&wait=25000".encode())
                 protocol = HeldConnection(request, stop_reading=True)
-                reactor.connectTCP("127.0.0.1", port, _One(protocol))
+                reactor.connectTCP("127.0.0.1", port, SingleUseFactory(protocol))
                 held.append(protocol)
             while True:  # until the relay has parked every one of them
                 samples, _ = await scrape(metrics_url, http.pool)
@@ -524,9 +518,9 @@ class NeverReadingClients(TestCase):
 
     async def test_many_sessions_filling_their_backlogs_stay_within_the_default_bound(self) -> None:
         """First-frame backlogs of many sessions (no reader ever comes): at most the default 64 MiB."""
-        proc = await start_mcp(self, "--no-access-log")
+        proc = await start_mcp_process(self, "--no-access-log")
         port, pid = proc.port("mcp"), proc.transport.pid
-        http = Http(self, port)
+        http = HttpClient.on_port(self, port)
         sessions = [f"sess-b{i}" for i in range(16)]
         for name in sessions:
             await register(http, name)
@@ -689,8 +683,8 @@ class MalformedRequests(TestCase):
     timeout = 120
 
     async def test_no_request_gets_a_5xx_or_goes_unanswered(self) -> None:
-        proc = await start_mcp(self)
-        http = Http(self, proc.port("mcp"))
+        proc = await start_mcp_process(self)
+        http = HttpClient.on_port(self, proc.port("mcp"))
         await register(http, _SESSION)
         port = proc.port("mcp")
         answered: list[int] = []
@@ -699,7 +693,7 @@ class MalformedRequests(TestCase):
                   suppress_health_check=list(HealthCheck))
         @given(st.one_of(_request(), _authenticated()))
         def check(request: bytes) -> None:
-            status, _, _ = exchange(port, request)
+            status, _, _ = first_response(port, request)
             assert status < 500, (status, request[:300])
             answered.append(status)
 
@@ -715,8 +709,8 @@ class AnyFrameOnAStream(TestCase):
     timeout = 120
 
     async def test_frames_never_break_sse_framing(self) -> None:
-        proc = await start_mcp(self)
-        http = Http(self, proc.port("mcp"))
+        proc = await start_mcp_process(self)
+        http = HttpClient.on_port(self, proc.port("mcp"))
         await register(http, _SESSION)
         port = proc.port("mcp")
 
@@ -741,7 +735,7 @@ class AnyFrameOnAStream(TestCase):
                           suppress_health_check=list(HealthCheck))
                 @given(_frame())
                 def check(body: bytes) -> None:
-                    status, _, _ = exchange(port, raw_request(
+                    status, _, _ = first_response(port, raw_request(
                         b"POST", f"/{_SESSION}/inbox?token={TOKEN}".encode(), [(b"content-type", b"application/json")],
                         body,
                     ))

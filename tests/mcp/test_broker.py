@@ -1,16 +1,70 @@
-"""Broker-level cases of mcp-relay.md §9 (C, S, R, broker parts of P, PHP) and the core decisions."""
+"""Broker-level cases of mcp-relay.md §9 (C, S, R, broker parts of P, PHP) and the core decisions.
+
+The broker runs over a memory store on a fake clock, with recording sinks for its streams, so every
+Deferred has fired when a call returns (L{BrokerCase}).
+"""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from twisted.internet import task
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+from twisted.trial.unittest import TestCase
 
-from relayd.mcp.broker import FRAMES_DROPPED, parse_frame, parse_wait_ms
-from relayd.mcp.store import INBOUND, OUTBOUND
-from tests.mcp.support import SESSION, TOKEN, BrokerCase, RecordingSink, frames_of, make_broker
+from relayd.clock import Clock
+from relayd.mcp.broker import FRAMES_DROPPED, Broker, BrokerConfig, Refused, parse_frame, parse_wait_ms
+from relayd.mcp.store import INBOUND, OUTBOUND, MemoryStore
 from tests.support.cases import cases, expand
+from tests.support.mcp import RecordingSink
+
+TOKEN = "tok_abcdefghijklmnopqrstuvwxyz01"
+SESSION = "sess"
+
+
+def fired(d: Deferred[Any]) -> Any:
+    """The result of an already-fired Deferred (the memory store never waits); raises its failure.
+
+    For setting up outside a test method; tests read results with successResultOf/failureResultOf."""
+    out: list[Any] = []
+    d.addBoth(out.append)
+    assert out, "Deferred has not fired"
+    if isinstance(out[0], Failure):
+        out[0].raiseException()
+    return out[0]
+
+
+def make_broker(**config: Any) -> tuple[Broker, task.Clock, MemoryStore]:
+    """A broker over a memory store on a fake clock (at epoch 1_700_000_000 s), session C{sess} registered."""
+    reactor = task.Clock()
+    reactor.advance(1_700_000_000)
+    store = MemoryStore()
+    broker = Broker(store, Clock(reactor), BrokerConfig(**config))
+    fired(broker.register(SESSION, TOKEN))
+    return broker, reactor, store
+
+
+def frames_of(result: Any) -> list[Any]:
+    """Parsed frames of a poll result."""
+    return [json.loads(json.loads(f)) for f in result.frames]
+
+
+class BrokerCase(TestCase):
+    """A TestCase for the broker over a memory store, where every Deferred has fired on return."""
+
+    def refusal(self, d: Deferred[Any]) -> str:
+        """The reason of an already-fired refusal (fails the test on a result or another error)."""
+        return self.failureResultOf(d, Refused).value.reason
+
+    def open_sse(self, broker: Broker, direction: str = OUTBOUND, label: str | None = None) -> RecordingSink:
+        """A recording sink subscribed to session C{sess} in C{direction}, as C{label}."""
+        sink = RecordingSink()
+        self.successResultOf(broker.open_stream(SESSION, TOKEN, direction, label, sink))
+        return sink
 
 
 def req(id_: object, method: str = "tools/call") -> bytes:

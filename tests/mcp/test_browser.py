@@ -3,30 +3,23 @@ session, reads C{inbound} with C{EventSource} and answers C{tools/list} by POSTi
 in the test gets the answer over SSE and over poll. With a CORS list that lacks the page origin the
 browser refuses to read.
 
-Skips locally when Chromium, chromedriver or selenium is missing; fails instead under C{CI=true}.
-Selenium blocks, so every browser step runs in a thread (the relay and the page server run in this
-test's reactor).
+Skips locally when Chromium, chromedriver or selenium is missing; fails instead under C{CI=true}
+(tests/support/browser.py). Selenium blocks, so every browser step runs in a thread (the relay and
+the page server run in this test's reactor).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-from typing import Any
 
 from twisted.internet import reactor, threads
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
-from tests.mcp.harness import TOKEN, RelayTestCase, next_mcp
-from tests.support.skips import missing
+from tests.support.browser import WAIT, require_browser, start_browser, wait_for
+from tests.support.mcp import TOKEN, McpRelayCase, next_mcp
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 SESSION = "brws01"
-WAIT = 20  # seconds, generous for a loaded CI machine
 
 PAGE = b"""<!doctype html><html><head><meta charset="utf-8"><title>page</title></head><body><script>
 const q = new URLSearchParams(location.search);
@@ -67,59 +60,19 @@ class PageResource(Resource):
         return PAGE
 
 
-def _browser_missing() -> str | None:
-    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        return "Debian chromium / chromium-driver not installed (see .ci/install-browser.sh)"
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium not installed (see .ci/install-browser.sh)"
-    return None
-
-
-def make_driver(profile: str) -> Any:
-    os.environ.setdefault("SE_OFFLINE", "true")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
-        f"--user-data-dir={profile}",
-        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1",
-    ):
-        opts.add_argument(flag)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(options=opts, service=Service(executable_path=CHROMEDRIVER))
-
-
-def wait_for(driver: Any, script: str) -> Any:
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    WebDriverWait(driver, WAIT, poll_frequency=0.05).until(lambda d: d.execute_script(script))
-    return driver.execute_script("return window.state")
-
-
-class BrowserCase(RelayTestCase):
+class BrowserCase(McpRelayCase):
     timeout = 120
     allow_page_origin = True
 
     async def setUp(self) -> None:  # type: ignore[override]
-        absent = _browser_missing()
-        if absent is not None:
-            missing(absent)
+        require_browser()
         # The page server first: its origin goes into the relay's CORS list.
         self.page_port = reactor.listenTCP(0, Site(PageResource()), interface="127.0.0.1")
         self.addCleanup(self.page_port.stopListening)
         self.page_origin = f"http://127.0.0.1:{self.page_port.getHost().port}"
         allowed = self.page_origin if self.allow_page_origin else "http://127.0.0.1:1"
         await self.start_relay(flags={"mcp-cors": [f"https://elsewhere.example,{allowed}"]})
-        self.profile = tempfile.mkdtemp(prefix="relayd-chromium-")
-        self.driver = await threads.deferToThread(make_driver, self.profile)
-        self.addCleanup(shutil.rmtree, self.profile, True)
-        self.addCleanup(threads.deferToThread, self.driver.quit)
+        self.driver = await start_browser(self)
 
     def page_url(self) -> str:
         return f"{self.page_origin}/page.html?relay={self.base}&session={SESSION}&token={TOKEN}"

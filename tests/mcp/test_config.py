@@ -16,8 +16,9 @@ from relayd import tap
 from relayd.clock import Clock
 from relayd.config import ConfigError, Resolved, resolve
 from relayd.mcp.config import SETTINGS, cors_policy, listen_endpoints
-from relayd.mcp.service import McpService, make_service
+from relayd.mcp.service import make_service
 from tests.support.cases import cases, expand
+from tests.support.wing import start_wing
 
 
 def settings(flags: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> Resolved:
@@ -147,17 +148,12 @@ class StartupLogTests(unittest.TestCase):
         events: list[dict[str, Any]] = []
         globalLogPublisher.addObserver(events.append)
         self.addCleanup(globalLogPublisher.removeObserver, events.append)
-        clock = Clock(reactor)
-        s = settings(
+        await start_wing(
+            self,
+            "mcp",
             {"mcp-listen": ["tcp:0:interface=0.0.0.0"], "mcp-cors": ["https://a.example"], "mcp-prefix": "/p"},
             {"CORS_ALLOW_ORIGIN": "https://b.example"},
         )
-        service = make_service(s, reactor, clock)
-        assert isinstance(service, McpService)
-        service.startService()
-        await service.ports()
-        await service.stopService()
-        clock.shutdown()
         text = [formatEvent(e) for e in events]
         assert any(
             re.search(r"mcp listening on http://0\.0\.0\.0:\d+/p \(ttl=14400s, cors=https://a.example from --mcp-cors\)", t)

@@ -9,13 +9,13 @@ from relayd.clock import Clock
 from relayd.config import ConfigError, resolve
 from relayd.mcp.config import SETTINGS
 from relayd.mcp.service import make_service
-from tests.mcp.harness import TOKEN, RelayTestCase
+from tests.support.mcp import TOKEN, McpRelayCase
 
 PA = "https://particle.academy"
 WWW = "https://www.particle.academy"
 
 
-class ListPolicyTests(RelayTestCase):
+class ListPolicyTests(McpRelayCase):
     flags = {"mcp-cors": [f"{PA},{WWW}"]}
 
     async def test_h1_preflight_echoes_listed_origin(self) -> None:
@@ -57,7 +57,7 @@ class ListPolicyTests(RelayTestCase):
         self.assertEqual((gone.code, gone.header("access-control-allow-origin")), (410, PA))
 
 
-class NormalisedListTests(RelayTestCase):
+class NormalisedListTests(McpRelayCase):
     flags = {"mcp-cors": ["https://a.example/ ,  https://b.example"]}
 
     async def test_h6_both_normalised_origins_echo(self) -> None:
@@ -66,14 +66,14 @@ class NormalisedListTests(RelayTestCase):
             self.assertEqual(reply.header("access-control-allow-origin"), origin)
 
 
-class DefaultPolicyTests(RelayTestCase):
+class DefaultPolicyTests(McpRelayCase):
     async def test_h8_default_is_star(self) -> None:
         reply = await self.request("OPTIONS", "/register", headers={"origin": "https://any.example"})
         self.assertEqual(reply.header("access-control-allow-origin"), "*")
         self.assertIsNone(reply.header("vary"))
 
 
-class ExplicitStarTests(RelayTestCase):
+class ExplicitStarTests(McpRelayCase):
     flags = {"mcp-cors": ["*"]}
 
     async def test_h9_explicit_star(self) -> None:
@@ -81,7 +81,7 @@ class ExplicitStarTests(RelayTestCase):
         self.assertEqual(reply.header("access-control-allow-origin"), "*")
 
 
-class RepeatedFlagTests(RelayTestCase):
+class RepeatedFlagTests(McpRelayCase):
     flags = {"mcp-cors": ["https://a.example", "https://b.example"]}
 
     async def test_h11_repeated_flag_list_echoes_with_vary(self) -> None:
@@ -94,7 +94,7 @@ class RepeatedFlagTests(RelayTestCase):
         self.assertIsNone(reply.header("access-control-allow-origin"))
 
 
-class FlagOverEnvTests(RelayTestCase):
+class FlagOverEnvTests(McpRelayCase):
     flags = {"mcp-cors": ["https://a.example"]}
     environ = {"CORS_ALLOW_ORIGIN": "*"}
 

@@ -7,27 +7,15 @@ Skips locally when Chromium, chromedriver or selenium is missing; fails instead 
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 
 from twisted.internet import threads
 
-from tests.mcp.endpoint_support import run_client
-from tests.mcp.harness import RelayTestCase
-from tests.mcp.test_browser import _browser_missing, make_driver
-from tests.support.skips import missing
-
-WAIT = 20
+from tests.support.browser import require_browser, start_browser, wait_for
+from tests.support.mcp import McpRelayCase
+from tests.support.mcp_clients import run_client
 
 
-def wait_for(driver: object, script: str) -> object:
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    WebDriverWait(driver, WAIT, poll_frequency=0.05).until(lambda d: d.execute_script(script))
-    return driver.execute_script("return window.demo")  # type: ignore[attr-defined]
-
-
-class DemoServed(RelayTestCase):
+class DemoServed(McpRelayCase):
     async def test_demo_page_is_served_on_loopback_by_default(self) -> None:
         reply = await self.get("/demo")
         assert reply.code == 200
@@ -36,7 +24,7 @@ class DemoServed(RelayTestCase):
         assert (await self.request("POST", "/demo")).code == 405
 
 
-class DemoOff(RelayTestCase):
+class DemoOff(McpRelayCase):
     flags = {"no-mcp-demo": True}
 
     async def test_no_mcp_demo_turns_it_off(self) -> None:
@@ -45,22 +33,19 @@ class DemoOff(RelayTestCase):
         assert self.service.resource.demo is None
 
 
-class DemoInChromium(RelayTestCase):
+class DemoInChromium(McpRelayCase):
     timeout = 180
 
     async def setUp(self) -> None:  # type: ignore[override]
-        absent = _browser_missing()
-        if absent is not None:
-            missing(absent)
+        require_browser()
         await super().setUp()
-        self.profile = tempfile.mkdtemp(prefix="relayd-chromium-")
-        self.driver = await threads.deferToThread(make_driver, self.profile)
-        self.addCleanup(shutil.rmtree, self.profile, True)
-        self.addCleanup(threads.deferToThread, self.driver.quit)
+        self.driver = await start_browser(self)
 
     async def test_python_sdk_uses_the_tabs_whiteboard(self) -> None:
         await threads.deferToThread(self.driver.get, f"{self.base}/demo")
-        demo = await threads.deferToThread(wait_for, self.driver, "return window.demo && window.demo.ready")
+        demo = await threads.deferToThread(
+            wait_for, self.driver, "return window.demo && window.demo.ready", "return window.demo"
+        )
         assert demo["url"] == f"{self.base}/{demo['session']}/mcp"
         shown = await threads.deferToThread(self.driver.execute_script, "return document.getElementById('cmd-claude').textContent")
         assert shown.startswith(f"claude mcp add --transport http relayd-demo {demo['url']}")
@@ -70,7 +55,7 @@ class DemoInChromium(RelayTestCase):
         assert out["tools"] == ["whiteboard_add_note", "whiteboard_list_notes"]
         assert out["result"] == ["Pinned note 1: hello from session"]
         assert out["progress"] == [[1.0, 2.0, "pinning the note"]] and out["list_changed"] == 1
-        demo = await threads.deferToThread(wait_for, self.driver, "return window.demo.pongs >= 1")
+        demo = await threads.deferToThread(wait_for, self.driver, "return window.demo.pongs >= 1", "return window.demo")
         assert demo["notes"] == ["hello from session"] and demo["errors"] == []
         notes = await threads.deferToThread(
             self.driver.execute_script, "return [...document.querySelectorAll('.note')].map(n => n.textContent)"
@@ -83,7 +68,7 @@ class DemoInChromium(RelayTestCase):
         assert out["version"] == "2025-11-25"  # the transport is the 2024-11-05 one; the version the page's choice
         assert out["tools"] == ["whiteboard_add_note", "whiteboard_list_notes", "whiteboard_clear"]
         assert out["result"] == ["The whiteboard is empty."] and out["list_changed"] == 1
-        demo = await threads.deferToThread(wait_for, self.driver, "return window.demo.pongs >= 2")
+        demo = await threads.deferToThread(wait_for, self.driver, "return window.demo.pongs >= 2", "return window.demo")
         assert demo["notes"] == [] and demo["errors"] == []
         # A 2026-07-28 client: stateless requests, the change on its subscriptions/listen stream.
         code, out, err = await run_client("sdk_client.py", "modern", demo["url"], demo["token"], "whiteboard_add_note")
@@ -97,5 +82,5 @@ class DemoInChromium(RelayTestCase):
         assert code == 0 and out is not None, err[-4000:]
         assert out["version"] == "2026-07-28"
         assert out["tools"] == ["whiteboard_add_note", "whiteboard_list_notes", "whiteboard_clear"], json.dumps(out)
-        demo = await threads.deferToThread(wait_for, self.driver, "return window.demo")
+        demo = await threads.deferToThread(wait_for, self.driver, "return window.demo", "return window.demo")
         assert demo["notes"] == ["hello from modern"] and demo["errors"] == []

@@ -7,9 +7,9 @@ import json
 
 from twisted.internet.defer import Deferred
 
-from tests.mcp.endpoint_support import compact
-from tests.mcp.harness import TOKEN
 from tests.mcp.test_endpoint_http import AUTH, INIT, SESSION, EndpointCase, _next_message
+from tests.support.mcp import TOKEN
+from tests.support.mcp_clients import compact
 from tests.support.sse import SSEClient
 
 
@@ -138,13 +138,13 @@ class SlowGetStream(EndpointCase):
     async def test_get_stream_that_stops_reading_is_cut_and_session_goes_on(self) -> None:
         from twisted.internet import reactor
 
-        from tests.robustness.support import HeldConnection, _One
+        from tests.support.connections import HeldConnection, SingleUseFactory
 
         sid = await self.initialize()
         request = (f"GET /{SESSION}/mcp HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n"
                    f"Authorization: Bearer {TOKEN}\r\nMcp-Session-Id: {sid}\r\n\r\n").encode()
         held = HeldConnection(request, stop_reading=True)
-        reactor.connectTCP("127.0.0.1", self.port, _One(held))
+        reactor.connectTCP("127.0.0.1", self.port, SingleUseFactory(held))
         status = await held.ready
         assert status.startswith(b"HTTP/1.1 200")
         big = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "x" * 200_000}}

@@ -8,9 +8,9 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, gatherResults
 
-from tests.mcp.endpoint_support import SimulatedPage, compact, run_client
-from tests.mcp.harness import TOKEN
-from tests.mcp.test_endpoint_http import AUTH, INIT, SESSION, EndpointCase, _next_message
+from tests.mcp.test_endpoint_http import SESSION, EndpointCase, _next_message
+from tests.support.mcp import TOKEN
+from tests.support.mcp_clients import compact, run_client
 from tests.support.sse import SSEClient
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 from twisted.internet import threads
 from twisted.trial.unittest import TestCase
 
-from tests.mcp.hostile_support import Http, assert_clean_log, exchange, raw_request, start_mcp
+from tests.support.http import HttpClient
+from tests.support.mcp import assert_clean_log, start_mcp_process
+from tests.support.raw import first_response, raw_request
 
 TOKEN = b"hostile_token_0123456789abcdef"
 SESSION = b"hostile1"
@@ -19,9 +21,9 @@ class HostileEndpoint(TestCase):
     timeout = 120
 
     async def test_hostile_requests_get_documented_statuses(self) -> None:
-        proc = await start_mcp(self)
+        proc = await start_mcp_process(self)
         port = proc.port("mcp")
-        http = Http(self, port)
+        http = HttpClient.on_port(self, port)
         assert (await http.post("/register", b'{"session":"hostile1","token":"%s"}' % TOKEN)).code == 200
         mcp = b"/" + SESSION + b"/mcp"
         tools_list = b'{"jsonrpc":"2.0","id":2,"method":"tools/list"}'
@@ -51,6 +53,6 @@ class HostileEndpoint(TestCase):
             (b"OPTIONS", mcp, [], None, {204}),
         ]
         for method, target, headers, body, expected in cases:
-            status, _, answer = await threads.deferToThread(exchange, port, raw_request(method, target, headers, body))
+            status, _, answer = await threads.deferToThread(first_response, port, raw_request(method, target, headers, body))
             assert status in expected, (method, target, headers, body[:80] if body else body, status, answer[:300])
         await assert_clean_log(self, proc, http)

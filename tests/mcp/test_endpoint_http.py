@@ -8,8 +8,9 @@ from typing import Any
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 
-from tests.mcp.endpoint_support import MODERN, SimulatedPage, compact
-from tests.mcp.harness import TOKEN, Reply, RelayTestCase
+from tests.support.http import Reply
+from tests.support.mcp import TOKEN, McpRelayCase
+from tests.support.mcp_clients import MODERN, SimulatedPage, compact
 from tests.support.sse import SSEClient
 
 SESSION = "statuses1"
@@ -22,7 +23,7 @@ INIT = {
 AUTH = {"authorization": f"Bearer {TOKEN}", "accept": "application/json, text/event-stream"}
 
 
-class EndpointCase(RelayTestCase):
+class EndpointCase(McpRelayCase):
     timeout = 60
     silent: frozenset[str] = frozenset()
 

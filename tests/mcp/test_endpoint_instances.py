@@ -9,10 +9,11 @@ from typing import Any
 import treq
 from twisted.internet import reactor
 
-from tests.mcp.endpoint_support import RemoteRelay, SimulatedPage, compact
-from tests.mcp.harness import TOKEN, Reply
 from tests.mcp.test_endpoint_http import INIT, _next_message
 from tests.mcp.test_multi_instance import SESSION, Instances
+from tests.support.http import Reply
+from tests.support.mcp import TOKEN
+from tests.support.mcp_clients import RemoteRelay, SimulatedPage, compact
 from tests.support.sse import SSEClient
 
 HEADERS = {"authorization": f"Bearer {TOKEN}", "accept": "application/json, text/event-stream",

@@ -14,8 +14,8 @@ import shutil
 from twisted.internet import reactor
 from twisted.internet.utils import getProcessOutputAndValue
 
-from tests.mcp.endpoint_support import CLIENTS, SimulatedPage
-from tests.mcp.harness import TOKEN, RelayTestCase
+from tests.support.mcp import TOKEN, McpRelayCase
+from tests.support.mcp_clients import CLIENTS, SimulatedPage
 from tests.support.skips import missing
 
 SESSION = "nodepage"
@@ -39,7 +39,7 @@ async def run_node(*args: str, timeout: float = 60) -> tuple[int, str, str]:
     return code, out.decode(errors="replace"), err.decode(errors="replace")
 
 
-class NodeCase(RelayTestCase):
+class NodeCase(McpRelayCase):
     timeout = 120
 
     async def setUp(self) -> None:  # type: ignore[override]

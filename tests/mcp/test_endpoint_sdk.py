@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from tests.mcp.endpoint_support import SimulatedPage, run_client
-from tests.mcp.harness import TOKEN, RelayTestCase
+from tests.support.mcp import TOKEN, McpRelayCase
+from tests.support.mcp_clients import SimulatedPage, run_client
 
 SESSION = "sdkpage1"
 
 
-class PythonSdkCase(RelayTestCase):
+class PythonSdkCase(McpRelayCase):
     timeout = 120
 
     async def setUp(self) -> None:  # type: ignore[override]
@@ -59,7 +59,7 @@ class ModernPage(PythonSdkCase):
     """A page that speaks 2026-07-28: the SDK's default client discovers it and stays stateless."""
 
     async def setUp(self) -> None:  # type: ignore[override]
-        await RelayTestCase.setUp(self)
+        await McpRelayCase.setUp(self)
         await self.register(SESSION)
         self.page = SimulatedPage(self, SESSION, modern=True)
         await self.page.start()

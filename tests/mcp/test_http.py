@@ -11,7 +11,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import deferLater
 
-from tests.mcp.harness import TOKEN, RelayTestCase, disconnect, next_mcp
+from tests.support.mcp import TOKEN, McpRelayCase, disconnect, next_mcp
 
 LIST = b'{"jsonrpc":"2.0","id":1,"method":"tools/list","params":[]}'
 REPLY = b'{"jsonrpc":"2.0","id":1,"result":{"tools":[]}}'
@@ -21,7 +21,7 @@ def note(n: int) -> bytes:
     return b'{"jsonrpc":"2.0","method":"notifications/n","params":{"n":%d}}' % n
 
 
-class RoutingTests(RelayTestCase):
+class RoutingTests(McpRelayCase):
     async def test_health(self) -> None:
         for path in ("/", "/healthz"):
             reply = await self.get(path)
@@ -74,7 +74,7 @@ class RoutingTests(RelayTestCase):
             self.assertIsNone(reply.header("vary"))
 
 
-class PrefixTests(RelayTestCase):
+class PrefixTests(McpRelayCase):
     flags = {"mcp-prefix": "/relay/"}
 
     async def test_prefix_routes_and_health(self) -> None:
@@ -88,7 +88,7 @@ class PrefixTests(RelayTestCase):
         self.assertEqual((await self.post("/sess/inbox?token=" + TOKEN, raw=LIST)).code, 200)
 
 
-class RegisterTests(RelayTestCase):
+class RegisterTests(McpRelayCase):
     async def test_register_table(self) -> None:
         cases = [
             (b"", 400, "invalid_json"),
@@ -119,7 +119,7 @@ class RegisterTests(RelayTestCase):
         self.assertEqual(reply.code, 200)
 
 
-class SessionCapTests(RelayTestCase):
+class SessionCapTests(McpRelayCase):
     flags = {"mcp-max-sessions": "1"}
 
     async def test_decision9_session_cap_is_503(self) -> None:
@@ -128,7 +128,7 @@ class SessionCapTests(RelayTestCase):
         self.assertEqual((reply.code, reply.json()), (503, {"error": "too_many_sessions"}))
 
 
-class InboxOutboxTests(RelayTestCase):
+class InboxOutboxTests(McpRelayCase):
     async def test_status_table(self) -> None:
         await self.register()
         for route in ("inbox", "outbox"):
@@ -173,7 +173,7 @@ class InboxOutboxTests(RelayTestCase):
             self.assertEqual(reply.header("access-control-allow-origin"), "*")
 
 
-class UnregisterTests(RelayTestCase):
+class UnregisterTests(McpRelayCase):
     async def test_unregister_table(self) -> None:
         await self.register()
         missing = await self.post("/sess/unregister")
@@ -194,7 +194,7 @@ class UnregisterTests(RelayTestCase):
         self.assertEqual((await self.poll(query="&wait=0")).code, 410)
 
 
-class EventsTests(RelayTestCase):
+class EventsTests(McpRelayCase):
     async def test_e1_events_after_unregister_is_410(self) -> None:
         await self.register()
         await self.post(f"/sess/unregister?token={TOKEN}")
@@ -295,7 +295,7 @@ class EventsTests(RelayTestCase):
         self.assertEqual((await next_mcp(stream)).data, LIST.decode())
 
 
-async def SSEClient_connect(case: RelayTestCase, url: str):  # type: ignore[no-untyped-def]
+async def SSEClient_connect(case: McpRelayCase, url: str):  # type: ignore[no-untyped-def]
     from tests.support.sse import SSEClient
 
     stream = await SSEClient.connect(url)
@@ -303,7 +303,7 @@ async def SSEClient_connect(case: RelayTestCase, url: str):  # type: ignore[no-u
     return stream
 
 
-class PollTests(RelayTestCase):
+class PollTests(McpRelayCase):
     async def test_p1_first_poll_then_frame(self) -> None:
         await self.register()
         first = await self.poll(query="&direction=inbound&wait=0")
@@ -442,7 +442,7 @@ class PollTests(RelayTestCase):
         self.assertEqual((await self.poll(query="&direction=inbound&wait=0")).json()["frames"], [])  # PHP5
 
 
-class SlowReaderTests(RelayTestCase):
+class SlowReaderTests(McpRelayCase):
     flags = {"mcp-queue-frames": "5"}
 
     async def test_decision9_sse_subscriber_that_never_reads_is_cut_off(self) -> None:

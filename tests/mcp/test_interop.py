@@ -16,33 +16,13 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred, DeferredQueue
 from twisted.internet.task import deferLater
 
-from tests.mcp.harness import TOKEN, RelayTestCase
+from tests.support.mcp import TOKEN, McpRelayCase
+from tests.support.mcp_clients import PAGE_TOOLS, page_answer
 
 SESSION = "Ab3_x9Zq"  # 8-char base64url, as useCoBrowseSession mints
-PAGE_TOOLS = [{"name": "whiteboard_add_sticky", "description": "add a sticky", "inputSchema": {"type": "object"}}]
 
 
-def page_answer(message: dict[str, Any]) -> dict[str, Any] | None:
-    """What the browser-hosted MicroMcpServer answers (None for notifications and presence)."""
-    method = message.get("method")
-    if "id" not in message:
-        return None
-    if method == "initialize":
-        result: Any = {
-            "protocolVersion": message["params"]["protocolVersion"],
-            "capabilities": {"tools": {}},
-            "serverInfo": {"name": "page", "version": "1"},
-        }
-    elif method == "tools/list":
-        result = {"tools": PAGE_TOOLS}
-    elif method == "tools/call":
-        result = {"content": [{"type": "text", "text": json.dumps(message["params"])}]}
-    else:
-        return {"jsonrpc": "2.0", "id": message["id"], "error": {"code": -32601, "message": "no such method"}}
-    return {"jsonrpc": "2.0", "id": message["id"], "result": result}
-
-
-class InteropCase(RelayTestCase):
+class InteropCase(McpRelayCase):
     timeout = 60
 
     async def setUp(self) -> None:  # type: ignore[override]

@@ -19,22 +19,12 @@ from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from relayd.clock import Clock
-from relayd.config import resolve
-from relayd.mcp.config import SETTINGS
-from relayd.mcp.service import McpService, make_service
-from relayd.redis_config import SETTINGS as REDIS_SETTINGS
-from tests.mcp.harness import (
-    TOKEN,
-    Reply,
-    close_redis,
-    disconnect,
-    next_mcp,
-    redis_flags,
-    wait_ready,
-)
-from tests.support.redis import RedisServer, shared_redis
+from relayd.mcp.service import McpService
+from tests.support.http import Reply
+from tests.support.mcp import TOKEN, disconnect, next_mcp
+from tests.support.redis import RedisServer, redis_flags, shared_redis
 from tests.support.sse import SSEClient
+from tests.support.wing import Wing
 
 SESSION = "multi-01"
 REQUEST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
@@ -50,6 +40,7 @@ class Instances(TestCase):
     async def setUp(self) -> None:  # type: ignore[override]
         self.redis_url = self.redis_server_url()
         flags = redis_flags(self.redis_url)
+        self.wings: list[Wing] = []
         self.services: list[McpService] = []
         self.urls: list[str] = []
         self.streams: list[SSEClient] = []
@@ -63,28 +54,21 @@ class Instances(TestCase):
         return shared_redis().url
 
     async def start_instance(self, flags: dict[str, str]) -> None:
-        given = {"mcp-listen": ["tcp:0:interface=127.0.0.1"], "mcp-reap-interval-ms": "0", **flags}
-        settings = resolve(REDIS_SETTINGS + SETTINGS, given, {})
-        clock = Clock(reactor)
-        service = make_service(settings, reactor, clock)
-        assert isinstance(service, McpService)
-        service.startService()
-        self.services.append(service)
-        await wait_ready(service)
-        (port,) = await service.ports()
-        self.urls.append(f"http://127.0.0.1:{port.getHost().port}")
+        wing = await Wing.start("mcp", {"mcp-reap-interval-ms": "0", **flags})
+        self.wings.append(wing)
+        self.services.append(wing.service)
+        self.urls.append(wing.url)
 
     async def _stop(self) -> None:
-        for service in self.services:
-            if service.running:
-                await service.stopService()
+        for wing in self.wings:
+            if wing.service.running:
+                await wing.service.stopService()
         for stream in self.streams:
             await disconnect(stream)
             await stream.pool.closeCachedConnections()
         await self.pool.closeCachedConnections()
-        for service in self.services:
-            await close_redis(service)
-            service.clock.shutdown()
+        for wing in self.wings:
+            await wing.stop()
 
     async def request(self, i: int, method: str, path: str, body: Any = None, timeout: float = 5.0) -> Reply:
         data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
@@ -256,8 +240,8 @@ class RedisRestartTests(Instances):
             await deferLater(reactor, 0.1, lambda: None)  # retrying as a client would, until Redis is back
         # The stream on A lived through an outage of its bus: it is ended so its client re-subscribes.
         await page.read_until_end(timeout=10.0)
-        for service in self.services:
-            await wait_ready(service)
+        for wing in self.wings:
+            await wing.ready()
         page = await self.events(0, "inbound")
         # Acknowledged data survived, and traffic flows across instances again.
         kept = (await self.poll(0, f"&direction=outbound&wait=0&subscriber={sub}")).json()

@@ -16,7 +16,8 @@ from twisted.internet.defer import DeferredList
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.robustness.support import (
+from tests.support.aep import event, ndjson
+from tests.support.connections import (
     HeldConnection,
     close_all,
     memory,
@@ -25,7 +26,6 @@ from tests.robustness.support import (
     sse_request,
     ws_request,
 )
-from tests.support.aep import event, ndjson
 from tests.support.twistd import RelaydProcess
 
 SSE = 5000
@@ -41,10 +41,10 @@ class IdleConnections(TestCase):
     async def test_5000_sse_and_1000_ws_with_bounded_memory(self) -> None:
         require_open_files(SSE + WS + 2 * WARM + 512)
         # A backlog above the default 50: thousands of connects in a burst would otherwise wait for SYN retries.
-        proc = await RelaydProcess.start(
+        proc = await RelaydProcess.start_for(
+            self,
             ["--aep-listen", "tcp:0:interface=127.0.0.1:backlog=1024", "--no-mcp", "--no-access-log"]
         )
-        self.addCleanup(proc.kill)
         port, pid = proc.port("aep"), proc.transport.pid
         held: list[HeldConnection] = []
         self.addCleanup(close_all, held)

@@ -54,7 +54,8 @@ class SlowAndOversize(TestCase):
     timeout = 60
 
     async def test_every_listener(self) -> None:
-        proc = await RelaydProcess.start(
+        proc = await RelaydProcess.start_for(
+            self,
             [
                 "--aep-listen", "tcp:0:interface=127.0.0.1",
                 "--mcp-listen", "tcp:0:interface=127.0.0.1",
@@ -64,7 +65,6 @@ class SlowAndOversize(TestCase):
             ],
             wait_for=("aep", "mcp", "metrics"),
         )
-        self.addCleanup(proc.kill)
         ports = {relay: proc.port(relay) for relay in ("aep", "mcp", "metrics")}
 
         # Slowloris: headers trickled on every listener, and a body trickled on the AEP one.

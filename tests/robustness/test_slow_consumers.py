@@ -12,8 +12,8 @@ from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.robustness.support import HeldConnection, close_all, memory, open_many, sse_request
 from tests.support.aep import event, ndjson
+from tests.support.connections import HeldConnection, close_all, memory, open_many, sse_request
 from tests.support.metrics import scrape, value
 from tests.support.twistd import RelaydProcess
 from tests.support.ws import WSClient
@@ -30,7 +30,8 @@ class SlowConsumers(TestCase):
     timeout = 120
 
     async def test_memory_stays_within_the_backlog_bounds(self) -> None:
-        proc = await RelaydProcess.start(
+        proc = await RelaydProcess.start_for(
+            self,
             [
                 "--aep-listen", "tcp:0:interface=127.0.0.1",
                 "--metrics-listen", "tcp:0:interface=127.0.0.1",
@@ -39,7 +40,6 @@ class SlowConsumers(TestCase):
             ],
             wait_for=("aep", "metrics"),
         )
-        self.addCleanup(proc.kill)
         port, pid = proc.port("aep"), proc.transport.pid
         metrics_url = f"http://127.0.0.1:{proc.port('metrics')}/metrics"
         pool = HTTPConnectionPool(reactor, persistent=True)

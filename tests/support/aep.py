@@ -1,19 +1,22 @@
-"""An AEP relay running in-process on a real loopback port, and small helpers to drive it."""
+"""An AEP relay running in-process on a real loopback port (L{AEPRelay}, L{start_relay}), envelopes,
+and the clients a test drives it with (L{open_sse}, L{open_ws}, L{subscribe})."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import urlencode
 
 import treq
 from twisted.internet import reactor
+from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from relayd.aep.config import SETTINGS
-from relayd.aep.service import make_service
-from relayd.clock import Clock
-from relayd.config import resolve
-from relayd.redis_config import SETTINGS as REDIS_SETTINGS
+from relayd.aep.envelope import envelope_error
+from tests.support.redis import redis_flags
+from tests.support.sse import Message, SSEClient
+from tests.support.wing import Wing
+from tests.support.ws import WSClient
 
 TIMEOUT = 5.0
 
@@ -53,44 +56,29 @@ async def wait_until(condition: Any, timeout: float = 5.0) -> None:
 
 
 class AEPRelay:
-    """C{await AEPRelay.start(**flags)}; C{.url}; C{await relay.stop()}."""
+    """The AEP wing in-process (a L{Wing}) and a treq client for it: C{await AEPRelay.start(**flags)};
+    C{.url}, C{.ws_url}; C{await relay.stop()}. Flags are keyword arguments (C{max_body=1000})."""
 
-    def __init__(self) -> None:
-        self.service: Any = None
-        self.url = ""
-        self.ws_url = ""
+    def __init__(self, wing: Wing) -> None:
+        self.wing = wing
+        self.service: Any = wing.service
+        self.url = wing.url
+        self.ws_url = f"ws://127.0.0.1:{wing.port}/socket"
         self.pool = HTTPConnectionPool(reactor, persistent=False)
-        self.redis: Any = None
+        clients = wing.redis_clients()
+        self.redis: Any = clients[0] if clients else None
 
     @classmethod
     async def start(cls, **flags: Any) -> AEPRelay:
-        relay = cls()
-        given = {"aep-listen": ["tcp:0:interface=127.0.0.1"]}
-        given.update({k.replace("_", "-"): str(v) for k, v in flags.items()})
-        settings = resolve([*REDIS_SETTINGS, *SETTINGS], given, {})
-        relay.service = make_service(settings, reactor, Clock(reactor))
-        relay.service.startService()
-        ports = await relay.service.ports()
-        port = ports[0].getHost().port
-        redis = getattr(relay.core.log, "redis", None)
-        if redis is not None:
-            relay.redis = redis
-            await wait_until(lambda: redis.connected)
-            for bus in redis._buses:
-                await bus.ready
-        relay.url = f"http://127.0.0.1:{port}"
-        relay.ws_url = f"ws://127.0.0.1:{port}/socket"
-        return relay
+        return cls(await Wing.start("aep", {k.replace("_", "-"): str(v) for k, v in flags.items()}))
 
     @property
     def core(self) -> Any:
         return self.service.relay
 
     async def stop(self) -> None:
-        await self.service.stopService()
+        await self.wing.stop()
         await self.pool.closeCachedConnections()
-        if self.redis is not None:
-            await self.redis.close()
 
     async def request(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[Any, bytes]:
         d = treq.request(method, self.url + path, data=body, headers=headers or {}, pool=self.pool)
@@ -108,3 +96,82 @@ class AEPRelay:
 
     async def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[Any, bytes]:
         return await self.request("GET", path, None, headers)
+
+
+# Driving a relay from a test: clients closed at the test's cleanup, and reading what they got.
+
+TOKEN = "t0ken-for-tests"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+async def start_relay(tc: TestCase, **flags: Any) -> AEPRelay:
+    """A relay stopped at the end of the test (after every client the test opens later); a case's
+    C{extra_relay_flags()} (L{OnRedis}) come first."""
+    extra = getattr(tc, "extra_relay_flags", None)
+    relay = await AEPRelay.start(**{**(extra() if extra else {}), **flags})
+    tc.addCleanup(relay.stop)
+    return relay
+
+
+class OnRedis:
+    """Mixin: the test case's relays keep their state in a real Redis (a fresh key prefix each)."""
+
+    def extra_relay_flags(self) -> dict[str, Any]:
+        return redis_flags()
+
+
+def query(**params: Any) -> str:
+    """A query string; C{filter} and list/dict C{from} values are JSON-encoded."""
+    encoded = {}
+    for name, value in params.items():
+        name = name.rstrip("_")  # from_ -> from
+        if value is None:
+            continue
+        if isinstance(value, (dict, list)):
+            value = json.dumps(value, separators=(",", ":"))
+        encoded[name] = value
+    return "?" + urlencode(encoded) if encoded else ""
+
+
+async def open_sse(tc: TestCase, relay: AEPRelay, headers: dict[str, str] | None = None, **params: Any) -> SSEClient:
+    client = await SSEClient.connect(relay.url + "/stream" + query(**params), headers)
+    tc.addCleanup(client.close)
+    return client
+
+
+async def open_ws(
+    tc: TestCase, relay: AEPRelay, headers: dict[str, str] | None = None, *, hello: dict[str, Any] | None = None
+) -> WSClient:
+    """A WebSocket client; with C{hello}, the hello exchange is done (and checked) already."""
+    client = await WSClient.connect(relay.ws_url, headers)
+    tc.addCleanup(client.close)
+    if hello is not None:
+        reply = await client.hello(**hello)
+        tc.assertEqual(reply["type"], "hello", reply)
+    return client
+
+
+async def subscribe(tc: TestCase, client: WSClient, sub_id: Any = "s", **fields: Any) -> list[Any]:
+    """Subscribe; returns what arrived after C{subscribed} up to a ping/pong sync point (the replay)."""
+    if "from_" in fields:
+        fields["from"] = fields.pop("from_")
+    client.send({"type": "subscribe", "id": sub_id, **fields})
+    reply = await client.recv()
+    tc.assertEqual(reply, {"type": "subscribed", "id": sub_id})
+    return await client.roundtrip()
+
+
+def valid(tc: TestCase, ev: Any) -> None:
+    tc.assertIsNone(envelope_error(ev), ev)
+
+
+def seqs(messages: list[Message]) -> list[int]:
+    return [m.json()["seq"] for m in messages if m.comment is None]
+
+
+def events_of(messages: list[Message]) -> list[Message]:
+    return [m for m in messages if m.comment is None]
+
+
+def comments_of(messages: list[Message]) -> list[str]:
+    return [m.comment for m in messages if m.comment is not None]

@@ -1,7 +1,8 @@
 """Raw HTTP over a blocking socket, for requests no HTTP client would send (run it in a thread).
 
 L{raw_exchange} returns the bytes; L{exchange} parses what came back into complete responses and
-says how the exchange ended (the server closed, or went quiet), for tests that judge every answer.
+says how the exchange ended (the server closed, or went quiet), for tests that judge every answer;
+L{first_response} reads only the first answer's status, headers and body (L{raw_request} builds one).
 L{RawClient} is the reactor-side counterpart: a TCP protocol that records what it receives.
 """
 
@@ -219,6 +220,52 @@ def exchange(
     answer.responses, answer.rest = parse_responses(received, answer.closed, heads)
     answer.elapsed = time.monotonic() - started
     return answer
+
+
+def first_response(port: int, request: bytes, timeout: float = 10.0) -> tuple[int, dict[bytes, bytes], bytes]:
+    """Send raw C{request} on a new connection; the status, headers and body of the answer.
+
+    Blocking (for a worker thread). Unlike L{exchange} it needs no end of the answer: an open SSE
+    stream counts as answered once its headers arrive. A connection closed (or a timeout) before a
+    status line raises.
+    """
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            if not chunk:
+                raise AssertionError(f"connection closed without an answer (got {data!r})")
+            data += chunk
+        head, _, rest = data.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split(b" ")[1])
+        headers: dict[bytes, bytes] = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip()
+        if request.startswith(b"HEAD ") or status in (204, 304):
+            return status, headers, b""
+        length = headers.get(b"content-length")
+        if length is None and headers.get(b"content-type", b"").startswith(b"text/event-stream"):
+            return status, headers, b""  # a stream: it answered
+        while length is None or len(rest) < int(length):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            rest += chunk
+        return status, headers, rest if length is None else rest[: int(length)]
+
+
+def raw_request(
+    method: bytes, target: bytes, headers: list[tuple[bytes, bytes]] | None = None, body: bytes | None = None
+) -> bytes:
+    """One HTTP/1.1 request as bytes (C{connection: close}; a content-length when there is a body)."""
+    lines = [method + b" " + target + b" HTTP/1.1", b"host: relay", b"connection: close"]
+    lines += [name + b": " + value for name, value in headers or []]
+    if body is not None:
+        lines.append(b"content-length: %d" % len(body))
+    return b"\r\n".join(lines) + b"\r\n\r\n" + (body or b"")
 
 
 RAW_CLIENT_TIMEOUT = 5.0

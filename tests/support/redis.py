@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import socket
@@ -96,6 +97,7 @@ class RedisServer:
 
 
 _shared: RedisServer | None = None
+_prefixes = itertools.count()
 
 
 def shared_redis() -> RedisServer:
@@ -107,6 +109,12 @@ def shared_redis() -> RedisServer:
 
         atexit.register(_shared.cleanup)
     return _shared
+
+
+def redis_flags(url: str | None = None, prefix: str | None = None) -> dict[str, str]:
+    """The flags of a wing on Redis (the shared server unless C{url}); a fresh key prefix isolates
+    each test (or each of a test's instances, given the same C{prefix})."""
+    return {"redis": url or shared_redis().url, "redis-prefix": prefix or f"t{os.getpid()}-{next(_prefixes)}:"}
 
 
 async def connected_redis(url: str, timeout: float = 5.0):  # type: ignore[no-untyped-def]

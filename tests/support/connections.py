@@ -1,4 +1,5 @@
-"""Cheap clients for thousands of connections, server memory from /proc, fd limits."""
+"""Cheap clients for thousands of connections (L{HeldConnection}, L{open_many}), a server's memory from
+/proc, and this process's open-file limit raised for them."""
 
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ async def open_many(
         batch = []
         for _ in range(min(wave, count - start)):
             protocol = make()
-            reactor.connectTCP("127.0.0.1", port, _One(protocol), timeout=TIMEOUT)
+            reactor.connectTCP("127.0.0.1", port, SingleUseFactory(protocol), timeout=TIMEOUT)
             batch.append(protocol)
         results = await DeferredList([p.ready.addTimeout(TIMEOUT, reactor) for p in batch], consumeErrors=True)
         failed = [r for ok, r in results if not ok]
@@ -107,8 +108,8 @@ async def open_many(
     return held
 
 
-class _One(ClientFactory):
-    """A factory for one already-made protocol."""
+class SingleUseFactory(ClientFactory):
+    """A factory for one already-made protocol (C{reactor.connectTCP(host, port, SingleUseFactory(p))})."""
 
     def __init__(self, protocol: HeldConnection) -> None:
         self.protocol_instance = protocol

@@ -1,4 +1,4 @@
-"""A page simulated over the tunnel protocol, and real MCP clients run as subprocesses.
+"""MCP clients: a page simulated over the tunnel protocol, and real MCP clients run as subprocesses.
 
 The page reads the session's C{inbound} direction over SSE and answers on C{outbox}, as the browser
 hook does; it hosts the tools of C{test_interop} and, while serving a call, reports progress, then
@@ -17,24 +17,43 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.utils import getProcessOutputAndValue
 
-from tests.mcp.harness import TOKEN, RelayTestCase, Reply, disconnect
+from tests.support.http import HttpClient, Reply
+from tests.support.mcp import TOKEN, McpRelayCase, disconnect
 from tests.support.sse import SSEClient
-from tests.mcp.test_interop import page_answer
 
-CLIENTS = Path(__file__).parent / "clients"
 ROOT = Path(__file__).resolve().parents[2]
+CLIENTS = ROOT / "tests" / "mcp" / "clients"
 MODERN = "2026-07-28"
+PAGE_TOOLS = [{"name": "whiteboard_add_sticky", "description": "add a sticky", "inputSchema": {"type": "object"}}]
+
+
+def page_answer(message: dict[str, Any]) -> dict[str, Any] | None:
+    """What the browser-hosted MicroMcpServer answers (None for notifications and presence)."""
+    method = message.get("method")
+    if "id" not in message:
+        return None
+    if method == "initialize":
+        result: Any = {
+            "protocolVersion": message["params"]["protocolVersion"],
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "page", "version": "1"},
+        }
+    elif method == "tools/list":
+        result = {"tools": PAGE_TOOLS}
+    elif method == "tools/call":
+        result = {"content": [{"type": "text", "text": json.dumps(message["params"])}]}
+    else:
+        return {"jsonrpc": "2.0", "id": message["id"], "error": {"code": -32601, "message": "no such method"}}
+    return {"jsonrpc": "2.0", "id": message["id"], "result": result}
 
 
 class RemoteRelay:
     """What L{SimulatedPage} needs of a relay it does not run in-process (a C{twistd} child)."""
 
     def __init__(self, case: Any, base: str) -> None:
-        from tests.mcp.hostile_support import Http
-
         self.case = case
         self.base = base
-        self.http = Http(case, int(base.rsplit(":", 1)[1]))
+        self.http = HttpClient(case, base)
 
     async def events(self, session: str, query: str = "") -> SSEClient:
         stream = await SSEClient.connect(f"{self.base}/{session}/events?token={TOKEN}{query}")
@@ -52,7 +71,7 @@ def compact(message: Any) -> bytes:
 class SimulatedPage:
     """The page of session C{session}: answers MCP over the tunnel's inbound SSE and outbox."""
 
-    def __init__(self, case: RelayTestCase | RemoteRelay, session: str, modern: bool = False, silent: frozenset[str] = frozenset()) -> None:
+    def __init__(self, case: McpRelayCase | RemoteRelay, session: str, modern: bool = False, silent: frozenset[str] = frozenset()) -> None:
         self.case = case
         self.session = session
         self.modern = modern
