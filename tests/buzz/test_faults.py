@@ -18,7 +18,8 @@ from twisted.trial import unittest
 from relayd.buzz import nostr
 from relayd.buzz.state import StateDB
 from tests.buzz.harness import BrokerUnderTest, new_channel, ok
-from tests.support.nostr import REQUIRE_MEMBERSHIP, kind, shared_nostr_relay, start_fault_relay, start_nostr_relay
+from tests.support.fault_relay import kind, start_fault_relay
+from tests.support.nostr import REQUIRE_MEMBERSHIP, shared_nostr_relay, start_nostr_relay
 
 
 class FaultCase(unittest.TestCase):
