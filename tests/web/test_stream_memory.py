@@ -51,7 +51,7 @@ class IdleStreamMemory(TestCase):
                 socks.append(_open_stream(host, int(port), i % 100))
                 if len(socks) % BATCH == 0 or i == count - 1:
                     opened = len(socks)
-                    await wait_until(lambda: len(hub.streams) == opened)
+                    await wait_until(lambda opened=opened: len(hub.streams) == opened)
 
         await open_streams(WARM)
         gc.collect()
@@ -74,7 +74,7 @@ class _Thing:
 
     def __init__(self) -> None:
         for i in range(40):  # more keys than CPython's shared-key dicts hold: a combined dict
-            setattr(self, "a%d" % i, i)
+            setattr(self, f"a{i}", i)
         self.shared = 0
         self.name = b""
         self.own = [1]
@@ -84,9 +84,9 @@ class Compact(SynchronousTestCase):
     def test_entries_repeating_the_class_value_are_left_out(self) -> None:
         thing = _Thing()
         size = sys.getsizeof(thing.__dict__)
-        compact(thing, drop=tuple("a%d" % i for i in range(30)))
-        self.assertEqual(sorted(vars(thing)), sorted(["own"] + ["a%d" % i for i in range(30, 40)]))
-        self.assertEqual((thing.shared, thing.name, thing.own, thing.a35), (0, b"", [1], 35))
+        compact(thing, drop=tuple(f"a{i}" for i in range(30)))
+        self.assertEqual(sorted(vars(thing)), sorted(["own"] + [f"a{i}" for i in range(30, 40)]))
+        self.assertEqual((thing.shared, thing.name, thing.own, getattr(thing, "a35")), (0, b"", [1], 35))
         self.assertLess(sys.getsizeof(thing.__dict__), size / 2)
 
     def test_a_request_whose_headers_are_not_written_is_left_alone(self) -> None:
