@@ -194,6 +194,12 @@ class RelayRequest(LimitedRequest):
 
     _received_at = 0.0
     _logged = False
+    # What Request.__init__ sets on every relayd request (RelaySite parses no forms; the channel
+    # passes the deprecated queued as len(requests), 0 unless pipelined), as class values too: a
+    # streaming request's dict then leaves those entries out (relayd.web.slim), and reading them
+    # answers the same object.
+    queued = 0
+    _parsePOSTFormSubmission = False
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
         self._received_at = time.monotonic()

@@ -25,6 +25,7 @@ from twisted.web.server import Request
 from zope.interface import implementer
 
 from relayd.clock import Clock
+from relayd.web.slim import slim_stream
 from relayd.web.transport import no_delay
 from relayd.web.twisted_internals import send_body
 
@@ -127,6 +128,7 @@ class SSEStream:
         self._chunked = bool(getattr(request, "chunked", False))
         no_delay(self._transport)
         self.hub.add(self)
+        slim_stream(request)
 
     def write(self, chunk: bytes, encoded: bytes | None = None) -> bool:
         """Queue pre-framed bytes; C{False} if the stream is closed or just overflowed.

@@ -1,0 +1,64 @@
+"""Shrink what an idle long-lived response holds once it only streams (docs/performance.md,
+"Memory per idle stream").
+
+Over a request's life Twisted gives its C{Request} and C{HTTPChannel} more instance attributes than
+CPython's shared-key dicts hold, so each ends up with a combined dict sized for growth (about 1.5 KB
+apiece). Thousands of SSE streams sit idle per process, each holding both. Once a stream's headers
+are on the wire, L{slim_stream} rebuilds both dicts at their right size, without the entries that
+only repeat the class's own value and without what only reading the request needed.
+
+Every removal keeps behaviour: an entry identical to the class attribute it shadows reads the same
+object once gone, and the few entries dropped outright are only read while a request is received or
+before its headers are written (a later use raises C{AttributeError}: loud, never silent).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_MISSING = object()
+
+# Public twisted.web Request attributes that only serve receiving the request, finding its resource
+# or writing its headers: the body (the stream's handler read it before starting), the cookies it
+# came with and those to send (written with the headers), what traversal left (postpath) and the
+# path session cookies are scoped to (sitepath; relayd keeps no sessions). With them gone a
+# streaming request keeps about 20 entries, which fit a dict of the next size down.
+_REQUEST_SPENT = ("content", "received_cookies", "cookies", "postpath", "sitepath")
+
+
+def _class_value(cls: type, name: str) -> Any:
+    """The plain class attribute C{name} would fall back to, or L{_MISSING} (descriptors count as
+    missing: they could answer differently from the instance entry)."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            value = vars(klass)[name]
+            return _MISSING if hasattr(type(value), "__get__") else value
+    return _MISSING
+
+
+def compact(obj: Any, drop: tuple[str, ...] = ()) -> None:
+    """Give C{obj} a right-sized instance dict: the entries named in C{drop} and those identical to
+    the class attribute they shadow are left out (reading them answers the same object)."""
+    cls = type(obj)
+    kept = {}
+    for name, value in vars(obj).items():
+        if name in drop:
+            continue
+        if value is _class_value(cls, name):
+            continue
+        kept[name] = value
+    obj.__dict__ = kept
+
+
+def slim_stream(request: Any) -> None:
+    """Compact C{request} and its channel once its response's headers are written and it only
+    streams (L{relayd.web.sse.SSEStream.start})."""
+    if not getattr(request, "startedWriting", False):
+        return  # the headers (and the cookies) are still to be written
+    content = vars(request).get("content")
+    if content is not None:
+        content.close()  # what Twisted's connectionLost would do (an in-memory copy of the body)
+    compact(request, _REQUEST_SPENT)
+    channel = getattr(request, "channel", None)
+    if channel is not None and hasattr(channel, "__dict__"):
+        compact(channel)

@@ -1,0 +1,98 @@
+"""What an idle long-lived stream holds on the Python heap (docs/performance.md, "Memory per idle
+stream"): real loopback connections, measured with tracemalloc."""
+
+from __future__ import annotations
+
+import gc
+import socket
+import sys
+import tracemalloc
+from typing import Any
+
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+
+from relayd.web.slim import compact, slim_stream
+from tests.support.aep import AEPRelay, wait_until
+
+WARM = 50  # opened before measuring: the hub's and the relay's tables grow to their working size
+STREAMS = 200
+BATCH = 20
+# Python-heap bytes per idle AEP SSE stream, this test's client sockets included (~250 B).
+# Measured 5.7 KB once the request's and channel's dicts are right-sized (relayd/web/slim.py);
+# 7.5 KB before.
+MAX_BYTES_PER_STREAM = 6400
+
+
+def _open_stream(host: str, port: int, session: int) -> socket.socket:
+    """A raw client that asks for a live stream and then reads nothing: an idle subscriber."""
+    sock = socket.create_connection((host, port), timeout=5)
+    sock.sendall(b"GET /stream?session=S%d HTTP/1.1\r\nHost: relay\r\n\r\n" % session)
+    sock.setblocking(False)
+    return sock
+
+
+class IdleStreamMemory(TestCase):
+    async def test_idle_aep_sse_stream_heap(self) -> None:
+        relay = await AEPRelay.start()
+        self.addCleanup(relay.stop)
+        hub: Any = relay.service.site.resource.hub
+        host, port = relay.url.split("//")[1].split(":")
+        socks: list[socket.socket] = []
+
+        def close_all() -> None:
+            for sock in socks:
+                sock.close()
+
+        self.addCleanup(close_all)
+
+        async def open_streams(count: int) -> None:
+            # In batches smaller than the listen backlog: the reactor accepts between them.
+            for i in range(count):
+                socks.append(_open_stream(host, int(port), i % 100))
+                if len(socks) % BATCH == 0 or i == count - 1:
+                    opened = len(socks)
+                    await wait_until(lambda opened=opened: len(hub.streams) == opened)
+
+        await open_streams(WARM)
+        gc.collect()
+        tracemalloc.start()
+        self.addCleanup(tracemalloc.stop)
+        before = tracemalloc.take_snapshot()
+        await open_streams(STREAMS)
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        per_stream = sum(s.size_diff for s in after.compare_to(before, "filename")) / STREAMS
+        self.assertLess(per_stream, MAX_BYTES_PER_STREAM)
+        close_all()
+        await wait_until(lambda: not hub.streams)
+
+
+class _Thing:
+    shared = 0
+    name = b""
+
+    def __init__(self) -> None:
+        for i in range(40):  # more keys than CPython's shared-key dicts hold: a combined dict
+            setattr(self, f"a{i}", i)
+        self.shared = 0
+        self.name = b""
+        self.own = [1]
+
+
+class Compact(SynchronousTestCase):
+    def test_entries_repeating_the_class_value_are_left_out(self) -> None:
+        thing = _Thing()
+        size = sys.getsizeof(thing.__dict__)
+        compact(thing, drop=tuple(f"a{i}" for i in range(30)))
+        self.assertEqual(sorted(vars(thing)), sorted(["own"] + [f"a{i}" for i in range(30, 40)]))
+        self.assertEqual((thing.shared, thing.name, thing.own, vars(thing)["a35"]), (0, b"", [1], 35))
+        self.assertLess(sys.getsizeof(thing.__dict__), size / 2)
+
+    def test_a_request_whose_headers_are_not_written_is_left_alone(self) -> None:
+        thing = _Thing()
+        thing.startedWriting = 0  # type: ignore[attr-defined]
+        thing.content = object()  # type: ignore[attr-defined]
+        before = dict(vars(thing))
+        slim_stream(thing)
+        self.assertEqual(vars(thing), before)
