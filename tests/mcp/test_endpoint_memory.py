@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import gc
 import socket
-import tracemalloc
 
 from tests.mcp.test_endpoint_http import TOKEN, EndpointCase
 from tests.support.aep import wait_until
+from tests.support.memory import heap_bytes_per
 
 WARM = 8  # streams opened before measuring: the endpoint's tables grow to their working size
 STREAMS = 56  # with WARM, the default clients per session (64)
@@ -44,13 +43,5 @@ class IdleGetStreamMemory(EndpointCase):
 
         await open_streams([await self.initialize() for _ in range(WARM)])
         sids = [await self.initialize() for _ in range(STREAMS)]
-        gc.collect()
-        tracemalloc.start()
-        self.addCleanup(tracemalloc.stop)
-        before = tracemalloc.take_snapshot()
-        await open_streams(sids)
-        gc.collect()
-        after = tracemalloc.take_snapshot()
-        tracemalloc.stop()
-        per_stream = sum(s.size_diff for s in after.compare_to(before, "filename")) / STREAMS
+        per_stream = await heap_bytes_per(STREAMS, lambda: open_streams(sids))
         self.assertLess(per_stream, MAX_BYTES_PER_STREAM)

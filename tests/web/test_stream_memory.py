@@ -3,16 +3,15 @@ stream"): real loopback connections, measured with tracemalloc."""
 
 from __future__ import annotations
 
-import gc
 import socket
 import sys
-import tracemalloc
 from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from relayd.web.slim import compact, slim_stream
 from tests.support.aep import AEPRelay, wait_until
+from tests.support.memory import heap_bytes_per
 
 WARM = 50  # opened before measuring: the hub's and the relay's tables grow to their working size
 STREAMS = 200
@@ -54,15 +53,7 @@ class IdleStreamMemory(TestCase):
                     await wait_until(lambda opened=opened: len(hub.streams) == opened)
 
         await open_streams(WARM)
-        gc.collect()
-        tracemalloc.start()
-        self.addCleanup(tracemalloc.stop)
-        before = tracemalloc.take_snapshot()
-        await open_streams(STREAMS)
-        gc.collect()
-        after = tracemalloc.take_snapshot()
-        tracemalloc.stop()
-        per_stream = sum(s.size_diff for s in after.compare_to(before, "filename")) / STREAMS
+        per_stream = await heap_bytes_per(STREAMS, lambda: open_streams(STREAMS))
         self.assertLess(per_stream, MAX_BYTES_PER_STREAM)
         close_all()
         await wait_until(lambda: not hub.streams)
