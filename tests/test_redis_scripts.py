@@ -120,8 +120,7 @@ class RoundTrips(Watched):
         self.assertEqual(len(agent.events), delivered + 1)  # the reply did reach the agent
 
     async def test_an_aep_batch_is_one_redis_command_with_its_fan_out(self) -> None:
-        log = RedisEventLog(self.redis, 1000, 64, prefix="rt:")
-        log.publish_with(b"rt:aep:fanout", b"instance\n")
+        log = RedisEventLog(self.redis, 1000, 64, prefix="rt:", publisher="instance")
         await log.append([_event("a", 0)], publish=True)
         batch = [_event(session, seq) for seq in range(1, 51) for session in ("a", "b")]
         commands = await self.watched(lambda: log.append(batch, publish=True))
@@ -206,8 +205,7 @@ class DeclaredKeys(Watched):
         await store.delete_session(SESSION)
 
     async def _aep(self) -> None:
-        log = RedisEventLog(self.redis, 2, 2, prefix="k:")
-        log.publish_with(b"k:aep:fanout", b"i\n")
+        log = RedisEventLog(self.redis, 2, 2, prefix="k:", publisher="i")
         await log.append([_event("a", 0), _event("a", 1), _event("a", 2)], publish=True)  # trims
         await log.append([_event("b", 0)])
         await log.append([_event("c", 0), _event("a", 3)])  # evicts b (dropped after) and then c

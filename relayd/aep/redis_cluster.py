@@ -22,6 +22,7 @@ from zope.interface import implementer
 
 from relayd.aep.claims import Claimant, IClaims, MemoryClaims, claimant_of
 from relayd.aep.event import Event, event_from
+from relayd.aep.redis_store import FANOUT_CHANNEL, fanout_header
 from relayd.clock import Clock
 from relayd.redis import Redis, RedisBus
 from relayd.redis_lua import Script, tagged
@@ -251,14 +252,10 @@ class RedisFanout:
     ) -> None:
         self.redis = redis
         self.instance = instance.encode("utf-8")
-        self.channel = prefix.encode("utf-8") + b"aep:fanout"
+        self.channel = prefix.encode("utf-8") + FANOUT_CHANNEL
+        self.header = fanout_header(instance)
         self._deliver = deliver
         bus.subscribe(self.channel, self._received)
-
-    @property
-    def header(self) -> bytes:
-        """What a fan-out message starts with: this instance, then a newline, then the events."""
-        return self.instance + b"\n"
 
     def publish(self, events: Sequence[Event]) -> Deferred[Any]:
         if not events:

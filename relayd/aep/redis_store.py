@@ -70,13 +70,23 @@ def _epoch_key(epoch: int) -> bytes:
     return encode_int(max(epoch, 0))
 
 
+FANOUT_CHANNEL = b"aep:fanout"  # after the prefix: every instance's accepted events
+
+
+def fanout_header(instance: str) -> bytes:
+    """What a fan-out message starts with: the publishing instance, then a newline, then the events."""
+    return instance.encode("utf-8") + b"\n"
+
+
 @implementer(IEventLog)
 class RedisEventLog:
     """C{IEventLog} in Redis (see the module docstring for the layout)."""
 
     paged = True
 
-    def __init__(self, redis: Redis, capacity: int, max_sessions: int, prefix: str = "relayd:") -> None:
+    def __init__(
+        self, redis: Redis, capacity: int, max_sessions: int, prefix: str = "relayd:", *, publisher: str | None = None
+    ) -> None:
         self.redis = redis
         self.capacity = capacity
         self.max_sessions = max_sessions
@@ -84,7 +94,11 @@ class RedisEventLog:
         self._lru = self.prefix + b"aep:lru"
         self._clock = self.prefix + b"aep:clock"
         self._evicting = self.prefix + b"aep:evicting"
-        self._fanout: tuple[bytes, bytes] | None = None
+        # With C{publisher} (this instance's id on the fan-out, as RedisFanout sends it), C{append}
+        # can publish a batch itself, in the same script that stores it.
+        self._fanout: tuple[bytes, bytes] | None = (
+            None if publisher is None else (self.prefix + FANOUT_CHANNEL, fanout_header(publisher))
+        )
         self._sessions = 0
 
     def _session_keys(self, session: bytes) -> list[bytes]:
@@ -93,13 +107,9 @@ class RedisEventLog:
         p = self.prefix
         return [p + b"aep:s:" + tag, p + b"aep:e:" + tag, p + b"aep:k:" + tag, p + b"aep:n:" + tag]
 
-    def publish_with(self, channel: bytes, header: bytes) -> None:
-        """Let L{append} also publish its batch on the fan-out C{channel} (C{header} first)."""
-        self._fanout = (channel, header)
-
     @property
     def publishes(self) -> bool:
-        """Whether C{append(events, publish=True)} publishes (see L{publish_with})."""
+        """Whether C{append(events, publish=True)} publishes (made with a C{publisher})."""
         return self._fanout is not None
 
     def append(self, events: Sequence[Event], publish: bool = False) -> Deferred[list[bool]]:

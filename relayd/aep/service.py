@@ -58,8 +58,9 @@ def make_relay(config: AEPConfig, plumbing: Plumbing) -> Relay:
     bus = redis.bus()
     claims = RedisClaims(redis, bus, clock, prefix)
     _log.info("aep relay: shared state in Redis at {url}", url=str(redis.url))
-    log = RedisEventLog(redis, config.buffer, config.max_sessions, prefix)
-    relay = Relay(
+    # A batch of stored events is published by the append script itself (sent to Redis once).
+    log = RedisEventLog(redis, config.buffer, config.max_sessions, prefix, publisher=claims.instance)
+    return Relay(
         log,
         token=config.token,
         buffer=config.buffer,
@@ -69,11 +70,6 @@ def make_relay(config: AEPConfig, plumbing: Plumbing) -> Relay:
         fanout=lambda deliver: RedisFanout(redis, bus, claims.instance, deliver, prefix),
         max_subscribers=config.max_subscribers,
     )
-    fanout = relay.fanout
-    assert isinstance(fanout, RedisFanout)
-    # A batch of stored events is published by the append script itself (sent to Redis once).
-    log.publish_with(fanout.channel, fanout.header)
-    return relay
 
 
 def make_wing(plumbing: Plumbing, settings: Resolved) -> AEPService | None:
