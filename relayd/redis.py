@@ -18,6 +18,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from relayd.clock import Clock
+from relayd.storage import StoreUnavailable
 
 DEFAULT_TIMEOUT = 2.0
 
@@ -31,14 +32,6 @@ VERSION_KEY = "schema"  # after the prefix
 # Deployment-wide keys every earlier relayd kept (before keyspace versions): with no version key
 # beside them, the keys under the prefix are an unversioned layout, not an empty keyspace.
 UNVERSIONED_MARKERS = ("aep:lru", "aep:arrival", "aep:clock", "mcp:sessions", "mcp:buffered", "mcp:seq")
-
-
-class StoreUnavailable(Exception):
-    """Redis did not answer (down, unreachable, or too slow); the request can be retried."""
-
-    def __init__(self, store: str, reason: str = "unavailable") -> None:
-        super().__init__(f"{store} store unavailable: {reason}")
-        self.store = store
 
 
 class KeyspaceVersionError(Exception):

@@ -157,8 +157,8 @@ class AdminAgainstInProcessAEP(TestCase):
     async def test_status_reports_counts_and_a_down_relay(self) -> None:
         from twisted.internet import reactor
 
-        from relayd.web import metrics_listener
         from relayd.clock import Clock
+        from relayd.web import metrics_listener
 
         service = metrics_listener.make_service(["tcp:0:interface=127.0.0.1"], reactor, Clock(reactor))
         service.startService()

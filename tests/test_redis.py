@@ -11,7 +11,8 @@ from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
 from relayd.clock import Clock
-from relayd.redis import KEYSPACE_VERSION, Redis, StoreUnavailable
+from relayd.redis import KEYSPACE_VERSION, Redis
+from relayd.storage import StoreUnavailable
 from tests.support.redis import RedisServer
 
 

@@ -45,8 +45,8 @@ from relayd.mcp.store import (
     SessionRecord,
     SubscriberRecord,
 )
-from relayd.redis import StoreUnavailable
 from relayd.redis_lua import Script
+from relayd.storage import StoreUnavailable
 from tests.support.aep import event
 from tests.support.cases import cases, expand
 from tests.support.mcp import RecordingSink

@@ -21,7 +21,7 @@ from relayd.aep.filters import Pin, compile_filter, filter_error, pin_of
 from relayd.aep.relay import Relay, ReplayProducer, ReplayReader, Subscriber, held_size
 from relayd.aep.store import Position
 from relayd.aep.wire import frame_safe, sse_chunk, sse_frame
-from relayd.redis import StoreUnavailable
+from relayd.storage import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param, tokens_equal
 from relayd.web.body import EarlyAnswer, read_body
 from relayd.web.sse import SSEHub, SSEStream, sse_comment

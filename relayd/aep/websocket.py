@@ -38,7 +38,7 @@ from relayd.aep.relay import Emitter, Relay, ReplayProducer, ReplayReader, Subsc
 from relayd.aep.store import Position
 from relayd.aep.wire import ws_message
 from relayd.clock import Clock
-from relayd.redis import StoreUnavailable
+from relayd.storage import StoreUnavailable
 from relayd.web.transport import no_delay, pause_reading, resume_reading, write_now
 from relayd.web.twisted_internals import ws_frames_direct
 

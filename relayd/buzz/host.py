@@ -62,7 +62,7 @@ from relayd.buzz.state import (
     ICredentialStore,
     IReceiptStore,
 )
-from relayd.redis import StoreUnavailable
+from relayd.storage import StoreUnavailable
 
 CHANNEL_ACTIONS = frozenset({"channel.read", "message.post", "message.reply", "reaction.add", "agents.create"})
 _BEARER = b"Bearer "

@@ -41,7 +41,7 @@ from relayd.mcp.store import (
     SubscriberRecord,
     queue_key,
 )
-from relayd.redis import StoreUnavailable
+from relayd.storage import StoreUnavailable
 
 SESSION_ID = re.compile(r"[A-Za-z0-9_-]{4,64}")
 SUBSCRIBER_ID = re.compile(r"[a-f0-9]{16}")

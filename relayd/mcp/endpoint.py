@@ -26,7 +26,7 @@ from relayd.mcp import standard
 from relayd.mcp.broker import Broker, Frame, Refused, _dumps, loads_json
 from relayd.mcp.drive import run
 from relayd.mcp.store import OUTBOUND, ClientRecord, SubscriberRecord
-from relayd.redis import StoreUnavailable
+from relayd.storage import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param
 from relayd.web.body import read_body
 from relayd.web.cors import OriginPolicy

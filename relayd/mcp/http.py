@@ -27,7 +27,7 @@ from relayd.mcp.broker import (
 )
 from relayd.mcp.endpoint import Endpoint
 from relayd.mcp.store import INBOUND, OUTBOUND, SubscriberRecord
-from relayd.redis import StoreUnavailable
+from relayd.storage import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param
 from relayd.web.body import EarlyAnswer, read_body
 from relayd.web.cors import OriginPolicy

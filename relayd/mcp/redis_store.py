@@ -47,8 +47,9 @@ from relayd.mcp.store import (
     SubscriberRecord,
     queue_key,
 )
-from relayd.redis import Redis, StoreUnavailable
+from relayd.redis import Redis
 from relayd.redis_lua import Script, tagged
+from relayd.storage import StoreUnavailable
 
 STORE = "mcp"
 

@@ -6,8 +6,8 @@ import uuid
 
 from twisted.trial.unittest import TestCase
 
-from tests.support.aep import AEPRelay, start_relay
 from tests.aep.test_index import EvaluationCounting
+from tests.support.aep import AEPRelay, start_relay
 from tests.support.redis import shared_redis
 
 

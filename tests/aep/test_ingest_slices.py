@@ -12,7 +12,6 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-
 from relayd.aep.http import PARSE_SLICE, AEPResource
 from relayd.aep.relay import Relay
 from relayd.aep.store import MemoryEventLog

@@ -14,8 +14,8 @@ import json
 import os
 import shutil
 import signal
-import tempfile
 import sys
+import tempfile
 import uuid
 from typing import Any, Iterator
 

@@ -202,8 +202,9 @@ class HostTests(unittest.TestCase):
         assert r["error"]["code"] == "unauthorized"
 
     async def test_revoked_credential_is_unauthenticated(self) -> None:
-        from relayd.buzz import admin
         import io
+
+        from relayd.buzz import admin
 
         out = io.StringIO()
         assert admin.main(["revoke", "--state-dir", self.state, "--agent", self.alice["agentPubkey"]], stdout=out) == 0

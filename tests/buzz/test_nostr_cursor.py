@@ -8,7 +8,6 @@ from twisted.trial import unittest
 from relayd.buzz import cursor, nostr
 from tests.support.cases import cases, expand
 
-
 KEY = cursor.derive_key(b"k" * 32)
 SCOPE = cursor.Scope("p" * 64, "chan", "", False)
 
@@ -24,8 +23,9 @@ class NostrPrimitivesAndCursors(unittest.TestCase):
         assert PublicKeyXOnly(bytes.fromhex(s.pubkey)).verify(sig, b"\x00" * 32)
 
     def test_signed_events_verify_independently(self) -> None:
-        import nostr_sdk
         import json
+
+        import nostr_sdk
 
         s = nostr.Signer(nostr.generate_secret())
         for content in ("plain", "é🐝\u2028\x7f", "ctl\x01\x1f", 'q"\\\n\t'):

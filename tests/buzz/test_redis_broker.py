@@ -20,8 +20,8 @@ from twisted.trial import unittest
 
 from relayd.buzz import contract
 from tests.buzz.harness import BrokerUnderTest, new_channel
-from tests.support.redis import RedisServer, shared_redis
 from tests.support.nostr import shared_nostr_relay
+from tests.support.redis import RedisServer, shared_redis
 
 _prefixes = itertools.count()
 

@@ -214,7 +214,7 @@ class ServiceKeysAndAdmin(unittest.TestCase):
         d = temp_dir(self)
         ch = new_channel()
         key_file = os.path.join(d, "nsec.txt")
-        import nostr_sdk  # noqa: F401  (independent nsec encoder)
+        import nostr_sdk
 
         k = nostr_sdk.Keys.generate()
         with open(key_file, "w") as f:

@@ -344,7 +344,8 @@ class RedisReceiptStoreTests(ReceiptStoreContract, TestCase):
         assert 0 < int(ttl) <= 30 * 24 * 3600
 
     async def test_redis_down_fails_fast(self) -> None:
-        from relayd.redis import Redis, StoreUnavailable
+        from relayd.redis import Redis
+from relayd.storage import StoreUnavailable
 
         dead = Redis("redis://127.0.0.1:1/0", Clock(reactor))
         self.addCleanup(dead.close)

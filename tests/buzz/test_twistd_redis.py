@@ -17,9 +17,9 @@ from twisted.web.client import HTTPConnectionPool
 
 from relayd.buzz import contract
 from tests.buzz.harness import issue, new_channel
+from tests.support.nostr import shared_nostr_relay
 from tests.support.redis import RedisServer
 from tests.support.twistd import RelaydProcess
-from tests.support.nostr import shared_nostr_relay
 
 
 def body(content: str, rid: str, channel: str) -> bytes:

@@ -7,8 +7,8 @@ import signal
 
 import treq
 from twisted.internet import reactor
-from twisted.web.client import HTTPConnectionPool
 from twisted.trial.unittest import TestCase
+from twisted.web.client import HTTPConnectionPool
 
 from tests.support.aep import event
 from tests.support.sse import SSEClient

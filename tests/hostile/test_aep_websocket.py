@@ -91,7 +91,7 @@ class Socket:
                 continue
             try:
                 chunk = self.sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 break
             except ConnectionResetError:
                 ending = "reset"

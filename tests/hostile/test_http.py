@@ -11,8 +11,8 @@ import json
 import re
 import socket
 import uuid
-from urllib.parse import quote
 from typing import Any
+from urllib.parse import quote
 
 from hypothesis import assume, given
 from hypothesis import strategies as st
@@ -24,6 +24,7 @@ from tests.hostile.harness import DEADLINE, MAX_BODY, SETTINGS, TOKEN, WINGS, Ta
 from tests.hostile.strategies import PATHS, POSTS, chunked, header_attacks, request_lines, tokens, wings
 from tests.support.aep import event, ndjson
 from tests.support.raw import Answer
+
 
 def _ok(target: Target, wing: str, answer: Answer, **kw: Any) -> None:
     judge(answer, **kw)

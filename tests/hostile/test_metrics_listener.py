@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 from hypothesis import given
-from prometheus_client import CONTENT_TYPE_LATEST
 from hypothesis import strategies as st
+from prometheus_client import CONTENT_TYPE_LATEST
 from twisted.trial.unittest import TestCase
 
 from tests.hostile.harness import SETTINGS, hostile, in_thread, judge, request

@@ -208,7 +208,7 @@ def exchange(
                 break
             try:
                 chunk = s.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 break
             except OSError:
                 answer.closed = True

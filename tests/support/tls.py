@@ -24,7 +24,7 @@ class TestPKI:
 
 def make_pki(directory: Path, hostname: str = "localhost") -> TestPKI:
     """A CA and a server certificate for C{hostname} and 127.0.0.1, valid for a day."""
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "relayd test CA")])
     ca = (

@@ -1,0 +1,236 @@
+"""One request layer for every wing: a route table, handlers that answer now or later, one mapping
+from refusals to statuses and one disconnect check (docs/architecture.md, "A request").
+
+A wing declares its routes as C{(path, method) -> handler}; a handler gets the request and the
+path's named parts and returns an L{Answer}, a C{Deferred} of one, or L{TAKEN} when it has taken
+the request over (an SSE stream, a WebSocket upgrade, a poll that finishes itself). An L{Answer}
+returned at once is written in the same call, as C{Resource.render} returns bytes (the synchronous
+fast path: no callback chain, no finish notification). A path the table does not know gets the
+wing's JSON C{404}; a known path and another method its JSON C{405} with C{Allow}; C{HEAD} is
+answered by the C{GET} handler, without the body.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Union
+
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Request
+
+from relayd.web.twisted_internals import request_gone
+
+JSON_TYPE: Final = b"application/json"
+Header = tuple[bytes, bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A complete response: status, body and headers (C{content-type} among them when there is a body)."""
+
+    status: int
+    body: bytes = b""
+    headers: Sequence[Header] = ()
+
+
+def json_answer(status: int, body: bytes, headers: Iterable[Header] = ()) -> Answer:
+    """An answer whose C{body} is JSON text already encoded."""
+    return Answer(status, body, ((b"content-type", JSON_TYPE), *headers))
+
+
+NOT_FOUND: Final = json_answer(404, b'{"error":"not_found"}')
+INTERNAL_ERROR: Final = json_answer(500, b'{"error":"internal_error"}')
+
+
+class _Taken:
+    def __repr__(self) -> str:
+        return "TAKEN"
+
+
+TAKEN: Final = _Taken()
+"""What a handler returns when it has taken the request over and will finish it itself."""
+
+Result = Union[Answer, "Deferred[Answer]", _Taken]
+Handler = Callable[..., Result]
+"""C{handler(request, **parts)}: the path's named parts as keyword arguments (C{str})."""
+
+
+def gone(request: Request) -> bool:
+    """Whether nothing more can be written to C{request}: its client left, or it was finished.
+
+    The one disconnect check: every answer given later, and every stream about to start, asks it.
+    """
+    return request_gone(request) or bool(request.finished)
+
+
+def write_answer(request: Request, answer: Answer) -> bytes:
+    """Set C{answer}'s status and headers on C{request} and return the body to send (none for C{HEAD})."""
+    request.setResponseCode(answer.status)
+    headers = request.responseHeaders
+    for name, value in answer.headers:
+        headers.setRawHeaders(name, [value])
+    body = answer.body
+    if answer.status != 204 and answer.status != 304:
+        request.setHeader(b"content-length", b"%d" % len(body))
+    return b"" if request.method == b"HEAD" else body
+
+
+def finish(request: Request, answer: Answer) -> None:
+    """Send C{answer} as the whole response, unless the client has already gone."""
+    if gone(request):
+        return
+    body = write_answer(request, answer)
+    if body:
+        request.write(body)
+    request.finish()
+
+
+class Refusals:
+    """One wing's mapping from the exceptions its handlers raise (or fail with) to answers.
+
+    The first entry whose type matches wins; anything else is a bug: logged with its traceback and
+    answered C{500} with the wing's internal-error body (which quotes nothing of the request).
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        mapping: Sequence[tuple[type[BaseException], Callable[[Any], Answer]]] = (),
+        internal_error: Answer | None = None,
+    ) -> None:
+        self.mapping = tuple(mapping)
+        self.internal_error = internal_error or INTERNAL_ERROR
+
+    def answer(self, failure: Failure) -> Answer:
+        """The answer for C{failure}."""
+        error = failure.value
+        for kind, make in self.mapping:
+            if isinstance(error, kind):
+                return make(error)
+        self._log.failure("a request failed", failure)
+        return self.internal_error
+
+
+_PART = re.compile(r"\{([a-z_]+)\}")
+_METHOD_ORDER = {b"GET": 0, b"HEAD": 1, b"POST": 2, b"PUT": 3, b"PATCH": 4, b"DELETE": 5, b"OPTIONS": 6}
+
+
+@dataclass
+class _Route:
+    pattern: re.Pattern[bytes] | None  # None: matched by the exact path
+    methods: dict[bytes, Handler] = field(default_factory=dict)
+    allow: bytes = b""
+
+
+class RouteTable:
+    """A wing's routes: C{(path, method) -> handler}.
+
+    A path is exact (C{/healthz}) or holds named parts (C{/sessions/{session}/inbox}); a part matches
+    one non-empty path segment. Exact paths are found with one dictionary lookup.
+    """
+
+    def __init__(
+        self,
+        not_found: Answer | None = None,
+        not_allowed: bytes = b'{"error":"method_not_allowed"}',
+        refusals: Refusals | None = None,
+    ) -> None:
+        self.not_found = not_found or NOT_FOUND
+        self.not_allowed = not_allowed
+        self.refusals = refusals or Refusals()
+        self._exact: dict[bytes, _Route] = {}
+        self._patterns: list[_Route] = []
+
+    def add(self, path: str, handlers: Mapping[str, Handler]) -> None:
+        """Serve C{path}: each method in C{handlers} by its handler (C{HEAD} by C{GET}'s if not named)."""
+        methods = {m.encode("ascii"): h for m, h in handlers.items()}
+        if b"GET" in methods and b"HEAD" not in methods:
+            methods[b"HEAD"] = methods[b"GET"]
+        if _PART.search(path):
+            pieces = _PART.split(path)  # literal, name, literal, name, ..., literal
+            regex = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>[^/]+)" for i, p in enumerate(pieces))
+            route = _Route(re.compile(regex.encode("ascii")), methods)
+            self._patterns.append(route)
+        else:
+            route = self._exact.setdefault(path.encode("ascii"), _Route(None))
+            route.methods.update(methods)
+        route.allow = b", ".join(sorted(route.methods, key=_method_rank))
+
+    def resolve(self, method: bytes, path: bytes) -> tuple[Handler, dict[str, str]] | Answer:
+        """The handler for C{method} on C{path} and the path's parts, or the C{404}/C{405} answer."""
+        parts: dict[str, str] = {}
+        route = self._exact.get(path)
+        if route is None:
+            for candidate in self._patterns:
+                match = candidate.pattern.fullmatch(path)  # type: ignore[union-attr]
+                if match is not None:
+                    route = candidate
+                    parts = {k: v.decode("utf-8", "replace") for k, v in match.groupdict().items()}
+                    break
+            else:
+                return self.not_found
+        handler = route.methods.get(method)
+        if handler is None:
+            return json_answer(405, self.not_allowed, ((b"allow", route.allow),))
+        return handler, parts
+
+    def allowed(self, path: bytes) -> bytes | None:
+        """The C{Allow} value of C{path}, or C{None} when the table does not serve it."""
+        resolved = self.resolve(b"\x00", path)
+        if isinstance(resolved, Answer) and resolved.status == 405:
+            return dict(resolved.headers)[b"allow"]
+        return None
+
+
+def _method_rank(method: Any) -> tuple[int, bytes]:
+    return _METHOD_ORDER.get(method, 9), method
+
+
+class RoutedResource(Resource):
+    """A wing's whole resource tree: one leaf that serves a L{RouteTable}.
+
+    Subclasses may override L{prepare} to set headers every answer carries (CORS) or to answer a
+    request before routing (C{OPTIONS} preflight).
+    """
+
+    isLeaf = True
+
+    def __init__(self, table: RouteTable) -> None:
+        super().__init__()
+        self.table = table
+
+    def prepare(self, request: Request) -> Answer | None:
+        """Called before routing; an answer here is the response."""
+        return None
+
+    def render(self, request: Request) -> bytes | int:
+        answer = self.prepare(request)
+        if answer is None:
+            resolved = self.table.resolve(request.method, request.path)
+            if isinstance(resolved, Answer):
+                answer = resolved
+            else:
+                handler, parts = resolved
+                try:
+                    result = handler(request, **parts)
+                except Exception:
+                    answer = self.table.refusals.answer(Failure())
+                else:
+                    if result is TAKEN:
+                        return NOT_DONE_YET
+                    if isinstance(result, Deferred):
+                        return self._later(request, result)
+                    answer = result  # type: ignore[assignment]
+        return write_answer(request, answer)  # type: ignore[arg-type]
+
+    def _later(self, request: Request, d: Deferred[Answer]) -> int:
+        # A Deferred that has already fired is answered in this call, like a plain Answer.
+        refusals = self.table.refusals
+        d.addCallbacks(lambda answer: finish(request, answer), lambda f: finish(request, refusals.answer(f)))
+        return NOT_DONE_YET

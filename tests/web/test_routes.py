@@ -1,0 +1,161 @@
+"""The one request layer (relayd/web/routes.py), served by a real RelaySite on 127.0.0.1."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.trial.unittest import TestCase
+from twisted.web.server import Request
+
+from relayd.storage import StoreUnavailable
+from relayd.web.routes import (
+    TAKEN,
+    Answer,
+    Refusals,
+    RoutedResource,
+    RouteTable,
+    finish,
+    gone,
+    json_answer,
+)
+from relayd.web.site import RelaySite
+from tests.support.http import HttpClient
+
+
+class _Refused(Exception):
+    pass
+
+
+def _table(pending: list[tuple[Request, Deferred[Answer]]]) -> RouteTable:
+    refusals = Refusals(
+        [
+            (_Refused, lambda e: json_answer(409, b'{"error":"refused"}')),
+            (StoreUnavailable, lambda e: json_answer(503, b'{"error":"store_unavailable","store":"%s"}' % e.store.encode())),
+        ]
+    )
+    table = RouteTable(refusals=refusals, not_found=json_answer(404, b'{"error":"nowhere"}'))
+
+    def later(request: Request) -> Deferred[Answer]:
+        d: Deferred[Answer] = Deferred()
+        pending.append((request, d))
+        return d
+
+    def taken(request: Request) -> Any:
+        request.setHeader(b"content-type", b"text/plain")
+        request.write(b"mine")
+        request.finish()
+        return TAKEN
+
+    table.add("/now", {"GET": lambda request: json_answer(200, b'{"now":true}'), "POST": later})
+    table.add("/sessions/{session}/inbox", {"POST": lambda request, session: json_answer(200, session.encode())})
+    table.add("/fired", {"GET": lambda request: succeed(json_answer(201, b"{}"))})
+    table.add("/refused", {"GET": lambda request: fail(_Refused())})
+    table.add("/raises", {"GET": lambda request: (_ for _ in ()).throw(_Refused())})
+    table.add("/store", {"GET": lambda request: fail(StoreUnavailable("aep"))})
+    table.add("/bug", {"GET": lambda request: 1 / 0})
+    table.add("/taken", {"GET": taken})
+    table.add("/empty", {"DELETE": lambda request: Answer(204)})
+    return table
+
+
+class RoutedResourceOverHTTP(TestCase):
+    def setUp(self) -> None:
+        self.pending: list[tuple[Request, Deferred[Answer]]] = []
+        self.port = reactor.listenTCP(0, RelaySite(RoutedResource(_table(self.pending))), interface="127.0.0.1")
+        self.addCleanup(self.port.stopListening)
+        self.client = HttpClient.on_port(self, self.port.getHost().port)
+
+    async def test_an_answer_now_and_head_by_get(self) -> None:
+        reply = await self.client.request("GET", "/now")
+        self.assertEqual((reply.code, reply.body), (200, b'{"now":true}'))
+        self.assertEqual(reply.header("content-type"), "application/json")
+        head = await self.client.request("HEAD", "/now")
+        self.assertEqual((head.code, head.body, head.header("content-length")), (200, b"", "12"))
+
+    async def test_named_parts_reach_the_handler(self) -> None:
+        reply = await self.client.request("POST", "/sessions/abc/inbox", b"")
+        self.assertEqual((reply.code, reply.body), (200, b"abc"))
+        # A part is one non-empty segment.
+        for path in ("/sessions//inbox", "/sessions/a/b/inbox", "/sessions/abc/inbox/"):
+            self.assertEqual((await self.client.request("POST", path, b"")).code, 404, path)
+
+    async def test_unknown_path_is_the_wings_404_and_known_path_405_with_allow(self) -> None:
+        missing = await self.client.request("GET", "/nowhere")
+        self.assertEqual((missing.code, missing.body), (404, b'{"error":"nowhere"}'))
+        wrong = await self.client.request("PUT", "/now", b"")
+        self.assertEqual((wrong.code, wrong.body), (405, b'{"error":"method_not_allowed"}'))
+        self.assertEqual(wrong.header("allow"), "GET, HEAD, POST")
+        self.assertEqual((await self.client.request("GET", "/empty")).header("allow"), "DELETE")
+
+    async def test_an_answer_later(self) -> None:
+        reply_d = Deferred.fromCoroutine(self.client.request("POST", "/now", b""))
+        while not self.pending:
+            await _turn()
+        self.pending[0][1].callback(json_answer(202, b'{"later":1}'))
+        reply = await reply_d
+        self.assertEqual((reply.code, reply.body), (202, b'{"later":1}'))
+
+    async def test_a_deferred_already_fired_and_a_204(self) -> None:
+        self.assertEqual((await self.client.request("GET", "/fired")).code, 201)
+        empty = await self.client.request("DELETE", "/empty")
+        self.assertEqual((empty.code, empty.body, empty.header("content-length")), (204, b"", None))
+
+    async def test_refusals_map_to_their_answers_raised_or_failed(self) -> None:
+        for path in ("/refused", "/raises"):
+            reply = await self.client.request("GET", path)
+            self.assertEqual((reply.code, reply.body), (409, b'{"error":"refused"}'), path)
+        store = await self.client.request("GET", "/store")
+        self.assertEqual((store.code, store.body), (503, b'{"error":"store_unavailable","store":"aep"}'))
+
+    async def test_a_bug_is_logged_and_answered_500(self) -> None:
+        reply = await self.client.request("GET", "/bug")
+        self.assertEqual((reply.code, reply.body), (500, b'{"error":"internal_error"}'))
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
+
+    async def test_a_taken_request_is_left_to_its_handler(self) -> None:
+        reply = await self.client.request("GET", "/taken")
+        self.assertEqual((reply.code, reply.body, reply.header("content-type")), (200, b"mine", "text/plain"))
+
+    async def test_an_answer_after_the_client_left_is_dropped(self) -> None:
+        reply_d = Deferred.fromCoroutine(self.client.request("POST", "/now", b"", timeout=30))
+        while not self.pending:
+            await _turn()
+        request, d = self.pending[0]
+        self.assertFalse(gone(request))
+        lost: Deferred[None] = Deferred()
+        request.notifyFinish().addErrback(lambda _: lost.callback(None))
+        reply_d.cancel()
+        await lost
+        self.assertTrue(gone(request))
+        d.callback(json_answer(200, b"{}"))  # no write to a closed request: no error logged
+        finish(request, json_answer(200, b"{}"))
+        self.assertTrue(gone(request))
+        reply_d.addErrback(lambda _: None)
+
+
+class RouteTableResolution(TestCase):
+    def test_exact_paths_win_and_allow_lists_the_methods(self) -> None:
+        table = RouteTable()
+        handler = lambda request: Answer(200)  # noqa: E731
+        table.add("/a/{x}", {"GET": handler})
+        table.add("/a/exact", {"POST": handler})
+        self.assertEqual(table.resolve(b"POST", b"/a/exact"), (handler, {}))
+        self.assertEqual(table.resolve(b"GET", b"/a/other"), (handler, {"x": "other"}))
+        self.assertEqual(table.allowed(b"/a/exact"), b"POST")
+        self.assertEqual(table.allowed(b"/a/other"), b"GET, HEAD")
+        self.assertIsNone(table.allowed(b"/b"))
+        self.assertEqual(table.resolve(b"GET", b"/b"), table.not_found)
+
+    def test_literal_parts_are_not_patterns(self) -> None:
+        table = RouteTable()
+        table.add("/v1.0/{x}", {"GET": lambda request, x: Answer(200)})
+        self.assertIsInstance(table.resolve(b"GET", b"/v1x0/y"), Answer)
+        self.assertNotIsInstance(table.resolve(b"GET", b"/v1.0/y"), Answer)
+
+
+def _turn() -> Deferred[None]:
+    d: Deferred[None] = Deferred()
+    reactor.callLater(0, d.callback, None)
+    return d
