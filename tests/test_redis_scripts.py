@@ -33,7 +33,6 @@ from relayd.buzz import redis_state
 from relayd.buzz.redis_state import RedisReceipts
 from relayd.clock import Clock
 from relayd.mcp import redis_store as mcp_store
-from relayd.mcp.broker import Broker
 from relayd.mcp.redis_store import RedisStore
 from relayd.mcp.store import (
     INBOUND,
@@ -45,6 +44,7 @@ from relayd.mcp.store import (
     SessionRecord,
     SubscriberRecord,
 )
+from relayd.mcp.tunnel import TunnelRelay
 from relayd.redis_lua import Script
 from relayd.storage import StoreUnavailable
 from tests.support.aep import event
@@ -102,16 +102,16 @@ def _sent(commands: list[Command]) -> list[str]:
 class RoundTrips(Watched):
     @cases(None, "client-1")  # the tunnel's agent; a labelled client of the standard endpoint
     async def test_an_mcp_round_trip_is_two_redis_commands(self, label: str | None) -> None:
-        broker = Broker(RedisStore(self.redis, prefix="rt:"), Clock(reactor))
-        await broker.register(SESSION, TOKEN)
+        tunnel = TunnelRelay(RedisStore(self.redis, prefix="rt:"), Clock(reactor))
+        await tunnel.register(SESSION, TOKEN)
         page, agent = RecordingSink(), RecordingSink()
-        await broker.open_stream(SESSION, TOKEN, INBOUND, None, page)
-        await broker.open_stream(SESSION, TOKEN, OUTBOUND, label, agent)
+        await tunnel.open_stream(SESSION, TOKEN, INBOUND, None, page)
+        await tunnel.open_stream(SESSION, TOKEN, OUTBOUND, label, agent)
 
         async def round_trip(n: int) -> None:
             request = {"jsonrpc": "2.0", "id": n, "method": "tools/list"}
-            await broker.forward(SESSION, TOKEN, orjson.dumps(request), label)
-            await broker.outbox(SESSION, TOKEN, orjson.dumps({"jsonrpc": "2.0", "id": n, "result": {}}))
+            await tunnel.forward(SESSION, TOKEN, orjson.dumps(request), label)
+            await tunnel.outbox(SESSION, TOKEN, orjson.dumps({"jsonrpc": "2.0", "id": n, "result": {}}))
 
         await round_trip(1)  # the scripts are loaded (NOSCRIPT, then EVAL) on first use
         delivered = len(agent.events)

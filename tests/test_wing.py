@@ -208,7 +208,7 @@ class SharedRedis(_Wings):
         redis = root.redis
         assert redis is not None
         aep, mcp, broker = (root.getServiceNamed(name) for name in ("aep", "mcp", "broker"))
-        users = [aep.relay.log, aep.relay.claims, aep.relay.fanout, mcp.broker.store, mcp.broker.bus, broker]
+        users = [aep.relay.log, aep.relay.claims, aep.relay.fanout, mcp.tunnel.store, mcp.tunnel.bus, broker]
         self.assertEqual([user.redis for user in users], [redis] * len(users))
         closes: list[None] = []
         close = redis.close

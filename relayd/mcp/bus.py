@@ -2,8 +2,8 @@
 
 An SSE stream and a parked poll are bound to the process holding their connection. When a frame for
 a stream held elsewhere is posted here, when a poll queue gains frames, or when a session ends, the
-broker tells the other processes through an L{IMcpBus}. One process alone uses L{LocalBus}, which has
-no one to tell.
+tunnel relay (L{relayd.mcp.tunnel.TunnelRelay}) tells the other processes through an L{IMcpBus}. One
+process alone uses L{LocalBus}, which has no one to tell.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class InstanceGone(StoreUnavailable):
 
 
 class BusListener(Protocol):
-    """What a bus calls on its broker when another process published something."""
+    """What a bus calls on its tunnel relay when another process published something."""
 
     def bus_deliver(self, keys: list[str], event: bytes) -> None:
         """Write an encoded SSE event to the local streams with these queue keys."""
@@ -41,7 +41,7 @@ class BusListener(Protocol):
 
 
 class IMcpBus(Interface):
-    """Cross-process notifications of the MCP broker."""
+    """Cross-process notifications of the MCP tunnel relay."""
 
     instance = Attribute("This process's id on the bus (C{str}); SSE subscriber records carry it.")
     remote = Attribute("Whether other processes may be listening (C{False}: nothing to publish).")

@@ -1,9 +1,9 @@
 """Every tunnel session as a standard MCP endpoint: Streamable HTTP at C{{prefix}/{S}/mcp}, legacy
 HTTP+SSE at C{{prefix}/{S}/sse}, so any MCP client connects with a URL and the session's token.
 
-A client session (C{Mcp-Session-Id}, or one legacy SSE stream) is, to the broker, one labelled
-C{outbound} reader of the tunnel session: its requests go to the page through L{Broker.forward}
-with its label, so the broker's collision-free reply routing makes ids unique among clients and
+A client session (C{Mcp-Session-Id}, or one legacy SSE stream) is, to the tunnel, one labelled
+C{outbound} reader of the tunnel session: its requests go to the page through L{TunnelRelay.forward}
+with its label, so the tunnel's collision-free reply routing makes ids unique among clients and
 brings each reply back to this client's sink with the client's own id. A 2026-07-28 request is one
 such exchange under a label of its own. The rules (revisions, header checks, progress tokens) are
 in L{relayd.mcp.standard}; this module is the transport.
@@ -23,9 +23,11 @@ from twisted.web.server import NOT_DONE_YET, Request
 
 from relayd.clock import Clock
 from relayd.mcp import standard
-from relayd.mcp.broker import Broker, Frame, Refused, _dumps, loads_json
 from relayd.mcp.drive import run
+from relayd.mcp.frames import Frame
+from relayd.mcp.jsontext import _dumps, loads_json
 from relayd.mcp.store import OUTBOUND, ClientRecord, SubscriberRecord
+from relayd.mcp.tunnel import Refused, TunnelRelay
 from relayd.storage import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param
 from relayd.web.body import read_body
@@ -58,7 +60,7 @@ class EndpointConfig:
 
 
 def _message_event(raw: bytes, event_id: bytes | None = None) -> bytes:
-    # Page frames arrive without CR/LF (broker-framed) or re-serialised compactly: one data line.
+    # Page frames arrive without CR/LF (tunnel-framed) or re-serialised compactly: one data line.
     if event_id is None:
         return b"event: message\ndata: " + raw + b"\n\n"
     return b"id: " + event_id + b"\nevent: message\ndata: " + raw + b"\n\n"
@@ -143,7 +145,7 @@ class _Pending:
 
 
 class Client:
-    """One MCP client session on one tunnel session, and the broker's L{Sink} for its label."""
+    """One MCP client session on one tunnel session, and the tunnel's L{Sink} for its label."""
 
     __slots__ = (
         "endpoint", "id", "session", "token", "label", "record", "legacy", "stateless", "pending",
@@ -187,7 +189,7 @@ class Client:
             return []
         return [(b"mcp-session-id", self.id.encode("ascii"))]
 
-    # the broker's sink -------------------------------------------------------------------------
+    # the tunnel's sink -------------------------------------------------------------------------
 
     def deliver(self, event: bytes) -> bool:
         """A page frame on this client's label (a reply to it, or something for every client)."""
@@ -237,11 +239,11 @@ class Client:
 
     def end(self) -> None:
         """The tunnel session ended (or the relay is draining): answer what is pending, end streams."""
-        self.record = None  # the broker has forgotten it already
+        self.record = None  # the tunnel has forgotten it already
         self._finish("the tunnel session ended")
         if self.origin and not self.stateless:
-            broker = self.endpoint.broker
-            broker.store.delete_client(self.id).addErrback(broker._log_failure, "ending an MCP client session failed")
+            tunnel = self.endpoint.tunnel
+            tunnel.store.delete_client(self.id).addErrback(tunnel._log_failure, "ending an MCP client session failed")
 
     # client side -------------------------------------------------------------------------------
 
@@ -290,7 +292,7 @@ class Client:
                 "params": {"requestId": pending.forwarded, "reason": reason},
             }
         )
-        self.endpoint.broker.inbox(self.session, self.token, body, self.label).addErrback(lambda _: None)
+        self.endpoint.tunnel.inbox(self.session, self.token, body, self.label).addErrback(lambda _: None)
 
     def close(self, shared: bool = True) -> None:
         """The client ended (DELETE, idle, its legacy stream closed, its one exchange done).
@@ -299,14 +301,14 @@ class Client:
         """
         record, self.record = self.record, None
         self._finish("the client session ended")
-        broker = self.endpoint.broker
+        tunnel = self.endpoint.tunnel
         if record is not None:
             announce = self.origin and not self.stateless
-            broker.close_stream(record, announce=announce).addErrback(
-                broker._log_failure, "closing an MCP client session failed"
+            tunnel.close_stream(record, announce=announce).addErrback(
+                tunnel._log_failure, "closing an MCP client session failed"
             )
         if shared and self.origin and not self.stateless:
-            broker.store.delete_client(self.id).addErrback(broker._log_failure, "ending an MCP client session failed")
+            tunnel.store.delete_client(self.id).addErrback(tunnel._log_failure, "ending an MCP client session failed")
 
     def _finish(self, message: str) -> None:
         if self.ended:
@@ -355,9 +357,9 @@ class Endpoint:
 
     _log = Logger()
 
-    def __init__(self, broker: Broker, policy: OriginPolicy, hub: SSEHub, clock: Clock, prefix: bytes,
+    def __init__(self, tunnel: TunnelRelay, policy: OriginPolicy, hub: SSEHub, clock: Clock, prefix: bytes,
                  config: EndpointConfig | None = None) -> None:
-        self.broker = broker
+        self.tunnel = tunnel
         self.policy = policy
         self.hub = hub
         self.clock = clock
@@ -396,14 +398,14 @@ class Endpoint:
 
     def reap(self) -> None:
         """End client sessions idle past C{client_idle_ms} (an open GET stream or pending request is use)."""
-        run(self._reap()).addErrback(self.broker._log_failure, "MCP client session reaping failed")
+        run(self._reap()).addErrback(self.tunnel._log_failure, "MCP client session reaping failed")
 
     async def _reap(self) -> None:
         now = self.clock.seconds()
         cutoff = now - self.config.client_idle_ms / 1000
         since, self._last_reap = self._last_reap, now
-        store = self.broker.store
-        shared = self.broker._remote
+        store = self.tunnel.store
+        shared = self.tunnel._remote
         idle_ms = self.config.client_idle_ms
         active: list[Client] = []
         for client in list(self.clients.values()):
@@ -488,7 +490,7 @@ class Endpoint:
             else:
                 handler()
 
-        self.broker.check(session, token).addCallbacks(checked, lambda f: self._failed(request, f))
+        self.tunnel.check(session, token).addCallbacks(checked, lambda f: self._failed(request, f))
         return NOT_DONE_YET
 
     # answers -----------------------------------------------------------------------------------
@@ -574,7 +576,7 @@ class Endpoint:
 
     def _notify(self, request: Request, session: str, token: str, label: str | None, body: bytes) -> None:
         """Notifications and responses: forwarded as they are (a response keeps the page's own id)."""
-        d = self.broker.inbox(session, token, body, label)
+        d = self.tunnel.inbox(session, token, body, label)
         d.addCallbacks(lambda _: _finish(request, 202, b""), lambda f: self._failed(request, f))
 
     def _new_client(self, request: Request, session: str, token: str, **kind: Any) -> Client | None:
@@ -593,7 +595,7 @@ class Endpoint:
 
         def opened(handle: Any) -> None:
             if client.ended:
-                self.broker.close_stream(handle.record, announce=not client.stateless)
+                self.tunnel.close_stream(handle.record, announce=not client.stateless)
                 _finish(request, 410, standard.error_body(standard.SESSION_ENDED, "the tunnel session is gone"))
                 return
             client.record = handle.record
@@ -601,7 +603,7 @@ class Endpoint:
                 client.deliver(event)
             if client.origin and not client.stateless:
                 record = ClientRecord(client.session, client.label, client.legacy)
-                stored = self.broker.store.put_client(client.id, record, self.config.client_idle_ms)
+                stored = self.tunnel.store.put_client(client.id, record, self.config.client_idle_ms)
                 stored.addCallbacks(lambda _: then(), failed_after)
             else:
                 then()
@@ -615,7 +617,7 @@ class Endpoint:
             client.ended = True
             self._failed(request, f)
 
-        d = self.broker.open_stream(client.session, client.token, OUTBOUND, client.label, client,
+        d = self.tunnel.open_stream(client.session, client.token, OUTBOUND, client.label, client,
                                     announce=client.origin and not client.stateless)
         d.addCallbacks(opened, failed)
 
@@ -644,7 +646,7 @@ class Endpoint:
             if attached is not None:
                 self._open(request, attached, lambda: then(attached))
 
-        self.broker.store.get_client(sid).addCallbacks(found, lambda f: self._failed(request, f))
+        self.tunnel.store.get_client(sid).addCallbacks(found, lambda f: self._failed(request, f))
 
     def _forward(
         self, request: Request, client: Client, message: dict[str, Any], sse_ok: bool, first: bool = False
@@ -694,7 +696,7 @@ class Endpoint:
             if client.stateless or first:
                 client.close()
 
-        d = self.broker.forward(session, client.token, _dumps(message), client.label)
+        d = self.tunnel.forward(session, client.token, _dumps(message), client.label)
         d.addCallbacks(sent, refused)
 
     def _get(self, request: Request, session: str, token: str) -> None:
@@ -734,7 +736,7 @@ class Endpoint:
             if local is not None:
                 local.close(shared=False)
             # Ended for every instance: the one that created it says peer_left at its next pass.
-            self.broker.store.delete_client(sid).addCallbacks(
+            self.tunnel.store.delete_client(sid).addCallbacks(
                 lambda _: _finish(request, 200, b""), lambda f: self._failed(request, f)
             )
 
@@ -746,7 +748,7 @@ class Endpoint:
             local.close()
             _finish(request, 200, b"")
             return
-        self.broker.store.get_client(sid).addCallbacks(found, lambda f: self._failed(request, f))
+        self.tunnel.store.get_client(sid).addCallbacks(found, lambda f: self._failed(request, f))
 
     # legacy HTTP+SSE (2024-11-05) --------------------------------------------------------------
 
@@ -784,7 +786,7 @@ class Endpoint:
                     return
                 self._notify(request, session, _request_token(request), record.label, body)
 
-            self.broker.store.get_client(sid).addCallbacks(found, lambda f: self._failed(request, f))
+            self.tunnel.store.get_client(sid).addCallbacks(found, lambda f: self._failed(request, f))
             return
         if client.session != session or not client.legacy:
             _finish(request, 404, standard.error_body(standard.INVALID_REQUEST, "unknown or ended sessionId"))

@@ -2,7 +2,7 @@
 
 One leaf resource routes on the raw (not percent-decoded) request path, as the Node relay does:
 C{{prefix}/register} and C{{prefix}/{session}/(inbox|outbox|events|poll|unregister)}; health at C{/},
-C{/healthz} and C{{prefix}/}. The broker decides; this module only translates.
+C{/healthz} and C{{prefix}/}. The tunnel decides; this module only translates.
 """
 
 from __future__ import annotations
@@ -17,16 +17,12 @@ from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
-from relayd.mcp.broker import (
-    Broker,
-    PollResult,
-    Refused,
-    StreamHandle,
-    loads_json,
-    parse_wait_ms,
-)
 from relayd.mcp.endpoint import Endpoint
+from relayd.mcp.jsontext import loads_json
+from relayd.mcp.polls import PollResult, parse_wait_ms
 from relayd.mcp.store import INBOUND, OUTBOUND, SubscriberRecord
+from relayd.mcp.streams import StreamHandle
+from relayd.mcp.tunnel import Refused, TunnelRelay
 from relayd.storage import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param
 from relayd.web.body import EarlyAnswer, read_body
@@ -115,16 +111,16 @@ def _shed(request: Request) -> None:
 
 
 class StreamSink:
-    """The broker's view of one SSE response: buffers events until started, bounds what a paused
+    """The tunnel's view of one SSE response: buffers events until started, bounds what a paused
     (non-reading) client may have queued (docs/decisions.md MCP-9), and ends the response when told."""
 
     # Slots: an idle relay holds one per open stream.
-    __slots__ = ("stream", "max_frames", "broker", "record", "_early", "_paused_frames", "_end_requested")
+    __slots__ = ("stream", "max_frames", "tunnel", "record", "_early", "_paused_frames", "_end_requested")
 
-    def __init__(self, request: Request, hub: SSEHub, max_frames: int, max_bytes: int, broker: Broker) -> None:
+    def __init__(self, request: Request, hub: SSEHub, max_frames: int, max_bytes: int, tunnel: TunnelRelay) -> None:
         self.stream = SSEStream(request, hub, max_buffer=max_bytes)
         self.max_frames = max_frames
-        self.broker = broker
+        self.tunnel = tunnel
         self.record: SubscriberRecord | None = None
         self._early: list[bytes] | None = []
         self._paused_frames = 0
@@ -141,10 +137,10 @@ class StreamSink:
             self.stream.close()
 
     def closed(self) -> None:
-        """The stream ended (client went away, overflow, or the relay ended it): tell the broker."""
+        """The stream ended (client went away, overflow, or the relay ended it): tell the tunnel."""
         record, self.record = self.record, None
         if record is not None:
-            self.broker.close_stream(record).addErrback(self.broker._log_failure, "closing MCP stream failed")
+            self.tunnel.close_stream(record).addErrback(self.tunnel._log_failure, "closing MCP stream failed")
 
     def deliver(self, event: bytes) -> bool:
         if self._early is not None:
@@ -185,7 +181,7 @@ class _PollAnswer:
         request = self.request
         if _gone(request):
             # Taken but never delivered: back to the head.
-            self.resource.broker.put_back(result).addErrback(self.resource.broker._log_failure, "MCP put-back failed")
+            self.resource.tunnel.put_back(result).addErrback(self.resource.tunnel._log_failure, "MCP put-back failed")
             return
         body = result.body()
         request.setResponseCode(200)
@@ -217,7 +213,7 @@ class McpResource(Resource):
 
     def __init__(
         self,
-        broker: Broker,
+        tunnel: TunnelRelay,
         policy: OriginPolicy,
         hub: SSEHub,
         prefix: str = "",
@@ -227,7 +223,7 @@ class McpResource(Resource):
         demo: bytes | None = None,
     ) -> None:
         super().__init__()
-        self.broker = broker
+        self.tunnel = tunnel
         self.endpoint = endpoint
         self.demo = demo
         self.policy = policy
@@ -380,16 +376,16 @@ class McpResource(Resource):
         token = body.get("token") if isinstance(body, dict) else None
         if not isinstance(session, str) or not isinstance(token, str):
             return self._json(request, 400, b'{"error":"missing_fields"}')
-        return self._answer(request, self.broker.register(session, token), lambda _: b'{"ok":true}')
+        return self._answer(request, self.tunnel.register(session, token), lambda _: b'{"ok":true}')
 
     def _inbox(self, request: Request, session_id: str) -> Any:
         body = read_body(request)  # read before auth, as the contract orders it
-        d = self.broker.inbox(session_id, _token(request), body, _label(request))
+        d = self.tunnel.inbox(session_id, _token(request), body, _label(request))
         return self._answer(request, d, lambda _: b'{"ok":true}')
 
     def _outbox(self, request: Request, session_id: str) -> Any:
         body = read_body(request)
-        d = self.broker.outbox(session_id, _token(request), body)
+        d = self.tunnel.outbox(session_id, _token(request), body)
         return self._answer(request, d, lambda _: b'{"ok":true}')
 
     def _unregister(self, request: Request, session_id: str) -> Any:
@@ -402,19 +398,19 @@ class McpResource(Resource):
                 body = None
             if isinstance(body, dict) and isinstance(body.get("token"), str):
                 token = body["token"]
-        d = self.broker.unregister(session_id, token)
+        d = self.tunnel.unregister(session_id, token)
         return self._answer(
             request, d, lambda already_gone: b'{"ok":true,"alreadyGone":true}' if already_gone else b'{"ok":true}'
         )
 
     def _events(self, request: Request, session_id: str) -> Any:
-        broker = self.broker
-        sink = StreamSink(request, self.hub, self.max_frames, self.max_bytes, broker)
-        d = broker.open_stream(session_id, _token(request), _direction(request), _label(request), sink)
+        tunnel = self.tunnel
+        sink = StreamSink(request, self.hub, self.max_frames, self.max_bytes, tunnel)
+        d = tunnel.open_stream(session_id, _token(request), _direction(request), _label(request), sink)
 
         def opened(handle: StreamHandle) -> None:
             if _gone(request):
-                broker.close_stream(handle.record).addErrback(broker._log_failure, "closing MCP stream failed")
+                tunnel.close_stream(handle.record).addErrback(tunnel._log_failure, "closing MCP stream failed")
                 return
             sink.start(SSE_PREAMBLE + b"".join(handle.backlog), handle.record)
 
@@ -475,11 +471,11 @@ class McpResource(Resource):
             self._log.failure("MCP HEAD failed", f)
             self._finish_json(request, 500, b'{"error":"internal_error"}')
 
-        self.broker.check(session_id, _token(request)).addCallbacks(checked, failed)
+        self.tunnel.check(session_id, _token(request)).addCallbacks(checked, failed)
         return NOT_DONE_YET
 
     def _poll(self, request: Request, session_id: str) -> Any:
-        d = self.broker.poll(
+        d = self.tunnel.poll(
             session_id,
             _token(request),
             _direction(request),
@@ -498,11 +494,11 @@ class McpResource(Resource):
 
     def drain(self) -> None:
         """End every SSE stream with a final comment and answer every parked poll."""
-        self.broker.draining = True
+        self.tunnel.draining = True
         self.hub.drain(SHUTDOWN_COMMENT)
-        self.broker.drain()
+        self.tunnel.drain()
 
     def remaining(self) -> int:
         """Streams, parked polls and endpoint requests still open."""
         pending = sum(len(c.pending) for c in self.endpoint.clients.values()) if self.endpoint is not None else 0
-        return len(self.hub.streams) + self.broker.parked_polls() + pending
+        return len(self.hub.streams) + self.tunnel.parked_polls() + pending

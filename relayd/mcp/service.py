@@ -1,4 +1,4 @@
-"""Composes the MCP tunnel relay wing for C{relayd.tap}: store, broker, resource, site, listeners."""
+"""Composes the MCP tunnel relay wing for C{relayd.tap}: store, tunnel relay core, resource, site, listeners."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from twisted.logger import Logger
 from relayd import metrics
 from relayd.clock import Clock
 from relayd.config import Resolved, is_loopback_endpoint
-from relayd.mcp.broker import Broker, BrokerConfig
 from relayd.mcp.bus import IMcpBus, LocalBus
 from relayd.mcp.config import MCPConfig
 from relayd.mcp.demo import demo_page
@@ -19,6 +18,7 @@ from relayd.mcp.http import KEEPALIVE, KEEPALIVE_INTERVAL, MAX_BODY, McpResource
 from relayd.mcp.redis_bus import RedisMcpBus
 from relayd.mcp.redis_store import RedisStore
 from relayd.mcp.store import IMcpStore, MemoryStore
+from relayd.mcp.tunnel import TunnelConfig, TunnelRelay
 from relayd.web.body import BodyLimit
 from relayd.web.service import HTTPWingService
 from relayd.web.site import RelaySite
@@ -29,7 +29,7 @@ _log = Logger(namespace="relayd.mcp")
 
 
 class McpService(HTTPWingService):
-    """The MCP wing: its listeners, its broker's reaper, and a drain that ends streams and polls."""
+    """The MCP wing: its listeners, its tunnel relay's reaper, and a drain that ends streams and polls."""
 
     def __init__(
         self,
@@ -54,7 +54,7 @@ class McpService(HTTPWingService):
             grace=grace,
         )
         self.resource = resource
-        self.broker = resource.broker
+        self.tunnel = resource.tunnel
         self._startup_line = startup_line
         self.url_path = resource.prefix.decode("utf-8")  # the startup line's URL ends with the prefix
 
@@ -63,7 +63,7 @@ class McpService(HTTPWingService):
             stream.abort()
 
     def startService(self) -> None:
-        self.broker.start()
+        self.tunnel.start()
         if self.resource.endpoint is not None:
             self.resource.endpoint.start()
         super().startService()
@@ -74,12 +74,12 @@ class McpService(HTTPWingService):
     @defer.inlineCallbacks
     def stopService(self) -> Any:
         _log.info("MCP relay shutting down")
-        self.broker.stop()
+        self.tunnel.stop()
         if self.resource.endpoint is not None:
             self.resource.endpoint.stop()
         yield super().stopService()
         self.resource.hub.stop()
-        yield self.broker.bus.stop()
+        yield self.tunnel.bus.stop()
 
 
 def _shared_state(plumbing: Plumbing) -> tuple[IMcpStore, IMcpBus]:
@@ -103,7 +103,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> McpService | None:
         return None
     clock = plumbing.clock
     listen = list(mcp.listen)
-    config = BrokerConfig(
+    config = TunnelConfig(
         ttl_ms=mcp.ttl_ms,
         reap_interval_ms=mcp.reap_interval_ms,
         poll_idle_ms=mcp.poll_idle_ms,
@@ -113,10 +113,10 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> McpService | None:
         max_buffered_bytes=mcp.max_buffered_bytes,
     )
     store, bus = _shared_state(plumbing)
-    broker = Broker(store, clock, config, bus)
+    tunnel = TunnelRelay(store, clock, config, bus)
     hub = SSEHub(clock, KEEPALIVE_INTERVAL, KEEPALIVE)
     endpoint = Endpoint(
-        broker,
+        tunnel,
         mcp.cors,
         hub,
         clock,
@@ -129,7 +129,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> McpService | None:
         ),
     )
     resource = McpResource(
-        broker,
+        tunnel,
         mcp.cors,
         hub,
         mcp.prefix,
@@ -151,8 +151,8 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> McpService | None:
     service = McpService(resource, site, listen, plumbing.reactor, clock, line, grace=plumbing.grace)
     # Levels for the metrics listener, read at scrape time.
     watching = metrics.Watching()
-    watching.add(metrics.connections, broker.open_streams, relay="mcp", transport="sse")
-    watching.add(metrics.connections, broker.parked_polls, relay="mcp", transport="longpoll")
+    watching.add(metrics.connections, tunnel.open_streams, relay="mcp", transport="sse")
+    watching.add(metrics.connections, tunnel.parked_polls, relay="mcp", transport="longpoll")
     watching.setServiceParent(service)
     return service
 

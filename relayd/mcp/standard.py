@@ -12,7 +12,8 @@ from typing import Any
 
 import orjson
 
-from relayd.mcp.broker import _dumps, json_rpc_items, loads_json
+from relayd.mcp.frames import json_rpc_items
+from relayd.mcp.jsontext import _dumps, loads_json
 
 LEGACY = "2024-11-05"
 HANDSHAKE_VERSIONS = frozenset(("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"))

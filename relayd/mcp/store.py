@@ -1,12 +1,12 @@
 """The MCP relay's state behind interfaces: sessions, subscribers, frame queues, backlogs, correlations.
 
 Every method returns a Deferred, so a networked implementation (Redis, a later issue) fits without
-changing the broker; the in-memory one here returns already-fired Deferreds.
+changing the tunnel relay; the in-memory one here returns already-fired Deferreds.
 
 What lives here is the state another relay process would need to see: session records, who is
 subscribed (with labels and poll bookkeeping), queued frames of pollers, the first-frame backlog and
-reply correlations. What stays in the broker is what is bound to this process's connections: the open
-SSE streams and the parked poll requests.
+reply correlations. What stays in the tunnel relay is what is bound to this process's connections:
+the open SSE streams and the parked poll requests.
 
 Frames in queues are stored already encoded as JSON string literals (the form a poll response carries),
 so a frame is encoded once per broadcast, not once per poll; backlog frames are stored raw (a backlog
@@ -178,7 +178,7 @@ class IFrameQueues(Interface):
         """How many items are queued."""
 
     def buffered_bytes() -> Deferred[int]:
-        """Bytes of frames held in every queue and first-frame backlog together (the broker keeps
+        """Bytes of frames held in every queue and first-frame backlog together (the tunnel relay keeps
         this under C{max_buffered_bytes} before it adds more)."""
 
 
@@ -284,7 +284,7 @@ class IPosts(Interface):
 
 
 class IMcpStore(ISessionStore, ISubscriberStore, IFrameQueues, IBacklogs, ICorrelations, IClientSessions, IPosts):
-    """Everything the MCP broker keeps outside its own process's connections."""
+    """Everything the MCP tunnel relay keeps outside its own process's connections."""
 
 
 class _Queue:

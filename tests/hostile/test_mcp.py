@@ -622,7 +622,7 @@ def _percent(draw: Any) -> bytes:
 
 @st.composite
 def _authenticated(draw: Any) -> bytes:
-    """A request that gets past auth into the broker: a frame for the live session, or a poll of it."""
+    """A request that gets past auth into the tunnel relay: a frame for the live session, or a poll of it."""
     extra = b"".join(b"&" + name + b"=" + _percent(draw) for name in draw(st.lists(
         st.sampled_from([b"client", b"direction", b"wait", b"subscriber"]), max_size=3)))
     if draw(st.booleans()):
@@ -641,7 +641,7 @@ def _request(draw: Any) -> bytes:
     session = draw(st.one_of(st.just(_SESSION), st.just(_SESSION), st.from_regex(r"[A-Za-z0-9_-]{4,64}", fullmatch=True),
                              _TEXT.map(lambda t: urllib.parse.quote(t.encode("utf-8", "surrogatepass")))))
     path = {"register": "/register", "healthz": "/healthz", "other": f"/{session}"}.get(route, f"/{session}/{route}")
-    # Half the time the route's own method, so requests get past routing into the broker.
+    # Half the time the route's own method, so requests get past routing into the tunnel relay.
     own = b"GET" if route in ("events", "poll", "healthz") else b"POST"
     method = draw(st.sampled_from([own, own, own, b"GET", b"POST", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"BREW"]))
     query = b"&".join(

@@ -183,7 +183,7 @@ class UnregisterWhilePending(EndpointCase):
         await end
         after = await self.mcp({"jsonrpc": "2.0", "id": 10, "method": "tools/list"}, sid=sid)
         assert after.code == 410
-        assert self.broker.store.clients == {}  # nothing of the client session is left behind
+        assert self.tunnel.store.clients == {}  # nothing of the client session is left behind
 
 
 class Modern(EndpointCase):

@@ -354,10 +354,10 @@ class PollTests(McpRelayCase):
         await self.register()
         sub = (await self.poll(query="&wait=0")).json()["subscriber"]
         d = treq.get(f"{self.base}/sess/poll?token={TOKEN}&wait=10000&subscriber={sub}", pool=self.pool)
-        await self._until(lambda: self.broker.parked_polls() == 1)
+        await self._until(lambda: self.tunnel.parked_polls() == 1)
         d.cancel()
         d.addErrback(lambda f: None)
-        await self._until(lambda: self.broker.parked_polls() == 0)
+        await self._until(lambda: self.tunnel.parked_polls() == 0)
         await self.post(f"/sess/inbox?token={TOKEN}", raw=LIST)
         again = (await self.poll(query=f"&wait=0&subscriber={sub}")).json()
         self.assertEqual((again["subscriber"], len(again["frames"])), (sub, 1))
@@ -427,7 +427,7 @@ class PollTests(McpRelayCase):
         await self.register()
         started = time.monotonic()
         parked = Deferred.fromCoroutine(self.poll(query="&direction=outbound&wait=10000"))
-        await self._until(lambda: self.broker.parked_polls() == 1)
+        await self._until(lambda: self.tunnel.parked_polls() == 1)
         await self.post(f"/sess/unregister?token={TOKEN}")
         reply = await parked
         self.assertLess(time.monotonic() - started, 5)

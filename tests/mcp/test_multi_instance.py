@@ -85,9 +85,9 @@ class Instances(TestCase):
         return await self.request(i, "GET", f"/{SESSION}/poll?token={TOKEN}{query}", timeout=timeout)
 
     async def parked(self, i: int) -> None:
-        """Until instance i has a poll parked (its broker counts it)."""
+        """Until instance i has a poll parked (its tunnel relay counts it)."""
         deadline = time.monotonic() + 5
-        while self.services[i].broker.parked_polls() == 0:
+        while self.services[i].tunnel.parked_polls() == 0:
             assert time.monotonic() < deadline, "the poll never parked"
             await deferLater(reactor, 0.005, lambda: None)  # polling the instance's own state
 
@@ -174,11 +174,11 @@ class MultiInstanceTests(Instances):
 
     async def test_expiry_reaped_on_one_instance_ends_streams_on_another(self) -> None:
         page = await self.events(1, "inbound")
-        broker = self.services[0].broker
+        tunnel = self.services[0].tunnel
         # Age the session as the TTL would (time is the one thing tests fake), then reap on A.
-        await broker.store.touch_session(SESSION, broker.clock.seconds() - 10 * 3600)
+        await tunnel.store.touch_session(SESSION, tunnel.clock.seconds() - 10 * 3600)
         started = time.monotonic()
-        await broker.reap()
+        await tunnel.reap()
         await page.read_until_end(timeout=1.0)
         self.assertLess(time.monotonic() - started, 1.0)
         self.assertEqual((await self.poll(2, "&direction=inbound&wait=0")).code, 410)
@@ -191,7 +191,7 @@ class DeadInstanceTests(Instances):
         page = await self.events(0, "inbound")
         await self.events(1, "outbound")
         joined = (await next_mcp(page)).json()["params"]["subscriberId"]
-        await self.services[1].broker.bus.stop()  # B is gone as far as Redis can tell
+        await self.services[1].tunnel.bus.stop()  # B is gone as far as Redis can tell
         refused = await self.post(0, f"/{SESSION}/outbox?token={TOKEN}", REPLY)
         self.assertEqual((refused.code, refused.json()), (503, {"error": "store_unavailable", "store": "mcp"}))
         left = (await next_mcp(page)).json()

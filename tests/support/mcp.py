@@ -41,7 +41,7 @@ class McpRelayCase(unittest.TestCase):
             given.update(redis_flags())
         self.wing = await Wing.start("mcp", given, self.environ if environ is None else environ)
         self.service = self.wing.service
-        self.broker = self.service.broker
+        self.tunnel = self.service.tunnel
         self.clock = self.wing.clock
         self.port = self.wing.port
         self.prefix = self.wing.settings["mcp-prefix"]

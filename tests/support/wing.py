@@ -86,7 +86,7 @@ class Wing:
             for bus in client._buses:
                 await bus.ready
         # The MCP wing's bus subscribes on a connection of its own (not one of the client's buses).
-        bus = getattr(getattr(self.service, "broker", None), "bus", None)
+        bus = getattr(getattr(self.service, "tunnel", None), "bus", None)
         if getattr(bus, "remote", False):
             await bus.ready
 

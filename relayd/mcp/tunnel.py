@@ -1,28 +1,27 @@
 """The MCP tunnel relay core: sessions, subscribers, fan-out, backlog, reply routing, long-poll, reaper.
 
 No I/O happens here. The HTTP layer hands in request facts (ids, tokens, bodies) and, for an SSE
-stream, a L{Sink} to write encoded events to; the broker answers with results or L{Refused} reasons
-(the wire strings of docs/mcp.md), and keeps its state in an L{IMcpStore}.
+stream, a L{Sink} to write encoded events to; the L{TunnelRelay} answers with results or L{Refused}
+reasons (the wire strings of docs/mcp.md), and keeps its state in an L{IMcpStore}.
 
 Semantics follow the Node relay 0.46.0 with relayd's decisions MCP-1 to MCP-10 (docs/decisions.md):
 a 64-frame first-frame backlog, newline-safe SSE framing, collision-free reply routing, sessions kept
 alive by open subscribers, bounded queues with C{notifications/frames_dropped}, a session cap.
+
+What a frame is lives in L{relayd.mcp.frames}, session ids and tokens in L{relayd.mcp.tokens}, a
+poll's park window and parked state in L{relayd.mcp.polls}, an SSE reader's sink in
+L{relayd.mcp.streams}.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import json
-import math
-import re
 import secrets
 from dataclasses import dataclass
 from itertools import count
-from typing import Any, Protocol
+from typing import Any
 
-import orjson
-from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -30,6 +29,9 @@ from relayd import metrics
 from relayd.clock import Clock
 from relayd.mcp.bus import IMcpBus, InstanceGone, LocalBus
 from relayd.mcp.drive import run
+from relayd.mcp.frames import FRAMES_DROPPED, PEER_JOINED, PEER_LEFT, Frame, notification, parse_frame
+from relayd.mcp.jsontext import _dumps, loads_json
+from relayd.mcp.polls import SUBSCRIBER_ID, ParkedPoll, PollResult
 from relayd.mcp.store import (
     INBOUND,
     OUTBOUND,
@@ -39,20 +41,10 @@ from relayd.mcp.store import (
     IMcpStore,
     SessionRecord,
     SubscriberRecord,
-    queue_key,
 )
+from relayd.mcp.streams import Sink, StreamHandle
+from relayd.mcp.tokens import SESSION_ID, TOKEN_MAX, TOKEN_MIN, token_hash, utf16_length
 from relayd.storage import StoreUnavailable
-
-SESSION_ID = re.compile(r"[A-Za-z0-9_-]{4,64}")
-SUBSCRIBER_ID = re.compile(r"[a-f0-9]{16}")
-TOKEN_MIN, TOKEN_MAX = 16, 128
-
-POLL_MAX_WAIT_MS = 25_000
-POLL_DEFAULT_WAIT_MS = 20_000
-
-PEER_JOINED = "notifications/peer_joined"
-PEER_LEFT = "notifications/peer_left"
-FRAMES_DROPPED = "notifications/frames_dropped"
 
 # Frames accepted, counted once per POST (bound once: nothing is looked up per frame).
 _INBOUND = metrics.mcp_frames.labels(direction="inbound")
@@ -62,8 +54,7 @@ _OUTBOUND = metrics.mcp_frames.labels(direction="outbound")
 def _counted(result: Any, counter: Any) -> Any:
     counter.inc()
     return result
-# Only the broker emits presence; a posted frame carrying either method is refused (docs/mcp.md).
-_BROKER_ONLY = frozenset((PEER_JOINED, PEER_LEFT))
+
 
 class Refused(Exception):
     """A request the relay refuses; C{reason} is the wire error string (C{session_gone}, ...)."""
@@ -74,7 +65,7 @@ class Refused(Exception):
 
 
 @dataclass(frozen=True)
-class BrokerConfig:
+class TunnelConfig:
     """Limits and timings (defaults: docs/mcp.md and docs/decisions.md MCP-1, MCP-9)."""
 
     ttl_ms: float = 14_400_000
@@ -93,321 +84,26 @@ class BrokerConfig:
     max_subscribers: int = 1024
 
 
-class Sink(Protocol):
-    """Where the broker writes one SSE subscriber's events (implemented by the HTTP layer)."""
+class TunnelRelay:
+    """The MCP tunnel relay core: every tunnel session, its readers and its frames.
 
-    def deliver(self, event: bytes) -> bool:
-        """Queue one encoded SSE event; C{False} if the subscriber is closed or overflowed."""
-
-    def end(self) -> None:
-        """End the stream (its session ended or the relay is shutting down)."""
-
-
-_UNPARSED: Any = object()
-
-
-class Frame:
-    """One JSON-RPC frame: the posted bytes, the parsed message, and its encodings (each made once)."""
-
-    __slots__ = ("raw", "_message", "_sse", "_json")
-
-    def __init__(self, raw: bytes, message: Any = _UNPARSED) -> None:
-        self.raw = raw
-        self._message = message
-        self._sse: bytes | None = None
-        self._json: bytes | None = None
-
-    @property
-    def message(self) -> Any:
-        """The parsed message."""
-        if self._message is _UNPARSED:
-            self._message = loads_json(self.raw)
-        return self._message
-
-    @property
-    def sse(self) -> bytes:
-        """The SSE event: one C{data:} line holding the whole frame (docs/decisions.md MCP-4).
-
-        Valid JSON holds CR and LF only as whitespace between tokens (inside a string they must be
-        escaped), so removing them leaves the same message and cannot join two tokens: no parse, no
-        re-serialisation, nothing a client chose (huge numbers, lone-surrogate escapes) is changed,
-        and no client byte can end the C{data:} line early. Frames without them pass byte for byte.
-        """
-        if self._sse is None:
-            data = self.raw
-            if b"\n" in data or b"\r" in data:
-                data = data.translate(None, b"\r\n")
-            self._sse = b"event: mcp\ndata: " + data + b"\n\n"
-        return self._sse
-
-    @property
-    def json_string(self) -> bytes:
-        """The frame as a JSON string literal, the form a poll response carries."""
-        if self._json is None:
-            self._json = orjson.dumps(self.raw.decode("utf-8"))
-        return self._json
-
-    @property
-    def is_request(self) -> bool:
-        """A single request: a string C{method} and an id that is not null."""
-        m = self.message
-        return isinstance(m, dict) and isinstance(m.get("method"), str) and m.get("id") is not None
-
-    @property
-    def is_response(self) -> bool:
-        """A single response: no string C{method} and an id that is not null."""
-        m = self.message
-        return isinstance(m, dict) and not isinstance(m.get("method"), str) and m.get("id") is not None
-
-    @property
-    def id_key(self) -> bytes:
-        """The compact JSON of the id: C{1} and C{"1"} are different keys."""
-        return _dumps(self.message["id"])
-
-    def with_id(self, new_id: Any) -> Frame:
-        """A copy with another id (re-serialised compactly)."""
-        message = dict(self.message)
-        message["id"] = new_id
-        return Frame(_dumps(message), message)
-
-
-def notification(method: str, params: bytes) -> Frame:
-    """A broker-made JSON-RPC notification; C{params} is already-encoded JSON (key order matters)."""
-    raw = b'{"jsonrpc":"2.0","method":"' + method.encode() + b'","params":' + params + b"}"
-    return Frame(raw)
-
-
-def json_rpc_items(body: bytes) -> tuple[Any, list[dict[str, Any]]] | None:
-    """The parsed body and its messages, if it is one JSON-RPC 2.0 message or a non-empty batch of
-    them (each a request or notification with a string C{method}, or a response with an C{id} and
-    exactly one of C{result}/C{error}); else C{None}."""
-    if not body:
-        return None
-    try:
-        message = loads_json(body)
-    except ValueError:
-        return None
-    items = message if isinstance(message, list) else [message]
-    if not items:
-        return None
-    for item in items:
-        if not isinstance(item, dict) or item.get("jsonrpc") != "2.0":
-            return None
-        if not isinstance(item.get("method"), str) and ("id" not in item or ("result" in item) == ("error" in item)):
-            return None
-    return message, items
-
-
-def parse_frame(body: bytes) -> Frame | None:
-    """A valid frame (docs/mcp.md) or C{None}: JSON-RPC 2.0 that no client may forge (presence)."""
-    parsed = json_rpc_items(body)
-    if parsed is None:
-        return None
-    message, items = parsed
-    if any(isinstance(item.get("method"), str) and item["method"] in _BROKER_ONLY for item in items):
-        return None
-    return Frame(body, message)
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _js_number(text: str) -> int | float:
-    """An integer literal as orjson reads it: exact within 64 bits, else the nearest double.
-
-    (JSON.parse reads every number as a double; Python's C{int()} refuses literals over 4300 digits.)
+    Every public operation returns a Deferred; refusals errback with L{Refused}.
     """
-    if len(text) <= 20:
-        value = int(text)
-        if -(2**63) <= value < 2**64:
-            return value
-    return float(text)  # never raises: beyond the double range it is +-inf, as in JavaScript
-
-
-def loads_json(data: bytes) -> Any:
-    """Parse JSON text; L{ValueError} for anything that is not JSON (invalid UTF-8 included)."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        # orjson refuses what JSON (and JSON.parse) accepts: numbers beyond the double range, and
-        # escapes of lone surrogates ("\ud800"). The json module reads them.
-        try:
-            return json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_int=_js_number)
-        except (UnicodeDecodeError, RecursionError) as e:
-            raise ValueError(str(e)) from None
-
-
-def _finite(value: Any) -> Any:
-    """C{value} as JSON.stringify sees it: non-finite numbers are null."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
-
-
-def _dumps(value: Any) -> bytes:
-    """Compact JSON of a parsed value; L{ValueError} if it cannot be written (nested too deep)."""
-    try:
-        return orjson.dumps(value)
-    except TypeError:
-        pass
-    # orjson refuses strings holding lone surrogates (which JSON can carry as escapes) and nesting
-    # deeper than 254; the json module writes both. Non-ASCII stays as it is unless a lone surrogate
-    # forces escapes (UTF-8 cannot carry one).
-    try:
-        value = _finite(value)
-        try:
-            return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
-        except UnicodeEncodeError:
-            return json.dumps(value, separators=(",", ":"), allow_nan=False).encode("ascii")
-    except RecursionError:
-        raise ValueError("nested too deep to serialise") from None
-
-
-def token_hash(token: str) -> str:
-    """SHA-256 hex of a token (only the hash is stored)."""
-    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def utf16_length(text: str) -> int:
-    """Length in UTF-16 code units (JavaScript's C{.length}), which the token bounds count."""
-    return len(text) + sum(1 for ch in text if ord(ch) > 0xFFFF)
-
-
-_WAIT = re.compile(r"\s*([+-]?)0*([0-9]*)")
-
-
-def parse_wait_ms(value: str | None) -> int:
-    """The poll park window: JavaScript C{parseInt(v, 10)} clamped to 0..25000; absent is 20000.
-
-    Total over any text: only ASCII digits count (as for parseInt), and a literal of any length is
-    clamped without converting more digits than the bound has.
-    """
-    if value is None:
-        return POLL_DEFAULT_WAIT_MS
-    match = _WAIT.match(value)
-    assert match is not None  # every part of the pattern may be empty
-    sign, digits = match.groups()
-    if sign == "-" or not digits:
-        return 0  # negative, or no digits (NaN in JavaScript): no parking
-    if len(digits) > len(str(POLL_MAX_WAIT_MS)):
-        return POLL_MAX_WAIT_MS
-    return min(POLL_MAX_WAIT_MS, int(digits))
-
-
-@dataclass
-class StreamHandle:
-    """An SSE subscriber just opened: its record, and the backlog events to write after the preamble."""
-
-    record: SubscriberRecord
-    backlog: list[bytes]
-
-
-@dataclass
-class PollResult:
-    """One poll's answer: the subscriber id, frames as JSON string literals, and whether it was new."""
-
-    subscriber: str
-    frames: list[bytes]
-    created: bool = False
-    direction: str = INBOUND
-    session: str = ""
-
-    def body(self) -> bytes:
-        """The response body, C{subscriber} first (frames are already encoded)."""
-        return b'{"subscriber":"' + self.subscriber.encode() + b'","frames":[' + b",".join(self.frames) + b"]}"
-
-
-_BEGIN, _PARKED, _FINISHING, _DONE, _CANCELLED = range(5)
-
-
-class _Poll:
-    """One poll request between its auth and its answer; while parked, all the broker keeps of it.
-
-    A parked poll is an object with a timer, not a suspended coroutine: a relay holds thousands.
-    """
-
-    __slots__ = ("broker", "deferred", "record", "created", "wait", "state", "timer", "woken")
-
-    def __init__(self, broker: Broker, wait: float) -> None:
-        self.broker = broker
-        self.deferred: Deferred[PollResult] = Deferred(self._cancel)
-        self.record: SubscriberRecord | None = None
-        self.created = False
-        self.wait = wait
-        self.state = _BEGIN
-        self.timer: Any = None
-        self.woken = False
-
-    def begun(self, ready: bool) -> None:
-        """Auth, subscriber and parked count are done; C{ready}: answer without parking."""
-        if self.state == _CANCELLED:
-            self.broker._unpark(self)
-            self.broker._poll_ended(self)
-        elif ready or self.woken:
-            self.broker._unpark(self)
-            self.finish()
-        else:
-            self.state = _PARKED
-            self.timer = self.broker.clock.call_later(self.wait, self.wake)
-
-    def failed(self, failure: Failure) -> None:
-        self.broker._unpark(self)
-        self.state = _DONE
-        if not self.deferred.called:
-            self.deferred.errback(failure)
-
-    def wake(self) -> None:
-        """A frame arrived, the wait ran out, or the session or relay is ending."""
-        if self.state == _BEGIN:
-            self.woken = True  # a wake-up raced the queue check: answer as soon as it is done
-        elif self.state == _PARKED:
-            self.broker._unpark(self)
-            self.finish()
-
-    def finish(self) -> None:
-        self.state = _FINISHING
-        run(self.broker._poll_finish(self)).addCallbacks(self._answer, self.failed)
-
-    def _answer(self, result: PollResult) -> None:
-        self.state = _DONE
-        if self.deferred.called:
-            # The client went away while the frames were being taken: they go back.
-            self.broker.put_back(result).addErrback(self.broker._log_failure, "MCP put-back failed")
-        else:
-            self.deferred.callback(result)
-
-    def _cancel(self, _: Deferred[PollResult]) -> None:
-        # The client went away (docs/mcp.md): a parked wait takes nothing.
-        state, self.state = self.state, _CANCELLED
-        if state == _PARKED:
-            self.broker._unpark(self)
-            self.broker._poll_ended(self)
-        elif state == _FINISHING:
-            self.state = _FINISHING  # _answer puts the taken frames back
-
-
-class Broker:
-    """The relay core. Every public method returns a Deferred; refusals errback with L{Refused}."""
 
     _log = Logger()
 
     def __init__(
-        self, store: IMcpStore, clock: Clock, config: BrokerConfig | None = None, bus: IMcpBus | None = None
+        self, store: IMcpStore, clock: Clock, config: TunnelConfig | None = None, bus: IMcpBus | None = None
     ) -> None:
         self.store = store
         self.clock = clock
-        self.config = config or BrokerConfig()
+        self.config = config or TunnelConfig()
         self.bus: IMcpBus = bus or LocalBus()
         self.instance: str = self.bus.instance
         self._remote = bool(self.bus.remote)
         # What is bound to this process: open SSE streams and parked polls, by queue key.
         self._sinks: dict[str, Sink] = {}
-        self._waiters: dict[str, set[_Poll]] = {}
+        self._waiters: dict[str, set[ParkedPoll]] = {}
         self._fresh_ids = count(1)
         self._orphans: list[SubscriberRecord] = []
         self._reaper: Any = None
@@ -486,7 +182,7 @@ class Broker:
         label: str | None = None,
     ) -> Deferred[PollResult]:
         """One long-poll. Cancelling the Deferred (client went away) while parked takes nothing."""
-        p = _Poll(self, wait_ms / 1000)
+        p = ParkedPoll(self, wait_ms / 1000)
         begin = run(self._poll_begin(p, session_id, token, direction, wait_ms, subscriber, label))
         begin.addCallbacks(p.begun, p.failed)
         return p.deferred
@@ -506,6 +202,38 @@ class Broker:
     def reap(self) -> Deferred[None]:
         """One reaper pass: expire idle sessions, then prune idle pollers."""
         return run(self._reap())
+
+    # what a parked poll calls back on (PollKeeper) ---------------------------------------------
+
+    def unpark(self, poll: ParkedPoll) -> None:
+        """Stop a poll's timer and forget it as a waiter on its queue."""
+        if poll.timer is not None:
+            self.clock.cancel(poll.timer)
+            poll.timer = None
+        record = poll.record
+        if record is None:
+            return
+        waiters = self._waiters.get(record.queue_key)
+        if waiters is not None:
+            waiters.discard(poll)
+            if not waiters:
+                del self._waiters[record.queue_key]
+
+    def poll_abandoned(self, poll: ParkedPoll) -> None:
+        """A poll that takes nothing (its client went away): only its parked count goes."""
+        record = poll.record
+        if record is not None:
+            self.store.update_subscriber(record.session, record.direction, record.id, self._now(), -1).addErrback(
+                self._log_failure, "MCP poll bookkeeping failed"
+            )
+
+    def take_frames(self, poll: ParkedPoll) -> Deferred[PollResult]:
+        """A poll's answer: its queued frames, taken (and its parked count dropped)."""
+        return run(self._take_frames(poll))
+
+    def return_frames(self, result: PollResult) -> None:
+        """L{put_back}, logging a failure (the client that took the frames is gone)."""
+        self.put_back(result).addErrback(self._log_failure, "MCP put-back failed")
 
     # what other processes tell this one (IMcpBus listener) -------------------------------------
 
@@ -796,7 +524,7 @@ class Broker:
 
     async def _poll_begin(
         self,
-        p: _Poll,
+        p: ParkedPoll,
         session_id: str,
         token: str,
         direction: str,
@@ -818,7 +546,7 @@ class Broker:
         self._waiters.setdefault(record.queue_key, set()).add(p)
         return bool(await self.store.size(record.queue_key))
 
-    async def _poll_finish(self, p: _Poll) -> PollResult:
+    async def _take_frames(self, p: ParkedPoll) -> PollResult:
         record = p.record
         assert record is not None
         store = self.store
@@ -831,27 +559,6 @@ class Broker:
             note = notification(FRAMES_DROPPED, b'{"count":%d}' % dropped)
             frames.insert(0, note.json_string)
         return PollResult(record.id, frames, p.created, record.direction, record.session)
-
-    def _poll_ended(self, p: _Poll) -> None:
-        """A poll that takes nothing (its client went away): only its parked count goes."""
-        record = p.record
-        if record is not None:
-            self.store.update_subscriber(record.session, record.direction, record.id, self._now(), -1).addErrback(
-                self._log_failure, "MCP poll bookkeeping failed"
-            )
-
-    def _unpark(self, p: _Poll) -> None:
-        if p.timer is not None:
-            self.clock.cancel(p.timer)
-            p.timer = None
-        record = p.record
-        if record is None:
-            return
-        waiters = self._waiters.get(record.queue_key)
-        if waiters is not None:
-            waiters.discard(p)
-            if not waiters:
-                del self._waiters[record.queue_key]
 
     async def _room_for_a_reader(self, session_id: str) -> None:
         """Refuse a new reader beyond C{max_subscribers} for the session (both directions)."""
@@ -956,20 +663,3 @@ class Broker:
                 await self._announce(sub.session, PEER_LEFT, sub.id)
 
 
-def is_cancel(failure: Any) -> bool:
-    """Whether a failure is a cancellation (a poll whose client went away)."""
-    return bool(failure.check(CancelledError))
-
-
-__all__ = [
-    "Broker",
-    "BrokerConfig",
-    "Frame",
-    "PollResult",
-    "Refused",
-    "Sink",
-    "StreamHandle",
-    "parse_frame",
-    "parse_wait_ms",
-    "queue_key",
-]
