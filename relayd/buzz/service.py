@@ -17,7 +17,7 @@ from relayd.buzz.config import KEK_ENV, BuzzConfig
 from relayd.buzz.host import BrokerHost
 from relayd.buzz.http import body_limit, make_root
 from relayd.buzz.keys import Custody, KEKError, load_kek
-from relayd.buzz.nostr_client import RelayPool
+from relayd.buzz.nostr_upstream import NostrRelayPool
 from relayd.buzz.operations import Operations
 from relayd.buzz.state import MAX_RECEIPTS, RECEIPT_RETENTION, IReceiptStore, SQLiteState, StateDB
 from relayd.buzz.upstream import START_WARNING, Upstream, public_url
@@ -167,7 +167,7 @@ class BrokerService(HTTPWingService):
         db.max_receipts = max_receipts
         self.custody = Custody(kek)
         self.state = SQLiteState(db, reactor)
-        self.pool = RelayPool(
+        self.pool = NostrRelayPool(
             relay_url, reactor, clock, auth_url=auth_url, connect_timeout=timeout, challenge_wait=challenge_wait,
             wall_clock=now,
         )
