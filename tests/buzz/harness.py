@@ -91,7 +91,7 @@ class BrokerUnderTest:
             kw["redis"] = self.redis
         self.service = BrokerService(
             listen=["tcp:0:interface=127.0.0.1"],
-            relay_url=self.relay_url,
+            nostr_relay_url=self.relay_url,
             auth_url=self.auth_url,
             db=StateDB.in_dir(self.state_dir),
             kek=kek,
@@ -324,7 +324,7 @@ def broker_process_main() -> None:
         kek = bytes.fromhex(f.read().strip())
     svc = BrokerService(
         listen=["tcp:0:interface=127.0.0.1"],
-        relay_url=relay_url,
+        nostr_relay_url=relay_url,
         auth_url=None,
         db=state.StateDB.in_dir(state_dir),
         kek=kek,
