@@ -3,9 +3,9 @@
 Reconnection. Twisted's L{twisted.application.internet.ClientService} keeps one connection up for
 as long as the service runs, retrying forever; these connections do not fit that shape:
 
- - a connection is opened only while a request waits for it (docs/decisions.md B-7: a broker with
-   many identities does not hold a connection per identity idle), and an attempt nobody waits for
-   any more is given up;
+ - a connection is opened by the first request that needs it (docs/decisions.md B-7) and, once
+   dropped, reopened only when a later request waits for it; an attempt nobody waits for any more
+   is given up;
  - each request bounds the wait with its own timeout, and the backoff never delays an attempt past
    half of it (L{UpstreamConnection.ensure_ready});
  - a connection that keeps failing requests is dropped and reopened on the next demand, which is
@@ -14,7 +14,7 @@ as long as the service runs, retrying forever; these connections do not fit that
 What does fit is ClientService's backoff policy: L{NostrRelayPool.retry_delay} is
 L{twisted.application.internet.backoffPolicy} (doubling from C{backoff_base} up to C{backoff_cap},
 without jitter). The broker's one long-lived upstream connection, the health probe of
-L{relayd.buzz.upstream}, is where ClientService's shape does fit.
+L{relayd.buzz.upstream}, has ClientService's shape.
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ from relayd.clock import Clock
 
 
 def _no_jitter() -> float:
-    # Delays stay exact: the tests advance a fake clock by them, and a thundering herd is not a
-    # risk with one broker's connections to its one relay (each identity fails on its own).
+    # Delays stay exact, as the retry log line states them and the tests advance a fake clock by them.
     return 0.0
 
 
