@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from relayd.config import Resolved, Setting, endpoint, non_empty, positive_int
 
 
-def _relay_url(text: str) -> str:
+def _nostr_relay_url(text: str) -> str:
     text = text.strip()
     if not (text.startswith("ws://") or text.startswith("wss://")) or len(text) <= len("wss://"):
         raise ValueError("must be a ws:// or wss:// URL")
@@ -42,7 +42,7 @@ SETTINGS: list[Setting] = [
         "broker-nostr-relay",
         None,
         "Nostr relay URL the broker acts on (ws:// or wss://); the broker starts only when set",
-        parse=_relay_url,
+        parse=_nostr_relay_url,
         env=("RELAYD_BROKER_NOSTR_RELAY",),
         metavar="URL",
     ),
@@ -50,7 +50,7 @@ SETTINGS: list[Setting] = [
         "broker-auth-url",
         None,
         "Relay URL to name in NIP-42 AUTH when it differs from --broker-nostr-relay",
-        parse=_relay_url,
+        parse=_nostr_relay_url,
         env=("RELAYD_BROKER_AUTH_URL",),
         metavar="URL",
     ),

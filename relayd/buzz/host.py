@@ -38,13 +38,7 @@ from twisted.logger import Logger
 from relayd import metrics
 from relayd.buzz import contract
 from relayd.buzz.keys import SealError
-from relayd.buzz.nostr_client import (
-    ConnectionLost,
-    NotConnected,
-    QueryClosed,
-    RelayError,
-    RelayTimeout,
-)
+from relayd.buzz.nostr_upstream import ConnectionLost, NotConnected, QueryClosed, UpstreamError, UpstreamTimeout
 from relayd.buzz.operations import (
     ActionFailed,
     Context,
@@ -386,7 +380,7 @@ class BrokerHost:
             resp = contract.failed(rid, "invalid_request", str(e))
         except QueryClosed as e:
             resp = contract.failed(rid, "action_failed", "relay refused the read: " + _safe(str(e)))
-        except RelayError as e:
+        except UpstreamError as e:
             # Nothing was signed for publication yet: nothing happened, and the verdict is recorded
             # like every other (a retry after the outage takes a new requestId).
             resp = contract.failed(rid, "internal", "relay unavailable: " + _safe(str(e)))
@@ -483,7 +477,7 @@ class BrokerHost:
             conn = self.ops.pool.connection(signer)
             try:
                 accepted, message = await conn.publish(item["event"], self.ops.timeout)
-            except (NotConnected, ConnectionLost, RelayTimeout) as e:
+            except (NotConnected, ConnectionLost, UpstreamTimeout) as e:
                 self._log.info("outcome unknown for {rid}: {why}", rid=rid, why=str(e))
                 await self._partial(plan, done)
                 why = f"event {done + 1} of {total} unconfirmed: {_safe(str(e))}" if total > 1 else _safe(str(e))

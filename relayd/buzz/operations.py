@@ -18,7 +18,7 @@ from twisted.logger import Logger
 
 from relayd.buzz import contract, cursor, nostr
 from relayd.buzz.keys import Custody
-from relayd.buzz.nostr_client import RelayPool
+from relayd.buzz.nostr_upstream import NostrRelayPool
 from relayd.buzz.state import STAMP_DIGEST_BYTES, Agent, IAgentStore
 
 Event = dict[str, Any]
@@ -79,7 +79,7 @@ class Operations:
     def __init__(
         self,
         agents: IAgentStore,
-        pool: RelayPool,
+        pool: NostrRelayPool,
         custody: Custody,
         *,
         timeout: float,

@@ -17,7 +17,7 @@ from relayd.buzz.config import KEK_ENV, BuzzConfig
 from relayd.buzz.host import BrokerHost
 from relayd.buzz.http import body_limit, make_root
 from relayd.buzz.keys import Custody, KEKError, load_kek
-from relayd.buzz.nostr_client import RelayPool
+from relayd.buzz.nostr_upstream import NostrRelayPool
 from relayd.buzz.operations import Operations
 from relayd.buzz.state import MAX_RECEIPTS, RECEIPT_RETENTION, IReceiptStore, SQLiteState, StateDB
 from relayd.buzz.upstream import START_WARNING, Upstream, public_url
@@ -103,7 +103,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> BrokerService | None:
         raise ConfigError(f"--broker-state-dir: {state_dir!r}: cannot open state ({e})") from None
     return BrokerService(
         listen=listen,
-        relay_url=config.nostr_relay,
+        nostr_relay_url=config.nostr_relay,
         auth_url=config.auth_url,
         db=db,
         kek=kek,
@@ -133,13 +133,13 @@ def make_service(settings: Resolved, reactor: Any, clock: Clock) -> BrokerServic
 
 class BrokerService(HTTPWingService):
     """The broker wing. Stop: stop listening, let in-flight actions finish (at most C{grace}
-    seconds), close connections, then the relay connections and the state."""
+    seconds), close connections, then the upstream Nostr relay connections and the state."""
 
     def __init__(
         self,
         *,
         listen: list[str],
-        relay_url: str,
+        nostr_relay_url: str,
         auth_url: str | None,
         db: StateDB,
         kek: bytes,
@@ -167,13 +167,13 @@ class BrokerService(HTTPWingService):
         db.max_receipts = max_receipts
         self.custody = Custody(kek)
         self.state = SQLiteState(db, reactor)
-        self.pool = RelayPool(
-            relay_url, reactor, clock, auth_url=auth_url, connect_timeout=timeout, challenge_wait=challenge_wait,
+        self.pool = NostrRelayPool(
+            nostr_relay_url, reactor, clock, auth_url=auth_url, connect_timeout=timeout, challenge_wait=challenge_wait,
             wall_clock=now,
         )
-        # Whether the relay can be reached, for the log, /healthz and relayd-admin status.
+        # Whether the upstream Nostr relay can be reached, for the log, /healthz and relayd-admin status.
         self.upstream = Upstream(
-            relay_url, reactor, clock, wall_clock=now, connect_timeout=timeout, start_warning=upstream_warning
+            nostr_relay_url, reactor, clock, wall_clock=now, connect_timeout=timeout, start_warning=upstream_warning
         )
         self.ops = Operations(
             self.state,

@@ -208,7 +208,7 @@ class Upstream:
     # --- the probe connection
 
     def _connect(self) -> None:
-        from relayd.buzz.nostr_client import _endpoint
+        from relayd.buzz.nostr_upstream.websocket import tcp_endpoint as _endpoint
 
         factory = WebSocketClientFactory(self.url)
         factory.noisy = False  # no "Starting factory" / "Stopping factory" per attempt

@@ -91,7 +91,7 @@ class BrokerUnderTest:
             kw["redis"] = self.redis
         self.service = BrokerService(
             listen=["tcp:0:interface=127.0.0.1"],
-            relay_url=self.relay_url,
+            nostr_relay_url=self.relay_url,
             auth_url=self.auth_url,
             db=StateDB.in_dir(self.state_dir),
             kek=kek,
@@ -296,7 +296,8 @@ def broker_process_main() -> None:
     crash_at = sys.argv[3] if len(sys.argv) > 3 else ""
     from twisted.internet import reactor
 
-    from relayd.buzz import nostr_client, state
+    from relayd.buzz import state
+    from relayd.buzz.nostr_upstream import UpstreamConnection
     from relayd.buzz.service import BrokerService
     from relayd.clock import Clock
 
@@ -311,19 +312,19 @@ def broker_process_main() -> None:
 
         state.SQLiteState.store_plan = store_plan  # type: ignore[method-assign]
     elif crash_at == "on_ok":
-        original_ok = nostr_client.RelayConnection._ok
+        original_ok = UpstreamConnection._ok
 
         def _ok(self, event_id, accepted, message):  # type: ignore[no-untyped-def]
             if event_id:
                 die()
             return original_ok(self, event_id, accepted, message)
 
-        nostr_client.RelayConnection._ok = _ok  # type: ignore[method-assign]
+        UpstreamConnection._ok = _ok  # type: ignore[method-assign]
     with open(os.path.join(state_dir, "test.kek")) as f:
         kek = bytes.fromhex(f.read().strip())
     svc = BrokerService(
         listen=["tcp:0:interface=127.0.0.1"],
-        relay_url=relay_url,
+        nostr_relay_url=relay_url,
         auth_url=None,
         db=state.StateDB.in_dir(state_dir),
         kek=kek,

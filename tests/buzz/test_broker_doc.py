@@ -8,7 +8,7 @@ import re
 from twisted.trial import unittest
 
 from relayd.buzz import config, contract, state
-from relayd.buzz.nostr_client import RelayPool
+from relayd.buzz.nostr_upstream import NostrRelayPool
 from relayd.buzz.service import check_listeners
 from relayd.config import ConfigError
 
@@ -68,7 +68,7 @@ class BrokerDoc(unittest.TestCase):
         assert f"{state.WAL_LIMIT // 2**20} MiB" in limits["SQLite WAL"]
         import inspect
 
-        recycle = inspect.signature(RelayPool.__init__).parameters["recycle_after"].default
+        recycle = inspect.signature(NostrRelayPool.__init__).parameters["recycle_after"].default
         assert f"after {recycle} failed" in limits["relay connection"]
         assert f"`cursor` ≤ {contract.MAX_CURSOR}" in limits["`channel.read` page"]
         assert f"1-{contract.MAX_LIMIT}, default {contract.DEFAULT_LIMIT}" in limits["`channel.read` page"]

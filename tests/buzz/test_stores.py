@@ -345,7 +345,7 @@ class RedisReceiptStoreTests(ReceiptStoreContract, TestCase):
 
     async def test_redis_down_fails_fast(self) -> None:
         from relayd.redis import Redis
-from relayd.storage import StoreUnavailable
+        from relayd.storage import StoreUnavailable
 
         dead = Redis("redis://127.0.0.1:1/0", Clock(reactor))
         self.addCleanup(dead.close)

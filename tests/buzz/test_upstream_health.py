@@ -2,7 +2,7 @@
 
 L{Upstream} on a fake clock against real sockets: a port that was listening and is closed (refused),
 a port that accepts and never answers the handshake, then a real nostr-relay started on the closed
-port. The per-identity connections' retry lines (L{RelayPool}) are rate-limited and carry no
+port. The per-identity connections' retry lines (L{NostrRelayPool}) are rate-limited and carry no
 autobahn "Starting factory" lines. End to end, a real C{twistd -n relayd} broker reports the
 outage in its log, C{/healthz} and C{relayd-admin status}, then the recovery.
 """
@@ -23,7 +23,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
 from relayd.buzz import nostr
-from relayd.buzz.nostr_client import NotConnected, RelayPool
+from relayd.buzz.nostr_upstream import NostrRelayPool, NotConnected
 from relayd.buzz.upstream import REPEAT_EVERY, STABLE, START_WARNING, Throttle, Upstream, public_url
 from relayd.clock import Clock
 from tests.support.command import Command
@@ -215,7 +215,7 @@ class PoolRetryLines(TestCase):
     async def test_identity_connection_retries_log_one_line_a_minute_and_no_factory_lines(self) -> None:
         lines = Lines(self)
         fake = task.Clock()
-        pool = RelayPool(f"ws://127.0.0.1:{closed_port()}", reactor, Clock(fake), connect_timeout=5.0)
+        pool = NostrRelayPool(f"ws://127.0.0.1:{closed_port()}", reactor, Clock(fake), connect_timeout=5.0)
         self.addCleanup(pool.close)
         conns = [pool.connection(nostr.Signer(bytes([i]) * 32)) for i in (1, 2, 3)]
         for _ in range(3):  # three rounds of failing attempts on three identities

@@ -496,8 +496,6 @@ _OURS = {
     ("admin.py", "_progress"): "the admin tail's own progress line",
     ("aep/index.py", "_scan"): "the subscription index's own scan",
     ("aep/websocket.py", "_open"): "AEPSocket's own state",
-    ("buzz/nostr_client.py", "_message"): "RelayConnection's own handler",
-    ("buzz/nostr_client.py", "_closed"): "RelayConnection's own handler",
     ("mcp/http.py", "_log"): "the MCP resource's own Logger",
     ("redis.py", "_message"): "the Redis bus's own handler",
     # txredisapi (relayd's Redis client, setup.cfg) keeps its pool's factory private; it is not a

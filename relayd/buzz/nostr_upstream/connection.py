@@ -1,6 +1,6 @@
-"""A Twisted Nostr relay client (autobahn WebSocket): one NIP-42-authenticated connection per identity.
+"""One identity's connection to the upstream Nostr relay: NIP-42 AUTH, publishing, querying.
 
-Each L{RelayConnection} speaks for one signer: on connect it waits briefly for the relay's AUTH
+Each L{UpstreamConnection} speaks for one signer: on connect it waits briefly for the relay's AUTH
 challenge, answers it with a kind-22242 event signed by that identity, and from then on sends
 EVENTs (tracked until their C{OK} or a timeout) and REQs (collected until C{EOSE}, then CLOSEd).
 A relay that never answers the AUTH with C{OK} is normal (PyPI nostr-relay does not); messages on
@@ -8,203 +8,31 @@ one connection are processed in order, so what follows the AUTH is judged authen
 
 An C{OK} whose message starts with C{duplicate:} means the relay already holds the event, which is
 success whatever its boolean. A dropped connection fails what is pending on it (callers turn a
-publish in flight into C{outcome_unknown}); the next demand reconnects, after an exponential backoff
-when connecting keeps failing. Every timer goes through the L{relayd.clock.Clock}.
+publish in flight into C{outcome_unknown}); the next demand reconnects, after the pool's backoff
+(L{relayd.buzz.nostr_upstream.pool.NostrRelayPool.retry_delay}) when connecting keeps failing.
+Every timer goes through the L{relayd.clock.Clock}.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
-import struct
-from typing import Any, Callable, cast
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
-from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
-from autobahn.websocket.protocol import WebSocketProtocol
-from autobahn.websocket.xormasker import create_xor_masker
-from twisted.internet import defer, endpoints
+from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, ITCPTransport
-from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from relayd.buzz import nostr
-from relayd.buzz.upstream import REPEAT_EVERY, Throttle, public_url
-from relayd.clock import Clock
-from relayd.web.transport import write_now
-from relayd.web.twisted_internals import ws_data_received, ws_frames_direct, ws_parser_idle
+from relayd.buzz.nostr_upstream import websocket
+from relayd.buzz.nostr_upstream.errors import ConnectionLost, NotConnected, QueryClosed, UpstreamTimeout
+from relayd.buzz.nostr_upstream.websocket import UpstreamWebSocket
+
+if TYPE_CHECKING:
+    from relayd.buzz.nostr_upstream.pool import NostrRelayPool
 
 Event = dict[str, Any]
-
-
-class RelayError(Exception):
-    """Base class of relay-side failures."""
-
-
-class NotConnected(RelayError):
-    """The relay could not be reached (nothing was sent in this attempt)."""
-
-
-class ConnectionLost(RelayError):
-    """The connection dropped while a request was outstanding: its fate is unknown."""
-
-
-class RelayTimeout(RelayError):
-    """No OK/EOSE within the timeout."""
-
-
-class QueryClosed(RelayError):
-    """The relay refused a subscription (C{CLOSED}); the message is the relay's."""
-
-
-_OPEN = WebSocketProtocol.STATE_OPEN
-_TEXT_FIN = 0x81  # FIN + text opcode, no RSV bits
-_SMALL_MASK = 1024  # below this, masking with Python integers beats building autobahn's masker
-
-
-def _mask(payload: bytes, key: bytes) -> bytes:
-    """RFC 6455 masking: XOR with the 4-byte key repeated."""
-    n = len(payload)
-    if n >= _SMALL_MASK:
-        return create_xor_masker(key, n).process(payload)
-    pad = (key * ((n >> 2) + 1))[:n]
-    return (int.from_bytes(payload, "big") ^ int.from_bytes(pad, "big")).to_bytes(n, "big")
-
-
-class _Protocol(WebSocketClientProtocol):
-    """autobahn's client with a fast path for the frames a relay conversation consists of.
-
-    Per message, autobahn's generic machinery (debug-log argument formatting, a masker object, a
-    frame header object, four callbacks and traffic statistics) cost more CPU than everything the
-    broker does with the message. While the connection is open and no partial frame is buffered,
-    whole unfragmented text frames are parsed here and handed straight to the connection, and text
-    messages are framed and masked here; anything else (control frames, fragments, partial frames,
-    oversize or non-minimal lengths, the handshake) goes through autobahn unchanged.
-    """
-
-    conn: "RelayConnection"
-
-    # An incomplete plain text frame at the end of a read is held here (as chunks, joined once it
-    # is complete) instead of going to autobahn, which would then take every following frame.
-    _held: list[bytes] | None = None
-    _held_len = 0
-    _need = 0  # bytes the held frame needs in all (its header's size while that is incomplete)
-    recycled = False  # dropped by its connection for failing (RelayConnection._outcome)
-    maxMessagePayloadSize: int  # autobahn's, copied from the factory when the connection opens
-
-    def dataReceived(self, data: bytes) -> None:
-        if self._held is not None:
-            self._held.append(data)
-            self._held_len += len(data)
-            if self._held_len < self._need:
-                return
-            data = b"".join(self._held)
-            self._held = None
-        if (
-            self.state == _OPEN
-            and ws_parser_idle(self)
-        ):
-            used, need = self._fast_frames(data)
-            if need:
-                self._held = [data[used:] if used else data]
-                self._held_len = len(data) - used
-                self._need = need
-                return
-            if used == len(data):
-                return
-            if used:
-                data = data[used:]
-        ws_data_received(self, data)  # autobahn's path, minus its per-call debug-log formatting
-
-    def _fast_frames(self, data: bytes) -> tuple[int, int]:
-        """Deliver the complete plain text frames at the head of C{data}.
-
-        Returns (bytes consumed, bytes needed): C{needed} is non-zero when what is left starts a
-        plain text frame that is not complete yet (its full size, or its header's while that is
-        cut); zero when what is left (if anything) is for autobahn.
-        """
-        n = len(data)
-        i = 0
-        limit = self.maxMessagePayloadSize
-        conn = self.factory.conn
-        while i < n:
-            if data[i] != _TEXT_FIN:
-                return i, 0
-            avail = n - i
-            if avail < 2:
-                return i, 2
-            b1 = data[i + 1]
-            if b1 & 0x80:  # a masked server frame: autobahn refuses it
-                return i, 0
-            length = b1
-            header = 2
-            if length == 126:
-                if avail < 4:
-                    return i, 4
-                (length,) = struct.unpack_from("!H", data, i + 2)
-                header = 4
-                if length < 126:
-                    return i, 0
-            elif length == 127:
-                if avail < 10:
-                    return i, 10
-                (length,) = struct.unpack_from("!Q", data, i + 2)
-                header = 10
-                if length < 65536:
-                    return i, 0
-            if limit and length > limit:
-                return i, 0
-            if header + length > avail:
-                return i, header + length
-            end = i + header + length
-            conn._message(self, data[i + header : end])
-            i = end
-            if self.state != _OPEN:
-                return i, 0  # the message closed the connection: autobahn handles what follows
-        return i, 0
-
-    def send_text(self, payload: bytes) -> None:
-        """Send one text message (framed and masked here while the connection is plainly open)."""
-        if self.state != _OPEN or not ws_frames_direct(self) or self.transport is None:
-            self.sendMessage(payload)
-            return
-        n = len(payload)
-        if n < 126:
-            header = bytes((_TEXT_FIN, 0x80 | n))
-        elif n < 65536:
-            header = struct.pack("!BBH", _TEXT_FIN, 0xFE, n)
-        else:
-            header = struct.pack("!BBQ", _TEXT_FIN, 0xFF, n)
-        key = os.urandom(4)
-        # Sent at once when nothing is queued: Twisted's write would cost a reactor turn and two
-        # epoll registrations per request frame.
-        write_now(self.transport, header + key + _mask(payload, key))
-
-    def connectionMade(self) -> None:
-        super().connectionMade()
-        # autobahn means to disable Nagle but reads its option before copying it from the factory
-        # (the AttributeError is swallowed). With Nagle on, a small frame written while an earlier
-        # one is unacknowledged waits for the relay's delayed ACK: ~40 ms per request/response turn.
-        try:
-            cast(ITCPTransport, self.transport).setTcpNoDelay(True)
-        except (AttributeError, OSError):  # not a TCP transport
-            pass
-        self.factory.conn._transport_up(self)
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        super().connectionLost(reason)
-        self.factory.conn._transport_down(self)
-
-    def onOpen(self) -> None:
-        self.factory.conn._opened(self)
-
-    def onMessage(self, payload: bytes, isBinary: bool) -> None:
-        self.factory.conn._message(self, payload)
-
-    def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
-        self.factory.conn._closed(self, reason or "")
 
 
 class _Publish:
@@ -239,20 +67,20 @@ class _Query:
         self.events: list[Event] = []
 
 
-class RelayConnection:
-    """The connection the host uses to act as one identity."""
+class UpstreamConnection:
+    """The connection to the upstream Nostr relay the host uses to act as one identity."""
 
     _log = Logger()
     _sub_ids = itertools.count(1)
 
     def __init__(
         self,
-        pool: "RelayPool",
+        pool: "NostrRelayPool",
         signer: nostr.Signer,
     ) -> None:
         self.pool = pool
         self.signer = signer
-        self._proto: _Protocol | None = None
+        self._proto: UpstreamWebSocket | None = None
         self._ready = False
         self._connecting = False
         self._waiters: list[defer.Deferred[None]] = []
@@ -263,7 +91,7 @@ class RelayConnection:
         self._publishes: dict[str, _Publish] = {}
         self._queries: dict[str, _Query] = {}
         self.authenticated_as: str | None = None
-        self._live: set[_Protocol] = set()  # transports not yet lost (open or handshaking)
+        self._live: set[UpstreamWebSocket] = set()  # transports not yet lost (open or handshaking)
         self._gone: list[defer.Deferred[None]] = []
         self._handshake_timer: IDelayedCall | None = None
         self._connect_d: defer.Deferred[Any] | None = None
@@ -314,40 +142,19 @@ class RelayConnection:
     def _connect(self) -> None:
         self._connecting = True
         pool = self.pool
-        factory = WebSocketClientFactory(pool.url)
-        factory.noisy = False  # no "Starting factory" / "Stopping factory" lines per attempt
-        factory.protocol = _Protocol
-        factory.conn = self  # type: ignore[attr-defined]
-        # autobahn's own handshake timers run on txaio's batched timer, outside the Clock (and are
-        # left behind when cancelled): disable them and guard the handshake with our own timer.
-        factory.setProtocolOptions(
-            maxMessagePayloadSize=pool.max_message,
-            maxFramePayloadSize=pool.max_message,
-            openHandshakeTimeout=0,
-            closeHandshakeTimeout=0,
-            utf8validateIncoming=False,  # orjson rejects invalid UTF-8 anyway
-        )
-        parts = urlsplit(pool.url)
-        host = parts.hostname or "127.0.0.1"
-        port = parts.port or (443 if parts.scheme == "wss" else 80)
-        ep: Any = _endpoint(pool.reactor, host, port, pool.connect_timeout)
-        if parts.scheme == "wss":
-            from twisted.internet.ssl import optionsForClientTLS
-
-            ep = endpoints.wrapClientTLS(optionsForClientTLS(host), ep)
-        self._connect_d = ep.connect(factory)
+        self._connect_d = websocket.connect(pool.reactor, pool.url, self, pool.max_message, pool.connect_timeout)
         self._connect_d.addErrback(self._connect_failed)
 
-    def _transport_up(self, proto: _Protocol) -> None:
+    def on_transport_up(self, proto: UpstreamWebSocket) -> None:
         self._live.add(proto)
         self._handshake_timer = self.pool.clock.call_later(self.pool.connect_timeout, self._handshake_expired, proto)
 
-    def _handshake_expired(self, proto: _Protocol) -> None:
+    def _handshake_expired(self, proto: UpstreamWebSocket) -> None:
         self._handshake_timer = None
         if proto is not self._proto and proto.transport is not None:
             cast(ITCPTransport, proto.transport).abortConnection()
 
-    def _transport_down(self, proto: _Protocol) -> None:
+    def on_transport_down(self, proto: UpstreamWebSocket) -> None:
         self._live.discard(proto)
         if not self._live:
             gone, self._gone = self._gone, []
@@ -362,7 +169,7 @@ class RelayConnection:
 
     def _note_failure(self, why: str) -> None:
         self._failures += 1
-        delay = min(self.pool.backoff_cap, self.pool.backoff_base * (2 ** (self._failures - 1)))
+        delay = self.pool.retry_delay(self._failures)
         self._next_attempt = self.pool.clock.seconds() + delay
         held = self.pool.failure_lines.allow()  # one line a minute, however many identities retry
         if held is not None:
@@ -377,7 +184,7 @@ class RelayConnection:
         if self._waiters and self._retry_timer is None:
             self._retry_timer = self.pool.clock.call_later(delay, self._retry)
 
-    def _opened(self, proto: _Protocol) -> None:
+    def on_open(self, proto: UpstreamWebSocket) -> None:
         self.pool.clock.cancel(self._handshake_timer)
         self._handshake_timer = None
         self._proto = proto
@@ -396,7 +203,7 @@ class RelayConnection:
         for d in waiters:
             d.callback(None)
 
-    def _closed(self, proto: _Protocol, reason: str) -> None:
+    def on_close(self, proto: UpstreamWebSocket, reason: str) -> None:
         if proto.recycled and proto is not self._proto:
             return  # already accounted for when it was dropped (its close may come during a reconnect)
         if proto is not self._proto:
@@ -454,7 +261,7 @@ class RelayConnection:
         assert self._proto is not None
         self._proto.send_text(orjson.dumps(message))
 
-    def _message(self, proto: _Protocol, payload: bytes) -> None:
+    def on_message(self, proto: UpstreamWebSocket, payload: bytes) -> None:
         try:
             msg = orjson.loads(payload)
             kind = msg[0]
@@ -529,7 +336,7 @@ class RelayConnection:
 
         @raise NotConnected: the relay was not reachable within the timeout (nothing sent now).
         @raise ConnectionLost: the connection dropped after sending.
-        @raise RelayTimeout: no OK within the timeout.
+        @raise UpstreamTimeout: no OK within the timeout.
         """
         clock = self.pool.clock
         start = clock.seconds()
@@ -547,7 +354,7 @@ class RelayConnection:
     def _publish_timeout(self, eid: str) -> None:
         p = self._publishes.pop(eid, None)
         if p is not None:
-            p.resolve(RelayTimeout("no OK from the relay within the timeout"))
+            p.resolve(UpstreamTimeout("no OK from the relay within the timeout"))
             self._outcome(False)
 
     def _outcome(self, good: bool) -> None:
@@ -571,7 +378,7 @@ class RelayConnection:
             )
             proto = self._proto
             proto.recycled = True
-            self._closed(proto, "recycled after repeated failures")  # fail what is pending now, forget it
+            self.on_close(proto, "recycled after repeated failures")  # fail what is pending now, forget it
             if proto.transport is not None:
                 cast(ITCPTransport, proto.transport).abortConnection()
 
@@ -593,89 +400,5 @@ class RelayConnection:
         if q is not None:
             if self._proto is not None:
                 self._send(["CLOSE", sub_id])
-            q.deferred.errback(RelayTimeout("no EOSE from the relay within the timeout"))
+            q.deferred.errback(UpstreamTimeout("no EOSE from the relay within the timeout"))
             self._outcome(False)
-
-
-def _endpoint(reactor: Any, host: str, port: int, timeout: float) -> Any:
-    """A plain TCP endpoint for an IP literal (HostnameEndpoint leaves a timer behind when cancelled)."""
-    import ipaddress
-
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return endpoints.HostnameEndpoint(reactor, host, port, timeout=timeout)
-    cls = endpoints.TCP6ClientEndpoint if ip.version == 6 else endpoints.TCP4ClientEndpoint
-    return cls(reactor, host, port, timeout=timeout)
-
-
-class RelayPool:
-    """Connections to one relay, one per identity, opened on demand."""
-
-    _log = Logger()
-
-    def __init__(
-        self,
-        url: str,
-        reactor: Any,
-        clock: Clock,
-        *,
-        auth_url: str | None = None,
-        connect_timeout: float = 10.0,
-        challenge_wait: float = 1.0,
-        backoff_base: float = 0.25,
-        backoff_cap: float = 5.0,
-        max_message: int = 16 * 1024 * 1024,
-        wall_clock: Callable[[], float] | None = None,
-        recycle_after: int = 3,
-    ) -> None:
-        self.url = url
-        self.shown_url = public_url(url)  # for logs: no credentials a URL might carry
-        self.auth_url = auth_url or url
-        self.reactor = reactor
-        self.clock = clock
-        self.connect_timeout = connect_timeout
-        self.challenge_wait = challenge_wait
-        self.backoff_base = backoff_base
-        self.backoff_cap = backoff_cap
-        self.max_message = max_message
-        self.clock_now = wall_clock or clock.seconds
-        self.recycle_after = recycle_after  # consecutive failures (timeout, refusal) that drop a connection
-        self.failure_lines = Throttle(clock, REPEAT_EVERY)  # connection failures logged at most once a minute
-        self._conns: dict[str, RelayConnection] = {}
-        # Owner attestations (NIP-OA tags) of managed identities, sent in their AUTH events.
-        self.attestations: dict[str, list[str]] = {}
-        self._closing: list[defer.Deferred[None]] = []
-
-    def connection(self, signer: nostr.Signer) -> RelayConnection:
-        """The connection that speaks as C{signer}."""
-        conn = self._conns.get(signer.pubkey)
-        if conn is None:
-            conn = self._conns[signer.pubkey] = RelayConnection(self, signer)
-        return conn
-
-    def states(self) -> dict[str, int]:
-        """Connections by state (C{ready}, C{connecting}, C{down}), for the metrics listener."""
-        counts = {"ready": 0, "connecting": 0, "down": 0}
-        for conn in self._conns.values():
-            counts["ready" if conn.ready else "connecting" if conn._connecting else "down"] += 1
-        return counts
-
-    def forget(self, pubkey: str) -> None:
-        """Close and drop the connection of an identity that no longer exists."""
-        self.attestations.pop(pubkey, None)
-        conn = self._conns.pop(pubkey, None)
-        if conn is not None:
-            self._closing.append(conn.close())
-
-    def close(self) -> defer.Deferred[Any]:
-        """Close every connection; fires when all are gone."""
-        closing = [conn.close() for conn in self._conns.values()] + self._closing
-        self._conns.clear()
-        self._closing = []
-        return defer.gatherResults(closing)
-
-    def abort(self) -> None:
-        """Drop every connection at once (tests simulating a dead relay)."""
-        for conn in list(self._conns.values()):
-            conn.abort()

@@ -1,4 +1,5 @@
-"""The Nostr client against a scripted in-process relay; timers on a task.Clock."""
+"""The upstream Nostr relay client (relayd.buzz.nostr_upstream) against a scripted in-process relay;
+timers on a task.Clock."""
 
 from __future__ import annotations
 
@@ -10,12 +11,7 @@ from twisted.internet import defer, endpoints, reactor, task
 from twisted.trial import unittest
 
 from relayd.buzz import nostr
-from relayd.buzz.nostr_client import (
-    ConnectionLost,
-    NotConnected,
-    RelayPool,
-    RelayTimeout,
-)
+from relayd.buzz.nostr_upstream import ConnectionLost, NostrRelayPool, NotConnected, UpstreamTimeout
 from relayd.clock import Clock
 
 
@@ -49,7 +45,7 @@ class ClientTests(unittest.TestCase):
         self.clock = task.Clock()
         self.clock.advance(1_800_000_000)
         url = f"ws://127.0.0.1:{self.port.getHost().port}"
-        self.pool = RelayPool(url, reactor, Clock(self.clock), challenge_wait=5.0)
+        self.pool = NostrRelayPool(url, reactor, Clock(self.clock), challenge_wait=5.0)
         self.signer = nostr.Signer(nostr.generate_secret())
 
     async def tearDown(self) -> None:
@@ -90,7 +86,7 @@ class ClientTests(unittest.TestCase):
         self.clock.advance(9.9)
         self.assertNoResult(d)
         self.clock.advance(0.2)
-        with self.assertRaises(RelayTimeout):
+        with self.assertRaises(UpstreamTimeout):
             await d
 
     async def test_dropped_connection_fails_pending_publish_as_lost(self) -> None:
@@ -113,11 +109,17 @@ class ClientTests(unittest.TestCase):
 
     async def test_unreachable_relay_is_not_connected(self) -> None:
         await self.port.stopListening()
-        pool = RelayPool(self.pool.url, reactor, Clock(reactor), connect_timeout=2.0, backoff_base=0.05)
+        pool = NostrRelayPool(self.pool.url, reactor, Clock(reactor), connect_timeout=2.0, backoff_base=0.05)
         with self.assertRaises(NotConnected):
             await pool.connection(self.signer).publish(self.signer.sign(9, [], "x", 1), 0.5)
         await pool.close()
         self.port = await endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(self.factory)
+
+    def test_retry_delay_doubles_up_to_the_cap_however_long_the_outage(self) -> None:
+        """Twisted's backoffPolicy: exact (no jitter), capped, and still a number after thousands of failures."""
+        pool = NostrRelayPool(self.pool.url, reactor, Clock(self.clock), backoff_base=0.25, backoff_cap=5.0)
+        assert [pool.retry_delay(n) for n in range(1, 8)] == [0.25, 0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
+        assert pool.retry_delay(5_000) == 5.0
 
     async def test_frames_split_anywhere_fragmented_or_mixed_with_control_frames(self) -> None:
         """The client's fast frame path hands whole plain frames on and leaves the rest to autobahn."""
