@@ -7,7 +7,7 @@ from typing import Any, Callable
 from autobahn.twisted.resource import WebSocketResource
 from twisted.logger import Logger
 
-from relayd import metrics
+from relayd.aep import metrics
 from relayd.aep.config import AEPConfig
 from relayd.aep.http import AEPResource
 from relayd.aep.redis_cluster import RedisClaims, RedisFanout

@@ -12,7 +12,7 @@ from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from relayd import metrics
+from relayd.buzz import metrics
 from relayd.buzz.config import KEK_ENV, BuzzConfig
 from relayd.buzz.host import BrokerHost
 from relayd.buzz.http import body_limit, make_root

@@ -7,9 +7,9 @@ from typing import Any
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from relayd import metrics
 from relayd.clock import Clock
 from relayd.config import Resolved, is_loopback_endpoint
+from relayd.mcp import metrics
 from relayd.mcp.bus import IMcpBus, LocalBus
 from relayd.mcp.config import MCPConfig
 from relayd.mcp.demo import demo_page
