@@ -8,13 +8,14 @@ JSON lines (one record per line, stable keys)::
      "namespace":"relayd.listening","fields":{"relay":"aep","url":"http://127.0.0.1:8787"}}
 
 C{time} is UTC ISO 8601 with milliseconds, C{level} one of C{debug info warning error critical},
-C{relay} the relay the record is about (C{aep}, C{mcp}, C{broker}, C{metrics}) or C{null}, C{event} the
-formatted message, C{fields} the structured values, and C{failure} a traceback when one was logged.
+C{relay} the relay the record is about or C{null} (its C{relay} field, else the relay a wing named for
+the namespace it logged under, L{declare}; C{metrics} for C{relayd.metrics}), C{event} the formatted
+message, C{fields} the structured values, and C{failure} a traceback when one was logged.
 
 Scrubbing removes bearer and basic credentials, C{access_token=}/C{token=}/C{key=}-style query and
 form values, passwords in URLs (C{redis://user:password@host}), quoted JSON/dict values under secret names, fields whose name says they hold a secret
 (C{token}, C{secret}, C{password}, C{credential}, C{authorization}, C{cookie}, C{*_key}, C{kek}, ...),
-Nostr secret keys (C{nsec1...}), broker credentials (C{bzh_...}) and every value registered with
+every credential format a wing declares (L{declare}, L{SecretFormat}) and every value registered with
 L{register_secret} (relayd registers each configured secret setting). It applies to the JSON and text
 observers here and, once L{install_scrubber} has run (C{makeService} calls it), to every record before
 any observer sees it, so twistd's default text log is scrubbed too.
@@ -29,6 +30,7 @@ import math
 import re
 import string
 import sys
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any, Callable
 
@@ -77,13 +79,12 @@ _TEXT_PATTERNS: list[tuple[re.Pattern[str], str]] = [
     ),
     # Passwords in URLs: redis://user:password@host
     (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^/\s:@]*:)[^@\s/]+@"), r"\1" + SCRUBBED + "@"),
-    # Nostr secret keys and broker credentials.
-    (re.compile(r"\bnsec1[02-9ac-hj-np-z]{20,}"), SCRUBBED),
-    (re.compile(r"\bbzh_[A-Za-z0-9_-]{16,}"), SCRUBBED),
+    # ... and, after these, the credential formats wings declare (declare).
 ]
 
 # Every pattern above needs one of these in the text: one search decides for most strings.
-_TRIGGER = re.compile(r"(?i)bearer|basic|nostr|token|key|secret|passw|credential|kek|sig|authoriz|nsec1|bzh_|://")
+_TRIGGERS = ["bearer", "basic", "nostr", "token", "key", "secret", "passw", "credential", "kek", "sig", "authoriz", "://"]
+_TRIGGER = re.compile("(?i)" + "|".join(map(re.escape, _TRIGGERS)))
 
 _SECRET_WORDS = (
     "token", "secret", "passw", "credential", "authoriz", "cookie", "nsec", "private", "apikey", "api_key", "seckey",
@@ -102,6 +103,57 @@ def register_secret(value: str | bytes | None) -> None:
         return  # a 1-3 character "secret" would shred ordinary text and protects nothing
     _secrets.add(value)
     _secrets_ordered[:] = sorted(_secrets, key=len, reverse=True)
+
+
+@dataclass(frozen=True)
+class SecretFormat:
+    """A credential format a wing issues or accepts, scrubbed wherever it appears in a record.
+
+    @ivar pattern: a regular expression matching one credential (the whole match is scrubbed).
+    @ivar trigger: a literal every match contains (compared ignoring case), so the one search that
+        lets ordinary text through unscrubbed still finds it.
+    """
+
+    pattern: str
+    trigger: str
+
+
+@dataclass(frozen=True)
+class WingLogs:
+    """What relayd's logs know of one wing; the wing passes it to L{declare} when it is made.
+
+    @ivar namespace: the wing's package: records logged under it (or below it) are about C{relay}.
+    @ivar relay: the relay name its JSON records carry (the one its listener and metrics use).
+    @ivar secret_formats: its credential formats, scrubbed from every record from then on.
+    """
+
+    namespace: str
+    relay: str
+    secret_formats: tuple[SecretFormat, ...] = ()
+
+
+# The relay a namespace's records are about: the plumbing's metrics module here, each wing's package
+# once the wing has declared it (declare).
+_relays: dict[str, str] = {"relayd.metrics": "metrics"}
+
+
+def declare(wing: WingLogs) -> None:
+    """Name C{wing}'s relay for its namespace and scrub its credential formats from now on (a wing
+    calls it first thing in C{make_wing}; declaring again changes nothing)."""
+    global _TEXT_PATTERNS, _TRIGGER
+    if _relays.get(wing.namespace) != wing.relay:
+        _relays[wing.namespace] = wing.relay
+        _relay_of_namespace.cache_clear()
+    known = {pattern.pattern for pattern, _ in _TEXT_PATTERNS}
+    for secret in wing.secret_formats:
+        if secret.pattern in known:
+            continue
+        known.add(secret.pattern)
+        # Rebound, never changed in place: a record being scrubbed meanwhile sees the old list or the new.
+        _TEXT_PATTERNS = [*_TEXT_PATTERNS, (re.compile(secret.pattern), SCRUBBED)]
+        if secret.trigger.lower() not in _TRIGGERS:
+            _TRIGGERS.append(secret.trigger.lower())
+            _TRIGGER = re.compile("(?i)" + "|".join(map(re.escape, _TRIGGERS)))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -337,7 +389,6 @@ def quicken_access_lines(publisher: LogPublisher | None = None) -> None:
 
 _LEVELS = {LogLevel.debug: "debug", LogLevel.info: "info", LogLevel.warn: "warning", LogLevel.error: "error",
            LogLevel.critical: "critical"}
-_RELAYS = {"aep": "aep", "mcp": "mcp", "buzz": "broker", "metrics": "metrics"}
 # Legacy twisted.python.log keys that duplicate what the record already says.
 _LEGACY = frozenset(("message", "format", "isError", "time", "system", "failure", "why", "relay", "log_scrubbed"))
 
@@ -346,10 +397,18 @@ def _relay_of(event: LogEvent) -> str | None:
     relay = event.get("relay")
     if isinstance(relay, str):
         return relay
-    namespace = event.get("log_namespace") or ""
-    parts = namespace.split(".")
-    if len(parts) > 1 and parts[0] == "relayd":
-        return _RELAYS.get(parts[1])
+    namespace = event.get("log_namespace")
+    return _relay_of_namespace(namespace) if isinstance(namespace, str) else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _relay_of_namespace(namespace: str) -> str | None:
+    """The relay declared for C{namespace} or the nearest package above it (C{relayd.x.y} -> C{relayd.x})."""
+    while namespace:
+        relay = _relays.get(namespace)
+        if relay is not None:
+            return relay
+        namespace = namespace.rpartition(".")[0]
     return None
 
 

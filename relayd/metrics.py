@@ -1,21 +1,31 @@
-"""relayd's Prometheus metrics: one registry owned by relayd, every series defined here.
+"""relayd's Prometheus metrics: the one registry, and the series that belong to no wing.
 
-Wings count through the module-level objects below, for example::
+This module knows no wing. It holds the registry, the process and GC collectors, and the
+protocol-free series every wing or the web plumbing reports under its relay's name
+(C{relayd_info}, C{relayd_connections}, C{relayd_http_connections}, C{relayd_store_errors},
+C{relayd_http_requests}). A wing declares its own series in its package's C{metrics} module,
+against L{REGISTRY}, and re-exports the plumbing's ones it reports on, so the wing's code counts
+through one module::
 
-    from relayd import metrics
-    metrics.events_ingested.labels(relay="aep").inc(len(batch))
+    # relayd/<wing>/metrics.py
+    from relayd.metrics import REGISTRY, store_errors
+    frames = Counter("relayd_<wing>_frames", "...", ["direction"], registry=REGISTRY)
 
-Hot paths bind their labelled children once at import (C{_INGESTED = metrics.events_ingested.labels(
-relay="aep")}) and count per batch, not per delivery. Levels that already exist as state (open
-connections, sessions, subscribers, Nostr connection states) are never incremented and decremented:
-they are read at scrape time from callbacks registered with L{CallbackGauge.watch}, usually through a
-L{Watching} service that lives exactly as long as the wing.
+    # relayd/<wing>/relay.py
+    from relayd.<wing> import metrics
+    _INBOUND = metrics.frames.labels(direction="inbound")
 
-Label values in use: C{relay} is C{aep}, C{mcp} or C{broker}; C{transport} is C{sse}, C{ws},
-C{longpoll} or C{http}.
+Hot paths bind their labelled children once at import, as above, and count per batch, not per
+delivery. Levels that already exist as state (open connections, sessions, subscribers, upstream
+connection states) are never incremented and decremented: they are read at scrape time from
+callbacks registered with L{CallbackGauge.watch}, usually through a L{Watching} service that lives
+exactly as long as the wing.
 
-The registry is relayd's own (not C{prometheus_client.REGISTRY}), served by L{MetricsResource} on the
-C{--metrics-listen} endpoints.
+Label values: C{relay} is the wing's relay name (the name its listener logs under); C{transport}
+is C{sse}, C{ws}, C{longpoll} or C{http}.
+
+The registry is relayd's own (not C{prometheus_client.REGISTRY}), served by
+C{relayd.web.metrics_listener} on the C{--metrics-listen} endpoints.
 """
 
 from __future__ import annotations
@@ -27,7 +37,6 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -64,7 +73,7 @@ class Watch:
 class CallbackGauge(Collector):
     """A gauge whose values are read from callbacks when Prometheus scrapes.
 
-    C{watch(fn, relay="aep", transport="sse")} with every label bound: C{fn()} returns a number. With
+    C{watch(fn, relay="echo", transport="sse")} with every label bound: C{fn()} returns a number. With
     one label left free, C{fn()} returns a mapping from that label's value to a number (e.g.
     C{{"ready": 2, "connecting": 1}} for a C{state} label). Callbacks reporting the same label set are
     summed, so two relays of one kind in one process (tests) add up.
@@ -156,7 +165,8 @@ class Watching(Service):
         self._active = []
 
 
-# The series ----------------------------------------------------------------------------------------
+# The plumbing's series: protocol-free, each with the relay's name as a label. A wing's own series
+# are declared in its package (relayd/<wing>/metrics.py) against REGISTRY.
 
 info = Gauge("relayd_info", "Always 1; the version label says which relayd runs", ["version"], registry=REGISTRY)
 info.labels(version=relayd.__version__).set(1)
@@ -168,55 +178,10 @@ connections = CallbackGauge(
 http_connections = CallbackGauge(
     "relayd_http_connections", "Open HTTP connections per relay listener (every transport but WebSocket)", ["relay"]
 )
-sessions = CallbackGauge("relayd_sessions", "Sessions held (AEP: buffered sessions; MCP: registered sessions)", ["relay"])
-subscribers = CallbackGauge("relayd_subscribers", "Live subscriptions (AEP: SSE streams and WebSocket subscriptions)", ["relay"])
-nostr_connections = CallbackGauge(
-    "relayd_nostr_relay_connections", "Broker connections to the Nostr relay by state", ["state"]
-)
 
 # Counts.
-events_ingested = Counter("relayd_events_ingested", "Events accepted by a relay", ["relay"], registry=REGISTRY)
-events_delivered = Counter(
-    "relayd_events_delivered", "Live events handed to matching subscribers (one per subscriber)", ["relay"], registry=REGISTRY
-)
-events_dropped = Counter(
-    "relayd_events_dropped",
-    "Events not delivered: slow-consumer (skipped for a lagging consumer), cut-off (discarded with a consumer "
-    "cut off for backpressure), unroutable (a command no emitter could take), queue-full (MCP), unreadable "
-    "(stored by an older relayd in a form this one refuses)",
-    ["relay", "reason"],
-    registry=REGISTRY,
-)
-ingest_refused = Counter(
-    "relayd_ingest_refused",
-    "Ingest requests or messages refused, by the error code answered",
-    ["relay", "reason"],
-    registry=REGISTRY,
-)
-replays = Counter(
-    "relayd_replays", "Resumes served from history, by outcome (complete, exhausted, failed)", ["relay", "outcome"],
-    registry=REGISTRY,
-)
-replayed_events = Counter("relayd_replayed_events", "Events sent from history by resumes", ["relay"], registry=REGISTRY)
 store_errors = Counter(
     "relayd_store_errors", "Failures of a relay's store, by operation", ["relay", "operation"], registry=REGISTRY
-)
-fanout_seconds = Histogram(
-    "relayd_fanout_seconds",
-    "Time to hand one ingested batch to every matching subscriber's queue (not the network write)",
-    ["relay"],
-    buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
-    registry=REGISTRY,
-)
-mcp_frames = Counter(
-    "relayd_mcp_frames",
-    "MCP frames relayed: inbound (agent to page, POST inbox) and outbound (page to agents, POST outbox)",
-    ["direction"],
-    registry=REGISTRY,
-)
-broker_actions = Counter(
-    "relayd_broker_actions", "Broker actions answered, by action and verdict status", ["action", "status"],
-    registry=REGISTRY,
 )
 http_requests = Counter(
     "relayd_http_requests", "HTTP requests answered, by relay and status code", ["relay", "code"], registry=REGISTRY
@@ -229,7 +194,7 @@ prometheus_client.GCCollector(registry=REGISTRY)
 
 
 def sample(name: str, labels: Mapping[str, str] | None = None, registry: CollectorRegistry = REGISTRY) -> float:
-    """The current value of one sample (0 when absent), e.g. C{sample("relayd_events_ingested_total",
-    {"relay": "aep"})}; for tests and C{relayd-admin status}."""
+    """The current value of one sample (0 when absent), e.g. C{sample("relayd_http_requests_total",
+    {"relay": "echo", "code": "200"})}; for tests and C{relayd-admin status}."""
     value = registry.get_sample_value(name, dict(labels or {}))
     return 0.0 if value is None else value

@@ -11,10 +11,16 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
 from relayd import logging as rlog
+from relayd.aep.service import LOGS as AEP_LOGS
+from relayd.buzz.service import LOGS as BROKER_LOGS
+from relayd.mcp.service import LOGS as MCP_LOGS
 from tests.support.cases import cases, expand
 
 SECRET = "cfg-secret-0123456789"
 rlog.register_secret(SECRET)
+# What each wing declares when it is made (make_wing): the relays' names, the broker's credential formats.
+for wing in (AEP_LOGS, MCP_LOGS, BROKER_LOGS):
+    rlog.declare(wing)
 
 
 @expand
@@ -73,6 +79,33 @@ class JSONRecordKeys(TestCase):
         assert json.loads(rlog.event_as_json(_event(relay="mcp")))["relay"] == "mcp"
         assert json.loads(rlog.event_as_json(_event(log_namespace="relayd.buzz.host")))["relay"] == "broker"
         assert json.loads(rlog.event_as_json(_event(log_namespace="twisted.internet.base")))["relay"] is None
+        assert json.loads(rlog.event_as_json(_event(log_namespace="relayd.metrics")))["relay"] == "metrics"
+        assert json.loads(rlog.event_as_json(_event(log_namespace="relayd.web.site")))["relay"] is None
+        assert json.loads(rlog.event_as_json(_event(log_namespace="relayd.aepx")))["relay"] is None
+
+
+class WingDeclarations(TestCase):
+    """The plumbing knows no wing: a wing declares its relay's name and its credential formats."""
+
+    def test_a_declared_wing_names_its_records_and_its_secrets_are_scrubbed(self) -> None:
+        namespace = f"tests.declared_{id(self)}"
+        secret = "issued zqx_0123456789abcdef"
+        wing = rlog.WingLogs(namespace, relay="declared", secret_formats=(rlog.SecretFormat(r"\bzqx_[0-9a-f]{16}", "ZQX_"),))
+        assert json.loads(rlog.event_as_json(_event(log_namespace=namespace + ".module")))["relay"] is None
+        assert rlog.scrub_text(secret) == secret
+        rlog.declare(wing)
+        rlog.declare(wing)  # declaring again changes nothing
+        assert json.loads(rlog.event_as_json(_event(log_namespace=namespace + ".module")))["relay"] == "declared"
+        assert json.loads(rlog.event_as_json(_event(log_namespace=namespace)))["relay"] == "declared"
+        assert json.loads(rlog.event_as_json(_event(log_namespace=namespace + "x")))["relay"] is None
+        assert rlog.scrub_text(secret) == "issued " + rlog.SCRUBBED
+        assert rlog.scrub_text("ZQX_0123456789abcdef") == "ZQX_0123456789abcdef"  # the pattern's own case
+        assert [p.pattern for p, _ in rlog._TEXT_PATTERNS].count(r"\bzqx_[0-9a-f]{16}") == 1
+
+    def test_the_wings_declare_the_relay_names_records_had(self) -> None:
+        assert {(w.namespace, w.relay) for w in (AEP_LOGS, MCP_LOGS, BROKER_LOGS)} == {
+            ("relayd.aep", "aep"), ("relayd.mcp", "mcp"), ("relayd.buzz", "broker")
+        }
 
 
 class _Leaky:

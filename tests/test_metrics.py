@@ -3,13 +3,22 @@ with the right values. The relay and the metrics listener run in-process on real
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
+import subprocess
+import sys
+from typing import Any
 
 import prometheus_client
+import treq
+from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
+from twisted.web.client import HTTPConnectionPool
 
-from relayd import metrics
+import relayd
+from relayd import metrics, tap
 from relayd.clock import Clock
 from relayd.web import metrics_listener
 from tests.support.aep import AEPRelay, event, ndjson
@@ -35,6 +44,115 @@ SERIES = {
     "relayd_http_requests_total",
     "process_resident_memory_bytes",
 }
+
+# Every relayd series as operators see it (docs/deployment.md): name -> type, labels, help. The plumbing
+# declares the first group (relayd/metrics.py), each wing its own (relayd/<wing>/metrics.py); a change
+# here breaks dashboards and alerts.
+PLUMBING_SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "relayd_info": ("gauge", ("version",), "Always 1; the version label says which relayd runs"),
+    "relayd_connections": (
+        "gauge", ("relay", "transport"), "Open client connections by relay and transport (sse, ws, longpoll)"
+    ),
+    "relayd_http_connections": (
+        "gauge", ("relay",), "Open HTTP connections per relay listener (every transport but WebSocket)"
+    ),
+    "relayd_store_errors": ("counter", ("relay", "operation"), "Failures of a relay's store, by operation"),
+    "relayd_http_requests": ("counter", ("relay", "code"), "HTTP requests answered, by relay and status code"),
+}
+WING_SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
+    # relayd/aep/metrics.py
+    "relayd_sessions": ("gauge", ("relay",), "Sessions held (AEP: buffered sessions; MCP: registered sessions)"),
+    "relayd_subscribers": ("gauge", ("relay",), "Live subscriptions (AEP: SSE streams and WebSocket subscriptions)"),
+    "relayd_events_ingested": ("counter", ("relay",), "Events accepted by a relay"),
+    "relayd_events_delivered": (
+        "counter", ("relay",), "Live events handed to matching subscribers (one per subscriber)"
+    ),
+    "relayd_events_dropped": (
+        "counter",
+        ("relay", "reason"),
+        "Events not delivered: slow-consumer (skipped for a lagging consumer), cut-off (discarded with a consumer "
+        "cut off for backpressure), unroutable (a command no emitter could take), queue-full (MCP), unreadable "
+        "(stored by an older relayd in a form this one refuses)",
+    ),
+    "relayd_ingest_refused": (
+        "counter", ("relay", "reason"), "Ingest requests or messages refused, by the error code answered"
+    ),
+    "relayd_replays": (
+        "counter", ("relay", "outcome"), "Resumes served from history, by outcome (complete, exhausted, failed)"
+    ),
+    "relayd_replayed_events": ("counter", ("relay",), "Events sent from history by resumes"),
+    "relayd_fanout_seconds": (
+        "histogram",
+        ("relay",),
+        "Time to hand one ingested batch to every matching subscriber's queue (not the network write)",
+    ),
+    # relayd/mcp/metrics.py
+    "relayd_mcp_frames": (
+        "counter",
+        ("direction",),
+        "MCP frames relayed: inbound (agent to page, POST inbox) and outbound (page to agents, POST outbox)",
+    ),
+    # relayd/buzz/metrics.py
+    "relayd_broker_actions": ("counter", ("action", "status"), "Broker actions answered, by action and verdict status"),
+    "relayd_nostr_relay_connections": ("gauge", ("state",), "Broker connections to the Nostr relay by state"),
+}
+
+
+def _families(text: str) -> dict[str, tuple[str, str]]:
+    """relayd's series in an exposition: name -> type, help."""
+    return {
+        family.name: (family.type, family.documentation)
+        for family in text_string_to_metric_families(text)
+        if family.name.startswith("relayd_")
+    }
+
+
+def _label_names(collector: Any) -> tuple[str, ...]:
+    # prometheus_client keeps a metric's label names in _labelnames; a CallbackGauge in labelnames.
+    return tuple(getattr(collector, "_labelnames", None) or getattr(collector, "labelnames", ()))
+
+
+class SeriesOwners(TestCase):
+    """The plumbing declares only protocol-free series; with the wings, every series is served as before."""
+
+    timeout = 30
+
+    def test_the_plumbing_alone_declares_only_its_own_series(self) -> None:
+        # A fresh interpreter: here the wings are imported already and their series registered.
+        root = os.path.dirname(os.path.dirname(os.path.abspath(relayd.__file__)))
+        program = (
+            "import sys; from prometheus_client import generate_latest; from relayd.metrics import REGISTRY; "
+            "sys.stdout.write(generate_latest(REGISTRY).decode()); "
+            "sys.stdout.write(' '.join(sorted(m for m in sys.modules if m.startswith('relayd'))))"
+        )
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+        out = subprocess.run(
+            [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=60, check=True
+        ).stdout
+        text, _, modules = out.rpartition("\n")
+        self.assertEqual(_families(text + "\n"), {name: (kind, help) for name, (kind, _, help) in PLUMBING_SERIES.items()})
+        self.assertEqual(modules.split(), ["relayd", "relayd.metrics"])
+
+    async def test_with_the_wings_every_series_is_served_as_documented(self) -> None:
+        for wing in tap.WINGS:  # as the tap imports them
+            importlib.import_module(f"{wing}.service")
+        service = metrics_listener.make_service(["tcp:0:interface=127.0.0.1"], reactor, Clock(reactor))
+        service.startService()
+        self.addCleanup(service.stopService)
+        (port,) = await service.ports()
+        pool = HTTPConnectionPool(reactor, persistent=False)
+        response = await treq.get(f"http://127.0.0.1:{port.getHost().port}/metrics", pool=pool)
+        text = (await treq.content(response)).decode()
+        expected = {**PLUMBING_SERIES, **WING_SERIES}
+        self.assertEqual(_families(text), {name: (kind, help) for name, (kind, _, help) in expected.items()})
+        owners = [metrics, *(importlib.import_module(f"{wing}.metrics") for wing in tap.WINGS)]
+        declared = {
+            collector.name if isinstance(collector, metrics.CallbackGauge) else collector._name: _label_names(collector)
+            for owner in owners
+            for collector in vars(owner).values()
+            if isinstance(collector, (metrics.CallbackGauge, prometheus_client.metrics.MetricWrapperBase))
+        }
+        self.assertEqual(declared, {name: labels for name, (_, labels, _) in expected.items()})
 
 
 class MetricsOverAEP(TestCase):

@@ -13,7 +13,7 @@ from twisted.python.failure import Failure
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
-from relayd import metrics
+from relayd.aep import metrics
 from relayd.aep.capture import capture_error
 from relayd.aep.envelope import MAX_POSITION_DIGITS, POSITION_LIMIT, classify, has_control
 from relayd.aep.event import NOTICE, Event, JSONError, admit, admit_lines, dumps, parse_json, plain_body

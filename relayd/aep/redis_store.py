@@ -31,7 +31,7 @@ from typing import Any, Sequence
 from twisted.internet.defer import Deferred, gatherResults
 from zope.interface import implementer
 
-from relayd import metrics
+from relayd.aep import metrics
 from relayd.aep.event import Event, stored_event
 from relayd.aep.store import IEventLog, Position, Replay, exhausted_marker
 from relayd.redis import Redis

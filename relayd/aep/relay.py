@@ -17,7 +17,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from relayd import metrics
+from relayd.aep import metrics
 from relayd.aep.capture import capture_target
 from relayd.aep.claims import Claimant, IClaims, MemoryClaims
 from relayd.aep.envelope import EventKind

@@ -7,7 +7,8 @@ from typing import Any, Callable
 from autobahn.twisted.resource import WebSocketResource
 from twisted.logger import Logger
 
-from relayd import metrics
+from relayd import logging as relayd_logging
+from relayd.aep import metrics
 from relayd.aep.config import AEPConfig
 from relayd.aep.http import AEPResource
 from relayd.aep.redis_cluster import RedisClaims, RedisFanout
@@ -72,8 +73,13 @@ def make_relay(config: AEPConfig, plumbing: Plumbing) -> Relay:
     )
 
 
+# What relayd's logs know of this wing: records logged under relayd.aep are the "aep" relay's.
+LOGS = relayd_logging.WingLogs("relayd.aep", relay="aep")
+
+
 def make_wing(plumbing: Plumbing, settings: Resolved) -> AEPService | None:
     """The AEP relay as a wing (relayd/wing.py), or C{None} with C{--no-aep}."""
+    relayd_logging.declare(LOGS)
     config = AEPConfig.from_settings(settings)
     if config is None:
         _log.info("AEP relay disabled (--no-aep)")

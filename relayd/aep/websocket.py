@@ -28,7 +28,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from relayd import metrics
+from relayd.aep import metrics
 from relayd.aep.capture import capture_error
 from relayd.aep.envelope import classify
 from relayd.aep.event import NOTICE, Event, JSONError, admit, dumps, parse_json

@@ -35,8 +35,7 @@ from typing import Any, Sequence
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from relayd import metrics
-from relayd.buzz import contract
+from relayd.buzz import contract, metrics
 from relayd.buzz.keys import SealError
 from relayd.buzz.nostr_upstream import ConnectionLost, NotConnected, QueryClosed, UpstreamError, UpstreamTimeout
 from relayd.buzz.operations import (

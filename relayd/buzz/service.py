@@ -12,7 +12,8 @@ from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from relayd import metrics
+from relayd import logging as relayd_logging
+from relayd.buzz import metrics
 from relayd.buzz.config import KEK_ENV, BuzzConfig
 from relayd.buzz.host import BrokerHost
 from relayd.buzz.http import body_limit, make_root
@@ -78,12 +79,26 @@ def check_listeners(listen: list[str]) -> None:
             )
 
 
+# What relayd's logs know of this wing: records logged under relayd.buzz are the "broker" relay's, and
+# the secrets it handles are scrubbed wherever they appear: agents' Nostr secret keys (bech32 nsec1...)
+# and the credentials it issues (relayd/buzz/admin.py: bzh_ + base64url).
+LOGS = relayd_logging.WingLogs(
+    "relayd.buzz",
+    relay="broker",
+    secret_formats=(
+        relayd_logging.SecretFormat(r"\bnsec1[02-9ac-hj-np-z]{20,}", "nsec1"),
+        relayd_logging.SecretFormat(r"\bbzh_[A-Za-z0-9_-]{16,}", "bzh_"),
+    ),
+)
+
+
 def make_wing(plumbing: Plumbing, settings: Resolved) -> BrokerService | None:
     """The broker wing (relayd/wing.py), or C{None} (with one log line) when no Nostr relay URL is
     configured.
 
     @raise ConfigError: a non-loopback plain-TCP listener, an unusable state directory or KEK.
     """
+    relayd_logging.declare(LOGS)
     config = BuzzConfig.from_settings(settings)
     if config is None:
         _log.info("Buzz broker not started: no --broker-nostr-relay (RELAYD_BROKER_NOSTR_RELAY) configured")

@@ -7,9 +7,10 @@ from typing import Any
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from relayd import metrics
+from relayd import logging as relayd_logging
 from relayd.clock import Clock
 from relayd.config import Resolved, is_loopback_endpoint
+from relayd.mcp import metrics
 from relayd.mcp.bus import IMcpBus, LocalBus
 from relayd.mcp.config import MCPConfig
 from relayd.mcp.demo import demo_page
@@ -92,11 +93,16 @@ def _shared_state(plumbing: Plumbing) -> tuple[IMcpStore, IMcpBus]:
     return RedisStore(redis, prefix), RedisMcpBus(redis, prefix)
 
 
+# What relayd's logs know of this wing: records logged under relayd.mcp are the "mcp" relay's.
+LOGS = relayd_logging.WingLogs("relayd.mcp", relay="mcp")
+
+
 def make_wing(plumbing: Plumbing, settings: Resolved) -> McpService | None:
     """The MCP wing (relayd/wing.py), or C{None} with C{--no-mcp}.
 
     @raise relayd.config.ConfigError: an origin policy that is refused (exit 2 before listening).
     """
+    relayd_logging.declare(LOGS)
     mcp = MCPConfig.from_settings(settings)
     if mcp is None:
         _log.info("MCP relay disabled (--no-mcp)")

@@ -25,8 +25,8 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from relayd import metrics
 from relayd.clock import Clock
+from relayd.mcp import metrics
 from relayd.mcp.bus import IMcpBus, InstanceGone, LocalBus
 from relayd.mcp.drive import run
 from relayd.mcp.frames import FRAMES_DROPPED, PEER_JOINED, PEER_LEFT, Frame, notification, parse_frame

@@ -1,7 +1,8 @@
 """The metrics listener: C{GET /metrics} in Prometheus text format on its own endpoints (--metrics-listen).
 
-The registry and its series live in L{relayd.metrics}, which knows nothing of HTTP; this module
-serves them, so metrics and the web plumbing do not import each other.
+The registry lives in L{relayd.metrics}, which knows nothing of HTTP (the plumbing's series beside
+it, each wing's in its own C{metrics} module); this module serves it. The web plumbing imports
+L{relayd.metrics}, never the other way round (a contract in pyproject.toml).
 """
 
 from __future__ import annotations

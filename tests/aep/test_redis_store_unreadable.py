@@ -7,7 +7,7 @@ import json
 
 from twisted.trial.unittest import TestCase
 
-from relayd import metrics
+from relayd.aep import metrics
 from relayd.aep.event import Event
 from relayd.aep.redis_store import RedisEventLog
 from tests.support.aep import event

@@ -220,7 +220,7 @@ class HostTests(unittest.TestCase):
     # --- metrics (docs/deployment.md lists the broker's series)
 
     async def test_actions_and_relay_connections_are_counted(self) -> None:
-        from relayd import metrics
+        from relayd.buzz import metrics
 
         def count(action: str, status: str) -> float:
             value = metrics.REGISTRY.get_sample_value("relayd_broker_actions_total", {"action": action, "status": status})
