@@ -410,7 +410,9 @@ class ReceiptRetention(FaultCase):
         now = int(time.time())
         created = state.db.conn.execute("SELECT created_at FROM receipts WHERE request_id = 'ret-post'").fetchone()[0]
         retention = 3600
-        assert await state.prune(created + retention, retention) == 0  # exactly the retention old: kept
+        # Receipts from the set-up may be a second older on a loaded machine: those go, this one stays.
+        (older,) = state.db.conn.execute("SELECT count(*) FROM receipts WHERE created_at < ?", (created,)).fetchone()
+        assert await state.prune(created + retention, retention) == older  # exactly the retention old: kept
         assert self.receipt("ret-post") is not None
         assert await state.prune(created + retention + 1, retention) >= 1  # one second over: gone
         assert self.receipt("ret-post") is None
