@@ -1,11 +1,13 @@
 """The one owner of timers: every delayed call and looping call goes through a L{Clock}.
 
 Owning them in one place means shutdown can cancel whatever is still pending (no timer outlives its
-service), and tests drive time deterministically by handing in a C{task.Clock}.
+service), and tests drive time deterministically by handing in a C{task.Clock}. The command-line tools,
+which block instead of running a reactor, read and wait through a L{BlockingClock} for the same reason.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, TypeVar
 
 from twisted.internet.defer import Deferred
@@ -91,3 +93,24 @@ class Clock:
             if loop.running:
                 loop.stop()
         self._loops.clear()
+
+
+class BlockingClock:
+    """Time for code that blocks instead of running a reactor: the C{relayd-admin} tools (relayd/cli/).
+
+    They wait between reconnects and retries and measure timeouts and progress intervals; taking this
+    (a test hands in one that records the waits and moves time itself) keeps every reading of the
+    system clock in this module.
+    """
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never goes back, for intervals and deadlines."""
+        return time.monotonic()
+
+    def now(self) -> float:
+        """The current time, in seconds since the epoch."""
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        """Block for C{seconds}."""
+        time.sleep(seconds)

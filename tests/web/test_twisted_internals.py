@@ -493,7 +493,6 @@ _THIRD_PARTY = ("twisted", "autobahn")
 # Our own objects whose private names happen to be spelled like one of Twisted's or autobahn's. Each
 # entry: (module under relayd/, attribute) -> why it is ours.
 _OURS = {
-    ("admin.py", "_progress"): "the admin tail's own progress line",
     ("aep/index.py", "_scan"): "the subscription index's own scan",
     ("aep/websocket.py", "_open"): "AEPSocket's own state",
     ("mcp/http.py", "_log"): "the MCP resource's own Logger",

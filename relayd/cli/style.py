@@ -9,9 +9,11 @@ for a usage error (the command line cannot work as written) and 1 for a failure 
 from __future__ import annotations
 
 import argparse
-from typing import IO, Any, NoReturn
+from typing import IO, Any, Callable, NoReturn, TypeVar
 
-from relayd.config import show_value
+from relayd.config import integer_at_least, show_value
+
+T = TypeVar("T")
 
 USAGE = 2
 FAILED = 1
@@ -86,24 +88,20 @@ class Parser(argparse.ArgumentParser):
 
 def positive_int(text: str) -> int:
     """An argparse type: an integer >= 1."""
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
-    return value
+    return _argument(text, integer_at_least, 1, "must be a positive integer", "is not an integer")
 
 
 def non_negative_int(text: str) -> int:
     """An argparse type: an integer >= 0."""
+    return _argument(text, integer_at_least, 0, "must be 0 or more", "is not an integer")
+
+
+def _argument(text: str, parse: Callable[..., T], *args: Any) -> T:
+    """C{parse(text, *args)}, its C{ValueError} as argparse reports a bad value: C{'TEXT' WHAT}."""
     try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
-    return value
+        return parse(text, *args)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} {e}") from None
 
 
 def seconds(text: str) -> float:
