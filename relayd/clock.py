@@ -1,8 +1,7 @@
 """The one owner of timers: every delayed call and looping call goes through a L{Clock}.
 
 Owning them in one place means shutdown can cancel whatever is still pending (no timer outlives its
-service), and tests drive time deterministically by handing in a C{task.Clock}. The command-line tools,
-which block instead of running a reactor, read and wait through a L{BlockingClock} for the same reason.
+service), and tests drive time deterministically by handing in a C{task.Clock}.
 """
 
 from __future__ import annotations
@@ -96,20 +95,15 @@ class Clock:
 
 
 class BlockingClock:
-    """Time for code that blocks instead of running a reactor: the C{relayd-admin} tools (relayd/cli/).
-
-    They wait between reconnects and retries and measure timeouts and progress intervals; taking this
-    (a test hands in one that records the waits and moves time itself) keeps every reading of the
-    system clock in this module.
+    """Durations and waits for code that blocks instead of running a reactor: the C{relayd-admin}
+    tools (relayd/cli/), which wait between reconnects and retries and measure deadlines and progress
+    intervals. They take one (a test hands in one that records the waits and moves time itself), so
+    every reading of the system clock stays in this module.
     """
 
     def monotonic(self) -> float:
         """Seconds on a clock that never goes back, for intervals and deadlines."""
         return time.monotonic()
-
-    def now(self) -> float:
-        """The current time, in seconds since the epoch."""
-        return time.time()
 
     def sleep(self, seconds: float) -> None:
         """Block for C{seconds}."""

@@ -167,7 +167,7 @@ def _parse_switch(raw: Any, origin: str) -> bool:
 def integer_at_least(text: str, minimum: int, too_small: str, not_integer: str = "must be an integer") -> int:
     """An integer >= C{minimum}; the C{ValueError} otherwise says C{not_integer} or C{too_small}.
 
-    The one integer parser of relayd's settings and of the relayd-admin options (relayd/cli/style.py):
+    The one integer parser of relayd's settings and of the relayd-admin options (relayd/cli/__init__.py):
     each words its refusals as its own users have always read them.
     """
     try:

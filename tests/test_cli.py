@@ -15,12 +15,11 @@ from contextlib import redirect_stderr
 
 from twisted.trial.unittest import TestCase
 
-from relayd import config
-from relayd.cli import admin
+from relayd import cli, config
+from relayd.cli import admin, non_negative_int, positive_int
 from relayd.cli.aep import Tail
 from relayd.cli.client import Stopped, Target
 from relayd.cli.mcp import McpEndpoints, McpSession
-from relayd.cli.style import non_negative_int, positive_int
 from relayd.clock import BlockingClock
 
 
@@ -34,9 +33,6 @@ class FakeClock(BlockingClock):
 
     def monotonic(self) -> float:
         return self.time
-
-    def now(self) -> float:
-        return 1_700_000_000 + self.time
 
     def sleep(self, seconds: float) -> None:
         self.slept.append(seconds)
@@ -143,9 +139,7 @@ class OneIntegerParser(TestCase):
             return original(text, minimum, *args)
 
         self.patch(config, "integer_at_least", spy)
-        import relayd.cli.style as style
-
-        self.patch(style, "integer_at_least", spy)
+        self.patch(cli, "integer_at_least", spy)
         positive_int("3")
         config.non_negative_int("4")
         self.assertEqual(calls, [("3", 1), ("4", 0)])

@@ -22,8 +22,8 @@ from relayd.buzz.config import KEK_ENV
 from relayd.buzz.host import CHANNEL_ACTIONS, credential_hash
 from relayd.buzz.keys import Custody, KEKError, load_kek
 from relayd.buzz.state import Agent, StateDB
-from relayd.cli.style import CommandError, Failure, Parser, report
-from relayd.cli.style import UsageError as _UsageError
+from relayd.cli import CommandError, Failure, Parser, report
+from relayd.cli import UsageError as _UsageError
 
 CREDENTIAL_PREFIX = "bzh_"
 # Actions a credential without channels could never perform: those naming a channel, and managing an
@@ -40,7 +40,7 @@ DEFAULT_STATE_DIR = "./relayd-state"  # as the broker's --broker-state-dir
 
 
 def _parser() -> argparse.ArgumentParser:
-    """The command line, in relayd/cli/style.py's style (tests/test_help.py checks every help text)."""
+    """The command line, in relayd/cli.py's style (tests/test_help.py checks every help text)."""
     p = Parser(prog="relayd-admin broker", description="Manage Buzz broker credentials")
     sub = p.add_subparsers(dest="command", required=True, metavar="{issue,revoke,list}")
 

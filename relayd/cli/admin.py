@@ -7,7 +7,7 @@
     relayd-admin broker issue|revoke|list ...     # Buzz broker credentials
 
 This module builds the command line from its groups (relayd/cli/aep.py, mcp.py, status.py), runs the
-command, and turns whatever went wrong into one C{PROG: error: WHAT} line (relayd/cli/style.py).
+command, and turns whatever went wrong into one C{PROG: error: WHAT} line (relayd/cli/__init__.py).
 C{broker} is handed whole to the broker wing's own tool, relayd/buzz/admin.py.
 """
 
@@ -19,14 +19,13 @@ import sys
 from typing import Sequence
 
 import relayd
-from relayd.cli import aep, mcp, status
+from relayd.cli import CommandError, Failure, Parser, aep, mcp, report, status
 from relayd.cli.client import Stopped, describe, stop_on_signals
-from relayd.cli.style import CommandError, Failure, Parser, report
 from relayd.clock import BlockingClock
 
 
 def _parser() -> argparse.ArgumentParser:
-    """The command line; every help text follows relayd/cli/style.py (tests/test_help.py checks it)."""
+    """The command line; every help text follows relayd/cli/__init__.py (tests/test_help.py checks it)."""
     p = Parser(prog="relayd-admin", description="Operator tools for a running relayd")
     p.add_argument("--version", action="version", version=f"relayd-admin {relayd.__version__}",
                    help="Show relayd-admin's version and exit")
@@ -41,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, clock: BlockingClock | None = None) -> int:
-    """The C{relayd-admin} console script; returns the exit status (relayd/cli/style.py: 2 usage, 1 failure).
+    """The C{relayd-admin} console script; returns the exit status (relayd/cli/__init__.py: 2 usage, 1 failure).
 
     C{clock} is what the commands wait and measure time with (a test's own, else the system's).
     """

@@ -19,6 +19,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import IO, Any, Iterator
 
+from relayd.cli import Failure, UsageError, non_negative_int, positive_int, positive_seconds, seconds
 from relayd.cli.client import (
     CACERT_HELP,
     DEFAULT_AEP,
@@ -29,7 +30,6 @@ from relayd.cli.client import (
     request,
     strip,
 )
-from relayd.cli.style import Failure, UsageError, non_negative_int, positive_int, positive_seconds, seconds
 from relayd.clock import BlockingClock
 
 _ID = re.compile(r"(.+):([0-9]+):([0-9]+)")

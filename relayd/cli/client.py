@@ -10,7 +10,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from relayd.cli.style import UsageError
+from relayd.cli import UsageError
 
 DEFAULT_AEP = "http://127.0.0.1:8787"
 DEFAULT_MCP = "http://127.0.0.1:8788"

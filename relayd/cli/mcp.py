@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import relayd
+from relayd.cli import Failure, UsageError, positive_seconds
 from relayd.cli.client import CACERT_HELP, Target, describe
-from relayd.cli.style import Failure, UsageError, positive_seconds
 from relayd.clock import BlockingClock
 
 
