@@ -28,7 +28,7 @@ from relayd.cli.client import (
     auth,
     describe,
     request,
-    strip,
+    without_suffix,
 )
 from relayd.clock import BlockingClock
 
@@ -254,7 +254,7 @@ def tail(args: argparse.Namespace, clock: BlockingClock) -> int:
         if not isinstance(start, list) or not all(isinstance(e, dict) and "session" in e for e in start):
             raise UsageError('--from must be "all" or a JSON array of {session, epoch, seq}')
     follower = Tail(
-        Target.parse(strip(args.url, "/stream"), args.cacert),
+        Target.parse(without_suffix(args.url, "/stream"), args.cacert),
         args.token or os.environ.get("AEP_TOKEN") or None,
         filter=flt,
         capture=args.capture,
@@ -277,7 +277,7 @@ def tail(args: argparse.Namespace, clock: BlockingClock) -> int:
 
 def post(args: argparse.Namespace, clock: BlockingClock) -> int:
     """C{relayd-admin aep post}."""
-    target = Target.parse(strip(args.url, "/events"), args.cacert)
+    target = Target.parse(without_suffix(args.url, "/events"), args.cacert)
     token = args.token or os.environ.get("AEP_TOKEN") or None
     from_stdin = args.file in (None, "-")
     try:

@@ -67,7 +67,7 @@ def auth(token: str | None) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"} if token else {}
 
 
-def strip(url: str, suffix: str) -> str:
+def without_suffix(url: str, suffix: str) -> str:
     """C{url} without a trailing C{suffix} (an operator may paste the endpoint's URL, not the base)."""
     return url[: -len(suffix)] if url.rstrip("/").endswith(suffix) else url
 
