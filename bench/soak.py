@@ -518,7 +518,7 @@ def start_broker_backend(workdir: Path) -> tuple[Any, dict[str, str], str, str]:
     # As an operator would (and in its own process: the broker's modules pick Twisted for autobahn,
     # this script's clients use asyncio).
     issued = subprocess.run(
-        [sys.executable, "-m", "relayd.admin", "broker", "issue", "--state-dir", str(state), "--kek-file", str(kek),
+        [sys.executable, "-m", "relayd.cli.admin", "broker", "issue", "--state-dir", str(state), "--kek-file", str(kek),
          "--agent", "soak", "--channel", channel, "--actions", "message.post"],
         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60,
     )

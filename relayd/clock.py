@@ -6,6 +6,7 @@ service), and tests drive time deterministically by handing in a C{task.Clock}.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, TypeVar
 
 from twisted.internet.defer import Deferred
@@ -91,3 +92,19 @@ class Clock:
             if loop.running:
                 loop.stop()
         self._loops.clear()
+
+
+class BlockingClock:
+    """Durations and waits for code that blocks instead of running a reactor: the C{relayd-admin}
+    tools (relayd/cli/), which wait between reconnects and retries and measure deadlines and progress
+    intervals. They take one (a test hands in one that records the waits and moves time itself), so
+    every reading of the system clock stays in this module.
+    """
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never goes back, for intervals and deadlines."""
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        """Block for C{seconds}."""
+        time.sleep(seconds)

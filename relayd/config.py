@@ -164,27 +164,29 @@ def _parse_switch(raw: Any, origin: str) -> bool:
 # Parsers shared by the wings' tables -------------------------------------------------------------
 
 
+def integer_at_least(text: str, minimum: int, too_small: str, not_integer: str = "must be an integer") -> int:
+    """An integer >= C{minimum}; the C{ValueError} otherwise says C{not_integer} or C{too_small}.
+
+    The one integer parser of relayd's settings and of the relayd-admin options (relayd/cli/__init__.py):
+    each words its refusals as its own users have always read them.
+    """
+    try:
+        value = int(text.strip(), 10)
+    except ValueError:
+        raise ValueError(not_integer) from None
+    if value < minimum:
+        raise ValueError(too_small)
+    return value
+
+
 def positive_int(text: str) -> int:
     """An integer >= 1."""
-    value = _int(text)
-    if value < 1:
-        raise ValueError("must be a positive integer")
-    return value
+    return integer_at_least(text, 1, "must be a positive integer")
 
 
 def non_negative_int(text: str) -> int:
     """An integer >= 0."""
-    value = _int(text)
-    if value < 0:
-        raise ValueError("must be a non-negative integer")
-    return value
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text.strip(), 10)
-    except ValueError:
-        raise ValueError("must be an integer") from None
+    return integer_at_least(text, 0, "must be a non-negative integer")
 
 
 def non_empty(text: str) -> str:

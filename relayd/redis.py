@@ -14,10 +14,14 @@ from urllib.parse import unquote, urlsplit
 import txredisapi
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from relayd import redis_internals
 from relayd.clock import Clock
+from relayd.redis_internals import WholeReads
 from relayd.storage import StoreUnavailable
 
 DEFAULT_TIMEOUT = 2.0
@@ -84,41 +88,15 @@ def redis_url(text: str) -> str:
     return text.strip()
 
 
-class _ReplyParsing:
-    """Parse a whole read in one go.
-
-    txredisapi's line receiver goes back to line mode after every bulk string by pausing the
-    transport and scheduling the rest of the read for the next reactor turn: a reply of N bulk
-    strings (a pub/sub message is three) takes N reactor turns, and a busy relay falls seconds
-    behind its bus. Here the rest is kept and fed back in a loop within the same read.
-    """
-
-    _rest = b""
-
-    def setLineMode(self, extra: bytes = b"") -> None:
-        self.line_mode = 1
-        if extra:
-            self._rest += extra
-
-    def dataReceived(self, data: bytes, unpause: bool = False) -> Any:
-        result = super().dataReceived(data, unpause)  # type: ignore[misc]
-        while self._rest and not self.paused:  # type: ignore[attr-defined]
-            rest, self._rest = self._rest, b""
-            result = super().dataReceived(rest)  # type: ignore[misc]
-        return result
-
-
 class _Handshake:
     """AUTH, SELECT and the keyspace version check on every (re)connect; when AUTH or SELECT fail,
     only this connection is dropped and retried. Another keyspace version refuses the whole client.
 
-    txredisapi's own handshake stops the whole pool from ever reconnecting when AUTH or SELECT fails,
-    which is what happens when Redis closes a connection mid-handshake while it restarts: one unlucky
-    reconnect would leave relayd without Redis until it is restarted.
+    txredisapi's own handshake would stop the whole pool from reconnecting instead
+    (relayd/redis_internals.py READY_STATE, which also says what happens without it).
     """
 
     _log = Logger()
-    _waiting_for_connect: list[defer.Deferred[Any]]  # txredisapi's: the pool's callers waiting for this connection
     password: str | None
     username: str | None
     dbid: int | None
@@ -127,14 +105,12 @@ class _Handshake:
     @defer.inlineCallbacks
     def connectionMade(self) -> Any:
         try:
-            if self.password is not None:
-                reply = yield self.auth(self.password, self.username)  # type: ignore[attr-defined]
-                if isinstance(reply, Exception):
-                    raise reply
-            if self.dbid:  # database 0 is where every connection starts
-                reply = yield self.select(self.dbid)  # type: ignore[attr-defined]
-                if isinstance(reply, Exception):
-                    raise reply
+            if redis_internals.READY_STATE:
+                yield self._authenticate()
+            else:
+                yield super().connectionMade()  # type: ignore[misc]  # txredisapi's: a failure stops the pool
+                if self.transport.disconnecting:
+                    return
             yield self._check_keyspace()
         except KeyspaceVersionError as e:
             self.transport.loseConnection()
@@ -144,11 +120,19 @@ class _Handshake:
             self._log.warn("Redis connection handshake failed ({error}); reconnecting", error=str(e))
             self.transport.loseConnection()
             return
-        self.connected = 1
-        self._ready = True
-        waiting, self._waiting_for_connect = self._waiting_for_connect, []
-        for d in waiting:
-            d.callback(self)
+        if redis_internals.READY_STATE:
+            redis_internals.mark_ready(self)
+
+    @defer.inlineCallbacks
+    def _authenticate(self) -> Any:
+        if self.password is not None:
+            reply = yield self.auth(self.password, self.username)  # type: ignore[attr-defined]
+            if isinstance(reply, Exception):
+                raise reply
+        if self.dbid:  # database 0 is where every connection starts
+            reply = yield self.select(self.dbid)  # type: ignore[attr-defined]
+            if isinstance(reply, Exception):
+                raise reply
 
     def _check_keyspace(self) -> Any:
         """Before the connection is used: refuse a keyspace of another version (a pool connection's job)."""
@@ -158,7 +142,7 @@ class _Handshake:
         pass
 
 
-class _Protocol(_Handshake, _ReplyParsing, txredisapi.RedisProtocol):
+class _Protocol(_Handshake, WholeReads, txredisapi.RedisProtocol):
     factory: Any
 
     @defer.inlineCallbacks
@@ -191,7 +175,7 @@ class _Protocol(_Handshake, _ReplyParsing, txredisapi.RedisProtocol):
             client._refuse(message)
 
 
-class _Subscriber(_Handshake, _ReplyParsing, txredisapi.SubscriberProtocol):
+class _Subscriber(_Handshake, WholeReads, txredisapi.SubscriberProtocol):
     bus: RedisBus
 
     def connectionMade(self) -> Any:
@@ -226,29 +210,32 @@ class Redis:
         self.refusal: str | None = None
         self.refused: Deferred[str] = Deferred()
         self._buses: list[RedisBus] = []
-        self._pool = txredisapi.lazyConnectionPool(
-            self.url.host,
-            self.url.port,
-            dbid=self.url.db,
-            poolsize=poolsize,
-            reconnect=True,
+        # The pool as txredisapi.lazyConnectionPool makes it, from its public parts, so that relayd
+        # holds the factory it configures (lazyConnectionPool keeps it private).
+        factory = txredisapi.RedisFactory(
+            f"{self.url.host}:{self.url.port}",
+            self.url.db,
+            poolsize,
+            isLazy=True,
             charset=None,  # bytes in, bytes out: payloads are forwarded as they are
             password=self.url.password,
             username=self.url.username,
-            ssl_context_factory=_client_tls(self.url.host) if self.url.tls else False,
-            connectTimeout=timeout,
             replyTimeout=timeout,
             convertNumbers=False,
         )
-        self._pool._factory.protocol = _Protocol  # built when each connection is made, later on
-        self._pool._factory.relayd_client = self  # the keyspace check reports here
+        factory.reconnect = True
+        factory.protocol = _Protocol
+        factory.relayd_client = self  # the keyspace check reports here
         # Reconnect quickly: while Redis is away every request that needs it is refused.
-        self._pool._factory.initialDelay = 0.2
-        self._pool._factory.maxDelay = 2
+        factory.initialDelay = 0.2
+        factory.maxDelay = 2
+        factory.startConnecting(_endpoint(self.url, timeout, clock))
+        self._factory = factory
+        self._pool = factory.handler
 
     @property
     def connected(self) -> bool:
-        return bool(self._pool._factory.size) and self.refusal is None
+        return bool(self._factory.size) and self.refusal is None
 
     def mismatch(self, found: str) -> str:
         """The refusal for a Redis that holds C{found} where this relayd keeps its keyspace version."""
@@ -266,9 +253,8 @@ class Redis:
             return
         self.refusal = message
         self._log.critical("{reason}", reason=message)
-        factory = self._pool._factory
-        factory.stopTrying()
-        for conn in list(factory.pool):  # connections checked before another version took over
+        self._factory.stopTrying()
+        for conn in list(self._factory.pool):  # connections checked before another version took over
             conn.transport.loseConnection()
         self.refused.callback(message)
 
@@ -336,10 +322,7 @@ class RedisBus:
         factory.initialDelay = 0.2
         factory.maxDelay = 2
         self._factory = factory
-        url = redis.url
-        factory.startConnecting(
-            txredisapi._makeEndpoint(url.host, url.port, redis.timeout, _client_tls(url.host) if url.tls else None)
-        )
+        factory.startConnecting(_endpoint(redis.url, redis.timeout, redis.clock))
         self.ready: Deferred[None] = Deferred()
 
     def subscribe(self, channel: bytes, handler: Callable[[bytes], None]) -> None:
@@ -392,8 +375,12 @@ class RedisBus:
         return self._factory.disconnect()
 
 
-def _client_tls(host: str) -> Any:
-    """Verified TLS (certificate chain and hostname, via service_identity) for C{rediss://}."""
-    from twisted.internet.ssl import optionsForClientTLS
+def _endpoint(url: RedisURL, timeout: float, clock: Clock) -> IStreamClientEndpoint:
+    """Where a connection goes: the host by name (IPv4 or IPv6), through verified TLS (certificate
+    chain and hostname, via service_identity) for C{rediss://}."""
+    endpoint = HostnameEndpoint(clock.reactor, url.host, url.port, timeout=timeout)
+    if not url.tls:
+        return endpoint
+    from twisted.internet.ssl import optionsForClientTLS  # pyOpenSSL, only for rediss://
 
-    return optionsForClientTLS(host)
+    return wrapClientTLS(optionsForClientTLS(url.host), endpoint)

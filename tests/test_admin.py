@@ -18,7 +18,8 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 
-from relayd.admin import UsageError, mcp_endpoints
+from relayd.cli import UsageError
+from relayd.cli.mcp import mcp_endpoints
 from tests.support.aep import AEPRelay, event, ndjson
 from tests.support.cases import cases, expand
 from tests.support.command import Command
@@ -29,7 +30,7 @@ from tests.support.twistd import SYSTEMD_WRAPPER, RelaydProcess
 
 TOKEN = "admin-tail-token-42"
 
-# relayd/cli.py: every error is one line `PROG: error: WHAT` (argparse's own put the usage line first).
+# relayd/cli/__init__.py: every error is one line `PROG: error: WHAT` (argparse's own put the usage line first).
 ERROR_LINE = re.compile(rb"^(relayd-admin(?: [a-z]+)*): error: \S[^\n]*$")
 
 

@@ -16,10 +16,10 @@ from typing import Any, Iterator
 
 from twisted.trial.unittest import TestCase
 
-from relayd import admin
 from relayd.buzz import admin as broker_admin
 from relayd.buzz import contract
 from relayd.buzz.admin import NEEDS_A_CHANNEL
+from relayd.cli import admin
 from relayd.tap import Options, all_settings
 
 # The unit each numeric setting declares as its metavar, and the word its help must use for it.

@@ -159,7 +159,7 @@ class ReadmeTour(TestCase):
         os.mkdir(bin_dir)
         shim = os.path.join(bin_dir, "relayd-admin")
         with open(shim, "w") as f:
-            f.write(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m relayd.admin "$@"\n')
+            f.write(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m relayd.cli.admin "$@"\n')
         os.chmod(shim, 0o755)
         self.env = {"PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
         self.addresses: dict[str, str] = {}

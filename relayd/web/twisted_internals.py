@@ -31,7 +31,7 @@ from twisted.web import http
 from twisted.web import resource as _resource
 
 
-def _uses(function: Any, *names: str) -> bool:
+def code_uses(function: Any, *names: str) -> bool:
     """Whether C{function}'s code refers to every one of C{names} (as attributes or globals)."""
     code = getattr(function, "__code__", None)
     return code is not None and set(names) <= set(code.co_names)
@@ -41,9 +41,9 @@ def _uses(function: Any, *names: str) -> bool:
 
 _DIRECT = (tcp.Server, tcp.Client)
 
-TCP_BUFFERS = _uses(abstract.FileDescriptor.doWrite, "_tempDataBuffer", "dataBuffer", "offset")
+TCP_BUFFERS = code_uses(abstract.FileDescriptor.doWrite, "_tempDataBuffer", "dataBuffer", "offset")
 """A FileDescriptor queues writes in C{_tempDataBuffer} and C{dataBuffer[offset:]}."""
-HOLD_WRITES = TCP_BUFFERS and _uses(abstract.FileDescriptor.write, "startWriting")
+HOLD_WRITES = TCP_BUFFERS and code_uses(abstract.FileDescriptor.write, "startWriting")
 """C{write} registers the socket for writability through C{startWriting}, which can be held."""
 
 
@@ -135,11 +135,11 @@ def release_writes(transport: Any) -> None:
 
 # -- twisted.web requests ----------------------------------------------------------------------------
 
-REQUEST_DISCONNECTED = _uses(http.Request.connectionLost, "_disconnected") and _uses(
+REQUEST_DISCONNECTED = code_uses(http.Request.connectionLost, "_disconnected") and code_uses(
     http.Request.write, "_disconnected"
 )
 """C{Request._disconnected} says the client went away before the response finished."""
-REQUEST_BODY_DIRECT = REQUEST_DISCONNECTED and _uses(http.Request.write, "chunked", "sentLength")
+REQUEST_BODY_DIRECT = REQUEST_DISCONNECTED and code_uses(http.Request.write, "chunked", "sentLength")
 """C{Request.write} frames a body by C{chunked} and counts it in C{sentLength} (the access log's
 bytes), so body bytes can be framed by the caller and written to the transport directly."""
 
@@ -189,7 +189,7 @@ def send_body(request: Any, transport: Any, data: bytes, framed: bytes) -> None:
     transport.write(framed)
 
 
-CHANNEL_REQUEST_LINE = _uses(http.HTTPChannel.lineReceived, "_command", "_path")
+CHANNEL_REQUEST_LINE = code_uses(http.HTTPChannel.lineReceived, "_command", "_path")
 """An C{HTTPChannel} keeps the request line it is reading in C{_command} and C{_path}."""
 
 
@@ -203,10 +203,10 @@ def request_line(channel: Any) -> tuple[bytes, bytes]:
     return b"", b""
 
 
-CHANNEL_HEADER_COUNTS = _uses(http.HTTPChannel.lineReceived, "_receivedHeaderSize") and _uses(
+CHANNEL_HEADER_COUNTS = code_uses(http.HTTPChannel.lineReceived, "_receivedHeaderSize") and code_uses(
     http.HTTPChannel.headerReceived, "_receivedHeaderCount"
 )
-CHANNEL_PIPELINE = _uses(http.HTTPChannel.requestDone, "_waitingForTransport", "_networkProducer")
+CHANNEL_PIPELINE = code_uses(http.HTTPChannel.requestDone, "_waitingForTransport", "_networkProducer")
 CHANNEL_LENGTH_HOOK = hasattr(http.HTTPChannel, "_maybeChooseTransferDecoder")
 CHANNEL_BAD_REQUEST_HOOK = hasattr(http.HTTPChannel, "_respondToBadRequestAndDisconnect")
 GENERIC_CHANNEL = hasattr(http, "_GenericHTTPChannelProtocol")
@@ -285,7 +285,7 @@ def allowed_methods(found: Any) -> list[bytes]:
 
 # -- listening ----------------------------------------------------------------------------------------
 
-LISTEN_STATE = _uses(StreamServerEndpointService.privilegedStartService, "_raiseSynchronously", "_waitingForPort")
+LISTEN_STATE = code_uses(StreamServerEndpointService.privilegedStartService, "_raiseSynchronously", "_waitingForPort")
 """C{StreamServerEndpointService} keeps its listen Deferred and can raise a bind error at start."""
 
 
@@ -347,7 +347,7 @@ def bound_port(svc: StreamServerEndpointService) -> defer.Deferred[IListeningPor
 
 # -- the reactor --------------------------------------------------------------------------------------
 
-EXIT_SIGNAL = hasattr(base.ReactorBase, "_exitSignal") and _uses(app.ApplicationRunner.startReactor, "_exitSignal")
+EXIT_SIGNAL = hasattr(base.ReactorBase, "_exitSignal") and code_uses(app.ApplicationRunner.startReactor, "_exitSignal")
 """twistd re-raises the signal that stopped the reactor (C{_exitSignal}) once it has run."""
 
 
@@ -363,11 +363,11 @@ def forget_exit_signal(reactor: Any) -> None:
 
 # -- twisted.logger -----------------------------------------------------------------------------------
 
-PUBLISHER_LIST = _uses(LogPublisher.addObserver, "_observers") and isinstance(
+PUBLISHER_LIST = code_uses(LogPublisher.addObserver, "_observers") and isinstance(
     getattr(LogPublisher(), "_observers", None), list
 )
 """A C{LogPublisher} calls its observers in the order of its C{_observers} list."""
-TEXT_FORMATTER = _uses(FileLogObserver.__call__, "formatEvent")
+TEXT_FORMATTER = code_uses(FileLogObserver.__call__, "formatEvent")
 """A C{FileLogObserver} formats each event through its C{formatEvent} attribute."""
 _TEXT_OBSERVER_FORMATTER = "textFileLogObserver.<locals>.formatEvent"
 
@@ -405,13 +405,13 @@ def wrap_text_formatters(publisher: LogPublisher, wrap: Callable[[Callable[[Any]
 
 # -- autobahn -----------------------------------------------------------------------------------------
 
-WS_SEND_STATE = _uses(WebSocketProtocol.sendPreparedMessage, "_perMessageCompress") and _uses(
+WS_SEND_STATE = code_uses(WebSocketProtocol.sendPreparedMessage, "_perMessageCompress") and code_uses(
     WebSocketProtocol.sendData, "send_queue"
 )
 """autobahn compresses per message when C{_perMessageCompress} is set and queues in C{send_queue}."""
-WS_RECEIVE_STATE = _uses(WebSocketProtocol.processData, "current_frame", "inside_message", "data", "_perMessageCompress")
+WS_RECEIVE_STATE = code_uses(WebSocketProtocol.processData, "current_frame", "inside_message", "data", "_perMessageCompress")
 """autobahn's parser is between frames when it has no current frame, message or buffered data."""
-WS_QUIET_RECEIVE = hasattr(WebSocketProtocol, "_dataReceived") and _uses(
+WS_QUIET_RECEIVE = hasattr(WebSocketProtocol, "_dataReceived") and code_uses(
     WebSocketAdapterProtocol.dataReceived, "_dataReceived"
 )
 """autobahn's C{dataReceived} formats a debug line, then parses in C{_dataReceived}."""

@@ -44,8 +44,8 @@ class Command(ProcessProtocol):
 
     @classmethod
     def admin(cls, *args: str, env: dict[str, str] | None = None, stdin: bytes | None = None) -> Command:
-        """C{relayd-admin ARGS...} (as C{python -m relayd.admin}, this checkout's code)."""
-        return cls.start([sys.executable, "-m", "relayd.admin", *args], env, stdin)
+        """C{relayd-admin ARGS...} (as C{python -m relayd.cli.admin}, this checkout's code)."""
+        return cls.start([sys.executable, "-m", "relayd.cli.admin", *args], env, stdin)
 
     def outReceived(self, data: bytes) -> None:
         self.stdout += data

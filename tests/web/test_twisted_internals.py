@@ -3,8 +3,9 @@
 For every shortcut: the feature is detected on the installed release, shown on real objects over real
 loopback connections (a Twisted or autobahn release that moves the state fails here, loudly), and the
 fallback taken when it is absent gives the same observable result (or, where there is no public
-equivalent, the documented plainer one). Last, no module outside the fence touches a Twisted or
-autobahn private attribute.
+equivalent, the documented plainer one). Last, no module outside the fences touches a Twisted,
+autobahn or txredisapi private attribute (txredisapi's fence is relayd/redis_internals.py, its
+detections are in tests/test_redis_internals.py).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
 import relayd
+from relayd import redis_internals as redis_fence
 from relayd.web import twisted_internals as fence
 from relayd.web.site import RelaySite
 from relayd.web.sse import http_chunk
@@ -488,33 +490,33 @@ class WebSockets(LoopbackCase):
 
 _PACKAGE = Path(relayd.__file__).parent
 _FENCE = Path(fence.__file__).resolve()
-_THIRD_PARTY = ("twisted", "autobahn")
+_FENCES = {_FENCE, Path(redis_fence.__file__).resolve()}
+_THIRD_PARTY = ("twisted", "autobahn", "txredisapi")
 
 # Our own objects whose private names happen to be spelled like one of Twisted's or autobahn's. Each
 # entry: (module under relayd/, attribute) -> why it is ours.
 _OURS = {
-    ("admin.py", "_progress"): "the admin tail's own progress line",
     ("aep/index.py", "_scan"): "the subscription index's own scan",
     ("aep/websocket.py", "_open"): "AEPSocket's own state",
     ("mcp/http.py", "_log"): "the MCP resource's own Logger",
     ("redis.py", "_message"): "the Redis bus's own handler",
-    # txredisapi (relayd's Redis client, setup.cfg) keeps its pool's factory private; it is not a
-    # Twisted object, and relayd/redis.py is txredisapi's one user.
-    ("redis.py", "_factory"): "txredisapi's pool factory, not a Twisted object",
 }
 
 
 def _third_party_private_names() -> frozenset[str]:
-    """Every single-underscore name Twisted's and autobahn's modules relayd uses define or assign."""
+    """Every single-underscore name Twisted's, autobahn's and txredisapi's modules define or assign."""
     import autobahn
+    import txredisapi
 
     import twisted
 
     names: set[str] = set()
-    pattern = re.compile(r"(?:self\.|def |^\s+)(_[A-Za-z][A-Za-z0-9_]*)\b", re.MULTILINE)
-    for package in (twisted, autobahn):
+    pattern = re.compile(r"(?:self\.|def |class |^\s+)(_[A-Za-z][A-Za-z0-9_]*)\b", re.MULTILINE)
+    for package in (twisted, autobahn, txredisapi):
         root = Path(package.__file__).parent
-        for path in root.rglob("*.py"):
+        # txredisapi is one module, not a package
+        files = root.rglob("*.py") if Path(package.__file__).name == "__init__.py" else [Path(package.__file__)]
+        for path in files:
             if "test" in path.relative_to(root).parts[:-1] or path.name.startswith("test_"):
                 continue
             names.update(m for m in pattern.findall(path.read_text(errors="replace")) if not m.endswith("__"))
@@ -522,15 +524,23 @@ def _third_party_private_names() -> frozenset[str]:
 
 
 def _third_party_bases(tree: ast.Module, module: Any) -> dict[str, list[type]]:
-    """The Twisted and autobahn classes among the bases of each class in C{module}."""
-    found: dict[str, list[type]] = {}
+    """The third-party classes among the bases of each class in C{module}, and of a mixin (a class
+    of C{module} that other classes of it combine with a third-party class) those of the classes using it."""
+    classes = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef):
             cls = getattr(module, node.name, None)
             if inspect.isclass(cls):
-                found[node.name] = [
-                    b for b in cls.__mro__ if (getattr(b, "__module__", "") or "").split(".")[0] in _THIRD_PARTY
-                ]
+                classes[node.name] = cls
+    found: dict[str, list[type]] = {}
+    for name, cls in classes.items():
+        users = [other for other in classes.values() if cls in other.__mro__]
+        found[name] = [
+            b
+            for user in users
+            for b in user.__mro__
+            if (getattr(b, "__module__", "") or "").split(".")[0] in _THIRD_PARTY
+        ]
     return found
 
 
@@ -593,7 +603,7 @@ def _modules() -> list[tuple[Path, Any]]:
 
     found = []
     for path in sorted(_PACKAGE.rglob("*.py")):
-        if path.resolve() == _FENCE:
+        if path.resolve() in _FENCES:
             continue
         dotted = ".".join(("relayd", *path.relative_to(_PACKAGE).with_suffix("").parts))
         found.append((path, importlib.import_module(dotted.removesuffix(".__init__"))))
@@ -608,7 +618,7 @@ class Fence(TestCase):
             for path, module in _modules()
             for use in private_uses(path.read_text(), path.relative_to(_PACKAGE).as_posix(), module, private)
         ]
-        self.assertEqual(uses, [], "move these into relayd/web/twisted_internals.py")
+        self.assertEqual(uses, [], "move these into relayd/web/twisted_internals.py or relayd/redis_internals.py")
 
     def test_the_scan_sees_a_private_use(self) -> None:
         """A module reaching into a transport, a request, or an inherited private hook is caught."""
@@ -633,8 +643,30 @@ class Fence(TestCase):
              "from twisted.web.http import _GenericHTTPChannelProtocol"],
         )
 
-    def test_the_fence_imports_no_wing(self) -> None:
-        tree = ast.parse(_FENCE.read_text())
-        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        self.assertEqual({m for m in imported if m.startswith("relayd")}, set())
+    def test_the_scan_sees_a_txredisapi_private_use(self) -> None:
+        """A pool's private factory, a private helper, and txredisapi's readiness state set in a mixin."""
+        private = _third_party_private_names()
+        sample = (
+            "import txredisapi\n"
+            "def pool(host):\n"
+            "    p = txredisapi.lazyConnectionPool(host)\n"
+            "    return p._factory, txredisapi._makeEndpoint(host, 6379)\n"
+            "class Ready:\n"
+            "    def connectionMade(self):\n"
+            "        self._ready = True\n"
+            "class P(Ready, txredisapi.RedisProtocol):\n"
+            "    pass\n"
+        )
+        namespace: dict[str, Any] = {}
+        exec(compile(sample, "sample.py", "exec"), namespace)
+        uses = private_uses(sample, "sample.py", type("M", (), namespace), private)
+        self.assertEqual(sorted(u.split(": ", 1)[1] for u in uses), ["Ready uses inherited _ready", "_factory", "_makeEndpoint"])
+
+    def test_the_fences_import_no_wing(self) -> None:
+        # The Twisted fence imports nothing of relayd's; txredisapi's only the Twisted fence's detection.
+        allowed = {_FENCE: set(), Path(redis_fence.__file__).resolve(): {"relayd.web.twisted_internals"}}
+        for path, may in allowed.items():
+            tree = ast.parse(path.read_text())
+            imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+            imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+            self.assertEqual({m for m in imported if m.startswith("relayd")}, may, path.name)

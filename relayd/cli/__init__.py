@@ -1,17 +1,32 @@
-"""The command-line style every C{relayd-admin} tool shares (docs/decisions.md P-6).
+"""The command-line style every C{relayd-admin} tool shares (docs/decisions.md P-6); the tools are
+this package's modules.
 
 Help texts are in sentence case without a closing full stop; an option with a default ends with
 C{[default: X]}, X printed as an operator would type it. Errors have argparse's shape, whatever found
 them: C{PROG: error: WHAT} on stderr (argparse's own errors print the usage line first), exit status 2
 for a usage error (the command line cannot work as written) and 1 for a failure while running.
+
+The modules, one per tool or command group:
+
+    client   what the tools that talk to a running relayd share: its URLs, plain HTTP, stopping on a signal
+    admin    C{relayd-admin}: the command line and its dispatch (the console script's entry point)
+    aep      C{relayd-admin aep tail|post}
+    mcp      C{relayd-admin mcp connect}
+    status   C{relayd-admin status}
+
+C{relayd-admin broker} is the broker wing's own (relayd/buzz/admin.py): it works on the broker's state
+directory, not over HTTP. Only L{relayd.cli.admin} reaches a wing, to hand it that command line; the
+rest speak HTTP to a running relayd and import no wing (pyproject.toml's import contracts).
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import IO, Any, NoReturn
+from typing import IO, Any, Callable, NoReturn, TypeVar
 
-from relayd.config import show_value
+from relayd.config import integer_at_least, show_value
+
+T = TypeVar("T")
 
 USAGE = 2
 FAILED = 1
@@ -86,24 +101,20 @@ class Parser(argparse.ArgumentParser):
 
 def positive_int(text: str) -> int:
     """An argparse type: an integer >= 1."""
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
-    return value
+    return _argument(text, integer_at_least, 1, "must be a positive integer", "is not an integer")
 
 
 def non_negative_int(text: str) -> int:
     """An argparse type: an integer >= 0."""
+    return _argument(text, integer_at_least, 0, "must be 0 or more", "is not an integer")
+
+
+def _argument(text: str, parse: Callable[..., T], *args: Any) -> T:
+    """C{parse(text, *args)}, its C{ValueError} as argparse reports a bad value: C{'TEXT' WHAT}."""
     try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
-    return value
+        return parse(text, *args)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} {e}") from None
 
 
 def seconds(text: str) -> float:

@@ -1,0 +1,71 @@
+"""C{relayd-admin}: the operator's tools for a running relayd (the console script's entry point).
+
+    relayd-admin aep tail [URL] [--filter JSON] [--session S] [--capture LEVEL] [--from all|JSON] [--no-live]
+    relayd-admin aep post [URL] [FILE]            # NDJSON events from FILE or stdin
+    relayd-admin mcp connect URL [tools | call NAME [ARGS] | send FRAME | watch]
+    relayd-admin status [--aep URL] [--mcp URL] [--broker URL] [--metrics URL]
+    relayd-admin broker issue|revoke|list ...     # Buzz broker credentials
+
+This module builds the command line from its groups (relayd/cli/aep.py, mcp.py, status.py), runs the
+command, and turns whatever went wrong into one C{PROG: error: WHAT} line (relayd/cli/__init__.py).
+C{broker} is handed whole to the broker wing's own tool, relayd/buzz/admin.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import sys
+from typing import Sequence
+
+import relayd
+from relayd.cli import CommandError, Failure, Parser, aep, mcp, report, status
+from relayd.cli.client import Stopped, describe, stop_on_signals
+from relayd.clock import BlockingClock
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The command line; every help text follows relayd/cli/__init__.py (tests/test_help.py checks it)."""
+    p = Parser(prog="relayd-admin", description="Operator tools for a running relayd")
+    p.add_argument("--version", action="version", version=f"relayd-admin {relayd.__version__}",
+                   help="Show relayd-admin's version and exit")
+    tools = p.add_subparsers(dest="tool", required=True, metavar="{aep,mcp,status,broker}")
+    aep.add_parser(tools)
+    mcp.add_parser(tools)
+    status.add_parser(tools)
+    # Parsed by relayd.buzz.admin (main hands it everything after "broker").
+    tools.add_parser("broker", help="Buzz broker credentials: issue, revoke, list (relayd-admin broker -h)",
+                     add_help=False)
+    return p
+
+
+def main(argv: Sequence[str] | None = None, clock: BlockingClock | None = None) -> int:
+    """The C{relayd-admin} console script; returns the exit status (relayd/cli/__init__.py: 2 usage, 1 failure).
+
+    C{clock} is what the commands wait and measure time with (a test's own, else the system's).
+    """
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["broker"]:
+        from relayd.buzz.admin import main as broker_main  # the one wing a tool reaches (pyproject.toml)
+
+        return broker_main(args_list[1:])
+    parser = _parser()
+    try:
+        args = parser.parse_args(args_list)
+    except CommandError as e:
+        return report(sys.stderr, e, parser.prog)
+    stop_on_signals()
+    try:
+        return int(args.run(args, clock or BlockingClock()))
+    except Stopped:
+        return 0
+    except CommandError as e:
+        return report(sys.stderr, e, args.prog)
+    except (OSError, http.client.HTTPException) as e:
+        return report(sys.stderr, Failure(describe(e)), args.prog)
+    except Exception as e:  # never a traceback for an operator: one line, and the kind of fault
+        return report(sys.stderr, Failure(f"unexpected {type(e).__name__}: {e}"), args.prog)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
