@@ -154,6 +154,26 @@ class RouteTableResolution(TestCase):
         self.assertIsInstance(table.resolve(b"GET", b"/v1x0/y"), Answer)
         self.assertNotIsInstance(table.resolve(b"GET", b"/v1.0/y"), Answer)
 
+    def test_a_part_may_be_held_to_a_pattern(self) -> None:
+        table = RouteTable(parts={"session": "[a-z]{4,8}"})
+        handler = lambda request, session: Answer(200)  # noqa: E731
+        table.add("/{session}/inbox", {"POST": handler})
+        self.assertEqual(table.resolve(b"POST", b"/abcd/inbox"), (handler, {"session": "abcd"}))
+        # A part that does not match is an unknown path (404), whatever the method.
+        for path in (b"/abc/inbox", b"/abcdefghi/inbox", b"/ab-d/inbox"):
+            self.assertEqual(table.resolve(b"GET", path), table.not_found, path)
+        self.assertEqual(table.resolve(b"GET", b"/abcd/inbox").status, 405)  # type: ignore[union-attr]
+
+    def test_a_handler_for_every_other_method(self) -> None:
+        table = RouteTable()
+        get = lambda request: Answer(200)  # noqa: E731
+        other = lambda request: Answer(405)  # noqa: E731
+        table.add("/mcp", {"GET": get, "HEAD": other, "*": other})
+        self.assertEqual(table.resolve(b"GET", b"/mcp"), (get, {}))
+        for method in (b"HEAD", b"PUT", b"BREW"):
+            self.assertEqual(table.resolve(method, b"/mcp"), (other, {}), method)
+        self.assertEqual(table.allowed(b"/mcp"), b"GET, HEAD")
+
 
 def _turn() -> Deferred[None]:
     d: Deferred[None] = Deferred()
