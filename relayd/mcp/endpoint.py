@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import secrets
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Final
+from typing import Any, Final
 from urllib.parse import quote
 
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
@@ -48,7 +48,9 @@ _CORS_HEADERS = (
 )
 
 
-def _rpc_error(status: int, code: int, message: str, request_id: Any = None, headers: tuple[tuple[bytes, bytes], ...] = ()) -> Answer:
+def _rpc_error(
+    status: int, code: int, message: str, request_id: Any = None, headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> Answer:
     """A JSON-RPC error response as the whole HTTP answer."""
     return json_answer(status, standard.error_body(code, message, request_id), headers)
 
@@ -89,10 +91,9 @@ REFUSALS: Final = Refusals(
 
 @dataclass(frozen=True, slots=True)
 class Intake:
-    """A POST's JSON-RPC messages, and the requests among them."""
+    """A POST's body, valid JSON-RPC 2.0, and the requests among its messages."""
 
     body: bytes
-    messages: list[Any]
     requests: list[dict[str, Any]]
 
 
@@ -109,7 +110,7 @@ def read_messages(request: Request, one_request: bool = True) -> Intake | Answer
     requests = [m for m in messages if standard.is_request(m)]
     if one_request and requests and len(messages) > 1:
         return _rpc_error(400, standard.INVALID_REQUEST, "batches of requests are not supported")
-    return Intake(body, messages, requests)
+    return Intake(body, requests)
 
 
 @dataclass(frozen=True)
@@ -413,8 +414,6 @@ def _header(request: Request, name: bytes) -> str | None:
 class Endpoint:
     """The standard MCP routes of every session: C{mcp} (Streamable HTTP), C{sse} and C{messages} (legacy)."""
 
-    _log = Logger()
-
     def __init__(self, tunnel: TunnelRelay, policy: OriginPolicy, hub: SSEHub, clock: Clock, prefix: bytes,
                  config: EndpointConfig | None = None) -> None:
         self.tunnel = tunnel
@@ -531,11 +530,12 @@ class Endpoint:
     def _preflight(request: Request, session: str) -> Answer:
         # The origin's CORS headers are already set (the relay's policy); these are the endpoint's.
         allow = _ALLOW[_route(request)]
-        return Answer(
-            204,
-            b"",
-            ((b"allow", allow), (b"access-control-allow-methods", allow), (b"access-control-allow-headers", _CORS_HEADERS)),
+        headers = (
+            (b"allow", allow),
+            (b"access-control-allow-methods", allow),
+            (b"access-control-allow-headers", _CORS_HEADERS),
         )
+        return Answer(204, b"", headers)
 
     def _mcp_post(self, request: Request, session: str) -> Result:
         return self._admit(request, session, lambda token, version: self._post(request, session, token, version))
@@ -731,7 +731,8 @@ class Endpoint:
             self.pending_per_session.get(session, 0) >= config.pending_per_session
         ):
             retry = ((b"retry-after", b"1"),)
-            finish(request, _rpc_error(429, standard.TOO_MANY_PENDING, "too many pending requests", message["id"], retry))
+            too_many = _rpc_error(429, standard.TOO_MANY_PENDING, "too many pending requests", message["id"], retry)
+            finish(request, too_many)
             if client.stateless or first:
                 client.close()
             return

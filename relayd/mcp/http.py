@@ -8,7 +8,8 @@ C{/}, C{/healthz} and C{{prefix}/}. The tunnel decides; this module only transla
 
 from __future__ import annotations
 
-from typing import Callable, Final
+from collections.abc import Callable
+from typing import Final
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
@@ -86,7 +87,6 @@ REFUSALS: Final = Refusals(
 
 OK: Final = json_answer(200, b'{"ok":true}')
 OK_ALREADY_GONE: Final = json_answer(200, b'{"ok":true,"alreadyGone":true}')
-NO_CONTENT: Final = Answer(204)
 HEALTH: Final = json_answer(200, HEALTH_BODY)
 # Never written: finish() drops an answer to a client that has left.
 _UNSENT: Final = Answer(499)

@@ -245,7 +245,15 @@ class RoutedResource(Resource):
         return write_answer(request, answer)  # type: ignore[arg-type]
 
     def _later(self, request: Request, d: Deferred[Answer]) -> int:
-        # A Deferred that has already fired is answered in this call, like a plain Answer.
-        refusals = self.table.refusals
-        d.addCallbacks(lambda answer: finish(request, answer), lambda f: finish(request, refusals.answer(f)))
+        # A Deferred that has already fired is answered in this call, like a plain Answer. Arguments,
+        # not closures: a request parked for minutes (a long-poll) holds two small tuples, no functions.
+        d.addCallbacks(_answered, _failed, callbackArgs=(request,), errbackArgs=(request, self.table.refusals))
         return NOT_DONE_YET
+
+
+def _answered(answer: Answer, request: Request) -> None:
+    finish(request, answer)
+
+
+def _failed(failure: Failure, request: Request, refusals: Refusals) -> None:
+    finish(request, refusals.answer(failure))
