@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gc
+from types import CellType
 from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.trial.unittest import TestCase
 from twisted.web.server import Request
+from twisted.web.test.requesthelper import DummyRequest
 
 from relayd.storage import StoreUnavailable
 from relayd.web.routes import (
@@ -133,6 +136,22 @@ class RoutedResourceOverHTTP(TestCase):
         finish(request, json_answer(200, b"{}"))
         self.assertTrue(gone(request))
         reply_d.addErrback(lambda _: None)
+
+
+class ParkedRequests(TestCase):
+    def test_an_answer_later_holds_no_closure(self) -> None:
+        # A long-poll may stay parked for minutes, thousands at once: what the layer adds to its
+        # Deferred is two module functions and their argument tuples, not two closures.
+        d: Deferred[Answer] = Deferred()
+        table = RouteTable()
+        table.add("/poll", {"GET": lambda request: d})
+        request: Any = DummyRequest([b"poll"])
+        request.path = b"/poll"
+        request.method = b"GET"
+        RoutedResource(table).render(request)
+        self.assertEqual([r for r in gc.get_referrers(request) if isinstance(r, CellType)], [])
+        d.callback(json_answer(200, b"{}"))
+        self.assertEqual((request.responseCode, request.written, request.finished), (200, [b"{}"], 1))
 
 
 class RouteTableResolution(TestCase):
