@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import secrets
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 from urllib.parse import quote
 
-from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.server import NOT_DONE_YET, Request
+from twisted.web.server import Request
 
 from relayd.clock import Clock
 from relayd.mcp import standard
@@ -32,8 +32,8 @@ from relayd.storage import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param
 from relayd.web.body import read_body
 from relayd.web.cors import OriginPolicy
+from relayd.web.routes import TAKEN, Answer, Handler, Refusals, Result, finish, gone, json_answer
 from relayd.web.sse import SSEHub, SSEStream
-from relayd.web.twisted_internals import request_gone
 
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
@@ -41,6 +41,76 @@ _SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 _MCP_EVENT = len(b"event: mcp\ndata: ")
+# What each route takes (a preflight's Allow and allow-methods; the 405's Allow).
+_ALLOW = {"mcp": b"GET, POST, DELETE, OPTIONS", "sse": b"GET, OPTIONS", "messages": b"POST, OPTIONS"}
+_CORS_HEADERS = (
+    b"content-type, accept, authorization, mcp-session-id, mcp-protocol-version, mcp-method, mcp-name, last-event-id"
+)
+
+
+def _rpc_error(
+    status: int, code: int, message: str, request_id: Any = None, headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> Answer:
+    """A JSON-RPC error response as the whole HTTP answer."""
+    return json_answer(status, standard.error_body(code, message, request_id), headers)
+
+
+SESSION_GONE: Final = _rpc_error(410, standard.SESSION_ENDED, "the tunnel session is gone")
+UNAUTHORIZED: Final = _rpc_error(
+    401, standard.INVALID_REQUEST, "missing or wrong token", headers=((b"www-authenticate", b'Bearer realm="relayd"'),)
+)
+TOO_MANY_CLIENTS: Final = _rpc_error(
+    503, standard.TOO_MANY_PENDING, "too many client sessions", headers=((b"retry-after", b"5"),)
+)
+UNKNOWN_LEGACY_CLIENT: Final = _rpc_error(404, standard.INVALID_REQUEST, "unknown or ended sessionId")
+UNKNOWN_CLIENT: Final = _rpc_error(404, standard.INVALID_REQUEST, "unknown or ended Mcp-Session-Id")
+MISSING_CLIENT: Final = _rpc_error(400, standard.INVALID_REQUEST, "missing Mcp-Session-Id")
+NOT_JSON_RPC: Final = _rpc_error(400, standard.PARSE_ERROR, "not a JSON-RPC 2.0 message")
+ACCEPTED: Final = json_answer(202, b"")
+ENDED: Final = json_answer(200, b"")
+
+
+def _refused(error: Refused) -> Answer:
+    reason = error.reason
+    if reason == "session_gone":
+        return SESSION_GONE
+    if reason == "buffer_full":
+        return _rpc_error(503, standard.TOO_MANY_PENDING, "relay buffer full", headers=((b"retry-after", b"5"),))
+    return _rpc_error(400, standard.INVALID_REQUEST, reason)
+
+
+REFUSALS: Final = Refusals(
+    [
+        (Refused, _refused),
+        (StoreUnavailable, lambda _: _rpc_error(503, standard.SESSION_ENDED, "store unavailable")),
+    ],
+    internal_error=_rpc_error(500, -32603, "internal error"),
+)
+"""The endpoint's answers (JSON-RPC errors) to what fails once a request is under way."""
+
+
+@dataclass(frozen=True, slots=True)
+class Intake:
+    """A POST's body, valid JSON-RPC 2.0, and the requests among its messages."""
+
+    body: bytes
+    requests: list[dict[str, Any]]
+
+
+def read_messages(request: Request, one_request: bool = True) -> Intake | Answer:
+    """The one intake of a POST to the endpoint: its body as JSON-RPC messages, or the 400 answer.
+
+    C{one_request}: a batch may hold notifications and responses but not requests (each request is
+    one exchange with the page, answered on its own).
+    """
+    body = read_body(request)
+    messages = standard.parse_message(body)
+    if messages is None:
+        return NOT_JSON_RPC
+    requests = [m for m in messages if standard.is_request(m)]
+    if one_request and requests and len(messages) > 1:
+        return _rpc_error(400, standard.INVALID_REQUEST, "batches of requests are not supported")
+    return Intake(body, requests)
 
 
 @dataclass(frozen=True)
@@ -92,7 +162,7 @@ class _Pending:
     def send(self, raw: bytes) -> bool:
         """A message about this request (progress, the page's request): on its stream if it may have one."""
         request = self.request
-        if request is None or not self.sse_ok or _gone(request):
+        if request is None or not self.sse_ok or gone(request):
             return False
         if self.stream is None:
             endpoint = self.client.endpoint
@@ -110,15 +180,13 @@ class _Pending:
         if self.client.legacy:
             self.client.push(raw)
             return
-        if request is None or _gone(request):
+        if request is None or gone(request):
             return
         if self.stream is not None:
             self.stream.write(_message_event(raw))
             self.stream.close()
             return
-        for name, value in self.client.session_header():
-            request.setHeader(name, value)
-        _finish(request, status, raw)
+        finish(request, json_answer(status, raw, self.client.session_header()))
 
     def expire(self) -> None:
         """The page did not answer in time: a JSON-RPC error, and the page is told to stop."""
@@ -324,22 +392,13 @@ class Client:
             stream.close()
 
 
-def _gone(request: Request) -> bool:
-    return request_gone(request) or bool(request.finished)
-
-
-def _finish(request: Request, status: int, body: bytes, content_type: bytes = b"application/json") -> None:
-    if _gone(request):
-        return
-    request.setResponseCode(status)
-    request.setHeader(b"content-type", content_type)
-    request.setHeader(b"content-length", b"%d" % len(body))
-    request.write(body)
-    request.finish()
-
-
 def _request_token(request: Request) -> str:
     return bearer_token(request) or query_param(request, "token") or ""
+
+
+def _route(request: Request) -> str:
+    # The route is the path's last segment (mcp, sse, messages).
+    return request.path.rsplit(b"/", 1)[-1].decode("ascii")
 
 
 def _header(request: Request, name: bytes) -> str | None:
@@ -354,8 +413,6 @@ def _header(request: Request, name: bytes) -> str | None:
 
 class Endpoint:
     """The standard MCP routes of every session: C{mcp} (Streamable HTTP), C{sse} and C{messages} (legacy)."""
-
-    _log = Logger()
 
     def __init__(self, tunnel: TunnelRelay, policy: OriginPolicy, hub: SSEHub, clock: Clock, prefix: bytes,
                  config: EndpointConfig | None = None) -> None:
@@ -443,102 +500,114 @@ class Endpoint:
             else:
                 self.per_session.pop(client.session, None)
 
-    # dispatch ----------------------------------------------------------------------------------
+    # routes ------------------------------------------------------------------------------------
 
-    def render(self, request: Request, route: bytes, session: str) -> Any:
-        """Answer one request on C{mcp}, C{sse} or C{messages}; CORS headers are already set."""
+    def routes(self) -> dict[str, dict[str, Handler]]:
+        """The endpoint's routes, under the relay's prefix: path -> method -> handler.
+
+        The origin and the protocol version are checked before the method (L{_admit}), so every other
+        method (C{"*"}, C{HEAD} included) is answered here too: the endpoint's own JSON-RPC C{405}.
+        """
+        return {
+            "/{session}/mcp": {
+                "POST": self._mcp_post,
+                "GET": self._mcp_get,
+                "DELETE": self._mcp_delete,
+                "OPTIONS": self._preflight,
+                "HEAD": self._not_allowed,
+                "*": self._not_allowed,
+            },
+            "/{session}/sse": {
+                "GET": self._sse,
+                "OPTIONS": self._preflight,
+                "HEAD": self._not_allowed,
+                "*": self._not_allowed,
+            },
+            "/{session}/messages": {"POST": self._messages, "OPTIONS": self._preflight, "*": self._not_allowed},
+        }
+
+    @staticmethod
+    def _preflight(request: Request, session: str) -> Answer:
+        # The origin's CORS headers are already set (the relay's policy); these are the endpoint's.
+        allow = _ALLOW[_route(request)]
+        headers = (
+            (b"allow", allow),
+            (b"access-control-allow-methods", allow),
+            (b"access-control-allow-headers", _CORS_HEADERS),
+        )
+        return Answer(204, b"", headers)
+
+    def _mcp_post(self, request: Request, session: str) -> Result:
+        return self._admit(request, session, lambda token, version: self._post(request, session, token, version))
+
+    def _mcp_get(self, request: Request, session: str) -> Result:
+        return self._admit(request, session, lambda token, _: self._get(request, session, token), stateful=True)
+
+    def _mcp_delete(self, request: Request, session: str) -> Result:
+        return self._admit(request, session, lambda token, _: self._delete(request, session, token), stateful=True)
+
+    def _sse(self, request: Request, session: str) -> Result:
+        return self._admit(request, session, lambda token, _: self._legacy_open(request, session, token))
+
+    def _messages(self, request: Request, session: str) -> Result:
+        return self._admit(request, session, lambda token, _: self._legacy_post(request, session))
+
+    def _not_allowed(self, request: Request, session: str) -> Result:
+        return self._admit(request, session, None)
+
+    def _admit(
+        self,
+        request: Request,
+        session: str,
+        act: Callable[[str, str | None], None] | None,
+        stateful: bool = False,
+    ) -> Result:
+        """Check what every request to the endpoint must pass, in the order the contract gives, then
+        C{act(token, version)} once the tunnel has accepted the token for C{session}.
+
+        C{act=None}: the method is not allowed; C{stateful}: nor is it under a stateless revision.
+        CORS headers are already set.
+        """
         request.setHeader(b"access-control-expose-headers", b"mcp-session-id, www-authenticate")
         origin = request.requestHeaders.getRawHeaders(b"origin")
         if origin and not self.policy.any and origin[0] not in self.policy._allowed_bytes:
             # The spec's DNS-rebinding rule: a browser page of another origin gets nothing.
-            return self._error(request, 403, standard.INVALID_REQUEST, "origin not allowed")
+            return _rpc_error(403, standard.INVALID_REQUEST, "origin not allowed")
         version = _header(request, b"mcp-protocol-version")
         if version is not None and version not in standard.SUPPORTED_VERSIONS:
-            return self._error(request, 400, standard.INVALID_REQUEST, "unsupported MCP-Protocol-Version")
+            return _rpc_error(400, standard.INVALID_REQUEST, "unsupported MCP-Protocol-Version")
+        if act is None or (stateful and version in standard.STATELESS_VERSIONS):
+            allow = ((b"allow", _ALLOW[_route(request)]),)
+            return _rpc_error(405, standard.INVALID_REQUEST, "method not allowed", headers=allow)
         token = _request_token(request)
-        method = request.method
-        if route == b"mcp":
-            if method == b"POST":
-                body = read_body(request)
-                handler = lambda: self._post(request, session, token, body, version)  # noqa: E731
-            elif method == b"GET" and version not in standard.STATELESS_VERSIONS:
-                handler = lambda: self._get(request, session, token)  # noqa: E731
-            elif method == b"DELETE" and version not in standard.STATELESS_VERSIONS:
-                handler = lambda: self._delete(request, session, token)  # noqa: E731
-            else:
-                request.setHeader(b"allow", b"GET, POST, DELETE, OPTIONS")
-                return self._error(request, 405, standard.INVALID_REQUEST, "method not allowed")
-        elif route == b"sse":
-            if method != b"GET":
-                request.setHeader(b"allow", b"GET, OPTIONS")
-                return self._error(request, 405, standard.INVALID_REQUEST, "method not allowed")
-            handler = lambda: self._legacy_open(request, session, token)  # noqa: E731
-        else:
-            if method != b"POST":
-                request.setHeader(b"allow", b"POST, OPTIONS")
-                return self._error(request, 405, standard.INVALID_REQUEST, "method not allowed")
-            body = read_body(request)
-            handler = lambda: self._legacy_post(request, session, body)  # noqa: E731
         if not token:
-            return self._unauthorized(request)
+            return UNAUTHORIZED
 
         def checked(reason: str | None) -> None:
             if reason == "session_gone":
-                _finish(request, 410, standard.error_body(standard.SESSION_ENDED, "the tunnel session is gone"))
+                finish(request, SESSION_GONE)
             elif reason is not None:
-                self._unauthorized(request, finish=True)
+                finish(request, UNAUTHORIZED)
             else:
-                handler()
+                act(token, version)
 
         self.tunnel.check(session, token).addCallbacks(checked, lambda f: self._failed(request, f))
-        return NOT_DONE_YET
+        return TAKEN
 
     # answers -----------------------------------------------------------------------------------
 
     @staticmethod
-    def _error(request: Request, status: int, code: int, message: str, request_id: Any = None) -> bytes:
-        request.setResponseCode(status)
-        request.setHeader(b"content-type", b"application/json")
-        return standard.error_body(code, message, request_id)
-
-    def _unauthorized(self, request: Request, finish: bool = False) -> bytes | None:
-        request.setHeader(b"www-authenticate", b'Bearer realm="relayd"')
-        body = standard.error_body(standard.INVALID_REQUEST, "missing or wrong token")
-        if finish:
-            _finish(request, 401, body)
-            return None
-        request.setResponseCode(401)
-        request.setHeader(b"content-type", b"application/json")
-        return body
-
-    def _failed(self, request: Request, f: Failure) -> None:
-        if isinstance(f.value, Refused):
-            reason = f.value.reason
-            if reason == "session_gone":
-                _finish(request, 410, standard.error_body(standard.SESSION_ENDED, "the tunnel session is gone"))
-            elif reason == "buffer_full":
-                if not _gone(request):
-                    request.setHeader(b"retry-after", b"5")
-                _finish(request, 503, standard.error_body(standard.TOO_MANY_PENDING, "relay buffer full"))
-            else:
-                _finish(request, 400, standard.error_body(standard.INVALID_REQUEST, reason))
-        elif f.check(StoreUnavailable):
-            _finish(request, 503, standard.error_body(standard.SESSION_ENDED, "store unavailable"))
-        else:
-            self._log.failure("MCP endpoint request failed", f)
-            _finish(request, 500, standard.error_body(-32603, "internal error"))
+    def _failed(request: Request, f: Failure) -> None:
+        finish(request, REFUSALS.answer(f))
 
     # Streamable HTTP ---------------------------------------------------------------------------
 
-    def _post(self, request: Request, session: str, token: str, body: bytes, version: str | None) -> None:
-        messages = standard.parse_message(body)
-        if messages is None:
-            _finish(request, 400, standard.error_body(standard.PARSE_ERROR, "not a JSON-RPC 2.0 message"))
+    def _post(self, request: Request, session: str, token: str, version: str | None) -> None:
+        intake = read_messages(request)
+        if isinstance(intake, Answer):
+            finish(request, intake)
             return
-        requests = [m for m in messages if standard.is_request(m)]
-        if requests and len(messages) > 1:
-            _finish(request, 400, standard.error_body(standard.INVALID_REQUEST, "batches of requests are not supported"))
-            return
+        body, requests = intake.body, intake.requests
         accept = _header(request, b"accept") or ""
         sse_ok = "text/event-stream" in accept
         if version in standard.STATELESS_VERSIONS:
@@ -548,7 +617,7 @@ class Endpoint:
                     m, version, _header(request, b"mcp-method"), _header(request, b"mcp-name")
                 )
                 if why is not None:
-                    _finish(request, 400, standard.error_body(standard.HEADER_MISMATCH, why, m["id"]))
+                    finish(request, _rpc_error(400, standard.HEADER_MISMATCH, why, m["id"]))
                     return
                 client = self._new_client(request, session, token, stateless=True)
                 if client is not None:
@@ -563,7 +632,7 @@ class Endpoint:
                 if client is not None:
                     self._open(request, client, lambda: self._forward(request, client, requests[0], sse_ok, first=True))
                 return
-            _finish(request, 400, standard.error_body(standard.INVALID_REQUEST, "missing Mcp-Session-Id"))
+            finish(request, MISSING_CLIENT)
             return
 
         def proceed(client: Client) -> None:
@@ -577,13 +646,12 @@ class Endpoint:
     def _notify(self, request: Request, session: str, token: str, label: str | None, body: bytes) -> None:
         """Notifications and responses: forwarded as they are (a response keeps the page's own id)."""
         d = self.tunnel.inbox(session, token, body, label)
-        d.addCallbacks(lambda _: _finish(request, 202, b""), lambda f: self._failed(request, f))
+        d.addCallbacks(lambda _: finish(request, ACCEPTED), lambda f: self._failed(request, f))
 
     def _new_client(self, request: Request, session: str, token: str, **kind: Any) -> Client | None:
         config = self.config
         if len(self.clients) >= config.max_clients or self.per_session.get(session, 0) >= config.clients_per_session:
-            request.setHeader(b"retry-after", b"5")
-            _finish(request, 503, standard.error_body(standard.TOO_MANY_PENDING, "too many client sessions"))
+            finish(request, TOO_MANY_CLIENTS)
             return None
         client = Client(self, session, token, **kind)
         self.clients[client.id] = client
@@ -596,7 +664,7 @@ class Endpoint:
         def opened(handle: Any) -> None:
             if client.ended:
                 self.tunnel.close_stream(handle.record, announce=not client.stateless)
-                _finish(request, 410, standard.error_body(standard.SESSION_ENDED, "the tunnel session is gone"))
+                finish(request, SESSION_GONE)
                 return
             client.record = handle.record
             for event in handle.backlog:
@@ -627,7 +695,7 @@ class Endpoint:
         client = self.clients.get(sid)
         if client is not None:
             if client.session != session or client.legacy:
-                _finish(request, 404, standard.error_body(standard.INVALID_REQUEST, "unknown or ended Mcp-Session-Id"))
+                finish(request, UNKNOWN_CLIENT)
                 return
             client.last_used = self.clock.seconds()
             client.token = token
@@ -636,7 +704,7 @@ class Endpoint:
 
         def found(record: ClientRecord | None) -> None:
             if record is None or record.session != session or record.legacy:
-                _finish(request, 404, standard.error_body(standard.INVALID_REQUEST, "unknown or ended Mcp-Session-Id"))
+                finish(request, UNKNOWN_CLIENT)
                 return
             existing = self.clients.get(sid)
             if existing is not None:  # attached meanwhile by a concurrent request
@@ -657,13 +725,14 @@ class Endpoint:
         key = _dumps(message["id"])
         session = client.session
         if key in client.pending:
-            _finish(request, 400, standard.error_body(standard.INVALID_REQUEST, "request id already pending", message["id"]))
+            finish(request, _rpc_error(400, standard.INVALID_REQUEST, "request id already pending", message["id"]))
             return
         if len(client.pending) >= config.pending_per_client or (
             self.pending_per_session.get(session, 0) >= config.pending_per_session
         ):
-            request.setHeader(b"retry-after", b"1")
-            _finish(request, 429, standard.error_body(standard.TOO_MANY_PENDING, "too many pending requests", message["id"]))
+            retry = ((b"retry-after", b"1"),)
+            too_many = _rpc_error(429, standard.TOO_MANY_PENDING, "too many pending requests", message["id"], retry)
+            finish(request, too_many)
             if client.stateless or first:
                 client.close()
             return
@@ -685,7 +754,7 @@ class Endpoint:
         def sent(frame: Frame) -> None:
             pending.forwarded = frame.message.get("id")
             if client.legacy:
-                _finish(request, 202, b"")
+                finish(request, ACCEPTED)
 
         def refused(f: Failure) -> None:
             pending.settle()
@@ -702,16 +771,16 @@ class Endpoint:
     def _get(self, request: Request, session: str, token: str) -> None:
         accept = _header(request, b"accept") or ""
         if "text/event-stream" not in accept:
-            _finish(request, 406, standard.error_body(standard.INVALID_REQUEST, "Accept must include text/event-stream"))
+            finish(request, _rpc_error(406, standard.INVALID_REQUEST, "Accept must include text/event-stream"))
             return
         sid = _header(request, b"mcp-session-id")
         if sid is None:
-            _finish(request, 400, standard.error_body(standard.INVALID_REQUEST, "missing Mcp-Session-Id"))
+            finish(request, MISSING_CLIENT)
             return
         after = self.parse_event_id(_header(request, b"last-event-id"))
 
         def opened(client: Client) -> None:
-            if _gone(request):
+            if gone(request):
                 return
             if client.stream is not None:
                 client.stream.close()  # one GET stream per client session: the newer one wins
@@ -725,19 +794,19 @@ class Endpoint:
     def _delete(self, request: Request, session: str, token: str) -> None:
         sid = _header(request, b"mcp-session-id")
         if sid is None:
-            _finish(request, 400, standard.error_body(standard.INVALID_REQUEST, "missing Mcp-Session-Id"))
+            finish(request, MISSING_CLIENT)
             return
 
         def found(record: ClientRecord | None) -> None:
             if record is None or record.session != session or record.legacy:
-                _finish(request, 404, standard.error_body(standard.INVALID_REQUEST, "unknown or ended Mcp-Session-Id"))
+                finish(request, UNKNOWN_CLIENT)
                 return
             local = self.clients.get(sid)
             if local is not None:
                 local.close(shared=False)
             # Ended for every instance: the one that created it says peer_left at its next pass.
             self.tunnel.store.delete_client(sid).addCallbacks(
-                lambda _: _finish(request, 200, b""), lambda f: self._failed(request, f)
+                lambda _: finish(request, ENDED), lambda f: self._failed(request, f)
             )
 
         local = self.clients.get(sid)
@@ -746,7 +815,7 @@ class Endpoint:
                 found(None)
                 return
             local.close()
-            _finish(request, 200, b"")
+            finish(request, ENDED)
             return
         self.tunnel.store.get_client(sid).addCallbacks(found, lambda f: self._failed(request, f))
 
@@ -758,7 +827,7 @@ class Endpoint:
             return
 
         def start() -> None:
-            if _gone(request):
+            if gone(request):
                 client.close()
                 return
             stream = SSEStream(request, self.hub, max_buffer=self.config.stream_max_bytes, on_close=client.close)
@@ -772,38 +841,36 @@ class Endpoint:
 
         self._open(request, client, start)
 
-    def _legacy_post(self, request: Request, session: str, body: bytes) -> None:
+    def _legacy_post(self, request: Request, session: str) -> None:
         sid = query_param(request, "sessionId") or ""
         client = self.clients.get(sid)
         if client is None:
             # --redis: the client's stream is on another instance; its label routes the answers there.
             def found(record: ClientRecord | None) -> None:
                 if record is None or record.session != session or not record.legacy:
-                    _finish(request, 404, standard.error_body(standard.INVALID_REQUEST, "unknown or ended sessionId"))
+                    finish(request, UNKNOWN_LEGACY_CLIENT)
                     return
-                if standard.parse_message(body) is None:
-                    _finish(request, 400, standard.error_body(standard.PARSE_ERROR, "not a JSON-RPC 2.0 message"))
+                # Forwarded as it is: the answers reach the client's stream by its label, there.
+                intake = read_messages(request, one_request=False)
+                if isinstance(intake, Answer):
+                    finish(request, intake)
                     return
-                self._notify(request, session, _request_token(request), record.label, body)
+                self._notify(request, session, _request_token(request), record.label, intake.body)
 
             self.tunnel.store.get_client(sid).addCallbacks(found, lambda f: self._failed(request, f))
             return
         if client.session != session or not client.legacy:
-            _finish(request, 404, standard.error_body(standard.INVALID_REQUEST, "unknown or ended sessionId"))
+            finish(request, UNKNOWN_LEGACY_CLIENT)
             return
-        messages = standard.parse_message(body)
-        if messages is None:
-            _finish(request, 400, standard.error_body(standard.PARSE_ERROR, "not a JSON-RPC 2.0 message"))
-            return
-        requests = [m for m in messages if standard.is_request(m)]
-        if requests and len(messages) > 1:
-            _finish(request, 400, standard.error_body(standard.INVALID_REQUEST, "batches of requests are not supported"))
+        intake = read_messages(request)
+        if isinstance(intake, Answer):
+            finish(request, intake)
             return
         client.last_used = self.clock.seconds()
-        if requests:
-            self._forward(request, client, requests[0], False)
+        if intake.requests:
+            self._forward(request, client, intake.requests[0], False)
         else:
-            self._notify(request, session, client.token, client.label, body)
+            self._notify(request, session, client.token, client.label, intake.body)
 
     # shutdown ----------------------------------------------------------------------------------
 

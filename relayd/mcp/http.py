@@ -1,21 +1,20 @@
 """The MCP relay's HTTP surface: routing, statuses and bodies of docs/mcp.md, SSE and long-poll legs.
 
-One leaf resource routes on the raw (not percent-decoded) request path, as the Node relay does:
-C{{prefix}/register} and C{{prefix}/{session}/(inbox|outbox|events|poll|unregister)}; health at C{/},
-C{/healthz} and C{{prefix}/}. The tunnel decides; this module only translates.
+One route table (L{relayd.web.routes}) on the raw (not percent-decoded) request path, as the Node
+relay does: C{{prefix}/register} and C{{prefix}/{session}/(inbox|outbox|events|poll|unregister)},
+the standard MCP endpoint's C{{prefix}/{session}/(mcp|sse|messages)} and C{{prefix}/demo}; health at
+C{/}, C{/healthz} and C{{prefix}/}. The tunnel decides; this module only translates.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Final
 
 from twisted.internet.defer import CancelledError, Deferred
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
-from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET, Request
+from twisted.web.server import Request
 
 from relayd.mcp.endpoint import Endpoint
 from relayd.mcp.jsontext import loads_json
@@ -27,8 +26,18 @@ from relayd.storage import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param
 from relayd.web.body import EarlyAnswer, read_body
 from relayd.web.cors import OriginPolicy
+from relayd.web.routes import (
+    TAKEN,
+    Answer,
+    Refusals,
+    Result,
+    RoutedResource,
+    RouteTable,
+    finish,
+    gone,
+    json_answer,
+)
 from relayd.web.sse import DEFAULT_MAX_BUFFER, SSEHub, SSEStream, sse_comment
-from relayd.web.twisted_internals import request_gone
 
 MAX_BODY = 256 * 1024
 HEALTH_BODY = b'{"ok":true,"service":"agent-integrations-relay"}'
@@ -37,29 +46,15 @@ KEEPALIVE = b": keepalive\n\n"
 KEEPALIVE_INTERVAL = 15.0
 SHUTDOWN_COMMENT = sse_comment("relay shutting down")
 
-_ROUTE = re.compile(rb"/([A-Za-z0-9_-]{4,64})/(inbox|outbox|events|poll|unregister|mcp|sse|messages)")
-# The standard MCP endpoint's routes (relayd.mcp.endpoint answers them).
-_ENDPOINT_ALLOW = {b"mcp": b"GET, POST, DELETE, OPTIONS", b"sse": b"GET, OPTIONS", b"messages": b"POST, OPTIONS"}
-_ENDPOINT_CORS_HEADERS = (
-    b"content-type, accept, authorization, mcp-session-id, mcp-protocol-version, mcp-method, mcp-name, last-event-id"
-)
-_METHODS = {
-    b"register": b"POST",
-    b"inbox": b"POST",
-    b"outbox": b"POST",
-    b"events": b"GET",
-    b"poll": b"GET",
-    b"unregister": b"POST",
-}
+# What a session id in a path may be (another is an unknown path: 404).
+SESSION_PART = "[A-Za-z0-9_-]{4,64}"
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache"),
     (b"connection", b"keep-alive"),
     (b"x-accel-buffering", b"no"),
 ]
-# What a known path allows (RFC 9110: a 405 names them in C{Allow}); HEAD wherever GET is.
-_ALLOW = {route: b"GET, HEAD, OPTIONS" if m == b"GET" else b"POST, OPTIONS" for route, m in _METHODS.items()}
-_HEALTH_ALLOW = b"GET, HEAD"
+_POLL_HEAD_HEADERS = [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
 _STATUS = {"session_gone": 410, "too_many_sessions": 503, "buffer_full": 503, "too_many_subscribers": 503}
 # A full buffer frees as readers take their frames: the client may retry soon.
 BUFFER_FULL_RETRY_AFTER = b"5"
@@ -75,8 +70,39 @@ def status_for(reason: str) -> int:
     return _STATUS.get(reason, 401)
 
 
-def _gone(request: Request) -> bool:
-    return request_gone(request) or bool(request.finished)
+def refused_answer(error: Refused) -> Answer:
+    """A refusal's status and C{{"error": reason}} (and when to retry, if it passes)."""
+    reason = error.reason
+    headers = ((b"retry-after", BUFFER_FULL_RETRY_AFTER),) if reason == "buffer_full" else ()
+    return json_answer(status_for(reason), b'{"error":"%s"}' % reason.encode(), headers)
+
+
+REFUSALS: Final = Refusals(
+    [
+        (Refused, refused_answer),
+        (StoreUnavailable, lambda error: json_answer(503, unavailable_body(error))),
+    ]
+)
+"""The MCP relay's answers to what its handlers raise or fail with (500 C{internal_error} otherwise)."""
+
+OK: Final = json_answer(200, b'{"ok":true}')
+OK_ALREADY_GONE: Final = json_answer(200, b'{"ok":true,"alreadyGone":true}')
+HEALTH: Final = json_answer(200, HEALTH_BODY)
+# Never written: finish() drops an answer to a client that has left.
+_UNSENT: Final = Answer(499)
+
+
+def refused_stream_answer(error: Refused) -> Answer:
+    """An C{events} refusal: its status and an SSE C{error} event (reasons are the relay's own words)."""
+    body = b"event: error\ndata: " + error.reason.encode() + b"\n\n"
+    return Answer(status_for(error.reason), body, ((b"content-type", b"text/event-stream"),))
+
+
+def stream_refusal(failure: Failure) -> Answer:
+    """The answer to an C{events} request that failed: a refusal as an SSE event, the rest as any route's."""
+    if isinstance(failure.value, Refused):
+        return refused_stream_answer(failure.value)
+    return REFUSALS.answer(failure)
 
 
 def _token(request: Request) -> str:
@@ -164,52 +190,35 @@ class StreamSink:
 
 
 class _PollAnswer:
-    """Writes one poll's answer (bound methods, not closures: a parked poll holds this only)."""
+    """One poll's answer (bound methods, not closures: a parked poll holds this only)."""
 
-    __slots__ = ("resource", "request", "deferred")
+    __slots__ = ("tunnel", "request", "deferred")
 
-    def __init__(self, resource: McpResource, request: Request, deferred: Deferred[PollResult]) -> None:
-        self.resource = resource
+    def __init__(self, tunnel: TunnelRelay, request: Request, deferred: Deferred[PollResult]) -> None:
+        self.tunnel = tunnel
         self.request = request
         self.deferred = deferred
 
-    def gone(self, _: Failure) -> None:
+    def left(self, _: Failure) -> None:
         # The client went away: un-park the poll; nothing is taken (docs/mcp.md).
         self.deferred.cancel()
 
-    def answer(self, result: PollResult) -> None:
-        request = self.request
-        if _gone(request):
+    def answer(self, result: PollResult) -> Answer:
+        if gone(self.request):
             # Taken but never delivered: back to the head.
-            self.resource.tunnel.put_back(result).addErrback(self.resource.tunnel._log_failure, "MCP put-back failed")
-            return
-        body = result.body()
-        request.setResponseCode(200)
-        request.setHeader(b"content-type", b"application/json")
-        request.setHeader(b"cache-control", b"no-store")
-        request.setHeader(b"content-length", b"%d" % len(body))
-        request.write(body)
-        request.finish()
+            self.tunnel.put_back(result).addErrback(self.tunnel._log_failure, "MCP put-back failed")
+            return _UNSENT
+        return json_answer(200, result.body(), ((b"cache-control", b"no-store"),))
 
-    def failure(self, f: Failure) -> None:
-        if f.check(CancelledError):
-            return
-        resource = self.resource
-        if isinstance(f.value, Refused):
-            resource._refuse(self.request, f.value.reason)
-            return
-        if isinstance(f.value, StoreUnavailable):
-            resource._finish_json(self.request, 503, unavailable_body(f.value))
-            return
-        resource._log.failure("MCP poll failed", f)
-        resource._finish_json(self.request, 500, b'{"error":"internal_error"}')
+    @staticmethod
+    def cancelled(failure: Failure) -> Answer:
+        # The poll was un-parked because its client left: nothing to answer, nothing to log.
+        failure.trap(CancelledError)
+        return _UNSENT
 
 
-class McpResource(Resource):
+class McpResource(RoutedResource):
     """Every route of the MCP relay under one prefix."""
-
-    isLeaf = True
-    _log = Logger()
 
     def __init__(
         self,
@@ -222,7 +231,7 @@ class McpResource(Resource):
         endpoint: Endpoint | None = None,
         demo: bytes | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(RouteTable(refusals=REFUSALS, parts={"session": SESSION_PART}))
         self.tunnel = tunnel
         self.endpoint = endpoint
         self.demo = demo
@@ -232,131 +241,38 @@ class McpResource(Resource):
         self.max_frames = max_frames
         self.max_bytes = max_bytes
         self._health = {b"/", b"/healthz", self.prefix + b"/"}
-        self._handlers: dict[bytes, Callable[[Request, str], Any]] = {
-            route: getattr(self, "_" + route.decode()) for route in _METHODS
-        }
+        self._add_routes(prefix)
 
-    # routing -----------------------------------------------------------------------------------
+    def _add_routes(self, prefix: str) -> None:
+        table = self.table
+        for path in ("/", "/healthz", prefix + "/"):
+            table.add(path, {"GET": self._healthz})
+        options = self._options
+        table.add(prefix + "/register", {"POST": self._register, "OPTIONS": options})
+        session = prefix + "/{session}/"
+        table.add(session + "inbox", {"POST": self._inbox, "OPTIONS": options})
+        table.add(session + "outbox", {"POST": self._outbox, "OPTIONS": options})
+        table.add(session + "unregister", {"POST": self._unregister, "OPTIONS": options})
+        # HEAD on a stream or a poll authenticates without subscribing or taking (see _head).
+        table.add(session + "events", {"GET": self._events, "HEAD": self._head_events, "OPTIONS": options})
+        table.add(session + "poll", {"GET": self._poll, "HEAD": self._head_poll, "OPTIONS": options})
+        if self.demo is not None:
+            table.add(prefix + "/demo", {"GET": self._demo})
+        if self.endpoint is not None:
+            for path, handlers in self.endpoint.routes().items():
+                table.add(prefix + path, handlers)
 
-    def render(self, request: Request) -> Any:
-        body = self._render(request)
-        if request.method == b"HEAD" and isinstance(body, bytes):
-            # RFC 9110 §9.3.2: the headers GET would get (its length included), no body. Returning
-            # the body would make Twisted drop it with a logged complaint.
-            request.setHeader(b"content-length", b"%d" % len(body))
-            return b""
-        return body
+    # before routing ----------------------------------------------------------------------------
 
-    def _render(self, request: Request) -> Any:
-        method = request.method
+    def prepare(self, request: Request) -> Answer | None:
         if request.uri in self._health:
-            if method == b"GET" or method == b"HEAD":
-                request.setHeader(b"content-type", b"application/json")
-                return HEALTH_BODY
-            request.setHeader(b"allow", _HEALTH_ALLOW)
-            return self._json(request, 405, b'{"error":"method_not_allowed"}')
+            return None  # health carries no CORS
         # docs/decisions.md MCP-3: every answer a browser may need to read carries CORS, 404 included.
         self.policy.apply(request)
-        route, session_id = self._route(request.path)
-        if route is None:
-            return self._json(request, 404, b'{"error":"not_found"}')
-        if route in _ENDPOINT_ALLOW or route == b"demo":
-            return self._standard(request, route, session_id)
-        if method == b"OPTIONS":
-            request.setHeader(b"allow", _ALLOW[route])
-            request.setResponseCode(204)
-            return b""
-        expected = _METHODS[route]
-        if method == b"HEAD" and expected == b"GET":
-            return self._head(request, route, session_id)
-        if method != expected:
-            request.setHeader(b"allow", _ALLOW[route])
-            return self._json(request, 405, b'{"error":"method_not_allowed"}')
-        handler = self._handlers[route]
-        try:
-            return handler(request, session_id)
-        except Exception:
-            self._log.failure("MCP {route} failed", route=route.decode())
-            return self._json(request, 500, b'{"error":"internal_error"}')
-
-    def _route(self, path: bytes) -> tuple[bytes | None, str]:
-        prefix = self.prefix
-        if not path.startswith(prefix + b"/"):
-            return None, ""
-        rest = path[len(prefix) :]
-        if rest == b"/register":
-            return b"register", ""
-        if rest == b"/demo" and self.demo is not None:
-            return b"demo", ""
-        match = _ROUTE.fullmatch(rest)
-        if match is None:
-            return None, ""
-        return match.group(2), match.group(1).decode("ascii")
-
-    def _standard(self, request: Request, route: bytes, session_id: str) -> Any:
-        """The standard MCP endpoint's routes and the demo page."""
-        if route == b"demo":
-            if request.method not in (b"GET", b"HEAD"):
-                request.setHeader(b"allow", b"GET, HEAD")
-                return self._json(request, 405, b'{"error":"method_not_allowed"}')
-            assert self.demo is not None
-            request.setHeader(b"content-type", b"text/html; charset=utf-8")
-            request.setHeader(b"cache-control", b"no-store")
-            return self.demo
-        if self.endpoint is None:
-            return self._json(request, 404, b'{"error":"not_found"}')
-        if request.method == b"OPTIONS":
-            request.setHeader(b"allow", _ENDPOINT_ALLOW[route])
-            request.setHeader(b"access-control-allow-methods", _ENDPOINT_ALLOW[route])
-            request.setHeader(b"access-control-allow-headers", _ENDPOINT_CORS_HEADERS)
-            request.setResponseCode(204)
-            return b""
-        try:
-            return self.endpoint.render(request, route, session_id)
-        except Exception:
-            self._log.failure("MCP endpoint failed")
-            return self._json(request, 500, b'{"error":"internal_error"}')
-
-    # answers -----------------------------------------------------------------------------------
-
-    @staticmethod
-    def _json(request: Request, status: int, body: bytes) -> bytes:
-        request.setResponseCode(status)
-        request.setHeader(b"content-type", b"application/json")
-        return body
-
-    def _finish_json(self, request: Request, status: int, body: bytes) -> None:
-        if _gone(request):
-            return
-        request.setResponseCode(status)
-        request.setHeader(b"content-type", b"application/json")
-        request.setHeader(b"content-length", b"%d" % len(body))
-        request.write(body)
-        request.finish()
-
-    def _refuse(self, request: Request, reason: str) -> None:
-        """Finish with a refusal's status and C{{"error": reason}} (and when to retry, if it passes)."""
-        if reason == "buffer_full" and not _gone(request):
-            request.setHeader(b"retry-after", BUFFER_FULL_RETRY_AFTER)
-        self._finish_json(request, status_for(reason), b'{"error":"%s"}' % reason.encode())
-
-    def _answer(self, request: Request, d: Deferred[Any], ok: Callable[[Any], bytes]) -> Any:
-        """Answer C{200 ok(result)} or the refusal as C{{"error": reason}}."""
-
-        def success(result: Any) -> None:
-            self._finish_json(request, 200, ok(result))
-
-        def failure(f: Failure) -> None:
-            if isinstance(f.value, Refused):
-                self._refuse(request, f.value.reason)
-            elif isinstance(f.value, StoreUnavailable):
-                self._finish_json(request, 503, unavailable_body(f.value))
-            else:
-                self._log.failure("MCP request failed", f)
-                self._finish_json(request, 500, b'{"error":"internal_error"}')
-
-        d.addCallbacks(success, failure)
-        return NOT_DONE_YET
+        if request.path in self._health:
+            # Health is the whole target, as the Node relay matches it: "/?x=1" is no route at all.
+            return self.table.not_found
+        return None
 
     def too_large(self, request: Request) -> EarlyAnswer:
         """docs/decisions.md MCP-2: a real 413 with CORS headers (the body limit's early answer)."""
@@ -367,28 +283,38 @@ class McpResource(Resource):
 
     # routes ------------------------------------------------------------------------------------
 
-    def _register(self, request: Request, _: str) -> Any:
+    @staticmethod
+    def _healthz(request: Request) -> Answer:
+        return HEALTH
+
+    def _demo(self, request: Request) -> Answer:
+        assert self.demo is not None
+        return Answer(200, self.demo, ((b"content-type", b"text/html; charset=utf-8"), (b"cache-control", b"no-store")))
+
+    def _options(self, request: Request, session: str = "") -> Answer:
+        # The preflight's CORS headers are set in prepare(); Allow names what the path takes.
+        return Answer(204, b"", ((b"allow", self.table.allowed(request.path) or b""),))
+
+    def _register(self, request: Request) -> Answer | Deferred[Answer]:
         try:
             body = loads_json(read_body(request))
         except ValueError:
-            return self._json(request, 400, b'{"error":"invalid_json"}')
+            return json_answer(400, b'{"error":"invalid_json"}')
         session = body.get("session") if isinstance(body, dict) else None
         token = body.get("token") if isinstance(body, dict) else None
         if not isinstance(session, str) or not isinstance(token, str):
-            return self._json(request, 400, b'{"error":"missing_fields"}')
-        return self._answer(request, self.tunnel.register(session, token), lambda _: b'{"ok":true}')
+            return json_answer(400, b'{"error":"missing_fields"}')
+        return self.tunnel.register(session, token).addCallback(lambda _: OK)
 
-    def _inbox(self, request: Request, session_id: str) -> Any:
+    def _inbox(self, request: Request, session: str) -> Deferred[Answer]:
         body = read_body(request)  # read before auth, as the contract orders it
-        d = self.tunnel.inbox(session_id, _token(request), body, _label(request))
-        return self._answer(request, d, lambda _: b'{"ok":true}')
+        return self.tunnel.inbox(session, _token(request), body, _label(request)).addCallback(lambda _: OK)
 
-    def _outbox(self, request: Request, session_id: str) -> Any:
+    def _outbox(self, request: Request, session: str) -> Deferred[Answer]:
         body = read_body(request)
-        d = self.tunnel.outbox(session_id, _token(request), body)
-        return self._answer(request, d, lambda _: b'{"ok":true}')
+        return self.tunnel.outbox(session, _token(request), body).addCallback(lambda _: OK)
 
-    def _unregister(self, request: Request, session_id: str) -> Any:
+    def _unregister(self, request: Request, session: str) -> Deferred[Answer]:
         token = _token(request)
         if not token:
             # docs/decisions.md MCP-8: the browser hook sends {"token": ...} in the body.
@@ -398,48 +324,36 @@ class McpResource(Resource):
                 body = None
             if isinstance(body, dict) and isinstance(body.get("token"), str):
                 token = body["token"]
-        d = self.tunnel.unregister(session_id, token)
-        return self._answer(
-            request, d, lambda already_gone: b'{"ok":true,"alreadyGone":true}' if already_gone else b'{"ok":true}'
-        )
+        d = self.tunnel.unregister(session, token)
+        return d.addCallback(lambda already_gone: OK_ALREADY_GONE if already_gone else OK)
 
-    def _events(self, request: Request, session_id: str) -> Any:
+    def _events(self, request: Request, session: str) -> Result:
         tunnel = self.tunnel
         sink = StreamSink(request, self.hub, self.max_frames, self.max_bytes, tunnel)
-        d = tunnel.open_stream(session_id, _token(request), _direction(request), _label(request), sink)
+        d = tunnel.open_stream(session, _token(request), _direction(request), _label(request), sink)
 
         def opened(handle: StreamHandle) -> None:
-            if _gone(request):
+            if gone(request):
                 tunnel.close_stream(handle.record).addErrback(tunnel._log_failure, "closing MCP stream failed")
                 return
             sink.start(SSE_PREAMBLE + b"".join(handle.backlog), handle.record)
 
-        def refused(f: Failure) -> None:
-            if isinstance(f.value, StoreUnavailable):
-                self._finish_json(request, 503, unavailable_body(f.value))
-                return
-            if not isinstance(f.value, Refused):
-                self._log.failure("MCP events failed", f)
-                self._finish_json(request, 500, b'{"error":"internal_error"}')
-                return
-            self._refuse_stream(request, f.value.reason)
+        d.addCallbacks(opened, lambda f: finish(request, stream_refusal(f)))
+        return TAKEN
 
-        d.addCallbacks(opened, refused)
-        return NOT_DONE_YET
+    def _head_events(self, request: Request, session: str) -> Result:
+        return self._head(request, session, _SSE_HEADERS, refused_stream_answer)
 
-    @staticmethod
-    def _refuse_stream(request: Request, reason: str) -> None:
-        """An C{events} refusal: its status and an SSE C{error} event (reasons are the relay's own words)."""
-        if _gone(request):
-            return
-        body = b"event: error\ndata: " + reason.encode() + b"\n\n"
-        request.setResponseCode(status_for(reason))
-        request.setHeader(b"content-type", b"text/event-stream")
-        request.setHeader(b"content-length", b"%d" % len(body))
-        request.write(body)
-        request.finish()
+    def _head_poll(self, request: Request, session: str) -> Result:
+        return self._head(request, session, _POLL_HEAD_HEADERS, refused_answer)
 
-    def _head(self, request: Request, route: bytes, session_id: str) -> Any:
+    def _head(
+        self,
+        request: Request,
+        session: str,
+        headers: list[tuple[bytes, bytes]],
+        refused: Callable[[Refused], Answer],
+    ) -> Result:
         """HEAD on C{events} or C{poll}: the status and headers GET would get, without its work.
 
         HEAD is safe (RFC 9110 §9.2.1): it neither subscribes (no C{peer_joined}) nor takes frames;
@@ -447,48 +361,35 @@ class McpResource(Resource):
         """
 
         def checked(reason: str | None) -> None:
-            if _gone(request):
-                return
             if reason is not None:
-                if route == b"events":
-                    self._refuse_stream(request, reason)
-                else:
-                    self._refuse(request, reason)
+                finish(request, refused(Refused(reason)))
                 return
+            if gone(request):
+                return
+            # Not an Answer: GET's length is unknown (a stream, a parked poll), so no content-length.
             request.setResponseCode(200)
-            if route == b"events":
-                for name, value in _SSE_HEADERS:
-                    request.setHeader(name, value)
-            else:
-                request.setHeader(b"content-type", b"application/json")
-                request.setHeader(b"cache-control", b"no-store")
+            for name, value in headers:
+                request.setHeader(name, value)
             request.finish()
 
-        def failed(f: Failure) -> None:
-            if isinstance(f.value, StoreUnavailable):
-                self._finish_json(request, 503, unavailable_body(f.value))
-                return
-            self._log.failure("MCP HEAD failed", f)
-            self._finish_json(request, 500, b'{"error":"internal_error"}')
+        d = self.tunnel.check(session, _token(request))
+        d.addCallbacks(checked, lambda f: finish(request, REFUSALS.answer(f)))
+        return TAKEN
 
-        self.tunnel.check(session_id, _token(request)).addCallbacks(checked, failed)
-        return NOT_DONE_YET
-
-    def _poll(self, request: Request, session_id: str) -> Any:
+    def _poll(self, request: Request, session: str) -> Deferred[Answer]:
         d = self.tunnel.poll(
-            session_id,
+            session,
             _token(request),
             _direction(request),
             parse_wait_ms(_wait(request)),
             query_param(request, "subscriber"),
             _label(request),
         )
-        answer = _PollAnswer(self, request, d)
+        answer = _PollAnswer(self.tunnel, request, d)
         if not d.called:
-            request.notifyFinish().addErrback(answer.gone)
+            request.notifyFinish().addErrback(answer.left)
             _shed(request)
-        d.addCallbacks(answer.answer, answer.failure)
-        return NOT_DONE_YET
+        return d.addCallbacks(answer.answer, answer.cancelled)
 
     # shutdown ----------------------------------------------------------------------------------
 

@@ -125,6 +125,7 @@ _METHOD_ORDER = {b"GET": 0, b"HEAD": 1, b"POST": 2, b"PUT": 3, b"PATCH": 4, b"DE
 class _Route:
     pattern: re.Pattern[bytes] | None  # None: matched by the exact path
     methods: dict[bytes, Handler] = field(default_factory=dict)
+    other: Handler | None = None  # every method not named (C{"*"})
     allow: bytes = b""
 
 
@@ -132,7 +133,9 @@ class RouteTable:
     """A wing's routes: C{(path, method) -> handler}.
 
     A path is exact (C{/healthz}) or holds named parts (C{/sessions/{session}/inbox}); a part matches
-    one non-empty path segment. Exact paths are found with one dictionary lookup.
+    one non-empty path segment, or what C{parts} says for its name (C{{"session": "[a-z0-9]{4,64}"}}:
+    a path whose part does not match is not served, C{404}). Exact paths are found with one dictionary
+    lookup. Paths are UTF-8, matched against the raw (not percent-decoded) request path.
     """
 
     def __init__(
@@ -140,52 +143,64 @@ class RouteTable:
         not_found: Answer | None = None,
         not_allowed: bytes = b'{"error":"method_not_allowed"}',
         refusals: Refusals | None = None,
+        parts: Mapping[str, str] | None = None,
     ) -> None:
         self.not_found = not_found or NOT_FOUND
         self.not_allowed = not_allowed
         self.refusals = refusals or Refusals()
+        self.parts = dict(parts or {})
         self._exact: dict[bytes, _Route] = {}
         self._patterns: list[_Route] = []
 
     def add(self, path: str, handlers: Mapping[str, Handler]) -> None:
-        """Serve C{path}: each method in C{handlers} by its handler (C{HEAD} by C{GET}'s if not named)."""
+        """Serve C{path}: each method in C{handlers} by its handler (C{HEAD} by C{GET}'s if not named).
+
+        A handler under C{"*"} takes every method not named (a protocol whose checks come before
+        the method's, or whose C{405} is its own); C{Allow} lists the named ones.
+        """
         methods = {m.encode("ascii"): h for m, h in handlers.items()}
+        other = methods.pop(b"*", None)
         if b"GET" in methods and b"HEAD" not in methods:
             methods[b"HEAD"] = methods[b"GET"]
         if _PART.search(path):
             pieces = _PART.split(path)  # literal, name, literal, name, ..., literal
-            regex = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>[^/]+)" for i, p in enumerate(pieces))
-            route = _Route(re.compile(regex.encode("ascii")), methods)
+            regex = "".join(
+                re.escape(p) if i % 2 == 0 else f"(?P<{p}>{self.parts.get(p, '[^/]+')})" for i, p in enumerate(pieces)
+            )
+            route = _Route(re.compile(regex.encode("utf-8")), methods)
             self._patterns.append(route)
         else:
-            route = self._exact.setdefault(path.encode("ascii"), _Route(None))
+            route = self._exact.setdefault(path.encode("utf-8"), _Route(None))
             route.methods.update(methods)
+        if other is not None:
+            route.other = other
         route.allow = b", ".join(sorted(route.methods, key=_method_rank))
+
+    def _find(self, path: bytes) -> tuple[_Route, dict[str, str]] | None:
+        route = self._exact.get(path)
+        if route is not None:
+            return route, {}
+        for candidate in self._patterns:
+            match = candidate.pattern.fullmatch(path)  # type: ignore[union-attr]
+            if match is not None:
+                return candidate, {k: v.decode("utf-8", "replace") for k, v in match.groupdict().items()}
+        return None
 
     def resolve(self, method: bytes, path: bytes) -> tuple[Handler, dict[str, str]] | Answer:
         """The handler for C{method} on C{path} and the path's parts, or the C{404}/C{405} answer."""
-        parts: dict[str, str] = {}
-        route = self._exact.get(path)
-        if route is None:
-            for candidate in self._patterns:
-                match = candidate.pattern.fullmatch(path)  # type: ignore[union-attr]
-                if match is not None:
-                    route = candidate
-                    parts = {k: v.decode("utf-8", "replace") for k, v in match.groupdict().items()}
-                    break
-            else:
-                return self.not_found
-        handler = route.methods.get(method)
+        found = self._find(path)
+        if found is None:
+            return self.not_found
+        route, parts = found
+        handler = route.methods.get(method) or route.other
         if handler is None:
             return json_answer(405, self.not_allowed, ((b"allow", route.allow),))
         return handler, parts
 
     def allowed(self, path: bytes) -> bytes | None:
-        """The C{Allow} value of C{path}, or C{None} when the table does not serve it."""
-        resolved = self.resolve(b"\x00", path)
-        if isinstance(resolved, Answer) and resolved.status == 405:
-            return dict(resolved.headers)[b"allow"]
-        return None
+        """The C{Allow} value of C{path} (its named methods), or C{None} when the table does not serve it."""
+        found = self._find(path)
+        return None if found is None else found[0].allow
 
 
 def _method_rank(method: Any) -> tuple[int, bytes]:
@@ -230,7 +245,15 @@ class RoutedResource(Resource):
         return write_answer(request, answer)  # type: ignore[arg-type]
 
     def _later(self, request: Request, d: Deferred[Answer]) -> int:
-        # A Deferred that has already fired is answered in this call, like a plain Answer.
-        refusals = self.table.refusals
-        d.addCallbacks(lambda answer: finish(request, answer), lambda f: finish(request, refusals.answer(f)))
+        # A Deferred that has already fired is answered in this call, like a plain Answer. Arguments,
+        # not closures: a request parked for minutes (a long-poll) holds two small tuples, no functions.
+        d.addCallbacks(_answered, _failed, callbackArgs=(request,), errbackArgs=(request, self.table.refusals))
         return NOT_DONE_YET
+
+
+def _answered(answer: Answer, request: Request) -> None:
+    finish(request, answer)
+
+
+def _failed(failure: Failure, request: Request, refusals: Refusals) -> None:
+    finish(request, refusals.answer(failure))

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gc
+from types import CellType
 from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.trial.unittest import TestCase
 from twisted.web.server import Request
+from twisted.web.test.requesthelper import DummyRequest
 
 from relayd.storage import StoreUnavailable
 from relayd.web.routes import (
@@ -135,6 +138,22 @@ class RoutedResourceOverHTTP(TestCase):
         reply_d.addErrback(lambda _: None)
 
 
+class ParkedRequests(TestCase):
+    def test_an_answer_later_holds_no_closure(self) -> None:
+        # A long-poll may stay parked for minutes, thousands at once: what the layer adds to its
+        # Deferred is two module functions and their argument tuples, not two closures.
+        d: Deferred[Answer] = Deferred()
+        table = RouteTable()
+        table.add("/poll", {"GET": lambda request: d})
+        request: Any = DummyRequest([b"poll"])
+        request.path = b"/poll"
+        request.method = b"GET"
+        RoutedResource(table).render(request)
+        self.assertEqual([r for r in gc.get_referrers(request) if isinstance(r, CellType)], [])
+        d.callback(json_answer(200, b"{}"))
+        self.assertEqual((request.responseCode, request.written, request.finished), (200, [b"{}"], 1))
+
+
 class RouteTableResolution(TestCase):
     def test_exact_paths_win_and_allow_lists_the_methods(self) -> None:
         table = RouteTable()
@@ -153,6 +172,26 @@ class RouteTableResolution(TestCase):
         table.add("/v1.0/{x}", {"GET": lambda request, x: Answer(200)})
         self.assertIsInstance(table.resolve(b"GET", b"/v1x0/y"), Answer)
         self.assertNotIsInstance(table.resolve(b"GET", b"/v1.0/y"), Answer)
+
+    def test_a_part_may_be_held_to_a_pattern(self) -> None:
+        table = RouteTable(parts={"session": "[a-z]{4,8}"})
+        handler = lambda request, session: Answer(200)  # noqa: E731
+        table.add("/{session}/inbox", {"POST": handler})
+        self.assertEqual(table.resolve(b"POST", b"/abcd/inbox"), (handler, {"session": "abcd"}))
+        # A part that does not match is an unknown path (404), whatever the method.
+        for path in (b"/abc/inbox", b"/abcdefghi/inbox", b"/ab-d/inbox"):
+            self.assertEqual(table.resolve(b"GET", path), table.not_found, path)
+        self.assertEqual(table.resolve(b"GET", b"/abcd/inbox").status, 405)  # type: ignore[union-attr]
+
+    def test_a_handler_for_every_other_method(self) -> None:
+        table = RouteTable()
+        get = lambda request: Answer(200)  # noqa: E731
+        other = lambda request: Answer(405)  # noqa: E731
+        table.add("/mcp", {"GET": get, "HEAD": other, "*": other})
+        self.assertEqual(table.resolve(b"GET", b"/mcp"), (get, {}))
+        for method in (b"HEAD", b"PUT", b"BREW"):
+            self.assertEqual(table.resolve(method, b"/mcp"), (other, {}), method)
+        self.assertEqual(table.allowed(b"/mcp"), b"GET, HEAD")
 
 
 def _turn() -> Deferred[None]:
