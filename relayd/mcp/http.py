@@ -245,22 +245,22 @@ class McpResource(RoutedResource):
 
     def _add_routes(self, prefix: str) -> None:
         table = self.table
-        for path in ("/", "/healthz", prefix + "/"):
-            table.add(path, {"GET": self._healthz})
+        table.add("/", {"GET": self._healthz})
+        table.add("/healthz", {"GET": self._healthz})
+        table.add("/", {"GET": self._healthz}, prefix)
         options = self._options
-        table.add(prefix + "/register", {"POST": self._register, "OPTIONS": options})
-        session = prefix + "/{session}/"
-        table.add(session + "inbox", {"POST": self._inbox, "OPTIONS": options})
-        table.add(session + "outbox", {"POST": self._outbox, "OPTIONS": options})
-        table.add(session + "unregister", {"POST": self._unregister, "OPTIONS": options})
+        table.add("/register", {"POST": self._register, "OPTIONS": options}, prefix)
+        table.add("/{session}/inbox", {"POST": self._inbox, "OPTIONS": options}, prefix)
+        table.add("/{session}/outbox", {"POST": self._outbox, "OPTIONS": options}, prefix)
+        table.add("/{session}/unregister", {"POST": self._unregister, "OPTIONS": options}, prefix)
         # HEAD on a stream or a poll authenticates without subscribing or taking (see _head).
-        table.add(session + "events", {"GET": self._events, "HEAD": self._head_events, "OPTIONS": options})
-        table.add(session + "poll", {"GET": self._poll, "HEAD": self._head_poll, "OPTIONS": options})
+        table.add("/{session}/events", {"GET": self._events, "HEAD": self._head_events, "OPTIONS": options}, prefix)
+        table.add("/{session}/poll", {"GET": self._poll, "HEAD": self._head_poll, "OPTIONS": options}, prefix)
         if self.demo is not None:
-            table.add(prefix + "/demo", {"GET": self._demo})
+            table.add("/demo", {"GET": self._demo}, prefix)
         if self.endpoint is not None:
             for path, handlers in self.endpoint.routes().items():
-                table.add(prefix + path, handlers)
+                table.add(path, handlers, prefix)
 
     # before routing ----------------------------------------------------------------------------
 

@@ -152,8 +152,9 @@ class RouteTable:
         self._exact: dict[bytes, _Route] = {}
         self._patterns: list[_Route] = []
 
-    def add(self, path: str, handlers: Mapping[str, Handler]) -> None:
-        """Serve C{path}: each method in C{handlers} by its handler (C{HEAD} by C{GET}'s if not named).
+    def add(self, path: str, handlers: Mapping[str, Handler], prefix: str = "") -> None:
+        """Serve C{prefix + path}: each method in C{handlers} by its handler (C{HEAD} by C{GET}'s if
+        not named). C{prefix} is literal (an operator's, braces and all); only C{path} names parts.
 
         A handler under C{"*"} takes every method not named (a protocol whose checks come before
         the method's, or whose C{405} is its own); C{Allow} lists the named ones.
@@ -164,13 +165,13 @@ class RouteTable:
             methods[b"HEAD"] = methods[b"GET"]
         if _PART.search(path):
             pieces = _PART.split(path)  # literal, name, literal, name, ..., literal
-            regex = "".join(
+            regex = re.escape(prefix) + "".join(
                 re.escape(p) if i % 2 == 0 else f"(?P<{p}>{self.parts.get(p, '[^/]+')})" for i, p in enumerate(pieces)
             )
             route = _Route(re.compile(regex.encode("utf-8")), methods)
             self._patterns.append(route)
         else:
-            route = self._exact.setdefault(path.encode("utf-8"), _Route(None))
+            route = self._exact.setdefault((prefix + path).encode("utf-8"), _Route(None))
             route.methods.update(methods)
         if other is not None:
             route.other = other

@@ -167,6 +167,15 @@ class RouteTableResolution(TestCase):
         self.assertIsNone(table.allowed(b"/b"))
         self.assertEqual(table.resolve(b"GET", b"/b"), table.not_found)
 
+    def test_a_prefix_is_literal_braces_and_all(self) -> None:
+        table = RouteTable()
+        table.add("/{x}/in", {"POST": lambda request, x: Answer(200)}, prefix="/p{y}.z")
+        table.add("/health", {"GET": lambda request: Answer(200)}, prefix="/p{y}.z")
+        self.assertEqual(table.resolve(b"POST", b"/p{y}.z/abc/in")[1], {"x": "abc"})  # type: ignore[index]
+        self.assertNotIsInstance(table.resolve(b"GET", b"/p{y}.z/health"), Answer)
+        self.assertIsInstance(table.resolve(b"POST", b"/pq.z/abc/in"), Answer)
+        self.assertIsInstance(table.resolve(b"POST", b"/p{y}xz/abc/in"), Answer)
+
     def test_literal_parts_are_not_patterns(self) -> None:
         table = RouteTable()
         table.add("/v1.0/{x}", {"GET": lambda request, x: Answer(200)})
