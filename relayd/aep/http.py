@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections import deque
 from typing import Any, Callable, Sequence
 
@@ -14,11 +13,11 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from relayd.aep import metrics
-from relayd.aep.capture import capture_error
-from relayd.aep.envelope import MAX_POSITION_DIGITS, POSITION_LIMIT, classify, has_control
+from relayd.aep.envelope import classify
 from relayd.aep.event import NOTICE, Event, JSONError, admit, admit_lines, dumps, parse_json, plain_body
-from relayd.aep.filters import Pin, compile_filter, filter_error, pin_of
-from relayd.aep.relay import Relay, ReplayProducer, ReplayReader, Subscriber, held_size
+from relayd.aep.filters import Pin
+from relayd.aep.query import BadRequest, last_event_id, stream_query
+from relayd.aep.relay import HARD_BACKLOG, SOFT_BACKLOG, Relay, ReplayProducer, ReplayReader, Subscriber, held_size
 from relayd.aep.store import Position
 from relayd.aep.wire import frame_safe, sse_chunk, sse_frame
 from relayd.storage import StoreUnavailable
@@ -26,9 +25,6 @@ from relayd.web.auth import bearer_token, query_param, tokens_equal
 from relayd.web.body import EarlyAnswer, read_body
 from relayd.web.sse import SSEHub, SSEStream, sse_comment
 from relayd.web.twisted_internals import request_gone
-
-SOFT_BACKLOG = 1024 * 1024  # above this, events below `notice` are dropped for a slow consumer
-HARD_BACKLOG = 8 * 1024 * 1024  # above this, the consumer is cut off (it resumes by position)
 
 JSON_TYPE = b"application/json"
 NDJSON_TYPE = b"application/x-ndjson"
@@ -58,12 +54,6 @@ def _refused(reason: str) -> None:
     metrics.ingest_refused.labels(relay="aep", reason=_HEADER_REFUSALS.get(reason, reason)).inc()
 
 
-# `{session}:{epoch}:{seq}`, greedy so that sessions may contain ":" (JS `^(.+):(\d+):(\d+)$`);
-# positions have at most MAX_POSITION_DIGITS digits, and a session no control character (what the
-# relay can have stored), so a value that could not name a held event is ignored as malformed.
-_DIGITS = f"[0-9]{{1,{MAX_POSITION_DIGITS}}}"
-_LAST_EVENT_ID = re.compile(rf"([^\x00-\x1f\x7f]+):({_DIGITS}):({_DIGITS})")
-
 # The methods of each route (C{405} and C{Allow} for any other on these paths). HEAD is answered
 # like GET, without the body, where GET is a plain document.
 ALLOWED: dict[bytes, tuple[bytes, ...]] = {
@@ -75,10 +65,6 @@ ALLOWED: dict[bytes, tuple[bytes, ...]] = {
     b"/socket": (b"GET",),
 }
 _HEAD_LIKE_GET = frozenset({b"/healthz", b"/events", b"/.well-known/aep", b"/connections"})
-
-
-class BadRequest(Exception):
-    """A refusal before any stream headers: 400, plain text, CORS."""
 
 
 class IngestError(Exception):
@@ -156,44 +142,6 @@ def parse_batch(body: bytes, ndjson: bool, max_batch: int) -> list[Event]:
     parser = BatchParser(body, ndjson, max_batch)
     parser.step(len(parser.lines))
     return parser.result()
-
-
-def parse_from_entries(value: Any) -> list[tuple[str, Position]]:
-    """Validate a C{from} array of C{{session, epoch?, seq?}} (docs/decisions.md AEP-2: never crash).
-
-    @raise ValueError: naming what is wrong.
-    """
-    if not isinstance(value, list):
-        raise ValueError("from must be an array of resume positions or the string \"all\"")
-    entries = []
-    for item in value:
-        if not isinstance(item, dict):
-            raise ValueError("from entries must be objects {session, epoch, seq}")
-        session = item.get("session")
-        if not isinstance(session, str):
-            raise ValueError("from entry needs a string session")
-        if has_control(session):
-            # No stored session holds one (ingest refuses them), and it must not reach a framing line.
-            raise ValueError("from entry session holds a control character")
-        epoch = _integer(item.get("epoch", 0), 0)
-        seq = _integer(item.get("seq", -1), -1)
-        if epoch is None or seq is None:
-            raise ValueError("from entry epoch must be an integer >= 0 and seq an integer >= -1")
-        if epoch >= POSITION_LIMIT or seq >= POSITION_LIMIT:
-            raise ValueError(f"from entry epoch and seq have at most {MAX_POSITION_DIGITS} digits")
-        entries.append((session, (epoch, seq)))
-    return entries
-
-
-def _integer(value: Any, minimum: int) -> int | None:
-    """C{value} as an exact integer (an integral float too, as JSON.parse has it) if it is one >= minimum."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, float) and value.is_integer():  # (never true for infinity or NaN)
-        value = int(value)
-    if isinstance(value, int) and value >= minimum:
-        return value
-    return None
 
 
 class SSESubscriber(Subscriber):
@@ -412,12 +360,13 @@ class AEPResource(Resource):
 
     def stream(self, request: Request) -> bytes | int:
         try:
-            match, pin, ceiling, from_value, history_only, filter_session = self._stream_query(request)
+            query = stream_query(request, self.relay.max_from)
         except BadRequest as e:
             return _respond(request, 400, str(e).encode("utf-8"), [CORS_ANY])
         stream = SSEStream(request, self.hub, max_buffer=HARD_BACKLOG)
-        sub = SSESubscriber(match, ceiling, stream, pin)
+        sub = SSESubscriber(query.match, query.ceiling, stream, query.pin)
         key = object()
+        history_only, from_value, filter_session = query.history_only, query.from_value, query.filter_session
         if not history_only:
             # Registered (and holding live events) before the history is read, so nothing that
             # arrives meanwhile is missed whatever the store's latency.
@@ -465,49 +414,9 @@ class AEPResource(Resource):
         self.sse_subscribers -= 1
         self.relay.unsubscribe(key)
 
-    def _stream_query(self, request: Request) -> tuple[Any, Pin | None, str | None, Any, bool, str | None]:
-        raw_filter = request.args.get(b"filter", [b""])[0]
-        if raw_filter:
-            try:
-                flt = parse_json(raw_filter)
-            except JSONError:
-                raise BadRequest("bad filter JSON") from None
-        else:
-            flt = {}
-        problem = filter_error(flt)
-        if problem is not None:
-            raise BadRequest(problem)
-        # Not query_param: a value that is not UTF-8 is no capture level either (docs/decisions.md AEP-6).
-        ceiling = request.args.get(b"capture", [b""])[0].decode("utf-8", "replace") or None
-        if ceiling is not None:
-            problem = capture_error(ceiling)
-            if problem is not None:
-                raise BadRequest(problem)
-        raw_from = request.args.get(b"from", [b""])[0]
-        from_value: Any = []
-        if raw_from == b"all":
-            from_value = "all"
-        elif raw_from:
-            try:
-                parsed = parse_json(raw_from, exact=True)
-            except JSONError:
-                raise BadRequest("bad from JSON") from None
-            if not isinstance(parsed, list):
-                raise BadRequest("bad from JSON")
-            if len(parsed) > self.relay.max_from:
-                raise BadRequest("from too large")
-            try:
-                from_value = parse_from_entries(parsed)
-            except ValueError as e:
-                raise BadRequest(f"bad from entry: {e}") from None
-        history_only = request.args.get(b"live", [None])[0] == b"0"
-        session = flt.get("session")
-        filter_session = session if isinstance(session, str) else None
-        return compile_filter(flt), pin_of(flt), ceiling, from_value, history_only, filter_session
-
     def _resume(self, request: Request, entries: list[tuple[str, Position]], from_all: bool) -> Any:
         if not entries:
-            found = _last_event_id(request)
+            found = last_event_id(request)
             if found is not None:
                 entries = [found]
         return entries, from_all
@@ -567,20 +476,6 @@ class SSEReplay(ReplayProducer):
         metrics.store_errors.labels(relay="aep", operation="replay").inc()
         metrics.replays.labels(relay="aep", outcome="failed").inc()
         self.sub.stream.abort()  # type: ignore[attr-defined]
-
-
-def _last_event_id(request: Request) -> tuple[str, Position] | None:
-    """The resume position of a C{Last-Event-ID} header; a malformed value is ignored."""
-    header = request.getHeader(b"last-event-id")
-    if not header:
-        return None
-    try:
-        found = _LAST_EVENT_ID.fullmatch(header.decode("utf-8"))
-    except UnicodeDecodeError:
-        return None
-    if found is None:
-        return None
-    return found.group(1), (int(found.group(2)), int(found.group(3)))
 
 
 def _is_upgrade(request: Request) -> bool:
