@@ -62,6 +62,7 @@ SSE_HEADERS = [
     CORS_ANY,
     (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
 ]
+_log = Logger()
 _SLOW_CONSUMER = metrics.events_dropped.labels(relay="aep", reason="slow-consumer")
 _CUT_OFF = metrics.events_dropped.labels(relay="aep", reason="cut-off")
 
@@ -111,11 +112,17 @@ def _ingest_refusal(e: IngestError) -> Answer:
     return json_answer(e.status, dumps(e.body))
 
 
+def _store_refusal(e: StoreUnavailable) -> Answer:
+    # An outage, not a bug: one line, no traceback (ingest and replay log and count their own).
+    _log.warn("request refused: {reason}", reason=str(e))
+    return STORE_UNAVAILABLE
+
+
 REFUSALS: Final = Refusals(
     [
         (BadRequest, lambda e: Answer(400, str(e).encode("utf-8"), (CORS_ANY,))),
         (IngestError, _ingest_refusal),
-        (StoreUnavailable, lambda e: STORE_UNAVAILABLE),
+        (StoreUnavailable, _store_refusal),
     ],
     internal_error=INTERNAL_ERROR,
 )
