@@ -3,32 +3,47 @@
 from __future__ import annotations
 
 import json
-import re
 from collections import deque
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Final
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.resource import IResource, Resource
+from twisted.web.resource import IResource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from relayd.aep import metrics
-from relayd.aep.capture import capture_error
-from relayd.aep.envelope import MAX_POSITION_DIGITS, POSITION_LIMIT, classify, has_control
+from relayd.aep.envelope import classify
 from relayd.aep.event import NOTICE, Event, JSONError, admit, admit_lines, dumps, parse_json, plain_body
-from relayd.aep.filters import Pin, compile_filter, filter_error, pin_of
-from relayd.aep.relay import Relay, ReplayProducer, ReplayReader, Subscriber, held_size
+from relayd.aep.filters import Pin
+from relayd.aep.query import BadRequest, last_event_id, stream_query
+from relayd.aep.relay import (
+    HARD_BACKLOG,
+    SOFT_BACKLOG,
+    Relay,
+    ReplayProducer,
+    ReplayReader,
+    Subscriber,
+    held_size,
+)
 from relayd.aep.store import Position
 from relayd.aep.wire import frame_safe, sse_chunk, sse_frame
 from relayd.storage import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param, tokens_equal
 from relayd.web.body import EarlyAnswer, read_body
+from relayd.web.routes import (
+    TAKEN,
+    Answer,
+    Refusals,
+    Result,
+    RoutedResource,
+    RouteTable,
+    answer_when,
+    finish,
+    gone,
+    json_answer,
+)
 from relayd.web.sse import SSEHub, SSEStream, sse_comment
-from relayd.web.twisted_internals import request_gone
-
-SOFT_BACKLOG = 1024 * 1024  # above this, events below `notice` are dropped for a slow consumer
-HARD_BACKLOG = 8 * 1024 * 1024  # above this, the consumer is cut off (it resumes by position)
 
 JSON_TYPE = b"application/json"
 NDJSON_TYPE = b"application/x-ndjson"
@@ -47,6 +62,7 @@ SSE_HEADERS = [
     CORS_ANY,
     (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
 ]
+_log = Logger()
 _SLOW_CONSUMER = metrics.events_dropped.labels(relay="aep", reason="slow-consumer")
 _CUT_OFF = metrics.events_dropped.labels(relay="aep", reason="cut-off")
 
@@ -58,27 +74,29 @@ def _refused(reason: str) -> None:
     metrics.ingest_refused.labels(relay="aep", reason=_HEADER_REFUSALS.get(reason, reason)).inc()
 
 
-# `{session}:{epoch}:{seq}`, greedy so that sessions may contain ":" (JS `^(.+):(\d+):(\d+)$`);
-# positions have at most MAX_POSITION_DIGITS digits, and a session no control character (what the
-# relay can have stored), so a value that could not name a held event is ignored as malformed.
-_DIGITS = f"[0-9]{{1,{MAX_POSITION_DIGITS}}}"
-_LAST_EVENT_ID = re.compile(rf"([^\x00-\x1f\x7f]+):({_DIGITS}):({_DIGITS})")
+# The answers given as they are (a 404 or 401 says nothing but its status).
+ACCEPTED: Final = Answer(202)
+NOT_FOUND: Final = Answer(404)
+UNAUTHORIZED: Final = Answer(401, b"", (CORS_ANY,))
+PREFLIGHT_ANSWER: Final = Answer(204, b"", PREFLIGHT)
+STORE_UNAVAILABLE: Final = json_answer(503, dumps({"error": "store-unavailable", "store": "aep"}))
+STREAM_STORE_UNAVAILABLE: Final = json_answer(503, STORE_UNAVAILABLE.body, (CORS_ANY,))
+INTERNAL_ERROR: Final = json_answer(500, b'{"error":"internal-error"}')
 
-# The methods of each route (C{405} and C{Allow} for any other on these paths). HEAD is answered
-# like GET, without the body, where GET is a plain document.
-ALLOWED: dict[bytes, tuple[bytes, ...]] = {
-    b"/healthz": (b"GET", b"HEAD"),
-    b"/events": (b"GET", b"HEAD", b"POST"),
-    b"/.well-known/aep": (b"GET", b"HEAD"),
-    b"/connections": (b"GET", b"HEAD", b"OPTIONS"),
-    b"/stream": (b"GET", b"OPTIONS"),
-    b"/socket": (b"GET",),
-}
-_HEAD_LIKE_GET = frozenset({b"/healthz", b"/events", b"/.well-known/aep", b"/connections"})
+# What the auth wall lets through: the health check (it tells the counts only with the token) and
+# the CORS preflights (a browser sends them without credentials).
+_OUTSIDE_THE_WALL = frozenset(
+    {(b"GET", b"/healthz"), (b"HEAD", b"/healthz"), (b"OPTIONS", b"/stream"), (b"OPTIONS", b"/connections")}
+)
 
 
-class BadRequest(Exception):
-    """A refusal before any stream headers: 400, plain text, CORS."""
+def _not_allowed(allow: bytes) -> bytes:
+    """The body of a C{405}, naming the methods the path takes."""
+    return dumps({"error": "method-not-allowed", "allow": allow.decode("ascii").split(", ")})
+
+
+def _accepted(_: object) -> Answer:
+    return ACCEPTED
 
 
 class IngestError(Exception):
@@ -87,6 +105,28 @@ class IngestError(Exception):
     def __init__(self, status: int, body: dict[str, Any] | None) -> None:
         self.status = status
         self.body = body
+
+
+def _ingest_refusal(e: IngestError) -> Answer:
+    _refused(str((e.body or {}).get("error", e.status)))
+    return json_answer(e.status, dumps(e.body))
+
+
+def _store_refusal(e: StoreUnavailable) -> Answer:
+    # An outage, not a bug: one line, no traceback (ingest and replay log and count their own).
+    _log.warn("request refused: {reason}", reason=str(e))
+    return STORE_UNAVAILABLE
+
+
+REFUSALS: Final = Refusals(
+    [
+        (BadRequest, lambda e: Answer(400, str(e).encode("utf-8"), (CORS_ANY,))),
+        (IngestError, _ingest_refusal),
+        (StoreUnavailable, _store_refusal),
+    ],
+    internal_error=INTERNAL_ERROR,
+)
+"""The wing's refusals: what its handlers raise, or the Deferreds they return fail with."""
 
 
 # Lines parsed per reactor turn: a batch of 10 000 events (100-200 ms of parsing) never holds the
@@ -158,44 +198,6 @@ def parse_batch(body: bytes, ndjson: bool, max_batch: int) -> list[Event]:
     return parser.result()
 
 
-def parse_from_entries(value: Any) -> list[tuple[str, Position]]:
-    """Validate a C{from} array of C{{session, epoch?, seq?}} (docs/decisions.md AEP-2: never crash).
-
-    @raise ValueError: naming what is wrong.
-    """
-    if not isinstance(value, list):
-        raise ValueError("from must be an array of resume positions or the string \"all\"")
-    entries = []
-    for item in value:
-        if not isinstance(item, dict):
-            raise ValueError("from entries must be objects {session, epoch, seq}")
-        session = item.get("session")
-        if not isinstance(session, str):
-            raise ValueError("from entry needs a string session")
-        if has_control(session):
-            # No stored session holds one (ingest refuses them), and it must not reach a framing line.
-            raise ValueError("from entry session holds a control character")
-        epoch = _integer(item.get("epoch", 0), 0)
-        seq = _integer(item.get("seq", -1), -1)
-        if epoch is None or seq is None:
-            raise ValueError("from entry epoch must be an integer >= 0 and seq an integer >= -1")
-        if epoch >= POSITION_LIMIT or seq >= POSITION_LIMIT:
-            raise ValueError(f"from entry epoch and seq have at most {MAX_POSITION_DIGITS} digits")
-        entries.append((session, (epoch, seq)))
-    return entries
-
-
-def _integer(value: Any, minimum: int) -> int | None:
-    """C{value} as an exact integer (an integral float too, as JSON.parse has it) if it is one >= minimum."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, float) and value.is_integer():  # (never true for infinity or NaN)
-        value = int(value)
-    if isinstance(value, int) and value >= minimum:
-        return value
-    return None
-
-
 class SSESubscriber(Subscriber):
     """An SSE consumer: frames written to its stream, with the soft/hard backlog policy.
 
@@ -246,10 +248,13 @@ class SSESubscriber(Subscriber):
             stream.discarded = 0
 
 
-class AEPResource(Resource):
-    """The whole AEP HTTP surface; paths match exactly (a trailing slash is a 404)."""
+class AEPResource(RoutedResource):
+    """The whole AEP HTTP surface, one route table; paths match exactly (a trailing slash is a 404).
 
-    isLeaf = True
+    Every route but the health check and the two preflights is behind the auth wall (L{prepare}),
+    unknown paths and other methods too: without the token, nothing about the relay is told.
+    """
+
     _log = Logger()
 
     def __init__(
@@ -262,7 +267,6 @@ class AEPResource(Resource):
         socket: IResource | None = None,
         socket_counts: Callable[[], list[dict[str, Any]]] = lambda: [],
     ) -> None:
-        super().__init__()
         self.relay = relay
         self.hub = hub
         self.max_body = max_body
@@ -270,7 +274,21 @@ class AEPResource(Resource):
         self.socket = socket
         self._socket_listing = socket_counts
         self.sse_subscribers = 0
-        self._discovery = json.dumps(relay.discovery, indent=2, ensure_ascii=False).encode("utf-8")
+        discovery = json.dumps(relay.discovery, indent=2, ensure_ascii=False).encode("utf-8")
+        self._discovery = json_answer(200, discovery)
+        super().__init__(self._routes())
+
+    def _routes(self) -> RouteTable:
+        """The routes and their methods (C{405} with C{Allow} for any other on these paths). C{HEAD}
+        is answered by C{GET} where that is a plain document; a stream or an upgrade has none."""
+        table = RouteTable(not_found=NOT_FOUND, not_allowed=_not_allowed, refusals=REFUSALS)
+        table.add("/healthz", {"GET": self.healthz})
+        table.add("/events", {"GET": self.discovery, "POST": self.ingest})
+        table.add("/.well-known/aep", {"GET": self.discovery})
+        table.add("/connections", {"GET": self.connections, "OPTIONS": self.preflight})
+        table.add("/stream", {"GET": self.stream, "OPTIONS": self.preflight}, head=False)
+        table.add("/socket", {"GET": self.upgrade}, head=False)
+        return table
 
     # The auth wall ---------------------------------------------------------------------------
 
@@ -282,45 +300,11 @@ class AEPResource(Resource):
             query_param(request, "access_token"), token
         )
 
-    # Dispatch --------------------------------------------------------------------------------
-
-    def render(self, request: Request) -> bytes | int:
-        path, method = request.path, request.method
-        if method == b"HEAD" and path in _HEAD_LIKE_GET:
-            # The GET answer's status and headers (its content-length too), without its body.
-            request.method = b"GET"
-            try:
-                self.render(request)
-            finally:
-                request.method = b"HEAD"
-            return b""
-        if path == b"/healthz" and method == b"GET":
-            return self.healthz(request)
-        if method == b"OPTIONS" and path in (b"/stream", b"/connections"):
-            return _respond(request, 204, b"", PREFLIGHT)
-        if not self.authorized(request):
-            return _respond(request, 401, b"", [CORS_ANY])
-        allowed = ALLOWED.get(path)
-        if allowed is not None and method not in allowed:
-            return self.not_allowed(request, allowed)
-        if method == b"GET":
-            if path == b"/connections":
-                return self.connections(request)
-            if path in (b"/events", b"/.well-known/aep"):
-                return _respond(request, 200, self._discovery, [(b"content-type", JSON_TYPE)])
-            if path == b"/stream":
-                return self.stream(request)
-        if path == b"/events" and method == b"POST":
-            return self.ingest(request)
-        if path == b"/socket" and self.socket is not None and _is_upgrade(request):
-            return self.socket.render(request)
-        return _respond(request, 404, b"")
-
-    def not_allowed(self, request: Request, allowed: tuple[bytes, ...]) -> bytes:
-        """C{405} for a method the path does not take, naming the ones it does."""
-        body = dumps({"error": "method-not-allowed", "allow": [m.decode("ascii") for m in allowed]})
-        body = _respond(request, 405, body, [(b"content-type", JSON_TYPE), (b"allow", b", ".join(allowed))])
-        return b"" if request.method == b"HEAD" else body  # (Twisted would drop it, with a log line)
+    def prepare(self, request: Request) -> Answer | None:
+        """The auth wall: C{401} with CORS (a browser may read it) before any route is looked up."""
+        if self.authorized(request) or (request.method, request.path) in _OUTSIDE_THE_WALL:
+            return None
+        return UNAUTHORIZED
 
     def early_answer(self, request: Request) -> EarlyAnswer:
         """The answer to a body over C{AEP_MAX_BODY}, in the reference's order of checks."""
@@ -335,15 +319,18 @@ class AEPResource(Resource):
         body = dumps({"error": "payload-too-large", "max_bytes": self.max_body})
         return 413, [(b"content-type", JSON_TYPE)], body
 
-    # Health and introspection ----------------------------------------------------------------
+    # Health, discovery and introspection -----------------------------------------------------
 
-    def healthz(self, request: Request) -> bytes:
+    def healthz(self, request: Request) -> Answer:
         body: dict[str, Any] = {"ok": True}
         if self.authorized(request):
             body.update(self.relay.counts())
-        return _respond(request, 200, dumps(body), [(b"content-type", JSON_TYPE)])
+        return json_answer(200, dumps(body))
 
-    def connections(self, request: Request) -> bytes:
+    def discovery(self, request: Request) -> Answer:
+        return self._discovery
+
+    def connections(self, request: Request) -> Answer:
         counts = self.relay.counts()
         body = {
             "ok": True,
@@ -351,7 +338,19 @@ class AEPResource(Resource):
             "connections": self._socket_listing(),
             "sse_subscribers": self.sse_subscribers,
         }
-        return _respond(request, 200, dumps(body), [(b"content-type", JSON_TYPE), CORS_ANY])
+        return json_answer(200, dumps(body), (CORS_ANY,))
+
+    def preflight(self, request: Request) -> Answer:
+        return PREFLIGHT_ANSWER
+
+    def upgrade(self, request: Request) -> Result:
+        """A WebSocket opening handshake, handed to the socket resource (anything else is a 404)."""
+        if self.socket is None or not _is_upgrade(request):
+            return NOT_FOUND
+        rendered = self.socket.render(request)
+        if rendered is NOT_DONE_YET:
+            return TAKEN
+        return Answer(request.code, rendered)  # (it could build no protocol: its own answer)
 
     # Ingest ----------------------------------------------------------------------------------
 
@@ -363,78 +362,84 @@ class AEPResource(Resource):
             return 415, [], b""
         return None
 
-    def ingest(self, request: Request) -> bytes | int:
+    def ingest(self, request: Request) -> Answer | Deferred[Answer]:
+        """C{202} once the store has the batch; a batch of one slice into a synchronous store is
+        answered in the render call (the fast path), a larger one a slice per reactor turn."""
         problem = self._header_problem(request)
         if problem is not None:
             status, headers, body = problem
             _refused(str(status))
-            return _respond(request, status, body, headers)
+            return Answer(status, body, headers)
         parser = BatchParser(read_body(request), _media_type(request) == NDJSON_TYPE, self.max_batch)
-        self._parse(request, parser)
-        return NOT_DONE_YET
+        if parser.step(PARSE_SLICE):  # (an IngestError is the table's refusal)
+            return self._store(parser.result())
+        answer: Deferred[Answer] = Deferred()
+        self.hub.clock.call_later(0, self._parse, request, parser, answer)
+        return answer
 
-    def _parse(self, request: Request, parser: BatchParser) -> None:
-        """Parse one slice of the batch; the next slice waits for the next reactor turn."""
-        if request_gone(request):
+    def _parse(self, request: Request, parser: BatchParser, answer: Deferred[Answer]) -> None:
+        """Parse one more slice of the batch; the next slice waits for the next reactor turn."""
+        if gone(request):
             return  # nobody is waiting for the answer: stop paying for the body
         try:
             if not parser.step(PARSE_SLICE):
-                self.hub.clock.call_later(0, self._parse, request, parser)
+                self.hub.clock.call_later(0, self._parse, request, parser, answer)
                 return
-            events = parser.result()
-        except IngestError as e:
-            _refused(str((e.body or {}).get("error", e.status)))
-            _finish(request, e.status, dumps(e.body), [(b"content-type", JSON_TYPE)])
+            stored = self._store(parser.result())
+        except Exception:
+            answer.errback()  # an IngestError, answered by the table's refusals
             return
-        if not events:
-            _finish(request, 202, b"")
-            return
-        d = self.relay.ingest(events)
-        # 202 only once the store has the events: with the in-memory log that is now (the callback
-        # runs at once); with Redis, when its reply is in. (A Deferred chained to one still waiting
-        # for Redis also reads as "called": that test once answered 202 before the write.)
-        d.addCallbacks(
-            lambda _: _finish(request, 202, b""),
-            lambda f: self._store_failed(request, f),
-        )
+        if isinstance(stored, Deferred):
+            stored.chainDeferred(answer)
+        else:
+            answer.callback(stored)
 
-    def _store_failed(self, request: Request, failure: Failure) -> None:
+    def _store(self, events: list[Event]) -> Answer | Deferred[Answer]:
+        if not events:
+            return ACCEPTED
+        # 202 only once the store has the events: with the in-memory log that is now (the answer is
+        # returned from this call); with Redis, when its reply is in. (A Deferred chained to one
+        # still waiting for Redis also reads as "called": that test once answered 202 before the
+        # write; answer_when goes by its callback having run.)
+        return answer_when(self.relay.ingest(events), _accepted, self._append_failed)
+
+    def _append_failed(self, failure: Failure) -> Answer:
         if failure.check(StoreUnavailable):
             # An outage, not a bug: one line per refusal (the metric counts them), no traceback.
             self._log.warn("ingest refused: {reason}", reason=failure.getErrorMessage())
         else:
             self._log.failure("ingest failed in the event store", failure)
         metrics.store_errors.labels(relay="aep", operation="append").inc()
-        body = dumps({"error": "store-unavailable", "store": "aep"})
-        _finish(request, 503, body, [(b"content-type", JSON_TYPE)])
+        return STORE_UNAVAILABLE
 
     # SSE -------------------------------------------------------------------------------------
 
-    def stream(self, request: Request) -> bytes | int:
-        try:
-            match, pin, ceiling, from_value, history_only, filter_session = self._stream_query(request)
-        except BadRequest as e:
-            return _respond(request, 400, str(e).encode("utf-8"), [CORS_ANY])
+    def stream(self, request: Request) -> Result:
+        """Open an SSE stream; its history is read before any header goes out (C{503} if the store
+        cannot answer), then live delivery. (A L{BadRequest} is the table's C{400}.)"""
+        query = stream_query(request, self.relay.max_from)
         stream = SSEStream(request, self.hub, max_buffer=HARD_BACKLOG)
-        sub = SSESubscriber(match, ceiling, stream, pin)
+        sub = SSESubscriber(query.match, query.ceiling, stream, query.pin)
         key = object()
+        history_only, filter_session = query.history_only, query.filter_session
         if not history_only:
             # Registered (and holding live events) before the history is read, so nothing that
             # arrives meanwhile is missed whatever the store's latency.
             sub.hold()
             if not self.relay.subscribe(key, sub):
                 body = dumps({"error": "limit-exceeded", "max_subscribers": self.relay.max_subscribers})
-                return _respond(request, 503, body, [(b"content-type", JSON_TYPE), CORS_ANY])
+                return json_answer(503, body, (CORS_ANY,))
         # The history is read before any header goes out, so a store that cannot answer gets a
         # 503 the client can act on; with the in-memory log this all happens in this call.
-        d: Deferred[Any] = self.relay.expand_all() if from_value == "all" else succeed(from_value)
-        d.addCallback(lambda entries: self._resume(request, entries, from_value == "all"))
+        from_all = query.from_value == "all"
+        d: Deferred[Any] = self.relay.expand_all() if from_all else succeed(query.from_value)
+        d.addCallback(lambda entries: self._resume(request, entries, from_all))
         d.addCallback(lambda resolved: self._fetch(resolved, history_only, filter_session, sub))
         d.addCallbacks(
             lambda reader: self._open(request, key, sub, reader, history_only),
-            lambda f: self._store_unavailable(request, key, f),
+            lambda f: finish(request, self._replay_failed(key, f)),
         )
-        return NOT_DONE_YET
+        return TAKEN
 
     def _open(
         self,
@@ -445,7 +450,7 @@ class AEPResource(Resource):
         history_only: bool,
     ) -> None:
         stream = sub.stream
-        if request_gone(request) or stream.closed:  # gone, or cut off already for what it held
+        if gone(request) or stream.closed:  # gone, or cut off already for what it held
             self.relay.unsubscribe(key)
             return
         stream.on_close = lambda: self._closed(key)
@@ -453,61 +458,20 @@ class AEPResource(Resource):
         self.sse_subscribers += 1
         stream.produce(SSEReplay(sub, reader, history_only))
 
-    def _store_unavailable(self, request: Request, key: object, failure: Failure) -> None:
+    def _replay_failed(self, key: object, failure: Failure) -> Answer:
         self.relay.unsubscribe(key)
         metrics.store_errors.labels(relay="aep", operation="replay").inc()
         metrics.replays.labels(relay="aep", outcome="failed").inc()
         self._log.warn("replay failed: {reason}", reason=failure.getErrorMessage())
-        body = dumps({"error": "store-unavailable", "store": "aep"})
-        _finish(request, 503, body, [(b"content-type", JSON_TYPE), CORS_ANY])
+        return STREAM_STORE_UNAVAILABLE
 
     def _closed(self, key: object) -> None:
         self.sse_subscribers -= 1
         self.relay.unsubscribe(key)
 
-    def _stream_query(self, request: Request) -> tuple[Any, Pin | None, str | None, Any, bool, str | None]:
-        raw_filter = request.args.get(b"filter", [b""])[0]
-        if raw_filter:
-            try:
-                flt = parse_json(raw_filter)
-            except JSONError:
-                raise BadRequest("bad filter JSON") from None
-        else:
-            flt = {}
-        problem = filter_error(flt)
-        if problem is not None:
-            raise BadRequest(problem)
-        # Not query_param: a value that is not UTF-8 is no capture level either (docs/decisions.md AEP-6).
-        ceiling = request.args.get(b"capture", [b""])[0].decode("utf-8", "replace") or None
-        if ceiling is not None:
-            problem = capture_error(ceiling)
-            if problem is not None:
-                raise BadRequest(problem)
-        raw_from = request.args.get(b"from", [b""])[0]
-        from_value: Any = []
-        if raw_from == b"all":
-            from_value = "all"
-        elif raw_from:
-            try:
-                parsed = parse_json(raw_from, exact=True)
-            except JSONError:
-                raise BadRequest("bad from JSON") from None
-            if not isinstance(parsed, list):
-                raise BadRequest("bad from JSON")
-            if len(parsed) > self.relay.max_from:
-                raise BadRequest("from too large")
-            try:
-                from_value = parse_from_entries(parsed)
-            except ValueError as e:
-                raise BadRequest(f"bad from entry: {e}") from None
-        history_only = request.args.get(b"live", [None])[0] == b"0"
-        session = flt.get("session")
-        filter_session = session if isinstance(session, str) else None
-        return compile_filter(flt), pin_of(flt), ceiling, from_value, history_only, filter_session
-
     def _resume(self, request: Request, entries: list[tuple[str, Position]], from_all: bool) -> Any:
         if not entries:
-            found = _last_event_id(request)
+            found = last_event_id(request)
             if found is not None:
                 entries = [found]
         return entries, from_all
@@ -569,20 +533,6 @@ class SSEReplay(ReplayProducer):
         self.sub.stream.abort()  # type: ignore[attr-defined]
 
 
-def _last_event_id(request: Request) -> tuple[str, Position] | None:
-    """The resume position of a C{Last-Event-ID} header; a malformed value is ignored."""
-    header = request.getHeader(b"last-event-id")
-    if not header:
-        return None
-    try:
-        found = _LAST_EVENT_ID.fullmatch(header.decode("utf-8"))
-    except UnicodeDecodeError:
-        return None
-    if found is None:
-        return None
-    return found.group(1), (int(found.group(2)), int(found.group(3)))
-
-
 def _is_upgrade(request: Request) -> bool:
     """A WebSocket opening handshake (anything else at C{/socket} is an ordinary 404)."""
     upgrade = request.getHeader(b"upgrade") or b""
@@ -593,19 +543,3 @@ def _media_type(request: Request) -> bytes:
     """The request's media type, lower-cased (type and subtype are case-insensitive, RFC 9110 8.3.1)."""
     value = request.getHeader(b"content-type") or b""
     return value.split(b";", 1)[0].strip().lower()
-
-
-def _respond(request: Request, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()) -> bytes:
-    request.setResponseCode(status)
-    for name, value in headers:
-        request.responseHeaders.setRawHeaders(name, [value])
-    if body or status not in (204,):
-        request.setHeader(b"content-length", b"%d" % len(body))
-    return body
-
-
-def _finish(request: Request, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
-    if request_gone(request):
-        return
-    request.write(_respond(request, status, body, headers))
-    request.finish()

@@ -33,6 +33,10 @@ _UNROUTABLE = metrics.events_dropped.labels(relay="aep", reason="unroutable")
 _FANOUT = metrics.fanout_seconds.labels(relay="aep")
 _STORE_ERRORS = metrics.store_errors
 
+# A consumer's backlog bounds, whatever its transport (SSE or WebSocket; docs/aep.md):
+SOFT_BACKLOG = 1024 * 1024  # above this, events below `notice` are dropped for a slow consumer
+HARD_BACKLOG = 8 * 1024 * 1024  # above this, the consumer is cut off (it resumes by position)
+
 DISCOVERY_ENDPOINTS = {"events": "/events", "stream": "/stream", "socket": "/socket"}
 CAPTURE_LEVELS = ["none", "metadata", "redacted", "full"]
 

@@ -33,8 +33,18 @@ from relayd.aep.capture import capture_error
 from relayd.aep.envelope import classify
 from relayd.aep.event import NOTICE, Event, JSONError, admit, dumps, parse_json
 from relayd.aep.filters import Pin, compile_filter, filter_error, pin_of
-from relayd.aep.http import HARD_BACKLOG, SOFT_BACKLOG, parse_from_entries
-from relayd.aep.relay import Emitter, Relay, ReplayProducer, ReplayReader, Subscriber, error_frame, held_size
+from relayd.aep.query import parse_from_entries
+from relayd.aep.relay import (
+    HARD_BACKLOG,
+    SOFT_BACKLOG,
+    Emitter,
+    Relay,
+    ReplayProducer,
+    ReplayReader,
+    Subscriber,
+    error_frame,
+    held_size,
+)
 from relayd.aep.store import Position
 from relayd.aep.wire import ws_message
 from relayd.clock import Clock

@@ -11,7 +11,7 @@ from typing import Any
 
 from relayd.aep.envelope import EventKind
 from relayd.aep.event import Event
-from relayd.web.sse import http_chunk
+from relayd.web.sse import http_chunk, sse_event
 
 # What may not reach an SSE framing line: ingest refuses these in identifiers (envelope.limit_error);
 # this is the last line of defence for anything stored before, or by another relayd.
@@ -34,11 +34,10 @@ def sse_frame(event: Event, level: str | None = None) -> bytes:
     key = ("sse", level)
     frame = event.form(key)
     if frame is None:
-        parts = [b"event: ", frame_safe(event.type), b"\ndata: ", event.payload(level), b"\n"]
+        sse_id = None
         if event.kind is EventKind.SEQUENCED:
-            parts += [b"id: ", _sse_id(event.session, event.position), b"\n"]  # type: ignore[arg-type]
-        parts.append(b"\n")
-        frame = event.keep(key, b"".join(parts))
+            sse_id = _sse_id(event.session, event.position)  # type: ignore[arg-type]
+        frame = event.keep(key, sse_event(event.payload(level), frame_safe(event.type), sse_id))
     return frame
 
 

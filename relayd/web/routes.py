@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Union
+from typing import Any, Final, TypeVar, Union
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, fail
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
@@ -56,6 +56,7 @@ TAKEN: Final = _Taken()
 """What a handler returns when it has taken the request over and will finish it itself."""
 
 Result = Union[Answer, "Deferred[Answer]", _Taken]
+_T = TypeVar("_T")
 Handler = Callable[..., Result]
 """C{handler(request, **parts)}: the path's named parts as keyword arguments (C{str})."""
 
@@ -88,6 +89,39 @@ def finish(request: Request, answer: Answer) -> None:
     if body:
         request.write(body)
     request.finish()
+
+
+def answer_when(
+    d: Deferred[_T], answer: Callable[[_T], Answer], refuse: Callable[[Failure], Answer]
+) -> Answer | Deferred[Answer]:
+    """C{answer(result)} or C{refuse(failure)} once C{d} fires: the answer itself when C{d} has
+    fired already (a synchronous store: the fast path, written in the render call), else a
+    C{Deferred} of it. One callback pair on C{d}, whichever way it goes.
+    """
+    now: list[Answer | Failure] = []
+    later: list[Deferred[Answer]] = []
+
+    def settle(result: Any, make: Callable[[Any], Answer]) -> None:
+        outcome: Answer | Failure
+        try:
+            outcome = make(result)
+        except Exception:
+            outcome = Failure()  # a bug in make: the table's refusals answer it
+        if not later:
+            now.append(outcome)
+        elif isinstance(outcome, Failure):
+            later[0].errback(outcome)
+        else:
+            later[0].callback(outcome)
+
+    d.addCallbacks(settle, settle, callbackArgs=(answer,), errbackArgs=(refuse,))
+    if now:
+        outcome = now[0]
+        if isinstance(outcome, Failure):
+            return fail(outcome)
+        return outcome
+    later.append(Deferred())
+    return later[0]
 
 
 class Refusals:
@@ -127,6 +161,7 @@ class _Route:
     methods: dict[bytes, Handler] = field(default_factory=dict)
     other: Handler | None = None  # every method not named (C{"*"})
     allow: bytes = b""
+    not_allowed: Answer = Answer(405)  # its 405, made by RouteTable.add once its methods are known
 
 
 class RouteTable:
@@ -135,13 +170,14 @@ class RouteTable:
     A path is exact (C{/healthz}) or holds named parts (C{/sessions/{session}/inbox}); a part matches
     one non-empty path segment, or what C{parts} says for its name (C{{"session": "[a-z0-9]{4,64}"}}:
     a path whose part does not match is not served, C{404}). Exact paths are found with one dictionary
-    lookup. Paths are UTF-8, matched against the raw (not percent-decoded) request path.
+    lookup. Paths are UTF-8, matched against the raw (not percent-decoded) request path. C{not_allowed}
+    is the JSON body of a C{405}: the same for every path, or made per path from its C{Allow} value.
     """
 
     def __init__(
         self,
         not_found: Answer | None = None,
-        not_allowed: bytes = b'{"error":"method_not_allowed"}',
+        not_allowed: bytes | Callable[[bytes], bytes] = b'{"error":"method_not_allowed"}',
         refusals: Refusals | None = None,
         parts: Mapping[str, str] | None = None,
     ) -> None:
@@ -152,16 +188,17 @@ class RouteTable:
         self._exact: dict[bytes, _Route] = {}
         self._patterns: list[_Route] = []
 
-    def add(self, path: str, handlers: Mapping[str, Handler], prefix: str = "") -> None:
+    def add(self, path: str, handlers: Mapping[str, Handler], prefix: str = "", *, head: bool = True) -> None:
         """Serve C{prefix + path}: each method in C{handlers} by its handler (C{HEAD} by C{GET}'s if
-        not named). C{prefix} is literal (an operator's, braces and all); only C{path} names parts.
+        not named, unless C{head} is false: a stream, an upgrade, whose C{HEAD} is a C{405}).
+        C{prefix} is literal (an operator's, braces and all); only C{path} names parts.
 
         A handler under C{"*"} takes every method not named (a protocol whose checks come before
         the method's, or whose C{405} is its own); C{Allow} lists the named ones.
         """
         methods = {m.encode("ascii"): h for m, h in handlers.items()}
         other = methods.pop(b"*", None)
-        if b"GET" in methods and b"HEAD" not in methods:
+        if head and b"GET" in methods and b"HEAD" not in methods:
             methods[b"HEAD"] = methods[b"GET"]
         if _PART.search(path):
             pieces = _PART.split(path)  # literal, name, literal, name, ..., literal
@@ -176,6 +213,8 @@ class RouteTable:
         if other is not None:
             route.other = other
         route.allow = b", ".join(sorted(route.methods, key=_method_rank))
+        body = self.not_allowed(route.allow) if callable(self.not_allowed) else self.not_allowed
+        route.not_allowed = json_answer(405, body, ((b"allow", route.allow),))
 
     def _find(self, path: bytes) -> tuple[_Route, dict[str, str]] | None:
         route = self._exact.get(path)
@@ -195,7 +234,7 @@ class RouteTable:
         route, parts = found
         handler = route.methods.get(method) or route.other
         if handler is None:
-            return json_answer(405, self.not_allowed, ((b"allow", route.allow),))
+            return route.not_allowed
         return handler, parts
 
     def allowed(self, path: bytes) -> bytes | None:

@@ -6,7 +6,7 @@ import io
 import json
 
 from twisted.internet import threads
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import Clock as FakeTime
 from twisted.trial.unittest import TestCase
 from twisted.web.test.requesthelper import DummyRequest
@@ -15,6 +15,7 @@ from relayd.aep.http import AEPResource
 from relayd.aep.relay import Relay
 from relayd.aep.store import MemoryEventLog
 from relayd.clock import Clock
+from relayd.storage import StoreUnavailable
 from relayd.web.sse import SSEHub, sse_comment
 from tests.support.aep import AEPRelay, event, ndjson
 from tests.support.raw import raw_exchange
@@ -292,15 +293,8 @@ class Ingest(TestCase):
 class AcknowledgedMeansStored(TestCase):
     """A 202 goes out only once the store has the events (issue 5: nothing acknowledged is lost)."""
 
-    def test_no_202_while_the_store_is_still_writing(self) -> None:
-        pending: Deferred[list[bool]] = Deferred()
-
-        class SlowLog(MemoryEventLog):
-            def append(self, events):  # type: ignore[no-untyped-def]
-                # Fired, but chained to a write still in flight: it reads as "called".
-                return succeed(None).addCallback(lambda _: pending)
-
-        relay = Relay(SlowLog(10, 10), token=None, buffer=10, max_from=10)
+    def _post(self, log: MemoryEventLog) -> tuple[AEPResource, DummyRequest]:
+        relay = Relay(log, token=None, buffer=10, max_from=10)
         resource = AEPResource(relay, SSEHub(Clock(FakeTime()), 25, sse_comment("ping")), max_body=1 << 20, max_batch=10)
         request = DummyRequest([b"events"])
         request.method = b"POST"
@@ -309,7 +303,33 @@ class AcknowledgedMeansStored(TestCase):
         request.requestHeaders.setRawHeaders(b"content-type", [b"application/x-ndjson"])
         request.content = io.BytesIO(ndjson(event()))
         request._disconnected = False
+        return resource, request
+
+    def test_no_202_while_the_store_is_still_writing(self) -> None:
+        pending: Deferred[list[bool]] = Deferred()
+
+        class SlowLog(MemoryEventLog):
+            def append(self, events):  # type: ignore[no-untyped-def]
+                # Fired, but chained to a write still in flight: it reads as "called".
+                return succeed(None).addCallback(lambda _: pending)
+
+        resource, request = self._post(SlowLog(10, 10))
         resource.render(request)
         self.assertEqual(request.finished, 0)  # nothing said while the write is in flight
         pending.callback([True])
         self.assertEqual((request.finished, request.responseCode), (1, 202))
+
+    def test_a_write_the_store_has_made_is_answered_by_the_render_call(self) -> None:
+        # The fast path: a synchronous store's 202 is what render returns, as any plain answer
+        # (no NOT_DONE_YET, no finish from a callback).
+        resource, request = self._post(MemoryEventLog(10, 10))
+        self.assertEqual((resource.render(request), request.responseCode), (b"", 202))
+        self.assertEqual(request.responseHeaders.getRawHeaders(b"content-length"), [b"0"])
+
+        class BrokenLog(MemoryEventLog):
+            def append(self, events):  # type: ignore[no-untyped-def]
+                return fail(StoreUnavailable("aep"))
+
+        resource, request = self._post(BrokenLog(10, 10))
+        body = resource.render(request)
+        self.assertEqual((request.responseCode, body), (503, b'{"error":"store-unavailable","store":"aep"}'))

@@ -8,6 +8,7 @@ from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, fail, succeed
+from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyRequest
@@ -19,6 +20,7 @@ from relayd.web.routes import (
     Refusals,
     RoutedResource,
     RouteTable,
+    answer_when,
     finish,
     gone,
     json_answer,
@@ -176,6 +178,17 @@ class RouteTableResolution(TestCase):
         self.assertIsInstance(table.resolve(b"POST", b"/pq.z/abc/in"), Answer)
         self.assertIsInstance(table.resolve(b"POST", b"/p{y}xz/abc/in"), Answer)
 
+    def test_a_route_without_head_and_a_405_body_per_path(self) -> None:
+        table = RouteTable(not_allowed=lambda allow: b'{"allow":"%s"}' % allow)
+        handler = lambda request: Answer(200)  # noqa: E731
+        table.add("/stream", {"GET": handler, "OPTIONS": handler}, head=False)
+        table.add("/doc", {"GET": handler})
+        self.assertEqual(table.allowed(b"/stream"), b"GET, OPTIONS")
+        refused = table.resolve(b"HEAD", b"/stream")
+        self.assertEqual(refused, json_answer(405, b'{"allow":"GET, OPTIONS"}', ((b"allow", b"GET, OPTIONS"),)))
+        self.assertEqual(table.resolve(b"PUT", b"/doc"), json_answer(405, b'{"allow":"GET, HEAD"}', ((b"allow", b"GET, HEAD"),)))
+        self.assertEqual(table.resolve(b"HEAD", b"/doc"), (handler, {}))
+
     def test_literal_parts_are_not_patterns(self) -> None:
         table = RouteTable()
         table.add("/v1.0/{x}", {"GET": lambda request, x: Answer(200)})
@@ -201,6 +214,53 @@ class RouteTableResolution(TestCase):
         for method in (b"HEAD", b"PUT", b"BREW"):
             self.assertEqual(table.resolve(method, b"/mcp"), (other, {}), method)
         self.assertEqual(table.allowed(b"/mcp"), b"GET, HEAD")
+
+
+class _Counting(Deferred[object]):
+    """A Deferred that counts the callback pairs added to it."""
+
+    pairs = 0
+
+    def addCallbacks(self, *args: Any, **kwargs: Any) -> Any:
+        self.pairs += 1
+        return super().addCallbacks(*args, **kwargs)
+
+
+class AnswerWhen(TestCase):
+    """answer_when: the answer at once for a Deferred that has fired, else a Deferred of it."""
+
+    ok = json_answer(202, b"{}")
+    refused = json_answer(503, b'{"error":"down"}')
+
+    def _answer(self, d: Deferred[object]) -> Answer | Deferred[Answer]:
+        return answer_when(d, lambda _: self.ok, lambda f: self.refused)
+
+    def test_fired_already_is_answered_at_once_with_one_callback_pair(self) -> None:
+        d: Deferred[object] = succeed(None)
+        self.assertEqual(self._answer(d), self.ok)
+        self.assertEqual(self._answer(fail(RuntimeError("down"))), self.refused)
+        waiting = _Counting()
+        self._answer(waiting)
+        self.assertEqual(waiting.pairs, 1)
+
+    def test_fired_later_answers_through_a_deferred(self) -> None:
+        d: Deferred[object] = Deferred()
+        later = self._answer(d)
+        self.assertIsInstance(later, Deferred)
+        d.callback(None)
+        self.assertEqual(self.successResultOf(later), self.ok)  # type: ignore[arg-type]
+        d2: Deferred[object] = Deferred()
+        later2 = self._answer(d2)
+        d2.errback(Failure(RuntimeError("down")))
+        self.assertEqual(self.successResultOf(later2), self.refused)  # type: ignore[arg-type]
+
+    def test_a_bug_making_the_answer_is_a_failure_for_the_refusals(self) -> None:
+        broken = answer_when(succeed(None), lambda _: 1 / 0, lambda f: self.refused)  # type: ignore[arg-type, return-value]
+        self.failureResultOf(broken, ZeroDivisionError)  # type: ignore[arg-type]
+        d: Deferred[object] = Deferred()
+        later = answer_when(d, lambda _: 1 / 0, lambda f: self.refused)  # type: ignore[arg-type, return-value]
+        d.callback(None)
+        self.failureResultOf(later, ZeroDivisionError)  # type: ignore[arg-type]
 
 
 def _turn() -> Deferred[None]:
