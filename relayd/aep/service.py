@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 from autobahn.twisted.resource import WebSocketResource
 from twisted.logger import Logger
@@ -18,6 +18,7 @@ from relayd.aep.store import MemoryEventLog
 from relayd.aep.websocket import AEPSocketFactory
 from relayd.clock import Clock
 from relayd.config import Resolved
+from relayd.reactor import IReactor
 from relayd.web.body import BodyLimit
 from relayd.web.service import HTTPWingService
 from relayd.web.site import RelaySite
@@ -133,7 +134,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> AEPService | None:
     return service
 
 
-def make_service(settings: Resolved, reactor: Any, clock: Clock) -> AEPService | None:
+def make_service(settings: Resolved, reactor: IReactor, clock: Clock) -> AEPService | None:
     """L{make_wing} on plumbing made from C{settings} alone (tests; with C{--redis} the caller
     closes the client, C{service.relay.log.redis})."""
     return make_wing(Plumbing.from_settings(settings, reactor, clock), settings)

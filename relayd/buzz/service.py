@@ -24,6 +24,7 @@ from relayd.buzz.state import MAX_RECEIPTS, RECEIPT_RETENTION, IReceiptStore, SQ
 from relayd.buzz.upstream import START_WARNING, Upstream, public_url
 from relayd.clock import Clock
 from relayd.config import ConfigError, Resolved, is_loopback_endpoint, is_tls_endpoint
+from relayd.reactor import IReactor
 from relayd.redis import Redis
 from relayd.web.service import HTTPWingService
 from relayd.web.site import DEFAULT_SITE_SETTINGS, RelaySite, SiteSettings
@@ -42,10 +43,12 @@ def inherited_socket_is_local(description: str) -> bool:
     import ipaddress
     import socket
 
-    from twisted.internet import endpoints, reactor
+    from twisted.internet import endpoints
+
+    from relayd.reactor import installed
 
     try:
-        fd = endpoints.serverFromString(reactor, description).fileno
+        fd = endpoints.serverFromString(installed(), description).fileno
         sock = socket.socket(fileno=os.dup(fd))
     except (IndexError, ValueError, KeyError, TypeError, AttributeError, OSError):
         return False  # no such inherited socket: refused here rather than at listen time
@@ -140,7 +143,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> BrokerService | None:
     )
 
 
-def make_service(settings: Resolved, reactor: Any, clock: Clock) -> BrokerService | None:
+def make_service(settings: Resolved, reactor: IReactor, clock: Clock) -> BrokerService | None:
     """L{make_wing} on plumbing made from C{settings} alone (tests; with C{--redis} the caller
     closes the client, C{service.redis})."""
     return make_wing(Plumbing.from_settings(settings, reactor, clock), settings)
@@ -158,7 +161,7 @@ class BrokerService(HTTPWingService):
         auth_url: str | None,
         db: StateDB,
         kek: bytes,
-        reactor: Any,
+        reactor: IReactor,
         clock: Clock,
         timeout: float = 10.0,
         max_agent_depth: int = 4,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, TypeVar
 
 from twisted.internet import defer, threads
+from twisted.internet.interfaces import IReactorFromThreads
 from twisted.python.threadpool import ThreadPool
 from zope.interface import Interface, implementer
 
@@ -615,7 +616,7 @@ class SQLiteState:
     CHECKPOINT_EVERY = 256  # inline commits between passive checkpoints
     CACHE_ENTRIES = 10_000
 
-    def __init__(self, db: StateDB, reactor: Any) -> None:
+    def __init__(self, db: StateDB, reactor: IReactorFromThreads) -> None:
         self.db = db
         db.conn.execute(f"PRAGMA busy_timeout={self.BUSY_TIMEOUT_MS}")
         db.conn.execute("PRAGMA wal_autocheckpoint=0")  # the worker checkpoints (it may fsync)
@@ -630,7 +631,7 @@ class SQLiteState:
         self._agents: dict[str, Agent] = {}
 
     @classmethod
-    def in_dir(cls, state_dir: str, reactor: Any) -> "SQLiteState":
+    def in_dir(cls, state_dir: str, reactor: IReactorFromThreads) -> "SQLiteState":
         return cls(StateDB.in_dir(state_dir), reactor)
 
     # --- plumbing

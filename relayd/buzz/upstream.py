@@ -32,6 +32,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from relayd.clock import Clock
+from relayd.reactor import IReactor
 
 START_WARNING = 5.0  # seconds after start without a connection before the broker warns
 REPEAT_EVERY = 60.0  # seconds between lines about an outage that goes on
@@ -105,7 +106,7 @@ class Upstream:
     def __init__(
         self,
         url: str,
-        reactor: Any,
+        reactor: IReactor,
         clock: Clock,
         *,
         wall_clock: Callable[[], float] = time.time,

@@ -20,6 +20,7 @@ from relayd.mcp.redis_bus import RedisMcpBus
 from relayd.mcp.redis_store import RedisStore
 from relayd.mcp.store import IMcpStore, MemoryStore
 from relayd.mcp.tunnel import TunnelConfig, TunnelRelay
+from relayd.reactor import IReactor
 from relayd.web.body import BodyLimit
 from relayd.web.service import HTTPWingService
 from relayd.web.site import RelaySite
@@ -37,7 +38,7 @@ class McpService(HTTPWingService):
         resource: McpResource,
         site: RelaySite,
         listen: list[str],
-        reactor: Any,
+        reactor: IReactor,
         clock: Clock,
         startup_line: str,
         *,
@@ -163,7 +164,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> McpService | None:
     return service
 
 
-def make_service(settings: Resolved, reactor: Any, clock: Clock) -> McpService | None:
+def make_service(settings: Resolved, reactor: IReactor, clock: Clock) -> McpService | None:
     """L{make_wing} on plumbing made from C{settings} alone (tests; with C{--redis} the caller
     closes the client, the bus's C{redis})."""
     return make_wing(Plumbing.from_settings(settings, reactor, clock), settings)
