@@ -1,7 +1,13 @@
-"""The one owner of timers: every delayed call and looping call goes through a L{Clock}.
+"""The one owner of time: every delayed call, looping call and reading of the time goes through a L{Clock}.
 
-Owning them in one place means shutdown can cancel whatever is still pending (no timer outlives its
-service), and tests drive time deterministically by handing in a C{task.Clock}.
+Owning timers in one place means shutdown can cancel whatever is still pending (no timer outlives
+its service), and tests drive time deterministically by handing in a C{task.Clock}: the wall clock
+(L{Clock.seconds}) and the one for durations (L{Clock.monotonic}) are then that clock too.
+tests/test_time_ownership.py fails if a module other than this one reads the time or schedules a
+call by itself.
+
+L{NextTurn} is the one way to run something once at the end of the current reactor turn however
+often it was asked for during the turn (the flush of every stream written to, say).
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ import time
 from typing import Any, Callable, TypeVar
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorCore, IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
@@ -18,18 +24,27 @@ T = TypeVar("T")
 
 
 class Clock:
-    """Wraps an C{IReactorTime}; records the calls it schedules so L{shutdown} can cancel them."""
+    """Wraps an C{IReactorTime}; records the calls it schedules so L{shutdown} can cancel them.
+
+    @ivar monotonic: seconds on a clock that never goes back, for durations: C{time.monotonic} on
+        a real reactor, the wrapped reactor's C{seconds} on a test clock (a C{task.Clock}, which is
+        no C{IReactorCore}), so that tests fix durations as they fix the time.
+    """
 
     _log = Logger()
 
     def __init__(self, reactor: IReactorTime) -> None:
         self.reactor = reactor
+        self.monotonic: Callable[[], float] = (
+            time.monotonic if IReactorCore.providedBy(reactor) else reactor.seconds
+        )
         self._delayed: set[IDelayedCall] = set()
         self._loops: set[LoopingCall] = set()
         self._stopped = False
 
     def seconds(self) -> float:
-        """The current time, in seconds since the epoch, from the wrapped reactor."""
+        """The wall clock: the current time in seconds since the epoch, from the wrapped reactor
+        (for timestamps: receipts, pings, what an operator reads)."""
         return self.reactor.seconds()
 
     def call_later(self, delay: float, f: Callable[..., Any], *args: Any, **kw: Any) -> IDelayedCall:
@@ -108,3 +123,44 @@ class BlockingClock:
     def sleep(self, seconds: float) -> None:
         """Block for C{seconds}."""
         time.sleep(seconds)
+
+
+class NextTurn:
+    """Runs C{fn} once at the end of the current reactor turn, however often L{request}ed in it.
+
+    The coalescing every fan-out needs: a burst of writes to many streams costs one flush of them
+    all per turn, not one per write. A request made while C{fn} runs schedules the next turn. On the
+    delivery hot path, so a request is one attribute test, and the turn one C{callLater} of a bound
+    method made once here (no closure per call); the clock cancels a pending turn at shutdown.
+    """
+
+    __slots__ = ("_clock", "_fn", "_fire", "_call")
+
+    def __init__(self, clock: Clock, fn: Callable[[], object]) -> None:
+        self._clock = clock
+        self._fn = fn
+        self._fire = self._run  # bound once: every turn schedules this same object
+        self._call: IDelayedCall | None = None
+
+    @property
+    def pending(self) -> bool:
+        """Whether C{fn} is due at the end of this turn."""
+        return self._call is not None
+
+    def request(self) -> None:
+        """Run C{fn} at the end of this turn (once, however many requests the turn makes)."""
+        if self._call is None:
+            clock = self._clock
+            self._call = call = clock.reactor.callLater(0, self._fire)
+            clock._delayed.add(call)
+
+    def cancel(self) -> None:
+        """Drop a pending run (a later L{request} schedules again)."""
+        call, self._call = self._call, None
+        if call is not None:
+            self._clock.cancel(call)
+
+    def _run(self) -> None:
+        call, self._call = self._call, None
+        self._clock._delayed.discard(call)
+        self._fn()
