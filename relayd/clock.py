@@ -15,12 +15,19 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, TypeVar
 
+from twisted.application.internet import TimerService
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorCore, IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 T = TypeVar("T")
+
+
+def wall_clock() -> float:
+    """The wall clock (seconds since the epoch) where there is no reactor to ask: the command-line
+    tools. The daemon reads L{Clock.seconds}, which a test fixes."""
+    return time.time()
 
 
 class Clock:
@@ -89,6 +96,14 @@ class Clock:
         if not self._stopped:
             loop.start(interval, now=now)
         return loop
+
+    def timer_service(self, interval: float, f: Callable[[], object]) -> TimerService:
+        """A service that runs C{f} every C{interval} seconds while it runs (its parent stops it, and
+        stopping waits for a Deferred C{f} returned to fire): for a periodic task that must finish
+        before what it uses closes."""
+        service = TimerService(interval, f)
+        service.clock = self.reactor
+        return service
 
     def stop_loop(self, loop: LoopingCall) -> None:
         """Stop a loop made by L{looping_call}."""

@@ -6,7 +6,6 @@ frames through the small interfaces below.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from itertools import chain
 from time import perf_counter
@@ -25,6 +24,7 @@ from relayd.aep.event import Event
 from relayd.aep.filters import Pin, match_all
 from relayd.aep.index import Snapshot, SubscriptionIndex
 from relayd.aep.store import IEventLog, Position, Replay
+from relayd.clock import wall_clock
 
 # Bound once: the ingest path counts per batch, never per delivery.
 _INGESTED = metrics.events_ingested.labels(relay="aep")
@@ -375,7 +375,7 @@ class Relay:
         token: str | None,
         buffer: int,
         max_from: int,
-        seconds: Callable[[], float] = time.monotonic,
+        seconds: Callable[[], float] = wall_clock,
         claims: IClaims | None = None,
         fanout: FanoutFactory | None = None,
         max_subscribers: int = 10_000,

@@ -55,7 +55,7 @@ def make_relay(config: AEPConfig, plumbing: Plumbing) -> Relay:
     redis = plumbing.redis
     if redis is None:
         return Relay(MemoryEventLog(config.buffer, config.max_sessions), token=config.token, buffer=config.buffer,
-                     max_from=config.max_from, seconds=clock.seconds, max_subscribers=config.max_subscribers)
+                     max_from=config.max_from, seconds=clock.monotonic, max_subscribers=config.max_subscribers)
     prefix = plumbing.redis_prefix
     bus = redis.bus()
     claims = RedisClaims(redis, bus, clock, prefix)
@@ -67,7 +67,7 @@ def make_relay(config: AEPConfig, plumbing: Plumbing) -> Relay:
         token=config.token,
         buffer=config.buffer,
         max_from=config.max_from,
-        seconds=clock.seconds,
+        seconds=clock.monotonic,
         claims=claims,
         fanout=lambda deliver: RedisFanout(redis, bus, claims.instance, deliver, prefix),
         max_subscribers=config.max_subscribers,
@@ -99,7 +99,8 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> AEPService | None:
         socket_counts=sockets.listing,
     )
     site = RelaySite(
-        resource, body_limit=BodyLimit(config.max_body, resource.early_answer), settings=plumbing.site, relay="aep"
+        resource, body_limit=BodyLimit(config.max_body, resource.early_answer), settings=plumbing.site, relay="aep",
+        clock=plumbing.clock,
     )
 
     def drain() -> None:

@@ -14,7 +14,6 @@ import base64
 import json
 import os
 import sys
-import time
 from typing import Sequence, TextIO
 
 from relayd.buzz import contract, nostr
@@ -24,6 +23,7 @@ from relayd.buzz.keys import Custody, KEKError, load_kek
 from relayd.buzz.state import Agent, StateDB
 from relayd.cli import CommandError, Failure, Parser, report
 from relayd.cli import UsageError as _UsageError
+from relayd.clock import wall_clock
 
 CREDENTIAL_PREFIX = "bzh_"
 # Actions a credential without channels could never perform: those naming a channel, and managing an
@@ -206,7 +206,7 @@ def _issue(args: argparse.Namespace, db: StateDB, out: TextIO, err: TextIO) -> i
             "without a channel, --actions may only name "
             + ",".join(a for a in contract.ACTIONS if a not in NEEDS_A_CHANNEL)
         )
-    expires_at = parse_expires(args.expires, time.time()) if args.expires is not None else None
+    expires_at = parse_expires(args.expires, wall_clock()) if args.expires is not None else None
     custody = _custody(args)
     existing = _find_agent(db, args.agent)
     if args.secret_key_file:
@@ -273,7 +273,7 @@ def _revoke(args: argparse.Namespace, db: StateDB, out: TextIO, err: TextIO) -> 
 
 
 def _list(db: StateDB, out: TextIO) -> int:
-    now = time.time()
+    now = wall_clock()
     agents = {a.pubkey: a for a in db.agents()}
     for cred in db.credentials():
         a = agents.get(cred.agent_pubkey)
