@@ -42,9 +42,7 @@ class Clock:
 
     def __init__(self, reactor: IReactorTime) -> None:
         self.reactor = reactor
-        self.monotonic: Callable[[], float] = (
-            time.monotonic if IReactorCore.providedBy(reactor) else reactor.seconds
-        )
+        self.monotonic: Callable[[], float] = time.monotonic if IReactorCore.providedBy(reactor) else self.seconds
         self._delayed: set[IDelayedCall] = set()
         self._loops: set[LoopingCall] = set()
         self._stopped = False
