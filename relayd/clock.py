@@ -79,6 +79,11 @@ class Clock:
         d.addBoth(cancel)
         return d
 
+    def timeout(self, d: Deferred[T], seconds: float) -> Deferred[T]:
+        """Cancel C{d} unless it fires within C{seconds}, and fail it with C{TimeoutError} then
+        (C{Deferred.addTimeout} on this clock)."""
+        return d.addTimeout(seconds, self.reactor)
+
     def looping_call(self, interval: float, f: Callable[[], Any], now: bool = False) -> LoopingCall:
         """Run C{f} every C{interval} seconds; an exception is logged and the loop carries on."""
 

@@ -11,7 +11,7 @@ What the scan refuses, outside relayd/clock.py (docs/architecture.md "Checks"):
     C{time.monotonic_ns} (called or handed on as a default), and C{time.sleep} (it blocks the
     reactor), however imported;
   - C{datetime.now}, C{datetime.utcnow}, C{datetime.today}, C{date.today};
-  - C{callLater}, spelled anywhere (a reactor's, a protocol's);
+  - C{callLater} and C{addTimeout}, spelled anywhere (a reactor's, a protocol's, a Deferred's);
   - C{twisted.internet.task} (C{LoopingCall}, C{deferLater}, C{Clock}, C{cooperate}) and
     C{TimerService}: L{Clock.looping_call}, L{Clock.call_later}, L{Clock.timer_service}, L{NextTurn};
   - importing the global reactor (C{from twisted.internet import reactor}) outside relayd/reactor.py.
@@ -79,8 +79,8 @@ def offences(source: str, relative: str) -> list[str]:
         elif isinstance(node, ast.Attribute):
             owner = node.value
             owner_name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
-            if node.attr == "callLater":
-                flag(node, "callLater")
+            if node.attr in ("callLater", "addTimeout"):
+                flag(node, node.attr)
             elif owner_name == "time" and node.attr in _TIME_READS:
                 flag(node, f"time.{node.attr}")
             elif owner_name in ("datetime", "date") and node.attr in _DATETIME_READS:
@@ -113,6 +113,7 @@ class TimeOwnership(SynchronousTestCase):
             "    time.sleep(1)\n"
             "    reactor.callLater(0, f)\n"
             "    getter = clock.reactor.callLater\n"
+            "    d.addTimeout(1, reactor)\n"
             "    return mono(), perf_counter(), datetime.now(), datetime.fromtimestamp(0), task.deferLater\n"
         )
         self.assertEqual(
@@ -127,6 +128,7 @@ class TimeOwnership(SynchronousTestCase):
                 "time.sleep",
                 "callLater",
                 "callLater",
+                "addTimeout",
                 "time.mono",
                 "datetime.now",
                 "task.deferLater",
