@@ -147,38 +147,39 @@ class NextTurn:
     """Runs C{fn} once at the end of the current reactor turn, however often L{request}ed in it.
 
     The coalescing every fan-out needs: a burst of writes to many streams costs one flush of them
-    all per turn, not one per write. A request made while C{fn} runs schedules the next turn. On the
-    delivery hot path, so a request is one attribute test, and the turn one C{callLater} of a bound
-    method made once here (no closure per call); the clock cancels a pending turn at shutdown.
+    all per turn, not one per write. A request made while C{fn} runs schedules the next turn. The
+    turn is one C{callLater} of a bound method made once here (no closure per turn); the clock
+    cancels a pending turn at shutdown.
+
+    On the delivery hot path (a request per stream written to) a caller tests L{scheduled} before
+    calling L{request}: one attribute test per write, as the hand-written versions did (the method
+    call alone cost a third more per write).
+
+    @ivar scheduled: the pending call, or C{None} when nothing is due (read it; never set it).
     """
 
-    __slots__ = ("_clock", "_fn", "_fire", "_call")
+    __slots__ = ("_clock", "_fn", "_fire", "scheduled")
 
     def __init__(self, clock: Clock, fn: Callable[[], object]) -> None:
         self._clock = clock
         self._fn = fn
         self._fire = self._run  # bound once: every turn schedules this same object
-        self._call: IDelayedCall | None = None
-
-    @property
-    def pending(self) -> bool:
-        """Whether C{fn} is due at the end of this turn."""
-        return self._call is not None
+        self.scheduled: IDelayedCall | None = None
 
     def request(self) -> None:
         """Run C{fn} at the end of this turn (once, however many requests the turn makes)."""
-        if self._call is None:
+        if self.scheduled is None:
             clock = self._clock
-            self._call = call = clock.reactor.callLater(0, self._fire)
+            self.scheduled = call = clock.reactor.callLater(0, self._fire)
             clock._delayed.add(call)
 
     def cancel(self) -> None:
         """Drop a pending run (a later L{request} schedules again)."""
-        call, self._call = self._call, None
+        call, self.scheduled = self.scheduled, None
         if call is not None:
             self._clock.cancel(call)
 
     def _run(self) -> None:
-        call, self._call = self._call, None
+        call, self.scheduled = self.scheduled, None
         self._clock._delayed.discard(call)
         self._fn()

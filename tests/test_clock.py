@@ -39,10 +39,10 @@ class NextTurnTests(SynchronousTestCase):
             self.turn.request()
         self.assertEqual(self.runs, 0)
         self.assertEqual(len(self.fake.getDelayedCalls()), 1)
-        self.assertTrue(self.turn.pending)
+        self.assertIsNotNone(self.turn.scheduled)
         self.fake.advance(0)
         self.assertEqual(self.runs, 1)
-        self.assertFalse(self.turn.pending)
+        self.assertIsNone(self.turn.scheduled)
         self.fake.advance(0)
         self.assertEqual(self.runs, 1)  # nothing requested since
 
@@ -60,13 +60,13 @@ class NextTurnTests(SynchronousTestCase):
             self.count()
             if self.runs < 3:
                 again.request()
-                scheduled.append(again.pending)
+                scheduled.append(again.scheduled is not None)
 
         again = NextTurn(self.clock, count_and_request)
         again.request()
         self.fake.advance(0)  # (task.Clock runs what a run schedules for now in the same advance)
         self.assertEqual((self.runs, scheduled), (3, [True, True]))
-        self.assertFalse(again.pending)
+        self.assertIsNone(again.scheduled)
 
     def test_a_failing_run_still_allows_the_next(self) -> None:
         def boom() -> None:

@@ -723,7 +723,8 @@ class AEPSocketFactory(WebSocketServerFactory):
     def schedule_events(self, conn: AEPSocket) -> None:
         """Ingest C{conn}'s events at the end of this reactor turn, with every other connection's."""
         self._with_events.append(conn)
-        self._events_turn.request()
+        if self._events_turn.scheduled is None:  # (the hot path: no call once it is)
+            self._events_turn.request()
 
     def ingest_events(self) -> None:
         pending, self._with_events = self._with_events, []
@@ -733,7 +734,8 @@ class AEPSocketFactory(WebSocketServerFactory):
     def schedule(self, conn: AEPSocket) -> None:
         """Flush C{conn} at the end of this reactor turn, with every other connection written to."""
         self._dirty.append(conn)
-        self._flush_turn.request()
+        if self._flush_turn.scheduled is None:  # (the hot path: no call once it is)
+            self._flush_turn.request()
 
     def flush(self) -> None:
         dirty, self._dirty = self._dirty, []

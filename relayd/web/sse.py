@@ -302,7 +302,8 @@ class SSEHub:
     def schedule(self, stream: SSEStream) -> None:
         """Flush C{stream} at the end of this reactor turn, together with every other dirty stream."""
         self._dirty.append(stream)
-        self._flush_turn.request()
+        if self._flush_turn.scheduled is None:  # (the hot path: no call once it is)
+            self._flush_turn.request()
 
     def flush(self) -> None:
         """Flush every stream written to since the last flush."""
