@@ -24,12 +24,6 @@ from twisted.logger import Logger
 T = TypeVar("T")
 
 
-def wall_clock() -> float:
-    """The wall clock (seconds since the epoch) where there is no reactor to ask: the command-line
-    tools. The daemon reads L{Clock.seconds}, which a test fixes."""
-    return time.time()
-
-
 class Clock:
     """Wraps an C{IReactorTime}; records the calls it schedules so L{shutdown} can cancel them.
 
@@ -137,6 +131,10 @@ class BlockingClock:
     def monotonic(self) -> float:
         """Seconds on a clock that never goes back, for intervals and deadlines."""
         return time.monotonic()
+
+    def wall(self) -> float:
+        """The wall clock, seconds since the epoch (for stamps and expiry times)."""
+        return time.time()
 
     def sleep(self, seconds: float) -> None:
         """Block for C{seconds}."""

@@ -22,7 +22,7 @@ from twisted.python.threadpool import ThreadPool
 from zope.interface import Interface, implementer
 
 from relayd import sqlite_schema
-from relayd.clock import wall_clock
+from relayd.clock import BlockingClock
 
 DB_FILE_NAME = "broker.sqlite3"
 _SCHEMA_PACKAGE = "relayd.buzz"  # its schema/NNN-*.sql files (relayd/sqlite_schema.py)
@@ -219,8 +219,8 @@ class StateDB:
     def __init__(self, path: str, busy_timeout_ms: int = 5000) -> None:
         self.path = path
         # Stamps receipts (the retention counts from it), credentials and agents: the daemon hands in
-        # its clock's (BrokerService), a command-line tool has no reactor and reads the wall clock.
-        self.now: Callable[[], float] = wall_clock
+        # its clock's (BrokerService), the broker's command-line tool its BlockingClock's.
+        self.now: Callable[[], float] = BlockingClock().wall
         self.max_receipts = MAX_RECEIPTS  # per principal; see _trim
         # Created 0600 before SQLite opens it: SQLite gives the -wal and -shm files the database
         # file's mode, so they are never readable by others, not even on first start.
