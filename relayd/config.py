@@ -198,10 +198,12 @@ def non_empty(text: str) -> str:
 
 def endpoint(text: str) -> str:
     """A server endpoint description (strports); checked for syntax without listening."""
-    from twisted.internet import endpoints, reactor
+    from twisted.internet import endpoints
+
+    from relayd.reactor import installed
 
     try:
-        endpoints.serverFromString(reactor, text)
+        endpoints.serverFromString(installed(), text)
     except IndexError:
         # systemd:index=N names a socket that was not passed (LISTEN_FDS/LISTEN_PID unset or too few).
         raise ValueError("is not a valid server endpoint (no such inherited socket)") from None

@@ -275,7 +275,7 @@ class Redis:
             d = call()
         except Exception as e:  # txredisapi raises synchronously on a connection that just died
             return defer.fail(StoreUnavailable(store, str(e)))
-        d.addTimeout(self.timeout, self.clock.reactor)
+        self.clock.timeout(d, self.timeout)
 
         def translate(f: Failure) -> Failure:
             if f.check(txredisapi.ResponseError):

@@ -20,6 +20,7 @@ from relayd import sdnotify
 from relayd.clock import Clock
 from relayd.config import ConfigError, Resolved, Setting, resolve, shown_default
 from relayd.gcpolicy import CollectorPolicy
+from relayd.reactor import IReactor, installed
 from relayd.redis import Redis
 from relayd.rlimits import increase_rlimits
 from relayd.web import metrics_listener, twisted_internals
@@ -147,12 +148,14 @@ class RelaydService(MultiService):
 
     def __init__(
         self,
+        reactor: IReactor,
         clock: Clock,
         warnings: Sequence[str] = (),
         redis: Redis | None = None,
         collector: CollectorPolicy | None = None,
     ) -> None:
         super().__init__()
+        self.reactor = reactor
         self.clock = clock
         self.redis = redis
         self._warnings = list(warnings)
@@ -200,7 +203,7 @@ class RelaydService(MultiService):
             return
         self.exit_status = 1
         self._log.critical("relayd stops (exit status {status}): it cannot run on this Redis", status=self.exit_status)
-        self.exit(self.exit_status, self.clock.reactor)
+        self.exit(self.exit_status, self.reactor)
 
     @defer.inlineCallbacks
     def stopService(self) -> Any:
@@ -213,10 +216,10 @@ class RelaydService(MultiService):
         if all(wing.drained for wing in self.wings()):
             # Drained cleanly: exit 0. twistd would otherwise re-raise the SIGTERM that stopped it,
             # and an operator (or a supervisor) could not tell a clean drain from an abort.
-            twisted_internals.forget_exit_signal(self.clock.reactor)
+            twisted_internals.forget_exit_signal(self.reactor)
 
 
-def _exit_after_shutdown(status: int, reactor: Any) -> None:
+def _exit_after_shutdown(status: int, reactor: IReactor) -> None:
     """Stop the reactor (the services drain as on SIGTERM), then end the process with C{status}.
 
     twistd always exits 0 once its reactor has stopped and has no exit status of its own to set:
@@ -236,12 +239,10 @@ def _exit_after_shutdown(status: int, reactor: Any) -> None:
         pass
 
 
-def makeService(config: Options, reactor: Any = None) -> RelaydService:
+def makeService(config: Options, reactor: IReactor | None = None) -> RelaydService:
     """Build the relayd service tree from parsed options: the plumbing once, then every wing on it."""
     if reactor is None:
-        from twisted.internet import reactor as _reactor
-
-        reactor = _reactor
+        reactor = installed()
     settings = config.settings
     # Before anything is logged: no observer (twistd's text log, --logger, twist's JSON) sees a secret.
     relayd_logging.install_scrubber()
@@ -251,7 +252,7 @@ def makeService(config: Options, reactor: Any = None) -> RelaydService:
     increase_rlimits()
     plumbing = Plumbing.from_settings(settings, reactor, Clock(reactor))
     collector = CollectorPolicy(plumbing.clock, settings["gc-freeze-interval"], settings["gc-full-interval"])
-    root = RelaydService(plumbing.clock, settings.warnings, redis=plumbing.redis, collector=collector)
+    root = RelaydService(reactor, plumbing.clock, settings.warnings, redis=plumbing.redis, collector=collector)
     try:
         if settings.values.get("metrics-listen"):
             metrics_listener.make_service(

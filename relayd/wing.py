@@ -20,6 +20,7 @@ from zope.interface import Attribute
 
 from relayd.clock import Clock
 from relayd.config import Resolved
+from relayd.reactor import IReactor
 from relayd.redis import Redis
 from relayd.web.site import DEFAULT_SITE_SETTINGS, SiteSettings
 
@@ -71,7 +72,7 @@ class Plumbing:
     @ivar grace: the shutdown grace (C{--shutdown-grace}), given to every wing's service.
     """
 
-    reactor: Any
+    reactor: IReactor
     clock: Clock
     redis: Redis | None = None
     redis_prefix: str = DEFAULT_REDIS_PREFIX
@@ -79,7 +80,7 @@ class Plumbing:
     grace: float = DEFAULT_GRACE
 
     @classmethod
-    def from_settings(cls, settings: Resolved, reactor: Any, clock: Clock) -> Plumbing:
+    def from_settings(cls, settings: Resolved, reactor: IReactor, clock: Clock) -> Plumbing:
         """The plumbing the resolved settings describe; a table that is absent leaves its defaults.
 
         With C{--redis} this makes a new client: the caller owns it and closes it.

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
+import shutil
 import signal
 import socket
 import tempfile
@@ -16,6 +18,7 @@ from contextlib import redirect_stderr
 from twisted.trial.unittest import TestCase
 
 from relayd import cli, config
+from relayd.buzz.admin import main as broker_main
 from relayd.cli import admin, non_negative_int, positive_int
 from relayd.cli.aep import Tail
 from relayd.cli.client import Stopped, Target
@@ -101,6 +104,26 @@ class ToolsWaitOnTheirClock(TestCase):
         waiter.join(5.0)
         self.assertFalse(waiter.is_alive(), "await_id waited on the system clock")
         self.assertEqual(answered, [None])
+
+
+class BrokerToolStampsOnItsClock(TestCase):
+    """relayd-admin broker: what it issues is stamped, and its expiry judged, on the clock it is handed."""
+
+    def test_issue_and_list_read_the_wall_on_the_clock(self) -> None:
+        clock = FakeClock()
+        clock.wall = lambda: 2_000_000_000.0  # type: ignore[method-assign]
+        state = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, state)
+        out = io.StringIO()
+        base = ["broker", "issue", "--state-dir", state, "--agent", "a", "--actions", "profile.set"]
+        with redirect_stderr(io.StringIO()):
+            self.assertEqual(admin.main([*base, "--expires", "90s"], clock=clock), 0)
+        clock.wall = lambda: 2_000_000_091.0  # type: ignore[method-assign]
+        self.assertEqual(broker_main(["list", "--state-dir", state], out, io.StringIO(), clock=clock), 0)
+        listed = json.loads(out.getvalue().splitlines()[0])
+        self.assertEqual(
+            (listed["createdAt"], listed["expiresAt"], listed["expired"]), (2_000_000_000, 2_000_000_090, True)
+        )
 
 
 class OneIntegerParser(TestCase):

@@ -6,7 +6,6 @@ frames through the small interfaces below.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from itertools import chain
 from time import perf_counter
@@ -25,6 +24,7 @@ from relayd.aep.event import Event
 from relayd.aep.filters import Pin, match_all
 from relayd.aep.index import Snapshot, SubscriptionIndex
 from relayd.aep.store import IEventLog, Position, Replay
+from relayd.clock import BlockingClock
 
 # Bound once: the ingest path counts per batch, never per delivery.
 _INGESTED = metrics.events_ingested.labels(relay="aep")
@@ -375,7 +375,7 @@ class Relay:
         token: str | None,
         buffer: int,
         max_from: int,
-        seconds: Callable[[], float] = time.monotonic,
+        seconds: Callable[[], float] | None = None,
         claims: IClaims | None = None,
         fanout: FanoutFactory | None = None,
         max_subscribers: int = 10_000,
@@ -390,8 +390,9 @@ class Relay:
         self.max_from = max_from
         # What subscribers cost in memory (fan-out costs what can match: L{SubscriptionIndex}).
         self.max_subscribers = max_subscribers
-        self._seconds = seconds
-        self._started = seconds()
+        # For the uptime: the wing's clock.monotonic (a relay built alone, in a test, the system's).
+        self._seconds = seconds if seconds is not None else BlockingClock().monotonic
+        self._started = self._seconds()
         self.subscribers: dict[object, Subscriber] = {}
         self.index = SubscriptionIndex()
         self.connections: dict[object, Emitter] = {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 from autobahn.twisted.resource import WebSocketResource
 from twisted.logger import Logger
@@ -18,6 +18,7 @@ from relayd.aep.store import MemoryEventLog
 from relayd.aep.websocket import AEPSocketFactory
 from relayd.clock import Clock
 from relayd.config import Resolved
+from relayd.reactor import IReactor
 from relayd.web.body import BodyLimit
 from relayd.web.service import HTTPWingService
 from relayd.web.site import RelaySite
@@ -54,7 +55,7 @@ def make_relay(config: AEPConfig, plumbing: Plumbing) -> Relay:
     redis = plumbing.redis
     if redis is None:
         return Relay(MemoryEventLog(config.buffer, config.max_sessions), token=config.token, buffer=config.buffer,
-                     max_from=config.max_from, seconds=clock.seconds, max_subscribers=config.max_subscribers)
+                     max_from=config.max_from, seconds=clock.monotonic, max_subscribers=config.max_subscribers)
     prefix = plumbing.redis_prefix
     bus = redis.bus()
     claims = RedisClaims(redis, bus, clock, prefix)
@@ -66,7 +67,7 @@ def make_relay(config: AEPConfig, plumbing: Plumbing) -> Relay:
         token=config.token,
         buffer=config.buffer,
         max_from=config.max_from,
-        seconds=clock.seconds,
+        seconds=clock.monotonic,
         claims=claims,
         fanout=lambda deliver: RedisFanout(redis, bus, claims.instance, deliver, prefix),
         max_subscribers=config.max_subscribers,
@@ -98,7 +99,8 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> AEPService | None:
         socket_counts=sockets.listing,
     )
     site = RelaySite(
-        resource, body_limit=BodyLimit(config.max_body, resource.early_answer), settings=plumbing.site, relay="aep"
+        resource, body_limit=BodyLimit(config.max_body, resource.early_answer), settings=plumbing.site, relay="aep",
+        clock=plumbing.clock,
     )
 
     def drain() -> None:
@@ -133,7 +135,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> AEPService | None:
     return service
 
 
-def make_service(settings: Resolved, reactor: Any, clock: Clock) -> AEPService | None:
+def make_service(settings: Resolved, reactor: IReactor, clock: Clock) -> AEPService | None:
     """L{make_wing} on plumbing made from C{settings} alone (tests; with C{--redis} the caller
     closes the client, C{service.relay.log.redis})."""
     return make_wing(Plumbing.from_settings(settings, reactor, clock), settings)

@@ -16,7 +16,6 @@ paused this connection) or a replay is being sent, what it sends waits, unread, 
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from typing import Any, Callable, cast
 
@@ -47,7 +46,7 @@ from relayd.aep.relay import (
 )
 from relayd.aep.store import Position
 from relayd.aep.wire import ws_message
-from relayd.clock import Clock
+from relayd.clock import Clock, NextTurn
 from relayd.storage import StoreUnavailable
 from relayd.web.transport import no_delay, pause_reading, resume_reading, write_now
 from relayd.web.twisted_internals import ws_frames_direct
@@ -717,18 +716,17 @@ class AEPSocketFactory(WebSocketServerFactory):
         )
         self._loop = clock.looping_call(heartbeat, self.ping_all)
         self._dirty: list[AEPSocket] = []
-        self._flush_call: Any = None
+        self._flush_turn = NextTurn(clock, self.flush)
         self._with_events: list[AEPSocket] = []
-        self._events_call: Any = None
+        self._events_turn = NextTurn(clock, self.ingest_events)
 
     def schedule_events(self, conn: AEPSocket) -> None:
         """Ingest C{conn}'s events at the end of this reactor turn, with every other connection's."""
         self._with_events.append(conn)
-        if self._events_call is None:
-            self._events_call = self.clock.call_later(0, self.ingest_events)
+        if self._events_turn.scheduled is None:  # (the hot path: no call once it is)
+            self._events_turn.request()
 
     def ingest_events(self) -> None:
-        self._events_call = None
         pending, self._with_events = self._with_events, []
         for conn in pending:
             conn.ingest_events()
@@ -736,11 +734,10 @@ class AEPSocketFactory(WebSocketServerFactory):
     def schedule(self, conn: AEPSocket) -> None:
         """Flush C{conn} at the end of this reactor turn, with every other connection written to."""
         self._dirty.append(conn)
-        if self._flush_call is None:
-            self._flush_call = self.clock.call_later(0, self.flush)
+        if self._flush_turn.scheduled is None:  # (the hot path: no call once it is)
+            self._flush_turn.request()
 
     def flush(self) -> None:
-        self._flush_call = None
         dirty, self._dirty = self._dirty, []
         for conn in dirty:
             conn.flush_queue()
@@ -748,7 +745,7 @@ class AEPSocketFactory(WebSocketServerFactory):
     def ping_all(self) -> None:
         if not self.connections:
             return
-        message = self.prepareMessage(dumps({"type": "ping", "t": int(time.time() * 1000)}))
+        message = self.prepareMessage(dumps({"type": "ping", "t": int(self.clock.seconds() * 1000)}))
         for conn in list(self.connections):
             conn._enqueue(message, None, None)  # (not once its closing handshake started)
 

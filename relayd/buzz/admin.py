@@ -14,7 +14,6 @@ import base64
 import json
 import os
 import sys
-import time
 from typing import Sequence, TextIO
 
 from relayd.buzz import contract, nostr
@@ -24,6 +23,7 @@ from relayd.buzz.keys import Custody, KEKError, load_kek
 from relayd.buzz.state import Agent, StateDB
 from relayd.cli import CommandError, Failure, Parser, report
 from relayd.cli import UsageError as _UsageError
+from relayd.clock import BlockingClock
 
 CREDENTIAL_PREFIX = "bzh_"
 # Actions a credential without channels could never perform: those naming a channel, and managing an
@@ -101,8 +101,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
-    """Run C{relayd-admin broker ...} with C{argv} (without the leading C{broker}); returns the exit status."""
+def main(
+    argv: Sequence[str] | None = None,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+    clock: BlockingClock | None = None,
+) -> int:
+    """Run C{relayd-admin broker ...} with C{argv} (without the leading C{broker}); returns the exit status.
+
+    C{clock} stamps what is issued and revoked and judges expiry (a test's own, else the system's).
+    """
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     parser = _parser()
@@ -115,14 +123,14 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
     args.state_dir = args.state_dir or os.environ.get("RELAYD_BROKER_STATE_DIR") or DEFAULT_STATE_DIR
     args.kek_file = args.kek_file or os.environ.get("RELAYD_BROKER_KEK_FILE") or None
     try:
-        return _run(args, out, err)
+        return _run(args, out, err, clock or BlockingClock())
     except CommandError as e:
         return report(err, e, args.prog)
     except Exception as e:  # never a traceback for an operator: one line, and the kind of fault
         return report(err, Failure(f"unexpected {type(e).__name__}: {e}"), args.prog)
 
 
-def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+def _run(args: argparse.Namespace, out: TextIO, err: TextIO, clock: BlockingClock) -> int:
     if args.command != "issue" and not os.path.isdir(args.state_dir):
         # Only issue may start a state directory: list or revoke on a mistyped one would create it.
         raise Failure(f"no broker state in {args.state_dir!r} (--state-dir, or RELAYD_BROKER_STATE_DIR)")
@@ -130,12 +138,13 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         db = StateDB.in_dir(args.state_dir)
     except Exception as e:
         raise Failure(f"cannot open the state in {args.state_dir!r}: {e}") from None
+    db.now = clock.wall
     try:
         if args.command == "issue":
-            return _issue(args, db, out, err)
+            return _issue(args, db, out, err, clock)
         if args.command == "revoke":
             return _revoke(args, db, out, err)
-        return _list(db, out)
+        return _list(db, out, clock)
     finally:
         db.close()
 
@@ -187,7 +196,7 @@ def parse_expires(text: str, now: float) -> int:
     return at
 
 
-def _issue(args: argparse.Namespace, db: StateDB, out: TextIO, err: TextIO) -> int:
+def _issue(args: argparse.Namespace, db: StateDB, out: TextIO, err: TextIO, clock: BlockingClock) -> int:
     try:
         channels = sorted({contract.channel_id(c, "--channel") for c in args.channel})
         owner = contract.pubkey(args.owner, "--owner") if args.owner else None
@@ -206,7 +215,7 @@ def _issue(args: argparse.Namespace, db: StateDB, out: TextIO, err: TextIO) -> i
             "without a channel, --actions may only name "
             + ",".join(a for a in contract.ACTIONS if a not in NEEDS_A_CHANNEL)
         )
-    expires_at = parse_expires(args.expires, time.time()) if args.expires is not None else None
+    expires_at = parse_expires(args.expires, clock.wall()) if args.expires is not None else None
     custody = _custody(args)
     existing = _find_agent(db, args.agent)
     if args.secret_key_file:
@@ -272,8 +281,8 @@ def _revoke(args: argparse.Namespace, db: StateDB, out: TextIO, err: TextIO) -> 
     return 0 if n else 1
 
 
-def _list(db: StateDB, out: TextIO) -> int:
-    now = time.time()
+def _list(db: StateDB, out: TextIO, clock: BlockingClock) -> int:
+    now = clock.wall()
     agents = {a.pubkey: a for a in db.agents()}
     for cred in db.credentials():
         a = agents.get(cred.agent_pubkey)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import time
 from typing import Any, Callable
 
-from twisted.application.internet import TimerService
 from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -24,6 +22,7 @@ from relayd.buzz.state import MAX_RECEIPTS, RECEIPT_RETENTION, IReceiptStore, SQ
 from relayd.buzz.upstream import START_WARNING, Upstream, public_url
 from relayd.clock import Clock
 from relayd.config import ConfigError, Resolved, is_loopback_endpoint, is_tls_endpoint
+from relayd.reactor import IReactor
 from relayd.redis import Redis
 from relayd.web.service import HTTPWingService
 from relayd.web.site import DEFAULT_SITE_SETTINGS, RelaySite, SiteSettings
@@ -42,10 +41,12 @@ def inherited_socket_is_local(description: str) -> bool:
     import ipaddress
     import socket
 
-    from twisted.internet import endpoints, reactor
+    from twisted.internet import endpoints
+
+    from relayd.reactor import installed
 
     try:
-        fd = endpoints.serverFromString(reactor, description).fileno
+        fd = endpoints.serverFromString(installed(), description).fileno
         sock = socket.socket(fileno=os.dup(fd))
     except (IndexError, ValueError, KeyError, TypeError, AttributeError, OSError):
         return False  # no such inherited socket: refused here rather than at listen time
@@ -140,7 +141,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> BrokerService | None:
     )
 
 
-def make_service(settings: Resolved, reactor: Any, clock: Clock) -> BrokerService | None:
+def make_service(settings: Resolved, reactor: IReactor, clock: Clock) -> BrokerService | None:
     """L{make_wing} on plumbing made from C{settings} alone (tests; with C{--redis} the caller
     closes the client, C{service.redis})."""
     return make_wing(Plumbing.from_settings(settings, reactor, clock), settings)
@@ -158,14 +159,14 @@ class BrokerService(HTTPWingService):
         auth_url: str | None,
         db: StateDB,
         kek: bytes,
-        reactor: Any,
+        reactor: IReactor,
         clock: Clock,
         timeout: float = 10.0,
         max_agent_depth: int = 4,
         max_body: int = 2 * 1024 * 1024,
         runtimes: list[str] | None = None,
         reactions_enabled: bool = True,
-        now: Callable[[], float] = time.time,
+        now: Callable[[], float] | None = None,
         challenge_wait: float = 1.0,
         grace: float = DEFAULT_GRACE,
         redis: Redis | None = None,
@@ -177,8 +178,9 @@ class BrokerService(HTTPWingService):
     ) -> None:
         self.reactor = reactor
         self.receipt_retention = receipt_retention
-        self.now = now
+        self.now = now = now if now is not None else clock.seconds  # the wall clock, fixed by a test
         self.db = db
+        db.now = now  # its stamps (receipts, credentials, agents) by the same clock
         db.max_receipts = max_receipts
         self.custody = Custody(kek)
         self.state = SQLiteState(db, reactor)
@@ -214,7 +216,8 @@ class BrokerService(HTTPWingService):
             )
         self.host = BrokerHost(self.state, self.state, receipts, self.ops, max_agent_depth=max_agent_depth)
         relay_site = RelaySite(
-            make_root(self.host, self.upstream.status), body_limit=body_limit(max_body), settings=site, relay="broker"
+            make_root(self.host, self.upstream.status), body_limit=body_limit(max_body), settings=site, relay="broker",
+            clock=clock,
         )
         super().__init__("broker", relay_site, listen, reactor, clock, settle=self.host.wait_idle, grace=grace)
         # Read at scrape time by the metrics listener; registered while the service runs.
@@ -224,9 +227,7 @@ class BrokerService(HTTPWingService):
         # Receipts older than the retention go (SQLite; Redis expires its own): a sweep a minute,
         # on the worker thread, so the state directory holds at most one retention's worth.
         # Added after _Closing, so it is stopped (and its sweep awaited) before the state closes.
-        pruning = TimerService(PRUNE_INTERVAL, self._prune)
-        pruning.clock = reactor
-        pruning.setServiceParent(self)
+        clock.timer_service(PRUNE_INTERVAL, self._prune).setServiceParent(self)
 
     def _prune(self) -> "defer.Deferred[None]":
         d = self.state.prune(int(self.now()), self.receipt_retention)

@@ -13,15 +13,16 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, TypeVar
 
 from twisted.internet import defer, threads
+from twisted.internet.interfaces import IReactorFromThreads
 from twisted.python.threadpool import ThreadPool
 from zope.interface import Interface, implementer
 
 from relayd import sqlite_schema
+from relayd.clock import BlockingClock
 
 DB_FILE_NAME = "broker.sqlite3"
 _SCHEMA_PACKAGE = "relayd.buzz"  # its schema/NNN-*.sql files (relayd/sqlite_schema.py)
@@ -217,7 +218,9 @@ class StateDB:
 
     def __init__(self, path: str, busy_timeout_ms: int = 5000) -> None:
         self.path = path
-        self.now: Callable[[], float] = time.time  # stamps receipts (the retention counts from it)
+        # Stamps receipts (the retention counts from it), credentials and agents: the daemon hands in
+        # its clock's (BrokerService), the broker's command-line tool its BlockingClock's.
+        self.now: Callable[[], float] = BlockingClock().wall
         self.max_receipts = MAX_RECEIPTS  # per principal; see _trim
         # Created 0600 before SQLite opens it: SQLite gives the -wal and -shm files the database
         # file's mode, so they are never readable by others, not even on first start.
@@ -311,7 +314,7 @@ class StateDB:
                     agent_pubkey,
                     json.dumps(sorted(channels)),
                     json.dumps(sorted(actions)),
-                    int(time.time()),
+                    int(self.now()),
                     expires_at,
                 ),
             )
@@ -333,7 +336,7 @@ class StateDB:
         return [_credential(r) for r in rows]
 
     def revoke(self, credential_id: str | None = None, agent_pubkey: str | None = None) -> int:
-        now = int(time.time())
+        now = int(self.now())
         arg: str | None
         if credential_id is not None:
             q, arg = "UPDATE credentials SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", credential_id
@@ -344,7 +347,8 @@ class StateDB:
     # agents
 
     def put_agent(self, agent: Agent) -> None:
-        self._tx(lambda c: _put_agent(c, agent))
+        now = int(self.now())
+        self._tx(lambda c: _put_agent(c, agent, now))
 
     def agent(self, pubkey: str) -> Agent | None:
         row = self.conn.execute(_AGENT_SELECT + " WHERE pubkey = ?", (pubkey,)).fetchone()
@@ -412,15 +416,16 @@ class StateDB:
         self, principal: str, request_id: str, digest: bytes, response: bytes, effects: list[dict[str, Any]]
     ) -> bytes:
         spent = is_read_page(response)
+        now = int(self.now())
 
         def tx(c: sqlite3.Connection) -> None:
             for effect in effects:
-                _apply_effect(c, effect)
+                _apply_effect(c, effect, now)
             c.execute(
                 "INSERT INTO receipts (principal, request_id, digest, state, response, created_at)"
                 " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (principal, request_id) DO UPDATE SET"
                 " state = excluded.state, response = excluded.response, plan = NULL",
-                (principal, request_id, digest, "spent" if spent else "done", None if spent else response, int(self.now())),
+                (principal, request_id, digest, "spent" if spent else "done", None if spent else response, now),
             )
             self._trim(c, principal, request_id)
 
@@ -434,9 +439,11 @@ class StateDB:
         return self._tx(lambda c: c.execute("DELETE FROM receipts WHERE created_at < ?", (now - retention,)).rowcount)
 
     def apply_effects(self, effects: list[dict[str, Any]]) -> None:
+        now = int(self.now())
+
         def tx(c: sqlite3.Connection) -> None:
             for effect in effects:
-                _apply_effect(c, effect)
+                _apply_effect(c, effect, now)
 
         self._tx(tx)
         if _destroys_keys(effects):
@@ -517,7 +524,7 @@ def _agent(row: Any) -> Agent:
     )
 
 
-def _put_agent(c: sqlite3.Connection, a: Agent) -> None:
+def _put_agent(c: sqlite3.Connection, a: Agent, now: int) -> None:
     c.execute(
         "INSERT INTO agents (pubkey, name, sealed_key, owner, managed, depth, channel, settings,"
         " record_created_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -535,12 +542,12 @@ def _put_agent(c: sqlite3.Connection, a: Agent) -> None:
             a.channel,
             json.dumps(a.settings, sort_keys=True),
             a.record_created_at,
-            int(time.time()),
+            now,
         ),
     )
 
 
-def _apply_effect(c: sqlite3.Connection, effect: dict[str, Any]) -> None:
+def _apply_effect(c: sqlite3.Connection, effect: dict[str, Any], now: int) -> None:
     op = effect["op"]
     # Effects are applied again when a plan is resumed and may arrive after newer ones: each is
     # written so that it never rolls newer state back (a created agent is never re-created over
@@ -560,7 +567,7 @@ def _apply_effect(c: sqlite3.Connection, effect: dict[str, Any]) -> None:
                 a["channel"],
                 json.dumps(a["settings"], sort_keys=True),
                 a["record_created_at"],
-                int(time.time()),
+                now,
                 json.dumps(a["attestation"]) if a.get("attestation") else None,
             ),
         )
@@ -578,7 +585,6 @@ def _apply_effect(c: sqlite3.Connection, effect: dict[str, Any]) -> None:
         )
     elif op == "delete_agent":
         # Destroy the key; credentials bound to the agent stop working.
-        now = int(time.time())
         c.execute(
             "UPDATE agents SET sealed_key = NULL, deleted_at = ? WHERE pubkey = ? AND deleted_at IS NULL",
             (now, effect["pubkey"]),
@@ -615,7 +621,7 @@ class SQLiteState:
     CHECKPOINT_EVERY = 256  # inline commits between passive checkpoints
     CACHE_ENTRIES = 10_000
 
-    def __init__(self, db: StateDB, reactor: Any) -> None:
+    def __init__(self, db: StateDB, reactor: IReactorFromThreads) -> None:
         self.db = db
         db.conn.execute(f"PRAGMA busy_timeout={self.BUSY_TIMEOUT_MS}")
         db.conn.execute("PRAGMA wal_autocheckpoint=0")  # the worker checkpoints (it may fsync)
@@ -630,7 +636,7 @@ class SQLiteState:
         self._agents: dict[str, Agent] = {}
 
     @classmethod
-    def in_dir(cls, state_dir: str, reactor: Any) -> "SQLiteState":
+    def in_dir(cls, state_dir: str, reactor: IReactorFromThreads) -> "SQLiteState":
         return cls(StateDB.in_dir(state_dir), reactor)
 
     # --- plumbing

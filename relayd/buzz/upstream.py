@@ -19,7 +19,6 @@ Every timer goes through the L{relayd.clock.Clock}.
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 from typing import Any, Callable, cast
 from urllib.parse import urlsplit, urlunsplit
@@ -32,6 +31,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from relayd.clock import Clock
+from relayd.reactor import IReactor
 
 START_WARNING = 5.0  # seconds after start without a connection before the broker warns
 REPEAT_EVERY = 60.0  # seconds between lines about an outage that goes on
@@ -105,10 +105,10 @@ class Upstream:
     def __init__(
         self,
         url: str,
-        reactor: Any,
+        reactor: IReactor,
         clock: Clock,
         *,
-        wall_clock: Callable[[], float] = time.time,
+        wall_clock: Callable[[], float] | None = None,
         connect_timeout: float = 10.0,
         start_warning: float = START_WARNING,
         repeat_every: float = REPEAT_EVERY,
@@ -119,13 +119,13 @@ class Upstream:
         self.shown_url = public_url(url)
         self.reactor = reactor
         self.clock = clock
-        self.wall_clock = wall_clock
+        self.wall_clock = wall_clock if wall_clock is not None else clock.seconds
         self.connect_timeout = connect_timeout
         self.start_warning = start_warning
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         self.connected = False
-        self.since = wall_clock()  # when C{connected} last changed (or the start)
+        self.since = self.wall_clock()  # when C{connected} last changed (or the start)
         self.last_error: str | None = None
         self.failures = 0  # attempts that failed since a connection last stayed up (backoff)
         self._reported = False  # this outage has been logged

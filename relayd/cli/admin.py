@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None, clock: BlockingClock | None = None) 
     if args_list[:1] == ["broker"]:
         from relayd.buzz.admin import main as broker_main  # the one wing a tool reaches (pyproject.toml)
 
-        return broker_main(args_list[1:])
+        return broker_main(args_list[1:], clock=clock)
     parser = _parser()
     try:
         args = parser.parse_args(args_list)

@@ -20,6 +20,7 @@ from relayd.mcp.redis_bus import RedisMcpBus
 from relayd.mcp.redis_store import RedisStore
 from relayd.mcp.store import IMcpStore, MemoryStore
 from relayd.mcp.tunnel import TunnelConfig, TunnelRelay
+from relayd.reactor import IReactor
 from relayd.web.body import BodyLimit
 from relayd.web.service import HTTPWingService
 from relayd.web.site import RelaySite
@@ -37,7 +38,7 @@ class McpService(HTTPWingService):
         resource: McpResource,
         site: RelaySite,
         listen: list[str],
-        reactor: Any,
+        reactor: IReactor,
         clock: Clock,
         startup_line: str,
         *,
@@ -144,7 +145,10 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> McpService | None:
         endpoint=endpoint,
         demo=demo_page() if mcp.demo else None,
     )
-    site = RelaySite(resource, body_limit=BodyLimit(MAX_BODY, resource.too_large), settings=plumbing.site, relay="mcp")
+    site = RelaySite(
+        resource, body_limit=BodyLimit(MAX_BODY, resource.too_large), settings=plumbing.site, relay="mcp",
+        clock=plumbing.clock,
+    )
     line = f"ttl={round(mcp.ttl_ms / 1000)}s, cors={mcp.cors.describe()} from {mcp.cors_source}"
     for description in listen:
         if not is_loopback_endpoint(description):
@@ -163,7 +167,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> McpService | None:
     return service
 
 
-def make_service(settings: Resolved, reactor: Any, clock: Clock) -> McpService | None:
+def make_service(settings: Resolved, reactor: IReactor, clock: Clock) -> McpService | None:
     """L{make_wing} on plumbing made from C{settings} alone (tests; with C{--redis} the caller
     closes the client, the bus's C{redis})."""
     return make_wing(Plumbing.from_settings(settings, reactor, clock), settings)

@@ -13,7 +13,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from twisted.web.resource import Resource
 from twisted.web.server import Request
 
+from relayd.clock import Clock
 from relayd.metrics import REGISTRY
+from relayd.reactor import IReactor
 from relayd.web.body import BodyLimit
 from relayd.web.service import HTTPWingService
 from relayd.web.site import DEFAULT_SITE_SETTINGS, RelaySite, SiteSettings
@@ -42,8 +44,8 @@ class MetricsResource(Resource):
 
 def make_service(
     listen: list[str],
-    reactor: Any,
-    clock: Any,
+    reactor: IReactor,
+    clock: Clock,
     *,
     site: SiteSettings = DEFAULT_SITE_SETTINGS,
     grace: float = DEFAULT_GRACE,
@@ -51,7 +53,7 @@ def make_service(
     """The metrics listener: an C{HTTPWingService} named C{metrics} serving L{MetricsResource},
     its site built with the process's site settings and its shutdown with its grace."""
     relay_site = RelaySite(
-        MetricsResource(), body_limit=BodyLimit(64 * 1024, _too_large), settings=site, relay="metrics"
+        MetricsResource(), body_limit=BodyLimit(64 * 1024, _too_large), settings=site, relay="metrics", clock=clock
     )
     return HTTPWingService("metrics", relay_site, listen, reactor, clock, grace=grace)
 

@@ -4,10 +4,9 @@ close what it served."""
 from __future__ import annotations
 
 import re
-import time
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from twisted.internet.interfaces import IAddress, IDelayedCall
 from twisted.internet.protocol import connectionDone
@@ -19,7 +18,9 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import Site
 
 from relayd import metrics
+from relayd.clock import Clock
 from relayd.logging import ACCESS_NAMESPACE, SCRUBBED_MARK
+from relayd.reactor import installed
 from relayd.web.body import BodyLimit, EarlyAnswer, LimitedRequest
 from relayd.web.transport import hold_writes, release_writes
 from relayd.web.twisted_internals import ChannelHooks, allowed_methods, channel_of, channel_protocol, request_line
@@ -99,9 +100,7 @@ class RelayChannel(ChannelHooks):
     def allHeadersReceived(self) -> None:
         self._stop_header_clock()
         if self.length != 0:  # a body follows (a length, or chunked)
-            timeout = getattr(getattr(self, "site", None), "body_timeout", DEFAULT_BODY_TIMEOUT)
-            if timeout and self.callLater is not None:
-                self._header_call = self.callLater(timeout, self._request_too_slow)
+            self._start_deadline("body_timeout", DEFAULT_BODY_TIMEOUT)
         super().allHeadersReceived()
 
     def allContentReceived(self) -> None:
@@ -113,14 +112,21 @@ class RelayChannel(ChannelHooks):
         super().connectionLost(reason)
 
     def _start_header_clock(self) -> None:
-        timeout = getattr(getattr(self, "site", None), "header_timeout", DEFAULT_HEADER_TIMEOUT)
-        if timeout and self.callLater is not None:
-            self._header_call = self.callLater(timeout, self._request_too_slow)
+        self._start_deadline("header_timeout", DEFAULT_HEADER_TIMEOUT)
+
+    def _start_deadline(self, setting: str, default: float) -> None:
+        """Answer 408 unless what is being read arrives within the site's C{setting} seconds."""
+        site = getattr(self, "site", None)
+        timeout = getattr(site, setting, default)
+        if timeout and isinstance(site, RelaySite):  # (a channel outside a RelaySite has no clock)
+            self._header_call = site.clock.call_later(timeout, self._request_too_slow)
 
     def _stop_header_clock(self) -> None:
         call, self._header_call = self._header_call, None
-        if call is not None and call.active():
-            call.cancel()
+        if call is not None:
+            site = getattr(self, "site", None)
+            if isinstance(site, RelaySite):  # (always: only a RelaySite's clock makes the call)
+                site.clock.cancel(call)
 
     def _request_too_slow(self) -> None:
         self._header_call = None
@@ -192,7 +198,7 @@ class RelayRequest(LimitedRequest):
     """A request that writes one access-log line however it ends: finished, refused, upgraded to a
     WebSocket, or abandoned by the client (a consumer closing its SSE stream)."""
 
-    _received_at = 0.0
+    _received_at: float | None = None  # on the site's clock.monotonic, once the request line is in
     _logged = False
     # What Request.__init__ sets on every relayd request (RelaySite parses no forms; the channel
     # passes the deprecated queued as len(requests), 0 unless pipelined), as class values too: a
@@ -202,7 +208,7 @@ class RelayRequest(LimitedRequest):
     _parsePOSTFormSubmission = False
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
-        self._received_at = time.monotonic()
+        self._received_at = _durations(self)()
         super().requestReceived(command, path, version)
 
     def render(self, resrc: IResource) -> None:
@@ -212,7 +218,7 @@ class RelayRequest(LimitedRequest):
             self._access(101)  # a WebSocket upgrade took the connection over; no finish() will come
 
     def connectionLost(self, reason: Any) -> None:
-        if self._received_at and not self.finished:
+        if self._received_at is not None and not self.finished:
             self._access(self.code)
         super().connectionLost(reason)
 
@@ -232,7 +238,8 @@ class RelayRequest(LimitedRequest):
         if answered:
             self.code = answered[0][0]
             self.sentLength = len(answered[0][2])
-            self._received_at = self._received_at or time.monotonic()
+            if self._received_at is None:
+                self._received_at = _durations(self)()
             self._access(self.code)
 
     def _access(self, status: int) -> None:
@@ -247,7 +254,7 @@ class RelayRequest(LimitedRequest):
                 status=status,
                 sent=self.sentLength,
                 peer=site.client_address(self),
-                started=self._received_at or None,
+                started=self._received_at,
             )
 
 
@@ -367,11 +374,19 @@ class RelaySite(Site):
         body_limit: BodyLimit | None = None,
         settings: SiteSettings = DEFAULT_SITE_SETTINGS,
         relay: str | None = None,
+        clock: Clock | None = None,
         **kw: Any,
     ) -> None:
         # relayd takes no HTML form posts; Twisted's form parsing runs every POST's content type
         # through the email package, about a third of a small POST's CPU.
         kw.setdefault("parsePOSTFormSubmission", False)
+        # Its timers (deadlines, Twisted's idle timeout) and durations run on the clock: the wing's,
+        # or one on the reactor handed in (a test's task.Clock) or the installed one.
+        if clock is None:
+            reactor = kw.get("reactor")
+            clock = Clock(reactor if reactor is not None else installed())
+        kw["reactor"] = clock.reactor
+        self.clock = clock
         super().__init__(resource, **kw)
         self.body_limit = body_limit
         self.relay: str | None = relay
@@ -425,7 +440,7 @@ class RelaySite(Site):
         counter.inc()
         if not self.access_log:
             return
-        duration = round((time.monotonic() - started) * 1000, 1) if started else None
+        duration = round((self.clock.monotonic() - started) * 1000, 1) if started is not None else None
         verb = _loggable(method)
         where = _loggable(_strip_query(path))
         _access_log.info(
@@ -468,6 +483,17 @@ def _transport(protocol: Any) -> Any:
 def _connected(protocol: Any) -> bool:
     transport = _transport(protocol)
     return transport is not None and bool(getattr(transport, "connected", False))
+
+
+def _durations(request: Any) -> Callable[[], float]:
+    """The clock C{request}'s duration is measured on: its site's (outside a RelaySite, which is the
+    one to log it, there is nothing to measure)."""
+    site = getattr(getattr(request, "channel", None), "site", None)
+    return site.clock.monotonic if isinstance(site, RelaySite) else _unmeasured
+
+
+def _unmeasured() -> float:
+    return 0.0
 
 
 def _strip_query(path: bytes) -> bytes:

@@ -17,14 +17,14 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IPushProducer
+from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 from zope.interface import implementer
 
-from relayd.clock import Clock
+from relayd.clock import Clock, NextTurn
 from relayd.web.slim import slim_stream
 from relayd.web.transport import no_delay
 from relayd.web.twisted_internals import send_body
@@ -287,9 +287,10 @@ class SSEHub:
         self.heartbeat_interval = heartbeat_interval
         self.streams: set[SSEStream] = set()
         self._dirty: list[SSEStream] = []
-        self._flush_call: object | None = None
+        self._flush_turn = NextTurn(clock, self.flush)
         self._beating: list[SSEStream] = []  # the streams of the heartbeat round in progress
-        self._beat_call: IDelayedCall | None = None
+        self._beat_next = 0  # where in _beating the next slice starts
+        self._beat_turn = NextTurn(clock, self._beat_slice)
         self._loop = clock.looping_call(heartbeat_interval, self.beat)
 
     def add(self, stream: SSEStream) -> None:
@@ -301,12 +302,11 @@ class SSEHub:
     def schedule(self, stream: SSEStream) -> None:
         """Flush C{stream} at the end of this reactor turn, together with every other dirty stream."""
         self._dirty.append(stream)
-        if self._flush_call is None:
-            self._flush_call = self.clock.call_later(0, self.flush)
+        if self._flush_turn.scheduled is None:  # (the hot path: no call once it is)
+            self._flush_turn.request()
 
     def flush(self) -> None:
         """Flush every stream written to since the last flush."""
-        self._flush_call = None
         dirty, self._dirty = self._dirty, []
         for stream in dirty:
             stream.flush()
@@ -320,15 +320,16 @@ class SSEHub:
         if self._beating:
             return  # the previous round is still going (a very large hub): it covers this one
         self._beating = list(self.streams)
-        self._beat_slice(0)
+        self._beat_next = 0
+        self._beat_slice()
 
-    def _beat_slice(self, start: int) -> None:
-        self._beat_call = None
-        end = start + BEAT_SLICE
+    def _beat_slice(self) -> None:
+        start = self._beat_next
+        end = self._beat_next = start + BEAT_SLICE
         for stream in self._beating[start:end]:
             stream.write(self.heartbeat)  # a stream closed since the round began refuses it
         if end < len(self._beating):
-            self._beat_call = self.clock.call_later(0, self._beat_slice, end)
+            self._beat_turn.request()
         else:
             self._beating = []
 
@@ -340,5 +341,5 @@ class SSEHub:
     def stop(self) -> None:
         """Stop the heartbeat."""
         self.clock.stop_loop(self._loop)
-        self.clock.cancel(self._beat_call)
+        self._beat_turn.cancel()
         self._beating = []

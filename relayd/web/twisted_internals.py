@@ -17,14 +17,14 @@ imports no wing.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from autobahn.twisted.websocket import WebSocketAdapterProtocol
 from autobahn.websocket.protocol import WebSocketProtocol
 from twisted.application import app, service
 from twisted.application.internet import StreamServerEndpointService
 from twisted.internet import abstract, base, defer, tcp
-from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
+from twisted.internet.interfaces import IListeningPort, IReactorCore, IStreamServerEndpoint
 from twisted.logger import FileLogObserver, LogPublisher
 from twisted.python.reflect import prefixedMethodNames
 from twisted.web import http
@@ -351,14 +351,14 @@ EXIT_SIGNAL = hasattr(base.ReactorBase, "_exitSignal") and code_uses(app.Applica
 """twistd re-raises the signal that stopped the reactor (C{_exitSignal}) once it has run."""
 
 
-def forget_exit_signal(reactor: Any) -> None:
+def forget_exit_signal(reactor: IReactorCore) -> None:
     """Make twistd exit 0 after a signal-initiated shutdown that drained cleanly.
 
     Without it twistd re-raises the SIGTERM that stopped it, and a supervisor cannot tell a clean
     drain from an abort. Without the attribute this does nothing: the exit status is the signal's.
     """
     if EXIT_SIGNAL and getattr(reactor, "_exitSignal", None) is not None:
-        reactor._exitSignal = None
+        cast(Any, reactor)._exitSignal = None  # a private attribute of Twisted's reactors, not of the interface
 
 
 # -- twisted.logger -----------------------------------------------------------------------------------

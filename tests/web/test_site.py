@@ -18,6 +18,7 @@ from twisted.web.client import HTTPConnectionPool
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
+from relayd.clock import Clock
 from relayd.web.site import RelaySite
 from tests.support.aep import AEPRelay, event, ndjson
 from tests.support.raw import RawClient, exchange
@@ -149,6 +150,27 @@ class AccessLogOnTheAEPRelay(TestCase):
         line = next_access_line(self, "/stream")
         await disconnect(stream)
         self.assertEqual(((await line)["status"], (await line)["bytes"] > 0), (200, True))
+
+
+class AccessDurationOnTheClock(TestCase):
+    """A request's duration is measured on the site's clock, which a test fixes (from time 0 on)."""
+
+    timeout = 30
+
+    async def test_the_duration_is_the_clock_s(self) -> None:
+        fake = task.Clock()
+        site = RelaySite(_Plain(), clock=Clock(fake))
+        port = reactor.listenTCP(0, site, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        client = RawClient()
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port), client)
+        line = next_access_line(self, "/held")
+        client.transport.write(b"GET /held HTTP/1.1\r\nHost: x\r\n\r\n")
+        while not list(site._protocols) or not list(site._protocols)[0]._channel.requests:
+            await _turns(1)
+        fake.advance(1.5)
+        client.transport.loseConnection()
+        self.assertEqual((await line)["duration_ms"], 1500.0)
 
 
 class HeaderDeadline(TestCase):

@@ -29,6 +29,7 @@ from relayd.buzz import nostr
 from relayd.buzz.nostr_upstream.connection import UpstreamConnection
 from relayd.buzz.upstream import REPEAT_EVERY, Throttle, public_url
 from relayd.clock import Clock
+from relayd.reactor import IReactor
 
 
 def _no_jitter() -> float:
@@ -44,7 +45,7 @@ class NostrRelayPool:
     def __init__(
         self,
         url: str,
-        reactor: Any,
+        reactor: IReactor,
         clock: Clock,
         *,
         auth_url: str | None = None,

@@ -22,6 +22,7 @@ from twisted.internet.interfaces import ITCPTransport
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 
+from relayd.reactor import IReactor
 from relayd.web.transport import write_now
 from relayd.web.twisted_internals import ws_data_received, ws_frames_direct, ws_parser_idle
 
@@ -190,7 +191,7 @@ class UpstreamWebSocket(WebSocketClientProtocol):
     def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
         self.factory.owner.on_close(self, reason or "")
 
-def tcp_endpoint(reactor: Any, host: str, port: int, timeout: float) -> Any:
+def tcp_endpoint(reactor: IReactor, host: str, port: int, timeout: float) -> Any:
     """A plain TCP endpoint for an IP literal (HostnameEndpoint leaves a timer behind when cancelled)."""
     try:
         ip = ipaddress.ip_address(host)
@@ -201,7 +202,7 @@ def tcp_endpoint(reactor: Any, host: str, port: int, timeout: float) -> Any:
 
 
 def connect(
-    reactor: Any, url: str, owner: IWebSocketOwner, max_message: int, connect_timeout: float
+    reactor: IReactor, url: str, owner: IWebSocketOwner, max_message: int, connect_timeout: float
 ) -> "defer.Deferred[Any]":
     """Start one connection attempt to C{url}; events go to C{owner}. Fires when the transport is made."""
     factory = WebSocketClientFactory(url)
