@@ -24,10 +24,10 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 
-from relayd.aep import redis_cluster
+from relayd.aep import redis_claims
 from relayd.aep import redis_store as aep_store
 from relayd.aep.event import Event
-from relayd.aep.redis_cluster import RedisClaims
+from relayd.aep.redis_claims import RedisClaims
 from relayd.aep.redis_store import RedisEventLog
 from relayd.buzz import redis_state
 from relayd.buzz.redis_state import RedisReceipts
@@ -60,7 +60,7 @@ SESSION = "rt-session-1"
 
 def _every_script() -> list[Script]:
     scripts = list(mcp_store._SCRIPTS.values())
-    scripts += [aep_store._APPEND, aep_store._DROP, aep_store._REPLAY, redis_cluster._ROSTER]
+    scripts += [aep_store._APPEND, aep_store._DROP, aep_store._REPLAY, redis_claims._ROSTER]
     scripts += [redis_state._CLAIM, redis_state._STORE_PLAN, redis_state._COMPLETE, redis_state._RELEASE]
     scripts += [redis_state._INDEX, redis_state._TRIM]
     return scripts

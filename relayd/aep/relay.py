@@ -353,7 +353,7 @@ def error_frame(code: str, detail: str | None = None, **extra: Any) -> dict[str,
 
 
 class Fanout(Protocol):
-    """Live fan-out to the other instances of a relay (relayd/aep/redis_cluster.py's C{RedisFanout})."""
+    """Live fan-out to the other instances of a relay (relayd/aep/redis_fanout.py's C{RedisFanout})."""
 
     def publish(self, events: Sequence[Event]) -> Deferred[Any]:
         """Hand C{events} (already delivered here) to the other instances."""

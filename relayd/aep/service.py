@@ -11,7 +11,8 @@ from relayd import logging as relayd_logging
 from relayd.aep import metrics
 from relayd.aep.config import AEPConfig
 from relayd.aep.http import AEPResource
-from relayd.aep.redis_cluster import RedisClaims, RedisFanout
+from relayd.aep.redis_claims import RedisClaims
+from relayd.aep.redis_fanout import RedisFanout
 from relayd.aep.redis_store import RedisEventLog
 from relayd.aep.relay import Relay
 from relayd.aep.store import MemoryEventLog

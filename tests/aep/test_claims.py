@@ -11,7 +11,7 @@ from zope.interface.verify import verifyObject
 
 from relayd.aep.claims import IClaims, MemoryClaims
 from relayd.aep.event import Event
-from relayd.aep.redis_cluster import RedisClaims
+from relayd.aep.redis_claims import RedisClaims
 from relayd.clock import Clock
 from tests.support.aep import event, wait_until
 from tests.support.redis import connected_redis, shared_redis

@@ -89,7 +89,7 @@ for base, s in pairs(state) do
   redis.call('SET', KEYS[base + 4], s[1])
 end
 if ARGV[4] ~= '' then
-  -- Live fan-out to the other instances (relayd/aep/redis_cluster.py): the batch is sent to Redis once.
+  -- Live fan-out to the other instances (relayd/aep/redis_fanout.py): the batch is sent to Redis once.
   redis.call('PUBLISH', ARGV[4], ARGV[5] .. table.concat(payloads, '\n'))
 end
 local out = {table.concat(flags), redis.call('ZCARD', lru)}

@@ -1,28 +1,26 @@
-"""AEP across relayd instances on one Redis: shared claims, command delivery and live fan-out.
+"""AEP session claims across relayd instances on one Redis, and command delivery between them.
 
 - Claims: C{aep:claims:{<session>}} hashes connection id -> claimant JSON; C{aep:claimed} lists the
   sessions with claims (for the roster). Every instance refreshes C{aep:instance:<id>} (a key with a
   TTL); the claims of an instance whose key expired are ignored and cleaned up, so claims disappear
   when their connection *or their instance* dies.
 - Commands for a claimant on another instance go over C{aep:cmd:<instance>}.
-- Live fan-out: every accepted event is published once on C{aep:fanout}; every other instance
-  parses it once and delivers it to its own subscribers.
+
+Live fan-out of events between instances is L{relayd.aep.redis_fanout}.
 """
 
 from __future__ import annotations
 
 import itertools
 import uuid
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import orjson
 from twisted.internet.defer import Deferred, succeed
-from twisted.logger import Logger
 from zope.interface import implementer
 
 from relayd.aep.claims import Claimant, IClaims, MemoryClaims, claimant_of
 from relayd.aep.event import Event, event_from
-from relayd.aep.redis_store import FANOUT_CHANNEL, fanout_header
 from relayd.clock import Clock
 from relayd.redis import Redis, RedisBus
 from relayd.redis_lua import Script, tagged
@@ -37,8 +35,6 @@ _ROSTER = Script("relayd.aep", "roster")
 @implementer(IClaims)
 class RedisClaims:
     """C{IClaims} over every instance sharing one Redis."""
-
-    _log = Logger()
 
     def __init__(self, redis: Redis, bus: RedisBus, clock: Clock, prefix: str = "relayd:") -> None:
         self.redis = redis
@@ -240,32 +236,3 @@ def _pairs(flat: list[Any]) -> list[tuple[bytes, bytes]]:
 
 def _order_key(order: Any) -> list[Any]:
     return order if isinstance(order, list) and len(order) == 4 else [0, "", 0, 0]
-
-
-class RedisFanout:
-    """Live fan-out across instances: publish accepted events once, deliver others' locally."""
-
-    _log = Logger()
-
-    def __init__(
-        self, redis: Redis, bus: RedisBus, instance: str, deliver: Callable[[list[Event]], Any], prefix: str = "relayd:"
-    ) -> None:
-        self.redis = redis
-        self.instance = instance.encode("utf-8")
-        self.channel = prefix.encode("utf-8") + FANOUT_CHANNEL
-        self.header = fanout_header(instance)
-        self._deliver = deliver
-        bus.subscribe(self.channel, self._received)
-
-    def publish(self, events: Sequence[Event]) -> Deferred[Any]:
-        if not events:
-            return succeed(None)
-        message = self.header + b"\n".join(event.payload(None) for event in events)
-        return self.redis.execute(STORE, "PUBLISH", self.channel, message)
-
-    def _received(self, message: bytes) -> None:
-        instance, _, body = message.partition(b"\n")
-        if instance == self.instance:
-            return  # delivered locally already, before publishing
-        # One message is one batch of the publishing instance: delivered as one (one snapshot).
-        self._deliver([event_from(raw) for raw in body.split(b"\n") if raw])
