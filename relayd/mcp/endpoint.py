@@ -22,8 +22,8 @@ from twisted.python.failure import Failure
 from twisted.web.server import Request
 
 from relayd.clock import Clock
+from relayd.coroutine import run
 from relayd.mcp import standard
-from relayd.mcp.drive import run
 from relayd.mcp.frames import Frame
 from relayd.mcp.jsontext import _dumps, loads_json
 from relayd.mcp.store import OUTBOUND, ClientRecord, SubscriberRecord

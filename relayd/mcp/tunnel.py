@@ -26,9 +26,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from relayd.clock import Clock
+from relayd.coroutine import run
 from relayd.mcp import metrics
 from relayd.mcp.bus import IMcpBus, InstanceGone, LocalBus
-from relayd.mcp.drive import run
 from relayd.mcp.frames import FRAMES_DROPPED, PEER_JOINED, PEER_LEFT, Frame, notification, parse_frame
 from relayd.mcp.jsontext import _dumps, loads_json
 from relayd.mcp.polls import SUBSCRIBER_ID, ParkedPoll, PollResult

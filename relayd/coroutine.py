@@ -44,7 +44,7 @@ class _Resumer:
 
     def _await(self, awaited: Any) -> None:
         if not isinstance(awaited, Deferred):
-            self._step_throw(TypeError(f"a coroutine run by relayd.mcp.drive awaited {awaited!r}"))
+            self._step_throw(TypeError(f"a coroutine run by relayd.coroutine awaited {awaited!r}"))
             return
         self.awaited = awaited
         awaited.addBoth(self._resume)

@@ -1,4 +1,4 @@
-"""relayd.mcp.drive.run: coroutines over Deferreds, synchronous when nothing waits."""
+"""relayd.coroutine.run: coroutines over Deferreds, synchronous when nothing waits."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from twisted.internet.defer import CancelledError, Deferred, fail, succeed
 from twisted.trial.unittest import TestCase
 
-from relayd.mcp.drive import run
+from relayd.coroutine import run
 
 
 async def add(a: Deferred[int], b: Deferred[int]) -> int:
