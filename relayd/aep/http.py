@@ -20,7 +20,7 @@ from relayd.aep.query import BadRequest, last_event_id, stream_query
 from relayd.aep.relay import (
     HARD_BACKLOG,
     SOFT_BACKLOG,
-    Relay,
+    EventRelay,
     ReplayProducer,
     ReplayReader,
     Subscriber,
@@ -259,7 +259,7 @@ class AEPResource(RoutedResource):
 
     def __init__(
         self,
-        relay: Relay,
+        relay: EventRelay,
         hub: SSEHub,
         *,
         max_body: int,

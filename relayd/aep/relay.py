@@ -359,12 +359,12 @@ class Fanout(Protocol):
         """Hand C{events} (already delivered here) to the other instances."""
 
 
-# Makes the fan-out, given the relay's delivery of the other instances' events (Relay.fan_out_remote).
+# Makes the fan-out, given the relay's delivery of the other instances' events (EventRelay.fan_out_remote).
 FanoutFactory = Callable[[Callable[[Sequence[Event]], None]], Fanout]
 
 
-class Relay:
-    """One AEP relay's state."""
+class EventRelay:
+    """The AEP core: who subscribes to what, replay, command routing to the claimant, fan-out."""
 
     _log = Logger()
 

@@ -14,7 +14,7 @@ from relayd.aep.http import AEPResource
 from relayd.aep.redis_claims import RedisClaims
 from relayd.aep.redis_fanout import RedisFanout
 from relayd.aep.redis_store import RedisEventLog
-from relayd.aep.relay import Relay
+from relayd.aep.relay import EventRelay
 from relayd.aep.store import MemoryEventLog
 from relayd.aep.websocket import AEPSocketFactory
 from relayd.clock import Clock
@@ -34,7 +34,7 @@ class AEPService(HTTPWingService):
 
     def __init__(
         self,
-        relay: Relay,
+        relay: EventRelay,
         site: RelaySite,
         listen: list[str],
         plumbing: Plumbing,
@@ -50,12 +50,12 @@ class AEPService(HTTPWingService):
         self.relay = relay
 
 
-def make_relay(config: AEPConfig, plumbing: Plumbing) -> Relay:
+def make_relay(config: AEPConfig, plumbing: Plumbing) -> EventRelay:
     """The relay core: in memory, or sharing buffers, claims and live fan-out through Redis."""
     clock = plumbing.clock
     redis = plumbing.redis
     if redis is None:
-        return Relay(MemoryEventLog(config.buffer, config.max_sessions), token=config.token, buffer=config.buffer,
+        return EventRelay(MemoryEventLog(config.buffer, config.max_sessions), token=config.token, buffer=config.buffer,
                      max_from=config.max_from, seconds=clock.monotonic, max_subscribers=config.max_subscribers)
     prefix = plumbing.redis_prefix
     bus = redis.bus()
@@ -63,7 +63,7 @@ def make_relay(config: AEPConfig, plumbing: Plumbing) -> Relay:
     _log.info("aep relay: shared state in Redis at {url}", url=str(redis.url))
     # A batch of stored events is published by the append script itself (sent to Redis once).
     log = RedisEventLog(redis, config.buffer, config.max_sessions, prefix, publisher=claims.instance)
-    return Relay(
+    return EventRelay(
         log,
         token=config.token,
         buffer=config.buffer,

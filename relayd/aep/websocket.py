@@ -37,7 +37,7 @@ from relayd.aep.relay import (
     HARD_BACKLOG,
     SOFT_BACKLOG,
     Emitter,
-    Relay,
+    EventRelay,
     ReplayProducer,
     ReplayReader,
     Subscriber,
@@ -696,7 +696,7 @@ class AEPSocketFactory(WebSocketServerFactory):
     protocol = AEPSocket  # type: ignore[assignment]  # autobahn types it as a generic protocol factory
 
     def __init__(
-        self, relay: Relay, clock: Clock, *, heartbeat: float, max_message: int, max_subscriptions: int = 64
+        self, relay: EventRelay, clock: Clock, *, heartbeat: float, max_message: int, max_subscriptions: int = 64
     ) -> None:
         super().__init__()
         self.relay = relay

@@ -12,7 +12,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.test.requesthelper import DummyRequest
 
 from relayd.aep.http import AEPResource
-from relayd.aep.relay import Relay
+from relayd.aep.relay import EventRelay
 from relayd.aep.store import MemoryEventLog
 from relayd.clock import Clock
 from relayd.storage import StoreUnavailable
@@ -294,7 +294,7 @@ class AcknowledgedMeansStored(TestCase):
     """A 202 goes out only once the store has the events (issue 5: nothing acknowledged is lost)."""
 
     def _post(self, log: MemoryEventLog) -> tuple[AEPResource, DummyRequest]:
-        relay = Relay(log, token=None, buffer=10, max_from=10)
+        relay = EventRelay(log, token=None, buffer=10, max_from=10)
         resource = AEPResource(relay, SSEHub(Clock(FakeTime()), 25, sse_comment("ping")), max_body=1 << 20, max_batch=10)
         request = DummyRequest([b"events"])
         request.method = b"POST"

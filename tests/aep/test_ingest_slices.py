@@ -13,7 +13,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
 from relayd.aep.http import PARSE_SLICE, AEPResource
-from relayd.aep.relay import Relay
+from relayd.aep.relay import EventRelay
 from relayd.aep.store import MemoryEventLog
 from relayd.clock import Clock
 from relayd.web.site import RelaySite
@@ -30,7 +30,7 @@ class SlicedParsing(TestCase):
         """The AEP resource on a real port, its timers on a clock the test advances."""
         timers = task.Clock()
         log = MemoryEventLog(10 * PARSE_SLICE, 10)
-        relay = Relay(log, token=None, buffer=10 * PARSE_SLICE, max_from=10, seconds=timers.seconds)
+        relay = EventRelay(log, token=None, buffer=10 * PARSE_SLICE, max_from=10, seconds=timers.seconds)
         hub = SSEHub(Clock(timers), 25.0, sse_comment("ping"))
         self.addCleanup(hub.stop)
         site = RelaySite(AEPResource(relay, hub, max_body=2**24, max_batch=10 * PARSE_SLICE))

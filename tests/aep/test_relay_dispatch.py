@@ -9,7 +9,7 @@ from twisted.trial.unittest import TestCase
 
 from relayd.aep.event import Event
 from relayd.aep.filters import match_all
-from relayd.aep.relay import Relay, Subscriber
+from relayd.aep.relay import EventRelay, Subscriber
 from relayd.aep.store import MemoryEventLog
 from tests.support.aep import event
 
@@ -24,7 +24,7 @@ class Broken(Subscriber):
 class FailedFanOut(TestCase):
     def test_the_batch_is_accepted_and_the_failure_logged(self) -> None:
         log = MemoryEventLog(10, 10)
-        relay = Relay(log, token=None, buffer=10, max_from=10, seconds=lambda: 0.0)
+        relay = EventRelay(log, token=None, buffer=10, max_from=10, seconds=lambda: 0.0)
         relay.subscribe(object(), Broken(match_all, None))
         ev = event("kept", 0)
         self.successResultOf(relay.ingest([Event(ev, json.dumps(ev).encode())]))

@@ -11,7 +11,7 @@ from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 
 from relayd.aep.http import AEPResource
-from relayd.aep.relay import Relay
+from relayd.aep.relay import EventRelay
 from relayd.aep.store import MemoryEventLog
 from relayd.aep.websocket import MESSAGES_PER_TURN, AEPSocketFactory
 from relayd.clock import Clock
@@ -24,7 +24,7 @@ class GivingWay(TestCase):
     timeout = 30
 
     async def test_a_burst_of_requests_is_handled_a_turn_at_a_time_in_order(self) -> None:
-        relay = Relay(MemoryEventLog(10, 10), token=None, buffer=10, max_from=10, seconds=reactor.seconds)
+        relay = EventRelay(MemoryEventLog(10, 10), token=None, buffer=10, max_from=10, seconds=reactor.seconds)
         clock = Clock(reactor)
         self.addCleanup(clock.shutdown)
         sockets = AEPSocketFactory(relay, clock, heartbeat=25.0, max_message=2**20)
