@@ -1,8 +1,9 @@
-"""The one owner of time: every delayed call, looping call and reading of the time goes through a L{Clock}.
+"""The one owner of time: every delayed call, looping call and reading of the time goes through a
+L{Timekeeper} (named so it is never taken for C{twisted.internet.task.Clock}, which tests hand it).
 
 Owning timers in one place means shutdown can cancel whatever is still pending (no timer outlives
 its service), and tests drive time deterministically by handing in a C{task.Clock}: the wall clock
-(L{Clock.seconds}) and the one for durations (L{Clock.monotonic}) are then that clock too.
+(L{Timekeeper.seconds}) and the one for durations (L{Timekeeper.monotonic}) are then that clock too.
 tests/test_time_ownership.py fails if a module other than this one reads the time or schedules a
 call by itself.
 
@@ -24,7 +25,7 @@ from twisted.logger import Logger
 T = TypeVar("T")
 
 
-class Clock:
+class Timekeeper:
     """Wraps an C{IReactorTime}; records the calls it schedules so L{shutdown} can cancel them.
 
     @ivar monotonic: seconds on a clock that never goes back, for durations: C{time.monotonic} on
@@ -158,7 +159,7 @@ class NextTurn:
 
     __slots__ = ("_clock", "_fn", "_fire", "scheduled")
 
-    def __init__(self, clock: Clock, fn: Callable[[], object]) -> None:
+    def __init__(self, clock: Timekeeper, fn: Callable[[], object]) -> None:
         self._clock = clock
         self._fn = fn
         self._fire = self._run  # bound once: every turn schedules this same object

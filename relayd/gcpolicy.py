@@ -16,7 +16,7 @@ import gc
 
 from twisted.logger import Logger
 
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 
 
 class CollectorPolicy:
@@ -25,7 +25,7 @@ class CollectorPolicy:
 
     _log = Logger()
 
-    def __init__(self, clock: Clock, freeze_interval: float, full_interval: float) -> None:
+    def __init__(self, clock: Timekeeper, freeze_interval: float, full_interval: float) -> None:
         self.clock = clock
         self.freeze_interval = freeze_interval
         self.full_interval = full_interval

@@ -8,7 +8,7 @@ C{IReactorTime}). A C{typing.Protocol} would not do: mypy-zope compares interfac
 protocol is never an C{IReactorTime}.
 
 No reactor declares L{IReactor}; it is a static type only. L{installed} hands out the process's
-reactor under it. Timers do not take the reactor: they go through L{relayd.clock.Clock}, which needs
+reactor under it. Timers do not take the reactor: they go through L{relayd.clock.Timekeeper}, which needs
 only C{IReactorTime} (tests hand it a C{task.Clock}).
 """
 

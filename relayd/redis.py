@@ -20,7 +20,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from relayd import redis_internals
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.redis_internals import WholeReads
 from relayd.storage import StoreUnavailable
 
@@ -199,7 +199,7 @@ class Redis:
     _log = Logger()
 
     def __init__(
-        self, url: str, clock: Clock, *, timeout: float = DEFAULT_TIMEOUT, poolsize: int = 4, prefix: str = "relayd:"
+        self, url: str, clock: Timekeeper, *, timeout: float = DEFAULT_TIMEOUT, poolsize: int = 4, prefix: str = "relayd:"
     ) -> None:
         self.url = parse_redis_url(url)
         self.clock = clock
@@ -375,7 +375,7 @@ class RedisBus:
         return self._factory.disconnect()
 
 
-def _endpoint(url: RedisURL, timeout: float, clock: Clock) -> IStreamClientEndpoint:
+def _endpoint(url: RedisURL, timeout: float, clock: Timekeeper) -> IStreamClientEndpoint:
     """Where a connection goes: the host by name (IPv4 or IPv6), through verified TLS (certificate
     chain and hostname, via service_identity) for C{rediss://}."""
     endpoint = HostnameEndpoint(clock.reactor, url.host, url.port, timeout=timeout)

@@ -17,7 +17,7 @@ from twisted.python import usage
 import relayd
 from relayd import logging as relayd_logging
 from relayd import sdnotify
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.config import ConfigError, Resolved, Setting, resolve, shown_default
 from relayd.gcpolicy import CollectorPolicy
 from relayd.reactor import IReactor, installed
@@ -149,7 +149,7 @@ class RelaydService(MultiService):
     def __init__(
         self,
         reactor: IReactor,
-        clock: Clock,
+        clock: Timekeeper,
         warnings: Sequence[str] = (),
         redis: Redis | None = None,
         collector: CollectorPolicy | None = None,
@@ -250,7 +250,7 @@ def makeService(config: Options, reactor: IReactor | None = None) -> RelaydServi
         if s.secret and isinstance(settings.values.get(s.name), str):
             relayd_logging.register_secret(settings[s.name])
     increase_rlimits()
-    plumbing = Plumbing.from_settings(settings, reactor, Clock(reactor))
+    plumbing = Plumbing.from_settings(settings, reactor, Timekeeper(reactor))
     collector = CollectorPolicy(plumbing.clock, settings["gc-freeze-interval"], settings["gc-full-interval"])
     root = RelaydService(reactor, plumbing.clock, settings.warnings, redis=plumbing.redis, collector=collector)
     try:

@@ -18,7 +18,7 @@ from typing import Any
 from twisted.application.service import IService
 from zope.interface import Attribute
 
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.config import Resolved
 from relayd.reactor import IReactor
 from relayd.redis import Redis
@@ -73,14 +73,14 @@ class Plumbing:
     """
 
     reactor: IReactor
-    clock: Clock
+    clock: Timekeeper
     redis: Redis | None = None
     redis_prefix: str = DEFAULT_REDIS_PREFIX
     site: SiteSettings = DEFAULT_SITE_SETTINGS
     grace: float = DEFAULT_GRACE
 
     @classmethod
-    def from_settings(cls, settings: Resolved, reactor: IReactor, clock: Clock) -> Plumbing:
+    def from_settings(cls, settings: Resolved, reactor: IReactor, clock: Timekeeper) -> Plumbing:
         """The plumbing the resolved settings describe; a table that is absent leaves its defaults.
 
         With C{--redis} this makes a new client: the caller owns it and closes it.

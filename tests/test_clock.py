@@ -7,27 +7,27 @@ import time
 from twisted.internet import reactor, task
 from twisted.trial.unittest import SynchronousTestCase
 
-from relayd.clock import Clock, NextTurn
+from relayd.clock import Timekeeper, NextTurn
 
 
 class Readings(SynchronousTestCase):
     def test_a_test_clock_fixes_the_wall_and_the_durations(self) -> None:
         fake = task.Clock()
         fake.advance(1_700_000_000)
-        clock = Clock(fake)
+        clock = Timekeeper(fake)
         self.assertEqual(clock.seconds(), 1_700_000_000)
         started = clock.monotonic()
         fake.advance(2.5)
         self.assertEqual(clock.monotonic() - started, 2.5)
 
     def test_a_real_reactor_measures_durations_on_the_monotonic_clock(self) -> None:
-        self.assertIs(Clock(reactor).monotonic, time.monotonic)  # type: ignore[arg-type]
+        self.assertIs(Timekeeper(reactor).monotonic, time.monotonic)  # type: ignore[arg-type]
 
 
 class NextTurnTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.fake = task.Clock()
-        self.clock = Clock(self.fake)
+        self.clock = Timekeeper(self.fake)
         self.runs = 0
         self.turn = NextTurn(self.clock, self.count)
 

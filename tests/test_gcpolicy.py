@@ -8,7 +8,7 @@ import weakref
 from twisted.internet.task import Clock as FakeTime
 from twisted.trial.unittest import TestCase
 
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.gcpolicy import CollectorPolicy
 
 
@@ -22,7 +22,7 @@ class Cycle:
 class CollectorPolicyTests(TestCase):
     def setUp(self) -> None:
         self.time = FakeTime()
-        self.clock = Clock(self.time)
+        self.clock = Timekeeper(self.time)
         self.addCleanup(self.clock.shutdown)
         self.addCleanup(gc.unfreeze)  # the rest of the test run is collected as usual
 

@@ -19,7 +19,7 @@ from twisted.web.client import HTTPConnectionPool
 
 import relayd
 from relayd import metrics, tap
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.web import metrics_listener
 from tests.support.aep import AEPRelay, event, ndjson
 from tests.support.mcp import TOKEN as MCP_TOKEN
@@ -136,7 +136,7 @@ class SeriesOwners(TestCase):
     async def test_with_the_wings_every_series_is_served_as_documented(self) -> None:
         for wing in tap.WINGS:  # as the tap imports them
             importlib.import_module(f"{wing}.service")
-        service = metrics_listener.make_service(["tcp:0:interface=127.0.0.1"], reactor, Clock(reactor))
+        service = metrics_listener.make_service(["tcp:0:interface=127.0.0.1"], reactor, Timekeeper(reactor))
         service.startService()
         self.addCleanup(service.stopService)
         (port,) = await service.ports()
@@ -161,7 +161,7 @@ class MetricsOverAEP(TestCase):
     async def setUp(self) -> None:  # type: ignore[override]
         self.relay = await AEPRelay.start()
         self.addCleanup(self.relay.stop)
-        self.service = metrics_listener.make_service(["tcp:0:interface=127.0.0.1"], reactor, Clock(reactor))
+        self.service = metrics_listener.make_service(["tcp:0:interface=127.0.0.1"], reactor, Timekeeper(reactor))
         self.service.startService()
         self.addCleanup(self.service.stopService)
         (port,) = await self.service.ports()
@@ -280,7 +280,7 @@ class MetricsOverMCP(McpRelayCase):
     timeout = 30
 
     async def test_streams_polls_and_frames(self) -> None:
-        service = metrics_listener.make_service(["tcp:0:interface=127.0.0.1"], reactor, Clock(reactor))
+        service = metrics_listener.make_service(["tcp:0:interface=127.0.0.1"], reactor, Timekeeper(reactor))
         service.startService()
         self.addCleanup(service.stopService)
         (port,) = await service.ports()

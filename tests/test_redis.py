@@ -10,7 +10,7 @@ from twisted.internet.task import deferLater
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.redis import KEYSPACE_VERSION, Redis
 from relayd.storage import StoreUnavailable
 from tests.support.redis import RedisServer
@@ -48,7 +48,7 @@ class Reconnect(TestCase):
         # mid-SELECT) must not stop the pool for good: once Redis accepts, the client serves again.
         port = self.server.port
         self.assertEqual(admin(port, b"CONFIG SET requirepass old\r\n"), b"+OK\r\n")
-        redis = Redis(f"redis://:new@127.0.0.1:{port}/1", Clock(reactor), timeout=1)
+        redis = Redis(f"redis://:new@127.0.0.1:{port}/1", Timekeeper(reactor), timeout=1)
         self.addCleanup(redis.close)
         refused = await self.assertFailure(redis.execute("probe", "PING"), StoreUnavailable)
         self.assertEqual(str(refused), "probe store unavailable: not connected")
@@ -82,7 +82,7 @@ class KeyspaceVersion(TestCase):
         return admin(self.server.port, b"GET " + key + b"\r\n")
 
     def client(self, prefix: str = "relayd:") -> Redis:
-        redis = Redis(self.server.url, Clock(reactor), timeout=1, prefix=prefix)
+        redis = Redis(self.server.url, Timekeeper(reactor), timeout=1, prefix=prefix)
         self.addCleanup(redis.close)
         return redis
 
@@ -183,7 +183,7 @@ class KeyspaceVersion(TestCase):
     async def test_password_never_in_the_reason(self) -> None:
         self.assertEqual(admin(self.server.port, b"CONFIG SET requirepass s3cret\r\n"), b"+OK\r\n")
         admin(self.server.port, b"AUTH s3cret\r\nSET relayd:schema 999\r\n")
-        redis = Redis(f"redis://:s3cret@127.0.0.1:{self.server.port}/0", Clock(reactor), timeout=1)
+        redis = Redis(f"redis://:s3cret@127.0.0.1:{self.server.port}/0", Timekeeper(reactor), timeout=1)
         self.addCleanup(redis.close)
         reason = await redis.refused
         self.assertIn("holds relayd keyspace version 999", reason)

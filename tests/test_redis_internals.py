@@ -17,7 +17,7 @@ from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import TestCase
 
 from relayd import redis_internals as fence
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.redis import KEYSPACE_VERSION, Redis
 from tests.support.cases import cases, expand
 from tests.support.redis import RedisServer
@@ -97,7 +97,7 @@ class Handshake(TestCase):
     @cases(detected=True, fallback=False)
     async def test_a_connection_is_checked_and_serves(self, detected: bool) -> None:
         self.patch(fence, "READY_STATE", detected)
-        redis = Redis(f"redis://127.0.0.1:{self.server.port}/2", Clock(reactor), timeout=1)
+        redis = Redis(f"redis://127.0.0.1:{self.server.port}/2", Timekeeper(reactor), timeout=1)
         self.addCleanup(redis.close)
         await self.until_connected(redis)
         self.assertEqual(await redis.execute("probe", "SET", "k", "v"), "OK")
@@ -109,7 +109,7 @@ class Handshake(TestCase):
     @cases(detected=True, fallback=False)
     async def test_a_bus_subscribes_and_hears(self, detected: bool) -> None:
         self.patch(fence, "READY_STATE", detected)
-        redis = Redis(self.server.url, Clock(reactor), timeout=1)
+        redis = Redis(self.server.url, Timekeeper(reactor), timeout=1)
         self.addCleanup(redis.close)
         heard: list[bytes] = []
         bus = redis.bus()

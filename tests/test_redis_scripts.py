@@ -31,7 +31,7 @@ from relayd.aep.redis_claims import RedisClaims
 from relayd.aep.redis_store import RedisEventLog
 from relayd.buzz import redis_state
 from relayd.buzz.redis_state import RedisReceipts
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.mcp import redis_store as mcp_store
 from relayd.mcp.redis_store import RedisStore
 from relayd.mcp.store import (
@@ -102,7 +102,7 @@ def _sent(commands: list[Command]) -> list[str]:
 class RoundTrips(Watched):
     @cases(None, "client-1")  # the tunnel's agent; a labelled client of the standard endpoint
     async def test_an_mcp_round_trip_is_two_redis_commands(self, label: str | None) -> None:
-        tunnel = TunnelRelay(RedisStore(self.redis, prefix="rt:"), Clock(reactor))
+        tunnel = TunnelRelay(RedisStore(self.redis, prefix="rt:"), Timekeeper(reactor))
         await tunnel.register(SESSION, TOKEN)
         page, agent = RecordingSink(), RecordingSink()
         await tunnel.open_stream(SESSION, TOKEN, INBOUND, None, page)
@@ -210,7 +210,7 @@ class DeclaredKeys(Watched):
         await log.append([_event("b", 0)])
         await log.append([_event("c", 0), _event("a", 3)])  # evicts b (dropped after) and then c
         await log.replay("a", (0, -1), limit=1)
-        clock = Clock(reactor)
+        clock = Timekeeper(reactor)
         bus = self.redis.bus()
         claims = RedisClaims(self.redis, bus, clock, "k:")
         claims.stop()
@@ -223,7 +223,7 @@ class DeclaredKeys(Watched):
         async def no_effects(effects: list[dict[str, Any]]) -> None:
             return None
 
-        receipts = RedisReceipts(self.redis, Clock(reactor), no_effects, prefix="k:", max_receipts=1)
+        receipts = RedisReceipts(self.redis, Timekeeper(reactor), no_effects, prefix="k:", max_receipts=1)
         await receipts.claim("p", "r1", b"d" * 32)
         await receipts.store_plan("p", "r1", b"d" * 32, b"plan")
         await receipts.complete("p", "r1", b"d" * 32, b'{"ok":true}', [])

@@ -1,6 +1,6 @@
 """Only relayd/clock.py reads the time or schedules a call; only relayd/reactor.py imports the reactor.
 
-Everything else goes through the L{relayd.clock.Clock} it is handed (tests hand it a C{task.Clock},
+Everything else goes through the L{relayd.clock.Timekeeper} it is handed (tests hand it a C{task.Clock},
 so a test fixes every timestamp, duration and timer) and gets the reactor from
 L{relayd.reactor.installed}. A module that reads the time or schedules a call by itself escapes both
 the test clock and the clock's shutdown, which cancels every pending timer.
@@ -13,7 +13,7 @@ What the scan refuses, outside relayd/clock.py (docs/architecture.md "Checks"):
   - C{datetime.now}, C{datetime.utcnow}, C{datetime.today}, C{date.today};
   - C{callLater} and C{addTimeout}, spelled anywhere (a reactor's, a protocol's, a Deferred's);
   - C{twisted.internet.task} (C{LoopingCall}, C{deferLater}, C{Clock}, C{cooperate}) and
-    C{TimerService}: L{Clock.looping_call}, L{Clock.call_later}, L{Clock.timer_service}, L{NextTurn};
+    C{TimerService}: L{Timekeeper.looping_call}, L{Timekeeper.call_later}, L{Timekeeper.timer_service}, L{NextTurn};
   - importing the global reactor (C{from twisted.internet import reactor}) outside relayd/reactor.py.
 
 Allowed: C{time.perf_counter} (how long relayd's own code ran, for a metric: a test clock does not
@@ -92,7 +92,7 @@ class TimeOwnership(SynchronousTestCase):
             for path in sorted(_PACKAGE.rglob("*.py"))
             for offence in offences(path.read_text(), path.relative_to(_PACKAGE).as_posix())
         ]
-        self.assertEqual(found, [], "go through relayd.clock.Clock (or relayd.reactor.installed)")
+        self.assertEqual(found, [], "go through relayd.clock.Timekeeper (or relayd.reactor.installed)")
 
     def test_the_scan_sees_every_spelling(self) -> None:
         sample = (

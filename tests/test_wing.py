@@ -23,7 +23,7 @@ from zope.interface.verify import verifyObject
 from relayd import tap
 from relayd.aep.config import AEPConfig
 from relayd.buzz.config import BuzzConfig
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.config import Resolved
 from relayd.mcp.config import MCPConfig
 from relayd.metrics import REGISTRY
@@ -66,7 +66,7 @@ class _Wings(TestCase):
         return self.parse([*self.wing_flags(), *extra]).settings
 
     def plumbing(self, settings: Resolved) -> Plumbing:
-        clock = Clock(reactor)
+        clock = Timekeeper(reactor)
         self.addCleanup(clock.shutdown)  # the wings' timers (SSE heartbeats) start when they are built
         return Plumbing.from_settings(settings, reactor, clock)
 
@@ -90,7 +90,7 @@ class Contract(_Wings):
         self.assertEqual(tap.WINGS, ("relayd.aep", "relayd.mcp", "relayd.buzz"))
 
     def test_the_metrics_listener_provides_iwing(self) -> None:
-        self.assertTrue(verifyObject(IWing, metrics_listener.make_service([LOOPBACK], reactor, Clock(reactor))))
+        self.assertTrue(verifyObject(IWing, metrics_listener.make_service([LOOPBACK], reactor, Timekeeper(reactor))))
 
     @cases(aep="relayd.aep", mcp="relayd.mcp", buzz="relayd.buzz")
     def test_site_settings_and_grace_are_given_at_construction(self, package: str) -> None:

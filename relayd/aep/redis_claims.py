@@ -21,7 +21,7 @@ from zope.interface import implementer
 
 from relayd.aep.claims import Claimant, IClaims, MemoryClaims, claimant_of
 from relayd.aep.event import Event, event_from
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.redis import Redis, RedisBus
 from relayd.redis_lua import Script, tagged
 
@@ -36,7 +36,7 @@ _ROSTER = Script("relayd.aep", "roster")
 class RedisClaims:
     """C{IClaims} over every instance sharing one Redis."""
 
-    def __init__(self, redis: Redis, bus: RedisBus, clock: Clock, prefix: str = "relayd:") -> None:
+    def __init__(self, redis: Redis, bus: RedisBus, clock: Timekeeper, prefix: str = "relayd:") -> None:
         self.redis = redis
         self.clock = clock
         self.prefix = prefix.encode("utf-8")

@@ -17,7 +17,7 @@ from relayd.aep.redis_store import RedisEventLog
 from relayd.aep.relay import EventRelay
 from relayd.aep.store import MemoryEventLog
 from relayd.aep.websocket import AEPSocketFactory
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.config import Resolved
 from relayd.reactor import IReactor
 from relayd.web.body import BodyLimit
@@ -136,7 +136,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> AEPService | None:
     return service
 
 
-def make_service(settings: Resolved, reactor: IReactor, clock: Clock) -> AEPService | None:
+def make_service(settings: Resolved, reactor: IReactor, clock: Timekeeper) -> AEPService | None:
     """L{make_wing} on plumbing made from C{settings} alone (tests; with C{--redis} the caller
     closes the client, C{service.relay.log.redis})."""
     return make_wing(Plumbing.from_settings(settings, reactor, clock), settings)

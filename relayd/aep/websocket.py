@@ -46,7 +46,7 @@ from relayd.aep.relay import (
 )
 from relayd.aep.store import Position
 from relayd.aep.wire import ws_message
-from relayd.clock import Clock, NextTurn
+from relayd.clock import NextTurn, Timekeeper
 from relayd.storage import StoreUnavailable
 from relayd.web.transport import no_delay, pause_reading, resume_reading, write_now
 from relayd.web.twisted_internals import ws_frames_direct
@@ -696,7 +696,7 @@ class AEPSocketFactory(WebSocketServerFactory):
     protocol = AEPSocket  # type: ignore[assignment]  # autobahn types it as a generic protocol factory
 
     def __init__(
-        self, relay: EventRelay, clock: Clock, *, heartbeat: float, max_message: int, max_subscriptions: int = 64
+        self, relay: EventRelay, clock: Timekeeper, *, heartbeat: float, max_message: int, max_subscriptions: int = 64
     ) -> None:
         super().__init__()
         self.relay = relay

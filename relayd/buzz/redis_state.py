@@ -47,7 +47,7 @@ from relayd.buzz.state import (
     Receipt,
     is_read_page,
 )
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.redis import Redis, RedisBus
 from relayd.redis_lua import Script, tagged
 
@@ -81,7 +81,7 @@ class RedisReceipts:
     def __init__(
         self,
         redis: Redis,
-        clock: Clock,
+        clock: Timekeeper,
         apply_effects: Callable[[list[dict[str, Any]]], "defer.Deferred[None]"],
         *,
         prefix: str = "relayd:",

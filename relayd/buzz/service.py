@@ -20,7 +20,7 @@ from relayd.buzz.nostr_upstream import NostrRelayPool
 from relayd.buzz.operations import Operations
 from relayd.buzz.state import MAX_RECEIPTS, RECEIPT_RETENTION, IReceiptStore, SQLiteState, StateDB
 from relayd.buzz.upstream import START_WARNING, Upstream, public_url
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.config import ConfigError, Resolved, is_loopback_endpoint, is_tls_endpoint
 from relayd.reactor import IReactor
 from relayd.redis import Redis
@@ -141,7 +141,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> BrokerService | None:
     )
 
 
-def make_service(settings: Resolved, reactor: IReactor, clock: Clock) -> BrokerService | None:
+def make_service(settings: Resolved, reactor: IReactor, clock: Timekeeper) -> BrokerService | None:
     """L{make_wing} on plumbing made from C{settings} alone (tests; with C{--redis} the caller
     closes the client, C{service.redis})."""
     return make_wing(Plumbing.from_settings(settings, reactor, clock), settings)
@@ -160,7 +160,7 @@ class BrokerService(HTTPWingService):
         db: StateDB,
         kek: bytes,
         reactor: IReactor,
-        clock: Clock,
+        clock: Timekeeper,
         timeout: float = 10.0,
         max_agent_depth: int = 4,
         max_body: int = 2 * 1024 * 1024,

@@ -14,7 +14,7 @@ cannot open, or drops, it is reopened with backoff. What it logs (docs/decisions
 A connection that had stayed open L{STABLE} seconds and drops (relays may close idle connections) is
 reopened at once without a word; only if that fails is the relay unreachable.
 
-Every timer goes through the L{relayd.clock.Clock}.
+Every timer goes through the L{relayd.clock.Timekeeper}.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.reactor import IReactor
 
 START_WARNING = 5.0  # seconds after start without a connection before the broker warns
@@ -64,7 +64,7 @@ def iso(seconds: float) -> str:
 class Throttle:
     """Lets one line through per C{interval} seconds and counts the ones it held back."""
 
-    def __init__(self, clock: Clock, interval: float) -> None:
+    def __init__(self, clock: Timekeeper, interval: float) -> None:
         self.clock = clock
         self.interval = interval
         self._last: float | None = None
@@ -106,7 +106,7 @@ class Upstream:
         self,
         url: str,
         reactor: IReactor,
-        clock: Clock,
+        clock: Timekeeper,
         *,
         wall_clock: Callable[[], float] | None = None,
         connect_timeout: float = 10.0,
@@ -214,7 +214,7 @@ class Upstream:
         factory.noisy = False  # no "Starting factory" / "Stopping factory" per attempt
         factory.protocol = _Probe
         factory.upstream = self  # type: ignore[attr-defined]
-        # autobahn's handshake timers run outside the Clock: ours guards the handshake instead.
+        # autobahn's handshake timers run outside the clock: ours guards the handshake instead.
         factory.setProtocolOptions(openHandshakeTimeout=0, closeHandshakeTimeout=0, autoPingInterval=0)
         parts = urlsplit(self.url)
         host = parts.hostname or "127.0.0.1"

@@ -21,7 +21,7 @@ from urllib.parse import quote
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.coroutine import run
 from relayd.mcp import standard
 from relayd.mcp.frames import Frame
@@ -414,7 +414,7 @@ def _header(request: Request, name: bytes) -> str | None:
 class Endpoint:
     """The standard MCP routes of every session: C{mcp} (Streamable HTTP), C{sse} and C{messages} (legacy)."""
 
-    def __init__(self, tunnel: TunnelRelay, policy: OriginPolicy, hub: SSEHub, clock: Clock, prefix: bytes,
+    def __init__(self, tunnel: TunnelRelay, policy: OriginPolicy, hub: SSEHub, clock: Timekeeper, prefix: bytes,
                  config: EndpointConfig | None = None) -> None:
         self.tunnel = tunnel
         self.policy = policy

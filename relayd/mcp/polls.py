@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.mcp.store import INBOUND, SubscriberRecord
 
 POLL_MAX_WAIT_MS = 25_000
@@ -62,7 +62,7 @@ class PollResult:
 class PollKeeper(Protocol):
     """What a L{ParkedPoll} calls back on: the tunnel relay that owns its subscriber and queue."""
 
-    clock: Clock
+    clock: Timekeeper
 
     def unpark(self, poll: ParkedPoll) -> None:
         """Stop the poll's timer and forget it as a waiter on its queue."""

@@ -8,7 +8,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from relayd import logging as relayd_logging
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.config import Resolved, is_loopback_endpoint
 from relayd.mcp import metrics
 from relayd.mcp.bus import IMcpBus, LocalBus
@@ -39,7 +39,7 @@ class McpService(HTTPWingService):
         site: RelaySite,
         listen: list[str],
         reactor: IReactor,
-        clock: Clock,
+        clock: Timekeeper,
         startup_line: str,
         *,
         grace: float = DEFAULT_GRACE,
@@ -167,7 +167,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> McpService | None:
     return service
 
 
-def make_service(settings: Resolved, reactor: IReactor, clock: Clock) -> McpService | None:
+def make_service(settings: Resolved, reactor: IReactor, clock: Timekeeper) -> McpService | None:
     """L{make_wing} on plumbing made from C{settings} alone (tests; with C{--redis} the caller
     closes the client, the bus's C{redis})."""
     return make_wing(Plumbing.from_settings(settings, reactor, clock), settings)

@@ -25,7 +25,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.coroutine import run
 from relayd.mcp import metrics
 from relayd.mcp.bus import IMcpBus, InstanceGone, LocalBus
@@ -93,7 +93,7 @@ class TunnelRelay:
     _log = Logger()
 
     def __init__(
-        self, store: IMcpStore, clock: Clock, config: TunnelConfig | None = None, bus: IMcpBus | None = None
+        self, store: IMcpStore, clock: Timekeeper, config: TunnelConfig | None = None, bus: IMcpBus | None = None
     ) -> None:
         self.store = store
         self.clock = clock

@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from twisted.web.resource import Resource
 from twisted.web.server import Request
 
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.metrics import REGISTRY
 from relayd.reactor import IReactor
 from relayd.web.body import BodyLimit
@@ -45,7 +45,7 @@ class MetricsResource(Resource):
 def make_service(
     listen: list[str],
     reactor: IReactor,
-    clock: Clock,
+    clock: Timekeeper,
     *,
     site: SiteSettings = DEFAULT_SITE_SETTINGS,
     grace: float = DEFAULT_GRACE,

@@ -12,7 +12,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from relayd import metrics
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.config import is_loopback_endpoint, is_tls_endpoint
 from relayd.web.site import RelaySite
 from relayd.web.twisted_internals import bound_port, listening_service
@@ -65,7 +65,7 @@ class HTTPWingService(MultiService):
         site: RelaySite,
         listen: list[str],
         reactor: IReactorCore,
-        clock: Clock,
+        clock: Timekeeper,
         *,
         settle: Callable[[], defer.Deferred[None]] = lambda: defer.succeed(None),
         drain: Callable[[], None] = lambda: None,
@@ -184,7 +184,7 @@ def listener_url(port: IListeningPort, description: str = "", path: str = "") ->
     return f"{scheme}://{host}:{number}{path}"
 
 
-def _within(clock: Clock, seconds: float, d: defer.Deferred[None]) -> defer.Deferred[bool]:
+def _within(clock: Timekeeper, seconds: float, d: defer.Deferred[None]) -> defer.Deferred[bool]:
     """Fires with C{True} when C{d} does within C{seconds}, else with C{False} at that time."""
     outcome: defer.Deferred[bool] = defer.Deferred()
     def expired() -> None:
@@ -202,7 +202,7 @@ def _within(clock: Clock, seconds: float, d: defer.Deferred[None]) -> defer.Defe
     return outcome
 
 
-def _sleep(clock: Clock, seconds: float) -> defer.Deferred[None]:
+def _sleep(clock: Timekeeper, seconds: float) -> defer.Deferred[None]:
     d: defer.Deferred[None] = defer.Deferred()
     clock.call_later(seconds, d.callback, None)
     return d

@@ -18,7 +18,7 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import Site
 
 from relayd import metrics
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.logging import ACCESS_NAMESPACE, SCRUBBED_MARK
 from relayd.reactor import installed
 from relayd.web.body import BodyLimit, EarlyAnswer, LimitedRequest
@@ -374,7 +374,7 @@ class RelaySite(Site):
         body_limit: BodyLimit | None = None,
         settings: SiteSettings = DEFAULT_SITE_SETTINGS,
         relay: str | None = None,
-        clock: Clock | None = None,
+        clock: Timekeeper | None = None,
         **kw: Any,
     ) -> None:
         # relayd takes no HTML form posts; Twisted's form parsing runs every POST's content type
@@ -384,7 +384,7 @@ class RelaySite(Site):
         # or one on the reactor handed in (a test's task.Clock) or the installed one.
         if clock is None:
             reactor = kw.get("reactor")
-            clock = Clock(reactor if reactor is not None else installed())
+            clock = Timekeeper(reactor if reactor is not None else installed())
         kw["reactor"] = clock.reactor
         self.clock = clock
         super().__init__(resource, **kw)

@@ -24,7 +24,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 from zope.interface import implementer
 
-from relayd.clock import Clock, NextTurn
+from relayd.clock import NextTurn, Timekeeper
 from relayd.web.slim import slim_stream
 from relayd.web.transport import no_delay
 from relayd.web.twisted_internals import send_body
@@ -278,7 +278,7 @@ class SSEHub:
     """The open streams of one wing: one shared heartbeat, one flush per reactor turn, drain."""
 
     def __init__(
-        self, clock: Clock, heartbeat_interval: float, heartbeat: bytes, *, max_lagging: int = DEFAULT_MAX_LAGGING
+        self, clock: Timekeeper, heartbeat_interval: float, heartbeat: bytes, *, max_lagging: int = DEFAULT_MAX_LAGGING
     ) -> None:
         self.clock = clock
         self.max_lagging = max_lagging

@@ -12,7 +12,7 @@ from zope.interface.verify import verifyObject
 from relayd.aep.claims import IClaims, MemoryClaims
 from relayd.aep.event import Event
 from relayd.aep.redis_claims import RedisClaims
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from tests.support.aep import event, wait_until
 from tests.support.redis import connected_redis, shared_redis
 
@@ -86,7 +86,7 @@ class RedisClaimsTests(ClaimsContract, TestCase):
         self.addCleanup(redis.close)
         bus = redis.bus()
         await bus.ready
-        claims = RedisClaims(redis, bus, Clock(reactor), prefix=f"claims{next(_prefixes)}:{id(self)}:")
+        claims = RedisClaims(redis, bus, Timekeeper(reactor), prefix=f"claims{next(_prefixes)}:{id(self)}:")
         self.addCleanup(claims.stop)
         return claims
 

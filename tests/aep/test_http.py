@@ -14,7 +14,7 @@ from twisted.web.test.requesthelper import DummyRequest
 from relayd.aep.http import AEPResource
 from relayd.aep.relay import EventRelay
 from relayd.aep.store import MemoryEventLog
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.storage import StoreUnavailable
 from relayd.web.sse import SSEHub, sse_comment
 from tests.support.aep import AEPRelay, event, ndjson
@@ -295,7 +295,7 @@ class AcknowledgedMeansStored(TestCase):
 
     def _post(self, log: MemoryEventLog) -> tuple[AEPResource, DummyRequest]:
         relay = EventRelay(log, token=None, buffer=10, max_from=10)
-        resource = AEPResource(relay, SSEHub(Clock(FakeTime()), 25, sse_comment("ping")), max_body=1 << 20, max_batch=10)
+        resource = AEPResource(relay, SSEHub(Timekeeper(FakeTime()), 25, sse_comment("ping")), max_body=1 << 20, max_batch=10)
         request = DummyRequest([b"events"])
         request.method = b"POST"
         request.path = b"/events"

@@ -15,7 +15,7 @@ from twisted.web.client import HTTPConnectionPool
 from relayd.aep.http import PARSE_SLICE, AEPResource
 from relayd.aep.relay import EventRelay
 from relayd.aep.store import MemoryEventLog
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.web.site import RelaySite
 from relayd.web.sse import SSEHub, sse_comment
 from tests.support.aep import event, ndjson, wait_until
@@ -31,7 +31,7 @@ class SlicedParsing(TestCase):
         timers = task.Clock()
         log = MemoryEventLog(10 * PARSE_SLICE, 10)
         relay = EventRelay(log, token=None, buffer=10 * PARSE_SLICE, max_from=10, seconds=timers.seconds)
-        hub = SSEHub(Clock(timers), 25.0, sse_comment("ping"))
+        hub = SSEHub(Timekeeper(timers), 25.0, sse_comment("ping"))
         self.addCleanup(hub.stop)
         site = RelaySite(AEPResource(relay, hub, max_body=2**24, max_batch=10 * PARSE_SLICE))
         port = reactor.listenTCP(0, site, interface="127.0.0.1")

@@ -14,7 +14,7 @@ from relayd.aep.http import AEPResource
 from relayd.aep.relay import EventRelay
 from relayd.aep.store import MemoryEventLog
 from relayd.aep.websocket import MESSAGES_PER_TURN, AEPSocketFactory
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.web.site import RelaySite
 from relayd.web.sse import SSEHub, sse_comment
 from tests.support.ws import WSClient
@@ -25,7 +25,7 @@ class GivingWay(TestCase):
 
     async def test_a_burst_of_requests_is_handled_a_turn_at_a_time_in_order(self) -> None:
         relay = EventRelay(MemoryEventLog(10, 10), token=None, buffer=10, max_from=10, seconds=reactor.seconds)
-        clock = Clock(reactor)
+        clock = Timekeeper(reactor)
         self.addCleanup(clock.shutdown)
         sockets = AEPSocketFactory(relay, clock, heartbeat=25.0, max_message=2**20)
         hub = SSEHub(clock, 25.0, sse_comment("ping"))

@@ -26,7 +26,7 @@ from twisted.web.client import HTTPConnectionPool
 from relayd.buzz import admin, contract, nostr
 from relayd.buzz.service import BrokerService
 from relayd.buzz.state import StateDB
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.redis import Redis
 
 
@@ -85,7 +85,7 @@ class BrokerUnderTest:
             kek = bytes.fromhex(f.read().strip())
         kw = dict(self.kw)
         url = kw.pop("redis_url", None)
-        clock = Clock(reactor)
+        clock = Timekeeper(reactor)
         if url is not None:  # a broker built alone, as the tap would hand it the plumbing's client
             self.redis = Redis(url, clock, prefix=kw.get("redis_prefix", "relayd:"))
             kw["redis"] = self.redis
@@ -299,7 +299,7 @@ def broker_process_main() -> None:
     from relayd.buzz import state
     from relayd.buzz.nostr_upstream import UpstreamConnection
     from relayd.buzz.service import BrokerService
-    from relayd.clock import Clock
+    from relayd.clock import Timekeeper
 
     def die(*_: object) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -329,7 +329,7 @@ def broker_process_main() -> None:
         db=state.StateDB.in_dir(state_dir),
         kek=kek,
         reactor=reactor,
-        clock=Clock(reactor),
+        clock=Timekeeper(reactor),
         timeout=10.0,
     )
 

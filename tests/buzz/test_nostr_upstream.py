@@ -12,7 +12,7 @@ from twisted.trial import unittest
 
 from relayd.buzz import nostr
 from relayd.buzz.nostr_upstream import ConnectionLost, NostrRelayPool, NotConnected, UpstreamTimeout
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 
 
 class ScriptedRelay(WebSocketServerProtocol):
@@ -45,7 +45,7 @@ class ClientTests(unittest.TestCase):
         self.clock = task.Clock()
         self.clock.advance(1_800_000_000)
         url = f"ws://127.0.0.1:{self.port.getHost().port}"
-        self.pool = NostrRelayPool(url, reactor, Clock(self.clock), challenge_wait=5.0)
+        self.pool = NostrRelayPool(url, reactor, Timekeeper(self.clock), challenge_wait=5.0)
         self.signer = nostr.Signer(nostr.generate_secret())
 
     async def tearDown(self) -> None:
@@ -109,7 +109,7 @@ class ClientTests(unittest.TestCase):
 
     async def test_unreachable_relay_is_not_connected(self) -> None:
         await self.port.stopListening()
-        pool = NostrRelayPool(self.pool.url, reactor, Clock(reactor), connect_timeout=2.0, backoff_base=0.05)
+        pool = NostrRelayPool(self.pool.url, reactor, Timekeeper(reactor), connect_timeout=2.0, backoff_base=0.05)
         with self.assertRaises(NotConnected):
             await pool.connection(self.signer).publish(self.signer.sign(9, [], "x", 1), 0.5)
         await pool.close()
@@ -117,7 +117,7 @@ class ClientTests(unittest.TestCase):
 
     def test_retry_delay_doubles_up_to_the_cap_however_long_the_outage(self) -> None:
         """Twisted's backoffPolicy: exact (no jitter), capped, and still a number after thousands of failures."""
-        pool = NostrRelayPool(self.pool.url, reactor, Clock(self.clock), backoff_base=0.25, backoff_cap=5.0)
+        pool = NostrRelayPool(self.pool.url, reactor, Timekeeper(self.clock), backoff_base=0.25, backoff_cap=5.0)
         assert [pool.retry_delay(n) for n in range(1, 8)] == [0.25, 0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
         assert pool.retry_delay(5_000) == 5.0
 

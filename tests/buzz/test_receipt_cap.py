@@ -17,7 +17,7 @@ from twisted.trial.unittest import TestCase
 from relayd.buzz.redis_state import RedisReceipts
 from relayd.buzz.service import make_service
 from relayd.buzz.state import MAX_RECEIPTS, SQLiteState, StateDB
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.tap import Options
 from tests.support.redis import connected_redis, shared_redis
 
@@ -161,7 +161,7 @@ class ThroughTheService(TestCase):
             ["--broker-nostr-relay", "ws://127.0.0.1:9", "--broker-state-dir", d, "--broker-max-receipts", "4",
              "--broker-listen", "tcp:0:interface=127.0.0.1"]
         )
-        svc = make_service(o.settings, reactor, Clock(reactor))
+        svc = make_service(o.settings, reactor, Timekeeper(reactor))
         assert svc is not None
         self.addCleanup(svc.db.close)
         state: SQLiteState = svc.state
@@ -186,7 +186,7 @@ class RedisReceiptCap(TestCase):
         state = SQLiteState.in_dir(d, reactor)
         self.addCleanup(state.close)
         self.prefix = f"cap{id(self)}:"
-        store = RedisReceipts(redis, Clock(reactor), state.apply_effects, prefix=self.prefix, max_receipts=cap)
+        store = RedisReceipts(redis, Timekeeper(reactor), state.apply_effects, prefix=self.prefix, max_receipts=cap)
         self.addCleanup(store.close)
         await store.bus.ready
         self.redis = redis

@@ -22,7 +22,7 @@ from relayd.buzz.config import SETTINGS
 from relayd.buzz.keys import Custody
 from relayd.buzz.service import make_service
 from relayd.buzz.state import DB_FILE_NAME, STAMP_DIGEST_BYTES, Credential, StateDB
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.config import ConfigError, resolve
 from relayd.sqlite_schema import SchemaError
 from tests.support.cases import cases, expand
@@ -300,7 +300,7 @@ class Upgrade(TestCase):
             "broker-nostr-relay": "ws://127.0.0.1:1", "broker-state-dir": self.dir,
             "broker-kek-file": os.path.join(self.dir, "kek"),
         }, {})  # fmt: skip
-        error = self.assertRaises(ConfigError, make_service, settings, None, Clock(None))  # type: ignore[arg-type]
+        error = self.assertRaises(ConfigError, make_service, settings, None, Timekeeper(None))  # type: ignore[arg-type]
         self.assertIn("cannot open state", str(error))
         self.assertIn("has schema version 999, newer than this relayd knows", str(error))
 

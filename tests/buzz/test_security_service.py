@@ -16,7 +16,7 @@ from relayd.buzz import admin, keys, nostr
 from relayd.buzz.config import SETTINGS
 from relayd.buzz.service import make_service
 from relayd.buzz.state import StateDB
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.config import ConfigError, resolve
 from tests.buzz.harness import BrokerUnderTest, new_channel, temp_dir
 from tests.support.cases import cases, expand
@@ -141,7 +141,7 @@ class ServiceKeysAndAdmin(unittest.TestCase):
         seen: list[dict] = []
         globalLogPublisher.addObserver(seen.append)
         try:
-            assert make_service(settings(), None, Clock(None)) is None  # type: ignore[arg-type]
+            assert make_service(settings(), None, Timekeeper(None)) is None  # type: ignore[arg-type]
         finally:
             globalLogPublisher.removeObserver(seen.append)
         lines = [e for e in seen if "broker" in str(e.get("log_format", "")).lower()]
@@ -157,7 +157,7 @@ class ServiceKeysAndAdmin(unittest.TestCase):
         tmp_path = temp_dir(self)
         s = settings(broker_nostr_relay="ws://127.0.0.1:1", broker_listen=[listen], broker_state_dir=tmp_path)
         with self.assertRaises(ConfigError) as info:
-            make_service(s, None, Clock(None))  # type: ignore[arg-type]
+            make_service(s, None, Timekeeper(None))  # type: ignore[arg-type]
         assert "--broker-listen" in str(info.exception)
 
     def test_loopback_and_tls_listeners_accepted(self) -> None:
@@ -166,7 +166,7 @@ class ServiceKeysAndAdmin(unittest.TestCase):
 
         for listen in ("tcp:0:interface=127.0.0.1", "tcp6:0:interface=\\:\\:1", "unix:/tmp/relayd-broker-test.sock"):
             s = settings(broker_nostr_relay="ws://127.0.0.1:1", broker_listen=[listen], broker_state_dir=tmp_path)
-            svc = make_service(s, reactor, Clock(reactor))
+            svc = make_service(s, reactor, Timekeeper(reactor))
             assert svc is not None
             svc.state.db.close()  # type: ignore[attr-defined]
 

@@ -31,7 +31,7 @@ from relayd.buzz.state import (
     SQLiteState,
     StateDB,
 )
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from tests.support.redis import connected_redis, shared_redis
 
 P = "a" * 64
@@ -279,7 +279,7 @@ class RedisReceiptStoreTests(ReceiptStoreContract, TestCase):
             self.agents = sqlite_state(self)
         if prefix is None:
             prefix = self.prefix = f"t{next(_prefixes)}:{id(self)}:"
-        store = RedisReceipts(redis, Clock(reactor), self.agents.apply_effects, prefix=prefix, lease=lease)
+        store = RedisReceipts(redis, Timekeeper(reactor), self.agents.apply_effects, prefix=prefix, lease=lease)
         self.addCleanup(store.close)
         await store.bus.ready
         self.redis = redis
@@ -347,9 +347,9 @@ class RedisReceiptStoreTests(ReceiptStoreContract, TestCase):
         from relayd.redis import Redis
         from relayd.storage import StoreUnavailable
 
-        dead = Redis("redis://127.0.0.1:1/0", Clock(reactor))
+        dead = Redis("redis://127.0.0.1:1/0", Timekeeper(reactor))
         self.addCleanup(dead.close)
-        store = RedisReceipts(dead, Clock(reactor), self.agents_or_new().apply_effects, prefix="x:")
+        store = RedisReceipts(dead, Timekeeper(reactor), self.agents_or_new().apply_effects, prefix="x:")
         self.addCleanup(store.close)
         started = reactor.seconds()
         with self.assertRaises(StoreUnavailable):

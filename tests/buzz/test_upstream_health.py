@@ -25,7 +25,7 @@ from twisted.web.client import HTTPConnectionPool
 from relayd.buzz import nostr
 from relayd.buzz.nostr_upstream import NostrRelayPool, NotConnected
 from relayd.buzz.upstream import REPEAT_EVERY, STABLE, START_WARNING, Throttle, Upstream, public_url
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from tests.support.command import Command
 from tests.support.skips import require_module
 from tests.support.twistd import RelaydProcess
@@ -87,7 +87,7 @@ class PublicURL(TestCase):
 class ThrottleBoundaries(TestCase):
     def test_one_line_per_interval_exactly_at_the_limit_and_one_under(self) -> None:
         fake = task.Clock()
-        throttle = Throttle(Clock(fake), 60.0)
+        throttle = Throttle(Timekeeper(fake), 60.0)
         self.assertEqual(throttle.allow(), 0)
         fake.advance(59.999)
         self.assertIsNone(throttle.allow())
@@ -104,7 +104,7 @@ class UpstreamMonitor(TestCase):
 
     def monitor(self, port: int, **kw: Any) -> tuple[Upstream, task.Clock]:
         fake = task.Clock()
-        upstream = Upstream(f"ws://user:hunter2@127.0.0.1:{port}", reactor, Clock(fake), **kw)
+        upstream = Upstream(f"ws://user:hunter2@127.0.0.1:{port}", reactor, Timekeeper(fake), **kw)
         self.addCleanup(upstream.stop)
         return upstream, fake
 
@@ -215,7 +215,7 @@ class PoolRetryLines(TestCase):
     async def test_identity_connection_retries_log_one_line_a_minute_and_no_factory_lines(self) -> None:
         lines = Lines(self)
         fake = task.Clock()
-        pool = NostrRelayPool(f"ws://127.0.0.1:{closed_port()}", reactor, Clock(fake), connect_timeout=5.0)
+        pool = NostrRelayPool(f"ws://127.0.0.1:{closed_port()}", reactor, Timekeeper(fake), connect_timeout=5.0)
         self.addCleanup(pool.close)
         conns = [pool.connection(nostr.Signer(bytes([i]) * 32)) for i in (1, 2, 3)]
         for _ in range(3):  # three rounds of failing attempts on three identities

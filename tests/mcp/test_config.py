@@ -13,7 +13,7 @@ from twisted.python import usage
 from twisted.trial import unittest
 
 from relayd import tap
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.config import ConfigError, Resolved, resolve
 from relayd.mcp.config import SETTINGS, cors_policy, listen_endpoints
 from relayd.mcp.service import make_service
@@ -140,7 +140,7 @@ class CommandLine(unittest.TestCase):
         assert exit2.code == 2
 
     def test_no_mcp_switch(self) -> None:
-        assert make_service(settings({"no-mcp": True}), reactor, Clock(reactor)) is None
+        assert make_service(settings({"no-mcp": True}), reactor, Timekeeper(reactor)) is None
 
 
 class StartupLogTests(unittest.TestCase):

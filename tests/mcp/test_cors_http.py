@@ -5,7 +5,7 @@ from __future__ import annotations
 from twisted.internet import reactor
 from twisted.trial import unittest
 
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.config import ConfigError, resolve
 from relayd.mcp.config import SETTINGS
 from relayd.mcp.service import make_service
@@ -110,7 +110,7 @@ class StarMixedWithOriginsTests(unittest.TestCase):
         for flags in ({"mcp-cors": ["*,https://a.example"]}, {"mcp-cors": ["*", "https://a.example"]}):
             try:
                 settings = resolve(SETTINGS, flags, {})
-                make_service(settings, reactor, Clock(reactor))
+                make_service(settings, reactor, Timekeeper(reactor))
             except ConfigError as e:
                 self.assertIn("*", str(e))
                 self.assertIn("--mcp-cors", str(e))

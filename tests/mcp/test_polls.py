@@ -10,7 +10,7 @@ from twisted.internet import task
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.trial.unittest import TestCase
 
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.mcp.polls import ParkedPoll, PollResult
 from relayd.mcp.store import INBOUND, POLL, SubscriberRecord
 
@@ -22,7 +22,7 @@ class RecordingKeeper:
 
     def __init__(self) -> None:
         self.reactor = task.Clock()
-        self.clock = Clock(self.reactor)
+        self.clock = Timekeeper(self.reactor)
         self.calls: list[str] = []
         self.taking: Deferred[PollResult] | None = None
         self.returned: list[PollResult] = []

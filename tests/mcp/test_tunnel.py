@@ -16,7 +16,7 @@ from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.mcp.frames import FRAMES_DROPPED, parse_frame
 from relayd.mcp.polls import parse_wait_ms
 from relayd.mcp.store import INBOUND, OUTBOUND, MemoryStore
@@ -45,7 +45,7 @@ def make_tunnel(**config: Any) -> tuple[TunnelRelay, task.Clock, MemoryStore]:
     reactor = task.Clock()
     reactor.advance(1_700_000_000)
     store = MemoryStore()
-    tunnel = TunnelRelay(store, Clock(reactor), TunnelConfig(**config))
+    tunnel = TunnelRelay(store, Timekeeper(reactor), TunnelConfig(**config))
     fired(tunnel.register(SESSION, TOKEN))
     return tunnel, reactor, store
 

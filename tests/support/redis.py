@@ -122,10 +122,10 @@ async def connected_redis(url: str, timeout: float = 5.0):  # type: ignore[no-un
     from twisted.internet import reactor
     from twisted.internet.task import deferLater
 
-    from relayd.clock import Clock
+    from relayd.clock import Timekeeper
     from relayd.redis import Redis
 
-    redis = Redis(url, Clock(reactor))
+    redis = Redis(url, Timekeeper(reactor))
     waited = 0.0
     factory = redis._pool._factory
     # Every pool slot up: closing a pool while a slot is still connecting trips over

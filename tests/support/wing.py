@@ -23,7 +23,7 @@ from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
 import relayd.redis
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.config import Resolved, resolve
 from relayd.redis_config import SETTINGS as REDIS_SETTINGS
 from relayd.wing import Plumbing
@@ -54,7 +54,7 @@ class Wing:
         (listen,) = [setting.name for setting in config.SETTINGS if setting.name.endswith("-listen")]  # buzz: broker-listen
         flags = {listen: [LOOPBACK], **(given or {})}
         settings = resolve([*REDIS_SETTINGS, *config.SETTINGS], flags, dict(environ or {}))
-        plumbing = Plumbing.from_settings(settings, reactor, Clock(reactor))
+        plumbing = Plumbing.from_settings(settings, reactor, Timekeeper(reactor))
         service = make_wing(plumbing, settings)
         assert service is not None, f"the {name} wing is disabled by {flags}"
         wing = cls(name, settings, service, plumbing)

@@ -21,7 +21,7 @@ from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
 from relayd import logging as rlog
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.web.service import HTTPWingService, listener_url
 from relayd.web.site import RelaySite
 from tests.support.cases import cases, expand
@@ -61,7 +61,7 @@ class OneLinePerListener(TestCase):
         events: list[dict[str, Any]] = []
         globalLogPublisher.addObserver(events.append)
         self.addCleanup(globalLogPublisher.removeObserver, events.append)
-        clock = Clock(reactor)
+        clock = Timekeeper(reactor)
         self.addCleanup(clock.shutdown)
 
         class Detailed(HTTPWingService):

@@ -7,7 +7,7 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 from twisted.web.resource import Resource
 
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.web.service import HTTPWingService
 from relayd.web.site import RelaySite
 
@@ -26,7 +26,7 @@ class SettlePhase(TestCase):
             return in_flight
 
         wing = HTTPWingService(
-            "test", RelaySite(Resource()), ["tcp:0:interface=127.0.0.1"], reactor, Clock(time),
+            "test", RelaySite(Resource()), ["tcp:0:interface=127.0.0.1"], reactor, Timekeeper(time),
             settle=settle, drain=lambda: steps.append("drain"), grace=5.0,
         )
         wing.startService()

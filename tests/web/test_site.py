@@ -18,7 +18,7 @@ from twisted.web.client import HTTPConnectionPool
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.web.site import RelaySite
 from tests.support.aep import AEPRelay, event, ndjson
 from tests.support.raw import RawClient, exchange
@@ -159,7 +159,7 @@ class AccessDurationOnTheClock(TestCase):
 
     async def test_the_duration_is_the_clock_s(self) -> None:
         fake = task.Clock()
-        site = RelaySite(_Plain(), clock=Clock(fake))
+        site = RelaySite(_Plain(), clock=Timekeeper(fake))
         port = reactor.listenTCP(0, site, interface="127.0.0.1")
         self.addCleanup(port.stopListening)
         client = RawClient()

@@ -12,7 +12,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.web.sse import BEAT_SLICE, SSEHub, SSEStream, sse_comment, sse_event
 
 HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
@@ -56,7 +56,7 @@ class Harness:
 
     def __init__(self, max_buffer: int = 1000, heartbeat: float = 25.0, max_lagging: int = 10**9) -> None:
         self.clock = task.Clock()
-        self.hub = SSEHub(Clock(self.clock), heartbeat, sse_comment("ping"), max_lagging=max_lagging)
+        self.hub = SSEHub(Timekeeper(self.clock), heartbeat, sse_comment("ping"), max_lagging=max_lagging)
         self.resource = StreamResource(self.hub, max_buffer)
         self.site = Site(self.resource, reactor=self.clock)
 

@@ -28,7 +28,7 @@ from twisted.logger import Logger
 from relayd.buzz import nostr
 from relayd.buzz.nostr_upstream.connection import UpstreamConnection
 from relayd.buzz.upstream import REPEAT_EVERY, Throttle, public_url
-from relayd.clock import Clock
+from relayd.clock import Timekeeper
 from relayd.reactor import IReactor
 
 
@@ -46,7 +46,7 @@ class NostrRelayPool:
         self,
         url: str,
         reactor: IReactor,
-        clock: Clock,
+        clock: Timekeeper,
         *,
         auth_url: str | None = None,
         connect_timeout: float = 10.0,
