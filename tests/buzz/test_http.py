@@ -12,8 +12,9 @@ import io
 from typing import Any, Sequence
 
 from twisted.internet import reactor, threads
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.logger import LogEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyRequest
@@ -28,6 +29,7 @@ NO_STORE = (b"cache-control", b"no-store")
 VERDICT = b'{"type":"broker_result","protocolVersion":1,"requestId":"r-1","status":"succeeded"}'
 NOT_FOUND = b'{"error":"not_found","message":"the broker serves only POST /v1/action and GET /healthz"}'
 HEALTH = b'{"ok":true,"status":"ok","upstream":{"connected":true}}'
+INTERNAL_ERROR = b'{"error":"internal_error","message":"internal broker fault"}'
 # Headers every answer has that are not the broker's: the site's, and what the raw client asked for.
 NOT_THE_BROKERS = (b"date", b"server", b"connection")
 
@@ -80,8 +82,30 @@ class BrokerCase(TestCase):
         (response,) = got.responses
         return response.status, sorted(h for h in response.headers if h[0] not in NOT_THE_BROKERS), response.body
 
+    def render(self, host: Host) -> tuple[Any, DummyRequest]:
+        """C{POST /v1/action} rendered by a broker before C{host}, outside any site: what render returned."""
+        request = DummyRequest([b"v1", b"action"])
+        request.method = b"POST"
+        request.path = b"/v1/action"
+        request.requestHeaders.setRawHeaders(b"content-type", [b"application/json"])
+        request.content = io.BytesIO(b"{}")
+        return BrokerResource(host).render(request), request  # type: ignore[arg-type]
+
+    async def leave(self) -> Request:
+        """A client that posts, and closes its connection once the host holds its request."""
+        client = RawClient()
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", self.port.getHost().port), client)
+        client.transport.write(raw_request(b"POST", b"/v1/action", [JSON], b"{}"))  # type: ignore[union-attr]
+        await self.until_pending()
+        (request,) = self.resource.requests
+        lost: Deferred[None] = Deferred()
+        request.notifyFinish().addErrback(lambda _: lost.callback(None))
+        client.transport.loseConnection()  # type: ignore[union-attr]
+        await lost
+        return request
+
     async def until_pending(self) -> None:
-        """Until the host holds a request: one reactor turn at a time (the client is in a thread)."""
+        """Until the host holds a request, one reactor turn at a time."""
         while not self.host.pending:
             d: Deferred[None] = Deferred()
             reactor.callLater(0, d.callback, None)
@@ -141,14 +165,6 @@ class Verdicts(BrokerCase):
     """A verdict the host has at once is the render call's return value; one it has later is
     written when it comes, unless the client has left."""
 
-    def render(self, host: Host) -> tuple[Any, DummyRequest]:
-        request = DummyRequest([b"v1", b"action"])
-        request.method = b"POST"
-        request.path = b"/v1/action"
-        request.requestHeaders.setRawHeaders(b"content-type", [b"application/json"])
-        request.content = io.BytesIO(b"{}")
-        return BrokerResource(host).render(request), request  # type: ignore[arg-type]
-
     def test_a_replay_is_answered_in_the_render_call(self) -> None:
         # A replay (every store answered at once) is returned by render: twisted.web writes it in the
         # same call, with no callback chain and no write or finish of the resource's own.
@@ -175,20 +191,47 @@ class Verdicts(BrokerCase):
 
     async def test_a_late_verdict_for_a_client_that_left_is_dropped(self) -> None:
         # The host has recorded the verdict by the time it answers (a retry replays it); the answer
-        # itself has nowhere to go, and writing nothing is not an error.
+        # itself has nowhere to go, and writing nothing is not an error (trial fails a test that
+        # logs one).
         request = await self.leave()
         self.host.pending[0].callback((200, VERDICT))
         self.assertFalse(request.startedWriting)
 
-    async def leave(self) -> Request:
-        """A client that posts, and closes its connection once the host holds its request."""
-        client = RawClient()
-        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", self.port.getHost().port), client)
-        client.transport.write(raw_request(b"POST", b"/v1/action", [JSON], b"{}"))  # type: ignore[union-attr]
+
+class HostBugs(BrokerCase):
+    """A host that fails instead of answering a verdict (BrokerHost.handle never should) is a bug:
+    logged with its traceback under the broker's namespace, and answered C{500} in the broker's
+    words, which quote nothing of the request."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.events: list[LogEvent] = []
+        globalLogPublisher.addObserver(self.events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+
+    def assert_logged_once(self) -> None:
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
+        (event,) = [e for e in self.events if "log_failure" in e]
+        self.assertTrue(event["log_namespace"].startswith("relayd.buzz."), event["log_namespace"])
+
+    def test_failed_at_once_is_answered_in_the_render_call(self) -> None:
+        host = Host()
+        host.result = fail(ZeroDivisionError())
+        body, request = self.render(host)
+        self.assertEqual((body, request.responseCode, request.written), (INTERNAL_ERROR, 500, []))
+        self.assertEqual(request.responseHeaders.getRawHeaders(b"content-type"), [b"application/json"])
+        self.assertEqual(request.responseHeaders.getRawHeaders(b"cache-control"), [b"no-store"])
+        self.assert_logged_once()
+
+    async def test_failed_later_is_a_json_500(self) -> None:
+        answer = Deferred.fromCoroutine(self.answer(b"POST", b"/v1/action", (JSON,), b'{"requestId":"r-1"}'))
         await self.until_pending()
-        (request,) = self.resource.requests
-        lost: Deferred[None] = Deferred()
-        request.notifyFinish().addErrback(lambda _: lost.callback(None))
-        client.transport.loseConnection()  # type: ignore[union-attr]
-        await lost
-        return request
+        self.host.pending[0].errback(ZeroDivisionError())
+        self.assertEqual(await answer, (500, sorted([JSON, NO_STORE, length(INTERNAL_ERROR)]), INTERNAL_ERROR))
+        self.assert_logged_once()
+
+    async def test_failed_after_the_client_left_is_still_logged(self) -> None:
+        request = await self.leave()
+        self.host.pending[0].errback(ZeroDivisionError())
+        self.assertFalse(request.startedWriting)
+        self.assert_logged_once()
