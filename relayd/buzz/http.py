@@ -4,7 +4,7 @@ The broker serves one action resource, C{/v1/action}, with exactly one method on
 at C{/healthz} (C{GET}, C{HEAD}), through the one request layer (relayd/web/routes.py). Everything
 else is answered in JSON before the credential or the body is looked at (RFC 9110): another path is
 C{404}, another method C{405} with C{Allow}, a body that is not C{application/json} (or carries a
-content coding) C{415}. No answer may be cached (C{Cache-Control: no-store}).
+content coding) C{415}. No answer of this resource may be cached (C{Cache-Control: no-store}).
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ def _identity_coded(encodings: Sequence[bytes] | None) -> bool:
 
 class BrokerResource(RoutedResource):
     """The broker's whole resource tree. Every verdict is HTTP 200 with an envelope; only
-    uncorrelatable bodies get 400, and requests that are not C{POST /v1/action} with a JSON body
-    get the JSON 404, 405 or 415 above."""
+    uncorrelatable bodies get 400, requests that are not C{POST /v1/action} with a JSON body
+    get the JSON 404, 405 or 415 above, and a host bug the JSON 500 of L{REFUSALS}."""
 
     def __init__(self, host: BrokerHost, upstream: Callable[[], dict[str, Any]] | None = None) -> None:
         self.host = host
@@ -107,7 +107,7 @@ class BrokerResource(RoutedResource):
         verdict = self.host.handle(headers.getRawHeaders(b"authorization"), read_body(request))
         # A replay (every store answered at once) is answered by the render call itself; a verdict
         # that comes later is written then, unless its client has left (routes.gone): the host has
-        # recorded it before answering, so a retry replays it.
+        # kept what a retry needs before it answers.
         return answer_when(verdict, _answer, REFUSALS.answer)
 
 

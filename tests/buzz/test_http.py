@@ -190,9 +190,8 @@ class Verdicts(BrokerCase):
         )
 
     async def test_a_late_verdict_for_a_client_that_left_is_dropped(self) -> None:
-        # The host has recorded the verdict by the time it answers (a retry replays it); the answer
-        # itself has nowhere to go, and writing nothing is not an error (trial fails a test that
-        # logs one).
+        # The host keeps what a retry needs before it answers; the answer itself has nowhere to go,
+        # and writing nothing is not an error (trial fails a test that logs one).
         request = await self.leave()
         self.host.pending[0].callback((200, VERDICT))
         self.assertFalse(request.startedWriting)
