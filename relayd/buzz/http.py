@@ -1,28 +1,27 @@
 """C{POST /v1/action}: the HTTP binding of the broker contract, and C{GET /healthz}.
 
 The broker serves one action resource, C{/v1/action}, with exactly one method on it, and its health
-at C{/healthz} (C{GET}, C{HEAD}). Everything else is answered here, in JSON, before the credential or
-the body is looked at (RFC 9110): another path is C{404}, another method C{405} with C{Allow}, a
-body that is not C{application/json} (or carries a content coding) C{415}.
+at C{/healthz} (C{GET}, C{HEAD}), through the one request layer (relayd/web/routes.py). Everything
+else is answered in JSON before the credential or the body is looked at (RFC 9110): another path is
+C{404}, another method C{405} with C{Allow}, a body that is not C{application/json} (or carries a
+content coding) C{415}. No answer of this resource may be cached (C{Cache-Control: no-store}).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET, Request
+from twisted.web.server import Request
 
 from relayd.buzz import contract
 from relayd.buzz.host import BrokerHost
 from relayd.web.body import BodyLimit, EarlyAnswer, read_body
+from relayd.web.routes import Answer, Refusals, RoutedResource, RouteTable, answer_when, json_answer
 
 _JSON = b"application/json"
-ACTION_PATH = b"/v1/action"
-HEALTH_PATH = b"/healthz"
-_ALLOW = b"POST"
-_ALLOW_HEALTH = b"GET, HEAD"
 _OWS = b" \t"
 
 
@@ -31,11 +30,24 @@ def _refusal(error: str, message: str) -> bytes:
 
 
 # Every refusal is a constant: none quotes anything the request chose.
-_NOT_FOUND = _refusal("not_found", "the broker serves only POST /v1/action and GET /healthz")
-_HEALTH_NOT_ALLOWED = _refusal("method_not_allowed", "/healthz accepts only GET and HEAD")
-_NOT_ALLOWED = _refusal("method_not_allowed", "/v1/action accepts only POST")
-_NOT_JSON = _refusal("unsupported_media_type", "the body must be sent as Content-Type: application/json")
-_CODED = _refusal("unsupported_media_type", "the body must be sent without a Content-Encoding")
+_NOT_FOUND = json_answer(404, _refusal("not_found", "the broker serves only POST /v1/action and GET /healthz"))
+_NOT_ALLOWED = {  # the 405 body of each path, by its Allow value
+    b"POST": _refusal("method_not_allowed", "/v1/action accepts only POST"),
+    b"GET, HEAD": _refusal("method_not_allowed", "/healthz accepts only GET and HEAD"),
+}
+_NOT_JSON = json_answer(
+    415,
+    _refusal("unsupported_media_type", "the body must be sent as Content-Type: application/json"),
+    ((b"accept-post", _JSON),),
+)
+_CODED = json_answer(
+    415,
+    _refusal("unsupported_media_type", "the body must be sent without a Content-Encoding"),
+    ((b"accept-encoding", b"identity"),),
+)
+# A host that fails instead of answering a verdict is a bug (BrokerHost.handle turns every fault into
+# one): logged, on the broker's logger, with its traceback, and answered in the broker's words.
+REFUSALS = Refusals(internal_error=json_answer(500, _refusal("internal_error", "internal broker fault")), log=Logger())
 
 
 def is_json(content_types: Sequence[bytes] | None) -> bool:
@@ -58,103 +70,50 @@ def _identity_coded(encodings: Sequence[bytes] | None) -> bool:
     return True
 
 
-class BrokerResource(Resource):
+class BrokerResource(RoutedResource):
     """The broker's whole resource tree. Every verdict is HTTP 200 with an envelope; only
-    uncorrelatable bodies get 400, and requests that are not C{POST /v1/action} with a JSON body
-    get the JSON 404, 405 or 415 above."""
-
-    isLeaf = True
-    _log = Logger()
+    uncorrelatable bodies get 400, requests that are not C{POST /v1/action} with a JSON body
+    get the JSON 404, 405 or 415 above, and a host bug the JSON 500 of L{REFUSALS}."""
 
     def __init__(self, host: BrokerHost, upstream: Callable[[], dict[str, Any]] | None = None) -> None:
-        super().__init__()
         self.host = host
         self.upstream = upstream
+        table = RouteTable(not_found=_NOT_FOUND, not_allowed=_NOT_ALLOWED.__getitem__, refusals=REFUSALS)
+        table.add("/v1/action", {"POST": self._action})
+        table.add("/healthz", {"GET": self._health})
+        super().__init__(table)
 
-    def render(self, request: Request) -> Any:
-        if request.path == HEALTH_PATH:
-            return self._health(request)
-        if request.path != ACTION_PATH:
-            return _refuse(request, 404, _NOT_FOUND)
-        if request.method != b"POST":
-            request.setHeader(b"allow", _ALLOW)
-            return _refuse(request, 405, _NOT_ALLOWED)
-        headers = request.requestHeaders
-        if not is_json(headers.getRawHeaders(b"content-type")):
-            request.setHeader(b"accept-post", _JSON)
-            return _refuse(request, 415, _NOT_JSON)
-        if not _identity_coded(headers.getRawHeaders(b"content-encoding")):
-            request.setHeader(b"accept-encoding", b"identity")
-            return _refuse(request, 415, _CODED)
-        return self._action(request)
+    def prepare(self, request: Request) -> Answer | None:
+        """Every answer, verdict or not, is C{no-store}: a verdict is one agent's, a refusal of the moment."""
+        request.setHeader(b"cache-control", b"no-store")
+        return None
 
-    def _health(self, request: Request) -> bytes:
+    def _health(self, request: Request) -> Answer:
         """C{200} while the broker answers (docs/decisions.md B-13): C{status} is C{degraded} while
         its Nostr relay cannot be reached, and C{upstream} says which relay, since when and why."""
-        if request.method not in (b"GET", b"HEAD"):
-            request.setHeader(b"allow", _ALLOW_HEALTH)
-            return _refuse(request, 405, _HEALTH_NOT_ALLOWED)
         body: dict[str, Any] = {"ok": True, "status": "ok"}
         if self.upstream is not None:
             upstream = self.upstream()
             body["status"] = "ok" if upstream["connected"] else "degraded"
             body["upstream"] = upstream
-        return _refuse(request, 200, contract.dumps(body))
+        return json_answer(200, contract.dumps(body))
 
-    def _action(self, request: Request) -> Any:
-        body = read_body(request)
-        auth = request.requestHeaders.getRawHeaders(b"authorization")
-        now: list[Any] = []
-        later: list[bool] = []
-        gone: list[bool] = []
-
-        def answer(result: Any) -> None:
-            if not later:
-                now.append(result)  # answered within this call: returned below
-                return
-            if gone:
-                return  # the client left; the verdict is recorded and a retry replays it
-            if not isinstance(result, tuple):
-                self._log.failure("a broker answer failed", result)
-                request.setResponseCode(500)
-                request.finish()
-                return
-            status, data = result
-            _headers(request, status)
-            request.setHeader(b"content-length", b"%d" % len(data))
-            request.write(data)
-            request.finish()
-
-        self.host.handle(auth, body).addBoth(answer)
-        if now:
-            # A replay is answered in the reactor turn that read it: no finish notification or
-            # callback chain; twisted.web sets the length and finishes.
-            result = now[0]
-            if isinstance(result, tuple):
-                status, data = result
-                _headers(request, status)
-                return data
-            self._log.failure("a broker answer failed", result)
-            request.setResponseCode(500)
-            return b""
-        later.append(True)
-        request.notifyFinish().addErrback(lambda _: gone.append(True))
-        return NOT_DONE_YET
+    def _action(self, request: Request) -> Answer | Deferred[Answer]:
+        headers = request.requestHeaders
+        if not is_json(headers.getRawHeaders(b"content-type")):
+            return _NOT_JSON
+        if not _identity_coded(headers.getRawHeaders(b"content-encoding")):
+            return _CODED
+        verdict = self.host.handle(headers.getRawHeaders(b"authorization"), read_body(request))
+        # A replay (every store answered at once) is answered by the render call itself; a verdict
+        # that comes later is written then, unless its client has left (routes.gone): the host has
+        # kept what a retry needs before it answers.
+        return answer_when(verdict, _answer, REFUSALS.answer)
 
 
-def _headers(request: Request, status: int) -> None:
-    request.setResponseCode(status)
-    request.setHeader(b"content-type", _JSON)
-    request.setHeader(b"cache-control", b"no-store")
-
-
-def _refuse(request: Request, status: int, body: bytes) -> bytes:
-    """A JSON answer (a refusal, or health); a HEAD request gets its headers (and length) without the body."""
-    _headers(request, status)
-    if request.method == b"HEAD":
-        request.setHeader(b"content-length", b"%d" % len(body))
-        return b""
-    return body
+def _answer(verdict: tuple[int, bytes]) -> Answer:
+    status, body = verdict
+    return json_answer(status, body)
 
 
 def make_root(host: BrokerHost, upstream: Callable[[], dict[str, Any]] | None = None) -> Resource:

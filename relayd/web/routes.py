@@ -127,7 +127,8 @@ def answer_when(
 class Refusals:
     """One wing's mapping from the exceptions its handlers raise (or fail with) to answers.
 
-    The first entry whose type matches wins; anything else is a bug: logged with its traceback and
+    The first entry whose type matches wins; anything else is a bug: logged with its traceback (on
+    C{log}, the wing's logger, so that the record names the wing's relay; else this module's) and
     answered C{500} with the wing's internal-error body (which quotes nothing of the request).
     """
 
@@ -137,9 +138,12 @@ class Refusals:
         self,
         mapping: Sequence[tuple[type[BaseException], Callable[[Any], Answer]]] = (),
         internal_error: Answer | None = None,
+        log: Logger | None = None,
     ) -> None:
         self.mapping = tuple(mapping)
         self.internal_error = internal_error or INTERNAL_ERROR
+        if log is not None:
+            self._log = log
 
     def answer(self, failure: Failure) -> Answer:
         """The answer for C{failure}."""

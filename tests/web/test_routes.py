@@ -8,6 +8,7 @@ from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, fail, succeed
+from twisted.logger import Logger, LogEvent
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 from twisted.web.server import Request
@@ -15,6 +16,7 @@ from twisted.web.test.requesthelper import DummyRequest
 
 from relayd.storage import StoreUnavailable
 from relayd.web.routes import (
+    INTERNAL_ERROR,
     TAKEN,
     Answer,
     Refusals,
@@ -138,6 +140,22 @@ class RoutedResourceOverHTTP(TestCase):
         finish(request, json_answer(200, b"{}"))
         self.assertTrue(gone(request))
         reply_d.addErrback(lambda _: None)
+
+
+class RefusalsOfBugs(TestCase):
+    def test_a_bug_is_logged_on_the_wings_logger_when_given_one(self) -> None:
+        # The wing's logger: its records carry the wing's namespace, hence its relay in JSON logs.
+        events: list[LogEvent] = []
+        refusals = Refusals(log=Logger(namespace="the.wing.http", observer=events.append))
+        self.assertEqual(refusals.answer(Failure(ZeroDivisionError())), INTERNAL_ERROR)
+        (event,) = events
+        self.assertEqual(event["log_namespace"], "the.wing.http")
+        self.assertTrue(event["log_failure"].check(ZeroDivisionError))
+        self.assertEqual(self.flushLoggedErrors(), [])  # not on the global log as well
+
+    def test_else_on_the_routes_own(self) -> None:
+        self.assertEqual(Refusals().answer(Failure(ZeroDivisionError())), INTERNAL_ERROR)
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
 
 
 class ParkedRequests(TestCase):
