@@ -209,7 +209,7 @@ def connect(
     factory.noisy = False  # no "Starting factory" / "Stopping factory" lines per attempt
     factory.protocol = UpstreamWebSocket
     factory.owner = owner  # type: ignore[attr-defined]
-    # autobahn's own handshake timers run on txaio's batched timer, outside the Clock (and are
+    # autobahn's own handshake timers run on txaio's batched timer, outside the Timekeeper (and are
     # left behind when cancelled): disable them; the owner guards the handshake with its own timer.
     factory.setProtocolOptions(
         maxMessagePayloadSize=max_message,
