@@ -32,8 +32,10 @@ class MetricsListener(TestCase):
             self.assertEqual(answer.responses[0].status, 200)
             self.assertEqual(answer.responses[0].header(b"content-type"), TYPE)
         self.assertEqual((head.responses[0].body, head.rest), (b"", b""))
-        # The same document, less a few bytes of counters that moved in between.
-        self.assertAlmostEqual(int(head.responses[0].header(b"content-length")), len(got.responses[0].body), delta=200)
+        # The same document, less a few bytes of counters that moved in between. (trial's
+        # assertAlmostEqual has a delta argument but ignores it: the bound is spelled out.)
+        length = int(head.responses[0].header(b"content-length"))
+        self.assertLessEqual(abs(length - len(got.responses[0].body)), 200)
 
     async def test_methods(self) -> None:
         target = await hostile(self)
