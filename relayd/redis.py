@@ -122,7 +122,10 @@ class _Handshake:
             return
         if redis_internals.READY_STATE:
             redis_internals.mark_ready(self)
+        self._usable()
 
+    def _usable(self) -> None:
+        """The handshake passed: the connection carries commands from now on."""
     @defer.inlineCallbacks
     def _authenticate(self) -> Any:
         if self.password is not None:
@@ -144,6 +147,7 @@ class _Handshake:
 
 class _Protocol(_Handshake, WholeReads, txredisapi.RedisProtocol):
     factory: Any
+    _counted: Redis | None = None  # the client this connection counts as usable for
 
     @defer.inlineCallbacks
     def _check_keyspace(self) -> Any:
@@ -173,6 +177,19 @@ class _Protocol(_Handshake, WholeReads, txredisapi.RedisProtocol):
         client: Redis | None = getattr(self.factory, "relayd_client", None)
         if client is not None:
             client._refuse(message)
+
+    def _usable(self) -> None:
+        client: Redis | None = getattr(self.factory, "relayd_client", None)
+        if client is not None:
+            self._counted = client
+            client._pool_connection(+1)
+
+    def connectionLost(self, why: Failure) -> None:
+        client = self._counted
+        if client is not None:
+            self._counted = None
+            client._pool_connection(-1)
+        super().connectionLost(why)
 
 
 class _Subscriber(_Handshake, WholeReads, txredisapi.SubscriberProtocol):
@@ -210,6 +227,8 @@ class Redis:
         self.refusal: str | None = None
         self.refused: Deferred[str] = Deferred()
         self._buses: list[RedisBus] = []
+        self._usable_connections = 0
+        self._closing = False
         # The pool as txredisapi.lazyConnectionPool makes it, from its public parts, so that relayd
         # holds the factory it configures (lazyConnectionPool keeps it private).
         factory = txredisapi.RedisFactory(
@@ -236,6 +255,16 @@ class Redis:
     @property
     def connected(self) -> bool:
         return bool(self._factory.size) and self.refusal is None
+
+    def _pool_connection(self, change: int) -> None:
+        """A pool connection became usable (+1) or was lost (-1): say when the first is up and when
+        the last is gone, so an operator (and a test) sees when relayd can reach Redis."""
+        before, self._usable_connections = self._usable_connections, self._usable_connections + change
+        if before == 0 and change > 0:
+            self._log.info("connected to Redis at {url} (keyspace version {version})", url=str(self.url),
+                           version=KEYSPACE_VERSION)  # fmt: skip
+        elif self._usable_connections == 0 and change < 0 and not self._closing:
+            self._log.warn("lost every connection to Redis at {url}; reconnecting", url=str(self.url))
 
     def mismatch(self, found: str) -> str:
         """The refusal for a Redis that holds C{found} where this relayd keeps its keyspace version."""
@@ -292,6 +321,7 @@ class Redis:
 
     def close(self) -> Deferred[Any]:
         """Close the pool and every bus made from this client."""
+        self._closing = True
         ds = [bus.close() for bus in self._buses] + [self._pool.disconnect()]
         self._buses = []
         return defer.gatherResults(ds, consumeErrors=True)

@@ -190,6 +190,49 @@ class KeyspaceVersion(TestCase):
         self.assertNotIn("s3cret", reason)
 
 
+class ConnectionLog(TestCase):
+    """An operator (and a test waiting for a relayd subprocess) reads when Redis can be reached."""
+
+    timeout = 30
+
+    def setUp(self) -> None:
+        self.server = RedisServer.start()
+        self.addCleanup(self.server.cleanup)
+        self.lines: list[str] = []
+
+        def observe(event: dict) -> None:  # type: ignore[type-arg]
+            if event.get("log_namespace") == "relayd.redis.Redis":
+                self.lines.append(formatEvent(event))
+
+        globalLogPublisher.addObserver(observe)
+        self.addCleanup(globalLogPublisher.removeObserver, observe)
+
+    async def until(self, condition, what: str) -> None:  # type: ignore[no-untyped-def]
+        waited = 0.0
+        while not condition():
+            self.assertLess(waited, 10.0, what)
+            await deferLater(reactor, 0.02, lambda: None)  # polling connections being made and lost
+            waited += 0.02
+
+    async def test_first_connection_and_last_loss_are_logged_once(self) -> None:
+        url = f"redis://:secret-pass@127.0.0.1:{self.server.port}/0"
+        admin(self.server.port, b"CONFIG SET requirepass secret-pass\r\n")
+        redis = Redis(url, Timekeeper(reactor), timeout=1, poolsize=3)
+        self.addCleanup(redis.close)
+        await self.until(lambda: redis._factory.size == 3, "the pool did not fill")
+        connected = f"connected to Redis at redis://127.0.0.1:{self.server.port}/0 (keyspace version {KEYSPACE_VERSION})"
+        self.assertEqual(self.lines, [connected])  # once for the pool, not per connection; no password
+        self.server.stop(save=False)
+        await self.until(lambda: len(self.lines) > 1, "the loss was not logged")
+        self.assertEqual(self.lines[1:], [f"lost every connection to Redis at redis://127.0.0.1:{self.server.port}/0; reconnecting"])
+
+    async def test_closing_is_not_a_loss(self) -> None:
+        redis = Redis(self.server.url, Timekeeper(reactor), timeout=1)
+        await self.until(lambda: redis.connected, "the client did not connect")
+        await redis.close()
+        self.assertEqual(len(self.lines), 1, self.lines)
+
+
 class BusSubscribeInterrupted(TestCase):
     def test_connection_lost_while_subscribing_is_one_line_not_a_traceback(self) -> None:
         # A bus whose connection goes while it subscribes (Redis restarting, relayd stopping after

@@ -266,6 +266,8 @@ class Relayd:
             tc,
             ["--aep-listen", "tcp:0:interface=127.0.0.1", "--no-mcp", "--no-access-log", *options]
         )
+        if "--redis" in options:  # listening comes before the Redis pool is up (a POST then is a 503)
+            await proc.wait_for(rb"connected to Redis at ")
         relayd = cls(proc)
         tc.addCleanup(relayd.pool.closeCachedConnections)
         return relayd

@@ -532,6 +532,8 @@ class FromRedis(NumbersOnEveryPath):
         if "--redis" not in type(self).extra_options():
             raise SkipTest("redis-server is not installed")
         await super()._start()
+        # Listening comes before the Redis pool is up: the class's first POST would be a 503.
+        await self.relay.wait_for(rb"connected to Redis at ")
 
     async def test_stored_events_are_served_and_framed_escaped(self) -> None:
         from relayd.aep.redis_store import RedisEventLog
