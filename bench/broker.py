@@ -38,11 +38,11 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from twisted.internet import defer, task  # noqa: E402
+from twisted.internet import defer, task
 
-from relayd.buzz import contract  # noqa: E402
-from tests.buzz.harness import BrokerUnderTest  # noqa: E402
-from tests.support.nostr import NostrRelay  # noqa: E402
+from relayd.buzz import contract
+from tests.buzz.harness import BrokerUnderTest
+from tests.support.nostr import NostrRelay
 
 
 def _body(action: str, args: dict[str, Any], rid: str | None = None) -> bytes:
@@ -134,7 +134,7 @@ async def _replays_from_processes(reactor: Any, port: int, cred: str, body: byte
     )
     elapsed = time.perf_counter() - t0
     cpu = _cpu() - c0
-    for out, err, code in outs:
+    for _out, err, code in outs:
         assert code == 0, err
     return procs * n / elapsed, cpu / (procs * n) * 1e6
 

@@ -25,7 +25,7 @@ from typing import Any, Awaitable, Callable
 from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from relayd_process import RelaydServer  # noqa: E402
+from relayd_process import RelaydServer
 
 PAD = "x" * 330  # makes each event about 500 bytes
 CLIENTS = 1  # attacking clients per attack (--clients); slowloris always holds 1000 per listener
@@ -239,7 +239,7 @@ async def probe(port: int, stop: asyncio.Event, latencies: list[float]) -> None:
             length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
                               if line.lower().startswith(b"content-length:")))
             await reader.readexactly(length)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             latencies.append(5.0)
             writer.close()
             reader, writer = await asyncio.open_connection("127.0.0.1", port)

@@ -18,7 +18,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 def raise_nofile() -> None:
     """Lift the soft open-file limit to the hard one (thousands of benchmark connections)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 

@@ -72,7 +72,7 @@ class Server:
             argv += ["--broker-nostr-relay", broker["relay"], "--broker-state-dir", broker["state"],
                      "--broker-kek-file", broker["kek"], "--broker-listen", "tcp:0:interface=127.0.0.1"]
             wanted.append("broker")
-        self.log = open(self.log_path, "wb")  # noqa: SIM115
+        self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=workdir,
                                      preexec_fn=_raise_nofile)
         self.ports: dict[str, int] = {}
@@ -128,7 +128,7 @@ class Server:
 
 
 def _raise_nofile() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
@@ -443,7 +443,7 @@ async def _agent_calls(port: int, stats: Stats, rate: float, waiting: dict[int, 
             stats.error(f"mcp inbox {status}")
         try:
             await asyncio.wait_for(done, 10)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             stats.error(f"mcp round trip {n} timed out")
         await asyncio.sleep(1 / rate)
 
