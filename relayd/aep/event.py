@@ -7,27 +7,19 @@ break, it *is* the posted bytes (docs/decisions.md AEP-12: byte identity).
 
 from __future__ import annotations
 
-import json
-import math
 import re
 from typing import Annotated, Any, Literal
 
 import msgspec
-import orjson
 
+from relayd import jsoncodec
 from relayd.aep.capture import downlevel
 from relayd.aep.envelope import POSITION_LIMIT, EventKind, event_kind, kind_of_type, position
+from relayd.jsoncodec import MAX_INT_DIGITS
+from relayd.jsoncodec import JSONError as JSONError  # what parse_json raises, for the wing's callers
 
 SEVERITY_RANK = {"debug": 0, "info": 1, "notice": 2, "warning": 3, "error": 4, "critical": 5}
 NOTICE = SEVERITY_RANK["notice"]
-
-
-class JSONError(ValueError):
-    """Bytes that are not one JSON value (bad syntax or invalid UTF-8)."""
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 _WIDEST_EXACT = 2**63  # orjson reads integers beyond 64 bits as (inexact) floats
@@ -35,123 +27,44 @@ _WIDEST_EXACT = 2**63  # orjson reads integers beyond 64 bits as (inexact) float
 # relay handles needs more. (orjson itself refuses more than 1024 levels, so parsing a deeper value
 # cannot exhaust the C stack: setup.cfg requires a version with that limit.)
 MAX_DEPTH = 255
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[{")
-
-
-# The longest integer literal the relay reads (Python's own limit on converting digit strings, which
-# is what re-reading or re-encoding such a number needs). A longer one is invalid-json: accepting it
-# would store an event the relay could not parse again for a filter, a downlevel or a replay.
-MAX_INT_DIGITS = 4300
-# A run of more digits than that, found from the start of each run only (linear in the line).
+# A run of more digits than the relay reads (jsoncodec.MAX_INT_DIGITS), found from the start of each
+# run only (linear in the line): accepting a longer integer would store an event the relay could not
+# parse again for a filter, a downlevel or a replay.
 _LONG_DIGITS = re.compile(rb"(?<![0-9])[0-9]{%d}" % (MAX_INT_DIGITS + 1))
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
-def _parse_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise ValueError(f"integer of more than {MAX_INT_DIGITS} digits")
-    return int(text)
+def _inexact_position(value: Any) -> bool:
+    """Whether orjson read an envelope's C{seq} or C{epoch} as a double (an integer beyond 64 bits)."""
+    if type(value) is not dict:
+        return False
+    seq = value.get("seq")
+    if type(seq) is float and abs(seq) >= _WIDEST_EXACT:
+        return True
+    epoch = value.get("epoch")
+    return type(epoch) is float and abs(epoch) >= _WIDEST_EXACT
 
 
-def _lone_surrogate(value: Any) -> bool:
-    """Whether a string (or key) of C{value} holds a lone surrogate (valid JSON escapes, never UTF-8)."""
-    stack = [value]
-    while stack:
-        node = stack.pop()
-        kind = type(node)
-        if kind is str:
-            if not node.isascii() and _SURROGATE.search(node):
-                return True
-        elif kind is dict:
-            stack.extend(node)
-            stack.extend(node.values())
-        elif kind is list:
-            stack.extend(node)
-    return False
+# parse_json(data, exact=False): one JSON value, read strictly (UTF-8, no NaN/Infinity literals, at
+# most MAX_DEPTH deep), positions kept exact. orjson does the work, but it reads integers beyond 64
+# bits as floats and refuses numbers beyond the double range: an envelope whose epoch or seq it could
+# only read that way, a value with such a number (JavaScript's JSON.parse, the reference's parser,
+# reads it as infinity), or a value parsed exact (resume positions nested in a from list), goes
+# through the standard library, whose integers are exact (docs/decisions.md AEP-3: positions are
+# exact for any epoch). Numbers and text are read only as the relay can write them again: an integer
+# of more than MAX_INT_DIGITS digits and a lone surrogate ("\ud800", no UTF-8 form) are refused, so
+# anything this accepts can be re-read and re-encoded on every later path. JSONError otherwise.
+parse_json = jsoncodec.Reader(
+    read_int=jsoncodec.exact_int,
+    fallback="numbers",
+    inexact=_inexact_position,
+    lone_surrogates=False,
+    max_depth=MAX_DEPTH,
+).loads
 
-
-def _inexact(value: Any) -> bool:
-    return type(value) is float and abs(value) >= _WIDEST_EXACT
-
-
-def _too_deep(value: Any) -> bool:
-    """Whether C{value} nests arrays/objects more than L{MAX_DEPTH} levels (walked without recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        children = node.values() if type(node) is dict else node
-        if depth > MAX_DEPTH:
-            return True
-        stack.extend((child, depth + 1) for child in children if type(child) in (dict, list))
-    return False
-
-
-def _brackets(data: bytes) -> int:
-    return len(data.translate(None, _NOT_BRACKETS))
-
-
-def parse_json(data: bytes, exact: bool = False) -> Any:
-    """Parse one JSON value strictly (UTF-8, no NaN/Infinity literals, at most L{MAX_DEPTH} deep),
-    keeping positions exact.
-
-    orjson does the work, but it reads integers beyond 64 bits as floats and refuses numbers beyond
-    the double range: an envelope whose C{epoch} or C{seq} it could only read that way, a value with
-    such a number (JavaScript's C{JSON.parse}, the reference's parser, reads it as infinity), or a
-    value parsed C{exact} (resume positions nested in a C{from} list), goes through the standard
-    library, whose integers are exact (docs/decisions.md AEP-3: positions are exact for any epoch).
-
-    Numbers and text are read only as the relay can write them again: an integer of more than
-    L{MAX_INT_DIGITS} digits and a lone surrogate (C{"\\ud800"}, which has no UTF-8 form) are
-    refused, so anything this accepts can be re-read and re-encoded on every later path.
-    """
-    value: Any = None
-    parsed = False
-    if not exact:
-        try:
-            value = orjson.loads(data)
-        except orjson.JSONDecodeError as e:
-            reason = str(e)
-            # Some orjson versions refuse wide integers instead of reading them as floats.
-            if "64-bit" not in reason and "infinity" not in reason:
-                raise JSONError(reason) from None
-        else:
-            parsed = type(value) is not dict or not (_inexact(value.get("seq")) or _inexact(value.get("epoch")))
-    if not parsed:
-        try:
-            value = json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_int=_parse_int)
-        except (ValueError, UnicodeDecodeError, RecursionError) as e:
-            raise JSONError(str(e)) from None
-        # (orjson refuses lone surrogates itself; the standard library reads them.)
-        if _lone_surrogate(value):
-            raise JSONError("lone surrogate in a string")
-    if type(value) in (dict, list) and _brackets(data) > MAX_DEPTH and _too_deep(value):
-        raise JSONError(f"nesting deeper than {MAX_DEPTH} levels")
-    return value
-
-
-def dumps(obj: Any) -> bytes:
-    """Compact JSON like JavaScript's C{JSON.stringify}: no spaces, UTF-8, key order kept, and a
-    non-finite number (C{1e400} read as infinity) written as C{null}."""
-    try:
-        return orjson.dumps(obj)
-    except TypeError:  # integers beyond 64 bits
-        text = json.dumps(_finite(obj), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        return text.encode("utf-8", "replace")
-
-
-def _finite(value: Any) -> Any:
-    """C{value} with infinities and NaN as C{None}, as orjson and C{JSON.stringify} write them
-    (the standard library would write C{Infinity}, which is not JSON)."""
-    kind = type(value)
-    if kind is float:
-        return value if math.isfinite(value) else None
-    if kind is dict:
-        return {k: _finite(v) for k, v in value.items()}
-    if kind in (list, tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
+# dumps(obj): compact JSON like JavaScript's JSON.stringify: no spaces, UTF-8, key order kept, and a
+# non-finite number (1e400 read as infinity) written as null. (Nothing the relay writes holds a lone
+# surrogate: the parser refuses them; were one there, it would be written as "?".)
+dumps = jsoncodec.Writer(surrogates="replace").dumps
 
 
 class Event:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import os
 from typing import Any, Iterable, Sequence
 
-import orjson
 from coincurve import PrivateKey, PublicKey, PublicKeyXOnly
+
+from relayd import jsoncodec
 
 try:  # coincurve's own cffi binding: sign with a keypair built once per key, not once per event
     from coincurve._libsecp256k1 import ffi as _ffi
@@ -35,6 +35,8 @@ KIND_MANAGED_AGENT = 30177
 Event = dict[str, Any]
 
 _DTAG_LABEL = b"agent-memory/v1/d-tag"
+# NIP-01's serialisation: compact, UTF-8, non-ASCII verbatim; a lone surrogate has no UTF-8 form to hash.
+_preimage = jsoncodec.Writer(surrogates="refuse").dumps
 
 
 def serialize_for_id(pubkey: str, created_at: int, kind: int, tags: Sequence[Sequence[str]], content: str) -> bytes:
@@ -45,11 +47,7 @@ def serialize_for_id(pubkey: str, created_at: int, kind: int, tags: Sequence[Seq
     else verbatim; checked over every code point), at a tenth of the cost. Values orjson refuses
     (integers beyond 64 bits) take the stdlib path.
     """
-    value = [0, pubkey, created_at, kind, tags, content]
-    try:
-        return orjson.dumps(value)
-    except TypeError:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return _preimage([0, pubkey, created_at, kind, tags, content])
 
 
 def event_id(pubkey: str, created_at: int, kind: int, tags: Sequence[Sequence[str]], content: str) -> str:

@@ -1,8 +1,9 @@
 """Strict JSON both ways: a decoder that remembers repeated keys and reads numbers of any length,
 and the compact encoder every answer is written with.
 
-Kept together as one unit (L{loads_strict}, L{dumps}, L{_reject_constant}, L{_parse_int} and what
-they use): what a payload means is judged elsewhere (L{relayd.buzz.contract.tree}).
+Kept together as one unit (L{loads_strict}, L{dumps}, L{_parse_int} and what they use; the mechanism
+both share with the other wings is L{relayd.jsoncodec}'s): what a payload means is judged elsewhere
+(L{relayd.buzz.contract.tree}).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import orjson
+from relayd import jsoncodec
 
 # Integers with more digits than this are out of every range the contract has (2**64 has 20):
 # they are read as a stand-in of the same sign instead of converting thousands of digits.
@@ -34,10 +35,6 @@ class _Obj(dict[str, Any]):
             self.dups = frozenset(dups)
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _parse_int(digits: str) -> int:
     """An integer literal; one too long for any range is a same-signed stand-in beyond them all.
 
@@ -49,7 +46,7 @@ def _parse_int(digits: str) -> int:
     return -_BIG if digits.startswith("-") else _BIG
 
 
-_DECODER = json.JSONDecoder(object_pairs_hook=_Obj, parse_constant=_reject_constant, parse_int=_parse_int)
+_DECODER = json.JSONDecoder(object_pairs_hook=_Obj, parse_constant=jsoncodec.reject_constant, parse_int=_parse_int)
 
 
 def loads_strict(data: bytes | str) -> Any:
@@ -76,15 +73,9 @@ def _skip_ws(text: str, i: int) -> int:
     return i
 
 
-def dumps(value: Any) -> bytes:
-    """Compact UTF-8 JSON, as the host writes it (no whitespace, non-ASCII verbatim).
-
-    orjson writes the same bytes as C{json.dumps(value, separators=(",", ":"), ensure_ascii=False)}
-    for the strings, integers, lists and objects the contract uses, several times faster; what it
-    refuses (integers beyond 64 bits, lone surrogates) takes the stdlib path, which raises where
-    it must.
-    """
-    try:
-        return orjson.dumps(value)
-    except TypeError:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+# dumps(value): compact UTF-8 JSON, as the host writes it (no whitespace, non-ASCII verbatim).
+# orjson writes the same bytes as json.dumps(value, separators=(",", ":"), ensure_ascii=False) for the
+# strings, integers, lists and objects the contract uses, several times faster; what it refuses
+# (integers beyond 64 bits, lone surrogates) takes the stdlib path, which raises where it must (a
+# lone surrogate: UnicodeEncodeError).
+dumps = jsoncodec.Writer(surrogates="refuse").dumps
