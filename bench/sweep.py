@@ -33,6 +33,7 @@ import asyncio
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 import urllib.parse
@@ -55,6 +56,7 @@ MIN_EVENTS = 10  # per point, so the slowest (1 event/s) still gives its p99 a f
 TIMED = 20  # subscribers that time each delivery (the rest are held by a drain process)
 WS_PER_CONN = 64  # relayd's default --aep-max-subscriptions
 SESSIONS_TOTAL = 1000  # subscribers in the sessions curve
+MAX_PER_POST = 1000  # events in one POST of the sessions curve (relayd parses 1 000 lines per turn)
 SESSIONS_PER_STREAM = MAX_DELIVERIES / SESSIONS_TOTAL  # events/s each subscriber receives there
 
 Point = dict[str, Any]
@@ -75,14 +77,26 @@ def loadavg() -> list[float]:
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
-async def measured(curve: str, x: int, label: str, run: Callable[[], Awaitable[Point]]) -> Point:
-    """Run one point, with the load average before and after and its wall time."""
-    before, t0 = loadavg(), time.perf_counter()
-    result = await run()
-    point = {"curve": curve, "x": x, "label": label, "load_before": before, "load_after": loadavg(),
-             "wall_s": time.perf_counter() - t0, **result}
-    point = {k: round(v, 3) if isinstance(v, float) else v for k, v in point.items()}
-    print(json.dumps(point), flush=True)
+MEDIANS = ("server_cpu_us_per_delivery", "server_cpu_us_per_event", "redis_cpu_us_per_delivery", "p50_ms", "p99_ms",
+           "deliveries_per_s", "server_cpu_share")
+
+
+async def measured(curve: str, x: int, label: str, repeat: int, run: Callable[[], Awaitable[Point]]) -> Point:
+    """Run one point C{repeat} times (each run its own server), with the load average before and
+    after each run; the point's figures are the medians of its runs (every run is kept)."""
+    runs = []
+    for _ in range(repeat):
+        before, t0 = loadavg(), time.perf_counter()
+        result = await run()
+        result = {"load_before": before, "load_after": loadavg(), "wall_s": time.perf_counter() - t0, **result}
+        runs.append({k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()})
+        print(json.dumps({"curve": curve, "x": x, "label": label, **runs[-1]}), flush=True)
+    point: Point = {"curve": curve, "x": x, "label": label,
+                    "complete": all(r["deliveries"] == r["expected"] for r in runs)}
+    for key in MEDIANS:
+        if key in runs[0]:
+            point[key] = round(statistics.median(r[key] for r in runs), 3)
+    point["runs"] = runs
     return point
 
 
@@ -102,29 +116,33 @@ def templates(sessions: int) -> list[bytes]:
 
 async def post_across(port: int, rate: float, sessions: int, seconds: float) -> list[int]:
     """POST C{rate} events/s for C{seconds} on one connection, one NDJSON body per 10 ms tick
-    holding the events then due, each to the next session in turn; the events sent per session."""
+    holding the events then due, each to the next session in turn; the events sent per session.
+
+    Each event carries the time it was due, not the time it was sent: when the relay answers late
+    the poster falls behind (it waits for each 202), and that wait is part of the latency. A body
+    holds at most L{MAX_PER_POST} events (relayd's --aep-max-batch is 10 000)."""
     lines = templates(sessions)
     counts = [0] * sessions
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     sent = 0
-    start = time.perf_counter()
+    start, epoch = time.perf_counter(), time.time()
     while (elapsed := time.perf_counter() - start) < seconds:
-        due = int(elapsed * rate) + 1
-        if due > sent:
-            now = time.time()
-            parts = []
-            for n in range(sent, due):
-                k = n % sessions
-                parts.append(lines[k] % (1000 + counts[k], 1000 + counts[k], now))
-                counts[k] += 1
-            sent = due
-            body = b"".join(parts)
-            writer.write(b"POST /events HTTP/1.1\r\nHost: b\r\naep-version: 0.1\r\n%s"
-                         b"content-type: application/x-ndjson\r\ncontent-length: %d\r\n\r\n" % (aep.auth(), len(body))
-                         + body)
-            head = await aep.read_response(reader)
-            assert head.startswith(b"HTTP/1.1 202"), head
-        await asyncio.sleep(0.01)
+        due = min(int(elapsed * rate) + 1, sent + MAX_PER_POST)
+        if due <= sent:
+            await asyncio.sleep(0.01)
+            continue
+        parts = []
+        for n in range(sent, due):
+            k = n % sessions
+            parts.append(lines[k] % (1000 + counts[k], 1000 + counts[k], epoch + n / rate))
+            counts[k] += 1
+        sent = due
+        body = b"".join(parts)
+        writer.write(b"POST /events HTTP/1.1\r\nHost: b\r\naep-version: 0.1\r\n%s"
+                     b"content-type: application/x-ndjson\r\ncontent-length: %d\r\n\r\n" % (aep.auth(), len(body))
+                     + body)
+        head = await aep.read_response(reader)
+        assert head.startswith(b"HTTP/1.1 202"), head
     writer.close()
     return counts
 
@@ -175,44 +193,58 @@ async def scenario_sessions(total: int, sessions: int, per_stream: float, second
 # The curves ----------------------------------------------------------------------------------
 
 
-async def curve_subscribers(seconds: float) -> list[Point]:
+async def curve_subscribers(seconds: float, repeat: int) -> list[Point]:
     points = []
     for n in (100, 1000, 10000):
         rate = rate_for(n)
-        points.append(await measured("subscribers", n, "SSE", lambda n=n, rate=rate: aep.scenario_fanout(
+        points.append(await measured("subscribers", n, "SSE", repeat, lambda n=n, rate=rate: aep.scenario_fanout(
             n, "sse", rate, seconds_for(rate, seconds), TIMED)))
     n, rate = 100_000, rate_for(100_000)
     label = f"WebSocket, {WS_PER_CONN} subscriptions per connection"
-    points.append(await measured("subscribers", n, label, lambda: aep.scenario_fanout(
+    points.append(await measured("subscribers", n, label, repeat, lambda: aep.scenario_fanout(
         n, "ws", rate, seconds_for(rate, seconds), TIMED, per_conn=WS_PER_CONN)))
     return points
 
 
-async def curve_sessions(seconds: float) -> list[Point]:
-    return [await measured("sessions", k, "SSE", lambda k=k: scenario_sessions(
+async def curve_sessions(seconds: float, repeat: int) -> list[Point]:
+    return [await measured("sessions", k, "SSE", repeat, lambda k=k: scenario_sessions(
         SESSIONS_TOTAL, k, SESSIONS_PER_STREAM, seconds, TIMED)) for k in (1, 10, 100, 1000)]
 
 
-async def curve_redis(seconds: float) -> list[Point]:
+async def curve_redis(seconds: float, repeat: int) -> list[Point]:
     points = []
     for n in (100, 1000, 10000):
         rate = rate_for(n)
         for instances, label in ((1, "Redis, one instance"), (2, "Redis, two instances")):
-            points.append(await measured("redis", n, label, lambda n=n, rate=rate, i=instances:
+            points.append(await measured("redis", n, label, repeat, lambda n=n, rate=rate, i=instances:
                                          aep.scenario_cluster_fanout(n, rate, seconds_for(rate, seconds), TIMED, i)))
     return points
 
 
-CURVES: dict[str, Callable[[float], Awaitable[list[Point]]]] = {
+CURVES: dict[str, Callable[[float, int], Awaitable[list[Point]]]] = {
     "subscribers": curve_subscribers, "sessions": curve_sessions, "redis": curve_redis}
 
 
 # Drawing -------------------------------------------------------------------------------------
 
 
+def spread(group: list[Point], value: Callable[[Point], float]) -> tuple[list[float], list[list[float]]]:
+    """Per point, the median of C{value} over its runs and the distance to their min and max
+    (matplotlib's errorbar arguments)."""
+    medians, below, above = [], [], []
+    for p in group:
+        values = [value(r) for r in p["runs"]]
+        mid = statistics.median(values)
+        medians.append(mid)
+        below.append(mid - min(values))
+        above.append(max(values) - mid)
+    return medians, [below, above]
+
+
 def draw(curve: str, out: Path) -> Path:
     """docs/perf/<curve>.png from docs/perf/<curve>.json (and, for redis, subscribers.json's SSE
-    points as the in-memory reference): CPU per delivery left, p99 latency right, log-scale x."""
+    points as the in-memory reference): CPU per delivery left, p99 latency right, log-scale x;
+    the median of each point's runs, with their range as a bar."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display; a PNG only
@@ -227,16 +259,19 @@ def draw(curve: str, out: Path) -> Path:
         memory = [p for p in json.loads((out / "subscribers.json").read_text())["points"] if p["label"] == "SSE"]
         series = {"in memory, one instance": memory, **series}
     fig, (cpu_ax, lat_ax) = plt.subplots(1, 2, figsize=(8, 5), dpi=100)
-    for label, group in series.items():
-        xs = [p["x"] for p in group]
-        style = {"marker": "o"} if len(group) > 1 else {"marker": "s", "linestyle": "none", "markersize": 8}
-        line, = cpu_ax.plot(xs, [p["server_cpu_us_per_delivery"] for p in group], label=label, **style)
+    for i, (label, group) in enumerate(series.items()):
+        # Series sharing an x are nudged apart so their bars (the runs' range) stay readable.
+        xs = [p["x"] * 1.08 ** (i - (len(series) - 1) / 2) for p in group]
+        style = {"marker": "o", "capsize": 3} if len(group) > 1 else {
+            "marker": "s", "linestyle": "none", "markersize": 8, "capsize": 3}
+        drawn = cpu_ax.errorbar(xs, *spread(group, lambda r: r["server_cpu_us_per_delivery"]), label=label, **style)
+        color = drawn.lines[0].get_color()
         if curve == "redis" and label.startswith("Redis"):
             # relayd's CPU alone flatters Redis: redis-server's share, dashed, is part of the cost.
-            cpu_ax.plot(xs, [p["server_cpu_us_per_delivery"] + p["redis_cpu_us_per_delivery"] for p in group],
-                        linestyle="--", marker=".", color=line.get_color(), label=f"{label} + redis-server")
-        lat_ax.plot(xs, [p["p99_ms"] for p in group], label=label, color=line.get_color(), **style)
-    xlabel = {"subscribers": "subscribers to one session", "sessions": f"sessions ({SESSIONS_TOTAL} subscribers in all)",
+            cpu_ax.errorbar(xs, *spread(group, lambda r: r["server_cpu_us_per_delivery"] + r["redis_cpu_us_per_delivery"]),
+                            linestyle="--", marker=".", capsize=2, color=color, label=f"{label} + redis-server")
+        lat_ax.errorbar(xs, *spread(group, lambda r: r["p99_ms"]), label=label, color=color, **style)
+    xlabel = {"subscribers": "subscribers to one session", "sessions": f"sessions ({SESSIONS_TOTAL:,} subscribers in all)",
               "redis": "SSE subscribers to one session"}[curve]
     for ax, ylabel in ((cpu_ax, "server CPU per delivery (µs)"), (lat_ax, "p99 delivery latency (ms)")):
         ax.set_xscale("log")
@@ -248,7 +283,7 @@ def draw(curve: str, out: Path) -> Path:
     cpu_ax.set_ylim(bottom=0)
     lat_ax.set_yscale("log")
     cpu_ax.legend(fontsize=7, loc="best")
-    loads = [x for p in points for x in (p["load_before"][0], p["load_after"][0])]
+    loads = [x for p in points for r in p["runs"] for x in (r["load_before"][0], r["load_after"][0])]
     title = {"subscribers": "Fan-out against subscribers", "sessions": "Fan-out against sessions",
              "redis": "Fan-out on Redis: one instance, two instances"}[curve]
     fig.suptitle(f"{title}\n{run['date']}, 2 cores shared, 1-min load average {min(loads):.1f}-{max(loads):.1f}",
@@ -260,11 +295,11 @@ def draw(curve: str, out: Path) -> Path:
     return path
 
 
-async def main(selected: list[str], seconds: float, out: Path, command: str) -> None:
+async def main(selected: list[str], seconds: float, repeat: int, out: Path, command: str) -> None:
     aep.raise_nofile()
     out.mkdir(parents=True, exist_ok=True)
     for name in selected:
-        points = await CURVES[name](seconds)
+        points = await CURVES[name](seconds, repeat)
         run = {"curve": name, "command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "points": points}
         (out / f"{name}.json").write_text(json.dumps(run, indent=1) + "\n")
@@ -275,6 +310,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("curves", nargs="*", help=f"of {', '.join(CURVES)} (default: all of them)")
     parser.add_argument("--seconds", type=float, default=5.0, help="sending time per point (longer at 1 event/s)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per point (the median is drawn, the range as a bar)")
     parser.add_argument("--out", type=Path, default=OUT, help="where the JSON and PNG files go")
     parser.add_argument("--plot", action="store_true", help="only redraw the PNGs from the JSON files")
     args = parser.parse_args()
@@ -285,4 +321,4 @@ if __name__ == "__main__":
         for name in curves:
             print(draw(name, args.out))
     else:
-        asyncio.run(main(curves, args.seconds, args.out, " ".join(["python", "bench/sweep.py", *sys.argv[1:]])))
+        asyncio.run(main(curves, args.seconds, args.repeat, args.out, " ".join(["python", "bench/sweep.py", *sys.argv[1:]])))
