@@ -5,7 +5,7 @@ code, records server CPU per delivery and the p99 delivery latency with the load
 writes the raw points to docs/perf/<curve>.json and draws docs/perf/<curve>.png (matplotlib: the
 ``bench`` extra, ``pip install -e '.[bench]'``).
 
-    python bench/sweep.py                        # every curve, about 8 minutes
+    python bench/sweep.py                        # every curve, three runs per point: about 16 minutes
     python bench/sweep.py subscribers sessions   # a selection
     python bench/sweep.py --plot                 # redraw the PNGs from the JSON already there
 
