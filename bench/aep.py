@@ -307,24 +307,37 @@ def stdin_closed() -> threading.Event:
     return closed
 
 
-def drain_main(port: int, transport: str, count: int) -> None:
+def drain_session(i: int, sessions: int) -> str:
+    """The session the C{i}th subscriber follows when C{sessions} share them: F alone, else F0, F1 ..."""
+    return "F" if sessions == 1 else f"F{i % sessions}"
+
+
+def drain_main(port: int, transport: str, count: int, sessions: int = 1, first: int = 0, per_conn: int = 1) -> None:
     """Hold C{count} subscribers to session F and count their deliveries; print the total when
     standard input closes. C{transport} "sse-lazy": do not wait for each stream's headers (a relay
     may send them only with its first event); then each line read on standard input is answered
-    with "<streams that received an event> <deliveries so far>" (the bench warms up with it)."""
+    with "<streams that received an event> <deliveries so far>" (the bench warms up with it).
+
+    C{sessions} > 1 spreads them over sessions F0, F1 ... (subscriber C{i} follows
+    L{drain_session}C{(first + i)}); "ws" with C{per_conn} > 1 multiplexes that many subscriptions
+    on each connection (the relay allows C{--aep-max-subscriptions}, 64 by default)."""
     import queue
     import select
     import socket
+    import urllib.parse
 
     lazy = transport == "sse-lazy"
     if lazy:
         transport = "sse"
     marker = b"\nid: " if transport == "sse" else b'"aep":"0.1"'
     socks = []
-    for _ in range(count):
+    step = per_conn if transport == "ws" else 1
+    for c in range(0, count, step):
         s = socket.create_connection(("127.0.0.1", port))
         if transport == "sse":
-            s.sendall(b"GET /stream?filter=%7B%22session%22%3A%22F%22%7D HTTP/1.1\r\nHost: b\r\n" + auth() + b"\r\n")
+            flt = json.dumps({"session": drain_session(first + c, sessions)}, separators=(",", ":"))
+            path = "/stream?filter=" + urllib.parse.quote(flt, safe="")
+            s.sendall(b"GET %s HTTP/1.1\r\nHost: b\r\n" % path.encode() + auth() + b"\r\n")
         else:
             s.sendall(b"GET /socket HTTP/1.1\r\nHost: b\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                       b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
@@ -332,10 +345,13 @@ def drain_main(port: int, transport: str, count: int) -> None:
         while not lazy and b"\r\n\r\n" not in head:
             head += s.recv(4096)
         if transport == "ws":
-            s.sendall(_ws_frame(json.dumps({"type": "hello", "versions": ["0.1"], "role": "consumer"}).encode()))
-            s.sendall(_ws_frame(json.dumps({"type": "subscribe", "id": "s", "filter": {"session": "F"}}).encode()))
+            subs = range(c, min(count, c + step))
+            frames = [_ws_frame(json.dumps({"type": "hello", "versions": ["0.1"], "role": "consumer"}).encode())]
+            frames += [_ws_frame(json.dumps({"type": "subscribe", "id": f"s{i}", "filter": {
+                "session": drain_session(first + i, sessions)}}).encode()) for i in subs]
+            s.sendall(b"".join(frames))
             got = b""
-            while b'"subscribed"' not in got:
+            while got.count(b'"subscribed"') < len(subs):
                 got += s.recv(65536)
         s.setblocking(False)
         socks.append(s)
@@ -506,9 +522,11 @@ class Holder:
 class Drainer:
     """C{count} subscribers held by a child process; C{.total()} ends it and returns deliveries."""
 
-    def __init__(self, port: int, transport: str, count: int) -> None:
-        self.proc = subprocess.Popen([sys.executable, __file__, "--drain", str(port), transport, str(count)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=raise_nofile)
+    def __init__(self, port: int, transport: str, count: int, sessions: int = 1, first: int = 0,
+                 per_conn: int = 1) -> None:
+        argv = [sys.executable, __file__, "--drain", str(port), transport, str(count), str(sessions), str(first),
+                str(per_conn)]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=raise_nofile)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         assert line.strip() == b"ready", line
@@ -574,12 +592,18 @@ async def scenario_ingest(seconds: float, batch: int, extra: tuple[str, ...] = (
         server.stop()
 
 
-async def scenario_fanout(subscribers: int, transport: str, rate: float, seconds: float, timed: int) -> dict[str, Any]:
+def subscriber_flags(subscribers: int) -> tuple[str, ...]:
+    """relayd's options for C{subscribers} at once (beyond its default limit of 10 000)."""
+    return ("--aep-max-subscribers", str(subscribers + 100)) if subscribers + 100 > 10000 else ()
+
+
+async def scenario_fanout(subscribers: int, transport: str, rate: float, seconds: float, timed: int,
+                          per_conn: int = 1) -> dict[str, Any]:
     """One WS emitter at C{rate} events/s; C{timed} subscribers measure latency, a drain process
-    holds the rest."""
-    server = Server()
+    holds the rest (WebSocket: C{per_conn} subscriptions to each of its connections)."""
+    server = Server(*subscriber_flags(subscribers))
     try:
-        drainer = Drainer(server.port, transport, subscribers - timed) if subscribers > timed else None
+        drainer = Drainer(server.port, transport, subscribers - timed, per_conn=per_conn) if subscribers > timed else None
         subs: list[Any] = []
         tasks = []
         for _ in range(timed):
@@ -939,14 +963,18 @@ async def scenario_cluster_ingest(seconds: float) -> dict[str, Any]:
         redis.stop()
 
 
-async def scenario_cluster_fanout(subscribers: int, rate: float, seconds: float, timed: int) -> dict[str, Any]:
-    """Emitter on instance A, subscribers on instance B, one Redis; CPU is A's plus B's."""
+async def scenario_cluster_fanout(subscribers: int, rate: float, seconds: float, timed: int,
+                                  instances: int = 2) -> dict[str, Any]:
+    """Emitter on instance A, subscribers on instance B, one Redis; CPU is A's plus B's.
+    C{instances=1}: emitter and subscribers on the one instance A (on Redis all the same)."""
     redis = RedisProcess()
-    a = Server("--redis", redis.url)
-    b = Server("--redis", redis.url)
+    flags = ("--redis", redis.url, *subscriber_flags(subscribers))
+    a = Server(*flags)
+    b = Server(*flags) if instances == 2 else a
+    servers = [a, b] if instances == 2 else [a]
     try:
-        await wait_ready(a.port)
-        await wait_ready(b.port)
+        for server in servers:
+            await wait_ready(server.port)
         drainer = Drainer(b.port, "sse", subscribers - timed) if subscribers > timed else None
         subs = []
         tasks = []
@@ -959,23 +987,24 @@ async def scenario_cluster_fanout(subscribers: int, rate: float, seconds: float,
         emitter = WSPeer()
         await emitter.connect(a.port, {"role": "emitter", "identity": {"agent": "bench"}})
         await asyncio.sleep(0.5)
-        cpu0 = a.cpu() + b.cpu()
+        cpu0, redis0 = sum(s.cpu() for s in servers), redis.cpu()
         sent = await emit(emitter, rate, seconds)
         deadline = time.perf_counter() + 10
         while sum(s.count for s in subs) < sent * timed and time.perf_counter() < deadline:
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.5)
-        cpu = a.cpu() + b.cpu() - cpu0
+        cpu, redis_cpu = sum(s.cpu() for s in servers) - cpu0, redis.cpu() - redis0
         delivered = sum(s.count for s in subs) + (drainer.total() if drainer else 0)
         latencies = [x for s in subs for x in s.latencies]
         for t in tasks:
             t.cancel()
         return {"subscribers": subscribers, "events": sent, "rate": rate, "deliveries": delivered,
                 "expected": sent * subscribers, "server_cpu_us_per_delivery": cpu / max(delivered, 1) * 1e6,
+                "redis_cpu_us_per_delivery": redis_cpu / max(delivered, 1) * 1e6, "instances": instances,
                 "p50_ms": pct(latencies, 0.5) * 1000, "p99_ms": pct(latencies, 0.99) * 1000}
     finally:
-        a.stop()
-        b.stop()
+        for server in servers:
+            server.stop()
         redis.stop()
 
 
@@ -1010,7 +1039,7 @@ async def main(selected: list[str], seconds: float, subscriptions: int, events: 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--drain":
-        drain_main(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
+        drain_main(int(sys.argv[2]), sys.argv[3], *map(int, sys.argv[4:]))
         sys.exit(0)
     if len(sys.argv) > 1 and sys.argv[1] == "--hold":
         hold_main(int(sys.argv[2]), int(sys.argv[3]))
