@@ -55,7 +55,7 @@ from typing import Any
 from autobahn.asyncio.websocket import WebSocketClientFactory, WebSocketClientProtocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from relayd_process import RelaydServer, group_cpu, process_cpu, process_rss_kb, raise_nofile  # noqa: E402
+from relayd_process import RelaydServer, group_cpu, process_cpu, process_rss_kb, raise_nofile
 
 PAD = "x" * 330  # makes each event about 500 bytes
 
