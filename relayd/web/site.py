@@ -421,6 +421,7 @@ class RelaySite(Site):
 
     def buildProtocol(self, addr: IAddress | None) -> Any:
         protocol = super().buildProtocol(addr)
+        self.clock.give_timeouts(protocol)
         self._protocols.add(protocol)
         return protocol
 

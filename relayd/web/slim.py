@@ -29,6 +29,9 @@ _MISSING = object()
 # consumed (prepath: 56 B; the class's None is read instead). With them gone a streaming request
 # keeps about 20 entries, which fit a dict of the next size down.
 _REQUEST_SPENT = ("content", "received_cookies", "cookies", "postpath", "sitepath", "prepath", *REQUEST_SPENT_PRIVATE)
+# The methods and versions a held stream's request line has, one object each for every stream (a
+# request's own copies from parsing its line are 77 B).
+_REQUEST_LINE_WORDS = {word: word for word in (b"GET", b"POST", b"HTTP/1.1", b"HTTP/1.0")}
 # What the access line at a stream's end reads of the request's headers (RelaySite.client_address).
 _KEPT_REQUEST_HEADERS = (b"x-forwarded-for",)
 
@@ -93,6 +96,10 @@ def slim_stream(request: Any) -> None:
     if not getattr(request, "startedWriting", False):
         return  # the headers (and the cookies) are still to be written
     spent_headers(request)
+    for name in ("method", "clientproto"):
+        value = getattr(request, name, None)
+        if isinstance(value, bytes):
+            setattr(request, name, _REQUEST_LINE_WORDS.get(value, value))
     content = vars(request).get("content")
     if content is not None:
         content.close()  # what Twisted's connectionLost would do (an in-memory copy of the body)

@@ -277,6 +277,17 @@ class HeaderDeadline(TestCase):
         await client.closed
         self.assertIn(b"HTTP/1.1 408 ", client.received)
 
+    async def test_an_idle_keepalive_connection_is_closed_at_the_idle_timeout(self) -> None:
+        """Twisted's idle timeout runs on the site's clock (one scheduler shared by every connection)."""
+        client, channel = await self.connect()
+        await self.send(client, channel, b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+        await client.wait_for(b"hello")
+        self.clock.advance(self.site.timeOut - 1)
+        self.assertFalse(client.closed.called)
+        self.clock.advance(2)
+        await client.closed.addTimeout(TIMEOUT, reactor)
+        self.assertEqual(client.received.count(b"HTTP/1.1 "), 1)  # closed, not answered
+
 
 async def disconnect(stream: SSEClient) -> None:
     """Drop an SSE client's connection (the consumer goes away) and wait for its end."""

@@ -18,10 +18,10 @@ WARM = 50  # opened before measuring: the hub's and the relay's tables grow to t
 STREAMS = 200
 BATCH = 20
 # Python-heap bytes per idle AEP SSE stream, this test's client sockets included (~250 B).
-# Measured 3.84 KB once a held stream drops its spent headers, its notifyFinish Deferred and its own
-# copy of the local address (relayd/web/slim.py); 5.1-5.7 KB with only the request's and channel's
-# dicts right-sized, 7.5 KB before that.
-MAX_BYTES_PER_STREAM = 4150
+# Measured 3.63 KB once a held stream drops its spent headers and its notifyFinish Deferred and
+# shares its local address, request-line words and timeout scheduler (relayd/web/slim.py); 5.1-5.7
+# KB with only the request's and channel's dicts right-sized, 7.5 KB before that.
+MAX_BYTES_PER_STREAM = 3950
 
 
 def _open_stream(host: str, port: int, session: int) -> socket.socket:
