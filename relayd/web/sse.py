@@ -117,9 +117,9 @@ class SSEStream:
         request.registerProducer(self, True)
         request.write(preamble)  # writes the status line and headers even when the preamble is empty
         # The query has been read and the headers are on the wire: a stream can stay open for days,
-        # and these are about 2 KB of it.
+        # so what it no longer reads goes (the headers and more: slim_stream below).
         request.args = {}
-        watch_end(request, self)  # (slim_stream below drops the headers)
+        watch_end(request, self)
         # Frames go straight to the TCP transport (chunk-framed here): the request's write path
         # costs more than the frame itself on a fan-out of one small event per reactor turn.
         self._transport = getattr(request.channel, "transport", None)

@@ -215,7 +215,7 @@ def watch_end(request: Any, watcher: EndWatcher) -> None:
     """Have C{watcher} told how C{request} ends, as C{request.notifyFinish()} would tell it.
 
     An idle stream holds its watcher in the request's own list instead of a Deferred with its
-    callbacks: 295 B less per held stream (docs/performance.md, "The standard MCP endpoint").
+    callbacks: 295 B less per held stream (docs/performance.md, "Memory per idle stream").
     """
     notifications = getattr(request, "notifications", None)
     if REQUEST_NOTIFICATIONS and type(notifications) is list:
