@@ -324,8 +324,11 @@ class Session:
         name, t = self.name, TOKEN
         await _register(self.page_port, name)
         loop = self.loop
-        self.page_out: Http = await _connect(self.page_port, Http)
-        self.agent_in: Http = await _connect(self.agent_port, Http)
+        if self.mode != "page":
+            # (An idle page answers on a connection of its own per answer: a keep-alive connection
+            # opened long before its first request would get relayd's 408 header timeout.)
+            self.page_out: Http = await _connect(self.page_port, Http)
+            self.agent_in: Http = await _connect(self.agent_port, Http)
         opened = loop.create_future()
         await _connect(self.page_port, lambda: Sse(
             _sse_request(f"/{name}/events?token={t}&direction=inbound"), self.page_event, opened))
@@ -360,7 +363,14 @@ class Session:
             return  # presence notifications
         frame_id = orjson.loads(data)["id"]
         body = b'{"jsonrpc":"2.0","id":%b,"result":{"ok":true}}' % orjson.dumps(frame_id)
+        if self.mode == "page":
+            self.loop.create_task(self._answer_once(body))
+            return
         self.page_out.send(self.outbox_head + b"%d\r\n\r\n" % len(body) + body, self._ignore)
+
+    async def _answer_once(self, body: bytes) -> None:
+        status, answer = await _request(self.page_port, "POST", f"/{self.name}/outbox?token={TOKEN}", body)
+        self._ignore(status, answer)
 
     def agent_event(self, data: bytes) -> None:
         if orjson.loads(data).get("id") == self.n:

@@ -41,6 +41,13 @@ class Timekeeper:
         self._delayed: set[IDelayedCall] = set()
         self._loops: set[LoopingCall] = set()
         self._stopped = False
+        self._schedule = reactor.callLater  # bound once: see give_timeouts
+
+    def give_timeouts(self, protocol: Any) -> None:
+        """Have C{protocol}'s idle timeout (Twisted's C{TimeoutMixin}, which a factory gives the
+        reactor's scheduler) scheduled on this clock's reactor through one bound method for every
+        connection, instead of one of its own (64 B per held connection)."""
+        protocol.callLater = self._schedule
 
     def seconds(self) -> float:
         """The wall clock: the current time in seconds since the epoch, from the wrapped reactor

@@ -136,6 +136,18 @@ def _message_event(raw: bytes, event_id: bytes | None = None) -> bytes:
     return b"id: " + event_id + b"\nevent: message\ndata: " + raw + b"\n\n"
 
 
+class _NoPending(dict[bytes, "_Pending"]):
+    """The pending requests of every client session that has none: one shared empty dict that
+    refuses writes (an idle client session held an emptied dict of its own, 224 bytes, once its
+    C{initialize} was answered)."""
+
+    def __setitem__(self, key: bytes, value: _Pending) -> None:
+        raise TypeError("the shared empty pending table is read-only: use Client.add_pending")
+
+
+_NO_PENDING: Final = _NoPending()
+
+
 class _Pending:
     """One forwarded request awaiting the page's answer."""
 
@@ -192,7 +204,7 @@ class _Pending:
         """The page did not answer in time: a JSON-RPC error, and the page is told to stop."""
         self.timer = None
         client = self.client
-        if client.pending.pop(self.key, None) is None:
+        if client.take_pending(self.key) is None:
             return
         client.forget_progress(self)
         self.answer(standard.error_for(self.raw_id, standard.REQUEST_TIMEOUT, "the page did not answer in time"))
@@ -205,7 +217,7 @@ class _Pending:
             return
         self.request = None
         if client.stateless:
-            client.pending.pop(self.key, None)
+            client.take_pending(self.key)
             self.settle()
             client.endpoint.clock.cancel(self.timer)
             client.cancel_at_page(self, "client closed the request")
@@ -241,7 +253,7 @@ class Client:
         self.record: SubscriberRecord | None = None
         self.legacy = legacy
         self.stateless = stateless
-        self.pending: dict[bytes, _Pending] = {}
+        self.pending: dict[bytes, _Pending] = _NO_PENDING  # its own dict while a request is pending
         # Made when first needed: an idle client session holds neither (memory per idle client).
         self.progress: dict[bytes, _Pending] | None = None
         self.stream: SSEStream | None = None
@@ -251,6 +263,19 @@ class Client:
         self.delivered = 0
         self.last_used = endpoint.clock.seconds()
         self.ended = False
+
+    def add_pending(self, key: bytes, pending: _Pending) -> None:
+        """Remember a forwarded request until its answer (a dict of its own from the first one)."""
+        if self.pending is _NO_PENDING:
+            self.pending = {}
+        self.pending[key] = pending
+
+    def take_pending(self, key: bytes) -> _Pending | None:
+        """Forget a pending request; the last one gone, the session's dict goes with it."""
+        pending = self.pending.pop(key, None)
+        if pending is not None and not self.pending:
+            self.pending = _NO_PENDING
+        return pending
 
     def session_header(self) -> list[tuple[bytes, bytes]]:
         if self.legacy or self.stateless:
@@ -274,7 +299,7 @@ class Client:
     def _route(self, item: dict[str, Any], raw: bytes | None) -> None:
         method = item.get("method")
         if not isinstance(method, str):
-            pending = self.pending.pop(_dumps(item.get("id")), None)
+            pending = self.take_pending(_dumps(item.get("id")))
             if pending is not None:
                 self.forget_progress(pending)
                 pending.answer(raw if raw is not None else _dumps(item))
@@ -348,6 +373,8 @@ class Client:
     def forget_progress(self, pending: _Pending) -> None:
         if pending.progress is not None and self.progress:
             self.progress.pop(pending.progress, None)
+            if not self.progress:
+                self.progress = None  # (an emptied dict keeps its table: made again when needed)
 
     def cancel_at_page(self, pending: _Pending, reason: str) -> None:
         """Tell the page to stop working on a forwarded request (C{notifications/cancelled})."""
@@ -383,7 +410,7 @@ class Client:
             return
         self.ended = True
         self.endpoint.forget(self)
-        pending, self.pending = self.pending, {}
+        pending, self.pending = self.pending, _NO_PENDING
         self.progress = None
         for p in pending.values():
             p.answer(standard.error_for(p.raw_id, standard.SESSION_ENDED, message))
@@ -744,7 +771,7 @@ class Endpoint:
             if client.progress is None:
                 client.progress = {}
             client.progress[pending.progress] = pending
-        client.pending[key] = pending
+        client.add_pending(key, pending)
         self.pending_per_session[session] = self.pending_per_session.get(session, 0) + 1
         if not client.legacy:
             request.notifyFinish().addErrback(pending.abandoned)
@@ -758,7 +785,7 @@ class Endpoint:
 
         def refused(f: Failure) -> None:
             pending.settle()
-            client.pending.pop(key, None)
+            client.take_pending(key)
             client.forget_progress(pending)
             self.clock.cancel(pending.timer)
             self._failed(request, f)

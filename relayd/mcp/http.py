@@ -13,7 +13,6 @@ from typing import Final
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
-from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 
 from relayd.mcp.endpoint import Endpoint
@@ -126,14 +125,9 @@ def _label(request: Request) -> str | None:
 
 
 def _shed(request: Request) -> None:
-    """Drop what a long-lived request no longer needs once its response has started or parked.
-
-    The query arguments have been read and the response headers are on the wire: an idle relay
-    would otherwise hold about 2 KB of them per open stream.
-    """
+    """Drop what a parked poll no longer needs: its query arguments have been read (an SSE stream
+    sheds this and more when it starts, relayd.web.sse.SSEStream.start)."""
     request.args = {}
-    if request.startedWriting:
-        request.responseHeaders = Headers()
 
 
 class StreamSink:
@@ -158,7 +152,6 @@ class StreamSink:
         self.record = record
         self.stream.on_close = self.closed
         self.stream.start(_SSE_HEADERS, preamble + b"".join(early))
-        _shed(self.stream.request)
         if self._end_requested:
             self.stream.close()
 

@@ -205,7 +205,7 @@ class ICorrelations(Interface):
         """Remove and return the correlation of an id key (a reply is routed once)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per client session in the in-memory store: no __dict__
 class ClientRecord:
     """A standard-endpoint client session (C{Mcp-Session-Id}, or a legacy SSE client's C{sessionId}).
 

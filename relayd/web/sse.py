@@ -20,14 +20,13 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 from zope.interface import implementer
 
 from relayd.clock import NextTurn, Timekeeper
 from relayd.web.slim import slim_stream
 from relayd.web.transport import no_delay
-from relayd.web.twisted_internals import send_body
+from relayd.web.twisted_internals import send_body, watch_end
 
 DEFAULT_MAX_BUFFER = 8 * 1024 * 1024
 DEFAULT_MAX_LAGGING = 256 * 1024 * 1024  # every lagging stream of one hub (one wing) together
@@ -118,10 +117,9 @@ class SSEStream:
         request.registerProducer(self, True)
         request.write(preamble)  # writes the status line and headers even when the preamble is empty
         # The query has been read and the headers are on the wire: a stream can stay open for days,
-        # and these are about 2 KB of it.
+        # so what it no longer reads goes (the headers and more: slim_stream below).
         request.args = {}
-        request.responseHeaders = Headers()
-        request.notifyFinish().addBoth(self._finished)
+        watch_end(request, self)
         # Frames go straight to the TCP transport (chunk-framed here): the request's write path
         # costs more than the frame itself on a fan-out of one small event per reactor turn.
         self._transport = getattr(request.channel, "transport", None)
@@ -253,11 +251,26 @@ class SSEStream:
         if callback is not None:
             callback()
 
-    def _finished(self, result: object) -> None:
-        if not self.closed:
+    # How the request ends, told as its notifyFinish Deferred would be (watch_end): a Deferred per
+    # stream would hold its callbacks as well.
+
+    def callback(self, result: None) -> None:
+        """The response finished."""
+        self._finished()
+
+    def errback(self, reason: Failure) -> None:
+        """The client went away before the response finished."""
+        self._finished()
+
+    def _finished(self) -> None:
+        if self.closed:
+            return
+        try:
             self._end()
-        if isinstance(result, Failure):
-            return None
+        except Exception:
+            # Called from within Twisted's finish or connectionLost, as a Deferred's callback would
+            # be, and as contained: the request's other notifications still fire.
+            self._log.failure("ending an SSE stream failed")
 
     # IPushProducer
 

@@ -20,6 +20,7 @@ from twisted.web.server import NOT_DONE_YET
 
 from relayd.clock import Timekeeper
 from relayd.web.site import RelaySite
+from relayd.web.sse import SSEHub, SSEStream
 from tests.support.aep import AEPRelay, event, ndjson
 from tests.support.raw import RawClient, exchange
 from tests.support.sse import SSEClient
@@ -30,10 +31,14 @@ TIMEOUT = 5.0
 
 class _Plain(Resource):
     isLeaf = True
+    hub: SSEHub | None = None
 
     def render_GET(self, request: Any) -> Any:
         if request.path == b"/held":
             return NOT_DONE_YET  # like an SSE stream: open until the client goes
+        if request.path == b"/sse" and self.hub is not None:
+            SSEStream(request, self.hub).start([(b"content-type", b"text/event-stream")], b": open\n\n")
+            return NOT_DONE_YET
         request.setHeader(b"content-type", b"text/plain")
         return b"hello"
 
@@ -108,6 +113,23 @@ class AccessLog(TestCase):
         self.assertEqual(access_lines(self.log), [])  # open: no line yet
         client.transport.loseConnection()
         self.assertEqual((await line)["status"], 200)
+
+    async def test_a_held_stream_is_logged_with_its_forwarded_peer_when_it_ends(self) -> None:
+        """A started stream keeps of its request headers what its access line reads (X-Forwarded-For)."""
+        resource = self.site.resource
+        resource.hub = SSEHub(Clock(reactor), 3600, b": ping\n\n")
+        self.addCleanup(resource.hub.stop)
+        self.site.trust_forwarded_for = 1
+        client = RawClient()
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", self.port.getHost().port), client)
+        client.transport.write(b"GET /sse HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 203.0.113.9\r\n\r\n")
+        await client.wait_for(b": open")
+        (stream,) = resource.hub.streams
+        self.assertEqual(stream.request.requestHeaders.getRawHeaders(b"x-forwarded-for"), [b"203.0.113.9"])
+        self.assertIsNone(stream.request.requestHeaders.getRawHeaders(b"host"))  # read, and dropped
+        line = next_access_line(self, "/sse")
+        client.transport.loseConnection()
+        self.assertEqual({k: (await line)[k] for k in ("peer", "status")}, {"peer": "203.0.113.9", "status": 200})
 
     async def test_access_log_can_be_turned_off(self) -> None:
         self.site.access_log = False
@@ -254,6 +276,17 @@ class HeaderDeadline(TestCase):
         self.clock.advance(1)
         await client.closed
         self.assertIn(b"HTTP/1.1 408 ", client.received)
+
+    async def test_an_idle_keepalive_connection_is_closed_at_the_idle_timeout(self) -> None:
+        """Twisted's idle timeout runs on the site's clock (one scheduler shared by every connection)."""
+        client, channel = await self.connect()
+        await self.send(client, channel, b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+        await client.wait_for(b"hello")
+        self.clock.advance(self.site.timeOut - 1)
+        self.assertFalse(client.closed.called)
+        self.clock.advance(2)
+        await client.closed.addTimeout(TIMEOUT, reactor)
+        self.assertEqual(client.received.count(b"HTTP/1.1 "), 1)  # closed, not answered
 
 
 async def disconnect(stream: SSEClient) -> None:

@@ -36,6 +36,7 @@ from twisted.logger import (
     globalLogPublisher,
     textFileLogObserver,
 )
+from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 from twisted.web.http import HTTPChannel
 from twisted.web.resource import Resource
@@ -126,6 +127,23 @@ class LoopbackCase(TestCase):
         return request, client
 
 
+class _Watcher:
+    """What watch_end tells: C{ended} fires with C{None} (finished) or the Failure (connection lost),
+    in a list (a Failure as a Deferred's result would be its error)."""
+
+    def __init__(self) -> None:
+        self.ended: Deferred[list[Failure | None]] = Deferred()
+        self.calls = 0
+
+    def callback(self, result: None) -> None:
+        self.calls += 1
+        self.ended.callback([None])
+
+    def errback(self, reason: Failure) -> None:
+        self.calls += 1
+        self.ended.callback([reason])
+
+
 # -- TCP transports ------------------------------------------------------------------------------------
 
 
@@ -204,6 +222,33 @@ class Requests(LoopbackCase):
         request, _ = await self.held_request()
         request.finish()
         self.assertFalse(fence.request_gone(request))
+
+    def test_request_end_and_component_state_are_detected(self) -> None:
+        self.assertTrue(fence.REQUEST_NOTIFICATIONS)
+        self.assertEqual(fence.REQUEST_SPENT_PRIVATE, ("_adapterCache",))
+
+    @cases(detected=True, fallback=False)
+    async def test_a_watcher_is_told_of_a_client_gone(self, detected: bool) -> None:
+        self.patch(fence, "REQUEST_NOTIFICATIONS", detected)
+        request, client = await self.held_request()
+        watcher = _Watcher()
+        fence.watch_end(request, watcher)
+        if detected:
+            self.assertEqual(request.notifications, [watcher])  # no Deferred of its own
+        client.transport.loseConnection()
+        (reason,) = await watcher.ended.addTimeout(TIMEOUT, reactor)
+        self.assertIsInstance(reason, Failure)
+        self.assertEqual(watcher.calls, 1)
+
+    @cases(detected=True, fallback=False)
+    async def test_a_watcher_is_told_of_a_finish(self, detected: bool) -> None:
+        self.patch(fence, "REQUEST_NOTIFICATIONS", detected)
+        request, _ = await self.held_request()
+        watcher = _Watcher()
+        fence.watch_end(request, watcher)
+        request.finish()
+        self.assertEqual(await watcher.ended.addTimeout(TIMEOUT, reactor), [None])
+        self.assertEqual(watcher.calls, 1)
 
     @cases(detected=True, fallback=False)
     async def test_a_direct_body_is_what_request_write_sends(self, detected: bool) -> None:
