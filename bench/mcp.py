@@ -56,7 +56,7 @@ NODE_ENV = ("PORT", "HOST", "PREFIX", "TTL_MS", "CORS_ALLOW_ORIGIN")
 
 
 def _raise_nofile() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
@@ -346,7 +346,7 @@ class Session:
         elif self.mode == "page":
             return  # only the page (idle-endpoint's clients are opened by the measurement)
         else:
-            status, body = await _request(self.agent_port, "GET",
+            _status, body = await _request(self.agent_port, "GET",
                                           f"/{name}/poll?token={t}&direction=outbound&wait=0")
             sub = orjson.loads(body)["subscriber"]
             self.poll_request = _build(
@@ -477,7 +477,7 @@ def round_trips(ports: tuple[int, int], servers: list[Any], mode: str, sessions:
         latencies += lat
         client_cpu += cpu
     elapsed = time.monotonic() - t0
-    cpu = [s.cpu_seconds() - c for s, c in zip(servers, cpu0)]
+    cpu = [s.cpu_seconds() - c for s, c in zip(servers, cpu0, strict=True)]
     redis_cpu = redis.cpu_seconds() - redis0 if redis is not None else None
     for w in workers:
         w.join(10)
@@ -524,8 +524,8 @@ async def _idle(port: int, mode: str, count: int, rss: Callable[[], int]) -> dic
             held.append(await _open_get(port, name, sid))
         elif mode == "sse":
             opened = loop.create_future()
-            held.append(await _connect(port, lambda: Sse(
-                _sse_request(f"/{name}/events?token={TOKEN}&direction=outbound"), lambda d: None, opened)))
+            request = _sse_request(f"/{name}/events?token={TOKEN}&direction=outbound")
+            held.append(await _connect(port, lambda request=request, opened=opened: Sse(request, lambda d: None, opened)))
             await opened
         else:
             conn: Http = await _connect(port, Http)
