@@ -117,7 +117,7 @@ class AccessLog(TestCase):
     async def test_a_held_stream_is_logged_with_its_forwarded_peer_when_it_ends(self) -> None:
         """A started stream keeps of its request headers what its access line reads (X-Forwarded-For)."""
         resource = self.site.resource
-        resource.hub = SSEHub(Clock(reactor), 3600, b": ping\n\n")
+        resource.hub = SSEHub(Timekeeper(reactor), 3600, b": ping\n\n")
         self.addCleanup(resource.hub.stop)
         self.site.trust_forwarded_for = 1
         client = RawClient()
