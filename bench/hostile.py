@@ -316,10 +316,11 @@ async def main(selected: list[str], seconds: float, count: int) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("scenarios", nargs="*", default=[*ATTACKS, "rounds"], choices=[*ATTACKS, "rounds"])
+    # No default list here: argparse checks a list default against choices as one value and refuses it.
+    parser.add_argument("scenarios", nargs="*", choices=[*ATTACKS, "rounds"], help="default: every attack, then rounds")
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each attack (default 5)")
     parser.add_argument("--rounds", type=int, default=3, help="how often `rounds` repeats the attacks (default 3)")
     parser.add_argument("--clients", type=int, default=1, help="attacking clients per attack (default 1)")
     args = parser.parse_args()
     CLIENTS = args.clients
-    asyncio.run(main(args.scenarios, args.seconds, args.rounds))
+    asyncio.run(main(args.scenarios or [*ATTACKS, "rounds"], args.seconds, args.rounds))
