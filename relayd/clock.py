@@ -54,6 +54,13 @@ class Timekeeper:
         (for timestamps: receipts, pings, what an operator reads)."""
         return self.reactor.seconds()
 
+    def deadline(self, delay: float, f: Callable[..., Any], *args: Any) -> IDelayedCall:
+        """Schedule C{f(*args)} after C{delay} seconds for an owner that always cancels it itself
+        (a connection's read deadline: its C{connectionLost} does, and shutdown closes every
+        connection). Not recorded for L{shutdown}: one reactor call, as a deadline is set and
+        cancelled for every request."""
+        return self._schedule(delay, f, *args)
+
     def call_later(self, delay: float, f: Callable[..., Any], *args: Any, **kw: Any) -> IDelayedCall:
         """Schedule C{f(*args, **kw)} after C{delay} seconds; the call forgets itself once it runs."""
 

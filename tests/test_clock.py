@@ -7,7 +7,7 @@ import time
 from twisted.internet import reactor, task
 from twisted.trial.unittest import SynchronousTestCase
 
-from relayd.clock import Timekeeper, NextTurn
+from relayd.clock import NextTurn, Timekeeper
 
 
 class Readings(SynchronousTestCase):
@@ -22,6 +22,23 @@ class Readings(SynchronousTestCase):
 
     def test_a_real_reactor_measures_durations_on_the_monotonic_clock(self) -> None:
         self.assertIs(Timekeeper(reactor).monotonic, time.monotonic)  # type: ignore[arg-type]
+
+
+class Deadlines(SynchronousTestCase):
+    def test_a_deadline_runs_on_the_clock_and_is_its_owners_to_cancel(self) -> None:
+        fake = task.Clock()
+        clock = Timekeeper(fake)
+        ran: list[str] = []
+        call = clock.deadline(2.0, ran.append, "late")
+        fake.advance(1.999)
+        self.assertEqual(ran, [])
+        fake.advance(0.001)
+        self.assertEqual(ran, ["late"])
+        kept = clock.deadline(5.0, ran.append, "kept")
+        clock.shutdown()  # not recorded: its owner (a connection) cancels it
+        self.assertTrue(kept.active())
+        kept.cancel()
+        self.assertFalse(call.active())
 
 
 class NextTurnTests(SynchronousTestCase):

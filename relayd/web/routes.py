@@ -283,7 +283,9 @@ class RoutedResource(Resource):
                 else:
                     if result is TAKEN:
                         return NOT_DONE_YET
-                    if isinstance(result, Deferred):
+                    # An Answer is asked first: isinstance against Deferred (an Awaitable, so an ABC)
+                    # of anything else takes the ABC machinery's slow path, once per request.
+                    if type(result) is not Answer and isinstance(result, Deferred):
                         return self._later(request, result)
                     answer = result  # type: ignore[assignment]
         return write_answer(request, answer)  # type: ignore[arg-type]

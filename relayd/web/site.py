@@ -63,8 +63,12 @@ class RelayChannel(ChannelHooks):
 
     maxHeaders = MAX_HEADER_FIELDS
     totalHeadersSize = MAX_HEADER_BYTES
+    length_digits = _LENGTH_DIGITS
     _header_call: IDelayedCall | None = None
     _host: Any = None
+    # The site's clock and its header and body timeouts, read once per connection (a channel
+    # outside a RelaySite has no clock, so no deadlines).
+    _deadlines: tuple[Timekeeper, float | None, float | None] | None = None
 
     def getHost(self) -> Any:
         # Twisted asks the socket (a system call) for every request; the local address of a
@@ -89,6 +93,9 @@ class RelayChannel(ChannelHooks):
 
     def connectionMade(self) -> None:
         super().connectionMade()
+        site = getattr(self, "site", None)
+        if isinstance(site, RelaySite):
+            self._deadlines = (site.clock, site.header_timeout, site.body_timeout)
         self._start_header_clock()
 
     def dataReceived(self, data: bytes) -> None:
@@ -105,8 +112,9 @@ class RelayChannel(ChannelHooks):
 
     def allHeadersReceived(self) -> None:
         self._stop_header_clock()
-        if self.length != 0:  # a body follows (a length, or chunked)
-            self._start_deadline("body_timeout", DEFAULT_BODY_TIMEOUT)
+        deadlines = self._deadlines
+        if self.length != 0 and deadlines is not None and deadlines[2]:  # a body follows (a length, or chunked)
+            self._header_call = deadlines[0].deadline(deadlines[2], self._request_too_slow)
         super().allHeadersReceived()
 
     def allContentReceived(self) -> None:
@@ -118,21 +126,15 @@ class RelayChannel(ChannelHooks):
         super().connectionLost(reason)
 
     def _start_header_clock(self) -> None:
-        self._start_deadline("header_timeout", DEFAULT_HEADER_TIMEOUT)
-
-    def _start_deadline(self, setting: str, default: float) -> None:
-        """Answer 408 unless what is being read arrives within the site's C{setting} seconds."""
-        site = getattr(self, "site", None)
-        timeout = getattr(site, setting, default)
-        if timeout and isinstance(site, RelaySite):  # (a channel outside a RelaySite has no clock)
-            self._header_call = site.clock.call_later(timeout, self._request_too_slow)
+        """Answer 408 unless the request line and headers arrive within the site's header timeout."""
+        deadlines = self._deadlines
+        if deadlines is not None and deadlines[1]:
+            self._header_call = deadlines[0].deadline(deadlines[1], self._request_too_slow)
 
     def _stop_header_clock(self) -> None:
         call, self._header_call = self._header_call, None
-        if call is not None:
-            site = getattr(self, "site", None)
-            if isinstance(site, RelaySite):  # (always: only a RelaySite's clock makes the call)
-                site.clock.cancel(call)
+        if call is not None and call.active():
+            call.cancel()
 
     def _request_too_slow(self) -> None:
         self._header_call = None
@@ -145,17 +147,8 @@ class RelayChannel(ChannelHooks):
             method, path = request_line(self)
             site.access(method=method or b"-", path=_strip_query(path or b"-"), status=status, sent=sent, peer=peer)
 
-    def lineReceived(self, line: bytes) -> None:
-        if self.header_bytes() + len(line) > self.totalHeadersSize:
-            self._refuse(_HEADERS_TOO_LARGE)
-            return
-        super().lineReceived(line)
-
-    def headerReceived(self, line: bytes) -> bool:
-        if self.header_fields() >= self.maxHeaders:
-            self._refuse(_HEADERS_TOO_LARGE)  # Twisted answers the field over its count with 400
-            return False
-        return bool(super().headerReceived(line))
+    def headers_too_large(self) -> None:
+        self._refuse(_HEADERS_TOO_LARGE)
 
     def length_header(self, header: bytes, data: bytes) -> bytes:
         if len(data) > _LENGTH_DIGITS and header.lower() == b"content-length" and data.isdigit():

@@ -267,6 +267,9 @@ class ChannelHooks(http.HTTPChannel):
     own behaviour (a plainer answer, or none), never an error.
     """
 
+    # A framing header value longer than this is handed to length_header (a subclass may lower it).
+    length_digits = 18
+
     def header_bytes(self) -> int:
         """Bytes of request line and headers read so far (0 if unknown: Twisted's own cap applies)."""
         return int(self._receivedHeaderSize) if CHANNEL_HEADER_COUNTS else 0
@@ -274,6 +277,24 @@ class ChannelHooks(http.HTTPChannel):
     def header_fields(self) -> int:
         """Header fields read so far (0 if unknown: Twisted's own cap applies)."""
         return int(self._receivedHeaderCount) if CHANNEL_HEADER_COUNTS else 0
+
+    def headers_too_large(self) -> None:
+        """The request line and headers went over C{totalHeadersSize} bytes or C{maxHeaders}
+        fields (a subclass answers; Twisted's own caps apply when the counts are not known)."""
+
+    # The two limit checks run on every header line: inline here (the counts read directly, no
+    # call per line), where Twisted's own checks would drop the connection or answer a bare 400.
+    def lineReceived(self, line: bytes) -> None:
+        if CHANNEL_HEADER_COUNTS and self._receivedHeaderSize + len(line) > self.totalHeadersSize:
+            self.headers_too_large()
+            return
+        super().lineReceived(line)
+
+    def headerReceived(self, line: bytes) -> bool:
+        if CHANNEL_HEADER_COUNTS and self._receivedHeaderCount >= self.maxHeaders:
+            self.headers_too_large()  # Twisted answers the field over its count with 400
+            return False
+        return bool(super().headerReceived(line))
 
     def waiting_for_transport(self) -> bool:
         """Whether the transport asked this channel to pause (its buffer is full)."""
@@ -285,7 +306,8 @@ class ChannelHooks(http.HTTPChannel):
             self._networkProducer.pauseProducing()
 
     def length_header(self, header: bytes, data: bytes) -> bytes:
-        """The value Twisted parses for the framing header C{header} (a subclass may bound it)."""
+        """The value Twisted parses for the framing header C{header} whose value C{data} is longer
+        than L{length_digits} (a subclass may bound it; shorter values go to Twisted as they are)."""
         return data
 
     def bad_request(self) -> None:
@@ -293,7 +315,8 @@ class ChannelHooks(http.HTTPChannel):
         super()._respondToBadRequestAndDisconnect()
 
     def _maybeChooseTransferDecoder(self, header: bytes, data: bytes) -> bool:
-        if CHANNEL_LENGTH_HOOK:
+        # Called for every header field: only a long value costs a call.
+        if CHANNEL_LENGTH_HOOK and len(data) > self.length_digits:
             data = self.length_header(header, data)
         return bool(super()._maybeChooseTransferDecoder(header, data))
 

@@ -290,10 +290,15 @@ class _Recording(fence.ChannelHooks):
         super().__init__()
         self.lengths: list[tuple[bytes, bytes]] = []
         self.bad = 0
+        self.too_large = 0
 
     def length_header(self, header: bytes, data: bytes) -> bytes:
         self.lengths.append((header.lower(), data))
         return data
+
+    def headers_too_large(self) -> None:
+        self.too_large += 1
+        self.transport.loseConnection()
 
     def bad_request(self) -> None:
         self.bad += 1
@@ -330,9 +335,33 @@ class Channels(LoopbackCase):
     @cases(detected=True, fallback=False)
     def test_length_hook(self, detected: bool) -> None:
         self.patch(fence, "CHANNEL_LENGTH_HOOK", detected)
-        channel, _ = _fed(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\n")
-        self.assertEqual((b"content-length", b"5") in channel.lengths, detected)
-        self.assertEqual(channel.length, 5)  # Twisted parsed the length either way
+        long = b"0" * 14 + b"12345"  # 19 characters: one over length_digits
+        channel, _ = _fed(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: " + long + b"\r\n\r\n")
+        self.assertEqual(channel.lengths, [(b"content-length", long)] if detected else [])
+        self.assertEqual(channel.length, 12345)  # Twisted parsed the length either way
+
+    def test_length_hook_skips_short_values(self) -> None:
+        # Exactly length_digits characters: Twisted reads it as it is, without a call per header.
+        channel, _ = _fed(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: " + b"0" * 17 + b"5\r\n\r\n")
+        self.assertEqual((channel.lengths, channel.length), ([], 5))
+
+    @cases(detected=True, fallback=False)
+    def test_header_limits_hook(self, detected: bool) -> None:
+        self.patch(fence, "CHANNEL_HEADER_COUNTS", detected)
+        fields = b"".join(b"x-%d: y\r\n" % i for i in range(_Recording.maxHeaders + 1))
+        channel, transport = _fed(b"GET / HTTP/1.1\r\n" + fields + b"\r\n")
+        self.assertEqual(channel.too_large, 1 if detected else 0)
+        if not detected:
+            self.assertTrue(transport.value().startswith(b"HTTP/1.1 400"))  # Twisted's own cap
+        within = b"".join(b"x-%d: y\r\n" % i for i in range(_Recording.maxHeaders - 1))
+        channel, _ = _fed(b"GET / HTTP/1.1\r\n" + within + b"\r\n")
+        self.assertEqual(channel.too_large, 0)
+
+    def test_header_bytes_limit_hook(self) -> None:
+        # Lines each within the line length, more bytes in all than totalHeadersSize.
+        lines = b"".join(b"x-%d: %s\r\n" % (i, b"y" * 1000) for i in range(_Recording.totalHeadersSize // 1000 + 1))
+        channel, _ = _fed(b"GET / HTTP/1.1\r\n" + lines + b"\r\n")
+        self.assertEqual(channel.too_large, 1)
 
     @cases(detected=True, fallback=False)
     def test_bad_request_hook(self, detected: bool) -> None:
