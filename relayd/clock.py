@@ -41,7 +41,8 @@ class Timekeeper:
         self._delayed: set[IDelayedCall] = set()
         self._loops: set[LoopingCall] = set()
         self._stopped = False
-        self._schedule = reactor.callLater  # bound once: see give_timeouts
+        # Bound once (see give_timeouts); a Timekeeper built on no reactor, as some tests make, still constructs.
+        self._schedule: Callable[..., IDelayedCall] = getattr(reactor, "callLater", None)  # type: ignore[assignment]
 
     def give_timeouts(self, protocol: Any) -> None:
         """Have C{protocol}'s idle timeout (Twisted's C{TimeoutMixin}, which a factory gives the
