@@ -454,7 +454,7 @@ class AEPResource(RoutedResource):
             self.relay.unsubscribe(key)
             return
         stream.on_close = lambda: self._closed(key)
-        stream.start(SSE_HEADERS)
+        stream.start(SSE_HEADERS, held=not history_only)  # a history-only answer ends: its connection is reused
         self.sse_subscribers += 1
         stream.produce(SSEReplay(sub, reader, history_only))
 

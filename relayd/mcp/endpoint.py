@@ -813,7 +813,7 @@ class Endpoint:
                 client.stream.close()  # one GET stream per client session: the newer one wins
             stream = SSEStream(request, self.hub, max_buffer=self.config.stream_max_bytes)
             client.stream = stream
-            stream.start(_SSE_HEADERS, b": open\n\n")
+            stream.start(_SSE_HEADERS, b": open\n\n", held=True)
             client.replay(after)
 
         self._client(request, session, token, sid, opened)
@@ -864,7 +864,7 @@ class Endpoint:
                 # Only a client that could not send the header gets the token in its POST URL (quoted:
                 # nothing it chose can end the SSE line).
                 url += b"&token=" + quote(token, safe="").encode("ascii")
-            stream.start(_SSE_HEADERS, b"event: endpoint\ndata: " + url + b"\n\n")
+            stream.start(_SSE_HEADERS, b"event: endpoint\ndata: " + url + b"\n\n", held=True)
 
         self._open(request, client, start)
 

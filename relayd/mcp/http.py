@@ -151,7 +151,7 @@ class StreamSink:
         early, self._early = self._early or [], None
         self.record = record
         self.stream.on_close = self.closed
-        self.stream.start(_SSE_HEADERS, preamble + b"".join(early))
+        self.stream.start(_SSE_HEADERS, preamble + b"".join(early), held=True)
         if self._end_requested:
             self.stream.close()
 

@@ -206,6 +206,11 @@ class RelayRequest(LimitedRequest):
     queued = 0
     _parsePOSTFormSubmission = False
 
+    @property
+    def received_at(self) -> float | None:
+        """When the request line was in, on the site's clock (for the access line's duration)."""
+        return self._received_at
+
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
         self._received_at = _durations(self)()
         super().requestReceived(command, path, version)
@@ -417,6 +422,11 @@ class RelaySite(Site):
         self.clock.give_timeouts(protocol)
         self._protocols.add(protocol)
         return protocol
+
+    def track(self, protocol: Any) -> None:
+        """Count C{protocol} among this site's connections (for drain) though the site did not build
+        it: a held stream's, once it has left twisted.web (relayd.web.held)."""
+        self._protocols.add(protocol)
 
     def getResourceFor(self, request: Any) -> IResource:
         """The addressed resource, or a L{JSONError} where Twisted would answer in HTML (a path

@@ -24,6 +24,7 @@ from twisted.web.server import Request
 from zope.interface import implementer
 
 from relayd.clock import NextTurn, Timekeeper
+from relayd.web.held import HeldResponse, hold
 from relayd.web.slim import slim_stream
 from relayd.web.transport import no_delay
 from relayd.web.twisted_internals import send_body, watch_end
@@ -68,7 +69,7 @@ class SSEStream:
     __slots__ = (
         "request", "hub", "max_buffer", "on_close", "closed", "paused", "discarded",
         "_pending", "_pending_bytes", "_lagging", "_dirty", "_transport", "_chunked", "_encoded", "_source",
-        "_waiting",
+        "_waiting", "_held",
     )
 
     _log = Logger()
@@ -81,7 +82,7 @@ class SSEStream:
         max_buffer: int = DEFAULT_MAX_BUFFER,
         on_close: Callable[[], None] | None = None,
     ) -> None:
-        self.request = request
+        self.request: Request | None = request  # None once the stream has left twisted.web (start)
         self.hub = hub
         self.max_buffer = max_buffer
         self.on_close = on_close
@@ -97,6 +98,7 @@ class SSEStream:
         self._chunked = False
         self._source: Callable[[], bool | Deferred[Any]] | None = None
         self._waiting = False
+        self._held: HeldResponse | None = None
 
     @property
     def backlog(self) -> int:
@@ -108,9 +110,15 @@ class SSEStream:
         """
         return self._pending_bytes if self.paused else 0
 
-    def start(self, headers: Iterable[tuple[bytes, bytes]], preamble: bytes = b"") -> None:
-        """Send C{200} and the headers now (a live-only subscriber sees them at once)."""
+    def start(self, headers: Iterable[tuple[bytes, bytes]], preamble: bytes = b"", *, held: bool = False) -> None:
+        """Send C{200} and the headers now (a live-only subscriber sees them at once).
+
+        A C{held} stream is one that stays open until one side ends it (a subscription, not the
+        answer to one request): its connection leaves twisted.web once the headers are sent and is
+        closed when the stream ends (relayd.web.held).
+        """
         request = self.request
+        assert request is not None, "a stream starts once"
         request.setResponseCode(200)
         for name, value in headers:
             request.responseHeaders.setRawHeaders(name, [value])
@@ -119,13 +127,18 @@ class SSEStream:
         # The query has been read and the headers are on the wire: a stream can stay open for days,
         # so what it no longer reads goes (the headers and more: slim_stream below).
         request.args = {}
-        watch_end(request, self)
         # Frames go straight to the TCP transport (chunk-framed here): the request's write path
         # costs more than the frame itself on a fan-out of one small event per reactor turn.
         self._transport = getattr(request.channel, "transport", None)
         self._chunked = bool(getattr(request, "chunked", False))
         no_delay(self._transport)
         self.hub.add(self)
+        if held:
+            self._held = hold(request, self)
+            if self._held is not None:
+                self.request = None
+                return
+        watch_end(request, self)
         slim_stream(request)
 
     def write(self, chunk: bytes, encoded: bytes | None = None) -> bool:
@@ -194,11 +207,12 @@ class SSEStream:
         self._pending_bytes = 0
         self._release_lagging()
         self._encoded = None
-        transport = self._transport
-        if self._chunked:
-            send_body(self.request, transport, data, encoded if encoded is not None else http_chunk(data))
+        framed = (encoded if encoded is not None else http_chunk(data)) if self._chunked else data
+        held = self._held
+        if held is not None:
+            held.send(data, framed)
         else:
-            send_body(self.request, transport, data, data)
+            send_body(self.request, self._transport, data, framed)
 
     def _source_ready(self, result: object) -> None:
         self._waiting = False
@@ -214,18 +228,25 @@ class SSEStream:
         self.paused = False
         self.flush()
         self._end()
-        try:
-            self.request.unregisterProducer()
-            self.request.finish()
-        except RuntimeError:
-            pass  # the connection went away meanwhile
+        request = self.request
+        if self._held is not None:
+            self._held.finish()
+        elif request is not None:
+            try:
+                request.unregisterProducer()
+                request.finish()
+            except RuntimeError:
+                pass  # the connection went away meanwhile
 
     def abort(self) -> None:
         """Drop the connection without sending what is queued."""
         if self.closed:
             return
         self._end()
-        transport = getattr(self.request.channel, "transport", None)
+        if self._held is not None:
+            self._held.abort()
+            return
+        transport = getattr(getattr(self.request, "channel", None), "transport", None)
         if transport is not None:
             transport.abortConnection()
 
@@ -283,8 +304,9 @@ class SSEStream:
             self._schedule()
 
     def stopProducing(self) -> None:
-        if not self.closed:
-            self._end()
+        # Called from within the transport's connectionLost once the stream is held: contained there
+        # too, as the rest of that cleanup (closing the socket) must still run.
+        self._finished()
 
 
 class SSEHub:

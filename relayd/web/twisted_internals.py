@@ -24,6 +24,7 @@ from autobahn.websocket.protocol import WebSocketProtocol
 from twisted.application import app, service
 from twisted.application.internet import StreamServerEndpointService
 from twisted.internet import abstract, base, defer, tcp
+from twisted.protocols import basic
 from twisted.internet.interfaces import IListeningPort, IReactorCore, IStreamServerEndpoint
 from twisted.logger import FileLogObserver, LogPublisher
 from twisted.python import components
@@ -136,6 +137,39 @@ def release_writes(transport: Any) -> None:
         transport.startWriting()  # the rest (or the error) is the reactor's to handle
 
 
+TCP_PROTOCOL = (
+    code_uses(tcp.Connection._dataReceived, "protocol", "dataReceived")
+    and code_uses(tcp.Connection.readConnectionLost, "protocol")
+    and code_uses(tcp.Connection.connectionLost, "protocol")
+)
+"""A TCP connection hands what it reads, and its loss, to whatever its C{protocol} attribute holds
+when it happens (so another protocol can take the connection over)."""
+
+
+def take_over(transport: Any, channel: Any, protocol: Any, producer: Any) -> bool:
+    """Make C{protocol} the protocol of C{transport} in place of the site protocol around C{channel},
+    and C{producer} (a push producer) its producer instead of C{channel}.
+
+    C{False}, nothing changed, unless C{transport} is a plain TCP connection, open, that has not
+    paused its producer (what it has queued is then within its buffer; more pauses C{producer}),
+    whose protocol is C{channel}'s.
+    """
+    if (
+        not TCP_PROTOCOL
+        or type(transport) is not tcp.Server
+        or not transport.connected
+        or transport.disconnecting
+        or transport.producerPaused
+        or channel_of(getattr(transport, "protocol", None)) is not channel
+    ):
+        return False
+    transport.unregisterProducer()
+    transport.registerProducer(producer, True)
+    transport.protocol = protocol
+    transport.resumeProducing()  # (a channel handling a request may have stopped reading)
+    return True
+
+
 # -- twisted.web requests ----------------------------------------------------------------------------
 
 REQUEST_DISCONNECTED = code_uses(http.Request.connectionLost, "_disconnected") and code_uses(
@@ -245,6 +279,22 @@ def request_line(channel: Any) -> tuple[bytes, bytes]:
     if CHANNEL_REQUEST_LINE:
         return getattr(channel, "_command", None) or b"", getattr(channel, "_path", None) or b""
     return b"", b""
+
+
+CHANNEL_READ_AHEAD = code_uses(http.HTTPChannel.rawDataReceived, "_handlingRequest", "_dataBuffer") and code_uses(
+    basic.LineReceiver.dataReceived, "_buffer"
+)
+"""An C{HTTPChannel} handling a request keeps what the client sends meanwhile (the next, pipelined
+request) in C{_dataBuffer}, to parse once the response is done; what arrived in the same read as
+the request is still in its C{LineReceiver} C{_buffer} while the request is rendered."""
+
+
+def read_ahead(channel: Any) -> bool:
+    """Whether C{channel} may hold bytes of a request after the one it is answering (C{True} when
+    that cannot be known)."""
+    return (
+        not CHANNEL_READ_AHEAD or bool(channel._dataBuffer) or bool(channel._buffer) or len(channel.requests) != 1
+    )
 
 
 CHANNEL_HEADER_COUNTS = code_uses(http.HTTPChannel.lineReceived, "_receivedHeaderSize") and code_uses(

@@ -193,6 +193,84 @@ class Transports(LoopbackCase):
         self.assertEqual(client.received, b"held")
 
 
+# -- taking a connection over from twisted.web ----------------------------------------------------------
+
+
+class _Taker(Protocol):
+    def __init__(self) -> None:
+        self.received = b""
+        self.lost: Deferred[None] = Deferred()
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += data
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.lost.callback(None)
+
+
+class _Producer:
+    stopped = False
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        self.stopped = True
+
+
+@expand
+class TakingOver(LoopbackCase):
+    def test_connection_protocol_and_read_ahead_state_are_detected(self) -> None:
+        self.assertTrue(fence.TCP_PROTOCOL)
+        self.assertTrue(fence.CHANNEL_READ_AHEAD)
+
+    async def test_the_new_protocol_reads_and_sees_the_end_and_the_producer_is_stopped(self) -> None:
+        request, client = await self.held_request()
+        channel, transport = request.channel, request.channel.transport
+        self.assertFalse(fence.read_ahead(channel))
+        taker, producer = _Taker(), _Producer()
+        self.assertTrue(fence.take_over(transport, channel, taker, producer))
+        self.assertIs(transport.producer, producer)
+        client.transport.write(b"after")
+        while not taker.received:
+            await client_turn()
+        self.assertEqual(taker.received, b"after")
+        client.transport.loseConnection()
+        await taker.lost.addTimeout(TIMEOUT, reactor)
+        self.assertTrue(producer.stopped)
+
+    async def test_pipelined_bytes_are_read_ahead(self) -> None:
+        held = _Held()
+        client = await self.connect(self.listen(RelaySite(held)))
+        client.transport.write(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\nGET /next HTTP/1.1\r\n")
+        request = await held.arrived.addTimeout(TIMEOUT, reactor)
+        self.assertTrue(fence.read_ahead(request.channel))  # in the same read: still the line buffer's
+        await client.wait_for(b"\r\n\r\n")
+        self.assertTrue(fence.read_ahead(request.channel))  # now the channel's own buffer
+
+    async def test_without_the_connection_state_nothing_is_taken_over(self) -> None:
+        self.patch(fence, "TCP_PROTOCOL", False)
+        request, client = await self.held_request()
+        channel, transport = request.channel, request.channel.transport
+        self.assertFalse(fence.take_over(transport, channel, _Taker(), _Producer()))
+        self.assertIs(fence.channel_of(transport.protocol), channel)
+        self.assertIs(transport.producer, channel)
+
+    async def test_without_the_read_ahead_state_a_request_may_follow(self) -> None:
+        self.patch(fence, "CHANNEL_READ_AHEAD", False)
+        request, client = await self.held_request()
+        self.assertTrue(fence.read_ahead(request.channel))
+
+
+async def client_turn() -> None:
+    d: Deferred[None] = Deferred()
+    reactor.callLater(0, d.callback, None)
+    await d
+
+
 # -- requests -------------------------------------------------------------------------------------------
 
 
