@@ -126,6 +126,7 @@ class _Handshake:
 
     def _usable(self) -> None:
         """The handshake passed: the connection carries commands from now on."""
+
     @defer.inlineCallbacks
     def _authenticate(self) -> Any:
         if self.password is not None:

@@ -4,6 +4,7 @@ holding another relayd keyspace version is refused."""
 from __future__ import annotations
 
 import socket
+from typing import Callable
 
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
@@ -29,19 +30,25 @@ def denied_auth(port: int) -> int:
     return int(log[1].split(b"\r\n")[0]) if len(log) > 1 else 0
 
 
+async def until(
+    test: TestCase, condition: Callable[[], object], what: str, within: float = 10.0, step: float = 0.02
+) -> None:
+    """Wait until C{condition()} holds, failing C{test} with C{what} after C{within} seconds. Polling is
+    acceptable here: what is waited on is an external redis-server, or connections that the client makes,
+    loses and remakes (with a backoff) by itself, with no event a test could wait on instead."""
+    waited = 0.0
+    while not condition():
+        test.assertLess(waited, within, what)
+        await deferLater(reactor, step, lambda: None)
+        waited += step
+
+
 class Reconnect(TestCase):
     timeout = 30
 
     def setUp(self) -> None:
         self.server = RedisServer.start()
         self.addCleanup(self.server.cleanup)
-
-    async def until_connected(self, redis: Redis, within: float = 10.0) -> None:
-        waited = 0.0
-        while not redis.connected:
-            self.assertLess(waited, within, "the client did not reconnect")
-            await deferLater(reactor, 0.05, lambda: None)  # polling a reconnect that backs off by itself
-            waited += 0.05
 
     async def test_failed_handshake_is_retried_not_given_up(self) -> None:
         # A handshake that fails (here a wrong password; during a restart, a connection closed
@@ -53,14 +60,12 @@ class Reconnect(TestCase):
         refused = await self.assertFailure(redis.execute("probe", "PING"), StoreUnavailable)
         self.assertEqual(str(refused), "probe store unavailable: not connected")
         # Every slot of the pool has tried and been refused before the password is fixed.
-        waited = 0.0
-        while denied_auth(port) < 4:
-            self.assertLess(waited, 10, "the client never tried to authenticate")
-            await deferLater(reactor, 0.05, lambda: None)  # polling an external server's counter
-            waited += 0.05
+        # Polling an external server's counter.
+        await until(self, lambda: denied_auth(port) >= 4, "the client never tried to authenticate", step=0.05)
 
         self.assertEqual(admin(port, b"AUTH old\r\nCONFIG SET requirepass new\r\n"), b"+OK\r\n+OK\r\n")
-        await self.until_connected(redis)
+        # Polling a reconnect that backs off by itself.
+        await until(self, lambda: redis.connected, "the client did not reconnect", step=0.05)
         self.assertEqual(await redis.execute("probe", "SET", "k", "v"), "OK")
         # SELECT ran: the key is in database 1 (beside the keyspace version), not 0.
         self.assertEqual(sorted(await redis.execute("probe", "KEYS", "*")), [b"k", b"relayd:schema"])
@@ -86,17 +91,10 @@ class KeyspaceVersion(TestCase):
         self.addCleanup(redis.close)
         return redis
 
-    async def until(self, condition, what: str, within: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-        waited = 0.0
-        while not condition():
-            self.assertLess(waited, within, what)
-            await deferLater(reactor, 0.02, lambda: None)  # polling a connection being made
-            waited += 0.02
-
     async def test_fresh_redis_gets_this_version(self) -> None:
         self.assertEqual(self.get(b"relayd:schema"), b"$-1\r\n")
         redis = self.client()
-        await self.until(lambda: redis.connected, "the client did not connect")
+        await until(self, lambda: redis.connected, "the client did not connect")
         mine = str(KEYSPACE_VERSION).encode()
         self.assertEqual(await redis.execute("probe", "GET", "relayd:schema"), mine)
         self.assertIsNone(redis.refusal)
@@ -105,7 +103,7 @@ class KeyspaceVersion(TestCase):
         mine = str(KEYSPACE_VERSION).encode()
         admin(self.server.port, b"SET relayd:schema " + mine + b"\r\n")
         redis = self.client()
-        await self.until(lambda: redis.connected, "the client did not connect")
+        await until(self, lambda: redis.connected, "the client did not connect")
         self.assertEqual(await redis.execute("probe", "SET", "k", "v"), "OK")
         self.assertFalse(redis.refused.called)
 
@@ -126,7 +124,7 @@ class KeyspaceVersion(TestCase):
     async def test_earlier_keys_under_another_prefix_do_not_count(self) -> None:
         admin(self.server.port, b"SET other:aep:lru x\r\n")
         redis = self.client()
-        await self.until(lambda: redis.connected, "the client did not connect")
+        await until(self, lambda: redis.connected, "the client did not connect")
         self.assertEqual(await redis.execute("probe", "GET", "relayd:schema"), str(KEYSPACE_VERSION).encode())
 
     async def test_newer_version_is_refused_with_the_reason(self) -> None:
@@ -167,14 +165,14 @@ class KeyspaceVersion(TestCase):
             listing = admin(self.server.port, b"CLIENT LIST\r\n")
             return listing.count(b"cmd=") - listing.count(b"cmd=client")
 
-        await self.until(lambda: ours() == 0, "the refused client kept connections open")
+        await until(self, lambda: ours() == 0, "the refused client kept connections open")
         self.assertTrue(redis._pool._factory.stopped)
 
     async def test_version_is_per_prefix(self) -> None:
         # Another deployment (prefix) with another version does not concern this one.
         admin(self.server.port, b"SET other:schema 999\r\n")
         redis = self.client("mine:")
-        await self.until(lambda: redis.connected, "the client did not connect")
+        await until(self, lambda: redis.connected, "the client did not connect")
         self.assertEqual(self.get(b"mine:schema"), b"$1\r\n%d\r\n" % KEYSPACE_VERSION)
         _, reason = await self.refused(b"999", prefix="other:")
         self.assertIn("(key other:schema)", reason)
@@ -207,28 +205,21 @@ class ConnectionLog(TestCase):
         globalLogPublisher.addObserver(observe)
         self.addCleanup(globalLogPublisher.removeObserver, observe)
 
-    async def until(self, condition, what: str) -> None:  # type: ignore[no-untyped-def]
-        waited = 0.0
-        while not condition():
-            self.assertLess(waited, 10.0, what)
-            await deferLater(reactor, 0.02, lambda: None)  # polling connections being made and lost
-            waited += 0.02
-
     async def test_first_connection_and_last_loss_are_logged_once(self) -> None:
         url = f"redis://:secret-pass@127.0.0.1:{self.server.port}/0"
         admin(self.server.port, b"CONFIG SET requirepass secret-pass\r\n")
         redis = Redis(url, Timekeeper(reactor), timeout=1, poolsize=3)
         self.addCleanup(redis.close)
-        await self.until(lambda: redis._factory.size == 3, "the pool did not fill")
+        await until(self, lambda: redis._factory.size == 3, "the pool did not fill")
         connected = f"connected to Redis at redis://127.0.0.1:{self.server.port}/0 (keyspace version {KEYSPACE_VERSION})"
         self.assertEqual(self.lines, [connected])  # once for the pool, not per connection; no password
         self.server.stop(save=False)
-        await self.until(lambda: len(self.lines) > 1, "the loss was not logged")
+        await until(self, lambda: len(self.lines) > 1, "the loss was not logged")
         self.assertEqual(self.lines[1:], [f"lost every connection to Redis at redis://127.0.0.1:{self.server.port}/0; reconnecting"])
 
     async def test_closing_is_not_a_loss(self) -> None:
         redis = Redis(self.server.url, Timekeeper(reactor), timeout=1)
-        await self.until(lambda: redis.connected, "the client did not connect")
+        await until(self, lambda: redis.connected, "the client did not connect")
         await redis.close()
         self.assertEqual(len(self.lines), 1, self.lines)
 

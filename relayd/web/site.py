@@ -69,6 +69,10 @@ class RelayChannel(ChannelHooks):
     # The site's clock and its header and body timeouts, read once per connection (a channel
     # outside a RelaySite has no clock, so no deadlines).
     _deadlines: tuple[Timekeeper, float | None, float | None] | None = None
+    # The RelaySite, found once by connectionMade, through which getHost shares the local address.
+    # Twisted builds requests (which ask getHost) only once connected; before that, or outside a
+    # RelaySite, getHost answers the plain address.
+    _relay_site: RelaySite | None = None
 
     def getHost(self) -> Any:
         # Twisted asks the socket (a system call) for every request; the local address of a
@@ -77,8 +81,8 @@ class RelayChannel(ChannelHooks):
         host = self._host
         if host is None:
             host = super().getHost()
-            site = getattr(self, "site", None)
-            if isinstance(site, RelaySite):
+            site = self._relay_site
+            if site is not None:
                 host = site.shared_address(host)
             self._host = host
         return host
@@ -95,6 +99,7 @@ class RelayChannel(ChannelHooks):
         super().connectionMade()
         site = getattr(self, "site", None)
         if isinstance(site, RelaySite):
+            self._relay_site = site
             self._deadlines = (site.clock, site.header_timeout, site.body_timeout)
         self._start_header_clock()
 

@@ -330,7 +330,7 @@ class BufferedBytesBound(TestCase):
         self.proc = await start_mcp_process(self, *self.flags)
         self.http = HttpClient.on_port(self, self.proc.port("mcp"))
         if self.with_redis:
-            await until_store_answers(self, self.http)
+            await until_store_answers(self.proc)
         for session in ("sess-1", "sess-2", "sess-3"):
             await register(self.http, session)
 
@@ -415,7 +415,7 @@ class BufferedBytesBoundOnRedis(BufferedBytesBound):
     async def test_the_bound_is_shared_by_every_instance(self) -> None:
         other = await start_mcp_process(self, *self.flags)
         there = HttpClient.on_port(self, other.port("mcp"))
-        await until_store_answers(self, there)
+        await until_store_answers(other)
         self.assertEqual((await self.http.post(f"/sess-1/inbox?token={TOKEN}", frame(CAP - 48))).code, 200)
         self.assertEqual((await there.post(f"/sess-2/inbox?token={TOKEN}", frame(48))).code, 200)
         self.assert_full(await there.post(f"/sess-3/inbox?token={TOKEN}", frame(48)))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from twisted.trial.unittest import TestCase
 
-from tests.support.http import HttpClient
 from tests.support.mcp import TOKEN, start_mcp_process, until_store_answers
 from tests.support.mcp_clients import RemoteRelay, SimulatedPage, run_client
 from tests.support.redis import shared_redis
@@ -21,7 +20,7 @@ class AcrossInstances(TestCase):
         self.a = await start_mcp_process(self, "--redis", url, "--redis-prefix", prefix)
         self.b = await start_mcp_process(self, "--redis", url, "--redis-prefix", prefix)
         for proc in (self.a, self.b):
-            await until_store_answers(self, HttpClient.on_port(self, proc.port("mcp")))
+            await until_store_answers(proc)
         self.url_a = f"http://127.0.0.1:{self.a.port('mcp')}"
         relay_b = RemoteRelay(self, f"http://127.0.0.1:{self.b.port('mcp')}")
         registered = await relay_b.post("/register", b'{"session":"%s","token":"%s"}' % (SESSION.encode(), TOKEN.encode()))

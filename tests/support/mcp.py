@@ -8,8 +8,6 @@ import itertools
 import json
 from typing import Any, Mapping
 
-from twisted.internet import reactor
-from twisted.internet.task import deferLater
 from twisted.trial import unittest
 from twisted.trial.unittest import TestCase
 
@@ -124,14 +122,10 @@ async def start_mcp_process(
     return await RelaydProcess.start_for(case, ["--no-aep", "--mcp-listen", listen, *flags], env=dict(env or {}), wait_for=wait_for)
 
 
-async def until_store_answers(case: TestCase, http: HttpClient) -> None:
-    """Until a relay started with C{--redis} has its pool up (it answers 503 while it connects)."""
-    deadline = reactor.seconds() + 10.0
-    probe = b'{"session":"ready-probe","token":"ready_probe_token_0123"}'
-    while (reply := await http.post("/register", probe)).code != 200:
-        case.assertEqual(reply.json(), {"error": "store_unavailable", "store": "mcp"})
-        case.assertLess(reactor.seconds(), deadline, "the relay never reached Redis")
-        await deferLater(reactor, 0.05, lambda: None)  # polling a connection another process makes
+async def until_store_answers(proc: RelaydProcess) -> None:
+    """Until a relay started with C{--redis} has its pool up (it answers 503 while it connects):
+    relayd logs when its first pool connection has passed the handshake."""
+    await proc.wait_for(rb"connected to Redis at ")
 
 
 _sentinels = itertools.count()
