@@ -24,9 +24,9 @@ from autobahn.websocket.protocol import WebSocketProtocol
 from twisted.application import app, service
 from twisted.application.internet import StreamServerEndpointService
 from twisted.internet import abstract, base, defer, tcp
-from twisted.protocols import basic
 from twisted.internet.interfaces import IListeningPort, IReactorCore, IStreamServerEndpoint
 from twisted.logger import FileLogObserver, LogPublisher
+from twisted.protocols import basic
 from twisted.python import components
 from twisted.python.failure import Failure
 from twisted.python.reflect import prefixedMethodNames
