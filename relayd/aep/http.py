@@ -27,7 +27,7 @@ from relayd.aep.relay import (
     held_size,
 )
 from relayd.aep.store import Position
-from relayd.aep.wire import frame_safe, sse_chunk, sse_frame
+from relayd.aep.wire import frame_safe, sse_forms, sse_frame
 from relayd.storage import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param, tokens_equal
 from relayd.web.body import EarlyAnswer, read_body
@@ -237,13 +237,15 @@ class SSESubscriber(Subscriber):
         self.keep_held(event, size)
 
     def send(self, event: Event) -> None:
+        # Once per delivery of a fan-out: the common case (a reading client, no capture ceiling)
+        # reads two attributes before the write.
         stream = self.stream
-        if stream.backlog > SOFT_BACKLOG and event.severity < NOTICE:
+        if stream.paused and stream.backlog > SOFT_BACKLOG and event.severity < NOTICE:
             self.dropped += 1
             _SLOW_CONSUMER.inc()
             return
-        level = self.level(event)
-        if not stream.write(sse_frame(event, level), sse_chunk(event, level)) and stream.discarded:
+        frame, chunk = sse_forms(event, None if self.ceiling is None else self.level(event))
+        if not stream.write(frame, chunk) and stream.discarded:
             _CUT_OFF.inc(stream.discarded)  # the stream was just cut off with these frames unsent
             stream.discarded = 0
 

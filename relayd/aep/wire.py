@@ -41,13 +41,21 @@ def sse_frame(event: Event, level: str | None = None) -> bytes:
     return frame
 
 
-def sse_chunk(event: Event, level: str | None = None) -> bytes:
-    """L{sse_frame} in HTTP chunked form, made once for every SSE subscriber of a fan-out."""
-    key = ("chunk", level)
-    chunk = event.form(key)
-    if chunk is None:
-        chunk = event.keep(key, http_chunk(sse_frame(event, level)))
-    return chunk
+# One key per capture level: the lookup below runs once per SSE delivery.
+_SSE_FORMS_KEYS: dict[str | None, tuple[str, str | None]] = {}
+
+
+def sse_forms(event: Event, level: str | None = None) -> tuple[bytes, bytes]:
+    """L{sse_frame} and its HTTP chunk together, made once per event and level: what an SSE
+    subscriber of a live fan-out writes (one lookup per delivery, not one per form)."""
+    key = _SSE_FORMS_KEYS.get(level)
+    if key is None:
+        key = _SSE_FORMS_KEYS.setdefault(level, ("sse+chunk", level))
+    forms = event.form(key)
+    if forms is None:
+        frame = sse_frame(event, level)
+        forms = event.keep(key, (frame, http_chunk(frame)))
+    return forms
 
 
 def ws_message(event: Event, level: str | None, factory: Any) -> Any:
