@@ -10,7 +10,7 @@ from collections import deque
 from itertools import chain
 from time import perf_counter
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence, cast
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence, cast
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
@@ -442,20 +442,26 @@ class EventRelay:
         except Exception:
             self._log.failure("aep fan-out failed after the events were stored")
 
-    def _dispatch(self, events: Iterable[Event], sender: Emitter | None, published: bool = False) -> None:
+    def _dispatch(self, events: Sequence[Event], sender: Emitter | None, published: bool = False) -> None:
         started = perf_counter()
-        count = delivered = 0
+        delivered = 0
         # One snapshot per batch, not per event: a subscriber that closes meanwhile refuses writes.
         subscribers = self.index.snapshot()
-        for event in events:
-            count += 1
-            if event.kind is EventKind.COMMAND:
-                self.route_command(event, sender)
-            else:
-                # Even a duplicate is fanned out live: a byte-identical re-ack must traverse.
-                delivered += self.fan_out(event, subscribers)
+        if subscribers.empty:
+            # Nobody to offer an event to: only the commands have somewhere to go (a batch costs
+            # no fan-out call per event then).
+            for event in events:
+                if event.kind is EventKind.COMMAND:
+                    self.route_command(event, sender)
+        else:
+            for event in events:
+                if event.kind is EventKind.COMMAND:
+                    self.route_command(event, sender)
+                else:
+                    # Even a duplicate is fanned out live: a byte-identical re-ack must traverse.
+                    delivered += self.fan_out(event, subscribers)
         _FANOUT.observe(perf_counter() - started)
-        _INGESTED.inc(count)
+        _INGESTED.inc(len(events))
         if delivered:
             _DELIVERED.inc(delivered)
         if self.fanout is not None and not published:
