@@ -167,6 +167,8 @@ class BatchParser:
             admitted.extend(admit_lines(lines[start:end], self._plain))
         else:
             admitted.extend(map(admit, lines[start:end]))
+        if None not in admitted[start:end]:  # (one C scan: the usual slice is all admitted)
+            return end == len(lines)
         for index in range(start, end):
             if admitted[index] is None:
                 try:
