@@ -224,16 +224,15 @@ def admit_lines(lines: list[bytes], plain: PlainBody | None) -> list[Event | Non
     if plain is None:
         return [admit(line) for line in lines]
     if not plain.shallow or (lines and max(map(len, lines)) > MAX_INT_DIGITS):
-        return [_admit_plain(line, plain.arrays) for line in lines]
+        return [_admit_plain(line, plain) for line in lines]
     # The usual body: no line needs a check of its own, so each costs one decode and the event's
     # attributes, set here rather than through a call per line (L{_from_envelope}, which this
-    # follows). Lines of a batch mostly repeat one type, session and source: each event of a run
-    # shares its predecessor's string, and the type's kind is looked up once per run.
+    # follows). Lines of a batch mostly repeat one type: its kind is looked up once per run.
     read, new, ranks, unset, limit = _read_envelope, _new_event, SEVERITY_RANK, _UNSET, POSITION_LIMIT
     sequenced = EventKind.SEQUENCED
     admitted: list[Event | None] = []
     append = admitted.append
-    last_type = last_session = last_source = ""
+    last_type = ""
     kind: EventKind | None = None
     for raw in lines:
         try:
@@ -242,9 +241,7 @@ def admit_lines(lines: list[bytes], plain: PlainBody | None) -> list[Event | Non
             append(None)
             continue
         type_ = env.type
-        if type_ == last_type:
-            type_ = last_type
-        else:
+        if type_ != last_type:
             kind = kind_of_type(type_)
             last_type = type_
         posted, seq = env.session, env.seq
@@ -262,26 +259,14 @@ def admit_lines(lines: list[bytes], plain: PlainBody | None) -> list[Event | Non
             continue
         else:
             position = (0, -1)
-        session: str | None
-        if posted is unset:
-            session = None
-        elif posted == last_session:
-            session = last_session
-        else:
-            session = last_session = posted
-        source = env.source
-        if source == last_source:
-            source = last_source
-        else:
-            last_source = source
         event = new(Event)
         event._ev = None
         event.raw = raw
         event.kind = kind
         event.type = type_
         event.position = position
-        event.session = session
-        event.key = (source, env.id)
+        event.session = None if posted is unset else posted
+        event.key = (env.source, env.id)
         severity = env.severity
         event.severity = 1 if severity is unset else ranks[severity]
         capture = env.capture
@@ -291,10 +276,10 @@ def admit_lines(lines: list[bytes], plain: PlainBody | None) -> list[Event | Non
     return admitted
 
 
-def _admit_plain(raw: bytes, arrays: bool) -> Event | None:
-    """L{admit} of a line of a body L{plain_body} settled (ASCII, no escape, no line break) except
-    for its depth (C{arrays}: whether it may hold a "[") and the length of its numbers."""
-    if raw.count(b"{") + (raw.count(b"[") if arrays else 0) > MAX_DEPTH:
+def _admit_plain(raw: bytes, plain: PlainBody) -> Event | None:
+    """L{admit} of a line of a body L{plain_body} settled as C{plain}: its depth (unless the body
+    settled it) and the length of its numbers are checked here."""
+    if not plain.shallow and raw.count(b"{") + (raw.count(b"[") if plain.arrays else 0) > MAX_DEPTH:
         return None
     # msgspec skips the attributes it does not read without converting their numbers.
     if len(raw) > MAX_INT_DIGITS and _LONG_DIGITS.search(raw) is not None:
