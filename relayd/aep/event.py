@@ -162,6 +162,7 @@ class _Envelope(msgspec.Struct, gc=False):
 
 
 _read_envelope = msgspec.json.Decoder(_Envelope).decode
+_LOWEST = -POSITION_LIMIT  # (made once: negating the 330-bit limit allocates)
 _UNSET = msgspec.UNSET
 # One scan finds what sends a line to the exact path: brackets (how deep it might nest), line breaks,
 # and backslashes (whether an escape could have put a control character into an identifier).
@@ -228,7 +229,7 @@ def admit_lines(lines: list[bytes], plain: PlainBody | None) -> list[Event | Non
     # The usual body: no line needs a check of its own, so each costs one decode and the event's
     # attributes, set here rather than through a call per line (L{_from_envelope}, which this
     # follows). Lines of a batch mostly repeat one type: its kind is looked up once per run.
-    read, new, ranks, unset, limit = _read_envelope, _new_event, SEVERITY_RANK, _UNSET, POSITION_LIMIT
+    read, new, ranks, unset, limit, lowest = _read_envelope, _new_event, SEVERITY_RANK, _UNSET, POSITION_LIMIT, _LOWEST
     sequenced = EventKind.SEQUENCED
     admitted: list[Event | None] = []
     append = admitted.append
@@ -250,7 +251,7 @@ def admit_lines(lines: list[bytes], plain: PlainBody | None) -> list[Event | Non
                 append(None)
                 continue
             epoch = 0 if env.epoch is unset else env.epoch
-            if seq >= limit or not -limit < epoch < limit:
+            if seq >= limit or not lowest < epoch < limit:
                 append(None)
                 continue
             position = (epoch, seq)
@@ -302,7 +303,7 @@ def _from_envelope(raw: bytes, env: _Envelope, escapes: bool) -> Event | None:
         if session is _UNSET or seq is _UNSET:
             return None
         epoch = 0 if env.epoch is _UNSET else env.epoch
-        if seq >= POSITION_LIMIT or not -POSITION_LIMIT < epoch < POSITION_LIMIT:
+        if seq >= POSITION_LIMIT or not _LOWEST < epoch < POSITION_LIMIT:
             return None
         position = (epoch, seq)
     elif kind is None:
