@@ -162,6 +162,7 @@ class _Envelope(msgspec.Struct, gc=False):
 
 
 _read_envelope = msgspec.json.Decoder(_Envelope).decode
+_LOWEST = -POSITION_LIMIT  # (made once: negating the 330-bit limit allocates)
 _UNSET = msgspec.UNSET
 # One scan finds what sends a line to the exact path: brackets (how deep it might nest), line breaks,
 # and backslashes (whether an escape could have put a control character into an identifier).
@@ -223,25 +224,72 @@ def admit_lines(lines: list[bytes], plain: PlainBody | None) -> list[Event | Non
     found in the body; the verdict per line is L{admit}'s."""
     if plain is None:
         return [admit(line) for line in lines]
-    arrays, shallow = plain.arrays, plain.shallow
-    read, build, long_int = _read_envelope, _from_envelope, MAX_INT_DIGITS
+    if not plain.shallow or (lines and max(map(len, lines)) > MAX_INT_DIGITS):
+        return [_admit_plain(line, plain) for line in lines]
+    # The usual body: no line needs a check of its own, so each costs one decode and the event's
+    # attributes, set here rather than through a call per line (L{_from_envelope}, which this
+    # follows). Lines of a batch mostly repeat one type: its kind is looked up once per run.
+    read, new, ranks, unset, limit, lowest = _read_envelope, _new_event, SEVERITY_RANK, _UNSET, POSITION_LIMIT, _LOWEST
+    sequenced = EventKind.SEQUENCED
     admitted: list[Event | None] = []
     append = admitted.append
+    last_type = ""
+    kind: EventKind | None = None
     for raw in lines:
-        if not shallow and raw.count(b"{") + (raw.count(b"[") if arrays else 0) > MAX_DEPTH:
-            append(None)
-            continue
-        # msgspec skips the attributes it does not read without converting their numbers.
-        if len(raw) > long_int and _LONG_DIGITS.search(raw) is not None:
-            append(None)
-            continue
         try:
             env = read(raw)
         except msgspec.MsgspecError:
             append(None)
             continue
-        append(build(raw, env, False))
+        type_ = env.type
+        if type_ != last_type:
+            kind = kind_of_type(type_)
+            last_type = type_
+        posted, seq = env.session, env.seq
+        if kind is sequenced:
+            if posted is unset or seq is unset:
+                append(None)
+                continue
+            epoch = 0 if env.epoch is unset else env.epoch
+            if seq >= limit or not lowest < epoch < limit:
+                append(None)
+                continue
+            position = (epoch, seq)
+        elif kind is None or seq is not unset or (posted is unset) is not (kind is EventKind.AGENT_SCOPED):
+            append(None)  # see L{_from_envelope}
+            continue
+        else:
+            position = (0, -1)
+        event = new(Event)
+        event._ev = None
+        event.raw = raw
+        event.kind = kind
+        event.type = type_
+        event.position = position
+        event.session = None if posted is unset else posted
+        event.key = (env.source, env.id)
+        severity = env.severity
+        event.severity = 1 if severity is unset else ranks[severity]
+        capture = env.capture
+        event.capture = None if capture is unset else capture
+        event._forms = None
+        append(event)
     return admitted
+
+
+def _admit_plain(raw: bytes, plain: PlainBody) -> Event | None:
+    """L{admit} of a line of a body L{plain_body} settled as C{plain}: its depth (unless the body
+    settled it) and the length of its numbers are checked here."""
+    if not plain.shallow and raw.count(b"{") + (raw.count(b"[") if plain.arrays else 0) > MAX_DEPTH:
+        return None
+    # msgspec skips the attributes it does not read without converting their numbers.
+    if len(raw) > MAX_INT_DIGITS and _LONG_DIGITS.search(raw) is not None:
+        return None
+    try:
+        env = _read_envelope(raw)
+    except msgspec.MsgspecError:
+        return None
+    return _from_envelope(raw, env, False)
 
 
 def _from_envelope(raw: bytes, env: _Envelope, escapes: bool) -> Event | None:
@@ -255,7 +303,7 @@ def _from_envelope(raw: bytes, env: _Envelope, escapes: bool) -> Event | None:
         if session is _UNSET or seq is _UNSET:
             return None
         epoch = 0 if env.epoch is _UNSET else env.epoch
-        if seq >= POSITION_LIMIT or not -POSITION_LIMIT < epoch < POSITION_LIMIT:
+        if seq >= POSITION_LIMIT or not _LOWEST < epoch < POSITION_LIMIT:
             return None
         position = (epoch, seq)
     elif kind is None:

@@ -144,7 +144,7 @@ class BatchParser:
 
     def __init__(self, body: bytes, ndjson: bool, max_batch: int) -> None:
         if ndjson:
-            self.lines = [line for line in map(bytes.strip, body.split(b"\n")) if line]
+            self.lines = list(filter(None, map(bytes.strip, body.split(b"\n"))))
         else:
             self.lines = [body.strip()]
         # A line feed ends an NDJSON line, so what the whole body settles holds for each line; a
@@ -167,6 +167,8 @@ class BatchParser:
             admitted.extend(admit_lines(lines[start:end], self._plain))
         else:
             admitted.extend(map(admit, lines[start:end]))
+        if None not in admitted[start:end]:  # (one C scan: the usual slice is all admitted)
+            return end == len(lines)
         for index in range(start, end):
             if admitted[index] is None:
                 try:

@@ -94,13 +94,15 @@ class Snapshot:
     iteration, and the copying costs what the batch can match, not the number of subscribers.
     """
 
-    __slots__ = ("_attrs", "_copies", "_scan")
+    __slots__ = ("_attrs", "_copies", "_scan", "empty")
 
     def __init__(self, index: SubscriptionIndex) -> None:
         # The attributes indexed now (a removal during the batch may drop one from the index).
         self._attrs = tuple(index._buckets.items())
         self._copies: dict[tuple[str, str], tuple[Group, Group]] = {}
         self._scan: Group = (tuple(index._scan.values()), True)
+        # Whether no event of the batch can have a candidate (nobody subscribed): fan-out is skipped.
+        self.empty = not self._attrs and not self._scan[0]
 
     def groups(self, event: Any) -> list[Group]:
         """The candidate groups for C{event} (an L{Event}): its buckets, then the scan list."""

@@ -10,7 +10,7 @@ from collections import deque
 from itertools import chain
 from time import perf_counter
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence, cast
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence, cast
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
@@ -429,33 +429,48 @@ class EventRelay:
         else:
             d = self.log.append(sequenced) if sequenced else succeed(None)
 
+        # (A batch of sequenced events only holds no command to route.)
+        commands = len(sequenced) != len(events)
+
         def stored(_: object) -> None:
-            self._dispatch_stored(events, sender, published)
+            self._dispatch_stored(events, sender, published, commands)
 
         return d.addCallback(stored)
 
-    def _dispatch_stored(self, events: Sequence[Event], sender: Emitter | None, published: bool = False) -> None:
+    def _dispatch_stored(
+        self, events: Sequence[Event], sender: Emitter | None, published: bool = False, commands: bool = True
+    ) -> None:
         """L{_dispatch} once the store has the events: a failure there is logged, never reported to
         the emitter as a refusal (its events were accepted and will be replayed)."""
         try:
-            self._dispatch(events, sender, published)
+            self._dispatch(events, sender, published, commands)
         except Exception:
             self._log.failure("aep fan-out failed after the events were stored")
 
-    def _dispatch(self, events: Iterable[Event], sender: Emitter | None, published: bool = False) -> None:
+    def _dispatch(
+        self, events: Sequence[Event], sender: Emitter | None, published: bool = False, commands: bool = True
+    ) -> None:
+        """Fan out and route C{events} in arrival order (C{commands}: whether any may be a command)."""
         started = perf_counter()
-        count = delivered = 0
+        delivered = 0
         # One snapshot per batch, not per event: a subscriber that closes meanwhile refuses writes.
         subscribers = self.index.snapshot()
-        for event in events:
-            count += 1
-            if event.kind is EventKind.COMMAND:
-                self.route_command(event, sender)
-            else:
-                # Even a duplicate is fanned out live: a byte-identical re-ack must traverse.
-                delivered += self.fan_out(event, subscribers)
+        if subscribers.empty:
+            # Nobody to offer an event to: only the commands have somewhere to go (a batch costs
+            # no fan-out call per event then).
+            if commands:
+                for event in events:
+                    if event.kind is EventKind.COMMAND:
+                        self.route_command(event, sender)
+        else:
+            for event in events:
+                if event.kind is EventKind.COMMAND:
+                    self.route_command(event, sender)
+                else:
+                    # Even a duplicate is fanned out live: a byte-identical re-ack must traverse.
+                    delivered += self.fan_out(event, subscribers)
         _FANOUT.observe(perf_counter() - started)
-        _INGESTED.inc(count)
+        _INGESTED.inc(len(events))
         if delivered:
             _DELIVERED.inc(delivered)
         if self.fanout is not None and not published:

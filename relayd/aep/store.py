@@ -124,6 +124,10 @@ class MemoryEventLog:
         self._buffers: OrderedDict[str, _SessionBuffer] = OrderedDict()
 
     def append(self, events: Sequence[Event]) -> Deferred[list[bool]]:
+        if len(events) > 1:
+            appended = self._append_run(events)
+            if appended is not None:
+                return succeed(appended)
         admitted = []
         buffers = self._buffers
         capacity = self.capacity
@@ -163,6 +167,45 @@ class MemoryEventLog:
                     buffer.trim(capacity)
             admitted.append(True)
         return succeed(admitted)
+
+    def _append_run(self, events: Sequence[Event]) -> list[bool] | None:
+        """L{append} of the usual batch: one session, in position order after what it holds, no key
+        held or repeated. Each step is a C call over the batch (the per-event loop costs several
+        hundred ns an event); the result is the loop's: every event kept, then the oldest evicted
+        down to capacity. C{None}, with nothing changed, for any other batch."""
+        session = events[0].session
+        if [event.session for event in events].count(session) != len(events):
+            return None
+        keys = [event.key for event in events]
+        fresh = set(keys)
+        if len(fresh) != len(keys):
+            return None
+        positions = [event.position for event in events]
+        if positions != sorted(positions):
+            return None
+        buffers = self._buffers
+        buffer = buffers.get(session)  # type: ignore[arg-type]
+        if buffer is not None:
+            if not buffer.ids.isdisjoint(fresh) or (len(buffer) and buffer.events[-1].position > positions[0]):
+                return None
+            buffers.move_to_end(session)  # type: ignore[arg-type]
+        else:
+            if len(buffers) >= self.max_sessions:
+                buffers.popitem(last=False)
+            buffer = buffers[session] = _SessionBuffer()  # type: ignore[index]
+        held, ids = buffer.events, buffer.ids
+        held.extend(events)
+        ids |= fresh
+        head = buffer.head
+        over = len(held) - head - self.capacity
+        if over > 0:
+            ids.difference_update([event.key for event in held[head : head + over]])
+            held[head : head + over] = [None] * over  # type: ignore[list-item]
+            head = buffer.head = head + over
+            if head > 1024 and head * 2 > len(held):
+                del held[:head]
+                buffer.head = 0
+        return [True] * len(events)
 
     def replay(self, session: str, after: Position, limit: int | None = None, cursor: Any = None) -> Deferred[Replay]:
         buffer = self._buffers.get(session)

@@ -179,6 +179,27 @@ class MemoryLogProperty(TestCase):
             for session, held in model.buffers.items():
                 assert list(self.successResultOf(log.replay(session, (0, -1))).events) == held
 
+    @cases(*[2, 3])
+    def test_batches_of_one_session_match_the_one_event_at_a_time_rules(self, max_sessions: int) -> None:
+        # The usual batch (one session, in order, new keys) takes a path of its own: batches longer
+        # than the capacity, runs long enough to compact, and the duplicates and late positions
+        # that send a batch back to the general path.
+        rng = random.Random(13)
+        log = MemoryEventLog(capacity=5, max_sessions=max_sessions)
+        model = ReferenceLog(capacity=5, max_sessions=max_sessions)
+        seq = itertools.count()
+        for _ in range(1500):
+            session = rng.choice("abc")
+            batch = []
+            for _ in range(rng.choice([2, 4, 7, 12])):
+                position = next(seq) if rng.random() < 0.97 else rng.randrange(0, 40)
+                reused = {"id": f"again-{rng.randrange(3)}"} if rng.random() < 0.02 else {}
+                batch.append(ev(session, position, **reused))
+            assert self.successResultOf(log.append(batch)) == model.append(batch)
+            assert self.successResultOf(log.sessions()) == list(model.buffers)
+            for session, held in model.buffers.items():
+                assert list(self.successResultOf(log.replay(session, (0, -1))).events) == held
+
 
 @expand
 class RedisLogProperty(TestCase):
