@@ -40,6 +40,8 @@ _REQUEST_TIMEOUT = (408, b"Request Timeout", b'{"error":"request_timeout"}')
 # A Content-Length with more digits than this is larger than any body cap; Python's int() refuses
 # over 4300 digits, which Twisted's parser does not expect (an unhandled ValueError, no answer).
 _LENGTH_DIGITS = 18
+# A read longer than this that holds a header block and more is parsed in two parts (RelayChannel._read).
+_SPLIT_READS_OVER = 4096
 DEFAULT_HEADER_TIMEOUT = 20.0
 DEFAULT_BODY_TIMEOUT = 60.0
 DEFAULT_IDLE_TIMEOUT = 60.0
@@ -108,12 +110,27 @@ class RelayChannel(ChannelHooks):
             self._start_header_clock()
         transport = self.transport
         if not hold_writes(transport):
-            super().dataReceived(data)
+            self._read(data)
             return
         try:
-            super().dataReceived(data)
+            self._read(data)
         finally:
             release_writes(transport)
+
+    def _read(self, data: bytes) -> None:
+        # Twisted's line reader copies what follows each line it splits off, so a POST whose
+        # headers and body arrive in one read had its body copied once per header line (a 50 KB
+        # NDJSON batch about ten times). The header block goes first, then the rest: the parser
+        # sees the bytes as if they had come in two reads.
+        if self.line_mode and len(data) > _SPLIT_READS_OVER:
+            end = data.find(b"\r\n\r\n", 0, MAX_HEADER_BYTES + 4) + 4
+            if 4 <= end < len(data):
+                super().dataReceived(data[:end])
+                transport = self.transport
+                if transport is None or getattr(transport, "disconnecting", False):
+                    return  # answered and closing: nothing more is read (as within one read)
+                data = data[end:]
+        super().dataReceived(data)
 
     def allHeadersReceived(self) -> None:
         self._stop_header_clock()

@@ -10,7 +10,7 @@ import treq
 from twisted.internet import reactor, task
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
-from twisted.internet.testing import EventLoggingObserver
+from twisted.internet.testing import EventLoggingObserver, StringTransport
 from twisted.internet.threads import deferToThread
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import TestCase
@@ -19,6 +19,8 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
 from relayd.clock import Timekeeper
+from relayd.web import twisted_internals as fence
+from relayd.web.body import BodyLimit
 from relayd.web.site import RelaySite
 from relayd.web.sse import SSEHub, SSEStream
 from tests.support.aep import AEPRelay, event, ndjson
@@ -327,3 +329,62 @@ class AccessLineEscaping(TestCase):
             await deferToThread(exchange, port, b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             self.assertEqual(access_lines(self.log)[-1]["path"], logged)
             self.assertNotIn("\n", access_lines(self.log)[-1]["access_line"])
+
+
+class _Bodies(Resource):
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bodies: list[bytes] = []
+
+    def render_POST(self, request: Any) -> bytes:
+        self.bodies.append(request.content.read())
+        return b"ok"
+
+
+class HeadersThenBody(TestCase):
+    """A read holding a header block and more is parsed in two parts (RelayChannel._read): Twisted's
+    line reader would copy the body once per header line."""
+
+    def setUp(self) -> None:
+        self.resource = _Bodies()
+        self.site = RelaySite(
+            self.resource, body_limit=BodyLimit(100_000, lambda request: (413, [], b"too large")), reactor=task.Clock()
+        )
+        self.transport = StringTransport()
+        self.protocol = self.site.buildProtocol(self.transport.getPeer())
+        self.protocol.makeConnection(self.transport)
+        self.reads: list[bytes] = []
+        original = fence.ChannelHooks.dataReceived
+
+        def recorded(channel: Any, data: bytes) -> None:
+            self.reads.append(data)
+            original(channel, data)
+
+        self.patch(fence.ChannelHooks, "dataReceived", recorded)
+
+    @staticmethod
+    def post(body: bytes) -> bytes:
+        return b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+    def test_the_header_block_goes_to_the_parser_alone_then_the_body(self) -> None:
+        body = b"x" * 5000
+        self.protocol.dataReceived(self.post(body) + self.post(b"second"))
+        self.assertEqual(self.reads[:2], [self.post(body)[: -len(body)], body + self.post(b"second")])
+        self.assertEqual(self.resource.bodies, [body, b"second"])
+
+    def test_a_read_at_the_bound_is_parsed_whole(self) -> None:
+        head = len(self.post(b"")) - 1  # the headers without the length's digits (one digit: "0")
+        data = self.post(b"x" * (4096 - head - 4))  # a four-digit length
+        self.assertEqual(len(data), 4096)
+        self.protocol.dataReceived(data)
+        self.assertEqual(self.reads[0], data)
+        self.assertEqual(len(self.resource.bodies[0]), 4096 - head - 4)
+
+    def test_nothing_after_a_refusal_of_the_headers_is_read(self) -> None:
+        refused = b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 200000\r\n\r\n"
+        self.protocol.dataReceived(refused + b"x" * 5000 + self.post(b"next"))
+        self.assertEqual(self.reads, [refused])
+        self.assertTrue(self.transport.value().startswith(b"HTTP/1.1 413"))
+        self.assertEqual(self.resource.bodies, [])
