@@ -100,6 +100,24 @@ class LeavesTwistedWeb(HeldCase):
         self.assertIsNone(stream.request)
         self.assertIsNone(self.resource.requests[0]())
 
+    async def test_an_ended_held_stream_leaves_nothing_for_the_collector(self) -> None:
+        # The collector policy freezes long-lived objects: a cycle left by a closed stream would
+        # stay until the next full pass (docs/performance.md, "Collector policy").
+        gc.disable()
+        self.addCleanup(gc.enable)
+        client, stream = await self.open()
+        held = weakref.ref(stream._held)  # type: ignore[arg-type]
+        transport = weakref.ref(stream._held.transport)  # type: ignore[union-attr]
+        client.transport.loseConnection()
+        await client.closed
+        while not stream.closed:
+            await _turns(1)
+        self.resource.streams.clear()
+        self.resource.ended.clear()
+        del stream
+        await _turns(2)  # the reactor lets go of the closed connection
+        self.assertEqual((held(), transport()), (None, None))
+
     async def test_frames_go_out_chunk_framed(self) -> None:
         client, stream = await self.open()
         stream.write(sse_event(b"one", id=b"1"))
