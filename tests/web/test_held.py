@@ -151,6 +151,14 @@ class Ends(HeldCase):
         self.assertEqual(self.resource.ended, [stream])
         self.assertFalse(stream.write(b"late"))
 
+    async def test_the_access_line_names_the_forwarded_peer(self) -> None:
+        self.site.trust_forwarded_for = 1
+        line = next_access_line(self, "/stream")
+        client, stream = await self.open(b"GET /stream HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 203.0.113.9\r\n\r\n")
+        self.assertIsNotNone(stream._held)
+        client.transport.loseConnection()
+        self.assertEqual((await line)["peer"], "203.0.113.9")
+
     async def test_abort_drops_what_is_queued(self) -> None:
         client, stream = await self.open()
         client.transport.pauseProducing()  # reads nothing more: what follows stays queued
