@@ -109,8 +109,8 @@ class HeldResponse:
 def hold(request: Request, producer: IPushProducer) -> HeldResponse | None:
     """Take C{request}'s connection out of twisted.web once its response headers are written, with
     C{producer} (the stream) as its producer; C{None}, nothing changed, if it cannot be taken: not a
-    plain TCP connection of a L{RelaySite}, its producer paused, or a request pipelined behind it
-    (which twisted.web answers once this one ends)."""
+    plain TCP connection of a L{RelaySite}, its producer paused, or bytes after the request in what
+    was read (a pipelined request, which twisted.web answers once this one ends)."""
     channel = getattr(request, "channel", None)
     site = getattr(channel, "site", None)
     if (
@@ -119,6 +119,7 @@ def hold(request: Request, producer: IPushProducer) -> HeldResponse | None:
         or not request.startedWriting
         or request.finished
         or read_ahead(channel)
+        or getattr(channel, "unparsed", 0)
     ):
         return None
     held = HeldResponse(channel.transport, request, site)

@@ -75,6 +75,9 @@ class RelayChannel(ChannelHooks):
     # Twisted builds requests (which ask getHost) only once connected; before that, or outside a
     # RelaySite, getHost answers the plain address.
     _relay_site: RelaySite | None = None
+    unparsed = 0
+    """Bytes of the read being handled that the parser has not been handed yet (what follows a
+    header block, L{_read}): a stream must not take the connection over from under them."""
 
     def getHost(self) -> Any:
         # Twisted asks the socket (a system call) for every request; the local address of a
@@ -125,7 +128,11 @@ class RelayChannel(ChannelHooks):
         if self.line_mode and len(data) > _SPLIT_READS_OVER:
             end = data.find(b"\r\n\r\n", 0, MAX_HEADER_BYTES + 4) + 4
             if 4 <= end < len(data):
-                super().dataReceived(data[:end])
+                self.unparsed = len(data) - end
+                try:
+                    super().dataReceived(data[:end])
+                finally:
+                    del self.unparsed
                 transport = self.transport
                 if transport is None or getattr(transport, "disconnecting", False):
                     return  # answered and closing: nothing more is read (as within one read)
