@@ -384,7 +384,7 @@ class CaptureCorpus(TestCase):
     def test_inline_corpus_is_complete(self) -> None:
         assert len(DOWNLEVEL_CASES) == 18
 
-    @cases(**dict(zip([f"DL{i}" for i in range(1, len(DOWNLEVEL_CASES) + 1)], DOWNLEVEL_CASES)))
+    @cases(**dict(zip([f"DL{i}" for i in range(1, len(DOWNLEVEL_CASES) + 1)], DOWNLEVEL_CASES, strict=True)))
     def test_downlevel_inline(self, ceiling: str, ev: dict, expect_capture: str, expect_data: dict | None) -> None:
         _check_downlevel(ceiling, ev, expect_capture, expect_data)
 

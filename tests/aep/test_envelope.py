@@ -91,7 +91,7 @@ GOLDEN: list[tuple[dict, EventKind]] = [
 
 @expand
 class GoldenSample(TestCase):
-    @cases(**dict(zip([e["id"] for e, _ in GOLDEN], GOLDEN)))
+    @cases(**dict(zip([e["id"] for e, _ in GOLDEN], GOLDEN, strict=True)))
     def test_golden_sample_accepted(self, event: dict, kind: EventKind) -> None:
         before = copy.deepcopy(event)
         assert envelope_error(event) is None
@@ -121,7 +121,7 @@ ROUTED_WITH_SEQ = "attention.routed with seq"
 
 @expand
 class RelayGradeInvalid(TestCase):
-    @cases(**dict(zip([c[0] for c in RELAY_GRADE_INVALID], RELAY_GRADE_INVALID)))
+    @cases(**dict(zip([c[0] for c in RELAY_GRADE_INVALID], RELAY_GRADE_INVALID, strict=True)))
     def test_relay_grade_invalid(self, name: str, event: dict, message: str) -> None:
         assert envelope_error(event) == message
 
@@ -142,7 +142,7 @@ NEEDS_FULL_VALIDATION: list[tuple[str, dict]] = [
 
 @expand
 class RelayGradeScope(TestCase):
-    @cases(**dict(zip([c[0] for c in NEEDS_FULL_VALIDATION], NEEDS_FULL_VALIDATION)))
+    @cases(**dict(zip([c[0] for c in NEEDS_FULL_VALIDATION], NEEDS_FULL_VALIDATION, strict=True)))
     def test_outside_relay_grade_scope_is_accepted(self, name: str, event: dict) -> None:
         assert envelope_error(event) is None
 
@@ -327,12 +327,12 @@ class GoldenCorpus(TestCase):
         assert len(events) == 64
         assert {e["id"]: envelope_error(e) for e in events} == {e["id"]: None for e in events}
         kinds = [event_kind(e) for e in events]
-        assert [e["type"] for e, k in zip(events, kinds) if k is EventKind.FOREIGN] == ["attention.routed"]
-        assert sorted(e["type"] for e, k in zip(events, kinds) if k is EventKind.COMMAND) == [
+        assert [e["type"] for e, k in zip(events, kinds, strict=True) if k is EventKind.FOREIGN] == ["attention.routed"]
+        assert sorted(e["type"] for e, k in zip(events, kinds, strict=True) if k is EventKind.COMMAND) == [
             "control.attention.respond",
             "control.cancel",
         ]
-        for e, k in zip(events, kinds):
+        for e, k in zip(events, kinds, strict=True):
             if k is EventKind.SEQUENCED:
                 assert all(type(x) is int for x in position(e))
 

@@ -54,12 +54,12 @@ REJECTED_CASES: list[tuple[str, dict, str]] = [
 
 @expand
 class FilterValidationAndMatching(TestCase):
-    @cases(**dict(zip([c[0] for c in MATCH_CASES], MATCH_CASES)))
+    @cases(**dict(zip([c[0] for c in MATCH_CASES], MATCH_CASES, strict=True)))
     def test_match_cases(self, name: str, f: dict, event: dict, expected: bool) -> None:
         assert filter_error(f) is None
         assert compile_filter(f)(event) is expected
 
-    @cases(**dict(zip([c[0] for c in REJECTED_CASES], REJECTED_CASES)))
+    @cases(**dict(zip([c[0] for c in REJECTED_CASES], REJECTED_CASES, strict=True)))
     def test_rejected_cases(self, name: str, f: dict, message: str) -> None:
         assert filter_error(f) == message
         with self.assertRaises(ValueError) as raised:

@@ -110,7 +110,7 @@ class AuthWall(TestCase):
         relay = await AEPRelay.start(aep_token=TOKEN)
         self.addCleanup(relay.stop)
         for path in ("/stream", "/connections"):
-            response, body = await relay.request("OPTIONS", path)
+            response, _ = await relay.request("OPTIONS", path)
             self.assertEqual(response.code, 204)
             self.assertEqual(header(response, "access-control-allow-origin"), "*")
             self.assertEqual(header(response, "access-control-allow-methods"), "GET, OPTIONS")
@@ -149,7 +149,7 @@ class NotFound(TestCase):
         relay = await AEPRelay.start()
         self.addCleanup(relay.stop)
         for path in ("/healthz", "/events", "/.well-known/aep", "/connections"):
-            get, get_body = await relay.request("GET", path)
+            _, get_body = await relay.request("GET", path)
             head, head_body = await relay.request("HEAD", path)
             self.assertEqual((head.code, head_body), (200, b""), path)
             self.assertEqual(header(head, "content-type"), "application/json")

@@ -171,7 +171,7 @@ class DifferentialTests(TestCase):
             taken: list[Any] = []
             for group, check in snap.groups(posted):
                 taken.extend(sub for sub in group if not check or sub.match(posted.ev))
-            scanned = [sub for sub, flt in zip(subs, filters) if compile_filter(flt)(posted.ev)]
+            scanned = [sub for sub, flt in zip(subs, filters, strict=True) if compile_filter(flt)(posted.ev)]
             self.assertEqual(len(taken), len(set(map(id, taken))), "a subscriber was offered an event twice")
             self.assertCountEqual(taken, scanned)
 

@@ -73,7 +73,7 @@ class SDKSmoke(TestCase):
         return event(session, None, type, agent="smoke-ui", source="aep://test/agent/smoke-ui", **extra)
 
     async def test_01_command_to_single_claimant_is_accepted_with_cause(self) -> None:
-        relay, target, sender = await self.setup_control(accepts=[RESPOND])
+        _, target, sender = await self.setup_control(accepts=[RESPOND])
         request = target.emit("attention.requested", data={"kind": "permission", "prompt": "run ls?"})
         target.pending.add(request["id"])
         await target.client.roundtrip()
@@ -87,7 +87,7 @@ class SDKSmoke(TestCase):
         valid(self, got)
 
     async def test_02_unknown_subject_is_nacked_invalid_through_fanout(self) -> None:
-        relay, target, sender = await self.setup_control(accepts=[RESPOND])
+        _, target, sender = await self.setup_control(accepts=[RESPOND])
         sender.send(self.command(id="cmd-2", subject="no-such-request"))
         _, nack = await target.answer()
         got = await sender.recv()
@@ -95,7 +95,7 @@ class SDKSmoke(TestCase):
         self.assertEqual((got["type"], got["cause"], got["data"]["reason"]), ("control.rejected", "cmd-2", "invalid"))
 
     async def test_03_unclaimed_session_is_refused_no_route_at_once(self) -> None:
-        relay, target, sender = await self.setup_control()
+        _, target, sender = await self.setup_control()
         sender.send(self.command(session="nobody-home", id="cmd-3", type="control.pause", data={}))
         reply = await sender.recv(timeout=4)
         self.assertEqual((reply["type"], reply["cause"]), ("error", "cmd-3"))
@@ -104,7 +104,7 @@ class SDKSmoke(TestCase):
 
     async def run_attention_chain(self) -> dict[str, Any]:
         """attention.requested; a respond command; the target's ack, attention.answered and .resolved."""
-        relay, target, sender = self.setup
+        _, target, sender = self.setup
         request = target.emit("attention.requested", data={"kind": "permission", "prompt": "run ls?"})
         target.pending.add(request["id"])
         await target.client.roundtrip()
@@ -126,7 +126,7 @@ class SDKSmoke(TestCase):
         return cmd, messages
 
     async def test_04_consumer_sees_session_started_and_the_attention_chain(self) -> None:
-        cmd, messages = await self.chain_on_stream()
+        _, messages = await self.chain_on_stream()
         types = [m.event for m in messages]
         self.assertEqual(
             [t for t in types if t != RESPOND],
@@ -144,7 +144,7 @@ class SDKSmoke(TestCase):
         self.assertIsNone(commands[0].id)  # commands carry no position
 
     async def test_06_seqs_strictly_monotonic_and_positions_tracked(self) -> None:
-        cmd, messages = await self.chain_on_stream()
+        _, messages = await self.chain_on_stream()
         sequenced = [m for m in messages if m.event != RESPOND]
         self.assertEqual(seqs(sequenced), sorted(set(seqs(sequenced))))
         for msg in sequenced:
@@ -157,7 +157,7 @@ class SDKSmoke(TestCase):
         self.assertEqual((await resumed.next_event()).json()["id"], nxt["id"])
 
     async def test_07_roster_lists_the_live_claim_verbatim_not_http_sessions(self) -> None:
-        relay, target, sender = await self.setup_control(accepts=[RESPOND, "control.cancel"])
+        relay, _, sender = await self.setup_control(accepts=[RESPOND, "control.cancel"])
         await relay.post(event("http-only", 0), token=TOKEN)
         sender.send({"type": "roster", "id": "ros"})
         reply = await sender.recv()

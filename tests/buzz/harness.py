@@ -267,11 +267,11 @@ def member_paths(tree: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, .
     """Every object-member path at any depth (including inside arrays)."""
     if isinstance(tree, dict):
         for k, v in tree.items():
-            yield path + (k,)
-            yield from member_paths(v, path + (k,))
+            yield (*path, k)
+            yield from member_paths(v, (*path, k))
     elif isinstance(tree, list):
         for i, v in enumerate(tree):
-            yield from member_paths(v, path + (i,))
+            yield from member_paths(v, (*path, i))
 
 
 def set_path(tree: Any, path: tuple[Any, ...], value: Any) -> Any:

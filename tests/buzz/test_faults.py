@@ -628,7 +628,7 @@ class OwnerAttestation(unittest.TestCase):
         post = ok(await self.broker.call(cred["credential"], "message.post", {"channelId": self.channel, "content": "attested hello"}))
         assert [e["id"] for e in self.relay.events(kind=9) if e["pubkey"] == agent] == [post["eventId"]]
         # A tampered attestation does not verify; nor does one for another key or self-attestation.
-        assert not nostr.verify_attestation(tag[:3] + ["00" * 64], agent)
+        assert not nostr.verify_attestation([*tag[:3], "00" * 64], agent)
         assert not nostr.verify_attestation(tag, owner)
         with self.assertRaises(ValueError):
             nostr.owner_attestation(nostr.Signer(b"\x01" * 32), nostr.Signer(b"\x01" * 32).pubkey)

@@ -112,7 +112,7 @@ class HostTests(unittest.TestCase):
         assert s3 == 200 and conflict["status"] == "failed" and conflict["error"]["code"] == "request_id_conflict"
         # same requestId under another principal is an independent request
         bob = self.broker.issue(f"bob-{self.channel[:8]}", "--channel", self.channel)
-        s4, d4 = await self.broker.post(other, bob["credential"])
+        _, d4 = await self.broker.post(other, bob["credential"])
         assert json.loads(d4)["status"] == "succeeded" and "replayed" not in json.loads(d4)
 
     async def test_verdict_frozen_even_if_authority_changes(self) -> None:
@@ -183,7 +183,7 @@ class HostTests(unittest.TestCase):
     async def test_oversize_body_is_413(self) -> None:
         await self.broker.stop()
         await self._start(max_body=1024)
-        status, data = await self.broker.post(b'{"requestId":"x","pad":"' + b"a" * 4096 + b'"}', self.cred)
+        status, _ = await self.broker.post(b'{"requestId":"x","pad":"' + b"a" * 4096 + b'"}', self.cred)
         assert status == 413
 
     # --- authorization (acceptance 6)
@@ -233,5 +233,5 @@ class HostTests(unittest.TestCase):
         await self.broker.call(self.cred, "channel.read", {"channelId": new_channel()})  # unauthorized
         await self.broker.post(b"not json", self.cred)
         after = count("message.post", "succeeded"), count("channel.read", "failed"), count("unknown", "rejected")
-        assert [a - b for a, b in zip(after, before)] == [2, 1, 1]
+        assert [a - b for a, b in zip(after, before, strict=True)] == [2, 1, 1]
         assert metrics.nostr_connections.value(state="ready") >= 1

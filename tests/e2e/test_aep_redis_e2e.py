@@ -44,7 +44,7 @@ class ThreeInstances(TestCase):
             # Listening comes before the Redis pool is up (a POST then is a 503).
             await proc.wait_for(rb"connected to Redis at ")
             ports.append(proc.port("aep"))
-            self.processes = getattr(self, "processes", []) + [proc]
+            self.processes = [*getattr(self, "processes", []), proc]
         self.procs = ports
         return ports
 

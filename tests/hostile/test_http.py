@@ -11,6 +11,7 @@ import json
 import re
 import socket
 import uuid
+from itertools import pairwise
 from typing import Any
 from urllib.parse import quote
 
@@ -84,7 +85,7 @@ class GeneratedAttacks(TestCase):
                     headers.append((b"Expect", b"100-continue"))
             data = request(method, path, headers, body, length=False)
             edges = sorted({min(cut, len(data)) for cut in cuts} | {0, len(data)})
-            answer = target.exchange(wing, [data[a:b] for a, b in zip(edges, edges[1:])])
+            answer = target.exchange(wing, [data[a:b] for a, b in pairwise(edges)])
             _ok(target, wing, answer)
             assert answer.responses[0].status == status, answer.describe()
             if wing == "broker":

@@ -637,7 +637,7 @@ def _authenticated(draw: Any) -> bytes:
 @st.composite
 def _request(draw: Any) -> bytes:
     """One request as bytes: anything, at any route."""
-    route = draw(st.sampled_from(_ROUTES + ["healthz", "other"]))
+    route = draw(st.sampled_from([*_ROUTES, "healthz", "other"]))
     session = draw(st.one_of(st.just(_SESSION), st.just(_SESSION), st.from_regex(r"[A-Za-z0-9_-]{4,64}", fullmatch=True),
                              _TEXT.map(lambda t: urllib.parse.quote(t.encode("utf-8", "surrogatepass")))))
     path = {"register": "/register", "healthz": "/healthz", "other": f"/{session}"}.get(route, f"/{session}/{route}")

@@ -36,7 +36,7 @@ class Bounds(EndpointCase):
         over = await self.mcp(call(3), sid=sid)
         assert over.code == 429 and over.header("retry-after") == "1"
         assert over.json()["error"]["code"] == -32003 and over.json()["id"] == 3
-        for pending, seen_id in zip(first, (1, 2)):
+        for pending, seen_id in zip(first, (1, 2), strict=True):
             await self.page.send({"jsonrpc": "2.0", "id": seen_id, "result": {}})
             assert (await pending).json()["id"] == seen_id
         again = Deferred.fromCoroutine(self.mcp(call(4), sid=sid))  # room again once answered

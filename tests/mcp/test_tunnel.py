@@ -254,7 +254,7 @@ class Presence(TunnelCase):
     """Outbound subscribers are announced to the page (peer_joined/peer_left)."""
 
     def test_outbound_subscriber_announced_to_page_and_left_on_close(self) -> None:
-        tunnel, reactor, store = make_tunnel()
+        tunnel, reactor, _ = make_tunnel()
         page = self.open_sse(tunnel, INBOUND)
         agent = RecordingSink()
         handle = self.successResultOf(tunnel.open_stream(SESSION, TOKEN, OUTBOUND, None, agent))

@@ -165,9 +165,9 @@ class TwistdStartupLines(TestCase):
             ("broker", rf"broker listening on http://{port} \(upstream relay ws://127\.0\.0\.1:{self.relay_port}\)"),
         ]
         self.assertEqual(len(listening), len(expected), listening)
-        for (relay, ns, text), (wing, pattern) in zip(listening, expected):
+        for (relay, ns, text), (wing, pattern) in zip(listening, expected, strict=True):
             self.assertEqual((relay, ns), (wing, "relayd.listening"))
             self.assertRegex(text, rf"\A{pattern}\Z")
-        for relay, ns, text in said:
+        for _, _, text in said:
             for marker in NOISE:
                 self.assertNotIn(marker, text)

@@ -94,7 +94,7 @@ class LeavesTwistedWeb(HeldCase):
         # and its channel would keep both (and a frozen collector would keep them for hours).
         gc.disable()
         self.addCleanup(gc.enable)
-        client, stream = await self.open()
+        _, stream = await self.open()
         held = stream._held
         self.assertIsInstance(held, HeldResponse)
         self.assertIs(held.transport.protocol, held)  # type: ignore[union-attr]
@@ -198,7 +198,7 @@ class Drain(HeldCase):
         self.assertEqual(self.site.open_connections(), 0)
 
     async def test_the_hub_drains_a_held_stream_with_its_final_words(self) -> None:
-        client, stream = await self.open()
+        client, _ = await self.open()
         self.hub.drain(b": shutdown\n\n")
         await client.closed
         self.assertTrue(client.received.endswith(http_chunk(b": shutdown\n\n") + b"0\r\n\r\n"))

@@ -8,7 +8,7 @@ from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, fail, succeed
-from twisted.logger import Logger, LogEvent
+from twisted.logger import LogEvent, Logger
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 from twisted.web.server import Request

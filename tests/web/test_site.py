@@ -190,7 +190,7 @@ class AccessDurationOnTheClock(TestCase):
         await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port), client)
         line = next_access_line(self, "/held")
         client.transport.write(b"GET /held HTTP/1.1\r\nHost: x\r\n\r\n")
-        while not list(site._protocols) or not list(site._protocols)[0]._channel.requests:
+        while not list(site._protocols) or not next(iter(site._protocols))._channel.requests:
             await _turns(1)
         fake.advance(1.5)
         client.transport.loseConnection()
@@ -260,7 +260,7 @@ class HeaderDeadline(TestCase):
         self.assertEqual((line["method"], line["path"], line["status"]), ("POST", "/hello", 408))
 
     async def test_a_silent_connection_gets_408_too(self) -> None:
-        client, channel = await self.connect()
+        client, _ = await self.connect()
         self.clock.advance(20)
         await client.closed
         self.assertTrue(client.received.startswith(b"HTTP/1.1 408 "))

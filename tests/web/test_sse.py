@@ -140,7 +140,7 @@ class Coalescing(SynchronousTestCase):
 class Backpressure(SynchronousTestCase):
     def test_stream_is_the_push_producer_of_its_response(self) -> None:
         harness = Harness()
-        stream, transport, protocol = harness.open()
+        stream, transport, _ = harness.open()
         # The transport pauses its producer (the channel), which pauses the request's: the stream.
         transport.producer.pauseProducing()
         self.assertTrue(stream.paused)
@@ -235,7 +235,7 @@ class Heartbeat(SynchronousTestCase):
     def test_closed_streams_get_no_heartbeat_and_stop_ends_it(self) -> None:
         harness = Harness(heartbeat=25)
         gone, gone_transport, _ = harness.open()
-        stays, stays_transport, _ = harness.open()
+        _stays, stays_transport, _ = harness.open()
         gone.stopProducing()
         harness.clock.advance(25)
         harness.turn()
@@ -305,7 +305,7 @@ class Drain(SynchronousTestCase):
 
     def test_client_going_away_closes_the_stream(self) -> None:
         harness = Harness()
-        stream, transport, protocol = harness.open()
+        stream, _, protocol = harness.open()
         protocol.connectionLost(Failure(ConnectionError("gone")))
         self.assertTrue(stream.closed)
         self.assertEqual(harness.resource.closed, [stream])

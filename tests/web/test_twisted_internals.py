@@ -253,7 +253,7 @@ class TakingOver(LoopbackCase):
 
     async def test_without_the_connection_state_nothing_is_taken_over(self) -> None:
         self.patch(fence, "TCP_PROTOCOL", False)
-        request, client = await self.held_request()
+        request, _ = await self.held_request()
         channel, transport = request.channel, request.channel.transport
         self.assertFalse(fence.take_over(transport, channel, _Taker(), _Producer()))
         self.assertIs(fence.channel_of(transport.protocol), channel)
@@ -261,7 +261,7 @@ class TakingOver(LoopbackCase):
 
     async def test_without_the_read_ahead_state_a_request_may_follow(self) -> None:
         self.patch(fence, "CHANNEL_READ_AHEAD", False)
-        request, client = await self.held_request()
+        request, _ = await self.held_request()
         self.assertTrue(fence.read_ahead(request.channel))
 
 
