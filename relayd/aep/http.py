@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from typing import Any, Callable, Final
+from typing import Any, Callable, Final, Sequence
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
@@ -27,7 +27,7 @@ from relayd.aep.relay import (
     held_size,
 )
 from relayd.aep.store import Position
-from relayd.aep.wire import frame_safe, sse_forms, sse_frame
+from relayd.aep.wire import frame_safe, sse_forms, sse_frame, sse_run
 from relayd.storage import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param, tokens_equal
 from relayd.web.body import EarlyAnswer, read_body
@@ -200,6 +200,9 @@ def parse_batch(body: bytes, ndjson: bool, max_batch: int) -> list[Event]:
     return parser.result()
 
 
+_SSE_RUN = "sse"  # a run's joined frames in a fan-out's memo (L{Subscriber.deliver_run})
+
+
 class SSESubscriber(Subscriber):
     """An SSE consumer: frames written to its stream, with the soft/hard backlog policy.
 
@@ -249,6 +252,18 @@ class SSESubscriber(Subscriber):
         frame, chunk = sse_forms(event, None if self.ceiling is None else self.level(event))
         if not stream.write(frame, chunk) and stream.discarded:
             _CUT_OFF.inc(stream.discarded)  # the stream was just cut off with these frames unsent
+            stream.discarded = 0
+
+    def deliver_run(self, events: Sequence[Event], memo: dict[Any, Any]) -> None:
+        stream = self.stream
+        if self._held is not None or self.ceiling is not None or stream.paused:
+            super().deliver_run(events, memo)  # held, downlevelled, or under the lag policy: one by one
+            return
+        forms = memo.get(_SSE_RUN)
+        if forms is None:
+            forms = memo[_SSE_RUN] = sse_run(events)
+        if not stream.write(*forms) and stream.discarded:
+            _CUT_OFF.inc(stream.discarded)
             stream.discarded = 0
 
 

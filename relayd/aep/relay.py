@@ -22,7 +22,7 @@ from relayd.aep.claims import Claimant, IClaims, MemoryClaims
 from relayd.aep.envelope import EventKind
 from relayd.aep.event import Event
 from relayd.aep.filters import Pin, match_all
-from relayd.aep.index import Snapshot, SubscriptionIndex
+from relayd.aep.index import Group, Snapshot, SubscriptionIndex
 from relayd.aep.store import IEventLog, Position, Replay
 from relayd.clock import BlockingClock
 
@@ -91,6 +91,15 @@ class Subscriber:
             self.held(event)
         else:
             self.send(event)
+
+    def deliver_run(self, events: Sequence[Event], memo: dict[Any, Any]) -> None:
+        """Deliver C{events} in order: consecutive events of one batch, every one wanted here.
+
+        C{memo} is shared by every subscriber the run goes to, so that a transport makes once what
+        all of them send (the run's SSE frames, joined and chunked); here each is delivered alone.
+        """
+        for event in events:
+            self.deliver(event)
 
     def held(self, event: Event) -> None:
         """Keep C{event} until the replay is sent (transports override this to bound it)."""
@@ -463,12 +472,7 @@ class EventRelay:
                     if event.kind is EventKind.COMMAND:
                         self.route_command(event, sender)
         else:
-            for event in events:
-                if event.kind is EventKind.COMMAND:
-                    self.route_command(event, sender)
-                else:
-                    # Even a duplicate is fanned out live: a byte-identical re-ack must traverse.
-                    delivered += self.fan_out(event, subscribers)
+            delivered = self._fan_out_runs(events, subscribers, sender)
         _FANOUT.observe(perf_counter() - started)
         _INGESTED.inc(len(events))
         if delivered:
@@ -487,12 +491,58 @@ class EventRelay:
 
     def fan_out_remote(self, events: Sequence[Event]) -> None:
         """Deliver events another instance accepted (one message of the bus), in order."""
-        subscribers = self.index.snapshot()
-        delivered = 0
-        for event in events:
-            delivered += self.fan_out(event, subscribers)
+        delivered = self._fan_out_runs(events, self.index.snapshot(), None)
         if delivered:
             _DELIVERED.inc(delivered)
+
+    def _fan_out_runs(self, events: Sequence[Event], subscribers: Snapshot, sender: Emitter | None) -> int:
+        """Fan out C{events} in order, routing the commands among them; returns the deliveries.
+
+        Consecutive events offered to the same subscribers (a batch of one session, the usual
+        POST) go to each of them as one run (L{Subscriber.deliver_run}): an SSE stream then gets
+        one write per batch, framed once for all of them, instead of one per event.
+        """
+        delivered = 0
+        run: list[Event] = []
+        run_groups: list[Group] = []
+        for event in events:
+            if event.kind is EventKind.COMMAND:
+                if run:
+                    delivered += self._deliver_run(run, run_groups)
+                    run = []
+                self.route_command(event, sender)
+                continue
+            # Even a duplicate is fanned out live: a byte-identical re-ack must traverse.
+            groups = subscribers.groups(event)
+            if run and groups == run_groups:  # (each group is made once per batch: mostly an identity test)
+                run.append(event)
+                continue
+            if run:
+                delivered += self._deliver_run(run, run_groups)
+            run, run_groups = [event], groups
+        if run:
+            delivered += self._deliver_run(run, run_groups)
+        return delivered
+
+    def _deliver_run(self, run: list[Event], groups: list[Group]) -> int:
+        """Deliver C{run}, whose events all have C{groups} as candidates; returns the deliveries."""
+        if len(run) == 1:
+            return self._offer(run[0], groups)
+        memo: dict[Any, Any] = {}
+        count = len(run)
+        matched = 0
+        for group, check in groups:
+            for sub in group:
+                match = sub.match
+                if not check or match is match_all:
+                    sub.deliver_run(run, memo)
+                    matched += count
+                    continue
+                for event in run:
+                    if match(event.ev):
+                        sub.deliver(event)
+                        matched += 1
+        return matched
 
     def fan_out(self, event: Event, subscribers: Snapshot | None = None) -> int:
         """Deliver C{event} to every subscriber whose filter matches; returns how many matched.
@@ -500,9 +550,12 @@ class EventRelay:
         Only the subscribers the index files under the event's own values (and those whose
         filter pins nothing) are asked; one filed under its whole filter is not asked at all.
         """
+        return self._offer(event, (self.index.snapshot() if subscribers is None else subscribers).groups(event))
+
+    def _offer(self, event: Event, groups: list[Group]) -> int:
         matched = 0
         ev = None
-        for group, check in (self.index.snapshot() if subscribers is None else subscribers).groups(event):
+        for group, check in groups:
             if not check:
                 for sub in group:
                     sub.deliver(event)

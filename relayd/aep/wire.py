@@ -7,7 +7,7 @@ fan-out to any number of subscribers encodes the event once; the AEP core knows 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Sequence
 
 from relayd.aep.envelope import EventKind
 from relayd.aep.event import Event
@@ -56,6 +56,13 @@ def sse_forms(event: Event, level: str | None = None) -> tuple[bytes, bytes]:
         frame = sse_frame(event, level)
         forms = event.keep(key, (frame, http_chunk(frame)))
     return forms
+
+
+def sse_run(events: Sequence[Event]) -> tuple[bytes, bytes]:
+    """The SSE frames of C{events} (as stored) joined, and that in HTTP chunked form: what every SSE
+    subscriber of a run writes, made once for all of them."""
+    frames = b"".join([sse_frame(event) for event in events])
+    return frames, http_chunk(frames)
 
 
 def ws_message(event: Event, level: str | None, factory: Any) -> Any:
