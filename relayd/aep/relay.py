@@ -491,12 +491,16 @@ class EventRelay:
 
     def fan_out_remote(self, events: Sequence[Event]) -> None:
         """Deliver events another instance accepted (one message of the bus), in order."""
-        delivered = self._fan_out_runs(events, self.index.snapshot(), None)
+        delivered = self._fan_out_runs(events, self.index.snapshot(), None, route=False)
         if delivered:
             _DELIVERED.inc(delivered)
 
-    def _fan_out_runs(self, events: Sequence[Event], subscribers: Snapshot, sender: Emitter | None) -> int:
-        """Fan out C{events} in order, routing the commands among them; returns the deliveries.
+    def _fan_out_runs(
+        self, events: Sequence[Event], subscribers: Snapshot, sender: Emitter | None, route: bool = True
+    ) -> int:
+        """Fan out C{events} in order, routing the commands among them (offering them to the
+        subscribers, unless C{route}: another instance routed them, these are its audit copies);
+        returns the deliveries.
 
         Consecutive events offered to the same subscribers (a batch of one session, the usual
         POST) go to each of them as one run (L{Subscriber.deliver_run}): an SSE stream then gets
@@ -510,7 +514,10 @@ class EventRelay:
                 if run:
                     delivered += self._deliver_run(run, run_groups)
                     run = []
-                self.route_command(event, sender)
+                if route:
+                    self.route_command(event, sender)
+                else:
+                    delivered += self._offer(event, subscribers.groups(event))
                 continue
             # Even a duplicate is fanned out live: a byte-identical re-ack must traverse.
             groups = subscribers.groups(event)

@@ -158,3 +158,19 @@ class SSERuns(TestCase):
         self.assertEqual(stream.writes, [])
         sub.release()
         self.assertEqual([w[0] for w in stream.writes], [sse_frame(e) for e in self.events])
+
+
+class FromOtherInstances(TestCase):
+    def test_a_command_from_another_instance_is_offered_never_routed_again(self) -> None:
+        # Another instance routed it and publishes it for its audit (EventRelay._route): routing it
+        # here again could hand it to an emitter that claimed the session since.
+        relay = _relay()
+        sub = _Sub({})
+        relay.subscribe("all", sub)
+        routed: list[Event] = []
+        self.patch(relay, "route_command", lambda event, sender: routed.append(event))
+        command = Event({**event("S", None, "control.pause"), "id": "c"}, None)
+        events = [Event(event("S", 0), None), command, Event(event("S", 1), None)]
+        relay.fan_out_remote(events)
+        self.assertEqual(routed, [])
+        self.assertEqual(sub.got, [e.key for e in events])
