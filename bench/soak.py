@@ -613,8 +613,12 @@ async def run_mix(args: argparse.Namespace, duration: float, server: Server, bro
             asyncio.ensure_future(aep_http_emitter(aep, stats, seqs, rate=args.aep_rate)),
             asyncio.ensure_future(aep_ws_emitter(aep, stats, seqs, rate=10)),
         ]
+    # Agents whose every action the relay's metrics count exactly: at the end they finish the action
+    # in flight instead of being cancelled in it (the relay would count what the client did not).
+    finishing: list[asyncio.Future[Any]] = []
     if broker_cfg is not None:
-        tasks.append(asyncio.ensure_future(broker_agent(server.ports["broker"], stats, credential, channel, rate=2)))
+        finishing.append(asyncio.ensure_future(broker_agent(server.ports["broker"], stats, credential, channel, rate=2)))
+        tasks += finishing
 
     samples = []
     started = time.monotonic()
@@ -658,6 +662,8 @@ async def run_mix(args: argparse.Namespace, duration: float, server: Server, bro
               f"{ms(sample['broker_p50_ms'], sample['broker_p99_ms']):>15} {sample['errors']:>6}", flush=True)
 
     stats.stopping = True
+    if finishing:
+        await asyncio.wait(finishing, timeout=10)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
