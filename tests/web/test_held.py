@@ -22,7 +22,7 @@ from relayd.web.site import RelaySite
 from relayd.web.sse import SSEHub, SSEStream, http_chunk, sse_comment, sse_event
 from tests.support.cases import cases, expand
 from tests.support.raw import RawClient
-from tests.web.test_site import next_access_line
+from tests.web.test_site import _turns, next_access_line
 
 HEADERS = [(b"content-type", b"text/event-stream")]
 OPEN = b": open\n\n"
@@ -53,13 +53,6 @@ class _Streams(Resource):
         opened, self.opened = self.opened, Deferred()
         opened.callback(stream)
         return NOT_DONE_YET
-
-
-async def _turns(n: int) -> None:
-    for _ in range(n):
-        d: Deferred[None] = Deferred()
-        reactor.callLater(0, d.callback, None)
-        await d
 
 
 class HeldCase(TestCase):
