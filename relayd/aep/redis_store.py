@@ -6,13 +6,17 @@ Redis Cluster hash tag, so that one session's keys share a slot):
 - C{aep:lru}: sorted set of sessions scored by a write counter (C{aep:clock}); the lowest is the
   least recently written and is evicted first. C{aep:evicting}: sorted set of sessions evicted
   whose keys are not dropped yet (they count as gone).
-- C{aep:s:{s}}: sorted set (all scores 0, ordered by member) of C{<position><arrival>} members; a
-  position is the length-prefixed decimal epoch and seq, so lexicographic order is exact integer
-  order for any epoch (docs/decisions.md AEP-3) and equal positions keep arrival order (the
-  session's counter C{aep:n:{s}}).
+- C{aep:s:{s}}: sorted set (all scores 0, ordered by member) of C{<position><arrival>\\n<dedupe
+  key>} members, one per event; a position is the length-prefixed decimal epoch and seq, so
+  lexicographic order is exact integer order for any epoch (docs/decisions.md AEP-3), and equal
+  positions keep arrival order (the session's counter C{aep:n:{s}}, 16 digits). The dedupe key
+  comes last (it may hold any byte): a trimmed member says which key to forget.
 - C{aep:e:{s}}: hash member -> the event's bytes (one line: events are stored in their
-  newline-free wire form), and C{k<member>} -> its dedupe key, to forget the key of a trimmed event.
-- C{aep:k:{s}}: hash dedupe key (C{source\\0id}) -> member, for admission dedupe.
+  newline-free wire form).
+- C{aep:k:{s}}: set of the held events' dedupe keys (C{source\\0id}), for admission dedupe.
+
+Keyspace version 3 (relayd/redis.py). Before it, C{aep:e:{s}} also held each event's dedupe key
+under C{k<member>} and C{aep:k:{s}} was a hash dedupe key -> member (docs/performance.md).
 
 Appending a batch and reading a replay (or a page of one) are single Lua scripts
 (C{relayd/aep/lua/}), so several instances can write one session at once without a lost update.
@@ -115,11 +119,16 @@ class RedisEventLog:
     def append(self, events: Sequence[Event], publish: bool = False) -> Deferred[list[bool]]:
         """Store the events; with C{publish}, also hand all of them (duplicates too) to the fan-out
         in the same script, so the batch is sent to Redis once (docs/performance.md)."""
-        # One framed argument for the whole batch: building a command of four arguments per event
-        # cost the client more than Redis spends running the script.
+        # Two arguments for the whole batch (building a command of four arguments per event cost
+        # the client more than Redis spends running the script): the events' framed session
+        # numbers, positions and keys, and their bytes joined by line breaks after the fan-out
+        # header, which is the fan-out message itself: the script publishes it as it came (each
+        # string the script makes costs Redis a pass over its bytes, docs/performance.md).
         numbers: dict[str, bytes] = {}
         parts: list[bytes] = []
         add = parts.extend
+        payloads: list[bytes] = []
+        keep = payloads.append
         epoch_of: dict[int, bytes] = {}
         pack = _HEADER.pack
         for event in events:
@@ -137,13 +146,17 @@ class RedisEventLog:
             key = f"{source}\x00{event_id}".encode()
             # The posted bytes when they are the wire form (no copy kept on the event).
             payload = event.raw if event.raw is not None else event.payload(None)
-            add((pack(len(number), len(position), len(key), len(payload)), number, position, key, payload))
+            add((pack(len(number), len(position), len(key), len(payload)), number, position, key))
+            keep(payload)
         sessions = [s.encode("utf-8") for s in numbers]
         keys = [self._lru, self._clock, self._evicting]
         for name in sessions:
             keys += self._session_keys(name)
         channel, header = self._fanout if publish and self._fanout is not None else (b"", b"")
-        args = [self.capacity, self.max_sessions, b"".join(parts), channel, header, *sessions]
+        if header and payloads:
+            payloads[0] = header + payloads[0]  # (not the whole message copied again)
+        message = b"\n".join(payloads) if payloads else header
+        args = [self.capacity, self.max_sessions, b"".join(parts), channel, message, len(header), *sessions]
         return _APPEND(self.redis, STORE, keys, args).addCallback(self._appended)
 
     def _appended(self, result: list[Any]) -> Deferred[list[bool]] | list[bool]:
@@ -162,7 +175,9 @@ class RedisEventLog:
     def replay(self, session: str, after: Position, limit: int | None = None, cursor: Any = None) -> Deferred[Replay]:
         epoch, seq = after
         if cursor is not None:
-            low = b"(" + cursor  # the page after the last member of the previous one
+            # The page after the last member of the previous one (C{cursor} is its position and
+            # arrival, which the member continues with a line break).
+            low = b"(" + cursor + b"\xff"
         elif seq < 0:
             low = b"[" + _epoch_key(epoch)
         else:

@@ -228,3 +228,59 @@ class RedisLogProperty(TestCase):
                 held = [e.payload(None) for e in model.buffers.get(session, [])]
                 replayed = (await log.replay(session, (0, -1))).events
                 assert [e.payload(None) for e in replayed] == held, session
+
+    @cases(*[2, 3])  # with session evictions; with capacity trims of a batch longer than the capacity
+    async def test_batches_of_one_session_match_the_one_event_at_a_time_rules(self, max_sessions: int) -> None:
+        # The usual batch (one session, no key held or repeated) takes a path of its own in the
+        # Lua append (a few variadic calls for the whole batch): batches longer than the capacity,
+        # and the duplicates (held, or repeated in the batch), late and equal positions that send
+        # a batch back to the per-event loop. Checked against the plain model and the memory log
+        # (its own fast path) after every batch, with the dedupe keys held and the paged replay.
+        server = shared_redis()
+        redis = await connected_redis(server.url)
+        self.addCleanup(redis.close)
+        prefix = f"t{next(_prefixes)}:{id(self)}:"
+        log = RedisEventLog(redis, capacity=5, max_sessions=max_sessions, prefix=prefix)
+        memory = MemoryEventLog(capacity=5, max_sessions=max_sessions)
+        model = ReferenceLog(capacity=5, max_sessions=max_sessions)
+        rng = random.Random(17)
+        seq = itertools.count()
+        last: dict[str, list[Event]] = {}
+        for _ in range(400):
+            session = rng.choice("abc")
+            batch = []
+            for _ in range(rng.choice([1, 2, 4, 7, 12])):
+                roll = rng.random()
+                if roll < 0.9:
+                    position = next(seq)
+                elif roll < 0.95:
+                    position = rng.randrange(0, 40)  # late
+                else:
+                    position = batch[-1].position[1] if batch else next(seq)  # equal
+                reused = {"id": f"again-{rng.randrange(3)}"} if rng.random() < 0.03 else {}
+                batch.append(ev(session, position, **reused))
+            roll = rng.random()
+            if roll < 0.08 and session in last:
+                batch = last[session]  # a retry: every key held (unless trimmed or evicted since)
+            elif roll < 0.16 and session in last:
+                batch.insert(rng.randrange(len(batch) + 1), rng.choice(last[session]))  # one of them held
+            last[session] = batch
+            expected = model.append(batch)
+            assert await log.append(batch) == expected
+            assert await memory.append(batch) == expected
+            assert await log.sessions() == list(model.buffers)
+            for name in "abc":
+                held = [e.payload(None) for e in model.buffers.get(name, [])]
+                assert [e.payload(None) for e in (await log.replay(name, (0, -1))).events] == held, name
+                paged, cursor = [], None
+                while True:
+                    page = await log.replay(name, (0, -1), limit=2, cursor=cursor)
+                    paged += [e.payload(None) for e in page.events]
+                    if page.cursor is None:
+                        break
+                    cursor = page.cursor
+                assert paged == held, name
+                # Every trimmed event's key is forgotten: the dedupe set holds the held events' keys.
+                dedupe = await redis.execute("test", "SMEMBERS", f"{prefix}aep:k:{{{name}}}".encode())
+                keys = {f"{e.key[0]}\x00{e.key[1]}".encode() for e in model.buffers.get(name, [])}
+                assert set(dedupe) == keys, name

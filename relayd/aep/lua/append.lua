@@ -1,20 +1,25 @@
 -- Append a batch of events (docs/aep.md "Replay"), in one round trip.
 -- KEYS: the session LRU (aep:lru), its write counter (aep:clock), the sessions being evicted
--- (aep:evicting), then four keys per session of the batch, in the order of ARGV[4..]: members
+-- (aep:evicting), then four keys per session of the batch, in the order of ARGV[7..]: members
 -- (aep:s), events (aep:e), dedupe keys (aep:k), arrival counter (aep:n).
 -- ARGV: capacity, max sessions, the events (per event four big-endian 32-bit lengths, then the
--- session number, position, dedupe key and payload), the fan-out channel or '' (then every event
--- of the batch, duplicates too, is published there as one message: ARGV[5], then the payloads
--- joined by newlines), the message's header, then the batch's sessions.
+-- session number, position and dedupe key: the fourth length is the payload's), the fan-out
+-- channel or '' (then ARGV[5] is published there), the fan-out message: a header of ARGV[6] bytes,
+-- then the payloads of every event of the batch, duplicates too, joined by newlines; then the
+-- batch's sessions.
 -- Returns {one '1' (stored) or '0' (duplicate) per event, sessions in the LRU, then sessions
 -- evicted whose keys the caller must drop with drop.lua (they are not in this batch)}.
--- Redis runs this for every ingested event: per event it makes three calls, four more when the
--- session is full (docs/performance.md).
+-- Redis runs this for every ingested event (docs/performance.md). The usual batch (one session,
+-- no key held or repeated) is stored with a few variadic calls for the whole batch; any other
+-- batch takes the per-event loop (three calls per event, three more when the session is full).
+-- Every string made here costs Redis a pass over its bytes (Lua hashes each one it makes): the
+-- message is published as it came, each payload is cut from it once, members are short.
 local lru, clock, evicting = KEYS[1], KEYS[2], KEYS[3]
-local capacity, max_sessions, blob = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local capacity, max_sessions, blob, message = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[5]
+local sub, find, format, unpack = string.sub, string.find, string.format, unpack
 local index = {}
-for i = 6, #ARGV do
-  local base = 3 + 4 * (i - 6)
+for i = 7, #ARGV do
+  local base = 3 + 4 * (i - 7)
   index[ARGV[i]] = base
   -- A session evicted by another batch whose keys are not dropped yet is gone: drop them now.
   if redis.call('ZREM', evicting, ARGV[i]) == 1 then
@@ -24,74 +29,154 @@ end
 -- Per session of the batch: {arrival counter, member count}, read at its first event and the
 -- counter written back at the end.
 local state = {}
-local flags = {}
-local payloads = {}
-local at, size = 1, #blob
-local previous = nil
+
+-- The session's recency (evicting the least recently written sessions to make room for a new one).
+local function touch(session)
+  if not redis.call('ZSCORE', lru, session) then
+    while redis.call('ZCARD', lru) >= max_sessions do
+      local victim = redis.call('ZPOPMIN', lru)[1]
+      local vbase = index[victim]
+      if vbase then
+        redis.call('DEL', KEYS[vbase + 1], KEYS[vbase + 2], KEYS[vbase + 3], KEYS[vbase + 4])
+        state[vbase] = nil
+      else
+        redis.call('ZADD', evicting, 0, victim)
+      end
+    end
+  end
+  redis.call('ZADD', lru, redis.call('INCR', clock), session)
+end
+
+-- The dedupe key of a member: what follows its first line.
+local function key_of(member)
+  return sub(member, find(member, '\n', 1, true) + 1)
+end
+
+-- redis.call(command, key, ...list[from..to]) in calls of at most 1000 arguments (Lua's stack).
+local function each(command, key, list, from, to)
+  local replies = {}
+  while from <= to do
+    local last = math.min(from + 999, to)
+    replies[#replies + 1] = redis.call(command, key, unpack(list, from, last))
+    from = last + 1
+  end
+  return replies
+end
+
+-- The events, parsed once: session number, position, dedupe key, and where the payload lies in
+-- the message.
+local numbers, positions, keys, starts, ends = {}, {}, {}, {}, {}
+local at, size, count, from = 1, #blob, 0, tonumber(ARGV[6]) + 1
 while at <= size do
   local a, b, c, d = struct.unpack('>I4I4I4I4', blob, at)
   at = at + 16
-  local number = string.sub(blob, at, at + a - 1)
+  count = count + 1
+  numbers[count] = sub(blob, at, at + a - 1)
   at = at + a
-  local pos = string.sub(blob, at, at + b - 1)
+  positions[count] = sub(blob, at, at + b - 1)
   at = at + b
-  local key = string.sub(blob, at, at + c - 1)
+  keys[count] = sub(blob, at, at + c - 1)
   at = at + c
-  local payload = string.sub(blob, at, at + d - 1)
-  at = at + d
-  payloads[#payloads + 1] = payload
-  local session = ARGV[5 + tonumber(number)]
-  local base = index[session]
-  local skey, ekey, kkey = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3]
-  -- Recency is refreshed once per run of one session's events: no other session writes between.
-  if session ~= previous then
-    if not redis.call('ZSCORE', lru, session) then
-      while redis.call('ZCARD', lru) >= max_sessions do
-        local victim = redis.call('ZPOPMIN', lru)[1]
-        local vbase = index[victim]
-        if vbase then
-          redis.call('DEL', KEYS[vbase + 1], KEYS[vbase + 2], KEYS[vbase + 3], KEYS[vbase + 4])
-          state[vbase] = nil
-        else
-          redis.call('ZADD', evicting, 0, victim)
-        end
+  starts[count], ends[count] = from, from + d - 1
+  from = from + d + 1
+end
+
+local flags
+if #ARGV == 7 and count > 0 then
+  -- One session: is every key new (not held, not repeated in the batch)?
+  local fresh, seen = true, {}
+  for i = 1, count do
+    if seen[keys[i]] then
+      fresh = false
+      break
+    end
+    seen[keys[i]] = true
+  end
+  local skey, ekey, kkey, nkey = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+  if fresh then
+    for _, held in ipairs(each('SMISMEMBER', kkey, keys, 1, count)) do
+      for _, flag in ipairs(held) do
+        if flag == 1 then fresh = false end
       end
     end
-    redis.call('ZADD', lru, redis.call('INCR', clock), session)
-    previous = session
   end
-  local s = state[base]
-  if not s then
-    s = {tonumber(redis.call('GET', KEYS[base + 4]) or '0'), redis.call('ZCARD', skey)}
-    state[base] = s
-  end
-  local member = pos .. string.format('%016d', s[1] + 1)
-  if redis.call('HSETNX', kkey, key, member) == 0 then
-    flags[#flags + 1] = '0'
-  else
-    s[1] = s[1] + 1
-    redis.call('ZADD', skey, 0, member)
-    -- The event under its member, and its dedupe key under 'k' .. member (to forget it on a trim).
-    redis.call('HSET', ekey, member, payload, 'k' .. member, key)
-    s[2] = s[2] + 1
-    -- Over capacity (by more than one only when the capacity was lowered): the lowest go.
-    while s[2] > capacity do
-      local gone = redis.call('ZPOPMIN', skey)[1]
-      local key_of = redis.call('HGET', ekey, 'k' .. gone)
-      if key_of then redis.call('HDEL', kkey, key_of) end
-      redis.call('HDEL', ekey, gone, 'k' .. gone)
-      s[2] = s[2] - 1
+  if fresh then
+    -- What the per-event loop does, a call per step for the whole batch: every event is kept, then
+    -- the lowest members go down to capacity (the same ones as one at a time, where each trim
+    -- drops the lowest of what is held then).
+    touch(ARGV[7])
+    local n = tonumber(redis.call('GET', nkey) or '0')
+    local zargs, hargs = {}, {}
+    for i = 1, count do
+      local member = positions[i] .. format('%016d', n + i) .. '\n' .. keys[i]
+      zargs[2 * i - 1], zargs[2 * i] = 0, member
+      hargs[2 * i - 1], hargs[2 * i] = member, sub(message, starts[i], ends[i])
     end
-    flags[#flags + 1] = '1'
+    each('ZADD', skey, zargs, 1, 2 * count)
+    each('HSET', ekey, hargs, 1, 2 * count)
+    each('SADD', kkey, keys, 1, count)
+    redis.call('SET', nkey, n + count)
+    local over = redis.call('ZCARD', skey) - capacity
+    if over > 0 then
+      local popped = redis.call('ZPOPMIN', skey, over)
+      local gone, forget = {}, {}
+      for i = 1, #popped, 2 do
+        gone[#gone + 1] = popped[i]
+        forget[#forget + 1] = key_of(popped[i])
+      end
+      each('HDEL', ekey, gone, 1, #gone)
+      each('SREM', kkey, forget, 1, #forget)
+    end
+    flags = string.rep('1', count)
   end
 end
-for base, s in pairs(state) do
-  redis.call('SET', KEYS[base + 4], s[1])
+
+if not flags then
+  local out = {}
+  local previous = nil
+  for i = 1, count do
+    local session = ARGV[6 + tonumber(numbers[i])]
+    local base = index[session]
+    local skey, ekey, kkey = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3]
+    -- Recency is refreshed once per run of one session's events: no other session writes between.
+    if session ~= previous then
+      touch(session)
+      previous = session
+    end
+    local s = state[base]
+    if not s then
+      s = {tonumber(redis.call('GET', KEYS[base + 4]) or '0'), redis.call('ZCARD', skey)}
+      state[base] = s
+    end
+    local key = keys[i]
+    if redis.call('SADD', kkey, key) == 0 then
+      out[i] = '0'
+    else
+      s[1] = s[1] + 1
+      local member = positions[i] .. format('%016d', s[1]) .. '\n' .. key
+      redis.call('ZADD', skey, 0, member)
+      redis.call('HSET', ekey, member, sub(message, starts[i], ends[i]))
+      s[2] = s[2] + 1
+      -- Over capacity (by more than one only when the capacity was lowered): the lowest go.
+      while s[2] > capacity do
+        local gone = redis.call('ZPOPMIN', skey)[1]
+        redis.call('HDEL', ekey, gone)
+        redis.call('SREM', kkey, key_of(gone))
+        s[2] = s[2] - 1
+      end
+      out[i] = '1'
+    end
+  end
+  for base, s in pairs(state) do
+    redis.call('SET', KEYS[base + 4], s[1])
+  end
+  flags = table.concat(out)
 end
+
 if ARGV[4] ~= '' then
   -- Live fan-out to the other instances (relayd/aep/redis_fanout.py): the batch is sent to Redis once.
-  redis.call('PUBLISH', ARGV[4], ARGV[5] .. table.concat(payloads, '\n'))
+  redis.call('PUBLISH', ARGV[4], message)
 end
-local out = {table.concat(flags), redis.call('ZCARD', lru)}
-for _, victim in ipairs(redis.call('ZRANGE', evicting, 0, 63)) do out[#out + 1] = victim end
-return out
+local reply = {flags, redis.call('ZCARD', lru)}
+for _, victim in ipairs(redis.call('ZRANGE', evicting, 0, 63)) do reply[#reply + 1] = victim end
+return reply
