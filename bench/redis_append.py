@@ -104,8 +104,10 @@ def main() -> None:
         events = sum(len(b) for b in plan)
         perf = None
         if args.perf:
-            perf = subprocess.Popen(["perf", "record", "-e", "cpu-clock:u", "-g", "-o", args.perf, "-p", str(proc.pid)],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            # BENCH_CALLGRAPH=dwarf for call chains (redis-server is built without frame pointers).
+            graph = os.environ.get("BENCH_CALLGRAPH", "fp")
+            perf = subprocess.Popen(["perf", "record", "-e", "cpu-clock:u", "--call-graph", graph, "-o", args.perf,
+                                     "-p", str(proc.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             await task.deferLater(reactor, 0.5, lambda: None)  # perf attaching
         r0, c0, t0 = cpu_of(proc.pid), time.process_time(), time.perf_counter()
         await drive(plan)

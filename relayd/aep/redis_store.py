@@ -42,7 +42,7 @@ from relayd.redis import Redis
 from relayd.redis_lua import Script, tagged
 
 STORE = "aep"
-_HEADER = struct.Struct(">IIII")
+_LENGTH = struct.Struct(">I")
 _UNREADABLE = metrics.events_dropped.labels(relay="aep", reason="unreadable")
 
 _APPEND = Script("relayd.aep", "append")
@@ -126,28 +126,30 @@ class RedisEventLog:
         # string the script makes costs Redis a pass over its bytes, docs/performance.md).
         numbers: dict[str, bytes] = {}
         parts: list[bytes] = []
-        add = parts.extend
+        add = parts.append
         payloads: list[bytes] = []
         keep = payloads.append
         epoch_of: dict[int, bytes] = {}
-        pack = _HEADER.pack
+        pack = _LENGTH.pack
         for event in events:
             session = event.session
             number = numbers.get(session)  # type: ignore[arg-type]
             if number is None:
-                number = numbers[session] = b"%d" % (len(numbers) + 1)  # type: ignore[index]
+                digits = b"%d" % (len(numbers) + 1)
+                number = numbers[session] = pack(len(digits)) + digits  # type: ignore[index]
             epoch, seq = event.position
             epoch_key = epoch_of.get(epoch)
             if epoch_key is None:
                 epoch_key = epoch_of[epoch] = _epoch_key(epoch)
             digits = b"%d" % seq
-            position = b"%s%02d%s" % (epoch_key, len(digits), digits)  # encode_int, inlined
             source, event_id = event.key
             key = f"{source}\x00{event_id}".encode()
+            # The session number, the position (encode_int, inlined; one byte for its length: epoch
+            # and seq have at most MAX_POSITION_DIGITS digits, so it is under 256 bytes), the dedupe key.
+            add(b"%s%c%s%02d%s%s%s" % (number, len(epoch_key) + 2 + len(digits), epoch_key, len(digits), digits,
+                                       pack(len(key)), key))
             # The posted bytes when they are the wire form (no copy kept on the event).
-            payload = event.raw if event.raw is not None else event.payload(None)
-            add((pack(len(number), len(position), len(key), len(payload)), number, position, key))
-            keep(payload)
+            keep(event.raw if event.raw is not None else event.payload(None))
         sessions = [s.encode("utf-8") for s in numbers]
         keys = [self._lru, self._clock, self._evicting]
         for name in sessions:

@@ -9,6 +9,7 @@ import random
 from twisted.trial.unittest import TestCase
 from zope.interface.verify import verifyObject
 
+from relayd.aep.envelope import MAX_POSITION_DIGITS
 from relayd.aep.event import Event
 from relayd.aep.redis_store import RedisEventLog, decode_position, encode_position
 from relayd.aep.store import IEventLog, MemoryEventLog
@@ -62,6 +63,14 @@ class EventLogContract:
         replay = await log.replay("S", (8192, 7))
         self.assertEqual([e.ev["id"] for e in replay.events], ["lo", "hi"])
         self.assertEqual(replay.events[-1].position, (big, 0))
+
+    async def test_the_widest_positions_are_kept(self) -> None:
+        # (The Redis log frames a position with one byte for its length.)
+        log = await self.make()
+        widest = 10**MAX_POSITION_DIGITS - 1
+        await log.append([ev(seq=widest, epoch=widest, id="w"), ev(seq=widest - 1, epoch=widest, id="v")])
+        replay = await log.replay("S", (widest, widest - 2))
+        self.assertEqual([e.position for e in replay.events], [(widest, widest - 1), (widest, widest)])
 
     async def test_replay_after_a_position_and_from_an_epoch(self) -> None:
         log = await self.make()

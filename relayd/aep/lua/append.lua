@@ -2,8 +2,8 @@
 -- KEYS: the session LRU (aep:lru), its write counter (aep:clock), the sessions being evicted
 -- (aep:evicting), then four keys per session of the batch, in the order of ARGV[7..]: members
 -- (aep:s), events (aep:e), dedupe keys (aep:k), arrival counter (aep:n).
--- ARGV: capacity, max sessions, the events (per event four big-endian 32-bit lengths, then the
--- session number, position and dedupe key: the fourth length is the payload's), the fan-out
+-- ARGV: capacity, max sessions, the events (per event the session number, position and dedupe
+-- key, each after its length: big-endian 32-bit, one byte for the position), the fan-out
 -- channel or '' (then ARGV[5] is published there), the fan-out message: a header of ARGV[6] bytes,
 -- then the payloads of every event of the batch, duplicates too, joined by newlines; then the
 -- batch's sessions.
@@ -67,18 +67,17 @@ end
 -- the message.
 local numbers, positions, keys, starts, ends = {}, {}, {}, {}, {}
 local at, size, count, from = 1, #blob, 0, tonumber(ARGV[6]) + 1
+local parse = struct.unpack
 while at <= size do
-  local a, b, c, d = struct.unpack('>I4I4I4I4', blob, at)
-  at = at + 16
   count = count + 1
-  numbers[count] = sub(blob, at, at + a - 1)
-  at = at + a
-  positions[count] = sub(blob, at, at + b - 1)
-  at = at + b
-  keys[count] = sub(blob, at, at + c - 1)
-  at = at + c
-  starts[count], ends[count] = from, from + d - 1
-  from = from + d + 1
+  local number, position, key
+  -- (c0: a string whose length is the integer before it.)
+  number, position, key, at = parse('>I4c0Bc0I4c0', blob, at)
+  numbers[count], positions[count], keys[count] = number, position, key
+  -- The payloads are one line each, joined by line breaks.
+  local stop = find(message, '\n', from, true) or #message + 1
+  starts[count], ends[count] = from, stop - 1
+  from = stop + 1
 end
 
 local flags
@@ -109,7 +108,7 @@ if #ARGV == 7 and count > 0 then
     local zargs, hargs = {}, {}
     for i = 1, count do
       local member = positions[i] .. format('%016d', n + i) .. '\n' .. keys[i]
-      zargs[2 * i - 1], zargs[2 * i] = 0, member
+      zargs[2 * i - 1], zargs[2 * i] = '0', member  -- (a string: a number would be formatted per call)
       hargs[2 * i - 1], hargs[2 * i] = member, sub(message, starts[i], ends[i])
     end
     each('ZADD', skey, zargs, 1, 2 * count)
@@ -118,12 +117,11 @@ if #ARGV == 7 and count > 0 then
     redis.call('SET', nkey, n + count)
     local over = redis.call('ZCARD', skey) - capacity
     if over > 0 then
-      local popped = redis.call('ZPOPMIN', skey, over)
-      local gone, forget = {}, {}
-      for i = 1, #popped, 2 do
-        gone[#gone + 1] = popped[i]
-        forget[#forget + 1] = key_of(popped[i])
-      end
+      -- (Not ZPOPMIN: it would answer each member's score too, formatted.)
+      local gone = redis.call('ZRANGE', skey, 0, over - 1)
+      redis.call('ZREMRANGEBYRANK', skey, 0, over - 1)
+      local forget = {}
+      for i = 1, #gone do forget[i] = key_of(gone[i]) end
       each('HDEL', ekey, gone, 1, #gone)
       each('SREM', kkey, forget, 1, #forget)
     end
@@ -154,7 +152,7 @@ if not flags then
     else
       s[1] = s[1] + 1
       local member = positions[i] .. format('%016d', s[1]) .. '\n' .. key
-      redis.call('ZADD', skey, 0, member)
+      redis.call('ZADD', skey, '0', member)
       redis.call('HSET', ekey, member, sub(message, starts[i], ends[i]))
       s[2] = s[2] + 1
       -- Over capacity (by more than one only when the capacity was lowered): the lowest go.
