@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -43,6 +44,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--capacity", type=int, default=1000)
     parser.add_argument("--in-flight", type=int, default=4)
+    parser.add_argument("--replays", type=int, default=20, help="paged replays of every session afterwards")
     parser.add_argument("--perf", help="perf record redis-server over the timed batches into this file")
     args = parser.parse_args()
 
@@ -121,6 +123,23 @@ def main() -> None:
                       events_per_s=round(events / wall))
         replay = await log.replay("s0", (0, -1))
         result["replayed"] = len(replay.events)
+        # Reading it back as relayd does (pages of 512, relayd/aep/relay.py), over every session.
+        r0, read = cpu_of(proc.pid), 0
+        for _ in range(args.replays):
+            for s in range(args.sessions):
+                cursor = None
+                while True:
+                    page = await log.replay(f"s{s}", (0, -1), 512, cursor)
+                    read += len(page.events)
+                    if page.cursor is None:
+                        break
+                    cursor = page.cursor
+        if read:
+            result["replay_redis_cpu_us_per_event"] = round((cpu_of(proc.pid) - r0) / read * 1e6, 2)
+        # What the sessions' buffers take in Redis (8 x 1000 events of ~500 bytes by default).
+        info = await redis.execute("bench", "INFO", "memory")
+        used = re.search(rb"used_memory:(\d+)", info if isinstance(info, bytes) else info.encode())
+        result["redis_used_memory_mb"] = round(int(used.group(1)) / 1e6, 1) if used else None
         await redis.close()
 
     def done(_: Any) -> None:

@@ -6,17 +6,25 @@ Redis Cluster hash tag, so that one session's keys share a slot):
 - C{aep:lru}: sorted set of sessions scored by a write counter (C{aep:clock}); the lowest is the
   least recently written and is evicted first. C{aep:evicting}: sorted set of sessions evicted
   whose keys are not dropped yet (they count as gone).
-- C{aep:s:{s}}: sorted set (all scores 0, ordered by member) of C{<position><arrival>\\n<dedupe
+- C{aep:s:{s}}: sorted set (all scores 0, ordered by member) of C{<position><arrival>\\n<id>\\n<dedupe
   key>} members, one per event; a position is the length-prefixed decimal epoch and seq, so
   lexicographic order is exact integer order for any epoch (docs/decisions.md AEP-3), and equal
   positions keep arrival order (the session's counter C{aep:n:{s}}, 16 digits). The dedupe key
   comes last (it may hold any byte): a trimmed member says which key to forget.
-- C{aep:e:{s}}: hash member -> the event's bytes (one line: events are stored in their
-  newline-free wire form).
+- C{aep:e:{s}}: hash of the events' bytes (one line each: events are stored in their newline-free
+  wire form). An event is stored alone under its arrival (C{<id>} empty), or, when it came in the
+  usual batch (one session, every key new, every event after every held one, at most the buffer's
+  size and 128 KiB), with the rest of its batch: the batch's fan-out message as the append got it
+  (a header, then the events joined by line breaks) under C{<id>}, the first event's arrival, its
+  header's length under C{h<id>} and its count of held events under C{c<id>}; the event is the
+  line (arrival - id) after the header, and the message goes with its last held event. Batches
+  stored so are trimmed one after another, so at most one is held in part: a session keeps its
+  held events and less than 128 KiB of trimmed ones.
 - C{aep:k:{s}}: set of the held events' dedupe keys (C{source\\0id}), for admission dedupe.
 
-Keyspace version 3 (relayd/redis.py). Before it, C{aep:e:{s}} also held each event's dedupe key
-under C{k<member>} and C{aep:k:{s}} was a hash dedupe key -> member (docs/performance.md).
+Keyspace version 3 (relayd/redis.py). Before it, an event's bytes and its dedupe key were two
+fields of C{aep:e:{s}} (C{<member>}, C{k<member>}) and C{aep:k:{s}} was a hash dedupe key -> member
+(docs/performance.md "Not met: 100,000 events/s per instance").
 
 Appending a batch and reading a replay (or a page of one) are single Lua scripts
 (C{relayd/aep/lua/}), so several instances can write one session at once without a lost update.

@@ -9,11 +9,15 @@
 -- batch's sessions.
 -- Returns {one '1' (stored) or '0' (duplicate) per event, sessions in the LRU, then sessions
 -- evicted whose keys the caller must drop with drop.lua (they are not in this batch)}.
+-- An event is a member of aep:s, '<position><arrival>\n<id>\n<dedupe key>', its key in aep:k and
+-- its bytes in aep:e: alone under its arrival (<id> empty), or in its batch's message, stored
+-- once under <id> (relayd/aep/redis_store.py).
 -- Redis runs this for every ingested event (docs/performance.md). The usual batch (one session,
--- no key held or repeated) is stored with a few variadic calls for the whole batch; any other
--- batch takes the per-event loop (three calls per event, three more when the session is full).
--- Every string made here costs Redis a pass over its bytes (Lua hashes each one it makes): the
--- message is published as it came, each payload is cut from it once, members are short.
+-- no key held or repeated, after every held event) is stored with a few variadic calls for the
+-- whole batch, and its message as it came; any other batch takes the per-event loop (three calls
+-- per event, three or four more when the session is full). Every string made here costs Redis a
+-- pass over its bytes (Lua hashes each one it makes): the message is published and stored as it
+-- came, and members are short.
 local lru, clock, evicting = KEYS[1], KEYS[2], KEYS[3]
 local capacity, max_sessions, blob, message = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[5]
 local sub, find, format, unpack = string.sub, string.find, string.format, unpack
@@ -47,11 +51,6 @@ local function touch(session)
   redis.call('ZADD', lru, redis.call('INCR', clock), session)
 end
 
--- The dedupe key of a member: what follows its first line.
-local function key_of(member)
-  return sub(member, find(member, '\n', 1, true) + 1)
-end
-
 -- redis.call(command, key, ...list[from..to]) in calls of at most 1000 arguments (Lua's stack).
 local function each(command, key, list, from, to)
   local replies = {}
@@ -61,6 +60,33 @@ local function each(command, key, list, from, to)
     from = last + 1
   end
   return replies
+end
+
+-- Forget trimmed members (their events and dedupe keys): an event stored alone is deleted; one in
+-- a batch's message makes that message's count of held events one less, and the message goes
+-- with its last event.
+local function forget(ekey, kkey, gone)
+  local dedupe, fields, shared = {}, {}, {}
+  for i, member in ipairs(gone) do
+    local a = find(member, '\n', 1, true)
+    local b = find(member, '\n', a + 1, true)
+    dedupe[i] = sub(member, b + 1)
+    if b == a + 1 then
+      fields[#fields + 1] = sub(member, a - 16, a - 1)  -- its arrival
+    else
+      local id = sub(member, a + 1, b - 1)
+      shared[id] = (shared[id] or 0) + 1
+    end
+  end
+  each('SREM', kkey, dedupe, 1, #dedupe)
+  for id, n in pairs(shared) do
+    if redis.call('HINCRBY', ekey, 'c' .. id, -n) <= 0 then
+      fields[#fields + 1] = id
+      fields[#fields + 1] = 'c' .. id
+      fields[#fields + 1] = 'h' .. id
+    end
+  end
+  each('HDEL', ekey, fields, 1, #fields)
 end
 
 -- The events, parsed once: session number, position, dedupe key, and where the payload lies in
@@ -81,8 +107,9 @@ while at <= size do
 end
 
 local flags
-if #ARGV == 7 and count > 0 then
-  -- One session: is every key new (not held, not repeated in the batch)?
+if #ARGV == 7 and count > 0 and count <= capacity then
+  -- One session, no more events than the session holds: is every key new (not held, not
+  -- repeated in the batch)?
   local fresh, seen = true, {}
   for i = 1, count do
     if seen[keys[i]] then
@@ -99,20 +126,53 @@ if #ARGV == 7 and count > 0 then
       end
     end
   end
+  local n, id, zargs, arrivals
   if fresh then
-    -- What the per-event loop does, a call per step for the whole batch: every event is kept, then
-    -- the lowest members go down to capacity (the same ones as one at a time, where each trim
-    -- drops the lowest of what is held then).
-    touch(ARGV[7])
-    local n = tonumber(redis.call('GET', nkey) or '0')
-    local zargs, hargs = {}, {}
-    for i = 1, count do
-      local member = positions[i] .. format('%016d', n + i) .. '\n' .. keys[i]
-      zargs[2 * i - 1], zargs[2 * i] = '0', member  -- (a string: a number would be formatted per call)
-      hargs[2 * i - 1], hargs[2 * i] = member, sub(message, starts[i], ends[i])
+    -- The events are stored together, when their message is at most 128 KiB (a replay reads it
+    -- whole for each page it answers): the message as it came, under the first one's arrival
+    -- (its id), with its count of held events and its header's length. Each member names the
+    -- id; its event is the line of the message its arrival is after the id's. A larger batch's
+    -- events are stored alone, under their arrivals (then the member's second line is empty).
+    n = tonumber(redis.call('GET', nkey) or '0')
+    local where = '\n\n'
+    if #message <= 131072 then
+      id = format('%016d', n + 1)
+      where = '\n' .. id .. '\n'
     end
+    zargs, arrivals = {}, {}
+    for i = 1, count do
+      local arrival = format('%016d', n + i)
+      arrivals[i] = arrival
+      zargs[2 * i - 1] = '0'  -- (a string: a number would be formatted per call)
+      zargs[2 * i] = positions[i] .. arrival .. where .. keys[i]
+    end
+    local top = id and redis.call('ZRANGE', skey, -1, -1)[1]
     each('ZADD', skey, zargs, 1, 2 * count)
-    each('HSET', ekey, hargs, 1, 2 * count)
+    -- A message is kept while any of its events is: only a batch whose events all come after
+    -- every held one is stored so, so that the session's events go message by message and at
+    -- most one message is held in part (less than a buffer's worth of trimmed bytes). Any other
+    -- batch takes the per-event loop.
+    if top and redis.call('ZRANGE', skey, -count - 1, -count - 1)[1] ~= top then
+      local members = {}
+      for i = 1, count do members[i] = zargs[2 * i] end
+      each('ZREM', skey, members, 1, count)
+      fresh = false
+    end
+  end
+  if fresh then
+    -- What the per-event loop does, a call per step for the whole batch: every event is kept,
+    -- then the lowest members go down to capacity (the same ones as one at a time, where each
+    -- trim drops the lowest of what is held then).
+    touch(ARGV[7])
+    if id then
+      redis.call('HSET', ekey, id, message, 'c' .. id, count, 'h' .. id, ARGV[6])
+    else
+      local hargs = {}
+      for i = 1, count do
+        hargs[2 * i - 1], hargs[2 * i] = arrivals[i], sub(message, starts[i], ends[i])
+      end
+      each('HSET', ekey, hargs, 1, 2 * count)
+    end
     each('SADD', kkey, keys, 1, count)
     redis.call('SET', nkey, n + count)
     local over = redis.call('ZCARD', skey) - capacity
@@ -120,10 +180,7 @@ if #ARGV == 7 and count > 0 then
       -- (Not ZPOPMIN: it would answer each member's score too, formatted.)
       local gone = redis.call('ZRANGE', skey, 0, over - 1)
       redis.call('ZREMRANGEBYRANK', skey, 0, over - 1)
-      local forget = {}
-      for i = 1, #gone do forget[i] = key_of(gone[i]) end
-      each('HDEL', ekey, gone, 1, #gone)
-      each('SREM', kkey, forget, 1, #forget)
+      forget(ekey, kkey, gone)
     end
     flags = string.rep('1', count)
   end
@@ -151,15 +208,14 @@ if not flags then
       out[i] = '0'
     else
       s[1] = s[1] + 1
-      local member = positions[i] .. format('%016d', s[1]) .. '\n' .. key
-      redis.call('ZADD', skey, '0', member)
-      redis.call('HSET', ekey, member, sub(message, starts[i], ends[i]))
+      -- The event alone, under its arrival (its member's second line is empty).
+      local arrival = format('%016d', s[1])
+      redis.call('ZADD', skey, '0', positions[i] .. arrival .. '\n\n' .. key)
+      redis.call('HSET', ekey, arrival, sub(message, starts[i], ends[i]))
       s[2] = s[2] + 1
       -- Over capacity (by more than one only when the capacity was lowered): the lowest go.
       while s[2] > capacity do
-        local gone = redis.call('ZPOPMIN', skey)[1]
-        redis.call('HDEL', ekey, gone)
-        redis.call('SREM', kkey, key_of(gone))
+        forget(ekey, kkey, {redis.call('ZPOPMIN', skey)[1]})
         s[2] = s[2] - 1
       end
       out[i] = '1'
