@@ -196,27 +196,28 @@ class RedisEventLog:
         keys = [*self._session_keys(name)[:2], self._evicting]
         args = [name, low, limit or 0]
 
-        def build(reply: bytes) -> Replay:
-            # One bulk string (the earliest member, the next page's cursor or nothing, then member
-            # and event lines): the client parses a single reply instead of one per event.
+        def build(reply: list[bytes]) -> Replay:
+            # The earliest member, the next page's cursor or nothing, then runs of events joined by
+            # line breaks (replay.lua): a few strings per page instead of one per event. (Or b"": none.)
             if not reply:
                 return Replay((), None)
-            lines = reply.split(b"\n")
-            earliest = decode_position(lines[0])
+            first, following = reply[0], reply[1]
+            earliest = decode_position(first)
             events = []
-            for raw in lines[3::2]:
-                event = stored_event(raw)
-                if event is None:
-                    _UNREADABLE.inc()
-                    continue
-                events.append(event)
+            for run in reply[2:]:
+                for raw in run.split(b"\n"):
+                    event = stored_event(raw)
+                    if event is None:
+                        _UNREADABLE.inc()
+                        continue
+                    events.append(event)
             if cursor is None:
                 exhausted = exhausted_marker(earliest, after)
-            elif lines[0] > cursor:  # all up to the previous page is gone: was more evicted meanwhile?
+            elif first > cursor:  # all up to the previous page is gone: was more evicted meanwhile?
                 exhausted = exhausted_marker(earliest, decode_position(cursor))
             else:
                 exhausted = None
-            return Replay(events, exhausted, lines[1] or None)
+            return Replay(events, exhausted, following or None)
 
         return _REPLAY(self.redis, STORE, keys, args).addCallback(build)
 
