@@ -13,8 +13,8 @@ Redis Cluster hash tag, so that one session's keys share a slot):
   comes last (it may hold any byte): a trimmed member says which key to forget.
 - C{aep:e:{s}}: hash of the events' bytes (one line each: events are stored in their newline-free
   wire form). An event is stored alone under its arrival (C{<id>} empty), or, when it came in the
-  usual batch (one session, every key new, every event after every held one, at most the buffer's
-  size and 128 KiB), with the rest of its batch: the batch's fan-out message as the append got it
+  usual batch (one session, every key new, every event after every held one, two events up to the
+  buffer's size and 128 KiB), with the rest of its batch: the batch's fan-out message as the append got it
   (a header, then the events joined by line breaks) under C{<id>}, the first event's arrival, its
   header's length under C{h<id>} and its count of held events under C{c<id>}; the event is the
   line (arrival - id) after the header, and the message goes with its last held event. Batches

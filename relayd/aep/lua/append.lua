@@ -107,9 +107,9 @@ while at <= size do
 end
 
 local flags
-if #ARGV == 7 and count > 0 and count <= capacity then
-  -- One session, no more events than the session holds: is every key new (not held, not
-  -- repeated in the batch)?
+if #ARGV == 7 and count > 1 and count <= capacity then
+  -- One session, two events or more (one is stored alone), no more than the session holds: is
+  -- every key new (not held, not repeated in the batch)?
   local fresh, seen = true, {}
   for i = 1, count do
     if seen[keys[i]] then
