@@ -20,10 +20,11 @@ Redis Cluster hash tag, so that one session's keys share a slot):
   line (arrival - id) after the header, and the message goes with its last held event. Batches
   stored so are trimmed one after another, so at most one is held in part: a session keeps its
   held events and less than 128 KiB of trimmed ones.
-- C{aep:k:{s}}: set of the held events' dedupe keys (C{source\\0id}), for admission dedupe.
+- C{aep:k:{s}}: hash of the held events' dedupe keys (C{source\\0id}) -> C{''}, for admission dedupe
+  (a hash rather than a set: one C{HMGET} checks a batch on Redis before 6.2).
 
 Keyspace version 3 (relayd/redis.py). Before it, an event's bytes and its dedupe key were two
-fields of C{aep:e:{s}} (C{<member>}, C{k<member>}) and C{aep:k:{s}} was a hash dedupe key -> member
+fields of C{aep:e:{s}} (C{<member>}, C{k<member>}) and C{aep:k:{s}} mapped a dedupe key to its member
 (docs/performance.md "Not met: 100,000 events/s per instance").
 
 Appending a batch and reading a replay (or a page of one) are single Lua scripts

@@ -289,8 +289,8 @@ class RedisLogProperty(TestCase):
                         break
                     cursor = page.cursor
                 assert paged == held, name
-                # Every trimmed event's key is forgotten: the dedupe set holds the held events' keys.
-                dedupe = await redis.execute("test", "SMEMBERS", f"{prefix}aep:k:{{{name}}}".encode())
+                # Every trimmed event's key is forgotten: the dedupe hash holds the held events' keys.
+                dedupe = await redis.execute("test", "HKEYS", f"{prefix}aep:k:{{{name}}}".encode())
                 keys = {f"{e.key[0]}\x00{e.key[1]}".encode() for e in model.buffers.get(name, [])}
                 assert set(dedupe) == keys, name
                 await self._messages_held_in_part_at_most_one(redis, f"{prefix}aep:e:{{{name}}}".encode(), name)

@@ -78,7 +78,7 @@ local function forget(ekey, kkey, gone)
       shared[id] = (shared[id] or 0) + 1
     end
   end
-  each('SREM', kkey, dedupe, 1, #dedupe)
+  each('HDEL', kkey, dedupe, 1, #dedupe)
   for id, n in pairs(shared) do
     if redis.call('HINCRBY', ekey, 'c' .. id, -n) <= 0 then
       fields[#fields + 1] = id
@@ -120,9 +120,10 @@ if #ARGV == 7 and count > 1 and count <= capacity then
   end
   local skey, ekey, kkey, nkey = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
   if fresh then
-    for _, held in ipairs(each('SMISMEMBER', kkey, keys, 1, count)) do
-      for _, flag in ipairs(held) do
-        if flag == 1 then fresh = false end
+    -- (HMGET, not a set's SMISMEMBER: that needs Redis 6.2.)
+    for _, held in ipairs(each('HMGET', kkey, keys, 1, count)) do
+      for _, found in ipairs(held) do
+        if found then fresh = false end
       end
     end
   end
@@ -173,7 +174,9 @@ if #ARGV == 7 and count > 1 and count <= capacity then
       end
       each('HSET', ekey, hargs, 1, 2 * count)
     end
-    each('SADD', kkey, keys, 1, count)
+    local kargs = {}
+    for i = 1, count do kargs[2 * i - 1], kargs[2 * i] = keys[i], '' end
+    each('HSET', kkey, kargs, 1, 2 * count)
     redis.call('SET', nkey, n + count)
     local over = redis.call('ZCARD', skey) - capacity
     if over > 0 then
@@ -204,7 +207,7 @@ if not flags then
       state[base] = s
     end
     local key = keys[i]
-    if redis.call('SADD', kkey, key) == 0 then
+    if redis.call('HSETNX', kkey, key, '') == 0 then
       out[i] = '0'
     else
       s[1] = s[1] + 1
