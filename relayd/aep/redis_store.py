@@ -14,8 +14,8 @@ Redis Cluster hash tag, so that one session's keys share a slot):
 - C{aep:e:{s}}: hash of the events' bytes (one line each: events are stored in their newline-free
   wire form). An event is stored alone under its arrival (C{<id>} empty), or, when it came in the
   usual batch (one session, every key new, every event after every held one, two events up to the
-  buffer's size and 128 KiB), with the rest of its batch: the batch's fan-out message as the append got it
-  (a header, then the events joined by line breaks) under C{<id>}, the first event's arrival, its
+  buffer's size and 128 KiB), with the rest of its batch: the batch's fan-out message as the append
+  got it (a header, then the events joined by line breaks) under C{<id>}, the first event's arrival, its
   header's length under C{h<id>} and its count of held events under C{c<id>}; the event is the
   line (arrival - id) after the header, and the message goes with its last held event. Batches
   stored so are trimmed one after another, so at most one is held in part: a session keeps its
@@ -151,12 +151,13 @@ class RedisEventLog:
             if epoch_key is None:
                 epoch_key = epoch_of[epoch] = _epoch_key(epoch)
             digits = b"%d" % seq
+            n = len(digits)
             source, event_id = event.key
             key = f"{source}\x00{event_id}".encode()
             # The session number, the position (encode_int, inlined; one byte for its length: epoch
-            # and seq have at most MAX_POSITION_DIGITS digits, so it is under 256 bytes), the dedupe key.
-            add(b"%s%c%s%02d%s%s%s" % (number, len(epoch_key) + 2 + len(digits), epoch_key, len(digits), digits,
-                                       pack(len(key)), key))
+            # and seq have at most MAX_POSITION_DIGITS digits and a sign, so it is under 256 bytes),
+            # the dedupe key.
+            add(b"%s%c%s%02d%s%s%s" % (number, len(epoch_key) + 2 + (n > 99) + n, epoch_key, n, digits, pack(len(key)), key))
             # The posted bytes when they are the wire form (no copy kept on the event).
             keep(event.raw if event.raw is not None else event.payload(None))
         sessions = [s.encode("utf-8") for s in numbers]

@@ -48,7 +48,7 @@ for _, m in ipairs(members) do
       stored = false
       local got = redis.call('HMGET', ekey, id, 'h' .. id)
       if got[1] then
-        local text, starts, at = got[1], {}, tonumber(got[2]) + 1
+        local text, starts, at = got[1], {}, (tonumber(got[2]) or 0) + 1
         while at do
           starts[#starts + 1] = at
           at = find(text, '\n', at, true)
