@@ -129,6 +129,23 @@ class RoundTrips(Watched):
         self.assertEqual(len(published), 1)
         self.assertEqual(published[0].args[2].count(b"\n"), len(batch))  # the header's, then one per event
 
+    async def test_the_usual_aep_batch_costs_redis_a_few_calls_not_some_per_event(self) -> None:
+        # One session, no key held or repeated, the session full: the script stores and trims the
+        # whole batch with variadic calls (relayd/aep/lua/append.lua); a duplicate sends the batch
+        # to the per-event loop, which makes calls per event.
+        log = RedisEventLog(self.redis, 100, 64, prefix="rt:", publisher="instance")
+        await log.append([_event("a", seq) for seq in range(100)], publish=True)
+        batch = [_event("a", seq) for seq in range(100, 200)]
+        commands = await self.watched(lambda: log.append(batch, publish=True))
+        self.assertEqual(_sent(commands), ["EVALSHA"])
+        self.assertLess(len([c for c in commands if c.lua]), 25, [c.name for c in commands if c.lua])
+        published = [c.args[2] for c in commands if c.lua and c.name == "PUBLISH"]
+        self.assertEqual(published, [b"instance\n" + b"\n".join(e.raw for e in batch)])  # type: ignore[misc]
+        again = [*[_event("a", seq) for seq in range(200, 299)], _event("a", 150)]
+        commands = await self.watched(lambda: log.append(again))
+        self.assertGreater(len([c for c in commands if c.lua]), 300)
+        self.assertEqual(len((await log.replay("a", (0, -1))).events), 100)
+
     async def test_an_aep_batch_that_evicts_another_session_adds_one_command(self) -> None:
         log = RedisEventLog(self.redis, 10, 2, prefix="rt:")
         for session in "abc":  # "c" evicts "a": the drop script is loaded

@@ -6,13 +6,26 @@ Redis Cluster hash tag, so that one session's keys share a slot):
 - C{aep:lru}: sorted set of sessions scored by a write counter (C{aep:clock}); the lowest is the
   least recently written and is evicted first. C{aep:evicting}: sorted set of sessions evicted
   whose keys are not dropped yet (they count as gone).
-- C{aep:s:{s}}: sorted set (all scores 0, ordered by member) of C{<position><arrival>} members; a
-  position is the length-prefixed decimal epoch and seq, so lexicographic order is exact integer
-  order for any epoch (docs/decisions.md AEP-3) and equal positions keep arrival order (the
-  session's counter C{aep:n:{s}}).
-- C{aep:e:{s}}: hash member -> the event's bytes (one line: events are stored in their
-  newline-free wire form), and C{k<member>} -> its dedupe key, to forget the key of a trimmed event.
-- C{aep:k:{s}}: hash dedupe key (C{source\\0id}) -> member, for admission dedupe.
+- C{aep:s:{s}}: sorted set (all scores 0, ordered by member) of C{<position><arrival>\\n<id>\\n<dedupe
+  key>} members, one per event; a position is the length-prefixed decimal epoch and seq, so
+  lexicographic order is exact integer order for any epoch (docs/decisions.md AEP-3), and equal
+  positions keep arrival order (the session's counter C{aep:n:{s}}, 16 digits). The dedupe key
+  comes last (it may hold any byte): a trimmed member says which key to forget.
+- C{aep:e:{s}}: hash of the events' bytes (one line each: events are stored in their newline-free
+  wire form). An event is stored alone under its arrival (C{<id>} empty), or, when it came in the
+  usual batch (one session, every key new, every event after every held one, two events up to the
+  buffer's size and 128 KiB), with the rest of its batch: the batch's fan-out message as the append
+  got it (a header, then the events joined by line breaks) under C{<id>}, the first event's arrival, its
+  header's length under C{h<id>} and its count of held events under C{c<id>}; the event is the
+  line (arrival - id) after the header, and the message goes with its last held event. Batches
+  stored so are trimmed one after another, so at most one is held in part: a session keeps its
+  held events and less than 128 KiB of trimmed ones.
+- C{aep:k:{s}}: hash of the held events' dedupe keys (C{source\\0id}) -> C{''}, for admission dedupe
+  (a hash rather than a set: one C{HMGET} checks a batch on Redis before 6.2).
+
+Keyspace version 3 (relayd/redis.py). Before it, an event's bytes and its dedupe key were two
+fields of C{aep:e:{s}} (C{<member>}, C{k<member>}) and C{aep:k:{s}} mapped a dedupe key to its member
+(docs/performance.md "Not met: 100,000 events/s per instance").
 
 Appending a batch and reading a replay (or a page of one) are single Lua scripts
 (C{relayd/aep/lua/}), so several instances can write one session at once without a lost update.
@@ -38,7 +51,7 @@ from relayd.redis import Redis
 from relayd.redis_lua import Script, tagged
 
 STORE = "aep"
-_HEADER = struct.Struct(">IIII")
+_LENGTH = struct.Struct(">I")
 _UNREADABLE = metrics.events_dropped.labels(relay="aep", reason="unreadable")
 
 _APPEND = Script("relayd.aep", "append")
@@ -115,35 +128,47 @@ class RedisEventLog:
     def append(self, events: Sequence[Event], publish: bool = False) -> Deferred[list[bool]]:
         """Store the events; with C{publish}, also hand all of them (duplicates too) to the fan-out
         in the same script, so the batch is sent to Redis once (docs/performance.md)."""
-        # One framed argument for the whole batch: building a command of four arguments per event
-        # cost the client more than Redis spends running the script.
+        # Two arguments for the whole batch (building a command of four arguments per event cost
+        # the client more than Redis spends running the script): the events' framed session
+        # numbers, positions and keys, and their bytes joined by line breaks after the fan-out
+        # header, which is the fan-out message itself: the script publishes it as it came (each
+        # string the script makes costs Redis a pass over its bytes, docs/performance.md).
         numbers: dict[str, bytes] = {}
         parts: list[bytes] = []
-        add = parts.extend
+        add = parts.append
+        payloads: list[bytes] = []
+        keep = payloads.append
         epoch_of: dict[int, bytes] = {}
-        pack = _HEADER.pack
+        pack = _LENGTH.pack
         for event in events:
             session = event.session
             number = numbers.get(session)  # type: ignore[arg-type]
             if number is None:
-                number = numbers[session] = b"%d" % (len(numbers) + 1)  # type: ignore[index]
+                digits = b"%d" % (len(numbers) + 1)
+                number = numbers[session] = pack(len(digits)) + digits  # type: ignore[index]
             epoch, seq = event.position
             epoch_key = epoch_of.get(epoch)
             if epoch_key is None:
                 epoch_key = epoch_of[epoch] = _epoch_key(epoch)
             digits = b"%d" % seq
-            position = b"%s%02d%s" % (epoch_key, len(digits), digits)  # encode_int, inlined
+            n = len(digits)
             source, event_id = event.key
             key = f"{source}\x00{event_id}".encode()
+            # The session number, the position (encode_int, inlined; one byte for its length: epoch
+            # and seq have at most MAX_POSITION_DIGITS digits and a sign, so it is under 256 bytes),
+            # the dedupe key.
+            add(b"%s%c%s%02d%s%s%s" % (number, len(epoch_key) + 2 + (n > 99) + n, epoch_key, n, digits, pack(len(key)), key))
             # The posted bytes when they are the wire form (no copy kept on the event).
-            payload = event.raw if event.raw is not None else event.payload(None)
-            add((pack(len(number), len(position), len(key), len(payload)), number, position, key, payload))
+            keep(event.raw if event.raw is not None else event.payload(None))
         sessions = [s.encode("utf-8") for s in numbers]
         keys = [self._lru, self._clock, self._evicting]
         for name in sessions:
             keys += self._session_keys(name)
         channel, header = self._fanout if publish and self._fanout is not None else (b"", b"")
-        args = [self.capacity, self.max_sessions, b"".join(parts), channel, header, *sessions]
+        if header and payloads:
+            payloads[0] = header + payloads[0]  # (not the whole message copied again)
+        message = b"\n".join(payloads) if payloads else header
+        args = [self.capacity, self.max_sessions, b"".join(parts), channel, message, len(header), *sessions]
         return _APPEND(self.redis, STORE, keys, args).addCallback(self._appended)
 
     def _appended(self, result: list[Any]) -> Deferred[list[bool]] | list[bool]:
@@ -162,7 +187,9 @@ class RedisEventLog:
     def replay(self, session: str, after: Position, limit: int | None = None, cursor: Any = None) -> Deferred[Replay]:
         epoch, seq = after
         if cursor is not None:
-            low = b"(" + cursor  # the page after the last member of the previous one
+            # The page after the last member of the previous one (C{cursor} is its position and
+            # arrival, which the member continues with a line break).
+            low = b"(" + cursor + b"\xff"
         elif seq < 0:
             low = b"[" + _epoch_key(epoch)
         else:
@@ -171,27 +198,28 @@ class RedisEventLog:
         keys = [*self._session_keys(name)[:2], self._evicting]
         args = [name, low, limit or 0]
 
-        def build(reply: bytes) -> Replay:
-            # One bulk string (the earliest member, the next page's cursor or nothing, then member
-            # and event lines): the client parses a single reply instead of one per event.
+        def build(reply: list[bytes]) -> Replay:
+            # The earliest member, the next page's cursor or nothing, then runs of events joined by
+            # line breaks (replay.lua): a few strings per page instead of one per event. (Or b"": none.)
             if not reply:
                 return Replay((), None)
-            lines = reply.split(b"\n")
-            earliest = decode_position(lines[0])
+            first, following = reply[0], reply[1]
+            earliest = decode_position(first)
             events = []
-            for raw in lines[3::2]:
-                event = stored_event(raw)
-                if event is None:
-                    _UNREADABLE.inc()
-                    continue
-                events.append(event)
+            for run in reply[2:]:
+                for raw in run.split(b"\n"):
+                    event = stored_event(raw)
+                    if event is None:
+                        _UNREADABLE.inc()
+                        continue
+                    events.append(event)
             if cursor is None:
                 exhausted = exhausted_marker(earliest, after)
-            elif lines[0] > cursor:  # all up to the previous page is gone: was more evicted meanwhile?
+            elif first > cursor:  # all up to the previous page is gone: was more evicted meanwhile?
                 exhausted = exhausted_marker(earliest, decode_position(cursor))
             else:
                 exhausted = None
-            return Replay(events, exhausted, lines[1] or None)
+            return Replay(events, exhausted, following or None)
 
         return _REPLAY(self.redis, STORE, keys, args).addCallback(build)
 

@@ -9,6 +9,7 @@ import random
 from twisted.trial.unittest import TestCase
 from zope.interface.verify import verifyObject
 
+from relayd.aep.envelope import MAX_POSITION_DIGITS
 from relayd.aep.event import Event
 from relayd.aep.redis_store import RedisEventLog, decode_position, encode_position
 from relayd.aep.store import IEventLog, MemoryEventLog
@@ -62,6 +63,14 @@ class EventLogContract:
         replay = await log.replay("S", (8192, 7))
         self.assertEqual([e.ev["id"] for e in replay.events], ["lo", "hi"])
         self.assertEqual(replay.events[-1].position, (big, 0))
+
+    async def test_the_widest_positions_are_kept(self) -> None:
+        # (The Redis log frames a position with one byte for its length.)
+        log = await self.make()
+        widest = 10**MAX_POSITION_DIGITS - 1
+        await log.append([ev(seq=widest, epoch=widest, id="w"), ev(seq=widest - 1, epoch=widest, id="v")])
+        replay = await log.replay("S", (widest, widest - 2))
+        self.assertEqual([e.position for e in replay.events], [(widest, widest - 1), (widest, widest)])
 
     async def test_replay_after_a_position_and_from_an_epoch(self) -> None:
         log = await self.make()
@@ -228,3 +237,97 @@ class RedisLogProperty(TestCase):
                 held = [e.payload(None) for e in model.buffers.get(session, [])]
                 replayed = (await log.replay(session, (0, -1))).events
                 assert [e.payload(None) for e in replayed] == held, session
+
+    @cases(*[2, 3])  # with session evictions; with capacity trims of a batch longer than the capacity
+    async def test_batches_of_one_session_match_the_one_event_at_a_time_rules(self, max_sessions: int) -> None:
+        # The usual batch (one session, no key held or repeated) takes a path of its own in the
+        # Lua append (a few variadic calls for the whole batch): batches longer than the capacity,
+        # and the duplicates (held, or repeated in the batch), late and equal positions that send
+        # a batch back to the per-event loop. Checked against the plain model and the memory log
+        # (its own fast path) after every batch, with the dedupe keys held and the paged replay.
+        server = shared_redis()
+        redis = await connected_redis(server.url)
+        self.addCleanup(redis.close)
+        prefix = f"t{next(_prefixes)}:{id(self)}:"
+        log = RedisEventLog(redis, capacity=5, max_sessions=max_sessions, prefix=prefix, publisher="i")
+        memory = MemoryEventLog(capacity=5, max_sessions=max_sessions)
+        model = ReferenceLog(capacity=5, max_sessions=max_sessions)
+        rng = random.Random(17)
+        seq = itertools.count()
+        last: dict[str, list[Event]] = {}
+        for _ in range(400):
+            session = rng.choice("abc")
+            batch = []
+            for _ in range(rng.choice([1, 2, 4, 7, 12])):
+                roll = rng.random()
+                if roll < 0.9:
+                    position = next(seq)
+                elif roll < 0.95:
+                    position = rng.randrange(0, 40)  # late
+                else:
+                    position = batch[-1].position[1] if batch else next(seq)  # equal
+                reused = {"id": f"again-{rng.randrange(3)}"} if rng.random() < 0.03 else {}
+                batch.append(ev(session, position, **reused))
+            roll = rng.random()
+            if roll < 0.08 and session in last:
+                batch = last[session]  # a retry: every key held (unless trimmed or evicted since)
+            elif roll < 0.16 and session in last:
+                batch.insert(rng.randrange(len(batch) + 1), rng.choice(last[session]))  # one of them held
+            last[session] = batch
+            expected = model.append(batch)
+            assert await log.append(batch, publish=rng.random() < 0.5) == expected  # (a header before the events)
+            assert await memory.append(batch) == expected
+            assert await log.sessions() == list(model.buffers)
+            for name in "abc":
+                held = [e.payload(None) for e in model.buffers.get(name, [])]
+                assert [e.payload(None) for e in (await log.replay(name, (0, -1))).events] == held, name
+                paged, cursor = [], None
+                while True:
+                    page = await log.replay(name, (0, -1), limit=2, cursor=cursor)
+                    paged += [e.payload(None) for e in page.events]
+                    if page.cursor is None:
+                        break
+                    cursor = page.cursor
+                assert paged == held, name
+                # Every trimmed event's key is forgotten: the dedupe hash holds the held events' keys.
+                dedupe = await redis.execute("test", "HKEYS", f"{prefix}aep:k:{{{name}}}".encode())
+                keys = {f"{e.key[0]}\x00{e.key[1]}".encode() for e in model.buffers.get(name, [])}
+                assert set(dedupe) == keys, name
+                await self._messages_held_in_part_at_most_one(redis, f"{prefix}aep:e:{{{name}}}".encode(), name)
+
+    async def _messages_held_in_part_at_most_one(self, redis, key: bytes, name: str) -> None:  # type: ignore[no-untyped-def]
+        # A batch stored as one message (append.lua) stays while any of its events is held: only
+        # one message of a session may be held in part, and none once all its events are gone.
+        fields = await redis.execute("test", "HGETALL", key)
+        stored = dict(zip(fields[::2], fields[1::2], strict=True))
+        partial = 0
+        for field, value in stored.items():
+            if field[:1] in (b"c", b"h"):
+                assert field[1:] in stored, (name, field)
+                continue
+            if b"c" + field not in stored:
+                continue  # an event stored alone
+            held = int(stored[b"c" + field])
+            lines = value[int(stored[b"h" + field]) :].count(b"\n") + 1
+            assert 0 < held <= lines, (name, field, held, lines)
+            partial += held < lines
+        assert partial <= 1, name
+
+    async def test_a_batch_over_128_kib_is_stored_event_by_event(self) -> None:
+        # (append.lua: a replay reads a batch's message whole for each page, so a large one is not
+        # kept as one.) Its events are trimmed one by one like any others.
+        server = shared_redis()
+        redis = await connected_redis(server.url)
+        self.addCleanup(redis.close)
+        prefix = f"t{next(_prefixes)}:{id(self)}:"
+        log = RedisEventLog(redis, capacity=5, max_sessions=3, prefix=prefix, publisher="i")
+        model = ReferenceLog(capacity=5, max_sessions=3)
+        pad = "p" * 50_000
+        for first in range(0, 12, 3):
+            batch = [ev("big", seq, pad=pad) for seq in range(first, first + 3)]
+            assert await log.append(batch, publish=True) == model.append(batch)
+            replayed = (await log.replay("big", (0, -1))).events
+            assert [e.payload(None) for e in replayed] == [e.payload(None) for e in model.buffers["big"]]
+            fields = await redis.execute("test", "HKEYS", f"{prefix}aep:e:{{big}}".encode())
+            assert len(fields) == len(replayed) and all(f.isdigit() for f in fields), fields
+        assert await log.append([ev("big", 0, pad=pad)]) == [True]  # trimmed, so its key was forgotten

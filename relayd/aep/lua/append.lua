@@ -1,20 +1,29 @@
 -- Append a batch of events (docs/aep.md "Replay"), in one round trip.
 -- KEYS: the session LRU (aep:lru), its write counter (aep:clock), the sessions being evicted
--- (aep:evicting), then four keys per session of the batch, in the order of ARGV[4..]: members
+-- (aep:evicting), then four keys per session of the batch, in the order of ARGV[7..]: members
 -- (aep:s), events (aep:e), dedupe keys (aep:k), arrival counter (aep:n).
--- ARGV: capacity, max sessions, the events (per event four big-endian 32-bit lengths, then the
--- session number, position, dedupe key and payload), the fan-out channel or '' (then every event
--- of the batch, duplicates too, is published there as one message: ARGV[5], then the payloads
--- joined by newlines), the message's header, then the batch's sessions.
+-- ARGV: capacity, max sessions, the events (per event the session number, position and dedupe
+-- key, each after its length: big-endian 32-bit, one byte for the position), the fan-out
+-- channel or '' (then ARGV[5] is published there), the fan-out message: a header of ARGV[6] bytes,
+-- then the payloads of every event of the batch, duplicates too, joined by newlines; then the
+-- batch's sessions.
 -- Returns {one '1' (stored) or '0' (duplicate) per event, sessions in the LRU, then sessions
 -- evicted whose keys the caller must drop with drop.lua (they are not in this batch)}.
--- Redis runs this for every ingested event: per event it makes three calls, four more when the
--- session is full (docs/performance.md).
+-- An event is a member of aep:s, '<position><arrival>\n<id>\n<dedupe key>', its key in aep:k and
+-- its bytes in aep:e: alone under its arrival (<id> empty), or in its batch's message, stored
+-- once under <id> (relayd/aep/redis_store.py).
+-- Redis runs this for every ingested event (docs/performance.md). The usual batch (one session,
+-- no key held or repeated, after every held event) is stored with a few variadic calls for the
+-- whole batch, and its message as it came; any other batch takes the per-event loop (three calls
+-- per event, three or four more when the session is full). Every string made here costs Redis a
+-- pass over its bytes (Lua hashes each one it makes): the message is published and stored as it
+-- came, and members are short.
 local lru, clock, evicting = KEYS[1], KEYS[2], KEYS[3]
-local capacity, max_sessions, blob = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local capacity, max_sessions, blob, message = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[5]
+local sub, find, format, unpack = string.sub, string.find, string.format, unpack
 local index = {}
-for i = 6, #ARGV do
-  local base = 3 + 4 * (i - 6)
+for i = 7, #ARGV do
+  local base = 3 + 4 * (i - 7)
   index[ARGV[i]] = base
   -- A session evicted by another batch whose keys are not dropped yet is gone: drop them now.
   if redis.call('ZREM', evicting, ARGV[i]) == 1 then
@@ -24,74 +33,207 @@ end
 -- Per session of the batch: {arrival counter, member count}, read at its first event and the
 -- counter written back at the end.
 local state = {}
-local flags = {}
-local payloads = {}
-local at, size = 1, #blob
-local previous = nil
-while at <= size do
-  local a, b, c, d = struct.unpack('>I4I4I4I4', blob, at)
-  at = at + 16
-  local number = string.sub(blob, at, at + a - 1)
-  at = at + a
-  local pos = string.sub(blob, at, at + b - 1)
-  at = at + b
-  local key = string.sub(blob, at, at + c - 1)
-  at = at + c
-  local payload = string.sub(blob, at, at + d - 1)
-  at = at + d
-  payloads[#payloads + 1] = payload
-  local session = ARGV[5 + tonumber(number)]
-  local base = index[session]
-  local skey, ekey, kkey = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3]
-  -- Recency is refreshed once per run of one session's events: no other session writes between.
-  if session ~= previous then
-    if not redis.call('ZSCORE', lru, session) then
-      while redis.call('ZCARD', lru) >= max_sessions do
-        local victim = redis.call('ZPOPMIN', lru)[1]
-        local vbase = index[victim]
-        if vbase then
-          redis.call('DEL', KEYS[vbase + 1], KEYS[vbase + 2], KEYS[vbase + 3], KEYS[vbase + 4])
-          state[vbase] = nil
-        else
-          redis.call('ZADD', evicting, 0, victim)
-        end
+
+-- The session's recency (evicting the least recently written sessions to make room for a new one).
+local function touch(session)
+  if not redis.call('ZSCORE', lru, session) then
+    while redis.call('ZCARD', lru) >= max_sessions do
+      local victim = redis.call('ZPOPMIN', lru)[1]
+      local vbase = index[victim]
+      if vbase then
+        redis.call('DEL', KEYS[vbase + 1], KEYS[vbase + 2], KEYS[vbase + 3], KEYS[vbase + 4])
+        state[vbase] = nil
+      else
+        redis.call('ZADD', evicting, 0, victim)
       end
     end
-    redis.call('ZADD', lru, redis.call('INCR', clock), session)
-    previous = session
   end
-  local s = state[base]
-  if not s then
-    s = {tonumber(redis.call('GET', KEYS[base + 4]) or '0'), redis.call('ZCARD', skey)}
-    state[base] = s
+  redis.call('ZADD', lru, redis.call('INCR', clock), session)
+end
+
+-- redis.call(command, key, ...list[from..to]) in calls of at most 1000 arguments (Lua's stack).
+local function each(command, key, list, from, to)
+  local replies = {}
+  while from <= to do
+    local last = math.min(from + 999, to)
+    replies[#replies + 1] = redis.call(command, key, unpack(list, from, last))
+    from = last + 1
   end
-  local member = pos .. string.format('%016d', s[1] + 1)
-  if redis.call('HSETNX', kkey, key, member) == 0 then
-    flags[#flags + 1] = '0'
-  else
-    s[1] = s[1] + 1
-    redis.call('ZADD', skey, 0, member)
-    -- The event under its member, and its dedupe key under 'k' .. member (to forget it on a trim).
-    redis.call('HSET', ekey, member, payload, 'k' .. member, key)
-    s[2] = s[2] + 1
-    -- Over capacity (by more than one only when the capacity was lowered): the lowest go.
-    while s[2] > capacity do
-      local gone = redis.call('ZPOPMIN', skey)[1]
-      local key_of = redis.call('HGET', ekey, 'k' .. gone)
-      if key_of then redis.call('HDEL', kkey, key_of) end
-      redis.call('HDEL', ekey, gone, 'k' .. gone)
-      s[2] = s[2] - 1
+  return replies
+end
+
+-- Forget trimmed members (their events and dedupe keys): an event stored alone is deleted; one in
+-- a batch's message makes that message's count of held events one less, and the message goes
+-- with its last event.
+local function forget(ekey, kkey, gone)
+  local dedupe, fields, shared = {}, {}, {}
+  for i, member in ipairs(gone) do
+    local a = find(member, '\n', 1, true)
+    local b = find(member, '\n', a + 1, true)
+    dedupe[i] = sub(member, b + 1)
+    if b == a + 1 then
+      fields[#fields + 1] = sub(member, a - 16, a - 1)  -- its arrival
+    else
+      local id = sub(member, a + 1, b - 1)
+      shared[id] = (shared[id] or 0) + 1
     end
-    flags[#flags + 1] = '1'
+  end
+  each('HDEL', kkey, dedupe, 1, #dedupe)
+  for id, n in pairs(shared) do
+    if redis.call('HINCRBY', ekey, 'c' .. id, -n) <= 0 then
+      fields[#fields + 1] = id
+      fields[#fields + 1] = 'c' .. id
+      fields[#fields + 1] = 'h' .. id
+    end
+  end
+  each('HDEL', ekey, fields, 1, #fields)
+end
+
+-- The events, parsed once: session number, position, dedupe key, and where the payload lies in
+-- the message.
+local numbers, positions, keys, starts, ends = {}, {}, {}, {}, {}
+local at, size, count, from = 1, #blob, 0, tonumber(ARGV[6]) + 1
+local parse = struct.unpack
+while at <= size do
+  count = count + 1
+  local number, position, key
+  -- (c0: a string whose length is the integer before it.)
+  number, position, key, at = parse('>I4c0Bc0I4c0', blob, at)
+  numbers[count], positions[count], keys[count] = number, position, key
+  -- The payloads are one line each, joined by line breaks.
+  local stop = find(message, '\n', from, true) or #message + 1
+  starts[count], ends[count] = from, stop - 1
+  from = stop + 1
+end
+
+local flags
+if #ARGV == 7 and count > 1 and count <= capacity then
+  -- One session, two events or more (one is stored alone), no more than the session holds: is
+  -- every key new (not held, not repeated in the batch)?
+  local fresh, seen = true, {}
+  for i = 1, count do
+    if seen[keys[i]] then
+      fresh = false
+      break
+    end
+    seen[keys[i]] = true
+  end
+  local skey, ekey, kkey, nkey = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+  if fresh then
+    -- (HMGET, not a set's SMISMEMBER: that needs Redis 6.2.)
+    for _, held in ipairs(each('HMGET', kkey, keys, 1, count)) do
+      for _, found in ipairs(held) do
+        if found then fresh = false end
+      end
+    end
+  end
+  local n, id, zargs, arrivals
+  if fresh then
+    -- The events are stored together, when their message is at most 128 KiB (a replay reads it
+    -- whole for each page it answers): the message as it came, under the first one's arrival
+    -- (its id), with its count of held events and its header's length. Each member names the
+    -- id; its event is the line of the message its arrival is after the id's. A larger batch's
+    -- events are stored alone, under their arrivals (then the member's second line is empty).
+    n = tonumber(redis.call('GET', nkey) or '0')
+    local where = '\n\n'
+    if #message <= 131072 then
+      id = format('%016d', n + 1)
+      where = '\n' .. id .. '\n'
+    end
+    zargs, arrivals = {}, {}
+    for i = 1, count do
+      local arrival = format('%016d', n + i)
+      arrivals[i] = arrival
+      zargs[2 * i - 1] = '0'  -- (a string: a number would be formatted per call)
+      zargs[2 * i] = positions[i] .. arrival .. where .. keys[i]
+    end
+    local top = id and redis.call('ZRANGE', skey, -1, -1)[1]
+    each('ZADD', skey, zargs, 1, 2 * count)
+    -- A message is kept while any of its events is: only a batch whose events all come after
+    -- every held one is stored so, so that the session's events go message by message and at
+    -- most one message is held in part (less than a buffer's worth of trimmed bytes). Any other
+    -- batch takes the per-event loop.
+    if top and redis.call('ZRANGE', skey, -count - 1, -count - 1)[1] ~= top then
+      local members = {}
+      for i = 1, count do members[i] = zargs[2 * i] end
+      each('ZREM', skey, members, 1, count)
+      fresh = false
+    end
+  end
+  if fresh then
+    -- What the per-event loop does, a call per step for the whole batch: every event is kept,
+    -- then the lowest members go down to capacity (the same ones as one at a time, where each
+    -- trim drops the lowest of what is held then).
+    touch(ARGV[7])
+    if id then
+      redis.call('HSET', ekey, id, message, 'c' .. id, count, 'h' .. id, ARGV[6])
+    else
+      local hargs = {}
+      for i = 1, count do
+        hargs[2 * i - 1], hargs[2 * i] = arrivals[i], sub(message, starts[i], ends[i])
+      end
+      each('HSET', ekey, hargs, 1, 2 * count)
+    end
+    local kargs = {}
+    for i = 1, count do kargs[2 * i - 1], kargs[2 * i] = keys[i], '' end
+    each('HSET', kkey, kargs, 1, 2 * count)
+    redis.call('SET', nkey, n + count)
+    local over = redis.call('ZCARD', skey) - capacity
+    if over > 0 then
+      -- (Not ZPOPMIN: it would answer each member's score too, formatted.)
+      local gone = redis.call('ZRANGE', skey, 0, over - 1)
+      redis.call('ZREMRANGEBYRANK', skey, 0, over - 1)
+      forget(ekey, kkey, gone)
+    end
+    flags = string.rep('1', count)
   end
 end
-for base, s in pairs(state) do
-  redis.call('SET', KEYS[base + 4], s[1])
+
+if not flags then
+  local out = {}
+  local previous = nil
+  for i = 1, count do
+    local session = ARGV[6 + tonumber(numbers[i])]
+    local base = index[session]
+    local skey, ekey, kkey = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3]
+    -- Recency is refreshed once per run of one session's events: no other session writes between.
+    if session ~= previous then
+      touch(session)
+      previous = session
+    end
+    local s = state[base]
+    if not s then
+      s = {tonumber(redis.call('GET', KEYS[base + 4]) or '0'), redis.call('ZCARD', skey)}
+      state[base] = s
+    end
+    local key = keys[i]
+    if redis.call('HSETNX', kkey, key, '') == 0 then
+      out[i] = '0'
+    else
+      s[1] = s[1] + 1
+      -- The event alone, under its arrival (its member's second line is empty).
+      local arrival = format('%016d', s[1])
+      redis.call('ZADD', skey, '0', positions[i] .. arrival .. '\n\n' .. key)
+      redis.call('HSET', ekey, arrival, sub(message, starts[i], ends[i]))
+      s[2] = s[2] + 1
+      -- Over capacity (by more than one only when the capacity was lowered): the lowest go.
+      while s[2] > capacity do
+        forget(ekey, kkey, {redis.call('ZPOPMIN', skey)[1]})
+        s[2] = s[2] - 1
+      end
+      out[i] = '1'
+    end
+  end
+  for base, s in pairs(state) do
+    redis.call('SET', KEYS[base + 4], s[1])
+  end
+  flags = table.concat(out)
 end
+
 if ARGV[4] ~= '' then
   -- Live fan-out to the other instances (relayd/aep/redis_fanout.py): the batch is sent to Redis once.
-  redis.call('PUBLISH', ARGV[4], ARGV[5] .. table.concat(payloads, '\n'))
+  redis.call('PUBLISH', ARGV[4], message)
 end
-local out = {table.concat(flags), redis.call('ZCARD', lru)}
-for _, victim in ipairs(redis.call('ZRANGE', evicting, 0, 63)) do out[#out + 1] = victim end
-return out
+local reply = {flags, redis.call('ZCARD', lru)}
+for _, victim in ipairs(redis.call('ZRANGE', evicting, 0, 63)) do reply[#reply + 1] = victim end
+return reply
