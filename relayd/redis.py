@@ -31,8 +31,8 @@ DEFAULT_TIMEOUT = 2.0
 # relayd of the previous version would misread. Each connection checks it under --redis-prefix
 # (relayd:schema) before it is used, and a relayd that finds another version refuses that Redis
 # (docs/deployment.md "Upgrades").
-# 2: Lua scripts in files, keys hash-tagged per session (docs/decisions.md REDIS-1); 3: an AEP event's
-# dedupe key is in its member, not stored twice more (relayd/aep/redis_store.py).
+# 2: Lua scripts in files, keys hash-tagged per session (docs/decisions.md REDIS-1); 3: AEP members carry
+# their dedupe key, and the usual batch is stored once, as it came (relayd/aep/redis_store.py).
 KEYSPACE_VERSION = 3
 VERSION_KEY = "schema"  # after the prefix
 # Deployment-wide keys every earlier relayd kept (before keyspace versions): with no version key
