@@ -1,0 +1,71 @@
+"""Servers that do nothing with an ingest POST but answer it: what HTTP costs before relayd's work
+(a benchmark tool, not a test). Run through the ingest scenario as another relay:
+
+    python bench/aep.py ingest --target-cmd 'exec python bench/http_floor.py web {port}'
+    python bench/aep.py ingest --target-cmd 'exec python bench/http_floor.py protocol {port}'
+
+- C{web}: a plain twisted.web C{Site} whose one resource reads the body and answers C{202}
+  (access log off): the floor of any relay built on twisted.web's C{Request}.
+- C{protocol}: a bare Twisted C{Protocol} that frames requests by C{Content-Length} and answers
+  C{202}: the reactor's and the kernel's share (docs/performance.md, "Where the rest goes").
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from twisted.internet import protocol, reactor
+from twisted.web import resource, server
+
+ANSWER = b'HTTP/1.1 202 Accepted\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}'
+
+
+class Accepting(resource.Resource):
+    isLeaf = True
+
+    def render_POST(self, request: Any) -> bytes:
+        request.content.read()
+        request.setResponseCode(202)
+        request.setHeader(b"content-type", b"application/json")
+        return b'{"ok":true}'
+
+
+class Framing(protocol.Protocol):
+    """Splits the stream into requests by the end of the headers and C{Content-Length}."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.needed: int | None = None
+
+    def dataReceived(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            if self.needed is None:
+                end = self.buffer.find(b"\r\n\r\n")
+                if end < 0:
+                    return
+                head = self.buffer[:end].lower()
+                at = head.find(b"content-length:")
+                self.needed = int(head[at + 15 :].split(b"\r\n", 1)[0]) if at >= 0 else 0
+                self.buffer = self.buffer[end + 4 :]
+            if len(self.buffer) < self.needed:
+                return
+            self.buffer = self.buffer[self.needed :]
+            self.needed = None
+            self.transport.write(ANSWER)  # type: ignore[union-attr]
+
+
+def main() -> None:
+    mode, port = sys.argv[1], int(sys.argv[2])
+    if mode == "web":
+        site = server.Site(Accepting())
+        site.log = lambda request: None  # type: ignore[method-assign]
+        reactor.listenTCP(port, site, interface="127.0.0.1")  # type: ignore[attr-defined]
+    else:
+        reactor.listenTCP(port, protocol.Factory.forProtocol(Framing), interface="127.0.0.1")  # type: ignore[attr-defined]
+    reactor.run()  # type: ignore[attr-defined]
+
+
+if __name__ == "__main__":
+    main()
