@@ -13,7 +13,8 @@ from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import resource as _resource
-from twisted.web.http import parse_qs
+from twisted.web import server as _server
+from twisted.web.http import RESPONSES, datetimeToString, parse_qs
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Site
 
@@ -22,8 +23,16 @@ from relayd.clock import Timekeeper
 from relayd.logging import ACCESS_NAMESPACE, SCRUBBED_MARK
 from relayd.reactor import installed
 from relayd.web.body import BodyLimit, EarlyAnswer, LimitedRequest
+from relayd.web.simple_post import SimplePost, read_simple_post
 from relayd.web.transport import hold_writes, release_writes
-from relayd.web.twisted_internals import ChannelHooks, allowed_methods, channel_of, channel_protocol, request_line
+from relayd.web.twisted_internals import (
+    ChannelHooks,
+    allowed_methods,
+    between_requests,
+    channel_of,
+    channel_protocol,
+    request_line,
+)
 
 MAX_HEADER_BYTES = 16384
 """The request line and header block together (Twisted's C{totalHeadersSize}); C{431} beyond."""
@@ -121,6 +130,10 @@ class RelayChannel(ChannelHooks):
             release_writes(transport)
 
     def _read(self, data: bytes) -> None:
+        site = self._relay_site
+        if site is not None and site.simple_posts and data[:5] == b"POST " and between_requests(self):
+            if self._answer_simple(site, data):
+                return
         # Twisted's line reader copies what follows each line it splits off, so a POST whose
         # headers and body arrive in one read had its body copied once per header line (a 50 KB
         # NDJSON batch about ten times). The header block goes first, then the rest: the parser
@@ -138,6 +151,38 @@ class RelayChannel(ChannelHooks):
                     return  # answered and closing: nothing more is read (as within one read)
                 data = data[end:]
         super().dataReceived(data)
+
+    def _answer_simple(self, site: RelaySite, data: bytes) -> bool:
+        """Answer the plain POST that C{data} is, if the wing whose path it names takes it
+        (L{RelaySite.simple_posts}); C{False}, with nothing done, for twisted.web to read it."""
+        if site.trust_forwarded_for:
+            return False  # (the peer named in the access line is read from the request's headers)
+        post = read_simple_post(
+            data,
+            site.simple_posts,
+            max_header_bytes=self.totalHeadersSize,
+            max_fields=self.maxHeaders,
+            max_length_digits=self.length_digits,
+        )
+        if post is None:
+            return False
+        started = site.clock.monotonic()
+        answer = site.simple_posts[post.path](post)
+        if answer is None:
+            return False
+        status, headers, body = answer
+        self._stop_header_clock()
+        self.resetTimeout()
+        # What twisted.web writes for the same answer: its status line, Server and Date, the
+        # answer's headers with their names capitalised as it does, the length.
+        head = [b"HTTP/1.1 %d %s\r\nServer: %s\r\nDate: %s\r\n" % (
+            status, RESPONSES.get(status, b"Unknown Status"), _server.version, datetimeToString())]
+        head += [b"%s: %s\r\n" % (_capitalised(name), value) for name, value in headers]
+        head.append(b"Content-Length: %d\r\n\r\n" % len(body))
+        self.transport.write(b"".join(head) + body)  # type: ignore[union-attr]
+        site.access(method=b"POST", path=post.path, status=status, sent=len(body), peer=_host_of(self.getPeer()),
+                    started=started)
+        return True
 
     def allHeadersReceived(self) -> None:
         self._stop_header_clock()
@@ -430,6 +475,9 @@ class RelaySite(Site):
         self.timeOut = settings.idle_timeout
         self.access_log: bool = settings.access_log
         self._protocols: weakref.WeakSet[Any] = weakref.WeakSet()
+        # Paths whose plain POSTs the wing answers itself, beside twisted.web (relayd.web.simple_post):
+        # the handler answers, or declines with None before it has done anything.
+        self.simple_posts: dict[bytes, Callable[[SimplePost], EarlyAnswer | None]] = {}
         self._request_counters: dict[tuple[str, int], Any] = {}  # labelled children, looked up once
         self._addresses: dict[Any, Any] = {}
 
@@ -563,6 +611,11 @@ def _loggable(value: bytes) -> str:
     if _UNLOGGABLE.search(value):
         value = _UNLOGGABLE.sub(lambda m: b"%%%02X" % m.group()[0], value)
     return value.decode("utf-8", "replace")  # (Twisted refuses non-ASCII request targets)
+
+
+def _capitalised(name: bytes) -> bytes:
+    """A header name as twisted.web writes it (C{content-type} -> C{Content-Type})."""
+    return b"-".join(part.capitalize() for part in name.split(b"-"))
 
 
 def _host_of(address: Any) -> str:

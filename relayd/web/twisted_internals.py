@@ -297,6 +297,27 @@ def read_ahead(channel: Any) -> bool:
     )
 
 
+CHANNEL_BETWEEN_REQUESTS = CHANNEL_READ_AHEAD and code_uses(
+    http.HTTPChannel.lineReceived, "requests", "persistent", "_receivedHeaderSize"
+)
+"""An C{HTTPChannel} between requests has no request in C{requests}, nothing in its buffers, and a
+header count of zero; once it is not C{persistent} it reads nothing more."""
+
+
+def between_requests(channel: Any) -> bool:
+    """Whether C{channel} is reading nothing (no request begun, no bytes kept), so a whole request
+    may be answered beside it; C{False} when that cannot be known."""
+    return (
+        CHANNEL_BETWEEN_REQUESTS
+        and channel.line_mode
+        and channel.persistent
+        and not channel.requests
+        and not channel._buffer
+        and not channel._dataBuffer
+        and not channel._receivedHeaderSize
+    )
+
+
 CHANNEL_HEADER_COUNTS = code_uses(http.HTTPChannel.lineReceived, "_receivedHeaderSize") and code_uses(
     http.HTTPChannel.headerReceived, "_receivedHeaderCount"
 )

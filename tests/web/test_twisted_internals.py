@@ -265,6 +265,40 @@ class TakingOver(LoopbackCase):
         self.assertTrue(fence.read_ahead(request.channel))
 
 
+class BetweenRequests(LoopbackCase):
+    """L{fence.between_requests}: what lets a plain POST be answered beside twisted.web (relayd.web.simple_post)."""
+
+    def test_the_state_is_detected(self) -> None:
+        self.assertTrue(fence.CHANNEL_BETWEEN_REQUESTS)
+
+    async def test_a_channel_is_between_requests_until_one_begins_and_again_once_it_is_answered(self) -> None:
+        held = _Held()
+        site = RelaySite(held)
+        client = await self.connect(self.listen(site))
+        while not list(site._protocols):
+            await client_turn()
+        channel = fence.channel_of(next(iter(site._protocols)))
+        self.assertTrue(fence.between_requests(channel))
+        client.transport.write(b"GET /stream HTTP/1.1\r\n")  # begun: its headers are still to come
+        while not channel._receivedHeaderSize:
+            await client_turn()
+        self.assertFalse(fence.between_requests(channel))
+        client.transport.write(b"host: x\r\n\r\n")
+        request = await held.arrived.addTimeout(TIMEOUT, reactor)
+        self.assertFalse(fence.between_requests(channel))  # being answered
+        request.write(b"done")
+        request.finish()
+        self.assertTrue(fence.between_requests(channel))
+
+    async def test_without_the_state_no_channel_is_between_requests(self) -> None:
+        self.patch(fence, "CHANNEL_BETWEEN_REQUESTS", False)
+        site = RelaySite(_Held())
+        await self.connect(self.listen(site))
+        while not list(site._protocols):
+            await client_turn()
+        self.assertFalse(fence.between_requests(fence.channel_of(next(iter(site._protocols)))))
+
+
 async def client_turn() -> None:
     d: Deferred[None] = Deferred()
     reactor.callLater(0, d.callback, None)

@@ -1,0 +1,77 @@
+"""Plain POSTs read whole from one socket read, for a wing to answer without twisted.web's C{Request}.
+
+twisted.web spends 1.4-1.9 µs per event of a 100-event ingest POST on its request machinery alone
+(docs/performance.md, "What HTTP on twisted.web costs by itself"). A wing may register a path for
+which it answers the plainest form of a POST itself (L{RelaySite.simple_posts}): the request line,
+headers and whole body in one read, HTTP/1.1, a C{Content-Length} body, nothing that changes how the
+connection or the body is handled. L{read_simple_post} recognises that form and nothing else;
+everything it declines, and everything the wing declines, goes to twisted.web as before.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Container
+
+__all__ = ["SimplePost", "read_simple_post"]
+
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+# Headers that change how the body is framed or the connection is used: twisted.web handles those.
+_DECLINED = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"te", b"trailer", b"http2-settings"))
+
+
+class SimplePost:
+    """A plain POST: its path, its headers (lower-cased names, each at most once) and its body."""
+
+    __slots__ = ("body", "headers", "path")
+
+    def __init__(self, path: bytes, headers: dict[bytes, bytes], body: bytes) -> None:
+        self.path = path
+        self.headers = headers
+        self.body = body
+
+
+def read_simple_post(
+    data: bytes, paths: Container[bytes], *, max_header_bytes: int, max_fields: int, max_length_digits: int
+) -> SimplePost | None:
+    """The POST that C{data} holds exactly (no byte before or after it), to one of C{paths}, or
+    C{None} when C{data} is anything else or anything unusual: another method or version, a query
+    string, a header block over C{max_header_bytes} or C{max_fields}, a bare line feed, a folded or
+    repeated header, a header name that is not a token, no C{Content-Length} (or one of more than
+    C{max_length_digits} digits, or not all digits), a body not all there, bytes after it, C{Connection}
+    other than C{keep-alive}, or any of L{_DECLINED}."""
+    line_end = data.find(b"\r\n", 0, max_header_bytes)
+    if line_end < 0:
+        return None
+    method, _, rest = data[:line_end].partition(b" ")
+    path, _, version = rest.partition(b" ")
+    if method != b"POST" or version != b"HTTP/1.1" or path not in paths:
+        return None
+    end = data.find(b"\r\n\r\n", line_end, max_header_bytes + 2)
+    if end < 0:
+        return None
+    block = data[line_end + 2 : end]
+    if b"\n" in block.replace(b"\r\n", b"") or b"\r" in block.replace(b"\r\n", b""):
+        return None  # a bare line feed or carriage return: twisted.web's reading of it applies
+    lines = block.split(b"\r\n") if block else []
+    if len(lines) > max_fields:
+        return None
+    headers: dict[bytes, bytes] = {}
+    for line in lines:
+        name, colon, value = line.partition(b":")
+        if not colon or _TOKEN.match(name) is None:
+            return None  # also a folded line, which starts with white space
+        name = name.lower()
+        if name in headers or name in _DECLINED:
+            return None
+        headers[name] = value.strip(b" \t")
+    length = headers.get(b"content-length")
+    if length is None or not length.isdigit() or len(length) > max_length_digits:
+        return None
+    connection = headers.get(b"connection")
+    if connection is not None and connection.lower() != b"keep-alive":
+        return None
+    body = data[end + 4 :]
+    if len(body) != int(length):
+        return None
+    return SimplePost(path, headers, body)

@@ -1,0 +1,137 @@
+"""L{read_simple_post} recognises the plainest POST and declines everything else, limits included."""
+
+from __future__ import annotations
+
+from twisted.internet import reactor
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.trial.unittest import TestCase
+from twisted.web.resource import Resource
+
+from relayd.web.body import EarlyAnswer
+from relayd.web.simple_post import SimplePost, read_simple_post
+from relayd.web.site import RelaySite
+from tests.support.raw import RawClient
+
+PATHS = {b"/events"}
+BODY = b'{"a":1}\n'
+
+
+def post(*headers: bytes, body: bytes = BODY, line: bytes = b"POST /events HTTP/1.1", length: bool = True) -> bytes:
+    fields = [b"host: relay", *headers]
+    if length:
+        fields.append(b"content-length: %d" % len(body))
+    return line + b"\r\n" + b"".join(f + b"\r\n" for f in fields) + b"\r\n" + body
+
+
+def read(data: bytes, max_header_bytes: int = 16384, max_fields: int = 500, max_length_digits: int = 18) -> object:
+    return read_simple_post(
+        data, PATHS, max_header_bytes=max_header_bytes, max_fields=max_fields, max_length_digits=max_length_digits
+    )
+
+
+class Recognised(TestCase):
+    def test_a_plain_post_is_read_with_its_headers_and_body(self) -> None:
+        found = read(post(b"Content-Type: application/x-ndjson", b"AEP-Version:  0.1\t"))
+        assert found is not None
+        self.assertEqual(found.path, b"/events")  # type: ignore[attr-defined]
+        self.assertEqual(found.body, BODY)  # type: ignore[attr-defined]
+        self.assertEqual(
+            found.headers,  # type: ignore[attr-defined]
+            {b"host": b"relay", b"content-type": b"application/x-ndjson", b"aep-version": b"0.1",
+             b"content-length": b"8"},
+        )
+
+    def test_keep_alive_and_an_empty_body_are_plain(self) -> None:
+        self.assertIsNotNone(read(post(b"Connection: Keep-Alive")))
+        self.assertIsNotNone(read(post(body=b"")))
+
+    def test_the_limits_hold_exactly_at_their_value(self) -> None:
+        data = post()  # request line, three header lines
+        block = data.index(b"\r\n\r\n") + 2
+        self.assertIsNotNone(read(data, max_header_bytes=block))
+        self.assertIsNone(read(data, max_header_bytes=block - 1))
+        self.assertIsNotNone(read(data, max_fields=2))
+        self.assertIsNone(read(data, max_fields=1))
+        self.assertIsNotNone(read(data, max_length_digits=1))
+        self.assertIsNone(read(post(body=b"x" * 10), max_length_digits=1))
+
+
+class Declined(TestCase):
+    def test_another_method_version_or_target(self) -> None:
+        for line in (b"PUT /events HTTP/1.1", b"POST /events HTTP/1.0", b"POST /events?x=1 HTTP/1.1",
+                     b"POST /events/ HTTP/1.1", b"POST  /events HTTP/1.1", b"POST http://relay/events HTTP/1.1"):
+            self.assertIsNone(read(post(line=line)), line)
+
+    def test_a_body_not_all_there_or_with_bytes_after_it(self) -> None:
+        data = post()
+        self.assertIsNone(read(data[:-1]))
+        self.assertIsNone(read(data + b"P"))
+        self.assertIsNone(read(data + data))  # pipelined: twisted.web reads them one at a time
+        self.assertIsNone(read(data[: data.index(b"\r\n\r\n")]))  # the headers not yet ended
+
+    def test_framing_and_connection_headers_are_left_to_twisted_web(self) -> None:
+        for header in (b"Transfer-Encoding: chunked", b"Expect: 100-continue", b"Connection: close",
+                       b"Connection: upgrade", b"Upgrade: websocket", b"TE: trailers"):
+            self.assertIsNone(read(post(header)), header)
+
+    def test_no_length_or_an_unusual_one(self) -> None:
+        self.assertIsNone(read(post(length=False)))
+        for value in (b"+8", b"8 8", b"0x8", b"-8", b"", "８".encode()):
+            data = post(b"content-length: " + value, length=False)
+            self.assertIsNone(read(data), value)
+
+    def test_repeated_folded_or_malformed_headers(self) -> None:
+        self.assertIsNone(read(post(b"aep-version: 0.1", b"AEP-Version: 0.1")))
+        self.assertIsNone(read(post(b"content-length: 8")))  # twice, with the one post() adds
+        self.assertIsNone(read(post(b"x-a: 1", b" folded")))
+        self.assertIsNone(read(post(b"x a: 1")))
+        self.assertIsNone(read(post(b"x-a : 1")))
+        self.assertIsNone(read(post(b"no colon")))
+        self.assertIsNone(read(post(b": empty name")))
+
+    def test_a_bare_line_feed_or_carriage_return_in_the_headers(self) -> None:
+        self.assertIsNone(read(post(b"x-a: 1\nx-b: 2")))
+        self.assertIsNone(read(post(b"x-a: 1\rx-b: 2")))
+        bare = b"POST /events HTTP/1.1\r\nhost: relay\ncontent-length: 8\r\n\r\n" + BODY
+        self.assertIsNone(read(bare))
+
+
+class Leaf(Resource):
+    isLeaf = True
+
+    def render_POST(self, request: object) -> bytes:
+        return b"from twisted.web"
+
+
+class AnsweredBySite(TestCase):
+    """A L{RelaySite} answers a registered path's plain POST with its handler's answer, written as
+    twisted.web writes one, and logs its access line; a declined one goes to twisted.web."""
+
+    async def test_the_handlers_answer_is_written_as_twisted_web_would(self) -> None:
+        site = RelaySite(Leaf(), relay="test")
+        calls: list[bytes] = []
+
+        def handler(post: SimplePost) -> EarlyAnswer | None:
+            calls.append(post.body)
+            if post.body == b"decline":
+                return None
+            return 201, [(b"content-type", b"application/json"), (b"x-relay-thing", b"1")], b"{}"
+
+        site.simple_posts[b"/events"] = handler
+        port = reactor.listenTCP(0, site, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        client = RawClient()
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port), client)
+        self.addCleanup(client.transport.loseConnection)
+        client.transport.write(post(body=b"answer"))
+        await client.wait_for(b"{}")
+        head, _, body = client.received.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        self.assertEqual(lines[0], b"HTTP/1.1 201 Created")
+        self.assertEqual([line.split(b":")[0] for line in lines[1:]],
+                         [b"Server", b"Date", b"Content-Type", b"X-Relay-Thing", b"Content-Length"])
+        self.assertIn(b"Content-Length: 2", lines)
+        self.assertEqual(body, b"{}")
+        client.transport.write(post(body=b"decline"))
+        await client.wait_for(b"from twisted.web")
+        self.assertEqual(calls, [b"answer", b"decline"])
