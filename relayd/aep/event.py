@@ -234,6 +234,10 @@ def admit_lines(lines: list[bytes], plain: PlainBody | None) -> list[Event | Non
     admitted: list[Event | None] = []
     append = admitted.append
     last_type = ""
+    # Lines of a batch mostly repeat their session and source: the events share one string of each
+    # (and of the type) instead of one per event, fewer objects to free when they are trimmed.
+    last_session: Any = None
+    last_source = ""
     kind: EventKind | None = None
     for raw in lines:
         try:
@@ -245,7 +249,18 @@ def admit_lines(lines: list[bytes], plain: PlainBody | None) -> list[Event | Non
         if type_ != last_type:
             kind = kind_of_type(type_)
             last_type = type_
+        else:
+            type_ = last_type
         posted, seq = env.session, env.seq
+        if posted == last_session:
+            posted = last_session
+        else:
+            last_session = posted
+        source = env.source
+        if source == last_source:
+            source = last_source
+        else:
+            last_source = source
         if kind is sequenced:
             if posted is unset or seq is unset:
                 append(None)
@@ -267,7 +282,7 @@ def admit_lines(lines: list[bytes], plain: PlainBody | None) -> list[Event | Non
         event.type = type_
         event.position = position
         event.session = None if posted is unset else posted
-        event.key = (env.source, env.id)
+        event.key = (source, env.id)
         severity = env.severity
         event.severity = 1 if severity is unset else ranks[severity]
         capture = env.capture

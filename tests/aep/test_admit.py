@@ -157,6 +157,18 @@ class AdmitLinesTests(TestCase):
         lines = lines_of(body)
         self.assertEqual(verdicts(admit_lines(lines, plain_body(body))), verdicts([admit(line) for line in lines]))
 
+    def test_the_events_of_a_batch_share_their_repeated_strings(self) -> None:
+        # Fewer objects per buffered event to free when it is trimmed (docs/performance.md).
+        raws = [json.dumps({**base(), "id": f"e{n}", "seq": n}, separators=(",", ":")).encode() for n in range(3)]
+        first, *rest = admit_lines(raws, plain_body(b"\n".join(raws)))
+        assert first is not None
+        for event in rest:
+            assert event is not None
+            self.assertIs(event.session, first.session)
+            self.assertIs(event.type, first.type)
+            self.assertIs(event.key[0], first.key[0])
+            self.assertIsNot(event.key[1], first.key[1])
+
     @cases(at_the_limit=(MAX_DEPTH, True), one_over=(MAX_DEPTH + 1, False))
     def test_one_line_at_the_bracket_limit(self, brackets: int, admitted: bool) -> None:
         body = nested(brackets) + b"\n"
