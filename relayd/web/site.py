@@ -57,6 +57,7 @@ DEFAULT_IDLE_TIMEOUT = 60.0
 _MAX_SHARED_ADDRESSES = 64
 # A module-level logger: a Logger class attribute would take the class's name as its namespace.
 _access_log = Logger(namespace=ACCESS_NAMESPACE)
+_log = Logger()
 
 
 class RelayChannel(ChannelHooks):
@@ -167,7 +168,12 @@ class RelayChannel(ChannelHooks):
         if post is None:
             return False
         started = site.clock.monotonic()
-        answer = site.simple_posts[post.path](post)
+        try:
+            answer = site.simple_posts[post.path](post)
+        except Exception:
+            # twisted.web's path then answers it (with its 500 if the fault is there too).
+            _log.failure("a simple POST handler failed; the request goes to twisted.web")
+            return False
         if answer is None:
             return False
         status, headers, body = answer

@@ -56,6 +56,11 @@ CASES: list[tuple[str, list[bytes], int]] = [
     ("connection: close", [post(batch("F", 0, 1), b"connection: close")], 1),
     ("expect: 100-continue", [post(batch("F", 1, 1), b"expect: 100-continue")], 1),
     ("a command, routed", [post(ndjson(event("F", None, "control.pause", id="c1")))], 1),
+    ("the body at its limit", [post(batch("G", 0, 1).ljust(4000, b"\n"))], 1),
+    ("the body one over", [post(batch("G", 1, 1).ljust(4001, b"\n"))], 1),
+    ("header fields at their limit", [post(batch("G", 2, 1), *(b"x-%d: 1" % n for n in range(495)))], 1),
+    ("header fields one over", [post(batch("G", 3, 1), *(b"x-%d: 1" % n for n in range(496)))], 1),
+    ("a header block near its limit", [post(batch("G", 4, 1), b"x-pad: " + b"p" * 16200)], 1),
 ]
 
 

@@ -115,6 +115,8 @@ class AnsweredBySite(TestCase):
             calls.append(post.body)
             if post.body == b"decline":
                 return None
+            if post.body == b"boom":
+                raise RuntimeError("a handler's fault")
             return 201, [(b"content-type", b"application/json"), (b"x-relay-thing", b"1")], b"{}"
 
         site.simple_posts[b"/events"] = handler
@@ -134,4 +136,8 @@ class AnsweredBySite(TestCase):
         self.assertEqual(body, b"{}")
         client.transport.write(post(body=b"decline"))
         await client.wait_for(b"from twisted.web")
-        self.assertEqual(calls, [b"answer", b"decline"])
+        client.received = b""
+        client.transport.write(post(body=b"boom"))  # logged, then twisted.web's path answers
+        await client.wait_for(b"from twisted.web")
+        self.assertEqual(calls, [b"answer", b"decline", b"boom"])
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
