@@ -104,7 +104,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> AEPService | None:
         clock=plumbing.clock,
     )
     if isinstance(relay.log, MemoryEventLog):
-        # The plainest ingest POSTs are answered beside twisted.web's Request, at a quarter less CPU
+        # The plainest ingest POSTs are answered beside twisted.web's Request, at about a fifth less CPU
         # per event (docs/performance.md): only where the store answers at once.
         site.simple_posts[b"/events"] = resource.simple_ingest
 

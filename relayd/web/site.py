@@ -132,7 +132,7 @@ class RelayChannel(ChannelHooks):
 
     def _read(self, data: bytes) -> None:
         site = self._relay_site
-        if site is not None and site.simple_posts and data[:5] == b"POST " and between_requests(self):
+        if site is not None and site.simple_posts and data.startswith(b"POST ") and between_requests(self):
             if self._answer_simple(site, data):
                 return
         # Twisted's line reader copies what follows each line it splits off, so a POST whose
