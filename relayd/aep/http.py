@@ -29,7 +29,7 @@ from relayd.aep.relay import (
 from relayd.aep.store import Position
 from relayd.aep.wire import frame_safe, sse_forms, sse_frame, sse_run
 from relayd.storage import StoreUnavailable
-from relayd.web.auth import bearer_token, query_param, tokens_equal
+from relayd.web.auth import bearer_of, bearer_token, query_param, tokens_equal
 from relayd.web.body import EarlyAnswer, read_body
 from relayd.web.routes import (
     TAKEN,
@@ -404,19 +404,11 @@ class AEPResource(RoutedResource):
         on a store that answers at once (the in-memory log)."""
         headers = post.headers
         token = self.relay.token
-        if token:
-            value = headers.get(b"authorization", b"")
-            if not value.startswith(b"Bearer "):
-                return None
-            try:
-                presented = value[7:].decode("utf-8")
-            except UnicodeDecodeError:
-                return None
-            if not tokens_equal(presented, token):
-                return None
+        if token and not tokens_equal(bearer_of(headers.get(b"authorization")), token):
+            return None
         if headers.get(b"aep-version") != b"0.1" or len(post.body) > self.max_body:
             return None
-        media = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
+        media = _media_type_of(headers.get(b"content-type"))
         if media not in (JSON_TYPE, NDJSON_TYPE):
             return None
         try:
@@ -596,5 +588,9 @@ def _is_upgrade(request: Request) -> bool:
 
 def _media_type(request: Request) -> bytes:
     """The request's media type, lower-cased (type and subtype are case-insensitive, RFC 9110 8.3.1)."""
-    value = request.getHeader(b"content-type") or b""
-    return value.split(b";", 1)[0].strip().lower()
+    return _media_type_of(request.getHeader(b"content-type"))
+
+
+def _media_type_of(value: bytes | None) -> bytes:
+    """The media type of a C{Content-Type} header's C{value}, lower-cased (b"" without one)."""
+    return (value or b"").split(b";", 1)[0].strip().lower()

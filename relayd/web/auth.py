@@ -10,10 +10,12 @@ from twisted.web.iweb import IRequest
 def bearer_token(request: IRequest) -> str | None:
     """The token of an C{Authorization: Bearer <token>} header (case-sensitive prefix, one space)."""
     values = request.requestHeaders.getRawHeaders(b"authorization")
-    if not values:
-        return None
-    value = values[0]
-    if not value.startswith(b"Bearer "):
+    return bearer_of(values[0]) if values else None
+
+
+def bearer_of(value: bytes | None) -> str | None:
+    """The token of an C{Authorization} header's C{value} (L{bearer_token}'s reading), or C{None}."""
+    if value is None or not value.startswith(b"Bearer "):
         return None
     try:
         return value[len(b"Bearer ") :].decode("utf-8")

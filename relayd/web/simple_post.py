@@ -51,7 +51,8 @@ def read_simple_post(
     if end < 0:
         return None
     block = data[line_end + 2 : end]
-    if b"\n" in block.replace(b"\r\n", b"") or b"\r" in block.replace(b"\r\n", b""):
+    bare = block.replace(b"\r\n", b"")
+    if b"\n" in bare or b"\r" in bare:
         return None  # a bare line feed or carriage return: twisted.web's reading of it applies
     lines = block.split(b"\r\n") if block else []
     if len(lines) > max_fields:
