@@ -55,7 +55,7 @@ from typing import Any
 from autobahn.asyncio.websocket import WebSocketClientFactory, WebSocketClientProtocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from relayd_process import RelaydServer, group_cpu, process_cpu, process_rss_kb, raise_nofile
+from relayd_process import RedisProcess, RelaydServer, group_cpu, process_cpu, process_rss_kb, raise_nofile
 
 PAD = "x" * 330  # makes each event about 500 bytes
 
@@ -909,34 +909,6 @@ async def scenario_index(subscriptions: int, seconds: float, events: int = 10000
             server.stop()
     result["ratio"] = result["all_one_session_us_per_event"] / result["alone_one_session_us_per_event"]
     return result
-
-
-class RedisProcess:
-    """A throwaway redis-server on a free port for the --redis scenarios."""
-
-    def __init__(self) -> None:
-        import shutil
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise SystemExit("the --redis scenarios need redis-server")
-        self.proc = subprocess.Popen([binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no"], stdout=subprocess.DEVNULL)
-        time.sleep(0.5)  # waiting for another process to start listening
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-
-    def cpu(self) -> float:
-        """redis-server's user plus system CPU seconds so far."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
 
 
 async def wait_ready(port: int) -> None:

@@ -15,14 +15,13 @@ import argparse
 import json
 import os
 import re
-import shutil
-import socket
 import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
-PAD = "x" * 330  # as bench/aep.py: each event about 500 bytes
+from relayd_process import RedisProcess  # bench/ is not a package: its modules import each other from this path
+
+PAD = "x" * 330  # as bench/aep.py (not imported: it selects asyncio for autobahn): each event about 500 bytes
 
 
 def event(session: str, seq: int) -> dict[str, Any]:
@@ -30,11 +29,6 @@ def event(session: str, seq: int) -> dict[str, Any]:
     return {"aep": "0.1", "id": f"{session}-{seq}", "type": "progress.status", "time": "2026-11-29T00:00:00Z",
             "source": f"aep://bench/agent/a/session/{session}", "agent": "bench", "session": session,
             "seq": seq, "severity": "notice", "data": {"message": PAD}}
-
-
-def cpu_of(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -55,14 +49,8 @@ def main() -> None:
     from relayd.clock import Timekeeper
     from relayd.redis import Redis
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("needs redis-server")
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL)
+    server = RedisProcess()
+    port, proc = server.port, server.proc
     result: dict[str, Any] = {}
 
     def batches(session: int, first: int, count: int) -> list[list[Event]]:
@@ -111,20 +99,20 @@ def main() -> None:
             perf = subprocess.Popen(["perf", "record", "-e", "cpu-clock:u", "--call-graph", graph, "-o", args.perf,
                                      "-p", str(proc.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             await task.deferLater(reactor, 0.5, lambda: None)  # perf attaching
-        r0, c0, t0 = cpu_of(proc.pid), time.process_time(), time.perf_counter()
+        r0, c0, t0 = server.cpu(), time.process_time(), time.perf_counter()
         await drive(plan)
         if perf is not None:
             perf.send_signal(2)
             perf.wait()
         wall = time.perf_counter() - t0
-        redis_cpu, client_cpu = cpu_of(proc.pid) - r0, time.process_time() - c0
+        redis_cpu, client_cpu = server.cpu() - r0, time.process_time() - c0
         result.update(events=events, redis_cpu_us_per_event=round(redis_cpu / events * 1e6, 2),
                       client_cpu_us_per_event=round(client_cpu / events * 1e6, 2),
                       events_per_s=round(events / wall))
         replay = await log.replay("s0", (0, -1))
         result["replayed"] = len(replay.events)
         # Reading it back as relayd does (pages of 512, relayd/aep/relay.py), over every session.
-        r0, read = cpu_of(proc.pid), 0
+        r0, read = server.cpu(), 0
         for _ in range(args.replays):
             for s in range(args.sessions):
                 cursor = None
@@ -135,7 +123,7 @@ def main() -> None:
                         break
                     cursor = page.cursor
         if read:
-            result["replay_redis_cpu_us_per_event"] = round((cpu_of(proc.pid) - r0) / read * 1e6, 2)
+            result["replay_redis_cpu_us_per_event"] = round((server.cpu() - r0) / read * 1e6, 2)
         # What the sessions' buffers take in Redis (8 x 1000 events of ~500 bytes by default).
         info = await redis.execute("bench", "INFO", "memory")
         used = re.search(rb"used_memory:(\d+)", info if isinstance(info, bytes) else info.encode())
@@ -152,8 +140,7 @@ def main() -> None:
     try:
         reactor.run()
     finally:
-        proc.terminate()
-        proc.wait(10)
+        server.stop()
     print(json.dumps(result))
 
 

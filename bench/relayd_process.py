@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import re
 import resource
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -107,3 +109,27 @@ class RelaydServer:
             self.proc.kill()
             self.proc.wait()
         os.unlink(self.log.name)
+
+
+class RedisProcess:
+    """A throwaway redis-server on a free port (bench/aep.py's --redis scenarios, bench/redis_append.py)."""
+
+    def __init__(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise SystemExit("the --redis scenarios need redis-server")
+        self.proc = subprocess.Popen([binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no"], stdout=subprocess.DEVNULL)
+        time.sleep(0.5)  # waiting for another process to start listening
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def cpu(self) -> float:
+        """redis-server's user plus system CPU seconds so far."""
+        return process_cpu(self.proc.pid)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
