@@ -76,6 +76,37 @@ def _adopt(conn: sqlite3.Connection) -> int:
     return 1
 
 
+def _create_private(path: str) -> None:
+    """Create the database file 0600 if it does not exist yet; never open one that does.
+
+    SQLite gives the -wal and -shm files the database file's mode, so they are never readable by
+    others, not even on first start. An existing file is left to SQLite alone: closing any
+    descriptor of a file drops every POSIX lock the process holds on it, SQLite's included, and a
+    process whose connections hold no lock lets another process's closing connection checkpoint
+    and delete the WAL under it (its later reads a stale snapshot, its commits into a deleted file).
+    A file that does not exist has no connection in this process to lose locks.
+    """
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError:
+        pass  # there already (or not creatable: connecting says why)
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    """A connection set up as every connection to the broker's state is, the daemon's and the tool's."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        conn.execute("PRAGMA busy_timeout=5000")  # the schema step may meet another process
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        # Deleted content (a destroyed sealed key, an expired receipt) is overwritten, not left in free space.
+        conn.execute("PRAGMA secure_delete=ON")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
 # Distinct events one identity may be given in one second before its clock moves on to the next.
 STAMPS_PER_SECOND = 1024
 STAMP_DIGEST_BYTES = 16
@@ -222,18 +253,8 @@ class StateDB:
         # its clock's (BrokerService), the broker's command-line tool its BlockingClock's.
         self.now: Callable[[], float] = BlockingClock().wall
         self.max_receipts = MAX_RECEIPTS  # per principal; see _trim
-        # Created 0600 before SQLite opens it: SQLite gives the -wal and -shm files the database
-        # file's mode, so they are never readable by others, not even on first start.
-        try:
-            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-        except OSError:
-            pass
-        self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.conn.execute("PRAGMA busy_timeout=5000")  # the schema step may meet another process
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=NORMAL")
-        # Deleted content (a destroyed sealed key, an expired receipt) is overwritten, not left in free space.
-        self.conn.execute("PRAGMA secure_delete=ON")
+        _create_private(path)
+        self.conn = _connect(path)
         try:
             # relayd/buzz/schema/*.sql, applied in order (relayd/sqlite_schema.py).
             sqlite_schema.upgrade(self.conn, _SCHEMA_PACKAGE, adopt=_adopt, label=path)
@@ -243,9 +264,16 @@ class StateDB:
         self.conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         for name in (path, path + "-wal", path + "-shm"):  # files from before this rule
             try:
-                os.chmod(name, 0o600)
+                os.chmod(name, 0o600)  # by name: no descriptor of the file (see _create_private)
             except OSError:
                 pass
+
+    def another(self) -> "StateDB":
+        """A second connection to this database, set up as this one (the file and its schema are there)."""
+        other = StateDB.__new__(StateDB)
+        other.path, other.now, other.max_receipts = self.path, self.now, self.max_receipts
+        other.conn = _connect(self.path)
+        return other
 
     @classmethod
     def in_dir(cls, state_dir: str) -> "StateDB":
@@ -644,9 +672,7 @@ class SQLiteState:
     def _worker(self) -> StateDB:
         """The worker thread's own connection (opened there, on first use)."""
         if self._worker_db is None:
-            self._worker_db = StateDB(self.db.path)
-            self._worker_db.now = self.db.now
-            self._worker_db.max_receipts = self.db.max_receipts
+            self._worker_db = self.db.another()
             self._worker_db.conn.execute("PRAGMA wal_autocheckpoint=0")
         return self._worker_db
 
