@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import sys
 import tempfile
@@ -65,7 +66,7 @@ if sys.argv[1] == "before-commit":
     state.StateDB._tx = lambda self, f: transaction(self, lambda c: (f(c), die()))
 else:
     state.StateDB.close = die
-sys.exit(admin.main(["broker", *sys.argv[2:]][1:]))
+sys.exit(admin.main(sys.argv[2:]))
 """
 
 
@@ -181,4 +182,76 @@ class AdminWhileRelaydRuns(TestCase):
         assert (await client.post(proc, other["credential"], body("r4", channel, "still")))["status"] == "succeeded"
         await state.admin("list")
         assert deleted_files(pid, state.path) == []
+        assert await proc.terminate() == 0
+
+
+class TwoInstancesOneStateDirectory(TestCase):
+    """Acceptance 1 on two real `twistd -n relayd` sharing one state directory and one redis-server."""
+
+    timeout = 120
+
+    async def test_issue_and_revoke_take_effect_on_both_and_no_state_file_is_deleted(self) -> None:
+        relay = shared_nostr_relay()
+        redis = RedisServer.start()
+        self.addCleanup(redis.cleanup)
+        state = StateDirectory(self)
+        client = Client(self)
+        options = state.broker_options(relay.url, "--redis", redis.url)
+        procs = [await RelaydProcess.start_for(self, options, wait_for=("broker",)) for _ in range(2)]
+        channel = str(uuid.uuid4())
+        (issued,) = await state.admin("issue", "--agent", "alice", "--channel", channel)
+        for i, proc in enumerate(procs):
+            verdict = await client.until_redis(proc, issued["credential"], body(f"r{i}", channel, f"on {i}"))
+            assert verdict["status"] == "succeeded", verdict
+        (row,) = await state.admin("list")
+        for proc in procs:
+            assert deleted_files(proc.transport.pid, state.path) == []
+        assert await state.admin("revoke", "--agent", "alice") == [{"revoked": 1}]
+        for i, proc in enumerate(procs):
+            assert_refused(await client.post(proc, issued["credential"], body(f"after-{i}", channel, "after")))
+            assert_refused(await client.post(proc, issued["credential"], body("r0", channel, "on 0")))  # a replay
+            assert deleted_files(proc.transport.pid, state.path) == []
+        for proc in procs:
+            assert await proc.terminate() == 0
+
+
+class SigkillKeepsWhatWasReported(TestCase):
+    """Acceptance 2: SIGKILL of the tool mid-write and of relayd after a verdict lose nothing reported."""
+
+    timeout = 120
+
+    async def test_database_opens_with_every_reported_change_and_answered_actions_replay(self) -> None:
+        relay = shared_nostr_relay()
+        state = StateDirectory(self)
+        client = Client(self)
+        options = state.broker_options(relay.url)
+        proc = await RelaydProcess.start_for(self, options, wait_for=("broker",))
+        channel = str(uuid.uuid4())
+        (issued,) = await state.admin("issue", "--agent", "alice", "--channel", channel)
+        await state.admin("list")
+        answered = body("before-kill", channel, "answered before SIGKILL")
+        verdict = await client.post(proc, issued["credential"], answered)
+        assert verdict["status"] == "succeeded", verdict
+        # The tool killed inside its revoke transaction: nothing reported, nothing changed.
+        killed = await state.killed_admin("before-commit", "revoke", "--agent", "alice")
+        assert killed.stdout == b""
+        # The tool killed after it reported a credential, before its connection closed.
+        killed = await state.killed_admin("after-report", "issue", "--agent", "alice", "--channel", channel)
+        reported = json.loads(killed.stdout)
+        assert (await client.post(proc, reported["credential"], body("new", channel, "x")))["status"] == "succeeded"
+        assert await proc.terminate(signal.SIGKILL) == -9
+
+        db = sqlite3.connect(os.path.join(state.path, DB_FILE_NAME))
+        try:
+            assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+            live = db.execute("SELECT hash FROM credentials WHERE revoked_at IS NULL").fetchall()
+            assert sorted(h for (h,) in live) == sorted(credential_hash(c) for c in (issued["credential"], reported["credential"]))
+        finally:
+            db.close()
+
+        proc = await RelaydProcess.start_for(self, options, wait_for=("broker",))
+        again = await client.post(proc, issued["credential"], answered)
+        assert again.pop("replayed", None) is True and again == verdict, again
+        stored = [e for e in relay.events(pubkey=issued["agentPubkey"]) if e["content"] == "answered before SIGKILL"]
+        assert len(stored) == 1, stored
         assert await proc.terminate() == 0
