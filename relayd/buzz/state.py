@@ -83,7 +83,7 @@ def _create_private(path: str) -> None:
     others, not even on first start. An existing file is left to SQLite alone: closing any
     descriptor of a file drops every POSIX lock the process holds on it, SQLite's included, and a
     process whose connections hold no lock lets another process's closing connection checkpoint
-    and delete the WAL under it (its later reads a stale snapshot, its commits into a deleted file).
+    and delete the WAL under it (its later reads see a stale snapshot, its commits go to a deleted file).
     A file that does not exist has no connection in this process to lose locks.
     """
     try:
