@@ -98,6 +98,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> AEPService | None:
         max_batch=config.max_batch,
         socket=WebSocketResource(sockets),
         socket_counts=sockets.listing,
+        browsers=plumbing.browsers,
     )
     site = RelaySite(
         resource, body_limit=BodyLimit(config.max_body, resource.early_answer), settings=plumbing.site, relay="aep",
