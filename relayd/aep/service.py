@@ -90,7 +90,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> AEPService | None:
     relay = make_relay(config, plumbing)
     hub = SSEHub(clock, config.heartbeat, sse_comment("ping"))
     sockets = AEPSocketFactory(relay, clock, heartbeat=config.heartbeat, max_message=config.max_body,
-                               max_subscriptions=config.max_subscriptions)
+                               max_subscriptions=config.max_subscriptions, hello_timeout=config.hello_timeout)
     resource = AEPResource(
         relay,
         hub,
