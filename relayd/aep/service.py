@@ -128,7 +128,8 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> AEPService | None:
     auth = (
         "auth on"
         if config.token
-        else "auth OFF — control routing disabled (AEP-0004 §4.1); set AEP_TOKEN to enable"
+        else "auth OFF — control routing disabled (AEP-0004 §4.1); set AEP_TOKEN to enable; "
+        f"browsers: {plumbing.browsers.describe()} (--allow-host, --allow-origin)"
     )
     _log.info("aep relay: buffer {buffer}/session, {auth}", buffer=config.buffer, auth=auth)
     # Levels for the metrics listener, read at scrape time (nothing is counted on the hot path).

@@ -144,8 +144,8 @@ class BrowserPolicy:
 
     def describe(self) -> str:
         """What the startup line says: the hosts and origins allowed besides loopback."""
-        hosts = "*" if self.any_host else ",".join(sorted(self.hosts)) or "loopback"
-        origins = self.origins.describe() or "loopback"
+        hosts = "*" if self.any_host else ",".join(["loopback", *sorted(self.hosts)])
+        origins = "*" if self.origins.any else ",".join(["loopback", *self.origins.origins])
         return f"hosts {hosts}, origins {origins}"
 
     def host_allowed(self, value: bytes | None) -> bool:
