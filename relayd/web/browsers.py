@@ -55,8 +55,8 @@ def host_name(value: str) -> str | None:
         if end < 0 or ":" not in host:
             return None
     else:
-        host, _, port = value.partition(":")
-        rest = ":" + port if _ else ""
+        host, colon, port = value.partition(":")
+        rest = colon + port
         if not host or any(c in host for c in "/@?#[] \\"):
             return None
     if rest and not (rest.startswith(":") and rest[1:].isdigit() and rest[1:].isascii()):
@@ -166,10 +166,13 @@ class BrowserPolicy:
         if value is None or self.origins.allows(value):
             return True
         try:
-            parts = urlsplit(value.decode("ascii"))
-            name = host_name(parts.netloc) if parts.scheme in ("http", "https") and parts.path == "" else None
+            text = value.decode("ascii")
+            parts = urlsplit(text)
         except (UnicodeDecodeError, ValueError):
             return False
+        if parts.scheme not in ("http", "https") or text != f"{parts.scheme}://{parts.netloc}":
+            return False  # not an origin as a browser serialises one (no path, query or fragment)
+        name = host_name(parts.netloc)
         return name is not None and is_loopback_name(name)
 
     def refusal(self, host: bytes | None, origin: bytes | None) -> Refusal | None:

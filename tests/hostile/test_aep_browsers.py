@@ -78,6 +78,9 @@ REFUSED_ORIGINS = {
     "one_past_127_8": "http://128.0.0.1:3000",
     "another_scheme": "file://localhost",
     "not_an_origin": "localhost",
+    "with_a_path": "http://localhost:3000/",
+    "with_a_query": "http://localhost?x",
+    "with_credentials": "http://user@localhost",
 }
 ALLOWED_ORIGINS = {
     "localhost": "http://localhost:3000",
