@@ -122,6 +122,13 @@ class WithoutAToken(TestCase):
         self.assertIn("--allow-origin (env RELAYD_ALLOW_ORIGIN)", refusal["detail"])
         self.assertEqual(relay.core.log.session_count(), 0)
 
+    async def test_an_oversize_body_is_refused_for_its_host_before_it_is_read(self) -> None:
+        relay = await start_relay(self, aep_max_body=100)
+        head = (b"POST /events HTTP/1.1\r\nhost: evil.example\r\naep-version: 0.1\r\n"
+                b"content-type: application/x-ndjson\r\ncontent-length: 100000\r\n\r\n")
+        status, _, body = await answer(port_of(relay), head + b"x" * 1000)
+        self.assertEqual((status, json.loads(body)["error"]), (403, "host-not-allowed"))
+
     @cases(**REFUSED_HOSTS)
     async def test_refused_host(self, host: str) -> None:
         relay = await start_relay(self)
