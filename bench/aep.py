@@ -173,7 +173,7 @@ async def http_post_loop(port: int, body_for: Any, ctype: str, stop_at: float, c
     n = 0
     while time.perf_counter() < stop_at:
         body = body_for(n)
-        writer.write(b"POST /events HTTP/1.1\r\nHost: b\r\naep-version: 0.1\r\ncontent-type: %s\r\n%s"
+        writer.write(b"POST /events HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\ncontent-type: %s\r\n%s"
                      b"content-length: %d\r\n\r\n" % (ctype.encode(), auth(), len(body)) + body)
         head = await read_response(reader)
         assert head.startswith(b"HTTP/1.1 202"), head
@@ -194,7 +194,7 @@ class SSESubscriber:
 
     async def run(self, port: int, path: str = "/stream", ready: asyncio.Event | None = None) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET %s HTTP/1.1\r\nHost: b\r\n%s\r\n" % (path.encode(), auth()))
+        writer.write(b"GET %s HTTP/1.1\r\nHost: localhost\r\n%s\r\n" % (path.encode(), auth()))
         if not self.lazy:
             await reader.readuntil(b"\r\n\r\n")
         if ready is not None:
@@ -337,9 +337,9 @@ def drain_main(port: int, transport: str, count: int, sessions: int = 1, first: 
         if transport == "sse":
             flt = json.dumps({"session": drain_session(first + c, sessions)}, separators=(",", ":"))
             path = "/stream?filter=" + urllib.parse.quote(flt, safe="")
-            s.sendall(b"GET %s HTTP/1.1\r\nHost: b\r\n" % path.encode() + auth() + b"\r\n")
+            s.sendall(b"GET %s HTTP/1.1\r\nHost: localhost\r\n" % path.encode() + auth() + b"\r\n")
         else:
-            s.sendall(b"GET /socket HTTP/1.1\r\nHost: b\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            s.sendall(b"GET /socket HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                       b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
         head = b""
         while not lazy and b"\r\n\r\n" not in head:
@@ -436,7 +436,7 @@ def hold_main(port: int, subscriptions: int) -> None:
         for n in range(start, min(sessions, start + 40)):
             s = opened(len(socks) + len(batch))
             flt = "%7B%22session%22%3A%22s" + str(n) + "%22%7D"
-            s.sendall(b"GET /stream?filter=%s HTTP/1.1\r\nHost: b\r\n\r\n" % flt.encode())
+            s.sendall(b"GET /stream?filter=%s HTTP/1.1\r\nHost: localhost\r\n\r\n" % flt.encode())
             batch.append(s)
         for s in batch:
             read_until(s, b"\r\n\r\n")
@@ -446,7 +446,7 @@ def hold_main(port: int, subscriptions: int) -> None:
         by_conn[k % conns].append(session)
     for c, subs in enumerate(by_conn):
         s = opened(len(socks))
-        s.sendall(b"GET /socket HTTP/1.1\r\nHost: b\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        s.sendall(b"GET /socket HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                   b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
         read_until(s, b"\r\n\r\n")
         frames = [_ws_frame(json.dumps({"type": "hello", "versions": ["0.1"], "role": "consumer"}).encode())]
@@ -478,7 +478,7 @@ def probe_main(port: int, seconds: float) -> None:
     import socket
 
     s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(b"GET /socket HTTP/1.1\r\nHost: b\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    s.sendall(b"GET /socket HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
               b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
     got = b""
     while b"\r\n\r\n" not in got:
@@ -651,7 +651,7 @@ async def post_emit(port: int, rate: float, per: int, seconds: float, session: s
         if delay > 0:
             await asyncio.sleep(delay)
         body = ndjson_of([event(session, first + sent + i, t=time.time()) for i in range(per)])
-        writer.write(b"POST /events HTTP/1.1\r\nHost: b\r\naep-version: 0.1\r\n%s"
+        writer.write(b"POST /events HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\n%s"
                      b"content-type: application/x-ndjson\r\ncontent-length: %d\r\n\r\n" % (auth(), len(body)) + body)
         head = await read_response(reader)
         assert head.startswith(b"HTTP/1.1 202"), head
@@ -720,7 +720,7 @@ async def scenario_idle(connections: int) -> dict[str, Any]:
         writers = []
         for i in range(connections):
             reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-            writer.write(b"GET /stream HTTP/1.1\r\nHost: b\r\n\r\n")
+            writer.write(b"GET /stream HTTP/1.1\r\nHost: localhost\r\n\r\n")
             writers.append((reader, writer))
             if i % 200 == 199:
                 await asyncio.gather(*(r.readuntil(b"\r\n\r\n") for r, _ in writers[-200:]))
@@ -744,7 +744,7 @@ async def post_batches(port: int, batches: list[bytes], rate_per_s: float | None
             delay = start + n / rate_per_s - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-        writer.write(b"POST /events HTTP/1.1\r\nHost: b\r\naep-version: 0.1\r\n%s"
+        writer.write(b"POST /events HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\n%s"
                      b"content-type: application/x-ndjson\r\ncontent-length: %d\r\n\r\n" % (auth(), len(body)) + body)
         head = await read_response(reader)
         assert head.startswith(b"HTTP/1.1 202"), head
@@ -916,7 +916,7 @@ async def wait_ready(port: int) -> None:
     body = json.dumps(event("ready", 0), separators=(",", ":")).encode()
     for _ in range(200):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"POST /events HTTP/1.1\r\nHost: b\r\naep-version: 0.1\r\ncontent-type: application/json\r\n%s"
+        writer.write(b"POST /events HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\ncontent-type: application/json\r\n%s"
                      b"content-length: %d\r\nconnection: close\r\n\r\n" % (auth(), len(body)) + body)
         head = await reader.readuntil(b"\r\n\r\n")
         writer.close()

@@ -43,7 +43,7 @@ def event(session: str, seq: int, data: Any = PAD) -> bytes:
 
 
 def request(method: str, path: str, body: bytes = b"", ctype: str = "application/json", extra: str = "") -> bytes:
-    head = f"{method} {path} HTTP/1.1\r\nHost: b\r\naep-version: 0.1\r\n{extra}"
+    head = f"{method} {path} HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\n{extra}"
     if body or method == "POST":
         head += f"content-type: {ctype}\r\ncontent-length: {len(body)}\r\n"
     return head.encode() + b"\r\n" + body
@@ -94,7 +94,7 @@ async def never_reading(port: int, data: bytes) -> NeverReads:
 
 def ws_upgrade(path: str = "/socket") -> bytes:
     key = base64.b64encode(os.urandom(16)).decode()
-    return (f"GET {path} HTTP/1.1\r\nHost: b\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    return (f"GET {path} HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode()
 
 
@@ -230,7 +230,7 @@ ATTACKS: dict[str, Callable[[dict[str, int], asyncio.Event], Awaitable[list[Any]
 async def probe(port: int, stop: asyncio.Event, latencies: list[float]) -> None:
     """GET /healthz every 10 ms on one keep-alive connection; a timeout of 5 s counts as 5 s."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    ask = b"GET /healthz HTTP/1.1\r\nHost: b\r\n\r\n"
+    ask = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
     while not stop.is_set():
         began = time.perf_counter()
         writer.write(ask)

@@ -107,7 +107,7 @@ def worker_main(kind: str, port: int, source: str, lo: int, hi: int, per_session
         reg = _connect(source, port)
         for name in names:
             body = json.dumps({"session": name, "token": TOKEN}).encode()
-            status, answer = _http(reg, b"POST /register HTTP/1.1\r\nHost: b\r\ncontent-type: application/json\r\n"
+            status, answer = _http(reg, b"POST /register HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\n"
                                         b"content-length: %d\r\n\r\n%s" % (len(body), body))
             assert status == 200, (status, answer)
         reg.close()
@@ -121,13 +121,13 @@ def worker_main(kind: str, port: int, source: str, lo: int, hi: int, per_session
             s = _connect(source, port)
             if kind == "aep":
                 flt = "%7B%22session%22%3A%22s" + str(i // per_session) + "%22%7D"
-                s.sendall(b"GET /stream?filter=%s HTTP/1.1\r\nHost: b\r\nauthorization: Bearer %s\r\n"
+                s.sendall(b"GET /stream?filter=%s HTTP/1.1\r\nHost: localhost\r\nauthorization: Bearer %s\r\n"
                           b"accept: text/event-stream\r\n\r\n" % (flt.encode(), TOKEN.encode()))
             elif kind == "mcp-sse":
-                s.sendall(b"GET /idle%05d/events?token=%s&direction=outbound HTTP/1.1\r\nHost: b\r\n"
+                s.sendall(b"GET /idle%05d/events?token=%s&direction=outbound HTTP/1.1\r\nHost: localhost\r\n"
                           b"accept: text/event-stream\r\n\r\n" % (i, TOKEN.encode()))
             else:  # a parked poll: no answer comes before the wait runs out
-                s.sendall(b"GET /idle%05d/poll?token=%s&direction=outbound&wait=25000 HTTP/1.1\r\nHost: b\r\n\r\n"
+                s.sendall(b"GET /idle%05d/poll?token=%s&direction=outbound&wait=25000 HTTP/1.1\r\nHost: localhost\r\n\r\n"
                           % (i, TOKEN.encode()))
             opened.append(s)
         if kind != "mcp-poll":
@@ -176,7 +176,7 @@ def worker_main(kind: str, port: int, source: str, lo: int, hi: int, per_session
                 if at >= 0:
                     sub = data[at + 14:data.find(b'"', at + 14)]
                     by_fd[fd].sendall(b"GET /idle%05d/poll?token=%s&direction=outbound&wait=25000&subscriber=%s "
-                                      b"HTTP/1.1\r\nHost: b\r\n\r\n" % (session_of[fd], TOKEN.encode(), sub))
+                                      b"HTTP/1.1\r\nHost: localhost\r\n\r\n" % (session_of[fd], TOKEN.encode(), sub))
                 continue
             at = data.find(marker)
             if at < 0:
@@ -196,7 +196,7 @@ def probe_main(port: int, seconds: float, rate: float) -> None:
     """C{GET /healthz} C{rate} times a second over one keep-alive connection; print the latencies (ms)."""
     s = socket.create_connection(("127.0.0.1", port))
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    request = b"GET /healthz HTTP/1.1\r\nHost: b\r\n\r\n"
+    request = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
     out = []
     start = time.perf_counter()
     n = 0
@@ -248,7 +248,7 @@ def post_main(port: int, sessions: int, rate: float, seconds: float) -> None:
             seq[session] += 1
             lines.append(line % (session, seq[session], session, session, seq[session], t))
         body = "".join(lines).encode()
-        s.sendall(b"POST /events HTTP/1.1\r\nHost: b\r\naep-version: 0.1\r\n"
+        s.sendall(b"POST /events HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\n"
                   b"authorization: Bearer %s\r\ncontent-type: application/x-ndjson\r\n"
                   b"content-length: %d\r\n\r\n%s" % (TOKEN.encode(), len(body), body))
         sent += count

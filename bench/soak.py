@@ -171,7 +171,7 @@ async def http(port: int, method: str, path: str, body: bytes = b"", headers: di
             conn[:] = [reader, writer]
     else:
         reader, writer = conn
-    head = f"{method} {path} HTTP/1.1\r\nHost: soak\r\ncontent-length: {len(body)}\r\n"
+    head = f"{method} {path} HTTP/1.1\r\nHost: localhost\r\ncontent-length: {len(body)}\r\n"
     head += "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     writer.write(head.encode() + b"\r\n" + body)
     status_line = await reader.readline()
@@ -211,7 +211,7 @@ class SSE:
 
     async def run(self, on_event: Any, opened: asyncio.Event | None = None) -> None:
         reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
-        head = f"GET {self.path} HTTP/1.1\r\nHost: soak\r\n" + "".join(f"{k}: {v}\r\n" for k, v in self.headers.items())
+        head = f"GET {self.path} HTTP/1.1\r\nHost: localhost\r\n" + "".join(f"{k}: {v}\r\n" for k, v in self.headers.items())
         self.writer.write(head.encode() + b"\r\n")
         status = await reader.readline()
         if b" 200 " not in status:

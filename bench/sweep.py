@@ -138,7 +138,7 @@ async def post_across(port: int, rate: float, sessions: int, seconds: float) -> 
             counts[k] += 1
         sent = due
         body = b"".join(parts)
-        writer.write(b"POST /events HTTP/1.1\r\nHost: b\r\naep-version: 0.1\r\n%s"
+        writer.write(b"POST /events HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\n%s"
                      b"content-type: application/x-ndjson\r\ncontent-length: %d\r\n\r\n" % (aep.auth(), len(body))
                      + body)
         head = await aep.read_response(reader)

@@ -120,12 +120,25 @@ def _parse(s: Setting, raw: Any, origin: str) -> Any:
     if s.switch:
         return _parse_switch(raw, origin)
     try:
+        if s.secret:
+            for item in raw if s.repeatable else [raw]:
+                _utf8_text(item)
         if s.repeatable:
             return [s.parse(item) for item in raw]
         return s.parse(raw)
     except ValueError as e:
         shown = "" if s.secret else f" {raw!r}"
         raise ConfigError(f"{origin}:{shown} {e}") from None
+
+
+def _utf8_text(text: str) -> None:
+    """Refuse a value that is not UTF-8 text: the environment and the command line hand bytes that
+    are not UTF-8 on as surrogates, and a secret is compared as UTF-8 bytes (a token presented for
+    it would otherwise fail every request instead of the start)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("is not valid UTF-8: give the value as UTF-8 text") from None
 
 
 def _override_warning(s: Setting, raw: Any, value: Any, env_name: str, env_value: str) -> str | None:

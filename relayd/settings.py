@@ -7,6 +7,7 @@ default, one-line errors, exit 2 before anything listens).
 from __future__ import annotations
 
 from relayd.config import Setting, endpoint, non_negative_int
+from relayd.web.browsers import host_entry, origin_entry
 
 
 def non_negative_seconds(text: str) -> float:
@@ -49,6 +50,26 @@ SETTINGS = [
         parse=non_negative_int,
         env=("RELAYD_TRUST_FORWARDED_FOR",),
         metavar="N",
+    ),
+    Setting(
+        "allow-host",
+        [],
+        "Host names or addresses (any port) a relay without a token answers besides loopback ones "
+        "(localhost, *.localhost, 127.0.0.0/8, [::1]): * or a comma list (repeatable); any other Host gets 403",
+        parse=host_entry,
+        env=("RELAYD_ALLOW_HOST",),
+        repeatable=True,
+        metavar="HOSTS",
+    ),
+    Setting(
+        "allow-origin",
+        [],
+        "Browser origins a relay without a token answers besides loopback ones, and CORS allows: * "
+        "(any, and CORS *) or a comma list of scheme://host[:port] (repeatable); any other Origin gets 403",
+        parse=origin_entry,
+        env=("RELAYD_ALLOW_ORIGIN",),
+        repeatable=True,
+        metavar="ORIGINS",
     ),
     Setting(
         "header-timeout",

@@ -5,7 +5,9 @@ from __future__ import annotations
 import atexit
 import importlib
 import os
+import signal
 import sys
+import threading
 from typing import Any, Mapping, Sequence
 
 from twisted.application.service import MultiService
@@ -24,6 +26,7 @@ from relayd.reactor import IReactor, installed
 from relayd.redis import Redis
 from relayd.rlimits import increase_rlimits
 from relayd.web import metrics_listener, twisted_internals
+from relayd.web.service import CannotListen
 from relayd.wing import IWing, Plumbing
 
 # The wings, in start order (shutdown drains them in reverse). Each is a package with a `config`
@@ -162,16 +165,28 @@ class RelaydService(MultiService):
         self.collector = collector if collector is not None else CollectorPolicy(clock, 0, 0)
         self.exit_status = 0
         self.exit = _exit_after_shutdown  # how a refusal ends the process (a test replaces it)
+        self._hangup_before: Any = None
 
     def privilegedStartService(self) -> None:
         # twistd binds the listeners here, before startService, and Twisted logs a line per port as
         # it does: the text log leaves those out from now on (relayd_logging.is_port_noise).
         relayd_logging.quicken_access_lines()
-        super().privilegedStartService()
+        try:
+            super().privilegedStartService()
+        except CannotListen as e:
+            # One line on the process's own stderr (twistd has put a logger in sys.stderr's place),
+            # then exit 1 with no traceback (StartRefused).
+            line = f"relayd: {e}"
+            stderr = sys.__stderr__
+            if stderr is not None:
+                stderr.write(line + "\n")
+                stderr.flush()
+            raise StartRefused(line) from None
 
     def startService(self) -> None:
         for warning in self._warnings:
             self._log.warn("{warning}", warning=warning)
+        self._catch_hangup()
         if self.redis is not None:
             # Redis holding another relayd keyspace version: refuse to run on it (docs/deployment.md "Upgrades").
             self.redis.refused.addCallback(self.refuse)
@@ -185,6 +200,21 @@ class RelaydService(MultiService):
         self.collector.start()
         waiting = [wing.ports() for wing in self.wings()]
         defer.gatherResults(waiting, consumeErrors=True).addCallbacks(self._ready, lambda f: None)
+
+    def _catch_hangup(self) -> None:
+        """SIGHUP (a closed terminal, a reload by habit) ends a Python process by default, with no
+        drain and no word: relayd logs it and keeps running (docs/deployment.md, "Signals")."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # (only the main thread may set a handler; twistd's is it)
+
+        def hangup(signum: int, frame: Any) -> None:
+            self.reactor.callFromThread(
+                self._log.warn,
+                "SIGHUP received: relayd reads its settings only at start (restart it to change them), "
+                "and a --logfile is rotated with SIGUSR1; it keeps running",
+            )
+
+        self._hangup_before = signal.signal(signal.SIGHUP, hangup)
 
     def wings(self) -> list[Any]:
         """The children that are wings (L{IWing}): the metrics listener, then the wings."""
@@ -208,6 +238,9 @@ class RelaydService(MultiService):
     @defer.inlineCallbacks
     def stopService(self) -> Any:
         sdnotify.notify("STOPPING=1")
+        if self._hangup_before is not None:
+            signal.signal(signal.SIGHUP, self._hangup_before)
+            self._hangup_before = None
         yield super().stopService()
         # The wings are drained; now the shared Redis client (if any) can go.
         if self.redis is not None:
@@ -217,6 +250,19 @@ class RelaydService(MultiService):
             # Drained cleanly: exit 0. twistd would otherwise re-raise the SIGTERM that stopped it,
             # and an operator (or a supervisor) could not tell a clean drain from an abort.
             twisted_internals.forget_exit_signal(self.reactor)
+
+
+class StartRefused(SystemExit, Exception):
+    """The exit of a start that cannot go on (a port that cannot be bound), its reason already told.
+
+    A C{SystemExit}, so the interpreter ends with its status and prints no traceback; an
+    C{Exception} too, so that twistd, which handles an C{Exception} of its start-up (not a
+    C{SystemExit}), removes its pid file and reports it through a daemon's status pipe first.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.code = 1  # the exit status (the reason is what a daemon's status pipe carries)
 
 
 def _exit_after_shutdown(status: int, reactor: IReactor) -> None:

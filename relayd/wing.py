@@ -19,9 +19,10 @@ from twisted.application.service import IService
 from zope.interface import Attribute
 
 from relayd.clock import Timekeeper
-from relayd.config import Resolved
+from relayd.config import ConfigError, Resolved
 from relayd.reactor import IReactor
 from relayd.redis import Redis
+from relayd.web.browsers import LOOPBACK_ONLY, BrowserPolicy
 from relayd.web.site import DEFAULT_SITE_SETTINGS, SiteSettings
 
 DEFAULT_REDIS_PREFIX = "relayd:"
@@ -70,6 +71,8 @@ class Plumbing:
     @ivar redis_prefix: the prefix of every Redis key (C{--redis-prefix}).
     @ivar site: the settings every wing's site is constructed with.
     @ivar grace: the shutdown grace (C{--shutdown-grace}), given to every wing's service.
+    @ivar browsers: the C{Host} and C{Origin} a relay without a token answers (C{--allow-host},
+        C{--allow-origin}; relayd/web/browsers.py).
     """
 
     reactor: IReactor
@@ -78,6 +81,7 @@ class Plumbing:
     redis_prefix: str = DEFAULT_REDIS_PREFIX
     site: SiteSettings = DEFAULT_SITE_SETTINGS
     grace: float = DEFAULT_GRACE
+    browsers: BrowserPolicy = LOOPBACK_ONLY
 
     @classmethod
     def from_settings(cls, settings: Resolved, reactor: IReactor, clock: Timekeeper) -> Plumbing:
@@ -96,6 +100,7 @@ class Plumbing:
             redis_prefix=prefix,
             site=site_settings(settings),
             grace=values.get("shutdown-grace", DEFAULT_GRACE),
+            browsers=browser_policy(settings),
         )
 
 
@@ -110,3 +115,20 @@ def site_settings(settings: Resolved) -> SiteSettings:
         idle_timeout=values.get("idle-timeout", default.idle_timeout),
         access_log=not values.get("no-access-log", not default.access_log),
     )
+
+
+def browser_policy(settings: Resolved) -> BrowserPolicy:
+    """The L{BrowserPolicy} of C{--allow-host} and C{--allow-origin} (loopback only where absent).
+
+    @raise ConfigError: C{*} and names combined across a setting's repeated values.
+    """
+    values = settings.values
+    hosts, origins = values.get("allow-host") or [], values.get("allow-origin") or []
+    try:
+        BrowserPolicy.from_values(hosts=hosts)
+    except ValueError as e:
+        raise ConfigError(f"{settings.sources.get('allow-host', '--allow-host')}: {e}") from None
+    try:
+        return BrowserPolicy.from_values(hosts, origins)
+    except ValueError as e:  # (the hosts passed above)
+        raise ConfigError(f"{settings.sources.get('allow-origin', '--allow-origin')}: {e}") from None

@@ -8,7 +8,7 @@ import sys
 from twisted.trial.unittest import TestCase
 
 from relayd.config import ConfigError, Setting, is_loopback_endpoint, positive_int, resolve
-from relayd.tap import Options
+from relayd.tap import Options, all_settings
 from tests.support.cases import cases, expand
 
 TABLE = [
@@ -42,6 +42,18 @@ class ConfigTests(TestCase):
         r = resolve(TABLE, {"token": "flag-secret"}, {"TOKEN": "env-secret"})
         assert r.warnings == ["TOKEN is ignored: --token was passed, and a flag wins over its env var."]
         assert "secret" not in " ".join(r.warnings)
+
+    def test_every_secret_that_is_not_utf8_is_refused_naming_where_it_came_from(self) -> None:
+        secrets = [setting for setting in all_settings() if setting.secret]
+        self.assertTrue(secrets)
+        for setting in secrets:
+            value = "redis://:p\udcff@h:1/0" if setting.name == "redis" else "t\udcff"
+            for flags, environ, origin in (({setting.name: value}, {}, f"--{setting.name}"), ({}, {setting.env[0]: value}, setting.env[0])):
+                with self.assertRaises(ConfigError) as refused:
+                    resolve([setting], flags, environ)
+                self.assertEqual(str(refused.exception), f"{origin}: is not valid UTF-8: give the value as UTF-8 text")
+            self.assertEqual(resolve([setting], {setting.name: value.replace("\udcff", "\u00ff")}, {}).sources[setting.name],
+                             f"--{setting.name}")  # the same text as UTF-8 is a value
 
     def test_invalid_values_name_the_flag_or_env(self) -> None:
         with self.assertRaises(ConfigError, match=r"^--size: '0' must be a positive integer$"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from relayd.config import Resolved, Setting, endpoint, non_empty, positive_int
+from relayd.settings import positive_seconds
 
 DEFAULT_LISTEN = "tcp:8787:interface=127.0.0.1"
 
@@ -95,6 +96,14 @@ SETTINGS = [
         env=("RELAYD_AEP_HEARTBEAT",),
         metavar="SECONDS",
     ),
+    Setting(
+        "aep-hello-timeout",
+        10.0,
+        "Seconds a WebSocket connection has to send its hello; after, error hello-timeout and close 1002",
+        parse=positive_seconds,
+        env=("RELAYD_AEP_HELLO_TIMEOUT",),
+        metavar="SECONDS",
+    ),
 ]
 
 
@@ -112,6 +121,7 @@ class AEPConfig:
     max_subscriptions: int
     max_subscribers: int
     heartbeat: int
+    hello_timeout: float
 
     @classmethod
     def from_settings(cls, settings: Resolved) -> AEPConfig | None:
@@ -130,4 +140,5 @@ class AEPConfig:
             max_subscriptions=settings["aep-max-subscriptions"],
             max_subscribers=settings["aep-max-subscribers"],
             heartbeat=settings["aep-heartbeat"],
+            hello_timeout=settings["aep-hello-timeout"],
         )

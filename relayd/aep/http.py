@@ -31,6 +31,7 @@ from relayd.aep.wire import frame_safe, sse_forms, sse_frame, sse_run
 from relayd.storage import StoreUnavailable
 from relayd.web.auth import bearer_of, bearer_token, query_param, tokens_equal
 from relayd.web.body import EarlyAnswer, read_body
+from relayd.web.browsers import LOOPBACK_ONLY, BrowserPolicy, Refusal
 from relayd.web.routes import (
     TAKEN,
     Answer,
@@ -49,9 +50,10 @@ from relayd.web.sse import SSEHub, SSEStream, sse_comment
 JSON_TYPE = b"application/json"
 NDJSON_TYPE = b"application/x-ndjson"
 
-CORS_ANY = (b"access-control-allow-origin", b"*")
+# The answers browsers read across origins: those of /stream and /connections (CORS headers set
+# by the policy in L{AEPResource.prepare}) and the 401.
+CORS_PATHS = frozenset({b"/stream", b"/connections"})
 PREFLIGHT = [
-    CORS_ANY,
     (b"access-control-allow-methods", b"GET, OPTIONS"),
     (b"access-control-allow-headers", b"authorization, accept, content-type, last-event-id"),
     (b"access-control-max-age", b"86400"),
@@ -60,7 +62,6 @@ SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache"),
     (b"connection", b"keep-alive"),
-    CORS_ANY,
     (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
 ]
 _log = Logger()
@@ -78,10 +79,8 @@ def _refused(reason: str) -> None:
 # The answers given as they are (a 404 or 401 says nothing but its status).
 ACCEPTED: Final = Answer(202)
 NOT_FOUND: Final = Answer(404)
-UNAUTHORIZED: Final = Answer(401, b"", (CORS_ANY,))
 PREFLIGHT_ANSWER: Final = Answer(204, b"", PREFLIGHT)
 STORE_UNAVAILABLE: Final = json_answer(503, dumps({"error": "store-unavailable", "store": "aep"}))
-STREAM_STORE_UNAVAILABLE: Final = json_answer(503, STORE_UNAVAILABLE.body, (CORS_ANY,))
 INTERNAL_ERROR: Final = json_answer(500, b'{"error":"internal-error"}')
 
 # What the auth wall lets through: the health check (it tells the counts only with the token) and
@@ -121,7 +120,7 @@ def _store_refusal(e: StoreUnavailable) -> Answer:
 
 REFUSALS: Final = Refusals(
     [
-        (BadRequest, lambda e: Answer(400, str(e).encode("utf-8"), (CORS_ANY,))),
+        (BadRequest, lambda e: Answer(400, str(e).encode("utf-8"))),
         (IngestError, _ingest_refusal),
         (StoreUnavailable, _store_refusal),
     ],
@@ -286,8 +285,10 @@ class AEPResource(RoutedResource):
         max_batch: int,
         socket: IResource | None = None,
         socket_counts: Callable[[], list[dict[str, Any]]] = lambda: [],
+        browsers: BrowserPolicy = LOOPBACK_ONLY,
     ) -> None:
         self.relay = relay
+        self.browsers = browsers
         self.hub = hub
         self.max_body = max_body
         self.max_batch = max_batch
@@ -321,15 +322,36 @@ class AEPResource(RoutedResource):
         )
 
     def prepare(self, request: Request) -> Answer | None:
-        """The auth wall: C{401} with CORS (a browser may read it) before any route is looked up."""
+        """Before any route is looked up: without a token, a C{Host} or C{Origin} the browser policy
+        refuses is C{403} (the WebSocket handshake included); then the auth wall, C{401} with CORS (a
+        browser may read it); CORS on every answer of the paths browsers read across origins."""
+        origin = _first(request.requestHeaders.getRawHeaders(b"origin"))
+        refused = self._refused(request, origin)
+        if refused is not None:
+            return refused
         if self.authorized(request) or (request.method, request.path) in _OUTSIDE_THE_WALL:
+            if request.path in CORS_PATHS:
+                set_header = request.responseHeaders.setRawHeaders
+                for name, value in self.browsers.cors(origin):
+                    set_header(name, [value])
             return None
-        return UNAUTHORIZED
+        return Answer(401, b"", self.browsers.cors(origin))
+
+    def _refused(self, request: Request, origin: bytes | None) -> Answer | None:
+        """The C{403} of a relay without a token to a C{Host} or C{Origin} its browser policy refuses."""
+        if self.relay.token:
+            return None  # the token keeps other pages out
+        refusal = self.browsers.refusal(_first(request.requestHeaders.getRawHeaders(b"host")), origin)
+        return None if refusal is None else _forbidden(refusal)
 
     def early_answer(self, request: Request) -> EarlyAnswer:
         """The answer to a body over C{AEP_MAX_BODY}, in the reference's order of checks."""
+        origin = _first(request.requestHeaders.getRawHeaders(b"origin"))
+        refused = self._refused(request, origin)
+        if refused is not None:
+            return refused.status, list(refused.headers), refused.body
         if not self.authorized(request):
-            return 401, [CORS_ANY], b""
+            return 401, list(self.browsers.cors(origin)), b""
         if request.path == b"/events" and request.method == b"POST":
             problem = self._header_problem(request)
             if problem is not None:
@@ -358,7 +380,7 @@ class AEPResource(RoutedResource):
             "connections": self._socket_listing(),
             "sse_subscribers": self.sse_subscribers,
         }
-        return json_answer(200, dumps(body), (CORS_ANY,))
+        return json_answer(200, dumps(body))
 
     def preflight(self, request: Request) -> Answer:
         return PREFLIGHT_ANSWER
@@ -404,8 +426,11 @@ class AEPResource(RoutedResource):
         on a store that answers at once (the in-memory log)."""
         headers = post.headers
         token = self.relay.token
-        if token and not tokens_equal(bearer_of(headers.get(b"authorization")), token):
-            return None
+        if token:
+            if not tokens_equal(bearer_of(headers.get(b"authorization")), token):
+                return None
+        elif self.browsers.refusal(headers.get(b"host"), headers.get(b"origin")) is not None:
+            return None  # (twisted.web's path answers the 403)
         if headers.get(b"aep-version") != b"0.1" or len(post.body) > self.max_body:
             return None
         media = _media_type_of(headers.get(b"content-type"))
@@ -475,7 +500,7 @@ class AEPResource(RoutedResource):
             sub.hold()
             if not self.relay.subscribe(key, sub):
                 body = dumps({"error": "limit-exceeded", "max_subscribers": self.relay.max_subscribers})
-                return json_answer(503, body, (CORS_ANY,))
+                return json_answer(503, body)
         # The history is read before any header goes out, so a store that cannot answer gets a
         # 503 the client can act on; with the in-memory log this all happens in this call.
         from_all = query.from_value == "all"
@@ -510,7 +535,7 @@ class AEPResource(RoutedResource):
         metrics.store_errors.labels(relay="aep", operation="replay").inc()
         metrics.replays.labels(relay="aep", outcome="failed").inc()
         self._log.warn("replay failed: {reason}", reason=failure.getErrorMessage())
-        return STREAM_STORE_UNAVAILABLE
+        return STORE_UNAVAILABLE
 
     def _closed(self, key: object) -> None:
         self.sse_subscribers -= 1
@@ -578,6 +603,15 @@ class SSEReplay(ReplayProducer):
         metrics.store_errors.labels(relay="aep", operation="replay").inc()
         metrics.replays.labels(relay="aep", outcome="failed").inc()
         self.sub.stream.abort()  # type: ignore[attr-defined]
+
+
+def _first(values: Sequence[bytes] | None) -> bytes | None:
+    return values[0] if values else None
+
+
+def _forbidden(refusal: Refusal) -> Answer:
+    """The C{403} of a C{Host} or C{Origin} the browser policy refuses, naming the flag to set."""
+    return json_answer(403, dumps(refusal.body()))
 
 
 def _is_upgrade(request: Request) -> bool:

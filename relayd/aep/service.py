@@ -90,7 +90,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> AEPService | None:
     relay = make_relay(config, plumbing)
     hub = SSEHub(clock, config.heartbeat, sse_comment("ping"))
     sockets = AEPSocketFactory(relay, clock, heartbeat=config.heartbeat, max_message=config.max_body,
-                               max_subscriptions=config.max_subscriptions)
+                               max_subscriptions=config.max_subscriptions, hello_timeout=config.hello_timeout)
     resource = AEPResource(
         relay,
         hub,
@@ -98,6 +98,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> AEPService | None:
         max_batch=config.max_batch,
         socket=WebSocketResource(sockets),
         socket_counts=sockets.listing,
+        browsers=plumbing.browsers,
     )
     site = RelaySite(
         resource, body_limit=BodyLimit(config.max_body, resource.early_answer), settings=plumbing.site, relay="aep",
@@ -127,7 +128,8 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> AEPService | None:
     auth = (
         "auth on"
         if config.token
-        else "auth OFF — control routing disabled (AEP-0004 §4.1); set AEP_TOKEN to enable"
+        else "auth OFF — control routing disabled (AEP-0004 §4.1); set AEP_TOKEN to enable; "
+        f"browsers: {plumbing.browsers.describe()} (--allow-host, --allow-origin)"
     )
     _log.info("aep relay: buffer {buffer}/session, {auth}", buffer=config.buffer, auth=auth)
     # Levels for the metrics listener, read at scrape time (nothing is counted on the hot path).

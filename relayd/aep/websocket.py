@@ -1,7 +1,8 @@
 """AEP over WebSocket (``/socket``, docs/aep.md): hello gate, subscriptions, roster, ingest, claims.
 
 Messages:
-  -> hello {versions, role, identity, capabilities}     <- hello (or error + close 1002)
+  -> hello {versions, role, identity, capabilities}     <- hello (or error + close 1002; none within
+                                                           --aep-hello-timeout: error hello-timeout + close 1002)
   -> subscribe {id, filter, from, capture}              <- subscribed, replay-exhausted?, events
   -> unsubscribe {id}                                   <- unsubscribed
   -> roster {id}                                        <- roster {id, entries} (consumer/both only)
@@ -22,7 +23,7 @@ from typing import Any, Callable, cast
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.types import ConnectionRequest
 from twisted.internet.defer import succeed
-from twisted.internet.interfaces import IConsumer, IPushProducer, ITCPTransport
+from twisted.internet.interfaces import IConsumer, IDelayedCall, IPushProducer, ITCPTransport
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -47,6 +48,7 @@ from relayd.aep.relay import (
 from relayd.aep.store import Position
 from relayd.aep.wire import ws_message
 from relayd.clock import NextTurn, Timekeeper
+from relayd.config import show_value
 from relayd.storage import StoreUnavailable
 from relayd.web.transport import no_delay, pause_reading, resume_reading, write_now
 from relayd.web.twisted_internals import ws_frames_direct
@@ -56,6 +58,7 @@ CLOSE_GOING_AWAY = 1001
 CLOSE_PROTOCOL_ERROR = 1002
 CLOSE_UNSUPPORTED_DATA = 1003
 CLOSE_TRY_AGAIN_LATER = 1013
+DEFAULT_HELLO_TIMEOUT = 10.0  # --aep-hello-timeout
 FLUSH_AT = 64 * 1024  # coalesce small messages per reactor turn, but never hold back a burst
 # Messages one connection has handled before it gives way to the others for a reactor turn: one read
 # can bring a thousand small requests (a `roster` costs about 20 us), and twenty such clients held
@@ -186,6 +189,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         self._handled = 0  # messages handled since this connection last gave way to the others
         self._yielding = False  # its turn is over: the rest of what it sent waits for the next
         self._open = False
+        self._hello_deadline: IDelayedCall | None = None
 
     # Lifecycle -------------------------------------------------------------------------------
 
@@ -205,6 +209,14 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         self.factory.connections[self] = None
         no_delay(self.transport)
         self.factory.relay.connect(self, self)
+        # A connection that never says hello would be held for ever (and count against the fd limit).
+        self._hello_deadline = self.factory.clock.deadline(self.factory.hello_timeout, self._hello_late)
+
+    def _hello_late(self) -> None:
+        self._hello_deadline = None
+        if self._open and not self.hello_done and self.state == self.STATE_OPEN:
+            self.send_frame(error_frame("hello-timeout", f"no hello within {show_value(self.factory.hello_timeout)} s"))
+            self.close_with(CLOSE_PROTOCOL_ERROR, "hello timeout")
 
     def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
         # autobahn leaves its close handshake timer running when it drops the connection on a
@@ -212,6 +224,9 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         if self.state == self.STATE_CLOSED and self.closeHandshakeTimeoutCall is not None:
             self.closeHandshakeTimeoutCall.cancel()
             self.closeHandshakeTimeoutCall = None
+        if self._hello_deadline is not None:
+            self._hello_deadline.cancel()
+            self._hello_deadline = None
         if not self._open:
             return
         self.ingest_events()  # what arrived before the close still counts
@@ -520,6 +535,9 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
             return
         self.role, self.identity, self.capabilities = role, identity, capabilities
         self.hello_done = True
+        if self._hello_deadline is not None:
+            self._hello_deadline.cancel()
+            self._hello_deadline = None
         relay = self.factory.relay
         self.send_frame(
             {
@@ -696,11 +714,19 @@ class AEPSocketFactory(WebSocketServerFactory):
     protocol = AEPSocket  # type: ignore[assignment]  # autobahn types it as a generic protocol factory
 
     def __init__(
-        self, relay: EventRelay, clock: Timekeeper, *, heartbeat: float, max_message: int, max_subscriptions: int = 64
+        self,
+        relay: EventRelay,
+        clock: Timekeeper,
+        *,
+        heartbeat: float,
+        max_message: int,
+        max_subscriptions: int = 64,
+        hello_timeout: float = DEFAULT_HELLO_TIMEOUT,
     ) -> None:
         super().__init__()
         self.relay = relay
         self.clock = clock
+        self.hello_timeout = hello_timeout
         self.max_subscriptions = max_subscriptions
         self.connections: dict[AEPSocket, None] = {}
         self.setProtocolOptions(

@@ -63,6 +63,10 @@ class OriginPolicy:
             (b"access-control-max-age", MAX_AGE),
         ]
 
+    def allows(self, origin: bytes) -> bool:
+        """Whether C{origin}, as a browser sends it, is listed (C{*} allows every one)."""
+        return self.any or origin in self._allowed_bytes
+
     def apply(self, request: IRequest) -> None:
         """Set the CORS headers on C{request}'s response."""
         set_header = request.responseHeaders.setRawHeaders

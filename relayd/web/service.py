@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 from twisted.application.internet import StreamServerEndpointService
-from twisted.application.service import MultiService
+from twisted.application.service import MultiService, Service
 from twisted.internet import defer, endpoints
+from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IListeningPort, IReactorCore
 from twisted.logger import Logger
 from zope.interface import implementer
@@ -21,6 +23,20 @@ from relayd.wing import DEFAULT_GRACE, IWing
 _POLL = 0.05
 # Every wing's startup line comes from this one logger, whatever the wing (docs/configuration.md "Logs").
 _announcer = Logger(namespace="relayd.listening")
+
+
+class CannotListen(Exception):
+    """A listener that cannot be bound at start: its endpoint description and why, in one line
+    (C{cannot listen on tcp:8787:interface=127.0.0.1: address already in use})."""
+
+    def __init__(self, description: str, error: CannotListenError) -> None:
+        reason = error.socketError
+        if isinstance(reason, OSError) and reason.errno is not None:
+            why = os.strerror(reason.errno)
+            why = why[:1].lower() + why[1:]
+        else:
+            why = str(reason)
+        super().__init__(f"cannot listen on {description}: {why}")
 
 
 def add_listeners(
@@ -95,6 +111,18 @@ class HTTPWingService(MultiService):
                     relay=name,
                     endpoint=description,
                 )
+
+    def privilegedStartService(self) -> None:
+        """Bind every listener (twistd does this before it drops privileges).
+
+        @raise CannotListen: naming the endpoint description that could not be bound.
+        """
+        Service.privilegedStartService(self)
+        for child in self:
+            try:
+                child.privilegedStartService()
+            except CannotListenError as e:
+                raise CannotListen(getattr(child, "description", "?"), e) from None
 
     def ports(self) -> defer.Deferred[list[IListeningPort]]:
         """Fires with the listening ports once every listener is up (for tests and startup logs)."""

@@ -39,7 +39,7 @@ class Decisions(TestCase):
         self.assertEqual((await client.recv())["data"], {"trigger": "api"})
 
     async def test_decision_02_null_and_malformed_input_never_crash_or_kill(self) -> None:
-        relay = await start_relay(self)
+        relay = await start_relay(self, allow_origin=["*"])
         client = await open_ws(self, relay)
         client.send_raw(b"null")
         self.assertEqual((await client.recv())["code"], "bad-json")
@@ -121,7 +121,7 @@ class Decisions(TestCase):
         self.assertEqual((await stream.next_event()).json()["session"], "later")
 
     async def test_decision_06_the_capture_ceiling_is_validated(self) -> None:
-        relay = await start_relay(self)
+        relay = await start_relay(self, allow_origin=["*"])
         for value in ("bogus", "FULL", "meta"):
             stream = await SSEClient.connect(relay.url + "/stream?capture=" + value)
             self.assertEqual(stream.code, 400, value)
@@ -191,7 +191,7 @@ class Decisions(TestCase):
         reply = await threads.deferToThread(
             raw_exchange,
             relay.url,
-            b"POST /events HTTP/1.1\r\nHost: x\r\naep-version: 0.1\r\ncontent-type: application/json\r\n"
+            b"POST /events HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\ncontent-type: application/json\r\n"
             b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n" + chunked,
         )
         self.assertTrue(reply.startswith(b"HTTP/1.1 202"), reply[:40])
@@ -209,7 +209,7 @@ class Decisions(TestCase):
         self.assertEqual((response.code, json.loads(content)["error"]), (400, "invalid-json"))
 
     async def test_decision_10_sse_headers_are_flushed_on_subscribe(self) -> None:
-        relay = await start_relay(self)  # heartbeat 25 s: no ping will come to the rescue
+        relay = await start_relay(self, allow_origin=["*"])  # heartbeat 25 s: no ping will come to the rescue
         stream = await SSEClient.connect(relay.url + "/stream")
         self.addCleanup(stream.close)
         self.assertEqual(stream.code, 200)

@@ -64,7 +64,7 @@ class DiscoveryAndHealth(TestCase):
         self.assertIn("sessions", json.loads(body))
 
     async def test_connections_introspection(self) -> None:
-        relay = await AEPRelay.start(aep_token=TOKEN)
+        relay = await AEPRelay.start(aep_token=TOKEN, allow_origin=["*"])
         self.addCleanup(relay.stop)
         response, body = await relay.get("/connections", {"authorization": f"Bearer {TOKEN}"})
         self.assertEqual(response.code, 200)
@@ -80,9 +80,10 @@ class AuthWall(TestCase):
         relay = await AEPRelay.start(aep_token=TOKEN)
         self.addCleanup(relay.stop)
         for path in ("/events", "/stream", "/connections", "/nowhere"):
-            response, body = await relay.get(path)
+            response, body = await relay.get(path, {"origin": "http://localhost:5173"})
             self.assertEqual(response.code, 401, path)
-            self.assertEqual(header(response, "access-control-allow-origin"), "*")
+            self.assertEqual(header(response, "access-control-allow-origin"), "http://localhost:5173")
+            self.assertEqual(header(response, "vary"), "Origin")
             self.assertEqual(body, b"")
 
     async def test_wrong_token_on_post_is_401(self) -> None:
@@ -107,7 +108,7 @@ class AuthWall(TestCase):
             self.assertEqual(response.code, 401, value)
 
     async def test_preflight_needs_no_token(self) -> None:
-        relay = await AEPRelay.start(aep_token=TOKEN)
+        relay = await AEPRelay.start(aep_token=TOKEN, allow_origin=["*"])
         self.addCleanup(relay.stop)
         for path in ("/stream", "/connections"):
             response, _ = await relay.request("OPTIONS", path)
@@ -179,7 +180,7 @@ class Ingest(TestCase):
     async def test_duplicated_version_header_is_426(self) -> None:
         relay = await self.asyncSetUpRelay()
         raw = (
-            b"POST /events HTTP/1.1\r\nHost: x\r\naep-version: 0.1\r\naep-version: 0.1\r\n"
+            b"POST /events HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\naep-version: 0.1\r\n"
             b"content-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}"
         )
         reply = await threads.deferToThread(raw_exchange, relay.url, raw)
@@ -250,7 +251,7 @@ class Ingest(TestCase):
         relay = await self.asyncSetUpRelay(aep_max_body=1000)
         # Announce 10 MB but send only 2 KB: the answer must come without the rest of the body.
         head = (
-            b"POST /events HTTP/1.1\r\nHost: x\r\naep-version: 0.1\r\ncontent-type: application/x-ndjson\r\n"
+            b"POST /events HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\ncontent-type: application/x-ndjson\r\n"
             b"content-length: 10000000\r\n\r\n" + b"x" * 2000
         )
         reply = await threads.deferToThread(raw_exchange, relay.url, head)
@@ -264,7 +265,7 @@ class Ingest(TestCase):
     async def test_payload_too_large_chunked(self) -> None:
         relay = await self.asyncSetUpRelay(aep_max_body=1000)
         head = (
-            b"POST /events HTTP/1.1\r\nHost: x\r\naep-version: 0.1\r\ncontent-type: application/x-ndjson\r\n"
+            b"POST /events HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\ncontent-type: application/x-ndjson\r\n"
             b"transfer-encoding: chunked\r\n\r\n" + b"7d0\r\n" + b"x" * 2000 + b"\r\n"
         )
         reply = await threads.deferToThread(raw_exchange, relay.url, head)

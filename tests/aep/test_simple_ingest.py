@@ -15,7 +15,7 @@ from relayd.web import twisted_internals as fence
 from tests.support.aep import TOKEN, AEPRelay, OnRedis, event, ndjson, start_relay, wait_until
 from tests.support.raw import Answer, RawClient, exchange
 
-HEAD = b"POST /events HTTP/1.1\r\nhost: relay\r\n"
+HEAD = b"POST /events HTTP/1.1\r\nhost: localhost\r\n"
 
 
 def post(body: bytes, *headers: bytes, version: bytes = b"0.1", ctype: bytes = b"application/x-ndjson",
@@ -39,7 +39,7 @@ CASES: list[tuple[str, list[bytes], int]] = [
     ("a retry: all duplicates", [post(batch("A", 0, 3))], 1),
     ("keep-alive, twice on one connection", [post(batch("B", 0, 2)), post(batch("B", 2, 2))], 2),
     ("pipelined in one write", [post(batch("B", 4, 1)) + post(batch("B", 5, 1))], 2),
-    ("after a GET on the same connection", [b"GET /healthz HTTP/1.1\r\nhost: relay\r\n\r\n", post(batch("B", 6, 1))], 2),
+    ("after a GET on the same connection", [b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n", post(batch("B", 6, 1))], 2),
     ("the body in a second write", [post(batch("C", 0, 2))[:-10], post(batch("C", 0, 2))[-10:]], 1),
     ("empty", [post(b"")], 1),
     ("blank lines only", [post(b"\n\n \n")], 1),

@@ -96,7 +96,7 @@ class TLSEndToEnd(TestCase):
         # The same port refuses plain HTTP (no TLS handshake, no answer).
         raw = RawClient()
         await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), raw)
-        raw.transport.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        raw.transport.write(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         await raw.closed
         self.assertNotIn(b"HTTP/1.1 200", raw.received)
 
@@ -152,7 +152,7 @@ class SystemdAndProxy(TestCase):
         await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", proxy_port), raw)
         raw.transport.write(
             b"PROXY TCP4 203.0.113.7 127.0.0.1 51234 8787\r\n"
-            b"GET /healthz?access_token=proxy-secret HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            b"GET /healthz?access_token=proxy-secret HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
         )
         await raw.closed
         self.assertIn(b"HTTP/1.1 200", raw.received)

@@ -98,7 +98,7 @@ class JSONLogs(TestCase):
         await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", proxied), raw)
         raw.transport.write(
             b"PROXY TCP4 198.51.100.23 127.0.0.1 40000 8787\r\n"
-            b"GET /healthz?access_token=" + TOKEN.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            b"GET /healthz?access_token=" + TOKEN.encode() + b" HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
         )
         await raw.closed
         self.assertIn(b'"sessions"', raw.received)  # the query token authorised the counts

@@ -116,7 +116,7 @@ def request(
     C{Content-Length} for a body unless C{length} is false (the caller frames it itself)."""
     lines = [method + b" " + target + b" " + version]
     if host:
-        lines.append(b"Host: relay")
+        lines.append(b"Host: localhost")
     if close:
         lines.append(b"Connection: close")
     lines.extend(name + b": " + value for name, value in headers or [])

@@ -68,7 +68,7 @@ def request_lines(draw: Callable[..., Any], wing_choice: st.SearchStrategy[str] 
     method, target, version = draw(methods), draw(targets(wing)), draw(versions)
     line = b" ".join(part for part in (method, target, version) if part) if version else method + b" " + target
     head = method == b"HEAD" and len(line) < 16000 and well_formed(line)
-    return wing, line + b"\r\nHost: relay\r\nConnection: close\r\n\r\n", head
+    return wing, line + b"\r\nHost: localhost\r\nConnection: close\r\n\r\n", head
 
 
 def chunked(body: bytes, sizes: list[int]) -> bytes:
@@ -161,7 +161,7 @@ def header_attacks(
     wing = draw(wing_choice)
     method = draw(st.sampled_from([b"POST", b"POST", b"GET", b"PUT"]))
     path = POSTS[wing] if method != b"GET" else draw(st.sampled_from(PATHS[wing]))
-    lines = [method + b" " + path + b" HTTP/1.1", b"Host: relay", b"Connection: close"]
+    lines = [method + b" " + path + b" HTTP/1.1", b"Host: localhost", b"Connection: close"]
     if draw(st.booleans()):
         lines.append(b"Authorization: Bearer " + (credentials or {}).get(wing, TOKEN.encode()))
     if wing == "aep" and draw(st.booleans()):

@@ -473,7 +473,7 @@ def on_redis() -> dict[str, Any]:
 
 def http10(path: str) -> bytes:
     """An SSE request whose answer is not chunked (its body is the stream as it is)."""
-    return f"GET {path} HTTP/1.0\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n".encode()
+    return f"GET {path} HTTP/1.0\r\nHost: localhost\r\nAccept: text/event-stream\r\n\r\n".encode()
 
 
 def sse_ids(body: bytes) -> tuple[list[int], list[str]]:

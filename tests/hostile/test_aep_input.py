@@ -175,7 +175,7 @@ def strict_json(text: str) -> Any:
 
 def post_head(target: bytes, length: int, version: bytes = b"0.1", extra: bytes = b"") -> bytes:
     return (
-        b"POST " + target + b" HTTP/1.1\r\nHost: x\r\naep-version: " + version + b"\r\n"
+        b"POST " + target + b" HTTP/1.1\r\nHost: localhost\r\naep-version: " + version + b"\r\n"
         b"content-type: application/json\r\ncontent-length: %d\r\n" % length + extra + b"\r\n"
     )
 
@@ -212,7 +212,7 @@ class OversizeBodyEarlyAnswer(RelaydCase):
 
     async def test_chunked_upload_with_query_token_gets_413(self) -> None:
         head = (
-            b"POST /events?access_token=" + TOKEN.encode() + b" HTTP/1.1\r\nHost: x\r\naep-version: 0.1\r\n"
+            b"POST /events?access_token=" + TOKEN.encode() + b" HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\n"
             b"content-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n"
         )
         await self.answered_once(head + b"400\r\n" + b"x" * 1024 + b"\r\n400\r\n" + b"y" * 1024 + b"\r\n", 413)
@@ -421,7 +421,7 @@ class NoForgeryThroughFraming(RelaydCase):
         self.assertEqual((await client.recv())["code"], "invalid-filter")
         # A header cannot carry CR/LF; other controls in Last-Event-ID make it malformed (ignored).
         reply = await self.raw(
-            b"GET /stream?live=0 HTTP/1.1\r\nHost: x\r\nauthorization: Bearer " + TOKEN.encode()
+            b"GET /stream?live=0 HTTP/1.1\r\nHost: localhost\r\nauthorization: Bearer " + TOKEN.encode()
             + b"\r\nlast-event-id: x\x01: y\x0b:0:1\r\nconnection: close\r\n\r\n"
         )  # fmt: skip
         self.assertTrue(reply.startswith(b"HTTP/1.1 200 "), reply[:100])
@@ -459,7 +459,7 @@ class HTTPInputSurface(RelaydCase):
             self.assertEqual((code, headers.getRawHeaders("allow")), (405, [allow]), (method, path))
             self.assertEqual(json.loads(body), {"error": "method-not-allowed", "allow": allow.split(", ")})
         reply = await self.raw(
-            b"BREW /events HTTP/1.1\r\nHost: x\r\nauthorization: Bearer %s\r\nconnection: close\r\n\r\n" % TOKEN.encode()
+            b"BREW /events HTTP/1.1\r\nHost: localhost\r\nauthorization: Bearer %s\r\nconnection: close\r\n\r\n" % TOKEN.encode()
         )
         self.assertTrue(reply.startswith(b"HTTP/1.1 405 "), reply[:100])
         self.assertIn(b"\r\nAllow: GET, HEAD, POST\r\n", reply)
@@ -488,9 +488,9 @@ class HTTPInputSurface(RelaydCase):
 
     async def test_unicode_in_tokens_queries_and_headers(self) -> None:
         for request in (
-            b"GET /events HTTP/1.1\r\nHost: x\r\nauthorization: Bearer \xff\xfe\r\nconnection: close\r\n\r\n",
-            b"GET /events?access_token=%FF%00 HTTP/1.1\r\nHost: x\r\nconnection: close\r\n\r\n",
-            b"GET /events?access_token=%s HTTP/1.1\r\nHost: x\r\nconnection: close\r\n\r\n" % quote(TOKEN + "\0").encode(),
+            b"GET /events HTTP/1.1\r\nHost: localhost\r\nauthorization: Bearer \xff\xfe\r\nconnection: close\r\n\r\n",
+            b"GET /events?access_token=%FF%00 HTTP/1.1\r\nHost: localhost\r\nconnection: close\r\n\r\n",
+            b"GET /events?access_token=%s HTTP/1.1\r\nHost: localhost\r\nconnection: close\r\n\r\n" % quote(TOKEN + "\0").encode(),
         ):
             reply = await self.raw(request)
             self.assertTrue(reply.startswith(b"HTTP/1.1 401 "), (request, reply[:100]))
@@ -503,7 +503,7 @@ class HTTPInputSurface(RelaydCase):
             client = await self.sse(params)
             self.assertEqual((client.code, client.refusal), (400, refusal), params)
         reply = await self.raw(
-            b"GET /stream?live=0 HTTP/1.1\r\nHost: x\r\nauthorization: Bearer " + TOKEN.encode()
+            b"GET /stream?live=0 HTTP/1.1\r\nHost: localhost\r\nauthorization: Bearer " + TOKEN.encode()
             + b"\r\nlast-event-id: \xff\xfe:0:1\r\nconnection: close\r\n\r\n"
         )  # fmt: skip
         self.assertTrue(reply.startswith(b"HTTP/1.1 200 "), reply[:100])
@@ -661,7 +661,7 @@ class HostileProperties(RelaydCase):
         status = status_of(reply)
         assert status is not None, "no answer"
         assert status < 500, reply[:300]  # type: ignore[index]
-        health = exchange(self.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nconnection: close\r\n\r\n", True)
+        health = exchange(self.port, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nconnection: close\r\n\r\n", True)
         assert status_of(health) == 200, health
         bad = BAD_LOG.search(self.new_log())
         assert bad is None, self.new_log().decode(errors="replace")[-3000:]
@@ -682,7 +682,7 @@ class HostileProperties(RelaydCase):
             token=st.sampled_from([b"Bearer %s" % TOKEN.encode()] * 2 + [b"Bearer \xff", b"Bearer"]),
         )
         def answered(body: bytes, ctype: str, method: str, token: bytes) -> None:
-            head = b"%s /events HTTP/1.1\r\nHost: x\r\naep-version: 0.1\r\ncontent-type: %s\r\nauthorization: %s\r\n" % (
+            head = b"%s /events HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\ncontent-type: %s\r\nauthorization: %s\r\n" % (
                 method.encode(), ctype.encode(), token)
             head += b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)
             status = self.check(exchange(port, head + body, False))
@@ -713,7 +713,7 @@ class HostileProperties(RelaydCase):
             if history:
                 params["live"] = "0"
             query = "&".join(f"{k}={quote(v.encode('utf-8', 'surrogatepass'), safe='')}" for k, v in params.items())
-            head = b"GET %s?%s HTTP/1.1\r\nHost: x\r\nauthorization: Bearer %s\r\nconnection: close\r\n" % (
+            head = b"GET %s?%s HTTP/1.1\r\nHost: localhost\r\nauthorization: Bearer %s\r\nconnection: close\r\n" % (
                 path.encode(), query.encode(), TOKEN.encode())
             if last_event_id is not None:
                 head += b"last-event-id: " + last_event_id + b"\r\n"

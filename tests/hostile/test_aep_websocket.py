@@ -55,7 +55,7 @@ class Socket:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
         key = base64.b64encode(os.urandom(16))
         self.sock.sendall(
-            b"GET /socket HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"GET /socket HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             b"Sec-WebSocket-Key: " + key + b"\r\nSec-WebSocket-Version: 13\r\n"
             b"Authorization: Bearer " + TOKEN.encode() + b"\r\n\r\n"
         )

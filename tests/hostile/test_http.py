@@ -289,10 +289,10 @@ class Regressions(TestCase):
         # A head that never ends, and a body that stops early while the client waits.
         target = await hostile(self)
         unfinished = {
-            "aep": b"GET /healthz HTTP/1.1\nHost: x\n\n",  # lone LFs: the head never ends
+            "aep": b"GET /healthz HTTP/1.1\nHost: localhost\n\n",  # lone LFs: the head never ends
             "mcp": request(b"POST", b"/register", [(b"Content-Length", b"100")], length=False) + b"{",
             "broker": request(b"POST", b"/v1/action", [(b"Transfer-Encoding", b"chunked")], length=False) + b"10\r\nab",
-            "metrics": b"GET /metrics HTTP/1.1\r\nHost: x\r\n",
+            "metrics": b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n",
         }
         answers = await gatherResults(
             [Deferred.fromCoroutine(target.send(wing, data, timeout=DEADLINE + 5)) for wing, data in unfinished.items()]

@@ -69,7 +69,7 @@ class SlowAndOversize(TestCase):
 
         # Slowloris: headers trickled on every listener, and a body trickled on the AEP one.
         slow = [trickle(port, b"GET /healthz HTTP/1.1\r\nX-Slow: ") for port in ports.values()]
-        slow.append(trickle(ports["aep"], b"POST /events HTTP/1.1\r\nHost: x\r\naep-version: 0.1\r\n"
+        slow.append(trickle(ports["aep"], b"POST /events HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\n"
                             b"content-type: application/x-ndjson\r\ncontent-length: 5000\r\n\r\n"))
         results = await gatherResults([Deferred.fromCoroutine(c) for c in slow])
         for answer, seconds in results:
@@ -78,7 +78,7 @@ class SlowAndOversize(TestCase):
             self.assertLess(seconds, DEADLINE + 3)
 
         # Oversize request lines and header blocks: 431 everywhere.
-        long_header = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"
+        long_header = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"
         for port in ports.values():
             self.assertTrue((await exchange(port, long_header)).startswith(b"HTTP/1.1 431 "))
         many_headers = b"GET /healthz HTTP/1.1\r\n" + b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 60) for i in range(400))
@@ -87,7 +87,7 @@ class SlowAndOversize(TestCase):
 
         # Oversize bodies: 413, answered without reading the whole upload.
         def post(path: bytes, size: int, extra: bytes = b"") -> bytes:
-            return (b"POST " + path + b" HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n" + extra
+            return (b"POST " + path + b" HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\n" + extra
                     + b"content-length: %d\r\n\r\n" % size + b"{" * min(size, 1024))
 
         aep = await exchange(ports["aep"], post(b"/events", 10 * 2**20, b"aep-version: 0.1\r\n"))

@@ -70,7 +70,7 @@ class AEPRelay:
 
     @classmethod
     async def start(cls, **flags: Any) -> AEPRelay:
-        return cls(await Wing.start("aep", {k.replace("_", "-"): str(v) for k, v in flags.items()}))
+        return cls(await Wing.start("aep", {k.replace("_", "-"): v if isinstance(v, list) else str(v) for k, v in flags.items()}))
 
     @property
     def core(self) -> Any:

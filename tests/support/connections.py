@@ -78,11 +78,11 @@ class HeldConnection(Protocol):
             self.lost.callback(None)
 
 
-def sse_request(path: str = "/stream", host: str = "x") -> bytes:
+def sse_request(path: str = "/stream", host: str = "localhost") -> bytes:
     return f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n\r\n".encode()
 
 
-def ws_request(path: str = "/socket", host: str = "x") -> bytes:
+def ws_request(path: str = "/socket", host: str = "localhost") -> bytes:
     key = base64.b64encode(os.urandom(16)).decode()
     return (
         f"GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"

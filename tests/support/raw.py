@@ -261,7 +261,7 @@ def raw_request(
     method: bytes, target: bytes, headers: list[tuple[bytes, bytes]] | None = None, body: bytes | None = None
 ) -> bytes:
     """One HTTP/1.1 request as bytes (C{connection: close}; a content-length when there is a body)."""
-    lines = [method + b" " + target + b" HTTP/1.1", b"host: relay", b"connection: close"]
+    lines = [method + b" " + target + b" HTTP/1.1", b"host: localhost", b"connection: close"]
     lines += [name + b": " + value for name, value in headers or []]
     if body is not None:
         lines.append(b"content-length: %d" % len(body))

@@ -26,6 +26,7 @@ import relayd.redis
 from relayd.clock import Timekeeper
 from relayd.config import Resolved, resolve
 from relayd.redis_config import SETTINGS as REDIS_SETTINGS
+from relayd.settings import SETTINGS as PROCESS_SETTINGS
 from relayd.wing import Plumbing
 
 TIMEOUT = 5.0
@@ -53,7 +54,7 @@ class Wing:
         make_wing = importlib.import_module(f"relayd.{name}.service").make_wing
         (listen,) = [setting.name for setting in config.SETTINGS if setting.name.endswith("-listen")]  # buzz: broker-listen
         flags = {listen: [LOOPBACK], **(given or {})}
-        settings = resolve([*REDIS_SETTINGS, *config.SETTINGS], flags, dict(environ or {}))
+        settings = resolve([*PROCESS_SETTINGS, *REDIS_SETTINGS, *config.SETTINGS], flags, dict(environ or {}))
         plumbing = Plumbing.from_settings(settings, reactor, Timekeeper(reactor))
         service = make_wing(plumbing, settings)
         assert service is not None, f"the {name} wing is disabled by {flags}"

@@ -28,7 +28,7 @@ MAX_BYTES_PER_STREAM = 3200
 def _open_stream(host: str, port: int, session: int) -> socket.socket:
     """A raw client that asks for a live stream and then reads nothing: an idle subscriber."""
     sock = socket.create_connection((host, port), timeout=5)
-    sock.sendall(b"GET /stream?session=S%d HTTP/1.1\r\nHost: relay\r\n\r\n" % session)
+    sock.sendall(b"GET /stream?session=S%d HTTP/1.1\r\nHost: localhost\r\n\r\n" % session)
     sock.setblocking(False)
     return sock
 
