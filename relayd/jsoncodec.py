@@ -136,20 +136,15 @@ class Reader:
 
     def _refused(self, data: bytes, refusal: orjson.JSONDecodeError) -> Any:
         """What the standard library reads of C{data}, if the policy lets it read what orjson refused."""
-        if _number_refusal(refusal):
-            return self._standard(data)
-        if self.fallback == "numbers":
+        if self.fallback == "numbers" and not _number_refusal(refusal):
             raise JSONError(refusal_reason(data, refusal)) from None
-        return self._standard(data, refusal)
+        return self._standard(data)
 
-    def _standard(self, data: bytes, refusal: orjson.JSONDecodeError | None = None) -> Any:
+    def _standard(self, data: bytes) -> Any:
         try:
             value = json.loads(data.decode("utf-8"), parse_constant=reject_constant, parse_int=self.read_int)
         except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
-            if isinstance(e, (json.JSONDecodeError, RecursionError)):
-                # Text that is no JSON is named in orjson's words, whichever reading found it.
-                refusal = refusal or _syntax_refusal(data)
-            raise JSONError(refusal_reason(data, refusal or e)) from None
+            raise JSONError(refusal_reason(data, e)) from None
         if not self.lone_surrogates:
             lone = _lone_surrogate(value)
             if lone is not None:
@@ -163,8 +158,9 @@ def refusal_reason(data: bytes, error: Exception) -> str:
     names it (an ingest C{400}, a WebSocket C{bad-json}, a broker C{invalid_request}) says the same.
 
     Invalid UTF-8 is found here, at its byte (orjson's own reason names a surrogate that is not
-    there); a position is a byte offset into C{data}; a lone surrogate escape is named by its
-    code; a reason of the policy's own (L{exact_int}'s, L{reject_constant}'s) is kept as it is.
+    there); any other fault of the text in orjson's words, at a byte offset into C{data}; a lone
+    surrogate escape by its code; a reason of the policy's own (L{exact_int}'s, L{reject_constant}'s,
+    any other L{ValueError}'s) is kept as it is.
     """
     if data.startswith(_BOM):
         return "byte order mark at byte 0 (JSON text has none)"
@@ -172,6 +168,10 @@ def refusal_reason(data: bytes, error: Exception) -> str:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         return f"not valid UTF-8 at byte {e.start}"
+    if isinstance(error, (json.JSONDecodeError, RecursionError)) and not isinstance(error, orjson.JSONDecodeError):
+        # Text the standard library found to be no JSON is named in orjson's words (its messages
+        # are the ones every way in gives), unless orjson only refuses a number it cannot hold.
+        error = _syntax_refusal(data) or error
     if isinstance(error, RecursionError):
         return "depth limit exceeded"
     if not isinstance(error, json.JSONDecodeError):  # (orjson's is one too)

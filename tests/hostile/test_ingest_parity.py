@@ -15,6 +15,7 @@ from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
+from tests.hostile.harness import Target, hostile, judge, request
 from tests.support.aep import open_ws, start_relay
 from tests.support.cases import cases, expand
 from tests.support.raw import Answer, exchange
@@ -36,6 +37,7 @@ class Refused:
     detail: str
     line: int = 0
     not_utf8: bool = False  # a WebSocket fails the connection (1007) rather than answering bad-json
+    aep_only: bool = False  # JSON the AEP wing refuses by its own rule; MCP and the broker read it
 
 
 ACCEPTED = None
@@ -45,10 +47,10 @@ CASES: dict[str, tuple[bytes, bool, Refused | None]] = {
     "invalid_utf8": (event_with(b'"x":"\xff"'), False, Refused("not valid UTF-8 at byte 130", not_utf8=True)),
     "overlong_utf8": (event_with(b'"x":"\xc0\xaf"'), False, Refused("not valid UTF-8 at byte 130", not_utf8=True)),
     "raw_surrogate": (event_with(b'"x":"\xed\xa0\x80"'), False, Refused("not valid UTF-8 at byte 130", not_utf8=True)),
-    "escaped_lone_surrogate": (event_with(b'"x":"\\ud800"'), False, Refused("lone surrogate \\ud800 in a string")),
+    "escaped_lone_surrogate": (event_with(b'"x":"\\ud800"'), False, Refused("lone surrogate \\ud800 in a string", aep_only=True)),
     "escaped_lone_low_surrogate_after_a_pair": (
-        event_with(b'"x":"\\ud83d\\ude00\\udc01"'), False, Refused("lone surrogate \\udc01 in a string")),
-    "integer_of_5000_digits": (event_with(b'"x":' + b"7" * 5000), False, Refused("integer of more than 4300 digits")),
+        event_with(b'"x":"\\ud83d\\ude00\\udc01"'), False, Refused("lone surrogate \\udc01 in a string", aep_only=True)),
+    "integer_of_5000_digits": (event_with(b'"x":' + b"7" * 5000), False, Refused("integer of more than 4300 digits", aep_only=True)),
     "integer_of_4300_digits": (event_with(b'"x":' + b"7" * 4300), False, ACCEPTED),
     "1e999": (event_with(b'"x":1e999'), False, ACCEPTED),
     "minus_1e999": (event_with(b'"x":-1e999'), False, ACCEPTED),
@@ -73,6 +75,7 @@ def post(body: bytes, ndjson: bool, *headers: bytes) -> bytes:
 
 
 def http_verdict(answer: Answer) -> tuple[int, Any]:
+    """The status and JSON body of the first answer."""
     response = answer.responses[0]
     return response.status, json.loads(response.body) if response.body else None
 
@@ -119,3 +122,52 @@ class MalformedBodiesAnsweredAlike(TestCase):
             self.assertEqual(answered, [])
         else:
             self.assertEqual(answered, [{"type": "error", "code": "bad-json", "detail": verdict.detail}])
+
+
+# The single-document bodies, for the wings that read one JSON value per request.
+DOCUMENTS = {name: (body, verdict) for name, (body, ndjson, verdict) in CASES.items() if not ndjson}
+MCP_SESSION = "parity"
+MCP_TOKEN = "parity_abcdefghijklmnopqrstuvwxyz"
+
+
+@expand
+class TheOtherWingsNameTheFaultAlike(TestCase):
+    """The broker's C{POST /v1/action} and MCP's C{/register} and C{/{S}/mcp} refuse text that is no
+    JSON in their own documented shapes, with the detail the AEP wing gives; JSON only the AEP wing
+    refuses (a lone surrogate escape, a 5000-digit integer) is read there, and answered as whatever
+    it then is (here: not a request)."""
+
+    timeout = 120
+
+    async def target(self) -> Target:
+        target = await hostile(self)
+        register = request(b"POST", b"/register", body=json.dumps({"session": MCP_SESSION, "token": MCP_TOKEN}).encode())
+        judge(answer := await target.send("mcp", register))
+        self.assertEqual(answer.responses[0].status, 200, answer.describe())
+        return target
+
+    @cases(**DOCUMENTS)
+    async def test_broker_and_mcp(self, body: bytes, verdict: Refused | None) -> None:
+        target = await self.target()
+        not_json = verdict is not None and not verdict.aep_only
+        json_type = [(b"content-type", b"application/json")]
+
+        broker = await target.send("broker", request(b"POST", b"/v1/action", json_type, body))
+        judge(broker)
+        message = f"request body is not valid JSON: {verdict.detail}" if not_json else "requestId is missing"
+        self.assertEqual(http_verdict(broker), (400, {"error": "invalid_request", "message": message}))
+
+        register = await target.send("mcp", request(b"POST", b"/register", json_type, body))
+        judge(register)
+        expected: dict[str, Any] = {"error": "missing_fields"}
+        if not_json:
+            expected = {"error": "invalid_json", "detail": verdict.detail}
+        self.assertEqual(http_verdict(register), (400, expected))
+
+        headers = [*json_type, (b"accept", b"application/json, text/event-stream"),
+                   (b"authorization", b"Bearer " + MCP_TOKEN.encode())]
+        endpoint = await target.send("mcp", request(b"POST", f"/{MCP_SESSION}/mcp".encode(), headers, body))
+        judge(endpoint)
+        message = f"not JSON: {verdict.detail}" if not_json else "not a JSON-RPC 2.0 message"
+        self.assertEqual(http_verdict(endpoint),
+                         (400, {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": message}}))
