@@ -51,7 +51,10 @@ CASES: dict[str, tuple[bytes, bool, Refused | None]] = {
     "escaped_lone_low_surrogate_after_a_pair": (
         event_with(b'"x":"\\ud83d\\ude00\\udc01"'), False, Refused("lone surrogate \\udc01 in a string", aep_only=True)),
     "integer_of_5000_digits": (event_with(b'"x":' + b"7" * 5000), False, Refused("integer of more than 4300 digits", aep_only=True)),
+    "integer_of_4301_digits": (event_with(b'"x":' + b"7" * 4301), False, Refused("integer of more than 4300 digits", aep_only=True)),
     "integer_of_4300_digits": (event_with(b'"x":' + b"7" * 4300), False, ACCEPTED),
+    "nested_256_deep": (event_with(b'"x":' + b"[" * 255 + b"]" * 255), False, Refused("nesting deeper than 255 levels", aep_only=True)),
+    "nested_255_deep": (event_with(b'"x":' + b"[" * 254 + b"]" * 254), False, ACCEPTED),
     "1e999": (event_with(b'"x":1e999'), False, ACCEPTED),
     "minus_1e999": (event_with(b'"x":-1e999'), False, ACCEPTED),
     "NaN": (event_with(b'"x":NaN'), False, Refused("NaN is not JSON")),
@@ -122,6 +125,23 @@ class MalformedBodiesAnsweredAlike(TestCase):
             self.assertEqual(answered, [])
         else:
             self.assertEqual(answered, [{"type": "error", "code": "bad-json", "detail": verdict.detail}])
+
+
+class AfterTextThatIsNotUTF8(TestCase):
+    """RFC 6455 8.1: a text message that is not UTF-8 fails the connection; what the client sent
+    before it still counts (as before any other answer), what it sent after it is not read."""
+
+    async def test_what_came_before_is_ingested_and_nothing_after_is_read(self) -> None:
+        relay = await start_relay(self)
+        client = await open_ws(self, relay, hello={"versions": ["0.1"], "role": "emitter"})
+        before = EVENT.replace(b'"S"', b'"before"') + b"}"
+        after = EVENT.replace(b'"S"', b'"after"') + b"}"
+        for message in (before, b'"\xff"', after):  # (one write: the relay reads them together)
+            client.send_raw(message)
+        closed = client.closed
+        closed.addTimeout(5.0, reactor)
+        self.assertEqual(await closed, (1007, "not valid UTF-8 at byte 1"))
+        self.assertEqual(await relay.core.log.sessions(), ["before"])
 
 
 # The single-document bodies, for the wings that read one JSON value per request.
