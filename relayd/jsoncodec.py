@@ -5,7 +5,8 @@ The mechanism is here once; a wing says which options it takes in a L{Reader} an
 at import, and keeps what only it needs. Every reading is strict UTF-8, refuses the C{NaN} and
 C{Infinity} literals (not JSON, though the standard library reads them) and reads the standard
 library's integer literals with the function its policy names (Python refuses to convert more than
-L{MAX_INT_DIGITS} digits). Every writing is compact (no spaces), UTF-8, keeps key order, and writes
+L{MAX_INT_DIGITS} digits); a refusal names its fault in one wording, whichever parser found it
+(L{refusal_reason}). Every writing is compact (no spaces), UTF-8, keeps key order, and writes
 a non-finite number as C{null}, as orjson and JavaScript's C{JSON.stringify} do. No I/O.
 """
 
