@@ -5,7 +5,8 @@ The mechanism is here once; a wing says which options it takes in a L{Reader} an
 at import, and keeps what only it needs. Every reading is strict UTF-8, refuses the C{NaN} and
 C{Infinity} literals (not JSON, though the standard library reads them) and reads the standard
 library's integer literals with the function its policy names (Python refuses to convert more than
-L{MAX_INT_DIGITS} digits). Every writing is compact (no spaces), UTF-8, keeps key order, and writes
+L{MAX_INT_DIGITS} digits); a refusal names its fault in one wording, whichever parser found it
+(L{refusal_reason}). Every writing is compact (no spaces), UTF-8, keeps key order, and writes
 a non-finite number as C{null}, as orjson and JavaScript's C{JSON.stringify} do. No I/O.
 """
 
@@ -21,7 +22,8 @@ import orjson
 
 
 class JSONError(ValueError):
-    """Bytes that are not one JSON value (bad syntax or invalid UTF-8), or a value the policy refuses."""
+    """Bytes that are not one JSON value (bad syntax or invalid UTF-8), or a value the policy refuses;
+    its message is L{refusal_reason}'s (or the policy's own)."""
 
 
 # Python's own limit on converting a digit string (sys.int_info.default_max_str_digits): a longer
@@ -29,6 +31,9 @@ class JSONError(ValueError):
 MAX_INT_DIGITS = 4300
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+_BOM = b"\xef\xbb\xbf"
+# A backslash escape in a JSON string: a \\u escape's four hex digits, or the one character escaped.
+_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[{")
 _COMPACT = (",", ":")
 
@@ -132,19 +137,100 @@ class Reader:
 
     def _refused(self, data: bytes, refusal: orjson.JSONDecodeError) -> Any:
         """What the standard library reads of C{data}, if the policy lets it read what orjson refused."""
-        reason = str(refusal)
-        if self.fallback == "numbers" and "64-bit" not in reason and "infinity" not in reason:
-            raise JSONError(reason) from None
+        if self.fallback == "numbers" and not _number_refusal(refusal):
+            raise JSONError(refusal_reason(data, refusal)) from None
         return self._standard(data)
 
     def _standard(self, data: bytes) -> Any:
         try:
             value = json.loads(data.decode("utf-8"), parse_constant=reject_constant, parse_int=self.read_int)
         except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
-            raise JSONError(str(e)) from None
-        if not self.lone_surrogates and _lone_surrogate(value):
-            raise JSONError("lone surrogate in a string")
+            raise JSONError(refusal_reason(data, e)) from None
+        if not self.lone_surrogates:
+            lone = _lone_surrogate(value)
+            if lone is not None:
+                raise JSONError(_lone_surrogate_reason(ord(lone)))
         return value
+
+
+def refusal_reason(data: bytes, error: Exception) -> str:
+    """What is wrong with C{data}, which a JSON reader refused with C{error}: the one wording of a
+    fault whichever parser found it and whichever way the text came in, so that every answer that
+    names it (an ingest C{400}, a WebSocket C{bad-json}, a broker C{invalid_request}) says the same.
+
+    Invalid UTF-8 is found here, at its byte (orjson's own reason names a surrogate that is not
+    there); any other fault of the text in orjson's words, at a byte offset into C{data}; a lone
+    surrogate escape by its code; a reason of the policy's own (L{exact_int}'s, L{reject_constant}'s,
+    any other L{ValueError}'s) is kept as it is.
+    """
+    if data.startswith(_BOM):
+        return "byte order mark at byte 0 (JSON text has none)"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"not valid UTF-8 at byte {e.start}"
+    if isinstance(error, (json.JSONDecodeError, RecursionError)) and not isinstance(error, orjson.JSONDecodeError):
+        # Text the standard library found to be no JSON is named in orjson's words (its messages
+        # are the ones every way in gives), unless orjson only refuses a number it cannot hold.
+        error = _syntax_refusal(data) or error
+    if isinstance(error, RecursionError):
+        return "depth limit exceeded"
+    if not isinstance(error, json.JSONDecodeError):  # (orjson's is one too)
+        return str(error)
+    if not text.strip(" \t\r\n"):
+        return "no JSON value (the text is empty)"
+    message, pos = error.msg, error.pos
+    for constant in ("NaN", "Infinity"):
+        if text.startswith(constant, pos):  # (orjson's reason is "unexpected character")
+            sign = "-" if constant == "Infinity" and text[pos - 1 : pos] == "-" else ""
+            return f"{sign}{constant} is not JSON"
+    if "surrogate" in message:
+        code = _lone_surrogate_escape(text, pos)
+        if code is not None:
+            return _lone_surrogate_reason(code)
+    at = len(text[:pos].encode("utf-8"))
+    if "control character" in message and pos < len(text):
+        return f"control character U+{ord(text[pos]):04X} in a string at byte {at}"
+    # The standard library's messages end "... at" when it names a position ("Invalid \\escape").
+    return f"{message.removesuffix(' at').rstrip(':')} at byte {at}"
+
+
+def _number_refusal(refusal: orjson.JSONDecodeError) -> bool:
+    """Whether orjson refused a number it cannot hold (beyond the double range, or an integer beyond
+    64 bits where an orjson version refuses it) rather than the text."""
+    return "64-bit" in refusal.msg or "infinity" in refusal.msg
+
+
+def _syntax_refusal(data: bytes) -> orjson.JSONDecodeError | None:
+    """orjson's refusal of C{data} when it is about the text, else C{None}."""
+    try:
+        orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        return None if _number_refusal(e) else e
+    return None
+
+
+def _lone_surrogate_reason(code: int) -> str:
+    return f"lone surrogate \\u{code:04x} in a string"
+
+
+def _lone_surrogate_escape(text: str, start: int) -> int | None:
+    """The code of the first lone surrogate escape in C{text} from C{start}, or C{None}: a high
+    surrogate escape not followed at once by a low one, or a low one on its own."""
+    high, high_end = None, -1
+    for escape in _ESCAPE.finditer(text, start):
+        digits = escape.group(1)
+        code = -1 if digits is None else int(digits, 16)
+        if high is not None:
+            if escape.start() == high_end and 0xDC00 <= code <= 0xDFFF:
+                high = None
+                continue
+            return high
+        if 0xD800 <= code <= 0xDBFF:
+            high, high_end = code, escape.end()
+        elif 0xDC00 <= code <= 0xDFFF:
+            return code
+    return high
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,21 +282,23 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _lone_surrogate(value: Any) -> bool:
-    """Whether a string (or key) of C{value} holds a lone surrogate (walked without recursion)."""
+def _lone_surrogate(value: Any) -> str | None:
+    """A lone surrogate in a string (or key) of C{value}, or C{None} (walked without recursion)."""
     stack = [value]
     while stack:
         node = stack.pop()
         kind = type(node)
         if kind is str:
-            if not node.isascii() and _SURROGATE.search(node):
-                return True
+            if not node.isascii():
+                found = _SURROGATE.search(node)
+                if found is not None:
+                    return found.group()
         elif kind is dict:
             stack.extend(node)
             stack.extend(node.values())
         elif kind is list:
             stack.extend(node)
-    return False
+    return None
 
 
 def _deeper_than(value: Any, limit: int) -> bool:

@@ -158,7 +158,7 @@ class BatchParser:
     def step(self, count: int) -> bool:
         """Read up to C{count} more lines; C{True} once every line is read.
 
-        @raise IngestError: 400 invalid-json naming what is wrong.
+        @raise IngestError: 400 invalid-json with the line and what is wrong with it.
         """
         lines, admitted, values = self.lines, self._admitted, self._values
         start = len(admitted)
@@ -174,7 +174,7 @@ class BatchParser:
                 try:
                     values[index] = parse_json(lines[index])
                 except JSONError as e:
-                    raise IngestError(400, {"error": "invalid-json", "detail": str(e)}) from None
+                    raise IngestError(400, {"error": "invalid-json", "line": index, "detail": str(e)}) from None
         return end == len(lines)
 
     def result(self) -> list[Event]:

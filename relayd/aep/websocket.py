@@ -57,6 +57,7 @@ ROLES = ("emitter", "consumer", "both")
 CLOSE_GOING_AWAY = 1001
 CLOSE_PROTOCOL_ERROR = 1002
 CLOSE_UNSUPPORTED_DATA = 1003
+CLOSE_INVALID_PAYLOAD = 1007
 CLOSE_TRY_AGAIN_LATER = 1013
 DEFAULT_HELLO_TIMEOUT = 10.0  # --aep-hello-timeout
 FLUSH_AT = 64 * 1024  # coalesce small messages per reactor turn, but never hold back a burst
@@ -190,6 +191,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         self._yielding = False  # its turn is over: the rest of what it sent waits for the next
         self._open = False
         self._hello_deadline: IDelayedCall | None = None
+        self._not_text = False  # a text message was not UTF-8: nothing after it is read
 
     # Lifecycle -------------------------------------------------------------------------------
 
@@ -245,7 +247,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
     # Sending ---------------------------------------------------------------------------------
 
     def close_with(self, code: int, reason: str) -> None:
-        """Start the closing handshake with a protocol-level code (1001, 1002, 1003, 1013).
+        """Start the closing handshake with a protocol-level code (1001, 1002, 1003, 1007, 1013).
 
         autobahn's C{sendClose} admits only 1000 and 3000-4999 (application codes); AEP names
         protocol codes, which the frame-level call sends as they are. What is queued (an error
@@ -398,8 +400,8 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
     # Receiving -------------------------------------------------------------------------------
 
     def onMessage(self, payload: bytes, isBinary: bool) -> None:
-        if self.failedByMe or not self._open:
-            return  # the message that broke the protocol (invalid UTF-8), or the connection was cut off
+        if self.failedByMe or self._not_text or not self._open:
+            return  # after a message that broke the protocol (not UTF-8), or the connection was cut off
         if self.state != self.STATE_OPEN:
             self._handle(payload, isBinary)  # closing: never stop reading (the answer to our Close comes next)
             return
@@ -485,9 +487,16 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
                 return
         try:
             msg = parse_json(payload)
-        except JSONError:
+        except JSONError as e:
             self.ingest_events()
-            self.send_frame(error_frame("bad-json"))
+            if not _is_utf8(payload):
+                # RFC 6455 8.1: a text message that is not UTF-8 fails the connection; the Close
+                # frame's reason is the detail an HTTP ingest of the same bytes names.
+                self._not_text = True
+                if self.state == self.STATE_OPEN:
+                    self.close_with(CLOSE_INVALID_PAYLOAD, str(e))
+                return
+            self.send_frame(error_frame("bad-json", str(e)))
             return
         if not isinstance(msg, dict):
             self.ingest_events()
@@ -735,6 +744,9 @@ class AEPSocketFactory(WebSocketServerFactory):
             # A violation (invalid UTF-8, too big, a protocol error) is answered with a Close frame
             # and its code (1007, 1009, 1002), as docs/aep.md says, not with a dropped connection.
             failByDrop=False,
+            # Text messages are checked for UTF-8 whole, by the JSON reader, so that the 1007 Close
+            # names the fault as an HTTP ingest does (autobahn's own check has its own words).
+            utf8validateIncoming=False,
             autoPingInterval=0,  # AEP has its own JSON ping, sent by one shared loop below
             openHandshakeTimeout=10,
             # A backpressure close waits behind what the client has not read yet: give it time.
@@ -788,3 +800,13 @@ class AEPSocketFactory(WebSocketServerFactory):
         for conn in list(self.connections):
             if conn.transport is not None:
                 cast(ITCPTransport, conn.transport).abortConnection()
+
+
+def _is_utf8(payload: bytes) -> bool:
+    if payload.isascii():
+        return True
+    try:
+        payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

@@ -106,6 +106,10 @@ def read_messages(request: Request, one_request: bool = True) -> Intake | Answer
     body = read_body(request)
     messages = standard.parse_message(body)
     if messages is None:
+        try:
+            loads_json(body)  # (read again only to name the fault: never on the way of a valid message)
+        except ValueError as e:
+            return _rpc_error(400, standard.PARSE_ERROR, f"not JSON: {e}")
         return NOT_JSON_RPC
     requests = [m for m in messages if standard.is_request(m)]
     if one_request and requests and len(messages) > 1:

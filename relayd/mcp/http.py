@@ -16,7 +16,7 @@ from twisted.python.failure import Failure
 from twisted.web.server import Request
 
 from relayd.mcp.endpoint import Endpoint
-from relayd.mcp.jsontext import loads_json
+from relayd.mcp.jsontext import _dumps, loads_json
 from relayd.mcp.polls import PollResult, parse_wait_ms
 from relayd.mcp.store import INBOUND, OUTBOUND, SubscriberRecord
 from relayd.mcp.streams import StreamHandle
@@ -291,8 +291,8 @@ class McpResource(RoutedResource):
     def _register(self, request: Request) -> Answer | Deferred[Answer]:
         try:
             body = loads_json(read_body(request))
-        except ValueError:
-            return json_answer(400, b'{"error":"invalid_json"}')
+        except ValueError as e:  # (a JSONError: the fault named as every wing names it)
+            return json_answer(400, _dumps({"error": "invalid_json", "detail": str(e)}))
         session = body.get("session") if isinstance(body, dict) else None
         token = body.get("token") if isinstance(body, dict) else None
         if not isinstance(session, str) or not isinstance(token, str):

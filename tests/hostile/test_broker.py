@@ -306,9 +306,12 @@ class BrokerSurface(unittest.TestCase):
         status, _, _ = await self.request(b"POST", "/v1/action", self.body("nul"), {b"authorization": [b"Bearer \x00" + self.cred.encode()]})
         assert status == 400
         # A body that is not UTF-8 (an unpaired surrogate written raw) or starts with a BOM is not JSON.
-        for data in (self.body("raw").replace(b"raw", "\ud800".encode("utf-8", "surrogatepass")), b"\xef\xbb\xbf" + self.body("bom")):
+        raw = self.body("raw").replace(b"raw", "\ud800".encode("utf-8", "surrogatepass"))
+        at = raw.index("\ud800".encode("utf-8", "surrogatepass"))
+        for data, fault in ((raw, f"not valid UTF-8 at byte {at}"),
+                            (b"\xef\xbb\xbf" + self.body("bom"), "byte order mark at byte 0 (JSON text has none)")):
             status, _, answer = await self.request(b"POST", "/v1/action", data)
-            assert status == 400 and json.loads(answer)["message"] == "request body is not valid JSON", answer
+            assert status == 400 and json.loads(answer)["message"] == f"request body is not valid JSON: {fault}", answer
         # content is published verbatim: NUL, BOM and line breaks are content like any other
         rid = f"u-{next(_rids)}"
         text = "a\x00b\ufeffc\nd\r\ne\u2028f"

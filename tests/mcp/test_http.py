@@ -91,8 +91,8 @@ class PrefixTests(McpRelayCase):
 class RegisterTests(McpRelayCase):
     async def test_register_table(self) -> None:
         cases = [
-            (b"", 400, "invalid_json"),
-            (b"{nope", 400, "invalid_json"),
+            (b"", 400, {"error": "invalid_json", "detail": "no JSON value (the text is empty)"}),
+            (b"{nope", 400, {"error": "invalid_json", "detail": "unexpected character, expected a string key at byte 1"}),
             (b"null", 400, "missing_fields"),
             (b"42", 400, "missing_fields"),
             (b'"s"', 400, "missing_fields"),
@@ -103,7 +103,7 @@ class RegisterTests(McpRelayCase):
         ]
         for body, code, error in cases:
             reply = await self.post("/register", raw=body)
-            self.assertEqual((reply.code, reply.json()), (code, {"error": error}), body)
+            self.assertEqual((reply.code, reply.json()), (code, error if isinstance(error, dict) else {"error": error}), body)
 
     async def test_register_taken_and_idempotent(self) -> None:
         await self.register()

@@ -62,7 +62,7 @@ def loads_strict(data: bytes | str) -> Any:
         text = data
     value, end = _DECODER.raw_decode(text, _skip_ws(text, 0))
     if _skip_ws(text, end) != len(text):
-        raise ValueError("trailing data after JSON value")
+        raise json.JSONDecodeError("trailing data after JSON value", text, end)
     return value
 
 
