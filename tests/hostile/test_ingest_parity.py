@@ -20,7 +20,7 @@ from tests.support.aep import open_ws, start_relay
 from tests.support.cases import cases, expand
 from tests.support.raw import Answer, exchange
 
-HEAD = b"POST /events HTTP/1.1\r\nhost: relay\r\naep-version: 0.1\r\n"
+HEAD = b"POST /events HTTP/1.1\r\nhost: localhost\r\naep-version: 0.1\r\n"
 EVENT = b'{"aep":"0.1","id":"e1","type":"session.started","time":"2026-12-03T00:00:00Z","source":"s","agent":"a","session":"S","seq":0'
 SECOND = EVENT.replace(b'"e1"', b'"e2"').replace(b'"seq":0', b'"seq":1') + b"}"
 
