@@ -7,6 +7,7 @@ does not answer; the pool and the subscriber reconnect by themselves with backof
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import unquote, urlsplit
@@ -22,7 +23,7 @@ from twisted.python.failure import Failure
 from relayd import redis_internals
 from relayd.clock import Timekeeper
 from relayd.redis_internals import WholeReads
-from relayd.storage import StoreUnavailable
+from relayd.storage import OutcomeUnknown, StoreRefused, StoreUnavailable
 
 DEFAULT_TIMEOUT = 2.0
 
@@ -38,6 +39,22 @@ VERSION_KEY = "schema"  # after the prefix
 # Deployment-wide keys every earlier relayd kept (before keyspace versions): with no version key
 # beside them, the keys under the prefix are an unversioned layout, not an empty keyspace.
 UNVERSIONED_MARKERS = ("aep:lru", "aep:arrival", "aep:clock", "mcp:sessions", "mcp:buffered", "mcp:seq")
+
+
+# Redis's refusals of a command it did not run, by the error's first word (after the "-" that quotes
+# it inside a script's error before Redis 7): memory full under noeviction, a replica, a failed
+# snapshot, a script running too long, a dataset loading, a replica cut from its primary, too few
+# replicas, a cluster moving or down. Each is an outage of the store (503, retry), not a bug;
+# NOSCRIPT is relayd_lua's to answer (it sends the script in full).
+_REFUSAL = re.compile(
+    r"(?:^|-)(OOM|READONLY|MISCONF|BUSY|LOADING|MASTERDOWN|NOREPLICAS|TRYAGAIN|CLUSTERDOWN|NOSCRIPT)\b"
+)
+
+# A script that must not run once relayd has stopped waiting for it (the AEP append) is handed a
+# deadline this much earlier than the client's timeout, in Redis's clock (L{Redis.deadline}): when
+# Redis reaches it later (queued behind a slow command), it does nothing, so a write relayd
+# answered "outcome unknown" for is not stored after all, and its retry is not a duplicate.
+DEADLINE_MARGIN = 0.25  # of the timeout
 
 
 class KeyspaceVersionError(Exception):
@@ -167,6 +184,14 @@ class _Protocol(_Handshake, WholeReads, txredisapi.RedisProtocol):
                     raise KeyspaceVersionError(client.mismatch("keys of an earlier relayd without a keyspace version"))
                 yield self.execute_command("SET", key, mine, "NX")
                 found = yield self.execute_command("GET", key)
+            # Redis's clock against this process's (for L{Redis.deadline}), and whether it reads a
+            # script's flags (relayd/redis_lua.py): both in the same handshake.
+            before = client.clock.monotonic()
+            seconds, micros = yield self.execute_command("TIME")
+            client._redis_clock_offset = int(seconds) + int(micros) / 1e6 - (before + client.clock.monotonic()) / 2
+            info = yield self.execute_command("INFO", "server")
+            version = re.search(rb"redis_version:(\d+)", info)
+            client.script_flags = version is not None and int(version.group(1)) >= 7
         except txredisapi.ResponseError as e:
             if str(e).startswith("WRONGTYPE"):
                 raise KeyspaceVersionError(
@@ -230,6 +255,13 @@ class Redis:
         self.refusal: str | None = None
         self.refused: Deferred[str] = Deferred()
         self._buses: list[RedisBus] = []
+        # Redis's clock minus the monotonic clock here, in seconds (measured at each handshake),
+        # and whether Redis reads a script's shebang flags (7 and later).
+        self._redis_clock_offset = 0.0
+        self.script_flags = False
+        # The commands Redis refuses now (L{_REFUSAL}), by what they run: logged once when the
+        # first is refused and once when the last of them is run again, not once per request.
+        self._refused_commands: set[Any] = set()
         self._usable_connections = 0
         self._closing = False
         # The pool as txredisapi.lazyConnectionPool makes it, from its public parts, so that relayd
@@ -291,14 +323,20 @@ class Redis:
         self.refused.callback(message)
 
     def execute(self, store: str, *command: Any) -> Deferred[Any]:
-        """Run one command; L{StoreUnavailable} (naming C{store}) when Redis is away."""
-        return self._guard(store, lambda: self._pool.execute_command(*command))
+        """Run one command. It fails with L{StoreUnavailable} (naming C{store}) when Redis is away
+        (nothing was sent) or refuses it (L{StoreRefused}), and with L{OutcomeUnknown} when it was
+        sent and no answer came within the timeout (or the connection went first)."""
+        # What the command runs, for the refusal log: a script by its SHA-1 or text, else its name.
+        what = command[1] if command[0] in (b"EVALSHA", b"EVAL") else command[0]
+        return self._guard(store, what, lambda: self._pool.execute_command(*command))
 
-    def eval(self, store: str, script: bytes, keys: list[Any], args: list[Any]) -> Deferred[Any]:
-        """Run a Lua script (EVALSHA, loading it on first use)."""
-        return self._guard(store, lambda: self._pool.eval(script, keys, args))
+    def deadline(self) -> int:
+        """When a script sent now must no longer run, in microseconds of Redis's clock (C{TIME}):
+        a little before this client stops waiting for its answer (L{DEADLINE_MARGIN})."""
+        seconds = self.clock.monotonic() + self._redis_clock_offset + self.timeout * (1 - DEADLINE_MARGIN)
+        return int(seconds * 1e6)
 
-    def _guard(self, store: str, call: Callable[[], Deferred[Any]]) -> Deferred[Any]:
+    def _guard(self, store: str, what: Any, call: Callable[[], Deferred[Any]]) -> Deferred[Any]:
         if self.refusal is not None:
             return defer.fail(StoreUnavailable(store, "another relayd keyspace version"))
         if not self.connected:
@@ -309,12 +347,37 @@ class Redis:
             return defer.fail(StoreUnavailable(store, str(e)))
         self.clock.timeout(d, self.timeout)
 
+        def answered(result: Any) -> Any:
+            if self._refused_commands and what in self._refused_commands:
+                self._refused_commands.discard(what)
+                if not self._refused_commands:
+                    self._log.info("Redis at {url} runs the commands it refused again", url=str(self.url))
+            return result
+
         def translate(f: Failure) -> Failure:
             if f.check(txredisapi.ResponseError):
-                return f  # a real answer from Redis (a bug, not an outage)
-            raise StoreUnavailable(store, f.getErrorMessage() or getattr(f.type, "__name__", "error"))
+                message = str(f.value)
+                refusal = _REFUSAL.search(message)
+                if refusal is None:
+                    return f  # a real answer from Redis (a bug, not an outage)
+                code = refusal.group(1)
+                if code != "NOSCRIPT":
+                    self._refused(what, message)
+                raise StoreRefused(store, code, message)
+            # The command was sent (or queued for a connection): Redis may have run it, or run it still.
+            reason = f.getErrorMessage() or getattr(f.type, "__name__", "error")
+            raise OutcomeUnknown(store, f"no answer from Redis ({reason}); the command may have run")
 
-        return d.addErrback(translate)
+        return d.addCallbacks(answered, translate)
+
+    def _refused(self, what: Any, message: str) -> None:
+        if not self._refused_commands:
+            self._log.warn(
+                "Redis at {url} refuses commands: {error}; answering 503 store-unavailable until it runs them again",
+                url=str(self.url),
+                error=message,
+            )
+        self._refused_commands.add(what)
 
     def bus(self) -> RedisBus:
         """A pub/sub subscriber on its own connection."""
