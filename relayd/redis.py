@@ -57,6 +57,12 @@ _REFUSAL = re.compile(
 DEADLINE_MARGIN = 0.25  # of the timeout
 
 
+def refusal_code(message: str) -> str | None:
+    """The refusal an error reply of Redis is (L{_REFUSAL}: C{OOM}, C{READONLY}...), or C{None}."""
+    found = _REFUSAL.search(message)
+    return found.group(1) if found else None
+
+
 class KeyspaceVersionError(Exception):
     """Redis holds relayd keys of another keyspace version (L{KEYSPACE_VERSION}); the message says what to do."""
 
@@ -357,10 +363,9 @@ class Redis:
         def translate(f: Failure) -> Failure:
             if f.check(txredisapi.ResponseError):
                 message = str(f.value)
-                refusal = _REFUSAL.search(message)
-                if refusal is None:
+                code = refusal_code(message)
+                if code is None:
                     return f  # a real answer from Redis (a bug, not an outage)
-                code = refusal.group(1)
                 if code != "NOSCRIPT":
                     self._refused(what, message)
                 raise StoreRefused(store, code, message)
