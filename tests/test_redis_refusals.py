@@ -197,7 +197,10 @@ class ScriptFlags(Refusals):
         for script in _every_script():
             called = sorted(set(re.findall(rb"redis\.call\('([A-Z]+)'", script.body)))
             info = await redis.execute("probe", "COMMAND", "INFO", *called)
-            flags = {name: {f.encode() if isinstance(f, str) else f for f in entry[2]} for name, entry in zip(called, info)}
+            flags = {
+                name: {f.encode() if isinstance(f, str) else f for f in entry[2]}
+                for name, entry in zip(called, info, strict=True)
+            }
             writes = [name for name in called if b"write" in flags[name]]
             grows = [name for name in called if b"denyoom" in flags[name]]
             if script.shebang == b"#!lua flags=no-writes\n":
