@@ -36,6 +36,10 @@ DEFAULT_TIMEOUT = 2.0
 # their dedupe key, and the usual batch is stored once, as it came (relayd/aep/redis_store.py).
 KEYSPACE_VERSION = 3
 VERSION_KEY = "schema"  # after the prefix
+# Beside it, a hash of the deployment-wide bounds the keys are kept by (a wing's, by flag name:
+# aep-buffer, mcp-queue-frames...): instances with other values would trim one another's keys, so
+# each connection checks them too, and the first instance's values hold (L{Redis.hold_bounds}).
+BOUNDS_KEY = "bounds"  # after the prefix
 # Deployment-wide keys every earlier relayd kept (before keyspace versions): with no version key
 # beside them, the keys under the prefix are an unversioned layout, not an empty keyspace.
 UNVERSIONED_MARKERS = ("aep:lru", "aep:arrival", "aep:clock", "mcp:sessions", "mcp:buffered", "mcp:seq")
@@ -63,8 +67,16 @@ def refusal_code(message: str) -> str | None:
     return found.group(1) if found else None
 
 
-class KeyspaceVersionError(Exception):
-    """Redis holds relayd keys of another keyspace version (L{KEYSPACE_VERSION}); the message says what to do."""
+class KeyspaceMismatch(Exception):
+    """Redis holds relayd keys this relayd cannot share; the message says what to do."""
+
+
+class KeyspaceVersionError(KeyspaceMismatch):
+    """Redis holds relayd keys of another keyspace version (L{KEYSPACE_VERSION})."""
+
+
+def _bound_text(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
 
 
 @dataclass(frozen=True)
@@ -137,7 +149,7 @@ class _Handshake:
                 if self.transport.disconnecting:
                     return
             yield self._check_keyspace()
-        except KeyspaceVersionError as e:
+        except KeyspaceMismatch as e:
             self.transport.loseConnection()
             self._refused(str(e))
             return
@@ -206,6 +218,15 @@ class _Protocol(_Handshake, WholeReads, txredisapi.RedisProtocol):
             raise  # a transient refusal (LOADING, READONLY...): retried like a failed SELECT
         if found != mine:
             raise KeyspaceVersionError(client.mismatch(f"relayd keyspace version {found.decode(errors='replace')}"))
+        bounds = dict(client.bounds)
+        if bounds:
+            # The first instance's values stay (HSETNX); every later one must have the same.
+            for name, value in bounds.items():
+                yield self.execute_command("HSETNX", client.bounds_key, name, value)
+            held = yield self.execute_command("HMGET", client.bounds_key, *bounds)
+            differ = [(name, mine, there) for (name, mine), there in zip(bounds.items(), held, strict=True) if there != mine]
+            if differ:
+                raise KeyspaceMismatch(client.bounds_mismatch(differ))
 
     def _refused(self, message: str) -> None:
         client: Redis | None = getattr(self.factory, "relayd_client", None)
@@ -256,6 +277,8 @@ class Redis:
         self.clock = clock
         self.timeout = timeout
         self.version_key = (prefix + VERSION_KEY).encode()
+        self.bounds_key = (prefix + BOUNDS_KEY).encode()
+        self.bounds: dict[bytes, bytes] = {}  # L{hold_bounds}
         # Set (with the reason) once Redis was found to hold another keyspace version: the client
         # then stops reconnecting and refuses every call; C{refused} fires with the reason.
         self.refusal: str | None = None
@@ -316,6 +339,27 @@ class Redis:
             f"share them. Stop the relayd processes of the other version and delete the keys under {prefix!r} "
             "(FLUSHDB if that database holds nothing else), or give this relayd another Redis database "
             "(redis://host:port/N) or --redis-prefix; see docs/deployment.md \"Upgrades\""
+        )
+
+    def hold_bounds(self, bounds: dict[str, float]) -> None:
+        """Keep keys by these deployment-wide bounds (by flag name, C{{"aep-buffer": 10000}}): each
+        connection checks that the keyspace is kept by the same values, and a relayd with other
+        values is refused (L{refused}; the process stops). A wing declares them as it is made."""
+        self.bounds.update({name.encode(): _bound_text(value).encode() for name, value in bounds.items()})
+
+    def bounds_mismatch(self, differ: list[tuple[bytes, bytes, bytes | None]]) -> str:
+        """The refusal for bounds other than those the keyspace is kept by: C{(name, mine, held)}."""
+        key = self.bounds_key.decode(errors="replace")
+        values = "; ".join(
+            f"--{name.decode()} is {mine.decode()} here and {(held or b'?').decode(errors='replace')} on Redis"
+            for name, mine, held in differ
+        )
+        given = " ".join(f"--{name.decode()} {(held or b'?').decode(errors='replace')}" for name, _, held in differ)
+        return (
+            f"{values} (key {key} at {self.url}): every relayd sharing these keys must use the same bounds, or "
+            f"each would trim the others' data by its own. Start this relayd with {given}; to change a bound, "
+            f"stop every relayd using this prefix, delete the key {key}, and start them with the new value "
+            "(docs/deployment.md \"Deployment-wide bounds\")"
         )
 
     def _refuse(self, message: str) -> None:
