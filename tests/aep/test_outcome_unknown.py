@@ -12,7 +12,7 @@ import threading
 from twisted.internet import threads
 from twisted.trial.unittest import TestCase
 
-from tests.support.aep import AEPRelay, event, open_sse, start_relay
+from tests.support.aep import AEPRelay, event, open_sse, open_ws, start_relay
 from tests.support.redis import RedisServer
 
 
@@ -71,3 +71,15 @@ class OutcomeUnknown(TestCase):
         history = await open_sse(self, b, live="0", from_=[{"session": "held"}])
         replayed = [m.json()["id"] for m in await history.read_until_end() if m.comment is None]
         self.assertEqual(replayed, ["held-1-progress.status", "held-2-progress.status", "held-3-progress.status"])
+
+    async def test_held_websocket_events_are_answered_outcome_unknown(self) -> None:
+        a, _ = await self.asyncSetUp()
+        emitter = await open_ws(self, a, hello={"versions": ["0.1"], "role": "emitter"})
+        response, _ = await a.post(event("other", 1))  # Redis has the append script
+        self.assertEqual(response.code, 202)
+        awake = self.sleep_redis(4)
+        emitter.send(event("ws", 1, "progress.status"))
+        frame = await emitter.recv(timeout=10)
+        self.assertEqual((frame["type"], frame["code"], frame["cause"]), ("error", "outcome-unknown", "ws-1-progress.status"))
+        self.assertIn("may have been stored", frame["detail"])
+        self.assertEqual(await awake, b"+OK\r\n")
