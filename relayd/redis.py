@@ -49,7 +49,7 @@ UNVERSIONED_MARKERS = ("aep:lru", "aep:arrival", "aep:clock", "mcp:sessions", "m
 # it inside a script's error before Redis 7): memory full under noeviction, a replica, a failed
 # snapshot, a script running too long, a dataset loading, a replica cut from its primary, too few
 # replicas, a cluster moving or down. Each is an outage of the store (503, retry), not a bug;
-# NOSCRIPT is relayd_lua's to answer (it sends the script in full).
+# NOSCRIPT is relayd/redis_lua.py's to answer (it sends the script in full).
 _REFUSAL = re.compile(
     r"(?:^|-)(OOM|READONLY|MISCONF|BUSY|LOADING|MASTERDOWN|NOREPLICAS|TRYAGAIN|CLUSTERDOWN|NOSCRIPT)\b"
 )

@@ -11,7 +11,7 @@ with noeviction), a read-only replica or refusing writes; C{#!lua flags=allow-oo
 (and may free memory then); C{#!lua flags=no-writes} only reads, so replays work while writes are
 refused. Redis before 7 does not read a shebang (it is a syntax error there): the script is sent
 without that line, and there a write script's first write is one Redis refuses under maxmemory
-(tests/test_redis_scripts.py checks both).
+(tests/test_redis_refusals.py checks both).
 """
 
 from __future__ import annotations

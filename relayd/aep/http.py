@@ -82,16 +82,6 @@ UNAUTHORIZED: Final = Answer(401, b"", (CORS_ANY,))
 PREFLIGHT_ANSWER: Final = Answer(204, b"", PREFLIGHT)
 STORE_UNAVAILABLE: Final = json_answer(503, dumps({"error": "store-unavailable", "store": "aep"}))
 STREAM_STORE_UNAVAILABLE: Final = json_answer(503, STORE_UNAVAILABLE.body, (CORS_ANY,))
-# The store was sent the batch and did not answer in time: it may hold it (docs/aep.md).
-OUTCOME_UNKNOWN: Final = json_answer(
-    503,
-    dumps({
-        "error": "outcome-unknown",
-        "store": "aep",
-        "detail": "the store did not answer in time: the batch may have been stored and delivered; "
-        "retry it as it was (the same source and id per event): events already stored are not stored again",
-    }),
-)
 INTERNAL_ERROR: Final = json_answer(500, b'{"error":"internal-error"}')
 
 # What the auth wall lets through: the health check (it tells the counts only with the token) and
@@ -108,6 +98,18 @@ def _not_allowed(allow: bytes) -> bytes:
 
 def _accepted(_: object) -> Answer:
     return ACCEPTED
+
+
+# The store was sent the batch and did not answer in time: it may hold it (docs/aep.md).
+OUTCOME_UNKNOWN: Final = json_answer(
+    503,
+    dumps({
+        "error": "outcome-unknown",
+        "store": "aep",
+        "detail": "the store did not answer in time: the batch may have been stored and delivered; "
+        "retry it as it was (the same source and id per event): events already stored are not stored again",
+    }),
+)
 
 
 class IngestError(Exception):
