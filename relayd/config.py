@@ -26,7 +26,8 @@ class Setting:
     @ivar env: environment variable names consulted in order when the flag is absent.
     @ivar repeatable: the flag may be given several times; the value is a list.
     @ivar switch: a boolean flag taking no argument (``--no-aep``).
-    @ivar secret: never echo the value (tokens, keys) in warnings or errors.
+    @ivar secret: never echo the value (tokens, keys) in warnings or errors, nor in any log record
+        (only C{secret_part} of it, when given: a Redis URL's password, not its host).
     @ivar canonical: maps a parsed value to what it means, so that a flag overriding an environment
         variable with an equivalent spelling draws no warning.
     @ivar metavar: what the value is; for a number, its unit (C{SECONDS}, C{MS}, C{BYTES}, C{N} for a
@@ -49,6 +50,9 @@ class Setting:
     metavar: str | None = None
     default_help: str | None = None
     canonical: Callable[[Any], Any] = lambda value: value  # what "the same value" means for warnings
+    # The part of a secret value that is secret, scrubbed from every log record (a URL's password);
+    # C{None}: the whole value.
+    secret_part: Callable[[Any], str | None] | None = None
 
 
 def show_value(value: Any, separator: str = " ") -> str:

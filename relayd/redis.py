@@ -7,6 +7,7 @@ does not answer; the pool and the subscriber reconnect by themselves with backof
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import unquote, urlsplit
@@ -22,7 +23,7 @@ from twisted.python.failure import Failure
 from relayd import redis_internals
 from relayd.clock import Timekeeper
 from relayd.redis_internals import WholeReads
-from relayd.storage import StoreUnavailable
+from relayd.storage import OutcomeUnknown, StoreRefused, StoreUnavailable
 
 DEFAULT_TIMEOUT = 2.0
 
@@ -35,13 +36,47 @@ DEFAULT_TIMEOUT = 2.0
 # their dedupe key, and the usual batch is stored once, as it came (relayd/aep/redis_store.py).
 KEYSPACE_VERSION = 3
 VERSION_KEY = "schema"  # after the prefix
+# Beside it, a hash of the deployment-wide bounds the keys are kept by (a wing's, by flag name:
+# aep-buffer, mcp-queue-frames...): instances with other values would trim one another's keys, so
+# each connection checks them too, and the first instance's values hold (L{Redis.hold_bounds}).
+BOUNDS_KEY = "bounds"  # after the prefix
 # Deployment-wide keys every earlier relayd kept (before keyspace versions): with no version key
 # beside them, the keys under the prefix are an unversioned layout, not an empty keyspace.
 UNVERSIONED_MARKERS = ("aep:lru", "aep:arrival", "aep:clock", "mcp:sessions", "mcp:buffered", "mcp:seq")
 
 
-class KeyspaceVersionError(Exception):
-    """Redis holds relayd keys of another keyspace version (L{KEYSPACE_VERSION}); the message says what to do."""
+# Redis's refusals of a command it did not run, by the error's first word (after the "-" that quotes
+# it inside a script's error before Redis 7): memory full under noeviction, a replica, a failed
+# snapshot, a script running too long, a dataset loading, a replica cut from its primary, too few
+# replicas, a cluster moving or down. Each is an outage of the store (503, retry), not a bug;
+# NOSCRIPT is relayd/redis_lua.py's to answer (it sends the script in full).
+_REFUSAL = re.compile(
+    r"(?:^|-)(OOM|READONLY|MISCONF|BUSY|LOADING|MASTERDOWN|NOREPLICAS|TRYAGAIN|CLUSTERDOWN|NOSCRIPT)\b"
+)
+
+# A script that must not run once relayd has stopped waiting for it (the AEP append) is handed a
+# deadline this much earlier than the client's timeout, in Redis's clock (L{Redis.deadline}): when
+# Redis reaches it later (queued behind a slow command), it does nothing, so a write relayd
+# answered "outcome unknown" for is not stored after all, and its retry is not a duplicate.
+DEADLINE_MARGIN = 0.25  # of the timeout
+
+
+def refusal_code(message: str) -> str | None:
+    """The refusal an error reply of Redis is (L{_REFUSAL}: C{OOM}, C{READONLY}...), or C{None}."""
+    found = _REFUSAL.search(message)
+    return found.group(1) if found else None
+
+
+class KeyspaceMismatch(Exception):
+    """Redis holds relayd keys this relayd cannot share; the message says what to do."""
+
+
+class KeyspaceVersionError(KeyspaceMismatch):
+    """Redis holds relayd keys of another keyspace version (L{KEYSPACE_VERSION})."""
+
+
+def _bound_text(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
 
 
 @dataclass(frozen=True)
@@ -114,7 +149,7 @@ class _Handshake:
                 if self.transport.disconnecting:
                     return
             yield self._check_keyspace()
-        except KeyspaceVersionError as e:
+        except KeyspaceMismatch as e:
             self.transport.loseConnection()
             self._refused(str(e))
             return
@@ -167,6 +202,14 @@ class _Protocol(_Handshake, WholeReads, txredisapi.RedisProtocol):
                     raise KeyspaceVersionError(client.mismatch("keys of an earlier relayd without a keyspace version"))
                 yield self.execute_command("SET", key, mine, "NX")
                 found = yield self.execute_command("GET", key)
+            # Redis's clock against this process's (for L{Redis.deadline}), and whether it reads a
+            # script's flags (relayd/redis_lua.py): both in the same handshake.
+            before = client.clock.monotonic()
+            seconds, micros = yield self.execute_command("TIME")
+            client._redis_clock_offset = int(seconds) + int(micros) / 1e6 - (before + client.clock.monotonic()) / 2
+            info = yield self.execute_command("INFO", "server")
+            version = re.search(rb"redis_version:(\d+)", info)
+            client.script_flags = version is not None and int(version.group(1)) >= 7
         except txredisapi.ResponseError as e:
             if str(e).startswith("WRONGTYPE"):
                 raise KeyspaceVersionError(
@@ -175,6 +218,15 @@ class _Protocol(_Handshake, WholeReads, txredisapi.RedisProtocol):
             raise  # a transient refusal (LOADING, READONLY...): retried like a failed SELECT
         if found != mine:
             raise KeyspaceVersionError(client.mismatch(f"relayd keyspace version {found.decode(errors='replace')}"))
+        bounds = dict(client.bounds)
+        if bounds:
+            # The first instance's values stay (HSETNX); every later one must have the same.
+            for name, value in bounds.items():
+                yield self.execute_command("HSETNX", client.bounds_key, name, value)
+            held = yield self.execute_command("HMGET", client.bounds_key, *bounds)
+            differ = [(name, mine, there) for (name, mine), there in zip(bounds.items(), held, strict=True) if there != mine]
+            if differ:
+                raise KeyspaceMismatch(client.bounds_mismatch(differ))
 
     def _refused(self, message: str) -> None:
         client: Redis | None = getattr(self.factory, "relayd_client", None)
@@ -225,11 +277,20 @@ class Redis:
         self.clock = clock
         self.timeout = timeout
         self.version_key = (prefix + VERSION_KEY).encode()
+        self.bounds_key = (prefix + BOUNDS_KEY).encode()
+        self.bounds: dict[bytes, bytes] = {}  # L{hold_bounds}
         # Set (with the reason) once Redis was found to hold another keyspace version: the client
         # then stops reconnecting and refuses every call; C{refused} fires with the reason.
         self.refusal: str | None = None
         self.refused: Deferred[str] = Deferred()
         self._buses: list[RedisBus] = []
+        # Redis's clock minus the monotonic clock here, in seconds (measured at each handshake),
+        # and whether Redis reads a script's shebang flags (7 and later).
+        self._redis_clock_offset = 0.0
+        self.script_flags = False
+        # The commands Redis refuses now (L{_REFUSAL}), by what they run: logged once when the
+        # first is refused and once when the last of them is run again, not once per request.
+        self._refused_commands: set[Any] = set()
         self._usable_connections = 0
         self._closing = False
         # The pool as txredisapi.lazyConnectionPool makes it, from its public parts, so that relayd
@@ -280,6 +341,27 @@ class Redis:
             "(redis://host:port/N) or --redis-prefix; see docs/deployment.md \"Upgrades\""
         )
 
+    def hold_bounds(self, bounds: dict[str, float]) -> None:
+        """Keep keys by these deployment-wide bounds (by flag name, C{{"aep-buffer": 10000}}): each
+        connection checks that the keyspace is kept by the same values, and a relayd with other
+        values is refused (L{refused}; the process stops). A wing declares them as it is made."""
+        self.bounds.update({name.encode(): _bound_text(value).encode() for name, value in bounds.items()})
+
+    def bounds_mismatch(self, differ: list[tuple[bytes, bytes, bytes | None]]) -> str:
+        """The refusal for bounds other than those the keyspace is kept by: C{(name, mine, held)}."""
+        key = self.bounds_key.decode(errors="replace")
+        values = "; ".join(
+            f"--{name.decode()} is {mine.decode()} here and {(held or b'?').decode(errors='replace')} on Redis"
+            for name, mine, held in differ
+        )
+        given = " ".join(f"--{name.decode()} {(held or b'?').decode(errors='replace')}" for name, _, held in differ)
+        return (
+            f"{values} (key {key} at {self.url}): every relayd sharing these keys must use the same bounds, or "
+            f"each would trim the others' data by its own. Start this relayd with {given}; to change a bound, "
+            f"stop every relayd using this prefix, delete the key {key}, and start them with the new value "
+            "(docs/deployment.md \"Deployment-wide bounds\")"
+        )
+
     def _refuse(self, message: str) -> None:
         if self.refusal is not None:
             return
@@ -291,14 +373,20 @@ class Redis:
         self.refused.callback(message)
 
     def execute(self, store: str, *command: Any) -> Deferred[Any]:
-        """Run one command; L{StoreUnavailable} (naming C{store}) when Redis is away."""
-        return self._guard(store, lambda: self._pool.execute_command(*command))
+        """Run one command. It fails with L{StoreUnavailable} (naming C{store}) when Redis is away
+        (nothing was sent) or refuses it (L{StoreRefused}), and with L{OutcomeUnknown} when it was
+        sent and no answer came within the timeout (or the connection went first)."""
+        # What the command runs, for the refusal log: a script by its SHA-1 or text, else its name.
+        what = command[1] if command[0] in (b"EVALSHA", b"EVAL") else command[0]
+        return self._guard(store, what, lambda: self._pool.execute_command(*command))
 
-    def eval(self, store: str, script: bytes, keys: list[Any], args: list[Any]) -> Deferred[Any]:
-        """Run a Lua script (EVALSHA, loading it on first use)."""
-        return self._guard(store, lambda: self._pool.eval(script, keys, args))
+    def deadline(self) -> int:
+        """When a script sent now must no longer run, in microseconds of Redis's clock (C{TIME}):
+        a little before this client stops waiting for its answer (L{DEADLINE_MARGIN})."""
+        seconds = self.clock.monotonic() + self._redis_clock_offset + self.timeout * (1 - DEADLINE_MARGIN)
+        return int(seconds * 1e6)
 
-    def _guard(self, store: str, call: Callable[[], Deferred[Any]]) -> Deferred[Any]:
+    def _guard(self, store: str, what: Any, call: Callable[[], Deferred[Any]]) -> Deferred[Any]:
         if self.refusal is not None:
             return defer.fail(StoreUnavailable(store, "another relayd keyspace version"))
         if not self.connected:
@@ -309,12 +397,36 @@ class Redis:
             return defer.fail(StoreUnavailable(store, str(e)))
         self.clock.timeout(d, self.timeout)
 
+        def answered(result: Any) -> Any:
+            if self._refused_commands and what in self._refused_commands:
+                self._refused_commands.discard(what)
+                if not self._refused_commands:
+                    self._log.info("Redis at {url} runs the commands it refused again", url=str(self.url))
+            return result
+
         def translate(f: Failure) -> Failure:
             if f.check(txredisapi.ResponseError):
-                return f  # a real answer from Redis (a bug, not an outage)
-            raise StoreUnavailable(store, f.getErrorMessage() or getattr(f.type, "__name__", "error"))
+                message = str(f.value)
+                code = refusal_code(message)
+                if code is None:
+                    return f  # a real answer from Redis (a bug, not an outage)
+                if code != "NOSCRIPT":
+                    self._refused(what, message)
+                raise StoreRefused(store, code, message)
+            # The command was sent (or queued for a connection): Redis may have run it, or run it still.
+            reason = f.getErrorMessage() or getattr(f.type, "__name__", "error")
+            raise OutcomeUnknown(store, f"no answer from Redis ({reason}); the command may have run")
 
-        return d.addErrback(translate)
+        return d.addCallbacks(answered, translate)
+
+    def _refused(self, what: Any, message: str) -> None:
+        if not self._refused_commands:
+            self._log.warn(
+                "Redis at {url} refuses commands: {error}; answering 503 store-unavailable until it runs them again",
+                url=str(self.url),
+                error=message,
+            )
+        self._refused_commands.add(what)
 
     def bus(self) -> RedisBus:
         """A pub/sub subscriber on its own connection."""

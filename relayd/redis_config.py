@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from relayd.config import Setting
-from relayd.redis import redis_url
+from relayd.redis import parse_redis_url, redis_url
 
 SETTINGS = [
     Setting(
@@ -13,7 +13,8 @@ SETTINGS = [
         "fan-out across relayd instances; without it each process keeps its state in memory",
         parse=redis_url,
         env=("RELAYD_REDIS",),
-        secret=True,  # the URL may carry a password
+        secret=True,  # the URL may carry a password: only that is scrubbed from the logs
+        secret_part=lambda url: parse_redis_url(url).password,
         metavar="URL",
     ),
     Setting(

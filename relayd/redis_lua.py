@@ -4,6 +4,14 @@ Every script names every key it touches in C{KEYS} (docs/decisions.md REDIS-1): 
 builds the key names, the script only uses them. A script is sent by its SHA-1; when Redis answers
 C{NOSCRIPT} (first use, a restart, C{SCRIPT FLUSH}) it is sent once more in full with EVAL, which
 also loads it for the next EVALSHA.
+
+Every script file starts with a Redis 7 shebang that says what it may do (docs/deployment.md "Redis
+memory"): C{#!lua} writes and is refused before it starts while Redis is out of memory (maxmemory
+with noeviction), a read-only replica or refusing writes; C{#!lua flags=allow-oom} only deletes
+(and may free memory then); C{#!lua flags=no-writes} only reads, so replays work while writes are
+refused. Redis before 7 does not read a shebang (it is a syntax error there): the script is sent
+without that line, and there a write script's first write is one Redis refuses under maxmemory
+(tests/test_redis_refusals.py checks both).
 """
 
 from __future__ import annotations
@@ -13,11 +21,13 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
-import txredisapi
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
 from relayd.redis import Redis
+from relayd.storage import StoreRefused
+
+SHEBANGS = (b"#!lua\n", b"#!lua flags=allow-oom\n", b"#!lua flags=no-writes\n")
 
 
 def lua_source(package: str, name: str) -> bytes:
@@ -34,16 +44,25 @@ class Script:
 
     def __init__(self, package: str, name: str, includes: Sequence[str] = ()) -> None:
         self.name = name
-        self.body = b"".join(lua_source(package, part) for part in (*includes, name))
+        source = lua_source(package, name)
+        shebang, _, rest = source.partition(b"\n")
+        self.shebang = shebang + b"\n"
+        if self.shebang not in SHEBANGS:
+            raise ValueError(f"{package}/lua/{name}.lua must start with one of {SHEBANGS}")
+        # (Includes have no shebang: only the script's first line may be one.)
+        self.plain_body = b"".join(lua_source(package, part) for part in includes) + rest
+        self.body = self.shebang + self.plain_body
         self.sha = hashlib.sha1(self.body).hexdigest().encode("ascii")
+        self.plain_sha = hashlib.sha1(self.plain_body).hexdigest().encode("ascii")
 
     def __call__(self, redis: Redis, store: str, keys: Sequence[Any], args: Sequence[Any] = ()) -> Deferred[Any]:
         """Run the script; errbacks as L{Redis.execute} does."""
-        d = redis.execute(store, b"EVALSHA", self.sha, len(keys), *keys, *args)
+        body, sha = (self.body, self.sha) if redis.script_flags else (self.plain_body, self.plain_sha)
+        d = redis.execute(store, b"EVALSHA", sha, len(keys), *keys, *args)
 
         def unknown(f: Failure) -> Any:
-            if f.check(txredisapi.ResponseError) and str(f.value).startswith("NOSCRIPT"):
-                return redis.execute(store, b"EVAL", self.body, len(keys), *keys, *args)
+            if isinstance(f.value, StoreRefused) and f.value.code == "NOSCRIPT":
+                return redis.execute(store, b"EVAL", body, len(keys), *keys, *args)
             return f
 
         return d.addErrback(unknown)

@@ -294,7 +294,8 @@ def makeService(config: Options, reactor: IReactor | None = None) -> RelaydServi
     relayd_logging.install_scrubber()
     for s in all_settings(config.wings):
         if s.secret and isinstance(settings.values.get(s.name), str):
-            relayd_logging.register_secret(settings[s.name])
+            value = settings[s.name]
+            relayd_logging.register_secret(s.secret_part(value) if s.secret_part else value)
     increase_rlimits()
     plumbing = Plumbing.from_settings(settings, reactor, Timekeeper(reactor))
     collector = CollectorPolicy(plumbing.clock, settings["gc-freeze-interval"], settings["gc-full-interval"])

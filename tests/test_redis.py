@@ -188,6 +188,63 @@ class KeyspaceVersion(TestCase):
         self.assertNotIn("s3cret", reason)
 
 
+class DeploymentBounds(TestCase):
+    """The bounds a keyspace is kept by (C{<prefix>bounds}, beside the version) are the first
+    instance's; a relayd with others is refused with both values named."""
+
+    timeout = 30
+
+    def setUp(self) -> None:
+        self.server = RedisServer.start()
+        self.addCleanup(self.server.cleanup)
+
+    async def client(self, bounds: dict[str, float], prefix: str = "relayd:") -> Redis:
+        redis = Redis(self.server.url, Timekeeper(reactor), timeout=1, prefix=prefix)
+        self.addCleanup(redis.close)
+        redis.hold_bounds(bounds)
+        return redis
+
+    async def test_first_instance_sets_them_and_same_values_share(self) -> None:
+        first = await self.client({"aep-buffer": 100, "mcp-ttl-ms": 14_400_000.0})
+        await until(self, lambda: first.connected, "the client did not connect")
+        held = admin(self.server.port, b"HGETALL relayd:bounds\r\n")
+        self.assertEqual(held, b"*4\r\n$10\r\naep-buffer\r\n$3\r\n100\r\n$10\r\nmcp-ttl-ms\r\n$8\r\n14400000\r\n")
+        second = await self.client({"aep-buffer": 100, "mcp-ttl-ms": 14_400_000})
+        await until(self, lambda: second.connected, "the same bounds were refused")
+        self.assertIsNone(second.refusal)
+
+    async def test_other_values_are_refused_naming_both(self) -> None:
+        first = await self.client({"aep-buffer": 100, "aep-max-sessions": 5})
+        await until(self, lambda: first.connected, "the client did not connect")
+        other = await self.client({"aep-buffer": 101, "aep-max-sessions": 5})
+        reason = await other.refused
+        self.assertEqual(
+            reason,
+            f"--aep-buffer is 101 here and 100 on Redis (key relayd:bounds at redis://127.0.0.1:{self.server.port}/0): "
+            "every relayd sharing these keys must use the same bounds, or each would trim the others' data by its "
+            "own. Start this relayd with --aep-buffer 100; to change a bound, stop every relayd using this prefix, "
+            'delete the key relayd:bounds, and start them with the new value (docs/deployment.md "Deployment-wide '
+            'bounds")',
+        )
+        self.assertFalse(other.connected)
+        # The first instance's values stay; the refused one wrote nothing.
+        self.assertEqual(admin(self.server.port, b"HGET relayd:bounds aep-buffer\r\n"), b"$3\r\n100\r\n")
+
+    async def test_a_bound_another_instance_does_not_keep_is_added(self) -> None:
+        # An AEP-only instance first, then one with MCP too: the MCP bounds join, the AEP ones must match.
+        first = await self.client({"aep-buffer": 100})
+        await until(self, lambda: first.connected, "the client did not connect")
+        both = await self.client({"aep-buffer": 100, "mcp-queue-frames": 1000})
+        await until(self, lambda: both.connected, "a new bound was refused")
+        self.assertEqual(admin(self.server.port, b"HGET relayd:bounds mcp-queue-frames\r\n"), b"$4\r\n1000\r\n")
+
+    async def test_bounds_are_per_prefix(self) -> None:
+        first = await self.client({"aep-buffer": 100}, prefix="one:")
+        await until(self, lambda: first.connected, "the client did not connect")
+        other = await self.client({"aep-buffer": 5}, prefix="two:")
+        await until(self, lambda: other.connected, "another deployment's bounds were applied")
+
+
 class ConnectionLog(TestCase):
     """An operator (and a test waiting for a relayd subprocess) reads when Redis can be reached."""
 

@@ -28,7 +28,7 @@ from relayd.aep.relay import (
 )
 from relayd.aep.store import Position
 from relayd.aep.wire import frame_safe, sse_forms, sse_frame, sse_run
-from relayd.storage import StoreUnavailable
+from relayd.storage import OutcomeUnknown, StoreRefused, StoreUnavailable
 from relayd.web.auth import bearer_of, bearer_token, query_param, tokens_equal
 from relayd.web.body import EarlyAnswer, read_body
 from relayd.web.browsers import LOOPBACK_ONLY, BrowserPolicy, Refusal
@@ -99,6 +99,18 @@ def _accepted(_: object) -> Answer:
     return ACCEPTED
 
 
+# The store was sent the batch and did not answer in time: it may hold it (docs/aep.md).
+OUTCOME_UNKNOWN: Final = json_answer(
+    503,
+    dumps({
+        "error": "outcome-unknown",
+        "store": "aep",
+        "detail": "the store did not answer in time: the batch may have been stored and delivered; "
+        "retry it as it was (the same source and id per event): events already stored are not stored again",
+    }),
+)
+
+
 class IngestError(Exception):
     """An ingest refusal: its status and JSON body."""
 
@@ -113,8 +125,10 @@ def _ingest_refusal(e: IngestError) -> Answer:
 
 
 def _store_refusal(e: StoreUnavailable) -> Answer:
-    # An outage, not a bug: one line, no traceback (ingest and replay log and count their own).
-    _log.warn("request refused: {reason}", reason=str(e))
+    # An outage, not a bug: one line, no traceback (ingest and replay log and count their own; a
+    # refusal is logged once per outage by the store's client).
+    if not isinstance(e, StoreRefused):
+        _log.warn("request refused: {reason}", reason=str(e))
     return STORE_UNAVAILABLE
 
 
@@ -476,13 +490,15 @@ class AEPResource(RoutedResource):
         return answer_when(self.relay.ingest(events), _accepted, self._append_failed)
 
     def _append_failed(self, failure: Failure) -> Answer:
+        metrics.store_errors.labels(relay="aep", operation="append").inc()
+        if failure.check(StoreRefused):
+            return STORE_UNAVAILABLE  # its client logs a refusal once per outage
         if failure.check(StoreUnavailable):
             # An outage, not a bug: one line per refusal (the metric counts them), no traceback.
             self._log.warn("ingest refused: {reason}", reason=failure.getErrorMessage())
         else:
             self._log.failure("ingest failed in the event store", failure)
-        metrics.store_errors.labels(relay="aep", operation="append").inc()
-        return STORE_UNAVAILABLE
+        return OUTCOME_UNKNOWN if failure.check(OutcomeUnknown) else STORE_UNAVAILABLE
 
     # SSE -------------------------------------------------------------------------------------
 

@@ -49,6 +49,7 @@ from relayd.aep.event import Event, stored_event
 from relayd.aep.store import IEventLog, Position, Replay, exhausted_marker
 from relayd.redis import Redis
 from relayd.redis_lua import Script, tagged
+from relayd.storage import StoreUnavailable
 
 STORE = "aep"
 _LENGTH = struct.Struct(">I")
@@ -168,10 +169,14 @@ class RedisEventLog:
         if header and payloads:
             payloads[0] = header + payloads[0]  # (not the whole message copied again)
         message = b"\n".join(payloads) if payloads else header
-        args = [self.capacity, self.max_sessions, b"".join(parts), channel, message, len(header), *sessions]
+        deadline = self.redis.deadline()
+        args = [self.capacity, self.max_sessions, b"".join(parts), channel, message, len(header), deadline, *sessions]
         return _APPEND(self.redis, STORE, keys, args).addCallback(self._appended)
 
-    def _appended(self, result: list[Any]) -> Deferred[list[bool]] | list[bool]:
+    def _appended(self, result: Any) -> Deferred[list[bool]] | list[bool]:
+        if result == b"late":
+            # Redis reached the append after its deadline and did nothing (append.lua).
+            raise StoreUnavailable(STORE, "Redis ran the append too late to answer in time; nothing was stored")
         self._sessions = int(result[1])
         stored = [flag == 49 for flag in result[0]]  # b"1"
         victims = result[2:]

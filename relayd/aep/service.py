@@ -58,6 +58,8 @@ def make_relay(config: AEPConfig, plumbing: Plumbing) -> EventRelay:
         return EventRelay(MemoryEventLog(config.buffer, config.max_sessions), token=config.token, buffer=config.buffer,
                      max_from=config.max_from, seconds=clock.monotonic, max_subscribers=config.max_subscribers)
     prefix = plumbing.redis_prefix
+    # Every instance trims the shared sessions and evicts among them by these.
+    redis.hold_bounds({"aep-buffer": config.buffer, "aep-max-sessions": config.max_sessions})
     bus = redis.bus()
     claims = RedisClaims(redis, bus, clock, prefix)
     _log.info("aep relay: shared state in Redis at {url}", url=str(redis.url))

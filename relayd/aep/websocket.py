@@ -49,7 +49,7 @@ from relayd.aep.store import Position
 from relayd.aep.wire import ws_message
 from relayd.clock import NextTurn, Timekeeper
 from relayd.config import show_value
-from relayd.storage import StoreUnavailable
+from relayd.storage import OutcomeUnknown, StoreUnavailable
 from relayd.web.transport import no_delay, pause_reading, resume_reading, write_now
 from relayd.web.twisted_internals import ws_frames_direct
 
@@ -582,8 +582,12 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
 
     def _store_failed(self, failure: Any, causes: list[Any]) -> None:
         metrics.store_errors.labels(relay="aep", operation="append").inc()
+        if failure.check(OutcomeUnknown):  # the events may be stored: a resend of the same ids is safe
+            code, detail = "outcome-unknown", "event store did not answer in time; the event may have been stored"
+        else:
+            code, detail = "unavailable", "event store unavailable"
         for cause in causes:
-            self.send_frame(error_frame("unavailable", "event store unavailable", cause=cause))
+            self.send_frame(error_frame(code, detail, cause=cause))
 
     def on_subscribe(self, msg: dict[str, Any]) -> None:
         sub_id = msg.get("id")

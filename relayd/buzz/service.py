@@ -210,6 +210,8 @@ class BrokerService(HTTPWingService):
 
             # The lease outlasts the longest execution: a few queries and two publishes, each
             # bounded by the action timeout.
+            # Every instance expires and trims the shared receipts by these.
+            self.redis.hold_bounds({"broker-receipt-retention": receipt_retention, "broker-max-receipts": max_receipts})
             self.redis_receipts = receipts = RedisReceipts(
                 self.redis, clock, self.state.apply_effects, prefix=redis_prefix, lease=6 * timeout + 5,
                 retention=receipt_retention, max_receipts=max_receipts,

@@ -84,12 +84,17 @@ class McpService(HTTPWingService):
         yield self.tunnel.bus.stop()
 
 
-def _shared_state(plumbing: Plumbing) -> tuple[IMcpStore, IMcpBus]:
+def _shared_state(plumbing: Plumbing, mcp: MCPConfig) -> tuple[IMcpStore, IMcpBus]:
     """Redis store and bus with C{--redis} (instances share sessions, queues and streams), else memory."""
     redis = plumbing.redis
     if redis is None:
         return MemoryStore(), LocalBus()
     prefix = plumbing.redis_prefix
+    # What every instance keeps the shared sessions, queues and buffered total by.
+    redis.hold_bounds({
+        "mcp-ttl-ms": mcp.ttl_ms, "mcp-max-sessions": mcp.max_sessions, "mcp-queue-frames": mcp.queue_frames,
+        "mcp-queue-bytes": mcp.queue_bytes, "mcp-max-buffered-bytes": mcp.max_buffered_bytes,
+    })  # fmt: skip
     _log.info("MCP relay state in Redis at {url} (prefix {prefix})", url=str(redis.url), prefix=prefix)
     return RedisStore(redis, prefix), RedisMcpBus(redis, prefix)
 
@@ -119,7 +124,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> McpService | None:
         queue_max_bytes=mcp.queue_bytes,
         max_buffered_bytes=mcp.max_buffered_bytes,
     )
-    store, bus = _shared_state(plumbing)
+    store, bus = _shared_state(plumbing, mcp)
     tunnel = TunnelRelay(store, clock, config, bus)
     hub = SSEHub(clock, KEEPALIVE_INTERVAL, KEEPALIVE)
     endpoint = Endpoint(

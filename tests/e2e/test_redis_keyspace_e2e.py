@@ -42,10 +42,10 @@ class KeyspaceRefusal(TestCase):
         status = await exited
         log = proc.log.decode(errors="replace")
         self.assertEqual(status, 1, log)
-        # The URL is logged as given unless it is the --redis value itself (a secret: it may hold a password).
+        # The URL as docs/deployment.md promises it (redis://HOST:PORT/DB): only a password is scrubbed.
         self.assertRegex(
             log,
-            r"\[relayd\.redis\.Redis#critical\] Redis at (\[scrubbed\]|redis://\S+) holds relayd keyspace version "
+            rf"\[relayd\.redis\.Redis#critical\] Redis at redis://127\.0\.0\.1:{self.redis.port}/0 holds relayd keyspace version "
             rf"{KEYSPACE_VERSION + 1} \(key relayd:schema\), this relayd uses keyspace version {KEYSPACE_VERSION}: ",
         )
         self.assertIn("[relayd.tap.RelaydService#critical] relayd stops (exit status 1)", log)
@@ -64,3 +64,84 @@ class KeyspaceRefusal(TestCase):
             await deferLater(reactor, 0.05, lambda: None)  # polling another process's connection
         self.assertEqual(command(self.redis.port, b"GET relayd:schema"), b"$1\r\n%d\r\n" % KEYSPACE_VERSION)
         self.assertEqual(await proc.terminate(), 0)
+
+
+class BoundsRefusal(TestCase):
+    """A second relayd on the same keys with another --aep-buffer (or MCP bound) stops at start with
+    one line naming both values, and leaves the running one's data alone."""
+
+    timeout = 60
+
+    def setUp(self) -> None:
+        self.redis = RedisServer.start()
+        self.addCleanup(self.redis.cleanup)
+
+    async def start(self, *options: str, wait_for: tuple[str, ...] = ("aep",)) -> RelaydProcess:
+        proc = await RelaydProcess.start(["--redis", self.redis.url, *options], env={"AEP_TOKEN": "t"}, wait_for=wait_for)
+        self.addCleanup(proc.kill)
+        return proc
+
+    async def refused(self, proc: RelaydProcess) -> str:
+        exited = proc.exited
+        exited.addTimeout(20, reactor)
+        status = await exited
+        log = proc.log.decode(errors="replace")
+        self.assertEqual(status, 1, log)
+        self.assertIn("[relayd.tap.RelaydService#critical] relayd stops (exit status 1)", log)
+        self.assertNotIn("Traceback", log)
+        return log
+
+    async def test_another_aep_buffer_stops_the_second_relayd(self) -> None:
+        aep = ["--aep-listen", "tcp:0:interface=127.0.0.1", "--no-mcp"]
+        first = await self.start(*aep, "--aep-buffer", "100")
+        await first.wait_for(rb"connected to Redis")
+        second = await self.start(*aep, "--aep-buffer", "1000", "--aep-max-sessions", "500")
+        log = await self.refused(second)
+        self.assertIn(
+            f"[relayd.redis.Redis#critical] --aep-buffer is 1000 here and 100 on Redis (key relayd:bounds at "
+            f"redis://127.0.0.1:{self.redis.port}/0): ",
+            log,
+        )
+        self.assertIn("Start this relayd with --aep-buffer 100;", log)
+        self.assertNotIn("aep-max-sessions is", log)  # the same on both (the default is 500 too... as given)
+        self.assertEqual(command(self.redis.port, b"HGET relayd:bounds aep-buffer"), b"$3\r\n100\r\n")
+        self.assertIsNone(first.status)  # the first runs on
+        self.assertEqual(await first.terminate(), 0)
+
+    async def test_another_mcp_queue_bound_stops_the_second_relayd(self) -> None:
+        mcp = ["--no-aep", "--mcp-listen", "tcp:0:interface=127.0.0.1"]
+        first = await self.start(*mcp, wait_for=("mcp",))
+        await first.wait_for(rb"connected to Redis")
+        second = await self.start(*mcp, "--mcp-queue-frames", "999", wait_for=("mcp",))
+        log = await self.refused(second)
+        self.assertIn("--mcp-queue-frames is 999 here and 1000 on Redis (key relayd:bounds at ", log)
+        self.assertEqual(await first.terminate(), 0)
+
+
+class ConnectionLine(TestCase):
+    """The Redis URL is logged as redis://HOST:PORT/DB (docs/deployment.md), with or without a
+    password; the password itself never appears."""
+
+    timeout = 60
+
+    def setUp(self) -> None:
+        self.redis = RedisServer.start()
+        self.addCleanup(self.redis.cleanup)
+
+    async def connected_line(self, url: str) -> str:
+        proc = await RelaydProcess.start_for(
+            self, ["--aep-listen", "tcp:0:interface=127.0.0.1", "--no-mcp", "--redis", url], env={"AEP_TOKEN": "t"}
+        )
+        line = await proc.wait_for(rb"connected to Redis at \S+")
+        self.assertEqual(await proc.terminate(), 0)
+        self.assertNotIn(b"s3cret-pass", proc.log)
+        return line.group(0).decode()
+
+    async def test_without_a_password(self) -> None:
+        line = await self.connected_line(self.redis.url)
+        self.assertEqual(line, f"connected to Redis at redis://127.0.0.1:{self.redis.port}/0")
+
+    async def test_with_a_password(self) -> None:
+        command(self.redis.port, b"CONFIG SET requirepass s3cret-pass")
+        line = await self.connected_line(f"redis://:s3cret-pass@127.0.0.1:{self.redis.port}/0")
+        self.assertEqual(line, f"connected to Redis at redis://127.0.0.1:{self.redis.port}/0")

@@ -32,15 +32,18 @@ def free_port() -> int:
 class RedisServer:
     """C{RedisServer.start()}; C{.url}; C{.stop()}; C{.restart()} keeps the data (AOF off, RDB on stop)."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: tuple[str, ...] = ()) -> None:
         self.binary = require_redis_server()
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="relayd-redis-")
+        self.options = options
         self.proc: subprocess.Popen[bytes] | None = None
 
     @classmethod
-    def start(cls) -> RedisServer:
-        server = cls()
+    def start(cls, *options: str) -> RedisServer:
+        """A server started with the default options and C{options} (C{"--enable-debug-command",
+        "yes"} for a test that holds Redis with C{DEBUG SLEEP})."""
+        server = cls(options)
         server._spawn()
         return server
 
@@ -51,7 +54,7 @@ class RedisServer:
     def _spawn(self) -> None:
         self.proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
-             "--save", "", "--appendonly", "no", "--dbfilename", "dump.rdb"],
+             "--save", "", "--appendonly", "no", "--dbfilename", "dump.rdb", *self.options],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10

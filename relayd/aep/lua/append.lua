@@ -1,14 +1,15 @@
+#!lua
 -- Append a batch of events (docs/aep.md "Replay"), in one round trip.
 -- KEYS: the session LRU (aep:lru), its write counter (aep:clock), the sessions being evicted
--- (aep:evicting), then four keys per session of the batch, in the order of ARGV[7..]: members
+-- (aep:evicting), then four keys per session of the batch, in the order of ARGV[8..]: members
 -- (aep:s), events (aep:e), dedupe keys (aep:k), arrival counter (aep:n).
 -- ARGV: capacity, max sessions, the events (per event the session number, position and dedupe
 -- key, each after its length: big-endian 32-bit, one byte for the position), the fan-out
 -- channel or '' (then ARGV[5] is published there), the fan-out message: a header of ARGV[6] bytes,
--- then the payloads of every event of the batch, duplicates too, joined by newlines; then the
--- batch's sessions.
+-- then the payloads of every event of the batch, duplicates too, joined by newlines; the deadline
+-- (microseconds of Redis's clock); then the batch's sessions.
 -- Returns {one '1' (stored) or '0' (duplicate) per event, sessions in the LRU, then sessions
--- evicted whose keys the caller must drop with drop.lua (they are not in this batch)}.
+-- evicted whose keys the caller must drop with drop.lua (they are not in this batch)}, or 'late'.
 -- An event is a member of aep:s, '<position><arrival>\n<id>\n<dedupe key>', its key in aep:k and
 -- its bytes in aep:e: alone under its arrival (<id> empty), or in its batch's message, stored
 -- once under <id> (relayd/aep/redis_store.py).
@@ -19,11 +20,19 @@
 -- pass over its bytes (Lua hashes each one it makes): the message is published and stored as it
 -- came, and members are short.
 local lru, clock, evicting = KEYS[1], KEYS[2], KEYS[3]
+-- Run after the deadline (queued behind a slow command), the append does nothing: the caller has
+-- answered "outcome unknown" by then, and its client's retry must be the one copy stored and
+-- fanned out (relayd/redis.py Redis.deadline).
+local now = redis.call('TIME')
+if now[1] * 1000000 + now[2] > tonumber(ARGV[7]) then return 'late' end
+-- The first write is one Redis refuses when memory is full (INCR is deny-oom): before Redis 7,
+-- which does not read the shebang, a script that has written may go on writing past maxmemory.
+redis.call('INCR', clock)
 local capacity, max_sessions, blob, message = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[5]
 local sub, find, format, unpack = string.sub, string.find, string.format, unpack
 local index = {}
-for i = 7, #ARGV do
-  local base = 3 + 4 * (i - 7)
+for i = 8, #ARGV do
+  local base = 3 + 4 * (i - 8)
   index[ARGV[i]] = base
   -- A session evicted by another batch whose keys are not dropped yet is gone: drop them now.
   if redis.call('ZREM', evicting, ARGV[i]) == 1 then
@@ -107,7 +116,7 @@ while at <= size do
 end
 
 local flags
-if #ARGV == 7 and count > 1 and count <= capacity then
+if #ARGV == 8 and count > 1 and count <= capacity then
   -- One session, two events or more (one is stored alone), no more than the session holds: is
   -- every key new (not held, not repeated in the batch)?
   local fresh, seen = true, {}
@@ -164,7 +173,7 @@ if #ARGV == 7 and count > 1 and count <= capacity then
     -- What the per-event loop does, a call per step for the whole batch: every event is kept,
     -- then the lowest members go down to capacity (the same ones as one at a time, where each
     -- trim drops the lowest of what is held then).
-    touch(ARGV[7])
+    touch(ARGV[8])
     if id then
       redis.call('HSET', ekey, id, message, 'c' .. id, count, 'h' .. id, ARGV[6])
     else
@@ -193,7 +202,7 @@ if not flags then
   local out = {}
   local previous = nil
   for i = 1, count do
-    local session = ARGV[6 + tonumber(numbers[i])]
+    local session = ARGV[7 + tonumber(numbers[i])]
     local base = index[session]
     local skey, ekey, kkey = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3]
     -- Recency is refreshed once per run of one session's events: no other session writes between.

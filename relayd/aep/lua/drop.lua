@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- Drop the keys of a session append.lua evicted (unless a later append dropped them already).
 -- KEYS: the sessions being evicted (aep:evicting), then the session's members, events, dedupe
 -- keys and arrival counter; ARGV: the session.

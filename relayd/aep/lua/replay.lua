@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 -- A replay, or one page of it: {the earliest member's position and arrival, the next page's
 -- cursor (the last member's position and arrival) or '', then the events' bytes in runs: each run
 -- one string of one or more events joined by line breaks}, or '' when the session holds none.

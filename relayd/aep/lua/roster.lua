@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- The claims of every claimed session; a session left without claims leaves the claimed set.
 -- KEYS: the claimed set (aep:claimed), then each session's claims hash (aep:claims); ARGV: the
 -- sessions, in the same order. Returns session, flat claims pairs, ...

@@ -1,3 +1,4 @@
+#!lua
 -- Claim a request: KEYS: receipt, lease; ARGV: request digest, lease token, lease ms, this
 -- instance's token prefix, retention s. Returns {new}, {conflict}, {done, verdict}, {busy} or {resume, plan}.
 local r = redis.call('HMGET', KEYS[1], 'd', 's', 'v', 'p')

@@ -1,3 +1,4 @@
+#!lua
 -- Store the verdict, drop our lease and tell the waiters. KEYS: receipt, lease; ARGV: digest,
 -- verdict, lease token, retention s, '1' for a read page (kept as spent, without its verdict), the
 -- settled channel (a channel is not a key).

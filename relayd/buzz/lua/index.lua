@@ -1,3 +1,4 @@
+#!lua
 -- Index a settled receipt under its agent for the per-agent cap (docs/decisions.md B-12).
 -- KEYS: the agent's index (a sorted set: requestId by settle time); ARGV: settle time ms,
 -- requestId, retention s, the cap. Returns the oldest requestIds past the cap, and a tenth of

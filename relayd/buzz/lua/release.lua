@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- Give up a claim without a verdict. KEYS: receipt, lease; ARGV: lease token,
 -- the settled channel (a channel is not a key).
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end

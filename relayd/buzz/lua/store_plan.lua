@@ -1,3 +1,4 @@
+#!lua
 -- Store the plan of a claimed request while its lease is still ours. KEYS: receipt, lease;
 -- ARGV: digest, plan, lease token, retention s.
 if redis.call('GET', KEYS[2]) ~= ARGV[3] then

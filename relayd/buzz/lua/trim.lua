@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- Delete one receipt the per-agent cap let go, unless it is not settled (a pending plan or a
 -- claim in flight stays). KEYS: receipt, lease. Returns 1 when it is gone (deleted, or expired
 -- before), 0 when it stays.

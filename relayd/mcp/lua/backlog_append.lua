@@ -1,3 +1,4 @@
+#!lua
 -- KEYS: backlog, buffered total; ARGV: frame, cap.
 local cap = tonumber(ARGV[2])
 local n = redis.call('RPUSH', KEYS[1], ARGV[1])

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- KEYS: backlog, buffered total. Returns the frames.
 local items = redis.call('LRANGE', KEYS[1], 0, -1)
 local size = 0

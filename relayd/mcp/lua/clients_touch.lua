@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- KEYS: the client records (mcp:cl:<id>); ARGV[1]: idle ms. One flag per key: still there.
 local out = {}
 for i = 1, #KEYS do

@@ -1,3 +1,4 @@
+#!lua
 -- KEYS: correlations, correlation order; ARGV: request-id key, value, cap.
 local c, co, cap = KEYS[1], KEYS[2], tonumber(ARGV[3])
 redis.call('HSET', c, ARGV[1], ARGV[2])

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- KEYS: inbound and outbound subscriber hashes, inbound and outbound backlogs, correlations,
 -- correlation order, pollers index, buffered total, then a queue and its counters per subscriber
 -- the caller saw; ARGV: the session, then one '<direction>/<id>' per such queue, in the same order.

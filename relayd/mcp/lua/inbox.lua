@@ -1,3 +1,4 @@
+#!lua
 -- A frame posted to a session, in one round trip: authenticate and touch the session, then (for a
 -- request) look up whether its id is taken and, when the poster is labelled and it is not,
 -- record who asked; then read the subscribers of the frame's direction.

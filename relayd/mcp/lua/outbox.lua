@@ -1,3 +1,4 @@
+#!lua
 -- A frame the page posts, in one round trip: authenticate and touch the session, then (for a
 -- response) consume the correlation of its id, then read both directions' subscribers.
 -- KEYS: session hash, sessions index, correlations, correlation order, inbound and outbound

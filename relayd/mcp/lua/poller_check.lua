@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- KEYS: pollers index, the poller's subscriber hash; ARGV: pollers member, id, stale ms.
 -- An idle poller's record when it is not parked (or parked for longer than any poll lasts);
 -- false otherwise. A member whose record is gone leaves the index.

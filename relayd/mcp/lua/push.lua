@@ -1,3 +1,4 @@
+#!lua
 -- KEYS: queue, its counters, buffered total; ARGV: frame, max frames, max bytes.
 -- Returns how many of the oldest frames were dropped to keep the queue within its bounds.
 local q, m = KEYS[1], KEYS[2]

@@ -1,3 +1,4 @@
+#!lua
 -- KEYS: queue, its counters, buffered total; ARGV: frames, in order, to go back to the head.
 for i = #ARGV, 1, -1 do
   redis.call('LPUSH', KEYS[1], ARGV[i])

@@ -1,3 +1,4 @@
+#!lua
 -- KEYS: session hash, sessions index; ARGV: id, presented token hash, now.
 -- The stored and the presented token hashes are compared here (not in constant time): both are
 -- SHA-256 digests, so timing reveals at most how many leading hex digits of two hashes agree,

@@ -1,3 +1,4 @@
+#!lua
 -- KEYS: session hash, sessions index; ARGV: id, now.
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], 't', ARGV[2])

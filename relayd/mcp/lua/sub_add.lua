@@ -1,3 +1,4 @@
+#!lua
 -- KEYS: subscriber hash, arrival counter, pollers index;
 -- ARGV: id, kind, label, has label ('0'/'1'), instance, last seen ms, pollers member.
 local label = ARGV[3]

@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 -- KEYS: inbound and outbound subscriber hashes; ARGV: id. Returns direction, record pairs.
 local out = {}
 local v = redis.call('HGET', KEYS[1], ARGV[1])

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- KEYS: subscriber hash, its queue, its queue's counters, pollers index, buffered total;
 -- ARGV: id, pollers member. Returns the removed record or false.
 local v = redis.call('HGET', KEYS[1], ARGV[1])

@@ -1,3 +1,4 @@
+#!lua
 -- KEYS: subscriber hash, pollers index; ARGV: id, last seen ms or '', parked delta, pollers member.
 local v = redis.call('HGET', KEYS[1], ARGV[1])
 if not v then return 0 end

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- KEYS: queue, its counters, buffered total. Returns {frames, dropped since the last take}.
 local items = redis.call('LRANGE', KEYS[1], 0, -1)
 local dropped = redis.call('HGET', KEYS[2], 'd')
