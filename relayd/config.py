@@ -117,6 +117,7 @@ def resolve(
 
 
 def _parse(s: Setting, raw: Any, origin: str) -> Any:
+    _refuse_undecodable(raw, origin)
     if s.switch:
         return _parse_switch(raw, origin)
     try:
@@ -126,6 +127,17 @@ def _parse(s: Setting, raw: Any, origin: str) -> Any:
     except ValueError as e:
         shown = "" if s.secret else f" {raw!r}"
         raise ConfigError(f"{origin}:{shown} {e}") from None
+
+
+def _refuse_undecodable(raw: Any, origin: str) -> None:
+    """Refuse a value that is not UTF-8 text: Python hands undecodable argv and environment bytes
+    over as lone surrogates, which would only fail later, with a traceback, where a wing encodes it."""
+    for item in raw if isinstance(raw, list) else [raw]:
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ConfigError(f"{origin}: must be UTF-8 text (the value holds bytes that are not)") from None
 
 
 def _override_warning(s: Setting, raw: Any, value: Any, env_name: str, env_value: str) -> str | None:

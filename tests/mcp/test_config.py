@@ -139,6 +139,22 @@ class CommandLine(unittest.TestCase):
         exit2 = self.assertRaises(SystemExit, tap.makeService, options, reactor)
         assert exit2.code == 2
 
+    @cases(
+        prefix_flag=({}, ["--mcp-prefix", "/\udcff"], "--mcp-prefix"),
+        prefix_env=({"RELAYD_MCP_PREFIX": "/relay\udcfe"}, [], "RELAYD_MCP_PREFIX"),
+        node_prefix_env=({"PREFIX": "/\udcc3"}, [], "PREFIX"),
+        host_env=({"HOST": "\udcff"}, [], "HOST"),
+        cors_flag=({}, ["--mcp-cors", "https://\udce9.example"], "--mcp-cors"),
+    )
+    def test_non_utf8_setting_exits_2_naming_it(self, environ: dict[str, str], argv: list[str], named: str) -> None:
+        # Undecodable argv or environment bytes reach Python as lone surrogates; refused at start with
+        # one line instead of a UnicodeEncodeError traceback where the wing encodes the value.
+        err = io.StringIO()
+        self.patch(sys, "stderr", err)
+        exit_ = self.assertRaises(SystemExit, tap.Options(environ=environ).parseOptions, argv)
+        assert exit_.code == 2
+        assert err.getvalue() == f"relayd: error: {named}: must be UTF-8 text (the value holds bytes that are not)\n"
+
     def test_no_mcp_switch(self) -> None:
         assert make_service(settings({"no-mcp": True}), reactor, Timekeeper(reactor)) is None
 
