@@ -226,6 +226,22 @@ class ReplyRouting(TunnelCase):
         assert alice.messages() == [{"jsonrpc": "2.0", "id": 1, "result": {"for": "alice"}}]
         assert bob.messages() == [{"jsonrpc": "2.0", "id": 1, "result": {"for": "bob"}}]
 
+    def test_decision6_unlabelled_request_colliding_with_a_labelled_one_is_rewritten(self) -> None:
+        """An unlabelled agent reusing the id of alice's pending request: the page sees two ids, and
+        the answer to the unlabelled request can never be taken for alice's."""
+        tunnel, _, _ = make_tunnel()
+        page = self.open_sse(tunnel, INBOUND)
+        alice = self.open_sse(tunnel, label="alice")
+        self.successResultOf(tunnel.inbox(SESSION, TOKEN, req(1), "alice"))
+        self.successResultOf(tunnel.inbox(SESSION, TOKEN, req(1)))
+        seen = [m["id"] for m in page.messages() if "id" in m]  # not the peer_joined notification
+        assert seen[0] == 1 and seen[1] != 1, seen
+        # The page answers the unlabelled request first: it is not alice's, so it reaches nobody
+        # (a labelled reader exists); alice then gets her own answer.
+        self.successResultOf(tunnel.outbox(SESSION, TOKEN, res(seen[1], {"for": "anonymous"})))
+        self.successResultOf(tunnel.outbox(SESSION, TOKEN, res(seen[0], {"for": "alice"})))
+        assert alice.messages() == [{"jsonrpc": "2.0", "id": 1, "result": {"for": "alice"}}]
+
     def test_decision6_empty_client_label_counts_as_none(self) -> None:
         tunnel, _, _ = make_tunnel()
         anon = self.open_sse(tunnel, label=None)
