@@ -380,6 +380,11 @@ class RedisStore:
         keys = list(self._correlation_keys(session_id))
         return self._run("correlation_record", keys, key, _correlation_value(correlation), cap).addCallback(_none)
 
+    def claim_correlation(self, session_id: str, key: bytes, correlation: Correlation, cap: int) -> Deferred[bool]:
+        keys = list(self._correlation_keys(session_id))
+        d = self._run("correlation_record", keys, key, _correlation_value(correlation), cap, "claim")
+        return d.addCallback(lambda n: int(n) == 1)
+
     def correlation_pending(self, session_id: str, key: bytes) -> Deferred[bool]:
         d = self.redis.execute(STORE, "HEXISTS", self._correlation_keys(session_id)[0], key)
         return d.addCallback(lambda n: int(n) == 1)

@@ -198,6 +198,10 @@ class ICorrelations(Interface):
     def record_correlation(session_id: str, key: bytes, correlation: Correlation, cap: int) -> Deferred[None]:
         """Record a pending request under its id key, evicting the oldest beyond C{cap}."""
 
+    def claim_correlation(session_id: str, key: bytes, correlation: Correlation, cap: int) -> Deferred[bool]:
+        """L{record_correlation} only when no request with this id key is pending, in one step (two
+        instances never both take one id); whether it was recorded."""
+
     def correlation_pending(session_id: str, key: bytes) -> Deferred[bool]:
         """Whether a request with this id key is pending."""
 
@@ -517,6 +521,12 @@ class MemoryStore:
         while len(pending) > cap:
             pending.popitem(last=False)
         return succeed(None)
+
+    def claim_correlation(self, session_id: str, key: bytes, correlation: Correlation, cap: int) -> Deferred[bool]:
+        if key in self.correlations.get(session_id, ()):
+            return succeed(False)
+        self.record_correlation(session_id, key, correlation, cap)
+        return succeed(True)
 
     def correlation_pending(self, session_id: str, key: bytes) -> Deferred[bool]:
         return succeed(key in self.correlations.get(session_id, ()))

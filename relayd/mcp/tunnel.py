@@ -105,6 +105,8 @@ class TunnelRelay:
         self._sinks: dict[str, Sink] = {}
         self._waiters: dict[str, set[ParkedPoll]] = {}
         self._fresh_ids = count(1)
+        # What makes this process's rewritten ids its own (docs/decisions.md MCP-6).
+        self._id_tag = self.instance or secrets.token_hex(6)
         self._orphans: list[SubscriberRecord] = []
         self._reaper: Any = None
         self.draining = False
@@ -341,20 +343,24 @@ class TunnelRelay:
 
     async def _correlate(self, session_id: str, frame: Frame, label: str | None) -> Frame:
         """A request whose id another pending request holds (docs/decisions.md MCP-6): a fresh id,
-        recorded for a labelled poster with the original to restore on the reply."""
-        key = frame.id_key
-        frame = frame.with_id(await self._fresh_id(session_id))
-        if label is not None:
-            await self.store.record_correlation(
-                session_id, frame.id_key, Correlation(label, key), self.config.correlations_per_session
-            )
-        return frame
+        claimed for a labelled poster with the original to restore on the reply.
 
-    async def _fresh_id(self, session_id: str) -> str:
+        Fresh ids carry this process's tag, so instances sharing a store never make the same one;
+        the claim is one store step, so a client that posted that id itself meanwhile keeps it."""
+        key = frame.id_key
+        store = self.store
+        correlation = None if label is None else Correlation(label, key)
         while True:
-            candidate = f"relayd-{next(self._fresh_ids)}"
-            if not await self.store.correlation_pending(session_id, _dumps(candidate)):
-                return candidate
+            fresh = f"relayd-{self._id_tag}-{next(self._fresh_ids)}"
+            fresh_key = _dumps(fresh)
+            if correlation is None:
+                free = not await store.correlation_pending(session_id, fresh_key)
+            else:
+                free = await store.claim_correlation(
+                    session_id, fresh_key, correlation, self.config.correlations_per_session
+                )
+            if free:
+                return frame.with_id(fresh)
 
     async def _outbox(self, session_id: str, token: str, body: bytes) -> None:
         if not session_id or not token:

@@ -161,6 +161,18 @@ class McpStoreContract:
         self.assertEqual(await store.consume_correlation("sess", b"3"), Correlation("erin", b'"x"'))
         self.assertIsNone(await store.consume_correlation("other", b"3"))
 
+    async def test_a_claimed_correlation_is_recorded_only_when_its_id_is_free(self) -> None:
+        store = await self.make()
+        await store.record_correlation("sess", b"1", Correlation("alice"), 10)
+        self.assertFalse(await store.claim_correlation("sess", b"1", Correlation("bob", b"1"), 10))
+        self.assertTrue(await store.claim_correlation("sess", b'"r-1"', Correlation("bob", b"1"), 10))
+        self.assertFalse(await store.claim_correlation("sess", b'"r-1"', Correlation("carol", b"1"), 10))
+        self.assertEqual(await store.consume_correlation("sess", b"1"), Correlation("alice"))
+        self.assertEqual(await store.consume_correlation("sess", b'"r-1"'), Correlation("bob", b"1"))
+        for n in range(3):  # claims count against the cap like any pending request
+            self.assertTrue(await store.claim_correlation("sess", b"%d" % n, Correlation("dave"), 2))
+        self.assertFalse(await store.correlation_pending("sess", b"0"))
+
     async def test_drop_session_state_removes_everything_of_one_session(self) -> None:
         store = await self.make()
         await store.add_subscriber(sub("a" * 16))
