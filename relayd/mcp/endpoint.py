@@ -27,6 +27,7 @@ from relayd.mcp import standard
 from relayd.mcp.frames import Frame
 from relayd.mcp.jsontext import _dumps, loads_json
 from relayd.mcp.store import OUTBOUND, ClientRecord, SubscriberRecord
+from relayd.mcp.tokens import label_tag, relay_label
 from relayd.mcp.tunnel import Refused, TunnelRelay
 from relayd.storage import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param
@@ -246,7 +247,7 @@ class Client:
         self.id = client_id or secrets.token_urlsafe(24)  # 192 random bits
         self.session = session
         self.token = token
-        self.label = attach.label if attach is not None else "mcp-" + secrets.token_hex(8)
+        self.label = attach.label if attach is not None else relay_label()
         # Created here (it announced presence and owns the shared record), or attached to a client
         # session another instance created (--redis: the client's requests may land anywhere).
         self.origin = attach is None
@@ -310,8 +311,8 @@ class Client:
             params = item.get("params")
             split = standard.split_token(params.get("progressToken") if isinstance(params, dict) else None)
             if split is not None:
-                label, original = split
-                if label != self.label:
+                tag, original = split
+                if tag != label_tag(self.label):
                     return  # another client's progress
                 restored = _dumps(standard.restore_progress(item, original))
                 pending = self.progress.get(_dumps(original)) if self.progress else None
@@ -766,7 +767,7 @@ class Endpoint:
         pending = _Pending(client, key, None if client.legacy else request, sse_ok)
         token = standard.progress_token(message)
         if token is not None:
-            message = standard.with_progress_token(message, client.label)
+            message = standard.with_progress_token(message, label_tag(client.label))
             pending.progress = _dumps(token)
             if client.progress is None:
                 client.progress = {}

@@ -20,6 +20,7 @@ from relayd.mcp.jsontext import loads_json
 from relayd.mcp.polls import PollResult, parse_wait_ms
 from relayd.mcp.store import INBOUND, OUTBOUND, SubscriberRecord
 from relayd.mcp.streams import StreamHandle
+from relayd.mcp.tokens import chosen_label
 from relayd.mcp.tunnel import Refused, TunnelRelay
 from relayd.storage import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param
@@ -121,7 +122,8 @@ def _wait(request: Request) -> str | None:
 
 
 def _label(request: Request) -> str | None:
-    return query_param(request, "client") or None  # docs/decisions.md MCP-6: client= counts as no label
+    # docs/decisions.md MCP-6: client= counts as no label, as does a name of the relay's own labels.
+    return chosen_label(query_param(request, "client"))
 
 
 def _shed(request: Request) -> None:
