@@ -84,14 +84,15 @@ class McpService(HTTPWingService):
         yield self.tunnel.bus.stop()
 
 
-def _shared_state(plumbing: Plumbing) -> tuple[IMcpStore, IMcpBus]:
-    """Redis store and bus with C{--redis} (instances share sessions, queues and streams), else memory."""
+def _shared_state(plumbing: Plumbing, ttl_ms: float) -> tuple[IMcpStore, IMcpBus]:
+    """Redis store and bus with C{--redis} (instances share sessions, queues and streams), else memory;
+    C{ttl_ms}, the session TTL, bounds how long Redis keeps what it counts per client address."""
     redis = plumbing.redis
     if redis is None:
         return MemoryStore(), LocalBus()
     prefix = plumbing.redis_prefix
     _log.info("MCP relay state in Redis at {url} (prefix {prefix})", url=str(redis.url), prefix=prefix)
-    return RedisStore(redis, prefix), RedisMcpBus(redis, prefix)
+    return RedisStore(redis, prefix, ttl_ms), RedisMcpBus(redis, prefix)
 
 
 # What relayd's logs know of this wing: records logged under relayd.mcp are the "mcp" relay's.
@@ -115,11 +116,12 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> McpService | None:
         reap_interval_ms=mcp.reap_interval_ms,
         poll_idle_ms=mcp.poll_idle_ms,
         max_sessions=mcp.max_sessions,
+        sessions_per_address=mcp.max_sessions_per_address,
         queue_max_frames=mcp.queue_frames,
         queue_max_bytes=mcp.queue_bytes,
         max_buffered_bytes=mcp.max_buffered_bytes,
     )
-    store, bus = _shared_state(plumbing)
+    store, bus = _shared_state(plumbing, config.ttl_ms)
     tunnel = TunnelRelay(store, clock, config, bus)
     hub = SSEHub(clock, KEEPALIVE_INTERVAL, KEEPALIVE)
     endpoint = Endpoint(
@@ -131,6 +133,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> McpService | None:
         EndpointConfig(
             request_timeout_ms=mcp.request_timeout_ms,
             client_idle_ms=mcp.client_idle_ms,
+            clients_per_address=mcp.max_clients_per_address,
             pending_per_session=config.correlations_per_session,
             stream_max_bytes=config.queue_max_bytes,
         ),

@@ -72,6 +72,8 @@ class TunnelConfig:
     reap_interval_ms: float = 60_000
     poll_idle_ms: float = 60_000
     max_sessions: int = 10_000
+    # Sessions one client address may have registered (0: no bound); --mcp-max-sessions-per-address.
+    sessions_per_address: int = 1000
     queue_max_frames: int = 1000
     queue_max_bytes: int = 8 * 1024 * 1024
     backlog_frames: int = 64
@@ -140,9 +142,10 @@ class TunnelRelay:
 
     # public operations -------------------------------------------------------------------------
 
-    def register(self, session_id: str, token: str) -> Deferred[None]:
-        """Create a session, or refresh it when the token matches (idempotent)."""
-        return run(self._register(session_id, token))
+    def register(self, session_id: str, token: str, owner: str = "") -> Deferred[None]:
+        """Create a session, or refresh it when the token matches (idempotent); C{owner}: the client
+        address registering it (C{""}: none to bound)."""
+        return run(self._register(session_id, token, owner))
 
     def check(self, session_id: str, token: str) -> Deferred[str | None]:
         """C{None} for a live session and good token (sliding the TTL), else the reason."""
@@ -279,7 +282,7 @@ class TunnelRelay:
     def _reap_tick(self) -> None:
         self.reap().addErrback(self._log_failure, "MCP reaper pass failed")
 
-    async def _register(self, session_id: str, token: str) -> None:
+    async def _register(self, session_id: str, token: str, owner: str) -> None:
         if not SESSION_ID.fullmatch(session_id):
             raise Refused("invalid_session_id")
         if not TOKEN_MIN <= utf16_length(token) <= TOKEN_MAX:
@@ -292,9 +295,19 @@ class TunnelRelay:
                 raise Refused("session_taken")
             await self.store.touch_session(session_id, now)
             return
-        if await self.store.session_count() >= self.config.max_sessions:
+        if owner and self.config.sessions_per_address:
+            await self._room_for_a_session(owner, self.config.sessions_per_address)
+        await self._room_for_a_session(None, self.config.max_sessions)
+        await self.store.put_session(SessionRecord(session_id, digest, now, owner))
+
+    async def _room_for_a_session(self, owner: str | None, cap: int) -> None:
+        """Under C{cap} sessions (C{owner}'s, or all): end the least recently seen sessions without
+        readers that stand in the way, or refuse when too few of them can end."""
+        excess, unread = await self.store.session_room(owner, cap)
+        if excess > len(unread):
             raise Refused("too_many_sessions")
-        await self.store.put_session(SessionRecord(session_id, digest, now))
+        for session_id in unread:
+            await self._end_session(session_id)
 
     async def _check(self, session_id: str, token: str) -> str | None:
         if not session_id or not token:

@@ -36,6 +36,14 @@ class Settings(unittest.TestCase):
         assert s["mcp-max-sessions"] == 10_000 and s["mcp-poll-idle-ms"] == 60_000 and s["no-mcp"] is False
         assert s.warnings == []
 
+    def test_per_address_bounds_default_to_1000_and_0_turns_them_off(self) -> None:
+        s = settings()
+        assert (s["mcp-max-sessions-per-address"], s["mcp-max-clients-per-address"]) == (1000, 1000)
+        off = settings(env={"RELAYD_MCP_MAX_SESSIONS_PER_ADDRESS": "0", "RELAYD_MCP_MAX_CLIENTS_PER_ADDRESS": "0"})
+        assert (off["mcp-max-sessions-per-address"], off["mcp-max-clients-per-address"]) == (0, 0)
+        with self.assertRaisesRegex(ConfigError, "^--mcp-max-clients-per-address: '-1' "):
+            settings({"mcp-max-clients-per-address": "-1"})
+
     def test_a2_cors_flag_list(self) -> None:
         s = settings({"mcp-cors": ["https://a.example,https://b.example"]})
         assert cors_policy(s).origins == ("https://a.example", "https://b.example")
