@@ -392,7 +392,7 @@ def run_step(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
         wait_for: tuple[str, ...] = ("aep",)
     else:
         options = ("--no-aep", "--mcp-listen", "tcp:0:interface=127.0.0.1:backlog=4096",
-                   "--mcp-max-sessions", str(n + 100))
+                   "--mcp-max-sessions", str(n + 100), "--mcp-max-sessions-per-address", "0")  # all from loopback
         wait_for = ("mcp",)
     options += tuple(args.relayd)
     prefix = ""

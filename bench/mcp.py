@@ -563,6 +563,8 @@ def main() -> None:
     for scenario in args.scenarios:
         redis = RedisProcess() if args.redis else None
         options = (["--no-access-log"] if args.no_access_log else []) + ["--mcp-max-sessions", str(max(args.idle, args.sessions) + 10)]
+        # Every client is on loopback: one address, which the per-address bounds would hold to 1000.
+        options += ["--mcp-max-sessions-per-address", "0", "--mcp-max-clients-per-address", "0"]
         if redis is not None:
             options += ["--redis", redis.url]
         servers = [Server(*options) for _ in range(args.instances)]

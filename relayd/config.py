@@ -121,12 +121,10 @@ def resolve(
 
 
 def _parse(s: Setting, raw: Any, origin: str) -> Any:
+    _refuse_undecodable(raw, origin)
     if s.switch:
         return _parse_switch(raw, origin)
     try:
-        if s.secret:
-            for item in raw if s.repeatable else [raw]:
-                _utf8_text(item)
         if s.repeatable:
             return [s.parse(item) for item in raw]
         return s.parse(raw)
@@ -135,14 +133,15 @@ def _parse(s: Setting, raw: Any, origin: str) -> Any:
         raise ConfigError(f"{origin}:{shown} {e}") from None
 
 
-def _utf8_text(text: str) -> None:
-    """Refuse a value that is not UTF-8 text: the environment and the command line hand bytes that
-    are not UTF-8 on as surrogates, and a secret is compared as UTF-8 bytes (a token presented for
-    it would otherwise fail every request instead of the start)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("is not valid UTF-8: give the value as UTF-8 text") from None
+def _refuse_undecodable(raw: Any, origin: str) -> None:
+    """Refuse a value that is not UTF-8 text: Python hands undecodable argv and environment bytes
+    over as lone surrogates, which would only fail later, with a traceback, where a wing encodes it."""
+    for item in raw if isinstance(raw, list) else [raw]:
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ConfigError(f"{origin}: must be UTF-8 text (the value holds bytes that are not)") from None
 
 
 def _override_warning(s: Setting, raw: Any, value: Any, env_name: str, env_value: str) -> str | None:

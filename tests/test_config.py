@@ -51,7 +51,7 @@ class ConfigTests(TestCase):
             for flags, environ, origin in (({setting.name: value}, {}, f"--{setting.name}"), ({}, {setting.env[0]: value}, setting.env[0])):
                 with self.assertRaises(ConfigError) as refused:
                     resolve([setting], flags, environ)
-                self.assertEqual(str(refused.exception), f"{origin}: is not valid UTF-8: give the value as UTF-8 text")
+                self.assertEqual(str(refused.exception), f"{origin}: must be UTF-8 text (the value holds bytes that are not)")
             self.assertEqual(resolve([setting], {setting.name: value.replace("\udcff", "\u00ff")}, {}).sources[setting.name],
                              f"--{setting.name}")  # the same text as UTF-8 is a value
 

@@ -218,6 +218,9 @@ class DeclaredKeys(Watched):
         await store.idle_pollers(1e9)
         await store.remove_subscriber(SESSION, INBOUND, "sub1")
         await store.add_subscriber(sse)
+        await store.put_session(SessionRecord("owned", "h" * 64, 1.0, "192.0.2.1"))
+        await store.session_room("192.0.2.1", 1)
+        await store.claim_correlation(SESSION, b"3", Correlation("l1", b"7"), 10)
         await store.drop_session_state(SESSION)
         await store.delete_session(SESSION)
 

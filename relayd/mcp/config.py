@@ -125,9 +125,20 @@ SETTINGS: list[Setting] = [
     Setting(
         "mcp-max-sessions",
         10_000,
-        "Most MCP sessions at once; a register beyond answers 503",
+        "Most MCP sessions at once; at the bound the least recently seen session without readers "
+        "ends, or (every session has one) the register answers 503",
         parse=positive_int,
         env=("RELAYD_MCP_MAX_SESSIONS",),
+        metavar="N",
+    ),
+    Setting(
+        "mcp-max-sessions-per-address",
+        1000,
+        "Most MCP sessions registered from one client address (with --trust-forwarded-for, the "
+        "forwarded one); beyond it the address's oldest session without readers ends, or the "
+        "register answers 503 (0: no per-address bound)",
+        parse=non_negative_int,
+        env=("RELAYD_MCP_MAX_SESSIONS_PER_ADDRESS",),
         metavar="N",
     ),
     Setting(
@@ -194,6 +205,16 @@ SETTINGS += [
         metavar="MS",
     ),
     Setting(
+        "mcp-max-clients-per-address",
+        1000,
+        "Standard MCP endpoint: most client sessions one client address holds on this process; beyond "
+        "it the address's least recently used idle client session ends, or the initialize answers "
+        "503 (0: no per-address bound)",
+        parse=non_negative_int,
+        env=("RELAYD_MCP_MAX_CLIENTS_PER_ADDRESS",),
+        metavar="N",
+    ),
+    Setting(
         "mcp-demo",
         False,
         "Serve the demo page at {prefix}/demo even on non-loopback listeners",
@@ -248,6 +269,7 @@ class MCPConfig:
     cors: OriginPolicy
     cors_source: str
     max_sessions: int
+    max_sessions_per_address: int
     poll_idle_ms: int
     reap_interval_ms: int
     queue_frames: int
@@ -255,6 +277,7 @@ class MCPConfig:
     max_buffered_bytes: int
     request_timeout_ms: int
     client_idle_ms: int
+    max_clients_per_address: int
     demo: bool
 
     @classmethod
@@ -273,6 +296,7 @@ class MCPConfig:
             cors=cors_policy(settings),
             cors_source=settings.sources.get("mcp-cors", "default"),
             max_sessions=settings["mcp-max-sessions"],
+            max_sessions_per_address=settings["mcp-max-sessions-per-address"],
             poll_idle_ms=settings["mcp-poll-idle-ms"],
             reap_interval_ms=settings["mcp-reap-interval-ms"],
             queue_frames=settings["mcp-queue-frames"],
@@ -280,6 +304,7 @@ class MCPConfig:
             max_buffered_bytes=settings["mcp-max-buffered-bytes"],
             request_timeout_ms=settings["mcp-request-timeout"],
             client_idle_ms=settings["mcp-client-idle-ms"],
+            max_clients_per_address=settings["mcp-max-clients-per-address"],
             demo=settings["mcp-demo"]
             or (not settings["no-mcp-demo"] and all(is_loopback_endpoint(d) for d in listen)),
         )

@@ -12,6 +12,7 @@ in L{relayd.mcp.standard}; this module is the transport.
 from __future__ import annotations
 
 import secrets
+import sys
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,12 +28,14 @@ from relayd.mcp import standard
 from relayd.mcp.frames import Frame
 from relayd.mcp.jsontext import _dumps, loads_json
 from relayd.mcp.store import OUTBOUND, ClientRecord, SubscriberRecord
+from relayd.mcp.tokens import label_tag, relay_label
 from relayd.mcp.tunnel import Refused, TunnelRelay
 from relayd.storage import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param
 from relayd.web.body import read_body
 from relayd.web.cors import OriginPolicy
 from relayd.web.routes import TAKEN, Answer, Handler, Refusals, Result, finish, gone, json_answer
+from relayd.web.site import RelaySite
 from relayd.web.sse import SSEHub, SSEStream
 
 _SSE_HEADERS = [
@@ -125,6 +128,9 @@ class EndpointConfig:
     client_idle_ms: float = 1_800_000
     max_clients: int = 10_000
     clients_per_session: int = 64
+    # Client sessions one client address holds on this process (0: no bound); at this bound and at
+    # max_clients, idle ones (no pending request, no open stream) end first, least recently used first.
+    clients_per_address: int = 1000
     pending_per_client: int = 64
     pending_per_session: int = 1000
     event_buffer_frames: int = 64
@@ -234,6 +240,7 @@ class Client:
     __slots__ = (
         "endpoint", "id", "session", "token", "label", "record", "legacy", "stateless", "pending",
         "progress", "stream", "events", "events_bytes", "next_event", "delivered", "last_used", "ended", "origin",
+        "address",
     )
 
     def __init__(
@@ -245,12 +252,14 @@ class Client:
         stateless: bool = False,
         attach: ClientRecord | None = None,
         client_id: str | None = None,
+        address: str = "",
     ) -> None:
         self.endpoint = endpoint
+        self.address = address  # the client address that made or attached it (its per-address count)
         self.id = client_id or secrets.token_urlsafe(24)  # 192 random bits
         self.session = session
         self.token = token
-        self.label = attach.label if attach is not None else "mcp-" + secrets.token_hex(8)
+        self.label = attach.label if attach is not None else relay_label()
         # Created here (it announced presence and owns the shared record), or attached to a client
         # session another instance created (--redis: the client's requests may land anywhere).
         self.origin = attach is None
@@ -280,6 +289,11 @@ class Client:
         if pending is not None and not self.pending:
             self.pending = _NO_PENDING
         return pending
+
+    def idle(self) -> bool:
+        """Nothing in flight and no stream open: ending it now loses the client nothing it waits for."""
+        stream = self.stream
+        return not (self.pending or self.stateless or self.ended or (stream is not None and not stream.closed))
 
     def session_header(self) -> list[tuple[bytes, bytes]]:
         if self.legacy or self.stateless:
@@ -314,8 +328,8 @@ class Client:
             params = item.get("params")
             split = standard.split_token(params.get("progressToken") if isinstance(params, dict) else None)
             if split is not None:
-                label, original = split
-                if label != self.label:
+                tag, original = split
+                if tag != label_tag(self.label):
                     return  # another client's progress
                 restored = _dumps(standard.restore_progress(item, original))
                 pending = self.progress.get(_dumps(original)) if self.progress else None
@@ -423,6 +437,21 @@ class Client:
             stream.close()
 
 
+def _count_out(counts: dict[str, int], key: str) -> None:
+    left = counts.get(key, 1) - 1
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
+
+
+def client_address(request: Request) -> str:
+    """The client's address as the relay's site reads it (with --trust-forwarded-for, the forwarded
+    one), what the per-address bounds count; C{""} when unknown (the connection is gone)."""
+    site = getattr(request.channel, "site", None)
+    return site.client_address(request) if isinstance(site, RelaySite) else ""
+
+
 def _request_token(request: Request) -> str:
     return bearer_token(request) or query_param(request, "token") or ""
 
@@ -455,6 +484,8 @@ class Endpoint:
         self.config = config or EndpointConfig()
         self.clients: dict[str, Client] = {}
         self.per_session: dict[str, int] = {}
+        # Client sessions per client address (--mcp-max-clients-per-address).
+        self.per_address: dict[str, int] = {}
         self.pending_per_session: dict[str, int] = {}
         self._reaper: Any = None
         # Event ids are "<tag>-<n>": a Last-Event-ID from another instance's numbering is not ours.
@@ -525,11 +556,9 @@ class Endpoint:
 
     def forget(self, client: Client) -> None:
         if self.clients.pop(client.id, None) is not None:
-            left = self.per_session.get(client.session, 1) - 1
-            if left > 0:
-                self.per_session[client.session] = left
-            else:
-                self.per_session.pop(client.session, None)
+            _count_out(self.per_session, client.session)
+            if client.address:
+                _count_out(self.per_address, client.address)
 
     # routes ------------------------------------------------------------------------------------
 
@@ -681,13 +710,37 @@ class Endpoint:
 
     def _new_client(self, request: Request, session: str, token: str, **kind: Any) -> Client | None:
         config = self.config
-        if len(self.clients) >= config.max_clients or self.per_session.get(session, 0) >= config.clients_per_session:
+        address = client_address(request)
+        if self.per_session.get(session, 0) >= config.clients_per_session or not self._room_for_a_client(address):
             finish(request, TOO_MANY_CLIENTS)
             return None
-        client = Client(self, session, token, **kind)
+        if address:
+            address = sys.intern(address)  # one string per address, however many client sessions
+            self.per_address[address] = self.per_address.get(address, 0) + 1
+        client = Client(self, session, token, address=address, **kind)
         self.clients[client.id] = client
         self.per_session[session] = self.per_session.get(session, 0) + 1
         return client
+
+    def _room_for_a_client(self, address: str) -> bool:
+        """Under the per-address and the per-process bound: end the least recently used idle client
+        sessions that stand in the way; C{False} when too few of them are idle."""
+        config = self.config
+        bounds: list[tuple[int, int, str | None]] = [(config.max_clients, len(self.clients), None)]
+        if address and config.clients_per_address:
+            bounds.insert(0, (config.clients_per_address, self.per_address.get(address, 0), address))
+        for cap, count, of_address in bounds:
+            excess = count - cap + 1
+            if excess <= 0:
+                continue
+            # A scan of every client session, only while a bound is reached.
+            idle = [c for c in self.clients.values() if c.idle() and (of_address is None or c.address == of_address)]
+            if len(idle) < excess:
+                return False
+            idle.sort(key=lambda c: c.last_used)
+            for client in idle[:excess]:
+                client.close()
+        return True
 
     def _open(self, request: Request, client: Client, then: Any) -> None:
         """Subscribe the client's label to the page's frames, then go on."""
@@ -770,7 +823,7 @@ class Endpoint:
         pending = _Pending(client, key, None if client.legacy else request, sse_ok)
         token = standard.progress_token(message)
         if token is not None:
-            message = standard.with_progress_token(message, client.label)
+            message = standard.with_progress_token(message, label_tag(client.label))
             pending.progress = _dumps(token)
             if client.progress is None:
                 client.progress = {}

@@ -15,11 +15,12 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
-from relayd.mcp.endpoint import Endpoint
+from relayd.mcp.endpoint import Endpoint, client_address
 from relayd.mcp.jsontext import _dumps, loads_json
 from relayd.mcp.polls import PollResult, parse_wait_ms
 from relayd.mcp.store import INBOUND, OUTBOUND, SubscriberRecord
 from relayd.mcp.streams import StreamHandle
+from relayd.mcp.tokens import chosen_label
 from relayd.mcp.tunnel import Refused, TunnelRelay
 from relayd.storage import StoreUnavailable
 from relayd.web.auth import bearer_token, query_param
@@ -121,7 +122,8 @@ def _wait(request: Request) -> str | None:
 
 
 def _label(request: Request) -> str | None:
-    return query_param(request, "client") or None  # docs/decisions.md MCP-6: client= counts as no label
+    # docs/decisions.md MCP-6: client= counts as no label, as does a name of the relay's own labels.
+    return chosen_label(query_param(request, "client"))
 
 
 def _shed(request: Request) -> None:
@@ -297,7 +299,7 @@ class McpResource(RoutedResource):
         token = body.get("token") if isinstance(body, dict) else None
         if not isinstance(session, str) or not isinstance(token, str):
             return json_answer(400, b'{"error":"missing_fields"}')
-        return self.tunnel.register(session, token).addCallback(lambda _: OK)
+        return self.tunnel.register(session, token, client_address(request)).addCallback(lambda _: OK)
 
     def _inbox(self, request: Request, session: str) -> Deferred[Answer]:
         body = read_body(request)  # read before auth, as the contract orders it

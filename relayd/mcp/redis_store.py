@@ -13,6 +13,9 @@ Redis Cluster hash tag, so that one session's keys share a slot):
 - C{mcp:b:{s}:<direction>}: list, the first-frame backlog.
 - C{mcp:c:{s}}: hash request-id key -> JSON C{[label, original id]}; C{mcp:co:{s}}: sorted set of
   the same keys by insertion within the session (oldest evicted first).
+- C{mcp:own:<client address>}: sorted set of the ids of sessions that address registered (by
+  register time; ended ones are pruned when it is counted), kept twice the session TTL after its
+  last register (C{--mcp-max-sessions-per-address}).
 - C{mcp:cl:<client id>}: JSON C{[session, label, legacy]} of a standard-endpoint client session,
   expiring after the client idle time unless touched.
 - C{mcp:buffered}: bytes of frames in every queue and backlog of the deployment, kept by the same
@@ -55,6 +58,9 @@ STORE = "mcp"
 
 # A parked poll lasts at most 25 s; one parked far longer belongs to an instance that died.
 STALE_PARKED_S = 120.0
+# Sessions looked at beyond those that must end to make room for a register (sessions with readers
+# are skipped): the least recently seen of all, or the first registered from the address.
+_ROOM_LOOKS = 32
 # Looks at a session's subscribers before dropping it gives up (each look sees a new subscriber).
 _DROP_ATTEMPTS = 8
 
@@ -67,7 +73,7 @@ _SCRIPTS = {
         "clients_touch", "session_put", "session_touch", "session_check", "session_delete", "sub_all",
         "sub_add", "sub_update", "sub_remove", "sub_find", "poller_check", "drop_session", "push", "take",
         "put_back", "backlog_append", "backlog_take", "correlation_record", "correlation_consume",
-        "inbox", "outbox",
+        "inbox", "outbox", "session_look",
     )
 }  # fmt: skip
 
@@ -99,9 +105,12 @@ def _text(value: Any) -> str:
 class RedisStore:
     """C{IMcpStore} in Redis (see the module docstring for the layout)."""
 
-    def __init__(self, redis: Redis, prefix: str = "relayd:") -> None:
+    def __init__(self, redis: Redis, prefix: str = "relayd:", ttl_ms: float = 14_400_000) -> None:
         self.redis = redis
         self.prefix = prefix.encode("utf-8")
+        # How long an address's set of sessions outlives its last register: its sessions are gone by then
+        # unless used, and an address that never registers again leaves nothing behind.
+        self._owned_ms = max(1, int(2 * ttl_ms))
         p = self.prefix + b"mcp:"
         self._sessions = p + b"sessions"
         self._pollers = p + b"pollers"
@@ -128,6 +137,9 @@ class RedisStore:
         session, _, rest = key.encode("utf-8").partition(b"/")
         tail = tagged(session) + b"/" + rest
         return self.prefix + b"mcp:q:" + tail, self.prefix + b"mcp:qm:" + tail
+
+    def _owned_key(self, owner: str) -> bytes:
+        return self.prefix + b"mcp:own:" + owner.encode("utf-8")
 
     def _client_key(self, client_id: str) -> bytes:
         return self.prefix + b"mcp:cl:" + client_id.encode("utf-8")
@@ -173,7 +185,11 @@ class RedisStore:
 
     def put_session(self, record: SessionRecord) -> Deferred[None]:
         keys = [self._session_key(record.id), self._sessions]
-        return self._run("session_put", keys, record.id, record.token_hash, repr(record.last_seen)).addCallback(_none)
+        args: list[Any] = [record.id, record.token_hash, repr(record.last_seen)]
+        if record.owner:
+            keys.append(self._owned_key(record.owner))
+            args.append(self._owned_ms)
+        return self._run("session_put", keys, *args).addCallback(_none)
 
     def touch_session(self, session_id: str, now: float) -> Deferred[None]:
         keys = [self._session_key(session_id), self._sessions]
@@ -194,6 +210,39 @@ class RedisStore:
 
     def session_count(self) -> Deferred[int]:
         return self.redis.execute(STORE, "ZCARD", self._sessions).addCallback(int)
+
+    def session_room(self, owner: str | None, cap: int) -> Deferred[tuple[int, list[str]]]:
+        return Deferred.fromCoroutine(self._session_room(owner, cap))
+
+    async def _session_room(self, owner: str | None, cap: int) -> tuple[int, list[str]]:
+        index = self._sessions if owner is None else self._owned_key(owner)
+        total = int(await self.redis.execute(STORE, "ZCARD", index))
+        if total < cap:
+            return 0, []  # the common case: one command
+        # At the bound: look at a few more than must end of the first the address registered (ended
+        # ones are pruned) or of the least recently seen of all, never at all of them (one register
+        # is never a thousand Redis calls).
+        stop = total - cap + _ROOM_LOOKS
+        ids = [_text(i) for i in await self.redis.execute(STORE, "ZRANGE", index, 0, stop)]
+        looks = [
+            self._run("session_look", [self._session_key(i), self._sub_key(i, INBOUND), self._sub_key(i, OUTBOUND)])
+            for i in ids
+        ]  # sent at once, answered in order
+        ended, unread = [], []
+        for session_id, look in zip(ids, looks, strict=True):
+            seen, readers = await look
+            if seen is None:
+                ended.append(session_id)
+            elif not int(readers):
+                unread.append((float(seen), session_id))
+        if ended and owner is not None:
+            await self.redis.execute(STORE, "ZREM", index, *ended)
+            total -= len(ended)
+        excess = total - cap + 1
+        if excess <= 0:
+            return 0, []
+        unread.sort()
+        return excess, [session_id for _, session_id in unread[:excess]]
 
     # subscribers
 
@@ -379,6 +428,11 @@ class RedisStore:
     def record_correlation(self, session_id: str, key: bytes, correlation: Correlation, cap: int) -> Deferred[None]:
         keys = list(self._correlation_keys(session_id))
         return self._run("correlation_record", keys, key, _correlation_value(correlation), cap).addCallback(_none)
+
+    def claim_correlation(self, session_id: str, key: bytes, correlation: Correlation, cap: int) -> Deferred[bool]:
+        keys = list(self._correlation_keys(session_id))
+        d = self._run("correlation_record", keys, key, _correlation_value(correlation), cap, "claim")
+        return d.addCallback(lambda n: int(n) == 1)
 
     def correlation_pending(self, session_id: str, key: bytes) -> Deferred[bool]:
         d = self.redis.execute(STORE, "HEXISTS", self._correlation_keys(session_id)[0], key)

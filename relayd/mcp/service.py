@@ -85,7 +85,8 @@ class McpService(HTTPWingService):
 
 
 def _shared_state(plumbing: Plumbing, mcp: MCPConfig) -> tuple[IMcpStore, IMcpBus]:
-    """Redis store and bus with C{--redis} (instances share sessions, queues and streams), else memory."""
+    """Redis store and bus with C{--redis} (instances share sessions, queues and streams), else memory;
+    the session TTL bounds how long Redis keeps what it counts per client address."""
     redis = plumbing.redis
     if redis is None:
         return MemoryStore(), LocalBus()
@@ -96,7 +97,7 @@ def _shared_state(plumbing: Plumbing, mcp: MCPConfig) -> tuple[IMcpStore, IMcpBu
         "mcp-queue-bytes": mcp.queue_bytes, "mcp-max-buffered-bytes": mcp.max_buffered_bytes,
     })  # fmt: skip
     _log.info("MCP relay state in Redis at {url} (prefix {prefix})", url=str(redis.url), prefix=prefix)
-    return RedisStore(redis, prefix), RedisMcpBus(redis, prefix)
+    return RedisStore(redis, prefix, mcp.ttl_ms), RedisMcpBus(redis, prefix)
 
 
 # What relayd's logs know of this wing: records logged under relayd.mcp are the "mcp" relay's.
@@ -120,6 +121,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> McpService | None:
         reap_interval_ms=mcp.reap_interval_ms,
         poll_idle_ms=mcp.poll_idle_ms,
         max_sessions=mcp.max_sessions,
+        sessions_per_address=mcp.max_sessions_per_address,
         queue_max_frames=mcp.queue_frames,
         queue_max_bytes=mcp.queue_bytes,
         max_buffered_bytes=mcp.max_buffered_bytes,
@@ -136,6 +138,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> McpService | None:
         EndpointConfig(
             request_timeout_ms=mcp.request_timeout_ms,
             client_idle_ms=mcp.client_idle_ms,
+            clients_per_address=mcp.max_clients_per_address,
             pending_per_session=config.correlations_per_session,
             stream_max_bytes=config.queue_max_bytes,
         ),

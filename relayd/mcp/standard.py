@@ -33,7 +33,7 @@ REQUEST_TIMEOUT = -32001
 SESSION_ENDED = -32002
 TOO_MANY_PENDING = -32003
 
-# A rewritten progress token: this prefix, the client's label, ":" and the original token's JSON.
+# A rewritten progress token: this prefix, the client's label tag, ":" and the original token's JSON.
 TOKEN_PREFIX = "relayd:"
 
 
@@ -83,13 +83,14 @@ def progress_token(message: dict[str, Any]) -> Any:
     return meta.get("progressToken") if isinstance(meta, dict) else None
 
 
-def with_progress_token(message: dict[str, Any], label: str) -> dict[str, Any]:
-    """A copy whose progress token names the client (unique per client session, restorable)."""
+def with_progress_token(message: dict[str, Any], tag: str) -> dict[str, Any]:
+    """A copy whose progress token carries the client's label tag (L{relayd.mcp.tokens.label_tag}:
+    unique per client session, restorable, and not the label that routes its replies)."""
     token = progress_token(message)
     if token is None:
         return message
     meta = dict(message["params"]["_meta"])
-    meta["progressToken"] = TOKEN_PREFIX + label + ":" + _dumps(token).decode("utf-8")
+    meta["progressToken"] = TOKEN_PREFIX + tag + ":" + _dumps(token).decode("utf-8")
     params = dict(message["params"])
     params["_meta"] = meta
     out = dict(message)
@@ -98,14 +99,14 @@ def with_progress_token(message: dict[str, Any], label: str) -> dict[str, Any]:
 
 
 def split_token(token: Any) -> tuple[str, Any] | None:
-    """(label, original token) of a token made by L{with_progress_token}, else C{None}."""
+    """(label tag, original token) of a token made by L{with_progress_token}, else C{None}."""
     if not isinstance(token, str) or not token.startswith(TOKEN_PREFIX):
         return None
-    label, sep, original = token[len(TOKEN_PREFIX) :].partition(":")
+    tag, sep, original = token[len(TOKEN_PREFIX) :].partition(":")
     if not sep:
         return None
     try:
-        return label, loads_json(original.encode("utf-8"))
+        return tag, loads_json(original.encode("utf-8"))
     except ValueError:
         return None
 

@@ -32,11 +32,13 @@ POLL = "poll"
 
 @dataclass(slots=True)
 class SessionRecord:
-    """A registered session: its id, the SHA-256 hex of its token, and when it was last touched (s)."""
+    """A registered session: its id, the SHA-256 hex of its token, when it was last touched (s), and
+    the client address that registered it (C{""}: not known)."""
 
     id: str
     token_hash: str
     last_seen: float
+    owner: str = ""
 
 
 class SubscriberRecord:
@@ -128,6 +130,14 @@ class ISessionStore(Interface):
     def session_count() -> Deferred[int]:
         """How many sessions exist."""
 
+    def session_room(owner: str | None, cap: int) -> Deferred[tuple[int, list[str]]]:
+        """What one more session needs under C{cap} sessions (C{owner} given: registered from that
+        client address): how many must end first (0: there is room), and the ids of up to that many
+        sessions without readers, least recently seen first (fewer: not enough can end).
+
+        An implementation may look only at a few of them: the least recently seen of all
+        (C{owner=None}), the first registered from the address."""
+
 
 class ISubscriberStore(Interface):
     """Subscriber records, per session and direction."""
@@ -197,6 +207,10 @@ class ICorrelations(Interface):
 
     def record_correlation(session_id: str, key: bytes, correlation: Correlation, cap: int) -> Deferred[None]:
         """Record a pending request under its id key, evicting the oldest beyond C{cap}."""
+
+    def claim_correlation(session_id: str, key: bytes, correlation: Correlation, cap: int) -> Deferred[bool]:
+        """L{record_correlation} only when no request with this id key is pending, in one step (two
+        instances never both take one id); whether it was recorded."""
 
     def correlation_pending(session_id: str, key: bytes) -> Deferred[bool]:
         """Whether a request with this id key is pending."""
@@ -302,6 +316,8 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self.sessions: dict[str, SessionRecord] = {}
+        # client address -> the ids of the sessions it registered (what --mcp-max-sessions-per-address counts)
+        self.owned: dict[str, set[str]] = {}
         # session -> direction -> subscriber id -> record (dicts keep arrival order)
         self.subs: dict[str, dict[str, dict[str, SubscriberRecord]]] = {}
         self.queues: dict[str, _Queue] = {}
@@ -334,8 +350,19 @@ class MemoryStore:
         return succeed(self.sessions.get(session_id))
 
     def put_session(self, record: SessionRecord) -> Deferred[None]:
+        self._disown(self.sessions.get(record.id))
         self.sessions[record.id] = record
+        if record.owner:
+            self.owned.setdefault(record.owner, set()).add(record.id)
         return succeed(None)
+
+    def _disown(self, record: SessionRecord | None) -> None:
+        if record is not None and record.owner:
+            owned = self.owned.get(record.owner)
+            if owned is not None:
+                owned.discard(record.id)
+                if not owned:
+                    del self.owned[record.owner]
 
     def touch_session(self, session_id: str, now: float) -> Deferred[None]:
         record = self.sessions.get(session_id)
@@ -356,13 +383,24 @@ class MemoryStore:
         return None
 
     def delete_session(self, session_id: str) -> Deferred[bool]:
-        return succeed(self.sessions.pop(session_id, None) is not None)
+        record = self.sessions.pop(session_id, None)
+        self._disown(record)
+        return succeed(record is not None)
 
     def expired_session_ids(self, cutoff: float) -> Deferred[list[str]]:
         return succeed([s.id for s in self.sessions.values() if s.last_seen < cutoff])
 
     def session_count(self) -> Deferred[int]:
         return succeed(len(self.sessions))
+
+    def session_room(self, owner: str | None, cap: int) -> Deferred[tuple[int, list[str]]]:
+        ids = self.sessions.keys() if owner is None else self.owned.get(owner, set())
+        excess = len(ids) - cap + 1
+        if excess <= 0:
+            return succeed((0, []))
+        # A scan of every session, only while a bound is reached.
+        unread = sorted((self.sessions[i] for i in ids if i not in self.subs), key=lambda r: r.last_seen)
+        return succeed((excess, [r.id for r in unread[:excess]]))
 
     # subscribers
 
@@ -517,6 +555,12 @@ class MemoryStore:
         while len(pending) > cap:
             pending.popitem(last=False)
         return succeed(None)
+
+    def claim_correlation(self, session_id: str, key: bytes, correlation: Correlation, cap: int) -> Deferred[bool]:
+        if key in self.correlations.get(session_id, ()):
+            return succeed(False)
+        self.record_correlation(session_id, key, correlation, cap)
+        return succeed(True)
 
     def correlation_pending(self, session_id: str, key: bytes) -> Deferred[bool]:
         return succeed(key in self.correlations.get(session_id, ()))

@@ -72,6 +72,8 @@ class TunnelConfig:
     reap_interval_ms: float = 60_000
     poll_idle_ms: float = 60_000
     max_sessions: int = 10_000
+    # Sessions one client address may have registered (0: no bound); --mcp-max-sessions-per-address.
+    sessions_per_address: int = 1000
     queue_max_frames: int = 1000
     queue_max_bytes: int = 8 * 1024 * 1024
     backlog_frames: int = 64
@@ -105,6 +107,8 @@ class TunnelRelay:
         self._sinks: dict[str, Sink] = {}
         self._waiters: dict[str, set[ParkedPoll]] = {}
         self._fresh_ids = count(1)
+        # What makes this process's rewritten ids its own (docs/decisions.md MCP-6).
+        self._id_tag = self.instance or secrets.token_hex(6)
         self._orphans: list[SubscriberRecord] = []
         self._reaper: Any = None
         self.draining = False
@@ -138,9 +142,10 @@ class TunnelRelay:
 
     # public operations -------------------------------------------------------------------------
 
-    def register(self, session_id: str, token: str) -> Deferred[None]:
-        """Create a session, or refresh it when the token matches (idempotent)."""
-        return run(self._register(session_id, token))
+    def register(self, session_id: str, token: str, owner: str = "") -> Deferred[None]:
+        """Create a session, or refresh it when the token matches (idempotent); C{owner}: the client
+        address registering it (C{""}: none to bound)."""
+        return run(self._register(session_id, token, owner))
 
     def check(self, session_id: str, token: str) -> Deferred[str | None]:
         """C{None} for a live session and good token (sliding the TTL), else the reason."""
@@ -277,7 +282,7 @@ class TunnelRelay:
     def _reap_tick(self) -> None:
         self.reap().addErrback(self._log_failure, "MCP reaper pass failed")
 
-    async def _register(self, session_id: str, token: str) -> None:
+    async def _register(self, session_id: str, token: str, owner: str) -> None:
         if not SESSION_ID.fullmatch(session_id):
             raise Refused("invalid_session_id")
         if not TOKEN_MIN <= utf16_length(token) <= TOKEN_MAX:
@@ -290,9 +295,19 @@ class TunnelRelay:
                 raise Refused("session_taken")
             await self.store.touch_session(session_id, now)
             return
-        if await self.store.session_count() >= self.config.max_sessions:
+        if owner and self.config.sessions_per_address:
+            await self._room_for_a_session(owner, self.config.sessions_per_address)
+        await self._room_for_a_session(None, self.config.max_sessions)
+        await self.store.put_session(SessionRecord(session_id, digest, now, owner))
+
+    async def _room_for_a_session(self, owner: str | None, cap: int) -> None:
+        """Under C{cap} sessions (C{owner}'s, or all): end the least recently seen sessions without
+        readers that stand in the way, or refuse when too few of them can end."""
+        excess, unread = await self.store.session_room(owner, cap)
+        if excess > len(unread):
             raise Refused("too_many_sessions")
-        await self.store.put_session(SessionRecord(session_id, digest, now))
+        for session_id in unread:
+            await self._end_session(session_id)
 
     async def _check(self, session_id: str, token: str) -> str | None:
         if not session_id or not token:
@@ -341,20 +356,24 @@ class TunnelRelay:
 
     async def _correlate(self, session_id: str, frame: Frame, label: str | None) -> Frame:
         """A request whose id another pending request holds (docs/decisions.md MCP-6): a fresh id,
-        recorded for a labelled poster with the original to restore on the reply."""
-        key = frame.id_key
-        frame = frame.with_id(await self._fresh_id(session_id))
-        if label is not None:
-            await self.store.record_correlation(
-                session_id, frame.id_key, Correlation(label, key), self.config.correlations_per_session
-            )
-        return frame
+        claimed for a labelled poster with the original to restore on the reply.
 
-    async def _fresh_id(self, session_id: str) -> str:
+        Fresh ids carry this process's tag, so instances sharing a store never make the same one;
+        the claim is one store step, so a client that posted that id itself meanwhile keeps it."""
+        key = frame.id_key
+        store = self.store
+        correlation = None if label is None else Correlation(label, key)
         while True:
-            candidate = f"relayd-{next(self._fresh_ids)}"
-            if not await self.store.correlation_pending(session_id, _dumps(candidate)):
-                return candidate
+            fresh = f"relayd-{self._id_tag}-{next(self._fresh_ids)}"
+            fresh_key = _dumps(fresh)
+            if correlation is None:
+                free = not await store.correlation_pending(session_id, fresh_key)
+            else:
+                free = await store.claim_correlation(
+                    session_id, fresh_key, correlation, self.config.correlations_per_session
+                )
+            if free:
+                return frame.with_id(fresh)
 
     async def _outbox(self, session_id: str, token: str, body: bytes) -> None:
         if not session_id or not token:

@@ -34,7 +34,7 @@ class Start(TestCase):
         started = await proc.wait_for(rb"relayd: error|relayd ready")
         self.assertEqual(started.group(0), b"relayd: error")
         self.assertEqual(await proc.exited, 2)
-        self.assertEqual(lines_of(proc), [f"relayd: error: {name}: is not valid UTF-8: give the value as UTF-8 text"])
+        self.assertEqual(lines_of(proc), [f"relayd: error: {name}: must be UTF-8 text (the value holds bytes that are not)"])
 
     async def test_a_port_in_use_is_one_line_and_exit_1(self) -> None:
         taken = socket.socket()

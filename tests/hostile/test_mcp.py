@@ -113,6 +113,22 @@ class ClientChosenValues(TestCase):
         self.assertTrue(rewritten["id"].startswith("relayd-"))
         await assert_clean_log(self, self.proc, self.http)
 
+    async def test_unlabelled_request_reusing_a_labelled_pending_id_cannot_take_its_reply(self) -> None:
+        agent_a = await self.events("&direction=outbound&client=a")
+        request = b'{"jsonrpc":"2.0","id":5,"method":"tools/call"}'
+        for query in ("&client=a", ""):  # a asks; an unlabelled poster reuses a's pending id
+            reply = await self.http.post(f"/sess-h/inbox?token={TOKEN}{query}", request)
+            self.assertEqual((reply.code, reply.body), (200, b'{"ok":true}'), query)
+        asked = [json.loads(f)["id"] for f in (await poll(self.http, "sess-h"))["frames"] if '"id"' in f]
+        self.assertEqual(asked[0], 5)
+        self.assertNotEqual(asked[1], 5)  # the page never sees one id twice
+        for id_, result in ((asked[1], "for the unlabelled poster"), (asked[0], "for a")):
+            body = json.dumps({"jsonrpc": "2.0", "id": id_, "result": result}).encode()
+            reply = await self.http.post(f"/sess-h/outbox?token={TOKEN}", body)
+            self.assertEqual(reply.code, 200)
+        self.assertEqual((await next_mcp(agent_a)).json(), {"jsonrpc": "2.0", "id": 5, "result": "for a"})
+        await assert_clean_log(self, self.proc, self.http)
+
     async def test_outbox_response_with_a_lone_surrogate_id_is_relayed(self) -> None:
         agent_a = await self.events("&direction=outbound&client=a")
         agent_b = await self.events("&direction=outbound&client=b")

@@ -36,6 +36,14 @@ class Settings(unittest.TestCase):
         assert s["mcp-max-sessions"] == 10_000 and s["mcp-poll-idle-ms"] == 60_000 and s["no-mcp"] is False
         assert s.warnings == []
 
+    def test_per_address_bounds_default_to_1000_and_0_turns_them_off(self) -> None:
+        s = settings()
+        assert (s["mcp-max-sessions-per-address"], s["mcp-max-clients-per-address"]) == (1000, 1000)
+        off = settings(env={"RELAYD_MCP_MAX_SESSIONS_PER_ADDRESS": "0", "RELAYD_MCP_MAX_CLIENTS_PER_ADDRESS": "0"})
+        assert (off["mcp-max-sessions-per-address"], off["mcp-max-clients-per-address"]) == (0, 0)
+        with self.assertRaisesRegex(ConfigError, "^--mcp-max-clients-per-address: '-1' "):
+            settings({"mcp-max-clients-per-address": "-1"})
+
     def test_a2_cors_flag_list(self) -> None:
         s = settings({"mcp-cors": ["https://a.example,https://b.example"]})
         assert cors_policy(s).origins == ("https://a.example", "https://b.example")
@@ -138,6 +146,22 @@ class CommandLine(unittest.TestCase):
         options.parseOptions(["--mcp-cors", "*", "--mcp-cors", "https://a.example", "--no-aep"])
         exit2 = self.assertRaises(SystemExit, tap.makeService, options, reactor)
         assert exit2.code == 2
+
+    @cases(
+        prefix_flag=({}, ["--mcp-prefix", "/\udcff"], "--mcp-prefix"),
+        prefix_env=({"RELAYD_MCP_PREFIX": "/relay\udcfe"}, [], "RELAYD_MCP_PREFIX"),
+        node_prefix_env=({"PREFIX": "/\udcc3"}, [], "PREFIX"),
+        host_env=({"HOST": "\udcff"}, [], "HOST"),
+        cors_flag=({}, ["--mcp-cors", "https://\udce9.example"], "--mcp-cors"),
+    )
+    def test_non_utf8_setting_exits_2_naming_it(self, environ: dict[str, str], argv: list[str], named: str) -> None:
+        # Undecodable argv or environment bytes reach Python as lone surrogates; refused at start with
+        # one line instead of a UnicodeEncodeError traceback where the wing encodes the value.
+        err = io.StringIO()
+        self.patch(sys, "stderr", err)
+        exit_ = self.assertRaises(SystemExit, tap.Options(environ=environ).parseOptions, argv)
+        assert exit_.code == 2
+        assert err.getvalue() == f"relayd: error: {named}: must be UTF-8 text (the value holds bytes that are not)\n"
 
     def test_no_mcp_switch(self) -> None:
         assert make_service(settings({"no-mcp": True}), reactor, Timekeeper(reactor)) is None

@@ -62,6 +62,23 @@ class Bounds(EndpointCase):
         assert over.code == 503 and over.header("retry-after") == "5"
         assert over.header("mcp-session-id") is None
 
+    async def test_at_the_process_bound_the_least_recently_used_idle_client_session_ends(self) -> None:
+        self.configure(max_clients=2, clients_per_address=0)
+        first, second = await self.initialize(), await self.initialize()
+        assert (await self.mcp({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid=first)).code == 200
+        third = await self.initialize()  # one over: the idle one used least recently (second) ends
+        assert [(await self.mcp({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, sid=s)).code
+                for s in (first, second, third)] == [200, 404, 200]
+        streams = []
+        for sid in (first, third):  # busy: an open GET stream
+            stream = await SSEClient.connect(f"{self.base}{self.url}", headers={**AUTH, "accept": "text/event-stream",
+                                                                               "mcp-session-id": sid})
+            self.streams.append(stream)
+            streams.append(stream.code)
+        assert streams == [200, 200]
+        over = await self.mcp(INIT)
+        assert over.code == 503 and over.header("retry-after") == "5"
+
     async def test_last_event_id_replays_from_the_bounded_buffer(self) -> None:
         self.configure(event_buffer_frames=2)
         sid = await self.initialize()

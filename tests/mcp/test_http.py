@@ -124,6 +124,8 @@ class SessionCapTests(McpRelayCase):
 
     async def test_decision9_session_cap_is_503(self) -> None:
         await self.register()
+        reader = await self.events(query="&direction=inbound")  # a session with a reader never ends for room
+        self.assertEqual(reader.code, 200)
         reply = await self.post("/register", {"session": "other", "token": TOKEN})
         self.assertEqual((reply.code, reply.json()), (503, {"error": "too_many_sessions"}))
 

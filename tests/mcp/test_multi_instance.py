@@ -14,7 +14,7 @@ from typing import Any
 
 import treq
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
@@ -182,6 +182,55 @@ class MultiInstanceTests(Instances):
         await page.read_until_end(timeout=1.0)
         self.assertLess(time.monotonic() - started, 1.0)
         self.assertEqual((await self.poll(2, "&direction=inbound&wait=0")).code, 410)
+
+
+class ConcurrentLabelledAgentsTests(Instances):
+    """Labelled agents on two instances asking at once with the same ids: the ids the page sees are
+    unique whichever instance rewrote them, so every answer reaches its asker under its own id."""
+
+    count = 2
+    per_agent = 60
+
+    async def test_every_answer_reaches_its_asker_with_its_own_id_and_none_is_lost(self) -> None:
+        page = await self.events(0, "inbound")
+        agents = {label: (i % 2, await self.events(i % 2, f"outbound&client={label}"))
+                  for i, label in enumerate(("ann", "bob", "cat", "dan"))}
+        for _ in agents:
+            self.assertEqual((await next_mcp(page)).json()["method"], "notifications/peer_joined")
+        asked = [
+            self.post(instance, f"/{SESSION}/inbox?token={TOKEN}&client={label}",
+                      {"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"agent": label, "n": n}})
+            for n in range(1, self.per_agent + 1)
+            for label, (instance, _) in agents.items()
+        ]
+        for reply in await gatherResults([Deferred.fromCoroutine(a) for a in asked]):
+            self.assertEqual(reply.code, 200, reply.body)
+        # Unlabelled posters on both instances reuse those pending ids: rewritten too, by both at once.
+        anonymous = [
+            self.post(instance, f"/{SESSION}/inbox?token={TOKEN}",
+                      {"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"agent": None, "n": n}})
+            for n in range(1, self.per_agent + 1)
+            for instance in (0, 1)
+        ]
+        for reply in await gatherResults([Deferred.fromCoroutine(a) for a in anonymous]):
+            self.assertEqual(reply.code, 200, reply.body)
+        seen = [(await next_mcp(page)).json() for _ in asked + anonymous]
+        forwarded = [m["id"] for m in seen]
+        self.assertEqual(len(set(map(json.dumps, forwarded))), len(forwarded), "the page saw an id twice")
+        # The page answers each request with what it asked, half of the answers through each instance
+        # (the unlabelled posters' answers reach nobody: labelled readers are there).
+        answered = [
+            self.post(k % 2, f"/{SESSION}/outbox?token={TOKEN}", {"jsonrpc": "2.0", "id": m["id"], "result": m["params"]})
+            for k, m in enumerate(seen)
+        ]
+        for reply in await gatherResults([Deferred.fromCoroutine(a) for a in answered]):
+            self.assertEqual(reply.code, 200, reply.body)
+        for label, (_, stream) in agents.items():
+            got = [(await next_mcp(stream)).json() for _ in range(self.per_agent)]
+            self.assertEqual(
+                sorted((m["id"], m["result"]["agent"], m["result"]["n"]) for m in got),
+                [(n, label, n) for n in range(1, self.per_agent + 1)],
+            )
 
 
 class DeadInstanceTests(Instances):

@@ -161,6 +161,33 @@ class McpStoreContract:
         self.assertEqual(await store.consume_correlation("sess", b"3"), Correlation("erin", b'"x"'))
         self.assertIsNone(await store.consume_correlation("other", b"3"))
 
+    async def test_session_room_counts_per_address_and_offers_the_least_recently_seen_without_readers(self) -> None:
+        store = await self.make()
+        for name, seen, owner in (("s-1", 1.0, "192.0.2.1"), ("s-2", 2.0, "192.0.2.1"), ("s-3", 3.0, "192.0.2.2")):
+            await store.put_session(SessionRecord(name, "h" * 64, seen, owner))
+        self.assertEqual(await store.session_room("192.0.2.1", 3), (0, []))  # room for one more
+        self.assertEqual(await store.session_room("192.0.2.1", 2), (1, ["s-1"]))  # at the bound
+        await store.add_subscriber(sub(session="s-1"))  # a reader: never offered
+        self.assertEqual(await store.session_room("192.0.2.1", 2), (1, ["s-2"]))
+        self.assertEqual(await store.session_room("192.0.2.1", 1), (2, ["s-2"]))  # fewer than must end
+        self.assertEqual(await store.session_room(None, 3), (1, ["s-2"]))
+        self.assertEqual(await store.session_room("192.0.2.9", 1), (0, []))
+        await store.delete_session("s-2")
+        self.assertEqual(await store.session_room("192.0.2.1", 2), (0, []))  # an ended session is not counted
+        self.assertEqual(await store.session_room("192.0.2.1", 1), (1, []))
+
+    async def test_a_claimed_correlation_is_recorded_only_when_its_id_is_free(self) -> None:
+        store = await self.make()
+        await store.record_correlation("sess", b"1", Correlation("alice"), 10)
+        self.assertFalse(await store.claim_correlation("sess", b"1", Correlation("bob", b"1"), 10))
+        self.assertTrue(await store.claim_correlation("sess", b'"r-1"', Correlation("bob", b"1"), 10))
+        self.assertFalse(await store.claim_correlation("sess", b'"r-1"', Correlation("carol", b"1"), 10))
+        self.assertEqual(await store.consume_correlation("sess", b"1"), Correlation("alice"))
+        self.assertEqual(await store.consume_correlation("sess", b'"r-1"'), Correlation("bob", b"1"))
+        for n in range(3):  # claims count against the cap like any pending request
+            self.assertTrue(await store.claim_correlation("sess", b"%d" % n, Correlation("dave"), 2))
+        self.assertFalse(await store.correlation_pending("sess", b"0"))
+
     async def test_drop_session_state_removes_everything_of_one_session(self) -> None:
         store = await self.make()
         await store.add_subscriber(sub("a" * 16))

@@ -226,6 +226,22 @@ class ReplyRouting(TunnelCase):
         assert alice.messages() == [{"jsonrpc": "2.0", "id": 1, "result": {"for": "alice"}}]
         assert bob.messages() == [{"jsonrpc": "2.0", "id": 1, "result": {"for": "bob"}}]
 
+    def test_decision6_unlabelled_request_colliding_with_a_labelled_one_is_rewritten(self) -> None:
+        """An unlabelled agent reusing the id of alice's pending request: the page sees two ids, and
+        the answer to the unlabelled request can never be taken for alice's."""
+        tunnel, _, _ = make_tunnel()
+        page = self.open_sse(tunnel, INBOUND)
+        alice = self.open_sse(tunnel, label="alice")
+        self.successResultOf(tunnel.inbox(SESSION, TOKEN, req(1), "alice"))
+        self.successResultOf(tunnel.inbox(SESSION, TOKEN, req(1)))
+        seen = [m["id"] for m in page.messages() if "id" in m]  # not the peer_joined notification
+        assert seen[0] == 1 and seen[1] != 1, seen
+        # The page answers the unlabelled request first: it is not alice's, so it reaches nobody
+        # (a labelled reader exists); alice then gets her own answer.
+        self.successResultOf(tunnel.outbox(SESSION, TOKEN, res(seen[1], {"for": "anonymous"})))
+        self.successResultOf(tunnel.outbox(SESSION, TOKEN, res(seen[0], {"for": "alice"})))
+        assert alice.messages() == [{"jsonrpc": "2.0", "id": 1, "result": {"for": "alice"}}]
+
     def test_decision6_empty_client_label_counts_as_none(self) -> None:
         tunnel, _, _ = make_tunnel()
         anon = self.open_sse(tunnel, label=None)
@@ -551,8 +567,41 @@ class BoundedMemory(TunnelCase):
     def test_decision9_session_cap(self) -> None:
         tunnel, _, _ = make_tunnel(max_sessions=2)
         self.successResultOf(tunnel.register("second", TOKEN))
-        assert self.refusal(tunnel.register("third", TOKEN)) == "too_many_sessions"
+        self.open_sse(tunnel, INBOUND)
+        self.successResultOf(tunnel.open_stream("second", TOKEN, OUTBOUND, None, RecordingSink()))
+        assert self.refusal(tunnel.register("third", TOKEN)) == "too_many_sessions"  # both have readers
         self.successResultOf(tunnel.register("second", TOKEN))  # re-register of an existing session is not a new one
+
+    def test_at_the_session_cap_the_least_recently_seen_session_without_readers_ends(self) -> None:
+        tunnel, reactor, store = make_tunnel(max_sessions=3)
+        self.successResultOf(tunnel.register("read", TOKEN))
+        reader = RecordingSink()
+        self.successResultOf(tunnel.open_stream("read", TOKEN, INBOUND, None, reader))
+        reactor.advance(1)
+        self.successResultOf(tunnel.register("idle", TOKEN))  # exactly at the cap: nothing ends
+        assert sorted(store.sessions) == ["idle", "read", SESSION]
+        reactor.advance(1)
+        self.successResultOf(tunnel.check("sess", TOKEN))  # seen after "idle" was
+        self.successResultOf(tunnel.register("fresh", TOKEN))  # one over: "idle" ends, not "read" (a reader)
+        assert sorted(store.sessions) == ["fresh", "read", SESSION]
+        assert self.successResultOf(tunnel.check("idle", TOKEN)) == "session_gone"
+        assert not reader.ended
+
+    def test_sessions_per_address_end_that_addresses_oldest_without_readers_first(self) -> None:
+        tunnel, reactor, store = make_tunnel(sessions_per_address=2)
+        for name in ("a-one", "a-two"):
+            self.successResultOf(tunnel.register(name, TOKEN, "192.0.2.1"))
+            reactor.advance(1)
+        self.successResultOf(tunnel.register("b-one", TOKEN, "192.0.2.2"))
+        self.successResultOf(tunnel.register("a-three", TOKEN, "192.0.2.1"))  # one over for that address
+        assert sorted(store.sessions) == ["a-three", "a-two", "b-one", SESSION]
+        for name in ("a-two", "a-three"):
+            self.successResultOf(tunnel.open_stream(name, TOKEN, INBOUND, None, RecordingSink()))
+        assert self.refusal(tunnel.register("a-four", TOKEN, "192.0.2.1")) == "too_many_sessions"
+        self.successResultOf(tunnel.register("b-two", TOKEN, "192.0.2.2"))  # another address is not held up
+        self.successResultOf(tunnel.register("anonymous", TOKEN))  # no address: only the total counts
+        assert sorted(store.sessions) == ["a-three", "a-two", "anonymous", "b-one", "b-two", SESSION]
+        assert store.owned == {"192.0.2.1": {"a-two", "a-three"}, "192.0.2.2": {"b-one", "b-two"}}
 
     def test_readers_per_session_are_capped(self) -> None:
         # A poll without subscriber= makes a new reader: unbounded, a client could make millions.

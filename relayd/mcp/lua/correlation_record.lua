@@ -1,6 +1,8 @@
 #!lua
--- KEYS: correlations, correlation order; ARGV: request-id key, value, cap.
+-- KEYS: correlations, correlation order; ARGV: request-id key, value, cap, and 'claim' to record
+-- only when the key is not pending. Returns 1 when recorded, 0 when a claimed key was taken.
 local c, co, cap = KEYS[1], KEYS[2], tonumber(ARGV[3])
+if ARGV[4] == 'claim' and redis.call('HEXISTS', c, ARGV[1]) == 1 then return 0 end
 redis.call('HSET', c, ARGV[1], ARGV[2])
 -- Insertion order within the session: one more than the newest (the oldest is evicted first).
 local newest = redis.call('ZRANGE', co, -1, -1, 'WITHSCORES')
