@@ -100,7 +100,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> AEPService | None:
         socket_counts=sockets.listing,
     )
     site = RelaySite(
-        resource, body_limit=BodyLimit(config.max_body, resource.early_answer), settings=plumbing.site, relay="aep",
+        resource, body_limit=BodyLimit(config.max_body, resource.too_large, resource.early_answer), settings=plumbing.site, relay="aep",
         clock=plumbing.clock,
     )
     if isinstance(relay.log, MemoryEventLog):

@@ -146,7 +146,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> McpService | None:
         demo=demo_page() if mcp.demo else None,
     )
     site = RelaySite(
-        resource, body_limit=BodyLimit(MAX_BODY, resource.too_large), settings=plumbing.site, relay="mcp",
+        resource, body_limit=BodyLimit(MAX_BODY, resource.too_large, resource.early_answer), settings=plumbing.site, relay="mcp",
         clock=plumbing.clock,
     )
     line = f"ttl={round(mcp.ttl_ms / 1000)}s, cors={mcp.cors.describe()} from {mcp.cors_source}"

@@ -13,9 +13,18 @@ from __future__ import annotations
 import re
 from collections.abc import Container
 
-__all__ = ["SimplePost", "read_simple_post"]
+__all__ = ["SimplePost", "field_value_valid", "read_simple_post"]
 
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+# What a header value may not hold (RFC 9110 5.5): the controls but tab. Obs-text (0x80-0xff) is allowed.
+_CONTROLS = bytes(range(0x09)) + bytes(range(0x0A, 0x20)) + b"\x7f"
+
+
+def field_value_valid(value: bytes) -> bool:
+    """Whether a header field C{value} is free of control characters (tab allowed): the one rule
+    of twisted.web's path (relayd.web.site) and this one."""
+    return len(value.translate(None, _CONTROLS)) == len(value)
+
 # Headers that change how the body is framed or the connection is used: twisted.web handles those.
 _DECLINED = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"te", b"trailer", b"http2-settings"))
 
@@ -63,8 +72,8 @@ def read_simple_post(
         if not colon or _TOKEN.match(name) is None:
             return None  # also a folded line, which starts with white space
         name = name.lower()
-        if name in headers or name in _DECLINED:
-            return None
+        if name in headers or name in _DECLINED or not field_value_valid(value):
+            return None  # (a control in a value: twisted.web's path answers 400)
         headers[name] = value.strip(b" \t")
     length = headers.get(b"content-length")
     if length is None or not length.isdigit() or len(length) > max_length_digits:

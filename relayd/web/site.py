@@ -14,7 +14,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import resource as _resource
 from twisted.web import server as _server
-from twisted.web.http import RESPONSES, datetimeToString, parse_qs
+from twisted.web.http import RESPONSES, datetimeToString
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Site
 
@@ -23,7 +23,7 @@ from relayd.clock import Timekeeper
 from relayd.logging import ACCESS_NAMESPACE, SCRUBBED_MARK
 from relayd.reactor import installed
 from relayd.web.body import BodyLimit, EarlyAnswer, LimitedRequest
-from relayd.web.simple_post import SimplePost, read_simple_post
+from relayd.web.simple_post import SimplePost, field_value_valid, read_simple_post
 from relayd.web.transport import hold_writes, release_writes
 from relayd.web.twisted_internals import (
     ChannelHooks,
@@ -31,6 +31,7 @@ from relayd.web.twisted_internals import (
     between_requests,
     channel_of,
     channel_protocol,
+    held_line,
     request_line,
 )
 
@@ -46,6 +47,12 @@ _HEADERS_TOO_LARGE = (
     b'{"error":"header_fields_too_large","max_bytes":%d,"max_fields":%d}' % (MAX_HEADER_BYTES, MAX_HEADER_FIELDS),
 )
 _REQUEST_TIMEOUT = (408, b"Request Timeout", b'{"error":"request_timeout"}')
+_BARE_LINE_FEED = (
+    400, b"Bad Request", b'{"error":"bad_request","reason":"every line of the request line and headers must end with CRLF"}'
+)
+_CONTROL_IN_VALUE = (
+    400, b"Bad Request", b'{"error":"bad_request","reason":"a header value holds a control character other than tab"}'
+)
 # A Content-Length with more digits than this is larger than any body cap; Python's int() refuses
 # over 4300 digits, which Twisted's parser does not expect (an unhandled ValueError, no answer).
 _LENGTH_DIGITS = 18
@@ -85,6 +92,8 @@ class RelayChannel(ChannelHooks):
     # Twisted builds requests (which ask getHost) only once connected; before that, or outside a
     # RelaySite, getHost answers the plain address.
     _relay_site: RelaySite | None = None
+    reading = False
+    """Whether a read is being parsed (what a request answered within it replays is parsed by it)."""
     unparsed = 0
     """Bytes of the read being handled that the parser has not been handed yet (what follows a
     header block, L{_read}): a stream must not take the connection over from under them."""
@@ -121,14 +130,23 @@ class RelayChannel(ChannelHooks):
     def dataReceived(self, data: bytes) -> None:
         if self._header_call is None and self.line_mode:
             self._start_header_clock()
-        transport = self.transport
-        if not hold_writes(transport):
+        if self.reading:  # a request answered within the read replays what followed it
             self._read(data)
             return
+        transport = self.transport
+        held = hold_writes(transport)
+        self.reading = True
         try:
             self._read(data)
+            # A line the reader holds unsplit once a read is parsed holds no CRLF: a line feed there
+            # is a bare one, after which the client waits for an answer that would come only with
+            # the header timeout.
+            if self.line_mode and not self.paused and b"\n" in held_line(self) and _open(self.transport):
+                self._refuse(_BARE_LINE_FEED)
         finally:
-            release_writes(transport)
+            del self.reading
+            if held:
+                release_writes(transport)
 
     def _read(self, data: bytes) -> None:
         site = self._relay_site
@@ -189,6 +207,30 @@ class RelayChannel(ChannelHooks):
         site.access(method=b"POST", path=post.path, status=status, sent=len(body), peer=_host_of(self.getPeer()),
                     started=started)
         return True
+
+    def lineReceived(self, line: bytes) -> None:
+        if b"\n" in line:
+            self._refuse(_BARE_LINE_FEED)
+            return
+        super().lineReceived(line)
+
+    def headerReceived(self, line: bytes) -> bool:
+        # Twisted refuses NUL, CR and LF in a value; the other controls too (RFC 9110 5.5), as the
+        # plain-POST path does (relayd.web.simple_post, one rule for both).
+        if not field_value_valid(line.partition(b":")[2]):
+            self._refuse(_CONTROL_IN_VALUE)
+            return False
+        return super().headerReceived(line)
+
+    def chunk_size(self, size: int) -> None:
+        request = self.requests[-1] if self.requests else None
+        if isinstance(request, LimitedRequest):
+            request.chunk_announced(size)
+
+    def send_continue(self) -> None:
+        request = self.requests[-1] if self.requests else None
+        if not getattr(request, "refused", False):  # answered early: the client must not send its body
+            super().send_continue()
 
     def allHeadersReceived(self) -> None:
         self._stop_header_clock()
@@ -306,25 +348,12 @@ class RelayRequest(LimitedRequest):
             self._access(self.code)
         super().connectionLost(reason)
 
-    def _refuse(self, limit: BodyLimit) -> None:
-        answered: list[EarlyAnswer] = []
-
-        def respond(request: Any) -> EarlyAnswer:
-            # The body is refused while the headers are still being read: the request has not been
-            # "received", so its path still carries the query and it has no args. The wing's answer
-            # reads both (AEP's auth wall takes ?access_token=), as for any other request.
-            request.path, _, query = request.uri.partition(b"?")
-            request.args = parse_qs(query, 1)
-            answered.append(limit.respond(request))
-            return answered[0]
-
-        super()._refuse(BodyLimit(limit.max_bytes, respond))
-        if answered:
-            self.code = answered[0][0]
-            self.sentLength = len(answered[0][2])
-            if self._received_at is None:
-                self._received_at = _durations(self)()
-            self._access(self.code)
+    def answered_early(self, status: int, sent: int) -> None:
+        self.code = status
+        self.sentLength = sent
+        if self._received_at is None:
+            self._received_at = _durations(self)()
+        self._access(status)
 
     def _access(self, status: int) -> None:
         if self._logged:
@@ -590,6 +619,11 @@ def _transport(protocol: Any) -> Any:
 def _connected(protocol: Any) -> bool:
     transport = _transport(protocol)
     return transport is not None and bool(getattr(transport, "connected", False))
+
+
+def _open(transport: Any) -> bool:
+    """Whether C{transport} is there and not closing (nothing was answered that closes it)."""
+    return transport is not None and not getattr(transport, "disconnecting", False)
 
 
 def _durations(request: Any) -> Callable[[], float]:
