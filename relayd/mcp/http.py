@@ -233,7 +233,7 @@ class McpResource(RoutedResource):
         self.prefix = prefix.encode("utf-8")
         self.max_frames = max_frames
         self.max_bytes = max_bytes
-        self._health = {b"/", b"/healthz", self.prefix + b"/"}
+        self.health_paths = frozenset({b"/", b"/healthz", self.prefix + b"/"})
         self._add_routes(prefix)
 
     def _add_routes(self, prefix: str) -> None:
@@ -258,11 +258,11 @@ class McpResource(RoutedResource):
     # before routing ----------------------------------------------------------------------------
 
     def prepare(self, request: Request) -> Answer | None:
-        if request.uri in self._health:
+        if request.uri in self.health_paths:
             return None  # health carries no CORS
         # docs/decisions.md MCP-3: every answer a browser may need to read carries CORS, 404 included.
         self.policy.apply(request)
-        if request.path in self._health:
+        if request.path in self.health_paths:
             # Health is the whole target, as the Node relay matches it: "/?x=1" is no route at all.
             return self.table.not_found
         return None

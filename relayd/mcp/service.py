@@ -147,7 +147,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> McpService | None:
     )
     site = RelaySite(
         resource, body_limit=BodyLimit(MAX_BODY, resource.too_large, resource.early_answer), settings=plumbing.site, relay="mcp",
-        clock=plumbing.clock,
+        clock=plumbing.clock, health_paths=resource.health_paths,
     )
     line = f"ttl={round(mcp.ttl_ms / 1000)}s, cors={mcp.cors.describe()} from {mcp.cors_source}"
     for description in listen:

@@ -59,6 +59,9 @@ _LENGTH_DIGITS = 18
 # A read longer than this that holds a header block and more is parsed in two parts (RelayChannel._read).
 _SPLIT_READS_OVER = 4096
 DEFAULT_HEADER_TIMEOUT = 20.0
+DEFAULT_MAX_CLIENT_CONNECTIONS = 256
+HEALTH_RESERVE = 4
+"""Connections a client may open beyond its cap that answer only the health check (503 otherwise)."""
 DEFAULT_BODY_TIMEOUT = 60.0
 DEFAULT_IDLE_TIMEOUT = 60.0
 _MAX_SHARED_ADDRESSES = 64
@@ -92,6 +95,10 @@ class RelayChannel(ChannelHooks):
     # Twisted builds requests (which ask getHost) only once connected; before that, or outside a
     # RelaySite, getHost answers the plain address.
     _relay_site: RelaySite | None = None
+    client: str | None = None
+    """The client this connection is counted for under the site's per-client cap (None: not counted)."""
+    crowded = False
+    """Whether the connection is one of its client's L{HEALTH_RESERVE}: it answers the health check only."""
     reading = False
     """Whether a read is being parsed (what a request answered within it replays is parsed by it)."""
     unparsed = 0
@@ -125,6 +132,11 @@ class RelayChannel(ChannelHooks):
         if isinstance(site, RelaySite):
             self._relay_site = site
             self._deadlines = (site.clock, site.header_timeout, site.body_timeout)
+            if site.max_client_connections and not site.trust_forwarded_for and self.transport is not None:
+                # (Behind trusted proxies the client is known from each request's headers: getResourceFor.)
+                if not site.count_client(self, _host_of(self.transport.getPeer())):
+                    self._refuse(site.too_many_connections)
+                    return
         self._start_header_clock()
 
     def dataReceived(self, data: bytes) -> None:
@@ -245,6 +257,10 @@ class RelayChannel(ChannelHooks):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._stop_header_clock()
+        site = self._relay_site
+        if self.client is not None and site is not None:
+            site.client_left(self.client)
+            del self.client
         super().connectionLost(reason)
 
     def _start_header_clock(self) -> None:
@@ -342,6 +358,11 @@ class RelayRequest(LimitedRequest):
         channel = getattr(self, "channel", None)  # gone once the response has finished
         if channel is not None and channel.transport is None and not self.finished:
             self._access(101)  # a WebSocket upgrade took the connection over; no finish() will come
+            # Nothing tells the site when a WebSocket ends: it leaves the per-client count now.
+            site = getattr(channel, "site", None)
+            if isinstance(site, RelaySite) and getattr(channel, "client", None) is not None:
+                site.client_left(channel.client)
+                channel.client = None
 
     def connectionLost(self, reason: Any) -> None:
         if self._received_at is not None and not self.finished:
@@ -377,14 +398,17 @@ class JSONError(Resource):
 
     isLeaf = True
 
-    def __init__(self, status: int, error: str, allow: bytes | None = None) -> None:
+    def __init__(self, status: int, error: str, allow: bytes | None = None, body: bytes | None = None) -> None:
         super().__init__()
         self.status = status
-        self.body = b'{"error":"%s"}' % error.encode("ascii")
+        self.body = body if body is not None else b'{"error":"%s"}' % error.encode("ascii")
         self.allow = allow
 
     def render(self, request: Any) -> bytes:
         request.setResponseCode(self.status)
+        if self.status == 503:  # (the connection's client has too many: this one closes)
+            request.setHeader(b"connection", b"close")
+            request.channel.persistent = False
         request.setHeader(b"content-type", b"application/json")
         request.setHeader(b"content-length", b"%d" % len(self.body))
         if self.allow is not None:
@@ -443,6 +467,9 @@ class SiteSettings:
     @ivar body_timeout: seconds a request body may take once the headers are in (C{408} after).
     @ivar idle_timeout: seconds a connection may sit idle (Twisted's C{timeOut}).
     @ivar access_log: whether to log a line per request.
+    @ivar max_client_connections: open connections one client (its address, or its forwarded
+        address behind trusted proxies) may hold on one wing's listeners (0: no cap); beyond it,
+        L{HEALTH_RESERVE} more answer only the health check, and the rest are refused with C{503}.
     """
 
     trust_forwarded_for: int = 0
@@ -450,6 +477,7 @@ class SiteSettings:
     body_timeout: float | None = DEFAULT_BODY_TIMEOUT
     idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT
     access_log: bool = True
+    max_client_connections: int = DEFAULT_MAX_CLIENT_CONNECTIONS
 
 
 DEFAULT_SITE_SETTINGS = SiteSettings()
@@ -488,6 +516,7 @@ class RelaySite(Site):
         settings: SiteSettings = DEFAULT_SITE_SETTINGS,
         relay: str | None = None,
         clock: Timekeeper | None = None,
+        health_paths: frozenset[bytes] = frozenset(),
         **kw: Any,
     ) -> None:
         # relayd takes no HTML form posts; Twisted's form parsing runs every POST's content type
@@ -509,6 +538,15 @@ class RelaySite(Site):
         self.body_timeout: float | None = settings.body_timeout
         self.timeOut = settings.idle_timeout
         self.access_log: bool = settings.access_log
+        self.max_client_connections: int = settings.max_client_connections
+        self.health_paths = health_paths
+        self.too_many_connections = (
+            503,
+            b"Service Unavailable",
+            b'{"error":"too_many_connections","max_per_client":%d}' % self.max_client_connections,
+        )
+        self._crowded = JSONError(503, "", body=self.too_many_connections[2])
+        self._clients: dict[str, int] = {}  # open connections per client, under the cap
         self._protocols: weakref.WeakSet[Any] = weakref.WeakSet()
         # Paths whose plain POSTs the wing answers itself, beside twisted.web (relayd.web.simple_post):
         # the handler answers, or declines with None before it has done anything.
@@ -535,16 +573,67 @@ class RelaySite(Site):
         self._protocols.add(protocol)
         return protocol
 
-    def track(self, protocol: Any) -> None:
+    def track(self, protocol: Any, channel: Any = None) -> None:
         """Count C{protocol} among this site's connections (for drain) though the site did not build
-        it: a held stream's, once it has left twisted.web (relayd.web.held)."""
+        it: a held stream's, once it has left twisted.web (relayd.web.held) from C{channel}, whose
+        place under the per-client cap it takes (L{held_closed} when it ends)."""
         self._protocols.add(protocol)
+        if channel is not None and getattr(channel, "client", None) is not None:
+            channel.client = None  # (its client is the held stream's peer: the same address)
+
+    def held_closed(self, peer: str) -> None:
+        """A held stream of C{peer} ended: its connection leaves the per-client count."""
+        if self.max_client_connections:
+            self.client_left(peer)
 
     def getResourceFor(self, request: Any) -> IResource:
         """The addressed resource, or a L{JSONError} where Twisted would answer in HTML (a path
-        nothing serves) or with C{501} (a method the resource has no C{render_} for)."""
+        nothing serves) or with C{501} (a method the resource has no C{render_} for), or C{503}
+        when the client holds more connections than L{max_client_connections}."""
+        if self.max_client_connections:
+            crowded = self._crowded_request(request)
+            if crowded is not None:
+                return crowded
         found = super().getResourceFor(request)
         return _json_answer(found, request.method) or found
+
+    def _crowded_request(self, request: Any) -> IResource | None:
+        channel = getattr(request, "channel", None)
+        if not isinstance(channel, RelayChannel):
+            return None
+        if self.trust_forwarded_for:
+            # The client is the request's: a proxy's connection counts for its latest client.
+            client = self.client_address(request)
+            if client != channel.client:
+                if channel.client is not None:
+                    self.client_left(channel.client)
+                    del channel.client
+                if not self.count_client(channel, client):
+                    return self._crowded
+        if channel.crowded and request.path not in self.health_paths:
+            metrics.http_connections_refused.labels(relay=self.relay or "http").inc()
+            return self._crowded
+        return None
+
+    def count_client(self, channel: RelayChannel, client: str) -> bool:
+        """Count C{channel} for C{client}; C{False} (then not counted) when C{client} already holds
+        its cap and its L{HEALTH_RESERVE}. Within the reserve the channel is marked C{crowded}."""
+        count = self._clients.get(client, 0) + 1
+        if count > self.max_client_connections + HEALTH_RESERVE:
+            metrics.http_connections_refused.labels(relay=self.relay or "http").inc()
+            return False
+        self._clients[client] = count
+        channel.client = client
+        channel.crowded = count > self.max_client_connections
+        return True
+
+    def client_left(self, client: str) -> None:
+        """One connection counted for C{client} closed (or left HTTP: a WebSocket)."""
+        count = self._clients.get(client, 0) - 1
+        if count > 0:
+            self._clients[client] = count
+        else:
+            self._clients.pop(client, None)
 
     def log(self, request: Any) -> None:
         """Called by twisted.web when a response finishes: relayd's access line, not Twisted's."""
