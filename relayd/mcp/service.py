@@ -146,8 +146,8 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> McpService | None:
         demo=demo_page() if mcp.demo else None,
     )
     site = RelaySite(
-        resource, body_limit=BodyLimit(MAX_BODY, resource.too_large, resource.early_answer), settings=plumbing.site, relay="mcp",
-        clock=plumbing.clock, health_paths=resource.health_paths,
+        resource, body_limit=BodyLimit(MAX_BODY, resource.too_large, resource.early_answer), settings=plumbing.site,
+        relay="mcp", clock=plumbing.clock, health_paths=resource.health_paths,
     )
     line = f"ttl={round(mcp.ttl_ms / 1000)}s, cors={mcp.cors.describe()} from {mcp.cors_source}"
     for description in listen:

@@ -4,8 +4,9 @@ At the end of a request's headers, if a body follows, the site's L{BodyLimit} is
 headers alone refuse it (the wing's C{check}: its auth wall, an unknown route or method, a media
 type it does not take) or its declared size does (over C{max_bytes}, a C{Content-Length} or a
 chunk size). A refusal is answered at once (the wing decides the status, headers and body) and the
-connection is closed: the body is never read, so a client learns *why* instead of seeing a reset
-after uploading 16 MiB, and an unauthenticated client cannot make relayd buffer bodies.
+connection closed (unless the body came whole with the headers: it is dropped and the connection
+kept), so a client learns *why* instead of seeing a reset after uploading 16 MiB, and an
+unauthenticated client cannot make relayd buffer bodies.
 """
 
 from __future__ import annotations
@@ -22,10 +23,7 @@ from relayd.web.twisted_internals import request_line
 
 # (status, headers, body) of an early answer.
 EarlyAnswer = tuple[int, list[tuple[bytes, bytes]], bytes]
-DRAINED_BODY = 65536
-"""A refused body of at most this many bytes (by C{Content-Length}) is read and dropped, and the
-connection kept for the client's next request; a larger one, a chunked one, or one the client waits
-to send (C{Expect: 100-continue}) is not read: the connection is closed."""
+_FRAMING = frozenset((b"connection", b"content-length"))
 # twisted.web's reason phrases, but RFC 7231's for 413 (Twisted still says "Request Entity").
 _REASONS = {**RESPONSES, 413: b"Payload Too Large"}
 
@@ -61,15 +59,16 @@ class LimitedRequest(Request):
     """A C{Request} that buffers its body in memory up to its site's L{BodyLimit}.
 
     Refused (L{BodyLimit.refusal}, a chunk that would take the body over the cap, or bytes over
-    it) it writes the early answer straight to the transport, closes the connection and never
-    renders: the resource is not consulted for a body it could not have accepted.
+    it) it writes the early answer straight to the transport, closes the connection (or drops a
+    body that came whole with the headers) and never renders: the resource is not consulted for a
+    body it could not have accepted.
 
     An absolute-form target (C{http://host/path}, RFC 9112 3.2.2) is served as its path, with its
     authority as the C{Host} (the received C{Host} is ignored, as the RFC requires).
     """
 
     _refused = False
-    _drained = False  # refused, its body read and dropped, the connection kept
+    _skipped = False  # refused, its body (already read) dropped, the connection kept
     _received = 0
     content: BytesIO  # in memory, set by gotLength before any chunk (Request's own may be None)
     # Every response names its own type; an empty 202/404 must not claim to be text/html.
@@ -90,13 +89,11 @@ class LimitedRequest(Request):
             self._read_target()
             answer = limit.refusal(self, length)
             if answer is not None:
-                drained = (
-                    length is not None
-                    and length <= DRAINED_BODY
-                    and self.channel.persistent
-                    and not self.requestHeaders.hasHeader(b"expect")
-                )
-                self._answer_early(answer, close=not drained)
+                # A body that came with its headers (small pipelined POSTs) is skipped and the
+                # connection kept; one still to come is not waited for: the connection closes.
+                arrived = getattr(self.channel, "body_arrived", None)
+                skipped = length is not None and arrived is not None and length <= arrived() and self.channel.persistent
+                self._answer_early(answer, close=not skipped)
                 return
         # The cap bounds the body, so it lives in memory rather than a temporary file.
         self.content = BytesIO()
@@ -119,7 +116,7 @@ class LimitedRequest(Request):
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
         if self._refused:
-            if self._drained:  # answered: the channel reads the next request
+            if self._skipped:  # answered: the channel reads the next request
                 self.finished = True
                 self.channel.requestDone(self)
             return
@@ -140,13 +137,14 @@ class LimitedRequest(Request):
         self.args = parse_qs(query, 1) if query else {}
 
     def _answer_early(self, answer: EarlyAnswer, close: bool = True) -> None:
-        """Write C{answer}; then close the connection, or read and drop the body."""
+        """Write C{answer}; then close the connection, or drop the body (already read)."""
         self._refused = True
-        self._drained = not close
+        self._skipped = not close
         self.content = BytesIO()
         status, headers, body = answer
         lines = [b"HTTP/1.1 %d %s" % (status, _REASONS.get(status, b"Unknown Status"))]
-        lines.extend(name + b": " + value for name, value in headers)
+        # (The framing headers are this writer's: a Connection: close set on the request is not repeated.)
+        lines.extend(name + b": " + value for name, value in headers if name.lower() not in _FRAMING)
         lines.append(b"content-length: %d" % len(body))
         if close:
             lines.append(b"connection: close")

@@ -23,7 +23,7 @@ from relayd.clock import Timekeeper
 from relayd.logging import ACCESS_NAMESPACE, SCRUBBED_MARK
 from relayd.reactor import installed
 from relayd.web.body import BodyLimit, EarlyAnswer, LimitedRequest
-from relayd.web.simple_post import SimplePost, field_value_valid, read_simple_post
+from relayd.web.simple_post import SimplePost, read_simple_post
 from relayd.web.transport import hold_writes, release_writes
 from relayd.web.twisted_internals import (
     ChannelHooks,
@@ -49,9 +49,6 @@ _HEADERS_TOO_LARGE = (
 _REQUEST_TIMEOUT = (408, b"Request Timeout", b'{"error":"request_timeout"}')
 _BARE_LINE_FEED = (
     400, b"Bad Request", b'{"error":"bad_request","reason":"every line of the request line and headers must end with CRLF"}'
-)
-_CONTROL_IN_VALUE = (
-    400, b"Bad Request", b'{"error":"bad_request","reason":"a header value holds a control character other than tab"}'
 )
 # A Content-Length with more digits than this is larger than any body cap; Python's int() refuses
 # over 4300 digits, which Twisted's parser does not expect (an unhandled ValueError, no answer).
@@ -220,19 +217,16 @@ class RelayChannel(ChannelHooks):
                     started=started)
         return True
 
+    def body_arrived(self) -> int:
+        """Bytes of the read being handled that follow the header block just parsed (a body that
+        came whole with its headers is among them)."""
+        return len(held_line(self)) + self.unparsed
+
     def lineReceived(self, line: bytes) -> None:
         if b"\n" in line:
             self._refuse(_BARE_LINE_FEED)
             return
         super().lineReceived(line)
-
-    def headerReceived(self, line: bytes) -> bool:
-        # Twisted refuses NUL, CR and LF in a value; the other controls too (RFC 9110 5.5), as the
-        # plain-POST path does (relayd.web.simple_post, one rule for both).
-        if not field_value_valid(line.partition(b":")[2]):
-            self._refuse(_CONTROL_IN_VALUE)
-            return False
-        return super().headerReceived(line)
 
     def chunk_size(self, size: int) -> None:
         request = self.requests[-1] if self.requests else None
@@ -398,17 +392,20 @@ class JSONError(Resource):
 
     isLeaf = True
 
-    def __init__(self, status: int, error: str, allow: bytes | None = None, body: bytes | None = None) -> None:
+    def __init__(
+        self, status: int, error: str, allow: bytes | None = None, body: bytes | None = None, close: bool = False
+    ) -> None:
         super().__init__()
         self.status = status
         self.body = body if body is not None else b'{"error":"%s"}' % error.encode("ascii")
         self.allow = allow
+        self.close = close
 
     def render(self, request: Any) -> bytes:
         request.setResponseCode(self.status)
-        if self.status == 503:  # (the connection's client has too many: this one closes)
+        if self.close:
             request.setHeader(b"connection", b"close")
-            request.channel.persistent = False
+            request.channel.persistent = False  # (twisted.web then closes once it is sent)
         request.setHeader(b"content-type", b"application/json")
         request.setHeader(b"content-length", b"%d" % len(self.body))
         if self.allow is not None:
@@ -545,7 +542,7 @@ class RelaySite(Site):
             b"Service Unavailable",
             b'{"error":"too_many_connections","max_per_client":%d}' % self.max_client_connections,
         )
-        self._crowded = JSONError(503, "", body=self.too_many_connections[2])
+        self._crowded = JSONError(503, "", body=self.too_many_connections[2], close=True)
         self._clients: dict[str, int] = {}  # open connections per client, under the cap
         self._protocols: weakref.WeakSet[Any] = weakref.WeakSet()
         # Paths whose plain POSTs the wing answers itself, beside twisted.web (relayd.web.simple_post):

@@ -432,10 +432,7 @@ class ChannelHooks(http.HTTPChannel):
         return chosen
 
     def _send100Continue(self) -> None:
-        if CHANNEL_CONTINUE_HOOK:
-            self.send_continue()
-        else:
-            super()._send100Continue()
+        self.send_continue()
 
     def _respondToBadRequestAndDisconnect(self) -> None:
         if CHANNEL_BAD_REQUEST_HOOK:
