@@ -109,6 +109,11 @@ def _token(request: Request) -> str:
     return bearer_token(request) or query_param(request, "token") or ""
 
 
+def _tokenless(request: Request) -> Answer | None:
+    """The tunnel's refusal of a frame posted without a token (TunnelRelay.inbox, outbox)."""
+    return None if _token(request) else refused_answer(Refused("invalid_token_or_frame"))
+
+
 def _direction(request: Request) -> str:
     return OUTBOUND if query_param(request, "direction") == "outbound" else INBOUND
 
@@ -243,8 +248,10 @@ class McpResource(RoutedResource):
         table.add("/", {"GET": self._healthz}, prefix)
         options = self._options
         table.add("/register", {"POST": self._register, "OPTIONS": options}, prefix)
-        table.add("/{session}/inbox", {"POST": self._inbox, "OPTIONS": options}, prefix)
-        table.add("/{session}/outbox", {"POST": self._outbox, "OPTIONS": options}, prefix)
+        # A frame without a token is refused as the tunnel would refuse it, before its body is read.
+        no_token = {"POST": _tokenless}
+        table.add("/{session}/inbox", {"POST": self._inbox, "OPTIONS": options}, prefix, checks=no_token)
+        table.add("/{session}/outbox", {"POST": self._outbox, "OPTIONS": options}, prefix, checks=no_token)
         table.add("/{session}/unregister", {"POST": self._unregister, "OPTIONS": options}, prefix)
         # HEAD on a stream or a poll authenticates without subscribing or taking (see _head).
         table.add("/{session}/events", {"GET": self._events, "HEAD": self._head_events, "OPTIONS": options}, prefix)

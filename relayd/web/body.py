@@ -36,16 +36,20 @@ class BodyLimit:
     @ivar max_bytes: the cap.
     @ivar respond: the answer to a body over the cap.
     @ivar check: the answer to a request the headers already refuse, or C{None} to read its body;
-        asked (before the size) at the end of the headers of every request a body follows.
+        asked at the end of the headers of every request a body follows, before the size unless
+        C{size_first} (the wing's reference checks the size first).
     """
 
     max_bytes: int
     respond: Callable[[Request], EarlyAnswer]
     check: Callable[[Request], EarlyAnswer | None] | None = None
+    size_first: bool = False
 
     def refusal(self, request: Request, length: int | None) -> EarlyAnswer | None:
         """The early answer to C{request}, whose headers are in and whose body of C{length} bytes
         (C{None}: chunked) is still to come, or C{None} to read the body."""
+        if self.size_first and length is not None and length > self.max_bytes:
+            return self.respond(request)
         if self.check is not None:
             answer = self.check(request)
             if answer is not None:

@@ -95,6 +95,8 @@ class EarlyAnswers(TestCase):
             ("aep", b"POST", b"/events", [AUTH, (b"content-type", b"application/json")], 426),
             ("mcp", b"POST", b"/nope/deeper/still", [], 404),
             ("mcp", b"PUT", b"/register", [], 405),
+            ("mcp", b"POST", b"/some-session/inbox", [], 401),  # no token
+            ("mcp", b"POST", b"/some-session/outbox", [], 401),
             ("broker", b"POST", b"/v1/action", [posts["broker"][1][0], (b"content-type", b"text/plain")], 415),
             ("broker", b"POST", b"/v2/action", posts["broker"][1], 404),
         ]

@@ -197,7 +197,7 @@ class Regressions(TestCase):
         head = [(b"Authorization", b"Bearer " + TOKEN.encode()), (b"aep-version", b"0.1"),
                 (b"content-type", b"application/json"), (b"Content-Length", b"9" * 5000)]
         # A path the wing does not serve is refused as such first (known from the headers alone).
-        statuses = {"aep": 413, "mcp": 404, "broker": 404, "metrics": 413}
+        statuses = {"aep": 413, "mcp": 413, "broker": 404, "metrics": 413}  # (MCP: the size first, decision MCP-2)
         for wing, answer in (await self._each(target, request(b"POST", b"/events", head))).items():
             judge(answer)
             self.assertEqual(answer.responses[0].status, statuses[wing], (wing, answer.describe()))
