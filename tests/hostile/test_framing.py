@@ -17,6 +17,7 @@ from twisted.trial.unittest import TestCase
 
 from tests.hostile.harness import DEADLINE, MAX_BODY, TOKEN, WINGS, Target, hostile, judge, request
 from tests.support.aep import event, ndjson
+from tests.support.connections import ws_request
 from tests.support.raw import Answer, parse_responses, raw_exchange
 
 AUTH = (b"Authorization", b"Bearer " + TOKEN.encode())
@@ -298,3 +299,50 @@ class ConnectionsPerClient(TestCase):
             if answer.responses and answer.responses[0].status != 503:
                 return
         self.fail(f"{wing} still refuses the client")
+
+    async def test_websockets_leave_the_count_once_upgraded(self) -> None:
+        target = await hostile(self, ["--max-client-connections", str(CAP)])
+        port = target.port("aep")
+        sockets = []
+        try:
+            for _ in range(CAP + RESERVE + 1):  # more than the cap and its reserve
+                s = socket.create_connection(("127.0.0.1", port), timeout=5)
+                s.sendall(ws_request("/socket?access_token=" + TOKEN))
+                self.assertTrue(s.recv(65536).startswith(b"HTTP/1.1 101"))
+                sockets.append(s)
+            answer = await target.send("aep", request(b"GET", b"/stream?live=0&access_token=" + TOKEN.encode()))
+            self.assertEqual(answer.responses[0].status, 200, answer.describe())
+        finally:
+            for s in sockets:
+                s.close()
+
+
+class ConnectionsPerForwardedClient(TestCase):
+    """Behind trusted proxies the client is the request's X-Forwarded-For address: one proxy's
+    connections are shared out among its clients, each held to the cap."""
+
+    timeout = 120
+
+    async def test_the_cap_is_per_forwarded_address(self) -> None:
+        target = await hostile(self, ["--max-client-connections", "1", "--trust-forwarded-for", "1"])
+        port = target.port("aep")
+
+        def stream(client: bytes) -> bytes:
+            return request(b"GET", b"/stream?access_token=" + TOKEN.encode(), [(b"X-Forwarded-For", client)], close=False)
+
+        held = socket.create_connection(("127.0.0.1", port), timeout=5)
+        try:
+            held.sendall(stream(b"203.0.113.7"))
+            self.assertTrue(held.recv(65536).startswith(b"HTTP/1.1 200"))
+            # The same client through the same proxy: over its cap of one (its health still answers).
+            answer = await target.send("aep", stream(b"203.0.113.7"))
+            self.assertEqual(answer.responses[0].status, 503, answer.describe())
+            self.assertEqual(_error(answer)["max_per_client"], 1)
+            answer = await target.send("aep", request(b"GET", b"/healthz", [(b"X-Forwarded-For", b"203.0.113.7")]))
+            self.assertEqual(answer.responses[0].status, 200, answer.describe())
+            # Another client through the same proxy is served.
+            answer = await target.send("aep", request(b"GET", b"/stream?live=0&access_token=" + TOKEN.encode(),
+                                                      [(b"X-Forwarded-For", b"198.51.100.9")]))
+            self.assertEqual(answer.responses[0].status, 200, answer.describe())
+        finally:
+            held.close()
