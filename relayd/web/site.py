@@ -129,9 +129,11 @@ class RelayChannel(ChannelHooks):
         if isinstance(site, RelaySite):
             self._relay_site = site
             self._deadlines = (site.clock, site.header_timeout, site.body_timeout)
+            # (Behind trusted proxies the client is known from each request's headers: getResourceFor.
+            # A UNIX socket's peers have no address to tell them apart: not counted.)
             if site.max_client_connections and not site.trust_forwarded_for and self.transport is not None:
-                # (Behind trusted proxies the client is known from each request's headers: getResourceFor.)
-                if not site.count_client(self, _host_of(self.transport.getPeer())):
+                host = getattr(self.transport.getPeer(), "host", None)
+                if host and not site.count_client(self, str(host)):
                     self._refuse(site.too_many_connections)
                     return
         self._start_header_clock()
