@@ -78,6 +78,7 @@ class Server:
     def __init__(self, *options: str) -> None:
         env = {k: v for k, v in os.environ.items() if k not in NODE_ENV and not k.startswith("RELAYD_")}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("BENCH_EXTRA_PATH"), str(ROOT)]))
+        env["RELAYD_MAX_CLIENT_CONNECTIONS"] = "0"  # every benchmark client is one address (bench/relayd_process.py)
         twistd = Path(sys.executable).with_name("twistd")
         argv = [sys.executable, str(twistd)] if twistd.exists() else [
             sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]

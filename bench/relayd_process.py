@@ -65,6 +65,9 @@ class RelaydServer:
     def __init__(self, *options: str, wait_for: tuple[str, ...] = ("aep",), env: dict[str, str] | None = None) -> None:
         environ = {k: v for k, v in os.environ.items() if not k.startswith(("AEP_", "RELAYD_"))}
         environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("BENCH_EXTRA_PATH"), str(ROOT)]))
+        # Every benchmark client is one address: no per-client connection cap (an environment
+        # variable, which a relayd older than the setting ignores, as a comparison run may use).
+        environ["RELAYD_MAX_CLIENT_CONNECTIONS"] = "0"
         environ.update(env or {})
         twistd = Path(sys.executable).with_name("twistd")
         argv = [sys.executable, str(twistd)] if twistd.exists() else [

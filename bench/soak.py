@@ -57,7 +57,7 @@ class Server:
 
     def __init__(self, workdir: Path, broker: dict[str, str] | None, aep_buffer: int) -> None:
         self.log_path = workdir / "relayd.log"
-        env = dict(os.environ, PYTHONPATH=str(ROOT), AEP_TOKEN=TOKEN)
+        env = dict(os.environ, PYTHONPATH=str(ROOT), AEP_TOKEN=TOKEN, RELAYD_MAX_CLIENT_CONNECTIONS="0")  # one client address
         twistd = Path(sys.executable).with_name("twistd")
         argv = [sys.executable, str(twistd)] if twistd.exists() else [
             sys.executable, "-c", "import sys; from twisted.scripts.twistd import run; sys.argv[0]='twistd'; run()"]

@@ -186,6 +186,12 @@ store_errors = Counter(
 http_requests = Counter(
     "relayd_http_requests", "HTTP requests answered, by relay and status code", ["relay", "code"], registry=REGISTRY
 )
+http_connections_refused = Counter(
+    "relayd_http_connections_refused",
+    "HTTP connections refused (503) because their client holds more than --max-client-connections, by relay",
+    ["relay"],
+    registry=REGISTRY,
+)
 
 # Process-level series (RSS, open fds, CPU, GC) on relayd's registry too.
 prometheus_client.ProcessCollector(registry=REGISTRY)

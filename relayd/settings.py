@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from relayd.config import Setting, endpoint, non_negative_int
 from relayd.web.browsers import host_entry, origin_entry
+from relayd.web.site import DEFAULT_MAX_CLIENT_CONNECTIONS, HEALTH_RESERVE
 
 
 def non_negative_seconds(text: str) -> float:
@@ -96,6 +97,16 @@ SETTINGS = [
         parse=positive_seconds,
         env=("RELAYD_IDLE_TIMEOUT",),
         metavar="SECONDS",
+    ),
+    Setting(
+        "max-client-connections",
+        DEFAULT_MAX_CLIENT_CONNECTIONS,
+        "Open HTTP connections one client address (its X-Forwarded-For address with --trust-forwarded-for) may "
+        f"hold on each relay's listeners; {HEALTH_RESERVE} more answer only the health check, the rest get 503 "
+        "(0: no cap)",
+        parse=non_negative_int,
+        env=("RELAYD_MAX_CLIENT_CONNECTIONS",),
+        metavar="N",
     ),
     Setting(
         "shutdown-grace",

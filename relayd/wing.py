@@ -114,6 +114,7 @@ def site_settings(settings: Resolved) -> SiteSettings:
         body_timeout=values.get("body-timeout", default.body_timeout),
         idle_timeout=values.get("idle-timeout", default.idle_timeout),
         access_log=not values.get("no-access-log", not default.access_log),
+        max_client_connections=values.get("max-client-connections", default.max_client_connections),
     )
 
 

@@ -58,6 +58,11 @@ PLUMBING_SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     ),
     "relayd_store_errors": ("counter", ("relay", "operation"), "Failures of a relay's store, by operation"),
     "relayd_http_requests": ("counter", ("relay", "code"), "HTTP requests answered, by relay and status code"),
+    "relayd_http_connections_refused": (
+        "counter",
+        ("relay",),
+        "HTTP connections refused (503) because their client holds more than --max-client-connections, by relay",
+    ),
 }
 WING_SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     # relayd/aep/metrics.py

@@ -318,7 +318,7 @@ class AEPResource(RoutedResource):
         is answered by C{GET} where that is a plain document; a stream or an upgrade has none."""
         table = RouteTable(not_found=NOT_FOUND, not_allowed=_not_allowed, refusals=REFUSALS)
         table.add("/healthz", {"GET": self.healthz})
-        table.add("/events", {"GET": self.discovery, "POST": self.ingest})
+        table.add("/events", {"GET": self.discovery, "POST": self.ingest}, checks={"POST": self._ingest_headers})
         table.add("/.well-known/aep", {"GET": self.discovery})
         table.add("/connections", {"GET": self.connections, "OPTIONS": self.preflight})
         table.add("/stream", {"GET": self.stream, "OPTIONS": self.preflight}, head=False)
@@ -358,19 +358,9 @@ class AEPResource(RoutedResource):
         refusal = self.browsers.refusal(_first(request.requestHeaders.getRawHeaders(b"host")), origin)
         return None if refusal is None else _forbidden(refusal)
 
-    def early_answer(self, request: Request) -> EarlyAnswer:
-        """The answer to a body over C{AEP_MAX_BODY}, in the reference's order of checks."""
-        origin = _first(request.requestHeaders.getRawHeaders(b"origin"))
-        refused = self._refused(request, origin)
-        if refused is not None:
-            return refused.status, list(refused.headers), refused.body
-        if not self.authorized(request):
-            return 401, list(self.browsers.cors(origin)), b""
-        if request.path == b"/events" and request.method == b"POST":
-            problem = self._header_problem(request)
-            if problem is not None:
-                _refused(str(problem[0]))
-                return problem
+    def too_large(self, request: Request) -> EarlyAnswer:
+        """The answer to a body over C{AEP_MAX_BODY}, once the headers passed the wall, the route
+        and L{_ingest_headers} (L{RoutedResource.early_answer}: the reference's order of checks)."""
         _refused("payload-too-large")
         body = dumps({"error": "payload-too-large", "max_bytes": self.max_body})
         return 413, [(b"content-type", JSON_TYPE)], body
@@ -418,14 +408,21 @@ class AEPResource(RoutedResource):
             return 415, [], b""
         return None
 
+    def _ingest_headers(self, request: Request) -> Answer | None:
+        """An ingest's C{426} or C{415} (counted), asked before its body is read and again here."""
+        problem = self._header_problem(request)
+        if problem is None:
+            return None
+        status, headers, body = problem
+        _refused(str(status))
+        return Answer(status, body, headers)
+
     def ingest(self, request: Request) -> Answer | Deferred[Answer]:
         """C{202} once the store has the batch; a batch of one slice into a synchronous store is
         answered in the render call (the fast path), a larger one a slice per reactor turn."""
-        problem = self._header_problem(request)
-        if problem is not None:
-            status, headers, body = problem
-            _refused(str(status))
-            return Answer(status, body, headers)
+        refusal = self._ingest_headers(request)
+        if refusal is not None:
+            return refusal
         parser = BatchParser(read_body(request), _media_type(request) == NDJSON_TYPE, self.max_batch)
         if parser.step(PARSE_SLICE):  # (an IngestError is the table's refusal)
             return self._store(parser.result())

@@ -103,8 +103,8 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> AEPService | None:
         browsers=plumbing.browsers,
     )
     site = RelaySite(
-        resource, body_limit=BodyLimit(config.max_body, resource.early_answer), settings=plumbing.site, relay="aep",
-        clock=plumbing.clock,
+        resource, body_limit=BodyLimit(config.max_body, resource.too_large, resource.early_answer),
+        settings=plumbing.site, relay="aep", clock=plumbing.clock, health_paths=frozenset({b"/healthz"}),
     )
     if isinstance(relay.log, MemoryEventLog):
         # The plainest ingest POSTs are answered beside twisted.web's Request, at about a fifth less CPU

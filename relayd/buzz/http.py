@@ -13,7 +13,6 @@ from typing import Any, Callable, Sequence
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
-from twisted.web.resource import Resource
 from twisted.web.server import Request
 
 from relayd.buzz import contract
@@ -79,7 +78,7 @@ class BrokerResource(RoutedResource):
         self.host = host
         self.upstream = upstream
         table = RouteTable(not_found=_NOT_FOUND, not_allowed=_NOT_ALLOWED.__getitem__, refusals=REFUSALS)
-        table.add("/v1/action", {"POST": self._action})
+        table.add("/v1/action", {"POST": self._action}, checks={"POST": _media_refusal})
         table.add("/healthz", {"GET": self._health})
         super().__init__(table)
 
@@ -99,16 +98,24 @@ class BrokerResource(RoutedResource):
         return json_answer(200, contract.dumps(body))
 
     def _action(self, request: Request) -> Answer | Deferred[Answer]:
-        headers = request.requestHeaders
-        if not is_json(headers.getRawHeaders(b"content-type")):
-            return _NOT_JSON
-        if not _identity_coded(headers.getRawHeaders(b"content-encoding")):
-            return _CODED
-        verdict = self.host.handle(headers.getRawHeaders(b"authorization"), read_body(request))
+        refusal = _media_refusal(request)
+        if refusal is not None:
+            return refusal
+        verdict = self.host.handle(request.requestHeaders.getRawHeaders(b"authorization"), read_body(request))
         # A replay (every store answered at once) is answered by the render call itself; a verdict
         # that comes later is written then, unless its client has left (routes.gone): the host has
         # kept what a retry needs before it answers.
         return answer_when(verdict, _answer, REFUSALS.answer)
+
+
+def _media_refusal(request: Request) -> Answer | None:
+    """The C{415} of an action whose body is not plain JSON (asked before the body is read too)."""
+    headers = request.requestHeaders
+    if not is_json(headers.getRawHeaders(b"content-type")):
+        return _NOT_JSON
+    if not _identity_coded(headers.getRawHeaders(b"content-encoding")):
+        return _CODED
+    return None
 
 
 def _answer(verdict: tuple[int, bytes]) -> Answer:
@@ -116,17 +123,18 @@ def _answer(verdict: tuple[int, bytes]) -> Answer:
     return json_answer(status, body)
 
 
-def make_root(host: BrokerHost, upstream: Callable[[], dict[str, Any]] | None = None) -> Resource:
+def make_root(host: BrokerHost, upstream: Callable[[], dict[str, Any]] | None = None) -> BrokerResource:
     """The resource tree: one leaf that serves C{/v1/action} and C{/healthz} (with C{upstream()}, the
     relay's reachability) and refuses every other path."""
     return BrokerResource(host, upstream)
 
 
-def body_limit(max_bytes: int) -> BodyLimit:
-    """The site's body cap: an oversize body gets 413 before the upload ends."""
+def body_limit(max_bytes: int, check: Callable[[Request], EarlyAnswer | None] | None = None) -> BodyLimit:
+    """The site's body cap: an oversize body gets 413 before the upload ends (after C{check}, the
+    resource's L{BrokerResource.early_answer}: what the headers alone refuse)."""
 
     def respond(request: Any) -> EarlyAnswer:
         body = contract.dumps({"error": "invalid_request", "message": f"request body exceeds {max_bytes} bytes"})
         return 413, [(b"content-type", _JSON)], body
 
-    return BodyLimit(max_bytes, respond)
+    return BodyLimit(max_bytes, respond, check)

@@ -217,9 +217,10 @@ class BrokerService(HTTPWingService):
                 retention=receipt_retention, max_receipts=max_receipts,
             )
         self.host = BrokerHost(self.state, self.state, receipts, self.ops, max_agent_depth=max_agent_depth)
+        root = make_root(self.host, self.upstream.status)
         relay_site = RelaySite(
-            make_root(self.host, self.upstream.status), body_limit=body_limit(max_body), settings=site, relay="broker",
-            clock=clock,
+            root, body_limit=body_limit(max_body, root.early_answer), settings=site, relay="broker", clock=clock,
+            health_paths=frozenset({b"/healthz"}),
         )
         super().__init__("broker", relay_site, listen, reactor, clock, settle=self.host.wait_idle, grace=grace)
         # Read at scrape time by the metrics listener; registered while the service runs.

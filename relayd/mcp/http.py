@@ -110,6 +110,11 @@ def _token(request: Request) -> str:
     return bearer_token(request) or query_param(request, "token") or ""
 
 
+def _tokenless(request: Request) -> Answer | None:
+    """The tunnel's refusal of a frame posted without a token (TunnelRelay.inbox, outbox)."""
+    return None if _token(request) else refused_answer(Refused("invalid_token_or_frame"))
+
+
 def _direction(request: Request) -> str:
     return OUTBOUND if query_param(request, "direction") == "outbound" else INBOUND
 
@@ -235,7 +240,7 @@ class McpResource(RoutedResource):
         self.prefix = prefix.encode("utf-8")
         self.max_frames = max_frames
         self.max_bytes = max_bytes
-        self._health = {b"/", b"/healthz", self.prefix + b"/"}
+        self.health_paths = frozenset({b"/", b"/healthz", self.prefix + b"/"})
         self._add_routes(prefix)
 
     def _add_routes(self, prefix: str) -> None:
@@ -245,8 +250,10 @@ class McpResource(RoutedResource):
         table.add("/", {"GET": self._healthz}, prefix)
         options = self._options
         table.add("/register", {"POST": self._register, "OPTIONS": options}, prefix)
-        table.add("/{session}/inbox", {"POST": self._inbox, "OPTIONS": options}, prefix)
-        table.add("/{session}/outbox", {"POST": self._outbox, "OPTIONS": options}, prefix)
+        # A frame without a token is refused as the tunnel would refuse it, before its body is read.
+        no_token = {"POST": _tokenless}
+        table.add("/{session}/inbox", {"POST": self._inbox, "OPTIONS": options}, prefix, checks=no_token)
+        table.add("/{session}/outbox", {"POST": self._outbox, "OPTIONS": options}, prefix, checks=no_token)
         table.add("/{session}/unregister", {"POST": self._unregister, "OPTIONS": options}, prefix)
         # HEAD on a stream or a poll authenticates without subscribing or taking (see _head).
         table.add("/{session}/events", {"GET": self._events, "HEAD": self._head_events, "OPTIONS": options}, prefix)
@@ -260,11 +267,11 @@ class McpResource(RoutedResource):
     # before routing ----------------------------------------------------------------------------
 
     def prepare(self, request: Request) -> Answer | None:
-        if request.uri in self._health:
+        if request.uri in self.health_paths:
             return None  # health carries no CORS
         # docs/decisions.md MCP-3: every answer a browser may need to read carries CORS, 404 included.
         self.policy.apply(request)
-        if request.path in self._health:
+        if request.path in self.health_paths:
             # Health is the whole target, as the Node relay matches it: "/?x=1" is no route at all.
             return self.table.not_found
         return None

@@ -154,8 +154,9 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> McpService | None:
         demo=demo_page() if mcp.demo else None,
     )
     site = RelaySite(
-        resource, body_limit=BodyLimit(MAX_BODY, resource.too_large), settings=plumbing.site, relay="mcp",
-        clock=plumbing.clock,
+        # docs/decisions.md MCP-2: an oversize body is a 413 whatever else is wrong (the size first).
+        resource, body_limit=BodyLimit(MAX_BODY, resource.too_large, resource.early_answer, size_first=True),
+        settings=plumbing.site, relay="mcp", clock=plumbing.clock, health_paths=resource.health_paths,
     )
     line = f"ttl={round(mcp.ttl_ms / 1000)}s, cors={mcp.cors.describe()} from {mcp.cors_source}"
     for description in listen:

@@ -101,6 +101,7 @@ class HeldResponse:
     def connectionLost(self, reason: Failure) -> None:
         # The transport has told the stream already (it is the transport's producer).
         self._access()
+        self.site.held_closed(self.peer)
 
     def logPrefix(self) -> str:
         return "HeldResponse"
@@ -128,5 +129,5 @@ def hold(request: Request, producer: IPushProducer) -> HeldResponse | None:
     # The request and the channel hold each other; nothing else holds either once the transport
     # has a new protocol, so breaking that one cycle frees both now (a frozen collector would not).
     channel.requests.remove(request)
-    site.track(held)
+    site.track(held, channel)
     return held

@@ -53,7 +53,8 @@ def make_service(
     """The metrics listener: an C{HTTPWingService} named C{metrics} serving L{MetricsResource},
     its site built with the process's site settings and its shutdown with its grace."""
     relay_site = RelaySite(
-        MetricsResource(), body_limit=BodyLimit(64 * 1024, _too_large), settings=site, relay="metrics", clock=clock
+        MetricsResource(), body_limit=BodyLimit(64 * 1024, _too_large), settings=site, relay="metrics", clock=clock,
+        health_paths=frozenset({b"/metrics"}),
     )
     return HTTPWingService("metrics", relay_site, listen, reactor, clock, grace=grace)
 

@@ -23,6 +23,7 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
+from relayd.web.body import EarlyAnswer
 from relayd.web.twisted_internals import request_gone
 
 JSON_TYPE: Final = b"application/json"
@@ -59,6 +60,9 @@ Result = Union[Answer, "Deferred[Answer]", _Taken]
 _T = TypeVar("_T")
 Handler = Callable[..., Result]
 """C{handler(request, **parts)}: the path's named parts as keyword arguments (C{str})."""
+HeaderCheck = Callable[[Request], "Answer | None"]
+"""What a route refuses from a request's headers alone (a media type, a version), or C{None}: asked
+before the body is read (L{RoutedResource.early_answer}) and by the handler itself."""
 
 
 def gone(request: Request) -> bool:
@@ -164,6 +168,7 @@ class _Route:
     pattern: re.Pattern[bytes] | None  # None: matched by the exact path
     methods: dict[bytes, Handler] = field(default_factory=dict)
     other: Handler | None = None  # every method not named (C{"*"})
+    checks: dict[bytes, HeaderCheck] = field(default_factory=dict)  # by method
     allow: bytes = b""
     not_allowed: Answer = Answer(405)  # its 405, made by RouteTable.add once its methods are known
 
@@ -192,13 +197,22 @@ class RouteTable:
         self._exact: dict[bytes, _Route] = {}
         self._patterns: list[_Route] = []
 
-    def add(self, path: str, handlers: Mapping[str, Handler], prefix: str = "", *, head: bool = True) -> None:
+    def add(
+        self,
+        path: str,
+        handlers: Mapping[str, Handler],
+        prefix: str = "",
+        *,
+        head: bool = True,
+        checks: Mapping[str, HeaderCheck] | None = None,
+    ) -> None:
         """Serve C{prefix + path}: each method in C{handlers} by its handler (C{HEAD} by C{GET}'s if
         not named, unless C{head} is false: a stream, an upgrade, whose C{HEAD} is a C{405}).
         C{prefix} is literal (an operator's, braces and all); only C{path} names parts.
 
         A handler under C{"*"} takes every method not named (a protocol whose checks come before
-        the method's, or whose C{405} is its own); C{Allow} lists the named ones.
+        the method's, or whose C{405} is its own); C{Allow} lists the named ones. C{checks} are
+        the L{HeaderCheck}s of some of the methods, asked before their body is read.
         """
         methods = {m.encode("ascii"): h for m, h in handlers.items()}
         other = methods.pop(b"*", None)
@@ -216,6 +230,7 @@ class RouteTable:
             route.methods.update(methods)
         if other is not None:
             route.other = other
+        route.checks.update((m.encode("ascii"), check) for m, check in (checks or {}).items())
         route.allow = b", ".join(sorted(route.methods, key=_method_rank))
         body = self.not_allowed(route.allow) if callable(self.not_allowed) else self.not_allowed
         route.not_allowed = json_answer(405, body, ((b"allow", route.allow),))
@@ -240,6 +255,19 @@ class RouteTable:
         if handler is None:
             return route.not_allowed
         return handler, parts
+
+    def refuse_early(self, request: Request) -> Answer | None:
+        """The C{404}/C{405} of C{request}'s method and path, or its route's L{HeaderCheck}'s answer;
+        C{None} when the headers refuse nothing."""
+        found = self._find(request.path)
+        if found is None:
+            return self.not_found
+        route = found[0]
+        method = request.method
+        if method not in route.methods and route.other is None:
+            return route.not_allowed
+        check = route.checks.get(method)
+        return None if check is None else check(request)
 
     def allowed(self, path: bytes) -> bytes | None:
         """The C{Allow} value of C{path} (its named methods), or C{None} when the table does not serve it."""
@@ -267,6 +295,16 @@ class RoutedResource(Resource):
     def prepare(self, request: Request) -> Answer | None:
         """Called before routing; an answer here is the response."""
         return None
+
+    def early_answer(self, request: Request) -> EarlyAnswer | None:
+        """What the headers alone refuse, at their end, before a body is read (a site's
+        L{BodyLimit.check}): L{prepare}'s answer, the route's C{404}/C{405} or its L{HeaderCheck}'s,
+        with the headers L{prepare} set; C{None} to read the body and render."""
+        answer = self.prepare(request) or self.table.refuse_early(request)
+        if answer is None:
+            return None
+        set_before = [(name, value) for name, values in request.responseHeaders.getAllRawHeaders() for value in values]
+        return answer.status, [*set_before, *answer.headers], answer.body
 
     def render(self, request: Request) -> bytes | int:
         answer = self.prepare(request)

@@ -37,7 +37,7 @@ def read_simple_post(
     """The POST that C{data} holds exactly (no byte before or after it), to one of C{paths}, or
     C{None} when C{data} is anything else or anything unusual: another method or version, a query
     string, a header block over C{max_header_bytes} or C{max_fields}, a bare line feed, a folded or
-    repeated header, a header name that is not a token, no C{Content-Length} (or one of more than
+    repeated header, a header name that is not a token, a NUL, no C{Content-Length} (or one of more than
     C{max_length_digits} digits, or not all digits), a body not all there, bytes after it, C{Connection}
     other than C{keep-alive}, or any of L{_DECLINED}."""
     line_end = data.find(b"\r\n", 0, max_header_bytes)
@@ -52,8 +52,10 @@ def read_simple_post(
         return None
     block = data[line_end + 2 : end]
     bare = block.replace(b"\r\n", b"")
-    if b"\n" in bare or b"\r" in bare:
-        return None  # a bare line feed or carriage return: twisted.web's reading of it applies
+    if b"\n" in bare or b"\r" in bare or b"\x00" in bare:
+        # A bare line feed or carriage return, or a NUL (which twisted.web refuses in a header value,
+        # RFC 9110 5.5, where other controls and obs-text pass): twisted.web's reading of it applies.
+        return None
     lines = block.split(b"\r\n") if block else []
     if len(lines) > max_fields:
         return None

@@ -14,7 +14,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import resource as _resource
 from twisted.web import server as _server
-from twisted.web.http import RESPONSES, datetimeToString, parse_qs
+from twisted.web.http import RESPONSES, datetimeToString
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Site
 
@@ -31,6 +31,7 @@ from relayd.web.twisted_internals import (
     between_requests,
     channel_of,
     channel_protocol,
+    held_line,
     request_line,
 )
 
@@ -46,12 +47,18 @@ _HEADERS_TOO_LARGE = (
     b'{"error":"header_fields_too_large","max_bytes":%d,"max_fields":%d}' % (MAX_HEADER_BYTES, MAX_HEADER_FIELDS),
 )
 _REQUEST_TIMEOUT = (408, b"Request Timeout", b'{"error":"request_timeout"}')
+_BARE_LINE_FEED = (
+    400, b"Bad Request", b'{"error":"bad_request","reason":"every line of the request line and headers must end with CRLF"}'
+)
 # A Content-Length with more digits than this is larger than any body cap; Python's int() refuses
 # over 4300 digits, which Twisted's parser does not expect (an unhandled ValueError, no answer).
 _LENGTH_DIGITS = 18
 # A read longer than this that holds a header block and more is parsed in two parts (RelayChannel._read).
 _SPLIT_READS_OVER = 4096
 DEFAULT_HEADER_TIMEOUT = 20.0
+DEFAULT_MAX_CLIENT_CONNECTIONS = 256
+HEALTH_RESERVE = 4
+"""Connections a client may open beyond its cap that answer only the health check (503 otherwise)."""
 DEFAULT_BODY_TIMEOUT = 60.0
 DEFAULT_IDLE_TIMEOUT = 60.0
 _MAX_SHARED_ADDRESSES = 64
@@ -85,6 +92,12 @@ class RelayChannel(ChannelHooks):
     # Twisted builds requests (which ask getHost) only once connected; before that, or outside a
     # RelaySite, getHost answers the plain address.
     _relay_site: RelaySite | None = None
+    client: str | None = None
+    """The client this connection is counted for under the site's per-client cap (None: not counted)."""
+    crowded = False
+    """Whether the connection is one of its client's L{HEALTH_RESERVE}: it answers the health check only."""
+    reading = False
+    """Whether a read is being parsed (what a request answered within it replays is parsed by it)."""
     unparsed = 0
     """Bytes of the read being handled that the parser has not been handed yet (what follows a
     header block, L{_read}): a stream must not take the connection over from under them."""
@@ -116,19 +129,35 @@ class RelayChannel(ChannelHooks):
         if isinstance(site, RelaySite):
             self._relay_site = site
             self._deadlines = (site.clock, site.header_timeout, site.body_timeout)
+            # (Behind trusted proxies the client is known from each request's headers: getResourceFor.
+            # A UNIX socket's peers have no address to tell them apart: not counted.)
+            if site.max_client_connections and not site.trust_forwarded_for and self.transport is not None:
+                host = getattr(self.transport.getPeer(), "host", None)
+                if host and not site.count_client(self, str(host)):
+                    self._refuse(site.too_many_connections)
+                    return
         self._start_header_clock()
 
     def dataReceived(self, data: bytes) -> None:
         if self._header_call is None and self.line_mode:
             self._start_header_clock()
-        transport = self.transport
-        if not hold_writes(transport):
+        if self.reading:  # a request answered within the read replays what followed it
             self._read(data)
             return
+        transport = self.transport
+        held = hold_writes(transport)
+        self.reading = True
         try:
             self._read(data)
+            # A line the reader holds unsplit once a read is parsed holds no CRLF: a line feed there
+            # is a bare one, after which the client waits for an answer that would come only with
+            # the header timeout.
+            if self.line_mode and not self.paused and b"\n" in held_line(self) and _open(self.transport):
+                self._refuse(_BARE_LINE_FEED)
         finally:
-            release_writes(transport)
+            del self.reading
+            if held:
+                release_writes(transport)
 
     def _read(self, data: bytes) -> None:
         site = self._relay_site
@@ -190,6 +219,27 @@ class RelayChannel(ChannelHooks):
                     started=started)
         return True
 
+    def body_arrived(self) -> int:
+        """Bytes of the read being handled that follow the header block just parsed (a body that
+        came whole with its headers is among them)."""
+        return len(held_line(self)) + self.unparsed
+
+    def lineReceived(self, line: bytes) -> None:
+        if b"\n" in line:
+            self._refuse(_BARE_LINE_FEED)
+            return
+        super().lineReceived(line)
+
+    def chunk_size(self, size: int) -> None:
+        request = self.requests[-1] if self.requests else None
+        if isinstance(request, LimitedRequest):
+            request.chunk_announced(size)
+
+    def send_continue(self) -> None:
+        request = self.requests[-1] if self.requests else None
+        if not getattr(request, "refused", False):  # answered early: the client must not send its body
+            super().send_continue()
+
     def allHeadersReceived(self) -> None:
         self._stop_header_clock()
         deadlines = self._deadlines
@@ -203,6 +253,10 @@ class RelayChannel(ChannelHooks):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._stop_header_clock()
+        site = self._relay_site
+        if self.client is not None and site is not None:
+            site.client_left(self.client)
+            del self.client
         super().connectionLost(reason)
 
     def _start_header_clock(self) -> None:
@@ -300,31 +354,23 @@ class RelayRequest(LimitedRequest):
         channel = getattr(self, "channel", None)  # gone once the response has finished
         if channel is not None and channel.transport is None and not self.finished:
             self._access(101)  # a WebSocket upgrade took the connection over; no finish() will come
+            # Nothing tells the site when a WebSocket ends: it leaves the per-client count now.
+            site = getattr(channel, "site", None)
+            if isinstance(site, RelaySite) and getattr(channel, "client", None) is not None:
+                site.client_left(channel.client)
+                channel.client = None
 
     def connectionLost(self, reason: Any) -> None:
         if self._received_at is not None and not self.finished:
             self._access(self.code)
         super().connectionLost(reason)
 
-    def _refuse(self, limit: BodyLimit) -> None:
-        answered: list[EarlyAnswer] = []
-
-        def respond(request: Any) -> EarlyAnswer:
-            # The body is refused while the headers are still being read: the request has not been
-            # "received", so its path still carries the query and it has no args. The wing's answer
-            # reads both (AEP's auth wall takes ?access_token=), as for any other request.
-            request.path, _, query = request.uri.partition(b"?")
-            request.args = parse_qs(query, 1)
-            answered.append(limit.respond(request))
-            return answered[0]
-
-        super()._refuse(BodyLimit(limit.max_bytes, respond))
-        if answered:
-            self.code = answered[0][0]
-            self.sentLength = len(answered[0][2])
-            if self._received_at is None:
-                self._received_at = _durations(self)()
-            self._access(self.code)
+    def answered_early(self, status: int, sent: int) -> None:
+        self.code = status
+        self.sentLength = sent
+        if self._received_at is None:
+            self._received_at = _durations(self)()
+        self._access(status)
 
     def _access(self, status: int) -> None:
         if self._logged:
@@ -348,14 +394,20 @@ class JSONError(Resource):
 
     isLeaf = True
 
-    def __init__(self, status: int, error: str, allow: bytes | None = None) -> None:
+    def __init__(
+        self, status: int, error: str, allow: bytes | None = None, body: bytes | None = None, close: bool = False
+    ) -> None:
         super().__init__()
         self.status = status
-        self.body = b'{"error":"%s"}' % error.encode("ascii")
+        self.body = body if body is not None else b'{"error":"%s"}' % error.encode("ascii")
         self.allow = allow
+        self.close = close
 
     def render(self, request: Any) -> bytes:
         request.setResponseCode(self.status)
+        if self.close:
+            request.setHeader(b"connection", b"close")
+            request.channel.persistent = False  # (twisted.web then closes once it is sent)
         request.setHeader(b"content-type", b"application/json")
         request.setHeader(b"content-length", b"%d" % len(self.body))
         if self.allow is not None:
@@ -414,6 +466,9 @@ class SiteSettings:
     @ivar body_timeout: seconds a request body may take once the headers are in (C{408} after).
     @ivar idle_timeout: seconds a connection may sit idle (Twisted's C{timeOut}).
     @ivar access_log: whether to log a line per request.
+    @ivar max_client_connections: open connections one client (its address, or its forwarded
+        address behind trusted proxies) may hold on one wing's listeners (0: no cap); beyond it,
+        L{HEALTH_RESERVE} more answer only the health check, and the rest are refused with C{503}.
     """
 
     trust_forwarded_for: int = 0
@@ -421,6 +476,7 @@ class SiteSettings:
     body_timeout: float | None = DEFAULT_BODY_TIMEOUT
     idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT
     access_log: bool = True
+    max_client_connections: int = DEFAULT_MAX_CLIENT_CONNECTIONS
 
 
 DEFAULT_SITE_SETTINGS = SiteSettings()
@@ -459,6 +515,7 @@ class RelaySite(Site):
         settings: SiteSettings = DEFAULT_SITE_SETTINGS,
         relay: str | None = None,
         clock: Timekeeper | None = None,
+        health_paths: frozenset[bytes] = frozenset(),
         **kw: Any,
     ) -> None:
         # relayd takes no HTML form posts; Twisted's form parsing runs every POST's content type
@@ -480,6 +537,15 @@ class RelaySite(Site):
         self.body_timeout: float | None = settings.body_timeout
         self.timeOut = settings.idle_timeout
         self.access_log: bool = settings.access_log
+        self.max_client_connections: int = settings.max_client_connections
+        self.health_paths = health_paths
+        self.too_many_connections = (
+            503,
+            b"Service Unavailable",
+            b'{"error":"too_many_connections","max_per_client":%d}' % self.max_client_connections,
+        )
+        self._crowded = JSONError(503, "", body=self.too_many_connections[2], close=True)
+        self._clients: dict[str, int] = {}  # open connections per client, under the cap
         self._protocols: weakref.WeakSet[Any] = weakref.WeakSet()
         # Paths whose plain POSTs the wing answers itself, beside twisted.web (relayd.web.simple_post):
         # the handler answers, or declines with None before it has done anything.
@@ -506,16 +572,67 @@ class RelaySite(Site):
         self._protocols.add(protocol)
         return protocol
 
-    def track(self, protocol: Any) -> None:
+    def track(self, protocol: Any, channel: Any = None) -> None:
         """Count C{protocol} among this site's connections (for drain) though the site did not build
-        it: a held stream's, once it has left twisted.web (relayd.web.held)."""
+        it: a held stream's, once it has left twisted.web (relayd.web.held) from C{channel}, whose
+        place under the per-client cap it takes (L{held_closed} when it ends)."""
         self._protocols.add(protocol)
+        if channel is not None and getattr(channel, "client", None) is not None:
+            channel.client = None  # (its client is the held stream's peer: the same address)
+
+    def held_closed(self, peer: str) -> None:
+        """A held stream of C{peer} ended: its connection leaves the per-client count."""
+        if self.max_client_connections:
+            self.client_left(peer)
 
     def getResourceFor(self, request: Any) -> IResource:
         """The addressed resource, or a L{JSONError} where Twisted would answer in HTML (a path
-        nothing serves) or with C{501} (a method the resource has no C{render_} for)."""
+        nothing serves) or with C{501} (a method the resource has no C{render_} for), or C{503}
+        when the client holds more connections than L{max_client_connections}."""
+        if self.max_client_connections:
+            crowded = self._crowded_request(request)
+            if crowded is not None:
+                return crowded
         found = super().getResourceFor(request)
         return _json_answer(found, request.method) or found
+
+    def _crowded_request(self, request: Any) -> IResource | None:
+        channel = getattr(request, "channel", None)
+        if not isinstance(channel, RelayChannel):
+            return None
+        if self.trust_forwarded_for:
+            # The client is the request's: a proxy's connection counts for its latest client.
+            client = self.client_address(request)
+            if client != channel.client:
+                if channel.client is not None:
+                    self.client_left(channel.client)
+                    del channel.client
+                if not self.count_client(channel, client):
+                    return self._crowded
+        if channel.crowded and request.path not in self.health_paths:
+            metrics.http_connections_refused.labels(relay=self.relay or "http").inc()
+            return self._crowded
+        return None
+
+    def count_client(self, channel: RelayChannel, client: str) -> bool:
+        """Count C{channel} for C{client}; C{False} (then not counted) when C{client} already holds
+        its cap and its L{HEALTH_RESERVE}. Within the reserve the channel is marked C{crowded}."""
+        count = self._clients.get(client, 0) + 1
+        if count > self.max_client_connections + HEALTH_RESERVE:
+            metrics.http_connections_refused.labels(relay=self.relay or "http").inc()
+            return False
+        self._clients[client] = count
+        channel.client = client
+        channel.crowded = count > self.max_client_connections
+        return True
+
+    def client_left(self, client: str) -> None:
+        """One connection counted for C{client} closed (or left HTTP: a WebSocket)."""
+        count = self._clients.get(client, 0) - 1
+        if count > 0:
+            self._clients[client] = count
+        else:
+            self._clients.pop(client, None)
 
     def log(self, request: Any) -> None:
         """Called by twisted.web when a response finishes: relayd's access line, not Twisted's."""
@@ -590,6 +707,11 @@ def _transport(protocol: Any) -> Any:
 def _connected(protocol: Any) -> bool:
     transport = _transport(protocol)
     return transport is not None and bool(getattr(transport, "connected", False))
+
+
+def _open(transport: Any) -> bool:
+    """Whether C{transport} is there and not closing (nothing was answered that closes it)."""
+    return transport is not None and not getattr(transport, "disconnecting", False)
 
 
 def _durations(request: Any) -> Callable[[], float]:

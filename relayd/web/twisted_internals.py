@@ -325,8 +325,37 @@ CHANNEL_PIPELINE = code_uses(http.HTTPChannel.requestDone, "_waitingForTransport
 CHANNEL_LENGTH_HOOK = hasattr(http.HTTPChannel, "_maybeChooseTransferDecoder")
 CHANNEL_BAD_REQUEST_HOOK = hasattr(http.HTTPChannel, "_respondToBadRequestAndDisconnect")
 GENERIC_CHANNEL = hasattr(http, "_GenericHTTPChannelProtocol")
+CHANNEL_CONTINUE_HOOK = code_uses(http.HTTPChannel.allHeadersReceived, "_send100Continue")
+CHUNK_SIZE_HOOK = (
+    CHANNEL_LENGTH_HOOK
+    and code_uses(http.HTTPChannel._maybeChooseTransferDecoder, "_ChunkedTransferDecoder", "_transferDecoder")
+    and code_uses(http._ChunkedTransferDecoder.dataReceived, "state")
+    and code_uses(http._ChunkedTransferDecoder._dataReceived_CHUNK_LENGTH, "length", "state")
+    and code_uses(http._ChunkedTransferDecoder.__init__, "dataCallback", "finishCallback")
+)
 """What each L{ChannelHooks} method and L{channel_protocol} rely on: C{HTTPChannel}'s header counts,
-its pause state and network producer, its two private hooks, and the HTTP/1.1-or-2 wrapper."""
+its pause state and network producer, its private hooks (the length headers, the bad request, the
+C{100 Continue}), its chunked decoder's chunk-size state, and the HTTP/1.1-or-2 wrapper."""
+
+
+class _AnnouncedChunks(http._ChunkedTransferDecoder):
+    """Twisted's chunked decoder that tells C{announce} each chunk's size as soon as its size line
+    is read (Twisted's own says nothing until the chunk's bytes arrive)."""
+
+    def __init__(self, decoder: Any, announce: Callable[[int], None]) -> None:
+        super().__init__(decoder.dataCallback, decoder.finishCallback)
+        self.announce = announce
+
+    def _dataReceived_CHUNK_LENGTH(self) -> bool:
+        read = bool(super()._dataReceived_CHUNK_LENGTH())
+        if read and self.state == "BODY":
+            self.announce(self.length)
+        return read
+
+
+def held_line(channel: Any) -> bytes:
+    """What C{channel}'s line reader holds of a line it has not split off yet (C{b""} if unknown)."""
+    return channel._buffer if CHANNEL_READ_AHEAD else b""
 
 
 class ChannelHooks(http.HTTPChannel):
@@ -385,11 +414,25 @@ class ChannelHooks(http.HTTPChannel):
         """Answer a malformed request (Twisted's bare C{400} unless a subclass says otherwise)."""
         super()._respondToBadRequestAndDisconnect()
 
+    def chunk_size(self, size: int) -> None:
+        """A chunk of C{size} bytes (> 0) of the request body follows (a subclass may refuse it now;
+        not called when Twisted's decoder is not the one this knows)."""
+
+    def send_continue(self) -> None:
+        """Send C{100 Continue} for a request whose headers asked for it (a subclass may not)."""
+        super()._send100Continue()
+
     def _maybeChooseTransferDecoder(self, header: bytes, data: bytes) -> bool:
-        # Called for every header field: only a long value costs a call.
+        # Called for every header field: only a long value, or "chunked", costs a call.
         if CHANNEL_LENGTH_HOOK and len(data) > self.length_digits:
             data = self.length_header(header, data)
-        return bool(super()._maybeChooseTransferDecoder(header, data))
+        chosen = bool(super()._maybeChooseTransferDecoder(header, data))
+        if chosen and CHUNK_SIZE_HOOK and len(data) == 7 and type(self._transferDecoder) is http._ChunkedTransferDecoder:
+            self._transferDecoder = _AnnouncedChunks(self._transferDecoder, self.chunk_size)
+        return chosen
+
+    def _send100Continue(self) -> None:
+        self.send_continue()
 
     def _respondToBadRequestAndDisconnect(self) -> None:
         if CHANNEL_BAD_REQUEST_HOOK:

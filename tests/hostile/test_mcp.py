@@ -487,7 +487,7 @@ class NeverReadingClients(TestCase):
         cap = 16 * MiB
         require_open_files(parked + 512)
         proc = await start_mcp_process(
-            self, "--no-access-log", f"--mcp-max-buffered-bytes={cap}",
+            self, "--no-access-log", f"--mcp-max-buffered-bytes={cap}", "--max-client-connections=0",
             "--metrics-listen", "tcp:0:interface=127.0.0.1",
             listen="tcp:0:interface=127.0.0.1:backlog=1024", wait_for=("mcp", "metrics"),
         )

@@ -43,7 +43,8 @@ class IdleConnections(TestCase):
         # A backlog above the default 50: thousands of connects in a burst would otherwise wait for SYN retries.
         proc = await RelaydProcess.start_for(
             self,
-            ["--aep-listen", "tcp:0:interface=127.0.0.1:backlog=1024", "--no-mcp", "--no-access-log"]
+            ["--aep-listen", "tcp:0:interface=127.0.0.1:backlog=1024", "--no-mcp", "--no-access-log",
+             "--max-client-connections", "0"]  # (every connection is from 127.0.0.1)
         )
         port, pid = proc.port("aep"), proc.transport.pid
         held: list[HeldConnection] = []

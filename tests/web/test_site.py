@@ -8,6 +8,7 @@ from typing import Any
 
 import treq
 from twisted.internet import reactor, task
+from twisted.internet.address import IPv4Address, UNIXAddress
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.testing import EventLoggingObserver, StringTransport
@@ -21,7 +22,7 @@ from twisted.web.server import NOT_DONE_YET
 from relayd.clock import Timekeeper
 from relayd.web import twisted_internals as fence
 from relayd.web.body import BodyLimit
-from relayd.web.site import RelaySite
+from relayd.web.site import HEALTH_RESERVE, RelaySite, SiteSettings
 from relayd.web.sse import SSEHub, SSEStream
 from tests.support.aep import AEPRelay, event, ndjson
 from tests.support.raw import RawClient, exchange
@@ -388,3 +389,26 @@ class HeadersThenBody(TestCase):
         self.assertEqual(self.reads, [refused])
         self.assertTrue(self.transport.value().startswith(b"HTTP/1.1 413"))
         self.assertEqual(self.resource.bodies, [])
+
+
+class ClientCap(TestCase):
+    """The per-client connection cap as connections arrive (tests/hostile/test_framing.py attacks a
+    real relayd with it)."""
+
+    def _connect(self, site: RelaySite, peer: Any) -> StringTransport:
+        transport = StringTransport(peerAddress=peer)
+        site.buildProtocol(peer).makeConnection(transport)
+        return transport
+
+    def test_the_cap_and_its_reserve_then_refused_at_once(self) -> None:
+        site = RelaySite(_Plain(), settings=SiteSettings(max_client_connections=2), reactor=task.Clock())
+        peers = [IPv4Address("TCP", "192.0.2.1", 40000 + i) for i in range(2 + HEALTH_RESERVE + 1)]
+        answers = [self._connect(site, peer).value() for peer in peers]
+        self.assertEqual(answers[:-1], [b""] * (2 + HEALTH_RESERVE))  # counted, nothing said yet
+        self.assertTrue(answers[-1].startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answers[-1])
+        self.assertEqual(self._connect(site, IPv4Address("TCP", "192.0.2.2", 40000)).value(), b"")  # another client
+
+    def test_unix_socket_peers_are_not_counted(self) -> None:
+        # Their peers have no address to tell them apart (a local proxy's): one cap for all would be wrong.
+        site = RelaySite(_Plain(), settings=SiteSettings(max_client_connections=1), reactor=task.Clock())
+        self.assertEqual([self._connect(site, UNIXAddress(None)).value() for _ in range(10)], [b""] * 10)

@@ -403,6 +403,17 @@ class _Recording(fence.ChannelHooks):
         self.lengths: list[tuple[bytes, bytes]] = []
         self.bad = 0
         self.too_large = 0
+        self.chunks: list[int] = []
+        self.continues = 0
+        self.continue_refused = False
+
+    def chunk_size(self, size: int) -> None:
+        self.chunks.append(size)
+
+    def send_continue(self) -> None:
+        self.continues += 1
+        if not self.continue_refused:
+            super().send_continue()
 
     def length_header(self, header: bytes, data: bytes) -> bytes:
         self.lengths.append((header.lower(), data))
@@ -429,7 +440,8 @@ def _fed(data: bytes) -> tuple[_Recording, StringTransport]:
 class Channels(LoopbackCase):
     def test_channel_state_and_hooks_are_detected(self) -> None:
         for flag in ("CHANNEL_HEADER_COUNTS", "CHANNEL_PIPELINE", "CHANNEL_LENGTH_HOOK", "CHANNEL_BAD_REQUEST_HOOK",
-                     "CHANNEL_REQUEST_LINE", "GENERIC_CHANNEL", "ALLOWED_METHODS"):
+                     "CHANNEL_REQUEST_LINE", "GENERIC_CHANNEL", "ALLOWED_METHODS", "CHANNEL_CONTINUE_HOOK",
+                     "CHUNK_SIZE_HOOK"):
             self.assertTrue(getattr(fence, flag), flag)
 
     def test_header_counts(self) -> None:
@@ -481,6 +493,34 @@ class Channels(LoopbackCase):
         channel, transport = _fed(b"GET / HTTP/1.1\r\nno colon here\r\n\r\n")
         self.assertEqual(channel.bad, 1 if detected else 0)
         self.assertTrue(transport.value().startswith(b"HTTP/1.1 400"))  # Twisted's own answer either way
+
+    @cases(detected=True, fallback=False)
+    def test_chunk_size_hook(self, detected: bool) -> None:
+        self.patch(fence, "CHUNK_SIZE_HOOK", detected)
+        channel, _ = _fed(b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n" + b"f" * 40 + b"\r\n")
+        self.assertEqual(channel.chunks, [3, int(b"f" * 40, 16)] if detected else [])
+        # What the request is handed is Twisted's decoding either way (the last chunk not sent yet).
+        channel, _ = _fed(b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n2\r\nde\r\n")
+        content = channel.requests[-1].content
+        content.seek(0)
+        self.assertEqual(content.read(), b"abcde")
+
+    def test_continue_hook(self) -> None:
+        head = b"POST / HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 5\r\n\r\n"
+        channel, transport = _fed(head)
+        self.assertEqual((channel.continues, transport.value()), (1, b"HTTP/1.1 100 Continue\r\n\r\n"))
+        channel = _Recording()
+        channel.continue_refused = True
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        channel.dataReceived(head)
+        self.assertEqual((channel.continues, transport.value()), (1, b""))
+
+    @cases(detected=True, fallback=False)
+    def test_held_line(self, detected: bool) -> None:
+        self.patch(fence, "CHANNEL_READ_AHEAD", detected)
+        channel, _ = _fed(b"GET / HTTP/1.1\r\nhost: x\r\nunfinis")
+        self.assertEqual(fence.held_line(channel), b"unfinis" if detected else b"")
 
     async def test_pipeline_state_on_a_real_connection(self) -> None:
         site = RelaySite(_Plain())
