@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from typing import Any
+from urllib.parse import quote
 
 from twisted.internet import threads
 from twisted.trial.unittest import TestCase
@@ -272,6 +273,35 @@ class Gaps(ViewerCase):
         await self.post(event("S", 0), event("S", 1), event("S", 5))  # as a consumer the relay skipped for
         await self.until_shown("S:0:5")
         self.assertEqual(await self.js("return document.getElementById('gaps').textContent"), "1")
+
+
+class ResumeOfManySessions(ViewerCase):
+    async def test_sessions_beyond_one_request_are_counted_as_gaps_not_retried(self) -> None:
+        # 60 sessions of 200 characters: their resume positions would make a request head over the
+        # relay's 16 KiB (a 431, again at every retry); the viewer resumes those shown last.
+        names = [f"{i:03d}-" + "s" * 196 for i in range(60)]
+        costs = [len(quote(json.dumps({"session": n, "epoch": 0, "seq": 0}, separators=(",", ":")), safe="-_.!~*'()")) + 3 for n in names]
+        fit = 0
+        while sum(costs[len(costs) - fit - 1 :]) <= 12000:
+            fit += 1
+        left = len(names) - fit
+        self.assertTrue(0 < left < len(names))
+        await self.open_live()
+        await self.post(*(event(name, 0) for name in names))
+        await self.until_shown(f"{names[-1]}:0:0")
+        await self.click("pause")
+        await self.until_state("paused")
+        await self.post(*(event(name, 1) for name in names))
+        await self.click("pause")
+        await self.until_state("live")
+        await self.until_shown(f"{names[-1]}:0:1")
+        await self.post(event(names[0], 2))  # a session left out is shown again from its next event
+        await self.until_shown(f"{names[0]}:0:2")
+        resumed = sorted(p for p in await self.positions() if p.endswith(":0:1"))
+        self.assertEqual(resumed, [f"{name}:0:1" for name in names[left:]])
+        self.assertEqual(await self.js("return document.getElementById('gaps').textContent"), str(left))
+        marker = await self.js("return document.querySelector('#events li.marker').textContent")
+        self.assertIn(f"the {left} sessions shown least recently are not resumed", marker)
 
 
 class MarkupIsText(ViewerCase):

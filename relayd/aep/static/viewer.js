@@ -6,6 +6,7 @@
 const TOKEN_KEY = "relayd.aep.token";
 const MAX_ROWS = 1000; // rows kept on the page; older ones leave it (the relay still holds them)
 const RETRY_MS = [1000, 2000, 5000, 10000, 30000];
+const MAX_FROM_QUERY = 12000; // bytes of `from` in the query: the request head stays under 16 KiB
 
 const $ = (id) => document.getElementById(id);
 
@@ -49,10 +50,29 @@ function headerSafe(token) {
 
 // Where a resumed stream starts: after the last event shown of each session, as the relay's `from`
 // (positions are exact integers of any size, so they are written as the digits they came as).
+// The relay answers a request head over 16 KiB with 431, so the sessions shown least recently that
+// do not fit are not resumed: each is counted as a gap, and shown afresh from its next live event.
 function resumeFrom() {
   const entries = [];
-  for (const [session, at] of view.positions) {
-    entries.push('{"session":' + JSON.stringify(session) + ',"epoch":' + at.epoch + ',"seq":' + at.seq + "}");
+  const left = [];
+  let size = 0;
+  for (const [session, at] of [...view.positions].reverse()) { // the most recently shown first
+    const entry = '{"session":' + JSON.stringify(session) + ',"epoch":' + at.epoch + ',"seq":' + at.seq + "}";
+    const cost = encodeURIComponent(entry).length + 3; // and its comma, encoded
+    if (size + cost > MAX_FROM_QUERY) {
+      left.push(session);
+    } else {
+      size += cost;
+      entries.unshift(entry);
+    }
+  }
+  if (left.length) {
+    for (const session of left) {
+      view.positions.delete(session);
+      countGap();
+    }
+    addRow(marker("gap: the " + left.length + " sessions shown least recently are not resumed (too many for " +
+                  "one request): their events since the stream stopped are not shown; Replay history shows them"));
   }
   return entries.length ? "[" + entries.join(",") + "]" : null;
 }
@@ -191,6 +211,7 @@ function track(session, epoch, seq) {
   const counted = view.exhausted.delete(session);
   if (last && wholeSessions && !counted && last.epoch === epoch && BigInt(seq) > BigInt(last.seq) + 1n) countGap();
   if (!last || BigInt(epoch) > BigInt(last.epoch) || (epoch === last.epoch && BigInt(seq) > BigInt(last.seq))) {
+    view.positions.delete(session); // (re)inserted last: the map's order is the order last shown
     view.positions.set(session, { epoch, seq });
   }
 }
