@@ -71,11 +71,13 @@ class ViewerCase(TestCase):
     """A relay with a token and a headless Chromium; the helpers drive the viewer's page."""
 
     timeout = 120
+    relay_token: str | None = TOKEN
     relay_flags: dict[str, Any] = {}
 
     async def setUp(self) -> None:  # type: ignore[override]
         require_browser()
-        self.relay: AEPRelay = await start_relay(self, aep_token=TOKEN, **self.relay_flags)
+        token = {} if self.relay_token is None else {"aep_token": self.relay_token}
+        self.relay: AEPRelay = await start_relay(self, **token, **self.relay_flags)
         self.driver = await start_browser(self)
 
     async def js(self, script: str, *args: Any) -> Any:
@@ -168,6 +170,19 @@ class TokenAndLiveEvents(ViewerCase):
         errors = await self.browser_errors()
         self.assertEqual(len(errors), 2, errors)
         self.assertTrue(all(e.endswith("/stream - Failed to load resource: the server responded with a status of 401 (Unauthorized)") for e in errors), errors)
+
+
+class WithoutToken(ViewerCase):
+    relay_token = None
+
+    async def test_a_relay_without_a_token_is_read_at_once(self) -> None:
+        await self.load()
+        await self.until_state("live")
+        self.assertEqual(await self.js("return [document.getElementById('token-form').hidden, document.getElementById('forget').hidden]"), [True, True])
+        response, body = await self.relay.post(event("S", 0))
+        self.assertEqual(response.code, 202, body)
+        await self.until_shown("S:0:0")
+        self.assertEqual(await self.browser_errors(), [])
 
 
 class Filters(ViewerCase):

@@ -174,14 +174,14 @@ async function read(body, generation) {
   retry("stream ended"); // cut off, or the relay is shutting down: resume where it stopped
 }
 
-function comment(text) {
-  const exhausted = /^replay-exhausted (.+) ([0-9]+):([0-9]+)$/.exec(text);
+function comment(line) {
+  const exhausted = /^replay-exhausted (.+) ([0-9]+):([0-9]+)$/.exec(line);
   if (exhausted) {
     countGap();
     view.exhausted.add(exhausted[1]);
     addRow(marker("gap: the relay no longer holds every event of session " + exhausted[1] +
                   " after the position asked for; its earliest is " + exhausted[2] + ":" + exhausted[3]));
-  } else if (text === "shutting-down") {
+  } else if (line === "shutting-down") {
     setState("reconnecting", "the relay is shutting down");
   }
 }
@@ -294,7 +294,7 @@ function sawSession(session, agent) {
   row.title = "show only this session";
   const count = span("count", "1");
   row.append(span("name", session), count);
-  if (agent) row.append(span("count", agent));
+  if (agent) row.append(span("agent", agent));
   row.addEventListener("click", () => {
     $("filter-session").value = session;
     applyFilter();
