@@ -27,6 +27,7 @@ from relayd.aep.relay import (
     held_size,
 )
 from relayd.aep.store import Position
+from relayd.aep.viewer import VIEWER_PATHS, viewer_answers
 from relayd.aep.wire import frame_safe, sse_forms, sse_frame, sse_run
 from relayd.storage import OutcomeUnknown, StoreRefused, StoreUnavailable
 from relayd.web.auth import bearer_of, bearer_token, query_param, tokens_equal
@@ -88,6 +89,8 @@ INTERNAL_ERROR: Final = json_answer(500, b'{"error":"internal-error"}')
 _OUTSIDE_THE_WALL = frozenset(
     {(b"GET", b"/healthz"), (b"HEAD", b"/healthz"), (b"OPTIONS", b"/stream"), (b"OPTIONS", b"/connections")}
 )
+# The viewer's files carry nothing of the relay's: the page asks its user for the token /stream needs.
+_OUTSIDE_THE_WALL |= {(method, path.encode()) for path in VIEWER_PATHS for method in (b"GET", b"HEAD")}
 
 
 def _not_allowed(allow: bytes) -> bytes:
@@ -284,8 +287,9 @@ class SSESubscriber(Subscriber):
 class AEPResource(RoutedResource):
     """The whole AEP HTTP surface, one route table; paths match exactly (a trailing slash is a 404).
 
-    Every route but the health check and the two preflights is behind the auth wall (L{prepare}),
-    unknown paths and other methods too: without the token, nothing about the relay is told.
+    Every route but the health check, the two preflights and the viewer's files is behind the auth
+    wall (L{prepare}), unknown paths and other methods too: without the token, nothing about the
+    relay is told.
     """
 
     _log = Logger()
@@ -311,6 +315,7 @@ class AEPResource(RoutedResource):
         self.sse_subscribers = 0
         discovery = json.dumps(relay.discovery, indent=2, ensure_ascii=False).encode("utf-8")
         self._discovery = json_answer(200, discovery)
+        self._viewer = viewer_answers()
         super().__init__(self._routes())
 
     def _routes(self) -> RouteTable:
@@ -323,6 +328,8 @@ class AEPResource(RoutedResource):
         table.add("/connections", {"GET": self.connections, "OPTIONS": self.preflight})
         table.add("/stream", {"GET": self.stream, "OPTIONS": self.preflight}, head=False)
         table.add("/socket", {"GET": self.upgrade}, head=False)
+        for path in VIEWER_PATHS:
+            table.add(path, {"GET": self.viewer})
         return table
 
     # The auth wall ---------------------------------------------------------------------------
@@ -385,6 +392,10 @@ class AEPResource(RoutedResource):
             "sse_subscribers": self.sse_subscribers,
         }
         return json_answer(200, dumps(body))
+
+    def viewer(self, request: Request) -> Answer:
+        """The live event viewer's page, script or style (L{relayd.aep.viewer})."""
+        return self._viewer[request.path.decode("ascii")]
 
     def preflight(self, request: Request) -> Answer:
         return PREFLIGHT_ANSWER
