@@ -14,6 +14,7 @@ from relayd.config import (
     non_negative_int,
     positive_int,
 )
+from relayd.web.browsers import origin_entry
 from relayd.web.cors import CorsPolicyError, OriginPolicy, parse_origins
 
 DEFAULT_LISTEN = "tcp:8788:interface=127.0.0.1"
@@ -48,15 +49,6 @@ def port(text: str) -> int:
     if value > 65535:
         raise ValueError("must be a port from 1 to 65535")
     return value
-
-
-def cors_entry(text: str) -> str:
-    """One configured CORS value (C{*} or a comma list), validated on its own; combined later."""
-    try:
-        parse_origins(text)
-    except CorsPolicyError as e:
-        raise ValueError(str(e)) from None
-    return text
 
 
 def _cors_policy(entries: list[str]) -> object:
@@ -116,7 +108,7 @@ SETTINGS: list[Setting] = [
         "mcp-cors",
         ["*"],
         "Browser origins allowed to read MCP relay responses: * or a comma list (repeatable)",
-        parse=cors_entry,
+        parse=origin_entry,  # one CORS value (C{*} or a comma list), validated on its own; combined later
         env=("RELAYD_MCP_CORS_ALLOW_ORIGIN", "CORS_ALLOW_ORIGIN"),
         repeatable=True,
         metavar="ORIGINS",
