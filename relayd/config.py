@@ -225,7 +225,27 @@ def endpoint(text: str) -> str:
         raise ValueError("is not a valid server endpoint (no such inherited socket)") from None
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"is not a valid server endpoint ({e})") from None
+    port = _tcp_port(text)
+    if port is not None and not 0 <= port <= 65535:
+        # serverFromString takes any integer; bind() would refuse it only at start, with a traceback.
+        raise ValueError(f"is not a valid server endpoint (port {port} is not in 0-65535)")
     return text
+
+
+def _tcp_port(description: str) -> int | None:
+    """The port of a TCP-like endpoint description (positional or C{port=}), if it names one."""
+    parts = _split_strport(description)
+    if not parts or parts[0] not in ("tcp", "tcp6", "ssl", "tls"):
+        return None
+    for i, part in enumerate(parts[1:]):
+        name, eq, value = part.partition("=")
+        text = value if eq and name == "port" else (part if not eq and i == 0 else None)
+        if text is not None:
+            try:
+                return int(text)
+            except ValueError:
+                return None
+    return None
 
 
 def endpoint_interface(description: str) -> str | None:

@@ -108,6 +108,21 @@ class Options(_make_option_class(all_settings())):  # type: ignore[misc]
         self.environ = os.environ if environ is None else environ
         self.given: dict[str, Any] = {}
         self.settings = Resolved()
+        self._refused = False
+
+    def parseOptions(self, options: Sequence[str] | None = None) -> None:
+        try:
+            super().parseOptions(options)
+        except usage.UsageError:
+            self._refused = True
+            raise
+
+    def getUsage(self, width: int | None = None) -> str:
+        # twistd prints the usage before a parse error: after an unknown flag, one line pointing at
+        # --help, not the 180-line option list (the error itself follows on the next line).
+        if self._refused:
+            return "Run `relayd --help` (or `twistd -n relayd --help`) for every option."
+        return str(super().getUsage(width))
 
     def opt_help(self) -> None:
         """Display this help and exit"""
@@ -314,3 +329,24 @@ def makeService(config: Options, reactor: IReactor | None = None) -> RelaydServi
         sys.stderr.flush()
         raise SystemExit(2) from None
     return root
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The C{relayd} command: C{twistd -n --pidfile= relayd ARGS}, in the foreground with no pid file.
+
+    The options are checked here first so a mistake is one line and status 1 (twistd would name
+    itself in the error); C{--help} and C{--version} exit here too.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    options = Options()
+    options.synopsis = "Usage: relayd [options]"
+    try:
+        options.parseOptions(args)
+    except usage.UsageError as e:
+        sys.stderr.write(f"relayd: {e}\nRun `relayd --help` for every option.\n")
+        sys.stderr.flush()
+        raise SystemExit(1) from None
+    from twisted.scripts.twistd import run
+
+    sys.argv = ["relayd", "--nodaemon", "--pidfile=", "relayd", *args]
+    run()

@@ -91,6 +91,20 @@ class ConfigTests(TestCase):
             Options(environ={}).parseOptions(["--aep-listen", "nonsense:1:2"])
         assert err.getvalue().startswith("relayd: error: --aep-listen:")
 
+    @cases(
+        too_big=("tcp:99999:interface=127.0.0.1", "port 99999 is not in 0-65535"),
+        negative=("tcp:-1", "port -1 is not in 0-65535"),
+        keyword=("tcp:port=70000", "port 70000 is not in 0-65535"),
+    )
+    def test_port_out_of_range_is_a_config_error(self, description: str, why: str) -> None:
+        """Refused while parsing, one line and status 2, not by bind() at start with a traceback."""
+        err = io.StringIO()
+        self.patch(sys, "stderr", err)
+        with self.assertRaises(SystemExit) as exit:
+            Options(environ={}).parseOptions(["--aep-listen", description])
+        assert exit.exception.code == 2
+        assert err.getvalue() == f"relayd: error: --aep-listen: [{description!r}] is not a valid server endpoint ({why})\n"
+
     def test_every_option_is_documented_in_help(self) -> None:
         text = str(Options(environ={}))
         for flag in ("--aep-listen", "--aep-token", "--aep-buffer", "--aep-max-sessions", "--aep-max-body",
