@@ -20,7 +20,7 @@ import relayd
 from relayd import logging as relayd_logging
 from relayd import sdnotify
 from relayd.clock import Timekeeper
-from relayd.config import ConfigError, Resolved, Setting, resolve, shown_default
+from relayd.config import ConfigError, Resolved, Setting, resolve, show_value, shown_default
 from relayd.gcpolicy import CollectorPolicy
 from relayd.reactor import IReactor, installed
 from relayd.redis import Redis
@@ -45,7 +45,7 @@ def _wing_modules(kind: str, wings: Sequence[str] = WINGS) -> list[Any]:
 
 
 # Settings that belong to no wing (shared plumbing).
-GLOBAL_SETTINGS = ("relayd.settings", "relayd.redis_config")
+GLOBAL_SETTINGS = ("relayd.config", "relayd.settings", "relayd.redis_config")
 
 
 def all_settings(wings: Sequence[str] = WINGS) -> list[Setting]:
@@ -109,6 +109,7 @@ class Options(_make_option_class(all_settings())):  # type: ignore[misc]
         self.given: dict[str, Any] = {}
         self.settings = Resolved()
         self._refused = False
+        self._check_only = False
 
     def parseOptions(self, options: Sequence[str] | None = None) -> None:
         try:
@@ -130,6 +131,10 @@ class Options(_make_option_class(all_settings())):  # type: ignore[misc]
 
     opt_h = opt_help  # the same method: twistd lists it as "-h, --help"
 
+    def opt_check_config(self) -> None:
+        """Check the settings (flags, environment, --config file), print those not at their default and exit"""
+        self._check_only = True
+
     def opt_version(self) -> None:
         """Display relayd's version (and Twisted's and Python's) and exit"""
         import twisted
@@ -146,6 +151,24 @@ class Options(_make_option_class(all_settings())):  # type: ignore[misc]
             sys.stderr.write(f"relayd: error: {e}\n")
             sys.stderr.flush()
             raise SystemExit(2) from None
+        if self._check_only:
+            sys.stdout.write(checked_configuration(all_settings(self.wings), self.settings))
+            sys.stdout.flush()
+            raise SystemExit(0)
+
+
+def checked_configuration(settings: Sequence[Setting], resolved: Resolved) -> str:
+    """What C{--check-config} prints: OK, then each setting not at its default and where it came from."""
+    lines = ["relayd: configuration OK"]
+    for s in settings:
+        source = resolved.sources.get(s.name, "default")
+        if source == "default":
+            continue
+        value = "[secret]" if s.secret else show_value(resolved[s.name])
+        lines.append(f"  {s.name} = {value}  ({source})")
+    if resolved.warnings:
+        lines += [f"  warning: {w}" for w in resolved.warnings]
+    return "\n".join(lines) + "\n"
 
 
 def options_for(wings: Sequence[str]) -> type[Options]:

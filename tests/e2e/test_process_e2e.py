@@ -88,6 +88,17 @@ class Command(TestCase):
         proc.transport.signalProcess("TERM")
         self.assertEqual(await proc.exited, 0)
 
+    async def test_relayd_reads_a_config_file(self) -> None:
+        path = self.mktemp()
+        with open(path, "w") as f:
+            f.write('aep-listen = ["tcp:0:interface=127.0.0.1"]\nno-mcp = true\n')
+        proc = await RelaydProcess.start_for(self, ["--config", path], program=RELAYD_COMMAND)
+        await proc.wait_for(rb"relayd ready: aep\n")
+        status, _, _ = await threads.deferToThread(
+            first_response, proc.port("aep"), b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+        )
+        self.assertEqual(status, 200)
+
     async def test_an_unknown_flag_is_two_lines_and_exit_1(self) -> None:
         proc = await RelaydProcess.start(["--bogus"], wait_for=(), program=RELAYD_COMMAND)
         self.assertEqual(await proc.exited, 1)
