@@ -1,13 +1,16 @@
-"""Declarative settings: one table per wing, resolved as flag > environment > default.
+"""Declarative settings: one table per wing, resolved as flag > environment > file > default.
 
 Each wing lists its settings as L{Setting} rows (``relayd/<wing>/config.py``); L{relayd.tap.Options} is
-built from all of them, so ``twistd -n relayd --help`` documents every option in one place and every
-value is validated before any socket is opened.
+built from all of them, so ``relayd --help`` documents every option in one place and every value is
+validated before any socket is opened. The one setting this module owns, C{--config}, names a TOML
+file of the same settings (L{CONFIG_FILE}).
 """
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
+import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -91,13 +94,15 @@ def resolve(
     flags: Mapping[str, Any],
     environ: Mapping[str, str],
 ) -> Resolved:
-    """Resolve every setting: an explicit flag wins over the environment, which wins over the default.
+    """Resolve every setting: a flag wins over the environment, which wins over the C{--config} file,
+    which wins over the default.
 
     @param flags: values given on the command line, as text (lists of text for repeatable settings,
         C{True} for switches); absent names were not given.
-    @raise ConfigError: naming the flag or environment variable whose value is invalid.
+    @raise ConfigError: naming the flag, environment variable or file key whose value is invalid.
     """
     out = Resolved()
+    from_file = _config_file(settings, flags, environ)
     for s in settings:
         env_name, env_value = _from_env(s, environ)
         if s.name in flags:
@@ -106,6 +111,8 @@ def resolve(
         elif env_name is not None:
             raw = [env_value] if s.repeatable else env_value
             origin = env_name
+        elif s.name in from_file:
+            raw, origin = from_file[s.name]
         else:
             out.values[s.name] = s.default
             out.sources[s.name] = "default"
@@ -118,6 +125,70 @@ def resolve(
             if warning:
                 out.warnings.append(warning)
     return out
+
+
+CONFIG_FILE = Setting(
+    "config",
+    None,
+    "A TOML file of settings: each key an option name without its dashes (aep-buffer = 10000, "
+    "aep-listen = [\"tcp:8787\"], no-mcp = true); a flag or environment variable wins over it",
+    env=("RELAYD_CONFIG",),
+    metavar="FILE",
+)
+SETTINGS = [CONFIG_FILE]
+
+
+def _config_file(settings: Sequence[Setting], flags: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
+    """The C{--config} file's values as raw text with their origin (C{FILE: key}), or nothing.
+
+    @raise ConfigError: an unreadable file, TOML it cannot parse, an unknown key (with the closest
+        option named) or a value of a type no option takes.
+    """
+    if not any(s.name == CONFIG_FILE.name for s in settings):
+        return {}
+    env_name, env_value = _from_env(CONFIG_FILE, environ)
+    path = flags.get(CONFIG_FILE.name, env_value if env_name is not None else None)
+    if path is None:
+        return {}
+    where = f"--{CONFIG_FILE.name}" if CONFIG_FILE.name in flags else str(env_name)
+    _refuse_undecodable(path, where)
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"{where}: {path!r}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e})") from None
+    known = {s.name: s for s in settings if s.name != CONFIG_FILE.name}
+    values: dict[str, tuple[Any, str]] = {}
+    for key, value in table.items():
+        origin = f"{path}: {key}"
+        s = known.get(key)
+        if s is None:
+            close = difflib.get_close_matches(key, list(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else " (`relayd --help` lists every option)"
+            raise ConfigError(f"{origin}: unknown setting{hint}")
+        values[key] = (_file_value(s, value, origin), origin)
+    return values
+
+
+def _file_value(s: Setting, value: Any, origin: str) -> Any:
+    """A TOML value as the text a flag would carry (a list for a repeatable option)."""
+
+    def text(item: Any) -> str:
+        if isinstance(item, bool):
+            return "true" if item else "false"
+        if isinstance(item, (str, int, float)):
+            return str(item)
+        raise ConfigError(f"{origin}: expected a string, number or boolean, got {type(item).__name__}")
+
+    if isinstance(value, list):
+        if not s.repeatable:
+            raise ConfigError(f"{origin}: takes one value, not a list")
+        return [text(item) for item in value]
+    if s.switch and not isinstance(value, bool):
+        raise ConfigError(f"{origin}: expected true or false, got {value!r}")
+    return [text(value)] if s.repeatable else text(value)
 
 
 def _parse(s: Setting, raw: Any, origin: str) -> Any:
@@ -225,7 +296,27 @@ def endpoint(text: str) -> str:
         raise ValueError("is not a valid server endpoint (no such inherited socket)") from None
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"is not a valid server endpoint ({e})") from None
+    port = _tcp_port(text)
+    if port is not None and not 0 <= port <= 65535:
+        # serverFromString takes any integer; bind() would refuse it only at start, with a traceback.
+        raise ValueError(f"is not a valid server endpoint (port {port} is not in 0-65535)")
     return text
+
+
+def _tcp_port(description: str) -> int | None:
+    """The port of a TCP-like endpoint description (positional or C{port=}), if it names one."""
+    parts = _split_strport(description)
+    if not parts or parts[0] not in ("tcp", "tcp6", "ssl", "tls"):
+        return None
+    for i, part in enumerate(parts[1:]):
+        name, eq, value = part.partition("=")
+        text = value if eq and name == "port" else (part if not eq and i == 0 else None)
+        if text is not None:
+            try:
+                return int(text)
+            except ValueError:
+                return None
+    return None
 
 
 def endpoint_interface(description: str) -> str | None:

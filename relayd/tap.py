@@ -20,7 +20,7 @@ import relayd
 from relayd import logging as relayd_logging
 from relayd import sdnotify
 from relayd.clock import Timekeeper
-from relayd.config import ConfigError, Resolved, Setting, resolve, shown_default
+from relayd.config import ConfigError, Resolved, Setting, resolve, show_value, shown_default
 from relayd.gcpolicy import CollectorPolicy
 from relayd.reactor import IReactor, installed
 from relayd.redis import Redis
@@ -45,7 +45,7 @@ def _wing_modules(kind: str, wings: Sequence[str] = WINGS) -> list[Any]:
 
 
 # Settings that belong to no wing (shared plumbing).
-GLOBAL_SETTINGS = ("relayd.settings", "relayd.redis_config")
+GLOBAL_SETTINGS = ("relayd.config", "relayd.settings", "relayd.redis_config")
 
 
 def all_settings(wings: Sequence[str] = WINGS) -> list[Setting]:
@@ -108,12 +108,32 @@ class Options(_make_option_class(all_settings())):  # type: ignore[misc]
         self.environ = os.environ if environ is None else environ
         self.given: dict[str, Any] = {}
         self.settings = Resolved()
+        self._refused = False
+        self._check_only = False
+
+    def parseOptions(self, options: Sequence[str] | None = None) -> None:
+        try:
+            super().parseOptions(options)
+        except usage.UsageError:
+            self._refused = True
+            raise
+
+    def getUsage(self, width: int | None = None) -> str:
+        # twistd prints the usage before a parse error: after an unknown flag, one line pointing at
+        # --help, not the 180-line option list (the error itself follows on the next line).
+        if self._refused:
+            return "Run `relayd --help` (or `twistd -n relayd --help`) for every option."
+        return str(super().getUsage(width))
 
     def opt_help(self) -> None:
         """Display this help and exit"""
         super().opt_help()
 
     opt_h = opt_help  # the same method: twistd lists it as "-h, --help"
+
+    def opt_check_config(self) -> None:
+        """Check the settings (flags, environment, --config file), print those not at their default and exit"""
+        self._check_only = True
 
     def opt_version(self) -> None:
         """Display relayd's version (and Twisted's and Python's) and exit"""
@@ -131,6 +151,24 @@ class Options(_make_option_class(all_settings())):  # type: ignore[misc]
             sys.stderr.write(f"relayd: error: {e}\n")
             sys.stderr.flush()
             raise SystemExit(2) from None
+        if self._check_only:
+            sys.stdout.write(checked_configuration(all_settings(self.wings), self.settings))
+            sys.stdout.flush()
+            raise SystemExit(0)
+
+
+def checked_configuration(settings: Sequence[Setting], resolved: Resolved) -> str:
+    """What C{--check-config} prints: OK, then each setting not at its default and where it came from."""
+    lines = ["relayd: configuration OK"]
+    for s in settings:
+        source = resolved.sources.get(s.name, "default")
+        if source == "default":
+            continue
+        value = "[secret]" if s.secret else show_value(resolved[s.name])
+        lines.append(f"  {s.name} = {value}  ({source})")
+    if resolved.warnings:
+        lines += [f"  warning: {w}" for w in resolved.warnings]
+    return "\n".join(lines) + "\n"
 
 
 def options_for(wings: Sequence[str]) -> type[Options]:
@@ -314,3 +352,24 @@ def makeService(config: Options, reactor: IReactor | None = None) -> RelaydServi
         sys.stderr.flush()
         raise SystemExit(2) from None
     return root
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The C{relayd} command: C{twistd -n --pidfile= relayd ARGS}, in the foreground with no pid file.
+
+    The options are checked here first so a mistake is one line and status 1 (twistd would name
+    itself in the error); C{--help} and C{--version} exit here too.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    options = Options()
+    options.synopsis = "Usage: relayd [options]"
+    try:
+        options.parseOptions(args)
+    except usage.UsageError as e:
+        sys.stderr.write(f"relayd: {e}\nRun `relayd --help` for every option.\n")
+        sys.stderr.flush()
+        raise SystemExit(1) from None
+    from twisted.scripts.twistd import run
+
+    sys.argv = ["relayd", "--nodaemon", "--pidfile=", "relayd", *args]
+    run()

@@ -277,6 +277,8 @@ class ErrorsInOneFormat(TestCase):
                             b"argument --batch: 'ten' is not an integer"),
         post_missing_file=(("aep", "post", "http://127.0.0.1:{closed}", "{dir}/none.ndjson"),
                            "relayd-admin aep post", b"argument file: can't open"),
+        # `aep post FILE` (docs/deployment.md): one positional that is not a URL is the file.
+        post_file_alone=(("aep", "post", "{dir}/none.ndjson"), "relayd-admin aep post", b"argument file: can't open"),
         connect_no_token=(("mcp", "connect", "http://127.0.0.1:{closed}/r/S"), "relayd-admin mcp connect",
                           b"no token in URL"),
         connect_bad_command=(("mcp", "connect", "http://127.0.0.1:{closed}/r/S?token=t", "dance"),

@@ -86,6 +86,10 @@ class PackagingTests(TestCase):
         assert options.returncode == 0, options.stderr
         assert "--metrics-listen" in options.stdout and "--aep-listen" in options.stdout
 
+        # The `relayd` command (twistd -n --pidfile= relayd in one word).
+        command = _run([str(bin_dir / "relayd"), "--version"], tmp_path)
+        assert command.returncode == 0 and command.stdout.startswith("relayd "), (command.stdout, command.stderr)
+
         admin = _run([str(bin_dir / "relayd-admin"), "--help"], tmp_path)
         assert admin.returncode == 0, admin.stderr
         for command in ("aep", "mcp", "status", "broker"):

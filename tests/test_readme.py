@@ -13,7 +13,7 @@ C{###} section per test. Within a block:
     stream, a long-poll): the tour goes on without waiting for it. Its C{# →} lines either follow at
     once (they are awaited at the end of the section, then the terminal is closed) or open that
     terminal's next block (awaited, with the snippet's end, before anything else is typed there);
-  - C{twistd -n --pidfile= relayd ARGS} starts relayd (replacing a running one, as Ctrl-C and a new
+  - C{relayd ARGS} starts relayd (replacing a running one, as Ctrl-C and a new
     start do) and C{... nostr-relay serve} a Nostr relay: the test runs those itself, on free ports
     (relayd with ARGS and its listeners on port 0; the relay as tests/support/nostr.py's C{NostrRelay}),
     and the README's addresses (C{localhost:8787}, C{ws://127.0.0.1:6969}, ...) are rewritten to them.
@@ -50,7 +50,8 @@ _LISTEN = [f"--{wing}-listen" for wing in DEFAULTS]
 _HEADER = re.compile(r"# terminal (\d+)\b")
 _EXPECT = "# → "
 _GOES_ON = re.compile(r"# \(.*\bgo on in terminal \d+\b.*\)$")
-_RELAYD = ["twistd", "-n", "--pidfile=", "relayd"]
+_RELAYD = ["relayd"]  # the console script; run here as `python -m relayd` from this checkout
+_RELAYD_PROGRAM = [sys.executable, "-m", "relayd"]
 
 
 @dataclass
@@ -244,7 +245,7 @@ class ReadmeTour(TestCase):
     async def server(self, step: Step) -> bool:
         """Start what the step starts in the test's own way, if it is relayd or a Nostr relay."""
         code = "\n".join(line for line in step.code.splitlines() if _is_code(line)).replace("\\\n", " ")
-        if code.startswith("twistd "):
+        if code == "relayd" or code.startswith(("relayd ", "twistd ")):
             words = shlex.split(code)
             self.assertEqual(words[: len(_RELAYD)], _RELAYD, f"{step.where()}: relayd is started as {_RELAYD}")
             await self.start_relayd(step, words[len(_RELAYD) :])
@@ -260,7 +261,7 @@ class ReadmeTour(TestCase):
             await self.relayd.terminate()
         listen = [x for flag in _LISTEN for x in (flag, "tcp:0:interface=127.0.0.1")]
         options = [self.rewrite(step, a) for a in args] + listen
-        self.relayd = await RelaydProcess.start(options, wait_for=(), cwd=self.dir)
+        self.relayd = await RelaydProcess.start(options, wait_for=(), cwd=self.dir, program=_RELAYD_PROGRAM)
         ready = await self.relayd.wait_for(rb"relayd ready: ([a-z, ]+)")
         for address in DEFAULTS.values():  # a wing the new relayd does not serve is gone
             self.addresses.pop(address, None)

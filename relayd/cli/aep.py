@@ -277,6 +277,9 @@ def tail(args: argparse.Namespace, clock: BlockingClock) -> int:
 
 def post(args: argparse.Namespace, clock: BlockingClock) -> int:
     """C{relayd-admin aep post}."""
+    if args.file is None and args.url != DEFAULT_AEP and "://" not in args.url:
+        # `aep post events.ndjson`: one positional that is not a URL is the file, the relay the default.
+        args.file, args.url = args.url, DEFAULT_AEP
     target = Target.parse(without_suffix(args.url, "/events"), args.cacert)
     token = args.token or os.environ.get("AEP_TOKEN") or None
     from_stdin = args.file in (None, "-")

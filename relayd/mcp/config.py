@@ -1,4 +1,9 @@
-"""The MCP tunnel relay's settings (flag > environment > default; the Node relay's env names still work)."""
+"""The MCP tunnel relay's settings (flag > environment > default).
+
+Only C{RELAYD_MCP_*} variables are read: the Node relay's generic names (C{PORT}, C{HOST}, C{PREFIX},
+C{TTL_MS}, C{CORS_ALLOW_ORIGIN}) are set by many environments for other programs (C{PREFIX=/usr/local})
+and moved the relay without a word.
+"""
 
 from __future__ import annotations
 
@@ -73,17 +78,17 @@ SETTINGS: list[Setting] = [
     Setting(
         "mcp-port",
         None,
-        "MCP relay port, when --mcp-listen is not given (the Node relay's PORT)",
+        "MCP relay port, when --mcp-listen is not given",
         parse=port,
-        env=("RELAYD_MCP_PORT", "PORT"),
+        env=("RELAYD_MCP_PORT",),
         metavar="PORT",
         default_help="8788",
     ),
     Setting(
         "mcp-host",
         None,
-        "MCP relay bind address, when --mcp-listen is not given (the Node relay's HOST)",
-        env=("RELAYD_MCP_HOST", "HOST"),
+        "MCP relay bind address, when --mcp-listen is not given",
+        env=("RELAYD_MCP_HOST",),
         metavar="ADDR",
         default_help="127.0.0.1",
     ),
@@ -93,7 +98,7 @@ SETTINGS: list[Setting] = [
         "",
         "URL path prefix of every MCP relay route, e.g. /mcp-relay behind a proxy (none by default)",
         parse=prefix,
-        env=("RELAYD_MCP_PREFIX", "PREFIX"),
+        env=("RELAYD_MCP_PREFIX",),
         metavar="PATH",
     ),
     Setting(
@@ -101,7 +106,7 @@ SETTINGS: list[Setting] = [
         14_400_000.0,
         "MCP session inactivity timeout in milliseconds",
         parse=ttl_ms,
-        env=("RELAYD_MCP_TTL_MS", "TTL_MS"),
+        env=("RELAYD_MCP_TTL_MS",),
         metavar="MS",
     ),
     Setting(
@@ -109,7 +114,7 @@ SETTINGS: list[Setting] = [
         ["*"],
         "Browser origins allowed to read MCP relay responses: * or a comma list (repeatable)",
         parse=origin_entry,  # one CORS value (C{*} or a comma list), validated on its own; combined later
-        env=("RELAYD_MCP_CORS_ALLOW_ORIGIN", "CORS_ALLOW_ORIGIN"),
+        env=("RELAYD_MCP_CORS_ALLOW_ORIGIN",),
         repeatable=True,
         metavar="ORIGINS",
         canonical=_cors_policy,

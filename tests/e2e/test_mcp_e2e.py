@@ -93,10 +93,10 @@ class TwistdMCP(TestCase):
 
     async def test_env_policy_error_names_the_variable(self) -> None:
         proc = await RelaydProcess.start(
-            ["--no-aep"], env={"CORS_ALLOW_ORIGIN": "*,https://a.example"}, wait_for=()
+            ["--no-aep"], env={"RELAYD_MCP_CORS_ALLOW_ORIGIN": "*,https://a.example"}, wait_for=()
         )
         self.assertEqual(await proc.exited, 2)
-        self.assertIn(b"CORS_ALLOW_ORIGIN", proc.log)
+        self.assertIn(b"RELAYD_MCP_CORS_ALLOW_ORIGIN", proc.log)
         self.assertNotIn(b"Traceback", proc.log)
 
 

@@ -54,24 +54,22 @@ class Settings(unittest.TestCase):
         assert cors_policy(s).origins == ("https://a.example", "https://b.example")
 
     def test_a4_env_applies(self) -> None:
-        s = settings(env={"CORS_ALLOW_ORIGIN": "https://a.example, https://b.example"})
+        s = settings(env={"RELAYD_MCP_CORS_ALLOW_ORIGIN": "https://a.example, https://b.example"})
         assert cors_policy(s).origins == ("https://a.example", "https://b.example")
-        assert s.sources["mcp-cors"] == "CORS_ALLOW_ORIGIN"
-        prefixed = settings(env={"CORS_ALLOW_ORIGIN": "*", "RELAYD_MCP_CORS_ALLOW_ORIGIN": "https://c.example"})
-        assert prefixed.sources["mcp-cors"] == "RELAYD_MCP_CORS_ALLOW_ORIGIN"
+        assert s.sources["mcp-cors"] == "RELAYD_MCP_CORS_ALLOW_ORIGIN"
 
     def test_a5_flag_beats_env_with_a_warning_naming_both(self) -> None:
-        s = settings({"mcp-cors": ["https://a.example"]}, {"CORS_ALLOW_ORIGIN": "https://b.example"})
+        s = settings({"mcp-cors": ["https://a.example"]}, {"RELAYD_MCP_CORS_ALLOW_ORIGIN": "https://b.example"})
         assert cors_policy(s).origins == ("https://a.example",)
         (warning,) = s.warnings
-        assert re.search(r"CORS_ALLOW_ORIGIN.*ignored", warning) and "--mcp-cors" in warning
+        assert re.search(r"RELAYD_MCP_CORS_ALLOW_ORIGIN.*ignored", warning) and "--mcp-cors" in warning
 
     def test_a6_flag_equal_to_env_no_warning(self) -> None:
-        s = settings({"mcp-cors": ["https://a.example"]}, {"CORS_ALLOW_ORIGIN": "https://a.example"})
+        s = settings({"mcp-cors": ["https://a.example"]}, {"RELAYD_MCP_CORS_ALLOW_ORIGIN": "https://a.example"})
         assert s.warnings == []
 
     def test_a7_empty_env_means_default(self) -> None:
-        s = settings(env={"CORS_ALLOW_ORIGIN": ""})
+        s = settings(env={"RELAYD_MCP_CORS_ALLOW_ORIGIN": ""})
         assert cors_policy(s).any and s.sources["mcp-cors"] == "default"
 
     def test_a8_invalid_flag_names_the_flag(self) -> None:
@@ -79,42 +77,52 @@ class Settings(unittest.TestCase):
             settings({"mcp-cors": ["*,https://a.example"]})
 
     def test_a9_invalid_env_names_the_variable(self) -> None:
-        with self.assertRaisesRegex(ConfigError, "CORS_ALLOW_ORIGIN"):
-            settings(env={"CORS_ALLOW_ORIGIN": "not-an-origin"})
+        with self.assertRaisesRegex(ConfigError, "RELAYD_MCP_CORS_ALLOW_ORIGIN"):
+            settings(env={"RELAYD_MCP_CORS_ALLOW_ORIGIN": "not-an-origin"})
 
-    def test_a10_node_env_names_apply(self) -> None:
-        s = settings(env={"PORT": "9000", "HOST": "0.0.0.0", "PREFIX": "/relay", "TTL_MS": "60000"})
+    def test_a10_relayd_env_names_apply(self) -> None:
+        s = settings(
+            env={
+                "RELAYD_MCP_PORT": "9000",
+                "RELAYD_MCP_HOST": "0.0.0.0",
+                "RELAYD_MCP_PREFIX": "/relay",
+                "RELAYD_MCP_TTL_MS": "60000",
+            }
+        )
         assert listen_endpoints(s) == ["tcp:9000:interface=0.0.0.0"]
         assert s["mcp-prefix"] == "/relay" and s["mcp-ttl-ms"] == 60000
-        assert (s.sources["mcp-port"], s.sources["mcp-host"], s.sources["mcp-prefix"], s.sources["mcp-ttl-ms"]) == (
-            "PORT",
-            "HOST",
-            "PREFIX",
-            "TTL_MS",
+        assert listen_endpoints(settings(env={"RELAYD_MCP_HOST": "::1"})) == [r"tcp:8788:interface=\:\:1"]
+
+    def test_generic_env_names_are_not_read(self) -> None:
+        """Other programs set PORT, HOST, PREFIX...: they must not move the MCP relay (PREFIX=/usr/local)."""
+        s = settings(
+            env={"PORT": "9000", "HOST": "0.0.0.0", "PREFIX": "/usr/local", "TTL_MS": "1", "CORS_ALLOW_ORIGIN": "x"}
         )
-        assert listen_endpoints(settings(env={"HOST": "::1"})) == [r"tcp:8788:interface=\:\:1"]
+        assert listen_endpoints(s) == ["tcp:8788:interface=127.0.0.1"]
+        assert s["mcp-prefix"] == "" and s["mcp-ttl-ms"] == 14_400_000
+        assert s.warnings == []
 
     def test_a11_flags_beat_env_with_two_warnings(self) -> None:
-        s = settings({"mcp-port": "9001", "mcp-host": "127.0.0.1"}, {"PORT": "9000", "HOST": "0.0.0.0"})
+        s = settings({"mcp-port": "9001", "mcp-host": "127.0.0.1"}, {"RELAYD_MCP_PORT": "9000", "RELAYD_MCP_HOST": "0.0.0.0"})
         assert listen_endpoints(s) == ["tcp:9001:interface=127.0.0.1"]
         assert len(s.warnings) == 2
-        assert "HOST=0.0.0.0 is ignored: --mcp-host 127.0.0.1 was passed, and a flag wins over its env var." in s.warnings
+        assert "RELAYD_MCP_HOST=0.0.0.0 is ignored: --mcp-host 127.0.0.1 was passed, and a flag wins over its env var." in s.warnings
 
     def test_cors_override_warns_only_when_the_policy_differs(self) -> None:
-        same = settings({"mcp-cors": ["https://b.com", "https://a.com/"]}, {"CORS_ALLOW_ORIGIN": "https://a.com,https://b.com"})
+        same = settings({"mcp-cors": ["https://b.com", "https://a.com/"]}, {"RELAYD_MCP_CORS_ALLOW_ORIGIN": "https://a.com,https://b.com"})
         assert same.warnings == []
-        other = settings({"mcp-cors": ["https://a.com"]}, {"CORS_ALLOW_ORIGIN": "*"})
+        other = settings({"mcp-cors": ["https://a.com"]}, {"RELAYD_MCP_CORS_ALLOW_ORIGIN": "*"})
         assert other.warnings == [
-            "CORS_ALLOW_ORIGIN=* is ignored: --mcp-cors https://a.com was passed, and a flag wins over its env var."
+            "RELAYD_MCP_CORS_ALLOW_ORIGIN=* is ignored: --mcp-cors https://a.com was passed, and a flag wins over its env var."
         ]
 
     def test_a12_invalid_port(self) -> None:
         with self.assertRaisesRegex(ConfigError, "--mcp-port"):
             settings({"mcp-port": "nope"})
         with self.assertRaisesRegex(ConfigError, "PORT"):
-            settings(env={"PORT": "-1"})
+            settings(env={"RELAYD_MCP_PORT": "-1"})
         with self.assertRaisesRegex(ConfigError, "TTL_MS"):
-            settings(env={"TTL_MS": "0"})
+            settings(env={"RELAYD_MCP_TTL_MS": "0"})
         with self.assertRaisesRegex(ConfigError, "--mcp-prefix"):
             settings({"mcp-prefix": "relay"})
 
@@ -140,7 +148,7 @@ class CommandLine(unittest.TestCase):
         assert "--mcp-cors" in out.getvalue()
 
     def test_invalid_configuration_exits_2_before_listening(self) -> None:
-        exit_ = self.assertRaises(SystemExit, tap.Options(environ={"CORS_ALLOW_ORIGIN": "null"}).parseOptions, [])
+        exit_ = self.assertRaises(SystemExit, tap.Options(environ={"RELAYD_MCP_CORS_ALLOW_ORIGIN": "null"}).parseOptions, [])
         assert exit_.code == 2
         options = tap.Options(environ={})
         options.parseOptions(["--mcp-cors", "*", "--mcp-cors", "https://a.example", "--no-aep"])
@@ -150,8 +158,7 @@ class CommandLine(unittest.TestCase):
     @cases(
         prefix_flag=({}, ["--mcp-prefix", "/\udcff"], "--mcp-prefix"),
         prefix_env=({"RELAYD_MCP_PREFIX": "/relay\udcfe"}, [], "RELAYD_MCP_PREFIX"),
-        node_prefix_env=({"PREFIX": "/\udcc3"}, [], "PREFIX"),
-        host_env=({"HOST": "\udcff"}, [], "HOST"),
+        host_env=({"RELAYD_MCP_HOST": "\udcff"}, [], "RELAYD_MCP_HOST"),
         cors_flag=({}, ["--mcp-cors", "https://\udce9.example"], "--mcp-cors"),
     )
     def test_non_utf8_setting_exits_2_naming_it(self, environ: dict[str, str], argv: list[str], named: str) -> None:
@@ -176,7 +183,7 @@ class StartupLogTests(unittest.TestCase):
             self,
             "mcp",
             {"mcp-listen": ["tcp:0:interface=0.0.0.0"], "mcp-cors": ["https://a.example"], "mcp-prefix": "/p"},
-            {"CORS_ALLOW_ORIGIN": "https://b.example"},
+            {"RELAYD_MCP_CORS_ALLOW_ORIGIN": "https://b.example"},
         )
         text = [formatEvent(e) for e in events]
         assert any(

@@ -74,12 +74,16 @@ def command(
     env: dict[str, str] | None = None,
     wrapper: list[str] | None = None,
     twistd_options: list[str] | None = None,
+    program: list[str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
-    """The argv and environment of C{twistd -n relayd OPTIONS} run from this checkout (no
-    configuration inherited, see L{inherited_environment}; the worktree first on C{PYTHONPATH})."""
+    """The argv and environment of C{twistd -n relayd OPTIONS} (or of C{PROGRAM OPTIONS}) run from
+    this checkout (no configuration inherited, see L{inherited_environment}; the worktree first on
+    C{PYTHONPATH})."""
     environ = inherited_environment()
     environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environ.get("PYTHONPATH")]))
     environ.update(env or {})
+    if program is not None:
+        return program + options, environ
     twistd = ["-n", "--pidfile=", "--logfile=-", *(twistd_options or [])]
     return (wrapper or []) + twistd_argv() + [*twistd, "relayd", *options], environ
 
@@ -124,12 +128,14 @@ class RelaydProcess:
         wrapper: list[str] | None = None,
         child_fds: dict[int, Any] | None = None,
         twistd_options: list[str] | None = None,
+        program: list[str] | None = None,
     ) -> RelaydProcess:
         """Start relayd; C{wrapper} is an argv prefix that ends by exec-ing the rest (as systemd's
         socket passing needs), C{child_fds} extra descriptors for the child (C{{3: fd}}),
-        C{twistd_options} options for twistd itself (C{--logger=...})."""
+        C{twistd_options} options for twistd itself (C{--logger=...}), C{program} an argv that
+        replaces C{twistd -n relayd} (the C{relayd} command)."""
         proc = cls()
-        argv, environ = command(options, env, wrapper, twistd_options)
+        argv, environ = command(options, env, wrapper, twistd_options, program)
         fds: dict[int, Any] = {0: "w", 1: "r", 2: "r", **(child_fds or {})}
         proc.transport = reactor.spawnProcess(
             _Watch(proc), argv[0], argv, env=environ, path=cwd or str(ROOT), usePTY=False, childFDs=fds

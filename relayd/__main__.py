@@ -1,0 +1,5 @@
+"""C{python -m relayd}: the same as the C{relayd} command (L{relayd.tap.main})."""
+
+from relayd.tap import main
+
+main()
