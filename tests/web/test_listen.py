@@ -8,7 +8,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.resource import Resource
 
 from relayd.clock import Timekeeper
-from relayd.web.service import HTTPWingService
+from relayd.web.listen import HTTPWingService
 from relayd.web.site import RelaySite
 
 

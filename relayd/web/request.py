@@ -1,4 +1,5 @@
-"""Request bodies with a byte cap, and refusals decided from the headers, before any body byte is read.
+"""relayd's request: its body capped, refusals decided from its headers before any body byte is read,
+and one access line however it ends.
 
 At the end of a request's headers, if a body follows, the site's L{BodyLimit} is asked whether the
 headers alone refuse it (the wing's C{check}: its auth wall, an unknown route or method, a media
@@ -13,19 +14,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from io import BytesIO
-from typing import Callable
+from typing import Any, Callable
 
-from twisted.web.http import RESPONSES, parse_qs
-from twisted.web.server import Request
+from twisted.internet.interfaces import IAddress
+from twisted.web.http import parse_qs
+from twisted.web.resource import IResource
+from twisted.web.server import Request, Site
 
+from relayd.clock import Timekeeper
+from relayd.compat.web import RequestHooks, body_framing, keeps_alive, request_line, set_body_sent
+from relayd.web.answers import Answer, raw_response
 from relayd.web.target import origin_form
-from relayd.web.twisted_internals import request_line
 
 # (status, headers, body) of an early answer.
 EarlyAnswer = tuple[int, list[tuple[bytes, bytes]], bytes]
-_FRAMING = frozenset((b"connection", b"content-length"))
-# twisted.web's reason phrases, but RFC 7231's for 413 (Twisted still says "Request Entity").
-_REASONS = {**RESPONSES, 413: b"Payload Too Large"}
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ class BodyLimit:
         return None
 
 
-class LimitedRequest(Request):
+class LimitedRequest(RequestHooks):
     """A C{Request} that buffers its body in memory up to its site's L{BodyLimit}.
 
     Refused (L{BodyLimit.refusal}, a chunk that would take the body over the cap, or bytes over
@@ -96,7 +98,7 @@ class LimitedRequest(Request):
                 # A body that came with its headers (small pipelined POSTs) is skipped and the
                 # connection kept; one still to come is not waited for: the connection closes.
                 arrived = getattr(self.channel, "body_arrived", None)
-                skipped = length is not None and arrived is not None and length <= arrived() and self.channel.persistent
+                skipped = length is not None and arrived is not None and length <= arrived() and keeps_alive(self.channel)
                 self._answer_early(answer, close=not skipped)
                 return
         # The cap bounds the body, so it lives in memory rather than a temporary file.
@@ -146,23 +148,123 @@ class LimitedRequest(Request):
         self._skipped = not close
         self.content = BytesIO()
         status, headers, body = answer
-        lines = [b"HTTP/1.1 %d %s" % (status, _REASONS.get(status, b"Unknown Status"))]
-        # (The framing headers are this writer's: a Connection: close set on the request is not repeated.)
-        lines.extend(name + b": " + value for name, value in headers if name.lower() not in _FRAMING)
-        lines.append(b"content-length: %d" % len(body))
-        if close:
-            lines.append(b"connection: close")
+        # (A Connection: close set on the request is the writer's to say, not repeated.)
+        head = self.method == b"HEAD"
         transport = self.channel.transport
-        if self.method == b"HEAD":
-            body = b""
         if transport is not None:
-            transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+            transport.write(raw_response(status, headers, body, close=close, head=head))
             if close:
                 transport.loseConnection()
+        if head:
+            body = b""
         self.answered_early(status, len(body))
 
     def answered_early(self, status: int, sent: int) -> None:
         """Told once an early answer of C{status} with C{sent} body bytes is written (for the log)."""
+
+
+class ChannelSite(Site):
+    """The site as its channels and requests see it (L{relayd.web.site.RelaySite} is the one
+    implementation): its clock and deadlines, its per-client count and its access line."""
+
+    clock: Timekeeper
+    relay: str | None
+    header_timeout: float | None
+    body_timeout: float | None
+    trust_forwarded_for: int
+    max_client_connections: int
+    too_many_connections: Answer
+    body_limit: BodyLimit | None
+    simple_posts: dict[bytes, Callable[[Any], EarlyAnswer | None]]
+    """Paths whose plain POSTs the wing answers itself, beside twisted.web (relayd.web.simple_post)."""
+
+    def shared_address(self, address: IAddress) -> IAddress:
+        """One object for each local address the site's connections arrive on."""
+        raise NotImplementedError
+
+    def count_client(self, channel: Any, client: str) -> bool:
+        """Count C{channel} for C{client}; C{False} when C{client} holds more than its cap."""
+        raise NotImplementedError
+
+    def client_left(self, client: str) -> None:
+        """One connection counted for C{client} closed."""
+        raise NotImplementedError
+
+    def client_address(self, request: Any) -> str:
+        """The client's address of C{request}."""
+        raise NotImplementedError
+
+    def access(
+        self, *, method: bytes, path: bytes, status: int, sent: int, peer: str, started: float | None = None
+    ) -> None:
+        """Count one answered request and log its line."""
+        raise NotImplementedError
+
+
+class RelayRequest(LimitedRequest):
+    """A request that writes one access-log line however it ends: finished, refused, upgraded to a
+    WebSocket, or abandoned by the client (a consumer closing its SSE stream)."""
+
+    _received_at: float | None = None  # on the site's clock.monotonic, once the request line is in
+    _logged = False
+
+    @property
+    def received_at(self) -> float | None:
+        """When the request line was in, on the site's clock (for the access line's duration)."""
+        return self._received_at
+
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        self._received_at = _durations(self)()
+        super().requestReceived(command, path, version)
+
+    def render(self, resrc: IResource) -> None:
+        super().render(resrc)
+        channel = getattr(self, "channel", None)  # gone once the response has finished
+        if channel is not None and channel.transport is None and not self.finished:
+            self._access(101)  # a WebSocket upgrade took the connection over; no finish() will come
+            # Nothing tells the site when a WebSocket ends: it leaves the per-client count now.
+            site = getattr(channel, "site", None)
+            if isinstance(site, ChannelSite) and getattr(channel, "client", None) is not None:
+                site.client_left(channel.client)
+                channel.client = None
+
+    def connectionLost(self, reason: Any) -> None:
+        if self._received_at is not None and not self.finished:
+            self._access(self.code)
+        super().connectionLost(reason)
+
+    def answered_early(self, status: int, sent: int) -> None:
+        self.code = status
+        set_body_sent(self, sent)
+        if self._received_at is None:
+            self._received_at = _durations(self)()
+        self._access(status)
+
+    def _access(self, status: int) -> None:
+        if self._logged:
+            return
+        self._logged = True
+        site = getattr(getattr(self, "channel", None), "site", None)
+        if isinstance(site, ChannelSite):
+            site.access(
+                method=self.method if isinstance(self.method, bytes) else b"-",
+                path=self.path if isinstance(self.path, bytes) else b"-",
+                status=status,
+                sent=body_framing(self)[1],
+                peer=site.client_address(self),
+                started=self._received_at,
+            )
+
+
+def _durations(request: Any) -> Callable[[], float]:
+    """The clock C{request}'s duration is measured on: its site's (outside a relayd site, which is the
+    one to log it, there is nothing to measure)."""
+    site = getattr(getattr(request, "channel", None), "site", None)
+    return site.clock.monotonic if isinstance(site, ChannelSite) else _unmeasured
+
+
+def _unmeasured() -> float:
+    return 0.0
 
 
 def read_body(request: Request) -> bytes:
@@ -172,3 +274,12 @@ def read_body(request: Request) -> bytes:
         return b""
     content.seek(0)
     return content.read()
+
+
+def host_of(address: Any) -> str:
+    """The host of a peer C{address} for an access line (C{unix} for a UNIX socket's)."""
+    host = getattr(address, "host", None)
+    if host:
+        return str(host)
+    name = getattr(address, "name", None)  # a UNIX socket peer
+    return "unix" if name is not None or address is None else str(address)
