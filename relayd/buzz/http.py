@@ -17,8 +17,8 @@ from twisted.web.server import Request
 
 from relayd.buzz import contract
 from relayd.buzz.host import BrokerHost
-from relayd.web.answers import Answer, Refusals, json_answer
-from relayd.web.request import BodyLimit, EarlyAnswer, read_body
+from relayd.web.answers import Answer, EarlyAnswer, Refusals, json_answer
+from relayd.web.request import BodyLimit, read_body
 from relayd.web.routes import RoutedResource, RouteTable, answer_when
 
 _JSON = b"application/json"

@@ -45,6 +45,19 @@ def method_rank(method: Any) -> tuple[int, bytes]:
     return METHOD_ORDER.get(method, 9), method
 
 
+EarlyAnswer = tuple[int, list[Header], bytes]
+"""C{(status, headers, body)}: what the wings' body-limit callbacks and plain-POST handler still
+return in place of an L{Answer} (L{as_answer} takes either, until every wing returns an L{Answer})."""
+
+
+def as_answer(answer: Answer | EarlyAnswer) -> Answer:
+    """C{answer} as an L{Answer}."""
+    if type(answer) is Answer:
+        return answer
+    status, headers, body = answer  # type: ignore[misc]
+    return Answer(status, body, tuple(headers))
+
+
 def not_allowed(allow: bytes, body: bytes = b'{"error":"method_not_allowed"}') -> Answer:
     """The JSON C{405} of a path whose methods are C{allow}."""
     return json_answer(405, body, ((b"allow", allow),))
@@ -115,8 +128,8 @@ class Refusals:
         return self.internal_error
 
 
-# twisted.web's reason phrases, but RFC 9110's for 413 (Twisted still says "Request Entity").
-_REASONS = {**RESPONSES, 413: b"Payload Too Large"}
+# twisted.web's reason phrases, but RFC 9110's where Twisted's are older (408, 413) or missing (431).
+_REASONS = {**RESPONSES, 408: b"Request Timeout", 413: b"Payload Too Large", 431: b"Request Header Fields Too Large"}
 _FRAMING = frozenset((b"connection", b"content-length"))
 
 
@@ -134,10 +147,12 @@ def raw_response(
     C{body}, which a C{head} answer does not send) and C{connection: close} when C{close}.
 
     The framing headers are this writer's: C{content-length} and C{connection} among C{headers} are
-    not repeated. C{dated} adds the C{Server} and C{Date} lines twisted.web writes, and C{capitalised}
-    writes header names as it does (C{Content-Type}), for an answer that stands in for one of its.
+    not repeated. C{dated} adds the C{Server} and C{Date} lines twisted.web writes (and takes its reason
+    phrases), and C{capitalised} writes header names as it does (C{Content-Type}), for an answer that
+    stands in for one of its.
     """
-    lines = [b"HTTP/1.1 %d %s" % (status, _REASONS.get(status, b"Unknown Status"))]
+    reasons = RESPONSES if dated else _REASONS  # (standing in for twisted.web: its phrases too)
+    lines = [b"HTTP/1.1 %d %s" % (status, reasons.get(status, b"Unknown Status"))]
     if dated:
         lines.append(b"Server: %s" % _server_version)
         lines.append(b"Date: %s" % datetimeToString())

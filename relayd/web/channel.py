@@ -21,7 +21,7 @@ from relayd.compat.web import (
     keeps_alive,
     request_line,
 )
-from relayd.web.answers import Answer, json_answer, raw_response
+from relayd.web.answers import Answer, as_answer, json_answer, raw_response
 from relayd.web.request import ChannelSite, LimitedRequest, host_of
 from relayd.web.simple_post import read_simple_post
 
@@ -184,12 +184,14 @@ class RelayChannel(ChannelHooks):
             return False
         if answer is None:
             return False
-        status, headers, body = answer
+        answer = as_answer(answer)
         self._stop_header_clock()
         self.resetTimeout()
         # What twisted.web writes for the same answer (its Server and Date, its header capitals).
-        self.transport.write(raw_response(status, headers, body, close=False, dated=True, capitalised=True))  # type: ignore[union-attr]
-        site.access(method=b"POST", path=post.path, status=status, sent=len(body), peer=host_of(self.getPeer()),
+        self.transport.write(  # type: ignore[union-attr]
+            raw_response(answer.status, answer.headers, answer.body, close=False, dated=True, capitalised=True)
+        )
+        site.access(method=b"POST", path=post.path, status=answer.status, sent=len(answer.body), peer=host_of(self.getPeer()),
                     started=started)
         return True
 

@@ -15,7 +15,7 @@ from relayd.metrics import REGISTRY
 from relayd.reactor import IReactor
 from relayd.web.answers import Answer
 from relayd.web.listen import HTTPWingService
-from relayd.web.request import BodyLimit, EarlyAnswer
+from relayd.web.request import BodyLimit
 from relayd.web.routes import RoutedResource, RouteTable
 from relayd.web.site import DEFAULT_SITE_SETTINGS, RelaySite, SiteSettings
 from relayd.wing import DEFAULT_GRACE
@@ -56,5 +56,5 @@ def make_service(
     return HTTPWingService("metrics", relay_site, listen, reactor, clock, grace=grace)
 
 
-def _too_large(request: Request) -> EarlyAnswer:
-    return _TOO_LARGE.status, list(_TOO_LARGE.headers), _TOO_LARGE.body
+def _too_large(request: Request) -> Answer:
+    return _TOO_LARGE

@@ -23,11 +23,8 @@ from twisted.web.server import Request, Site
 
 from relayd.clock import Timekeeper
 from relayd.compat.web import RequestHooks, body_framing, keeps_alive, request_line, set_body_sent
-from relayd.web.answers import Answer, raw_response
+from relayd.web.answers import Answer, EarlyAnswer, as_answer, raw_response
 from relayd.web.target import origin_form
-
-# (status, headers, body) of an early answer.
-EarlyAnswer = tuple[int, list[tuple[bytes, bytes]], bytes]
 
 
 @dataclass(frozen=True)
@@ -43,21 +40,25 @@ class BodyLimit:
     """
 
     max_bytes: int
-    respond: Callable[[Request], EarlyAnswer]
-    check: Callable[[Request], EarlyAnswer | None] | None = None
+    respond: Callable[[Request], Answer | EarlyAnswer]
+    check: Callable[[Request], Answer | EarlyAnswer | None] | None = None
     size_first: bool = False
 
-    def refusal(self, request: Request, length: int | None) -> EarlyAnswer | None:
+    def too_large(self, request: Request) -> Answer:
+        """The answer to C{request}'s body over the cap."""
+        return as_answer(self.respond(request))
+
+    def refusal(self, request: Request, length: int | None) -> Answer | None:
         """The early answer to C{request}, whose headers are in and whose body of C{length} bytes
         (C{None}: chunked) is still to come, or C{None} to read the body."""
         if self.size_first and length is not None and length > self.max_bytes:
-            return self.respond(request)
+            return self.too_large(request)
         if self.check is not None:
             answer = self.check(request)
             if answer is not None:
-                return answer
+                return as_answer(answer)
         if length is not None and length > self.max_bytes:
-            return self.respond(request)
+            return self.too_large(request)
         return None
 
 
@@ -108,7 +109,7 @@ class LimitedRequest(RequestHooks):
         """A chunk of C{size} bytes follows: refused at once if it would take the body over the cap."""
         limit = self._limit()
         if not self._refused and limit is not None and self._received + size > limit.max_bytes:
-            self._answer_early(limit.respond(self))
+            self._answer_early(limit.too_large(self))
 
     def handleContentChunk(self, data: bytes) -> None:
         if self._refused:
@@ -116,7 +117,7 @@ class LimitedRequest(RequestHooks):
         self._received += len(data)
         limit = self._limit()
         if limit is not None and self._received > limit.max_bytes:
-            self._answer_early(limit.respond(self))
+            self._answer_early(limit.too_large(self))
             return
         self.content.write(data)
 
@@ -142,17 +143,17 @@ class LimitedRequest(RequestHooks):
         self.path, _, query = self.uri.partition(b"?")
         self.args = parse_qs(query, 1) if query else {}
 
-    def _answer_early(self, answer: EarlyAnswer, close: bool = True) -> None:
+    def _answer_early(self, answer: Answer, close: bool = True) -> None:
         """Write C{answer}; then close the connection, or drop the body (already read)."""
         self._refused = True
         self._skipped = not close
         self.content = BytesIO()
-        status, headers, body = answer
+        status, body = answer.status, answer.body
         # (A Connection: close set on the request is the writer's to say, not repeated.)
         head = self.method == b"HEAD"
         transport = self.channel.transport
         if transport is not None:
-            transport.write(raw_response(status, headers, body, close=close, head=head))
+            transport.write(raw_response(status, answer.headers, body, close=close, head=head))
             if close:
                 transport.loseConnection()
         if head:
@@ -175,7 +176,7 @@ class ChannelSite(Site):
     max_client_connections: int
     too_many_connections: Answer
     body_limit: BodyLimit | None
-    simple_posts: dict[bytes, Callable[[Any], EarlyAnswer | None]]
+    simple_posts: dict[bytes, Callable[[Any], Answer | EarlyAnswer | None]]
     """Paths whose plain POSTs the wing answers itself, beside twisted.web (relayd.web.simple_post)."""
 
     def shared_address(self, address: IAddress) -> IAddress:

@@ -22,8 +22,7 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
-from relayd.web.answers import NOT_FOUND, Answer, Refusals, finish, method_rank, not_allowed, write_answer
-from relayd.web.request import EarlyAnswer
+from relayd.web.answers import NOT_FOUND, Answer, EarlyAnswer, Refusals, finish, method_rank, not_allowed, write_answer
 
 
 class _Taken:

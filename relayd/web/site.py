@@ -19,9 +19,9 @@ from relayd.clock import Timekeeper
 from relayd.compat.web import channel_of, channel_protocol, close_after
 from relayd.logging import ACCESS_NAMESPACE, SCRUBBED_MARK
 from relayd.reactor import installed
-from relayd.web.answers import Answer, json_answer, write_answer
+from relayd.web.answers import Answer, EarlyAnswer, json_answer, write_answer
 from relayd.web.channel import RelayChannel
-from relayd.web.request import BodyLimit, ChannelSite, EarlyAnswer, RelayRequest, host_of
+from relayd.web.request import BodyLimit, ChannelSite, RelayRequest, host_of
 from relayd.web.simple_post import SimplePost
 
 DEFAULT_HEADER_TIMEOUT = 20.0
@@ -145,7 +145,7 @@ class RelaySite(ChannelSite):
         self._protocols: weakref.WeakSet[Any] = weakref.WeakSet()
         # Paths whose plain POSTs the wing answers itself, beside twisted.web (relayd.web.simple_post):
         # the handler answers, or declines with None before it has done anything.
-        self.simple_posts: dict[bytes, Callable[[SimplePost], EarlyAnswer | None]] = {}
+        self.simple_posts: dict[bytes, Callable[[SimplePost], Answer | EarlyAnswer | None]] = {}
         self._request_counters: dict[tuple[str, int], Any] = {}  # labelled children, looked up once
         self._addresses: dict[Any, Any] = {}
 

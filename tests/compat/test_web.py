@@ -372,6 +372,106 @@ class Channels(LoopbackCase):
         self.assertIn(b"allow: get, head, post\r\n", client.received.lower())
 
 
+# -- the request's write state, the channel's queue and persistence ------------------------------------
+
+
+@expand
+class RequestState(LoopbackCase):
+    """What a held stream reads of its request (relayd.web.held) and what ends a connection."""
+
+    def test_the_state_is_detected(self) -> None:
+        self.assertTrue(fence.REQUEST_WRITE_STATE)
+        self.assertTrue(fence.CHANNEL_REQUESTS)
+        self.assertTrue(fence.CHANNEL_PERSISTENCE)
+
+    @cases(detected=True, fallback=False)
+    async def test_the_write_state_of_a_streaming_response(self, detected: bool) -> None:
+        self.patch(fence, "REQUEST_WRITE_STATE", detected)
+        request, _ = await self.held_request()
+        request.write(b"abc")
+        if detected:
+            self.assertEqual((request.startedWriting, request.chunked, request.sentLength), (1, 1, 3))
+        # Without it nothing is held (headers_written says no), so the framing is never asked for.
+        self.assertEqual(fence.headers_written(request), detected)
+        self.assertEqual(fence.body_framing(request), (True, 3) if detected else (False, 0))
+        fence.set_body_sent(request, 7)
+        self.assertEqual(request.sentLength, 7)
+        request.finish()
+
+    @cases(detected=True, fallback=False)
+    async def test_a_request_forgotten_by_its_channel(self, detected: bool) -> None:
+        self.patch(fence, "CHANNEL_REQUESTS", detected)
+        request, _ = await self.held_request()
+        channel = request.channel
+        self.assertEqual(channel.requests, [request])
+        self.assertIs(fence.current_request(channel), request if detected else None)
+        fence.forget_request(channel, request)
+        self.assertEqual(channel.requests, [] if detected else [request])  # else the collector frees them
+        fence.forget_request(channel, request)  # (twice: nothing more)
+
+    @cases(detected=True, fallback=False)
+    async def test_close_after_the_response(self, detected: bool) -> None:
+        self.patch(fence, "CHANNEL_PERSISTENCE", detected)
+        request, client = await self.held_request()
+        self.assertEqual(fence.keeps_alive(request.channel), detected)
+        fence.close_after(request)
+        self.assertFalse(fence.keeps_alive(request.channel))
+        request.finish()
+        if detected:
+            await client.closed.addTimeout(TIMEOUT, reactor)  # closed once the response is sent
+        else:
+            self.assertTrue(client.transport.connected)  # Twisted's own: the connection is kept
+
+    def test_request_hooks_hold_what_every_request_is_given(self) -> None:
+        """The class values are what Request.__init__ sets on a relayd request: a release that
+        changes them (or their names) fails here, and the slim stream's dict keeps those entries."""
+        site = RelaySite(Plain())
+        channel = fence.channel_of(site.buildProtocol(None))
+        channel.makeConnection(StringTransport())
+        request = site.requestFactory(channel)
+        self.assertIsInstance(request, fence.RequestHooks)
+        for name in ("queued", "_parsePOSTFormSubmission"):
+            self.assertIn(name, vars(request))
+            self.assertEqual(vars(request)[name], getattr(fence.RequestHooks, name), name)
+        channel.connectionLost(None)
+
+
+@expand
+class LineState(TestCase):
+    """The channel's line reader and length state (relayd.web.channel's split reads, pipelining and
+    body deadline)."""
+
+    def test_the_state_is_detected(self) -> None:
+        self.assertTrue(fence.CHANNEL_LINE_STATE)
+        self.assertTrue(fence.CHANNEL_LENGTH_STATE)
+
+    @cases(detected=True, fallback=False)
+    def test_reading_the_head_and_pausing_the_parser(self, detected: bool) -> None:
+        self.patch(fence, "CHANNEL_LINE_STATE", detected)
+        channel, _ = _fed(b"POST / HTTP/1.1\r\nhost: x\r\n")
+        self.assertEqual(channel.reading_head(), detected)
+        channel.dataReceived(b"content-length: 3\r\n\r\n")
+        self.assertFalse(channel.reading_head())  # the body: raw mode
+        channel.pause_parsing()
+        self.assertEqual(channel.parsing_paused(), detected)
+        self.assertEqual(channel.paused, detected)
+        channel.resume_parsing()
+        self.assertFalse(channel.parsing_paused())
+        channel.connectionLost(None)
+
+    @cases(detected=True, fallback=False)
+    def test_whether_a_body_follows(self, detected: bool) -> None:
+        self.patch(fence, "CHANNEL_LENGTH_STATE", detected)
+        follows: list[bool] = []
+        original = HTTPChannel.allHeadersReceived
+        self.patch(_Recording, "allHeadersReceived", lambda self: (follows.append(self.body_follows()), original(self)))
+        for data in (b"GET / HTTP/1.1\r\nhost: x\r\n\r\n", b"POST / HTTP/1.1\r\ncontent-length: 3\r\n\r\n",
+                     b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n"):  # fmt: skip
+            _fed(data)[0].connectionLost(None)
+        # Without the state known a body is assumed (the body deadline then always runs).
+        self.assertEqual(follows, [False, True, True] if detected else [True, True, True])
+
+
 # -- the reactor ------------------------------------------------------------------------------------------
 
 

@@ -13,7 +13,8 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from relayd.web.request import BodyLimit, EarlyAnswer, LimitedRequest, read_body
+from relayd.web.answers import EarlyAnswer
+from relayd.web.request import BodyLimit, LimitedRequest, read_body
 
 CAP = 10
 
