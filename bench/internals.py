@@ -1,4 +1,4 @@
-"""Micro-benchmarks of the shortcuts in relayd/compat/web.py that no scenario of bench/aep.py
+"""Micro-benchmarks of the fence's shortcuts (relayd/compat/) that no scenario of bench/aep.py
 isolates: each one timed with its feature detected and forced off (the public fallback), in-process.
 
     python bench/internals.py            # median of 5 rounds of 200,000 calls each
@@ -19,10 +19,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autobahn.twisted.websocket import WebSocketServerProtocol
-from twisted.web.server import Request
-from twisted.web.test.requesthelper import DummyChannel
 
-from relayd.compat import web as fence
+from relayd.compat import autobahn as fence
 from relayd.compat.autobahn import ws_data_received, ws_frames_direct
 
 N = 200_000
@@ -45,9 +43,6 @@ def both(name: str, flag: str, f: Callable[[], Any]) -> None:
 
 
 def main() -> None:
-    request = Request(DummyChannel())
-    both("request_gone", "REQUEST_DISCONNECTED", lambda: fence.request_gone(request))
-
     protocol = WebSocketServerProtocol()
     protocol.peer = "tcp4:127.0.0.1:40000"
     protocol._dataReceived = lambda data: None  # only the per-read overhead is timed

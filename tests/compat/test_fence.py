@@ -113,6 +113,12 @@ def private_uses(source: str, relative: str, module: Any, private: frozenset[str
             if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
                 if reached(node.args[1].value):
                     flag(node, node.args[1].value)
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            # Rebuilding an object's dict (what the fence's slim_stream does to Twisted's request).
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Attribute) and target.attr == "__dict__":
+                    uses.append(f"{relative}:{node.lineno}: __dict__ rewritten")
         elif isinstance(node, (ast.ImportFrom,)) and node.module and node.module.split(".")[0] in _THIRD_PARTY:
             for alias in node.names:
                 if alias.name.startswith("_") or any(p.startswith("_") for p in node.module.split(".")):
@@ -202,8 +208,8 @@ class Fence(TestCase):
 
     def test_the_scan_sees_class_body_assignments_and_undocumented_state(self) -> None:
         """A private or undocumented attribute of Twisted's given a value in a subclass's body, read or
-        set on a subclass's self, or read or changed on another object, is caught (our own
-        attributes, and public documented ones, are not)."""
+        set on a subclass's self, or read or changed on another object, and an object's dict
+        rebuilt, are caught (our own attributes, and public documented ones, are not)."""
         private = _third_party_private_names()
         sample = (
             "from twisted.web.http import HTTPChannel\n"
@@ -222,6 +228,8 @@ class Fence(TestCase):
             "def held(channel, request):\n"
             "    channel.requests.remove(request)\n"
             "    return request.sentLength, request.chunked, getattr(request, 'startedWriting', 0), request.finished\n"
+            "def slim(request):\n"
+            "    request.__dict__ = {}\n"
         )
         namespace: dict[str, Any] = {}
         exec(compile(sample, "sample.py", "exec"), namespace)
@@ -230,7 +238,7 @@ class Fence(TestCase):
             sorted(u.split(": ", 1)[1] for u in uses),
             ["C uses inherited line_mode", "C uses inherited paused", "C uses inherited persistent",
              "R assigns inherited _parsePOSTFormSubmission", "R assigns inherited queued",
-             "chunked", "requests", "sentLength", "startedWriting"],
+             "__dict__ rewritten", "chunked", "requests", "sentLength", "startedWriting"],
         )
 
     def test_the_scan_sees_a_txredisapi_private_use(self) -> None:
