@@ -1,4 +1,4 @@
-"""Micro-benchmarks of the shortcuts in relayd/web/twisted_internals.py that no scenario of bench/aep.py
+"""Micro-benchmarks of the fence's shortcuts (relayd/compat/) that no scenario of bench/aep.py
 isolates: each one timed with its feature detected and forced off (the public fallback), in-process.
 
     python bench/internals.py            # median of 5 rounds of 200,000 calls each
@@ -19,10 +19,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autobahn.twisted.websocket import WebSocketServerProtocol
-from twisted.web.server import Request
-from twisted.web.test.requesthelper import DummyChannel
 
-from relayd.web import twisted_internals as fence
+from relayd.compat import autobahn as fence
+from relayd.compat.autobahn import ws_data_received, ws_frames_direct
 
 N = 200_000
 ROUNDS = 5
@@ -44,17 +43,14 @@ def both(name: str, flag: str, f: Callable[[], Any]) -> None:
 
 
 def main() -> None:
-    request = Request(DummyChannel())
-    both("request_gone", "REQUEST_DISCONNECTED", lambda: fence.request_gone(request))
-
     protocol = WebSocketServerProtocol()
     protocol.peer = "tcp4:127.0.0.1:40000"
     protocol._dataReceived = lambda data: None  # only the per-read overhead is timed
-    both("ws_data_received", "WS_QUIET_RECEIVE", lambda: fence.ws_data_received(protocol, b"x" * 100))
+    both("ws_data_received", "WS_QUIET_RECEIVE", lambda: ws_data_received(protocol, b"x" * 100))
 
     # What the fence costs where a check used to be inline (once per WebSocket connection per turn).
     protocol._perMessageCompress, protocol.send_queue = None, []
-    fenced = per_call(lambda: fence.ws_frames_direct(protocol))
+    fenced = per_call(lambda: ws_frames_direct(protocol))
     inline = per_call(lambda: protocol._perMessageCompress is None and not protocol.send_queue)
     print(f"ws_frames_direct: {fenced:.3f} us through the fence, {inline:.3f} us inline")
 

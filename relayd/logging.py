@@ -46,7 +46,7 @@ from twisted.logger import (
 from twisted.python.failure import Failure
 from zope.interface import implementer, provider
 
-from relayd.web.twisted_internals import observe_first, wrap_text_formatters
+from relayd.compat.web import observe_first, wrap_text_formatters
 
 SCRUBBED = "[scrubbed]"
 

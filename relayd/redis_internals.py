@@ -6,7 +6,7 @@ names it relies on must appear in the txredisapi methods that use them); when a 
 the flag is off and relayd takes txredisapi's own path, plainer but working. The pool, its factory
 and their endpoints are built from txredisapi's public classes in relayd/redis.py and need no fence.
 tests/test_redis_internals.py checks each detection against a real redis-server, checks each
-fallback, and (with tests/web/test_twisted_internals.py's scan) fails any other module that touches
+fallback, and (with tests/compat/'s scan) fails any other module that touches
 a txredisapi private attribute. setup.cfg bounds txredisapi's version so that a new release is
 admitted only once those tests pass on it.
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import txredisapi
 
-from relayd.web.twisted_internals import code_uses
+from relayd.compat.detect import code_uses
 
 # -- readiness: relayd's own handshake -------------------------------------------------------------
 

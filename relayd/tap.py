@@ -20,13 +20,14 @@ import relayd
 from relayd import logging as relayd_logging
 from relayd import sdnotify
 from relayd.clock import Timekeeper
+from relayd.compat import web as twisted_internals
 from relayd.config import ConfigError, Resolved, Setting, resolve, show_value, shown_default
 from relayd.gcpolicy import CollectorPolicy
 from relayd.reactor import IReactor, installed
 from relayd.redis import Redis
 from relayd.rlimits import increase_rlimits
-from relayd.web import metrics_listener, twisted_internals
-from relayd.web.service import CannotListen
+from relayd.web import metrics_listener
+from relayd.web.listen import CannotListen
 from relayd.wing import IWing, Plumbing
 
 # The wings, in start order (shutdown drains them in reverse). Each is a package with a `config`

@@ -32,7 +32,7 @@ DEFAULT_GRACE = 5.0  # --shutdown-grace
 class IWing(IService):
     """One wing: a service with its listeners over one site, and a phased shutdown.
 
-    L{relayd.web.service.HTTPWingService} provides it; a wing passes its C{settle}, C{drain},
+    L{relayd.web.listen.HTTPWingService} provides it; a wing passes its C{settle}, C{drain},
     C{remaining} and C{abort} to that class's constructor (or overrides the methods).
     """
 

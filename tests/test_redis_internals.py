@@ -2,7 +2,7 @@
 
 Each reliance is detected on the installed txredisapi (a release that moves the state fails here,
 loudly: setup.cfg admits a new txredisapi only once these pass), shown on real objects, and its
-fallback gives a working client. tests/web/test_twisted_internals.py fails any other module that
+fallback gives a working client. tests/compat/ fails any other module that
 touches a txredisapi private attribute.
 """
 

@@ -20,8 +20,8 @@ from relayd.aep.websocket import AEPSocketFactory
 from relayd.clock import Timekeeper
 from relayd.config import Resolved
 from relayd.reactor import IReactor
-from relayd.web.body import BodyLimit
-from relayd.web.service import HTTPWingService
+from relayd.web.listen import HTTPWingService
+from relayd.web.request import BodyLimit
 from relayd.web.site import RelaySite
 from relayd.web.sse import SSEHub, sse_comment
 from relayd.wing import Plumbing

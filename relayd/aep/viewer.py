@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib.resources import files
 from typing import Final
 
-from relayd.web.routes import Answer
+from relayd.web.answers import Answer
 
 # The page loads its script and style from the relay and talks to nothing else: no inline script or
 # style, no other origin, no frames (so a value from an event that reached the DOM as markup could

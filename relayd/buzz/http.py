@@ -17,8 +17,9 @@ from twisted.web.server import Request
 
 from relayd.buzz import contract
 from relayd.buzz.host import BrokerHost
-from relayd.web.body import BodyLimit, EarlyAnswer, read_body
-from relayd.web.routes import Answer, Refusals, RoutedResource, RouteTable, answer_when, json_answer
+from relayd.web.answers import Answer, EarlyAnswer, Refusals, json_answer
+from relayd.web.request import BodyLimit, read_body
+from relayd.web.routes import RoutedResource, RouteTable, answer_when
 
 _JSON = b"application/json"
 _OWS = b" \t"

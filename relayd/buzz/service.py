@@ -24,7 +24,7 @@ from relayd.clock import Timekeeper
 from relayd.config import ConfigError, Resolved, is_loopback_endpoint, is_tls_endpoint
 from relayd.reactor import IReactor
 from relayd.redis import Redis
-from relayd.web.service import HTTPWingService
+from relayd.web.listen import HTTPWingService
 from relayd.web.site import DEFAULT_SITE_SETTINGS, RelaySite, SiteSettings
 from relayd.wing import DEFAULT_GRACE, DEFAULT_REDIS_PREFIX, Plumbing
 

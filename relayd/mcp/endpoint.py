@@ -31,10 +31,11 @@ from relayd.mcp.store import OUTBOUND, ClientRecord, SubscriberRecord
 from relayd.mcp.tokens import label_tag, relay_label
 from relayd.mcp.tunnel import Refused, TunnelRelay
 from relayd.storage import StoreUnavailable
+from relayd.web.answers import Answer, Refusals, finish, gone, json_answer
 from relayd.web.auth import bearer_token, query_param
-from relayd.web.body import read_body
 from relayd.web.cors import OriginPolicy
-from relayd.web.routes import TAKEN, Answer, Handler, Refusals, Result, finish, gone, json_answer
+from relayd.web.request import read_body
+from relayd.web.routes import TAKEN, Handler, Result
 from relayd.web.site import RelaySite
 from relayd.web.sse import SSEHub, SSEStream
 

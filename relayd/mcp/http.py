@@ -23,20 +23,11 @@ from relayd.mcp.streams import StreamHandle
 from relayd.mcp.tokens import chosen_label
 from relayd.mcp.tunnel import Refused, TunnelRelay
 from relayd.storage import StoreUnavailable
+from relayd.web.answers import Answer, EarlyAnswer, Refusals, finish, gone, json_answer
 from relayd.web.auth import bearer_token, query_param
-from relayd.web.body import EarlyAnswer, read_body
 from relayd.web.cors import OriginPolicy
-from relayd.web.routes import (
-    TAKEN,
-    Answer,
-    Refusals,
-    Result,
-    RoutedResource,
-    RouteTable,
-    finish,
-    gone,
-    json_answer,
-)
+from relayd.web.request import read_body
+from relayd.web.routes import TAKEN, Result, RoutedResource, RouteTable
 from relayd.web.sse import DEFAULT_MAX_BUFFER, SSEHub, SSEStream, sse_comment
 
 MAX_BODY = 256 * 1024

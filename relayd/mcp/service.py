@@ -21,8 +21,8 @@ from relayd.mcp.redis_store import RedisStore
 from relayd.mcp.store import IMcpStore, MemoryStore
 from relayd.mcp.tunnel import TunnelConfig, TunnelRelay
 from relayd.reactor import IReactor
-from relayd.web.body import BodyLimit
-from relayd.web.service import HTTPWingService
+from relayd.web.listen import HTTPWingService
+from relayd.web.request import BodyLimit
 from relayd.web.site import RelaySite
 from relayd.web.sse import SSEHub
 from relayd.wing import DEFAULT_GRACE, Plumbing

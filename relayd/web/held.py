@@ -26,8 +26,10 @@ from twisted.python.failure import Failure
 from twisted.web.server import Request
 from zope.interface import implementer
 
-from relayd.web.site import RelayRequest, RelaySite
-from relayd.web.twisted_internals import read_ahead, take_over, write_now
+from relayd.compat.tcp import write_now
+from relayd.compat.web import body_framing, forget_request, headers_written, read_ahead, take_over
+from relayd.web.request import RelayRequest
+from relayd.web.site import RelaySite
 
 MAX_UNSOLICITED = 65536
 """Bytes a client may send on a held stream's connection before it is dropped (what it sends there
@@ -48,8 +50,8 @@ class HeldResponse:
 
     def __init__(self, transport: Any, request: Request, site: RelaySite) -> None:
         self.transport = transport
-        self.chunked = bool(request.chunked)
-        self.sent: int | None = request.sentLength  # body bytes, as the access line counts them; None once logged
+        self.chunked, sent = body_framing(request)
+        self.sent: int | None = sent  # body bytes, as the access line counts them; None once logged
         self.unsolicited = 0
         self.site = site
         self.method: bytes = request.method
@@ -117,7 +119,7 @@ def hold(request: Request, producer: IPushProducer) -> HeldResponse | None:
     if (
         channel is None
         or not isinstance(site, RelaySite)
-        or not request.startedWriting
+        or not headers_written(request)
         or request.finished
         or read_ahead(channel)
         or getattr(channel, "unparsed", 0)
@@ -126,8 +128,6 @@ def hold(request: Request, producer: IPushProducer) -> HeldResponse | None:
     held = HeldResponse(channel.transport, request, site)
     if not take_over(channel.transport, channel, held, producer):
         return None
-    # The request and the channel hold each other; nothing else holds either once the transport
-    # has a new protocol, so breaking that one cycle frees both now (a frozen collector would not).
-    channel.requests.remove(request)
+    forget_request(channel, request)  # (nothing else holds either once the transport has a new protocol)
     site.track(held, channel)
     return held

@@ -7,39 +7,35 @@ L{relayd.metrics}, never the other way round (a contract in pyproject.toml).
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from twisted.web.resource import Resource
 from twisted.web.server import Request
 
 from relayd.clock import Timekeeper
 from relayd.metrics import REGISTRY
 from relayd.reactor import IReactor
-from relayd.web.body import BodyLimit
-from relayd.web.service import HTTPWingService
+from relayd.web.answers import Answer
+from relayd.web.listen import HTTPWingService
+from relayd.web.request import BodyLimit
+from relayd.web.routes import RoutedResource, RouteTable
 from relayd.web.site import DEFAULT_SITE_SETTINGS, RelaySite, SiteSettings
 from relayd.wing import DEFAULT_GRACE
 
+_TOO_LARGE = Answer(413, b"request body too large\n", ((b"content-type", b"text/plain; charset=utf-8"),))
 
-class MetricsResource(Resource):
-    """C{GET /metrics}: the registry in Prometheus text format (synapse's form, no thread pool)."""
 
-    isLeaf = True
+class MetricsResource(RoutedResource):
+    """C{GET /metrics}: the registry in Prometheus text format (synapse's form, no thread pool); the
+    route table's JSON 404 and 405 for the rest."""
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
-        super().__init__()
+        table = RouteTable()
+        table.add("/metrics", {"GET": self.metrics})
+        super().__init__(table)
         self.registry = registry
 
-    def render_GET(self, request: Request) -> bytes:
-        if request.path != b"/metrics":
-            request.setResponseCode(404)
-            request.setHeader(b"content-type", b"text/plain; charset=utf-8")
-            return b"metrics are served at /metrics\n"
-        body = generate_latest(self.registry)
-        request.setHeader(b"content-type", CONTENT_TYPE_LATEST.encode("ascii"))
-        request.setHeader(b"cache-control", b"no-store")
-        return body
+    def metrics(self, request: Request) -> Answer:
+        headers = ((b"content-type", CONTENT_TYPE_LATEST.encode("ascii")), (b"cache-control", b"no-store"))
+        return Answer(200, generate_latest(self.registry), headers)
 
 
 def make_service(
@@ -52,12 +48,13 @@ def make_service(
 ) -> HTTPWingService:
     """The metrics listener: an C{HTTPWingService} named C{metrics} serving L{MetricsResource},
     its site built with the process's site settings and its shutdown with its grace."""
+    resource = MetricsResource()
     relay_site = RelaySite(
-        MetricsResource(), body_limit=BodyLimit(64 * 1024, _too_large), settings=site, relay="metrics", clock=clock,
-        health_paths=frozenset({b"/metrics"}),
+        resource, body_limit=BodyLimit(64 * 1024, _too_large), settings=site, relay="metrics",
+        clock=clock, health_paths=frozenset({b"/metrics"}),
     )
     return HTTPWingService("metrics", relay_site, listen, reactor, clock, grace=grace)
 
 
-def _too_large(request: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    return 413, [(b"content-type", b"text/plain; charset=utf-8")], b"request body too large\n"
+def _too_large(request: Request) -> Answer:
+    return _TOO_LARGE

@@ -1,5 +1,5 @@
-"""One request layer for every wing: a route table, handlers that answer now or later, one mapping
-from refusals to statuses and one disconnect check (docs/architecture.md, "A request").
+"""One request layer for every wing: a route table and handlers that answer now or later (the answers
+themselves, the refusals and the 404/405 are relayd.web.answers; docs/architecture.md, "A request").
 
 A wing declares its routes as C{(path, method) -> handler}; a handler gets the request and the
 path's named parts and returns an L{Answer}, a C{Deferred} of one, or L{TAKEN} when it has taken
@@ -13,39 +13,16 @@ answered by the C{GET} handler, without the body.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar, Union
 
 from twisted.internet.defer import Deferred, fail
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
-from relayd.web.body import EarlyAnswer
-from relayd.web.twisted_internals import request_gone
-
-JSON_TYPE: Final = b"application/json"
-Header = tuple[bytes, bytes]
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """A complete response: status, body and headers (C{content-type} among them when there is a body)."""
-
-    status: int
-    body: bytes = b""
-    headers: Sequence[Header] = ()
-
-
-def json_answer(status: int, body: bytes, headers: Iterable[Header] = ()) -> Answer:
-    """An answer whose C{body} is JSON text already encoded."""
-    return Answer(status, body, ((b"content-type", JSON_TYPE), *headers))
-
-
-NOT_FOUND: Final = json_answer(404, b'{"error":"not_found"}')
-INTERNAL_ERROR: Final = json_answer(500, b'{"error":"internal_error"}')
+from relayd.web.answers import NOT_FOUND, Answer, EarlyAnswer, Refusals, finish, method_rank, not_allowed, write_answer
 
 
 class _Taken:
@@ -63,36 +40,6 @@ Handler = Callable[..., Result]
 HeaderCheck = Callable[[Request], "Answer | None"]
 """What a route refuses from a request's headers alone (a media type, a version), or C{None}: asked
 before the body is read (L{RoutedResource.early_answer}) and by the handler itself."""
-
-
-def gone(request: Request) -> bool:
-    """Whether nothing more can be written to C{request}: its client left, or it was finished.
-
-    The one disconnect check: every answer given later, and every stream about to start, asks it.
-    """
-    return request_gone(request) or bool(request.finished)
-
-
-def write_answer(request: Request, answer: Answer) -> bytes:
-    """Set C{answer}'s status and headers on C{request} and return the body to send (none for C{HEAD})."""
-    request.setResponseCode(answer.status)
-    headers = request.responseHeaders
-    for name, value in answer.headers:
-        headers.setRawHeaders(name, [value])
-    body = answer.body
-    if answer.status != 204 and answer.status != 304:
-        request.setHeader(b"content-length", b"%d" % len(body))
-    return b"" if request.method == b"HEAD" else body
-
-
-def finish(request: Request, answer: Answer) -> None:
-    """Send C{answer} as the whole response, unless the client has already gone."""
-    if gone(request):
-        return
-    body = write_answer(request, answer)
-    if body:
-        request.write(body)
-    request.finish()
 
 
 def answer_when(
@@ -128,39 +75,9 @@ def answer_when(
     return later[0]
 
 
-class Refusals:
-    """One wing's mapping from the exceptions its handlers raise (or fail with) to answers.
-
-    The first entry whose type matches wins; anything else is a bug: logged with its traceback (on
-    C{log}, the wing's logger, so that the record names the wing's relay; else this module's) and
-    answered C{500} with the wing's internal-error body (which quotes nothing of the request).
-    """
-
-    _log = Logger()
-
-    def __init__(
-        self,
-        mapping: Sequence[tuple[type[BaseException], Callable[[Any], Answer]]] = (),
-        internal_error: Answer | None = None,
-        log: Logger | None = None,
-    ) -> None:
-        self.mapping = tuple(mapping)
-        self.internal_error = internal_error or INTERNAL_ERROR
-        if log is not None:
-            self._log = log
-
-    def answer(self, failure: Failure) -> Answer:
-        """The answer for C{failure}."""
-        error = failure.value
-        for kind, make in self.mapping:
-            if isinstance(error, kind):
-                return make(error)
-        self._log.failure("a request failed", failure)
-        return self.internal_error
-
-
 _PART = re.compile(r"\{([a-z_]+)\}")
-_METHOD_ORDER = {b"GET": 0, b"HEAD": 1, b"POST": 2, b"PUT": 3, b"PATCH": 4, b"DELETE": 5, b"OPTIONS": 6}
+
+_NO_METHODS: Final = Answer(405)
 
 
 @dataclass
@@ -170,7 +87,7 @@ class _Route:
     other: Handler | None = None  # every method not named (C{"*"})
     checks: dict[bytes, HeaderCheck] = field(default_factory=dict)  # by method
     allow: bytes = b""
-    not_allowed: Answer = Answer(405)  # its 405, made by RouteTable.add once its methods are known
+    not_allowed: Answer = _NO_METHODS  # its 405, made by RouteTable.add once its methods are known
 
 
 class RouteTable:
@@ -231,9 +148,9 @@ class RouteTable:
         if other is not None:
             route.other = other
         route.checks.update((m.encode("ascii"), check) for m, check in (checks or {}).items())
-        route.allow = b", ".join(sorted(route.methods, key=_method_rank))
+        route.allow = b", ".join(sorted(route.methods, key=method_rank))
         body = self.not_allowed(route.allow) if callable(self.not_allowed) else self.not_allowed
-        route.not_allowed = json_answer(405, body, ((b"allow", route.allow),))
+        route.not_allowed = not_allowed(route.allow, body)
 
     def _find(self, path: bytes) -> tuple[_Route, dict[str, str]] | None:
         route = self._exact.get(path)
@@ -273,10 +190,6 @@ class RouteTable:
         """The C{Allow} value of C{path} (its named methods), or C{None} when the table does not serve it."""
         found = self._find(path)
         return None if found is None else found[0].allow
-
-
-def _method_rank(method: Any) -> tuple[int, bytes]:
-    return _METHOD_ORDER.get(method, 9), method
 
 
 class RoutedResource(Resource):

@@ -1,5 +1,6 @@
-"""A C{Site} that caps bodies, times out slow headers, logs requests without query strings, and can
-close what it served."""
+"""The site of every relayd listener: its connections (counted per client, closed on shutdown), the
+client's address, and the access line (never a query string). Its channel is relayd.web.channel's,
+its requests relayd.web.request's."""
 
 from __future__ import annotations
 
@@ -8,53 +9,21 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from twisted.internet.interfaces import IAddress, IDelayedCall
-from twisted.internet.protocol import connectionDone
+from twisted.internet.interfaces import IAddress
 from twisted.logger import Logger
-from twisted.python.failure import Failure
-from twisted.web import resource as _resource
-from twisted.web import server as _server
-from twisted.web.http import RESPONSES, datetimeToString
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Site
 
 from relayd import metrics
 from relayd.clock import Timekeeper
+from relayd.compat.web import channel_of, channel_protocol, close_after
 from relayd.logging import ACCESS_NAMESPACE, SCRUBBED_MARK
 from relayd.reactor import installed
-from relayd.web.body import BodyLimit, EarlyAnswer, LimitedRequest
-from relayd.web.simple_post import SimplePost, read_simple_post
-from relayd.web.transport import hold_writes, release_writes
-from relayd.web.twisted_internals import (
-    ChannelHooks,
-    allowed_methods,
-    between_requests,
-    channel_of,
-    channel_protocol,
-    held_line,
-    request_line,
-)
+from relayd.web.answers import Answer, EarlyAnswer, json_answer, write_answer
+from relayd.web.channel import RelayChannel
+from relayd.web.request import BodyLimit, ChannelSite, RelayRequest, host_of
+from relayd.web.simple_post import SimplePost
 
-MAX_HEADER_BYTES = 16384
-"""The request line and header block together (Twisted's C{totalHeadersSize}); C{431} beyond."""
-MAX_HEADER_FIELDS = 500
-"""Header fields in one request (Twisted's C{maxHeaders}); C{431} beyond."""
-# Answers written by the channel itself, before (or instead of) any request reaching a resource.
-_BAD_REQUEST = (400, b"Bad Request", b'{"error":"bad_request"}')
-_HEADERS_TOO_LARGE = (
-    431,
-    b"Request Header Fields Too Large",
-    b'{"error":"header_fields_too_large","max_bytes":%d,"max_fields":%d}' % (MAX_HEADER_BYTES, MAX_HEADER_FIELDS),
-)
-_REQUEST_TIMEOUT = (408, b"Request Timeout", b'{"error":"request_timeout"}')
-_BARE_LINE_FEED = (
-    400, b"Bad Request", b'{"error":"bad_request","reason":"every line of the request line and headers must end with CRLF"}'
-)
-# A Content-Length with more digits than this is larger than any body cap; Python's int() refuses
-# over 4300 digits, which Twisted's parser does not expect (an unhandled ValueError, no answer).
-_LENGTH_DIGITS = 18
-# A read longer than this that holds a header block and more is parsed in two parts (RelayChannel._read).
-_SPLIT_READS_OVER = 4096
 DEFAULT_HEADER_TIMEOUT = 20.0
 DEFAULT_MAX_CLIENT_CONNECTIONS = 256
 HEALTH_RESERVE = 4
@@ -64,392 +33,21 @@ DEFAULT_IDLE_TIMEOUT = 60.0
 _MAX_SHARED_ADDRESSES = 64
 # A module-level logger: a Logger class attribute would take the class's name as its namespace.
 _access_log = Logger(namespace=ACCESS_NAMESPACE)
-_log = Logger()
 
 
-class RelayChannel(ChannelHooks):
-    """An C{HTTPChannel} whose refusals are complete answers a client can read.
-
-    A request line and header block over L{MAX_HEADER_BYTES}, or over L{MAX_HEADER_FIELDS} fields,
-    get C{431} (Twisted would drop the connection without a word, a line over C{MAX_LENGTH}, or
-    answer C{400}): a client that bounds long query strings (the AEP SDK's C{from} budget) needs a
-    4xx it can read. Every other malformed request gets C{400}; a slow one C{408}. Each has a JSON
-    body, a length and C{connection: close}, and an access line.
-
-    Pipelined requests are parsed one at a time while their answers can be sent: once the
-    transport's buffer is full (the client reads nothing) the next one waits until it drains.
-    """
-
-    maxHeaders = MAX_HEADER_FIELDS
-    totalHeadersSize = MAX_HEADER_BYTES
-    length_digits = _LENGTH_DIGITS
-    _header_call: IDelayedCall | None = None
-    _host: Any = None
-    # The site's clock and its header and body timeouts, read once per connection (a channel
-    # outside a RelaySite has no clock, so no deadlines).
-    _deadlines: tuple[Timekeeper, float | None, float | None] | None = None
-    # The RelaySite, found once by connectionMade, through which getHost shares the local address.
-    # Twisted builds requests (which ask getHost) only once connected; before that, or outside a
-    # RelaySite, getHost answers the plain address.
-    _relay_site: RelaySite | None = None
-    client: str | None = None
-    """The client this connection is counted for under the site's per-client cap (None: not counted)."""
-    crowded = False
-    """Whether the connection is one of its client's L{HEALTH_RESERVE}: it answers the health check only."""
-    reading = False
-    """Whether a read is being parsed (what a request answered within it replays is parsed by it)."""
-    unparsed = 0
-    """Bytes of the read being handled that the parser has not been handed yet (what follows a
-    header block, L{_read}): a stream must not take the connection over from under them."""
-
-    def getHost(self) -> Any:
-        # Twisted asks the socket (a system call) for every request; the local address of a
-        # connection never changes, and is one of the few the site listens on (one object for all
-        # its connections: 96 B less per held connection).
-        host = self._host
-        if host is None:
-            host = super().getHost()
-            site = self._relay_site
-            if site is not None:
-                host = site.shared_address(host)
-            self._host = host
-        return host
-
-    def lineLengthExceeded(self, line: bytes) -> None:
-        self._refuse(_HEADERS_TOO_LARGE)
-
-    # Slowloris: Twisted's idle timeout restarts with every byte, so a client trickling a header
-    # byte at a time would hold the connection forever. The request line and headers must all
-    # arrive within the site's header_timeout of their first byte (or of the connection), and a
-    # body within its body_timeout of the end of the headers (the slow-POST variant).
-
-    def connectionMade(self) -> None:
-        super().connectionMade()
-        site = getattr(self, "site", None)
-        if isinstance(site, RelaySite):
-            self._relay_site = site
-            self._deadlines = (site.clock, site.header_timeout, site.body_timeout)
-            # (Behind trusted proxies the client is known from each request's headers: getResourceFor.
-            # A UNIX socket's peers have no address to tell them apart: not counted.)
-            if site.max_client_connections and not site.trust_forwarded_for and self.transport is not None:
-                host = getattr(self.transport.getPeer(), "host", None)
-                if host and not site.count_client(self, str(host)):
-                    self._refuse(site.too_many_connections)
-                    return
-        self._start_header_clock()
-
-    def dataReceived(self, data: bytes) -> None:
-        if self._header_call is None and self.line_mode:
-            self._start_header_clock()
-        if self.reading:  # a request answered within the read replays what followed it
-            self._read(data)
-            return
-        transport = self.transport
-        held = hold_writes(transport)
-        self.reading = True
-        try:
-            self._read(data)
-            # A line the reader holds unsplit once a read is parsed holds no CRLF: a line feed there
-            # is a bare one, after which the client waits for an answer that would come only with
-            # the header timeout.
-            if self.line_mode and not self.paused and b"\n" in held_line(self) and _open(self.transport):
-                self._refuse(_BARE_LINE_FEED)
-        finally:
-            del self.reading
-            if held:
-                release_writes(transport)
-
-    def _read(self, data: bytes) -> None:
-        site = self._relay_site
-        if site is not None and site.simple_posts and data.startswith(b"POST ") and between_requests(self):
-            if self._answer_simple(site, data):
-                return
-        # Twisted's line reader copies what follows each line it splits off, so a POST whose
-        # headers and body arrive in one read had its body copied once per header line (a 50 KB
-        # NDJSON batch about ten times). The header block goes first, then the rest: the parser
-        # sees the bytes as if they had come in two reads.
-        if self.line_mode and len(data) > _SPLIT_READS_OVER:
-            end = data.find(b"\r\n\r\n", 0, MAX_HEADER_BYTES + 4) + 4
-            if 4 <= end < len(data):
-                self.unparsed = len(data) - end
-                try:
-                    super().dataReceived(data[:end])
-                finally:
-                    del self.unparsed
-                transport = self.transport
-                if transport is None or getattr(transport, "disconnecting", False):
-                    return  # answered and closing: nothing more is read (as within one read)
-                data = data[end:]
-        super().dataReceived(data)
-
-    def _answer_simple(self, site: RelaySite, data: bytes) -> bool:
-        """Answer the plain POST that C{data} is, if the wing whose path it names takes it
-        (L{RelaySite.simple_posts}); C{False}, with nothing done, for twisted.web to read it."""
-        if site.trust_forwarded_for:
-            return False  # (the peer named in the access line is read from the request's headers)
-        post = read_simple_post(
-            data,
-            site.simple_posts,
-            max_header_bytes=self.totalHeadersSize,
-            max_fields=self.maxHeaders,
-            max_length_digits=self.length_digits,
-        )
-        if post is None:
-            return False
-        started = site.clock.monotonic()
-        try:
-            answer = site.simple_posts[post.path](post)
-        except Exception:
-            # twisted.web's path then answers it (with its 500 if the fault is there too).
-            _log.failure("a simple POST handler failed; the request goes to twisted.web")
-            return False
-        if answer is None:
-            return False
-        status, headers, body = answer
-        self._stop_header_clock()
-        self.resetTimeout()
-        # What twisted.web writes for the same answer: its status line, Server and Date, the
-        # answer's headers with their names capitalised as it does, the length.
-        head = [b"HTTP/1.1 %d %s\r\nServer: %s\r\nDate: %s\r\n" % (
-            status, RESPONSES.get(status, b"Unknown Status"), _server.version, datetimeToString())]
-        head += [b"%s: %s\r\n" % (_capitalised(name), value) for name, value in headers]
-        head.append(b"Content-Length: %d\r\n\r\n" % len(body))
-        self.transport.write(b"".join(head) + body)  # type: ignore[union-attr]
-        site.access(method=b"POST", path=post.path, status=status, sent=len(body), peer=_host_of(self.getPeer()),
-                    started=started)
-        return True
-
-    def body_arrived(self) -> int:
-        """Bytes of the read being handled that follow the header block just parsed (a body that
-        came whole with its headers is among them)."""
-        return len(held_line(self)) + self.unparsed
-
-    def lineReceived(self, line: bytes) -> None:
-        if b"\n" in line:
-            self._refuse(_BARE_LINE_FEED)
-            return
-        super().lineReceived(line)
-
-    def chunk_size(self, size: int) -> None:
-        request = self.requests[-1] if self.requests else None
-        if isinstance(request, LimitedRequest):
-            request.chunk_announced(size)
-
-    def send_continue(self) -> None:
-        request = self.requests[-1] if self.requests else None
-        if not getattr(request, "refused", False):  # answered early: the client must not send its body
-            super().send_continue()
-
-    def allHeadersReceived(self) -> None:
-        self._stop_header_clock()
-        deadlines = self._deadlines
-        if self.length != 0 and deadlines is not None and deadlines[2]:  # a body follows (a length, or chunked)
-            self._header_call = deadlines[0].deadline(deadlines[2], self._request_too_slow)
-        super().allHeadersReceived()
-
-    def allContentReceived(self) -> None:
-        self._stop_header_clock()
-        super().allContentReceived()
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self._stop_header_clock()
-        site = self._relay_site
-        if self.client is not None and site is not None:
-            site.client_left(self.client)
-            del self.client
-        super().connectionLost(reason)
-
-    def _start_header_clock(self) -> None:
-        """Answer 408 unless the request line and headers arrive within the site's header timeout."""
-        deadlines = self._deadlines
-        if deadlines is not None and deadlines[1]:
-            self._header_call = deadlines[0].deadline(deadlines[1], self._request_too_slow)
-
-    def _stop_header_clock(self) -> None:
-        call, self._header_call = self._header_call, None
-        if call is not None and call.active():
-            call.cancel()
-
-    def _request_too_slow(self) -> None:
-        self._header_call = None
-        self._refuse(_REQUEST_TIMEOUT)
-
-    def _access_log(self, status: int, sent: int) -> None:
-        site = getattr(self, "site", None)
-        if isinstance(site, RelaySite) and self.transport is not None:
-            peer = _host_of(self.transport.getPeer())
-            method, path = request_line(self)
-            site.access(method=method or b"-", path=_strip_query(path or b"-"), status=status, sent=sent, peer=peer)
-
-    def headers_too_large(self) -> None:
-        self._refuse(_HEADERS_TOO_LARGE)
-
-    def length_header(self, header: bytes, data: bytes) -> bytes:
-        if len(data) > _LENGTH_DIGITS and header.lower() == b"content-length" and data.isdigit():
-            data = data.lstrip(b"0") or b"0"
-            if len(data) > _LENGTH_DIGITS:
-                data = b"9" * _LENGTH_DIGITS  # over every body cap: the site's BodyLimit answers
-        return data
-
-    def bad_request(self) -> None:
-        # Twisted writes a bare status line (no length, no connection: close, no access line).
-        self._refuse(_BAD_REQUEST)
-
-    def _refuse(self, answer: tuple[int, bytes, bytes]) -> None:
-        """Answer the request being read with C{answer} and close: nothing more is read."""
-        status, reason, body = answer
-        self._stop_header_clock()
-        length = len(body)
-        if request_line(self)[0] == b"HEAD":
-            body = b""  # a HEAD answer announces the length of the body it does not send
-        self._access_log(status, len(body))
-        if self.transport is not None:
-            self.transport.write(
-                b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-                b"connection: close\r\n\r\n%s" % (status, reason, length, body)
-            )
-        self.loseConnection()
-
-    # Pipelining: Twisted parses the next request as soon as one is answered, all of one read in a
-    # loop; a client that never reads could have any number of large answers rendered and buffered
-    # from one small read. Once the transport asks us to pause, the rest waits for its resume.
-
-    def requestDone(self, request: Any) -> None:
-        if self.persistent and self.waiting_for_transport():
-            self.paused = True  # LineReceiver: keep what is buffered, parse nothing more
-            self.stop_reading()  # and read nothing more meanwhile
-        super().requestDone(request)
-
-    def resumeProducing(self) -> None:
-        super().resumeProducing()
-        if self.paused and not self.waiting_for_transport() and self.transport is not None:
-            self.paused = False
-            self.dataReceived(b"")  # parse the held requests now that answers can flow
-
-
-class RelayRequest(LimitedRequest):
-    """A request that writes one access-log line however it ends: finished, refused, upgraded to a
-    WebSocket, or abandoned by the client (a consumer closing its SSE stream)."""
-
-    _received_at: float | None = None  # on the site's clock.monotonic, once the request line is in
-    _logged = False
-    # What Request.__init__ sets on every relayd request (RelaySite parses no forms; the channel
-    # passes the deprecated queued as len(requests), 0 unless pipelined), as class values too: a
-    # streaming request's dict then leaves those entries out (relayd.web.slim), and reading them
-    # answers the same object.
-    queued = 0
-    _parsePOSTFormSubmission = False
-
-    @property
-    def received_at(self) -> float | None:
-        """When the request line was in, on the site's clock (for the access line's duration)."""
-        return self._received_at
-
-    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
-        self._received_at = _durations(self)()
-        super().requestReceived(command, path, version)
-
-    def render(self, resrc: IResource) -> None:
-        super().render(resrc)
-        channel = getattr(self, "channel", None)  # gone once the response has finished
-        if channel is not None and channel.transport is None and not self.finished:
-            self._access(101)  # a WebSocket upgrade took the connection over; no finish() will come
-            # Nothing tells the site when a WebSocket ends: it leaves the per-client count now.
-            site = getattr(channel, "site", None)
-            if isinstance(site, RelaySite) and getattr(channel, "client", None) is not None:
-                site.client_left(channel.client)
-                channel.client = None
-
-    def connectionLost(self, reason: Any) -> None:
-        if self._received_at is not None and not self.finished:
-            self._access(self.code)
-        super().connectionLost(reason)
-
-    def answered_early(self, status: int, sent: int) -> None:
-        self.code = status
-        self.sentLength = sent
-        if self._received_at is None:
-            self._received_at = _durations(self)()
-        self._access(status)
-
-    def _access(self, status: int) -> None:
-        if self._logged:
-            return
-        self._logged = True
-        site = getattr(getattr(self, "channel", None), "site", None)
-        if isinstance(site, RelaySite):
-            site.access(
-                method=self.method if isinstance(self.method, bytes) else b"-",
-                path=self.path if isinstance(self.path, bytes) else b"-",
-                status=status,
-                sent=self.sentLength,
-                peer=site.client_address(self),
-                started=self._received_at,
-            )
-
-
-class JSONError(Resource):
-    """A site-level error in JSON: what Twisted's HTML error pages and its C{501} for an unknown
-    method become (every relayd answer is JSON; a 5xx would say relayd failed)."""
+class _Crowded(Resource):
+    """The answer to a client over its connection cap (its connection then closes)."""
 
     isLeaf = True
 
-    def __init__(
-        self, status: int, error: str, allow: bytes | None = None, body: bytes | None = None, close: bool = False
-    ) -> None:
+    def __init__(self, answer: Answer) -> None:
         super().__init__()
-        self.status = status
-        self.body = body if body is not None else b'{"error":"%s"}' % error.encode("ascii")
-        self.allow = allow
-        self.close = close
+        self.answer = answer
 
     def render(self, request: Any) -> bytes:
-        request.setResponseCode(self.status)
-        if self.close:
-            request.setHeader(b"connection", b"close")
-            request.channel.persistent = False  # (twisted.web then closes once it is sent)
-        request.setHeader(b"content-type", b"application/json")
-        request.setHeader(b"content-length", b"%d" % len(self.body))
-        if self.allow is not None:
-            request.setHeader(b"allow", self.allow)
-        return b"" if request.method == b"HEAD" else self.body
-
-
-_NOT_FOUND = JSONError(404, "not_found")
-# Twisted's error-page resources (NoResource from a traversal that found nothing, ...): public
-# aliases of its private classes.
-_TWISTED_ERROR_PAGES = (_resource.ErrorPage, _resource.NoResource, _resource.ForbiddenResource)
-_ERROR_NAMES = {403: "forbidden", 404: "not_found"}
-_METHOD_ORDER = {b"GET": 0, b"HEAD": 1, b"POST": 2, b"PUT": 3, b"PATCH": 4, b"DELETE": 5}
-
-
-def _json_answer(found: Any, method: bytes) -> IResource | None:
-    """The JSON error that replaces Twisted's own answer to C{method} on C{found}, if any."""
-    if isinstance(found, _TWISTED_ERROR_PAGES):
-        code = getattr(found, "code", 404)
-        return _NOT_FOUND if code == 404 else JSONError(code, _ERROR_NAMES.get(code, "error"))
-    if type(found).render is not Resource.render:
-        return None  # the resource dispatches methods itself
-    if _renders(found, method.decode("ascii", "replace")):
-        return None
-    allowed: set[bytes] = {m for m in allowed_methods(found) if _renders(found, m.decode("ascii"))}
-    if not allowed:
-        return _NOT_FOUND  # an inner node of the tree (/v1): nothing is served there
-    if b"GET" in allowed:
-        allowed.add(b"HEAD")
-    ordered: list[bytes] = sorted(allowed, key=_method_rank)
-    return JSONError(405, "method_not_allowed", allow=b", ".join(ordered))
-
-
-def _method_rank(method: bytes) -> tuple[int, bytes]:
-    return _METHOD_ORDER.get(method, 9), method
-
-
-def _renders(found: Any, method: str) -> bool:
-    """Whether C{found} answers C{method}: Resource's own C{render_HEAD} is C{render_GET}'s."""
-    if method == "HEAD" and getattr(type(found), "render_HEAD", None) is Resource.render_HEAD:
-        method = "GET"
-    return getattr(found, "render_" + method, None) is not None
+        request.setHeader(b"connection", b"close")
+        close_after(request)
+        return write_answer(request, self.answer)
 
 
 def _relay_channel(site: Site) -> Any:
@@ -482,7 +80,7 @@ class SiteSettings:
 DEFAULT_SITE_SETTINGS = SiteSettings()
 
 
-class RelaySite(Site):
+class RelaySite(ChannelSite):
     """The site of one wing's listener.
 
     It tracks its connections (weakly: a WebSocket upgrade hands the transport to autobahn, which
@@ -539,17 +137,15 @@ class RelaySite(Site):
         self.access_log: bool = settings.access_log
         self.max_client_connections: int = settings.max_client_connections
         self.health_paths = health_paths
-        self.too_many_connections = (
-            503,
-            b"Service Unavailable",
-            b'{"error":"too_many_connections","max_per_client":%d}' % self.max_client_connections,
+        self.too_many_connections = json_answer(
+            503, b'{"error":"too_many_connections","max_per_client":%d}' % self.max_client_connections
         )
-        self._crowded = JSONError(503, "", body=self.too_many_connections[2], close=True)
+        self._crowded = _Crowded(self.too_many_connections)
         self._clients: dict[str, int] = {}  # open connections per client, under the cap
         self._protocols: weakref.WeakSet[Any] = weakref.WeakSet()
         # Paths whose plain POSTs the wing answers itself, beside twisted.web (relayd.web.simple_post):
         # the handler answers, or declines with None before it has done anything.
-        self.simple_posts: dict[bytes, Callable[[SimplePost], EarlyAnswer | None]] = {}
+        self.simple_posts: dict[bytes, Callable[[SimplePost], Answer | EarlyAnswer | None]] = {}
         self._request_counters: dict[tuple[str, int], Any] = {}  # labelled children, looked up once
         self._addresses: dict[Any, Any] = {}
 
@@ -586,15 +182,14 @@ class RelaySite(Site):
             self.client_left(peer)
 
     def getResourceFor(self, request: Any) -> IResource:
-        """The addressed resource, or a L{JSONError} where Twisted would answer in HTML (a path
-        nothing serves) or with C{501} (a method the resource has no C{render_} for), or C{503}
-        when the client holds more connections than L{max_client_connections}."""
+        """The addressed resource (every relayd site's root is a leaf that answers every path and
+        method itself, in JSON: relayd.web.routes), or C{503} when the client holds more connections
+        than L{max_client_connections}."""
         if self.max_client_connections:
             crowded = self._crowded_request(request)
             if crowded is not None:
                 return crowded
-        found = super().getResourceFor(request)
-        return _json_answer(found, request.method) or found
+        return super().getResourceFor(request)
 
     def _crowded_request(self, request: Any) -> IResource | None:
         channel = getattr(request, "channel", None)
@@ -650,7 +245,7 @@ class RelaySite(Site):
                 # Each trusted proxy appended the address it saw; the entry the outermost trusted
                 # proxy appended is the client as far as anyone trustworthy knows (autobahn's rule).
                 return addresses[-hops:][0].decode("ascii", "replace")[:64]
-        return _host_of(request.getClientAddress())
+        return host_of(request.getClientAddress())
 
     def access(
         self, *, method: bytes, path: bytes, status: int, sent: int, peer: str, started: float | None = None
@@ -709,22 +304,6 @@ def _connected(protocol: Any) -> bool:
     return transport is not None and bool(getattr(transport, "connected", False))
 
 
-def _open(transport: Any) -> bool:
-    """Whether C{transport} is there and not closing (nothing was answered that closes it)."""
-    return transport is not None and not getattr(transport, "disconnecting", False)
-
-
-def _durations(request: Any) -> Callable[[], float]:
-    """The clock C{request}'s duration is measured on: its site's (outside a RelaySite, which is the
-    one to log it, there is nothing to measure)."""
-    site = getattr(getattr(request, "channel", None), "site", None)
-    return site.clock.monotonic if isinstance(site, RelaySite) else _unmeasured
-
-
-def _unmeasured() -> float:
-    return 0.0
-
-
 def _strip_query(path: bytes) -> bytes:
     return path.split(b"?", 1)[0]
 
@@ -739,16 +318,3 @@ def _loggable(value: bytes) -> str:
     if _UNLOGGABLE.search(value):
         value = _UNLOGGABLE.sub(lambda m: b"%%%02X" % m.group()[0], value)
     return value.decode("utf-8", "replace")  # (Twisted refuses non-ASCII request targets)
-
-
-def _capitalised(name: bytes) -> bytes:
-    """A header name as twisted.web writes it (C{content-type} -> C{Content-Type})."""
-    return b"-".join(part.capitalize() for part in name.split(b"-"))
-
-
-def _host_of(address: Any) -> str:
-    host = getattr(address, "host", None)
-    if host:
-        return str(host)
-    name = getattr(address, "name", None)  # a UNIX socket peer
-    return "unix" if name is not None or address is None else str(address)

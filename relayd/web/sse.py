@@ -24,10 +24,9 @@ from twisted.web.server import Request
 from zope.interface import implementer
 
 from relayd.clock import NextTurn, Timekeeper
+from relayd.compat.tcp import no_delay
+from relayd.compat.web import body_framing, send_body, slim_stream, watch_end
 from relayd.web.held import HeldResponse, hold
-from relayd.web.slim import slim_stream
-from relayd.web.transport import no_delay
-from relayd.web.twisted_internals import send_body, watch_end
 
 DEFAULT_MAX_BUFFER = 8 * 1024 * 1024
 DEFAULT_MAX_LAGGING = 256 * 1024 * 1024  # every lagging stream of one hub (one wing) together
@@ -130,7 +129,7 @@ class SSEStream:
         # Frames go straight to the TCP transport (chunk-framed here): the request's write path
         # costs more than the frame itself on a fan-out of one small event per reactor turn.
         self._transport = getattr(request.channel, "transport", None)
-        self._chunked = bool(getattr(request, "chunked", False))
+        self._chunked = body_framing(request)[0]
         no_delay(self._transport)
         self.hub.add(self)
         if held:

@@ -11,7 +11,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
-from relayd.web import twisted_internals as fence
+from relayd.compat import web as fence
 from tests.support.aep import TOKEN, AEPRelay, OnRedis, event, ndjson, start_relay, wait_until
 from tests.support.raw import Answer, RawClient, exchange
 

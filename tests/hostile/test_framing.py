@@ -1,7 +1,7 @@
 """Hostile framing against every listener of a real relayd: header-value bytes, Expect: 100-continue
 after an early refusal, absolute-form targets, bare line feeds, chunk sizes, what the headers alone
 refuse before a body is read, and one client's share of the connections (relayd/web/site.py,
-relayd/web/body.py). Where a plain AEP ingest POST is answered beside twisted.web
+relayd/web/request.py). Where a plain AEP ingest POST is answered beside twisted.web
 (relayd/web/simple_post.py), each case is sent both in that form and in one it declines.
 """
 

@@ -15,7 +15,7 @@ STREAMS = 56  # with WARM, the default clients per session (64)
 # sockets included (~250 B). Measured 2.39 KB once a held stream leaves twisted.web
 # (relayd/web/held.py); 3.29-3.32 KB when it stayed there but dropped its spent headers and its
 # notifyFinish Deferred and shared its local address, request-line words and timeout scheduler
-# (relayd/web/slim.py); 5.15-5.19 KB with only the request's and channel's dicts right-sized, 7.9 KB
+# (relayd/compat/web.py); 5.15-5.19 KB with only the request's and channel's dicts right-sized, 7.9 KB
 # before that.
 MAX_BYTES_PER_STREAM = 2700
 

@@ -22,7 +22,7 @@ from twisted.trial.unittest import TestCase
 
 from relayd import logging as rlog
 from relayd.clock import Timekeeper
-from relayd.web.service import HTTPWingService, listener_url
+from relayd.web.listen import HTTPWingService, listener_url
 from relayd.web.site import RelaySite
 from tests.support.cases import cases, expand
 from tests.support.twistd import RelaydProcess

@@ -15,18 +15,8 @@ from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyRequest
 
 from relayd.storage import StoreUnavailable
-from relayd.web.routes import (
-    INTERNAL_ERROR,
-    TAKEN,
-    Answer,
-    Refusals,
-    RoutedResource,
-    RouteTable,
-    answer_when,
-    finish,
-    gone,
-    json_answer,
-)
+from relayd.web.answers import INTERNAL_ERROR, Answer, Refusals, finish, gone, json_answer
+from relayd.web.routes import TAKEN, RoutedResource, RouteTable, answer_when
 from relayd.web.site import RelaySite
 from tests.support.http import HttpClient
 

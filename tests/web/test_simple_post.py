@@ -7,7 +7,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.trial.unittest import TestCase
 from twisted.web.resource import Resource
 
-from relayd.web.body import EarlyAnswer
+from relayd.web.answers import EarlyAnswer
 from relayd.web.simple_post import SimplePost, read_simple_post
 from relayd.web.site import RelaySite
 from tests.support.raw import RawClient

@@ -20,8 +20,8 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
 from relayd.clock import Timekeeper
-from relayd.web import twisted_internals as fence
-from relayd.web.body import BodyLimit
+from relayd.compat import web as fence
+from relayd.web.request import BodyLimit
 from relayd.web.site import HEALTH_RESERVE, RelaySite, SiteSettings
 from relayd.web.sse import SSEHub, SSEStream
 from tests.support.aep import AEPRelay, event, ndjson

@@ -10,7 +10,7 @@ from typing import Any
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.http_headers import Headers
 
-from relayd.web.slim import SENT, compact, slim_stream, spent_headers
+from relayd.compat.web import SENT, compact, slim_stream, spent_headers
 from tests.support.aep import AEPRelay, wait_until
 from tests.support.memory import heap_bytes_per
 
@@ -20,7 +20,7 @@ BATCH = 20
 # Python-heap bytes per idle AEP SSE stream, this test's client sockets included (~250 B).
 # Measured 2.86 KB once a held stream leaves twisted.web (relayd/web/held.py); 3.63 KB when it
 # stayed there but dropped its spent headers and its notifyFinish Deferred and shared its local
-# address, request-line words and timeout scheduler (relayd/web/slim.py); 5.1-5.7 KB with only the
+# address, request-line words and timeout scheduler (relayd/compat/web.py); 5.1-5.7 KB with only the
 # request's and channel's dicts right-sized, 7.5 KB before that.
 MAX_BYTES_PER_STREAM = 3200
 

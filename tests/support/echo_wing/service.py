@@ -6,7 +6,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request
 
 from relayd.config import Resolved
-from relayd.web.service import HTTPWingService
+from relayd.web.listen import HTTPWingService
 from relayd.web.site import RelaySite
 from relayd.wing import Plumbing
 from tests.support.echo_wing.config import EchoConfig

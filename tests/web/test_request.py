@@ -1,4 +1,4 @@
-"""Unit tests of the body cap (relayd/web/body.py): the early answer comes before the upload ends."""
+"""Unit tests of the body cap (relayd/web/request.py): the early answer comes before the upload ends."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from relayd.web.body import BodyLimit, EarlyAnswer, LimitedRequest, read_body
+from relayd.web.answers import EarlyAnswer
+from relayd.web.request import BodyLimit, LimitedRequest, read_body
 
 CAP = 10
 

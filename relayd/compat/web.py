@@ -1,174 +1,40 @@
-"""The one place relayd reaches into Twisted's and autobahn's private state.
+"""The fence's twisted.web entries: a request's and an HTTP channel's private (or undocumented)
+state and hooks, and the dict surgery that shrinks an idle stream.
 
 Every shortcut below is one function (or, for hooks Twisted only offers as private methods, one
-method of L{ChannelHooks}). Each is detected once, at import, on the installed classes (the names
-the shortcut relies on must appear in the methods of Twisted or autobahn that use them); when a
-release drops them the flag is off and the shortcut takes the public path, slower or plainer but
-correct. tests/web/test_twisted_internals.py checks each detection over real loopback
-connections, checks that each fallback gives the same observable result (or, where no public API
-does the same, Twisted's own plainer behaviour), and fails any module outside this one that
-touches a Twisted or autobahn private attribute. setup.cfg bounds the
-Twisted and autobahn versions so that a new release is admitted only once those tests pass on it.
+method of L{ChannelHooks} or a class value of L{RequestHooks}). Each is detected once, at import, on
+the installed classes (L{relayd.compat.detect.code_uses}: the names the shortcut relies on must
+appear in the methods of Twisted that use them); when a release drops them the flag is off and the
+shortcut takes the public path, slower or plainer but correct. tests/compat/test_web.py checks each
+detection over real loopback connections and checks that each fallback gives the same observable
+result (or, where no public API does the same, Twisted's own plainer behaviour); tests/compat/
+test_fence.py fails any module outside relayd/compat/ that reaches in. setup.cfg bounds the Twisted
+version so that a new release is admitted only once those tests pass on it.
 
 What each shortcut saves is measured in docs/performance.md ("Twisted internals"). This module
-imports no wing.
+imports nothing of relayd's but the rest of the fence.
+
+(The reactor's exit signal and the twisted.logger entries at the end are waiting for their own
+module, relayd/compat/logger.py.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, cast
+from typing import Any, Final, Protocol, cast
 
-from autobahn.twisted.websocket import WebSocketAdapterProtocol
-from autobahn.websocket.protocol import WebSocketProtocol
-from twisted.application import app, service
-from twisted.application.internet import StreamServerEndpointService
-from twisted.internet import abstract, base, defer, tcp
-from twisted.internet.interfaces import IListeningPort, IReactorCore, IStreamServerEndpoint
+from twisted.application import app
+from twisted.internet import base
+from twisted.internet.interfaces import IReactorCore
 from twisted.logger import FileLogObserver, LogPublisher
 from twisted.protocols import basic
 from twisted.python import components
 from twisted.python.failure import Failure
-from twisted.python.reflect import prefixedMethodNames
 from twisted.web import http, server
-from twisted.web import resource as _resource
+from twisted.web.http_headers import Headers
 
-
-def code_uses(function: Any, *names: str) -> bool:
-    """Whether C{function}'s code refers to every one of C{names} (as attributes or globals)."""
-    code = getattr(function, "__code__", None)
-    return code is not None and set(names) <= set(code.co_names)
-
-
-# -- TCP transports ----------------------------------------------------------------------------------
-
-_DIRECT = (tcp.Server, tcp.Client)
-
-TCP_BUFFERS = code_uses(abstract.FileDescriptor.doWrite, "_tempDataBuffer", "dataBuffer", "offset")
-"""A FileDescriptor queues writes in C{_tempDataBuffer} and C{dataBuffer[offset:]}."""
-HOLD_WRITES = TCP_BUFFERS and code_uses(abstract.FileDescriptor.write, "startWriting")
-"""C{write} registers the socket for writability through C{startWriting}, which can be held."""
-
-
-def nothing_queued(transport: Any) -> bool:
-    """Whether C{transport} is a plain TCP connection, open, with no byte waiting in its buffers.
-
-    C{False} whenever that cannot be known: the caller then goes through C{transport.write}.
-    """
-    return (
-        TCP_BUFFERS
-        and type(transport) in _DIRECT
-        and transport.connected
-        and not transport.disconnecting
-        and not transport._tempDataBuffer
-        and transport.offset == len(transport.dataBuffer)
-    )
-
-
-def write_now(transport: Any, data: bytes) -> None:
-    """Send C{data} now if C{transport} is a plain TCP connection with nothing queued, else queue it.
-
-    Twisted's C{transport.write} queues the bytes, registers the socket for writability, and sends
-    them on the next reactor iteration, then unregisters it: three system calls per write. A stream
-    that receives one small event per turn pays that for every subscriber; here an idle socket gets
-    one C{send}, and only what the kernel did not take goes to C{transport.write}, so ordering and
-    backpressure stay Twisted's. With the other fan-out changes an SSE delivery to 100 subscribers
-    went from 6.3 to 2.0 us (docs/performance.md).
-    """
-    if (  # nothing_queued(), inline: this runs once per delivery of a fan-out
-        TCP_BUFFERS
-        and type(transport) in _DIRECT
-        and transport.connected
-        and not transport.disconnecting
-        and not transport._tempDataBuffer
-        and transport.offset == len(transport.dataBuffer)
-    ):
-        try:
-            sent = transport.socket.send(data)
-        except OSError:
-            sent = 0  # would block, or an error Twisted's own write path will see and report
-        if sent == len(data):
-            return
-        data = data[sent:]
-    transport.write(data)
-
-
-def _held() -> None:
-    """Stands in for C{startWriting} while writes are held (see L{hold_writes})."""
-
-
-def hold_writes(transport: Any) -> bool:
-    """Until L{release_writes}, let bytes written to C{transport} queue without watching the socket.
-
-    Twisted registers a socket for writability on its first queued write and unregisters it once
-    the bytes are sent on the next reactor turn: two system calls around the one that sends. A
-    response made while a read is handled (most HTTP answers) is then sent by L{release_writes} at
-    the end of that read, with one system call. C{False} (nothing held) when the transport is not
-    plain TCP or Twisted's write path is not the one this knows. Single-event POSTs went from
-    275-330 to 144 us with this and the cached local address (docs/performance.md).
-    """
-    if (
-        not HOLD_WRITES
-        or type(transport) not in _DIRECT
-        or not transport.connected
-        # (Not "in transport.__dict__": asking for the dict makes one, 61 B per connection kept.)
-        or transport.startWriting is _held
-    ):
-        return False
-    transport.startWriting = _held
-    return True
-
-
-def release_writes(transport: Any) -> None:
-    """Send what was queued since L{hold_writes}; whatever cannot go now is left to the reactor."""
-    del transport.startWriting
-    if not transport.connected or getattr(transport, "_aborting", False):
-        return
-    if transport.disconnecting:
-        transport.startWriting()  # a close asked for meanwhile: the reactor flushes, then closes
-        return
-    if not transport._tempDataBuffer and transport.offset == len(transport.dataBuffer):
-        return
-    try:
-        failed = transport.doWrite() is not None
-    except Exception:
-        failed = True
-    if failed or transport._tempDataBuffer or transport.offset < len(transport.dataBuffer):
-        transport.startWriting()  # the rest (or the error) is the reactor's to handle
-
-
-TCP_PROTOCOL = (
-    code_uses(tcp.Connection._dataReceived, "protocol", "dataReceived")
-    and code_uses(tcp.Connection.readConnectionLost, "protocol")
-    and code_uses(tcp.Connection.connectionLost, "protocol")
-)
-"""A TCP connection hands what it reads, and its loss, to whatever its C{protocol} attribute holds
-when it happens (so another protocol can take the connection over)."""
-
-
-def take_over(transport: Any, channel: Any, protocol: Any, producer: Any) -> bool:
-    """Make C{protocol} the protocol of C{transport} in place of the site protocol around C{channel},
-    and C{producer} (a push producer) its producer instead of C{channel}.
-
-    C{False}, nothing changed, unless C{transport} is a plain TCP connection, open, that has not
-    paused its producer (what it has queued is then within its buffer; more pauses C{producer}),
-    whose protocol is C{channel}'s.
-    """
-    if (
-        not TCP_PROTOCOL
-        or type(transport) is not tcp.Server
-        or not transport.connected
-        or transport.disconnecting
-        or transport.producerPaused
-        or channel_of(getattr(transport, "protocol", None)) is not channel
-    ):
-        return False
-    transport.unregisterProducer()
-    transport.registerProducer(producer, True)
-    transport.protocol = protocol
-    transport.resumeProducing()  # (a channel handling a request may have stopped reading)
-    return True
-
+from relayd.compat.detect import code_uses
+from relayd.compat.tcp import PLAIN_TCP, TCP_BUFFERS, hand_over
 
 # -- twisted.web requests ----------------------------------------------------------------------------
 
@@ -179,19 +45,6 @@ REQUEST_DISCONNECTED = code_uses(http.Request.connectionLost, "_disconnected") a
 REQUEST_BODY_DIRECT = REQUEST_DISCONNECTED and code_uses(http.Request.write, "chunked", "sentLength")
 """C{Request.write} frames a body by C{chunked} and counts it in C{sentLength} (the access log's
 bytes), so body bytes can be framed by the caller and written to the transport directly."""
-
-
-def request_gone(request: Any) -> bool:
-    """Whether C{request}'s client disconnected before its response finished.
-
-    It saves no time: 0.19 us against the public reading's 0.17 (the request lost its channel
-    without finishing; bench/internals.py). The attribute is Twisted's own record where the reading
-    infers it; the two differ only for a finished response whose connection dropped before Twisted
-    cleaned it up (gone here, not there), which every caller also tests as C{request.finished}.
-    """
-    if REQUEST_DISCONNECTED:
-        return bool(getattr(request, "_disconnected", False))
-    return getattr(request, "channel", None) is None and not getattr(request, "finished", False)
 
 
 def send_body(request: Any, transport: Any, data: bytes, framed: bytes) -> None:
@@ -210,7 +63,7 @@ def send_body(request: Any, transport: Any, data: bytes, framed: bytes) -> None:
     request.sentLength += len(data)
     if (
         TCP_BUFFERS
-        and type(transport) in _DIRECT
+        and type(transport) in PLAIN_TCP
         and transport.connected
         and not transport.disconnecting
         and not transport._tempDataBuffer
@@ -264,7 +117,184 @@ REQUEST_COMPONENTS = issubclass(server.Request, components.Componentized) and co
 """A request is C{Componentized}: its C{__init__} gives it an adapter cache (an empty dict) that only
 C{getComponent} and its kin read."""
 REQUEST_SPENT_PRIVATE: tuple[str, ...] = ("_adapterCache",) if REQUEST_COMPONENTS else ()
-"""Private request state that a streaming response never reads (relayd.web.slim drops it: 64 B)."""
+"""Private request state that a streaming response never reads (L{slim_stream} drops it: 64 B)."""
+
+REQUEST_WRITE_STATE = code_uses(http.Request.write, "startedWriting", "chunked", "sentLength")
+"""C{Request.write} sets C{startedWriting} once the headers are out, frames the body by C{chunked}
+and counts it in C{sentLength} (undocumented attributes)."""
+
+
+def headers_written(request: Any) -> bool:
+    """Whether C{request}'s response headers are on the wire (C{False} when that cannot be known:
+    the caller then leaves the response to twisted.web)."""
+    return REQUEST_WRITE_STATE and bool(request.startedWriting)
+
+
+def body_framing(request: Any) -> tuple[bool, int]:
+    """Whether C{request}'s response body is chunk-framed, and how many body bytes it has sent (for
+    its access line); C{(False, 0)} when that cannot be known (nothing is then held, L{headers_written})."""
+    if not REQUEST_WRITE_STATE:
+        return False, 0
+    return bool(getattr(request, "chunked", False)), int(getattr(request, "sentLength", 0))  # (a test double may lack them)
+
+
+def set_body_sent(request: Any, sent: int) -> None:
+    """Record C{sent} body bytes for C{request} (an answer written without its write path), as
+    twisted.web's access log would count them."""
+    request.sentLength = sent
+
+
+class RequestHooks(server.Request):
+    """A C{Request} whose per-request private settings are class values.
+
+    Request.__init__ sets these on every request; as class values too, a streaming request's dict
+    leaves those entries out (L{slim_stream}: an entry identical to the class value it shadows is
+    dropped), and reading them answers the same object. A release that renames them only makes
+    that dict an entry larger.
+    """
+
+    # relayd sites parse no form posts (RelaySite passes parsePOSTFormSubmission=False); the channel
+    # passes the deprecated queued as len(requests), 0 unless pipelined.
+    queued = 0
+    _parsePOSTFormSubmission = False
+
+
+CHANNEL_REQUESTS = code_uses(http.HTTPChannel.requestDone, "requests") and code_uses(
+    http.HTTPChannel.allHeadersReceived, "requests"
+)
+"""An C{HTTPChannel} keeps the requests it is answering in its C{requests} list (undocumented)."""
+
+
+def forget_request(channel: Any, request: Any) -> None:
+    """Take C{request} out of C{channel}'s queue once the connection has left twisted.web: the two
+    hold each other, and breaking that one cycle frees both at once (a frozen collector would not).
+    Without the queue known, the collector frees them later."""
+    requests = getattr(channel, "requests", None) if CHANNEL_REQUESTS else None
+    if type(requests) is list and request in requests:
+        requests.remove(request)
+
+
+def current_request(channel: Any) -> Any:
+    """The request whose headers C{channel} is reading or has just read (C{None} if unknown)."""
+    requests = getattr(channel, "requests", None) if CHANNEL_REQUESTS else None
+    return requests[-1] if requests else None
+
+
+CHANNEL_PERSISTENCE = code_uses(http.HTTPChannel.requestDone, "persistent")
+"""An C{HTTPChannel} closes the connection after a response once its C{persistent} is false."""
+
+
+def close_after(request: Any) -> None:
+    """Close C{request}'s connection once its response is sent (C{connection: close} is set by the
+    caller). Without the flag known the connection stays open: the client is told, and may go."""
+    channel = getattr(request, "channel", None)
+    if CHANNEL_PERSISTENCE and channel is not None:
+        channel.persistent = False
+
+
+def keeps_alive(channel: Any) -> bool:
+    """Whether C{channel} will read another request after the current one (C{False} if unknown)."""
+    return CHANNEL_PERSISTENCE and bool(channel.persistent)
+
+
+# -- an idle stream's dicts ------------------------------------------------------------------------
+# Over a request's life Twisted gives its Request and HTTPChannel more instance attributes than
+# CPython's shared-key dicts hold, so each ends up with a combined dict sized for growth (about 1.5 KB
+# apiece). Thousands of SSE streams sit idle per process, each holding both. Once a stream's headers
+# are on the wire, slim_stream rebuilds both dicts at their right size, without the entries that
+# only repeat the class's own value and without what only reading the request needed (docs/
+# performance.md, "Memory per idle stream"). Every removal keeps behaviour: an entry identical to the
+# class attribute it shadows reads the same object once gone, and the few entries dropped outright
+# are only read while a request is received or before its headers are written (a later use raises
+# AttributeError: loud, never silent).
+
+_MISSING = object()
+
+# Public twisted.web Request attributes that only serve receiving the request, finding its resource
+# or writing its headers: the body (the stream's handler read it before starting), the cookies it
+# came with and those to send (written with the headers), what traversal left (postpath) and the
+# path session cookies are scoped to (sitepath; relayd keeps no sessions), and what traversal
+# consumed (prepath: 56 B; the class's None is read instead). With them gone a streaming request
+# keeps about 20 entries, which fit a dict of the next size down.
+_REQUEST_SPENT = ("content", "received_cookies", "cookies", "postpath", "sitepath", "prepath", *REQUEST_SPENT_PRIVATE)
+# The methods and versions a held stream's request line has, one object each for every stream (a
+# request's own copies from parsing its line are 77 B).
+_REQUEST_LINE_WORDS = {word: word for word in (b"GET", b"POST", b"HTTP/1.1", b"HTTP/1.0")}
+# What the access line at a stream's end reads of the request's headers (RelaySite.client_address).
+_KEPT_REQUEST_HEADERS = (b"x-forwarded-for",)
+
+
+class SentHeaders(Headers):
+    """Headers that are already on the wire, or already read: empty, and what is set on them is
+    dropped (as it was when each stream had a fresh C{Headers} of its own: nothing is sent after
+    the headers). One instance, L{SENT}, serves every held stream."""
+
+    __slots__ = ()
+
+    def setRawHeaders(self, name: Any, values: Any) -> None:
+        pass
+
+    def addRawHeader(self, name: Any, value: Any) -> None:
+        pass
+
+    def removeHeader(self, name: Any) -> None:
+        pass
+
+
+SENT: Final = SentHeaders()
+
+
+def _class_value(cls: type, name: str) -> Any:
+    """The plain class attribute C{name} would fall back to, or L{_MISSING} (descriptors count as
+    missing: they could answer differently from the instance entry)."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            value = vars(klass)[name]
+            return _MISSING if hasattr(type(value), "__get__") else value
+    return _MISSING
+
+
+def compact(obj: Any, drop: tuple[str, ...] = ()) -> None:
+    """Give C{obj} a right-sized instance dict: the entries named in C{drop} and those identical to
+    the class attribute they shadow are left out (reading them answers the same object)."""
+    cls = type(obj)
+    kept = {}
+    for name, value in vars(obj).items():
+        if name in drop:
+            continue
+        if value is _class_value(cls, name):
+            continue
+        kept[name] = value
+    obj.__dict__ = kept
+
+
+def spent_headers(request: Any) -> None:
+    """Once C{request}'s response headers are written: its response headers are L{SENT}, and of its
+    request headers it keeps only what its access line will read (the parsed headers of an MCP GET
+    stream are about 530 B, its response headers 104 B)."""
+    request.responseHeaders = SENT
+    headers = request.requestHeaders
+    kept = {name: values for name in _KEPT_REQUEST_HEADERS if (values := headers.getRawHeaders(name))}
+    request.requestHeaders = Headers(kept) if kept else SENT
+
+
+def slim_stream(request: Any) -> None:
+    """Compact C{request} and its channel once its response's headers are written and it only
+    streams (L{relayd.web.sse.SSEStream.start})."""
+    if not headers_written(request):
+        return  # the headers (and the cookies) are still to be written
+    spent_headers(request)
+    for name in ("method", "clientproto"):
+        value = getattr(request, name, None)
+        if isinstance(value, bytes):
+            setattr(request, name, _REQUEST_LINE_WORDS.get(value, value))
+    content = vars(request).get("content")
+    if content is not None:
+        content.close()  # what Twisted's connectionLost would do (an in-memory copy of the body)
+    compact(request, _REQUEST_SPENT)
+    channel = getattr(request, "channel", None)
+    if channel is not None and hasattr(channel, "__dict__"):
+        compact(channel)
 
 
 CHANNEL_REQUEST_LINE = code_uses(http.HTTPChannel.lineReceived, "_command", "_path")
@@ -318,6 +348,10 @@ def between_requests(channel: Any) -> bool:
     )
 
 
+CHANNEL_LINE_STATE = code_uses(basic.LineReceiver.dataReceived, "line_mode", "paused")
+"""A C{LineReceiver} reads lines while C{line_mode} and parses nothing while C{paused}."""
+CHANNEL_LENGTH_STATE = code_uses(http.HTTPChannel.allHeadersReceived, "length")
+"""An C{HTTPChannel} keeps the body length its headers announced in C{length} (0: no body)."""
 CHANNEL_HEADER_COUNTS = code_uses(http.HTTPChannel.lineReceived, "_receivedHeaderSize") and code_uses(
     http.HTTPChannel.headerReceived, "_receivedHeaderCount"
 )
@@ -396,6 +430,30 @@ class ChannelHooks(http.HTTPChannel):
             return False
         return bool(super().headerReceived(line))
 
+    def reading_head(self) -> bool:
+        """Whether the channel reads a request line or header lines (not a body), so a read may be
+        split at the end of the header block (C{False} if unknown: read as it comes)."""
+        return CHANNEL_LINE_STATE and bool(self.line_mode)
+
+    def parsing_paused(self) -> bool:
+        """Whether the line reader keeps what it has without parsing it (L{pause_parsing})."""
+        return CHANNEL_LINE_STATE and bool(self.paused)
+
+    def pause_parsing(self) -> None:
+        """Parse nothing more of what is buffered until L{resume_parsing} (nothing if unknown: the
+        reader parses as Twisted does)."""
+        if CHANNEL_LINE_STATE:
+            self.paused = True
+
+    def resume_parsing(self) -> None:
+        """Undo L{pause_parsing}."""
+        if CHANNEL_LINE_STATE:
+            self.paused = False
+
+    def body_follows(self) -> bool:
+        """Whether a body follows the headers just read (a length, or chunked; C{True} if unknown)."""
+        return not CHANNEL_LENGTH_STATE or self.length != 0
+
     def waiting_for_transport(self) -> bool:
         """Whether the transport asked this channel to pause (its buffer is full)."""
         return bool(self._waitingForTransport) if CHANNEL_PIPELINE else False
@@ -454,76 +512,13 @@ def channel_of(protocol: Any) -> Any:
     return getattr(protocol, "_channel", protocol)
 
 
-ALLOWED_METHODS = hasattr(_resource, "_computeAllowedMethods")
-
-
-def allowed_methods(found: Any) -> list[bytes]:
-    """The methods a resource has a C{render_} method for, as Twisted lists them for a C{405}."""
-    if ALLOWED_METHODS:
-        return list(_resource._computeAllowedMethods(found))
-    return [name.encode("ascii") for name in prefixedMethodNames(found.__class__, "render_")]
-
-
-# -- listening ----------------------------------------------------------------------------------------
-
-LISTEN_STATE = code_uses(StreamServerEndpointService.privilegedStartService, "_raiseSynchronously", "_waitingForPort")
-"""C{StreamServerEndpointService} keeps its listen Deferred and can raise a bind error at start."""
-
-
-class _StrictListener(StreamServerEndpointService):
-    """The fallback listener: raises a bind error from C{privilegedStartService} (as strports
-    does), through nothing but C{endpoint.listen}."""
-
-    def __init__(self, endpoint: IStreamServerEndpoint, factory: Any) -> None:
-        super().__init__(endpoint, factory)
-        self.listening: defer.Deferred[IListeningPort] | None = None
-
-    def privilegedStartService(self) -> None:
-        service.Service.privilegedStartService(self)
-        failed: list[Any] = []
-        starting = True
-
-        def now(failure: Any) -> Any:
-            if starting:
-                failed.append(failure)
-                return None  # raised below
-            return failure  # a later failure is for whoever waits on bound_port()
-
-        self.listening = self.endpoint.listen(self.factory)
-        self.listening.addErrback(now)
-        starting = False
-        if failed:
-            failed[0].raiseException()
-
-    def startService(self) -> None:
-        service.Service.startService(self)
-        if self.listening is None:
-            self.privilegedStartService()
-
-    def stopService(self) -> Any:
-        listening: Any = self.listening
-        self.listening = None
-        self.running = False
-        if listening is None:
-            return defer.succeed(None)
-        listening.cancel()
-        return listening.addCallback(lambda port: port.stopListening()).addErrback(lambda f: None)
-
-
-def listening_service(endpoint: IStreamServerEndpoint, factory: Any) -> StreamServerEndpointService:
-    """A service listening on C{endpoint}; a port that cannot be bound fails startup, as strports does."""
-    if not LISTEN_STATE:
-        return _StrictListener(endpoint, factory)
-    svc = StreamServerEndpointService(endpoint, factory)
-    svc._raiseSynchronously = True
-    return svc
-
-
-def bound_port(svc: StreamServerEndpointService) -> defer.Deferred[IListeningPort]:
-    """Fires with C{svc}'s port once it is bound (C{svc} from L{listening_service}, started)."""
-    if isinstance(svc, _StrictListener):
-        return svc.listening  # type: ignore[return-value]
-    return svc._waitingForPort  # type: ignore[return-value]
+def take_over(transport: Any, channel: Any, protocol: Any, producer: Any) -> bool:
+    """Make C{protocol} the protocol of C{transport} in place of the site protocol around C{channel},
+    and C{producer} (a push producer) its producer instead of C{channel} (L{tcp.hand_over}: C{False},
+    nothing changed, unless that transport can be handed over and its protocol is C{channel}'s)."""
+    if channel_of(getattr(transport, "protocol", None)) is not channel:
+        return False
+    return hand_over(transport, protocol, producer)
 
 
 # -- the reactor --------------------------------------------------------------------------------------
@@ -582,49 +577,3 @@ def wrap_text_formatters(publisher: LogPublisher, wrap: Callable[[Callable[[Any]
         format_event: Any = getattr(observer, "formatEvent", None)
         if isinstance(observer, FileLogObserver) and getattr(format_event, "__qualname__", "") == _TEXT_OBSERVER_FORMATTER:
             observer.formatEvent = wrap(format_event)
-
-
-# -- autobahn -----------------------------------------------------------------------------------------
-
-WS_SEND_STATE = code_uses(WebSocketProtocol.sendPreparedMessage, "_perMessageCompress") and code_uses(
-    WebSocketProtocol.sendData, "send_queue"
-)
-"""autobahn compresses per message when C{_perMessageCompress} is set and queues in C{send_queue}."""
-WS_RECEIVE_STATE = code_uses(WebSocketProtocol.processData, "current_frame", "inside_message", "data", "_perMessageCompress")
-"""autobahn's parser is between frames when it has no current frame, message or buffered data."""
-WS_QUIET_RECEIVE = hasattr(WebSocketProtocol, "_dataReceived") and code_uses(
-    WebSocketAdapterProtocol.dataReceived, "_dataReceived"
-)
-"""autobahn's C{dataReceived} formats a debug line, then parses in C{_dataReceived}."""
-
-
-def ws_frames_direct(protocol: Any) -> bool:
-    """Whether frames already framed for C{protocol} may be written to its transport directly.
-
-    autobahn's per-message send path formats a debug log line per message; frames prepared once per
-    event for every connection then cost a write each: a WebSocket delivery to 100 subscribers went
-    from 15.4 to 3.2 us with the fan-out's other changes (docs/performance.md).
-    """
-    return WS_SEND_STATE and protocol._perMessageCompress is None and not protocol.send_queue
-
-
-def ws_parser_idle(protocol: Any) -> bool:
-    """Whether C{protocol}'s parser is between messages and uncompressed: complete plain frames at
-    the head of a read may be handled without it (the broker host's relay client)."""
-    return (
-        WS_RECEIVE_STATE
-        and protocol.current_frame is None
-        and not protocol.inside_message
-        and not protocol.data
-        and protocol._perMessageCompress is None
-    )
-
-
-def ws_data_received(protocol: Any, data: bytes) -> None:
-    """Hand C{data} to autobahn's parser without its per-read debug-log formatting (6-8 us per
-    read, bench/internals.py)."""
-    if WS_QUIET_RECEIVE:
-        protocol._dataReceived(data)
-    else:
-        WebSocketAdapterProtocol.dataReceived(protocol, data)
-

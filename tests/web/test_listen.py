@@ -1,15 +1,33 @@
-"""HTTPWingService shutdown phases: settle (bounded by the grace period), then drain, then close."""
+"""A listener that fails startup on a port in use, and HTTPWingService shutdown phases: settle (bounded
+by the grace period), then drain, then close."""
 
 from __future__ import annotations
 
-from twisted.internet import reactor, task
+from twisted.application.service import MultiService
+from twisted.internet import endpoints, reactor, task
 from twisted.internet.defer import Deferred
+from twisted.internet.error import CannotListenError
+from twisted.internet.protocol import Factory
 from twisted.trial.unittest import TestCase
 from twisted.web.resource import Resource
 
 from relayd.clock import Timekeeper
-from relayd.web.service import HTTPWingService
+from relayd.web.listen import HTTPWingService, StrictListener
 from relayd.web.site import RelaySite
+
+
+class Listening(TestCase):
+    async def test_a_bound_port_and_a_port_in_use(self) -> None:
+        parent = MultiService()
+        svc = StrictListener(endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1"), Factory())
+        svc.setServiceParent(parent)
+        parent.startService()
+        port = await svc.bound_port()
+        number = port.getHost().port
+        taken = StrictListener(endpoints.serverFromString(reactor, f"tcp:{number}:interface=127.0.0.1"), Factory())
+        self.assertRaises(CannotListenError, taken.startService)  # at start, not in a log line
+        await parent.stopService()
+        self.assertFalse(port.connected)
 
 
 class SettlePhase(TestCase):

@@ -1,15 +1,16 @@
-"""The service shape every HTTP wing shares: listen on its endpoints, then drain on shutdown."""
+"""The service shape every HTTP wing shares: listen on its endpoints, then drain on shutdown; and the
+URL a listener serves."""
 
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Any, Callable
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import MultiService, Service
 from twisted.internet import defer, endpoints
 from twisted.internet.error import CannotListenError
-from twisted.internet.interfaces import IListeningPort, IReactorCore
+from twisted.internet.interfaces import IListeningPort, IReactorCore, IStreamServerEndpoint
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -17,7 +18,6 @@ from relayd import metrics
 from relayd.clock import Timekeeper
 from relayd.config import is_loopback_endpoint, is_tls_endpoint
 from relayd.web.site import RelaySite
-from relayd.web.twisted_internals import bound_port, listening_service
 from relayd.wing import DEFAULT_GRACE, IWing
 
 _POLL = 0.05
@@ -39,23 +39,68 @@ class CannotListen(Exception):
         super().__init__(f"cannot listen on {description}: {why}")
 
 
+class StrictListener(StreamServerEndpointService):
+    """A service listening on an endpoint that raises a bind error from C{privilegedStartService}
+    (as strports does: a port that cannot be bound fails startup), through nothing but
+    C{endpoint.listen}."""
+
+    def __init__(self, endpoint: IStreamServerEndpoint, factory: Any) -> None:
+        super().__init__(endpoint, factory)
+        self.listening: defer.Deferred[IListeningPort] | None = None
+
+    def privilegedStartService(self) -> None:
+        Service.privilegedStartService(self)
+        failed: list[Any] = []
+        starting = True
+
+        def now(failure: Any) -> Any:
+            if starting:
+                failed.append(failure)
+                return None  # raised below
+            return failure  # a later failure is for whoever waits on bound_port()
+
+        self.listening = self.endpoint.listen(self.factory)
+        self.listening.addErrback(now)
+        starting = False
+        if failed:
+            failed[0].raiseException()
+
+    def startService(self) -> None:
+        Service.startService(self)
+        if self.listening is None:
+            self.privilegedStartService()
+
+    def stopService(self) -> Any:
+        listening: Any = self.listening
+        self.listening = None
+        self.running = False
+        if listening is None:
+            return defer.succeed(None)
+        listening.cancel()
+        return listening.addCallback(lambda port: port.stopListening()).addErrback(lambda f: None)
+
+    def bound_port(self) -> defer.Deferred[IListeningPort]:
+        """Fires with the port once it is bound (once started)."""
+        assert self.listening is not None, "not started"
+        return self.listening
+
+
 def add_listeners(
     parent: MultiService, site: RelaySite, listen: list[str], reactor: IReactorCore
-) -> list[StreamServerEndpointService]:
+) -> list[StrictListener]:
     """One child listener of C{parent} per endpoint description, all serving C{site}."""
     listeners = []
     for description in listen:
-        # A port that cannot be bound fails startup, as strports does.
-        svc = listening_service(endpoints.serverFromString(reactor, description), site)
+        svc = StrictListener(endpoints.serverFromString(reactor, description), site)
         svc.description = description  # type: ignore[attr-defined]
         svc.setServiceParent(parent)
         listeners.append(svc)
     return listeners
 
 
-def bound_ports(listeners: list[StreamServerEndpointService]) -> defer.Deferred[list[IListeningPort]]:
+def bound_ports(listeners: list[StrictListener]) -> defer.Deferred[list[IListeningPort]]:
     """Fires with the listeners' ports once every one is bound."""
-    return defer.gatherResults([bound_port(svc) for svc in listeners])
+    return defer.gatherResults([svc.bound_port() for svc in listeners])
 
 
 @implementer(IWing)

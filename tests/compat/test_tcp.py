@@ -1,4 +1,6 @@
-"""hold_writes / release_writes on real loopback TCP connections: one send, no writability watch."""
+"""The fence's twisted.internet entries (relayd/compat/tcp.py) on real loopback TCP connections: the
+buffers detected, write_now and hold_writes/release_writes sending with one call and no writability
+watch, and the same bytes with the shortcuts off."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Factory, Protocol
 from twisted.trial.unittest import TestCase
 
-from relayd.web.transport import hold_writes, release_writes
+from relayd.compat import tcp as fence
+from relayd.compat.tcp import HOLD_WRITES, TCP_BUFFERS, hold_writes, nothing_queued, release_writes, write_now
+from tests.compat.loopback import LoopbackCase
 
 
 class Answering(Protocol):
@@ -93,3 +97,50 @@ class HeldWrites(TestCase):
         self.assertEqual(watched, [False])  # sent within the read: never registered for writability
         client.transport.loseConnection()
         await client.closed
+
+
+class Transports(LoopbackCase):
+    async def test_tcp_buffers_are_detected_on_a_real_connection(self) -> None:
+        self.assertTrue(TCP_BUFFERS)
+        self.assertTrue(HOLD_WRITES)
+        transport, _ = await self.tcp_pair()
+        self.assertIsInstance(transport._tempDataBuffer, list)
+        self.assertIsInstance(transport.dataBuffer, bytes)
+        self.assertIsInstance(transport.offset, int)
+        self.assertTrue(nothing_queued(transport))
+        transport.write(b"queued")  # waits for the next reactor turn
+        self.assertFalse(nothing_queued(transport))
+
+    async def test_write_now_sends_within_the_call(self) -> None:
+        transport, client = await self.tcp_pair()
+        write_now(transport, b"now")
+        self.assertNotIn(transport, reactor.getWriters())  # sent, not queued for writability
+        await client.wait_for(b"now")
+
+    async def test_write_now_fallback_delivers_the_same_bytes(self) -> None:
+        self.patch(fence, "TCP_BUFFERS", False)
+        transport, client = await self.tcp_pair()
+        self.assertFalse(nothing_queued(transport))
+        write_now(transport, b"one ")
+        write_now(transport, b"two")
+        await client.wait_for(b"one two")
+        self.assertEqual(client.received, b"one two")
+
+    async def test_held_writes_leave_the_socket_unwatched(self) -> None:
+        transport, client = await self.tcp_pair()
+        self.assertTrue(hold_writes(transport))
+        self.assertIn("startWriting", transport.__dict__)  # held: Twisted's write path calls this stand-in
+        transport.write(b"held")
+        self.assertNotIn(transport, reactor.getWriters())
+        release_writes(transport)
+        self.assertNotIn("startWriting", transport.__dict__)
+        await client.wait_for(b"held")
+
+    async def test_hold_writes_fallback_holds_nothing_and_delivers_the_same_bytes(self) -> None:
+        self.patch(fence, "HOLD_WRITES", False)
+        transport, client = await self.tcp_pair()
+        self.assertFalse(hold_writes(transport))
+        transport.write(b"held")
+        await client.wait_for(b"held")
+        self.assertEqual(client.received, b"held")
+

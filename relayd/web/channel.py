@@ -1,0 +1,302 @@
+"""The HTTP channel of every relayd site: complete refusals, deadlines against slow clients, bounded
+headers and lengths, pipelining that waits for the client to read, split reads, and the plain POST
+answered beside twisted.web."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.protocol import connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from relayd.clock import Timekeeper
+from relayd.compat.tcp import hold_writes, release_writes
+from relayd.compat.web import (
+    ChannelHooks,
+    between_requests,
+    current_request,
+    held_line,
+    keeps_alive,
+    request_line,
+)
+from relayd.web.answers import Answer, as_answer, json_answer, raw_response
+from relayd.web.request import ChannelSite, LimitedRequest, host_of
+from relayd.web.simple_post import read_simple_post
+
+MAX_HEADER_BYTES = 16384
+"""The request line and header block together (Twisted's C{totalHeadersSize}); C{431} beyond."""
+MAX_HEADER_FIELDS = 500
+"""Header fields in one request (Twisted's C{maxHeaders}); C{431} beyond."""
+# Answers written by the channel itself, before (or instead of) any request reaching a resource.
+_BAD_REQUEST = json_answer(400, b'{"error":"bad_request"}')
+_HEADERS_TOO_LARGE = json_answer(
+    431, b'{"error":"header_fields_too_large","max_bytes":%d,"max_fields":%d}' % (MAX_HEADER_BYTES, MAX_HEADER_FIELDS)
+)
+_REQUEST_TIMEOUT = json_answer(408, b'{"error":"request_timeout"}')
+_BARE_LINE_FEED = json_answer(
+    400, b'{"error":"bad_request","reason":"every line of the request line and headers must end with CRLF"}'
+)
+# A Content-Length with more digits than this is larger than any body cap; Python's int() refuses
+# over 4300 digits, which Twisted's parser does not expect (an unhandled ValueError, no answer).
+_LENGTH_DIGITS = 18
+# A read longer than this that holds a header block and more is parsed in two parts (RelayChannel._read).
+_SPLIT_READS_OVER = 4096
+_log = Logger()
+
+
+class RelayChannel(ChannelHooks):
+    """An C{HTTPChannel} whose refusals are complete answers a client can read.
+
+    A request line and header block over L{MAX_HEADER_BYTES}, or over L{MAX_HEADER_FIELDS} fields,
+    get C{431} (Twisted would drop the connection without a word, a line over C{MAX_LENGTH}, or
+    answer C{400}): a client that bounds long query strings (the AEP SDK's C{from} budget) needs a
+    4xx it can read. Every other malformed request gets C{400}; a slow one C{408}. Each has a JSON
+    body, a length and C{connection: close}, and an access line.
+
+    Pipelined requests are parsed one at a time while their answers can be sent: once the
+    transport's buffer is full (the client reads nothing) the next one waits until it drains.
+    """
+
+    maxHeaders = MAX_HEADER_FIELDS
+    totalHeadersSize = MAX_HEADER_BYTES
+    length_digits = _LENGTH_DIGITS
+    _header_call: IDelayedCall | None = None
+    _host: Any = None
+    # The site's clock and its header and body timeouts, read once per connection (a channel
+    # outside a RelaySite has no clock, so no deadlines).
+    _deadlines: tuple[Timekeeper, float | None, float | None] | None = None
+    # The RelaySite, found once by connectionMade, through which getHost shares the local address.
+    # Twisted builds requests (which ask getHost) only once connected; before that, or outside a
+    # RelaySite, getHost answers the plain address.
+    _relay_site: ChannelSite | None = None
+    client: str | None = None
+    """The client this connection is counted for under the site's per-client cap (None: not counted)."""
+    crowded = False
+    """Whether the connection is one of its client's L{relayd.web.site.HEALTH_RESERVE}: it answers the health check only."""
+    reading = False
+    """Whether a read is being parsed (what a request answered within it replays is parsed by it)."""
+    unparsed = 0
+    """Bytes of the read being handled that the parser has not been handed yet (what follows a
+    header block, L{_read}): a stream must not take the connection over from under them."""
+
+    def getHost(self) -> Any:
+        # Twisted asks the socket (a system call) for every request; the local address of a
+        # connection never changes, and is one of the few the site listens on (one object for all
+        # its connections: 96 B less per held connection).
+        host = self._host
+        if host is None:
+            host = super().getHost()
+            site = self._relay_site
+            if site is not None:
+                host = site.shared_address(host)
+            self._host = host
+        return host
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        self._refuse(_HEADERS_TOO_LARGE)
+
+    # Slowloris: Twisted's idle timeout restarts with every byte, so a client trickling a header
+    # byte at a time would hold the connection forever. The request line and headers must all
+    # arrive within the site's header_timeout of their first byte (or of the connection), and a
+    # body within its body_timeout of the end of the headers (the slow-POST variant).
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        site = getattr(self, "site", None)
+        if isinstance(site, ChannelSite):
+            self._relay_site = site
+            self._deadlines = (site.clock, site.header_timeout, site.body_timeout)
+            # (Behind trusted proxies the client is known from each request's headers: getResourceFor.
+            # A UNIX socket's peers have no address to tell them apart: not counted.)
+            if site.max_client_connections and not site.trust_forwarded_for and self.transport is not None:
+                host = getattr(self.transport.getPeer(), "host", None)
+                if host and not site.count_client(self, str(host)):
+                    self._refuse(site.too_many_connections)
+                    return
+        self._start_header_clock()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._header_call is None and self.reading_head():
+            self._start_header_clock()
+        if self.reading:  # a request answered within the read replays what followed it
+            self._read(data)
+            return
+        transport = self.transport
+        held = hold_writes(transport)
+        self.reading = True
+        try:
+            self._read(data)
+            # A line the reader holds unsplit once a read is parsed holds no CRLF: a line feed there
+            # is a bare one, after which the client waits for an answer that would come only with
+            # the header timeout.
+            if self.reading_head() and not self.parsing_paused() and b"\n" in held_line(self) and _open(self.transport):
+                self._refuse(_BARE_LINE_FEED)
+        finally:
+            del self.reading
+            if held:
+                release_writes(transport)
+
+    def _read(self, data: bytes) -> None:
+        site = self._relay_site
+        if site is not None and site.simple_posts and data.startswith(b"POST ") and between_requests(self):
+            if self._answer_simple(site, data):
+                return
+        # Twisted's line reader copies what follows each line it splits off, so a POST whose
+        # headers and body arrive in one read had its body copied once per header line (a 50 KB
+        # NDJSON batch about ten times). The header block goes first, then the rest: the parser
+        # sees the bytes as if they had come in two reads.
+        if self.reading_head() and len(data) > _SPLIT_READS_OVER:
+            end = data.find(b"\r\n\r\n", 0, MAX_HEADER_BYTES + 4) + 4
+            if 4 <= end < len(data):
+                self.unparsed = len(data) - end
+                try:
+                    super().dataReceived(data[:end])
+                finally:
+                    del self.unparsed
+                transport = self.transport
+                if transport is None or getattr(transport, "disconnecting", False):
+                    return  # answered and closing: nothing more is read (as within one read)
+                data = data[end:]
+        super().dataReceived(data)
+
+    def _answer_simple(self, site: ChannelSite, data: bytes) -> bool:
+        """Answer the plain POST that C{data} is, if the wing whose path it names takes it
+        (L{RelaySite.simple_posts}); C{False}, with nothing done, for twisted.web to read it."""
+        if site.trust_forwarded_for:
+            return False  # (the peer named in the access line is read from the request's headers)
+        post = read_simple_post(
+            data,
+            site.simple_posts,
+            max_header_bytes=self.totalHeadersSize,
+            max_fields=self.maxHeaders,
+            max_length_digits=self.length_digits,
+        )
+        if post is None:
+            return False
+        started = site.clock.monotonic()
+        try:
+            answer = site.simple_posts[post.path](post)
+        except Exception:
+            # twisted.web's path then answers it (with its 500 if the fault is there too).
+            _log.failure("a simple POST handler failed; the request goes to twisted.web")
+            return False
+        if answer is None:
+            return False
+        answer = as_answer(answer)
+        self._stop_header_clock()
+        self.resetTimeout()
+        # What twisted.web writes for the same answer (its Server and Date, its header capitals).
+        self.transport.write(  # type: ignore[union-attr]
+            raw_response(answer.status, answer.headers, answer.body, close=False, dated=True, capitalised=True)
+        )
+        site.access(method=b"POST", path=post.path, status=answer.status, sent=len(answer.body), peer=host_of(self.getPeer()),
+                    started=started)
+        return True
+
+    def body_arrived(self) -> int:
+        """Bytes of the read being handled that follow the header block just parsed (a body that
+        came whole with its headers is among them)."""
+        return len(held_line(self)) + self.unparsed
+
+    def lineReceived(self, line: bytes) -> None:
+        if b"\n" in line:
+            self._refuse(_BARE_LINE_FEED)
+            return
+        super().lineReceived(line)
+
+    def chunk_size(self, size: int) -> None:
+        request = current_request(self)
+        if isinstance(request, LimitedRequest):
+            request.chunk_announced(size)
+
+    def send_continue(self) -> None:
+        request = current_request(self)
+        if not getattr(request, "refused", False):  # answered early: the client must not send its body
+            super().send_continue()
+
+    def allHeadersReceived(self) -> None:
+        self._stop_header_clock()
+        deadlines = self._deadlines
+        if self.body_follows() and deadlines is not None and deadlines[2]:  # a body follows (a length, or chunked)
+            self._header_call = deadlines[0].deadline(deadlines[2], self._request_too_slow)
+        super().allHeadersReceived()
+
+    def allContentReceived(self) -> None:
+        self._stop_header_clock()
+        super().allContentReceived()
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._stop_header_clock()
+        site = self._relay_site
+        if self.client is not None and site is not None:
+            site.client_left(self.client)
+            del self.client
+        super().connectionLost(reason)
+
+    def _start_header_clock(self) -> None:
+        """Answer 408 unless the request line and headers arrive within the site's header timeout."""
+        deadlines = self._deadlines
+        if deadlines is not None and deadlines[1]:
+            self._header_call = deadlines[0].deadline(deadlines[1], self._request_too_slow)
+
+    def _stop_header_clock(self) -> None:
+        call, self._header_call = self._header_call, None
+        if call is not None and call.active():
+            call.cancel()
+
+    def _request_too_slow(self) -> None:
+        self._header_call = None
+        self._refuse(_REQUEST_TIMEOUT)
+
+    def _access_log(self, status: int, sent: int) -> None:
+        site = getattr(self, "site", None)
+        if isinstance(site, ChannelSite) and self.transport is not None:
+            peer = host_of(self.transport.getPeer())
+            method, path = request_line(self)
+            site.access(method=method or b"-", path=path or b"-", status=status, sent=sent, peer=peer)
+
+    def headers_too_large(self) -> None:
+        self._refuse(_HEADERS_TOO_LARGE)
+
+    def length_header(self, header: bytes, data: bytes) -> bytes:
+        if len(data) > _LENGTH_DIGITS and header.lower() == b"content-length" and data.isdigit():
+            data = data.lstrip(b"0") or b"0"
+            if len(data) > _LENGTH_DIGITS:
+                data = b"9" * _LENGTH_DIGITS  # over every body cap: the site's BodyLimit answers
+        return data
+
+    def bad_request(self) -> None:
+        # Twisted writes a bare status line (no length, no connection: close, no access line).
+        self._refuse(_BAD_REQUEST)
+
+    def _refuse(self, answer: Answer) -> None:
+        """Answer the request being read with C{answer} and close: nothing more is read."""
+        self._stop_header_clock()
+        head = request_line(self)[0] == b"HEAD"  # the length of the body it does not send
+        self._access_log(answer.status, 0 if head else len(answer.body))
+        if self.transport is not None:
+            self.transport.write(raw_response(answer.status, answer.headers, answer.body, close=True, head=head))
+        self.loseConnection()
+
+    # Pipelining: Twisted parses the next request as soon as one is answered, all of one read in a
+    # loop; a client that never reads could have any number of large answers rendered and buffered
+    # from one small read. Once the transport asks us to pause, the rest waits for its resume.
+
+    def requestDone(self, request: Any) -> None:
+        if keeps_alive(self) and self.waiting_for_transport():
+            self.pause_parsing()  # keep what is buffered, parse nothing more
+            self.stop_reading()  # and read nothing more meanwhile
+        super().requestDone(request)
+
+    def resumeProducing(self) -> None:
+        super().resumeProducing()
+        if self.parsing_paused() and not self.waiting_for_transport() and self.transport is not None:
+            self.resume_parsing()
+            self.dataReceived(b"")  # parse the held requests now that answers can flow
+
+
+def _open(transport: Any) -> bool:
+    """Whether C{transport} is there and not closing (nothing was answered that closes it)."""
+    return transport is not None and not getattr(transport, "disconnecting", False)
