@@ -2,4 +2,5 @@
 
 from relayd.tap import main
 
-main()
+if __name__ == "__main__":  # not when a tool imports every module of the package
+    main()
