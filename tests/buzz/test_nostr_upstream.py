@@ -174,3 +174,21 @@ class ClientTests(unittest.TestCase):
         assert conn._proto is not None
         sock = conn._proto.transport.getHandle()
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+    async def test_a_closing_connection_refuses_as_not_connected_and_leaves_no_timer(self) -> None:
+        """autobahn raises its own Disconnected on a send while the close handshake runs (the
+        connection still reads as ready then): publish and query say NotConnected (nothing was
+        sent), and nothing is left waiting for an answer that cannot come."""
+        self.factory.script = lambda m: [["EOSE", m[1]]] if m[0] == "REQ" else None
+        conn = self.pool.connection(self.signer)
+        await conn.query([{"kinds": [9]}], 5.0)
+        assert conn._proto is not None
+        conn._proto.sendClose()  # closing: autobahn refuses to send from now on
+        assert conn.ready
+        before = len(self.clock.getDelayedCalls())
+        with self.assertRaises(NotConnected):
+            await conn.publish(self.signer.sign(9, [], "late", 1_800_000_000), 5.0)
+        with self.assertRaises(NotConnected):
+            await conn.query([{"kinds": [9]}], 5.0)
+        assert len(self.clock.getDelayedCalls()) == before
+        assert not conn._publishes and not conn._queries

@@ -19,6 +19,7 @@ import itertools
 from typing import TYPE_CHECKING, Any, cast
 
 import orjson
+from autobahn.exception import Disconnected
 from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, ITCPTransport
 from twisted.logger import Logger
@@ -258,8 +259,23 @@ class UpstreamConnection:
     # --- messages
 
     def _send(self, message: list[Any]) -> None:
-        assert self._proto is not None
-        self._proto.send_text(orjson.dumps(message))
+        """Send one message, or raise L{NotConnected} (nothing sent) when the connection is gone or
+        closing: a close handshake under way leaves C{ready} set until the close completes, and
+        autobahn raises its own C{Disconnected} on such a send."""
+        proto = self._proto
+        if proto is None or not proto.can_send:
+            raise NotConnected("relay connection is closing")
+        try:
+            proto.send_text(orjson.dumps(message))
+        except Disconnected as e:
+            raise NotConnected("relay connection is closing") from e
+
+    def _send_if_open(self, message: list[Any]) -> None:
+        """Send a message nothing waits on (a CLOSE, an AUTH answer), if the connection can still take it."""
+        try:
+            self._send(message)
+        except NotConnected:
+            pass
 
     def on_message(self, proto: UpstreamWebSocket, payload: bytes) -> None:
         try:
@@ -294,7 +310,7 @@ class UpstreamConnection:
             int(self.pool.clock_now()),
             self.pool.attestations.get(self.signer.pubkey),
         )
-        self._send(["AUTH", ev])
+        self._send_if_open(["AUTH", ev])
         self.authenticated_as = self.signer.pubkey
         if self._challenge_timer is not None:
             self.pool.clock.cancel(self._challenge_timer)
@@ -321,8 +337,7 @@ class UpstreamConnection:
             return
         self.pool.clock.cancel(q.timer)
         if error is None:
-            if self._proto is not None:
-                self._send(["CLOSE", sub_id])
+            self._send_if_open(["CLOSE", sub_id])
             self._outcome(True)
             q.deferred.callback(q.events)
         else:
@@ -334,7 +349,8 @@ class UpstreamConnection:
     async def publish(self, event: Event, timeout: float) -> tuple[bool, str]:
         """Send an EVENT; returns (accepted, relay message). C{duplicate:} counts as accepted.
 
-        @raise NotConnected: the relay was not reachable within the timeout (nothing sent now).
+        @raise NotConnected: the relay was not reachable within the timeout, or the connection is
+            closing (nothing sent now).
         @raise ConnectionLost: the connection dropped after sending.
         @raise UpstreamTimeout: no OK within the timeout.
         """
@@ -346,10 +362,9 @@ class UpstreamConnection:
         existing = self._publishes.get(eid)
         if existing is not None:  # the same event is already in flight: share its answer
             return await existing.wait()
+        self._send(["EVENT", event])  # first: when it cannot be sent, nothing waits for an OK
         p = self._publishes[eid] = _Publish(clock.call_later(remaining, self._publish_timeout, eid))
-        d = p.wait()
-        self._send(["EVENT", event])
-        return await d
+        return await p.wait()
 
     def _publish_timeout(self, eid: str) -> None:
         p = self._publishes.pop(eid, None)
@@ -383,22 +398,27 @@ class UpstreamConnection:
                 cast(ITCPTransport, proto.transport).abortConnection()
 
     async def query(self, filters: list[dict[str, Any]], timeout: float) -> list[Event]:
-        """Run a REQ until EOSE and return the stored events it yielded (relay order)."""
+        """Run a REQ until EOSE and return the stored events it yielded (relay order).
+
+        @raise NotConnected: as for L{publish} (nothing sent now).
+        @raise ConnectionLost: the connection dropped before EOSE.
+        @raise UpstreamTimeout: no EOSE within the timeout.
+        @raise QueryClosed: the relay refused the REQ.
+        """
         clock = self.pool.clock
         start = clock.seconds()
         await self.ensure_ready(timeout)
         remaining = max(0.0, timeout - (clock.seconds() - start))
         sub_id = f"q{next(self._sub_ids)}"
+        self._send(["REQ", sub_id, *filters])  # first: when it cannot be sent, nothing waits for EOSE
         d: defer.Deferred[list[Event]] = defer.Deferred()
         timer = clock.call_later(remaining, self._query_timeout, sub_id)
         self._queries[sub_id] = _Query(d, timer)
-        self._send(["REQ", sub_id, *filters])
         return await d
 
     def _query_timeout(self, sub_id: str) -> None:
         q = self._queries.pop(sub_id, None)
         if q is not None:
-            if self._proto is not None:
-                self._send(["CLOSE", sub_id])
+            self._send_if_open(["CLOSE", sub_id])
             q.deferred.errback(UpstreamTimeout("no EOSE from the relay within the timeout"))
             self._outcome(False)
