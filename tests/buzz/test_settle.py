@@ -14,6 +14,7 @@ database is the independent view of what landed.
 from __future__ import annotations
 
 import io
+import time
 from typing import Any
 
 from twisted.internet import reactor
@@ -187,6 +188,27 @@ class SettleFromRelay(FaultCase):
         # The host is not older than the relay: it holds the identity whose profile is out.
         held = self.host_agent(profile["pubkey"])
         assert held is not None and held.sealed_key is not None
+
+    async def test_expired_credential_settles_without_sending_again(self) -> None:
+        clock = [time.time()]
+        self.broker.service.ops.now = lambda: clock[0]  # type: ignore[union-attr]
+        short = self.broker.issue(self.alice["agentPubkey"], "--channel", self.channel, "--expires", "60s")
+        self.cred = short["credential"]
+        content = f"settle-expired {self.channel}"  # the relay is shared with other tests
+        args = {"channelId": self.channel, "content": content}
+        self.proxy.on("drop_ok", kind(9))
+        r = await self.send("message.post", args, "settle-expired")
+        assert r["status"] == "indeterminate", r
+        self.proxy.clear()
+        clock[0] = int(short["expiresAt"])
+        self.cred = self.broker.issue(self.alice["agentPubkey"], "--channel", self.channel)["credential"]
+        seen = len(self.proxy.script.seen)
+        r2 = await self.send("message.post", args, "settle-expired")
+        assert len(self.proxy.script.seen) == seen, "a plan of an expired credential was sent again"
+        assert r2["status"] == "succeeded", r2
+        assert [e["id"] for e in self.on_relay(kind=9) if e["content"] == content] == [r2["outcome"]["eventId"]]
+        await self.settled("settle-expired")
+        await self.replayed("message.post", args, "settle-expired", r2)
 
     async def test_a_relay_that_cannot_be_asked_keeps_it_indeterminate_and_a_later_retry_settles(self) -> None:
         args, agent = await self.created_then_deleted("drop_ok", nostr.KIND_MANAGED_AGENT, "settle-later")
