@@ -118,8 +118,8 @@ class ClientTests(unittest.TestCase):
     def test_retry_delay_doubles_up_to_the_cap_however_long_the_outage(self) -> None:
         """Twisted's backoffPolicy: exact (no jitter), capped, and still a number after thousands of failures."""
         pool = NostrRelayPool(self.pool.url, reactor, Timekeeper(self.clock), backoff_base=0.25, backoff_cap=5.0)
-        assert [pool.retry_delay(n) for n in range(1, 8)] == [0.25, 0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
-        assert pool.retry_delay(5_000) == 5.0
+        assert [pool.settings.retry_delay(n) for n in range(1, 8)] == [0.25, 0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
+        assert pool.settings.retry_delay(5_000) == 5.0
 
     async def test_frames_split_anywhere_fragmented_or_mixed_with_control_frames(self) -> None:
         """The client's fast frame path hands whole plain frames on and leaves the rest to autobahn."""

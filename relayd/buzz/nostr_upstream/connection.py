@@ -9,14 +9,14 @@ one connection are processed in order, so what follows the AUTH is judged authen
 An C{OK} whose message starts with C{duplicate:} means the relay already holds the event, which is
 success whatever its boolean. A dropped connection fails what is pending on it (callers turn a
 publish in flight into C{outcome_unknown}); the next demand reconnects, after the pool's backoff
-(L{relayd.buzz.nostr_upstream.pool.NostrRelayPool.retry_delay}) when connecting keeps failing.
+(L{relayd.buzz.nostr_upstream.settings.UpstreamSettings.retry_delay}) when connecting keeps failing.
 Every timer goes through the L{relayd.clock.Timekeeper}.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Mapping, cast
 
 import orjson
 from autobahn.exception import Disconnected
@@ -28,10 +28,9 @@ from twisted.python.failure import Failure
 from relayd.buzz import nostr
 from relayd.buzz.nostr_upstream import websocket
 from relayd.buzz.nostr_upstream.errors import ConnectionLost, NotConnected, QueryClosed, UpstreamTimeout
+from relayd.buzz.nostr_upstream.settings import UpstreamSettings
 from relayd.buzz.nostr_upstream.websocket import UpstreamWebSocket
-
-if TYPE_CHECKING:
-    from relayd.buzz.nostr_upstream.pool import NostrRelayPool
+from relayd.buzz.upstream import Throttle
 
 Event = dict[str, Any]
 
@@ -76,11 +75,18 @@ class UpstreamConnection:
 
     def __init__(
         self,
-        pool: "NostrRelayPool",
+        settings: UpstreamSettings,
         signer: nostr.Signer,
+        attestations: Mapping[str, list[str]],
+        failure_lines: Throttle,
     ) -> None:
-        self.pool = pool
+        """C{attestations}: the owner attestations (NIP-OA tags) of managed identities, kept by the
+        pool as agents are created, sent in AUTH; C{failure_lines}: the pool's one throttle on
+        connection-failure log lines, however many identities retry."""
+        self.settings = settings
         self.signer = signer
+        self._attestations = attestations
+        self._failure_lines = failure_lines
         self._proto: UpstreamWebSocket | None = None
         self._ready = False
         self._connecting = False
@@ -109,7 +115,7 @@ class UpstreamConnection:
         """Fires once the connection is open and (if the relay asked) AUTH has been sent."""
         if self._ready:
             return defer.succeed(None)
-        clock = self.pool.clock
+        clock = self.settings.clock
         d: defer.Deferred[None] = defer.Deferred()
         clock.cancel_when(d, clock.call_later(timeout, self._waiter_timeout, d))
         self._waiters.append(d)
@@ -142,13 +148,13 @@ class UpstreamConnection:
 
     def _connect(self) -> None:
         self._connecting = True
-        pool = self.pool
-        self._connect_d = websocket.connect(pool.reactor, pool.url, self, pool.max_message, pool.connect_timeout)
+        s = self.settings
+        self._connect_d = websocket.connect(s.reactor, s.url, self, s.max_message, s.connect_timeout)
         self._connect_d.addErrback(self._connect_failed)
 
     def on_transport_up(self, proto: UpstreamWebSocket) -> None:
         self._live.add(proto)
-        self._handshake_timer = self.pool.clock.call_later(self.pool.connect_timeout, self._handshake_expired, proto)
+        self._handshake_timer = self.settings.clock.call_later(self.settings.connect_timeout, self._handshake_expired, proto)
 
     def _handshake_expired(self, proto: UpstreamWebSocket) -> None:
         self._handshake_timer = None
@@ -170,30 +176,30 @@ class UpstreamConnection:
 
     def _note_failure(self, why: str) -> None:
         self._failures += 1
-        delay = self.pool.retry_delay(self._failures)
-        self._next_attempt = self.pool.clock.seconds() + delay
-        held = self.pool.failure_lines.allow()  # one line a minute, however many identities retry
+        delay = self.settings.retry_delay(self._failures)
+        self._next_attempt = self.settings.clock.seconds() + delay
+        held = self._failure_lines.allow()  # one line a minute, however many identities retry
         if held is not None:
             self._log.info(
                 "relay {url} unavailable for {who} ({why}); next attempt in {delay:.2f}s{more}",
-                url=self.pool.shown_url,
+                url=self.settings.shown_url,
                 who=self.signer.pubkey[:12],
                 why=why,
                 delay=delay,
                 more=f" ({held} more such lines held back)" if held else "",
             )
         if self._waiters and self._retry_timer is None:
-            self._retry_timer = self.pool.clock.call_later(delay, self._retry)
+            self._retry_timer = self.settings.clock.call_later(delay, self._retry)
 
     def on_open(self, proto: UpstreamWebSocket) -> None:
-        self.pool.clock.cancel(self._handshake_timer)
+        self.settings.clock.cancel(self._handshake_timer)
         self._handshake_timer = None
         self._proto = proto
         self._connecting = False
         self._failures = 0
         self._next_attempt = 0.0
         # A relay that requires NIP-42 sends its challenge on connect: give it a moment.
-        self._challenge_timer = self.pool.clock.call_later(self.pool.challenge_wait, self._set_ready)
+        self._challenge_timer = self.settings.clock.call_later(self.settings.challenge_wait, self._set_ready)
 
     def _set_ready(self) -> None:
         self._challenge_timer = None
@@ -215,22 +221,22 @@ class UpstreamConnection:
         self._proto = None
         self._ready = False
         self.authenticated_as = None
-        self.pool.clock.cancel(self._challenge_timer)
+        self.settings.clock.cancel(self._challenge_timer)
         self._challenge_timer = None
         publishes, self._publishes = self._publishes, {}
         queries, self._queries = self._queries, {}
         for p in publishes.values():
-            self.pool.clock.cancel(p.timer)
+            self.settings.clock.cancel(p.timer)
             p.resolve(ConnectionLost("relay connection dropped after publish was attempted"))
         for q in queries.values():
-            self.pool.clock.cancel(q.timer)
+            self.settings.clock.cancel(q.timer)
             q.deferred.errback(ConnectionLost("relay connection dropped during a read"))
         if self._waiters:
             self._note_failure(reason or "connection closed")
 
     def close(self, grace: float = 2.0) -> defer.Deferred[None]:
         """Close the connection; fires once the transport is gone (aborted after C{grace})."""
-        clock = self.pool.clock
+        clock = self.settings.clock
         clock.cancel(self._retry_timer)
         self._retry_timer = None
         clock.cancel(self._handshake_timer)
@@ -305,15 +311,15 @@ class UpstreamConnection:
     def _auth(self, challenge: str) -> None:
         ev = nostr.auth_event(
             self.signer,
-            self.pool.auth_url,
+            self.settings.auth_url,
             challenge,
-            int(self.pool.clock_now()),
-            self.pool.attestations.get(self.signer.pubkey),
+            int(self.settings.wall_clock()),
+            self._attestations.get(self.signer.pubkey),
         )
         self._send_if_open(["AUTH", ev])
         self.authenticated_as = self.signer.pubkey
         if self._challenge_timer is not None:
-            self.pool.clock.cancel(self._challenge_timer)
+            self.settings.clock.cancel(self._challenge_timer)
             self._set_ready()
 
     def _ok(self, event_id: str, accepted: bool, message: str) -> None:
@@ -326,7 +332,7 @@ class UpstreamConnection:
             if not accepted:
                 self._log.info("relay refused {id}: {message}", id=event_id[:16], message=message[:200])
             return
-        self.pool.clock.cancel(p.timer)
+        self.settings.clock.cancel(p.timer)
         good = accepted or message.startswith("duplicate:")
         p.resolve((good, message))
         self._outcome(good)
@@ -335,7 +341,7 @@ class UpstreamConnection:
         q = self._queries.pop(sub_id, None)
         if q is None:
             return
-        self.pool.clock.cancel(q.timer)
+        self.settings.clock.cancel(q.timer)
         if error is None:
             self._send_if_open(["CLOSE", sub_id])
             self._outcome(True)
@@ -354,7 +360,7 @@ class UpstreamConnection:
         @raise ConnectionLost: the connection dropped after sending.
         @raise UpstreamTimeout: no OK within the timeout.
         """
-        clock = self.pool.clock
+        clock = self.settings.clock
         start = clock.seconds()
         await self.ensure_ready(timeout)
         remaining = max(0.0, timeout - (clock.seconds() - start))
@@ -382,14 +388,14 @@ class UpstreamConnection:
             self._strikes = 0
             return
         self._strikes += 1
-        if self._strikes >= self.pool.recycle_after and self._proto is not None:
+        if self._strikes >= self.settings.recycle_after and self._proto is not None:
             self._strikes = 0
             self.recycled += 1
             self._log.info(
                 "relay {url}: connection for {who} failed {n} times in a row; reconnecting",
-                url=self.pool.shown_url,
+                url=self.settings.shown_url,
                 who=self.signer.pubkey[:12],
-                n=self.pool.recycle_after,
+                n=self.settings.recycle_after,
             )
             proto = self._proto
             proto.recycled = True
@@ -405,7 +411,7 @@ class UpstreamConnection:
         @raise UpstreamTimeout: no EOSE within the timeout.
         @raise QueryClosed: the relay refused the REQ.
         """
-        clock = self.pool.clock
+        clock = self.settings.clock
         start = clock.seconds()
         await self.ensure_ready(timeout)
         remaining = max(0.0, timeout - (clock.seconds() - start))
