@@ -489,7 +489,8 @@ class BrokerHost:
                     resp = contract.failed(rid, "action_failed", "relay refused the event: " + _safe(message))
                     return await self._settle(principal, rid, digest, resp, [], settled, plan.action)
                 if message.startswith(_INVALID):
-                    why = f"the relay refuses event {done + 1} of {total} as invalid ({_safe(message)})"
+                    # Cut shorter than other relay messages: a partial verdict also names two event ids.
+                    why = f"the relay refuses event {done + 1} of {total} as invalid ({_safe(message)[:100]})"
                     return await self._settle_from_relay(who, rid, digest, plan, settled, why, done)
                 await self._partial(plan, done)
                 return _verdict(
