@@ -11,6 +11,9 @@ Decisions (docs/decisions.md, "Buzz broker host"):
     OK false on the first event -> failed/action_failed; no answer, or a refusal after an accepted
     event -> indeterminate/outcome_unknown with the plan kept (and, once an event is accepted, its
     effects applied), so a retry of the same bytes resends the identical events.
+ A plan that can no longer be sent (superseded, a signer deleted, its credential revoked or
+    expired, an event refused as C{invalid:}) settles from what the relay holds of its events
+    (L{BrokerHost._settle_from_relay}; docs/broker.md, "How an indeterminate verdict settles").
 Every correlated verdict reached once the credential is known is recorded (validation refusals,
 version codes, a foreign cursor, a relay unreachable before dispatch included), so the same
 requestId with other bytes is always a conflict and never a later execution. Not recorded:
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from twisted.internet import defer
@@ -64,6 +68,7 @@ _WAIT_STEP = 0.5  # a waiter for another instance re-checks at least this often 
 _STATUS = b'"status":"'
 _OUTAGE_LOG_INTERVAL = 60.0
 _ACTIONS = frozenset(contract.ACTIONS)
+_INVALID = "invalid:"  # a relay's refusal that sending again never changes (NIP-01 machine prefix)
 _counters: dict[tuple[str, str], Any] = {}
 
 
@@ -208,7 +213,7 @@ class BrokerHost:
             who = await self._authenticate(authorization)
             if who is not None:
                 digest = hashlib.sha256(body).digest()
-                replay = self.verdicts.get(who[1].pubkey, digest)
+                replay = self.verdicts.get(who.agent.pubkey, digest)
                 if replay is not None:
                     data = contract.mark_replayed(replay[0])
                     _count(replay[1], verdict_status(data))
@@ -228,7 +233,7 @@ class BrokerHost:
         return code, data
 
     async def _verdict_for(
-        self, rid: str, tree: Any, who: tuple[Credential, Agent] | None, digest: bytes, fault: Exception | None
+        self, rid: str, tree: Any, who: Caller | None, digest: bytes, fault: Exception | None
     ) -> tuple[int, bytes]:
         try:
             if fault is not None:
@@ -253,26 +258,26 @@ class BrokerHost:
                 rid=rid,
             )
 
-    async def _authenticate(self, authorization: Sequence[bytes] | None) -> tuple[Credential, Agent] | None:
+    async def _authenticate(self, authorization: Sequence[bytes] | None) -> Caller | None:
         if not authorization or len(authorization) != 1 or not authorization[0].startswith(_BEARER):
             return None
         token = authorization[0][len(_BEARER) :]
         if not token or len(token) > 512:
             return None
-        cred = await self.credentials.credential(credential_hash(token))
+        hashed = credential_hash(token)
+        cred = await self.credentials.credential(hashed)
         if cred is None or cred.revoked or cred.expired(self.ops.now()):
             return None
         agent = await self.agents.agent(cred.agent_pubkey)
         if agent is None or agent.deleted or agent.sealed_key is None:
             return None
-        return cred, agent
+        return Caller(cred, agent, hashed)
 
     async def _correlated(
-        self, rid: str, tree: Any, who: tuple[Credential, Agent] | None, digest: bytes
+        self, rid: str, tree: Any, who: Caller | None, digest: bytes
     ) -> bytes:
         if who is None:
             return _verdict(contract.failed(rid, "unauthenticated", "credential missing, malformed or rejected"))
-        cred, agent = who
         refusal: contract.Response | None = None
         try:
             req = contract.validate_request(tree)
@@ -280,7 +285,7 @@ class BrokerHost:
             # Recorded like every correlated verdict: these bytes keep this answer, and other
             # bytes with the same requestId are a conflict, never a later execution.
             refusal = contract.failed(rid, e.code, e.message)
-        key = (agent.pubkey, rid)
+        key = (who.agent.pubkey, rid)
         # One execution per key at a time in this process: later duplicates wait, then find the receipt.
         while key in self._inflight:
             await _wait(self._inflight[key])
@@ -288,8 +293,8 @@ class BrokerHost:
         self._inflight[key] = gate
         try:
             if refusal is not None:
-                return await self._refuse(agent.pubkey, rid, digest, refusal)
-            return await self._idempotent(cred, agent, req, digest)
+                return await self._refuse(who.agent.pubkey, rid, digest, refusal)
+            return await self._idempotent(who, req, digest)
         finally:
             del self._inflight[key]
             gate.callback(None)
@@ -336,9 +341,9 @@ class BrokerHost:
                 return None
             await self.receipts.wait(principal, rid, min(remaining, _WAIT_STEP))
 
-    async def _idempotent(self, cred: Credential, agent: Agent, req: contract.Request, digest: bytes) -> bytes:
+    async def _idempotent(self, who: Caller, req: contract.Request, digest: bytes) -> bytes:
         rid = req.request_id
-        principal = agent.pubkey
+        principal = who.agent.pubkey
         found = await self._lookup(principal, rid, digest, req.action)
         if isinstance(found, bytes):
             return found
@@ -347,8 +352,8 @@ class BrokerHost:
         try:
             if claim.status == "resume":
                 assert claim.plan is not None
-                return await self._execute(principal, rid, digest, Plan.from_bytes(claim.plan), settled, resumed=True)
-            return await self._run(cred, agent, req, digest, settled)
+                return await self._execute(who, rid, digest, Plan.from_bytes(claim.plan), settled, resumed=True)
+            return await self._run(who, req, digest, settled)
         finally:
             if not settled:
                 # No verdict: let a retry (here or on another instance) run at once, a stored plan kept.
@@ -357,10 +362,9 @@ class BrokerHost:
                 except Exception as e:
                     self._log.info("could not release the claim on {rid}: {why}", rid=rid, why=str(e))
 
-    async def _run(
-        self, cred: Credential, agent: Agent, req: contract.Request, digest: bytes, settled: list[bytes]
-    ) -> bytes:
+    async def _run(self, who: Caller, req: contract.Request, digest: bytes, settled: list[bytes]) -> bytes:
         rid = req.request_id
+        cred, agent = who.credential, who.agent
         principal = agent.pubkey
         denial = self._authorize(cred, agent, req)
         if denial is not None:
@@ -392,8 +396,9 @@ class BrokerHost:
             return await self._settle(
                 principal, rid, digest, contract.succeeded(rid, req.action, plan.outcome), plan.effects, settled, req.action
             )
+        plan.credential = who.credential_hash
         await self.receipts.store_plan(principal, rid, digest, plan.to_bytes())
-        return await self._execute(principal, rid, digest, plan, settled)
+        return await self._execute(who, rid, digest, plan, settled)
 
     def _authorize(self, cred: Credential, agent: Agent, req: contract.Request) -> str | None:
         if req.action not in cred.actions:
@@ -421,7 +426,7 @@ class BrokerHost:
         return data
 
     async def _execute(
-        self, principal: str, rid: str, digest: bytes, plan: Plan, settled: list[bytes], resumed: bool = False
+        self, who: Caller, rid: str, digest: bytes, plan: Plan, settled: list[bytes], resumed: bool = False
     ) -> bytes:
         """Publish a stored plan's events in order and settle the verdict.
 
@@ -429,7 +434,7 @@ class BrokerHost:
         happened); the plan stays stored and a retry of the same bytes resends it.
         """
         try:
-            return await self._publish(principal, rid, digest, plan, settled, resumed)
+            return await self._publish(who, rid, digest, plan, settled, resumed)
         except StoreUnavailable as e:
             self._outage(e, rid)
             why = f"the {e.store} store is unavailable; retry the same bytes"
@@ -439,7 +444,7 @@ class BrokerHost:
         return _verdict(contract.indeterminate(rid, "internal", why))
 
     async def _publish(
-        self, principal: str, rid: str, digest: bytes, plan: Plan, settled: list[bytes], resumed: bool
+        self, who: Caller, rid: str, digest: bytes, plan: Plan, settled: list[bytes], resumed: bool
     ) -> bytes:
         """Send the plan's events in order; the verdict says exactly how many the relay holds.
 
@@ -449,17 +454,17 @@ class BrokerHost:
         the relay: a created agent's key is kept, a rename is the host's name too) and any later
         fault is C{indeterminate} with the plan kept, so a retry of the same bytes finishes it.
 
-        A resumed plan (a retry of an earlier C{indeterminate}) is first checked against newer
-        state (L{Operations.superseded}): one that would roll an agent back or revive a deleted one
-        is not sent again, and that verdict is recorded so it stays the answer.
+        A plan that can no longer be sent is settled from the relay instead (L{_settle_from_relay}):
+        a resumed plan (a retry of an earlier C{indeterminate}) superseded by newer state
+        (L{Operations.superseded}: it would roll an agent back or revive a deleted one) or made
+        under a credential since revoked or expired; a signing identity gone after something may
+        have been sent; an event the relay refuses as C{invalid:} after something may have been sent.
         """
+        principal = who.agent.pubkey
         if resumed:
-            stale = await self.ops.superseded(plan)
-            if stale is not None:
-                resp = contract.indeterminate(
-                    rid, "outcome_unknown", f"superseded: {stale}; this request's events were not sent again and the newer state stands"
-                )
-                return await self._settle(principal, rid, digest, resp, [], settled, plan.action)
+            why = await self.ops.superseded(plan) or await self._credential_gone(plan)
+            if why is not None:
+                return await self._settle_from_relay(who, rid, digest, plan, settled, why)
         total = len(plan.events)
         done = 0
         for item in plan.events:
@@ -469,10 +474,8 @@ class BrokerHost:
                 if done == 0 and not resumed:
                     resp = contract.failed(rid, "action_failed", "the signing identity was deleted before anything was published")
                     return await self._settle(principal, rid, digest, resp, [], settled, plan.action)
-                resp = contract.indeterminate(
-                    rid, "outcome_unknown", f"superseded: a signing identity was deleted; the relay confirmed {done} of {total} events of this request"
-                )
-                return await self._settle(principal, rid, digest, resp, [], settled, plan.action)
+                why = "a signing identity was deleted after this request was planned"
+                return await self._settle_from_relay(who, rid, digest, plan, settled, why, done)
             conn = self.ops.pool.connection(signer)
             try:
                 accepted, message = await conn.publish(item["event"], self.ops.timeout)
@@ -485,6 +488,10 @@ class BrokerHost:
                 if done == 0 and not resumed:
                     resp = contract.failed(rid, "action_failed", "relay refused the event: " + _safe(message))
                     return await self._settle(principal, rid, digest, resp, [], settled, plan.action)
+                if message.startswith(_INVALID):
+                    # Cut shorter than other relay messages: a partial verdict also names two event ids.
+                    why = f"the relay refuses event {done + 1} of {total} as invalid ({_safe(message)[:100]})"
+                    return await self._settle_from_relay(who, rid, digest, plan, settled, why, done)
                 await self._partial(plan, done)
                 return _verdict(
                     contract.indeterminate(
@@ -496,6 +503,9 @@ class BrokerHost:
                     )
                 )
             done += 1
+        return await self._succeeded(principal, rid, digest, plan, settled)
+
+    async def _succeeded(self, principal: str, rid: str, digest: bytes, plan: Plan, settled: list[bytes]) -> bytes:
         data = await self._settle(
             principal, rid, digest, contract.succeeded(rid, plan.action, plan.outcome), plan.effects, settled, plan.action
         )
@@ -504,10 +514,71 @@ class BrokerHost:
                 self.ops.forget(effect["pubkey"])
         return data
 
+    async def _credential_gone(self, plan: Plan) -> str | None:
+        """Why the credential that made C{plan} may no longer act (C{None}: it still may)."""
+        if not plan.credential:
+            return None
+        cred = await self.credentials.credential(plan.credential)
+        if cred is None or cred.revoked:
+            return "the credential that made this request was revoked"
+        if cred.expired(self.ops.now()):
+            return "the credential that made this request has expired"
+        return None
+
+    async def _settle_from_relay(
+        self, who: Caller, rid: str, digest: bytes, plan: Plan, settled: list[bytes], why: str, confirmed: int = 0
+    ) -> bytes:
+        """Settle a plan that can no longer be sent by asking the relay which of its events landed
+        (L{Operations.landed}, as the requester): all of them C{succeeded}, none C{failed}, some a
+        recorded C{indeterminate} that names them; the relay not answering leaves it C{indeterminate},
+        unrecorded, for a later retry to settle. C{confirmed}: events the relay accepted in this attempt.
+        """
+        total = len(plan.events)
+        try:
+            landed = await self.ops.landed(self.ops.signer_for(who.agent), plan, confirmed)
+        except UpstreamError as e:
+            self._log.info("cannot settle {rid} from the relay: {why}", rid=rid, why=str(e))
+            await self._partial(plan, confirmed)
+            return _verdict(
+                contract.indeterminate(
+                    rid,
+                    "outcome_unknown",
+                    f"this request can no longer be sent ({why}) and the relay could not be asked which of its events "
+                    f"it holds: {_safe(str(e))}; retry the same bytes",
+                )
+            )
+        count = sum(landed)
+        if count == total:
+            return await self._succeeded(who.agent.pubkey, rid, digest, plan, settled)
+        if count == 0:
+            resp = contract.failed(
+                rid, "action_failed", f"nothing of this request is on the relay and it can no longer be sent: {why}"
+            )
+            return await self._settle(who.agent.pubkey, rid, digest, resp, [], settled, plan.action)
+        await self._partial(plan, count)
+        held = ", ".join(f"{i + 1} ({item['event']['id']})" for i, item in enumerate(plan.events) if landed[i])
+        missing = ", ".join(f"{i + 1} ({item['event']['id']})" for i, item in enumerate(plan.events) if not landed[i])
+        resp = contract.indeterminate(
+            rid,
+            "outcome_unknown",
+            f"partly done: the relay holds event {held} of {total} of this request but not event {missing}, "
+            f"and it can no longer be sent: {why}",
+        )
+        return await self._settle(who.agent.pubkey, rid, digest, resp, [], settled, plan.action)
+
     async def _partial(self, plan: Plan, done: int) -> None:
         """Some events of a plan are on the relay: apply its effects now (they never roll back newer state)."""
         if done and plan.effects:
             await self.agents.apply_effects(plan.effects)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """An authenticated request's credential, the agent it is bound to, and the credential's SHA-256."""
+
+    credential: Credential
+    agent: Agent
+    credential_hash: str
 
 
 def _verdict(resp: contract.Response) -> bytes:

@@ -50,16 +50,21 @@ class Plan:
     events: list[dict[str, Any]] = field(default_factory=list)  # {"by": pubkey, "event": ev}
     effects: list[dict[str, Any]] = field(default_factory=list)
     keys: dict[str, str] = field(default_factory=dict)  # sealed keys of identities not yet stored
+    # SHA-256 hex of the credential that made the plan (never the credential): a retry under another
+    # credential of the same agent must not send what a revoked or expired one planned. "" in plans
+    # stored before it was recorded.
+    credential: str = ""
 
     def to_bytes(self) -> bytes:
-        return contract.dumps(
-            {"action": self.action, "outcome": self.outcome, "events": self.events, "effects": self.effects, "keys": self.keys}
-        )
+        d = {"action": self.action, "outcome": self.outcome, "events": self.events, "effects": self.effects, "keys": self.keys}
+        if self.credential:
+            d["credential"] = self.credential
+        return contract.dumps(d)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "Plan":
         d = orjson.loads(data)
-        return cls(d["action"], d["outcome"], d["events"], d["effects"], d["keys"])
+        return cls(d["action"], d["outcome"], d["events"], d["effects"], d["keys"], d.get("credential", ""))
 
 
 @dataclass(frozen=True)
@@ -155,6 +160,16 @@ class Operations:
             if agent is None or agent.deleted or agent.sealed_key is None:
                 return "a signing identity was deleted after this request was planned"
         return None
+
+    async def landed(self, reader: nostr.Signer, plan: Plan, confirmed: int = 0) -> list[bool]:
+        """Which events of C{plan} are on the relay, asked as C{reader} (one REQ; see L{on_relay}).
+
+        C{confirmed}: how many leading events the relay accepted in this attempt.
+        @raise UpstreamError: the relay could not be asked (the answer is unknown).
+        """
+        events = [item["event"] for item in plan.events]
+        found = await self.pool.connection(reader).query(evidence_filters(events), self.timeout)
+        return on_relay(events, found, confirmed)
 
     async def _sign(
         self, signer: nostr.Signer, kind: int, tags: list[list[str]], content: str, after: int = -1, strict: bool = False
@@ -483,6 +498,83 @@ class Operations:
             events=[{"by": owner.pubkey, "event": ev}],
             effects=[{"op": "delete_agent", "pubkey": agent.pubkey}],
         )
+
+
+def _address(ev: Event) -> str | None:
+    """The NIP-01 address of a replaceable (C{kind:pubkey:}) or addressable (C{kind:pubkey:d}) event."""
+    k = ev["kind"]
+    if k in (0, 3) or 10000 <= k < 20000:
+        return f"{k}:{ev['pubkey']}:"
+    if 30000 <= k < 40000:
+        d = nostr.tag_values(ev, "d")
+        return f"{k}:{ev['pubkey']}:{d[0] if d else ''}"
+    return None
+
+
+def evidence_filters(events: list[Event]) -> list[dict[str, Any]]:
+    """The filters of one REQ that finds what the relay knows of C{events} (see L{on_relay}):
+    the events themselves, NIP-09 deletions by their authors that name them (by id, or by address
+    for replaceable and addressable ones), and the current event at each such address."""
+    ids = [ev["id"] for ev in events]
+    authors = sorted({ev["pubkey"] for ev in events})
+    # No limit: one limit caps a whole REQ on some relays, and each filter matches a few events.
+    filters: list[dict[str, Any]] = [
+        {"ids": ids},
+        {"kinds": [nostr.KIND_DELETION], "authors": authors, "#e": ids},
+    ]
+    addresses = sorted({a for a in map(_address, events) if a is not None})
+    if addresses:
+        filters.append({"kinds": [nostr.KIND_DELETION], "authors": authors, "#a": addresses})
+    for address in addresses:
+        k, pubkey, d = address.split(":", 2)
+        current: dict[str, Any] = {"kinds": [int(k)], "authors": [pubkey]}
+        if int(k) >= 30000:
+            current["#d"] = [d]
+        filters.append(current)
+    return filters
+
+
+def _overtaken(ev: Event, found: list[Event]) -> bool:
+    """Whether the relay holds what it would hold had C{ev} landed and been deleted or replaced since:
+    a deletion by its author naming it (by id, or its address at or after its time), or a newer
+    event at its address. Whether C{ev} itself ever arrived cannot be told any more."""
+    address = _address(ev)
+    for other in found:
+        if other["pubkey"] != ev["pubkey"] or other["id"] == ev["id"]:
+            continue
+        if other["kind"] == nostr.KIND_DELETION:
+            if ev["id"] in nostr.tag_values(other, "e"):
+                return True
+            if address is not None and address in nostr.tag_values(other, "a") and other["created_at"] >= ev["created_at"]:
+                return True
+        elif address is not None and _address(other) == address:
+            # NIP-01: the newer one is kept; in the same second, the lower id.
+            if (other["created_at"], ev["id"]) > (ev["created_at"], other["id"]):
+                return True
+    return False
+
+
+def on_relay(events: list[Event], found: list[Any], confirmed: int = 0) -> list[bool]:
+    """For each event of a plan (in send order), whether it landed, from what a REQ of
+    L{evidence_filters} C{found} (events that do not verify are no evidence).
+
+    The host sends an event only after the relay accepted every earlier one of the plan, in every
+    attempt. So: an event the relay holds, or one of the first C{confirmed}, landed, and so did
+    every event before it. After the last such event, one deleted or replaced since (L{_overtaken})
+    counts as landed: the relay holds what it would hold had it landed, and C{failed} would promise
+    it never did. The first event with no such evidence did not land, and no later event was ever
+    sent.
+    """
+    valid = [ev for ev in map(_checked, found) if ev is not None and nostr.verify_event(ev)]
+    held = {ev["id"] for ev in valid}
+    seen = [i for i, ev in enumerate(events) if i < confirmed or ev["id"] in held]
+    last = seen[-1] if seen else -1
+    landed = [i <= last for i in range(len(events))]
+    for i in range(last + 1, len(events)):
+        if not _overtaken(events[i], valid):
+            break
+        landed[i] = True
+    return landed
 
 
 def _merge_profile(profile: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:

@@ -33,9 +33,14 @@ class FaultCase(unittest.TestCase):
         self.tmp = tempfile.mkdtemp(prefix="relayd-faults-")
         self.proxy = start_fault_relay(self, self.relay.url)
         self.broker = BrokerUnderTest(
-            os.path.join(self.tmp, "state"), self.proxy.proxy_url, timeout=self.action_timeout, auth_url=self.relay.url
+            os.path.join(self.tmp, "state"),
+            self.proxy.proxy_url,
+            timeout=self.action_timeout,
+            auth_url=self.relay.url,
+            **self.broker_options(),
         )
         await self.broker.start()
+        await self.broker_ready()
         self.channel = new_channel()
         self.alice = self.broker.issue(f"alice-{self.channel[:8]}", "--channel", self.channel)
         self.cred = self.alice["credential"]
@@ -51,6 +56,13 @@ class FaultCase(unittest.TestCase):
     async def tearDown(self) -> None:
         await self.broker.stop()
         await self.proxy.stop()
+
+    def broker_options(self) -> dict[str, Any]:
+        """More BrokerService options for a subclass (a Redis receipt store, say)."""
+        return {}
+
+    async def broker_ready(self) -> None:
+        """Wait for what a subclass's broker needs before the first action."""
 
     async def send(self, action: str, args: dict[str, Any], rid: str) -> dict[str, Any]:
         """Send the frozen bytes of one request (the same bytes on every call with this rid)."""
@@ -142,7 +154,13 @@ class RefusedSecondEvent(FaultCase):
 
 
 class ResumedPlans(FaultCase):
-    """Defects 2 and 3: a resumed plan settles, and never overwrites newer state."""
+    """Defects 2 and 3: a resumed plan settles, and never overwrites newer state.
+
+    A superseded plan is not sent again; its verdict comes from the relay (tests/buzz/test_settle.py).
+    An event the relay no longer shows because a newer one replaced it, or a deletion covers it,
+    counts as landed: the relay holds what it would hold had it landed, and C{failed} would invite
+    the client to send the old change again under a new requestId.
+    """
 
     async def test_pending_plan_whose_signer_was_deleted_settles_without_a_fault(self) -> None:
         agent = await self.create()
@@ -155,8 +173,8 @@ class ResumedPlans(FaultCase):
         ok(await self.send("agents.delete", {"target": {"pubkey": agent}}, "delete-it"))
         errors = self.flushLoggedErrors()
         r2 = await self.send("agents.update", args, rid)
-        assert r2["status"] == "indeterminate" and r2["error"]["code"] == "outcome_unknown", r2
-        assert r2["error"]["message"].startswith("superseded:"), r2
+        # The relay holds the new profile; the record, never sent, is covered by the deletion since.
+        assert r2["status"] == "succeeded" and r2["outcome"]["displayName"] == "renamed", r2
         assert not self.flushLoggedErrors() and not errors
         # Settled: the same bytes replay it; the agent stays deleted and no record came back.
         r3 = await self.send("agents.update", args, rid)
@@ -174,8 +192,10 @@ class ResumedPlans(FaultCase):
         newest = self.record(agent)
         assert json.loads(newest["content"])["system_prompt"] == "new prompt"
         held = self.host_agent(agent)
+        seen = len(self.proxy.script.seen)
         r2 = await self.send("agents.update", old, "update-old")
-        assert r2["status"] == "indeterminate" and r2["error"]["message"].startswith("superseded:"), r2
+        assert r2["status"] == "succeeded", r2  # its record landed (its OK was lost), a newer one replaced it
+        assert len(self.proxy.script.seen) == seen, "a superseded plan was sent again"
         after = self.host_agent(agent)
         assert after.settings["systemPrompt"] == "new prompt"
         assert after.record_created_at == held.record_created_at == newest["created_at"]
@@ -189,7 +209,7 @@ class ResumedPlans(FaultCase):
         assert r["status"] == "indeterminate", r
         ok(await self.send("agents.delete", {"target": {"pubkey": agent}}, "delete-after"))
         r2 = await self.send("agents.update", args, "update-then-delete")
-        assert r2["status"] == "indeterminate" and r2["error"]["message"].startswith("superseded:"), r2
+        assert r2["status"] == "succeeded", r2  # the relay holds what it would had the record landed
         assert not [
             e for e in self.on_relay(kind=nostr.KIND_MANAGED_AGENT)
             if ["d", agent] in e["tags"] and "never" in e["content"]

@@ -118,8 +118,8 @@ class ClientTests(unittest.TestCase):
     def test_retry_delay_doubles_up_to_the_cap_however_long_the_outage(self) -> None:
         """Twisted's backoffPolicy: exact (no jitter), capped, and still a number after thousands of failures."""
         pool = NostrRelayPool(self.pool.url, reactor, Timekeeper(self.clock), backoff_base=0.25, backoff_cap=5.0)
-        assert [pool.retry_delay(n) for n in range(1, 8)] == [0.25, 0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
-        assert pool.retry_delay(5_000) == 5.0
+        assert [pool.settings.retry_delay(n) for n in range(1, 8)] == [0.25, 0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
+        assert pool.settings.retry_delay(5_000) == 5.0
 
     async def test_frames_split_anywhere_fragmented_or_mixed_with_control_frames(self) -> None:
         """The client's fast frame path hands whole plain frames on and leaves the rest to autobahn."""
@@ -174,3 +174,21 @@ class ClientTests(unittest.TestCase):
         assert conn._proto is not None
         sock = conn._proto.transport.getHandle()
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+    async def test_a_closing_connection_refuses_as_not_connected_and_leaves_no_timer(self) -> None:
+        """autobahn raises its own Disconnected on a send while the close handshake runs (the
+        connection still reads as ready then): publish and query say NotConnected (nothing was
+        sent), and nothing is left waiting for an answer that cannot come."""
+        self.factory.script = lambda m: [["EOSE", m[1]]] if m[0] == "REQ" else None
+        conn = self.pool.connection(self.signer)
+        await conn.query([{"kinds": [9]}], 5.0)
+        assert conn._proto is not None
+        conn._proto.sendClose()  # closing: autobahn refuses to send from now on
+        assert conn.ready
+        before = len(self.clock.getDelayedCalls())
+        with self.assertRaises(NotConnected):
+            await conn.publish(self.signer.sign(9, [], "late", 1_800_000_000), 5.0)
+        with self.assertRaises(NotConnected):
+            await conn.query([{"kinds": [9]}], 5.0)
+        assert len(self.clock.getDelayedCalls()) == before
+        assert not conn._publishes and not conn._queries

@@ -37,7 +37,8 @@ from twisted.internet import defer, endpoints
 #    (a relay throttling one identity's connection); a new connection is served normally.
 #
 # Rules match EVENTs in arrival order; each fires `times` times (then the next matching rule, or plain
-# forwarding). AUTH, REQ and CLOSE always pass, so NIP-42 is the real relay's.
+# forwarding). AUTH, REQ and CLOSE pass, so NIP-42 is the real relay's; while `refuse_reads` holds a
+# message, every REQ is answered ["CLOSED", sub, message] instead (a relay that cannot be queried).
 
 FAULT_ACTIONS = frozenset({"pass", "refuse", "drop_ok", "close_before", "close_after", "throttle"})
 
@@ -147,6 +148,10 @@ class _Downstream(WebSocketServerProtocol):
             msg = json.loads(payload)
         except ValueError:
             msg = None
+        refusal = self.factory.refuse_reads
+        if refusal is not None and isinstance(msg, list) and len(msg) > 1 and msg[0] == "REQ":
+            self.sendMessage(json.dumps(["CLOSED", msg[1], refusal]).encode())
+            return
         if not (isinstance(msg, list) and msg and msg[0] == "EVENT" and isinstance(msg[1], dict)):
             self._forward(payload)
             return
@@ -202,6 +207,7 @@ class FaultRelay(WebSocketServerFactory):
         self.upstream_url = upstream_url
         self.upstream_port = int(upstream_url.rsplit(":", 1)[1])
         self.script = Script()
+        self.refuse_reads: str | None = None
         self.connections: list[_Downstream] = []
         self.listening: Any = None
 

@@ -6,7 +6,9 @@ By concern:
    endpoint each connection attempt uses;
  - L{connection}: L{UpstreamConnection}, one identity's conversation with the relay (AUTH, EVENT/OK,
    REQ/EOSE);
- - L{pool}: L{NostrRelayPool}, the connections by identity, and the reconnection backoff;
+ - L{pool}: L{NostrRelayPool}, the connections by identity;
+ - L{settings}: L{UpstreamSettings}, what every connection of a pool is configured with (the relay,
+   time-outs, the reconnection backoff), so a connection never reads its pool;
  - L{errors}: what a request can fail with.
 
 "Relay" alone means relayd itself elsewhere; here everything is named for the upstream Nostr relay.

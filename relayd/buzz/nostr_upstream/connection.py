@@ -9,16 +9,17 @@ one connection are processed in order, so what follows the AUTH is judged authen
 An C{OK} whose message starts with C{duplicate:} means the relay already holds the event, which is
 success whatever its boolean. A dropped connection fails what is pending on it (callers turn a
 publish in flight into C{outcome_unknown}); the next demand reconnects, after the pool's backoff
-(L{relayd.buzz.nostr_upstream.pool.NostrRelayPool.retry_delay}) when connecting keeps failing.
+(L{relayd.buzz.nostr_upstream.settings.UpstreamSettings.retry_delay}) when connecting keeps failing.
 Every timer goes through the L{relayd.clock.Timekeeper}.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Mapping, cast
 
 import orjson
+from autobahn.exception import Disconnected
 from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, ITCPTransport
 from twisted.logger import Logger
@@ -27,10 +28,9 @@ from twisted.python.failure import Failure
 from relayd.buzz import nostr
 from relayd.buzz.nostr_upstream import websocket
 from relayd.buzz.nostr_upstream.errors import ConnectionLost, NotConnected, QueryClosed, UpstreamTimeout
+from relayd.buzz.nostr_upstream.settings import UpstreamSettings
 from relayd.buzz.nostr_upstream.websocket import UpstreamWebSocket
-
-if TYPE_CHECKING:
-    from relayd.buzz.nostr_upstream.pool import NostrRelayPool
+from relayd.buzz.upstream import Throttle
 
 Event = dict[str, Any]
 
@@ -75,11 +75,18 @@ class UpstreamConnection:
 
     def __init__(
         self,
-        pool: "NostrRelayPool",
+        settings: UpstreamSettings,
         signer: nostr.Signer,
+        attestations: Mapping[str, list[str]],
+        failure_lines: Throttle,
     ) -> None:
-        self.pool = pool
+        """C{attestations}: the owner attestations (NIP-OA tags) of managed identities, kept by the
+        pool as agents are created, sent in AUTH; C{failure_lines}: the pool's one throttle on
+        connection-failure log lines, however many identities retry."""
+        self.settings = settings
         self.signer = signer
+        self._attestations = attestations
+        self._failure_lines = failure_lines
         self._proto: UpstreamWebSocket | None = None
         self._ready = False
         self._connecting = False
@@ -108,7 +115,7 @@ class UpstreamConnection:
         """Fires once the connection is open and (if the relay asked) AUTH has been sent."""
         if self._ready:
             return defer.succeed(None)
-        clock = self.pool.clock
+        clock = self.settings.clock
         d: defer.Deferred[None] = defer.Deferred()
         clock.cancel_when(d, clock.call_later(timeout, self._waiter_timeout, d))
         self._waiters.append(d)
@@ -141,13 +148,13 @@ class UpstreamConnection:
 
     def _connect(self) -> None:
         self._connecting = True
-        pool = self.pool
-        self._connect_d = websocket.connect(pool.reactor, pool.url, self, pool.max_message, pool.connect_timeout)
+        s = self.settings
+        self._connect_d = websocket.connect(s.reactor, s.url, self, s.max_message, s.connect_timeout)
         self._connect_d.addErrback(self._connect_failed)
 
     def on_transport_up(self, proto: UpstreamWebSocket) -> None:
         self._live.add(proto)
-        self._handshake_timer = self.pool.clock.call_later(self.pool.connect_timeout, self._handshake_expired, proto)
+        self._handshake_timer = self.settings.clock.call_later(self.settings.connect_timeout, self._handshake_expired, proto)
 
     def _handshake_expired(self, proto: UpstreamWebSocket) -> None:
         self._handshake_timer = None
@@ -169,30 +176,30 @@ class UpstreamConnection:
 
     def _note_failure(self, why: str) -> None:
         self._failures += 1
-        delay = self.pool.retry_delay(self._failures)
-        self._next_attempt = self.pool.clock.seconds() + delay
-        held = self.pool.failure_lines.allow()  # one line a minute, however many identities retry
+        delay = self.settings.retry_delay(self._failures)
+        self._next_attempt = self.settings.clock.seconds() + delay
+        held = self._failure_lines.allow()  # one line a minute, however many identities retry
         if held is not None:
             self._log.info(
                 "relay {url} unavailable for {who} ({why}); next attempt in {delay:.2f}s{more}",
-                url=self.pool.shown_url,
+                url=self.settings.shown_url,
                 who=self.signer.pubkey[:12],
                 why=why,
                 delay=delay,
                 more=f" ({held} more such lines held back)" if held else "",
             )
         if self._waiters and self._retry_timer is None:
-            self._retry_timer = self.pool.clock.call_later(delay, self._retry)
+            self._retry_timer = self.settings.clock.call_later(delay, self._retry)
 
     def on_open(self, proto: UpstreamWebSocket) -> None:
-        self.pool.clock.cancel(self._handshake_timer)
+        self.settings.clock.cancel(self._handshake_timer)
         self._handshake_timer = None
         self._proto = proto
         self._connecting = False
         self._failures = 0
         self._next_attempt = 0.0
         # A relay that requires NIP-42 sends its challenge on connect: give it a moment.
-        self._challenge_timer = self.pool.clock.call_later(self.pool.challenge_wait, self._set_ready)
+        self._challenge_timer = self.settings.clock.call_later(self.settings.challenge_wait, self._set_ready)
 
     def _set_ready(self) -> None:
         self._challenge_timer = None
@@ -214,22 +221,22 @@ class UpstreamConnection:
         self._proto = None
         self._ready = False
         self.authenticated_as = None
-        self.pool.clock.cancel(self._challenge_timer)
+        self.settings.clock.cancel(self._challenge_timer)
         self._challenge_timer = None
         publishes, self._publishes = self._publishes, {}
         queries, self._queries = self._queries, {}
         for p in publishes.values():
-            self.pool.clock.cancel(p.timer)
+            self.settings.clock.cancel(p.timer)
             p.resolve(ConnectionLost("relay connection dropped after publish was attempted"))
         for q in queries.values():
-            self.pool.clock.cancel(q.timer)
+            self.settings.clock.cancel(q.timer)
             q.deferred.errback(ConnectionLost("relay connection dropped during a read"))
         if self._waiters:
             self._note_failure(reason or "connection closed")
 
     def close(self, grace: float = 2.0) -> defer.Deferred[None]:
         """Close the connection; fires once the transport is gone (aborted after C{grace})."""
-        clock = self.pool.clock
+        clock = self.settings.clock
         clock.cancel(self._retry_timer)
         self._retry_timer = None
         clock.cancel(self._handshake_timer)
@@ -258,8 +265,23 @@ class UpstreamConnection:
     # --- messages
 
     def _send(self, message: list[Any]) -> None:
-        assert self._proto is not None
-        self._proto.send_text(orjson.dumps(message))
+        """Send one message, or raise L{NotConnected} (nothing sent) when the connection is gone or
+        closing: a close handshake under way leaves C{ready} set until the close completes, and
+        autobahn raises its own C{Disconnected} on such a send."""
+        proto = self._proto
+        if proto is None or not proto.can_send:
+            raise NotConnected("relay connection is closing")
+        try:
+            proto.send_text(orjson.dumps(message))
+        except Disconnected as e:
+            raise NotConnected("relay connection is closing") from e
+
+    def _send_if_open(self, message: list[Any]) -> None:
+        """Send a message nothing waits on (a CLOSE, an AUTH answer), if the connection can still take it."""
+        try:
+            self._send(message)
+        except NotConnected:
+            pass
 
     def on_message(self, proto: UpstreamWebSocket, payload: bytes) -> None:
         try:
@@ -289,15 +311,15 @@ class UpstreamConnection:
     def _auth(self, challenge: str) -> None:
         ev = nostr.auth_event(
             self.signer,
-            self.pool.auth_url,
+            self.settings.auth_url,
             challenge,
-            int(self.pool.clock_now()),
-            self.pool.attestations.get(self.signer.pubkey),
+            int(self.settings.wall_clock()),
+            self._attestations.get(self.signer.pubkey),
         )
-        self._send(["AUTH", ev])
+        self._send_if_open(["AUTH", ev])
         self.authenticated_as = self.signer.pubkey
         if self._challenge_timer is not None:
-            self.pool.clock.cancel(self._challenge_timer)
+            self.settings.clock.cancel(self._challenge_timer)
             self._set_ready()
 
     def _ok(self, event_id: str, accepted: bool, message: str) -> None:
@@ -310,7 +332,7 @@ class UpstreamConnection:
             if not accepted:
                 self._log.info("relay refused {id}: {message}", id=event_id[:16], message=message[:200])
             return
-        self.pool.clock.cancel(p.timer)
+        self.settings.clock.cancel(p.timer)
         good = accepted or message.startswith("duplicate:")
         p.resolve((good, message))
         self._outcome(good)
@@ -319,10 +341,9 @@ class UpstreamConnection:
         q = self._queries.pop(sub_id, None)
         if q is None:
             return
-        self.pool.clock.cancel(q.timer)
+        self.settings.clock.cancel(q.timer)
         if error is None:
-            if self._proto is not None:
-                self._send(["CLOSE", sub_id])
+            self._send_if_open(["CLOSE", sub_id])
             self._outcome(True)
             q.deferred.callback(q.events)
         else:
@@ -334,11 +355,12 @@ class UpstreamConnection:
     async def publish(self, event: Event, timeout: float) -> tuple[bool, str]:
         """Send an EVENT; returns (accepted, relay message). C{duplicate:} counts as accepted.
 
-        @raise NotConnected: the relay was not reachable within the timeout (nothing sent now).
+        @raise NotConnected: the relay was not reachable within the timeout, or the connection is
+            closing (nothing sent now).
         @raise ConnectionLost: the connection dropped after sending.
         @raise UpstreamTimeout: no OK within the timeout.
         """
-        clock = self.pool.clock
+        clock = self.settings.clock
         start = clock.seconds()
         await self.ensure_ready(timeout)
         remaining = max(0.0, timeout - (clock.seconds() - start))
@@ -346,10 +368,9 @@ class UpstreamConnection:
         existing = self._publishes.get(eid)
         if existing is not None:  # the same event is already in flight: share its answer
             return await existing.wait()
+        self._send(["EVENT", event])  # first: when it cannot be sent, nothing waits for an OK
         p = self._publishes[eid] = _Publish(clock.call_later(remaining, self._publish_timeout, eid))
-        d = p.wait()
-        self._send(["EVENT", event])
-        return await d
+        return await p.wait()
 
     def _publish_timeout(self, eid: str) -> None:
         p = self._publishes.pop(eid, None)
@@ -367,14 +388,14 @@ class UpstreamConnection:
             self._strikes = 0
             return
         self._strikes += 1
-        if self._strikes >= self.pool.recycle_after and self._proto is not None:
+        if self._strikes >= self.settings.recycle_after and self._proto is not None:
             self._strikes = 0
             self.recycled += 1
             self._log.info(
                 "relay {url}: connection for {who} failed {n} times in a row; reconnecting",
-                url=self.pool.shown_url,
+                url=self.settings.shown_url,
                 who=self.signer.pubkey[:12],
-                n=self.pool.recycle_after,
+                n=self.settings.recycle_after,
             )
             proto = self._proto
             proto.recycled = True
@@ -383,22 +404,27 @@ class UpstreamConnection:
                 cast(ITCPTransport, proto.transport).abortConnection()
 
     async def query(self, filters: list[dict[str, Any]], timeout: float) -> list[Event]:
-        """Run a REQ until EOSE and return the stored events it yielded (relay order)."""
-        clock = self.pool.clock
+        """Run a REQ until EOSE and return the stored events it yielded (relay order).
+
+        @raise NotConnected: as for L{publish} (nothing sent now).
+        @raise ConnectionLost: the connection dropped before EOSE.
+        @raise UpstreamTimeout: no EOSE within the timeout.
+        @raise QueryClosed: the relay refused the REQ.
+        """
+        clock = self.settings.clock
         start = clock.seconds()
         await self.ensure_ready(timeout)
         remaining = max(0.0, timeout - (clock.seconds() - start))
         sub_id = f"q{next(self._sub_ids)}"
+        self._send(["REQ", sub_id, *filters])  # first: when it cannot be sent, nothing waits for EOSE
         d: defer.Deferred[list[Event]] = defer.Deferred()
         timer = clock.call_later(remaining, self._query_timeout, sub_id)
         self._queries[sub_id] = _Query(d, timer)
-        self._send(["REQ", sub_id, *filters])
         return await d
 
     def _query_timeout(self, sub_id: str) -> None:
         q = self._queries.pop(sub_id, None)
         if q is not None:
-            if self._proto is not None:
-                self._send(["CLOSE", sub_id])
+            self._send_if_open(["CLOSE", sub_id])
             q.deferred.errback(UpstreamTimeout("no EOSE from the relay within the timeout"))
             self._outcome(False)

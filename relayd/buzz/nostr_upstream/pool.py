@@ -11,7 +11,7 @@ as long as the service runs, retrying forever; these connections do not fit that
  - a connection that keeps failing requests is dropped and reopened on the next demand, which is
    not a connection failure to back off from.
 
-What does fit is ClientService's backoff policy: L{NostrRelayPool.retry_delay} is
+What does fit is ClientService's backoff policy: L{UpstreamSettings.retry_delay} is
 L{twisted.application.internet.backoffPolicy} (doubling from C{backoff_base} up to C{backoff_cap},
 without jitter). The broker's one long-lived upstream connection, the health probe of
 L{relayd.buzz.upstream}, has ClientService's shape.
@@ -21,20 +21,15 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from twisted.application.internet import backoffPolicy
 from twisted.internet import defer
 from twisted.logger import Logger
 
 from relayd.buzz import nostr
 from relayd.buzz.nostr_upstream.connection import UpstreamConnection
-from relayd.buzz.upstream import REPEAT_EVERY, Throttle, public_url
+from relayd.buzz.nostr_upstream.settings import UpstreamSettings
+from relayd.buzz.upstream import REPEAT_EVERY, Throttle
 from relayd.clock import Timekeeper
 from relayd.reactor import IReactor
-
-
-def _no_jitter() -> float:
-    # Delays stay exact, as the retry log line states them and the tests advance a fake clock by them.
-    return 0.0
 
 
 class NostrRelayPool:
@@ -57,19 +52,21 @@ class NostrRelayPool:
         wall_clock: Callable[[], float] | None = None,
         recycle_after: int = 3,
     ) -> None:
+        self.settings = UpstreamSettings(
+            url,
+            reactor,
+            clock,
+            auth_url or url,
+            wall_clock or clock.seconds,
+            connect_timeout=connect_timeout,
+            challenge_wait=challenge_wait,
+            backoff_base=backoff_base,
+            backoff_cap=backoff_cap,
+            max_message=max_message,
+            recycle_after=recycle_after,
+        )
         self.url = url
-        self.shown_url = public_url(url)  # for logs: no credentials a URL might carry
-        self.auth_url = auth_url or url
-        self.reactor = reactor
         self.clock = clock
-        self.connect_timeout = connect_timeout
-        self.challenge_wait = challenge_wait
-        self.backoff_base = backoff_base
-        self.backoff_cap = backoff_cap
-        self._backoff = backoffPolicy(backoff_base, backoff_cap, factor=2.0, jitter=_no_jitter)
-        self.max_message = max_message
-        self.clock_now = wall_clock or clock.seconds
-        self.recycle_after = recycle_after  # consecutive failures (timeout, refusal) that drop a connection
         self.failure_lines = Throttle(clock, REPEAT_EVERY)  # connection failures logged at most once a minute
         self._conns: dict[str, UpstreamConnection] = {}
         # Owner attestations (NIP-OA tags) of managed identities, sent in their AUTH events.
@@ -80,12 +77,8 @@ class NostrRelayPool:
         """The connection that speaks as C{signer}."""
         conn = self._conns.get(signer.pubkey)
         if conn is None:
-            conn = self._conns[signer.pubkey] = UpstreamConnection(self, signer)
+            conn = self._conns[signer.pubkey] = UpstreamConnection(self.settings, signer, self.attestations, self.failure_lines)
         return conn
-
-    def retry_delay(self, failures: int) -> float:
-        """Seconds to wait before the next attempt after C{failures} consecutive failed ones (>= 1)."""
-        return self._backoff(failures - 1)
 
     def states(self) -> dict[str, int]:
         """Connections by state (C{ready}, C{connecting}, C{down}), for the metrics listener."""

@@ -150,6 +150,11 @@ class UpstreamWebSocket(WebSocketClientProtocol):
                 return i, 0  # the message closed the connection: autobahn handles what follows
         return i, 0
 
+    @property
+    def can_send(self) -> bool:
+        """Whether a message can be sent: open, not closing (autobahn refuses a send then; its own C{is_open} is a future)."""
+        return self.state == _OPEN and self.transport is not None
+
     def send_text(self, payload: bytes) -> None:
         """Send one text message (framed and masked here while the connection is plainly open)."""
         if self.state != _OPEN or not ws_frames_direct(self) or self.transport is None:
