@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import os
 import sys
+import tempfile
 
 from twisted.trial.unittest import TestCase
 
@@ -132,8 +134,10 @@ class ConfigFileTests(TestCase):
     """C{--config FILE}: TOML keys are option names; flag > environment > file > default."""
 
     def write(self, text: str) -> str:
-        path = self.mktemp()
-        with open(path, "w", encoding="utf-8") as f:
+        """A file holding C{text}, removed after the test (not under the working directory)."""
+        fd, path = tempfile.mkstemp(prefix="relayd-config-", suffix=".toml")
+        self.addCleanup(os.unlink, path)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         return path
 

@@ -3,9 +3,11 @@ use stop the start with one line; SIGHUP is logged and survived."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import sys
+import tempfile
 
 from twisted.internet import threads
 from twisted.trial.unittest import TestCase
@@ -89,8 +91,9 @@ class Command(TestCase):
         self.assertEqual(await proc.exited, 0)
 
     async def test_relayd_reads_a_config_file(self) -> None:
-        path = self.mktemp()
-        with open(path, "w") as f:
+        fd, path = tempfile.mkstemp(prefix="relayd-config-", suffix=".toml")
+        self.addCleanup(os.unlink, path)
+        with os.fdopen(fd, "w") as f:
             f.write('aep-listen = ["tcp:0:interface=127.0.0.1"]\nno-mcp = true\n')
         proc = await RelaydProcess.start_for(self, ["--config", path], program=RELAYD_COMMAND)
         await proc.wait_for(rb"relayd ready: aep\n")
