@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import socket
 import tempfile
 import time
 import uuid
 
-from twisted.internet import defer
+from twisted.internet import defer, threads
 from twisted.trial import unittest
 
 from relayd.buzz import contract
@@ -18,6 +20,19 @@ from tests.support.nostr import shared_nostr_relay
 
 def body(action: str, args: dict, rid: str | None = None) -> bytes:
     return contract.freeze(contract.build_request(action, args, rid or f"r-{uuid.uuid4()}"))
+
+
+def _headers_only(port: int, head: bytes, wait: float = 10.0) -> bytes:
+    """Send C{head} (a request's headers, no body) and read until the server closes or C{wait} passes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as s:
+        s.sendall(head)
+        received = b""
+        try:
+            while chunk := s.recv(65536):
+                received += chunk
+        except socket.timeout:
+            pass
+        return received
 
 
 class HostTests(unittest.TestCase):
@@ -210,6 +225,32 @@ class HostTests(unittest.TestCase):
         assert admin.main(["revoke", "--state-dir", self.state, "--agent", self.alice["agentPubkey"]], stdout=out) == 0
         r = await self.broker.call(self.cred, "channel.read", {"channelId": self.channel})
         assert r["error"]["code"] == "unauthenticated"
+
+    async def test_a_refused_credential_is_answered_before_a_large_body_is_sent(self) -> None:
+        """Issue 22: the headers of a 1 MiB action with no, an unknown or a revoked credential get a
+        401 at once, over a real socket, and the body is never sent (nor waited for)."""
+        revoked = self.broker.issue(f"gone-{self.channel[:8]}", "--channel", self.channel)
+        from relayd.buzz import admin
+
+        assert admin.main(["revoke", "--state-dir", self.state, "--agent", revoked["agentPubkey"]], stdout=io.StringIO()) == 0
+        for auth in (b"", b"Authorization: Bearer bzh_unknown\r\n", b"Authorization: Bearer " + revoked["credential"].encode() + b"\r\n"):
+            head = (
+                b"POST /v1/action HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                + auth
+                + b"Expect: 100-continue\r\nContent-Length: 1048576\r\n\r\n"
+            )
+            answer = await threads.deferToThread(_headers_only, self.broker.port, head)
+            status_line, _, rest = answer.partition(b"\r\n")
+            assert status_line == b"HTTP/1.1 401 Unauthorized", (auth, answer)
+            headers, _, payload = rest.partition(b"\r\n\r\n")
+            assert b"www-authenticate: Bearer" in headers.lower().replace(b"bearer", b"Bearer")
+            assert json.loads(payload)["error"] == "unauthenticated"
+        # A valid credential's headers are not refused: the broker waits for the body (no answer yet).
+        head = (
+            b"POST /v1/action HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + self.cred.encode() + b"\r\nContent-Length: 1048576\r\n\r\n"
+        )
+        assert await threads.deferToThread(_headers_only, self.broker.port, head, 0.5) == b""
 
     async def test_reactions_can_be_disabled(self) -> None:
         await self.broker.stop()
