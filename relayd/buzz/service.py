@@ -82,7 +82,7 @@ def check_listeners(listen: list[str]) -> None:
 
 # What relayd's logs know of this wing: records logged under relayd.buzz are the "broker" relay's, and
 # the secrets it handles are scrubbed wherever they appear: agents' Nostr secret keys (bech32 nsec1...)
-# and the credentials it issues (relayd/buzz/admin.py: bzh_ + base64url).
+# and the credentials it issues (relayd/cli/broker.py: bzh_ + base64url).
 LOGS = relayd_logging.WingLogs(
     "relayd.buzz",
     relay="broker",

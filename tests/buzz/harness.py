@@ -23,9 +23,10 @@ import treq
 from twisted.internet import defer, reactor
 from twisted.web.client import HTTPConnectionPool
 
-from relayd.buzz import admin, contract, nostr
+from relayd.buzz import contract, nostr
 from relayd.buzz.service import BrokerService
 from relayd.buzz.state import StateDB
+from relayd.cli import broker as admin
 from relayd.clock import Timekeeper
 from relayd.redis import Redis
 

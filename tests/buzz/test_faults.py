@@ -549,7 +549,7 @@ class CredentialExpiry(FaultCase):
     async def test_expired_credential_is_unauthenticated_from_that_second(self) -> None:
         import io
 
-        from relayd.buzz import admin
+        from relayd.cli import broker as admin
 
         clock = [time.time()]
         self.broker.service.ops.now = lambda: clock[0]  # type: ignore[union-attr]
@@ -572,7 +572,7 @@ class CredentialExpiry(FaultCase):
     def test_expires_must_be_a_future_time(self) -> None:
         import io
 
-        from relayd.buzz import admin
+        from relayd.cli import broker as admin
 
         for bad in ("0s", "yesterday", "2020-01-01T00:00:00Z", "2099-01-01T00:00:00", "-5d"):
             err = io.StringIO()

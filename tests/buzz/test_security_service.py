@@ -12,10 +12,11 @@ import tempfile
 from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
 
-from relayd.buzz import admin, keys, nostr
+from relayd.buzz import keys, nostr
 from relayd.buzz.config import SETTINGS
 from relayd.buzz.service import make_service
 from relayd.buzz.state import StateDB
+from relayd.cli import broker as admin
 from relayd.clock import Timekeeper
 from relayd.config import ConfigError, resolve
 from tests.buzz.harness import BrokerUnderTest, new_channel, temp_dir

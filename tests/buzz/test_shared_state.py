@@ -56,7 +56,8 @@ def body(rid: str, channel: str, content: str) -> bytes:
 # (A fault injected in the tool's own process: a kill at an exact point cannot be caused otherwise.)
 _KILLED_ADMIN = """
 import os, signal, sys
-from relayd.buzz import admin, state
+from relayd.buzz import state
+from relayd.cli import broker as admin
 
 def die(*_):
     os.kill(os.getpid(), signal.SIGKILL)

@@ -18,7 +18,6 @@ from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 from zope.interface.verify import verifyObject
 
-from relayd.buzz import admin
 from relayd.buzz.host import credential_hash
 from relayd.buzz.redis_state import RedisReceipts
 from relayd.buzz.state import (
@@ -31,6 +30,7 @@ from relayd.buzz.state import (
     SQLiteState,
     StateDB,
 )
+from relayd.cli import broker as admin
 from relayd.clock import Timekeeper
 from tests.support.redis import connected_redis, shared_redis
 
