@@ -36,6 +36,14 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from relayd.buzz import contract, metrics
+from relayd.buzz.core.state import (
+    Agent,
+    Claim,
+    Credential,
+    IAgentStore,
+    ICredentialStore,
+    IReceiptStore,
+)
 from relayd.buzz.keys import SealError
 from relayd.buzz.nostr_upstream import ConnectionLost, NotConnected, QueryClosed, UpstreamError, UpstreamTimeout
 from relayd.buzz.operations import (
@@ -46,14 +54,6 @@ from relayd.buzz.operations import (
     Plan,
     Unauthorized,
     Unsupported,
-)
-from relayd.buzz.state import (
-    Agent,
-    Claim,
-    Credential,
-    IAgentStore,
-    ICredentialStore,
-    IReceiptStore,
 )
 from relayd.storage import OutcomeUnknown, StoreUnavailable
 

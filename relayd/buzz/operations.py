@@ -17,9 +17,9 @@ import orjson
 from twisted.logger import Logger
 
 from relayd.buzz import contract, cursor, nostr
+from relayd.buzz.core.state import STAMP_DIGEST_BYTES, Agent, IAgentStore
 from relayd.buzz.keys import Custody
 from relayd.buzz.nostr_upstream import NostrRelayPool
-from relayd.buzz.state import STAMP_DIGEST_BYTES, Agent, IAgentStore
 
 Event = dict[str, Any]
 _SAME_SECOND_LIMIT = 5000

@@ -7,7 +7,8 @@ import re
 
 from twisted.trial import unittest
 
-from relayd.buzz import config, contract, state
+from relayd.buzz import config, contract
+from relayd.buzz.core import state
 from relayd.buzz.nostr_upstream import NostrRelayPool
 from relayd.buzz.service import check_listeners
 from relayd.config import ConfigError

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from twisted.trial import unittest
 
 from relayd.buzz import nostr
-from relayd.buzz.state import StateDB
+from relayd.buzz.core.state import StateDB
 from tests.buzz.harness import BrokerUnderTest, new_channel, ok
 from tests.support.fault_relay import kind, start_fault_relay
 from tests.support.nostr import REQUIRE_MEMBERSHIP, shared_nostr_relay, start_nostr_relay
@@ -645,19 +645,19 @@ class WalBound(unittest.TestCase):
     """Defect 4: the WAL does not grow without end; a checkpoint over the limit truncates it."""
 
     def test_checkpoint_truncates_a_wal_over_the_limit(self) -> None:
-        from relayd.buzz import state
+        from relayd.buzz.core.state import sqlite
 
         d = tempfile.mkdtemp(prefix="relayd-wal-")
         db = StateDB.in_dir(d)
         self.addCleanup(db.close)
         db.conn.execute("PRAGMA wal_autocheckpoint=0")
         wal = db.path + "-wal"
-        self.patch(state, "WAL_LIMIT", 256 * 1024)
+        self.patch(sqlite, "WAL_LIMIT", 256 * 1024)
         for i in range(200):  # ~800 KB of plans: over the limit
             db.store_plan("p" * 64, f"r{i}", b"d" * 32, b"x" * 4000)
-        assert os.path.getsize(wal) > state.WAL_LIMIT
+        assert os.path.getsize(wal) > sqlite.WAL_LIMIT
         db.checkpoint()
-        assert os.path.getsize(wal) <= state.WAL_LIMIT
+        assert os.path.getsize(wal) <= sqlite.WAL_LIMIT
         # Under the limit, a checkpoint leaves the WAL to be reused, not truncated.
         db.store_plan("p" * 64, "small", b"d" * 32, b"x")
         size = os.path.getsize(wal)

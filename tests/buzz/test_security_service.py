@@ -14,8 +14,8 @@ from twisted.trial import unittest
 
 from relayd.buzz import keys, nostr
 from relayd.buzz.config import SETTINGS
+from relayd.buzz.core.state import StateDB
 from relayd.buzz.service import make_service
-from relayd.buzz.state import StateDB
 from relayd.cli import broker as admin
 from relayd.clock import Timekeeper
 from relayd.config import ConfigError, resolve
