@@ -206,7 +206,7 @@ class BrokerService(HTTPWingService):
         self.redis_receipts: Any = None
         receipts: IReceiptStore = self.state
         if self.redis is not None:
-            from relayd.buzz.redis_state import RedisReceipts
+            from relayd.buzz.redis.state import RedisReceipts
 
             # The lease outlasts the longest execution: a few queries and two publishes, each
             # bounded by the action timeout.

@@ -221,7 +221,7 @@ class Wiring(unittest.TestCase):
     async def test_the_shared_redis_setting_puts_receipts_on_redis(self) -> None:
         from relayd import redis_config
         from relayd.buzz.config import SETTINGS
-        from relayd.buzz.redis_state import RedisReceipts
+        from relayd.buzz.redis.state import RedisReceipts
         from relayd.buzz.service import make_service
         from relayd.clock import Timekeeper
         from relayd.config import resolve

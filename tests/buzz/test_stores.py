@@ -31,7 +31,7 @@ from relayd.buzz.core.state import (
 )
 from relayd.buzz.host import credential_hash
 from relayd.buzz.operations import Plan
-from relayd.buzz.redis_state import RedisReceipts
+from relayd.buzz.redis.state import RedisReceipts
 from relayd.cli import broker as admin
 from relayd.clock import Timekeeper
 from tests.support.redis import connected_redis, shared_redis

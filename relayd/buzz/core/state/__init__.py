@@ -6,7 +6,7 @@
     sqlite      the database: schema, adoption of old files, L{StateDB} (the daemon's and the tool's)
     threaded    L{SQLiteState}: the stores on that database, for the reactor
 
-L{relayd.buzz.redis_state} implements L{IReceiptStore} on Redis for several instances. The names
+L{relayd.buzz.redis.state} implements L{IReceiptStore} on Redis for several instances. The names
 below are this package's public ones; import them from here.
 """
 

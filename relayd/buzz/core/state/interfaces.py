@@ -1,7 +1,7 @@
 """The stores the broker host uses, as zope interfaces: credentials, agents, receipts.
 
 L{relayd.buzz.core.state.threaded.SQLiteState} provides all three on the state directory's SQLite
-database; L{relayd.buzz.redis_state.RedisReceipts} provides L{IReceiptStore} on Redis for several
+database; L{relayd.buzz.redis.state.RedisReceipts} provides L{IReceiptStore} on Redis for several
 instances. Every method answers a C{Deferred}; one that has already fired lets the host answer in
 the same reactor turn.
 """
