@@ -124,7 +124,6 @@ class BrokerResource(RoutedResource):
         # kept what a retry needs before it answers.
         return answer_when(verdict, _answer, REFUSALS.answer)
 
-
     def _before_body(self, request: Request) -> Answer | None:
         """What the headers of an action refuse before its body is read: its media type, then a
         credential the stores refuse at once when the body is too large to read for a verdict."""
@@ -140,7 +139,8 @@ class BrokerResource(RoutedResource):
 
 
 def _declared_length(request: Request) -> int | None:
-    """The body size C{Content-Length} declares (the HTTP parser has checked it), or C{None} (chunked)."""
+    """The body size C{Content-Length} declares, or C{None}: chunked, or more digits than C{int} reads
+    (the site counts those as over its cap)."""
     values = request.requestHeaders.getRawHeaders(b"content-length")
     try:
         return int(values[0]) if values else None

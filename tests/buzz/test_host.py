@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import socket
@@ -233,17 +234,19 @@ class HostTests(unittest.TestCase):
         from relayd.cli import broker as admin
 
         assert admin.main(["revoke", "--state-dir", self.state, "--agent", revoked["agentPubkey"]], stdout=io.StringIO()) == 0
-        for auth in (b"", b"Authorization: Bearer bzh_unknown\r\n", b"Authorization: Bearer " + revoked["credential"].encode() + b"\r\n"):
+        refused = (b"", b"Authorization: Bearer bzh_unknown\r\n", b"Authorization: Bearer " + revoked["credential"].encode() + b"\r\n")
+        for auth, framing in itertools.product(refused, (b"Content-Length: 1048576", b"Transfer-Encoding: chunked")):
             head = (
                 b"POST /v1/action HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                 + auth
-                + b"Expect: 100-continue\r\nContent-Length: 1048576\r\n\r\n"
+                + b"Expect: 100-continue\r\n" + framing + b"\r\n\r\n"
             )
             answer = await threads.deferToThread(_headers_only, self.broker.port, head)
             status_line, _, rest = answer.partition(b"\r\n")
-            assert status_line == b"HTTP/1.1 401 Unauthorized", (auth, answer)
-            headers, _, payload = rest.partition(b"\r\n\r\n")
-            assert b"www-authenticate: Bearer" in headers.lower().replace(b"bearer", b"Bearer")
+            assert status_line == b"HTTP/1.1 401 Unauthorized", (auth, framing, answer)
+            head_block, _, payload = rest.partition(b"\r\n\r\n")
+            headers = head_block.lower().split(b"\r\n")
+            assert b"www-authenticate: bearer" in headers and b"cache-control: no-store" in headers, headers
             assert json.loads(payload)["error"] == "unauthenticated"
         # A valid credential's headers are not refused: the broker waits for the body (no answer yet).
         head = (
