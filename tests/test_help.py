@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 from twisted.trial.unittest import TestCase
 
-from relayd.buzz import contract
+from relayd.buzz.core import contract
 from relayd.cli import admin
 from relayd.cli import broker as broker_admin
 from relayd.cli.broker import NEEDS_A_CHANNEL

@@ -21,8 +21,8 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.web.server import Request
 
-from relayd.buzz import contract
-from relayd.buzz.host import BrokerHost
+from relayd.buzz.core import contract
+from relayd.buzz.core.host import BrokerHost
 from relayd.web.body import BodyLimit, EarlyAnswer, read_body
 from relayd.web.routes import Answer, Refusals, RoutedResource, RouteTable, answer_when, json_answer
 

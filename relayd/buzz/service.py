@@ -13,12 +13,12 @@ from twisted.logger import Logger
 from relayd import logging as relayd_logging
 from relayd.buzz import metrics
 from relayd.buzz.config import KEK_ENV, BuzzConfig
+from relayd.buzz.core.host import BrokerHost
+from relayd.buzz.core.keys import Custody, KEKError, load_kek
+from relayd.buzz.core.operations import Operations
 from relayd.buzz.core.state import MAX_RECEIPTS, RECEIPT_RETENTION, IReceiptStore, SQLiteState, StateDB
-from relayd.buzz.host import BrokerHost
 from relayd.buzz.http import body_limit, make_root
-from relayd.buzz.keys import Custody, KEKError, load_kek
 from relayd.buzz.nostr_upstream import NostrRelayPool
-from relayd.buzz.operations import Operations
 from relayd.buzz.upstream import START_WARNING, Upstream, public_url
 from relayd.clock import Timekeeper
 from relayd.config import ConfigError, Resolved, is_loopback_endpoint, is_tls_endpoint

@@ -23,7 +23,8 @@ import treq
 from twisted.internet import defer, reactor
 from twisted.web.client import HTTPConnectionPool
 
-from relayd.buzz import contract, nostr
+from relayd.buzz import nostr
+from relayd.buzz.core import contract
 from relayd.buzz.core.state import StateDB
 from relayd.buzz.service import BrokerService
 from relayd.cli import broker as admin

@@ -7,8 +7,8 @@ import re
 
 from twisted.trial import unittest
 
-from relayd.buzz import config, contract
-from relayd.buzz.core import state
+from relayd.buzz import config
+from relayd.buzz.core import contract, state
 from relayd.buzz.http import UNAUTHENTICATED_BODY_LIMIT
 from relayd.buzz.nostr_upstream import NostrRelayPool
 from relayd.buzz.service import check_listeners

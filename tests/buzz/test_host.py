@@ -14,7 +14,7 @@ import uuid
 from twisted.internet import defer, threads
 from twisted.trial import unittest
 
-from relayd.buzz import contract
+from relayd.buzz.core import contract
 from tests.buzz.harness import BrokerUnderTest, new_channel, ok
 from tests.support.nostr import shared_nostr_relay
 

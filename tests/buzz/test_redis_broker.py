@@ -20,7 +20,7 @@ from twisted.internet import defer, reactor, threads
 from twisted.internet.task import deferLater
 from twisted.trial import unittest
 
-from relayd.buzz import contract
+from relayd.buzz.core import contract
 from tests.buzz.harness import BrokerUnderTest, new_channel
 from tests.support.nostr import shared_nostr_relay
 from tests.support.redis import RedisServer, shared_redis

@@ -18,8 +18,8 @@ from twisted.trial.unittest import TestCase
 
 from relayd import sqlite_schema
 from relayd.buzz.config import SETTINGS
+from relayd.buzz.core.keys import Custody
 from relayd.buzz.core.state import DB_FILE_NAME, STAMP_DIGEST_BYTES, Credential, StateDB
-from relayd.buzz.keys import Custody
 from relayd.buzz.service import make_service
 from relayd.cli import broker as admin
 from relayd.clock import Timekeeper

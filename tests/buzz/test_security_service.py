@@ -12,8 +12,9 @@ import tempfile
 from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
 
-from relayd.buzz import keys, nostr
+from relayd.buzz import nostr
 from relayd.buzz.config import SETTINGS
+from relayd.buzz.core import keys
 from relayd.buzz.core.state import StateDB
 from relayd.buzz.service import make_service
 from relayd.cli import broker as admin
@@ -110,7 +111,7 @@ class NoSecretsInLogsOrAnswers(unittest.TestCase):
                 ("storage.address", {"slug": "core"}),
                 ("message.reply", {"channelId": ch, "replyToEventId": "ab" * 32, "content": "x"}),
             ):
-                from relayd.buzz import contract
+                from relayd.buzz.core import contract
 
                 body = contract.freeze(contract.build_request(action, args, f"r-{len(answers)}"))
                 answers.append((await broker.post(body, cred))[1])

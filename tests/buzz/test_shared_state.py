@@ -25,9 +25,9 @@ from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from relayd.buzz import contract
+from relayd.buzz.core import contract
+from relayd.buzz.core.host import credential_hash
 from relayd.buzz.core.state import DB_FILE_NAME, SQLiteState, StateDB
-from relayd.buzz.host import credential_hash
 from tests.support.command import Command
 from tests.support.nostr import shared_nostr_relay
 from tests.support.redis import RedisServer

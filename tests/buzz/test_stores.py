@@ -18,6 +18,8 @@ from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 from zope.interface.verify import verifyObject
 
+from relayd.buzz.core.host import credential_hash
+from relayd.buzz.core.operations import Plan
 from relayd.buzz.core.state import (
     STAMP_DIGEST_BYTES,
     STAMPS_PER_SECOND,
@@ -29,8 +31,6 @@ from relayd.buzz.core.state import (
     StateDB,
     effects,
 )
-from relayd.buzz.host import credential_hash
-from relayd.buzz.operations import Plan
 from relayd.buzz.redis.state import RedisReceipts
 from relayd.cli import broker as admin
 from relayd.clock import Timekeeper

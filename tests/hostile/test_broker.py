@@ -24,7 +24,7 @@ from twisted.trial import unittest
 from twisted.web.client import HTTPConnectionPool
 from twisted.web.http import PotentialDataLoss
 
-from relayd.buzz import contract
+from relayd.buzz.core import contract
 from relayd.buzz.http import UNAUTHENTICATED_BODY_LIMIT
 from tests.buzz.harness import ARGS, BrokerUnderTest, issue, new_channel
 from tests.support.nostr import NostrRelay, shared_nostr_relay

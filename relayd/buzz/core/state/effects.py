@@ -1,6 +1,6 @@
 """The local effects of an execution: agents created, updated, deleted, as typed values.
 
-An action's plan (L{relayd.buzz.operations.Plan}) carries the effects to apply once the relay has
+An action's plan (L{relayd.buzz.core.operations.Plan}) carries the effects to apply once the relay has
 accepted its events; the plan is stored before anything is sent, so effects have a stored form, a
 JSON object named by its C{"op"}: C{{"op": "create_agent", "agent": {...}}},
 C{{"op": "update_agent", "pubkey", "name", "settings", "record_created_at"}},

@@ -35,18 +35,10 @@ from typing import Any, Sequence
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from relayd.buzz import contract, metrics
-from relayd.buzz.core.state import (
-    Agent,
-    Claim,
-    Credential,
-    IAgentStore,
-    ICredentialStore,
-    IReceiptStore,
-)
-from relayd.buzz.keys import SealError
-from relayd.buzz.nostr_upstream import ConnectionLost, NotConnected, QueryClosed, UpstreamError, UpstreamTimeout
-from relayd.buzz.operations import (
+from relayd.buzz import metrics
+from relayd.buzz.core import contract
+from relayd.buzz.core.keys import SealError
+from relayd.buzz.core.operations import (
     ActionFailed,
     Context,
     InvalidArgs,
@@ -55,6 +47,15 @@ from relayd.buzz.operations import (
     Unauthorized,
     Unsupported,
 )
+from relayd.buzz.core.state import (
+    Agent,
+    Claim,
+    Credential,
+    IAgentStore,
+    ICredentialStore,
+    IReceiptStore,
+)
+from relayd.buzz.nostr_upstream import ConnectionLost, NotConnected, QueryClosed, UpstreamError, UpstreamTimeout
 from relayd.storage import OutcomeUnknown, StoreUnavailable
 
 CHANNEL_ACTIONS = frozenset({"channel.read", "message.post", "message.reply", "reaction.add", "agents.create"})

@@ -16,9 +16,10 @@ from typing import Any, Callable
 import orjson
 from twisted.logger import Logger
 
-from relayd.buzz import contract, cursor, nostr
+from relayd.buzz import nostr
+from relayd.buzz.core import contract, cursor
+from relayd.buzz.core.keys import Custody
 from relayd.buzz.core.state import STAMP_DIGEST_BYTES, Agent, IAgentStore
-from relayd.buzz.keys import Custody
 from relayd.buzz.nostr_upstream import NostrRelayPool
 
 Event = dict[str, Any]
