@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from twisted.internet import defer, task
 
-from relayd.buzz import contract
+from relayd.buzz.core import contract
 from tests.buzz.harness import BrokerUnderTest
 from tests.support.nostr import NostrRelay
 

@@ -484,7 +484,7 @@ async def mcp_poll_agent(port: int, stats: Stats, rate: float) -> None:
 
 
 async def broker_agent(port: int, stats: Stats, credential: str, channel: str, rate: float) -> None:
-    from relayd.buzz import contract
+    from relayd.buzz.core import contract
 
     conn: list[Any] = []
     n = 0

@@ -18,9 +18,9 @@ from contextlib import redirect_stderr
 from twisted.trial.unittest import TestCase
 
 from relayd import cli, config
-from relayd.buzz.admin import main as broker_main
 from relayd.cli import admin, non_negative_int, positive_int
 from relayd.cli.aep import Tail
+from relayd.cli.broker import main as broker_main
 from relayd.cli.client import Stopped, Target
 from relayd.cli.mcp import McpEndpoints, McpSession
 from relayd.clock import BlockingClock

@@ -16,10 +16,10 @@ from typing import Any, Iterator
 
 from twisted.trial.unittest import TestCase
 
-from relayd.buzz import admin as broker_admin
-from relayd.buzz import contract
-from relayd.buzz.admin import NEEDS_A_CHANNEL
+from relayd.buzz.core import contract
 from relayd.cli import admin
+from relayd.cli import broker as broker_admin
+from relayd.cli.broker import NEEDS_A_CHANNEL
 from relayd.tap import Options, all_settings
 
 # The unit each numeric setting declares as its metavar, and the word its help must use for it.
@@ -187,7 +187,7 @@ class AdminHelp(TestCase):
         leaves = [p for p in _admin_parsers() if not any(isinstance(a, argparse._SubParsersAction) for a in p._actions)]
         for parser in leaves:
             if parser.prog == "relayd-admin broker":
-                continue  # the placeholder handing everything to relayd.buzz.admin
+                continue  # the placeholder handing everything to relayd.cli.broker
             self.assertEqual(parser.get_default("prog"), parser.prog)
 
     def test_broker_issue_help_names_the_nine_actions(self) -> None:

@@ -16,7 +16,7 @@ from twisted.trial.unittest import TestCase
 from relayd import jsoncodec
 from relayd.aep import event
 from relayd.buzz import nostr
-from relayd.buzz.contract import strict_json
+from relayd.buzz.core.contract import strict_json
 from relayd.jsoncodec import MAX_INT_DIGITS, JSONError, Reader, Writer
 from relayd.mcp import jsontext
 from tests.support.cases import cases, expand
@@ -185,7 +185,7 @@ _OLD_BUZZ_DECODER = json.JSONDecoder(
 
 
 def old_buzz_loads_strict(data: bytes | str) -> Any:
-    """relayd.buzz.contract.strict_json.loads_strict before the codec."""
+    """relayd.buzz.core.contract.strict_json.loads_strict before the codec."""
     if isinstance(data, (bytes, bytearray, memoryview)):
         text = bytes(data).decode("utf-8")
     else:
@@ -197,7 +197,7 @@ def old_buzz_loads_strict(data: bytes | str) -> Any:
 
 
 def old_buzz_dumps(value: Any) -> bytes:
-    """relayd.buzz.contract.strict_json.dumps before the codec (nostr.serialize_for_id wrote the same)."""
+    """relayd.buzz.core.contract.strict_json.dumps before the codec (nostr.serialize_for_id wrote the same)."""
     try:
         return orjson.dumps(value)
     except TypeError:

@@ -77,7 +77,7 @@ class JSONRecordKeys(TestCase):
 
     def test_json_record_relay_from_field_and_namespace(self) -> None:
         assert json.loads(rlog.event_as_json(_event(relay="mcp")))["relay"] == "mcp"
-        assert json.loads(rlog.event_as_json(_event(log_namespace="relayd.buzz.host")))["relay"] == "broker"
+        assert json.loads(rlog.event_as_json(_event(log_namespace="relayd.buzz.core.host")))["relay"] == "broker"
         assert json.loads(rlog.event_as_json(_event(log_namespace="twisted.internet.base")))["relay"] is None
         assert json.loads(rlog.event_as_json(_event(log_namespace="relayd.metrics")))["relay"] == "metrics"
         assert json.loads(rlog.event_as_json(_event(log_namespace="relayd.web.site")))["relay"] is None

@@ -14,7 +14,7 @@ from twisted.internet import defer, threads
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
-from relayd.buzz.redis_state import RedisReceipts
+from relayd.buzz.redis.state import RedisReceipts
 from relayd.clock import Timekeeper
 from relayd.redis import refusal_code
 from relayd.redis_lua import lua_source

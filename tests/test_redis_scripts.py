@@ -29,8 +29,8 @@ from relayd.aep import redis_store as aep_store
 from relayd.aep.event import Event
 from relayd.aep.redis_claims import RedisClaims
 from relayd.aep.redis_store import RedisEventLog
-from relayd.buzz import redis_state
-from relayd.buzz.redis_state import RedisReceipts
+from relayd.buzz.redis import state as redis_state
+from relayd.buzz.redis.state import RedisReceipts
 from relayd.clock import Timekeeper
 from relayd.mcp import redis_store as mcp_store
 from relayd.mcp.redis_store import RedisStore

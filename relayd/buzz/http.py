@@ -5,6 +5,12 @@ at C{/healthz} (C{GET}, C{HEAD}), through the one request layer (relayd/web/rout
 else is answered in JSON before the credential or the body is looked at (RFC 9110): another path is
 C{404}, another method C{405} with C{Allow}, a body that is not C{application/json} (or carries a
 content coding) C{415}. No answer of this resource may be cached (C{Cache-Control: no-store}).
+
+The credential is judged at the end of the headers too: a request the stores refuse at once (no,
+a malformed, an unknown, a revoked or an expired credential) whose body is larger than
+L{UNAUTHENTICATED_BODY_LIMIT} (or chunked) is answered C{401} there, and its body never read. A
+smaller body is read: the contract answers a refused credential with a verdict that echoes the
+body's C{requestId} (C{failed}/C{unauthenticated}), and that costs at most the limit per connection.
 """
 
 from __future__ import annotations
@@ -15,14 +21,16 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.web.server import Request
 
-from relayd.buzz import contract
-from relayd.buzz.host import BrokerHost
+from relayd.buzz.core import contract
+from relayd.buzz.core.host import BrokerHost
 from relayd.web.answers import Answer, EarlyAnswer, Refusals, json_answer
 from relayd.web.request import BodyLimit, read_body
 from relayd.web.routes import RoutedResource, RouteTable, answer_when
 
 _JSON = b"application/json"
 _OWS = b" \t"
+UNAUTHENTICATED_BODY_LIMIT = 64 * 1024
+"""The largest body read from a request whose credential is refused (for its correlated verdict)."""
 
 
 def _refusal(error: str, message: str) -> bytes:
@@ -44,6 +52,15 @@ _CODED = json_answer(
     415,
     _refusal("unsupported_media_type", "the body must be sent without a Content-Encoding"),
     ((b"accept-encoding", b"identity"),),
+)
+_UNAUTHENTICATED = json_answer(
+    401,
+    _refusal(
+        "unauthenticated",
+        f"credential missing, malformed or rejected; a body over {UNAUTHENTICATED_BODY_LIMIT} bytes"
+        " (or chunked) is not read without a valid one",
+    ),
+    ((b"www-authenticate", b"Bearer"),),
 )
 # A host that fails instead of answering a verdict is a bug (BrokerHost.handle turns every fault into
 # one): logged, on the broker's logger, with its traceback, and answered in the broker's words.
@@ -79,7 +96,7 @@ class BrokerResource(RoutedResource):
         self.host = host
         self.upstream = upstream
         table = RouteTable(not_found=_NOT_FOUND, not_allowed=_NOT_ALLOWED.__getitem__, refusals=REFUSALS)
-        table.add("/v1/action", {"POST": self._action}, checks={"POST": _media_refusal})
+        table.add("/v1/action", {"POST": self._action}, checks={"POST": self._before_body})
         table.add("/healthz", {"GET": self._health})
         super().__init__(table)
 
@@ -107,6 +124,29 @@ class BrokerResource(RoutedResource):
         # that comes later is written then, unless its client has left (routes.gone): the host has
         # kept what a retry needs before it answers.
         return answer_when(verdict, _answer, REFUSALS.answer)
+
+    def _before_body(self, request: Request) -> Answer | None:
+        """What the headers of an action refuse before its body is read: its media type, then a
+        credential the stores refuse at once when the body is too large to read for a verdict."""
+        refusal = _media_refusal(request)
+        if refusal is not None:
+            return refusal
+        length = _declared_length(request)
+        if length is not None and length <= UNAUTHENTICATED_BODY_LIMIT:
+            return None
+        if self.host.refused_at_once(request.requestHeaders.getRawHeaders(b"authorization")):
+            return _UNAUTHENTICATED
+        return None
+
+
+def _declared_length(request: Request) -> int | None:
+    """The body size C{Content-Length} declares, or C{None}: chunked, or more digits than C{int} reads
+    (the site counts those as over its cap)."""
+    values = request.requestHeaders.getRawHeaders(b"content-length")
+    try:
+        return int(values[0]) if values else None
+    except ValueError:
+        return None
 
 
 def _media_refusal(request: Request) -> Answer | None:

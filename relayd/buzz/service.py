@@ -13,12 +13,12 @@ from twisted.logger import Logger
 from relayd import logging as relayd_logging
 from relayd.buzz import metrics
 from relayd.buzz.config import KEK_ENV, BuzzConfig
-from relayd.buzz.host import BrokerHost
+from relayd.buzz.core.host import BrokerHost
+from relayd.buzz.core.keys import Custody, KEKError, load_kek
+from relayd.buzz.core.operations import Operations
+from relayd.buzz.core.state import MAX_RECEIPTS, RECEIPT_RETENTION, IReceiptStore, SQLiteState, StateDB
 from relayd.buzz.http import body_limit, make_root
-from relayd.buzz.keys import Custody, KEKError, load_kek
 from relayd.buzz.nostr_upstream import NostrRelayPool
-from relayd.buzz.operations import Operations
-from relayd.buzz.state import MAX_RECEIPTS, RECEIPT_RETENTION, IReceiptStore, SQLiteState, StateDB
 from relayd.buzz.upstream import START_WARNING, Upstream, public_url
 from relayd.clock import Timekeeper
 from relayd.config import ConfigError, Resolved, is_loopback_endpoint, is_tls_endpoint
@@ -82,7 +82,7 @@ def check_listeners(listen: list[str]) -> None:
 
 # What relayd's logs know of this wing: records logged under relayd.buzz are the "broker" relay's, and
 # the secrets it handles are scrubbed wherever they appear: agents' Nostr secret keys (bech32 nsec1...)
-# and the credentials it issues (relayd/buzz/admin.py: bzh_ + base64url).
+# and the credentials it issues (relayd/cli/broker.py: bzh_ + base64url).
 LOGS = relayd_logging.WingLogs(
     "relayd.buzz",
     relay="broker",
@@ -206,7 +206,7 @@ class BrokerService(HTTPWingService):
         self.redis_receipts: Any = None
         receipts: IReceiptStore = self.state
         if self.redis is not None:
-            from relayd.buzz.redis_state import RedisReceipts
+            from relayd.buzz.redis.state import RedisReceipts
 
             # The lease outlasts the longest execution: a few queries and two publishes, each
             # bounded by the action timeout.

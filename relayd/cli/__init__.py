@@ -13,10 +13,12 @@ The modules, one per tool or command group:
     aep      C{relayd-admin aep tail|post}
     mcp      C{relayd-admin mcp connect}
     status   C{relayd-admin status}
+    broker   C{relayd-admin broker issue|revoke|list}
 
-C{relayd-admin broker} is the broker wing's own (relayd/buzz/admin.py): it works on the broker's state
-directory, not over HTTP. Only L{relayd.cli.admin} reaches a wing, to hand it that command line; the
-rest speak HTTP to a running relayd and import no wing (pyproject.toml's import contracts).
+C{relayd-admin broker} works on the broker's state directory, not over HTTP: L{relayd.cli.broker} is
+the one tool that imports a wing (the broker's state, keys and contract, never its HTTP door), and
+no wing imports a tool; the rest speak HTTP to a running relayd and import no wing (pyproject.toml's
+import contracts).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
 
 This module builds the command line from its groups (relayd/cli/aep.py, mcp.py, status.py), runs the
 command, and turns whatever went wrong into one C{PROG: error: WHAT} line (relayd/cli/__init__.py).
-C{broker} is handed whole to the broker wing's own tool, relayd/buzz/admin.py.
+C{broker} is handed whole to the broker's state tool, relayd/cli/broker.py.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     aep.add_parser(tools)
     mcp.add_parser(tools)
     status.add_parser(tools)
-    # Parsed by relayd.buzz.admin (main hands it everything after "broker").
+    # Parsed by relayd.cli.broker (main hands it everything after "broker").
     tools.add_parser("broker", help="Buzz broker credentials: issue, revoke, list (relayd-admin broker -h)",
                      add_help=False)
     return p
@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None, clock: BlockingClock | None = None) 
     """
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["broker"]:
-        from relayd.buzz.admin import main as broker_main  # the one wing a tool reaches (pyproject.toml)
+        from relayd.cli.broker import main as broker_main  # loaded only for it: it imports the broker wing's state
 
         return broker_main(args_list[1:], clock=clock)
     parser = _parser()

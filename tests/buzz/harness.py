@@ -23,9 +23,11 @@ import treq
 from twisted.internet import defer, reactor
 from twisted.web.client import HTTPConnectionPool
 
-from relayd.buzz import admin, contract, nostr
+from relayd.buzz import nostr
+from relayd.buzz.core import contract
+from relayd.buzz.core.state import StateDB
 from relayd.buzz.service import BrokerService
-from relayd.buzz.state import StateDB
+from relayd.cli import broker as admin
 from relayd.clock import Timekeeper
 from relayd.redis import Redis
 
@@ -296,7 +298,7 @@ def broker_process_main() -> None:
     crash_at = sys.argv[3] if len(sys.argv) > 3 else ""
     from twisted.internet import reactor
 
-    from relayd.buzz import state
+    from relayd.buzz.core import state
     from relayd.buzz.nostr_upstream import UpstreamConnection
     from relayd.buzz.service import BrokerService
     from relayd.clock import Timekeeper

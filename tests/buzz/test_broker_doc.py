@@ -7,7 +7,9 @@ import re
 
 from twisted.trial import unittest
 
-from relayd.buzz import config, contract, state
+from relayd.buzz import config
+from relayd.buzz.core import contract, state
+from relayd.buzz.http import UNAUTHENTICATED_BODY_LIMIT
 from relayd.buzz.nostr_upstream import NostrRelayPool
 from relayd.buzz.service import check_listeners
 from relayd.config import ConfigError
@@ -66,6 +68,8 @@ class BrokerDoc(unittest.TestCase):
         assert f"{state.STAMPS_PER_SECOND:,}" in limits["events of one identity in one second"]
         assert f"{state.RECEIPT_RETENTION // 86400} days" in limits["receipts"]
         assert f"{state.WAL_LIMIT // 2**20} MiB" in limits["SQLite WAL"]
+        unread = limits["body read without a valid credential"]
+        assert f"{UNAUTHENTICATED_BODY_LIMIT:,} bytes ({UNAUTHENTICATED_BODY_LIMIT // 1024} KiB)" in unread
         import inspect
 
         recycle = inspect.signature(NostrRelayPool.__init__).parameters["recycle_after"].default

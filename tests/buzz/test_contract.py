@@ -1,4 +1,4 @@
-"""The contract checks, items 1-37 (docs/broker.md "HTTP" and "The nine actions"), against relayd.buzz.contract."""
+"""The contract checks, items 1-37 (docs/broker.md "HTTP" and "The nine actions"), against relayd.buzz.core.contract."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 from twisted.trial import unittest
 
-from relayd.buzz import contract as c
 from relayd.buzz import nostr
+from relayd.buzz.core import contract as c
 from tests.buzz.harness import (
     ARGS,
     CHANNEL,

@@ -13,7 +13,7 @@ from twisted.internet import defer, protocol, reactor
 from twisted.trial import unittest
 from twisted.web.client import ResponseNeverReceived
 
-from relayd.buzz import contract
+from relayd.buzz.core import contract
 from tests.buzz.harness import BrokerUnderTest, independent_verify, issue, new_channel
 from tests.support.nostr import REPO, NostrRelay, start_nostr_relay
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from twisted.trial import unittest
 
 from relayd.buzz import nostr
-from relayd.buzz.state import StateDB
+from relayd.buzz.core.state import StateDB
 from tests.buzz.harness import BrokerUnderTest, new_channel, ok
 from tests.support.fault_relay import kind, start_fault_relay
 from tests.support.nostr import REQUIRE_MEMBERSHIP, shared_nostr_relay, start_nostr_relay
@@ -569,7 +569,7 @@ class CredentialExpiry(FaultCase):
     async def test_expired_credential_is_unauthenticated_from_that_second(self) -> None:
         import io
 
-        from relayd.buzz import admin
+        from relayd.cli import broker as admin
 
         clock = [time.time()]
         self.broker.service.ops.now = lambda: clock[0]  # type: ignore[union-attr]
@@ -592,7 +592,7 @@ class CredentialExpiry(FaultCase):
     def test_expires_must_be_a_future_time(self) -> None:
         import io
 
-        from relayd.buzz import admin
+        from relayd.cli import broker as admin
 
         for bad in ("0s", "yesterday", "2020-01-01T00:00:00Z", "2099-01-01T00:00:00", "-5d"):
             err = io.StringIO()
@@ -665,19 +665,19 @@ class WalBound(unittest.TestCase):
     """Defect 4: the WAL does not grow without end; a checkpoint over the limit truncates it."""
 
     def test_checkpoint_truncates_a_wal_over_the_limit(self) -> None:
-        from relayd.buzz import state
+        from relayd.buzz.core.state import sqlite
 
         d = tempfile.mkdtemp(prefix="relayd-wal-")
         db = StateDB.in_dir(d)
         self.addCleanup(db.close)
         db.conn.execute("PRAGMA wal_autocheckpoint=0")
         wal = db.path + "-wal"
-        self.patch(state, "WAL_LIMIT", 256 * 1024)
+        self.patch(sqlite, "WAL_LIMIT", 256 * 1024)
         for i in range(200):  # ~800 KB of plans: over the limit
             db.store_plan("p" * 64, f"r{i}", b"d" * 32, b"x" * 4000)
-        assert os.path.getsize(wal) > state.WAL_LIMIT
+        assert os.path.getsize(wal) > sqlite.WAL_LIMIT
         db.checkpoint()
-        assert os.path.getsize(wal) <= state.WAL_LIMIT
+        assert os.path.getsize(wal) <= sqlite.WAL_LIMIT
         # Under the limit, a checkpoint leaves the WAL to be reused, not truncated.
         db.store_plan("p" * 64, "small", b"d" * 32, b"x")
         size = os.path.getsize(wal)

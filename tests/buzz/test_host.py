@@ -2,22 +2,38 @@
 
 from __future__ import annotations
 
+import io
+import itertools
 import json
 import os
+import socket
 import tempfile
 import time
 import uuid
 
-from twisted.internet import defer
+from twisted.internet import defer, threads
 from twisted.trial import unittest
 
-from relayd.buzz import contract
+from relayd.buzz.core import contract
 from tests.buzz.harness import BrokerUnderTest, new_channel, ok
 from tests.support.nostr import shared_nostr_relay
 
 
 def body(action: str, args: dict, rid: str | None = None) -> bytes:
     return contract.freeze(contract.build_request(action, args, rid or f"r-{uuid.uuid4()}"))
+
+
+def _headers_only(port: int, head: bytes, wait: float = 10.0) -> bytes:
+    """Send C{head} (a request's headers, no body) and read until the server closes or C{wait} passes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as s:
+        s.sendall(head)
+        received = b""
+        try:
+            while chunk := s.recv(65536):
+                received += chunk
+        except TimeoutError:
+            pass
+        return received
 
 
 class HostTests(unittest.TestCase):
@@ -204,12 +220,40 @@ class HostTests(unittest.TestCase):
     async def test_revoked_credential_is_unauthenticated(self) -> None:
         import io
 
-        from relayd.buzz import admin
+        from relayd.cli import broker as admin
 
         out = io.StringIO()
         assert admin.main(["revoke", "--state-dir", self.state, "--agent", self.alice["agentPubkey"]], stdout=out) == 0
         r = await self.broker.call(self.cred, "channel.read", {"channelId": self.channel})
         assert r["error"]["code"] == "unauthenticated"
+
+    async def test_a_refused_credential_is_answered_before_a_large_body_is_sent(self) -> None:
+        """Issue 22: the headers of a 1 MiB action with no, an unknown or a revoked credential get a
+        401 at once, over a real socket, and the body is never sent (nor waited for)."""
+        revoked = self.broker.issue(f"gone-{self.channel[:8]}", "--channel", self.channel)
+        from relayd.cli import broker as admin
+
+        assert admin.main(["revoke", "--state-dir", self.state, "--agent", revoked["agentPubkey"]], stdout=io.StringIO()) == 0
+        refused = (b"", b"Authorization: Bearer bzh_unknown\r\n", b"Authorization: Bearer " + revoked["credential"].encode() + b"\r\n")
+        for auth, framing in itertools.product(refused, (b"Content-Length: 1048576", b"Transfer-Encoding: chunked")):
+            head = (
+                b"POST /v1/action HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                + auth
+                + b"Expect: 100-continue\r\n" + framing + b"\r\n\r\n"
+            )
+            answer = await threads.deferToThread(_headers_only, self.broker.port, head)
+            status_line, _, rest = answer.partition(b"\r\n")
+            assert status_line == b"HTTP/1.1 401 Unauthorized", (auth, framing, answer)
+            head_block, _, payload = rest.partition(b"\r\n\r\n")
+            headers = head_block.lower().split(b"\r\n")
+            assert b"www-authenticate: bearer" in headers and b"cache-control: no-store" in headers, headers
+            assert json.loads(payload)["error"] == "unauthenticated"
+        # A valid credential's headers are not refused: the broker waits for the body (no answer yet).
+        head = (
+            b"POST /v1/action HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + self.cred.encode() + b"\r\nContent-Length: 1048576\r\n\r\n"
+        )
+        assert await threads.deferToThread(_headers_only, self.broker.port, head, 0.5) == b""
 
     async def test_reactions_can_be_disabled(self) -> None:
         await self.broker.stop()

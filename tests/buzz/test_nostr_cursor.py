@@ -5,7 +5,8 @@ from __future__ import annotations
 from coincurve import PublicKeyXOnly
 from twisted.trial import unittest
 
-from relayd.buzz import cursor, nostr
+from relayd.buzz import nostr
+from relayd.buzz.core import cursor
 from tests.support.cases import cases, expand
 
 KEY = cursor.derive_key(b"k" * 32)

@@ -11,14 +11,16 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import socket
 import tempfile
+import threading
 import time
 
-from twisted.internet import defer, reactor
+from twisted.internet import defer, reactor, threads
 from twisted.internet.task import deferLater
 from twisted.trial import unittest
 
-from relayd.buzz import contract
+from relayd.buzz.core import contract
 from tests.buzz.harness import BrokerUnderTest, new_channel
 from tests.support.nostr import shared_nostr_relay
 from tests.support.redis import RedisServer, shared_redis
@@ -162,11 +164,64 @@ class RedisGoesAway(unittest.TestCase):
         assert again == before[:-1] + b',"replayed":true}'
 
 
+class RedisDoesNotAnswer(unittest.TestCase):
+    """Issue 22: a command Redis holds without answering (it sleeps with the claim script in its
+    socket) is an unknown outcome, answered C{indeterminate} (never C{failed}: "nothing happened"),
+    and the retry of the same bytes executes it once."""
+
+    timeout = 120
+
+    async def setUp(self) -> None:
+        self.relay = shared_nostr_relay()
+        self.server = RedisServer.start("--enable-debug-command", "yes")  # a private server: DEBUG SLEEP holds it all
+        self.addCleanup(self.server.cleanup)
+        state = os.path.join(tempfile.mkdtemp(prefix="relayd-redis-held-"), "state")
+        self.broker = BrokerUnderTest(state, self.relay.url, redis_url=self.server.url)  # type: ignore[attr-defined]
+        await self.broker.start()
+        await TwoInstances._redis_up(self, self.broker)  # type: ignore[arg-type]
+        self.channel = new_channel()
+        self.alice = self.broker.issue("alice", "--channel", self.channel)
+        self.cred = self.alice["credential"]
+
+    async def tearDown(self) -> None:
+        await self.broker.stop()
+
+    def sleep_redis(self, seconds: int) -> defer.Deferred[bytes]:
+        """Redis sleeps for C{seconds} (told before this returns); fires with its answer at the end."""
+        sent = threading.Event()
+
+        def sleep() -> bytes:
+            with socket.create_connection(("127.0.0.1", self.server.port), timeout=seconds + 5) as s:
+                s.sendall(b"DEBUG SLEEP %d\r\n" % seconds)
+                sent.set()
+                return s.recv(64)
+
+        answered = threads.deferToThread(sleep)
+        self.addCleanup(lambda: answered)
+        sent.wait(5)
+        return answered
+
+    async def test_a_held_claim_is_indeterminate_and_the_retry_executes_once(self) -> None:
+        warm = body("message.post", {"channelId": self.channel, "content": "warm"}, "req-warm")
+        _, data = await self.broker.post(warm, self.cred)  # Redis has the scripts (EVALSHA runs them)
+        assert json.loads(data)["status"] == "succeeded", data
+        held = body("message.post", {"channelId": self.channel, "content": "held"}, "req-held")
+        awake = self.sleep_redis(4)  # longer than the client's 2 s wait
+        status, data = await self.broker.post(held, self.cred)
+        resp = contract.read_http_response(contract.parse_request(held), status, data)
+        assert (resp.status, resp.code) == ("indeterminate", "internal"), data
+        assert "may have recorded this request" in (resp.message or "") and "retry the same bytes" in (resp.message or "")
+        assert await awake == b"+OK\r\n"  # then Redis runs the claim it held
+        status, data = await self.broker.post(held, self.cred)
+        assert json.loads(data)["status"] == "succeeded", data
+        assert len([e for e in self.relay.events() if e["content"] == "held"]) == 1  # type: ignore[attr-defined]
+
+
 class Wiring(unittest.TestCase):
     async def test_the_shared_redis_setting_puts_receipts_on_redis(self) -> None:
         from relayd import redis_config
         from relayd.buzz.config import SETTINGS
-        from relayd.buzz.redis_state import RedisReceipts
+        from relayd.buzz.redis.state import RedisReceipts
         from relayd.buzz.service import make_service
         from relayd.clock import Timekeeper
         from relayd.config import resolve

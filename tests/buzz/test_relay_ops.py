@@ -8,7 +8,8 @@ import tempfile
 
 from twisted.trial import unittest
 
-from relayd.buzz import contract, nostr
+from relayd.buzz import nostr
+from relayd.buzz.core import contract
 from tests.buzz.harness import BrokerUnderTest, independent_verify, new_channel, ok
 from tests.support.nostr import shared_nostr_relay
 

@@ -17,17 +17,17 @@ import tempfile
 from twisted.trial.unittest import TestCase
 
 from relayd import sqlite_schema
-from relayd.buzz import admin
 from relayd.buzz.config import SETTINGS
-from relayd.buzz.keys import Custody
+from relayd.buzz.core.keys import Custody
+from relayd.buzz.core.state import DB_FILE_NAME, STAMP_DIGEST_BYTES, Credential, StateDB
 from relayd.buzz.service import make_service
-from relayd.buzz.state import DB_FILE_NAME, STAMP_DIGEST_BYTES, Credential, StateDB
+from relayd.cli import broker as admin
 from relayd.clock import Timekeeper
 from relayd.config import ConfigError, resolve
 from relayd.sqlite_schema import SchemaError
 from tests.support.cases import cases, expand
 
-# The schema exactly as relayd wrote it before versioned schemas (relayd/buzz/state.py's inline
+# The schema exactly as relayd wrote it before versioned schemas (relayd/buzz/core/state/'s inline
 # _SCHEMA, then the columns and the receipt counts it added when missing). Never edit: it is the past.
 PREVIOUS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS credentials (

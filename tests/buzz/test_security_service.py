@@ -12,10 +12,12 @@ import tempfile
 from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
 
-from relayd.buzz import admin, keys, nostr
+from relayd.buzz import nostr
 from relayd.buzz.config import SETTINGS
+from relayd.buzz.core import keys
+from relayd.buzz.core.state import StateDB
 from relayd.buzz.service import make_service
-from relayd.buzz.state import StateDB
+from relayd.cli import broker as admin
 from relayd.clock import Timekeeper
 from relayd.config import ConfigError, resolve
 from tests.buzz.harness import BrokerUnderTest, new_channel, temp_dir
@@ -109,7 +111,7 @@ class NoSecretsInLogsOrAnswers(unittest.TestCase):
                 ("storage.address", {"slug": "core"}),
                 ("message.reply", {"channelId": ch, "replyToEventId": "ab" * 32, "content": "x"}),
             ):
-                from relayd.buzz import contract
+                from relayd.buzz.core import contract
 
                 body = contract.freeze(contract.build_request(action, args, f"r-{len(answers)}"))
                 answers.append((await broker.post(body, cred))[1])

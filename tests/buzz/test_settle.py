@@ -21,9 +21,10 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.trial import unittest
 
-from relayd.buzz import admin, nostr
-from relayd.buzz.host import credential_hash
-from relayd.buzz.operations import evidence_filters, on_relay
+from relayd.buzz import nostr
+from relayd.buzz.core.host import credential_hash
+from relayd.buzz.core.operations import evidence_filters, on_relay
+from relayd.cli import broker as admin
 from tests.buzz.harness import ok
 from tests.buzz.test_faults import FaultCase
 from tests.support.fault_relay import kind
@@ -43,7 +44,7 @@ def deletion(created_at: int, tags: list[list[str]], by: nostr.Signer = OWNER) -
 
 
 class WhatLanded(unittest.TestCase):
-    """The classification of a plan's events from what one REQ found (relayd.buzz.operations.on_relay)."""
+    """The classification of a plan's events from what one REQ found (relayd.buzz.core.operations.on_relay)."""
 
     profile = AGENT.sign(0, [], '{"name":"x"}', T)
     rec = record(T + 1)

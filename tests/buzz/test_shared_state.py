@@ -25,9 +25,9 @@ from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from relayd.buzz import contract
-from relayd.buzz.host import credential_hash
-from relayd.buzz.state import DB_FILE_NAME, SQLiteState, StateDB
+from relayd.buzz.core import contract
+from relayd.buzz.core.host import credential_hash
+from relayd.buzz.core.state import DB_FILE_NAME, SQLiteState, StateDB
 from tests.support.command import Command
 from tests.support.nostr import shared_nostr_relay
 from tests.support.redis import RedisServer
@@ -56,7 +56,8 @@ def body(rid: str, channel: str, content: str) -> bytes:
 # (A fault injected in the tool's own process: a kill at an exact point cannot be caused otherwise.)
 _KILLED_ADMIN = """
 import os, signal, sys
-from relayd.buzz import admin, state
+from relayd.buzz.core import state
+from relayd.cli import broker as admin
 
 def die(*_):
     os.kill(os.getpid(), signal.SIGKILL)

@@ -18,10 +18,9 @@ from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 from zope.interface.verify import verifyObject
 
-from relayd.buzz import admin
-from relayd.buzz.host import credential_hash
-from relayd.buzz.redis_state import RedisReceipts
-from relayd.buzz.state import (
+from relayd.buzz.core.host import credential_hash
+from relayd.buzz.core.operations import Plan
+from relayd.buzz.core.state import (
     STAMP_DIGEST_BYTES,
     STAMPS_PER_SECOND,
     Agent,
@@ -30,7 +29,10 @@ from relayd.buzz.state import (
     IReceiptStore,
     SQLiteState,
     StateDB,
+    effects,
 )
+from relayd.buzz.redis.state import RedisReceipts
+from relayd.cli import broker as admin
 from relayd.clock import Timekeeper
 from tests.support.redis import connected_redis, shared_redis
 
@@ -135,6 +137,28 @@ class CredentialAndAgentStoreTests(TestCase):
         assert deleted is not None and deleted.deleted and deleted.sealed_key is None
         revoked = await self.state.credential(credential_hash(kid_cred["credential"]))
         assert revoked is not None and revoked.revoked
+
+    async def test_typed_effects_and_their_stored_form_are_one(self) -> None:
+        """Issue 23: effects are typed values; the C{{"op": ...}} objects every stored plan holds parse
+        to them and back unchanged, either form applies alike, and an unknown C{op} changes nothing."""
+        owner = self.issue("--agent", "owner", "--channel", CHANNEL)["agentPubkey"]
+        kid = "c6047f9441ed7d6d3045406e95c07cd85c778e4b8cef3ca7abac09b95c709ee5"
+        update = {"op": "update_agent", "pubkey": kid, "name": "kid2", "settings": {"a": 1}, "record_created_at": 9}
+        stored = [managed(kid, "kid", owner), update, {"op": "delete_agent", "pubkey": kid}]
+        typed = effects.parse_all(stored)
+        assert [type(e) for e in typed] == [effects.CreateAgent, effects.UpdateAgent, effects.DeleteAgent]
+        assert [e.stored() for e in typed] == stored
+        assert Plan.from_bytes(Plan("agents.create", {}, [], stored, {}).to_bytes()).effects == stored  # a stored plan
+        await self.state.apply_effects([typed[0]])
+        created = await self.state.agent(kid)
+        assert created is not None and created.name == "kid" and created.sealed_key == bytes.fromhex("01" * 40)
+        with self.assertRaises(effects.UnknownEffect):
+            await self.state.apply_effects([typed[1], {"op": "rename_agent", "pubkey": kid}])
+        unchanged = await self.state.agent(kid)
+        assert unchanged is not None and unchanged.name == "kid"
+        await self.state.apply_effects([update])
+        updated = await self.state.agent(kid)
+        assert updated is not None and updated.name == "kid2"
 
     async def test_a_write_waits_for_another_process_holding_the_lock(self) -> None:
         other = StateDB(self.state.db.path)

@@ -15,7 +15,7 @@ from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from relayd.buzz import contract
+from relayd.buzz.core import contract
 from tests.buzz.harness import issue, new_channel
 from tests.support.nostr import shared_nostr_relay
 from tests.support.redis import RedisServer

@@ -39,10 +39,10 @@ from typing import Any, Sequence
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from relayd.buzz import contract, metrics
-from relayd.buzz.keys import SealError
-from relayd.buzz.nostr_upstream import ConnectionLost, NotConnected, QueryClosed, UpstreamError, UpstreamTimeout
-from relayd.buzz.operations import (
+from relayd.buzz import metrics
+from relayd.buzz.core import contract
+from relayd.buzz.core.keys import SealError
+from relayd.buzz.core.operations import (
     ActionFailed,
     Context,
     InvalidArgs,
@@ -51,7 +51,7 @@ from relayd.buzz.operations import (
     Unauthorized,
     Unsupported,
 )
-from relayd.buzz.state import (
+from relayd.buzz.core.state import (
     Agent,
     Claim,
     Credential,
@@ -59,7 +59,8 @@ from relayd.buzz.state import (
     ICredentialStore,
     IReceiptStore,
 )
-from relayd.storage import StoreUnavailable
+from relayd.buzz.nostr_upstream import ConnectionLost, NotConnected, QueryClosed, UpstreamError, UpstreamTimeout
+from relayd.storage import OutcomeUnknown, StoreUnavailable
 
 CHANNEL_ACTIONS = frozenset({"channel.read", "message.post", "message.reply", "reaction.add", "agents.create"})
 _BEARER = b"Bearer "
@@ -239,6 +240,12 @@ class BrokerHost:
             if fault is not None:
                 raise fault
             return 200, await self._correlated(rid, tree, who, digest)
+        except OutcomeUnknown as e:
+            # The store was sent a write (a claim, a plan, a verdict, an agent's effects) and did not
+            # answer: it may have done it. Never "nothing happened": the same bytes find out.
+            self._outage(e, rid)
+            why = f"no answer from the {e.store} store, which may have recorded this request; retry the same bytes"
+            return 200, _verdict(contract.indeterminate(rid, "internal", why))
         except StoreUnavailable as e:
             # Before dispatch: say so at once, never hang.
             self._outage(e, rid)
@@ -257,6 +264,14 @@ class BrokerHost:
                 store=e.store,
                 rid=rid,
             )
+
+    def refused_at_once(self, authorization: Sequence[bytes] | None) -> bool:
+        """Whether the stores, answering at once, refuse the credential in C{authorization} (asked
+        at the end of the headers, before the body is read: L{relayd.buzz.http}). C{False} when
+        they accept it, fail, or cannot tell without waiting: the request then takes the pipeline."""
+        outcome: list[Any] = []
+        defer.Deferred.fromCoroutine(self._authenticate(authorization)).addBoth(outcome.append)
+        return bool(outcome) and outcome[0] is None
 
     async def _authenticate(self, authorization: Sequence[bytes] | None) -> Caller | None:
         if not authorization or len(authorization) != 1 or not authorization[0].startswith(_BEARER):

@@ -13,9 +13,9 @@ from typing import Any, Callable, Mapping
 
 from coincurve import PublicKeyXOnly
 
-from relayd.buzz.contract.errors import ContractError
-from relayd.buzz.contract.tree import quote
-from relayd.buzz.contract.vocabulary import (
+from relayd.buzz.core.contract.errors import ContractError
+from relayd.buzz.core.contract.tree import quote
+from relayd.buzz.core.contract.vocabulary import (
     MAX_CHANNEL_TEXT,
     MAX_CONTENT_BYTES,
     MAX_CURSOR,

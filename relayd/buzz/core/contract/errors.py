@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relayd.buzz.contract.vocabulary import MAX_ERROR
+from relayd.buzz.core.contract.vocabulary import MAX_ERROR
 
 
 class ContractError(ValueError):

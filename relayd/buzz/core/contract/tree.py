@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from relayd.buzz.contract.errors import ContractError
-from relayd.buzz.contract.vocabulary import MAX_DEPTH, MAX_ECHO
+from relayd.buzz.core.contract.errors import ContractError
+from relayd.buzz.core.contract.vocabulary import MAX_DEPTH, MAX_ECHO
 
 
 def quote(name: str) -> str:

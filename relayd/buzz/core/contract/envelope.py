@@ -7,12 +7,18 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from relayd import jsoncodec
-from relayd.buzz.contract.actions import ARGS, OUTCOMES, check_args_semantics
-from relayd.buzz.contract.errors import ContractError, MalformedResponse, RequestIdError, TransportError
-from relayd.buzz.contract.strict_json import dumps, loads_strict
-from relayd.buzz.contract.tree import check_tree, quote
-from relayd.buzz.contract.validators import Shape, boolean, integer, json_object, request_id, string
-from relayd.buzz.contract.vocabulary import ACTION_VERSION, CODE_STATUSES, DEFAULT_LIMIT, PROTOCOL_VERSION, STATUSES
+from relayd.buzz.core.contract.actions import ARGS, OUTCOMES, check_args_semantics
+from relayd.buzz.core.contract.errors import ContractError, MalformedResponse, RequestIdError, TransportError
+from relayd.buzz.core.contract.strict_json import dumps, loads_strict
+from relayd.buzz.core.contract.tree import check_tree, quote
+from relayd.buzz.core.contract.validators import Shape, boolean, integer, json_object, request_id, string
+from relayd.buzz.core.contract.vocabulary import (
+    ACTION_VERSION,
+    CODE_STATUSES,
+    DEFAULT_LIMIT,
+    PROTOCOL_VERSION,
+    STATUSES,
+)
 
 REQUEST_MEMBERS = frozenset({"type", "protocolVersion", "requestId", "actionVersion", "action", "args"})
 _ERROR_SHAPE = Shape({"code": lambda v, p: _code(v, p), "message": lambda v, p: string(v, p)})

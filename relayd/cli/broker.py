@@ -16,11 +16,12 @@ import os
 import sys
 from typing import Sequence, TextIO
 
-from relayd.buzz import contract, nostr
+from relayd.buzz import nostr
 from relayd.buzz.config import KEK_ENV
-from relayd.buzz.host import CHANNEL_ACTIONS, credential_hash
-from relayd.buzz.keys import Custody, KEKError, load_kek
-from relayd.buzz.state import Agent, StateDB
+from relayd.buzz.core import contract
+from relayd.buzz.core.host import CHANNEL_ACTIONS, credential_hash
+from relayd.buzz.core.keys import Custody, KEKError, load_kek
+from relayd.buzz.core.state import Agent, StateDB
 from relayd.cli import CommandError, Failure, Parser, report
 from relayd.cli import UsageError as _UsageError
 from relayd.clock import BlockingClock

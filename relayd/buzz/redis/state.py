@@ -29,7 +29,7 @@ survives a Redis restart; without persistence it survives while Redis is up.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall
@@ -37,12 +37,13 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from relayd.buzz.state import (
+from relayd.buzz.core.state import (
     BUSY,
     CONFLICT,
     MAX_RECEIPTS,
     NEW,
     Claim,
+    EffectLike,
     IReceiptStore,
     Receipt,
     is_read_page,
@@ -82,7 +83,7 @@ class RedisReceipts:
         self,
         redis: Redis,
         clock: Timekeeper,
-        apply_effects: Callable[[list[dict[str, Any]]], "defer.Deferred[None]"],
+        apply_effects: Callable[[Sequence[EffectLike]], "defer.Deferred[None]"],
         *,
         prefix: str = "relayd:",
         lease: float = 65.0,
@@ -180,12 +181,12 @@ class RedisReceipts:
         )
 
     def complete(
-        self, principal: str, request_id: str, digest: bytes, response: bytes, effects: list[dict[str, Any]]
+        self, principal: str, request_id: str, digest: bytes, response: bytes, effects: Sequence[EffectLike]
     ) -> "defer.Deferred[bytes]":
         return defer.Deferred.fromCoroutine(self._complete(principal, request_id, digest, response, effects))
 
     async def _complete(
-        self, principal: str, request_id: str, digest: bytes, response: bytes, effects: list[dict[str, Any]]
+        self, principal: str, request_id: str, digest: bytes, response: bytes, effects: Sequence[EffectLike]
     ) -> bytes:
         if effects:
             await self.apply_effects(effects)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from relayd.buzz.contract.errors import ContractError
-from relayd.buzz.contract.validators import (
+from relayd.buzz.core.contract.errors import ContractError
+from relayd.buzz.core.contract.validators import (
     CheckedEvents,
     Shape,
     boolean,
@@ -21,7 +21,7 @@ from relayd.buzz.contract.validators import (
     signed_event,
     slug,
 )
-from relayd.buzz.contract.vocabulary import (
+from relayd.buzz.core.contract.vocabulary import (
     MAX_ABOUT,
     MAX_LIMIT,
     MAX_MENTIONS,

@@ -3,7 +3,7 @@ and the compact encoder every answer is written with.
 
 Kept together as one unit (L{loads_strict}, L{dumps}, L{_parse_int} and what they use; the mechanism
 both share with the other wings is L{relayd.jsoncodec}'s): what a payload means is judged elsewhere
-(L{relayd.buzz.contract.tree}).
+(L{relayd.buzz.core.contract.tree}).
 """
 
 from __future__ import annotations

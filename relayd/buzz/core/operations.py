@@ -16,10 +16,11 @@ from typing import Any, Callable
 import orjson
 from twisted.logger import Logger
 
-from relayd.buzz import contract, cursor, nostr
-from relayd.buzz.keys import Custody
+from relayd.buzz import nostr
+from relayd.buzz.core import contract, cursor
+from relayd.buzz.core.keys import Custody
+from relayd.buzz.core.state import STAMP_DIGEST_BYTES, Agent, IAgentStore
 from relayd.buzz.nostr_upstream import NostrRelayPool
-from relayd.buzz.state import STAMP_DIGEST_BYTES, Agent, IAgentStore
 
 Event = dict[str, Any]
 _SAME_SECOND_LIMIT = 5000

@@ -20,8 +20,8 @@ Rules (docs/broker.md, "HTTP" and "The nine actions"):
 
 from __future__ import annotations
 
-from relayd.buzz.contract.actions import ARGS, OUTCOMES
-from relayd.buzz.contract.envelope import (
+from relayd.buzz.core.contract.actions import ARGS, OUTCOMES
+from relayd.buzz.core.contract.envelope import (
     REQUEST_MEMBERS,
     Request,
     Response,
@@ -41,10 +41,10 @@ from relayd.buzz.contract.envelope import (
     succeeded,
     validate_request,
 )
-from relayd.buzz.contract.errors import ContractError, MalformedResponse, RequestIdError, TransportError
-from relayd.buzz.contract.strict_json import dumps, loads_strict
-from relayd.buzz.contract.tree import check_tree, quote
-from relayd.buzz.contract.validators import (
+from relayd.buzz.core.contract.errors import ContractError, MalformedResponse, RequestIdError, TransportError
+from relayd.buzz.core.contract.strict_json import dumps, loads_strict
+from relayd.buzz.core.contract.tree import check_tree, quote
+from relayd.buzz.core.contract.validators import (
     EVENT_MEMBERS,
     WHITE_SPACE,
     CheckedEvents,
@@ -62,7 +62,7 @@ from relayd.buzz.contract.validators import (
     slug,
     trim,
 )
-from relayd.buzz.contract.vocabulary import (
+from relayd.buzz.core.contract.vocabulary import (
     ACTION_VERSION,
     ACTIONS,
     BEST_EFFORT_ACTIONS,
