@@ -130,8 +130,8 @@ def resolve(
 CONFIG_FILE = Setting(
     "config",
     None,
-    "A TOML file of settings: each key an option name without its dashes (aep-buffer = 10000, "
-    "aep-listen = [\"tcp:8787\"], no-mcp = true); a flag or environment variable wins over it",
+    "A TOML file of settings: each key an option name without its leading dashes, a list for a "
+    "repeatable option, true or false for a switch; a flag or environment variable wins over it",
     env=("RELAYD_CONFIG",),
     metavar="FILE",
 )
