@@ -47,9 +47,9 @@ from relayd.aep.relay import (
 )
 from relayd.aep.store import Position
 from relayd.aep.wire import ws_message
-from relayd.clock import NextTurn, Timekeeper
-from relayd.config import show_value
-from relayd.storage import OutcomeUnknown, StoreUnavailable
+from relayd.base.clock import NextTurn, Timekeeper
+from relayd.base.config import show_value
+from relayd.base.errors import OutcomeUnknown, StoreUnavailable
 from relayd.web.transport import no_delay, pause_reading, resume_reading, write_now
 from relayd.web.twisted_internals import ws_frames_direct
 

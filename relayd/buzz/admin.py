@@ -16,6 +16,7 @@ import os
 import sys
 from typing import Sequence, TextIO
 
+from relayd.base.clock import BlockingClock
 from relayd.buzz import contract, nostr
 from relayd.buzz.config import KEK_ENV
 from relayd.buzz.host import CHANNEL_ACTIONS, credential_hash
@@ -23,7 +24,6 @@ from relayd.buzz.keys import Custody, KEKError, load_kek
 from relayd.buzz.state import Agent, StateDB
 from relayd.cli import CommandError, Failure, Parser, report
 from relayd.cli import UsageError as _UsageError
-from relayd.clock import BlockingClock
 
 CREDENTIAL_PREFIX = "bzh_"
 # Actions a credential without channels could never perform: those naming a channel, and managing an

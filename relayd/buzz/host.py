@@ -35,6 +35,7 @@ from typing import Any, Sequence
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from relayd.base.errors import StoreUnavailable
 from relayd.buzz import contract, metrics
 from relayd.buzz.keys import SealError
 from relayd.buzz.nostr_upstream import ConnectionLost, NotConnected, QueryClosed, UpstreamError, UpstreamTimeout
@@ -55,7 +56,6 @@ from relayd.buzz.state import (
     ICredentialStore,
     IReceiptStore,
 )
-from relayd.storage import StoreUnavailable
 
 CHANNEL_ACTIONS = frozenset({"channel.read", "message.post", "message.reply", "reaction.add", "agents.create"})
 _BEARER = b"Bearer "

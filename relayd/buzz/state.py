@@ -21,11 +21,11 @@ from twisted.internet.interfaces import IReactorFromThreads
 from twisted.python.threadpool import ThreadPool
 from zope.interface import Interface, implementer
 
-from relayd import sqlite_schema
-from relayd.clock import BlockingClock
+from relayd.base.clock import BlockingClock
+from relayd.storage import sqlite_schema
 
 DB_FILE_NAME = "broker.sqlite3"
-_SCHEMA_PACKAGE = "relayd.buzz"  # its schema/NNN-*.sql files (relayd/sqlite_schema.py)
+_SCHEMA_PACKAGE = "relayd.buzz"  # its schema/NNN-*.sql files (relayd/storage/sqlite_schema.py)
 T = TypeVar("T")
 
 WAL_LIMIT = 4 * 1024 * 1024  # bytes of WAL before a checkpoint truncates it
@@ -256,7 +256,7 @@ class StateDB:
         _create_private(path)
         self.conn = _connect(path)
         try:
-            # relayd/buzz/schema/*.sql, applied in order (relayd/sqlite_schema.py).
+            # relayd/buzz/schema/*.sql, applied in order (relayd/storage/sqlite_schema.py).
             sqlite_schema.upgrade(self.conn, _SCHEMA_PACKAGE, adopt=_adopt, label=path)
         except BaseException:
             self.conn.close()

@@ -23,7 +23,7 @@ from twisted.python.failure import Failure
 from twisted.web.server import Request
 from zope.interface import implementer
 
-from relayd.clock import NextTurn, Timekeeper
+from relayd.base.clock import NextTurn, Timekeeper
 from relayd.web.held import HeldResponse, hold
 from relayd.web.slim import slim_stream
 from relayd.web.transport import no_delay

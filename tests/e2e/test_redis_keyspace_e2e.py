@@ -8,7 +8,7 @@ import socket
 from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 
-from relayd.redis import KEYSPACE_VERSION
+from relayd.storage.redis import KEYSPACE_VERSION
 from tests.support.redis import RedisServer
 from tests.support.twistd import RelaydProcess
 
@@ -98,7 +98,7 @@ class BoundsRefusal(TestCase):
         second = await self.start(*aep, "--aep-buffer", "1000", "--aep-max-sessions", "500")
         log = await self.refused(second)
         self.assertIn(
-            f"[relayd.redis.Redis#critical] --aep-buffer is 1000 here and 100 on Redis (key relayd:bounds at "
+            f"[relayd.storage.redis.Redis#critical] --aep-buffer is 1000 here and 100 on Redis (key relayd:bounds at "
             f"redis://127.0.0.1:{self.redis.port}/0): ",
             log,
         )

@@ -22,11 +22,11 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
-import relayd.redis
-from relayd.clock import Timekeeper
-from relayd.config import Resolved, resolve
-from relayd.redis_config import SETTINGS as REDIS_SETTINGS
-from relayd.settings import SETTINGS as PROCESS_SETTINGS
+import relayd.storage.redis
+from relayd.base.clock import Timekeeper
+from relayd.base.config import Resolved, resolve
+from relayd.process.settings import REDIS_SETTINGS as REDIS_SETTINGS
+from relayd.process.settings import SETTINGS as PROCESS_SETTINGS
 from relayd.wing import Plumbing
 
 TIMEOUT = 5.0
@@ -70,7 +70,7 @@ class Wing:
         wing.url = f"http://127.0.0.1:{wing.port}"
         return wing
 
-    def redis_clients(self) -> list[relayd.redis.Redis]:
+    def redis_clients(self) -> list[relayd.storage.redis.Redis]:
         """The plumbing's Redis client (with C{--redis}), which this wing's owner closes."""
         return [] if self.plumbing.redis is None else [self.plumbing.redis]
 

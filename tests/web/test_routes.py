@@ -14,7 +14,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyRequest
 
-from relayd.storage import StoreUnavailable
+from relayd.base.errors import StoreUnavailable
 from relayd.web.routes import (
     INTERNAL_ERROR,
     TAKEN,

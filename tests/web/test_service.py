@@ -7,7 +7,7 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 from twisted.web.resource import Resource
 
-from relayd.clock import Timekeeper
+from relayd.base.clock import Timekeeper
 from relayd.web.service import HTTPWingService
 from relayd.web.site import RelaySite
 

@@ -4,15 +4,14 @@ For every shortcut: the feature is detected on the installed release, shown on r
 loopback connections (a Twisted or autobahn release that moves the state fails here, loudly), and the
 fallback taken when it is absent gives the same observable result (or, where there is no public
 equivalent, the documented plainer one). Last, no module outside the fences touches a Twisted,
-autobahn or txredisapi private attribute (txredisapi's fence is relayd/redis_internals.py, its
-detections are in tests/test_redis_internals.py).
+autobahn or txredisapi private attribute (txredisapi's fence is relayd/compat/txredisapi.py, its
+detections are in tests/compat/test_txredisapi.py).
 """
 
 from __future__ import annotations
 
 import ast
 import inspect
-import io
 import re
 from pathlib import Path
 from typing import Any
@@ -30,12 +29,6 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.error import CannotListenError
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.testing import StringTransport
-from twisted.logger import (
-    LogLevel,
-    LogPublisher,
-    globalLogPublisher,
-    textFileLogObserver,
-)
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 from twisted.web.http import HTTPChannel
@@ -43,7 +36,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
 import relayd
-from relayd import redis_internals as redis_fence
+from relayd.compat import txredisapi as redis_fence
 from relayd.web import twisted_internals as fence
 from relayd.web.site import RelaySite
 from relayd.web.sse import http_chunk
@@ -585,66 +578,6 @@ class Listening(TestCase):
         self.assertFalse(port.connected)
 
 
-# -- the reactor ------------------------------------------------------------------------------------------
-
-
-@expand
-class ExitSignal(TestCase):
-    def test_exit_signal_is_detected_on_the_running_reactor(self) -> None:
-        self.assertTrue(fence.EXIT_SIGNAL)
-        self.assertTrue(hasattr(reactor, "_exitSignal"))
-
-    @cases(detected=True, fallback=False)
-    def test_forget(self, detected: bool) -> None:
-        self.patch(fence, "EXIT_SIGNAL", detected)
-        self.patch(reactor, "_exitSignal", 15)
-        fence.forget_exit_signal(reactor)
-        # Without the attribute twistd's exit status stays the signal's (documented, no error).
-        self.assertEqual(reactor._exitSignal, None if detected else 15)
-
-
-# -- twisted.logger ----------------------------------------------------------------------------------------
-
-
-@expand
-class Logging(TestCase):
-    def test_logger_state_is_detected(self) -> None:
-        self.assertTrue(fence.PUBLISHER_LIST)
-        self.assertTrue(fence.TEXT_FORMATTER)
-        self.assertIsInstance(globalLogPublisher._observers, list)
-
-    @cases(detected=True, fallback=False)
-    def test_observe_first(self, detected: bool) -> None:
-        self.patch(fence, "PUBLISHER_LIST", detected)
-        seen: list[str] = []
-        publisher = LogPublisher(lambda e: seen.append("theirs"))
-        fence.observe_first(publisher, lambda e: seen.append("ours"))
-        publisher({"log_format": "x"})
-        # The fallback can only append: the scrubber then runs after observers added before it.
-        self.assertEqual(seen, ["ours", "theirs"] if detected else ["theirs", "ours"])
-
-    @cases(detected=True, fallback=False)
-    def test_wrapped_text_formatters_write_the_same_bytes(self, detected: bool) -> None:
-        self.patch(fence, "TEXT_FORMATTER", detected)
-        out = io.StringIO()
-        observer = textFileLogObserver(out)
-        publisher = LogPublisher(observer)
-        wrapped: list[Any] = []
-
-        def wrap(format_event: Any) -> Any:
-            wrapped.append(format_event)
-            return lambda event: format_event(event)
-
-        fence.wrap_text_formatters(publisher, wrap)
-        event = {"log_format": "hello {who}", "who": "you", "log_time": 1.0, "log_namespace": "n",
-                 "log_level": LogLevel.info}
-        publisher(dict(event))
-        self.assertEqual(len(wrapped), 1 if detected else 0)
-        plain = io.StringIO()
-        textFileLogObserver(plain)(dict(event))
-        self.assertEqual(out.getvalue(), plain.getvalue())
-
-
 # -- autobahn ------------------------------------------------------------------------------------------------
 
 
@@ -716,7 +649,8 @@ class WebSockets(LoopbackCase):
 
 _PACKAGE = Path(relayd.__file__).parent
 _FENCE = Path(fence.__file__).resolve()
-_FENCES = {_FENCE, Path(redis_fence.__file__).resolve()}
+# The fence: the Twisted and autobahn module here and the relayd.compat package (one module per library).
+_FENCES = {_FENCE, *(p.resolve() for p in (_PACKAGE / "compat").glob("*.py"))}
 _THIRD_PARTY = ("twisted", "autobahn", "txredisapi")
 
 # Our own objects whose private names happen to be spelled like one of Twisted's or autobahn's. Each
@@ -725,7 +659,7 @@ _OURS = {
     ("aep/index.py", "_scan"): "the subscription index's own scan",
     ("aep/websocket.py", "_open"): "AEPSocket's own state",
     ("mcp/http.py", "_log"): "the MCP resource's own Logger",
-    ("redis.py", "_message"): "the Redis bus's own handler",
+    ("storage/redis.py", "_message"): "the Redis bus's own handler",
 }
 
 
@@ -844,7 +778,7 @@ class Fence(TestCase):
             for path, module in _modules()
             for use in private_uses(path.read_text(), path.relative_to(_PACKAGE).as_posix(), module, private)
         ]
-        self.assertEqual(uses, [], "move these into relayd/web/twisted_internals.py or relayd/redis_internals.py")
+        self.assertEqual(uses, [], "move these into relayd/web/twisted_internals.py or relayd/compat/")
 
     def test_the_scan_sees_a_private_use(self) -> None:
         """A module reaching into a transport, a request, or an inherited private hook is caught."""
@@ -889,8 +823,8 @@ class Fence(TestCase):
         self.assertEqual(sorted(u.split(": ", 1)[1] for u in uses), ["Ready uses inherited _ready", "_factory", "_makeEndpoint"])
 
     def test_the_fences_import_no_wing(self) -> None:
-        # The Twisted fence imports nothing of relayd's; txredisapi's only the Twisted fence's detection.
-        allowed = {_FENCE: set(), Path(redis_fence.__file__).resolve(): {"relayd.web.twisted_internals"}}
+        # The Twisted fence imports nothing of relayd's; txredisapi's only the fence's detection (compat.detect).
+        allowed = {_FENCE: set(), Path(redis_fence.__file__).resolve(): {"relayd.compat.detect"}}
         for path, may in allowed.items():
             tree = ast.parse(path.read_text())
             imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}

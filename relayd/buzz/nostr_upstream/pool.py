@@ -25,11 +25,11 @@ from twisted.application.internet import backoffPolicy
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from relayd.base.clock import Timekeeper
+from relayd.base.reactor import IReactor
 from relayd.buzz import nostr
 from relayd.buzz.nostr_upstream.connection import UpstreamConnection
 from relayd.buzz.upstream import REPEAT_EVERY, Throttle, public_url
-from relayd.clock import Timekeeper
-from relayd.reactor import IReactor
 
 
 def _no_jitter() -> float:

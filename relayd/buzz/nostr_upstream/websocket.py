@@ -22,7 +22,7 @@ from twisted.internet.interfaces import ITCPTransport
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 
-from relayd.reactor import IReactor
+from relayd.base.reactor import IReactor
 from relayd.web.transport import write_now
 from relayd.web.twisted_internals import ws_data_received, ws_frames_direct, ws_parser_idle
 
