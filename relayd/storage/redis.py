@@ -22,7 +22,7 @@ from twisted.python.failure import Failure
 
 from relayd.base.clock import Timekeeper
 from relayd.base.errors import OutcomeUnknown, StoreRefused, StoreUnavailable
-from relayd.compat import txredisapi as redis_internals
+from relayd.compat import txredisapi as fence
 from relayd.compat.txredisapi import WholeReads
 
 DEFAULT_TIMEOUT = 2.0
@@ -142,7 +142,7 @@ class _Handshake:
     @defer.inlineCallbacks
     def connectionMade(self) -> Any:
         try:
-            if redis_internals.READY_STATE:
+            if fence.READY_STATE:
                 yield self._authenticate()
             else:
                 yield super().connectionMade()  # type: ignore[misc]  # txredisapi's: a failure stops the pool
@@ -157,8 +157,8 @@ class _Handshake:
             self._log.warn("Redis connection handshake failed ({error}); reconnecting", error=str(e))
             self.transport.loseConnection()
             return
-        if redis_internals.READY_STATE:
-            redis_internals.mark_ready(self)
+        if fence.READY_STATE:
+            fence.mark_ready(self)
         self._usable()
 
     def _usable(self) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
 import sys
 
 from twisted.logger import ILogObserver, Logger, LogLevel, LogPublisher, textFileLogObserver
@@ -257,3 +259,31 @@ class JSONRecordTests(TestCase):
         assert quick.getvalue().count("[relayd.access#info] ") == 5
         # Twisted formatted the first access line of each second and the events it must: 5 of 7.
         assert len(calls) == 5
+
+
+class WhatTheLogsLoad(TestCase):
+    """C{--logger=relayd.logs.json.json_observer} loads the logs and the fence's twisted.logger half only:
+    formatting a log line needs neither twisted.web nor autobahn (it loaded both through the fence's
+    web module before the fence was split by library)."""
+
+    timeout = 60
+
+    def test_the_observers_load_no_web_and_no_autobahn(self) -> None:
+        program = (
+            "import sys; from relayd.logs import json, access, scrub; json.json_observer(); "
+            "access.quicken_access_lines(); scrub.install_scrubber(); "
+            "sys.stdout.write(' '.join(sorted(sys.modules)))"
+        )
+        root = os.path.dirname(os.path.dirname(os.path.abspath(scrub.__file__)))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(root), os.environ.get("PYTHONPATH", "")])}
+        loaded = subprocess.run(
+            [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=50, check=True
+        ).stdout.split()
+        self.assertIn("relayd.compat.logger", loaded)
+        self.assertEqual([m for m in loaded if m.split(".")[0] == "autobahn" or m.startswith("twisted.web")], [])
+        self.assertEqual(
+            sorted(m for m in loaded if m.startswith("relayd.")),
+            ["relayd.compat", "relayd.compat.detect", "relayd.compat.logger", "relayd.logs", "relayd.logs.access",
+             "relayd.logs.json", "relayd.logs.scrub"],
+        )
+
