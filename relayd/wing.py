@@ -7,7 +7,7 @@ A wing is a package with two modules (docs/architecture.md "The wing contract"):
 - C{service}: C{make_wing(plumbing, settings)}, returning an L{IWing} provider, or C{None} when the
   wing is not configured.
 
-This module is the layer between the plumbing below it (relayd.process, relayd.base.errors, relayd.logs,
+This module is the layer between the plumbing below it (relayd.process, relayd.storage, relayd.logs,
 relayd.base) and relayd.web and the wings above it: it imports neither (pyproject.toml's C{layers}).
 """
 

@@ -9,9 +9,10 @@ JSON lines (one record per line, stable keys)::
 
 C{time} is UTC ISO 8601 with milliseconds, C{level} one of C{debug info warning error critical},
 C{relay} the relay the record is about or C{null} (its C{relay} field, else the relay a wing named for
-the namespace it logged under, L{relayd.logs.scrub.declare}; C{metrics} for C{relayd.base.metrics}), C{event}
-the formatted message, C{fields} the structured values, and C{failure} a traceback when one was logged.
-Both observers here scrub every record (relayd.logs.scrub.scrub_event) and leave out Twisted's per-port lines.
+the namespace it logged under, L{relayd.logs.scrub.declare}; C{metrics} for the C{relayd.metrics}
+namespace), C{event} the formatted message, C{fields} the structured values, and C{failure} a traceback
+when one was logged. Both observers here scrub every record (L{relayd.logs.scrub.scrub_event}) and
+leave out Twisted's per-port lines.
 """
 
 from __future__ import annotations

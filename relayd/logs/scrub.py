@@ -9,7 +9,7 @@ relayd.logs.json and, once L{install_scrubber} has run (C{makeService} calls it)
 before any observer sees it, so twistd's default text log is scrubbed too.
 
 A wing names the relay its namespace's records are about (L{declare}); L{relay_of} answers it for the
-JSON records (C{metrics} for C{relayd.base.metrics}).
+JSON records (C{metrics} for the C{relayd.metrics} namespace, the metrics module's log).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ class KeyspaceRefusal(TestCase):
         # The URL as docs/deployment.md promises it (redis://HOST:PORT/DB): only a password is scrubbed.
         self.assertRegex(
             log,
-            rf"\[relayd\.redis\.Redis#critical\] Redis at redis://127\.0\.0\.1:{self.redis.port}/0 holds relayd keyspace version "
+            rf"\[relayd\.storage\.redis\.Redis#critical\] Redis at redis://127\.0\.0\.1:{self.redis.port}/0 holds relayd keyspace version "
             rf"{KEYSPACE_VERSION + 1} \(key relayd:schema\), this relayd uses keyspace version {KEYSPACE_VERSION}: ",
         )
         self.assertIn("[relayd.tap.RelaydService#critical] relayd stops (exit status 1)", log)
