@@ -23,7 +23,6 @@ from relayd.base.reactor import IReactor, installed
 from relayd.compat import logger as compat_logger
 from relayd.logs import access, scrub
 from relayd.process import host
-from relayd.process import settings as process_settings
 from relayd.process.host import CollectorPolicy, increase_rlimits
 from relayd.storage.redis import Redis
 from relayd.web import metrics_listener
@@ -45,9 +44,15 @@ def _wing_modules(kind: str, wings: Sequence[str] = WINGS) -> list[Any]:
     return [importlib.import_module(f"{wing}.{kind}") for wing in wings]
 
 
+# Settings that belong to no wing (shared plumbing).
+GLOBAL_SETTINGS = ("relayd.process.settings",)
+
+
 def all_settings(wings: Sequence[str] = WINGS) -> list[Setting]:
-    """Every setting: the process-wide ones (no wing's), then every wing's, in wing order."""
-    settings: list[Setting] = [*process_settings.SETTINGS, *process_settings.REDIS_SETTINGS]
+    """Every setting: the shared ones, then every wing's, in wing order."""
+    settings: list[Setting] = []
+    for name in GLOBAL_SETTINGS:
+        settings.extend(importlib.import_module(name).SETTINGS)
     for module in _wing_modules("config", wings):
         settings.extend(module.SETTINGS)
     return settings

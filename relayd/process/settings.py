@@ -1,8 +1,8 @@
 """Process-wide settings (not owned by any one relay): metrics, proxies, timeouts, shutdown, access log.
 
 L{relayd.tap} puts these ahead of the wings' tables; the same rules apply (flag > environment >
-default, one-line errors, exit 2 before anything listens). L{REDIS_SETTINGS} is C{--redis}: with it
-every relay keeps its shared state in Redis. Beside the tables, what they become once resolved:
+default, one-line errors, exit 2 before anything listens). L{SETTINGS} ends with L{REDIS_SETTINGS}
+(C{--redis}: with it every relay keeps its shared state in Redis). Beside the tables, what they become once resolved:
 L{SiteSettings} (what every wing's site is built with) and L{RedisSettings}.
 """
 
@@ -43,6 +43,28 @@ def positive_seconds(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise ValueError("must be a positive number of seconds")
     return value
+
+
+REDIS_SETTINGS = [
+    Setting(
+        "redis",
+        None,
+        "Redis URL (redis://[user:password@]host:port/db, rediss:// for TLS) for shared state and "
+        "fan-out across relayd instances; without it each process keeps its state in memory",
+        parse=redis_url,
+        env=("RELAYD_REDIS",),
+        secret=True,  # the URL may carry a password: only that is scrubbed from the logs
+        secret_part=lambda url: parse_redis_url(url).password,
+        metavar="URL",
+    ),
+    Setting(
+        "redis-prefix",
+        DEFAULT_REDIS_PREFIX,
+        "Prefix of every Redis key relayd writes (several deployments can share one Redis)",
+        env=("RELAYD_REDIS_PREFIX",),
+        metavar="PREFIX",
+    ),
+]
 
 
 SETTINGS = [
@@ -153,29 +175,8 @@ SETTINGS = [
         env=("RELAYD_GC_FULL_INTERVAL",),
         metavar="SECONDS",
     ),
+    *REDIS_SETTINGS,  # last, as --help has always listed them
 ]
-
-REDIS_SETTINGS = [
-    Setting(
-        "redis",
-        None,
-        "Redis URL (redis://[user:password@]host:port/db, rediss:// for TLS) for shared state and "
-        "fan-out across relayd instances; without it each process keeps its state in memory",
-        parse=redis_url,
-        env=("RELAYD_REDIS",),
-        secret=True,  # the URL may carry a password: only that is scrubbed from the logs
-        secret_part=lambda url: parse_redis_url(url).password,
-        metavar="URL",
-    ),
-    Setting(
-        "redis-prefix",
-        DEFAULT_REDIS_PREFIX,
-        "Prefix of every Redis key relayd writes (several deployments can share one Redis)",
-        env=("RELAYD_REDIS_PREFIX",),
-        metavar="PREFIX",
-    ),
-]
-
 
 @dataclass(frozen=True)
 class SiteSettings:

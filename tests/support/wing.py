@@ -25,7 +25,6 @@ from twisted.trial.unittest import TestCase
 import relayd.storage.redis
 from relayd.base.clock import Timekeeper
 from relayd.base.config import Resolved, resolve
-from relayd.process.settings import REDIS_SETTINGS as REDIS_SETTINGS
 from relayd.process.settings import SETTINGS as PROCESS_SETTINGS
 from relayd.wing import Plumbing
 
@@ -54,7 +53,7 @@ class Wing:
         make_wing = importlib.import_module(f"relayd.{name}.service").make_wing
         (listen,) = [setting.name for setting in config.SETTINGS if setting.name.endswith("-listen")]  # buzz: broker-listen
         flags = {listen: [LOOPBACK], **(given or {})}
-        settings = resolve([*PROCESS_SETTINGS, *REDIS_SETTINGS, *config.SETTINGS], flags, dict(environ or {}))
+        settings = resolve([*PROCESS_SETTINGS, *config.SETTINGS], flags, dict(environ or {}))
         plumbing = Plumbing.from_settings(settings, reactor, Timekeeper(reactor))
         service = make_wing(plumbing, settings)
         assert service is not None, f"the {name} wing is disabled by {flags}"
