@@ -1,5 +1,5 @@
-"""Micro-benchmark of relayd/jsoncodec.py on the hot paths: each wing's reading and writing through the
-codec against the function it replaced (the reference copies in tests/test_jsoncodec.py), in one
+"""Micro-benchmark of relayd/base/jsoncodec.py on the hot paths: each wing's reading and writing through the
+codec against the function it replaced (the reference copies in tests/base/test_jsoncodec.py), in one
 process, alternated round by round so both meet the same machine.
 
     python bench/jsoncodec.py              # 15 rounds of 20,000 calls per function
@@ -25,7 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from relayd.aep import event
 from relayd.buzz.core.contract import strict_json
 from relayd.mcp import jsontext
-from tests.test_jsoncodec import old_aep_dumps, old_aep_parse_json, old_buzz_dumps, old_mcp_dumps, old_mcp_loads_json
+from tests.base.test_jsoncodec import (
+    old_aep_dumps,
+    old_aep_parse_json,
+    old_buzz_dumps,
+    old_mcp_dumps,
+    old_mcp_loads_json,
+)
 
 PAD = "x" * 330  # as bench/aep.py: makes the event about 500 bytes
 EVENT = event.dumps({

@@ -46,8 +46,8 @@ def main() -> None:
 
     from relayd.aep.event import Event
     from relayd.aep.redis_store import RedisEventLog
-    from relayd.clock import Timekeeper
-    from relayd.redis import Redis
+    from relayd.base.clock import Timekeeper
+    from relayd.storage.redis import Redis
 
     server = RedisProcess()
     port, proc = server.port, server.proc

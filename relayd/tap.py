@@ -17,15 +17,14 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 import relayd
-from relayd import logging as relayd_logging
-from relayd import sdnotify
-from relayd.clock import Timekeeper
-from relayd.compat import web as twisted_internals
-from relayd.config import ConfigError, Resolved, Setting, resolve, show_value, shown_default
-from relayd.gcpolicy import CollectorPolicy
-from relayd.reactor import IReactor, installed
-from relayd.redis import Redis
-from relayd.rlimits import increase_rlimits
+from relayd.base.clock import Timekeeper
+from relayd.base.config import ConfigError, Resolved, Setting, resolve, show_value, shown_default
+from relayd.base.reactor import IReactor, installed
+from relayd.compat import logger as compat_logger
+from relayd.logs import access, scrub
+from relayd.process import host
+from relayd.process.host import CollectorPolicy, increase_rlimits
+from relayd.storage.redis import Redis
 from relayd.web import metrics_listener
 from relayd.web.listen import CannotListen
 from relayd.wing import IWing, Plumbing
@@ -46,7 +45,7 @@ def _wing_modules(kind: str, wings: Sequence[str] = WINGS) -> list[Any]:
 
 
 # Settings that belong to no wing (shared plumbing).
-GLOBAL_SETTINGS = ("relayd.config", "relayd.settings", "relayd.redis_config")
+GLOBAL_SETTINGS = ("relayd.base.config", "relayd.process.settings")
 
 
 def all_settings(wings: Sequence[str] = WINGS) -> list[Setting]:
@@ -70,7 +69,7 @@ def _option_method(s: Setting) -> Any:
     """The C{opt_} method for C{s}; its docstring is the help line: help, environment, default.
 
     twistd prints C{[default: X]} only for C{optParameters}; these methods carry their own, shown as
-    an operator would type the value (relayd.config.shown_default).
+    an operator would type the value (relayd.base.config.shown_default).
     """
     shown = shown_default(s)
     default = "" if shown is None else f" [default: {shown}]"
@@ -208,8 +207,8 @@ class RelaydService(MultiService):
 
     def privilegedStartService(self) -> None:
         # twistd binds the listeners here, before startService, and Twisted logs a line per port as
-        # it does: the text log leaves those out from now on (relayd_logging.is_port_noise).
-        relayd_logging.quicken_access_lines()
+        # it does: the text log leaves those out from now on (access.is_port_noise).
+        access.quicken_access_lines()
         try:
             super().privilegedStartService()
         except CannotListen as e:
@@ -231,11 +230,11 @@ class RelaydService(MultiService):
             self.redis.refused.addCallback(self.refuse)
         super().startService()
         # twistd's text log is in place by now (it starts after makeService).
-        relayd_logging.quicken_access_lines()
+        access.quicken_access_lines()
         # What start-up allocated lives as long as the process: move it out of the collector's
         # view, so full collections scan only what traffic allocates (gen-2 pauses of 26-55 ms
         # under load became ~3 ms in the MCP benchmark); then, periodically, what traffic left
-        # alive (relayd/gcpolicy.py).
+        # alive (relayd/process/host.py).
         self.collector.start()
         waiting = [wing.ports() for wing in self.wings()]
         defer.gatherResults(waiting, consumeErrors=True).addCallbacks(self._ready, lambda f: None)
@@ -263,7 +262,7 @@ class RelaydService(MultiService):
         """Every listener is bound: tell systemd (C{Type=notify}) we are ready."""
         names = [wing.name for wing in self.wings()]
         self._log.info("relayd ready: {relays}", relays=", ".join(names))
-        sdnotify.notify("READY=1\nSTATUS=listening: " + ", ".join(names))
+        host.notify("READY=1\nSTATUS=listening: " + ", ".join(names))
 
     def refuse(self, reason: str) -> None:
         """Stop the process with exit status 1: a refusal only a connection could find, after the
@@ -276,7 +275,7 @@ class RelaydService(MultiService):
 
     @defer.inlineCallbacks
     def stopService(self) -> Any:
-        sdnotify.notify("STOPPING=1")
+        host.notify("STOPPING=1")
         if self._hangup_before is not None:
             signal.signal(signal.SIGHUP, self._hangup_before)
             self._hangup_before = None
@@ -288,7 +287,7 @@ class RelaydService(MultiService):
         if all(wing.drained for wing in self.wings()):
             # Drained cleanly: exit 0. twistd would otherwise re-raise the SIGTERM that stopped it,
             # and an operator (or a supervisor) could not tell a clean drain from an abort.
-            twisted_internals.forget_exit_signal(self.reactor)
+            compat_logger.forget_exit_signal(self.reactor)
 
 
 class StartRefused(SystemExit, Exception):
@@ -330,11 +329,11 @@ def makeService(config: Options, reactor: IReactor | None = None) -> RelaydServi
         reactor = installed()
     settings = config.settings
     # Before anything is logged: no observer (twistd's text log, --logger, twist's JSON) sees a secret.
-    relayd_logging.install_scrubber()
+    scrub.install_scrubber()
     for s in all_settings(config.wings):
         if s.secret and isinstance(settings.values.get(s.name), str):
             value = settings[s.name]
-            relayd_logging.register_secret(s.secret_part(value) if s.secret_part else value)
+            scrub.register_secret(s.secret_part(value) if s.secret_part else value)
     increase_rlimits()
     plumbing = Plumbing.from_settings(settings, reactor, Timekeeper(reactor))
     collector = CollectorPolicy(plumbing.clock, settings["gc-freeze-interval"], settings["gc-full-interval"])

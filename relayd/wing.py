@@ -2,12 +2,13 @@
 
 A wing is a package with two modules (docs/architecture.md "The wing contract"):
 
-- C{config}: C{SETTINGS}, its table of L{relayd.config.Setting} rows (the tap builds its C{Options}
+- C{config}: C{SETTINGS}, its table of L{relayd.base.config.Setting} rows (the tap builds its C{Options}
   from every wing's), and a frozen config object built from the resolved values;
 - C{service}: C{make_wing(plumbing, settings)}, returning an L{IWing} provider, or C{None} when the
   wing is not configured.
 
-This module is plumbing: it imports no wing.
+This module is the layer between the plumbing below it (relayd.process, relayd.storage, relayd.logs,
+relayd.base) and relayd.web and the wings above it: it imports neither (pyproject.toml's C{layers}).
 """
 
 from __future__ import annotations
@@ -18,14 +19,13 @@ from typing import Any
 from twisted.application.service import IService
 from zope.interface import Attribute
 
-from relayd.clock import Timekeeper
-from relayd.config import ConfigError, Resolved
-from relayd.reactor import IReactor
-from relayd.redis import Redis
-from relayd.web.browsers import LOOPBACK_ONLY, BrowserPolicy
-from relayd.web.site import DEFAULT_SITE_SETTINGS, SiteSettings
+from relayd.base.clock import Timekeeper
+from relayd.base.config import ConfigError, Resolved
+from relayd.base.reactor import IReactor
+from relayd.process.browsers import LOOPBACK_ONLY, BrowserPolicy
+from relayd.process.settings import DEFAULT_REDIS_PREFIX, DEFAULT_SITE_SETTINGS, RedisSettings, SiteSettings
+from relayd.storage.redis import Redis
 
-DEFAULT_REDIS_PREFIX = "relayd:"
 DEFAULT_GRACE = 5.0  # --shutdown-grace
 
 
@@ -72,7 +72,7 @@ class Plumbing:
     @ivar site: the settings every wing's site is constructed with.
     @ivar grace: the shutdown grace (C{--shutdown-grace}), given to every wing's service.
     @ivar browsers: the C{Host} and C{Origin} a relay without a token answers (C{--allow-host},
-        C{--allow-origin}; relayd/web/browsers.py).
+        C{--allow-origin}; relayd/process/browsers.py).
     """
 
     reactor: IReactor
@@ -89,33 +89,17 @@ class Plumbing:
 
         With C{--redis} this makes a new client: the caller owns it and closes it.
         """
-        values = settings.values
-        url = values.get("redis")
-        prefix = values.get("redis-prefix") or DEFAULT_REDIS_PREFIX
+        redis = RedisSettings.from_settings(settings)
         return cls(
             reactor=reactor,
             clock=clock,
-            # The prefix also names the keyspace version key (relayd/redis.py KEYSPACE_VERSION).
-            redis=Redis(url, clock, prefix=prefix) if url else None,
-            redis_prefix=prefix,
-            site=site_settings(settings),
-            grace=values.get("shutdown-grace", DEFAULT_GRACE),
+            # The prefix also names the keyspace version key (relayd/storage/redis.py KEYSPACE_VERSION).
+            redis=Redis(redis.url, clock, prefix=redis.prefix) if redis.url else None,
+            redis_prefix=redis.prefix,
+            site=SiteSettings.from_settings(settings),
+            grace=settings.values.get("shutdown-grace", DEFAULT_GRACE),
             browsers=browser_policy(settings),
         )
-
-
-def site_settings(settings: Resolved) -> SiteSettings:
-    """The L{SiteSettings} from relayd/settings.py's values (defaults where the table is absent)."""
-    values = settings.values
-    default = DEFAULT_SITE_SETTINGS
-    return SiteSettings(
-        trust_forwarded_for=values.get("trust-forwarded-for", default.trust_forwarded_for),
-        header_timeout=values.get("header-timeout", default.header_timeout),
-        body_timeout=values.get("body-timeout", default.body_timeout),
-        idle_timeout=values.get("idle-timeout", default.idle_timeout),
-        access_log=not values.get("no-access-log", not default.access_log),
-        max_client_connections=values.get("max-client-connections", default.max_client_connections),
-    )
 
 
 def browser_policy(settings: Resolved) -> BrowserPolicy:

@@ -158,7 +158,7 @@ class AdminAgainstInProcessAEP(TestCase):
     async def test_status_reports_counts_and_a_down_relay(self) -> None:
         from twisted.internet import reactor
 
-        from relayd.clock import Timekeeper
+        from relayd.base.clock import Timekeeper
         from relayd.web import metrics_listener
 
         service = metrics_listener.make_service(["tcp:0:interface=127.0.0.1"], reactor, Timekeeper(reactor))

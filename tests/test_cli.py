@@ -1,6 +1,6 @@
 """relayd/cli/: the relayd-admin tools wait and measure time through the clock they are handed
-(relayd.clock.BlockingClock), never the system's directly, and share one integer parser with the
-settings (relayd.config.integer_at_least) while each keeps its own wording."""
+(relayd.base.clock.BlockingClock), never the system's directly, and share one integer parser with the
+settings (relayd.base.config.integer_at_least) while each keeps its own wording."""
 
 from __future__ import annotations
 
@@ -17,13 +17,14 @@ from contextlib import redirect_stderr
 
 from twisted.trial.unittest import TestCase
 
-from relayd import cli, config
+from relayd import cli
+from relayd.base import config
+from relayd.base.clock import BlockingClock
 from relayd.cli import admin, non_negative_int, positive_int
 from relayd.cli.aep import Tail
 from relayd.cli.broker import main as broker_main
 from relayd.cli.client import Stopped, Target
 from relayd.cli.mcp import McpEndpoints, McpSession
-from relayd.clock import BlockingClock
 
 
 class FakeClock(BlockingClock):

@@ -35,7 +35,7 @@ class ContribTests(TestCase):
             split = argv.index("relayd")
             for option in argv[1:split]:
                 assert option.split("=", 1)[0] in TWISTD_OPTIONS, option
-            assert "--logger=relayd.logging.json_observer" in argv[1:split]
+            assert "--logger=relayd.logs.json.json_observer" in argv[1:split]
             for option in argv[split + 1 :]:
                 if option.startswith("--"):
                     assert option in known, f"{unit.name}: unknown relayd option {option}"

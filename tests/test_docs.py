@@ -7,7 +7,7 @@ from pathlib import Path
 
 from twisted.trial.unittest import TestCase
 
-from relayd.config import shown_default
+from relayd.base.config import shown_default
 from relayd.tap import all_settings
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"

@@ -61,7 +61,7 @@ class PackagingTests(TestCase):
         shipped = record.stdout.split()
         assert "twisted/plugins/relayd_plugin.py" in shipped, shipped
         assert "twisted/plugins/__init__.py" not in shipped, shipped
-        # Package data: the broker's schema files (relayd/sqlite_schema.py reads them at start).
+        # Package data: the broker's schema files (relayd/storage/sqlite_schema.py reads them at start).
         assert "relayd/buzz/schema/001-initial.sql" in shipped, shipped
         assert "relayd/buzz/schema/002-receipt-counts.sql" in shipped, shipped
         # The Redis scripts are package data (docs/decisions.md REDIS-1): every one is installed.

@@ -1,11 +1,11 @@
-"""Only relayd/clock.py reads the time or schedules a call; only relayd/reactor.py imports the reactor.
+"""Only relayd/base/clock.py reads the time or schedules a call; only relayd/base/reactor.py imports the reactor.
 
-Everything else goes through the L{relayd.clock.Timekeeper} it is handed (tests hand it a C{task.Clock},
+Everything else goes through the L{relayd.base.clock.Timekeeper} it is handed (tests hand it a C{task.Clock},
 so a test fixes every timestamp, duration and timer) and gets the reactor from
-L{relayd.reactor.installed}. A module that reads the time or schedules a call by itself escapes both
+L{relayd.base.reactor.installed}. A module that reads the time or schedules a call by itself escapes both
 the test clock and the clock's shutdown, which cancels every pending timer.
 
-What the scan refuses, outside relayd/clock.py (docs/architecture.md "Checks"):
+What the scan refuses, outside relayd/base/clock.py (docs/architecture.md "Checks"):
 
   - reading the time from the C{time} module: C{time.time}, C{time.time_ns}, C{time.monotonic},
     C{time.monotonic_ns} (called or handed on as a default), and C{time.sleep} (it blocks the
@@ -14,12 +14,12 @@ What the scan refuses, outside relayd/clock.py (docs/architecture.md "Checks"):
   - C{callLater} and C{addTimeout}, spelled anywhere (a reactor's, a protocol's, a Deferred's);
   - C{twisted.internet.task} (C{LoopingCall}, C{deferLater}, C{Clock}, C{cooperate}) and
     C{TimerService}: L{Timekeeper.looping_call}, L{Timekeeper.call_later}, L{Timekeeper.timer_service}, L{NextTurn};
-  - importing the global reactor (C{from twisted.internet import reactor}) outside relayd/reactor.py.
+  - importing the global reactor (C{from twisted.internet import reactor}) outside relayd/base/reactor.py.
 
 Allowed: C{time.perf_counter} (how long relayd's own code ran, for a metric: a test clock does not
 advance while code runs, so it could not stand in) and C{datetime.fromtimestamp} (formats a time it
 is given). The command-line tools are no exception: they block rather than run a reactor, and wait
-and read the time through the L{relayd.clock.BlockingClock} they are handed.
+and read the time through the L{relayd.base.clock.BlockingClock} they are handed.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ _SCHEDULERS = frozenset({"LoopingCall", "deferLater", "TimerService", "cooperate
 
 def offences(source: str, relative: str) -> list[str]:
     """Where C{source} (relayd/C{relative}) reads the time, schedules a call or imports the reactor."""
-    if relative == "clock.py":
+    if relative == "base/clock.py":
         return []
     tree = ast.parse(source)
     time_names: set[str] = set()  # what `from time import ...` bound
@@ -61,14 +61,14 @@ def offences(source: str, relative: str) -> list[str]:
                     flag(node, f"{_TASK_MODULE} import {alias.name}")
                 elif alias.name in _SCHEDULERS:
                     flag(node, f"{node.module} import {alias.name}")
-                elif node.module == "twisted.internet" and alias.name == "reactor" and relative != "reactor.py":
-                    flag(node, "the global reactor (relayd.reactor.installed)")
+                elif node.module == "twisted.internet" and alias.name == "reactor" and relative != "base/reactor.py":
+                    flag(node, "the global reactor (relayd.base.reactor.installed)")
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name == _TASK_MODULE:
                     flag(node, f"import {_TASK_MODULE}")
-                elif alias.name == "twisted.internet.reactor" and relative != "reactor.py":
-                    flag(node, "the global reactor (relayd.reactor.installed)")
+                elif alias.name == "twisted.internet.reactor" and relative != "base/reactor.py":
+                    flag(node, "the global reactor (relayd.base.reactor.installed)")
         elif isinstance(node, ast.Attribute):
             owner = node.value
             owner_name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
@@ -92,7 +92,7 @@ class TimeOwnership(SynchronousTestCase):
             for path in sorted(_PACKAGE.rglob("*.py"))
             for offence in offences(path.read_text(), path.relative_to(_PACKAGE).as_posix())
         ]
-        self.assertEqual(found, [], "go through relayd.clock.Timekeeper (or relayd.reactor.installed)")
+        self.assertEqual(found, [], "go through relayd.base.clock.Timekeeper (or relayd.base.reactor.installed)")
 
     def test_the_scan_sees_every_spelling(self) -> None:
         sample = (
@@ -113,7 +113,7 @@ class TimeOwnership(SynchronousTestCase):
             [o.split(": ", 1)[1] for o in offences(sample, "web/sample.py")],
             [
                 "time.monotonic",
-                "the global reactor (relayd.reactor.installed)",
+                "the global reactor (relayd.base.reactor.installed)",
                 f"{_TASK_MODULE} import task",
                 f"{_TASK_MODULE} import LoopingCall",
                 "twisted.application.internet import TimerService",
@@ -129,8 +129,8 @@ class TimeOwnership(SynchronousTestCase):
         )
 
     def test_the_clock_and_the_reactor_module_are_the_exceptions(self) -> None:
-        self.assertEqual(offences("import time\nt = time.time()\n", "clock.py"), [])
-        self.assertEqual(offences("from twisted.internet import reactor\n", "reactor.py"), [])
+        self.assertEqual(offences("import time\nt = time.time()\n", "base/clock.py"), [])
+        self.assertEqual(offences("from twisted.internet import reactor\n", "base/reactor.py"), [])
         self.assertEqual(len(offences("from twisted.internet import reactor\n", "tap.py")), 1)
 
     def test_a_command_line_tool_is_no_exception(self) -> None:

@@ -22,13 +22,13 @@ from zope.interface.verify import verifyObject
 
 from relayd import tap
 from relayd.aep.config import AEPConfig
+from relayd.base.clock import Timekeeper
+from relayd.base.config import Resolved
+from relayd.base.metrics import REGISTRY
 from relayd.buzz.config import BuzzConfig
-from relayd.clock import Timekeeper
-from relayd.config import Resolved
 from relayd.mcp.config import MCPConfig
-from relayd.metrics import REGISTRY
+from relayd.process.settings import SiteSettings
 from relayd.web import metrics_listener
-from relayd.web.site import SiteSettings
 from relayd.wing import IWing, Plumbing
 from tests.support.aep import wait_until
 from tests.support.cases import cases, expand

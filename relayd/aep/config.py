@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relayd.config import Resolved, Setting, endpoint, non_empty, positive_int
-from relayd.settings import positive_seconds
+from relayd.base.config import Resolved, Setting, endpoint, non_empty, positive_int
+from relayd.process.settings import positive_seconds
 
 DEFAULT_LISTEN = "tcp:8787:interface=127.0.0.1"
 

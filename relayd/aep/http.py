@@ -29,10 +29,10 @@ from relayd.aep.relay import (
 from relayd.aep.store import Position
 from relayd.aep.viewer import VIEWER_PATHS, viewer_answers
 from relayd.aep.wire import frame_safe, sse_forms, sse_frame, sse_run
-from relayd.storage import OutcomeUnknown, StoreRefused, StoreUnavailable
+from relayd.base.errors import OutcomeUnknown, StoreRefused, StoreUnavailable
+from relayd.process.browsers import LOOPBACK_ONLY, BrowserPolicy, Refusal
 from relayd.web.answers import Answer, EarlyAnswer, Refusals, finish, gone, json_answer
 from relayd.web.auth import bearer_of, bearer_token, query_param, tokens_equal
-from relayd.web.browsers import LOOPBACK_ONLY, BrowserPolicy, Refusal
 from relayd.web.request import read_body
 from relayd.web.routes import TAKEN, Result, RoutedResource, RouteTable, answer_when
 from relayd.web.simple_post import SimplePost

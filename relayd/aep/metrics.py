@@ -1,7 +1,7 @@
 """The AEP relay's metrics: the series it declares, and the plumbing's ones it reports on.
 
-AEP's series are declared here, against relayd's one registry (L{relayd.metrics.REGISTRY}); the
-protocol-free series and helpers it also uses are re-exported from L{relayd.metrics}, so AEP code
+AEP's series are declared here, against relayd's one registry (L{relayd.base.metrics.REGISTRY}); the
+protocol-free series and helpers it also uses are re-exported from L{relayd.base.metrics}, so AEP code
 counts through this one module (C{from relayd.aep import metrics}). docs/deployment.md lists every
 series; their names, labels and help texts are what operators' dashboards read.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
-from relayd.metrics import REGISTRY, CallbackGauge, Watching, connections, store_errors
+from relayd.base.metrics import REGISTRY, CallbackGauge, Watching, connections, store_errors
 
 __all__ = [  # the series declared below, and the plumbing's ones re-exported
     "REGISTRY",

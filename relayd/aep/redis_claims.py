@@ -21,9 +21,9 @@ from zope.interface import implementer
 
 from relayd.aep.claims import Claimant, IClaims, MemoryClaims, claimant_of
 from relayd.aep.event import Event, event_from
-from relayd.clock import Timekeeper
-from relayd.redis import Redis, RedisBus
-from relayd.redis_lua import Script, tagged
+from relayd.base.clock import Timekeeper
+from relayd.storage.redis import Redis, RedisBus
+from relayd.storage.redis_lua import Script, tagged
 
 STORE = "aep"
 INSTANCE_TTL = 15.0

@@ -13,7 +13,7 @@ from twisted.internet.defer import Deferred, succeed
 
 from relayd.aep.event import Event, event_from
 from relayd.aep.redis_store import FANOUT_CHANNEL, fanout_header
-from relayd.redis import Redis, RedisBus
+from relayd.storage.redis import Redis, RedisBus
 
 STORE = "aep"
 

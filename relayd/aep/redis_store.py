@@ -23,7 +23,7 @@ Redis Cluster hash tag, so that one session's keys share a slot):
 - C{aep:k:{s}}: hash of the held events' dedupe keys (C{source\\0id}) -> C{''}, for admission dedupe
   (a hash rather than a set: one C{HMGET} checks a batch on Redis before 6.2).
 
-Keyspace version 3 (relayd/redis.py). Before it, an event's bytes and its dedupe key were two
+Keyspace version 3 (relayd/storage/redis.py). Before it, an event's bytes and its dedupe key were two
 fields of C{aep:e:{s}} (C{<member>}, C{k<member>}) and C{aep:k:{s}} mapped a dedupe key to its member
 (docs/performance.md "Not met: 100,000 events/s per instance").
 
@@ -47,9 +47,9 @@ from zope.interface import implementer
 from relayd.aep import metrics
 from relayd.aep.event import Event, stored_event
 from relayd.aep.store import IEventLog, Position, Replay, exhausted_marker
-from relayd.redis import Redis
-from relayd.redis_lua import Script, tagged
-from relayd.storage import StoreUnavailable
+from relayd.base.errors import StoreUnavailable
+from relayd.storage.redis import Redis
+from relayd.storage.redis_lua import Script, tagged
 
 STORE = "aep"
 _LENGTH = struct.Struct(">I")

@@ -24,7 +24,7 @@ from relayd.aep.event import Event
 from relayd.aep.filters import Pin, match_all
 from relayd.aep.index import Group, Snapshot, SubscriptionIndex
 from relayd.aep.store import IEventLog, Position, Replay
-from relayd.clock import BlockingClock
+from relayd.base.clock import BlockingClock
 
 # Bound once: the ingest path counts per batch, never per delivery.
 _INGESTED = metrics.events_ingested.labels(relay="aep")

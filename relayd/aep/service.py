@@ -7,7 +7,6 @@ from typing import Callable
 from autobahn.twisted.resource import WebSocketResource
 from twisted.logger import Logger
 
-from relayd import logging as relayd_logging
 from relayd.aep import metrics
 from relayd.aep.config import AEPConfig
 from relayd.aep.http import AEPResource
@@ -17,9 +16,10 @@ from relayd.aep.redis_store import RedisEventLog
 from relayd.aep.relay import EventRelay
 from relayd.aep.store import MemoryEventLog
 from relayd.aep.websocket import AEPSocketFactory
-from relayd.clock import Timekeeper
-from relayd.config import Resolved
-from relayd.reactor import IReactor
+from relayd.base.clock import Timekeeper
+from relayd.base.config import Resolved
+from relayd.base.reactor import IReactor
+from relayd.logs import scrub
 from relayd.web.listen import HTTPWingService
 from relayd.web.request import BodyLimit
 from relayd.web.site import RelaySite
@@ -78,12 +78,12 @@ def make_relay(config: AEPConfig, plumbing: Plumbing) -> EventRelay:
 
 
 # What relayd's logs know of this wing: records logged under relayd.aep are the "aep" relay's.
-LOGS = relayd_logging.WingLogs("relayd.aep", relay="aep")
+LOGS = scrub.WingLogs("relayd.aep", relay="aep")
 
 
 def make_wing(plumbing: Plumbing, settings: Resolved) -> AEPService | None:
     """The AEP relay as a wing (relayd/wing.py), or C{None} with C{--no-aep}."""
-    relayd_logging.declare(LOGS)
+    scrub.declare(LOGS)
     config = AEPConfig.from_settings(settings)
     if config is None:
         _log.info("AEP relay disabled (--no-aep)")

@@ -47,11 +47,11 @@ from relayd.aep.relay import (
 )
 from relayd.aep.store import Position
 from relayd.aep.wire import ws_message
-from relayd.clock import NextTurn, Timekeeper
+from relayd.base.clock import NextTurn, Timekeeper
+from relayd.base.config import show_value
+from relayd.base.errors import OutcomeUnknown, StoreUnavailable
 from relayd.compat.autobahn import ws_frames_direct
 from relayd.compat.tcp import no_delay, pause_reading, resume_reading, write_now
-from relayd.config import show_value
-from relayd.storage import OutcomeUnknown, StoreUnavailable
 
 ROLES = ("emitter", "consumer", "both")
 CLOSE_GOING_AWAY = 1001

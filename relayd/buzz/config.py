@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relayd.config import Resolved, Setting, endpoint, non_empty, positive_int
+from relayd.base.config import Resolved, Setting, endpoint, non_empty, positive_int
 
 
 def _nostr_relay_url(text: str) -> str:

@@ -1,7 +1,7 @@
 """The broker host's metrics: the series it declares, and the plumbing's ones it reports on.
 
-The broker's series are declared here, against relayd's one registry (L{relayd.metrics.REGISTRY});
-the helpers it also uses are re-exported from L{relayd.metrics}, so broker code counts through this
+The broker's series are declared here, against relayd's one registry (L{relayd.base.metrics.REGISTRY});
+the helpers it also uses are re-exported from L{relayd.base.metrics}, so broker code counts through this
 one module (C{from relayd.buzz import metrics}). docs/deployment.md lists every series; their
 names, labels and help texts are what operators' dashboards read.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter
 
-from relayd.metrics import REGISTRY, CallbackGauge, Watching
+from relayd.base.metrics import REGISTRY, CallbackGauge, Watching
 
 __all__ = [  # the series declared below, and the plumbing's ones re-exported
     "REGISTRY",

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Sequence
 
 from coincurve import PrivateKey, PublicKey, PublicKeyXOnly
 
-from relayd import jsoncodec
+from relayd.base import jsoncodec
 
 try:  # coincurve's own cffi binding: sign with a keypair built once per key, not once per event
     from coincurve._libsecp256k1 import ffi as _ffi

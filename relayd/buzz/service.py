@@ -10,7 +10,9 @@ from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from relayd import logging as relayd_logging
+from relayd.base.clock import Timekeeper
+from relayd.base.config import ConfigError, Resolved, is_loopback_endpoint, is_tls_endpoint
+from relayd.base.reactor import IReactor
 from relayd.buzz import metrics
 from relayd.buzz.config import KEK_ENV, BuzzConfig
 from relayd.buzz.core.host import BrokerHost
@@ -20,13 +22,12 @@ from relayd.buzz.core.state import MAX_RECEIPTS, RECEIPT_RETENTION, IReceiptStor
 from relayd.buzz.http import body_limit, make_root
 from relayd.buzz.nostr_upstream import NostrRelayPool
 from relayd.buzz.upstream import START_WARNING, Upstream, public_url
-from relayd.clock import Timekeeper
-from relayd.config import ConfigError, Resolved, is_loopback_endpoint, is_tls_endpoint
-from relayd.reactor import IReactor
-from relayd.redis import Redis
+from relayd.logs import scrub
+from relayd.process.settings import DEFAULT_REDIS_PREFIX, DEFAULT_SITE_SETTINGS, SiteSettings
+from relayd.storage.redis import Redis
 from relayd.web.listen import HTTPWingService
-from relayd.web.site import DEFAULT_SITE_SETTINGS, RelaySite, SiteSettings
-from relayd.wing import DEFAULT_GRACE, DEFAULT_REDIS_PREFIX, Plumbing
+from relayd.web.site import RelaySite
+from relayd.wing import DEFAULT_GRACE, Plumbing
 
 _log = Logger(namespace="relayd.buzz")
 PRUNE_INTERVAL = 60.0  # seconds between receipt sweeps
@@ -43,7 +44,7 @@ def inherited_socket_is_local(description: str) -> bool:
 
     from twisted.internet import endpoints
 
-    from relayd.reactor import installed
+    from relayd.base.reactor import installed
 
     try:
         fd = endpoints.serverFromString(installed(), description).fileno
@@ -83,12 +84,12 @@ def check_listeners(listen: list[str]) -> None:
 # What relayd's logs know of this wing: records logged under relayd.buzz are the "broker" relay's, and
 # the secrets it handles are scrubbed wherever they appear: agents' Nostr secret keys (bech32 nsec1...)
 # and the credentials it issues (relayd/cli/broker.py: bzh_ + base64url).
-LOGS = relayd_logging.WingLogs(
+LOGS = scrub.WingLogs(
     "relayd.buzz",
     relay="broker",
     secret_formats=(
-        relayd_logging.SecretFormat(r"\bnsec1[02-9ac-hj-np-z]{20,}", "nsec1"),
-        relayd_logging.SecretFormat(r"\bbzh_[A-Za-z0-9_-]{16,}", "bzh_"),
+        scrub.SecretFormat(r"\bnsec1[02-9ac-hj-np-z]{20,}", "nsec1"),
+        scrub.SecretFormat(r"\bbzh_[A-Za-z0-9_-]{16,}", "bzh_"),
     ),
 )
 
@@ -99,7 +100,7 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> BrokerService | None:
 
     @raise ConfigError: a non-loopback plain-TCP listener, an unusable state directory or KEK.
     """
-    relayd_logging.declare(LOGS)
+    scrub.declare(LOGS)
     config = BuzzConfig.from_settings(settings)
     if config is None:
         _log.info("Buzz broker not started: no --broker-nostr-relay (RELAYD_BROKER_NOSTR_RELAY) configured")

@@ -14,7 +14,7 @@ cannot open, or drops, it is reopened with backoff. What it logs (docs/decisions
 A connection that had stayed open L{STABLE} seconds and drops (relays may close idle connections) is
 reopened at once without a word; only if that fails is the relay unreachable.
 
-Every timer goes through the L{relayd.clock.Timekeeper}.
+Every timer goes through the L{relayd.base.clock.Timekeeper}.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from relayd.clock import Timekeeper
-from relayd.reactor import IReactor
+from relayd.base.clock import Timekeeper
+from relayd.base.reactor import IReactor
 
 START_WARNING = 5.0  # seconds after start without a connection before the broker warns
 REPEAT_EVERY = 60.0  # seconds between lines about an outage that goes on

@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 from typing import IO, Any, Callable, NoReturn, TypeVar
 
-from relayd.config import integer_at_least, show_value
+from relayd.base.config import integer_at_least, show_value
 
 T = TypeVar("T")
 

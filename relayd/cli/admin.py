@@ -19,9 +19,9 @@ import sys
 from typing import Sequence
 
 import relayd
+from relayd.base.clock import BlockingClock
 from relayd.cli import CommandError, Failure, Parser, aep, mcp, report, status
 from relayd.cli.client import Stopped, describe, stop_on_signals
-from relayd.clock import BlockingClock
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -19,6 +19,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import IO, Any, Iterator
 
+from relayd.base.clock import BlockingClock
 from relayd.cli import Failure, UsageError, non_negative_int, positive_int, positive_seconds, seconds
 from relayd.cli.client import (
     CACERT_HELP,
@@ -30,7 +31,6 @@ from relayd.cli.client import (
     request,
     without_suffix,
 )
-from relayd.clock import BlockingClock
 
 _ID = re.compile(r"(.+):([0-9]+):([0-9]+)")
 

@@ -16,6 +16,7 @@ import os
 import sys
 from typing import Sequence, TextIO
 
+from relayd.base.clock import BlockingClock
 from relayd.buzz import nostr
 from relayd.buzz.config import KEK_ENV
 from relayd.buzz.core import contract
@@ -24,7 +25,6 @@ from relayd.buzz.core.keys import Custody, KEKError, load_kek
 from relayd.buzz.core.state import Agent, StateDB
 from relayd.cli import CommandError, Failure, Parser, report
 from relayd.cli import UsageError as _UsageError
-from relayd.clock import BlockingClock
 
 CREDENTIAL_PREFIX = "bzh_"
 # Actions a credential without channels could never perform: those naming a channel, and managing an

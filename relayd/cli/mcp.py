@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import relayd
+from relayd.base.clock import BlockingClock
 from relayd.cli import Failure, UsageError, positive_seconds
 from relayd.cli.client import CACERT_HELP, Target, describe
-from relayd.clock import BlockingClock
 
 
 def add_parser(tools: Any) -> None:

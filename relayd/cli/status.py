@@ -14,8 +14,8 @@ import os
 import sys
 from typing import Any, Callable
 
+from relayd.base.clock import BlockingClock
 from relayd.cli.client import CACERT_HELP, DEFAULT_AEP, DEFAULT_BROKER, DEFAULT_MCP, Target, auth, request
-from relayd.clock import BlockingClock
 
 
 def add_parser(tools: Any) -> None:

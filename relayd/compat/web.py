@@ -21,12 +21,8 @@ module, relayd/compat/logger.py.)
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final, Protocol, cast
+from typing import Any, Final, Protocol
 
-from twisted.application import app
-from twisted.internet import base
-from twisted.internet.interfaces import IReactorCore
-from twisted.logger import FileLogObserver, LogPublisher
 from twisted.protocols import basic
 from twisted.python import components
 from twisted.python.failure import Failure
@@ -519,61 +515,3 @@ def take_over(transport: Any, channel: Any, protocol: Any, producer: Any) -> boo
     if channel_of(getattr(transport, "protocol", None)) is not channel:
         return False
     return hand_over(transport, protocol, producer)
-
-
-# -- the reactor --------------------------------------------------------------------------------------
-
-EXIT_SIGNAL = hasattr(base.ReactorBase, "_exitSignal") and code_uses(app.ApplicationRunner.startReactor, "_exitSignal")
-"""twistd re-raises the signal that stopped the reactor (C{_exitSignal}) once it has run."""
-
-
-def forget_exit_signal(reactor: IReactorCore) -> None:
-    """Make twistd exit 0 after a signal-initiated shutdown that drained cleanly.
-
-    Without it twistd re-raises the SIGTERM that stopped it, and a supervisor cannot tell a clean
-    drain from an abort. Without the attribute this does nothing: the exit status is the signal's.
-    """
-    if EXIT_SIGNAL and getattr(reactor, "_exitSignal", None) is not None:
-        cast(Any, reactor)._exitSignal = None  # a private attribute of Twisted's reactors, not of the interface
-
-
-# -- twisted.logger -----------------------------------------------------------------------------------
-
-PUBLISHER_LIST = code_uses(LogPublisher.addObserver, "_observers") and isinstance(
-    getattr(LogPublisher(), "_observers", None), list
-)
-"""A C{LogPublisher} calls its observers in the order of its C{_observers} list."""
-TEXT_FORMATTER = code_uses(FileLogObserver.__call__, "formatEvent")
-"""A C{FileLogObserver} formats each event through its C{formatEvent} attribute."""
-_TEXT_OBSERVER_FORMATTER = "textFileLogObserver.<locals>.formatEvent"
-
-
-def observe_first(publisher: LogPublisher, observer: Any) -> None:
-    """Add C{observer} to C{publisher} ahead of every observer it already has.
-
-    Public API can only append: an observer added before this one would see events first (the
-    secret scrubber must run before twistd's or twist's observer, whenever that was added).
-    """
-    if PUBLISHER_LIST and isinstance(getattr(publisher, "_observers", None), list):
-        publisher._observers.insert(0, observer)
-    else:
-        publisher.addObserver(observer)
-
-
-def observers(publisher: LogPublisher) -> list[Any]:
-    """C{publisher}'s observers (none known if it does not say)."""
-    return list(getattr(publisher, "_observers", [])) if PUBLISHER_LIST else []
-
-
-def wrap_text_formatters(publisher: LogPublisher, wrap: Callable[[Callable[[Any], Any]], Any]) -> None:
-    """Replace the formatter of each twistd text-file observer of C{publisher} by C{wrap(formatter)}.
-
-    The access-line formatter reuses each second's time prefix: ~1.2 us down to ~0.1 us per line
-    (docs/performance.md). Without the attribute lines keep Twisted's formatting (same bytes).
-    """
-    if not TEXT_FORMATTER:
-        return
-    for observer in observers(publisher):
-        format_event: Any = getattr(observer, "formatEvent", None)
-        if isinstance(observer, FileLogObserver) and getattr(format_event, "__qualname__", "") == _TEXT_OBSERVER_FORMATTER:
-            observer.formatEvent = wrap(format_event)

@@ -13,7 +13,7 @@ from typing import Protocol
 from twisted.internet.defer import Deferred, succeed
 from zope.interface import Attribute, Interface, implementer
 
-from relayd.storage import StoreUnavailable
+from relayd.base.errors import StoreUnavailable
 
 
 class InstanceGone(StoreUnavailable):

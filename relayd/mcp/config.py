@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from relayd.config import (
+from relayd.base.config import (
     ConfigError,
     Resolved,
     Setting,
@@ -19,8 +19,8 @@ from relayd.config import (
     non_negative_int,
     positive_int,
 )
-from relayd.web.browsers import origin_entry
-from relayd.web.cors import CorsPolicyError, OriginPolicy, parse_origins
+from relayd.process.browsers import origin_entry
+from relayd.process.cors import CorsPolicyError, OriginPolicy, parse_origins
 
 DEFAULT_LISTEN = "tcp:8788:interface=127.0.0.1"
 

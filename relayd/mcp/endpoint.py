@@ -22,18 +22,18 @@ from urllib.parse import quote
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
-from relayd.clock import Timekeeper
-from relayd.coroutine import run
+from relayd.base.clock import Timekeeper
+from relayd.base.coroutine import run
+from relayd.base.errors import StoreUnavailable
 from relayd.mcp import standard
 from relayd.mcp.frames import Frame
 from relayd.mcp.jsontext import _dumps, loads_json
 from relayd.mcp.store import OUTBOUND, ClientRecord, SubscriberRecord
 from relayd.mcp.tokens import label_tag, relay_label
 from relayd.mcp.tunnel import Refused, TunnelRelay
-from relayd.storage import StoreUnavailable
+from relayd.process.cors import OriginPolicy
 from relayd.web.answers import Answer, Refusals, finish, gone, json_answer
 from relayd.web.auth import bearer_token, query_param
-from relayd.web.cors import OriginPolicy
 from relayd.web.request import read_body
 from relayd.web.routes import TAKEN, Handler, Result
 from relayd.web.site import RelaySite

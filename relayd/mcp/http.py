@@ -15,6 +15,7 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
+from relayd.base.errors import StoreUnavailable
 from relayd.mcp.endpoint import Endpoint, client_address
 from relayd.mcp.jsontext import _dumps, loads_json
 from relayd.mcp.polls import PollResult, parse_wait_ms
@@ -22,10 +23,9 @@ from relayd.mcp.store import INBOUND, OUTBOUND, SubscriberRecord
 from relayd.mcp.streams import StreamHandle
 from relayd.mcp.tokens import chosen_label
 from relayd.mcp.tunnel import Refused, TunnelRelay
-from relayd.storage import StoreUnavailable
+from relayd.process.cors import OriginPolicy
 from relayd.web.answers import Answer, EarlyAnswer, Refusals, finish, gone, json_answer
 from relayd.web.auth import bearer_token, query_param
-from relayd.web.cors import OriginPolicy
 from relayd.web.request import read_body
 from relayd.web.routes import TAKEN, Result, RoutedResource, RouteTable
 from relayd.web.sse import DEFAULT_MAX_BUFFER, SSEHub, SSEStream, sse_comment

@@ -2,12 +2,12 @@
 
 orjson does the work; the json module takes over for what orjson refuses and JSON allows (numbers
 beyond the double range, lone-surrogate escapes, nesting deeper than orjson's limit): the mechanism
-is L{relayd.jsoncodec}'s, the choices are these. No I/O.
+is L{relayd.base.jsoncodec}'s, the choices are these. No I/O.
 """
 
 from __future__ import annotations
 
-from relayd import jsoncodec
+from relayd.base import jsoncodec
 
 # loads_json(data): parse JSON text; ValueError (a jsoncodec.JSONError) for anything that is not
 # JSON, invalid UTF-8 included. As JSON.parse reads it: every refusal of orjson's is read again by

@@ -1,7 +1,7 @@
 """The MCP tunnel relay's metrics: the series it declares, and the plumbing's ones it reports on.
 
-MCP's series are declared here, against relayd's one registry (L{relayd.metrics.REGISTRY}); the
-protocol-free series and helpers it also uses are re-exported from L{relayd.metrics}, so MCP code
+MCP's series are declared here, against relayd's one registry (L{relayd.base.metrics.REGISTRY}); the
+protocol-free series and helpers it also uses are re-exported from L{relayd.base.metrics}, so MCP code
 counts through this one module (C{from relayd.mcp import metrics}). docs/deployment.md lists every
 series; their names, labels and help texts are what operators' dashboards read.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter
 
-from relayd.metrics import REGISTRY, Watching, connections
+from relayd.base.metrics import REGISTRY, Watching, connections
 
 __all__ = [  # the series declared below, and the plumbing's ones re-exported
     "REGISTRY",

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
-from relayd.clock import Timekeeper
+from relayd.base.clock import Timekeeper
 from relayd.mcp.store import INBOUND, SubscriberRecord
 
 POLL_MAX_WAIT_MS = 25_000

@@ -26,7 +26,7 @@ from zope.interface import implementer
 
 from relayd.mcp.bus import BusListener, IMcpBus, InstanceGone
 from relayd.mcp.redis_store import STORE
-from relayd.redis import Redis, RedisBus
+from relayd.storage.redis import Redis, RedisBus
 
 
 class _Subscription(RedisBus):

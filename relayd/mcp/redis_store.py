@@ -38,6 +38,7 @@ import orjson
 from twisted.internet.defer import Deferred
 from zope.interface import implementer
 
+from relayd.base.errors import StoreUnavailable
 from relayd.mcp.store import (
     INBOUND,
     OUTBOUND,
@@ -50,9 +51,8 @@ from relayd.mcp.store import (
     SubscriberRecord,
     queue_key,
 )
-from relayd.redis import Redis
-from relayd.redis_lua import Script, tagged
-from relayd.storage import StoreUnavailable
+from relayd.storage.redis import Redis
+from relayd.storage.redis_lua import Script, tagged
 
 STORE = "mcp"
 

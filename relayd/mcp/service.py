@@ -7,9 +7,10 @@ from typing import Any
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from relayd import logging as relayd_logging
-from relayd.clock import Timekeeper
-from relayd.config import Resolved, is_loopback_endpoint
+from relayd.base.clock import Timekeeper
+from relayd.base.config import Resolved, is_loopback_endpoint
+from relayd.base.reactor import IReactor
+from relayd.logs import scrub
 from relayd.mcp import metrics
 from relayd.mcp.bus import IMcpBus, LocalBus
 from relayd.mcp.config import MCPConfig
@@ -20,7 +21,6 @@ from relayd.mcp.redis_bus import RedisMcpBus
 from relayd.mcp.redis_store import RedisStore
 from relayd.mcp.store import IMcpStore, MemoryStore
 from relayd.mcp.tunnel import TunnelConfig, TunnelRelay
-from relayd.reactor import IReactor
 from relayd.web.listen import HTTPWingService
 from relayd.web.request import BodyLimit
 from relayd.web.site import RelaySite
@@ -101,15 +101,15 @@ def _shared_state(plumbing: Plumbing, mcp: MCPConfig) -> tuple[IMcpStore, IMcpBu
 
 
 # What relayd's logs know of this wing: records logged under relayd.mcp are the "mcp" relay's.
-LOGS = relayd_logging.WingLogs("relayd.mcp", relay="mcp")
+LOGS = scrub.WingLogs("relayd.mcp", relay="mcp")
 
 
 def make_wing(plumbing: Plumbing, settings: Resolved) -> McpService | None:
     """The MCP wing (relayd/wing.py), or C{None} with C{--no-mcp}.
 
-    @raise relayd.config.ConfigError: an origin policy that is refused (exit 2 before listening).
+    @raise relayd.base.config.ConfigError: an origin policy that is refused (exit 2 before listening).
     """
-    relayd_logging.declare(LOGS)
+    scrub.declare(LOGS)
     mcp = MCPConfig.from_settings(settings)
     if mcp is None:
         _log.info("MCP relay disabled (--no-mcp)")

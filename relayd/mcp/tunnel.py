@@ -25,8 +25,9 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from relayd.clock import Timekeeper
-from relayd.coroutine import run
+from relayd.base.clock import Timekeeper
+from relayd.base.coroutine import run
+from relayd.base.errors import StoreUnavailable
 from relayd.mcp import metrics
 from relayd.mcp.bus import IMcpBus, InstanceGone, LocalBus
 from relayd.mcp.frames import FRAMES_DROPPED, PEER_JOINED, PEER_LEFT, Frame, notification, parse_frame
@@ -44,7 +45,6 @@ from relayd.mcp.store import (
 )
 from relayd.mcp.streams import Sink, StreamHandle
 from relayd.mcp.tokens import SESSION_ID, TOKEN_MAX, TOKEN_MIN, token_hash, utf16_length
-from relayd.storage import StoreUnavailable
 
 # Frames accepted, counted once per POST (bound once: nothing is looked up per frame).
 _INBOUND = metrics.mcp_frames.labels(direction="inbound")

@@ -11,7 +11,7 @@ from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from relayd.clock import Timekeeper
+from relayd.base.clock import Timekeeper
 from relayd.compat.tcp import hold_writes, release_writes
 from relayd.compat.web import (
     ChannelHooks,
@@ -74,7 +74,7 @@ class RelayChannel(ChannelHooks):
     client: str | None = None
     """The client this connection is counted for under the site's per-client cap (None: not counted)."""
     crowded = False
-    """Whether the connection is one of its client's L{relayd.web.site.HEALTH_RESERVE}: it answers the health check only."""
+    """Whether the connection is one of its client's L{relayd.process.settings.HEALTH_RESERVE}: it answers the health check only."""
     reading = False
     """Whether a read is being parsed (what a request answered within it replays is parsed by it)."""
     unparsed = 0

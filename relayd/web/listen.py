@@ -14,9 +14,9 @@ from twisted.internet.interfaces import IListeningPort, IReactorCore, IStreamSer
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from relayd import metrics
-from relayd.clock import Timekeeper
-from relayd.config import is_loopback_endpoint, is_tls_endpoint
+from relayd.base import metrics
+from relayd.base.clock import Timekeeper
+from relayd.base.config import is_loopback_endpoint, is_tls_endpoint
 from relayd.web.site import RelaySite
 from relayd.wing import DEFAULT_GRACE, IWing
 

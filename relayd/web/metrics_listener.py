@@ -1,8 +1,8 @@
 """The metrics listener: C{GET /metrics} in Prometheus text format on its own endpoints (--metrics-listen).
 
-The registry lives in L{relayd.metrics}, which knows nothing of HTTP (the plumbing's series beside
+The registry lives in L{relayd.base.metrics}, which knows nothing of HTTP (the plumbing's series beside
 it, each wing's in its own C{metrics} module); this module serves it. The web plumbing imports
-L{relayd.metrics}, never the other way round (a contract in pyproject.toml).
+L{relayd.base.metrics}, never the other way round (a contract in pyproject.toml).
 """
 
 from __future__ import annotations
@@ -10,14 +10,15 @@ from __future__ import annotations
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from twisted.web.server import Request
 
-from relayd.clock import Timekeeper
-from relayd.metrics import REGISTRY
-from relayd.reactor import IReactor
+from relayd.base.clock import Timekeeper
+from relayd.base.metrics import REGISTRY
+from relayd.base.reactor import IReactor
+from relayd.process.settings import DEFAULT_SITE_SETTINGS, SiteSettings
 from relayd.web.answers import Answer
 from relayd.web.listen import HTTPWingService
 from relayd.web.request import BodyLimit
 from relayd.web.routes import RoutedResource, RouteTable
-from relayd.web.site import DEFAULT_SITE_SETTINGS, RelaySite, SiteSettings
+from relayd.web.site import RelaySite
 from relayd.wing import DEFAULT_GRACE
 
 _TOO_LARGE = Answer(413, b"request body too large\n", ((b"content-type", b"text/plain; charset=utf-8"),))

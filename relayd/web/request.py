@@ -21,7 +21,7 @@ from twisted.web.http import parse_qs
 from twisted.web.resource import IResource
 from twisted.web.server import Request, Site
 
-from relayd.clock import Timekeeper
+from relayd.base.clock import Timekeeper
 from relayd.compat.web import RequestHooks, body_framing, keeps_alive, request_line, set_body_sent
 from relayd.web.answers import Answer, EarlyAnswer, as_answer, raw_response
 from relayd.web.target import origin_form

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import weakref
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from twisted.internet.interfaces import IAddress
@@ -14,22 +13,18 @@ from twisted.logger import Logger
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Site
 
-from relayd import metrics
-from relayd.clock import Timekeeper
+from relayd.base import metrics
+from relayd.base.clock import Timekeeper
+from relayd.base.reactor import installed
 from relayd.compat.web import channel_of, channel_protocol, close_after
-from relayd.logging import ACCESS_NAMESPACE, SCRUBBED_MARK
-from relayd.reactor import installed
+from relayd.logs.access import ACCESS_NAMESPACE
+from relayd.logs.scrub import SCRUBBED_MARK
+from relayd.process.settings import DEFAULT_SITE_SETTINGS, HEALTH_RESERVE, SiteSettings
 from relayd.web.answers import Answer, EarlyAnswer, json_answer, write_answer
 from relayd.web.channel import RelayChannel
 from relayd.web.request import BodyLimit, ChannelSite, RelayRequest, host_of
 from relayd.web.simple_post import SimplePost
 
-DEFAULT_HEADER_TIMEOUT = 20.0
-DEFAULT_MAX_CLIENT_CONNECTIONS = 256
-HEALTH_RESERVE = 4
-"""Connections a client may open beyond its cap that answer only the health check (503 otherwise)."""
-DEFAULT_BODY_TIMEOUT = 60.0
-DEFAULT_IDLE_TIMEOUT = 60.0
 _MAX_SHARED_ADDRESSES = 64
 # A module-level logger: a Logger class attribute would take the class's name as its namespace.
 _access_log = Logger(namespace=ACCESS_NAMESPACE)
@@ -52,32 +47,6 @@ class _Crowded(Resource):
 
 def _relay_channel(site: Site) -> Any:
     return channel_protocol(RelayChannel())
-
-
-@dataclass(frozen=True)
-class SiteSettings:
-    """The process-wide settings every wing's site is built with (relayd/settings.py's table).
-
-    @ivar trust_forwarded_for: how many reverse proxies' C{X-Forwarded-For} entries to believe (0:
-        none; the peer is the connection's, or the PROXY-protocol source on a C{haproxy:} listener).
-    @ivar header_timeout: seconds a request line and its headers may take (C{408} after).
-    @ivar body_timeout: seconds a request body may take once the headers are in (C{408} after).
-    @ivar idle_timeout: seconds a connection may sit idle (Twisted's C{timeOut}).
-    @ivar access_log: whether to log a line per request.
-    @ivar max_client_connections: open connections one client (its address, or its forwarded
-        address behind trusted proxies) may hold on one wing's listeners (0: no cap); beyond it,
-        L{HEALTH_RESERVE} more answer only the health check, and the rest are refused with C{503}.
-    """
-
-    trust_forwarded_for: int = 0
-    header_timeout: float | None = DEFAULT_HEADER_TIMEOUT
-    body_timeout: float | None = DEFAULT_BODY_TIMEOUT
-    idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT
-    access_log: bool = True
-    max_client_connections: int = DEFAULT_MAX_CLIENT_CONNECTIONS
-
-
-DEFAULT_SITE_SETTINGS = SiteSettings()
 
 
 class RelaySite(ChannelSite):

@@ -23,7 +23,7 @@ from twisted.python.failure import Failure
 from twisted.web.server import Request
 from zope.interface import implementer
 
-from relayd.clock import NextTurn, Timekeeper
+from relayd.base.clock import NextTurn, Timekeeper
 from relayd.compat.tcp import no_delay
 from relayd.compat.web import body_framing, send_body, slim_stream, watch_end
 from relayd.web.held import HeldResponse, hold

@@ -9,7 +9,7 @@ from twisted.trial.unittest import TestCase
 
 import relayd.aep.event as event_module
 from relayd.aep.config import SETTINGS
-from relayd.config import is_loopback_endpoint, resolve
+from relayd.base.config import is_loopback_endpoint, resolve
 from tests.support.aep import AUTH, TOKEN, comments_of, event, events_of, open_sse, open_ws, start_relay, subscribe
 from tests.support.raw import raw_exchange
 from tests.support.sse import SSEClient

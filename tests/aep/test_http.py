@@ -14,8 +14,8 @@ from twisted.web.test.requesthelper import DummyRequest
 from relayd.aep.http import AEPResource
 from relayd.aep.relay import EventRelay
 from relayd.aep.store import MemoryEventLog
-from relayd.clock import Timekeeper
-from relayd.storage import StoreUnavailable
+from relayd.base.clock import Timekeeper
+from relayd.base.errors import StoreUnavailable
 from relayd.web.sse import SSEHub, sse_comment
 from tests.support.aep import AEPRelay, event, ndjson
 from tests.support.raw import raw_exchange

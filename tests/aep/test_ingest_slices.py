@@ -15,7 +15,7 @@ from twisted.web.client import HTTPConnectionPool
 from relayd.aep.http import PARSE_SLICE, AEPResource
 from relayd.aep.relay import EventRelay
 from relayd.aep.store import MemoryEventLog
-from relayd.clock import Timekeeper
+from relayd.base.clock import Timekeeper
 from relayd.web.site import RelaySite
 from relayd.web.sse import SSEHub, sse_comment
 from tests.support.aep import event, ndjson, wait_until

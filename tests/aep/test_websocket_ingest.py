@@ -7,7 +7,7 @@ from typing import Any
 from twisted.internet.defer import Deferred, fail
 from twisted.trial.unittest import TestCase
 
-from relayd.storage import StoreUnavailable
+from relayd.base.errors import StoreUnavailable
 from tests.support.aep import event, open_ws, start_relay, wait_until
 
 

@@ -23,13 +23,13 @@ import treq
 from twisted.internet import defer, reactor
 from twisted.web.client import HTTPConnectionPool
 
+from relayd.base.clock import Timekeeper
 from relayd.buzz import nostr
 from relayd.buzz.core import contract
 from relayd.buzz.core.state import StateDB
 from relayd.buzz.service import BrokerService
 from relayd.cli import broker as admin
-from relayd.clock import Timekeeper
-from relayd.redis import Redis
+from relayd.storage.redis import Redis
 
 
 def independent_verify(ev: dict[str, Any]) -> bool:
@@ -298,10 +298,10 @@ def broker_process_main() -> None:
     crash_at = sys.argv[3] if len(sys.argv) > 3 else ""
     from twisted.internet import reactor
 
+    from relayd.base.clock import Timekeeper
     from relayd.buzz.core import state
     from relayd.buzz.nostr_upstream import UpstreamConnection
     from relayd.buzz.service import BrokerService
-    from relayd.clock import Timekeeper
 
     def die(*_: object) -> None:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -7,12 +7,12 @@ import re
 
 from twisted.trial import unittest
 
+from relayd.base.config import ConfigError
 from relayd.buzz import config
 from relayd.buzz.core import contract, state
 from relayd.buzz.http import UNAUTHENTICATED_BODY_LIMIT
 from relayd.buzz.nostr_upstream import NostrRelayPool
 from relayd.buzz.service import check_listeners
-from relayd.config import ConfigError
 
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "broker.md")
 

@@ -386,7 +386,7 @@ class SystemdListener(unittest.TestCase):
         check_listeners(["systemd:domain=INET:name=broker"])
 
     def test_inherited_socket_on_all_interfaces_is_refused(self) -> None:
-        from relayd.config import ConfigError
+        from relayd.base.config import ConfigError
 
         with self.assertRaises(ConfigError):
             self._check("0.0.0.0")

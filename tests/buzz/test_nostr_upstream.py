@@ -10,9 +10,9 @@ from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerPr
 from twisted.internet import defer, endpoints, reactor, task
 from twisted.trial import unittest
 
+from relayd.base.clock import Timekeeper
 from relayd.buzz import nostr
 from relayd.buzz.nostr_upstream import ConnectionLost, NostrRelayPool, NotConnected, UpstreamTimeout
-from relayd.clock import Timekeeper
 
 
 class ScriptedRelay(WebSocketServerProtocol):

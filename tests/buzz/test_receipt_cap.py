@@ -14,10 +14,10 @@ import tempfile
 from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 
+from relayd.base.clock import Timekeeper
 from relayd.buzz.core.state import MAX_RECEIPTS, SQLiteState, StateDB
 from relayd.buzz.redis.state import RedisReceipts
 from relayd.buzz.service import make_service
-from relayd.clock import Timekeeper
 from relayd.tap import Options
 from tests.support.redis import connected_redis, shared_redis
 

@@ -219,20 +219,20 @@ class RedisDoesNotAnswer(unittest.TestCase):
 
 class Wiring(unittest.TestCase):
     async def test_the_shared_redis_setting_puts_receipts_on_redis(self) -> None:
-        from relayd import redis_config
+        from relayd.base.clock import Timekeeper
+        from relayd.base.config import resolve
         from relayd.buzz.config import SETTINGS
         from relayd.buzz.redis.state import RedisReceipts
         from relayd.buzz.service import make_service
-        from relayd.clock import Timekeeper
-        from relayd.config import resolve
+        from relayd.process import settings
 
         state = tempfile.mkdtemp(prefix="relayd-wiring-")
         flags = {"broker-nostr-relay": "ws://127.0.0.1:1", "broker-state-dir": state}
-        plain = make_service(resolve(redis_config.SETTINGS + SETTINGS, flags, {}), reactor, Timekeeper(reactor))
+        plain = make_service(resolve(settings.REDIS_SETTINGS + SETTINGS, flags, {}), reactor, Timekeeper(reactor))
         assert plain is not None and plain.host.receipts is plain.state  # type: ignore[attr-defined]
         await plain.state.close()  # type: ignore[attr-defined]
         env = {"RELAYD_REDIS": shared_redis().url, "RELAYD_REDIS_PREFIX": "wiring:"}
-        svc = make_service(resolve(redis_config.SETTINGS + SETTINGS, flags, env), reactor, Timekeeper(reactor))
+        svc = make_service(resolve(settings.REDIS_SETTINGS + SETTINGS, flags, env), reactor, Timekeeper(reactor))
         assert svc is not None
         receipts = svc.host.receipts  # type: ignore[attr-defined]
         assert isinstance(receipts, RedisReceipts) and receipts.prefix == b"wiring:"

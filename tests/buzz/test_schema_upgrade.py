@@ -16,15 +16,15 @@ import tempfile
 
 from twisted.trial.unittest import TestCase
 
-from relayd import sqlite_schema
+from relayd.base.clock import Timekeeper
+from relayd.base.config import ConfigError, resolve
 from relayd.buzz.config import SETTINGS
 from relayd.buzz.core.keys import Custody
 from relayd.buzz.core.state import DB_FILE_NAME, STAMP_DIGEST_BYTES, Credential, StateDB
 from relayd.buzz.service import make_service
 from relayd.cli import broker as admin
-from relayd.clock import Timekeeper
-from relayd.config import ConfigError, resolve
-from relayd.sqlite_schema import SchemaError
+from relayd.storage import sqlite_schema
+from relayd.storage.sqlite_schema import SchemaError
 from tests.support.cases import cases, expand
 
 # The schema exactly as relayd wrote it before versioned schemas (relayd/buzz/core/state/'s inline

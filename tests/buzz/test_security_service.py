@@ -12,14 +12,14 @@ import tempfile
 from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
 
+from relayd.base.clock import Timekeeper
+from relayd.base.config import ConfigError, resolve
 from relayd.buzz import nostr
 from relayd.buzz.config import SETTINGS
 from relayd.buzz.core import keys
 from relayd.buzz.core.state import StateDB
 from relayd.buzz.service import make_service
 from relayd.cli import broker as admin
-from relayd.clock import Timekeeper
-from relayd.config import ConfigError, resolve
 from tests.buzz.harness import BrokerUnderTest, new_channel, temp_dir
 from tests.support.cases import cases, expand
 from tests.support.nostr import NostrRelay, shared_nostr_relay

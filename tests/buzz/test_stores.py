@@ -18,6 +18,7 @@ from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 from zope.interface.verify import verifyObject
 
+from relayd.base.clock import Timekeeper
 from relayd.buzz.core.host import credential_hash
 from relayd.buzz.core.operations import Plan
 from relayd.buzz.core.state import (
@@ -33,7 +34,6 @@ from relayd.buzz.core.state import (
 )
 from relayd.buzz.redis.state import RedisReceipts
 from relayd.cli import broker as admin
-from relayd.clock import Timekeeper
 from tests.support.redis import connected_redis, shared_redis
 
 P = "a" * 64
@@ -368,8 +368,8 @@ class RedisReceiptStoreTests(ReceiptStoreContract, TestCase):
         assert 0 < int(ttl) <= 30 * 24 * 3600
 
     async def test_redis_down_fails_fast(self) -> None:
-        from relayd.redis import Redis
-        from relayd.storage import StoreUnavailable
+        from relayd.base.errors import StoreUnavailable
+        from relayd.storage.redis import Redis
 
         dead = Redis("redis://127.0.0.1:1/0", Timekeeper(reactor))
         self.addCleanup(dead.close)

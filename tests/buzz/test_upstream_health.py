@@ -22,10 +22,10 @@ from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
+from relayd.base.clock import Timekeeper
 from relayd.buzz import nostr
 from relayd.buzz.nostr_upstream import NostrRelayPool, NotConnected
 from relayd.buzz.upstream import REPEAT_EVERY, STABLE, START_WARNING, Throttle, Upstream, public_url
-from relayd.clock import Timekeeper
 from tests.support.command import Command
 from tests.support.skips import require_module
 from tests.support.twistd import RelaydProcess

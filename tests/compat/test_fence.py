@@ -13,7 +13,7 @@ from twisted.trial.unittest import TestCase
 
 import relayd
 from relayd import compat
-from relayd import redis_internals as redis_fence
+from relayd.compat import txredisapi as redis_fence
 
 # -- nothing outside the fence touches a private attribute -----------------------------------------------
 
@@ -41,7 +41,7 @@ _OURS = {
     ("mcp/endpoint.py", "requests"): "an MCP intake's own JSON-RPC requests",
     ("mcp/http.py", "_log"): "the MCP resource's own Logger",
     ("mcp/http.py", "paused"): "SSEStream's own flow state",
-    ("redis.py", "_message"): "the Redis bus's own handler",
+    ("storage/redis.py", "_message"): "the Redis bus's own handler",
 }
 
 

@@ -1,4 +1,4 @@
-"""Issue 6 acceptance 2, broker part: a real ``twistd -n --logger=relayd.logging.json_observer relayd``
+"""Issue 6 acceptance 2, broker part: a real ``twistd -n --logger=relayd.logs.json.json_observer relayd``
 acting for an agent on a real Nostr relay, through successes and failures. Every line is one JSON
 object, and no credential, secret key or key-encryption key appears anywhere in it."""
 
@@ -56,7 +56,7 @@ class BrokerJSONLogs(TestCase):
              "--broker-nostr-relay", self.relay.url, "--broker-state-dir", state,
              "--broker-kek-file", kek_file],
             wait_for=("broker",),
-            twistd_options=["--logger=relayd.logging.json_observer"],
+            twistd_options=["--logger=relayd.logs.json.json_observer"],
         )
         url = f"http://127.0.0.1:{proc.port('broker')}/v1/action"
         pool = HTTPConnectionPool(reactor, persistent=False)

@@ -1,4 +1,4 @@
-"""Issue 6 acceptance 2 (and 1 under twistd): a real ``twistd -n --logger=relayd.logging.json_observer
+"""Issue 6 acceptance 2 (and 1 under twistd): a real ``twistd -n --logger=relayd.logs.json.json_observer
 relayd`` driven through successes and failures on the AEP and MCP relays (401s, bad tokens in headers
 and queries, invalid bodies, oversize bodies, a PROXY-protocol client, a metrics scrape). Every line
 it writes is one JSON object with the stable keys, and no token, credential or access_token value
@@ -55,7 +55,7 @@ class JSONLogs(TestCase):
             ],
             env={"AEP_TOKEN": TOKEN},
             wait_for=(),
-            twistd_options=["--logger=relayd.logging.json_observer"],
+            twistd_options=["--logger=relayd.logs.json.json_observer"],
         )
         await proc.wait_for(rb"relayd ready")
         aep, proxied = [int(p) for p in re.findall(rb'aep listening on https?://[^\s"]+:(\d+)', proc.log)]

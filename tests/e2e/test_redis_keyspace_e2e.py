@@ -8,7 +8,7 @@ import socket
 from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 
-from relayd.redis import KEYSPACE_VERSION
+from relayd.storage.redis import KEYSPACE_VERSION
 from tests.support.redis import RedisServer
 from tests.support.twistd import RelaydProcess
 
@@ -45,7 +45,7 @@ class KeyspaceRefusal(TestCase):
         # The URL as docs/deployment.md promises it (redis://HOST:PORT/DB): only a password is scrubbed.
         self.assertRegex(
             log,
-            rf"\[relayd\.redis\.Redis#critical\] Redis at redis://127\.0\.0\.1:{self.redis.port}/0 holds relayd keyspace version "
+            rf"\[relayd\.storage\.redis\.Redis#critical\] Redis at redis://127\.0\.0\.1:{self.redis.port}/0 holds relayd keyspace version "
             rf"{KEYSPACE_VERSION + 1} \(key relayd:schema\), this relayd uses keyspace version {KEYSPACE_VERSION}: ",
         )
         self.assertIn("[relayd.tap.RelaydService#critical] relayd stops (exit status 1)", log)
@@ -98,7 +98,7 @@ class BoundsRefusal(TestCase):
         second = await self.start(*aep, "--aep-buffer", "1000", "--aep-max-sessions", "500")
         log = await self.refused(second)
         self.assertIn(
-            f"[relayd.redis.Redis#critical] --aep-buffer is 1000 here and 100 on Redis (key relayd:bounds at "
+            f"[relayd.storage.redis.Redis#critical] --aep-buffer is 1000 here and 100 on Redis (key relayd:bounds at "
             f"redis://127.0.0.1:{self.redis.port}/0): ",
             log,
         )

@@ -12,7 +12,7 @@ from relayd.aep.http import AEPResource
 from relayd.aep.relay import EventRelay
 from relayd.aep.store import MemoryEventLog
 from relayd.aep.websocket import AEPSocket, AEPSocketFactory
-from relayd.clock import Timekeeper
+from relayd.base.clock import Timekeeper
 from relayd.web.site import RelaySite
 from relayd.web.sse import SSEHub, sse_comment
 from tests.support.aep import wait_until

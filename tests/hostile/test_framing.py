@@ -228,7 +228,7 @@ class LineEndings(TestCase):
 
 CAP = 3
 RESERVE = 4
-"""relayd.web.site.HEALTH_RESERVE."""
+"""relayd.process.settings.HEALTH_RESERVE."""
 
 
 class ConnectionsPerClient(TestCase):

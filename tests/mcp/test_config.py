@@ -13,8 +13,8 @@ from twisted.python import usage
 from twisted.trial import unittest
 
 from relayd import tap
-from relayd.clock import Timekeeper
-from relayd.config import ConfigError, Resolved, resolve
+from relayd.base.clock import Timekeeper
+from relayd.base.config import ConfigError, Resolved, resolve
 from relayd.mcp.config import SETTINGS, cors_policy, listen_endpoints
 from relayd.mcp.service import make_service
 from tests.support.cases import cases, expand

@@ -5,8 +5,8 @@ from __future__ import annotations
 from twisted.internet import reactor
 from twisted.trial import unittest
 
-from relayd.clock import Timekeeper
-from relayd.config import ConfigError, resolve
+from relayd.base.clock import Timekeeper
+from relayd.base.config import ConfigError, resolve
 from relayd.mcp.config import SETTINGS
 from relayd.mcp.service import make_service
 from tests.support.mcp import TOKEN, McpRelayCase

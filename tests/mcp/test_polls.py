@@ -10,7 +10,7 @@ from twisted.internet import task
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.trial.unittest import TestCase
 
-from relayd.clock import Timekeeper
+from relayd.base.clock import Timekeeper
 from relayd.mcp.polls import ParkedPoll, PollResult
 from relayd.mcp.store import INBOUND, POLL, SubscriberRecord
 

@@ -16,7 +16,7 @@ from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
-from relayd.clock import Timekeeper
+from relayd.base.clock import Timekeeper
 from relayd.mcp.frames import FRAMES_DROPPED, parse_frame
 from relayd.mcp.polls import parse_wait_ms
 from relayd.mcp.store import INBOUND, OUTBOUND, MemoryStore

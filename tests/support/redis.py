@@ -121,12 +121,12 @@ def redis_flags(url: str | None = None, prefix: str | None = None) -> dict[str, 
 
 
 async def connected_redis(url: str, timeout: float = 5.0):  # type: ignore[no-untyped-def]
-    """A L{relayd.redis.Redis} client whose pool is up."""
+    """A L{relayd.storage.redis.Redis} client whose pool is up."""
     from twisted.internet import reactor
     from twisted.internet.task import deferLater
 
-    from relayd.clock import Timekeeper
-    from relayd.redis import Redis
+    from relayd.base.clock import Timekeeper
+    from relayd.storage.redis import Redis
 
     redis = Redis(url, Timekeeper(reactor))
     waited = 0.0

@@ -22,11 +22,10 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
-import relayd.redis
-from relayd.clock import Timekeeper
-from relayd.config import Resolved, resolve
-from relayd.redis_config import SETTINGS as REDIS_SETTINGS
-from relayd.settings import SETTINGS as PROCESS_SETTINGS
+import relayd.storage.redis
+from relayd.base.clock import Timekeeper
+from relayd.base.config import Resolved, resolve
+from relayd.process.settings import SETTINGS as PROCESS_SETTINGS
 from relayd.wing import Plumbing
 
 TIMEOUT = 5.0
@@ -54,7 +53,7 @@ class Wing:
         make_wing = importlib.import_module(f"relayd.{name}.service").make_wing
         (listen,) = [setting.name for setting in config.SETTINGS if setting.name.endswith("-listen")]  # buzz: broker-listen
         flags = {listen: [LOOPBACK], **(given or {})}
-        settings = resolve([*PROCESS_SETTINGS, *REDIS_SETTINGS, *config.SETTINGS], flags, dict(environ or {}))
+        settings = resolve([*PROCESS_SETTINGS, *config.SETTINGS], flags, dict(environ or {}))
         plumbing = Plumbing.from_settings(settings, reactor, Timekeeper(reactor))
         service = make_wing(plumbing, settings)
         assert service is not None, f"the {name} wing is disabled by {flags}"
@@ -70,7 +69,7 @@ class Wing:
         wing.url = f"http://127.0.0.1:{wing.port}"
         return wing
 
-    def redis_clients(self) -> list[relayd.redis.Redis]:
+    def redis_clients(self) -> list[relayd.storage.redis.Redis]:
         """The plumbing's Redis client (with C{--redis}), which this wing's owner closes."""
         return [] if self.plumbing.redis is None else [self.plumbing.redis]
 

@@ -20,8 +20,9 @@ from twisted.internet import reactor
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
-from relayd import logging as rlog
-from relayd.clock import Timekeeper
+from relayd.base.clock import Timekeeper
+from relayd.logs import access
+from relayd.logs import json as logs_json
 from relayd.web.listen import HTTPWingService, listener_url
 from relayd.web.site import RelaySite
 from tests.support.cases import cases, expand
@@ -84,7 +85,7 @@ class OneLinePerListener(TestCase):
         )
         self.assertEqual({e["log_namespace"] for e in lines}, {"relayd.listening"})
         self.assertEqual([e["relay"] for e in lines], ["aep", "aep", "mcp"])
-        self.assertEqual(json.loads(rlog.event_as_json(lines[2]))["fields"],
+        self.assertEqual(json.loads(logs_json.event_as_json(lines[2]))["fields"],
                          {"url": f"http://127.0.0.1:{mcp}/p", "details": "cors=* from default"})
 
 
@@ -105,11 +106,11 @@ class PortNoise(TestCase):
         globalLogPublisher.addObserver(events.append)
         self.addCleanup(globalLogPublisher.removeObserver, events.append)
         log.msg(text)
-        self.assertEqual(rlog.is_port_noise(events[-1]), noise)
+        self.assertEqual(access.is_port_noise(events[-1]), noise)
 
     def test_only_legacy_events(self) -> None:
         event = {"log_namespace": "relayd.web", "message": ("RelaySite starting on 80",), "log_format": "x"}
-        self.assertFalse(rlog.is_port_noise(event))
+        self.assertFalse(access.is_port_noise(event))
 
 
 @expand
@@ -129,7 +130,7 @@ class TwistdStartupLines(TestCase):
         self.relay_port = s.getsockname()[1]
         s.close()  # the broker's relay is down: its retries must not add lines either
 
-    @cases(text=([],), json=(["--logger=relayd.logging.json_observer"],))
+    @cases(text=([],), json=(["--logger=relayd.logs.json.json_observer"],))
     async def test_one_line_per_listener(self, twistd_options: list[str]) -> None:
         sock_path = os.path.join(self.state, "aep.sock")
         proc = await RelaydProcess.start(

@@ -15,7 +15,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
-from relayd.clock import Timekeeper
+from relayd.base.clock import Timekeeper
 from relayd.web import held as held_module
 from relayd.web.held import MAX_UNSOLICITED, HeldResponse
 from relayd.web.site import RelaySite

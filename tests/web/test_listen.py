@@ -11,7 +11,7 @@ from twisted.internet.protocol import Factory
 from twisted.trial.unittest import TestCase
 from twisted.web.resource import Resource
 
-from relayd.clock import Timekeeper
+from relayd.base.clock import Timekeeper
 from relayd.web.listen import HTTPWingService, StrictListener
 from relayd.web.site import RelaySite
 

@@ -14,7 +14,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyRequest
 
-from relayd.storage import StoreUnavailable
+from relayd.base.errors import StoreUnavailable
 from relayd.web.answers import INTERNAL_ERROR, Answer, Refusals, finish, gone, json_answer
 from relayd.web.routes import TAKEN, RoutedResource, RouteTable, answer_when
 from relayd.web.site import RelaySite

@@ -19,10 +19,11 @@ from twisted.web.client import HTTPConnectionPool
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
-from relayd.clock import Timekeeper
+from relayd.base.clock import Timekeeper
 from relayd.compat import web as fence
+from relayd.process.settings import HEALTH_RESERVE, SiteSettings
 from relayd.web.request import BodyLimit
-from relayd.web.site import HEALTH_RESERVE, RelaySite, SiteSettings
+from relayd.web.site import RelaySite
 from relayd.web.sse import SSEHub, SSEStream
 from tests.support.aep import AEPRelay, event, ndjson
 from tests.support.raw import RawClient, exchange

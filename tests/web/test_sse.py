@@ -12,7 +12,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
-from relayd.clock import Timekeeper
+from relayd.base.clock import Timekeeper
 from relayd.web.sse import BEAT_SLICE, SSEHub, SSEStream, sse_comment, sse_event
 
 HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]

@@ -39,6 +39,7 @@ from typing import Any, Sequence
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from relayd.base.errors import OutcomeUnknown, StoreUnavailable
 from relayd.buzz import metrics
 from relayd.buzz.core import contract
 from relayd.buzz.core.keys import SealError
@@ -60,7 +61,6 @@ from relayd.buzz.core.state import (
     IReceiptStore,
 )
 from relayd.buzz.nostr_upstream import ConnectionLost, NotConnected, QueryClosed, UpstreamError, UpstreamTimeout
-from relayd.storage import OutcomeUnknown, StoreUnavailable
 
 CHANNEL_ACTIONS = frozenset({"channel.read", "message.post", "message.reply", "reaction.add", "agents.create"})
 _BEARER = b"Bearer "

@@ -10,7 +10,7 @@ An C{OK} whose message starts with C{duplicate:} means the relay already holds t
 success whatever its boolean. A dropped connection fails what is pending on it (callers turn a
 publish in flight into C{outcome_unknown}); the next demand reconnects, after the pool's backoff
 (L{relayd.buzz.nostr_upstream.settings.UpstreamSettings.retry_delay}) when connecting keeps failing.
-Every timer goes through the L{relayd.clock.Timekeeper}.
+Every timer goes through the L{relayd.base.clock.Timekeeper}.
 """
 
 from __future__ import annotations

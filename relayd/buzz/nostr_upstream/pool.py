@@ -24,12 +24,12 @@ from typing import Any, Callable
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from relayd.base.clock import Timekeeper
+from relayd.base.reactor import IReactor
 from relayd.buzz import nostr
 from relayd.buzz.nostr_upstream.connection import UpstreamConnection
 from relayd.buzz.nostr_upstream.settings import UpstreamSettings
 from relayd.buzz.upstream import REPEAT_EVERY, Throttle
-from relayd.clock import Timekeeper
-from relayd.reactor import IReactor
 
 
 class NostrRelayPool:

@@ -7,9 +7,9 @@ from typing import Callable
 
 from twisted.application.internet import backoffPolicy
 
+from relayd.base.clock import Timekeeper
+from relayd.base.reactor import IReactor
 from relayd.buzz.upstream import public_url
-from relayd.clock import Timekeeper
-from relayd.reactor import IReactor
 
 
 def _no_jitter() -> float:

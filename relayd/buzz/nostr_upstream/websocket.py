@@ -22,9 +22,9 @@ from twisted.internet.interfaces import ITCPTransport
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 
+from relayd.base.reactor import IReactor
 from relayd.compat.autobahn import ws_data_received, ws_frames_direct, ws_parser_idle
 from relayd.compat.tcp import write_now
-from relayd.reactor import IReactor
 
 
 class IWebSocketOwner(Protocol):

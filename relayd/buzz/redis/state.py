@@ -37,6 +37,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from relayd.base.clock import Timekeeper
 from relayd.buzz.core.state import (
     BUSY,
     CONFLICT,
@@ -48,9 +49,8 @@ from relayd.buzz.core.state import (
     Receipt,
     is_read_page,
 )
-from relayd.clock import Timekeeper
-from relayd.redis import Redis, RedisBus
-from relayd.redis_lua import Script, tagged
+from relayd.storage.redis import Redis, RedisBus
+from relayd.storage.redis_lua import Script, tagged
 
 STORE = "broker receipts (Redis)"
 RETENTION = 30 * 24 * 3600  # seconds a receipt is kept after its last write

@@ -1,10 +1,10 @@
-"""The echo wing's settings table (relayd.config rows: flag > environment > default)."""
+"""The echo wing's settings table (relayd.base.config rows: flag > environment > default)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relayd.config import Resolved, Setting, endpoint
+from relayd.base.config import Resolved, Setting, endpoint
 
 SETTINGS = [
     Setting(

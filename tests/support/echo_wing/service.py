@@ -5,7 +5,7 @@ from __future__ import annotations
 from twisted.web.resource import Resource
 from twisted.web.server import Request
 
-from relayd.config import Resolved
+from relayd.base.config import Resolved
 from relayd.web.listen import HTTPWingService
 from relayd.web.site import RelaySite
 from relayd.wing import Plumbing

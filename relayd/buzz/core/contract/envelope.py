@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from relayd import jsoncodec
+from relayd.base import jsoncodec
 from relayd.buzz.core.contract.actions import ARGS, OUTCOMES, check_args_semantics
 from relayd.buzz.core.contract.errors import ContractError, MalformedResponse, RequestIdError, TransportError
 from relayd.buzz.core.contract.strict_json import dumps, loads_strict
@@ -78,7 +78,7 @@ def parse_request_body(body: bytes) -> tuple[str, Any]:
     try:
         tree = loads_strict(body)
     except ValueError as e:
-        # The fault named as every wing names it (relayd.jsoncodec); it quotes nothing from the body.
+        # The fault named as every wing names it (relayd.base.jsoncodec); it quotes nothing from the body.
         raise RequestIdError(f"request body is not valid JSON: {jsoncodec.refusal_reason(body, e)}") from None
     except RecursionError:
         raise RequestIdError("request body nests too deeply to decode") from None

@@ -2,7 +2,7 @@
 and the compact encoder every answer is written with.
 
 Kept together as one unit (L{loads_strict}, L{dumps}, L{_parse_int} and what they use; the mechanism
-both share with the other wings is L{relayd.jsoncodec}'s): what a payload means is judged elsewhere
+both share with the other wings is L{relayd.base.jsoncodec}'s): what a payload means is judged elsewhere
 (L{relayd.buzz.core.contract.tree}).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from relayd import jsoncodec
+from relayd.base import jsoncodec
 
 # Integers with more digits than this are out of every range the contract has (2**64 has 20):
 # they are read as a stand-in of the same sign instead of converting thousands of digits.

@@ -13,7 +13,7 @@ import os
 import sqlite3
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
-from relayd import sqlite_schema
+from relayd.base.clock import BlockingClock
 from relayd.buzz.core.state.effects import (
     CreateAgent,
     DeleteAgent,
@@ -33,10 +33,10 @@ from relayd.buzz.core.state.records import (
     Receipt,
     is_read_page,
 )
-from relayd.clock import BlockingClock
+from relayd.storage import sqlite_schema
 
 DB_FILE_NAME = "broker.sqlite3"
-_SCHEMA_PACKAGE = "relayd.buzz"  # its schema/NNN-*.sql files (relayd/sqlite_schema.py)
+_SCHEMA_PACKAGE = "relayd.buzz"  # its schema/NNN-*.sql files (relayd/storage/sqlite_schema.py)
 T = TypeVar("T")
 
 WAL_LIMIT = 4 * 1024 * 1024  # bytes of WAL before a checkpoint truncates it
@@ -115,7 +115,7 @@ class StateDB:
         _create_private(path)
         self.conn = _connect(path)
         try:
-            # relayd/buzz/schema/*.sql, applied in order (relayd/sqlite_schema.py).
+            # relayd/buzz/schema/*.sql, applied in order (relayd/storage/sqlite_schema.py).
             sqlite_schema.upgrade(self.conn, _SCHEMA_PACKAGE, adopt=_adopt, label=path)
         except BaseException:
             self.conn.close()

@@ -1,0 +1,79 @@
+"""The one place relayd reaches into txredisapi's private state (relayd/storage/redis.py is its one user).
+
+Twice relayd replaces what txredisapi does inside its protocol, and each time it must know how
+txredisapi does it. Each reliance is detected once, at import, on the installed txredisapi (the
+names it relies on must appear in the txredisapi methods that use them); when a release drops them
+the flag is off and relayd takes txredisapi's own path, plainer but working. The pool, its factory
+and their endpoints are built from txredisapi's public classes in relayd/storage/redis.py and need no
+fence. tests/compat/test_txredisapi.py checks each detection against a real redis-server, checks each
+fallback, and (with the fence's scan, tests/web/test_twisted_internals.py) fails any other module
+that touches a txredisapi private attribute. setup.cfg bounds txredisapi's version so that a new
+release is admitted only once those tests pass on it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import txredisapi
+
+from relayd.compat.detect import code_uses
+
+# -- readiness: relayd's own handshake -------------------------------------------------------------
+
+READY_STATE = code_uses(txredisapi.BaseRedisProtocol.whenConnected, "_ready", "_waiting_for_connect") and code_uses(
+    inspect.unwrap(txredisapi.BaseRedisProtocol.connectionMade), "_ready", "_waiting_for_connect"  # inlineCallbacks
+)
+"""A protocol is usable once its handshake sets C{_ready} and fires the Deferreds C{whenConnected}
+queued in C{_waiting_for_connect}: the pool hands out a connection only then. With it relayd runs its
+own AUTH and SELECT and L{mark_ready} declares the connection usable: txredisapi's handshake stops
+the whole pool from ever reconnecting when AUTH or SELECT fails, which is what happens when Redis
+closes a connection mid-handshake while it restarts, and one unlucky reconnect would leave relayd
+without Redis until it is restarted. Without it relayd runs txredisapi's handshake and checks the
+keyspace version after it (the pool may hand the connection out while the check runs; a mismatch
+still refuses the whole client)."""
+
+
+def mark_ready(protocol: Any) -> None:
+    """Declare C{protocol} usable after relayd's handshake, as txredisapi's own handshake would."""
+    protocol.connected = 1
+    protocol._ready = True
+    waiting, protocol._waiting_for_connect = protocol._waiting_for_connect, []
+    for d in waiting:
+        d.callback(protocol)
+
+
+# -- replies: a whole read in one go ----------------------------------------------------------------
+
+SPLIT_READS = code_uses(txredisapi.LineReceiver.setLineMode, "pauseProducing", "callLater") and code_uses(
+    txredisapi.LineReceiver.dataReceived, "line_mode", "paused", "resumeProducing"
+)
+"""txredisapi's line receiver, back in line mode after a bulk string, pauses the transport and feeds
+itself the rest of the read on the next reactor turn (C{dataReceived(rest, unpause=True)})."""
+
+
+class WholeReads:
+    """Mixed into relayd's txredisapi protocols: parse a whole read within the one C{dataReceived}.
+
+    With L{SPLIT_READS} a reply of N bulk strings (a pub/sub message is three) takes N reactor turns,
+    and a busy relay falls seconds behind its bus. Here the rest is kept and fed back in a loop within
+    the same read. Without it (a txredisapi that no longer splits reads) this does nothing.
+    """
+
+    _rest = b""
+
+    def setLineMode(self, extra: bytes = b"") -> None:
+        if not SPLIT_READS:
+            return super().setLineMode(extra)  # type: ignore[misc]
+        self.line_mode = 1
+        if extra:
+            self._rest += extra
+        return None
+
+    def dataReceived(self, data: bytes, unpause: bool = False) -> Any:
+        result = super().dataReceived(data, unpause)  # type: ignore[misc]
+        while self._rest and not self.paused:  # type: ignore[attr-defined]
+            rest, self._rest = self._rest, b""
+            result = super().dataReceived(rest)  # type: ignore[misc]
+        return result

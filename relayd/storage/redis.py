@@ -1,0 +1,531 @@
+"""Redis for relayd: one connection pool, prompt failure while Redis is away, and a pub/sub bus.
+
+It knows no protocol. Every call fails fast with L{StoreUnavailable} while no connection is up (instead
+of queueing until Redis returns, which would hang requests), and after C{timeout} seconds when Redis
+does not answer; the pool and the subscriber reconnect by themselves with backoff.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+from urllib.parse import unquote, urlsplit
+
+import txredisapi
+from twisted.internet import defer
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from relayd.base.clock import Timekeeper
+from relayd.base.errors import OutcomeUnknown, StoreRefused, StoreUnavailable
+from relayd.compat import txredisapi as fence
+from relayd.compat.txredisapi import WholeReads
+
+DEFAULT_TIMEOUT = 2.0
+
+# The version of relayd's keyspace: the names, types and encodings of every key relayd keeps in Redis
+# and what its Lua scripts expect of them. Bump it (one integer for every wing) with any change a
+# relayd of the previous version would misread. Each connection checks it under --redis-prefix
+# (relayd:schema) before it is used, and a relayd that finds another version refuses that Redis
+# (docs/deployment.md "Upgrades").
+# 2: Lua scripts in files, keys hash-tagged per session (docs/decisions.md REDIS-1); 3: AEP members carry
+# their dedupe key, and the usual batch is stored once, as it came (relayd/aep/redis_store.py).
+KEYSPACE_VERSION = 3
+VERSION_KEY = "schema"  # after the prefix
+# Beside it, a hash of the deployment-wide bounds the keys are kept by (a wing's, by flag name:
+# aep-buffer, mcp-queue-frames...): instances with other values would trim one another's keys, so
+# each connection checks them too, and the first instance's values hold (L{Redis.hold_bounds}).
+BOUNDS_KEY = "bounds"  # after the prefix
+# Deployment-wide keys every earlier relayd kept (before keyspace versions): with no version key
+# beside them, the keys under the prefix are an unversioned layout, not an empty keyspace.
+UNVERSIONED_MARKERS = ("aep:lru", "aep:arrival", "aep:clock", "mcp:sessions", "mcp:buffered", "mcp:seq")
+
+
+# Redis's refusals of a command it did not run, by the error's first word (after the "-" that quotes
+# it inside a script's error before Redis 7): memory full under noeviction, a replica, a failed
+# snapshot, a script running too long, a dataset loading, a replica cut from its primary, too few
+# replicas, a cluster moving or down. Each is an outage of the store (503, retry), not a bug;
+# NOSCRIPT is relayd/storage/redis_lua.py's to answer (it sends the script in full).
+_REFUSAL = re.compile(
+    r"(?:^|-)(OOM|READONLY|MISCONF|BUSY|LOADING|MASTERDOWN|NOREPLICAS|TRYAGAIN|CLUSTERDOWN|NOSCRIPT)\b"
+)
+
+# A script that must not run once relayd has stopped waiting for it (the AEP append) is handed a
+# deadline this much earlier than the client's timeout, in Redis's clock (L{Redis.deadline}): when
+# Redis reaches it later (queued behind a slow command), it does nothing, so a write relayd
+# answered "outcome unknown" for is not stored after all, and its retry is not a duplicate.
+DEADLINE_MARGIN = 0.25  # of the timeout
+
+
+def refusal_code(message: str) -> str | None:
+    """The refusal an error reply of Redis is (L{_REFUSAL}: C{OOM}, C{READONLY}...), or C{None}."""
+    found = _REFUSAL.search(message)
+    return found.group(1) if found else None
+
+
+class KeyspaceMismatch(Exception):
+    """Redis holds relayd keys this relayd cannot share; the message says what to do."""
+
+
+class KeyspaceVersionError(KeyspaceMismatch):
+    """Redis holds relayd keys of another keyspace version (L{KEYSPACE_VERSION})."""
+
+
+def _bound_text(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+@dataclass(frozen=True)
+class RedisURL:
+    """A parsed C{redis://} / C{rediss://} URL."""
+
+    host: str
+    port: int
+    db: int
+    username: str | None
+    password: str | None
+    tls: bool
+
+    def __str__(self) -> str:  # never shows the password
+        scheme = "rediss" if self.tls else "redis"
+        return f"{scheme}://{self.host}:{self.port}/{self.db}"
+
+
+def parse_redis_url(text: str) -> RedisURL:
+    """Parse C{redis://[user:password@]host[:port][/db]} (C{rediss://} for TLS)."""
+    parts = urlsplit(text.strip())
+    if parts.scheme not in ("redis", "rediss"):
+        raise ValueError("must be a redis:// or rediss:// URL")
+    if not parts.hostname:
+        raise ValueError("must name a host")
+    try:
+        port = parts.port or 6379
+    except ValueError:
+        raise ValueError("has an invalid port") from None
+    path = parts.path.strip("/")
+    if path and not path.isdigit():
+        raise ValueError("database must be a number (redis://host:port/0)")
+    return RedisURL(
+        host=parts.hostname,
+        port=port,
+        db=int(path or 0),
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password else None,
+        tls=parts.scheme == "rediss",
+    )
+
+
+def redis_url(text: str) -> str:
+    """Setting parser: validates and keeps the URL text."""
+    parse_redis_url(text)
+    return text.strip()
+
+
+class _Handshake:
+    """AUTH, SELECT and the keyspace version check on every (re)connect; when AUTH or SELECT fail,
+    only this connection is dropped and retried. Another keyspace version refuses the whole client.
+
+    txredisapi's own handshake would stop the whole pool from reconnecting instead
+    (relayd/compat/txredisapi.py READY_STATE, which also says what happens without it).
+    """
+
+    _log = Logger()
+    password: str | None
+    username: str | None
+    dbid: int | None
+    transport: Any
+
+    @defer.inlineCallbacks
+    def connectionMade(self) -> Any:
+        try:
+            if fence.READY_STATE:
+                yield self._authenticate()
+            else:
+                yield super().connectionMade()  # type: ignore[misc]  # txredisapi's: a failure stops the pool
+                if self.transport.disconnecting:
+                    return
+            yield self._check_keyspace()
+        except KeyspaceMismatch as e:
+            self.transport.loseConnection()
+            self._refused(str(e))
+            return
+        except Exception as e:
+            self._log.warn("Redis connection handshake failed ({error}); reconnecting", error=str(e))
+            self.transport.loseConnection()
+            return
+        if fence.READY_STATE:
+            fence.mark_ready(self)
+        self._usable()
+
+    def _usable(self) -> None:
+        """The handshake passed: the connection carries commands from now on."""
+
+    @defer.inlineCallbacks
+    def _authenticate(self) -> Any:
+        if self.password is not None:
+            reply = yield self.auth(self.password, self.username)  # type: ignore[attr-defined]
+            if isinstance(reply, Exception):
+                raise reply
+        if self.dbid:  # database 0 is where every connection starts
+            reply = yield self.select(self.dbid)  # type: ignore[attr-defined]
+            if isinstance(reply, Exception):
+                raise reply
+
+    def _check_keyspace(self) -> Any:
+        """Before the connection is used: refuse a keyspace of another version (a pool connection's job)."""
+        return None
+
+    def _refused(self, message: str) -> None:
+        pass
+
+
+class _Protocol(_Handshake, WholeReads, txredisapi.RedisProtocol):
+    factory: Any
+    _counted: Redis | None = None  # the client this connection counts as usable for
+
+    @defer.inlineCallbacks
+    def _check_keyspace(self) -> Any:
+        client: Redis | None = getattr(self.factory, "relayd_client", None)
+        if client is None:
+            return
+        key, mine = client.version_key, str(KEYSPACE_VERSION).encode()
+        try:
+            found = yield self.execute_command("GET", key)
+            if found is None:  # a new keyspace (or one emptied): this relayd's version, unless another was first
+                prefix = key[: -len(VERSION_KEY)]
+                earlier = yield self.execute_command("EXISTS", *[prefix + m.encode() for m in UNVERSIONED_MARKERS])
+                if earlier:
+                    raise KeyspaceVersionError(client.mismatch("keys of an earlier relayd without a keyspace version"))
+                yield self.execute_command("SET", key, mine, "NX")
+                found = yield self.execute_command("GET", key)
+            # Redis's clock against this process's (for L{Redis.deadline}), and whether it reads a
+            # script's flags (relayd/storage/redis_lua.py): both in the same handshake.
+            before = client.clock.monotonic()
+            seconds, micros = yield self.execute_command("TIME")
+            client._redis_clock_offset = int(seconds) + int(micros) / 1e6 - (before + client.clock.monotonic()) / 2
+            info = yield self.execute_command("INFO", "server")
+            version = re.search(rb"redis_version:(\d+)", info)
+            client.script_flags = version is not None and int(version.group(1)) >= 7
+        except txredisapi.ResponseError as e:
+            if str(e).startswith("WRONGTYPE"):
+                raise KeyspaceVersionError(
+                    client.mismatch(f"a {key.decode(errors='replace')} key that is not a version")
+                ) from None
+            raise  # a transient refusal (LOADING, READONLY...): retried like a failed SELECT
+        if found != mine:
+            raise KeyspaceVersionError(client.mismatch(f"relayd keyspace version {found.decode(errors='replace')}"))
+        bounds = dict(client.bounds)
+        if bounds:
+            # The first instance's values stay (HSETNX); every later one must have the same.
+            for name, value in bounds.items():
+                yield self.execute_command("HSETNX", client.bounds_key, name, value)
+            held = yield self.execute_command("HMGET", client.bounds_key, *bounds)
+            differ = [(name, mine, there) for (name, mine), there in zip(bounds.items(), held, strict=True) if there != mine]
+            if differ:
+                raise KeyspaceMismatch(client.bounds_mismatch(differ))
+
+    def _refused(self, message: str) -> None:
+        client: Redis | None = getattr(self.factory, "relayd_client", None)
+        if client is not None:
+            client._refuse(message)
+
+    def _usable(self) -> None:
+        client: Redis | None = getattr(self.factory, "relayd_client", None)
+        if client is not None:
+            self._counted = client
+            client._pool_connection(+1)
+
+    def connectionLost(self, why: Failure) -> None:
+        client = self._counted
+        if client is not None:
+            self._counted = None
+            client._pool_connection(-1)
+        super().connectionLost(why)
+
+
+class _Subscriber(_Handshake, WholeReads, txredisapi.SubscriberProtocol):
+    bus: RedisBus
+
+    def connectionMade(self) -> Any:
+        d = super().connectionMade()
+        # Wait for AUTH/SELECT, then (re)subscribe: a reconnect must not lose the bus.
+        self.whenConnected().addCallback(lambda _: self.bus._subscribed(self))
+        return d
+
+    def messageReceived(self, pattern: Any, channel: bytes, message: bytes) -> None:
+        self.bus._message(channel, message)
+
+    def connectionLost(self, why: Failure) -> None:
+        self.bus._lost(self)
+        super().connectionLost(why)
+
+
+class Redis:
+    """The process's Redis client: the tap makes one with C{--redis} (relayd.wing.Plumbing), every
+    wing shares it, and the root service closes it once the wings are drained."""
+
+    _log = Logger()
+
+    def __init__(
+        self, url: str, clock: Timekeeper, *, timeout: float = DEFAULT_TIMEOUT, poolsize: int = 4, prefix: str = "relayd:"
+    ) -> None:
+        self.url = parse_redis_url(url)
+        self.clock = clock
+        self.timeout = timeout
+        self.version_key = (prefix + VERSION_KEY).encode()
+        self.bounds_key = (prefix + BOUNDS_KEY).encode()
+        self.bounds: dict[bytes, bytes] = {}  # L{hold_bounds}
+        # Set (with the reason) once Redis was found to hold another keyspace version: the client
+        # then stops reconnecting and refuses every call; C{refused} fires with the reason.
+        self.refusal: str | None = None
+        self.refused: Deferred[str] = Deferred()
+        self._buses: list[RedisBus] = []
+        # Redis's clock minus the monotonic clock here, in seconds (measured at each handshake),
+        # and whether Redis reads a script's shebang flags (7 and later).
+        self._redis_clock_offset = 0.0
+        self.script_flags = False
+        # The commands Redis refuses now (L{_REFUSAL}), by what they run: logged once when the
+        # first is refused and once when the last of them is run again, not once per request.
+        self._refused_commands: set[Any] = set()
+        self._usable_connections = 0
+        self._closing = False
+        # The pool as txredisapi.lazyConnectionPool makes it, from its public parts, so that relayd
+        # holds the factory it configures (lazyConnectionPool keeps it private).
+        factory = txredisapi.RedisFactory(
+            f"{self.url.host}:{self.url.port}",
+            self.url.db,
+            poolsize,
+            isLazy=True,
+            charset=None,  # bytes in, bytes out: payloads are forwarded as they are
+            password=self.url.password,
+            username=self.url.username,
+            replyTimeout=timeout,
+            convertNumbers=False,
+        )
+        factory.reconnect = True
+        factory.protocol = _Protocol
+        factory.relayd_client = self  # the keyspace check reports here
+        # Reconnect quickly: while Redis is away every request that needs it is refused.
+        factory.initialDelay = 0.2
+        factory.maxDelay = 2
+        factory.startConnecting(_endpoint(self.url, timeout, clock))
+        self._factory = factory
+        self._pool = factory.handler
+
+    @property
+    def connected(self) -> bool:
+        return bool(self._factory.size) and self.refusal is None
+
+    def _pool_connection(self, change: int) -> None:
+        """A pool connection became usable (+1) or was lost (-1): say when the first is up and when
+        the last is gone, so an operator (and a test) sees when relayd can reach Redis."""
+        before, self._usable_connections = self._usable_connections, self._usable_connections + change
+        if before == 0 and change > 0:
+            self._log.info("connected to Redis at {url} (keyspace version {version})", url=str(self.url),
+                           version=KEYSPACE_VERSION)  # fmt: skip
+        elif self._usable_connections == 0 and change < 0 and not self._closing:
+            self._log.warn("lost every connection to Redis at {url}; reconnecting", url=str(self.url))
+
+    def mismatch(self, found: str) -> str:
+        """The refusal for a Redis that holds C{found} where this relayd keeps its keyspace version."""
+        prefix = self.version_key[: -len(VERSION_KEY)].decode(errors="replace")
+        return (
+            f"Redis at {self.url} holds {found} (key {self.version_key.decode(errors='replace')}), this relayd "
+            f"uses keyspace version {KEYSPACE_VERSION}: relayd versions that lay out their keys differently cannot "
+            f"share them. Stop the relayd processes of the other version and delete the keys under {prefix!r} "
+            "(FLUSHDB if that database holds nothing else), or give this relayd another Redis database "
+            "(redis://host:port/N) or --redis-prefix; see docs/deployment.md \"Upgrades\""
+        )
+
+    def hold_bounds(self, bounds: dict[str, float]) -> None:
+        """Keep keys by these deployment-wide bounds (by flag name, C{{"aep-buffer": 10000}}): each
+        connection checks that the keyspace is kept by the same values, and a relayd with other
+        values is refused (L{refused}; the process stops). A wing declares them as it is made."""
+        self.bounds.update({name.encode(): _bound_text(value).encode() for name, value in bounds.items()})
+
+    def bounds_mismatch(self, differ: list[tuple[bytes, bytes, bytes | None]]) -> str:
+        """The refusal for bounds other than those the keyspace is kept by: C{(name, mine, held)}."""
+        key = self.bounds_key.decode(errors="replace")
+        values = "; ".join(
+            f"--{name.decode()} is {mine.decode()} here and {(held or b'?').decode(errors='replace')} on Redis"
+            for name, mine, held in differ
+        )
+        given = " ".join(f"--{name.decode()} {(held or b'?').decode(errors='replace')}" for name, _, held in differ)
+        return (
+            f"{values} (key {key} at {self.url}): every relayd sharing these keys must use the same bounds, or "
+            f"each would trim the others' data by its own. Start this relayd with {given}; to change a bound, "
+            f"stop every relayd using this prefix, delete the key {key}, and start them with the new value "
+            "(docs/deployment.md \"Deployment-wide bounds\")"
+        )
+
+    def _refuse(self, message: str) -> None:
+        if self.refusal is not None:
+            return
+        self.refusal = message
+        self._log.critical("{reason}", reason=message)
+        self._factory.stopTrying()
+        for conn in list(self._factory.pool):  # connections checked before another version took over
+            conn.transport.loseConnection()
+        self.refused.callback(message)
+
+    def execute(self, store: str, *command: Any) -> Deferred[Any]:
+        """Run one command. It fails with L{StoreUnavailable} (naming C{store}) when Redis is away
+        (nothing was sent) or refuses it (L{StoreRefused}), and with L{OutcomeUnknown} when it was
+        sent and no answer came within the timeout (or the connection went first)."""
+        # What the command runs, for the refusal log: a script by its SHA-1 or text, else its name.
+        what = command[1] if command[0] in (b"EVALSHA", b"EVAL") else command[0]
+        return self._guard(store, what, lambda: self._pool.execute_command(*command))
+
+    def deadline(self) -> int:
+        """When a script sent now must no longer run, in microseconds of Redis's clock (C{TIME}):
+        a little before this client stops waiting for its answer (L{DEADLINE_MARGIN})."""
+        seconds = self.clock.monotonic() + self._redis_clock_offset + self.timeout * (1 - DEADLINE_MARGIN)
+        return int(seconds * 1e6)
+
+    def _guard(self, store: str, what: Any, call: Callable[[], Deferred[Any]]) -> Deferred[Any]:
+        if self.refusal is not None:
+            return defer.fail(StoreUnavailable(store, "another relayd keyspace version"))
+        if not self.connected:
+            return defer.fail(StoreUnavailable(store, "not connected"))
+        try:
+            d = call()
+        except Exception as e:  # txredisapi raises synchronously on a connection that just died
+            return defer.fail(StoreUnavailable(store, str(e)))
+        self.clock.timeout(d, self.timeout)
+
+        def answered(result: Any) -> Any:
+            if self._refused_commands and what in self._refused_commands:
+                self._refused_commands.discard(what)
+                if not self._refused_commands:
+                    self._log.info("Redis at {url} runs the commands it refused again", url=str(self.url))
+            return result
+
+        def translate(f: Failure) -> Failure:
+            if f.check(txredisapi.ResponseError):
+                message = str(f.value)
+                code = refusal_code(message)
+                if code is None:
+                    return f  # a real answer from Redis (a bug, not an outage)
+                if code != "NOSCRIPT":
+                    self._refused(what, message)
+                raise StoreRefused(store, code, message)
+            # The command was sent (or queued for a connection): Redis may have run it, or run it still.
+            reason = f.getErrorMessage() or getattr(f.type, "__name__", "error")
+            raise OutcomeUnknown(store, f"no answer from Redis ({reason}); the command may have run")
+
+        return d.addCallbacks(answered, translate)
+
+    def _refused(self, what: Any, message: str) -> None:
+        if not self._refused_commands:
+            self._log.warn(
+                "Redis at {url} refuses commands: {error}; answering 503 store-unavailable until it runs them again",
+                url=str(self.url),
+                error=message,
+            )
+        self._refused_commands.add(what)
+
+    def bus(self) -> RedisBus:
+        """A pub/sub subscriber on its own connection."""
+        bus = RedisBus(self)
+        self._buses.append(bus)
+        return bus
+
+    def close(self) -> Deferred[Any]:
+        """Close the pool and every bus made from this client."""
+        self._closing = True
+        ds = [bus.close() for bus in self._buses] + [self._pool.disconnect()]
+        self._buses = []
+        return defer.gatherResults(ds, consumeErrors=True)
+
+
+class RedisBus:
+    """Pub/sub on a dedicated connection that resubscribes after every reconnect."""
+
+    _log = Logger()
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+        self._handlers: dict[bytes, Callable[[bytes], None]] = {}
+        self._protocol: _Subscriber | None = None
+        factory = txredisapi.SubscriberFactory(isLazy=True)
+        factory.charset = None  # channels and messages stay bytes
+        factory.convertNumbers = False  # and are never numbers (it tried to parse every message as one)
+        factory.continueTrying = True
+        bus = self
+
+        class Subscriber(_Subscriber):
+            pass
+
+        Subscriber.bus = bus
+        factory.protocol = Subscriber
+        factory.password = redis.url.password
+        factory.username = redis.url.username
+        factory.initialDelay = 0.2
+        factory.maxDelay = 2
+        self._factory = factory
+        factory.startConnecting(_endpoint(redis.url, redis.timeout, redis.clock))
+        self.ready: Deferred[None] = Deferred()
+
+    def subscribe(self, channel: bytes, handler: Callable[[bytes], None]) -> None:
+        """Call C{handler(message)} for every message published on C{channel}."""
+        self._handlers[channel] = handler
+        if self._protocol is not None:
+            self._protocol.subscribe([channel])
+
+    def publish(self, store: str, channel: bytes, message: bytes) -> Deferred[Any]:
+        return self.redis.execute(store, "PUBLISH", channel, message)
+
+    def _subscribed(self, protocol: _Subscriber) -> None:
+        self._protocol = protocol
+        d = protocol.subscribe(list(self._handlers)) if self._handlers else defer.succeed(None)
+
+        def up(_: Any) -> None:
+            if not self.ready.called:
+                self.ready.callback(None)
+
+        d.addCallback(up)
+        d.addErrback(self._subscribe_failed)
+
+    def _subscribe_failed(self, f: Failure) -> None:
+        if f.check(txredisapi.ConnectionError):
+            # The connection went while subscribing (Redis restarting, or this process stopping):
+            # the next connection subscribes again; nothing to report beyond one line.
+            self._log.info("Redis subscribe interrupted ({error}); resubscribing on reconnect", error=f.getErrorMessage())
+            return
+        self._log.failure("Redis subscribe failed", f)
+
+    def _lost(self, protocol: _Subscriber) -> None:
+        if self._protocol is protocol:
+            self._protocol = None
+
+    def _message(self, channel: bytes, message: bytes) -> None:
+        handler = self._handlers.get(channel)
+        if handler is None:
+            return
+        try:
+            handler(message)
+        except Exception:
+            self._log.failure("Redis bus handler failed for {channel}", channel=channel)
+
+    @property
+    def connected(self) -> bool:
+        return self._protocol is not None
+
+    def close(self) -> Deferred[Any]:
+        self._factory.stopTrying()
+        return self._factory.disconnect()
+
+
+def _endpoint(url: RedisURL, timeout: float, clock: Timekeeper) -> IStreamClientEndpoint:
+    """Where a connection goes: the host by name (IPv4 or IPv6), through verified TLS (certificate
+    chain and hostname, via service_identity) for C{rediss://}."""
+    endpoint = HostnameEndpoint(clock.reactor, url.host, url.port, timeout=timeout)
+    if not url.tls:
+        return endpoint
+    from twisted.internet.ssl import optionsForClientTLS  # pyOpenSSL, only for rediss://
+
+    return wrapClientTLS(optionsForClientTLS(url.host), endpoint)

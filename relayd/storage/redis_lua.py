@@ -1,0 +1,73 @@
+"""Lua scripts shipped as package data (C{<wing>/lua/<name>.lua}) and run with EVALSHA.
+
+Every script names every key it touches in C{KEYS} (docs/decisions.md REDIS-1): the Python side
+builds the key names, the script only uses them. A script is sent by its SHA-1; when Redis answers
+C{NOSCRIPT} (first use, a restart, C{SCRIPT FLUSH}) it is sent once more in full with EVAL, which
+also loads it for the next EVALSHA.
+
+Every script file starts with a Redis 7 shebang that says what it may do (docs/deployment.md "Redis
+memory"): C{#!lua} writes and is refused before it starts while Redis is out of memory (maxmemory
+with noeviction), a read-only replica or refusing writes; C{#!lua flags=allow-oom} only deletes
+(and may free memory then); C{#!lua flags=no-writes} only reads, so replays work while writes are
+refused. Redis before 7 does not read a shebang (it is a syntax error there): the script is sent
+without that line, and there a write script's first write is one Redis refuses under maxmemory
+(tests/storage/test_redis_refusals.py checks both).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+
+from relayd.base.errors import StoreRefused
+from relayd.storage.redis import Redis
+
+SHEBANGS = (b"#!lua\n", b"#!lua flags=allow-oom\n", b"#!lua flags=no-writes\n")
+
+
+def lua_source(package: str, name: str) -> bytes:
+    """The text of C{<package>/lua/<name>.lua}."""
+    return resources.files(package).joinpath("lua", f"{name}.lua").read_bytes()
+
+
+class Script:
+    """One Lua script of a wing, loaded once from package data.
+
+    @param includes: names of files in the same C{lua} directory prepended to the script (shared
+        local functions, e.g. the MCP buffered-bytes release).
+    """
+
+    def __init__(self, package: str, name: str, includes: Sequence[str] = ()) -> None:
+        self.name = name
+        source = lua_source(package, name)
+        shebang, _, rest = source.partition(b"\n")
+        self.shebang = shebang + b"\n"
+        if self.shebang not in SHEBANGS:
+            raise ValueError(f"{package}/lua/{name}.lua must start with one of {SHEBANGS}")
+        # (Includes have no shebang: only the script's first line may be one.)
+        self.plain_body = b"".join(lua_source(package, part) for part in includes) + rest
+        self.body = self.shebang + self.plain_body
+        self.sha = hashlib.sha1(self.body).hexdigest().encode("ascii")
+        self.plain_sha = hashlib.sha1(self.plain_body).hexdigest().encode("ascii")
+
+    def __call__(self, redis: Redis, store: str, keys: Sequence[Any], args: Sequence[Any] = ()) -> Deferred[Any]:
+        """Run the script; errbacks as L{Redis.execute} does."""
+        body, sha = (self.body, self.sha) if redis.script_flags else (self.plain_body, self.plain_sha)
+        d = redis.execute(store, b"EVALSHA", sha, len(keys), *keys, *args)
+
+        def unknown(f: Failure) -> Any:
+            if isinstance(f.value, StoreRefused) and f.value.code == "NOSCRIPT":
+                return redis.execute(store, b"EVAL", body, len(keys), *keys, *args)
+            return f
+
+        return d.addErrback(unknown)
+
+
+def tagged(session: bytes) -> bytes:
+    """C{{session}}: the hash tag that keeps one session's keys in one Redis Cluster slot."""
+    return b"{" + session + b"}"

@@ -1,0 +1,128 @@
+"""relayd.base.clock: the wall and duration clocks a test fixes, and NextTurn's one run per reactor turn."""
+
+from __future__ import annotations
+
+import time
+
+from twisted.internet import reactor, task
+from twisted.trial.unittest import SynchronousTestCase
+
+from relayd.base.clock import NextTurn, Timekeeper
+
+
+class Readings(SynchronousTestCase):
+    def test_a_test_clock_fixes_the_wall_and_the_durations(self) -> None:
+        fake = task.Clock()
+        fake.advance(1_700_000_000)
+        clock = Timekeeper(fake)
+        self.assertEqual(clock.seconds(), 1_700_000_000)
+        started = clock.monotonic()
+        fake.advance(2.5)
+        self.assertEqual(clock.monotonic() - started, 2.5)
+
+    def test_a_real_reactor_measures_durations_on_the_monotonic_clock(self) -> None:
+        self.assertIs(Timekeeper(reactor).monotonic, time.monotonic)  # type: ignore[arg-type]
+
+
+class Deadlines(SynchronousTestCase):
+    def test_a_deadline_runs_on_the_clock_and_is_its_owners_to_cancel(self) -> None:
+        fake = task.Clock()
+        clock = Timekeeper(fake)
+        ran: list[str] = []
+        call = clock.deadline(2.0, ran.append, "late")
+        fake.advance(1.999)
+        self.assertEqual(ran, [])
+        fake.advance(0.001)
+        self.assertEqual(ran, ["late"])
+        kept = clock.deadline(5.0, ran.append, "kept")
+        clock.shutdown()  # not recorded: its owner (a connection) cancels it
+        self.assertTrue(kept.active())
+        kept.cancel()
+        self.assertFalse(call.active())
+
+
+class NextTurnTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.fake = task.Clock()
+        self.clock = Timekeeper(self.fake)
+        self.runs = 0
+        self.turn = NextTurn(self.clock, self.count)
+
+    def count(self) -> None:
+        self.runs += 1
+
+    def test_requests_in_one_turn_run_once_at_its_end(self) -> None:
+        for _ in range(5):
+            self.turn.request()
+        self.assertEqual(self.runs, 0)
+        self.assertEqual(len(self.fake.getDelayedCalls()), 1)
+        self.assertIsNotNone(self.turn.scheduled)
+        self.fake.advance(0)
+        self.assertEqual(self.runs, 1)
+        self.assertIsNone(self.turn.scheduled)
+        self.fake.advance(0)
+        self.assertEqual(self.runs, 1)  # nothing requested since
+
+    def test_a_request_after_the_run_schedules_the_next_turn(self) -> None:
+        self.turn.request()
+        self.fake.advance(0)
+        self.turn.request()
+        self.fake.advance(0)
+        self.assertEqual(self.runs, 2)
+
+    def test_a_request_made_while_it_runs_schedules_again(self) -> None:
+        scheduled: list[bool] = []
+
+        def count_and_request() -> None:
+            self.count()
+            if self.runs < 3:
+                again.request()
+                scheduled.append(again.scheduled is not None)
+
+        again = NextTurn(self.clock, count_and_request)
+        again.request()
+        self.fake.advance(0)  # (task.Clock runs what a run schedules for now in the same advance)
+        self.assertEqual((self.runs, scheduled), (3, [True, True]))
+        self.assertIsNone(again.scheduled)
+
+    def test_a_failing_run_still_allows_the_next(self) -> None:
+        def boom() -> None:
+            self.runs += 1
+            raise ValueError("boom")
+
+        failing = NextTurn(self.clock, boom)
+        failing.request()
+        self.assertRaises(ValueError, self.fake.advance, 0)
+        failing.request()
+        self.assertRaises(ValueError, self.fake.advance, 0)
+        self.assertEqual(self.runs, 2)
+
+    def test_cancel_drops_the_pending_run(self) -> None:
+        self.turn.request()
+        self.turn.cancel()
+        self.assertEqual(self.fake.getDelayedCalls(), [])
+        self.fake.advance(0)
+        self.assertEqual(self.runs, 0)
+        self.turn.request()  # and a later request schedules again
+        self.fake.advance(0)
+        self.assertEqual(self.runs, 1)
+
+    def test_shutdown_cancels_a_pending_run(self) -> None:
+        self.turn.request()
+        self.clock.shutdown()
+        self.assertEqual(self.fake.getDelayedCalls(), [])
+        self.fake.advance(0)
+        self.assertEqual(self.runs, 0)
+
+    def test_a_run_is_forgotten_by_the_clock(self) -> None:
+        self.turn.request()
+        self.fake.advance(0)
+        self.assertEqual(self.clock._delayed, set())
+
+    def test_a_turn_schedules_the_same_bound_method_every_time(self) -> None:
+        # The hot path allocates no closure per turn: the scheduled callable is made once.
+        self.turn.request()
+        first = self.fake.getDelayedCalls()[0].func
+        self.fake.advance(0)
+        self.turn.request()
+        self.assertIs(self.fake.getDelayedCalls()[0].func, first)

@@ -1,0 +1,74 @@
+"""The fence's twisted.logger half (relayd/compat/logger.py): each reliance detected on the installed
+Twisted, and each fallback's behaviour (the scrubber then runs after observers added before it, the
+access lines keep Twisted's formatting, twistd's exit status stays the signal's)."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.logger import LogLevel, LogPublisher, globalLogPublisher, textFileLogObserver
+from twisted.trial.unittest import TestCase
+
+from relayd.compat import logger as fence
+from tests.support.cases import cases, expand
+
+# -- the reactor ------------------------------------------------------------------------------------------
+
+
+@expand
+class ExitSignal(TestCase):
+    def test_exit_signal_is_detected_on_the_running_reactor(self) -> None:
+        self.assertTrue(fence.EXIT_SIGNAL)
+        self.assertTrue(hasattr(reactor, "_exitSignal"))
+
+    @cases(detected=True, fallback=False)
+    def test_forget(self, detected: bool) -> None:
+        self.patch(fence, "EXIT_SIGNAL", detected)
+        self.patch(reactor, "_exitSignal", 15)
+        fence.forget_exit_signal(reactor)
+        # Without the attribute twistd's exit status stays the signal's (documented, no error).
+        self.assertEqual(reactor._exitSignal, None if detected else 15)
+
+
+# -- twisted.logger ----------------------------------------------------------------------------------------
+
+
+@expand
+class Logging(TestCase):
+    def test_logger_state_is_detected(self) -> None:
+        self.assertTrue(fence.PUBLISHER_LIST)
+        self.assertTrue(fence.TEXT_FORMATTER)
+        self.assertIsInstance(globalLogPublisher._observers, list)
+
+    @cases(detected=True, fallback=False)
+    def test_observe_first(self, detected: bool) -> None:
+        self.patch(fence, "PUBLISHER_LIST", detected)
+        seen: list[str] = []
+        publisher = LogPublisher(lambda e: seen.append("theirs"))
+        fence.observe_first(publisher, lambda e: seen.append("ours"))
+        publisher({"log_format": "x"})
+        # The fallback can only append: the scrubber then runs after observers added before it.
+        self.assertEqual(seen, ["ours", "theirs"] if detected else ["theirs", "ours"])
+
+    @cases(detected=True, fallback=False)
+    def test_wrapped_text_formatters_write_the_same_bytes(self, detected: bool) -> None:
+        self.patch(fence, "TEXT_FORMATTER", detected)
+        out = io.StringIO()
+        observer = textFileLogObserver(out)
+        publisher = LogPublisher(observer)
+        wrapped: list[Any] = []
+
+        def wrap(format_event: Any) -> Any:
+            wrapped.append(format_event)
+            return lambda event: format_event(event)
+
+        fence.wrap_text_formatters(publisher, wrap)
+        event = {"log_format": "hello {who}", "who": "you", "log_time": 1.0, "log_namespace": "n",
+                 "log_level": LogLevel.info}
+        publisher(dict(event))
+        self.assertEqual(len(wrapped), 1 if detected else 0)
+        plain = io.StringIO()
+        textFileLogObserver(plain)(dict(event))
+        self.assertEqual(out.getvalue(), plain.getvalue())
