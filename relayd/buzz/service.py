@@ -217,7 +217,10 @@ class BrokerService(HTTPWingService):
                 self.redis, clock, self.state.apply_effects, prefix=redis_prefix, lease=6 * timeout + 5,
                 retention=receipt_retention, max_receipts=max_receipts,
             )
-        self.host = BrokerHost(self.state, self.state, receipts, self.ops, max_agent_depth=max_agent_depth)
+        self.host = BrokerHost(
+            self.state, self.state, receipts, self.ops, max_agent_depth=max_agent_depth,
+            relay_outage=self.upstream.outage,
+        )
         root = make_root(self.host, self.upstream.status)
         relay_site = RelaySite(
             root, body_limit=body_limit(max_body, root.early_answer), settings=site, relay="broker", clock=clock,

@@ -37,6 +37,7 @@ START_WARNING = 5.0  # seconds after start without a connection before the broke
 REPEAT_EVERY = 60.0  # seconds between lines about an outage that goes on
 BACKOFF_BASE = 1.0
 BACKOFF_CAP = 30.0
+LOOK_AGAIN = 1.0  # seconds: an action during an outage re-checks the relay at most this often
 STABLE = 10.0  # seconds a connection stays open before its loss is no longer a failing attempt
 
 _log = Logger(namespace="relayd.buzz.upstream")
@@ -137,6 +138,7 @@ class Upstream:
         self._proto: _Probe | None = None
         self._live: set[_Probe] = set()
         self._connect_d: defer.Deferred[Any] | None = None
+        self._attempted_at = 0.0  # clock time of the last connection attempt
         self._retry_timer: IDelayedCall | None = None
         self._start_timer: IDelayedCall | None = None
         self._handshake_timer: IDelayedCall | None = None
@@ -165,6 +167,19 @@ class Upstream:
             "since": iso(self.since),
             "last_error": self.last_error,
         }
+
+    def outage(self) -> str | None:
+        """Why the relay is known to be unreachable (the last check failed), or C{None}: connected,
+        or not checked yet. An action then answers at once instead of waiting out its own timeout."""
+        if self.connected or self.failures == 0:
+            return None
+        if self._retry_timer is not None and self.clock.seconds() - self._attempted_at >= LOOK_AGAIN:
+            # Someone wants the relay: look again now rather than after the backoff (up to
+            # BACKOFF_CAP), so a relay that is back serves the next action, not one 30 s later.
+            self._retry_timer.cancel()
+            self._retry_timer = None
+            self._retry()
+        return f"the upstream relay has been unreachable since {iso(self.since)} ({self.last_error})"
 
     # --- lifecycle
 
@@ -224,6 +239,7 @@ class Upstream:
             from twisted.internet.ssl import optionsForClientTLS
 
             ep = endpoints.wrapClientTLS(optionsForClientTLS(host), ep)
+        self._attempted_at = self.clock.seconds()
         d = self._connect_d = ep.connect(factory)
         d.addErrback(self._connect_failed)
 

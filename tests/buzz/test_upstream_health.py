@@ -24,8 +24,10 @@ from twisted.web.client import HTTPConnectionPool
 
 from relayd.base.clock import Timekeeper
 from relayd.buzz import nostr
+from relayd.buzz.core import contract
 from relayd.buzz.nostr_upstream import NostrRelayPool, NotConnected
-from relayd.buzz.upstream import REPEAT_EVERY, STABLE, START_WARNING, Throttle, Upstream, public_url
+from relayd.buzz.upstream import LOOK_AGAIN, REPEAT_EVERY, STABLE, START_WARNING, Throttle, Upstream, public_url
+from tests.buzz.harness import issue, new_channel
 from tests.support.command import Command
 from tests.support.skips import require_module
 from tests.support.twistd import RelaydProcess
@@ -151,6 +153,27 @@ class UpstreamMonitor(TestCase):
         self.assertEqual(len(said), 2, said)
         self.assertIn("still unreachable after", said[1])
         self.assertEqual(lines.factory_lines(), [])
+
+    async def test_an_action_during_an_outage_looks_again_at_most_once_a_second(self) -> None:
+        """outage() names the outage, and an asking action re-checks now instead of after the backoff."""
+        upstream, fake = self.monitor(closed_port(), backoff_base=30.0, backoff_cap=30.0)
+        self.assertIsNone(upstream.outage())  # not checked yet: no verdict on the relay
+        first = upstream.next_outcome()
+        upstream.start()
+        self.assertFalse(await first)
+        attempts: list[float] = []
+        connect = upstream._connect
+        self.patch(upstream, "_connect", lambda: (attempts.append(fake.seconds()), connect()))
+        outcome = upstream.next_outcome()
+        self.assertIn("unreachable since", upstream.outage() or "")
+        fake.advance(LOOK_AGAIN - 0.001)
+        upstream.outage()
+        self.assertEqual(attempts, [])  # the attempt just failed: no new one within LOOK_AGAIN
+        fake.advance(0.001)
+        upstream.outage()  # a second after the last attempt, 29 s before the backoff's: look again now
+        self.assertEqual(attempts, [LOOK_AGAIN])
+        self.assertFalse(await outcome)
+        self.assertEqual(upstream.failures, 2)
 
     async def test_a_handshake_that_does_not_complete_warns_after_the_start_delay(self) -> None:
         silent = protocol.Factory.forProtocol(protocol.Protocol)
@@ -287,10 +310,27 @@ class BrokerProcessHealth(TestCase):
         self.assertRegex(status.stdout, rb"broker +degraded .*upstream\.connected=False")
         self.assertIn(b"upstream.last_error=", status.stdout)
 
+        # While /healthz says degraded, an action answers at once (not after its timeout), saying why.
+        credential = issue(state, "--agent", "bot", "--channel", new_channel(), kek_file=kek_file)["credential"]
+
+        async def post(action: str, args: dict[str, Any]) -> dict[str, Any]:
+            req = contract.build_request(action, args, f"r-{os.urandom(8).hex()}")
+            response = await treq.post(
+                broker + "/v1/action", data=contract.freeze(req), pool=pool,
+                headers={b"content-type": [b"application/json"], b"authorization": [b"Bearer " + credential.encode()]},
+            )
+            self.assertEqual(response.code, 200)
+            return json.loads(await treq.content(response))
+
+        refused = await post("profile.set", {"displayName": "bot"})
+        self.assertEqual((refused["status"], refused["error"]["code"]), ("failed", "internal"), refused)
+        self.assertRegex(refused["error"]["message"], r"^relay unavailable: the upstream relay has been unreachable since ")
+
         relay.start()
         await proc.wait_for(rb"upstream relay ws://127\.0\.0\.1:%d reachable again" % port, timeout=60)
         up = await health()
         self.assertEqual((up["status"], up["upstream"]["connected"]), ("ok", True))
+        self.assertEqual((await post("profile.set", {"displayName": "bot"}))["status"], "succeeded")
         status = Command.admin("status", "--broker", broker, "--json")
         self.assertEqual(await status.finished(), 0, status.stderr)
         report = json.loads(status.stdout)["broker"]

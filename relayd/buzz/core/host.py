@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -151,8 +151,11 @@ class BrokerHost:
         *,
         max_agent_depth: int = 4,
         busy_wait: float | None = None,
+        relay_outage: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.credentials = credentials
+        # Why the upstream relay is known to be down (the health watcher's last check), or None.
+        self.relay_outage = relay_outage
         self.agents = agents
         self.receipts = receipts
         self.ops = operations
@@ -385,6 +388,12 @@ class BrokerHost:
         if denial is not None:
             return await self._settle(principal, rid, digest, contract.failed(rid, "unauthorized", denial), [], settled, req.action)
         resp: contract.Response | None = None  # a failure the relay never saw
+        outage = self.relay_outage()
+        if outage is not None:
+            # /healthz already says degraded: answer now, as the relay would fail it after the
+            # action's whole timeout. Nothing was signed: recorded like every "relay unavailable".
+            resp = contract.failed(rid, "internal", "relay unavailable: " + _safe(outage))
+            return await self._settle(principal, rid, digest, resp, [], settled, req.action)
         try:
             ctx = Context(agent, self.ops.signer_for(agent), cred.channels)
             plan = await self.ops.run(ctx, req)
