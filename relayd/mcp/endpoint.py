@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import quote
 
+from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
@@ -452,6 +453,13 @@ def client_address(request: Request) -> str:
     return site.client_address(request) if isinstance(site, RelaySite) else ""
 
 
+def session_part(prefix: bytes, path: bytes) -> str | None:
+    """The session of a session's path (C{{prefix}/{session}/...}), as the route table reads it."""
+    if not path.startswith(prefix + b"/"):
+        return None
+    return path[len(prefix) + 1 :].partition(b"/")[0].decode("utf-8", "replace")
+
+
 def _request_token(request: Request) -> str:
     return bearer_token(request) or query_param(request, "token") or ""
 
@@ -469,6 +477,54 @@ def _header(request: Request, name: bytes) -> str | None:
         return values[0].decode("utf-8")
     except UnicodeDecodeError:
         return ""
+
+
+_ADMITTED: Final = "relayd_mcp_admitted"  # the request attribute holding its _Admitted
+
+
+class _Admitted:
+    """A request past the endpoint's header checks: its token, its protocol version and the
+    tunnel's check of the token (started at the end of the headers, asked by the handler)."""
+
+    __slots__ = ("token", "version", "settled", "result", "waiting")
+
+    def __init__(self, token: str, version: str | None, checked: Deferred[str | None]) -> None:
+        self.token = token
+        self.version = version
+        self.settled = False
+        self.result: str | None | Failure = None  # the refusal reason, None (accepted) or the failure
+        self.waiting: tuple[Callable[[str | None], None], Callable[[Failure], None]] | None = None
+        checked.addBoth(self._settle)
+
+    def _settle(self, result: str | None | Failure) -> None:
+        self.settled, self.result = True, result
+        waiting, self.waiting = self.waiting, None
+        if waiting is not None:
+            self._call(*waiting)
+
+    def refused(self) -> str | None:
+        """The tunnel's refusal reason, if it has answered with one already."""
+        result = self.result
+        return result if isinstance(result, str) else None
+
+    def then(self, accepted: Callable[[str | None], None], failed: Callable[[Failure], None]) -> None:
+        """C{accepted(reason)} or C{failed(failure)} once the tunnel has answered."""
+        if self.settled:
+            self._call(accepted, failed)
+        else:
+            self.waiting = (accepted, failed)
+
+    def _call(self, accepted: Callable[[str | None], None], failed: Callable[[Failure], None]) -> None:
+        result = self.result
+        if isinstance(result, Failure):
+            failed(result)
+        else:
+            accepted(result)
+
+
+def _refusal(reason: str) -> Answer:
+    """The answer to a token the tunnel refused for its session."""
+    return SESSION_GONE if reason == "session_gone" else UNAUTHORIZED
 
 
 class Endpoint:
@@ -615,6 +671,44 @@ class Endpoint:
     def _not_allowed(self, request: Request, session: str) -> Result:
         return self._admit(request, session, None)
 
+    def early_check(self, request: Request) -> Answer | None:
+        """What the headers of a POST to the endpoint refuse, before its body is read
+        (L{RoutedResource.early_answer}): the checks of L{_admit}, and the token's refusal once the
+        tunnel has answered. The tunnel's answer is kept for the handler: the token is checked once
+        per request. With a shared store (Redis) the lookup runs while the body arrives."""
+        session = session_part(self.prefix, request.path)
+        if session is None:
+            return None  # not a session's path: the route table answers it
+        admission = self._admission(request, session, allowed=True)
+        if isinstance(admission, Answer):
+            return admission
+        reason = admission.refused()
+        return None if reason is None else _refusal(reason)
+
+    def _admission(self, request: Request, session: str, allowed: bool, stateful: bool = False) -> Answer | _Admitted:
+        """The origin, the protocol version and the method, then the token: the tunnel's check, started
+        once per request (the first caller starts it, L{early_check} or the handler)."""
+        admitted: _Admitted | None = getattr(request, _ADMITTED, None)
+        if admitted is not None:
+            return admitted
+        request.setHeader(b"access-control-expose-headers", b"mcp-session-id, www-authenticate")
+        origin = request.requestHeaders.getRawHeaders(b"origin")
+        if origin and not self.policy.allows(origin[0]):
+            # The spec's DNS-rebinding rule: a browser page of another origin gets nothing.
+            return _rpc_error(403, standard.INVALID_REQUEST, "origin not allowed")
+        version = _header(request, b"mcp-protocol-version")
+        if version is not None and version not in standard.SUPPORTED_VERSIONS:
+            return _rpc_error(400, standard.INVALID_REQUEST, "unsupported MCP-Protocol-Version")
+        if not allowed or (stateful and version in standard.STATELESS_VERSIONS):
+            allow = ((b"allow", _ALLOW[_route(request)]),)
+            return _rpc_error(405, standard.INVALID_REQUEST, "method not allowed", headers=allow)
+        token = _request_token(request)
+        if not token:
+            return UNAUTHORIZED
+        admitted = _Admitted(token, version, self.tunnel.check(session, token))
+        setattr(request, _ADMITTED, admitted)
+        return admitted
+
     def _admit(
         self,
         request: Request,
@@ -628,30 +722,19 @@ class Endpoint:
         C{act=None}: the method is not allowed; C{stateful}: nor is it under a stateless revision.
         CORS headers are already set.
         """
-        request.setHeader(b"access-control-expose-headers", b"mcp-session-id, www-authenticate")
-        origin = request.requestHeaders.getRawHeaders(b"origin")
-        if origin and not self.policy.any and origin[0] not in self.policy._allowed_bytes:
-            # The spec's DNS-rebinding rule: a browser page of another origin gets nothing.
-            return _rpc_error(403, standard.INVALID_REQUEST, "origin not allowed")
-        version = _header(request, b"mcp-protocol-version")
-        if version is not None and version not in standard.SUPPORTED_VERSIONS:
-            return _rpc_error(400, standard.INVALID_REQUEST, "unsupported MCP-Protocol-Version")
-        if act is None or (stateful and version in standard.STATELESS_VERSIONS):
-            allow = ((b"allow", _ALLOW[_route(request)]),)
-            return _rpc_error(405, standard.INVALID_REQUEST, "method not allowed", headers=allow)
-        token = _request_token(request)
-        if not token:
-            return UNAUTHORIZED
+        admission = self._admission(request, session, act is not None, stateful)
+        if isinstance(admission, Answer):
+            return admission
+        assert act is not None
+        token, version = admission.token, admission.version
 
         def checked(reason: str | None) -> None:
-            if reason == "session_gone":
-                finish(request, SESSION_GONE)
-            elif reason is not None:
-                finish(request, UNAUTHORIZED)
+            if reason is not None:
+                finish(request, _refusal(reason))
             else:
                 act(token, version)
 
-        self.tunnel.check(session, token).addCallbacks(checked, lambda f: self._failed(request, f))
+        admission.then(checked, lambda f: self._failed(request, f))
         return TAKEN
 
     # answers -----------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
-from relayd.mcp.endpoint import Endpoint, client_address
+from relayd.mcp.endpoint import Endpoint, client_address, session_part
 from relayd.mcp.jsontext import _dumps, loads_json
 from relayd.mcp.polls import PollResult, parse_wait_ms
 from relayd.mcp.store import INBOUND, OUTBOUND, SubscriberRecord
@@ -110,9 +110,7 @@ def _token(request: Request) -> str:
     return bearer_token(request) or query_param(request, "token") or ""
 
 
-def _tokenless(request: Request) -> Answer | None:
-    """The tunnel's refusal of a frame posted without a token (TunnelRelay.inbox, outbox)."""
-    return None if _token(request) else refused_answer(Refused("invalid_token_or_frame"))
+_FRAME_REFUSED: Final = Refused("invalid_token_or_frame")
 
 
 def _direction(request: Request) -> str:
@@ -250,10 +248,11 @@ class McpResource(RoutedResource):
         table.add("/", {"GET": self._healthz}, prefix)
         options = self._options
         table.add("/register", {"POST": self._register, "OPTIONS": options}, prefix)
-        # A frame without a token is refused as the tunnel would refuse it, before its body is read.
-        no_token = {"POST": _tokenless}
-        table.add("/{session}/inbox", {"POST": self._inbox, "OPTIONS": options}, prefix, checks=no_token)
-        table.add("/{session}/outbox", {"POST": self._outbox, "OPTIONS": options}, prefix, checks=no_token)
+        # A frame without a token, or with a wrong one, is refused as the tunnel would refuse it,
+        # before its body is read.
+        frame_check = {"POST": self._frame_check}
+        table.add("/{session}/inbox", {"POST": self._inbox, "OPTIONS": options}, prefix, checks=frame_check)
+        table.add("/{session}/outbox", {"POST": self._outbox, "OPTIONS": options}, prefix, checks=frame_check)
         table.add("/{session}/unregister", {"POST": self._unregister, "OPTIONS": options}, prefix)
         # HEAD on a stream or a poll authenticates without subscribing or taking (see _head).
         table.add("/{session}/events", {"GET": self._events, "HEAD": self._head_events, "OPTIONS": options}, prefix)
@@ -261,8 +260,9 @@ class McpResource(RoutedResource):
         if self.demo is not None:
             table.add("/demo", {"GET": self._demo}, prefix)
         if self.endpoint is not None:
+            endpoint_check = {"POST": self.endpoint.early_check}
             for path, handlers in self.endpoint.routes().items():
-                table.add(path, handlers, prefix)
+                table.add(path, handlers, prefix, checks=endpoint_check if "POST" in handlers else None)
 
     # before routing ----------------------------------------------------------------------------
 
@@ -282,6 +282,23 @@ class McpResource(RoutedResource):
         headers = self.policy.headers(values[0] if values else None)
         headers.append((b"content-type", b"application/json"))
         return 413, headers, b'{"error":"payload_too_large"}'
+
+    def _frame_check(self, request: Request) -> Answer | None:
+        """The token of an C{inbox} or C{outbox} POST, at the end of its headers: missing, or refused
+        by a store that answers at once (memory). With a shared store (Redis) the frame's own store
+        command authenticates it (one round trip per frame), so the body is read first."""
+        token = _token(request)
+        if not token:
+            return refused_answer(_FRAME_REFUSED)
+        session = session_part(self.prefix, request.path)
+        if session is None or self.tunnel.shared:
+            return None
+        answered: list[str | None] = []
+        self.tunnel.check(session, token).addCallbacks(answered.append, lambda _: None)
+        if not answered or answered[0] is None:
+            return None  # (a failure is answered by the handler, which asks the store again)
+        reason = answered[0]
+        return refused_answer(Refused(reason) if reason == "session_gone" else _FRAME_REFUSED)
 
     # routes ------------------------------------------------------------------------------------
 

@@ -132,6 +132,11 @@ class TunnelRelay:
         self.draining = True
         self._release_local()
 
+    @property
+    def shared(self) -> bool:
+        """Whether other processes share the store (Redis): a store step is then a round trip."""
+        return self._remote
+
     def open_streams(self) -> int:
         """Local SSE streams still open."""
         return len(self._sinks)
