@@ -31,7 +31,7 @@ from relayd.mcp.jsontext import _dumps, loads_json
 from relayd.mcp.store import OUTBOUND, ClientRecord, SubscriberRecord
 from relayd.mcp.tokens import label_tag, relay_label
 from relayd.mcp.tunnel import Refused, TunnelRelay
-from relayd.storage import StoreUnavailable
+from relayd.storage import OutcomeUnknown, StoreUnavailable
 from relayd.web.auth import bearer_token, query_param
 from relayd.web.body import read_body
 from relayd.web.cors import OriginPolicy
@@ -83,10 +83,19 @@ def _refused(error: Refused) -> Answer:
     return _rpc_error(400, standard.INVALID_REQUEST, reason)
 
 
+STORE_UNAVAILABLE: Final = _rpc_error(503, standard.SESSION_ENDED, "store unavailable")
+OUTCOME_UNKNOWN: Final = _rpc_error(
+    503,
+    standard.OUTCOME_UNKNOWN,
+    "outcome unknown: the store did not answer in time; the request may have been delivered to the page"
+    " (a retry may run it twice)",
+)
+
 REFUSALS: Final = Refusals(
     [
         (Refused, _refused),
-        (StoreUnavailable, lambda _: _rpc_error(503, standard.SESSION_ENDED, "store unavailable")),
+        (OutcomeUnknown, lambda _: OUTCOME_UNKNOWN),
+        (StoreUnavailable, lambda _: STORE_UNAVAILABLE),
     ],
     internal_error=_rpc_error(500, -32603, "internal error"),
 )
@@ -522,6 +531,14 @@ class _Admitted:
             accepted(result)
 
 
+def _not_forwarded(failure: Failure) -> Answer:
+    """The answer to a store failure before anything was forwarded (the token check, a client
+    session's lookup or subscription): nothing reached the page, whatever the store did."""
+    if failure.check(StoreUnavailable):
+        return STORE_UNAVAILABLE
+    return REFUSALS.answer(failure)
+
+
 def _refusal(reason: str) -> Answer:
     """The answer to a token the tunnel refused for its session."""
     return SESSION_GONE if reason == "session_gone" else UNAUTHORIZED
@@ -734,7 +751,7 @@ class Endpoint:
             else:
                 act(token, version)
 
-        admission.then(checked, lambda f: self._failed(request, f))
+        admission.then(checked, lambda f: finish(request, _not_forwarded(f)))
         return TAKEN
 
     # answers -----------------------------------------------------------------------------------
@@ -845,12 +862,12 @@ class Endpoint:
 
         def failed_after(f: Failure) -> None:
             client.close(shared=False)
-            self._failed(request, f)
+            finish(request, _not_forwarded(f))
 
         def failed(f: Failure) -> None:
             self.forget(client)
             client.ended = True
-            self._failed(request, f)
+            finish(request, _not_forwarded(f))
 
         d = self.tunnel.open_stream(client.session, client.token, OUTBOUND, client.label, client,
                                     announce=client.origin and not client.stateless)
@@ -881,7 +898,7 @@ class Endpoint:
             if attached is not None:
                 self._open(request, attached, lambda: then(attached))
 
-        self.tunnel.store.get_client(sid).addCallbacks(found, lambda f: self._failed(request, f))
+        self.tunnel.store.get_client(sid).addCallbacks(found, lambda f: finish(request, _not_forwarded(f)))
 
     def _forward(
         self, request: Request, client: Client, message: dict[str, Any], sse_ok: bool, first: bool = False
@@ -984,7 +1001,7 @@ class Endpoint:
             local.close()
             finish(request, ENDED)
             return
-        self.tunnel.store.get_client(sid).addCallbacks(found, lambda f: self._failed(request, f))
+        self.tunnel.store.get_client(sid).addCallbacks(found, lambda f: finish(request, _not_forwarded(f)))
 
     # legacy HTTP+SSE (2024-11-05) --------------------------------------------------------------
 
@@ -1024,7 +1041,7 @@ class Endpoint:
                     return
                 self._notify(request, session, _request_token(request), record.label, intake.body)
 
-            self.tunnel.store.get_client(sid).addCallbacks(found, lambda f: self._failed(request, f))
+            self.tunnel.store.get_client(sid).addCallbacks(found, lambda f: finish(request, _not_forwarded(f)))
             return
         if client.session != session or not client.legacy:
             finish(request, UNKNOWN_LEGACY_CLIENT)

@@ -22,7 +22,7 @@ from relayd.mcp.store import INBOUND, OUTBOUND, SubscriberRecord
 from relayd.mcp.streams import StreamHandle
 from relayd.mcp.tokens import chosen_label
 from relayd.mcp.tunnel import Refused, TunnelRelay
-from relayd.storage import StoreUnavailable
+from relayd.storage import OutcomeUnknown, StoreUnavailable
 from relayd.web.auth import bearer_token, query_param
 from relayd.web.body import EarlyAnswer, read_body
 from relayd.web.cors import OriginPolicy
@@ -65,6 +65,12 @@ def unavailable_body(error: StoreUnavailable) -> bytes:
     return b'{"error":"store_unavailable","store":"%s"}' % error.store.encode()
 
 
+OUTCOME_UNKNOWN_BODY: Final = (
+    b'{"error":"outcome_unknown","store":"mcp","detail":"the store (Redis) was sent the request and did not '
+    b'answer in time: it may have taken effect (a frame may have been delivered); retrying may repeat it"}'
+)
+
+
 def status_for(reason: str) -> int:
     """HTTP status of a refusal: gone is 410, a cap 503, every other refusal 401."""
     return _STATUS.get(reason, 401)
@@ -80,6 +86,7 @@ def refused_answer(error: Refused) -> Answer:
 REFUSALS: Final = Refusals(
     [
         (Refused, refused_answer),
+        (OutcomeUnknown, lambda _: json_answer(503, OUTCOME_UNKNOWN_BODY)),
         (StoreUnavailable, lambda error: json_answer(503, unavailable_body(error))),
     ]
 )

@@ -32,6 +32,8 @@ HEADER_MISMATCH = -32020
 REQUEST_TIMEOUT = -32001
 SESSION_ENDED = -32002
 TOO_MANY_PENDING = -32003
+# The store was sent the request and did not answer in time: it may have reached the page.
+OUTCOME_UNKNOWN = -32004
 
 # A rewritten progress token: this prefix, the client's label tag, ":" and the original token's JSON.
 TOKEN_PREFIX = "relayd:"
