@@ -20,12 +20,14 @@ from typing import Any, Final
 from urllib.parse import quote
 
 from twisted.internet.defer import Deferred
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
 from relayd.clock import Timekeeper
 from relayd.coroutine import run
-from relayd.mcp import standard
+from relayd.mcp import metrics, standard
+from relayd.mcp.addresses import bound_key
 from relayd.mcp.frames import Frame
 from relayd.mcp.jsontext import _dumps, loads_json
 from relayd.mcp.store import OUTBOUND, ClientRecord, SubscriberRecord
@@ -44,6 +46,7 @@ _SSE_HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
+_EVICTED_CLIENTS = metrics.mcp_evictions.labels(kind="client")
 _MCP_EVENT = len(b"event: mcp\ndata: ")
 # What each route takes (a preflight's Allow and allow-methods; the 405's Allow).
 _ALLOW = {"mcp": b"GET, POST, DELETE, OPTIONS", "sse": b"GET, OPTIONS", "messages": b"POST, OPTIONS"}
@@ -265,7 +268,7 @@ class Client:
         address: str = "",
     ) -> None:
         self.endpoint = endpoint
-        self.address = address  # the client address that made or attached it (its per-address count)
+        self.address = address  # what the per-address bound counts it under (relayd.mcp.addresses)
         self.id = client_id or secrets.token_urlsafe(24)  # 192 random bits
         self.session = session
         self.token = token
@@ -501,11 +504,11 @@ class _Admitted:
         self.token = token
         self.version = version
         self.settled = False
-        self.result: str | None | Failure = None  # the refusal reason, None (accepted) or the failure
+        self.result: str | Failure | None = None  # the refusal reason, None (accepted) or the failure
         self.waiting: tuple[Callable[[str | None], None], Callable[[Failure], None]] | None = None
         checked.addBoth(self._settle)
 
-    def _settle(self, result: str | None | Failure) -> None:
+    def _settle(self, result: str | Failure | None) -> None:
         self.settled, self.result = True, result
         waiting, self.waiting = self.waiting, None
         if waiting is not None:
@@ -546,6 +549,8 @@ def _refusal(reason: str) -> Answer:
 
 class Endpoint:
     """The standard MCP routes of every session: C{mcp} (Streamable HTTP), C{sse} and C{messages} (legacy)."""
+
+    _log = Logger()
 
     def __init__(self, tunnel: TunnelRelay, policy: OriginPolicy, hub: SSEHub, clock: Timekeeper, prefix: bytes,
                  config: EndpointConfig | None = None) -> None:
@@ -810,7 +815,7 @@ class Endpoint:
 
     def _new_client(self, request: Request, session: str, token: str, **kind: Any) -> Client | None:
         config = self.config
-        address = client_address(request)
+        address = bound_key(client_address(request))
         if self.per_session.get(session, 0) >= config.clients_per_session or not self._room_for_a_client(address):
             finish(request, TOO_MANY_CLIENTS)
             return None
@@ -840,6 +845,12 @@ class Endpoint:
             idle.sort(key=lambda c: c.last_used)
             for client in idle[:excess]:
                 client.close()
+            _EVICTED_CLIENTS.inc(excess)
+            self._log.info(
+                "ended {count} idle MCP client session(s) to make room under {bound}",
+                count=excess,
+                bound=f"the per-address bound ({cap}) of {of_address}" if of_address else f"the client bound ({cap})",
+            )
         return True
 
     def _open(self, request: Request, client: Client, then: Any) -> None:

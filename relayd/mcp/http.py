@@ -15,6 +15,7 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
+from relayd.mcp.addresses import bound_key
 from relayd.mcp.endpoint import Endpoint, client_address, session_part
 from relayd.mcp.jsontext import _dumps, loads_json
 from relayd.mcp.polls import PollResult, parse_wait_ms
@@ -330,7 +331,7 @@ class McpResource(RoutedResource):
         token = body.get("token") if isinstance(body, dict) else None
         if not isinstance(session, str) or not isinstance(token, str):
             return json_answer(400, b'{"error":"missing_fields"}')
-        return self.tunnel.register(session, token, client_address(request)).addCallback(lambda _: OK)
+        return self.tunnel.register(session, token, bound_key(client_address(request))).addCallback(lambda _: OK)
 
     def _inbox(self, request: Request, session: str) -> Deferred[Answer]:
         body = read_body(request)  # read before auth, as the contract orders it

@@ -49,6 +49,7 @@ from relayd.storage import StoreUnavailable
 # Frames accepted, counted once per POST (bound once: nothing is looked up per frame).
 _INBOUND = metrics.mcp_frames.labels(direction="inbound")
 _OUTBOUND = metrics.mcp_frames.labels(direction="outbound")
+_EVICTED_SESSIONS = metrics.mcp_evictions.labels(kind="session")
 
 
 def _counted(result: Any, counter: Any) -> Any:
@@ -313,6 +314,13 @@ class TunnelRelay:
             raise Refused("too_many_sessions")
         for session_id in unread:
             await self._end_session(session_id)
+        if unread:
+            _EVICTED_SESSIONS.inc(len(unread))
+            self._log.info(
+                "ended {count} idle MCP session(s) without readers to make room under {bound}",
+                count=len(unread),
+                bound=f"the per-address bound ({cap}) of {owner}" if owner else f"the session bound ({cap})",
+            )
 
     async def _check(self, session_id: str, token: str) -> str | None:
         if not session_id or not token:

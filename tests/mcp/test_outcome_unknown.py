@@ -10,8 +10,8 @@ import threading
 from typing import Any
 
 from twisted.internet import reactor, threads
-from twisted.internet.protocol import ClientCreator
 from twisted.internet.defer import Deferred
+from twisted.internet.protocol import ClientCreator
 
 from tests.mcp.test_endpoint_http import AUTH, INIT, SESSION
 from tests.support.mcp import TOKEN, McpRelayCase
