@@ -367,7 +367,7 @@ class Client:
         self._finish("the tunnel session ended")
         if self.origin and not self.stateless:
             tunnel = self.endpoint.tunnel
-            tunnel.store.delete_client(self.id).addErrback(tunnel._log_failure, "ending an MCP client session failed")
+            tunnel.delete_client(self.id).addErrback(tunnel.log_failure, "ending an MCP client session failed")
 
     # client side -------------------------------------------------------------------------------
 
@@ -431,10 +431,10 @@ class Client:
         if record is not None:
             announce = self.origin and not self.stateless
             tunnel.close_stream(record, announce=announce).addErrback(
-                tunnel._log_failure, "closing an MCP client session failed"
+                tunnel.log_failure, "closing an MCP client session failed"
             )
         if shared and self.origin and not self.stateless:
-            tunnel.store.delete_client(self.id).addErrback(tunnel._log_failure, "ending an MCP client session failed")
+            tunnel.delete_client(self.id).addErrback(tunnel.log_failure, "ending an MCP client session failed")
 
     def _finish(self, message: str) -> None:
         if self.ended:
@@ -595,14 +595,14 @@ class Endpoint:
 
     def reap(self) -> None:
         """End client sessions idle past C{client_idle_ms} (an open GET stream or pending request is use)."""
-        run(self._reap()).addErrback(self.tunnel._log_failure, "MCP client session reaping failed")
+        run(self._reap()).addErrback(self.tunnel.log_failure, "MCP client session reaping failed")
 
     async def _reap(self) -> None:
         now = self.clock.seconds()
         cutoff = now - self.config.client_idle_ms / 1000
         since, self._last_reap = self._last_reap, now
-        store = self.tunnel.store
-        shared = self.tunnel._remote
+        tunnel = self.tunnel
+        shared = tunnel.shared
         idle_ms = self.config.client_idle_ms
         active: list[Client] = []
         for client in list(self.clients.values()):
@@ -614,12 +614,12 @@ class Endpoint:
                     active.append(client)
             elif not client.origin:
                 client.close(shared=False)  # an idle attachment; the client session lives on elsewhere
-            elif not shared or await store.get_client(client.id) is None:
+            elif not shared or await tunnel.get_client(client.id) is None:
                 client.close()  # idle here, and not kept alive by another instance either
         if active:
             # Used since the last pass: keep the shared record alive; one ended elsewhere (a DELETE
             # on another instance) ends here too.
-            alive = await store.touch_clients([c.id for c in active], idle_ms)
+            alive = await tunnel.touch_clients([c.id for c in active], idle_ms)
             for client, exists in zip(active, alive, strict=True):
                 if not exists:
                     client.close(shared=False)
@@ -866,7 +866,7 @@ class Endpoint:
                 client.deliver(event)
             if client.origin and not client.stateless:
                 record = ClientRecord(client.session, client.label, client.legacy)
-                stored = self.tunnel.store.put_client(client.id, record, self.config.client_idle_ms)
+                stored = self.tunnel.put_client(client.id, record, self.config.client_idle_ms)
                 stored.addCallbacks(lambda _: then(), failed_after)
             else:
                 then()
@@ -881,7 +881,7 @@ class Endpoint:
             finish(request, _not_forwarded(f))
 
         d = self.tunnel.open_stream(client.session, client.token, OUTBOUND, client.label, client,
-                                    announce=client.origin and not client.stateless)
+                                    announce=client.origin and not client.stateless, checked=True)
         d.addCallbacks(opened, failed)
 
     def _client(self, request: Request, session: str, token: str, sid: str, then: Any) -> None:
@@ -909,7 +909,7 @@ class Endpoint:
             if attached is not None:
                 self._open(request, attached, lambda: then(attached))
 
-        self.tunnel.store.get_client(sid).addCallbacks(found, lambda f: finish(request, _not_forwarded(f)))
+        self.tunnel.get_client(sid).addCallbacks(found, lambda f: finish(request, _not_forwarded(f)))
 
     def _forward(
         self, request: Request, client: Client, message: dict[str, Any], sse_ok: bool, first: bool = False
@@ -1000,7 +1000,7 @@ class Endpoint:
             if local is not None:
                 local.close(shared=False)
             # Ended for every instance: the one that created it says peer_left at its next pass.
-            self.tunnel.store.delete_client(sid).addCallbacks(
+            self.tunnel.delete_client(sid).addCallbacks(
                 lambda _: finish(request, ENDED), lambda f: self._failed(request, f)
             )
 
@@ -1012,7 +1012,7 @@ class Endpoint:
             local.close()
             finish(request, ENDED)
             return
-        self.tunnel.store.get_client(sid).addCallbacks(found, lambda f: finish(request, _not_forwarded(f)))
+        self.tunnel.get_client(sid).addCallbacks(found, lambda f: finish(request, _not_forwarded(f)))
 
     # legacy HTTP+SSE (2024-11-05) --------------------------------------------------------------
 
@@ -1052,7 +1052,7 @@ class Endpoint:
                     return
                 self._notify(request, session, _request_token(request), record.label, intake.body)
 
-            self.tunnel.store.get_client(sid).addCallbacks(found, lambda f: finish(request, _not_forwarded(f)))
+            self.tunnel.get_client(sid).addCallbacks(found, lambda f: finish(request, _not_forwarded(f)))
             return
         if client.session != session or not client.legacy:
             finish(request, UNKNOWN_LEGACY_CLIENT)

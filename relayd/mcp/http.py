@@ -172,7 +172,7 @@ class StreamSink:
         """The stream ended (client went away, overflow, or the relay ended it): tell the tunnel."""
         record, self.record = self.record, None
         if record is not None:
-            self.tunnel.close_stream(record).addErrback(self.tunnel._log_failure, "closing MCP stream failed")
+            self.tunnel.close_stream(record).addErrback(self.tunnel.log_failure, "closing MCP stream failed")
 
     def deliver(self, event: bytes) -> bool:
         if self._early is not None:
@@ -212,7 +212,7 @@ class _PollAnswer:
     def answer(self, result: PollResult) -> Answer:
         if gone(self.request):
             # Taken but never delivered: back to the head.
-            self.tunnel.put_back(result).addErrback(self.tunnel._log_failure, "MCP put-back failed")
+            self.tunnel.put_back(result).addErrback(self.tunnel.log_failure, "MCP put-back failed")
             return _UNSENT
         return json_answer(200, result.body(), ((b"cache-control", b"no-store"),))
 
@@ -361,7 +361,7 @@ class McpResource(RoutedResource):
 
         def opened(handle: StreamHandle) -> None:
             if gone(request):
-                tunnel.close_stream(handle.record).addErrback(tunnel._log_failure, "closing MCP stream failed")
+                tunnel.close_stream(handle.record).addErrback(tunnel.log_failure, "closing MCP stream failed")
                 return
             sink.start(SSE_PREAMBLE + b"".join(handle.backlog), handle.record)
 

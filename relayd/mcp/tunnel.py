@@ -34,6 +34,7 @@ from relayd.mcp.jsontext import _dumps, loads_json
 from relayd.mcp.polls import SUBSCRIBER_ID, ParkedPoll, PollResult
 from relayd.mcp.store import (
     INBOUND,
+    ClientRecord,
     OUTBOUND,
     POLL,
     SSE,
@@ -174,10 +175,18 @@ class TunnelRelay:
         return run(self._outbox(session_id, token, body)).addCallback(_counted, _OUTBOUND)
 
     def open_stream(
-        self, session_id: str, token: str, direction: str, label: str | None, sink: Sink, announce: bool = True
+        self,
+        session_id: str,
+        token: str,
+        direction: str,
+        label: str | None,
+        sink: Sink,
+        announce: bool = True,
+        checked: bool = False,
     ) -> Deferred[StreamHandle]:
-        """Subscribe an SSE stream (C{announce=False}: no presence, for one-exchange readers)."""
-        return run(self._open_stream(session_id, token, direction, label, sink, announce))
+        """Subscribe an SSE stream (C{announce=False}: no presence, for one-exchange readers;
+        C{checked}: the caller has had this request's token accepted by L{check} already)."""
+        return run(self._open_stream(session_id, token, direction, label, sink, announce, checked))
 
     def close_stream(self, record: SubscriberRecord, announce: bool = True) -> Deferred[None]:
         """An SSE stream ended (client went away or overflowed): remove it, tell the page."""
@@ -205,6 +214,24 @@ class TunnelRelay:
     def unregister(self, session_id: str, token: str) -> Deferred[bool]:
         """End a session; fires C{True} when it was already gone."""
         return run(self._unregister(session_id, token))
+
+    # the standard endpoint's client sessions, shared between instances -----------------------
+
+    def get_client(self, client_id: str) -> Deferred[ClientRecord | None]:
+        """The shared record of an endpoint client session, or C{None} (ended, expired, never made)."""
+        return self.store.get_client(client_id)
+
+    def put_client(self, client_id: str, record: ClientRecord, idle_ms: float) -> Deferred[None]:
+        """Record a new endpoint client session for every instance (kept C{idle_ms} after its last use)."""
+        return self.store.put_client(client_id, record, idle_ms)
+
+    def delete_client(self, client_id: str) -> Deferred[bool]:
+        """End an endpoint client session for every instance; C{True} if it existed."""
+        return self.store.delete_client(client_id)
+
+    def touch_clients(self, client_ids: list[str], idle_ms: float) -> Deferred[list[bool]]:
+        """Keep endpoint client sessions alive; whether each still exists."""
+        return self.store.touch_clients(client_ids, idle_ms)
 
     def drop_session(self, session_id: str) -> Deferred[None]:
         """End a session without auth (operator action and tests)."""
@@ -235,7 +262,7 @@ class TunnelRelay:
         record = poll.record
         if record is not None:
             self.store.update_subscriber(record.session, record.direction, record.id, self._now(), -1).addErrback(
-                self._log_failure, "MCP poll bookkeeping failed"
+                self.log_failure, "MCP poll bookkeeping failed"
             )
 
     def take_frames(self, poll: ParkedPoll) -> Deferred[PollResult]:
@@ -244,7 +271,7 @@ class TunnelRelay:
 
     def return_frames(self, result: PollResult) -> None:
         """L{put_back}, logging a failure (the client that took the frames is gone)."""
-        self.put_back(result).addErrback(self._log_failure, "MCP put-back failed")
+        self.put_back(result).addErrback(self.log_failure, "MCP put-back failed")
 
     # what other processes tell this one (IMcpBus listener) -------------------------------------
 
@@ -279,14 +306,15 @@ class TunnelRelay:
     def _now(self) -> float:
         return self.clock.seconds()
 
-    def _log_failure(self, failure: Failure, what: str) -> None:
+    def log_failure(self, failure: Failure, what: str) -> None:
+        """Log a failure nobody is waiting for (a store outage as one line, anything else with its traceback)."""
         if failure.check(StoreUnavailable):
             self._log.warn("{what}: {error}", what=what, error=failure.getErrorMessage())
         else:
             self._log.failure(what, failure)
 
     def _reap_tick(self) -> None:
-        self.reap().addErrback(self._log_failure, "MCP reaper pass failed")
+        self.reap().addErrback(self.log_failure, "MCP reaper pass failed")
 
     async def _register(self, session_id: str, token: str, owner: str) -> None:
         if not SESSION_ID.fullmatch(session_id):
@@ -529,11 +557,19 @@ class TunnelRelay:
         await self._fan_out(session_id, INBOUND, notification(method, params), posted=False)
 
     async def _open_stream(
-        self, session_id: str, token: str, direction: str, label: str | None, sink: Sink, announce: bool = True
+        self,
+        session_id: str,
+        token: str,
+        direction: str,
+        label: str | None,
+        sink: Sink,
+        announce: bool = True,
+        checked: bool = False,
     ) -> StreamHandle:
-        reason = await self._check(session_id, token)
-        if reason is not None:
-            raise Refused(reason)
+        if not checked:
+            reason = await self._check(session_id, token)
+            if reason is not None:
+                raise Refused(reason)
         await self._room_for_a_reader(session_id)
         record = SubscriberRecord(secrets.token_hex(8), session_id, direction, SSE, label, self._now(), 0, self.instance)
         self._sinks[record.queue_key] = sink
