@@ -34,10 +34,10 @@ from relayd.mcp.jsontext import _dumps, loads_json
 from relayd.mcp.polls import SUBSCRIBER_ID, ParkedPoll, PollResult
 from relayd.mcp.store import (
     INBOUND,
-    ClientRecord,
     OUTBOUND,
     POLL,
     SSE,
+    ClientRecord,
     Correlation,
     IMcpStore,
     SessionRecord,
