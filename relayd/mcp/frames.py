@@ -20,6 +20,7 @@ FRAMES_DROPPED = "notifications/frames_dropped"
 _RELAY_ONLY = frozenset((PEER_JOINED, PEER_LEFT))
 
 _UNPARSED: Any = object()
+_SSE_START = len(b"event: mcp\ndata: ")
 
 
 class Frame:
@@ -40,6 +41,18 @@ class Frame:
             self._message = loads_json(self.raw)
         return self._message
 
+    @classmethod
+    def from_sse(cls, event: bytes) -> Frame:
+        """The frame of an SSE event L{sse} made (another instance's, over the bus), unparsed."""
+        frame = cls(event[_SSE_START:-2])
+        frame._sse = event
+        return frame
+
+    @property
+    def line(self) -> bytes:
+        """The frame as one line: the posted bytes without CR/LF (the SSE event's data, see L{sse})."""
+        return self.sse[_SSE_START:-2]
+
     @property
     def sse(self) -> bytes:
         """The SSE event: one C{data:} line holding the whole frame (docs/decisions.md MCP-4).
@@ -53,7 +66,7 @@ class Frame:
             data = self.raw
             if b"\n" in data or b"\r" in data:
                 data = data.translate(None, b"\r\n")
-            self._sse = b"event: mcp\ndata: " + data + b"\n\n"
+            self._sse = b"event: mcp\ndata: " + data + b"\n\n"  # (_SSE_START)
         return self._sse
 
     @property
@@ -117,9 +130,12 @@ def json_rpc_items(body: bytes) -> tuple[Any, list[dict[str, Any]]] | None:
 def parse_frame(body: bytes) -> Frame | None:
     """A valid frame (docs/mcp.md) or C{None}: JSON-RPC 2.0 that no client may forge (presence)."""
     parsed = json_rpc_items(body)
-    if parsed is None:
-        return None
-    message, items = parsed
+    return None if parsed is None else posted_frame(body, *parsed)
+
+
+def posted_frame(body: bytes, message: Any, items: list[dict[str, Any]]) -> Frame | None:
+    """The frame of C{body}, already parsed by L{json_rpc_items} (C{message}, its C{items}), or
+    C{None} when it carries what only the relay may send (presence)."""
     if any(isinstance(item.get("method"), str) and item["method"] in _RELAY_ONLY for item in items):
         return None
     return Frame(body, message)

@@ -17,6 +17,7 @@ from twisted.web.server import Request
 
 from relayd.mcp.addresses import bound_key
 from relayd.mcp.endpoint import Endpoint, client_address, session_part
+from relayd.mcp.frames import Frame
 from relayd.mcp.jsontext import _dumps, loads_json
 from relayd.mcp.polls import PollResult, parse_wait_ms
 from relayd.mcp.store import INBOUND, OUTBOUND, SubscriberRecord
@@ -174,7 +175,8 @@ class StreamSink:
         if record is not None:
             self.tunnel.close_stream(record).addErrback(self.tunnel.log_failure, "closing MCP stream failed")
 
-    def deliver(self, event: bytes) -> bool:
+    def deliver(self, frame: Frame) -> bool:
+        event = frame.sse
         if self._early is not None:
             self._early.append(event)
             return True
@@ -363,7 +365,7 @@ class McpResource(RoutedResource):
             if gone(request):
                 tunnel.close_stream(handle.record).addErrback(tunnel.log_failure, "closing MCP stream failed")
                 return
-            sink.start(SSE_PREAMBLE + b"".join(handle.backlog), handle.record)
+            sink.start(SSE_PREAMBLE + b"".join(frame.sse for frame in handle.backlog), handle.record)
 
         d.addCallbacks(opened, lambda f: finish(request, stream_refusal(f)))
         return TAKEN

@@ -12,7 +12,6 @@ from typing import Any
 
 import orjson
 
-from relayd.mcp.frames import json_rpc_items
 from relayd.mcp.jsontext import _dumps, loads_json
 
 LEGACY = "2024-11-05"
@@ -47,12 +46,6 @@ def error_body(code: int, message: str, request_id: Any = None) -> bytes:
 def error_for(raw_id: bytes, code: int, message: str) -> bytes:
     """A JSON-RPC error for the request whose id is the compact JSON C{raw_id}."""
     return b'{"jsonrpc":"2.0","id":%b,"error":{"code":%d,"message":%b}}' % (raw_id, code, orjson.dumps(message))
-
-
-def parse_message(body: bytes) -> list[dict[str, Any]] | None:
-    """The messages of a POST body (one, or a batch), or C{None} if it is not JSON-RPC 2.0."""
-    parsed = json_rpc_items(body)
-    return None if parsed is None else parsed[1]
 
 
 def is_request(message: dict[str, Any]) -> bool:

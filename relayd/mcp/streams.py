@@ -1,18 +1,21 @@
-"""An SSE reader as the tunnel relay sees it: where its events go, and what opening it hands back. No I/O."""
+"""An in-process reader as the tunnel relay sees it: where its frames go, and what opening it hands back. No I/O."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
 
+from relayd.mcp.frames import Frame
 from relayd.mcp.store import SubscriberRecord
 
 
 class Sink(Protocol):
-    """Where the tunnel relay writes one SSE subscriber's events (implemented by the HTTP layer)."""
+    """Where the tunnel relay hands one in-process reader its frames: an SSE stream (which writes
+    each frame's L{Frame.sse}, made once for every stream) or an endpoint client session (which
+    reads the parsed message)."""
 
-    def deliver(self, event: bytes) -> bool:
-        """Queue one encoded SSE event; C{False} if the subscriber is closed or overflowed."""
+    def deliver(self, frame: Frame) -> bool:
+        """Take one frame; C{False} if the reader is closed or overflowed."""
 
     def end(self) -> None:
         """End the stream (its session ended or the relay is shutting down)."""
@@ -20,7 +23,7 @@ class Sink(Protocol):
 
 @dataclass
 class StreamHandle:
-    """An SSE subscriber just opened: its record, and the backlog events to write after the preamble."""
+    """A reader just opened: its record, and the backlog frames to hand it first."""
 
     record: SubscriberRecord
-    backlog: list[bytes]
+    backlog: list[Frame]

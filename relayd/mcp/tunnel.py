@@ -168,7 +168,11 @@ class TunnelRelay:
 
     def forward(self, session_id: str, token: str, body: bytes, label: str | None = None) -> Deferred[Frame]:
         """L{inbox}, firing with the frame as the page received it (its id rewritten on a collision)."""
-        return run(self._inbox(session_id, token, body, label)).addCallback(_counted, _INBOUND)
+        return self.forward_frame(session_id, token, parse_frame(body), label)
+
+    def forward_frame(self, session_id: str, token: str, frame: Frame | None, label: str | None = None) -> Deferred[Frame]:
+        """L{forward} of a frame its caller has parsed already (C{None}: not a valid frame)."""
+        return run(self._inbox(session_id, token, frame, label)).addCallback(_counted, _INBOUND)
 
     def outbox(self, session_id: str, token: str, body: bytes) -> Deferred[None]:
         """The page's frame for the agents (fans out on C{outbound}, replies scoped by label)."""
@@ -277,10 +281,11 @@ class TunnelRelay:
 
     def bus_deliver(self, keys: list[str], event: bytes) -> None:
         sinks = self._sinks
+        frame = Frame.from_sse(event)  # (one for every reader here: parsed, if at all, once)
         for key in keys:
             sink = sinks.get(key)
             if sink is not None:
-                sink.deliver(event)
+                sink.deliver(frame)
 
     def bus_wake(self, keys: list[str]) -> None:
         for key in keys:
@@ -356,10 +361,9 @@ class TunnelRelay:
         # One store round trip: look up, compare and slide the TTL together.
         return await self.store.check_session(session_id, token_hash(token), self._now())
 
-    async def _inbox(self, session_id: str, token: str, body: bytes, label: str | None) -> Frame:
+    async def _inbox(self, session_id: str, token: str, frame: Frame | None, label: str | None) -> Frame:
         if not session_id or not token:
             raise Refused("invalid_token_or_frame")
-        frame = parse_frame(body)
         key: bytes | None = None
         bad_id = False
         if frame is not None and frame.is_request:
@@ -517,7 +521,7 @@ class TunnelRelay:
                 if sub.instance == self.instance:
                     sink = sinks.get(key)
                     if sink is not None:
-                        sink.deliver(frame.sse)  # encoded once, shared by every stream
+                        sink.deliver(frame)  # (its SSE encoding is made once, shared by every stream)
                 else:
                     if remote is None:
                         remote = {}
@@ -577,7 +581,7 @@ class TunnelRelay:
         if direction == OUTBOUND and announce:
             await self._announce(session_id, PEER_JOINED, record.id)
         backlog = await self.store.take_backlog(session_id, direction)
-        return StreamHandle(record, [Frame(raw).sse for raw in backlog])
+        return StreamHandle(record, [Frame(raw) for raw in backlog])
 
     async def _close_stream(self, record: SubscriberRecord, announce: bool = True) -> None:
         self._sinks.pop(record.queue_key, None)

@@ -461,7 +461,7 @@ class Backlog(TunnelCase):
         for i in range(70):
             self.successResultOf(tunnel.inbox(SESSION, TOKEN, req(i)))
         handle = self.successResultOf(tunnel.open_stream(SESSION, TOKEN, INBOUND, None, RecordingSink()))
-        ids = [json.loads(e[len(b"event: mcp\ndata: ") : -2])["id"] for e in handle.backlog]
+        ids = [json.loads(frame.raw)["id"] for frame in handle.backlog]
         assert ids == list(range(6, 70))
 
     def test_presence_is_not_backlogged(self) -> None:

@@ -27,14 +27,13 @@ from relayd.clock import Timekeeper
 from relayd.coroutine import run
 from relayd.mcp import metrics, standard
 from relayd.mcp.addresses import bound_key
+from relayd.mcp.frames import Frame
 from relayd.mcp.jsontext import _dumps, loads_json
 from relayd.mcp.store import ClientRecord, SubscriberRecord
 from relayd.mcp.tokens import label_tag, relay_label
 from relayd.mcp.tunnel import TunnelRelay
 
 _EVICTED_CLIENTS = metrics.mcp_evictions.labels(kind="client")
-# A page frame as the tunnel hands it to a sink (relayd.mcp.frames.Frame.sse): its data line's start.
-_MCP_EVENT = len(b"event: mcp\ndata: ")
 
 
 @dataclass(frozen=True)
@@ -217,13 +216,13 @@ class Client:
 
     # the tunnel's sink -------------------------------------------------------------------------
 
-    def deliver(self, event: bytes) -> bool:
+    def deliver(self, frame: Frame) -> bool:
         """A page frame on this client's label (a reply to it, or something for every client)."""
-        raw = event[_MCP_EVENT:-2]
         try:
-            message = loads_json(raw)
+            message = frame.message  # (parsed when the page posted it, unless it came over the bus)
         except ValueError:
             return True
+        raw = frame.line
         for item in message if isinstance(message, list) else [message]:
             if isinstance(item, dict):
                 self._route(item, raw if not isinstance(message, list) else None)

@@ -10,7 +10,8 @@ from twisted.python.failure import Failure
 from twisted.web.server import Request
 
 from relayd.mcp import standard
-from relayd.mcp.jsontext import loads_json
+from relayd.mcp.frames import Frame, json_rpc_items, posted_frame
+from relayd.mcp.jsontext import _dumps, loads_json
 from relayd.mcp.tunnel import Refused
 from relayd.storage import OutcomeUnknown, StoreUnavailable
 from relayd.web.body import read_body
@@ -81,10 +82,23 @@ def token_refused(reason: str) -> Answer:
 
 @dataclass(frozen=True, slots=True)
 class Intake:
-    """A POST's body, valid JSON-RPC 2.0, and the requests among its messages."""
+    """A POST's body, valid JSON-RPC 2.0: the posted bytes, their one parse (C{message}: an object or
+    a batch), its messages and the requests among them."""
 
     body: bytes
+    message: Any
+    messages: list[dict[str, Any]]
     requests: list[dict[str, Any]]
+
+    def frame(self) -> Frame | None:
+        """The body as the tunnel's frame, as posted and parsed once (C{None}: presence, the relay's own)."""
+        return posted_frame(self.body, self.message, self.messages)
+
+    def request_frame(self, request: dict[str, Any]) -> Frame | None:
+        """One of its requests as a frame: the posted bytes when it is the whole body, else its
+        compact JSON (a batch's element, or one whose progress token was rewritten)."""
+        raw = self.body if request is self.message else _dumps(request)
+        return posted_frame(raw, request, [request])
 
 
 def read_messages(request: Request, one_request: bool = True) -> Intake | Answer:
@@ -94,14 +108,15 @@ def read_messages(request: Request, one_request: bool = True) -> Intake | Answer
     one exchange with the page, answered on its own).
     """
     body = read_body(request)
-    messages = standard.parse_message(body)
-    if messages is None:
+    parsed = json_rpc_items(body)
+    if parsed is None:
         try:
             loads_json(body)  # (read again only to name the fault: never on the way of a valid message)
         except ValueError as e:
             return rpc_error(400, standard.PARSE_ERROR, f"not JSON: {e}")
         return NOT_JSON_RPC
+    message, messages = parsed
     requests = [m for m in messages if standard.is_request(m)]
     if one_request and requests and len(messages) > 1:
         return rpc_error(400, standard.INVALID_REQUEST, "batches of requests are not supported")
-    return Intake(body, requests)
+    return Intake(body, message, messages, requests)

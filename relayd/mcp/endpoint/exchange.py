@@ -21,6 +21,7 @@ from relayd.mcp.endpoint.answers import (
     SESSION_GONE,
     TOO_MANY_CLIENTS,
     UNKNOWN_CLIENT,
+    Intake,
     not_forwarded,
     rpc_error,
 )
@@ -179,11 +180,12 @@ class Exchange:
             return attached if refused is None else refused
 
     async def forward(
-        self, request: Request, client: Client, message: dict[str, Any], sse_ok: bool, first: bool = False
+        self, request: Request, client: Client, intake: Intake, sse_ok: bool, first: bool = False
     ) -> Answer | None:
-        """Forward one request to the page; C{None}: its answer comes later, through its L{Pending}.
-        C{first}: the client session's C{initialize} (no session id was given out yet, so a refusal
-        ends it)."""
+        """Forward the one request of C{intake} to the page; C{None}: its answer comes later, through
+        its L{Pending}. C{first}: the client session's C{initialize} (no session id was given out
+        yet, so a refusal ends it)."""
+        message = intake.requests[0]
         clients = self.clients
         config = clients.config
         key = _dumps(message["id"])
@@ -215,7 +217,7 @@ class Exchange:
         if message.get("method") != _LISTEN:
             pending.timer = clients.clock.call_later(config.request_timeout_ms / 1000, pending.expire)
         try:
-            frame = await self.tunnel.forward(session, client.token, _dumps(message), client.label)
+            frame = await self.tunnel.forward_frame(session, client.token, intake.request_frame(message), client.label)
         except Exception:
             pending.settle()
             client.take_pending(key)
@@ -227,7 +229,7 @@ class Exchange:
         pending.forwarded = frame.message.get("id")
         return ACCEPTED if client.legacy else None
 
-    async def notify(self, session: str, token: str, label: str | None, body: bytes) -> Answer:
+    async def notify(self, session: str, token: str, label: str | None, intake: Intake) -> Answer:
         """Notifications and responses: forwarded as they are (a response keeps the page's own id)."""
-        await self.tunnel.inbox(session, token, body, label)
+        await self.tunnel.forward_frame(session, token, intake.frame(), label)
         return ACCEPTED

@@ -63,7 +63,7 @@ class LegacySSE:
             intake = read_messages(request, one_request=False)
             if isinstance(intake, Answer):
                 return intake
-            return await exchange.notify(session, admitted.token, record.label, intake.body)
+            return await exchange.notify(session, admitted.token, record.label, intake)
         if client.session != session or not client.legacy:
             return UNKNOWN_LEGACY_CLIENT
         intake = read_messages(request)
@@ -71,5 +71,5 @@ class LegacySSE:
             return intake
         client.last_used = exchange.clients.clock.seconds()
         if intake.requests:
-            return await exchange.forward(request, client, intake.requests[0], False)
-        return await exchange.notify(session, client.token, client.label, intake.body)
+            return await exchange.forward(request, client, intake, False)
+        return await exchange.notify(session, client.token, client.label, intake)

@@ -24,7 +24,7 @@ class Stateless:
     ) -> Answer | None:
         exchange = self.exchange
         if not intake.requests:
-            return await exchange.notify(session, admitted.token, None, intake.body)
+            return await exchange.notify(session, admitted.token, None, intake)
         message = intake.requests[0]
         why = standard.header_mismatch(
             message, admitted.version, header(request, b"mcp-method"), header(request, b"mcp-name")
@@ -37,4 +37,4 @@ class Stateless:
         refused = await exchange.open(client)
         if refused is not None:
             return refused
-        return await exchange.forward(request, client, message, sse_ok)
+        return await exchange.forward(request, client, intake, sse_ok)

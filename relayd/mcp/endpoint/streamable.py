@@ -51,13 +51,13 @@ class StreamableHTTP:
             refused = await exchange.open(client)
             if refused is not None:
                 return refused
-            return await exchange.forward(request, client, requests[0], sse_ok, first=True)
+            return await exchange.forward(request, client, intake, sse_ok, first=True)
         found = await exchange.find(request, session, token, sid)
         if isinstance(found, Answer):
             return found
         if requests:
-            return await exchange.forward(request, found, requests[0], sse_ok)
-        return await exchange.notify(session, token, found.label, intake.body)
+            return await exchange.forward(request, found, intake, sse_ok)
+        return await exchange.notify(session, token, found.label, intake)
 
     async def get(self, request: Request, session: str, admitted: Admitted) -> Answer | None:
         if "text/event-stream" not in (header(request, b"accept") or ""):
