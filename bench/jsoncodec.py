@@ -7,7 +7,7 @@ process, alternated round by round so both meet the same machine.
 
 Inputs are what the hot paths carry: an AEP event of ~500 bytes (bench/aep.py's shape) read by
 parse_json (ingest's exact path) and written by dumps (a downlevelled payload), and an MCP tools/call
-frame of ~500 bytes read by loads_json and re-written by _dumps (a frame with another id), plus its id.
+frame of ~500 bytes read by loads_json and re-written by dumps (a frame with another id), plus its id.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from relayd.aep import event
 from relayd.buzz.contract import strict_json
-from relayd.mcp import jsontext
+from relayd.mcp.core import jsontext
 from tests.test_jsoncodec import old_aep_dumps, old_aep_parse_json, old_buzz_dumps, old_mcp_dumps, old_mcp_loads_json
 
 PAD = "x" * 330  # as bench/aep.py: makes the event about 500 bytes
@@ -33,7 +33,7 @@ EVENT = event.dumps({
     "source": "bench", "agent": "bench-agent", "session": "s-0123456789", "seq": 1234,
     "severity": "notice", "data": {"message": PAD},
 })  # fmt: skip
-FRAME = jsontext._dumps({
+FRAME = jsontext.dumps({
     "jsonrpc": "2.0", "id": 1234, "method": "tools/call",
     "params": {"name": "search", "arguments": {"query": "y" * 380, "limit": 10}, "_meta": {"progressToken": 7}},
 })  # fmt: skip
@@ -72,8 +72,8 @@ def main() -> None:
         ("aep parse_json (event)", old_aep_parse_json, event.parse_json, EVENT),
         ("aep dumps (event)", old_aep_dumps, event.dumps, ev),
         ("mcp loads_json (frame)", old_mcp_loads_json, jsontext.loads_json, FRAME),
-        ("mcp _dumps (frame)", old_mcp_dumps, jsontext._dumps, frame),
-        ("mcp _dumps (id)", old_mcp_dumps, jsontext._dumps, 1234),
+        ("mcp dumps (frame)", old_mcp_dumps, jsontext.dumps, frame),
+        ("mcp dumps (id)", old_mcp_dumps, jsontext.dumps, 1234),
         ("broker dumps (frame)", old_buzz_dumps, strict_json.dumps, frame),
     ]
     for name, old, new, arg in cases:

@@ -18,7 +18,7 @@ from relayd.aep import event
 from relayd.buzz import nostr
 from relayd.buzz.contract import strict_json
 from relayd.jsoncodec import MAX_INT_DIGITS, JSONError, Reader, Writer
-from relayd.mcp import jsontext
+from relayd.mcp.core import jsontext
 from tests.support.cases import cases, expand
 
 # --- The reference: the wings' functions before relayd.jsoncodec, as they were -----------------------
@@ -139,7 +139,7 @@ def _mcp_js_number(text: str) -> int | float:
 
 
 def old_mcp_loads_json(data: bytes) -> Any:
-    """relayd.mcp.jsontext.loads_json before the codec."""
+    """relayd.mcp.core.jsontext.loads_json before the codec."""
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -160,7 +160,7 @@ def _mcp_finite(value: Any) -> Any:
 
 
 def old_mcp_dumps(value: Any) -> bytes:
-    """relayd.mcp.jsontext._dumps before the codec."""
+    """relayd.mcp.core.jsontext.dumps before the codec."""
     try:
         return orjson.dumps(value)
     except TypeError:
@@ -625,7 +625,7 @@ class SameAnswers(TestCase):
     @settings(max_examples=400, deadline=None)
     @given(values_to_write())
     def test_mcp_dumps(self, value: Any) -> None:
-        self.assertEqual(wrote(jsontext._dumps, value), wrote(old_mcp_dumps, value))
+        self.assertEqual(wrote(jsontext.dumps, value), wrote(old_mcp_dumps, value))
 
     @settings(max_examples=400, deadline=None)
     @given(values_to_write())

@@ -32,9 +32,7 @@ from relayd.aep.redis_store import RedisEventLog
 from relayd.buzz import redis_state
 from relayd.buzz.redis_state import RedisReceipts
 from relayd.clock import Timekeeper
-from relayd.mcp import redis_store as mcp_store
-from relayd.mcp.redis_store import RedisStore
-from relayd.mcp.store import (
+from relayd.mcp.core.store import (
     INBOUND,
     OUTBOUND,
     POLL,
@@ -44,7 +42,9 @@ from relayd.mcp.store import (
     SessionRecord,
     SubscriberRecord,
 )
-from relayd.mcp.tunnel import TunnelRelay
+from relayd.mcp.core.tunnel import TunnelRelay
+from relayd.mcp.redis import store as mcp_store
+from relayd.mcp.redis.store import RedisStore
 from relayd.redis_lua import Script
 from relayd.storage import StoreUnavailable
 from tests.support.aep import event

@@ -15,15 +15,15 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
-from relayd.mcp.addresses import bound_key
+from relayd.mcp.core.addresses import bound_key
+from relayd.mcp.core.frames import Frame
+from relayd.mcp.core.jsontext import dumps, loads_json
+from relayd.mcp.core.polls import PollResult, parse_wait_ms
+from relayd.mcp.core.store import INBOUND, OUTBOUND, SubscriberRecord
+from relayd.mcp.core.streams import StreamHandle
+from relayd.mcp.core.tokens import chosen_label
+from relayd.mcp.core.tunnel import Refused, TunnelRelay
 from relayd.mcp.endpoint import Endpoint, client_address, session_part
-from relayd.mcp.frames import Frame
-from relayd.mcp.jsontext import _dumps, loads_json
-from relayd.mcp.polls import PollResult, parse_wait_ms
-from relayd.mcp.store import INBOUND, OUTBOUND, SubscriberRecord
-from relayd.mcp.streams import StreamHandle
-from relayd.mcp.tokens import chosen_label
-from relayd.mcp.tunnel import Refused, TunnelRelay
 from relayd.storage import OutcomeUnknown, StoreUnavailable
 from relayd.web.auth import bearer_token, query_param
 from relayd.web.body import EarlyAnswer, read_body
@@ -328,7 +328,7 @@ class McpResource(RoutedResource):
         try:
             body = loads_json(read_body(request))
         except ValueError as e:  # (a JSONError: the fault named as every wing names it)
-            return json_answer(400, _dumps({"error": "invalid_json", "detail": str(e)}))
+            return json_answer(400, dumps({"error": "invalid_json", "detail": str(e)}))
         session = body.get("session") if isinstance(body, dict) else None
         token = body.get("token") if isinstance(body, dict) else None
         if not isinstance(session, str) or not isinstance(token, str):

@@ -11,15 +11,15 @@ from relayd import logging as relayd_logging
 from relayd.clock import Timekeeper
 from relayd.config import Resolved, is_loopback_endpoint
 from relayd.mcp import metrics
-from relayd.mcp.bus import IMcpBus, LocalBus
 from relayd.mcp.config import MCPConfig
+from relayd.mcp.core.bus import IMcpBus, LocalBus
+from relayd.mcp.core.store import IMcpStore, MemoryStore
+from relayd.mcp.core.tunnel import TunnelConfig, TunnelRelay
 from relayd.mcp.demo import demo_page
 from relayd.mcp.endpoint import Endpoint, EndpointConfig
 from relayd.mcp.http import KEEPALIVE, KEEPALIVE_INTERVAL, MAX_BODY, McpResource
-from relayd.mcp.redis_bus import RedisMcpBus
-from relayd.mcp.redis_store import RedisStore
-from relayd.mcp.store import IMcpStore, MemoryStore
-from relayd.mcp.tunnel import TunnelConfig, TunnelRelay
+from relayd.mcp.redis.bus import RedisMcpBus
+from relayd.mcp.redis.store import RedisStore
 from relayd.reactor import IReactor
 from relayd.web.body import BodyLimit
 from relayd.web.service import HTTPWingService

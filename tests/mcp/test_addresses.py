@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from relayd.mcp.addresses import bound_key
+from relayd.mcp.core.addresses import bound_key
 
 
 class BoundKey(SynchronousTestCase):

@@ -17,10 +17,10 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
 from relayd.clock import Timekeeper
-from relayd.mcp.frames import FRAMES_DROPPED, parse_frame
-from relayd.mcp.polls import parse_wait_ms
-from relayd.mcp.store import INBOUND, OUTBOUND, MemoryStore
-from relayd.mcp.tunnel import Refused, TunnelConfig, TunnelRelay
+from relayd.mcp.core.frames import FRAMES_DROPPED, parse_frame
+from relayd.mcp.core.polls import parse_wait_ms
+from relayd.mcp.core.store import INBOUND, OUTBOUND, MemoryStore
+from relayd.mcp.core.tunnel import Refused, TunnelConfig, TunnelRelay
 from tests.support.cases import cases, expand
 from tests.support.mcp import RecordingSink
 

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 from twisted.trial import unittest
 from twisted.trial.unittest import TestCase
 
-from relayd.mcp.frames import Frame
+from relayd.mcp.core.frames import Frame
 from tests.support.http import HttpClient, Reply
 from tests.support.redis import redis_flags
 from tests.support.sse import SSEClient

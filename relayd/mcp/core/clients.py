@@ -25,13 +25,14 @@ from twisted.logger import Logger
 
 from relayd.clock import Timekeeper
 from relayd.coroutine import run
-from relayd.mcp import metrics, standard
-from relayd.mcp.addresses import bound_key
-from relayd.mcp.frames import Frame
-from relayd.mcp.jsontext import _dumps, loads_json
-from relayd.mcp.store import ClientRecord, SubscriberRecord
-from relayd.mcp.tokens import label_tag, relay_label
-from relayd.mcp.tunnel import TunnelRelay
+from relayd.mcp import metrics
+from relayd.mcp.core import standard
+from relayd.mcp.core.addresses import bound_key
+from relayd.mcp.core.frames import Frame
+from relayd.mcp.core.jsontext import dumps, loads_json
+from relayd.mcp.core.store import ClientRecord, SubscriberRecord
+from relayd.mcp.core.tokens import label_tag, relay_label
+from relayd.mcp.core.tunnel import TunnelRelay
 
 _EVICTED_CLIENTS = metrics.mcp_evictions.labels(kind="client")
 
@@ -174,7 +175,7 @@ class Client:
         address: str = "",
     ) -> None:
         self.clients = clients
-        self.address = address  # what the per-address bound counts it under (relayd.mcp.addresses)
+        self.address = address  # what the per-address bound counts it under (relayd.mcp.core.addresses)
         self.id = client_id or secrets.token_urlsafe(24)  # 192 random bits
         self.session = session
         self.token = token
@@ -231,10 +232,10 @@ class Client:
     def _route(self, item: dict[str, Any], raw: bytes | None) -> None:
         method = item.get("method")
         if not isinstance(method, str):
-            pending = self.take_pending(_dumps(item.get("id")))
+            pending = self.take_pending(dumps(item.get("id")))
             if pending is not None:
                 self.forget_progress(pending)
-                pending.answer(raw if raw is not None else _dumps(item))
+                pending.answer(raw if raw is not None else dumps(item))
                 if self.stateless:
                     self.close()
             return
@@ -245,8 +246,8 @@ class Client:
                 tag, original = split
                 if tag != label_tag(self.label):
                     return  # another client's progress
-                restored = _dumps(standard.restore_progress(item, original))
-                pending = self.progress.get(_dumps(original)) if self.progress else None
+                restored = dumps(standard.restore_progress(item, original))
+                pending = self.progress.get(dumps(original)) if self.progress else None
                 if pending is not None and pending.send(restored):
                     return
                 self.push(restored)
@@ -257,10 +258,10 @@ class Client:
             stamped = standard.subscription_id(item)
             if stamped is not None:
                 for pending in self.pending.values():
-                    if pending.forwarded is not None and _dumps(pending.forwarded) == _dumps(stamped):
-                        pending.send(_dumps(standard.with_subscription_id(item, loads_json(pending.raw_id))))
+                    if pending.forwarded is not None and dumps(pending.forwarded) == dumps(stamped):
+                        pending.send(dumps(standard.with_subscription_id(item, loads_json(pending.raw_id))))
             return
-        self.push(raw if raw is not None else _dumps(item))
+        self.push(raw if raw is not None else dumps(item))
 
     def end(self) -> None:
         """The tunnel session ended (or the relay is draining): answer what is pending, end streams."""
@@ -312,7 +313,7 @@ class Client:
         """Tell the page to stop working on a forwarded request (C{notifications/cancelled})."""
         if pending.forwarded is None:
             return
-        body = _dumps(
+        body = dumps(
             {
                 "jsonrpc": "2.0",
                 "method": "notifications/cancelled",

@@ -5,7 +5,7 @@ session's token.
 
 This package is the transport: L{admission} checks each request once, L{exchange} takes the steps
 every transport shares; the client sessions themselves are the core's (L{relayd.mcp.core.clients}).
-The rules (revisions, header checks, progress tokens) are in L{relayd.mcp.standard}.
+The rules (revisions, header checks, progress tokens) are in L{relayd.mcp.core.standard}.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from twisted.web.server import Request
 from relayd.clock import Timekeeper
 from relayd.coroutine import run
 from relayd.mcp.core.clients import Client, Clients, EndpointConfig
+from relayd.mcp.core.tunnel import TunnelRelay
 from relayd.mcp.endpoint.admission import ALLOW, Admission, Admitted, client_address, route, session_part
 from relayd.mcp.endpoint.answers import REFUSALS, not_forwarded, token_refused
 from relayd.mcp.endpoint.exchange import Exchange
 from relayd.mcp.endpoint.legacy_sse import LegacySSE
 from relayd.mcp.endpoint.streamable import StreamableHTTP
-from relayd.mcp.tunnel import TunnelRelay
 from relayd.web.cors import OriginPolicy
 from relayd.web.routes import TAKEN, Answer, Handler, Result, finish
 from relayd.web.sse import SSEHub

@@ -14,9 +14,9 @@ from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
-from relayd.mcp import standard
+from relayd.mcp.core import standard
+from relayd.mcp.core.tunnel import TunnelRelay
 from relayd.mcp.endpoint.answers import UNAUTHORIZED, rpc_error, token_refused
-from relayd.mcp.tunnel import TunnelRelay
 from relayd.web.auth import bearer_token, query_param
 from relayd.web.cors import OriginPolicy
 from relayd.web.routes import Answer

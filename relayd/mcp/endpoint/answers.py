@@ -9,10 +9,10 @@ from typing import Any, Final
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
-from relayd.mcp import standard
-from relayd.mcp.frames import Frame, json_rpc_items, posted_frame
-from relayd.mcp.jsontext import _dumps, loads_json
-from relayd.mcp.tunnel import Refused
+from relayd.mcp.core import standard
+from relayd.mcp.core.frames import Frame, json_rpc_items, posted_frame
+from relayd.mcp.core.jsontext import dumps, loads_json
+from relayd.mcp.core.tunnel import Refused
 from relayd.storage import OutcomeUnknown, StoreUnavailable
 from relayd.web.body import read_body
 from relayd.web.routes import Answer, Refusals, json_answer
@@ -97,7 +97,7 @@ class Intake:
     def request_frame(self, request: dict[str, Any]) -> Frame | None:
         """One of its requests as a frame: the posted bytes when it is the whole body, else its
         compact JSON (a batch's element, or one whose progress token was rewritten)."""
-        raw = self.body if request is self.message else _dumps(request)
+        raw = self.body if request is self.message else dumps(request)
         return posted_frame(raw, request, [request])
 
 

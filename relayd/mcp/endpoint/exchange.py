@@ -13,8 +13,12 @@ from typing import Any, Final
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
-from relayd.mcp import standard
+from relayd.mcp.core import standard
 from relayd.mcp.core.clients import Client, Clients, Pending
+from relayd.mcp.core.jsontext import dumps
+from relayd.mcp.core.store import OUTBOUND, ClientRecord
+from relayd.mcp.core.tokens import label_tag
+from relayd.mcp.core.tunnel import TunnelRelay
 from relayd.mcp.endpoint.admission import client_address
 from relayd.mcp.endpoint.answers import (
     ACCEPTED,
@@ -25,10 +29,6 @@ from relayd.mcp.endpoint.answers import (
     not_forwarded,
     rpc_error,
 )
-from relayd.mcp.jsontext import _dumps
-from relayd.mcp.store import OUTBOUND, ClientRecord
-from relayd.mcp.tokens import label_tag
-from relayd.mcp.tunnel import TunnelRelay
 from relayd.web.routes import Answer, finish, gone, json_answer
 from relayd.web.sse import SSEHub, SSEStream
 
@@ -188,7 +188,7 @@ class Exchange:
         message = intake.requests[0]
         clients = self.clients
         config = clients.config
-        key = _dumps(message["id"])
+        key = dumps(message["id"])
         session = client.session
         if key in client.pending:
             return rpc_error(400, standard.INVALID_REQUEST, "request id already pending", message["id"])
@@ -206,7 +206,7 @@ class Exchange:
         token = standard.progress_token(message)
         if token is not None:
             message = standard.with_progress_token(message, label_tag(client.label))
-            pending.progress = _dumps(token)
+            pending.progress = dumps(token)
             if client.progress is None:
                 client.progress = {}
             client.progress[pending.progress] = pending

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from twisted.web.server import Request
 
-from relayd.mcp import standard
+from relayd.mcp.core import standard
 from relayd.mcp.endpoint.admission import Admitted, header
 from relayd.mcp.endpoint.answers import Intake, rpc_error
 from relayd.mcp.endpoint.exchange import Exchange

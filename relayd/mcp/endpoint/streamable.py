@@ -7,7 +7,7 @@ from __future__ import annotations
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
-from relayd.mcp import standard
+from relayd.mcp.core import standard
 from relayd.mcp.core.clients import Client
 from relayd.mcp.endpoint.admission import Admitted, header
 from relayd.mcp.endpoint.answers import (

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from relayd.mcp.jsontext import _dumps, loads_json
+from relayd.mcp.core.jsontext import dumps, loads_json
 
 LEGACY = "2024-11-05"
 HANDSHAKE_VERSIONS = frozenset(("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"))
@@ -40,7 +40,7 @@ TOKEN_PREFIX = "relayd:"
 
 def error_body(code: int, message: str, request_id: Any = None) -> bytes:
     """A JSON-RPC error response (C{id} null when relayd could not read one)."""
-    return _dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
+    return dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
 
 
 def error_for(raw_id: bytes, code: int, message: str) -> bytes:
@@ -79,13 +79,13 @@ def progress_token(message: dict[str, Any]) -> Any:
 
 
 def with_progress_token(message: dict[str, Any], tag: str) -> dict[str, Any]:
-    """A copy whose progress token carries the client's label tag (L{relayd.mcp.tokens.label_tag}:
+    """A copy whose progress token carries the client's label tag (L{relayd.mcp.core.tokens.label_tag}:
     unique per client session, restorable, and not the label that routes its replies)."""
     token = progress_token(message)
     if token is None:
         return message
     meta = dict(message["params"]["_meta"])
-    meta["progressToken"] = TOKEN_PREFIX + tag + ":" + _dumps(token).decode("utf-8")
+    meta["progressToken"] = TOKEN_PREFIX + tag + ":" + dumps(token).decode("utf-8")
     params = dict(message["params"])
     params["_meta"] = meta
     out = dict(message)

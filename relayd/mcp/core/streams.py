@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from relayd.mcp.frames import Frame
-from relayd.mcp.store import SubscriberRecord
+from relayd.mcp.core.frames import Frame
+from relayd.mcp.core.store import SubscriberRecord
 
 
 class Sink(Protocol):

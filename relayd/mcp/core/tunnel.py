@@ -8,9 +8,9 @@ Semantics follow the Node relay 0.46.0 with relayd's decisions MCP-1 to MCP-10 (
 a 64-frame first-frame backlog, newline-safe SSE framing, collision-free reply routing, sessions kept
 alive by open subscribers, bounded queues with C{notifications/frames_dropped}, a session cap.
 
-What a frame is lives in L{relayd.mcp.frames}, session ids and tokens in L{relayd.mcp.tokens}, a
-poll's park window and parked state in L{relayd.mcp.polls}, an SSE reader's sink in
-L{relayd.mcp.streams}.
+What a frame is lives in L{relayd.mcp.core.frames}, session ids and tokens in L{relayd.mcp.core.tokens}, a
+poll's park window and parked state in L{relayd.mcp.core.polls}, an SSE reader's sink in
+L{relayd.mcp.core.streams}.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from twisted.python.failure import Failure
 from relayd.clock import Timekeeper
 from relayd.coroutine import run
 from relayd.mcp import metrics
-from relayd.mcp.bus import IMcpBus, InstanceGone, LocalBus
-from relayd.mcp.frames import FRAMES_DROPPED, PEER_JOINED, PEER_LEFT, Frame, notification, parse_frame
-from relayd.mcp.jsontext import _dumps, loads_json
-from relayd.mcp.polls import SUBSCRIBER_ID, ParkedPoll, PollResult
-from relayd.mcp.store import (
+from relayd.mcp.core.bus import IMcpBus, InstanceGone, LocalBus
+from relayd.mcp.core.frames import FRAMES_DROPPED, PEER_JOINED, PEER_LEFT, Frame, notification, parse_frame
+from relayd.mcp.core.jsontext import dumps, loads_json
+from relayd.mcp.core.polls import SUBSCRIBER_ID, ParkedPoll, PollResult
+from relayd.mcp.core.store import (
     INBOUND,
     OUTBOUND,
     POLL,
@@ -43,8 +43,8 @@ from relayd.mcp.store import (
     SessionRecord,
     SubscriberRecord,
 )
-from relayd.mcp.streams import Sink, StreamHandle
-from relayd.mcp.tokens import SESSION_ID, TOKEN_MAX, TOKEN_MIN, token_hash, utf16_length
+from relayd.mcp.core.streams import Sink, StreamHandle
+from relayd.mcp.core.tokens import SESSION_ID, TOKEN_MAX, TOKEN_MIN, token_hash, utf16_length
 from relayd.storage import StoreUnavailable
 
 # Frames accepted, counted once per POST (bound once: nothing is looked up per frame).
@@ -410,7 +410,7 @@ class TunnelRelay:
         correlation = None if label is None else Correlation(label, key)
         while True:
             fresh = f"relayd-{self._id_tag}-{next(self._fresh_ids)}"
-            fresh_key = _dumps(fresh)
+            fresh_key = dumps(fresh)
             if correlation is None:
                 free = not await store.correlation_pending(session_id, fresh_key)
             else:

@@ -38,7 +38,7 @@ import orjson
 from twisted.internet.defer import Deferred
 from zope.interface import implementer
 
-from relayd.mcp.store import (
+from relayd.mcp.core.store import (
     INBOUND,
     OUTBOUND,
     ClientRecord,

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from relayd.mcp.jsontext import _dumps, loads_json
+from relayd.mcp.core.jsontext import dumps, loads_json
 
 PEER_JOINED = "notifications/peer_joined"
 PEER_LEFT = "notifications/peer_left"
@@ -91,13 +91,13 @@ class Frame:
     @property
     def id_key(self) -> bytes:
         """The compact JSON of the id: C{1} and C{"1"} are different keys."""
-        return _dumps(self.message["id"])
+        return dumps(self.message["id"])
 
     def with_id(self, new_id: Any) -> Frame:
         """A copy with another id (re-serialised compactly)."""
         message = dict(self.message)
         message["id"] = new_id
-        return Frame(_dumps(message), message)
+        return Frame(dumps(message), message)
 
 
 def notification(method: str, params: bytes) -> Frame:
