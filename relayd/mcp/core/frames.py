@@ -51,7 +51,10 @@ class Frame:
     @property
     def line(self) -> bytes:
         """The frame as one line: the posted bytes without CR/LF (the SSE event's data, see L{sse})."""
-        return self.sse[_SSE_START:-2]
+        raw = self.raw
+        if b"\n" in raw or b"\r" in raw:
+            return raw.translate(None, b"\r\n")
+        return raw
 
     @property
     def sse(self) -> bytes:

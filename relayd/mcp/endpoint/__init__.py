@@ -54,10 +54,12 @@ class _Admit:
         return TAKEN
 
     async def _admitted(self, request: Request, session: str, admitted: Admitted) -> Answer | None:
-        try:
-            reason = await admitted.checked()
-        except Exception:
-            return not_forwarded(Failure())
+        reason = admitted.result
+        if not admitted.settled or isinstance(reason, Failure):  # (settled: the store answered at once)
+            try:
+                reason = await admitted.checked()
+            except Exception:
+                return not_forwarded(Failure())
         if reason is not None:
             return token_refused(reason)
         return await self.handler(request, session, admitted)
