@@ -1,16 +1,18 @@
 """The MCP tunnel relay core: sessions, subscribers, fan-out, backlog, reply routing, long-poll, reaper.
 
-No I/O happens here. The HTTP layer hands in request facts (ids, tokens, bodies) and, for an SSE
-stream, a L{Sink} to write encoded events to; the L{TunnelRelay} answers with results or L{Refused}
-reasons (the wire strings of docs/mcp.md), and keeps its state in an L{IMcpStore}.
+No I/O happens here. The HTTP layer hands in request facts (ids, tokens, bodies or parsed frames)
+and, for an in-process reader, a L{Sink} to hand frames to; the L{TunnelRelay} answers with results
+or L{Refused} reasons (the wire strings of docs/mcp.md), and keeps its state in an L{IMcpStore}.
 
 Semantics follow the Node relay 0.46.0 with relayd's decisions MCP-1 to MCP-10 (docs/decisions.md):
 a 64-frame first-frame backlog, newline-safe SSE framing, collision-free reply routing, sessions kept
 alive by open subscribers, bounded queues with C{notifications/frames_dropped}, a session cap.
 
-What a frame is lives in L{relayd.mcp.core.frames}, session ids and tokens in L{relayd.mcp.core.tokens}, a
-poll's park window and parked state in L{relayd.mcp.core.polls}, an SSE reader's sink in
-L{relayd.mcp.core.streams}.
+What a frame is lives in L{relayd.mcp.core.frames}, session ids and tokens in
+L{relayd.mcp.core.tokens}, a poll's park window and parked state in L{relayd.mcp.core.polls}, a
+reader's sink in L{relayd.mcp.core.streams}. Over 600 lines, for a reason: each operation here is a
+store round trip or a few whose refusals, fan-out and reply routing are read together to see that
+no frame is lost or delivered twice.
 """
 
 from __future__ import annotations
