@@ -50,7 +50,8 @@ class Frame:
 
     @property
     def line(self) -> bytes:
-        """The frame as one line: the posted bytes without CR/LF (the SSE event's data, see L{sse})."""
+        """The frame as one line: the posted bytes without CR/LF (the SSE event's data: why that is
+        the same message, see L{sse})."""
         raw = self.raw
         if b"\n" in raw or b"\r" in raw:
             return raw.translate(None, b"\r\n")
@@ -66,10 +67,7 @@ class Frame:
         and no client byte can end the C{data:} line early. Frames without them pass byte for byte.
         """
         if self._sse is None:
-            data = self.raw
-            if b"\n" in data or b"\r" in data:
-                data = data.translate(None, b"\r\n")
-            self._sse = b"event: mcp\ndata: " + data + b"\n\n"  # (_SSE_START)
+            self._sse = b"event: mcp\ndata: " + self.line + b"\n\n"  # (from_sse reads it back)
         return self._sse
 
     @property
