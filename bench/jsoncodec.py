@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from relayd.aep import event
 from relayd.buzz.core.contract import strict_json
-from relayd.mcp import jsontext
+from relayd.mcp.core import jsontext
 from tests.base.test_jsoncodec import (
     old_aep_dumps,
     old_aep_parse_json,

@@ -6,7 +6,7 @@ names it relies on must appear in the txredisapi methods that use them); when a 
 the flag is off and relayd takes txredisapi's own path, plainer but working. The pool, its factory
 and their endpoints are built from txredisapi's public classes in relayd/storage/redis.py and need no
 fence. tests/compat/test_txredisapi.py checks each detection against a real redis-server, checks each
-fallback, and (with the fence's scan, tests/web/test_twisted_internals.py) fails any other module
+fallback, and (with the fence's scan, tests/compat/) fails any other module
 that touches a txredisapi private attribute. setup.cfg bounds txredisapi's version so that a new
 release is admitted only once those tests pass on it.
 """

@@ -131,8 +131,8 @@ SETTINGS: list[Setting] = [
     Setting(
         "mcp-max-sessions-per-address",
         1000,
-        "Most MCP sessions registered from one client address (with --trust-forwarded-for, the "
-        "forwarded one); beyond it the address's oldest session without readers ends, or the "
+        "Most MCP sessions registered from one client address (an IPv6 one: its /64; with "
+        "--trust-forwarded-for, the forwarded one); beyond it the address's oldest session without readers ends, or the "
         "register answers 503 (0: no per-address bound)",
         parse=non_negative_int,
         env=("RELAYD_MCP_MAX_SESSIONS_PER_ADDRESS",),
@@ -204,7 +204,8 @@ SETTINGS += [
     Setting(
         "mcp-max-clients-per-address",
         1000,
-        "Standard MCP endpoint: most client sessions one client address holds on this process; beyond "
+        "Standard MCP endpoint: most client sessions one client address (an IPv6 one: its /64) holds "
+        "on this process; beyond "
         "it the address's least recently used idle client session ends, or the initialize answers "
         "503 (0: no per-address bound)",
         parse=non_negative_int,

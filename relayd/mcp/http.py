@@ -15,14 +15,16 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
-from relayd.base.errors import StoreUnavailable
-from relayd.mcp.endpoint import Endpoint, client_address
-from relayd.mcp.jsontext import _dumps, loads_json
-from relayd.mcp.polls import PollResult, parse_wait_ms
-from relayd.mcp.store import INBOUND, OUTBOUND, SubscriberRecord
-from relayd.mcp.streams import StreamHandle
-from relayd.mcp.tokens import chosen_label
-from relayd.mcp.tunnel import Refused, TunnelRelay
+from relayd.base.errors import OutcomeUnknown, StoreUnavailable
+from relayd.mcp.core.addresses import bound_key
+from relayd.mcp.core.frames import Frame
+from relayd.mcp.core.jsontext import dumps, loads_json
+from relayd.mcp.core.polls import PollResult, parse_wait_ms
+from relayd.mcp.core.store import INBOUND, OUTBOUND, SubscriberRecord
+from relayd.mcp.core.streams import StreamHandle
+from relayd.mcp.core.tokens import chosen_label
+from relayd.mcp.core.tunnel import Refused, TunnelRelay
+from relayd.mcp.endpoint import Endpoint, client_address, session_part
 from relayd.process.cors import OriginPolicy
 from relayd.web.answers import Answer, EarlyAnswer, Refusals, finish, gone, json_answer
 from relayd.web.auth import bearer_token, query_param
@@ -56,6 +58,12 @@ def unavailable_body(error: StoreUnavailable) -> bytes:
     return b'{"error":"store_unavailable","store":"%s"}' % error.store.encode()
 
 
+OUTCOME_UNKNOWN_BODY: Final = (
+    b'{"error":"outcome_unknown","store":"mcp","detail":"the store (Redis) was sent the request and did not '
+    b'answer in time: it may have taken effect (a frame may have been delivered); retrying may repeat it"}'
+)
+
+
 def status_for(reason: str) -> int:
     """HTTP status of a refusal: gone is 410, a cap 503, every other refusal 401."""
     return _STATUS.get(reason, 401)
@@ -71,6 +79,7 @@ def refused_answer(error: Refused) -> Answer:
 REFUSALS: Final = Refusals(
     [
         (Refused, refused_answer),
+        (OutcomeUnknown, lambda _: json_answer(503, OUTCOME_UNKNOWN_BODY)),
         (StoreUnavailable, lambda error: json_answer(503, unavailable_body(error))),
     ]
 )
@@ -101,9 +110,7 @@ def _token(request: Request) -> str:
     return bearer_token(request) or query_param(request, "token") or ""
 
 
-def _tokenless(request: Request) -> Answer | None:
-    """The tunnel's refusal of a frame posted without a token (TunnelRelay.inbox, outbox)."""
-    return None if _token(request) else refused_answer(Refused("invalid_token_or_frame"))
+_FRAME_REFUSED: Final = Refused("invalid_token_or_frame")
 
 
 def _direction(request: Request) -> str:
@@ -157,9 +164,10 @@ class StreamSink:
         """The stream ended (client went away, overflow, or the relay ended it): tell the tunnel."""
         record, self.record = self.record, None
         if record is not None:
-            self.tunnel.close_stream(record).addErrback(self.tunnel._log_failure, "closing MCP stream failed")
+            self.tunnel.close_stream(record).addErrback(self.tunnel.log_failure, "closing MCP stream failed")
 
-    def deliver(self, event: bytes) -> bool:
+    def deliver(self, frame: Frame) -> bool:
+        event = frame.sse
         if self._early is not None:
             self._early.append(event)
             return True
@@ -197,7 +205,7 @@ class _PollAnswer:
     def answer(self, result: PollResult) -> Answer:
         if gone(self.request):
             # Taken but never delivered: back to the head.
-            self.tunnel.put_back(result).addErrback(self.tunnel._log_failure, "MCP put-back failed")
+            self.tunnel.put_back(result).addErrback(self.tunnel.log_failure, "MCP put-back failed")
             return _UNSENT
         return json_answer(200, result.body(), ((b"cache-control", b"no-store"),))
 
@@ -241,10 +249,11 @@ class McpResource(RoutedResource):
         table.add("/", {"GET": self._healthz}, prefix)
         options = self._options
         table.add("/register", {"POST": self._register, "OPTIONS": options}, prefix)
-        # A frame without a token is refused as the tunnel would refuse it, before its body is read.
-        no_token = {"POST": _tokenless}
-        table.add("/{session}/inbox", {"POST": self._inbox, "OPTIONS": options}, prefix, checks=no_token)
-        table.add("/{session}/outbox", {"POST": self._outbox, "OPTIONS": options}, prefix, checks=no_token)
+        # A frame without a token, or with a wrong one, is refused as the tunnel would refuse it,
+        # before its body is read.
+        frame_check = {"POST": self._frame_check}
+        table.add("/{session}/inbox", {"POST": self._inbox, "OPTIONS": options}, prefix, checks=frame_check)
+        table.add("/{session}/outbox", {"POST": self._outbox, "OPTIONS": options}, prefix, checks=frame_check)
         table.add("/{session}/unregister", {"POST": self._unregister, "OPTIONS": options}, prefix)
         # HEAD on a stream or a poll authenticates without subscribing or taking (see _head).
         table.add("/{session}/events", {"GET": self._events, "HEAD": self._head_events, "OPTIONS": options}, prefix)
@@ -252,8 +261,9 @@ class McpResource(RoutedResource):
         if self.demo is not None:
             table.add("/demo", {"GET": self._demo}, prefix)
         if self.endpoint is not None:
+            endpoint_check = {"POST": self.endpoint.early_check}
             for path, handlers in self.endpoint.routes().items():
-                table.add(path, handlers, prefix)
+                table.add(path, handlers, prefix, checks=endpoint_check if "POST" in handlers else None)
 
     # before routing ----------------------------------------------------------------------------
 
@@ -274,6 +284,23 @@ class McpResource(RoutedResource):
         headers.append((b"content-type", b"application/json"))
         return 413, headers, b'{"error":"payload_too_large"}'
 
+    def _frame_check(self, request: Request) -> Answer | None:
+        """The token of an C{inbox} or C{outbox} POST, at the end of its headers: missing, or refused
+        by a store that answers at once (memory). With a shared store (Redis) the frame's own store
+        command authenticates it (one round trip per frame), so the body is read first."""
+        token = _token(request)
+        if not token:
+            return refused_answer(_FRAME_REFUSED)
+        session = session_part(self.prefix, request.path)
+        if session is None or self.tunnel.shared:
+            return None
+        answered: list[str | None] = []
+        self.tunnel.check(session, token).addCallbacks(answered.append, lambda _: None)
+        if not answered or answered[0] is None:
+            return None  # (a failure is answered by the handler, which asks the store again)
+        reason = answered[0]
+        return refused_answer(Refused(reason) if reason == "session_gone" else _FRAME_REFUSED)
+
     # routes ------------------------------------------------------------------------------------
 
     @staticmethod
@@ -292,12 +319,12 @@ class McpResource(RoutedResource):
         try:
             body = loads_json(read_body(request))
         except ValueError as e:  # (a JSONError: the fault named as every wing names it)
-            return json_answer(400, _dumps({"error": "invalid_json", "detail": str(e)}))
+            return json_answer(400, dumps({"error": "invalid_json", "detail": str(e)}))
         session = body.get("session") if isinstance(body, dict) else None
         token = body.get("token") if isinstance(body, dict) else None
         if not isinstance(session, str) or not isinstance(token, str):
             return json_answer(400, b'{"error":"missing_fields"}')
-        return self.tunnel.register(session, token, client_address(request)).addCallback(lambda _: OK)
+        return self.tunnel.register(session, token, bound_key(client_address(request))).addCallback(lambda _: OK)
 
     def _inbox(self, request: Request, session: str) -> Deferred[Answer]:
         body = read_body(request)  # read before auth, as the contract orders it
@@ -327,9 +354,9 @@ class McpResource(RoutedResource):
 
         def opened(handle: StreamHandle) -> None:
             if gone(request):
-                tunnel.close_stream(handle.record).addErrback(tunnel._log_failure, "closing MCP stream failed")
+                tunnel.close_stream(handle.record).addErrback(tunnel.log_failure, "closing MCP stream failed")
                 return
-            sink.start(SSE_PREAMBLE + b"".join(handle.backlog), handle.record)
+            sink.start(SSE_PREAMBLE + b"".join(frame.sse for frame in handle.backlog), handle.record)
 
         d.addCallbacks(opened, lambda f: finish(request, stream_refusal(f)))
         return TAKEN

@@ -16,6 +16,7 @@ __all__ = [  # the series declared below, and the plumbing's ones re-exported
     "REGISTRY",
     "Watching",
     "connections",
+    "mcp_evictions",
     "mcp_frames",
 ]
 
@@ -23,5 +24,13 @@ mcp_frames = Counter(
     "relayd_mcp_frames",
     "MCP frames relayed: inbound (agent to page, POST inbox) and outbound (page to agents, POST outbox)",
     ["direction"],
+    registry=REGISTRY,
+)
+
+mcp_evictions = Counter(
+    "relayd_mcp_evictions",
+    "MCP sessions ended while idle to make room for a new one at a bound: kind session (a tunnel session "
+    "without readers) or client (an endpoint client session)",
+    ["kind"],
     registry=REGISTRY,
 )

@@ -12,15 +12,15 @@ from relayd.base.config import Resolved, is_loopback_endpoint
 from relayd.base.reactor import IReactor
 from relayd.logs import scrub
 from relayd.mcp import metrics
-from relayd.mcp.bus import IMcpBus, LocalBus
 from relayd.mcp.config import MCPConfig
+from relayd.mcp.core.bus import IMcpBus, LocalBus
+from relayd.mcp.core.store import IMcpStore, MemoryStore
+from relayd.mcp.core.tunnel import TunnelConfig, TunnelRelay
 from relayd.mcp.demo import demo_page
 from relayd.mcp.endpoint import Endpoint, EndpointConfig
 from relayd.mcp.http import KEEPALIVE, KEEPALIVE_INTERVAL, MAX_BODY, McpResource
-from relayd.mcp.redis_bus import RedisMcpBus
-from relayd.mcp.redis_store import RedisStore
-from relayd.mcp.store import IMcpStore, MemoryStore
-from relayd.mcp.tunnel import TunnelConfig, TunnelRelay
+from relayd.mcp.redis.bus import RedisMcpBus
+from relayd.mcp.redis.store import RedisStore
 from relayd.web.listen import HTTPWingService
 from relayd.web.request import BodyLimit
 from relayd.web.site import RelaySite

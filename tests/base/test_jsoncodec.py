@@ -18,7 +18,7 @@ from relayd.base import jsoncodec
 from relayd.base.jsoncodec import MAX_INT_DIGITS, JSONError, Reader, Writer
 from relayd.buzz import nostr
 from relayd.buzz.core.contract import strict_json
-from relayd.mcp import jsontext
+from relayd.mcp.core import jsontext
 from tests.support.cases import cases, expand
 
 # --- The reference: the wings' functions before relayd.base.jsoncodec, as they were -----------------------
@@ -139,7 +139,7 @@ def _mcp_js_number(text: str) -> int | float:
 
 
 def old_mcp_loads_json(data: bytes) -> Any:
-    """relayd.mcp.jsontext.loads_json before the codec."""
+    """relayd.mcp.core.jsontext.loads_json before the codec."""
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -160,7 +160,7 @@ def _mcp_finite(value: Any) -> Any:
 
 
 def old_mcp_dumps(value: Any) -> bytes:
-    """relayd.mcp.jsontext._dumps before the codec."""
+    """relayd.mcp.core.jsontext._dumps before the codec."""
     try:
         return orjson.dumps(value)
     except TypeError:

@@ -93,6 +93,12 @@ WING_SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
         "Time to hand one ingested batch to every matching subscriber's queue (not the network write)",
     ),
     # relayd/mcp/metrics.py
+    "relayd_mcp_evictions": (
+        "counter",
+        ("kind",),
+        "MCP sessions ended while idle to make room for a new one at a bound: kind session (a tunnel session "
+        "without readers) or client (an endpoint client session)",
+    ),
     "relayd_mcp_frames": (
         "counter",
         ("direction",),

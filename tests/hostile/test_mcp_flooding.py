@@ -9,7 +9,9 @@
   process; beyond it, that address's least recently used idle client session ends (its next request
   is C{404}), and only when none is idle is its C{initialize} refused (C{503}).
 - The address is the connection's peer, or with C{--trust-forwarded-for} the forwarded one: a client
-  that writes any C{X-Forwarded-For} it likes to an untrusting relay is still one address.
+  that writes any C{X-Forwarded-For} it likes to an untrusting relay is still one address. An IPv6
+  address counts by its /64: one holder rotating through its /64 is still one address.
+- Each session ended to make room is logged (one line, no token) and counted.
 """
 
 from __future__ import annotations
@@ -98,6 +100,20 @@ class SessionFlood(TestCase):
         self.assertEqual((refused.code, refused.json()), (503, {"error": "too_many_sessions"}))
         await assert_clean_log(self, self.proc, self.http)
 
+    async def test_an_ipv6_holder_rotating_through_its_64_is_one_address(self) -> None:
+        await self.start("--trust-forwarded-for", "1")
+        rotating = [f"rot6-{n:02d}" for n in range(10)]
+        for n, session in enumerate(rotating):  # ten addresses of one /64
+            self.assertEqual((await self.register(session, f"2001:db8:7:7:{n:x}:{n:x}::{n + 1:x}")).code, 200)
+        self.assertEqual([s for s in rotating if await self.live(s)], rotating[-4:])
+        # Another /64 is another address.
+        self.assertEqual((await self.register("other-64", "2001:db8:7:8::1")).code, 200)
+        self.assertTrue(await self.live("other-64"))
+        log = self.proc.log
+        self.assertIn(b"to make room under the per-address bound (4) of 2001:db8:7:7::/64", log)
+        self.assertNotIn(TOKEN.encode(), log)
+        await assert_clean_log(self, self.proc, self.http)
+
     async def test_forwarded_for_is_not_believed_unless_trusted(self) -> None:
         await self.start()
         rotating = [f"spoof-{n:02d}" for n in range(10)]
@@ -175,4 +191,12 @@ class ClientSessionFlood(TestCase):
         self.assertEqual(refused.json()["error"]["code"], -32003)
         self.assertEqual(len([await self.new_client("198.51.100.2") for _ in range(3)]), 3)
         self.assertTrue(await self.usable(page, PAGE))
+        await assert_clean_log(self, self.proc, self.http)
+
+    async def test_an_ipv6_holder_rotating_through_its_64_is_one_address(self) -> None:
+        sids = [await self.new_client(f"2001:db8:5:5::{n + 1:x}") for n in range(6)]
+        self.assertEqual([await self.usable(s, "2001:db8:5:5::99") for s in sids], [False] * 3 + [True] * 3)
+        self.assertEqual(len([await self.new_client(f"2001:db8:5:6::{n + 1:x}") for n in range(3)]), 3)
+        self.assertIn(b"ended 1 idle MCP client session(s) to make room under the per-address bound (3) of "
+                      b"2001:db8:5:5::/64", self.proc.log)
         await assert_clean_log(self, self.proc, self.http)

@@ -79,6 +79,33 @@ class Bounds(EndpointCase):
         over = await self.mcp(INIT)
         assert over.code == 503 and over.header("retry-after") == "5"
 
+    async def test_an_eviction_is_logged_and_counted(self) -> None:
+        from twisted.logger import globalLogPublisher
+
+        from relayd.mcp.metrics import REGISTRY
+
+        self.configure(max_clients=1, clients_per_address=0)
+        lines: list[str] = []
+
+        def observe(event: dict) -> None:
+            if "to make room" in (event.get("log_format") or ""):
+                from twisted.logger import formatEvent
+
+                lines.append(formatEvent(event))
+
+        globalLogPublisher.addObserver(observe)
+        self.addCleanup(globalLogPublisher.removeObserver, observe)
+
+        def evictions() -> float:
+            return REGISTRY.get_sample_value("relayd_mcp_evictions_total", {"kind": "client"}) or 0.0
+
+        before = evictions()
+        first = await self.initialize()
+        await self.initialize()  # ends the first (idle)
+        assert evictions() - before == 1
+        assert lines == ["ended 1 idle MCP client session(s) to make room under the client bound (1)"]
+        assert first not in lines[0] and TOKEN not in lines[0]
+
     async def test_last_event_id_replays_from_the_bounded_buffer(self) -> None:
         self.configure(event_buffer_frames=2)
         sid = await self.initialize()

@@ -62,7 +62,7 @@ class EndpointAcrossInstances(Instances):
         assert len(joined) == 1  # presence once, from the instance that created the client session
         # DELETE on C ends it everywhere; A (which announced it) says peer_left at its next pass.
         assert (await self.mcp(2, None, sid, method="DELETE")).code == 200
-        await self.services[0].resource.endpoint._reap()
+        await self.services[0].resource.endpoint.client_sessions._reap()
         seen = len(page.seen)
         while page.seen[-1].get("method") != "notifications/peer_left":
             seen += 1

@@ -1,4 +1,4 @@
-"""relayd.mcp.polls.ParkedPoll on its own: one poll's life against a recording keeper (no store).
+"""relayd.mcp.core.polls.ParkedPoll on its own: one poll's life against a recording keeper (no store).
 
 The tunnel relay is the keeper in the wing (tests/mcp/test_tunnel.py); here each callback a parked
 poll makes is recorded, so the order of parking, waking, cancelling and answering is checked alone.
@@ -11,14 +11,14 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.trial.unittest import TestCase
 
 from relayd.base.clock import Timekeeper
-from relayd.mcp.polls import ParkedPoll, PollResult
-from relayd.mcp.store import INBOUND, POLL, SubscriberRecord
+from relayd.mcp.core.polls import ParkedPoll, PollResult
+from relayd.mcp.core.store import INBOUND, POLL, SubscriberRecord
 
 FRAMES = [b'"frame"']
 
 
 class RecordingKeeper:
-    """A L{relayd.mcp.polls.PollKeeper} that records its calls; C{take_frames} answers when told."""
+    """A L{relayd.mcp.core.polls.PollKeeper} that records its calls; C{take_frames} answers when told."""
 
     def __init__(self) -> None:
         self.reactor = task.Clock()

@@ -7,8 +7,7 @@ import itertools
 from twisted.trial.unittest import TestCase
 from zope.interface.verify import verifyObject
 
-from relayd.mcp.redis_store import RedisStore
-from relayd.mcp.store import (
+from relayd.mcp.core.store import (
     INBOUND,
     OUTBOUND,
     POLL,
@@ -20,6 +19,7 @@ from relayd.mcp.store import (
     SubscriberRecord,
     queue_key,
 )
+from relayd.mcp.redis.store import RedisStore
 from tests.support.redis import connected_redis, shared_redis
 
 _prefixes = itertools.count()

@@ -6,8 +6,8 @@ import itertools
 
 from twisted.trial.unittest import TestCase
 
-from relayd.mcp.redis_store import RedisStore
-from relayd.mcp.store import ClientRecord, IMcpStore, MemoryStore
+from relayd.mcp.core.store import ClientRecord, IMcpStore, MemoryStore
+from relayd.mcp.redis.store import RedisStore
 from tests.support.redis import connected_redis, shared_redis
 
 _prefixes = itertools.count()

@@ -17,10 +17,10 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
 from relayd.base.clock import Timekeeper
-from relayd.mcp.frames import FRAMES_DROPPED, parse_frame
-from relayd.mcp.polls import parse_wait_ms
-from relayd.mcp.store import INBOUND, OUTBOUND, MemoryStore
-from relayd.mcp.tunnel import Refused, TunnelConfig, TunnelRelay
+from relayd.mcp.core.frames import FRAMES_DROPPED, parse_frame
+from relayd.mcp.core.polls import parse_wait_ms
+from relayd.mcp.core.store import INBOUND, OUTBOUND, MemoryStore
+from relayd.mcp.core.tunnel import Refused, TunnelConfig, TunnelRelay
 from tests.support.cases import cases, expand
 from tests.support.mcp import RecordingSink
 
@@ -461,7 +461,7 @@ class Backlog(TunnelCase):
         for i in range(70):
             self.successResultOf(tunnel.inbox(SESSION, TOKEN, req(i)))
         handle = self.successResultOf(tunnel.open_stream(SESSION, TOKEN, INBOUND, None, RecordingSink()))
-        ids = [json.loads(e[len(b"event: mcp\ndata: ") : -2])["id"] for e in handle.backlog]
+        ids = [json.loads(frame.raw)["id"] for frame in handle.backlog]
         assert ids == list(range(6, 70))
 
     def test_presence_is_not_backlogged(self) -> None:

@@ -33,9 +33,7 @@ from relayd.base.clock import Timekeeper
 from relayd.base.errors import StoreUnavailable
 from relayd.buzz.redis import state as redis_state
 from relayd.buzz.redis.state import RedisReceipts
-from relayd.mcp import redis_store as mcp_store
-from relayd.mcp.redis_store import RedisStore
-from relayd.mcp.store import (
+from relayd.mcp.core.store import (
     INBOUND,
     OUTBOUND,
     POLL,
@@ -45,7 +43,9 @@ from relayd.mcp.store import (
     SessionRecord,
     SubscriberRecord,
 )
-from relayd.mcp.tunnel import TunnelRelay
+from relayd.mcp.core.tunnel import TunnelRelay
+from relayd.mcp.redis import store as mcp_store
+from relayd.mcp.redis.store import RedisStore
 from relayd.storage.redis_lua import Script
 from tests.support.aep import event
 from tests.support.cases import cases, expand

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 from twisted.trial import unittest
 from twisted.trial.unittest import TestCase
 
+from relayd.mcp.core.frames import Frame
 from tests.support.http import HttpClient, Reply
 from tests.support.redis import redis_flags
 from tests.support.sse import SSEClient
@@ -145,15 +146,15 @@ async def assert_clean_log(case: TestCase, proc: RelaydProcess, http: HttpClient
 
 
 class RecordingSink:
-    """An SSE sink that keeps what it is given."""
+    """A tunnel sink that keeps the SSE event of each frame it is given."""
 
     def __init__(self, accept: bool = True) -> None:
         self.events: list[bytes] = []
         self.ended = False
         self.accept = accept
 
-    def deliver(self, event: bytes) -> bool:
-        self.events.append(event)
+    def deliver(self, frame: Frame) -> bool:
+        self.events.append(frame.sse)
         return self.accept
 
     def end(self) -> None:

@@ -12,8 +12,7 @@ from typing import Any
 
 import orjson
 
-from relayd.mcp.frames import json_rpc_items
-from relayd.mcp.jsontext import _dumps, loads_json
+from relayd.mcp.core.jsontext import dumps, loads_json
 
 LEGACY = "2024-11-05"
 HANDSHAKE_VERSIONS = frozenset(("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"))
@@ -32,6 +31,8 @@ HEADER_MISMATCH = -32020
 REQUEST_TIMEOUT = -32001
 SESSION_ENDED = -32002
 TOO_MANY_PENDING = -32003
+# The store was sent the request and did not answer in time: it may have reached the page.
+OUTCOME_UNKNOWN = -32004
 
 # A rewritten progress token: this prefix, the client's label tag, ":" and the original token's JSON.
 TOKEN_PREFIX = "relayd:"
@@ -39,18 +40,12 @@ TOKEN_PREFIX = "relayd:"
 
 def error_body(code: int, message: str, request_id: Any = None) -> bytes:
     """A JSON-RPC error response (C{id} null when relayd could not read one)."""
-    return _dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
+    return dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
 
 
 def error_for(raw_id: bytes, code: int, message: str) -> bytes:
     """A JSON-RPC error for the request whose id is the compact JSON C{raw_id}."""
     return b'{"jsonrpc":"2.0","id":%b,"error":{"code":%d,"message":%b}}' % (raw_id, code, orjson.dumps(message))
-
-
-def parse_message(body: bytes) -> list[dict[str, Any]] | None:
-    """The messages of a POST body (one, or a batch), or C{None} if it is not JSON-RPC 2.0."""
-    parsed = json_rpc_items(body)
-    return None if parsed is None else parsed[1]
 
 
 def is_request(message: dict[str, Any]) -> bool:
@@ -84,13 +79,13 @@ def progress_token(message: dict[str, Any]) -> Any:
 
 
 def with_progress_token(message: dict[str, Any], tag: str) -> dict[str, Any]:
-    """A copy whose progress token carries the client's label tag (L{relayd.mcp.tokens.label_tag}:
+    """A copy whose progress token carries the client's label tag (L{relayd.mcp.core.tokens.label_tag}:
     unique per client session, restorable, and not the label that routes its replies)."""
     token = progress_token(message)
     if token is None:
         return message
     meta = dict(message["params"]["_meta"])
-    meta["progressToken"] = TOKEN_PREFIX + tag + ":" + _dumps(token).decode("utf-8")
+    meta["progressToken"] = TOKEN_PREFIX + tag + ":" + dumps(token).decode("utf-8")
     params = dict(message["params"])
     params["_meta"] = meta
     out = dict(message)

@@ -14,7 +14,7 @@ from relayd.base import jsoncodec
 # the json module, integers beyond 64 bits are the nearest double, lone surrogates are kept.
 loads_json = jsoncodec.Reader(read_int=jsoncodec.int_or_double, fallback="any").loads
 
-# _dumps(value): compact JSON of a parsed value; ValueError if it is nested too deep to write.
+# dumps(value): compact JSON of a parsed value; ValueError if it is nested too deep to write.
 # Non-ASCII stays as it is unless a lone surrogate (which JSON carries as an escape and UTF-8
 # cannot) forces escapes.
-_dumps = jsoncodec.Writer(surrogates="escape").dumps
+dumps = jsoncodec.Writer(surrogates="escape").dumps

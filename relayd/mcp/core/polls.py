@@ -15,7 +15,7 @@ from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
 from relayd.base.clock import Timekeeper
-from relayd.mcp.store import INBOUND, SubscriberRecord
+from relayd.mcp.core.store import INBOUND, SubscriberRecord
 
 POLL_MAX_WAIT_MS = 25_000
 POLL_DEFAULT_WAIT_MS = 20_000

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from relayd.mcp.jsontext import _dumps, loads_json
+from relayd.mcp.core.jsontext import dumps, loads_json
 
 PEER_JOINED = "notifications/peer_joined"
 PEER_LEFT = "notifications/peer_left"
@@ -20,6 +20,7 @@ FRAMES_DROPPED = "notifications/frames_dropped"
 _RELAY_ONLY = frozenset((PEER_JOINED, PEER_LEFT))
 
 _UNPARSED: Any = object()
+_SSE_START = len(b"event: mcp\ndata: ")
 
 
 class Frame:
@@ -40,6 +41,22 @@ class Frame:
             self._message = loads_json(self.raw)
         return self._message
 
+    @classmethod
+    def from_sse(cls, event: bytes) -> Frame:
+        """The frame of an SSE event L{sse} made (another instance's, over the bus), unparsed."""
+        frame = cls(event[_SSE_START:-2])
+        frame._sse = event
+        return frame
+
+    @property
+    def line(self) -> bytes:
+        """The frame as one line: the posted bytes without CR/LF (the SSE event's data: why that is
+        the same message, see L{sse})."""
+        raw = self.raw
+        if b"\n" in raw or b"\r" in raw:
+            return raw.translate(None, b"\r\n")
+        return raw
+
     @property
     def sse(self) -> bytes:
         """The SSE event: one C{data:} line holding the whole frame (docs/decisions.md MCP-4).
@@ -50,10 +67,7 @@ class Frame:
         and no client byte can end the C{data:} line early. Frames without them pass byte for byte.
         """
         if self._sse is None:
-            data = self.raw
-            if b"\n" in data or b"\r" in data:
-                data = data.translate(None, b"\r\n")
-            self._sse = b"event: mcp\ndata: " + data + b"\n\n"
+            self._sse = b"event: mcp\ndata: " + self.line + b"\n\n"  # (from_sse reads it back)
         return self._sse
 
     @property
@@ -78,13 +92,13 @@ class Frame:
     @property
     def id_key(self) -> bytes:
         """The compact JSON of the id: C{1} and C{"1"} are different keys."""
-        return _dumps(self.message["id"])
+        return dumps(self.message["id"])
 
     def with_id(self, new_id: Any) -> Frame:
         """A copy with another id (re-serialised compactly)."""
         message = dict(self.message)
         message["id"] = new_id
-        return Frame(_dumps(message), message)
+        return Frame(dumps(message), message)
 
 
 def notification(method: str, params: bytes) -> Frame:
@@ -117,9 +131,12 @@ def json_rpc_items(body: bytes) -> tuple[Any, list[dict[str, Any]]] | None:
 def parse_frame(body: bytes) -> Frame | None:
     """A valid frame (docs/mcp.md) or C{None}: JSON-RPC 2.0 that no client may forge (presence)."""
     parsed = json_rpc_items(body)
-    if parsed is None:
-        return None
-    message, items = parsed
+    return None if parsed is None else posted_frame(body, *parsed)
+
+
+def posted_frame(body: bytes, message: Any, items: list[dict[str, Any]]) -> Frame | None:
+    """The frame of C{body}, already parsed by L{json_rpc_items} (C{message}, its C{items}), or
+    C{None} when it carries what only the relay may send (presence)."""
     if any(isinstance(item.get("method"), str) and item["method"] in _RELAY_ONLY for item in items):
         return None
     return Frame(body, message)

@@ -24,8 +24,8 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from relayd.mcp.bus import BusListener, IMcpBus, InstanceGone
-from relayd.mcp.redis_store import STORE
+from relayd.mcp.core.bus import BusListener, IMcpBus, InstanceGone
+from relayd.mcp.redis.store import STORE
 from relayd.storage.redis import Redis, RedisBus
 
 

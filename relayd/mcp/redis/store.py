@@ -39,7 +39,7 @@ from twisted.internet.defer import Deferred
 from zope.interface import implementer
 
 from relayd.base.errors import StoreUnavailable
-from relayd.mcp.store import (
+from relayd.mcp.core.store import (
     INBOUND,
     OUTBOUND,
     ClientRecord,

@@ -1,16 +1,18 @@
 """The MCP tunnel relay core: sessions, subscribers, fan-out, backlog, reply routing, long-poll, reaper.
 
-No I/O happens here. The HTTP layer hands in request facts (ids, tokens, bodies) and, for an SSE
-stream, a L{Sink} to write encoded events to; the L{TunnelRelay} answers with results or L{Refused}
-reasons (the wire strings of docs/mcp.md), and keeps its state in an L{IMcpStore}.
+No I/O happens here. The HTTP layer hands in request facts (ids, tokens, bodies or parsed frames)
+and, for an in-process reader, a L{Sink} to hand frames to; the L{TunnelRelay} answers with results
+or L{Refused} reasons (the wire strings of docs/mcp.md), and keeps its state in an L{IMcpStore}.
 
 Semantics follow the Node relay 0.46.0 with relayd's decisions MCP-1 to MCP-10 (docs/decisions.md):
 a 64-frame first-frame backlog, newline-safe SSE framing, collision-free reply routing, sessions kept
 alive by open subscribers, bounded queues with C{notifications/frames_dropped}, a session cap.
 
-What a frame is lives in L{relayd.mcp.frames}, session ids and tokens in L{relayd.mcp.tokens}, a
-poll's park window and parked state in L{relayd.mcp.polls}, an SSE reader's sink in
-L{relayd.mcp.streams}.
+What a frame is lives in L{relayd.mcp.core.frames}, session ids and tokens in
+L{relayd.mcp.core.tokens}, a poll's park window and parked state in L{relayd.mcp.core.polls}, a
+reader's sink in L{relayd.mcp.core.streams}. Over 600 lines, for a reason: each operation here is a
+store round trip or a few whose refusals, fan-out and reply routing are read together to see that
+no frame is lost or delivered twice.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from itertools import count
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -29,26 +31,28 @@ from relayd.base.clock import Timekeeper
 from relayd.base.coroutine import run
 from relayd.base.errors import StoreUnavailable
 from relayd.mcp import metrics
-from relayd.mcp.bus import IMcpBus, InstanceGone, LocalBus
-from relayd.mcp.frames import FRAMES_DROPPED, PEER_JOINED, PEER_LEFT, Frame, notification, parse_frame
-from relayd.mcp.jsontext import _dumps, loads_json
-from relayd.mcp.polls import SUBSCRIBER_ID, ParkedPoll, PollResult
-from relayd.mcp.store import (
+from relayd.mcp.core.bus import IMcpBus, InstanceGone, LocalBus
+from relayd.mcp.core.frames import FRAMES_DROPPED, PEER_JOINED, PEER_LEFT, Frame, notification, parse_frame
+from relayd.mcp.core.jsontext import dumps, loads_json
+from relayd.mcp.core.polls import SUBSCRIBER_ID, ParkedPoll, PollResult
+from relayd.mcp.core.store import (
     INBOUND,
     OUTBOUND,
     POLL,
     SSE,
+    ClientRecord,
     Correlation,
     IMcpStore,
     SessionRecord,
     SubscriberRecord,
 )
-from relayd.mcp.streams import Sink, StreamHandle
-from relayd.mcp.tokens import SESSION_ID, TOKEN_MAX, TOKEN_MIN, token_hash, utf16_length
+from relayd.mcp.core.streams import Sink, StreamHandle
+from relayd.mcp.core.tokens import SESSION_ID, TOKEN_MAX, TOKEN_MIN, token_hash, utf16_length
 
 # Frames accepted, counted once per POST (bound once: nothing is looked up per frame).
 _INBOUND = metrics.mcp_frames.labels(direction="inbound")
 _OUTBOUND = metrics.mcp_frames.labels(direction="outbound")
+_EVICTED_SESSIONS = metrics.mcp_evictions.labels(kind="session")
 
 
 def _counted(result: Any, counter: Any) -> Any:
@@ -132,6 +136,11 @@ class TunnelRelay:
         self.draining = True
         self._release_local()
 
+    @property
+    def shared(self) -> bool:
+        """Whether other processes share the store (Redis): a store step is then a round trip."""
+        return self._remote
+
     def open_streams(self) -> int:
         """Local SSE streams still open."""
         return len(self._sinks)
@@ -149,7 +158,13 @@ class TunnelRelay:
 
     def check(self, session_id: str, token: str) -> Deferred[str | None]:
         """C{None} for a live session and good token (sliding the TTL), else the reason."""
-        return run(self._check(session_id, token))
+        if not session_id or not token:
+            return succeed("invalid_token")
+        # The store's own step (one round trip), without a coroutine around it: asked once per request.
+        try:
+            return self.store.check_session(session_id, token_hash(token), self._now())
+        except Exception:
+            return fail()
 
     def validate(self, session_id: str, token: str) -> Deferred[bool]:
         """Whether C{check} succeeds."""
@@ -161,17 +176,29 @@ class TunnelRelay:
 
     def forward(self, session_id: str, token: str, body: bytes, label: str | None = None) -> Deferred[Frame]:
         """L{inbox}, firing with the frame as the page received it (its id rewritten on a collision)."""
-        return run(self._inbox(session_id, token, body, label)).addCallback(_counted, _INBOUND)
+        return self.forward_frame(session_id, token, parse_frame(body), label)
+
+    def forward_frame(self, session_id: str, token: str, frame: Frame | None, label: str | None = None) -> Deferred[Frame]:
+        """L{forward} of a frame its caller has parsed already (C{None}: not a valid frame)."""
+        return run(self._inbox(session_id, token, frame, label)).addCallback(_counted, _INBOUND)
 
     def outbox(self, session_id: str, token: str, body: bytes) -> Deferred[None]:
         """The page's frame for the agents (fans out on C{outbound}, replies scoped by label)."""
         return run(self._outbox(session_id, token, body)).addCallback(_counted, _OUTBOUND)
 
     def open_stream(
-        self, session_id: str, token: str, direction: str, label: str | None, sink: Sink, announce: bool = True
+        self,
+        session_id: str,
+        token: str,
+        direction: str,
+        label: str | None,
+        sink: Sink,
+        announce: bool = True,
+        checked: bool = False,
     ) -> Deferred[StreamHandle]:
-        """Subscribe an SSE stream (C{announce=False}: no presence, for one-exchange readers)."""
-        return run(self._open_stream(session_id, token, direction, label, sink, announce))
+        """Subscribe an SSE stream (C{announce=False}: no presence, for one-exchange readers;
+        C{checked}: the caller has had this request's token accepted by L{check} already)."""
+        return run(self._open_stream(session_id, token, direction, label, sink, announce, checked))
 
     def close_stream(self, record: SubscriberRecord, announce: bool = True) -> Deferred[None]:
         """An SSE stream ended (client went away or overflowed): remove it, tell the page."""
@@ -199,6 +226,24 @@ class TunnelRelay:
     def unregister(self, session_id: str, token: str) -> Deferred[bool]:
         """End a session; fires C{True} when it was already gone."""
         return run(self._unregister(session_id, token))
+
+    # the standard endpoint's client sessions, shared between instances -----------------------
+
+    def get_client(self, client_id: str) -> Deferred[ClientRecord | None]:
+        """The shared record of an endpoint client session, or C{None} (ended, expired, never made)."""
+        return self.store.get_client(client_id)
+
+    def put_client(self, client_id: str, record: ClientRecord, idle_ms: float) -> Deferred[None]:
+        """Record a new endpoint client session for every instance (kept C{idle_ms} after its last use)."""
+        return self.store.put_client(client_id, record, idle_ms)
+
+    def delete_client(self, client_id: str) -> Deferred[bool]:
+        """End an endpoint client session for every instance; C{True} if it existed."""
+        return self.store.delete_client(client_id)
+
+    def touch_clients(self, client_ids: list[str], idle_ms: float) -> Deferred[list[bool]]:
+        """Keep endpoint client sessions alive; whether each still exists."""
+        return self.store.touch_clients(client_ids, idle_ms)
 
     def drop_session(self, session_id: str) -> Deferred[None]:
         """End a session without auth (operator action and tests)."""
@@ -229,7 +274,7 @@ class TunnelRelay:
         record = poll.record
         if record is not None:
             self.store.update_subscriber(record.session, record.direction, record.id, self._now(), -1).addErrback(
-                self._log_failure, "MCP poll bookkeeping failed"
+                self.log_failure, "MCP poll bookkeeping failed"
             )
 
     def take_frames(self, poll: ParkedPoll) -> Deferred[PollResult]:
@@ -238,16 +283,17 @@ class TunnelRelay:
 
     def return_frames(self, result: PollResult) -> None:
         """L{put_back}, logging a failure (the client that took the frames is gone)."""
-        self.put_back(result).addErrback(self._log_failure, "MCP put-back failed")
+        self.put_back(result).addErrback(self.log_failure, "MCP put-back failed")
 
     # what other processes tell this one (IMcpBus listener) -------------------------------------
 
     def bus_deliver(self, keys: list[str], event: bytes) -> None:
         sinks = self._sinks
+        frame = Frame.from_sse(event)  # (one for every reader here: parsed, if at all, once)
         for key in keys:
             sink = sinks.get(key)
             if sink is not None:
-                sink.deliver(event)
+                sink.deliver(frame)
 
     def bus_wake(self, keys: list[str]) -> None:
         for key in keys:
@@ -273,14 +319,15 @@ class TunnelRelay:
     def _now(self) -> float:
         return self.clock.seconds()
 
-    def _log_failure(self, failure: Failure, what: str) -> None:
+    def log_failure(self, failure: Failure, what: str) -> None:
+        """Log a failure nobody is waiting for (a store outage as one line, anything else with its traceback)."""
         if failure.check(StoreUnavailable):
             self._log.warn("{what}: {error}", what=what, error=failure.getErrorMessage())
         else:
             self._log.failure(what, failure)
 
     def _reap_tick(self) -> None:
-        self.reap().addErrback(self._log_failure, "MCP reaper pass failed")
+        self.reap().addErrback(self.log_failure, "MCP reaper pass failed")
 
     async def _register(self, session_id: str, token: str, owner: str) -> None:
         if not SESSION_ID.fullmatch(session_id):
@@ -308,6 +355,13 @@ class TunnelRelay:
             raise Refused("too_many_sessions")
         for session_id in unread:
             await self._end_session(session_id)
+        if unread:
+            _EVICTED_SESSIONS.inc(len(unread))
+            self._log.info(
+                "ended {count} idle MCP session(s) without readers to make room under {bound}",
+                count=len(unread),
+                bound=f"the per-address bound ({cap}) of {owner}" if owner else f"the session bound ({cap})",
+            )
 
     async def _check(self, session_id: str, token: str) -> str | None:
         if not session_id or not token:
@@ -315,10 +369,9 @@ class TunnelRelay:
         # One store round trip: look up, compare and slide the TTL together.
         return await self.store.check_session(session_id, token_hash(token), self._now())
 
-    async def _inbox(self, session_id: str, token: str, body: bytes, label: str | None) -> Frame:
+    async def _inbox(self, session_id: str, token: str, frame: Frame | None, label: str | None) -> Frame:
         if not session_id or not token:
             raise Refused("invalid_token_or_frame")
-        frame = parse_frame(body)
         key: bytes | None = None
         bad_id = False
         if frame is not None and frame.is_request:
@@ -365,7 +418,7 @@ class TunnelRelay:
         correlation = None if label is None else Correlation(label, key)
         while True:
             fresh = f"relayd-{self._id_tag}-{next(self._fresh_ids)}"
-            fresh_key = _dumps(fresh)
+            fresh_key = dumps(fresh)
             if correlation is None:
                 free = not await store.correlation_pending(session_id, fresh_key)
             else:
@@ -476,7 +529,7 @@ class TunnelRelay:
                 if sub.instance == self.instance:
                     sink = sinks.get(key)
                     if sink is not None:
-                        sink.deliver(frame.sse)  # encoded once, shared by every stream
+                        sink.deliver(frame)  # (its SSE encoding is made once, shared by every stream)
                 else:
                     if remote is None:
                         remote = {}
@@ -516,11 +569,19 @@ class TunnelRelay:
         await self._fan_out(session_id, INBOUND, notification(method, params), posted=False)
 
     async def _open_stream(
-        self, session_id: str, token: str, direction: str, label: str | None, sink: Sink, announce: bool = True
+        self,
+        session_id: str,
+        token: str,
+        direction: str,
+        label: str | None,
+        sink: Sink,
+        announce: bool = True,
+        checked: bool = False,
     ) -> StreamHandle:
-        reason = await self._check(session_id, token)
-        if reason is not None:
-            raise Refused(reason)
+        if not checked:
+            reason = await self._check(session_id, token)
+            if reason is not None:
+                raise Refused(reason)
         await self._room_for_a_reader(session_id)
         record = SubscriberRecord(secrets.token_hex(8), session_id, direction, SSE, label, self._now(), 0, self.instance)
         self._sinks[record.queue_key] = sink
@@ -528,7 +589,7 @@ class TunnelRelay:
         if direction == OUTBOUND and announce:
             await self._announce(session_id, PEER_JOINED, record.id)
         backlog = await self.store.take_backlog(session_id, direction)
-        return StreamHandle(record, [Frame(raw).sse for raw in backlog])
+        return StreamHandle(record, [Frame(raw) for raw in backlog])
 
     async def _close_stream(self, record: SubscriberRecord, announce: bool = True) -> None:
         self._sinks.pop(record.queue_key, None)

@@ -2,7 +2,7 @@
 
 An SSE stream and a parked poll are bound to the process holding their connection. When a frame for
 a stream held elsewhere is posted here, when a poll queue gains frames, or when a session ends, the
-tunnel relay (L{relayd.mcp.tunnel.TunnelRelay}) tells the other processes through an L{IMcpBus}. One
+tunnel relay (L{relayd.mcp.core.tunnel.TunnelRelay}) tells the other processes through an L{IMcpBus}. One
 process alone uses L{LocalBus}, which has no one to tell.
 """
 

@@ -1,0 +1,40 @@
+"""The 2026-07-28 stateless revision on C{{prefix}/{S}/mcp}: no client session is handed out; each
+request is one exchange under a label of its own, checked against its C{Mcp-Method}/C{Mcp-Name}
+headers, and ended by its answer (or by the client closing the POST: its cancellation)."""
+
+from __future__ import annotations
+
+from twisted.web.server import Request
+
+from relayd.mcp.core import standard
+from relayd.mcp.endpoint.admission import Admitted, header
+from relayd.mcp.endpoint.answers import Intake, rpc_error
+from relayd.mcp.endpoint.exchange import Exchange
+from relayd.web.answers import Answer
+
+
+class Stateless:
+    """The stateless transport's POST (its GET and DELETE are C{405}: L{Admission.admit})."""
+
+    def __init__(self, exchange: Exchange) -> None:
+        self.exchange = exchange
+
+    async def post(
+        self, request: Request, session: str, admitted: Admitted, intake: Intake, sse_ok: bool
+    ) -> Answer | None:
+        exchange = self.exchange
+        if not intake.requests:
+            return await exchange.notify(session, admitted.token, None, intake)
+        message = intake.requests[0]
+        why = standard.header_mismatch(
+            message, admitted.version, header(request, b"mcp-method"), header(request, b"mcp-name")
+        )
+        if why is not None:
+            return rpc_error(400, standard.HEADER_MISMATCH, why, message["id"])
+        client = exchange.new_client(request, session, admitted.token, stateless=True)
+        if isinstance(client, Answer):
+            return client
+        refused = await exchange.open(client)
+        if refused is not None:
+            return refused
+        return await exchange.forward(request, client, intake, sse_ok)
