@@ -39,7 +39,7 @@ EVENT = event.dumps({
     "source": "bench", "agent": "bench-agent", "session": "s-0123456789", "seq": 1234,
     "severity": "notice", "data": {"message": PAD},
 })  # fmt: skip
-FRAME = jsontext._dumps({
+FRAME = jsontext.dumps({
     "jsonrpc": "2.0", "id": 1234, "method": "tools/call",
     "params": {"name": "search", "arguments": {"query": "y" * 380, "limit": 10}, "_meta": {"progressToken": 7}},
 })  # fmt: skip
@@ -78,8 +78,8 @@ def main() -> None:
         ("aep parse_json (event)", old_aep_parse_json, event.parse_json, EVENT),
         ("aep dumps (event)", old_aep_dumps, event.dumps, ev),
         ("mcp loads_json (frame)", old_mcp_loads_json, jsontext.loads_json, FRAME),
-        ("mcp _dumps (frame)", old_mcp_dumps, jsontext._dumps, frame),
-        ("mcp _dumps (id)", old_mcp_dumps, jsontext._dumps, 1234),
+        ("mcp _dumps (frame)", old_mcp_dumps, jsontext.dumps, frame),
+        ("mcp _dumps (id)", old_mcp_dumps, jsontext.dumps, 1234),
         ("broker dumps (frame)", old_buzz_dumps, strict_json.dumps, frame),
     ]
     for name, old, new, arg in cases:
