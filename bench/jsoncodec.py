@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from relayd.aep import event
+from relayd.aep.core import event
 from relayd.buzz.contract import strict_json
 from relayd.mcp import jsontext
 from tests.test_jsoncodec import old_aep_dumps, old_aep_parse_json, old_buzz_dumps, old_mcp_dumps, old_mcp_loads_json

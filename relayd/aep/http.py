@@ -13,11 +13,10 @@ from twisted.web.resource import IResource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from relayd.aep import metrics
-from relayd.aep.envelope import classify
-from relayd.aep.event import NOTICE, Event, JSONError, admit, admit_lines, dumps, parse_json, plain_body
-from relayd.aep.filters import Pin
-from relayd.aep.query import BadRequest, last_event_id, stream_query
-from relayd.aep.relay import (
+from relayd.aep.core.envelope import classify
+from relayd.aep.core.event import NOTICE, Event, JSONError, admit, admit_lines, dumps, parse_json, plain_body
+from relayd.aep.core.filters import Pin
+from relayd.aep.core.relay import (
     HARD_BACKLOG,
     SOFT_BACKLOG,
     EventRelay,
@@ -26,7 +25,8 @@ from relayd.aep.relay import (
     Subscriber,
     held_size,
 )
-from relayd.aep.store import Position
+from relayd.aep.core.store import Position
+from relayd.aep.query import BadRequest, last_event_id, stream_query
 from relayd.aep.viewer import VIEWER_PATHS, viewer_answers
 from relayd.aep.wire import frame_safe, sse_forms, sse_frame, sse_run
 from relayd.storage import OutcomeUnknown, StoreRefused, StoreUnavailable
@@ -46,7 +46,7 @@ from relayd.web.routes import (
     json_answer,
 )
 from relayd.web.simple_post import SimplePost
-from relayd.web.sse import SSEHub, SSEStream, sse_comment
+from relayd.web.streams.sse import SSEHub, SSEStream, sse_comment
 
 JSON_TYPE = b"application/json"
 NDJSON_TYPE = b"application/x-ndjson"

@@ -10,12 +10,12 @@ from twisted.logger import Logger
 from relayd import logging as relayd_logging
 from relayd.aep import metrics
 from relayd.aep.config import AEPConfig
+from relayd.aep.core.relay import EventRelay
+from relayd.aep.core.store import MemoryEventLog
 from relayd.aep.http import AEPResource
-from relayd.aep.redis_claims import RedisClaims
-from relayd.aep.redis_fanout import RedisFanout
-from relayd.aep.redis_store import RedisEventLog
-from relayd.aep.relay import EventRelay
-from relayd.aep.store import MemoryEventLog
+from relayd.aep.redis.claims import RedisClaims
+from relayd.aep.redis.fanout import RedisFanout
+from relayd.aep.redis.store import RedisEventLog
 from relayd.aep.websocket import AEPSocketFactory
 from relayd.clock import Timekeeper
 from relayd.config import Resolved
@@ -23,7 +23,7 @@ from relayd.reactor import IReactor
 from relayd.web.body import BodyLimit
 from relayd.web.service import HTTPWingService
 from relayd.web.site import RelaySite
-from relayd.web.sse import SSEHub, sse_comment
+from relayd.web.streams.sse import SSEHub, sse_comment
 from relayd.wing import Plumbing
 
 _log = Logger(namespace="relayd.aep")

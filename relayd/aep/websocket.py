@@ -29,12 +29,11 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from relayd.aep import metrics
-from relayd.aep.capture import capture_error
-from relayd.aep.envelope import classify
-from relayd.aep.event import NOTICE, Event, JSONError, admit, dumps, parse_json
-from relayd.aep.filters import Pin, compile_filter, filter_error, pin_of
-from relayd.aep.query import parse_from_entries
-from relayd.aep.relay import (
+from relayd.aep.core.capture import capture_error
+from relayd.aep.core.envelope import classify
+from relayd.aep.core.event import NOTICE, Event, JSONError, admit, dumps, parse_json
+from relayd.aep.core.filters import Pin, compile_filter, filter_error, pin_of
+from relayd.aep.core.relay import (
     HARD_BACKLOG,
     SOFT_BACKLOG,
     Emitter,
@@ -45,7 +44,8 @@ from relayd.aep.relay import (
     error_frame,
     held_size,
 )
-from relayd.aep.store import Position
+from relayd.aep.core.store import Position
+from relayd.aep.query import parse_from_entries
 from relayd.aep.wire import ws_message
 from relayd.clock import NextTurn, Timekeeper
 from relayd.config import show_value

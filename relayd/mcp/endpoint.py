@@ -36,7 +36,7 @@ from relayd.web.body import read_body
 from relayd.web.cors import OriginPolicy
 from relayd.web.routes import TAKEN, Answer, Handler, Refusals, Result, finish, gone, json_answer
 from relayd.web.site import RelaySite
-from relayd.web.sse import SSEHub, SSEStream
+from relayd.web.streams.sse import SSEHub, SSEStream
 
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),

@@ -37,7 +37,7 @@ from relayd.web.routes import (
     gone,
     json_answer,
 )
-from relayd.web.sse import DEFAULT_MAX_BUFFER, SSEHub, SSEStream, sse_comment
+from relayd.web.streams.sse import DEFAULT_MAX_BUFFER, SSEHub, SSEStream, sse_comment
 
 MAX_BODY = 256 * 1024
 HEALTH_BODY = b'{"ok":true,"service":"agent-integrations-relay"}'
@@ -133,7 +133,7 @@ def _label(request: Request) -> str | None:
 
 def _shed(request: Request) -> None:
     """Drop what a parked poll no longer needs: its query arguments have been read (an SSE stream
-    sheds this and more when it starts, relayd.web.sse.SSEStream.start)."""
+    sheds this and more when it starts, relayd.web.streams.sse.SSEStream.start)."""
     request.args = {}
 
 

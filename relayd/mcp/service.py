@@ -24,7 +24,7 @@ from relayd.reactor import IReactor
 from relayd.web.body import BodyLimit
 from relayd.web.service import HTTPWingService
 from relayd.web.site import RelaySite
-from relayd.web.sse import SSEHub
+from relayd.web.streams.sse import SSEHub
 from relayd.wing import DEFAULT_GRACE, Plumbing
 
 _log = Logger(namespace="relayd.mcp")

@@ -574,7 +574,7 @@ class RelaySite(Site):
 
     def track(self, protocol: Any, channel: Any = None) -> None:
         """Count C{protocol} among this site's connections (for drain) though the site did not build
-        it: a held stream's, once it has left twisted.web (relayd.web.held) from C{channel}, whose
+        it: a held stream's, once it has left twisted.web (relayd.web.streams.held) from C{channel}, whose
         place under the per-client cap it takes (L{held_closed} when it ends)."""
         self._protocols.add(protocol)
         if channel is not None and getattr(channel, "client", None) is not None:

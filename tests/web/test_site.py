@@ -23,7 +23,7 @@ from relayd.clock import Timekeeper
 from relayd.web import twisted_internals as fence
 from relayd.web.body import BodyLimit
 from relayd.web.site import HEALTH_RESERVE, RelaySite, SiteSettings
-from relayd.web.sse import SSEHub, SSEStream
+from relayd.web.streams.sse import SSEHub, SSEStream
 from tests.support.aep import AEPRelay, event, ndjson
 from tests.support.raw import RawClient, exchange
 from tests.support.sse import SSEClient

@@ -46,7 +46,7 @@ import relayd
 from relayd import redis_internals as redis_fence
 from relayd.web import twisted_internals as fence
 from relayd.web.site import RelaySite
-from relayd.web.sse import http_chunk
+from relayd.web.streams.sse import http_chunk
 from tests.support.cases import cases, expand
 from tests.support.raw import RawClient
 
@@ -722,7 +722,7 @@ _THIRD_PARTY = ("twisted", "autobahn", "txredisapi")
 # Our own objects whose private names happen to be spelled like one of Twisted's or autobahn's. Each
 # entry: (module under relayd/, attribute) -> why it is ours.
 _OURS = {
-    ("aep/index.py", "_scan"): "the subscription index's own scan",
+    ("aep/core/index.py", "_scan"): "the subscription index's own scan",
     ("aep/websocket.py", "_open"): "AEPSocket's own state",
     ("mcp/http.py", "_log"): "the MCP resource's own Logger",
     ("redis.py", "_message"): "the Redis bus's own handler",

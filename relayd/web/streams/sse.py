@@ -24,8 +24,8 @@ from twisted.web.server import Request
 from zope.interface import implementer
 
 from relayd.clock import NextTurn, Timekeeper
-from relayd.web.held import HeldResponse, hold
 from relayd.web.slim import slim_stream
+from relayd.web.streams.held import HeldResponse, hold
 from relayd.web.transport import no_delay
 from relayd.web.twisted_internals import send_body, watch_end
 
@@ -115,7 +115,7 @@ class SSEStream:
 
         A C{held} stream is one that stays open until one side ends it (a subscription, not the
         answer to one request): its connection leaves twisted.web once the headers are sent and is
-        closed when the stream ends (relayd.web.held).
+        closed when the stream ends (relayd.web.streams.held).
         """
         request = self.request
         assert request is not None, "a stream starts once"

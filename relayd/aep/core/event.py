@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from relayd import jsoncodec
-from relayd.aep.capture import downlevel
-from relayd.aep.envelope import POSITION_LIMIT, EventKind, event_kind, kind_of_type, position
+from relayd.aep.core.capture import downlevel
+from relayd.aep.core.envelope import POSITION_LIMIT, EventKind, event_kind, kind_of_type, position
 from relayd.jsoncodec import MAX_INT_DIGITS
 from relayd.jsoncodec import JSONError as JSONError  # what parse_json raises, for the wing's callers
 

@@ -17,13 +17,13 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from relayd.aep import metrics
-from relayd.aep.capture import capture_target
-from relayd.aep.claims import Claimant, IClaims, MemoryClaims
-from relayd.aep.envelope import EventKind
-from relayd.aep.event import Event
-from relayd.aep.filters import Pin, match_all
-from relayd.aep.index import Group, Snapshot, SubscriptionIndex
-from relayd.aep.store import IEventLog, Position, Replay
+from relayd.aep.core.capture import capture_target
+from relayd.aep.core.claims import Claimant, IClaims, MemoryClaims
+from relayd.aep.core.envelope import EventKind
+from relayd.aep.core.event import Event
+from relayd.aep.core.filters import Pin, match_all
+from relayd.aep.core.index import Group, Snapshot, SubscriptionIndex
+from relayd.aep.core.store import IEventLog, Position, Replay
 from relayd.clock import BlockingClock
 
 # Bound once: the ingest path counts per batch, never per delivery.
@@ -362,7 +362,7 @@ def error_frame(code: str, detail: str | None = None, **extra: Any) -> dict[str,
 
 
 class Fanout(Protocol):
-    """Live fan-out to the other instances of a relay (relayd/aep/redis_fanout.py's C{RedisFanout})."""
+    """Live fan-out to the other instances of a relay (relayd/aep/redis/fanout.py's C{RedisFanout})."""
 
     def publish(self, events: Sequence[Event]) -> Deferred[Any]:
         """Hand C{events} (already delivered here) to the other instances."""
