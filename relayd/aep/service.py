@@ -106,10 +106,9 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> AEPService | None:
         resource, body_limit=BodyLimit(config.max_body, resource.too_large, resource.early_answer),
         settings=plumbing.site, relay="aep", clock=plumbing.clock, health_paths=frozenset({b"/healthz"}),
     )
-    if isinstance(relay.log, MemoryEventLog):
-        # The plainest ingest POSTs are answered beside twisted.web's Request, at about a fifth less CPU
-        # per event (docs/performance.md): only where the store answers at once.
-        site.simple_posts[b"/events"] = resource.simple_ingest
+    # The plainest ingest POSTs are answered beside twisted.web's Request, at about a fifth less CPU per
+    # event (docs/performance.md), through the same wall and ingest policy; on Redis after the write.
+    site.simple_posts[b"/events"] = resource.simple_ingest
 
     def drain() -> None:
         hub.drain(sse_comment("shutting-down"))

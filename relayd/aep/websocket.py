@@ -30,9 +30,9 @@ from zope.interface import implementer
 
 from relayd.aep import metrics
 from relayd.aep.core.capture import capture_error
-from relayd.aep.core.envelope import classify
 from relayd.aep.core.event import NOTICE, Event, JSONError, admit, dumps, parse_json
 from relayd.aep.core.filters import Pin, compile_filter, filter_error, pin_of
+from relayd.aep.core.ingest import event_or_problem
 from relayd.aep.core.relay import (
     HARD_BACKLOG,
     SOFT_BACKLOG,
@@ -559,15 +559,15 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         )
 
     def on_event(self, msg: dict[str, Any], payload: bytes) -> None:
-        kind = classify(msg)
-        if type(kind) is str:
+        verdict = event_or_problem(msg, payload)  # (the verdict an HTTP batch's line gets)
+        if type(verdict) is str:
             self.ingest_events()  # the events before this one are refused or routed first
             metrics.ingest_refused.labels(relay="aep", reason="invalid-event").inc()
-            self.send_frame(error_frame("invalid-event", kind, cause=msg.get("id")))
+            self.send_frame(error_frame("invalid-event", verdict, cause=msg.get("id")))
             return
         # The events of one read are ingested together at the end of the reactor turn (one store
         # write, one publish); a frame that follows them in the same read waits for them.
-        self._add_event(Event(msg, payload, kind))  # type: ignore[arg-type]
+        self._add_event(verdict)  # type: ignore[arg-type]
 
     def _add_event(self, event: Event) -> None:
         self._events.append(event)

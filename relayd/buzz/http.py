@@ -18,6 +18,7 @@ from twisted.web.server import Request
 from relayd.buzz import contract
 from relayd.buzz.host import BrokerHost
 from relayd.web.body import BodyLimit, EarlyAnswer, read_body
+from relayd.web.media import media_type
 from relayd.web.routes import Answer, Refusals, RoutedResource, RouteTable, answer_when, json_answer
 
 _JSON = b"application/json"
@@ -57,7 +58,7 @@ def is_json(content_types: Sequence[bytes] | None) -> bool:
     """
     if not content_types or len(content_types) != 1:
         return False
-    return content_types[0].split(b";", 1)[0].strip(_OWS).lower() == _JSON
+    return media_type(content_types[0]) == _JSON
 
 
 def _identity_coded(encodings: Sequence[bytes] | None) -> bool:

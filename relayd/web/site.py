@@ -8,6 +8,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IAddress, IDelayedCall
 from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
@@ -96,6 +97,8 @@ class RelayChannel(ChannelHooks):
     """The client this connection is counted for under the site's per-client cap (None: not counted)."""
     crowded = False
     """Whether the connection is one of its client's L{HEALTH_RESERVE}: it answers the health check only."""
+    simple_waiting: list[bytes] | None = None
+    """What the client sent while the answer to its plain POST is awaited (L{_answer_simple})."""
     reading = False
     """Whether a read is being parsed (what a request answered within it replays is parsed by it)."""
     unparsed = 0
@@ -160,6 +163,10 @@ class RelayChannel(ChannelHooks):
                 release_writes(transport)
 
     def _read(self, data: bytes) -> None:
+        waiting = self.simple_waiting
+        if waiting is not None:  # a plain POST's answer is awaited: what follows it waits for it
+            waiting.append(data)
+            return
         site = self._relay_site
         if site is not None and site.simple_posts and data.startswith(b"POST ") and between_requests(self):
             if self._answer_simple(site, data):
@@ -184,9 +191,9 @@ class RelayChannel(ChannelHooks):
 
     def _answer_simple(self, site: RelaySite, data: bytes) -> bool:
         """Answer the plain POST that C{data} is, if the wing whose path it names takes it
-        (L{RelaySite.simple_posts}); C{False}, with nothing done, for twisted.web to read it."""
-        if site.trust_forwarded_for:
-            return False  # (the peer named in the access line is read from the request's headers)
+        (L{RelaySite.simple_posts}); C{False}, with nothing done, for twisted.web to read it. Its
+        client is read as twisted.web's path reads it (L{RelaySite.client_of}); a wing whose store
+        answers later answers with a C{Deferred}, and what the client sends meanwhile waits."""
         post = read_simple_post(
             data,
             site.simple_posts,
@@ -196,6 +203,10 @@ class RelayChannel(ChannelHooks):
         )
         if post is None:
             return False
+        forwarded = post.headers.get(b"x-forwarded-for")
+        peer = site.client_of(None if forwarded is None else [forwarded], self.getPeer())
+        if site.max_client_connections and (self.crowded or (site.trust_forwarded_for and peer != self.client)):
+            return False  # (twisted.web's path counts a proxied client anew, and answers the crowded 503)
         started = site.clock.monotonic()
         try:
             answer = site.simple_posts[post.path](post)
@@ -205,19 +216,47 @@ class RelayChannel(ChannelHooks):
             return False
         if answer is None:
             return False
-        status, headers, body = answer
         self._stop_header_clock()
         self.resetTimeout()
-        # What twisted.web writes for the same answer: its status line, Server and Date, the
-        # answer's headers with their names capitalised as it does, the length.
-        head = [b"HTTP/1.1 %d %s\r\nServer: %s\r\nDate: %s\r\n" % (
-            status, RESPONSES.get(status, b"Unknown Status"), _server.version, datetimeToString())]
+        if isinstance(answer, Deferred):
+            self.simple_waiting = []
+            self.transport.pauseProducing()  # type: ignore[union-attr]
+            answer.addCallback(self._write_simple, site, post, peer, started).addErrback(self._simple_failed)
+            return True
+        self._write_simple(answer, site, post, peer, started)
+        return True
+
+    def _write_simple(self, answer: EarlyAnswer, site: RelaySite, post: SimplePost, peer: str, started: float) -> None:
+        """Write the answer to a plain POST as twisted.web writes the same answer: its status line,
+        C{Connection: close} if it closes an HTTP/1.1 connection, Server and Date, the answer's
+        headers with their names capitalised as it does, the length; then close the connection, or
+        read what the client sent while the answer was awaited."""
+        waiting, self.simple_waiting = self.simple_waiting, None
+        transport = self.transport
+        if transport is None or not getattr(transport, "connected", False):
+            return  # (the client left while the store wrote)
+        status, headers, body = answer
+        head = [b"%s %d %s\r\n" % (post.version, status, RESPONSES.get(status, b"Unknown Status"))]
+        if post.close and post.version == b"HTTP/1.1":
+            head.append(b"Connection: close\r\n")
+        head.append(b"Server: %s\r\nDate: %s\r\n" % (_server.version, datetimeToString()))
         head += [b"%s: %s\r\n" % (_capitalised(name), value) for name, value in headers]
         head.append(b"Content-Length: %d\r\n\r\n" % len(body))
-        self.transport.write(b"".join(head) + body)  # type: ignore[union-attr]
-        site.access(method=b"POST", path=post.path, status=status, sent=len(body), peer=_host_of(self.getPeer()),
-                    started=started)
-        return True
+        transport.write(b"".join(head) + body)
+        site.access(method=b"POST", path=post.path, status=status, sent=len(body), peer=peer, started=started)
+        if post.close:
+            transport.loseConnection()
+        elif waiting is not None:
+            transport.resumeProducing()  # type: ignore[attr-defined]
+            if waiting:
+                self.dataReceived(b"".join(waiting))
+
+    def _simple_failed(self, failure: Failure) -> None:
+        # (The wing answers every refusal of its own; this is a bug, and nothing can be answered.)
+        _log.failure("a simple POST's answer failed; the connection is dropped", failure)
+        self.simple_waiting = None
+        if self.transport is not None:
+            self.transport.abortConnection()  # type: ignore[attr-defined]
 
     def body_arrived(self) -> int:
         """Bytes of the read being handled that follow the header block just parsed (a body that
@@ -549,7 +588,7 @@ class RelaySite(Site):
         self._protocols: weakref.WeakSet[Any] = weakref.WeakSet()
         # Paths whose plain POSTs the wing answers itself, beside twisted.web (relayd.web.simple_post):
         # the handler answers, or declines with None before it has done anything.
-        self.simple_posts: dict[bytes, Callable[[SimplePost], EarlyAnswer | None]] = {}
+        self.simple_posts: dict[bytes, Callable[[SimplePost], EarlyAnswer | Deferred[EarlyAnswer] | None]] = {}
         self._request_counters: dict[tuple[str, int], Any] = {}  # labelled children, looked up once
         self._addresses: dict[Any, Any] = {}
 
@@ -642,15 +681,20 @@ class RelaySite(Site):
 
     def client_address(self, request: Any) -> str:
         """The client's address: the trusted C{X-Forwarded-For} entry, else the (PROXY) peer."""
+        return self.client_of(request.requestHeaders.getRawHeaders(b"x-forwarded-for"), request.getClientAddress())
+
+    def client_of(self, forwarded: list[bytes] | None, peer: Any) -> str:
+        """The client's address from the C{X-Forwarded-For} values of its request and the address
+        of the (PROXY) C{peer}: the one reading of every way a request comes in."""
         hops = self.trust_forwarded_for
         if hops:
-            values = request.requestHeaders.getRawHeaders(b"x-forwarded-for") or []
+            values = forwarded or []
             addresses = [a.strip() for value in values for a in value.split(b",") if a.strip()]
             if addresses:
                 # Each trusted proxy appended the address it saw; the entry the outermost trusted
                 # proxy appended is the client as far as anyone trustworthy knows (autobahn's rule).
                 return addresses[-hops:][0].decode("ascii", "replace")[:64]
-        return _host_of(request.getClientAddress())
+        return _host_of(peer)
 
     def access(
         self, *, method: bytes, path: bytes, status: int, sent: int, peer: str, started: float | None = None

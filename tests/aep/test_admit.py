@@ -11,7 +11,7 @@ from twisted.trial.unittest import TestCase
 
 from relayd.aep.core.envelope import classify
 from relayd.aep.core.event import MAX_DEPTH, Event, JSONError, admit, admit_lines, parse_json, plain_body
-from relayd.aep.http import IngestError, parse_batch
+from relayd.aep.core.ingest import IngestError, parse_batch
 from tests.aep.test_classify import base, keys, scalars, types
 from tests.support.cases import cases, expand
 

@@ -12,9 +12,10 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
+from relayd.aep.core.ingest import PARSE_SLICE
 from relayd.aep.core.relay import EventRelay
 from relayd.aep.core.store import MemoryEventLog
-from relayd.aep.http import PARSE_SLICE, AEPResource
+from relayd.aep.http import AEPResource
 from relayd.clock import Timekeeper
 from relayd.web.site import RelaySite
 from relayd.web.streams.sse import SSEHub, sse_comment
