@@ -13,17 +13,16 @@ from twisted.web.resource import IResource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from relayd.aep import metrics
-from relayd.aep.core.event import NOTICE, Event, dumps
+from relayd.aep.core import backlog
+from relayd.aep.core.backlog import HARD_BACKLOG, held_size
+from relayd.aep.core.event import Event, dumps
 from relayd.aep.core.filters import Pin
 from relayd.aep.core.ingest import PARSE_SLICE, BatchParser, IngestError, IngestPolicy
 from relayd.aep.core.relay import (
-    HARD_BACKLOG,
-    SOFT_BACKLOG,
     EventRelay,
     ReplayProducer,
     ReplayReader,
     Subscriber,
-    held_size,
 )
 from relayd.aep.core.store import Position
 from relayd.aep.query import BadRequest, last_event_id, stream_query
@@ -64,8 +63,6 @@ SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
 ]
 _log = Logger()
-_SLOW_CONSUMER = metrics.events_dropped.labels(relay="aep", reason="slow-consumer")
-_CUT_OFF = metrics.events_dropped.labels(relay="aep", reason="cut-off")
 
 
 # The answers given as they are (a 404 or 401 says nothing but its status).
@@ -158,30 +155,27 @@ class SSESubscriber(Subscriber):
         if stream.closed:
             return
         size = held_size(event, self.level(event))
-        backlog = self.held_bytes + size + stream.backlog
-        if backlog > SOFT_BACKLOG and event.severity < NOTICE:
+        verdict = backlog.hold(event, self.held_bytes + size + stream.backlog)
+        if verdict == "keep":
+            self.keep_held(event, size)
+        elif verdict == "drop":
             self.dropped += 1
-            _SLOW_CONSUMER.inc()
-            return
-        if backlog > HARD_BACKLOG:
-            _CUT_OFF.inc(len(self._held or ()) + 1)  # it lags by more than the bound: it resumes by position
+        else:
+            backlog.CUT_OFF.inc(len(self._held or ()) + 1)  # it lags by more than the bound: it resumes by position
             self._held = deque()
             self.held_bytes = 0
             stream.abort()
-            return
-        self.keep_held(event, size)
 
     def send(self, event: Event) -> None:
         # Once per delivery of a fan-out: the common case (a reading client, no capture ceiling)
         # reads two attributes before the write.
         stream = self.stream
-        if stream.paused and stream.backlog > SOFT_BACKLOG and event.severity < NOTICE:
+        if stream.paused and backlog.sheds(event, stream.backlog):
             self.dropped += 1
-            _SLOW_CONSUMER.inc()
             return
         frame, chunk = sse_forms(event, None if self.ceiling is None else self.level(event))
         if not stream.write(frame, chunk) and stream.discarded:
-            _CUT_OFF.inc(stream.discarded)  # the stream was just cut off with these frames unsent
+            backlog.CUT_OFF.inc(stream.discarded)  # the stream was just cut off with these frames unsent
             stream.discarded = 0
 
     def deliver_run(self, events: Sequence[Event], memo: dict[Any, Any]) -> None:
@@ -193,7 +187,7 @@ class SSESubscriber(Subscriber):
         if forms is None:
             forms = memo[_SSE_RUN] = sse_run(events)
         if not stream.write(*forms) and stream.discarded:
-            _CUT_OFF.inc(stream.discarded)
+            backlog.CUT_OFF.inc(stream.discarded)
             stream.discarded = 0
 
 

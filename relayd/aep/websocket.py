@@ -29,20 +29,19 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from relayd.aep import metrics
+from relayd.aep.core import backlog
+from relayd.aep.core.backlog import HARD_BACKLOG, held_size
 from relayd.aep.core.capture import capture_error
-from relayd.aep.core.event import NOTICE, Event, JSONError, admit, dumps, parse_json
+from relayd.aep.core.event import Event, JSONError, admit, dumps, parse_json
 from relayd.aep.core.filters import Pin, compile_filter, filter_error, pin_of
 from relayd.aep.core.ingest import event_or_problem
 from relayd.aep.core.relay import (
-    HARD_BACKLOG,
-    SOFT_BACKLOG,
     Emitter,
     EventRelay,
     ReplayProducer,
     ReplayReader,
     Subscriber,
     error_frame,
-    held_size,
 )
 from relayd.aep.core.store import Position
 from relayd.aep.query import parse_from_entries
@@ -66,8 +65,6 @@ FLUSH_AT = 64 * 1024  # coalesce small messages per reactor turn, but never hold
 # every other connection for a second.
 MESSAGES_PER_TURN = 100
 
-_SLOW_CONSUMER = metrics.events_dropped.labels(relay="aep", reason="slow-consumer")
-_CUT_OFF = metrics.events_dropped.labels(relay="aep", reason="cut-off")
 
 
 def subscription_key(sub_id: Any) -> Any:
@@ -270,8 +267,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         self._enqueue(ws_message(event, None, self.factory), None, None)
 
     def send_event(self, sub: WSSubscription, event: Event, level: str | None) -> None:
-        if self.paused and self._queued_bytes > SOFT_BACKLOG and event.severity < NOTICE:
-            _SLOW_CONSUMER.inc()
+        if self.paused and backlog.sheds(event, self._queued_bytes):
             return
         self._enqueue(ws_message(event, level, self.factory), sub, event)
 
@@ -281,14 +277,11 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         if not self._open:
             return
         size = held_size(event, level)
-        backlog = self._queued_bytes + sub.held_bytes + size
-        if backlog > SOFT_BACKLOG and event.severity < NOTICE:
-            _SLOW_CONSUMER.inc()
-            return
-        if backlog > HARD_BACKLOG:
+        verdict = backlog.hold(event, self._queued_bytes + sub.held_bytes + size)
+        if verdict == "keep":
+            sub.keep_held(event, size)
+        elif verdict == "cut-off":
             self._backpressure_close()
-            return
-        sub.keep_held(event, size)
 
     def _enqueue(self, message: Any, sub: WSSubscription | None, event: Event | None) -> None:
         """Queue a prepared message; the factory flushes every dirty connection once per turn.
@@ -390,7 +383,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         discarded = sum(1 for _, sub, event in self._queue if event is not None)
         discarded += sum(len(sub._held or ()) for sub in self.subscriptions.values())
         if discarded:
-            _CUT_OFF.inc(discarded)
+            backlog.CUT_OFF.inc(discarded)
         self._queue = []
         self._queued_bytes = 0
         self.sendMessage(dumps({"type": "closing", "reason": "backpressure", "delivered": delivered}))

@@ -9,9 +9,9 @@ import json
 from twisted.internet import threads
 from twisted.trial.unittest import TestCase
 
+from relayd.aep.core.backlog import HARD_BACKLOG
 from relayd.aep.core.event import Event
 from relayd.aep.core.filters import match_all
-from relayd.aep.core.relay import HARD_BACKLOG
 from relayd.aep.http import SSESubscriber
 from tests.support.aep import AUTH, TOKEN, AEPRelay, comments_of, event, open_sse, open_ws, seqs, start_relay, subscribe
 from tests.support.raw import raw_exchange

@@ -17,6 +17,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from relayd.aep import metrics
+from relayd.aep.core.backlog import held_size
 from relayd.aep.core.capture import capture_target
 from relayd.aep.core.claims import Claimant, IClaims, MemoryClaims
 from relayd.aep.core.envelope import EventKind
@@ -32,10 +33,6 @@ _DELIVERED = metrics.events_delivered.labels(relay="aep")
 _UNROUTABLE = metrics.events_dropped.labels(relay="aep", reason="unroutable")
 _FANOUT = metrics.fanout_seconds.labels(relay="aep")
 _STORE_ERRORS = metrics.store_errors
-
-# A consumer's backlog bounds, whatever its transport (SSE or WebSocket; docs/aep.md):
-SOFT_BACKLOG = 1024 * 1024  # above this, events below `notice` are dropped for a slow consumer
-HARD_BACKLOG = 8 * 1024 * 1024  # above this, the consumer is cut off (it resumes by position)
 
 DISCOVERY_ENDPOINTS = {"events": "/events", "stream": "/stream", "socket": "/socket"}
 CAPTURE_LEVELS = ["none", "metadata", "redacted", "full"]
@@ -142,15 +139,6 @@ class Subscriber:
 
     def send(self, event: Event) -> None:
         raise NotImplementedError
-
-
-def held_size(event: Event, level: str | None) -> int:
-    """What a held event will cost its consumer's backlog once framed, without framing it yet (a
-    consumer that lags may never be sent it): its JSON plus a generous allowance for the framing."""
-    return len(event.payload(level)) + HELD_FRAMING
-
-
-HELD_FRAMING = 64  # bytes: a WebSocket frame header is at most 14; SSE's `event:`/`id:` lines about this
 
 
 # One item of a replay: an event to send, or a C{(session, earliest held position)} gap marker.
