@@ -49,6 +49,7 @@ from relayd.aep.wire import ws_message
 from relayd.clock import NextTurn, Timekeeper
 from relayd.config import show_value
 from relayd.storage import OutcomeUnknown, StoreUnavailable
+from relayd.web.streams.pacing import Pacer
 from relayd.web.transport import no_delay, pause_reading, resume_reading, write_now
 from relayd.web.twisted_internals import ws_frames_direct
 
@@ -180,12 +181,12 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         # client not reading), handled in order once it is not; the socket is not read meanwhile.
         self._held_messages: deque[tuple[bytes, bool]] | None = None
         self._replaying = False  # from a subscribe until its replay is all queued
-        self._replay: WSReplay | None = None
-        self._replay_waiting = False  # its next page is being read from the store
+        self._replay = Pacer(self._wake)  # the replay being sent, a chunk per turn as the client reads
         self._reading = True
         self._handling = False
-        self._handled = 0  # messages handled since this connection last gave way to the others
-        self._yielding = False  # its turn is over: the rest of what it sent waits for the next
+        # Messages handled since this connection last gave way to the others; past MESSAGES_PER_TURN
+        # its turn is over, and the rest of what it sent waits for the next.
+        self._handled = 0
         self._open = False
         self._hello_deadline: IDelayedCall | None = None
         self._not_text = False  # a text message was not UTF-8: nothing after it is read
@@ -238,7 +239,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         relay.disconnect(self)
         self._queue = []
         self._queued_bytes = 0
-        self._replay = None
+        self._replay.stop()
         self._held_messages = None
 
     # Sending ---------------------------------------------------------------------------------
@@ -252,7 +253,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         sent after the Close frame (L{_enqueue} checks the state), and the socket is read again for
         the client's answer to it.
         """
-        self._replay = None
+        self._replay.stop()
         self._write_queue(force=True)
         self.sendCloseFrame(code=code, reasonUtf8=reason.encode("utf-8"), isReply=False)
         self._held_messages = None
@@ -314,24 +315,18 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         self._dirty = False
         if self.paused or not self._open:
             return
-        replay = self._replay
-        if replay is not None and not self._replay_waiting and self._queued_bytes < FLUSH_AT:
-            self._replay = None  # (it may end, and a held subscribe start another)
-            more = replay()
-            if more and self._open and self._replay is None:
-                self._replay = replay
-                if more is not True:
-                    self._replay_waiting = True
-                    more.addBoth(self._replay_ready)
+        if self._queued_bytes < FLUSH_AT:
+            self._replay.pull(self._is_open)  # (it may end, and a held subscribe start another)
         self._write_queue()
-        if self._replay is not None and not self._replay_waiting and not self.paused and self._open:
-            if not self._dirty:
-                self._schedule()  # its next chunk on the next turn, unless the client lags
+        if self._replay.ready and not self.paused and self._open:
+            self._wake()  # its next chunk on the next turn, unless the client lags
 
-    def _replay_ready(self, result: object) -> None:
-        self._replay_waiting = False
-        if self._replay is not None and self._open and not self._dirty:
+    def _wake(self) -> None:
+        if self._open and not self._dirty:
             self._schedule()
+
+    def _is_open(self) -> bool:
+        return self._open
 
     def _write_queue(self, force: bool = False) -> None:
         """Hand what is queued to the transport, about C{FLUSH_AT} bytes per write, until the
@@ -413,15 +408,14 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         self._stop_reading()
 
     def _busy(self) -> bool:
-        return self._replaying or self.paused or self._yielding
+        return self._replaying or self.paused or self._handled > MESSAGES_PER_TURN
 
     def _give_way(self) -> None:
-        """This connection had its share of the reactor turn: go on with it in the next one."""
-        self._yielding = True
+        """This connection had its share of the reactor turn (L{_handled} is past the bound): go on
+        with it in the next one."""
         self.factory.clock.call_later(0, self._next_turn)
 
     def _next_turn(self) -> None:
-        self._yielding = False
         self._handled = 0
         self._handle_held()
 
@@ -654,7 +648,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
             self._log.failure("replay failed", failure)
         metrics.store_errors.labels(relay="aep", operation="replay").inc()
         metrics.replays.labels(relay="aep", outcome="failed").inc()
-        self._replay = None
+        self._replay.stop()
         key = subscription_key(sub.sub_id)
         if self.subscriptions.get(key) is sub:
             del self.subscriptions[key]
@@ -666,9 +660,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         """Send the replay as the client reads (L{WSReplay}), from the next flush on."""
         if not self._open:
             return
-        self._replay = WSReplay(self, sub, self.factory.relay.reader(sub, entries, from_all))
-        if not self._dirty:
-            self._schedule()
+        self._replay.start(WSReplay(self, sub, self.factory.relay.reader(sub, entries, from_all)))
 
     def on_unsubscribe(self, msg: dict[str, Any]) -> None:
         sub_id = msg.get("id")
