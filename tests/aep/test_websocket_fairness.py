@@ -13,7 +13,8 @@ from twisted.trial.unittest import TestCase
 from relayd.aep.core.relay import EventRelay
 from relayd.aep.core.store import MemoryEventLog
 from relayd.aep.http import AEPResource
-from relayd.aep.websocket import MESSAGES_PER_TURN, AEPSocketFactory
+from relayd.aep.socket_flow import MESSAGES_PER_TURN
+from relayd.aep.websocket import AEPSocketFactory
 from relayd.clock import Timekeeper
 from relayd.web.site import RelaySite
 from relayd.web.streams.sse import SSEHub, sse_comment
