@@ -47,9 +47,9 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, args.tree)
 
-    from relayd.aep.http import parse_batch
-    from relayd.aep.relay import EventRelay
-    from relayd.aep.store import MemoryEventLog
+    from relayd.aep.core.ingest import parse_batch
+    from relayd.aep.core.relay import EventRelay
+    from relayd.aep.core.store import MemoryEventLog
 
     def relay() -> Any:
         return EventRelay(MemoryEventLog(1000, 64), token=None, buffer=1000, max_from=100)

@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from relayd.aep import event
+from relayd.aep.core import event
 from relayd.buzz.core.contract import strict_json
 from relayd.mcp.core import jsontext
 from tests.base.test_jsoncodec import (

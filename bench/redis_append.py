@@ -44,8 +44,8 @@ def main() -> None:
 
     from twisted.internet import defer, reactor, task
 
-    from relayd.aep.event import Event
-    from relayd.aep.redis_store import RedisEventLog
+    from relayd.aep.core.event import Event
+    from relayd.aep.redis.store import RedisEventLog
     from relayd.base.clock import Timekeeper
     from relayd.storage.redis import Redis
 
@@ -111,7 +111,7 @@ def main() -> None:
                       events_per_s=round(events / wall))
         replay = await log.replay("s0", (0, -1))
         result["replayed"] = len(replay.events)
-        # Reading it back as relayd does (pages of 512, relayd/aep/relay.py), over every session.
+        # Reading it back as relayd does (pages of 512, relayd/aep/core/relay.py), over every session.
         r0, read = server.cpu(), 0
         for _ in range(args.replays):
             for s in range(args.sessions):

@@ -67,7 +67,7 @@ class PackagingTests(TestCase):
         # The Redis scripts are package data (docs/decisions.md REDIS-1): every one is installed.
         scripts = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "relayd").rglob("*.lua"))
         assert scripts and not set(scripts) - set(shipped), sorted(set(scripts) - set(shipped))
-        loaded = _run([str(python), "-c", "import relayd.mcp.redis.store, relayd.aep.redis_store, relayd.buzz.redis.state"], tmp_path)
+        loaded = _run([str(python), "-c", "import relayd.mcp.redis.store, relayd.aep.redis.store, relayd.buzz.redis.state"], tmp_path)
         assert loaded.returncode == 0, loaded.stderr
 
         # Twisted's plugin docs: regenerate the cache after installing (read-only site-packages later).

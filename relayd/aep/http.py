@@ -13,33 +13,30 @@ from twisted.web.resource import IResource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from relayd.aep import metrics
-from relayd.aep.envelope import classify
-from relayd.aep.event import NOTICE, Event, JSONError, admit, admit_lines, dumps, parse_json, plain_body
-from relayd.aep.filters import Pin
-from relayd.aep.query import BadRequest, last_event_id, stream_query
-from relayd.aep.relay import (
-    HARD_BACKLOG,
-    SOFT_BACKLOG,
+from relayd.aep.core import backlog
+from relayd.aep.core.backlog import HARD_BACKLOG, held_size
+from relayd.aep.core.event import Event, dumps
+from relayd.aep.core.filters import Pin
+from relayd.aep.core.ingest import PARSE_SLICE, BatchParser, IngestError, IngestPolicy
+from relayd.aep.core.relay import (
     EventRelay,
     ReplayProducer,
     ReplayReader,
     Subscriber,
-    held_size,
 )
-from relayd.aep.store import Position
+from relayd.aep.core.store import Position
+from relayd.aep.query import BadRequest, last_event_id, stream_query
 from relayd.aep.viewer import VIEWER_PATHS, viewer_answers
 from relayd.aep.wire import frame_safe, sse_forms, sse_frame, sse_run
 from relayd.base.errors import OutcomeUnknown, StoreRefused, StoreUnavailable
 from relayd.process.browsers import LOOPBACK_ONLY, BrowserPolicy, Refusal
 from relayd.web.answers import Answer, EarlyAnswer, Refusals, finish, gone, json_answer
-from relayd.web.auth import bearer_of, bearer_token, query_param, tokens_equal
+from relayd.web.auth import bearer_of, query_param, tokens_equal
+from relayd.web.media import media_type
 from relayd.web.request import read_body
 from relayd.web.routes import TAKEN, Result, RoutedResource, RouteTable, answer_when
 from relayd.web.simple_post import SimplePost
-from relayd.web.sse import SSEHub, SSEStream, sse_comment
-
-JSON_TYPE = b"application/json"
-NDJSON_TYPE = b"application/x-ndjson"
+from relayd.web.streams.sse import SSEHub, SSEStream, sse_comment
 
 # The answers browsers read across origins: those of /stream and /connections (CORS headers set
 # by the policy in L{AEPResource.prepare}) and the 401.
@@ -56,15 +53,6 @@ SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
 ]
 _log = Logger()
-_SLOW_CONSUMER = metrics.events_dropped.labels(relay="aep", reason="slow-consumer")
-_CUT_OFF = metrics.events_dropped.labels(relay="aep", reason="cut-off")
-
-
-_HEADER_REFUSALS = {"426": "version-unsupported", "415": "unsupported-media-type"}
-
-
-def _refused(reason: str) -> None:
-    metrics.ingest_refused.labels(relay="aep", reason=_HEADER_REFUSALS.get(reason, reason)).inc()
 
 
 # The answers given as they are (a 404 or 401 says nothing but its status).
@@ -104,17 +92,10 @@ OUTCOME_UNKNOWN: Final = json_answer(
 )
 
 
-class IngestError(Exception):
-    """An ingest refusal: its status and JSON body."""
-
-    def __init__(self, status: int, body: dict[str, Any] | None) -> None:
-        self.status = status
-        self.body = body
-
-
 def _ingest_refusal(e: IngestError) -> Answer:
-    _refused(str((e.body or {}).get("error", e.status)))
-    return json_answer(e.status, dumps(e.body))
+    """The answer to an ingest refusal (L{relayd.aep.core.ingest}), counted."""
+    metrics.ingest_refused.labels(relay="aep", reason=e.reason).inc()
+    return Answer(e.status) if e.body is None else json_answer(e.status, dumps(e.body))
 
 
 def _store_refusal(e: StoreUnavailable) -> Answer:
@@ -134,77 +115,6 @@ REFUSALS: Final = Refusals(
     internal_error=INTERNAL_ERROR,
 )
 """The wing's refusals: what its handlers raise, or the Deferreds they return fail with."""
-
-
-# Lines parsed per reactor turn: a batch of 10 000 events (100-200 ms of parsing) never holds the
-# reactor, and every other connection waits at most one slice.
-PARSE_SLICE = 1000
-
-
-class BatchParser:
-    """An ingest body parsed a slice of lines at a time; nothing is ingested before all of it is
-    valid (docs/decisions.md AEP-5).
-
-    Plainly valid lines become events at once; the others are parsed exactly, so that the first
-    invalid-json line is reported before the count and the first invalid-event line after it.
-    """
-
-    def __init__(self, body: bytes, ndjson: bool, max_batch: int) -> None:
-        if ndjson:
-            self.lines = list(filter(None, map(bytes.strip, body.split(b"\n"))))
-        else:
-            self.lines = [body.strip()]
-        # A line feed ends an NDJSON line, so what the whole body settles holds for each line; a
-        # JSON body is one value that may span lines (L{admit} refuses those, for SSE framing).
-        self._plain = plain_body(body) if ndjson else None
-        self._ndjson = ndjson
-        self.max_batch = max_batch
-        self._admitted: list[Event | None] = []
-        self._values: dict[int, Any] = {}
-
-    def step(self, count: int) -> bool:
-        """Read up to C{count} more lines; C{True} once every line is read.
-
-        @raise IngestError: 400 invalid-json with the line and what is wrong with it.
-        """
-        lines, admitted, values = self.lines, self._admitted, self._values
-        start = len(admitted)
-        end = min(len(lines), start + count)
-        if self._ndjson:
-            admitted.extend(admit_lines(lines[start:end], self._plain))
-        else:
-            admitted.extend(map(admit, lines[start:end]))
-        if None not in admitted[start:end]:  # (one C scan: the usual slice is all admitted)
-            return end == len(lines)
-        for index in range(start, end):
-            if admitted[index] is None:
-                try:
-                    values[index] = parse_json(lines[index])
-                except JSONError as e:
-                    raise IngestError(400, {"error": "invalid-json", "line": index, "detail": str(e)}) from None
-        return end == len(lines)
-
-    def result(self) -> list[Event]:
-        """The events, once L{step} has read every line.
-
-        @raise IngestError: 413 too-many-events or 400 invalid-event with the line.
-        """
-        lines, admitted = self.lines, self._admitted
-        if len(lines) > self.max_batch:
-            raise IngestError(413, {"error": "too-many-events", "max": self.max_batch, "count": len(lines)})
-        for index, value in self._values.items():
-            kind = classify(value)
-            if type(kind) is str:
-                raise IngestError(400, {"error": "invalid-event", "line": index, "detail": kind})
-            admitted[index] = Event(value, lines[index], kind)  # type: ignore[arg-type]
-        return admitted  # type: ignore[return-value]
-
-
-def parse_batch(body: bytes, ndjson: bool, max_batch: int) -> list[Event]:
-    """Parse and validate a whole ingest body at once (L{BatchParser} in one step)."""
-    parser = BatchParser(body, ndjson, max_batch)
-    parser.step(len(parser.lines))
-    return parser.result()
 
 
 _SSE_RUN = "sse"  # a run's joined frames in a fan-out's memo (L{Subscriber.deliver_run})
@@ -235,30 +145,27 @@ class SSESubscriber(Subscriber):
         if stream.closed:
             return
         size = held_size(event, self.level(event))
-        backlog = self.held_bytes + size + stream.backlog
-        if backlog > SOFT_BACKLOG and event.severity < NOTICE:
+        verdict = backlog.hold(event, self.held_bytes + size + stream.backlog)
+        if verdict == "keep":
+            self.keep_held(event, size)
+        elif verdict == "drop":
             self.dropped += 1
-            _SLOW_CONSUMER.inc()
-            return
-        if backlog > HARD_BACKLOG:
-            _CUT_OFF.inc(len(self._held or ()) + 1)  # it lags by more than the bound: it resumes by position
+        else:
+            backlog.CUT_OFF.inc(len(self._held or ()) + 1)  # it lags by more than the bound: it resumes by position
             self._held = deque()
             self.held_bytes = 0
             stream.abort()
-            return
-        self.keep_held(event, size)
 
     def send(self, event: Event) -> None:
         # Once per delivery of a fan-out: the common case (a reading client, no capture ceiling)
         # reads two attributes before the write.
         stream = self.stream
-        if stream.paused and stream.backlog > SOFT_BACKLOG and event.severity < NOTICE:
+        if stream.paused and backlog.sheds(event, stream.backlog):
             self.dropped += 1
-            _SLOW_CONSUMER.inc()
             return
         frame, chunk = sse_forms(event, None if self.ceiling is None else self.level(event))
         if not stream.write(frame, chunk) and stream.discarded:
-            _CUT_OFF.inc(stream.discarded)  # the stream was just cut off with these frames unsent
+            backlog.CUT_OFF.inc(stream.discarded)  # the stream was just cut off with these frames unsent
             stream.discarded = 0
 
     def deliver_run(self, events: Sequence[Event], memo: dict[Any, Any]) -> None:
@@ -270,7 +177,7 @@ class SSESubscriber(Subscriber):
         if forms is None:
             forms = memo[_SSE_RUN] = sse_run(events)
         if not stream.write(*forms) and stream.discarded:
-            _CUT_OFF.inc(stream.discarded)
+            backlog.CUT_OFF.inc(stream.discarded)
             stream.discarded = 0
 
 
@@ -298,8 +205,7 @@ class AEPResource(RoutedResource):
         self.relay = relay
         self.browsers = browsers
         self.hub = hub
-        self.max_body = max_body
-        self.max_batch = max_batch
+        self.ingest_policy = IngestPolicy(max_body, max_batch)
         self.socket = socket
         self._socket_listing = socket_counts
         self.sse_subscribers = 0
@@ -325,42 +231,51 @@ class AEPResource(RoutedResource):
     # The auth wall ---------------------------------------------------------------------------
 
     def authorized(self, request: Request) -> bool:
+        return self._holds_token(_first(request.requestHeaders.getRawHeaders(b"authorization")), request)
+
+    def _holds_token(self, authorization: bytes | None, request: Request | None) -> bool:
+        """Whether the client presents the relay's token (or the relay has none): in its
+        C{Authorization} header, or on a twisted.web C{request} its C{access_token} parameter."""
         token = self.relay.token
         if not token:
             return True
-        return tokens_equal(bearer_token(request), token) or tokens_equal(
-            query_param(request, "access_token"), token
-        )
+        if tokens_equal(bearer_of(authorization), token):
+            return True
+        return request is not None and tokens_equal(query_param(request, "access_token"), token)
 
-    def prepare(self, request: Request) -> Answer | None:
-        """Before any route is looked up: without a token, a C{Host} or C{Origin} the browser policy
-        refuses is C{403} (the WebSocket handshake included); then the auth wall, C{401} with CORS (a
-        browser may read it); CORS on every answer of the paths browsers read across origins."""
-        origin = _first(request.requestHeaders.getRawHeaders(b"origin"))
-        refused = self._refused(request, origin)
-        if refused is not None:
-            return refused
-        if self.authorized(request) or (request.method, request.path) in _OUTSIDE_THE_WALL:
-            if request.path in CORS_PATHS:
-                set_header = request.responseHeaders.setRawHeaders
-                for name, value in self.browsers.cors(origin):
-                    set_header(name, [value])
+    def wall(
+        self, method: bytes, path: bytes, header: Callable[[bytes], bytes | None], request: Request | None = None
+    ) -> Answer | None:
+        """The auth wall, for every way in (C{header}: a request header's first value): without a
+        token, a C{Host} or C{Origin} the browser policy refuses is C{403} (the WebSocket handshake
+        included); with one, a client without it is C{401} with CORS (a browser may read it), but
+        for what is outside the wall. C{None} lets the request through."""
+        origin = header(b"origin")
+        if not self.relay.token:  # the token keeps other pages out
+            refusal = self.browsers.refusal(header(b"host"), origin)
+            return None if refusal is None else _forbidden(refusal)
+        if self._holds_token(header(b"authorization"), request) or (method, path) in _OUTSIDE_THE_WALL:
             return None
         return Answer(401, b"", self.browsers.cors(origin))
 
-    def _refused(self, request: Request, origin: bytes | None) -> Answer | None:
-        """The C{403} of a relay without a token to a C{Host} or C{Origin} its browser policy refuses."""
-        if self.relay.token:
-            return None  # the token keeps other pages out
-        refusal = self.browsers.refusal(_first(request.requestHeaders.getRawHeaders(b"host")), origin)
-        return None if refusal is None else _forbidden(refusal)
+    def prepare(self, request: Request) -> Answer | None:
+        """Before any route is looked up: the L{wall}; then CORS on every answer of the paths
+        browsers read across origins."""
+        raw = request.requestHeaders.getRawHeaders
+        refused = self.wall(request.method, request.path, lambda name: _first(raw(name)), request)
+        if refused is not None:
+            return refused
+        if request.path in CORS_PATHS:
+            set_header = request.responseHeaders.setRawHeaders
+            for name, value in self.browsers.cors(_first(raw(b"origin"))):
+                set_header(name, [value])
+        return None
 
     def too_large(self, request: Request) -> EarlyAnswer:
         """The answer to a body over C{AEP_MAX_BODY}, once the headers passed the wall, the route
         and L{_ingest_headers} (L{RoutedResource.early_answer}: the reference's order of checks)."""
-        _refused("payload-too-large")
-        body = dumps({"error": "payload-too-large", "max_bytes": self.max_body})
-        return 413, [(b"content-type", JSON_TYPE)], body
+        answer = _ingest_refusal(self.ingest_policy.too_large())
+        return answer.status, list(answer.headers), answer.body
 
     # Health, discovery and introspection -----------------------------------------------------
 
@@ -401,22 +316,11 @@ class AEPResource(RoutedResource):
 
     # Ingest ----------------------------------------------------------------------------------
 
-    def _header_problem(self, request: Request) -> EarlyAnswer | None:
-        versions = request.requestHeaders.getRawHeaders(b"aep-version")
-        if versions != [b"0.1"]:
-            return 426, [(b"content-type", JSON_TYPE)], b'{"versions":["0.1"]}'
-        if _media_type(request) not in (JSON_TYPE, NDJSON_TYPE):
-            return 415, [], b""
-        return None
-
     def _ingest_headers(self, request: Request) -> Answer | None:
         """An ingest's C{426} or C{415} (counted), asked before its body is read and again here."""
-        problem = self._header_problem(request)
-        if problem is None:
-            return None
-        status, headers, body = problem
-        _refused(str(status))
-        return Answer(status, body, headers)
+        versions = request.requestHeaders.getRawHeaders(b"aep-version")
+        refused = self.ingest_policy.refusal(versions, media_type(request.getHeader(b"content-type")))
+        return None if refused is None else _ingest_refusal(refused)
 
     def ingest(self, request: Request) -> Answer | Deferred[Answer]:
         """C{202} once the store has the batch; a batch of one slice into a synchronous store is
@@ -424,42 +328,36 @@ class AEPResource(RoutedResource):
         refusal = self._ingest_headers(request)
         if refusal is not None:
             return refusal
-        parser = BatchParser(read_body(request), _media_type(request) == NDJSON_TYPE, self.max_batch)
+        parser = self.ingest_policy.parser(read_body(request), media_type(request.getHeader(b"content-type")))
         if parser.step(PARSE_SLICE):  # (an IngestError is the table's refusal)
             return self._store(parser.result())
         answer: Deferred[Answer] = Deferred()
         self.hub.clock.call_later(0, self._parse, request, parser, answer)
         return answer
 
-    def simple_ingest(self, post: SimplePost) -> EarlyAnswer | None:
-        """C{POST /events} read whole by the channel, beside twisted.web (relayd.web.simple_post): the
-        C{202} of a valid batch of one slice stored now, or C{None}, with nothing done, for
-        twisted.web's path (L{ingest}) to answer anything else as it always does. Registered only
-        on a store that answers at once (the in-memory log)."""
-        headers = post.headers
-        token = self.relay.token
-        if token:
-            if not tokens_equal(bearer_of(headers.get(b"authorization")), token):
-                return None
-        elif self.browsers.refusal(headers.get(b"host"), headers.get(b"origin")) is not None:
-            return None  # (twisted.web's path answers the 403)
-        if headers.get(b"aep-version") != b"0.1" or len(post.body) > self.max_body:
+    def simple_ingest(self, post: SimplePost) -> EarlyAnswer | Deferred[EarlyAnswer] | None:
+        """C{POST /events} read whole by the channel, beside twisted.web (relayd.web.simple_post),
+        through the same L{wall} and ingest policy as L{ingest}: the C{202} of a valid batch of one
+        slice (a C{Deferred} of it while the store writes), or C{None}, with nothing done, for
+        twisted.web's path to answer anything else, refusals included, as it always does."""
+        headers = post.headers.get
+        if self.wall(b"POST", post.path, headers) is not None:
             return None
-        media = _media_type_of(headers.get(b"content-type"))
-        if media not in (JSON_TYPE, NDJSON_TYPE):
+        version = headers(b"aep-version")
+        media = media_type(headers(b"content-type"))
+        if self.ingest_policy.refusal(None if version is None else (version,), media, len(post.body)) is not None:
             return None
         try:
-            parser = BatchParser(post.body, media == NDJSON_TYPE, self.max_batch)
+            parser = self.ingest_policy.parser(post.body, media)
             if not parser.step(PARSE_SLICE):
                 return None
             events = parser.result()
         except IngestError:
             return None
         answer = self._store(events)
-        if isinstance(answer, Deferred):  # (a store that answers later is never registered)
-            self._log.error("simple ingest on a store that answers later: the batch is kept, answered 500")
-            answer = INTERNAL_ERROR
-        return answer.status, list(answer.headers), answer.body
+        if isinstance(answer, Deferred):
+            return answer.addCallback(_early)
+        return _early(answer)
 
     def _parse(self, request: Request, parser: BatchParser, answer: Deferred[Answer]) -> None:
         """Parse one more slice of the batch; the next slice waits for the next reactor turn."""
@@ -634,11 +532,5 @@ def _is_upgrade(request: Request) -> bool:
     return request.method == b"GET" and b"websocket" in upgrade.lower()
 
 
-def _media_type(request: Request) -> bytes:
-    """The request's media type, lower-cased (type and subtype are case-insensitive, RFC 9110 8.3.1)."""
-    return _media_type_of(request.getHeader(b"content-type"))
-
-
-def _media_type_of(value: bytes | None) -> bytes:
-    """The media type of a C{Content-Type} header's C{value}, lower-cased (b"" without one)."""
-    return (value or b"").split(b";", 1)[0].strip().lower()
+def _early(answer: Answer) -> EarlyAnswer:
+    return answer.status, list(answer.headers), answer.body

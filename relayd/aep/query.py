@@ -12,11 +12,11 @@ from typing import Any, Callable
 
 from twisted.web.server import Request
 
-from relayd.aep.capture import capture_error
-from relayd.aep.envelope import MAX_POSITION_DIGITS, POSITION_LIMIT, has_control
-from relayd.aep.event import JSONError, parse_json
-from relayd.aep.filters import Pin, compile_filter, filter_error, pin_of
-from relayd.aep.store import Position
+from relayd.aep.core.capture import capture_error
+from relayd.aep.core.envelope import MAX_POSITION_DIGITS, POSITION_LIMIT, has_control
+from relayd.aep.core.event import JSONError, parse_json
+from relayd.aep.core.filters import Pin, compile_filter, filter_error, pin_of
+from relayd.aep.core.store import Position
 
 # `{session}:{epoch}:{seq}`, greedy so that sessions may contain ":" (JS `^(.+):(\d+):(\d+)$`);
 # positions have at most MAX_POSITION_DIGITS digits, and a session no control character (what the

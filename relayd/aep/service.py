@@ -9,12 +9,12 @@ from twisted.logger import Logger
 
 from relayd.aep import metrics
 from relayd.aep.config import AEPConfig
+from relayd.aep.core.relay import EventRelay
+from relayd.aep.core.store import MemoryEventLog
 from relayd.aep.http import AEPResource
-from relayd.aep.redis_claims import RedisClaims
-from relayd.aep.redis_fanout import RedisFanout
-from relayd.aep.redis_store import RedisEventLog
-from relayd.aep.relay import EventRelay
-from relayd.aep.store import MemoryEventLog
+from relayd.aep.redis.claims import RedisClaims
+from relayd.aep.redis.fanout import RedisFanout
+from relayd.aep.redis.store import RedisEventLog
 from relayd.aep.websocket import AEPSocketFactory
 from relayd.base.clock import Timekeeper
 from relayd.base.config import Resolved
@@ -23,7 +23,7 @@ from relayd.logs import scrub
 from relayd.web.listen import HTTPWingService
 from relayd.web.request import BodyLimit
 from relayd.web.site import RelaySite
-from relayd.web.sse import SSEHub, sse_comment
+from relayd.web.streams.sse import SSEHub, sse_comment
 from relayd.wing import Plumbing
 
 _log = Logger(namespace="relayd.aep")
@@ -106,10 +106,9 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> AEPService | None:
         resource, body_limit=BodyLimit(config.max_body, resource.too_large, resource.early_answer),
         settings=plumbing.site, relay="aep", clock=plumbing.clock, health_paths=frozenset({b"/healthz"}),
     )
-    if isinstance(relay.log, MemoryEventLog):
-        # The plainest ingest POSTs are answered beside twisted.web's Request, at about a fifth less CPU
-        # per event (docs/performance.md): only where the store answers at once.
-        site.simple_posts[b"/events"] = resource.simple_ingest
+    # The plainest ingest POSTs are answered beside twisted.web's Request, at about a fifth less CPU per
+    # event (docs/performance.md), through the same wall and ingest policy; on Redis after the write.
+    site.simple_posts[b"/events"] = resource.simple_ingest
 
     def drain() -> None:
         hub.drain(sse_comment("shutting-down"))

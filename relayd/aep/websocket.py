@@ -17,41 +17,38 @@ paused this connection) or a replay is being sent, what it sends waits, unread, 
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any, Callable, cast
 
-from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from autobahn.twisted.websocket import WebSocketServerFactory
 from autobahn.websocket.types import ConnectionRequest
 from twisted.internet.defer import succeed
-from twisted.internet.interfaces import IConsumer, IDelayedCall, IPushProducer, ITCPTransport
+from twisted.internet.interfaces import IDelayedCall, ITCPTransport
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from zope.interface import implementer
 
 from relayd.aep import metrics
-from relayd.aep.capture import capture_error
-from relayd.aep.envelope import classify
-from relayd.aep.event import NOTICE, Event, JSONError, admit, dumps, parse_json
-from relayd.aep.filters import Pin, compile_filter, filter_error, pin_of
-from relayd.aep.query import parse_from_entries
-from relayd.aep.relay import (
-    HARD_BACKLOG,
-    SOFT_BACKLOG,
+from relayd.aep.core import backlog
+from relayd.aep.core.backlog import held_size
+from relayd.aep.core.capture import capture_error
+from relayd.aep.core.event import Event, JSONError, admit, dumps, parse_json
+from relayd.aep.core.filters import Pin, compile_filter, filter_error, pin_of
+from relayd.aep.core.ingest import event_or_problem
+from relayd.aep.core.relay import (
     Emitter,
     EventRelay,
     ReplayProducer,
     ReplayReader,
     Subscriber,
     error_frame,
-    held_size,
 )
-from relayd.aep.store import Position
+from relayd.aep.core.store import Position
+from relayd.aep.query import parse_from_entries
+from relayd.aep.socket_flow import SocketFlow
 from relayd.aep.wire import ws_message
 from relayd.base.clock import NextTurn, Timekeeper
 from relayd.base.config import show_value
 from relayd.base.errors import OutcomeUnknown, StoreUnavailable
-from relayd.compat.autobahn import ws_frames_direct
-from relayd.compat.tcp import no_delay, pause_reading, resume_reading, write_now
+from relayd.compat.tcp import no_delay
 
 ROLES = ("emitter", "consumer", "both")
 CLOSE_GOING_AWAY = 1001
@@ -60,14 +57,7 @@ CLOSE_UNSUPPORTED_DATA = 1003
 CLOSE_INVALID_PAYLOAD = 1007
 CLOSE_TRY_AGAIN_LATER = 1013
 DEFAULT_HELLO_TIMEOUT = 10.0  # --aep-hello-timeout
-FLUSH_AT = 64 * 1024  # coalesce small messages per reactor turn, but never hold back a burst
-# Messages one connection has handled before it gives way to the others for a reactor turn: one read
-# can bring a thousand small requests (a `roster` costs about 20 us), and twenty such clients held
-# every other connection for a second.
-MESSAGES_PER_TURN = 100
 
-_SLOW_CONSUMER = metrics.events_dropped.labels(relay="aep", reason="slow-consumer")
-_CUT_OFF = metrics.events_dropped.labels(relay="aep", reason="cut-off")
 
 
 def subscription_key(sub_id: Any) -> Any:
@@ -127,7 +117,7 @@ class WSReplay(ReplayProducer):
     def send_event(self, event: Event) -> int:
         # The capture ceiling applies to replay too (docs/decisions.md AEP-1).
         message = ws_message(event, self.sub.level(event), self.conn.factory)
-        self.conn._enqueue(message, self.sub, event)  # type: ignore[arg-type]
+        self.conn._enqueue(message, self.sub, event)
         return len(message.payloadHybi)
 
     def stalled(self) -> bool:
@@ -143,25 +133,8 @@ class WSReplay(ReplayProducer):
         self.conn._replay_failed(failure, self.sub)  # type: ignore[arg-type]
 
 
-@implementer(IPushProducer)
-class _Backpressure:
-    """The connection's push producer: the transport pauses it while the client does not read."""
-
-    def __init__(self, conn: AEPSocket) -> None:
-        self.conn = conn
-
-    def pauseProducing(self) -> None:
-        self.conn.paused = True
-
-    def resumeProducing(self) -> None:
-        self.conn.drained()
-
-    def stopProducing(self) -> None:
-        self.conn.paused = True
-
-
-class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # autobahn's own bases disagree on two attributes
-    """One ``/socket`` connection."""
+class AEPSocket(SocketFlow, Emitter):  # type: ignore[misc]  # autobahn's own bases disagree on two attributes
+    """One ``/socket`` connection: the hello gate and the message handlers (its flow: L{SocketFlow})."""
 
     _log = Logger()  # autobahn owns self.log
     factory: AEPSocketFactory
@@ -174,24 +147,8 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         self.capabilities: dict[str, Any] = {}
         self.claims: list[str] = []
         self.subscriptions: dict[Any, WSSubscription] = {}
-        self.paused = False  # the transport paused us: the client is not reading what it was sent
-        self._queue: list[tuple[Any, WSSubscription | None, Event | None]] = []
-        self._queued_bytes = 0
-        self._dirty = False
-        self._events: list[Event] = []
-        # Messages received while the connection was busy (a replay being read or sent, or the
-        # client not reading), handled in order once it is not; the socket is not read meanwhile.
-        self._held_messages: deque[tuple[bytes, bool]] | None = None
-        self._replaying = False  # from a subscribe until its replay is all queued
-        self._replay: WSReplay | None = None
-        self._replay_waiting = False  # its next page is being read from the store
-        self._reading = True
-        self._handling = False
-        self._handled = 0  # messages handled since this connection last gave way to the others
-        self._yielding = False  # its turn is over: the rest of what it sent waits for the next
-        self._open = False
+        self._events: list[Event] = []  # received this turn, ingested together at its end
         self._hello_deadline: IDelayedCall | None = None
-        self._not_text = False  # a text message was not UTF-8: nothing after it is read
 
     # Lifecycle -------------------------------------------------------------------------------
 
@@ -200,14 +157,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         return request.protocols[0] if request.protocols else None
 
     def onOpen(self) -> None:
-        try:
-            # Under WebSocketResource the HTTP channel is still the transport's producer.
-            consumer = cast(IConsumer, self.transport)
-            consumer.unregisterProducer()
-            consumer.registerProducer(_Backpressure(self), True)
-        except Exception:
-            self._log.failure("could not register the WebSocket producer")
-        self._open = True
+        self.start_flow()
         self.factory.connections[self] = None
         no_delay(self.transport)
         self.factory.relay.connect(self, self)
@@ -241,25 +191,10 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         relay.disconnect(self)
         self._queue = []
         self._queued_bytes = 0
-        self._replay = None
+        self._replay.stop()
         self._held_messages = None
 
     # Sending ---------------------------------------------------------------------------------
-
-    def close_with(self, code: int, reason: str) -> None:
-        """Start the closing handshake with a protocol-level code (1001, 1002, 1003, 1007, 1013).
-
-        autobahn's C{sendClose} admits only 1000 and 3000-4999 (application codes); AEP names
-        protocol codes, which the frame-level call sends as they are. What is queued (an error
-        frame explaining the close) goes first, even to a client that is not reading; nothing is
-        sent after the Close frame (L{_enqueue} checks the state), and the socket is read again for
-        the client's answer to it.
-        """
-        self._replay = None
-        self._write_queue(force=True)
-        self.sendCloseFrame(code=code, reasonUtf8=reason.encode("utf-8"), isReply=False)
-        self._held_messages = None
-        self._start_reading()
 
     def send_frame(self, frame: dict[str, Any]) -> None:
         """Send a protocol frame (never skipped for a slow client, but counted in its backlog)."""
@@ -270,8 +205,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         self._enqueue(ws_message(event, None, self.factory), None, None)
 
     def send_event(self, sub: WSSubscription, event: Event, level: str | None) -> None:
-        if self.paused and self._queued_bytes > SOFT_BACKLOG and event.severity < NOTICE:
-            _SLOW_CONSUMER.inc()
+        if self.paused and backlog.sheds(event, self._queued_bytes):
             return
         self._enqueue(ws_message(event, level, self.factory), sub, event)
 
@@ -281,105 +215,11 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         if not self._open:
             return
         size = held_size(event, level)
-        backlog = self._queued_bytes + sub.held_bytes + size
-        if backlog > SOFT_BACKLOG and event.severity < NOTICE:
-            _SLOW_CONSUMER.inc()
-            return
-        if backlog > HARD_BACKLOG:
+        verdict = backlog.hold(event, self._queued_bytes + sub.held_bytes + size)
+        if verdict == "keep":
+            sub.keep_held(event, size)
+        elif verdict == "cut-off":
             self._backpressure_close()
-            return
-        sub.keep_held(event, size)
-
-    def _enqueue(self, message: Any, sub: WSSubscription | None, event: Event | None) -> None:
-        """Queue a prepared message; the factory flushes every dirty connection once per turn.
-
-        Every message counts: past the hard bound, while the client is not reading, the
-        connection is cut off (L{_backpressure_close}).
-        """
-        if not self._open or self.state != self.STATE_OPEN:
-            return  # nothing may follow a Close frame (RFC 6455 §5.5.1)
-        self._queue.append((message, sub, event))
-        self._queued_bytes += len(message.payloadHybi)
-        if self.paused:
-            if self._queued_bytes > HARD_BACKLOG:
-                self._backpressure_close()
-            return
-        if self._queued_bytes >= FLUSH_AT:
-            # A burst goes to the transport now, so a client that does not read pauses this
-            # connection (and the backlog bounds apply) instead of the burst piling up here.
-            self._write_queue()
-        elif not self._dirty:
-            self._schedule()
-
-    def _schedule(self) -> None:
-        self._dirty = True
-        self.factory.schedule(self)
-
-    def flush_queue(self) -> None:
-        """Queue the next chunk of a replay being sent, then write what is queued (the factory
-        calls this once per reactor turn for every connection written to)."""
-        self._dirty = False
-        if self.paused or not self._open:
-            return
-        replay = self._replay
-        if replay is not None and not self._replay_waiting and self._queued_bytes < FLUSH_AT:
-            self._replay = None  # (it may end, and a held subscribe start another)
-            more = replay()
-            if more and self._open and self._replay is None:
-                self._replay = replay
-                if more is not True:
-                    self._replay_waiting = True
-                    more.addBoth(self._replay_ready)
-        self._write_queue()
-        if self._replay is not None and not self._replay_waiting and not self.paused and self._open:
-            if not self._dirty:
-                self._schedule()  # its next chunk on the next turn, unless the client lags
-
-    def _replay_ready(self, result: object) -> None:
-        self._replay_waiting = False
-        if self._replay is not None and self._open and not self._dirty:
-            self._schedule()
-
-    def _write_queue(self, force: bool = False) -> None:
-        """Hand what is queued to the transport, about C{FLUSH_AT} bytes per write, until the
-        transport pauses this connection (unless C{force}d: the last words before a Close)."""
-        queue = self._queue
-        if not queue or (self.paused and not force):
-            return
-        if self.state != self.STATE_OPEN:
-            self._queue = []
-            self._queued_bytes = 0
-            return
-        direct = ws_frames_direct(self)
-        start, count = 0, len(queue)
-        while start < count and (force or not self.paused):
-            if start == 0 and self._queued_bytes <= FLUSH_AT:
-                end, size = count, self._queued_bytes  # the usual case: one write of everything
-            else:
-                end, size = start, 0
-                while end < count and size < FLUSH_AT:
-                    size += len(queue[end][0].payloadHybi)
-                    end += 1
-            batch = queue[start:end]
-            start = end
-            self._queued_bytes -= size
-            for _, sub, event in batch:
-                if sub is not None and event is not None and event.sequenced:
-                    sub.delivered[event.session] = event.position  # type: ignore[index]
-            if direct:
-                # The frames are already framed (prepared once per event for every connection):
-                # bypass autobahn's per-message path, which formats a debug log line per send.
-                write_now(self.transport, b"".join(message.payloadHybi for message, _, _ in batch))
-            else:
-                for message, _, _ in batch:
-                    self.sendPreparedMessage(message)
-        del queue[:start]
-
-    def drained(self) -> None:
-        """The client read what was sent: send on, then handle what it sent meanwhile."""
-        self.paused = False
-        self.flush_queue()
-        self._handle_held()
 
     def _backpressure_close(self) -> None:
         delivered = [
@@ -390,7 +230,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         discarded = sum(1 for _, sub, event in self._queue if event is not None)
         discarded += sum(len(sub._held or ()) for sub in self.subscriptions.values())
         if discarded:
-            _CUT_OFF.inc(discarded)
+            backlog.CUT_OFF.inc(discarded)
         self._queue = []
         self._queued_bytes = 0
         self.sendMessage(dumps({"type": "closing", "reason": "backpressure", "delivered": delivered}))
@@ -398,81 +238,6 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         self.onClose(False, CLOSE_TRY_AGAIN_LATER, "backpressure")
 
     # Receiving -------------------------------------------------------------------------------
-
-    def onMessage(self, payload: bytes, isBinary: bool) -> None:
-        if self.failedByMe or self._not_text or not self._open:
-            return  # after a message that broke the protocol (not UTF-8), or the connection was cut off
-        if self.state != self.STATE_OPEN:
-            self._handle(payload, isBinary)  # closing: never stop reading (the answer to our Close comes next)
-            return
-        if self._held_messages is None and not self._busy():
-            self._handled += 1
-            if self._handled <= MESSAGES_PER_TURN:
-                self._handle(payload, isBinary)
-                return
-            self._give_way()
-        # A replay is being read or sent, the client does not read what it was sent, or it had its
-        # turn: what it sends now is handled after that, in order, and its socket is not read
-        # meanwhile (TCP backpressure), so what waits here is at most what one read brought.
-        if self._held_messages is None:
-            self._held_messages = deque()
-        self._held_messages.append((payload, isBinary))
-        self._stop_reading()
-
-    def _busy(self) -> bool:
-        return self._replaying or self.paused or self._yielding
-
-    def _give_way(self) -> None:
-        """This connection had its share of the reactor turn: go on with it in the next one."""
-        self._yielding = True
-        self.factory.clock.call_later(0, self._next_turn)
-
-    def _next_turn(self) -> None:
-        self._yielding = False
-        self._handled = 0
-        self._handle_held()
-
-    def _handle_held(self) -> None:
-        """Handle the messages that waited, until the connection is busy again; then read on."""
-        if self._handling:
-            return  # (a held message being handled ended a replay: the loop below goes on)
-        self._handling = True
-        try:
-            held = self._held_messages
-            while held and self._open and not self._busy():
-                self._handled += 1
-                if self._handled > MESSAGES_PER_TURN:
-                    self._give_way()
-                    break
-                payload, isBinary = held.popleft()
-                self._handle(payload, isBinary)
-        finally:
-            self._handling = False
-        if self._open and not self._busy() and not self._held_messages:
-            self._held_messages = None
-            self._start_reading()
-
-    def _stop_reading(self) -> None:
-        if self._reading:
-            self._reading = False
-            pause_reading(self.transport)
-
-    def _start_reading(self) -> None:
-        if not self._reading:
-            self._reading = True
-            resume_reading(self.transport)
-
-    def replay_sent(self) -> None:
-        """A subscription's replay and what it held are all queued: handle the messages that waited."""
-        self._replaying = False
-        self._handle_held()
-
-    def _handle(self, payload: bytes, isBinary: bool) -> None:
-        try:
-            self._on_message(payload, isBinary)
-        except Exception:
-            # A handler bug must cost one message, never the process or the connection.
-            self._log.failure("AEP WebSocket message handling failed")
 
     def _on_message(self, payload: bytes, isBinary: bool) -> None:
         if isBinary:
@@ -559,15 +324,15 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         )
 
     def on_event(self, msg: dict[str, Any], payload: bytes) -> None:
-        kind = classify(msg)
-        if type(kind) is str:
+        verdict = event_or_problem(msg, payload)  # (the verdict an HTTP batch's line gets)
+        if type(verdict) is str:
             self.ingest_events()  # the events before this one are refused or routed first
             metrics.ingest_refused.labels(relay="aep", reason="invalid-event").inc()
-            self.send_frame(error_frame("invalid-event", kind, cause=msg.get("id")))
+            self.send_frame(error_frame("invalid-event", verdict, cause=msg.get("id")))
             return
         # The events of one read are ingested together at the end of the reactor turn (one store
         # write, one publish); a frame that follows them in the same read waits for them.
-        self._add_event(Event(msg, payload, kind))  # type: ignore[arg-type]
+        self._add_event(verdict)  # type: ignore[arg-type]
 
     def _add_event(self, event: Event) -> None:
         self._events.append(event)
@@ -661,7 +426,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
             self._log.failure("replay failed", failure)
         metrics.store_errors.labels(relay="aep", operation="replay").inc()
         metrics.replays.labels(relay="aep", outcome="failed").inc()
-        self._replay = None
+        self._replay.stop()
         key = subscription_key(sub.sub_id)
         if self.subscriptions.get(key) is sub:
             del self.subscriptions[key]
@@ -673,9 +438,7 @@ class AEPSocket(WebSocketServerProtocol, Emitter):  # type: ignore[misc]  # auto
         """Send the replay as the client reads (L{WSReplay}), from the next flush on."""
         if not self._open:
             return
-        self._replay = WSReplay(self, sub, self.factory.relay.reader(sub, entries, from_all))
-        if not self._dirty:
-            self._schedule()
+        self._replay.start(WSReplay(self, sub, self.factory.relay.reader(sub, entries, from_all)))
 
     def on_unsubscribe(self, msg: dict[str, Any]) -> None:
         sub_id = msg.get("id")
@@ -757,7 +520,7 @@ class AEPSocketFactory(WebSocketServerFactory):
             closeHandshakeTimeout=5,
         )
         self._loop = clock.looping_call(heartbeat, self.ping_all)
-        self._dirty: list[AEPSocket] = []
+        self._dirty: list[SocketFlow] = []
         self._flush_turn = NextTurn(clock, self.flush)
         self._with_events: list[AEPSocket] = []
         self._events_turn = NextTurn(clock, self.ingest_events)
@@ -773,7 +536,7 @@ class AEPSocketFactory(WebSocketServerFactory):
         for conn in pending:
             conn.ingest_events()
 
-    def schedule(self, conn: AEPSocket) -> None:
+    def schedule(self, conn: SocketFlow) -> None:
         """Flush C{conn} at the end of this reactor turn, with every other connection written to."""
         self._dirty.append(conn)
         if self._flush_turn.scheduled is None:  # (the hot path: no call once it is)

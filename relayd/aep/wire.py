@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-from relayd.aep.envelope import EventKind
-from relayd.aep.event import Event
-from relayd.web.sse import http_chunk, sse_event
+from relayd.aep.core.envelope import EventKind
+from relayd.aep.core.event import Event
+from relayd.web.streams.sse import http_chunk, sse_event
 
 # What may not reach an SSE framing line: ingest refuses these in identifiers (envelope.limit_error);
 # this is the last line of defence for anything stored before, or by another relayd.

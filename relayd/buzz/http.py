@@ -24,6 +24,7 @@ from twisted.web.server import Request
 from relayd.buzz.core import contract
 from relayd.buzz.core.host import BrokerHost
 from relayd.web.answers import Answer, EarlyAnswer, Refusals, json_answer
+from relayd.web.media import media_type
 from relayd.web.request import BodyLimit, read_body
 from relayd.web.routes import RoutedResource, RouteTable, answer_when
 
@@ -75,7 +76,7 @@ def is_json(content_types: Sequence[bytes] | None) -> bool:
     """
     if not content_types or len(content_types) != 1:
         return False
-    return content_types[0].split(b";", 1)[0].strip(_OWS).lower() == _JSON
+    return media_type(content_types[0]) == _JSON
 
 
 def _identity_coded(encodings: Sequence[bytes] | None) -> bool:

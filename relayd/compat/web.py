@@ -276,7 +276,7 @@ def spent_headers(request: Any) -> None:
 
 def slim_stream(request: Any) -> None:
     """Compact C{request} and its channel once its response's headers are written and it only
-    streams (L{relayd.web.sse.SSEStream.start})."""
+    streams (L{relayd.web.streams.sse.SSEStream.start})."""
     if not headers_written(request):
         return  # the headers (and the cookies) are still to be written
     spent_headers(request)

@@ -30,7 +30,7 @@ from relayd.web.answers import Answer, EarlyAnswer, Refusals, finish, gone, json
 from relayd.web.auth import bearer_token, query_param
 from relayd.web.request import read_body
 from relayd.web.routes import TAKEN, Result, RoutedResource, RouteTable
-from relayd.web.sse import DEFAULT_MAX_BUFFER, SSEHub, SSEStream, sse_comment
+from relayd.web.streams.sse import DEFAULT_MAX_BUFFER, SSEHub, SSEStream, sse_comment
 
 MAX_BODY = 256 * 1024
 HEALTH_BODY = b'{"ok":true,"service":"agent-integrations-relay"}'
@@ -131,7 +131,7 @@ def _label(request: Request) -> str | None:
 
 def _shed(request: Request) -> None:
     """Drop what a parked poll no longer needs: its query arguments have been read (an SSE stream
-    sheds this and more when it starts, relayd.web.sse.SSEStream.start)."""
+    sheds this and more when it starts, relayd.web.streams.sse.SSEStream.start)."""
     request.args = {}
 
 

@@ -24,7 +24,7 @@ from relayd.mcp.redis.store import RedisStore
 from relayd.web.listen import HTTPWingService
 from relayd.web.request import BodyLimit
 from relayd.web.site import RelaySite
-from relayd.web.sse import SSEHub
+from relayd.web.streams.sse import SSEHub
 from relayd.wing import DEFAULT_GRACE, Plumbing
 
 _log = Logger(namespace="relayd.mcp")

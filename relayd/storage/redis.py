@@ -33,7 +33,7 @@ DEFAULT_TIMEOUT = 2.0
 # (relayd:schema) before it is used, and a relayd that finds another version refuses that Redis
 # (docs/deployment.md "Upgrades").
 # 2: Lua scripts in files, keys hash-tagged per session (docs/decisions.md REDIS-1); 3: AEP members carry
-# their dedupe key, and the usual batch is stored once, as it came (relayd/aep/redis_store.py).
+# their dedupe key, and the usual batch is stored once, as it came (relayd/aep/redis/store.py).
 KEYSPACE_VERSION = 3
 VERSION_KEY = "schema"  # after the prefix
 # Beside it, a hash of the deployment-wide bounds the keys are kept by (a wing's, by flag name:

@@ -142,6 +142,7 @@ def raw_response(
     head: bool = False,
     dated: bool = False,
     capitalised: bool = False,
+    version: bytes = b"HTTP/1.1",
 ) -> bytes:
     """The bytes of a whole HTTP/1.1 response: status line, C{headers}, C{content-length} (of
     C{body}, which a C{head} answer does not send) and C{connection: close} when C{close}.
@@ -149,18 +150,21 @@ def raw_response(
     The framing headers are this writer's: C{content-length} and C{connection} among C{headers} are
     not repeated. C{dated} adds the C{Server} and C{Date} lines twisted.web writes (and takes its reason
     phrases), and C{capitalised} writes header names as it does (C{Content-Type}), for an answer that
-    stands in for one of its.
+    stands in for one of its (its order too: C{Connection} first, as its channel sets it before the
+    resource renders, and the client's C{version} on the status line).
     """
     reasons = RESPONSES if dated else _REASONS  # (standing in for twisted.web: its phrases too)
-    lines = [b"HTTP/1.1 %d %s" % (status, reasons.get(status, b"Unknown Status"))]
+    lines = [b"%s %d %s" % (version, status, reasons.get(status, b"Unknown Status"))]
     if dated:
+        if close:
+            lines.append(b"Connection: close")
         lines.append(b"Server: %s" % _server_version)
         lines.append(b"Date: %s" % datetimeToString())
     for name, value in headers:
         if name.lower() not in _FRAMING:
             lines.append(b"%s: %s" % (_capitalised(name) if capitalised else name, value))
     lines.append(b"%s: %d" % (b"Content-Length" if capitalised else b"content-length", len(body)))
-    if close:
+    if close and not dated:
         lines.append(b"Connection: close" if capitalised else b"connection: close")
     return b"\r\n".join(lines) + b"\r\n\r\n" + (b"" if head else body)
 

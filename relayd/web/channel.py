@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
@@ -21,9 +22,9 @@ from relayd.compat.web import (
     keeps_alive,
     request_line,
 )
-from relayd.web.answers import Answer, as_answer, json_answer, raw_response
+from relayd.web.answers import Answer, EarlyAnswer, as_answer, json_answer, raw_response
 from relayd.web.request import ChannelSite, LimitedRequest, host_of
-from relayd.web.simple_post import read_simple_post
+from relayd.web.simple_post import SimplePost, read_simple_post
 
 MAX_HEADER_BYTES = 16384
 """The request line and header block together (Twisted's C{totalHeadersSize}); C{431} beyond."""
@@ -75,6 +76,8 @@ class RelayChannel(ChannelHooks):
     """The client this connection is counted for under the site's per-client cap (None: not counted)."""
     crowded = False
     """Whether the connection is one of its client's L{relayd.process.settings.HEALTH_RESERVE}: it answers the health check only."""
+    simple_waiting: list[bytes] | None = None
+    """What the client sent while the answer to its plain POST is awaited (L{_answer_simple})."""
     reading = False
     """Whether a read is being parsed (what a request answered within it replays is parsed by it)."""
     unparsed = 0
@@ -139,6 +142,10 @@ class RelayChannel(ChannelHooks):
                 release_writes(transport)
 
     def _read(self, data: bytes) -> None:
+        waiting = self.simple_waiting
+        if waiting is not None:  # a plain POST's answer is awaited: what follows it waits for it
+            waiting.append(data)
+            return
         site = self._relay_site
         if site is not None and site.simple_posts and data.startswith(b"POST ") and between_requests(self):
             if self._answer_simple(site, data):
@@ -163,9 +170,9 @@ class RelayChannel(ChannelHooks):
 
     def _answer_simple(self, site: ChannelSite, data: bytes) -> bool:
         """Answer the plain POST that C{data} is, if the wing whose path it names takes it
-        (L{RelaySite.simple_posts}); C{False}, with nothing done, for twisted.web to read it."""
-        if site.trust_forwarded_for:
-            return False  # (the peer named in the access line is read from the request's headers)
+        (L{RelaySite.simple_posts}); C{False}, with nothing done, for twisted.web to read it. Its
+        client is read as twisted.web's path reads it (L{RelaySite.client_of}); a wing whose store
+        answers later answers with a C{Deferred}, and what the client sends meanwhile waits."""
         post = read_simple_post(
             data,
             site.simple_posts,
@@ -175,6 +182,10 @@ class RelayChannel(ChannelHooks):
         )
         if post is None:
             return False
+        forwarded = post.headers.get(b"x-forwarded-for")
+        peer = site.client_of(None if forwarded is None else [forwarded], self.getPeer())
+        if site.max_client_connections and (self.crowded or (site.trust_forwarded_for and peer != self.client)):
+            return False  # (twisted.web's path counts a proxied client anew, and answers the crowded 503)
         started = site.clock.monotonic()
         try:
             answer = site.simple_posts[post.path](post)
@@ -184,16 +195,47 @@ class RelayChannel(ChannelHooks):
             return False
         if answer is None:
             return False
-        answer = as_answer(answer)
         self._stop_header_clock()
         self.resetTimeout()
-        # What twisted.web writes for the same answer (its Server and Date, its header capitals).
-        self.transport.write(  # type: ignore[union-attr]
-            raw_response(answer.status, answer.headers, answer.body, close=False, dated=True, capitalised=True)
-        )
-        site.access(method=b"POST", path=post.path, status=answer.status, sent=len(answer.body), peer=host_of(self.getPeer()),
-                    started=started)
+        if isinstance(answer, Deferred):
+            self.simple_waiting = []
+            self.transport.pauseProducing()  # type: ignore[union-attr]
+            answer.addCallback(self._write_simple, site, post, peer, started).addErrback(self._simple_failed)
+            return True
+        self._write_simple(answer, site, post, peer, started)
         return True
+
+    def _write_simple(
+        self, answer: Answer | EarlyAnswer, site: ChannelSite, post: SimplePost, peer: str, started: float
+    ) -> None:
+        """Write the answer to a plain POST as twisted.web writes the same answer (its version, Server
+        and Date, its header capitals, C{Connection: close} when it closes an HTTP/1.1 connection);
+        then close the connection, or read what the client sent while the answer was awaited."""
+        waiting, self.simple_waiting = self.simple_waiting, None
+        transport = self.transport
+        if transport is None or not getattr(transport, "connected", False):
+            return  # (the client left while the store wrote)
+        answer = as_answer(answer)
+        transport.write(
+            raw_response(
+                answer.status, answer.headers, answer.body, close=post.close and post.version == b"HTTP/1.1",
+                dated=True, capitalised=True, version=post.version,
+            )
+        )
+        site.access(method=b"POST", path=post.path, status=answer.status, sent=len(answer.body), peer=peer, started=started)
+        if post.close:
+            transport.loseConnection()
+        elif waiting is not None:
+            transport.resumeProducing()  # type: ignore[attr-defined]
+            if waiting:
+                self.dataReceived(b"".join(waiting))
+
+    def _simple_failed(self, failure: Failure) -> None:
+        # (The wing answers every refusal of its own; this is a bug, and nothing can be answered.)
+        _log.failure("a simple POST's answer failed; the connection is dropped", failure)
+        self.simple_waiting = None
+        if self.transport is not None:
+            self.transport.abortConnection()  # type: ignore[attr-defined]
 
     def body_arrived(self) -> int:
         """Bytes of the read being handled that follow the header block just parsed (a body that

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from io import BytesIO
 from typing import Any, Callable
 
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IAddress
 from twisted.web.http import parse_qs
 from twisted.web.resource import IResource
@@ -176,7 +177,7 @@ class ChannelSite(Site):
     max_client_connections: int
     too_many_connections: Answer
     body_limit: BodyLimit | None
-    simple_posts: dict[bytes, Callable[[Any], Answer | EarlyAnswer | None]]
+    simple_posts: dict[bytes, Callable[[Any], Answer | EarlyAnswer | Deferred[EarlyAnswer] | None]]
     """Paths whose plain POSTs the wing answers itself, beside twisted.web (relayd.web.simple_post)."""
 
     def shared_address(self, address: IAddress) -> IAddress:
@@ -193,6 +194,10 @@ class ChannelSite(Site):
 
     def client_address(self, request: Any) -> str:
         """The client's address of C{request}."""
+        raise NotImplementedError
+
+    def client_of(self, forwarded: list[bytes] | None, peer: Any) -> str:
+        """The client's address from C{X-Forwarded-For} values and the (PROXY) peer."""
         raise NotImplementedError
 
     def access(

@@ -17,18 +17,24 @@ __all__ = ["SimplePost", "read_simple_post"]
 
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 # Headers that change how the body is framed or the connection is used: twisted.web handles those.
+_VERSIONS = (b"HTTP/1.1", b"HTTP/1.0")
 _DECLINED = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"te", b"trailer", b"http2-settings"))
 
 
 class SimplePost:
-    """A plain POST: its path, its headers (lower-cased names, each at most once) and its body."""
+    """A plain POST: its path, its headers (lower-cased names, each at most once), its body, its
+    HTTP version, and whether its connection closes once it is answered (as twisted.web decides)."""
 
-    __slots__ = ("body", "headers", "path")
+    __slots__ = ("body", "headers", "path", "version", "close")
 
-    def __init__(self, path: bytes, headers: dict[bytes, bytes], body: bytes) -> None:
+    def __init__(
+        self, path: bytes, headers: dict[bytes, bytes], body: bytes, version: bytes = b"HTTP/1.1", close: bool = False
+    ) -> None:
         self.path = path
         self.headers = headers
         self.body = body
+        self.version = version
+        self.close = close
 
 
 def read_simple_post(
@@ -39,13 +45,13 @@ def read_simple_post(
     string, a header block over C{max_header_bytes} or C{max_fields}, a bare line feed, a folded or
     repeated header, a header name that is not a token, a NUL, no C{Content-Length} (or one of more than
     C{max_length_digits} digits, or not all digits), a body not all there, bytes after it, C{Connection}
-    other than C{keep-alive}, or any of L{_DECLINED}."""
+    other than C{keep-alive} or C{close}, or any of L{_DECLINED}."""
     line_end = data.find(b"\r\n", 0, max_header_bytes)
     if line_end < 0:
         return None
     method, _, rest = data[:line_end].partition(b" ")
     path, _, version = rest.partition(b" ")
-    if method != b"POST" or version != b"HTTP/1.1" or path not in paths:
+    if method != b"POST" or version not in _VERSIONS or path not in paths:
         return None
     end = data.find(b"\r\n\r\n", line_end, max_header_bytes + 2)
     if end < 0:
@@ -72,9 +78,14 @@ def read_simple_post(
     if length is None or not length.isdigit() or len(length) > max_length_digits:
         return None
     connection = headers.get(b"connection")
-    if connection is not None and connection.lower() != b"keep-alive":
-        return None
+    if connection is not None:
+        connection = connection.lower()
+        if connection != b"keep-alive" and connection != b"close":
+            return None
     body = data[end + 4 :]
     if len(body) != int(length):
         return None
-    return SimplePost(path, headers, body)
+    # twisted.web keeps an HTTP/1.1 connection unless told to close, and never an HTTP/1.0 one
+    # (HTTPChannel.checkPersistence): the same here.
+    close = version != b"HTTP/1.1" or connection == b"close"
+    return SimplePost(path, headers, body, version, close)

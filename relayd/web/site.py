@@ -8,6 +8,7 @@ import re
 import weakref
 from typing import Any, Callable
 
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IAddress
 from twisted.logger import Logger
 from twisted.web.resource import IResource, Resource
@@ -114,7 +115,7 @@ class RelaySite(ChannelSite):
         self._protocols: weakref.WeakSet[Any] = weakref.WeakSet()
         # Paths whose plain POSTs the wing answers itself, beside twisted.web (relayd.web.simple_post):
         # the handler answers, or declines with None before it has done anything.
-        self.simple_posts: dict[bytes, Callable[[SimplePost], Answer | EarlyAnswer | None]] = {}
+        self.simple_posts: dict[bytes, Callable[[SimplePost], Answer | EarlyAnswer | Deferred[EarlyAnswer] | None]] = {}
         self._request_counters: dict[tuple[str, int], Any] = {}  # labelled children, looked up once
         self._addresses: dict[Any, Any] = {}
 
@@ -139,7 +140,7 @@ class RelaySite(ChannelSite):
 
     def track(self, protocol: Any, channel: Any = None) -> None:
         """Count C{protocol} among this site's connections (for drain) though the site did not build
-        it: a held stream's, once it has left twisted.web (relayd.web.held) from C{channel}, whose
+        it: a held stream's, once it has left twisted.web (relayd.web.streams.held) from C{channel}, whose
         place under the per-client cap it takes (L{held_closed} when it ends)."""
         self._protocols.add(protocol)
         if channel is not None and getattr(channel, "client", None) is not None:
@@ -206,15 +207,20 @@ class RelaySite(ChannelSite):
 
     def client_address(self, request: Any) -> str:
         """The client's address: the trusted C{X-Forwarded-For} entry, else the (PROXY) peer."""
+        return self.client_of(request.requestHeaders.getRawHeaders(b"x-forwarded-for"), request.getClientAddress())
+
+    def client_of(self, forwarded: list[bytes] | None, peer: Any) -> str:
+        """The client's address from the C{X-Forwarded-For} values of its request and the address
+        of the (PROXY) C{peer}: the one reading of every way a request comes in."""
         hops = self.trust_forwarded_for
         if hops:
-            values = request.requestHeaders.getRawHeaders(b"x-forwarded-for") or []
+            values = forwarded or []
             addresses = [a.strip() for value in values for a in value.split(b",") if a.strip()]
             if addresses:
                 # Each trusted proxy appended the address it saw; the entry the outermost trusted
                 # proxy appended is the client as far as anyone trustworthy knows (autobahn's rule).
                 return addresses[-hops:][0].decode("ascii", "replace")[:64]
-        return host_of(request.getClientAddress())
+        return host_of(peer)
 
     def access(
         self, *, method: bytes, path: bytes, status: int, sent: int, peer: str, started: float | None = None

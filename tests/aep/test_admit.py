@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import TestCase
 
-from relayd.aep.envelope import classify
-from relayd.aep.event import MAX_DEPTH, Event, JSONError, admit, admit_lines, parse_json, plain_body
-from relayd.aep.http import IngestError, parse_batch
+from relayd.aep.core.envelope import classify
+from relayd.aep.core.event import MAX_DEPTH, Event, JSONError, admit, admit_lines, parse_json, plain_body
+from relayd.aep.core.ingest import IngestError, parse_batch
 from tests.aep.test_classify import base, keys, scalars, types
 from tests.support.cases import cases, expand
 

@@ -1,4 +1,4 @@
-"""Tests for relayd.aep.capture: ceilings, downlevel (aep.md section 6), annotations (decision 13)."""
+"""Tests for relayd.aep.core.capture: ceilings, downlevel (aep.md section 6), annotations (decision 13)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from twisted.trial.unittest import TestCase
 
-from relayd.aep.capture import ANNOTATIONS, LEVELS, capture_error, downlevel, downlevel_target
+from relayd.aep.core.capture import ANNOTATIONS, LEVELS, capture_error, downlevel, downlevel_target
 from tests.support.cases import cases, expand
 
 AEP_DATA = Path(__file__).resolve().parent / "data"  # vendored AEP conformance data (see its NOTICE.md)

@@ -9,9 +9,9 @@ from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 from zope.interface.verify import verifyObject
 
-from relayd.aep.claims import IClaims, MemoryClaims
-from relayd.aep.event import Event
-from relayd.aep.redis_claims import RedisClaims
+from relayd.aep.core.claims import IClaims, MemoryClaims
+from relayd.aep.core.event import Event
+from relayd.aep.redis.claims import RedisClaims
 from relayd.base.clock import Timekeeper
 from tests.support.aep import event, wait_until
 from tests.support.redis import connected_redis, shared_redis

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import TestCase
 
-from relayd.aep.envelope import EventKind, classify, envelope_error, event_kind
+from relayd.aep.core.envelope import EventKind, classify, envelope_error, event_kind
 
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=False, allow_infinity=False, width=16),

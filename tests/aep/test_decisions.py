@@ -7,7 +7,7 @@ import json
 from twisted.internet import threads
 from twisted.trial.unittest import TestCase
 
-import relayd.aep.event as event_module
+import relayd.aep.core.event as event_module
 from relayd.aep.config import SETTINGS
 from relayd.base.config import is_loopback_endpoint, resolve
 from tests.support.aep import AUTH, TOKEN, comments_of, event, events_of, open_sse, open_ws, start_relay, subscribe

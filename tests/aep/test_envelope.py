@@ -1,4 +1,4 @@
-"""Tests for relayd.aep.envelope: relay-grade envelope checks (aep.md section 2), kinds, positions."""
+"""Tests for relayd.aep.core.envelope: relay-grade envelope checks (aep.md section 2), kinds, positions."""
 
 from __future__ import annotations
 
@@ -9,15 +9,7 @@ from typing import Any
 
 from twisted.trial.unittest import TestCase
 
-from relayd.aep.envelope import (
-    UNDEFINED,
-    EventKind,
-    envelope_error,
-    event_kind,
-    is_command_type,
-    js_str,
-    position,
-)
+from relayd.aep.core.envelope import UNDEFINED, EventKind, envelope_error, event_kind, is_command_type, js_str, position
 from tests.support.cases import cases, expand
 
 AEP_DATA = Path(__file__).resolve().parent / "data"  # vendored AEP conformance data (see its NOTICE.md)

@@ -1,4 +1,4 @@
-"""Fan-out by runs (relayd/aep/relay.py, EventRelay._fan_out_runs): consecutive events of a batch
+"""Fan-out by runs (relayd/aep/core/relay.py, EventRelay._fan_out_runs): consecutive events of a batch
 offered to the same subscribers go to each as one run. The deliveries are those of one event at a
 time (a differential property), and an SSE subscriber writes a run once, framed once for all."""
 
@@ -10,14 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import TestCase
 
-from relayd.aep.envelope import EventKind
-from relayd.aep.event import Event
-from relayd.aep.filters import compile_filter, filter_error, match_all, pin_of
+from relayd.aep.core.envelope import EventKind
+from relayd.aep.core.event import Event
+from relayd.aep.core.filters import compile_filter, filter_error, match_all, pin_of
+from relayd.aep.core.relay import EventRelay, Subscriber
+from relayd.aep.core.store import MemoryEventLog
 from relayd.aep.http import SSESubscriber
-from relayd.aep.relay import EventRelay, Subscriber
-from relayd.aep.store import MemoryEventLog
 from relayd.aep.wire import sse_frame
-from relayd.web.sse import http_chunk
+from relayd.web.streams.sse import http_chunk
 from tests.aep.test_index import _filters
 from tests.support.aep import event
 

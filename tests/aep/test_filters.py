@@ -1,4 +1,4 @@
-"""Tests for relayd.aep.filters: attr-match validation and compiled predicates (aep.md section 4.1)."""
+"""Tests for relayd.aep.core.filters: attr-match validation and compiled predicates (aep.md section 4.1)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import TestCase
 
-from relayd.aep.filters import compile_filter, filter_error, match_all
+from relayd.aep.core.filters import compile_filter, filter_error, match_all
 from tests.support.cases import cases, expand
 
 AEP_DATA = Path(__file__).resolve().parent / "data"  # vendored AEP conformance data (see its NOTICE.md)

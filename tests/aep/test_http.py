@@ -11,12 +11,12 @@ from twisted.internet.task import Clock as FakeTime
 from twisted.trial.unittest import TestCase
 from twisted.web.test.requesthelper import DummyRequest
 
+from relayd.aep.core.relay import EventRelay
+from relayd.aep.core.store import MemoryEventLog
 from relayd.aep.http import AEPResource
-from relayd.aep.relay import EventRelay
-from relayd.aep.store import MemoryEventLog
 from relayd.base.clock import Timekeeper
 from relayd.base.errors import StoreUnavailable
-from relayd.web.sse import SSEHub, sse_comment
+from relayd.web.streams.sse import SSEHub, sse_comment
 from tests.support.aep import AEPRelay, event, ndjson
 from tests.support.raw import raw_exchange
 from tests.support.sse import SSEClient

@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import TestCase
 
-from relayd.aep.event import Event
-from relayd.aep.filters import Pin, compile_filter, filter_error, match_all, pin_of
-from relayd.aep.index import SubscriptionIndex
-from relayd.aep.relay import Subscriber
+from relayd.aep.core.event import Event
+from relayd.aep.core.filters import Pin, compile_filter, filter_error, match_all, pin_of
+from relayd.aep.core.index import SubscriptionIndex
+from relayd.aep.core.relay import Subscriber
 from tests.support.aep import AEPRelay, event, open_sse, open_ws, start_relay, subscribe, wait_until
 
 

@@ -12,12 +12,13 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from relayd.aep.http import PARSE_SLICE, AEPResource
-from relayd.aep.relay import EventRelay
-from relayd.aep.store import MemoryEventLog
+from relayd.aep.core.ingest import PARSE_SLICE
+from relayd.aep.core.relay import EventRelay
+from relayd.aep.core.store import MemoryEventLog
+from relayd.aep.http import AEPResource
 from relayd.base.clock import Timekeeper
 from relayd.web.site import RelaySite
-from relayd.web.sse import SSEHub, sse_comment
+from relayd.web.streams.sse import SSEHub, sse_comment
 from tests.support.aep import event, ndjson, wait_until
 
 HEADERS = {"aep-version": "0.1", "content-type": "application/x-ndjson"}

@@ -9,10 +9,10 @@ import json
 from twisted.internet import threads
 from twisted.trial.unittest import TestCase
 
-from relayd.aep.event import Event
-from relayd.aep.filters import match_all
+from relayd.aep.core.backlog import HARD_BACKLOG
+from relayd.aep.core.event import Event
+from relayd.aep.core.filters import match_all
 from relayd.aep.http import SSESubscriber
-from relayd.aep.relay import HARD_BACKLOG
 from tests.support.aep import AUTH, TOKEN, AEPRelay, comments_of, event, open_sse, open_ws, seqs, start_relay, subscribe
 from tests.support.raw import raw_exchange
 from tests.support.sse import SSEClient

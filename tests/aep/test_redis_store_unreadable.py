@@ -8,8 +8,8 @@ import json
 from twisted.trial.unittest import TestCase
 
 from relayd.aep import metrics
-from relayd.aep.event import Event
-from relayd.aep.redis_store import RedisEventLog
+from relayd.aep.core.event import Event
+from relayd.aep.redis.store import RedisEventLog
 from tests.support.aep import event
 from tests.support.redis import connected_redis, shared_redis
 

@@ -1,4 +1,4 @@
-"""relayd.aep.relay: once the store has a batch, a failure while fanning it out is logged and the
+"""relayd.aep.core.relay: once the store has a batch, a failure while fanning it out is logged and the
 batch still counts as accepted (the emitter must not be told 503 for events that will be replayed)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import json
 
 from twisted.trial.unittest import TestCase
 
-from relayd.aep.event import Event
-from relayd.aep.filters import match_all
-from relayd.aep.relay import EventRelay, Subscriber
-from relayd.aep.store import MemoryEventLog
+from relayd.aep.core.event import Event
+from relayd.aep.core.filters import match_all
+from relayd.aep.core.relay import EventRelay, Subscriber
+from relayd.aep.core.store import MemoryEventLog
 from tests.support.aep import event
 
 

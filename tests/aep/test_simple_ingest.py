@@ -1,5 +1,6 @@
 """C{POST /events} answered beside twisted.web (relayd.web.simple_post) answers and stores exactly what
-twisted.web's path does: the same requests, over real sockets, to a relay with it and one without."""
+twisted.web's path does: the same requests, over real sockets, to a relay with it and one without; on
+the in-memory log, on Redis (answered once the write is done) and behind a trusted proxy."""
 
 from __future__ import annotations
 
@@ -7,24 +8,26 @@ import json
 from typing import Any
 
 from twisted.internet import reactor
+from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.threads import deferToThread
-from twisted.trial.unittest import TestCase
+from twisted.trial.unittest import SkipTest, TestCase
 
 from relayd.compat import web as fence
-from tests.support.aep import TOKEN, AEPRelay, OnRedis, event, ndjson, start_relay, wait_until
+from tests.support.aep import TOKEN, AEPRelay, OnRedis, event, events_of, ndjson, open_sse, start_relay, wait_until
 from tests.support.raw import Answer, RawClient, exchange
 
 HEAD = b"POST /events HTTP/1.1\r\nhost: localhost\r\n"
 
 
 def post(body: bytes, *headers: bytes, version: bytes = b"0.1", ctype: bytes = b"application/x-ndjson",
-         token: bytes | None = TOKEN.encode()) -> bytes:
+         token: bytes | None = TOKEN.encode(), http: bytes = b"HTTP/1.1") -> bytes:
     fields = [b"aep-version: " + version, b"content-type: " + ctype, *headers]
     if token is not None:
         fields.append(b"authorization: Bearer " + token)
     fields.append(b"content-length: %d" % len(body))
-    return HEAD + b"".join(f + b"\r\n" for f in fields) + b"\r\n" + body
+    head = HEAD.replace(b"HTTP/1.1", http)
+    return head + b"".join(f + b"\r\n" for f in fields) + b"\r\n" + body
 
 
 def batch(session: str, first: int, count: int) -> bytes:
@@ -54,6 +57,13 @@ CASES: list[tuple[str, list[bytes], int]] = [
     ("over the batch limit", [post(batch("E", 0, 6))], 1),
     ("over the body limit", [post(batch("E", 0, 1) + b" " * 4000)], 1),
     ("connection: close", [post(batch("F", 0, 1), b"connection: close")], 1),
+    ("connection: close, the official SDK's shape", [post(json.dumps(event("F", 4, "progress.status", id="F-4")).encode(),
+                                                          b"connection: close", ctype=b"application/json")], 1),
+    ("HTTP/1.0", [post(batch("H", 0, 1), http=b"HTTP/1.0")], 1),
+    ("HTTP/1.0, keep-alive asked", [post(batch("H", 1, 1), b"connection: keep-alive", http=b"HTTP/1.0")], 1),
+    ("HTTP/1.0, refused", [post(batch("H", 2, 1), token=None, http=b"HTTP/1.0")], 1),
+    ("connection: close, refused", [post(batch("H", 2, 1), b"connection: close", version=b"0.2")], 1),
+    ("x-forwarded-for", [post(batch("H", 3, 1), b"x-forwarded-for: 203.0.113.9")], 1),
     ("expect: 100-continue", [post(batch("F", 1, 1), b"expect: 100-continue")], 1),
     ("a command, routed", [post(ndjson(event("F", None, "control.pause", id="c1")))], 1),
     ("the body at its limit", [post(batch("G", 0, 1).ljust(4000, b"\n"))], 1),
@@ -65,8 +75,10 @@ CASES: list[tuple[str, list[bytes], int]] = [
 
 
 class SimpleIngestParity(TestCase):
+    flags: dict[str, Any] = {}
+
     async def relays(self) -> tuple[AEPRelay, AEPRelay, list[bool]]:
-        flags: dict[str, Any] = {"aep_token": TOKEN, "aep_max_batch": 5, "aep_max_body": 4000}
+        flags: dict[str, Any] = {"aep_token": TOKEN, "aep_max_batch": 5, "aep_max_body": 4000, **self.flags}
         fast, plain = await start_relay(self, **flags), await start_relay(self, **flags)
         plain.service.site.simple_posts.clear()  # twisted.web's path only
         taken: list[bool] = []
@@ -105,14 +117,16 @@ class SimpleIngestParity(TestCase):
             self.assertEqual(got.closed, expected.closed, name)
             fast_answers.append((name, got))
         self.assertEqual(accesses["fast"], accesses["plain"])
-        for session in "ABCDEF":
-            self.assertEqual(fast.core.log._buffers.get(session) and [e.raw for e in fast.core.log._buffers[session].events if e],
-                             plain.core.log._buffers.get(session) and [e.raw for e in plain.core.log._buffers[session].events if e],
-                             session)
+        self.assertEqual(await self.stored(fast), await self.stored(plain))
         # The plain cases were answered beside twisted.web, the others by it (the first is the plainest).
         self.assertTrue(taken[0])
         self.assertIn(True, taken[1:])
         self.assertIn(False, taken)
+
+    async def stored(self, relay: AEPRelay) -> dict[str, list[bytes]]:
+        """The events each session holds, as sent."""
+        log = relay.core.log
+        return {session: [e.raw for e in log._buffers[session].events if e] for session in log._buffers}
 
     async def test_plain_posts_one_after_another_on_a_connection_are_each_answered_beside_twisted_web(self) -> None:
         fast, _, taken = await self.relays()
@@ -126,12 +140,32 @@ class SimpleIngestParity(TestCase):
         self.assertEqual(client.received.count(b"HTTP/1.1 202 Accepted"), 3)
         self.assertEqual(client.received.count(b"HTTP/1.1 401 Unauthorized"), 1)
         self.assertEqual(taken, [True, True, False, True])
-        self.assertEqual(len(fast.core.log._buffers["A"]), 5)
+        self.assertEqual(len((await self.stored(fast))["A"]), 5)
 
-    async def test_a_relay_on_redis_answers_every_post_through_twisted_web(self) -> None:
-        # Its store answers later: nothing may be answered before the write is done.
-        relay = await start_relay(self, **OnRedis().extra_relay_flags())
-        self.assertEqual(relay.service.site.simple_posts, {})
+    async def test_the_answer_waits_for_a_store_that_answers_later_and_so_does_the_next_request(self) -> None:
+        fast, _, taken = await self.relays()
+        writes: list[Deferred[Any]] = []
+        ingest = fast.core.ingest
+
+        def later(events: Any, *args: Any) -> Deferred[Any]:
+            d: Deferred[Any] = Deferred()
+            d.addCallback(lambda _: ingest(events, *args))
+            writes.append(d)
+            return d
+
+        self.patch(fast.core, "ingest", later)
+        client = RawClient()
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", fast.wing.port), client)
+        self.addCleanup(client.transport.loseConnection)
+        client.transport.write(post(batch("W", 0, 1)))
+        await wait_until(lambda: len(writes) == 1)
+        client.transport.write(post(batch("W", 1, 1), token=b"x"))  # (twisted.web's 401, after the 202)
+        self.assertEqual(client.received, b"")  # nothing is answered before the store has the batch
+        writes[0].callback(None)
+        await client.wait_for(b"401 Unauthorized")
+        self.assertLess(client.received.index(b"202 Accepted"), client.received.index(b"401 Unauthorized"))
+        self.assertEqual(taken, [True, False])
+        self.assertEqual(len(fast.core.log._buffers["W"]), 1)
 
     async def test_without_knowing_the_channel_is_between_requests_twisted_web_answers(self) -> None:
         self.patch(fence, "CHANNEL_BETWEEN_REQUESTS", False)
@@ -139,4 +173,49 @@ class SimpleIngestParity(TestCase):
         answer = await deferToThread(exchange, fast.wing.port, [post(batch("A", 0, 1))])
         self.assertEqual(answer.responses[0].status, 202)
         self.assertEqual(taken, [])
-        self.assertEqual(len(fast.core.log._buffers["A"]), 1)
+        self.assertEqual(len((await self.stored(fast))["A"]), 1)
+
+
+class SimpleIngestParityOnRedis(OnRedis, SimpleIngestParity):
+    """On Redis the plain path answers once the write is done, as twisted.web's path does."""
+
+    async def stored(self, relay: AEPRelay) -> dict[str, list[bytes]]:
+        # (what a history-only stream replays: the events as sent, in each session's order)
+        history = await open_sse(self, relay, {"authorization": "Bearer " + TOKEN}, live="0", from_="all")
+        stored: dict[str, list[bytes]] = {}
+        for message in events_of(await history.read_until_end()):
+            sent = message.json()
+            stored.setdefault(sent["session"], []).append(json.dumps(sent, sort_keys=True).encode())
+        return stored
+
+    async def test_the_answer_waits_for_a_store_that_answers_later_and_so_does_the_next_request(self) -> None:
+        raise SkipTest("the in-memory case patches the store; on Redis every write answers later")
+
+
+class SimpleIngestParityBehindAProxy(TestCase):
+    """Behind a trusted proxy the client named in the access line and counted is the forwarded one,
+    on both paths; a client new to its connection is counted by twisted.web's path (and the next
+    request of the same client is answered beside it)."""
+
+    flags = {"trust_forwarded_for": 1}
+    relays = SimpleIngestParity.relays
+
+    async def test_the_forwarded_client_is_named_and_counted_as_twisted_web_does(self) -> None:
+        fast, plain, taken = await self.relays()
+        pieces = [post(batch("P", n, 1), b"x-forwarded-for: 10.0.0.1, 198.51.100.%d" % (n // 2)) for n in range(4)]
+        seen = {}
+        for name, relay in (("fast", fast), ("plain", plain)):
+            peers: list[str] = []
+            original = relay.service.site.access
+            relay.service.site.access = lambda peers=peers, original=original, **line: (
+                peers.append(line["peer"]), original(**line))[1]
+            client = RawClient()
+            await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", relay.wing.port), client)
+            self.addCleanup(client.transport.loseConnection)
+            for n, request in enumerate(pieces):
+                client.transport.write(request)
+                await wait_until(lambda n=n, client=client: client.received.count(b"HTTP/1.1 202 Accepted") == n + 1)
+            seen[name] = peers
+        self.assertEqual(seen["fast"], ["198.51.100.0", "198.51.100.0", "198.51.100.1", "198.51.100.1"])
+        self.assertEqual(seen["fast"], seen["plain"])
+        self.assertEqual(taken, [True, True])  # the second request of each client

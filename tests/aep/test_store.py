@@ -9,10 +9,10 @@ import random
 from twisted.trial.unittest import TestCase
 from zope.interface.verify import verifyObject
 
-from relayd.aep.envelope import MAX_POSITION_DIGITS
-from relayd.aep.event import Event
-from relayd.aep.redis_store import RedisEventLog, decode_position, encode_position
-from relayd.aep.store import IEventLog, MemoryEventLog
+from relayd.aep.core.envelope import MAX_POSITION_DIGITS
+from relayd.aep.core.event import Event
+from relayd.aep.core.store import IEventLog, MemoryEventLog
+from relayd.aep.redis.store import RedisEventLog, decode_position, encode_position
 from tests.support.aep import event
 from tests.support.cases import cases, expand
 from tests.support.redis import connected_redis, shared_redis

@@ -10,13 +10,14 @@ from autobahn.twisted.resource import WebSocketResource
 from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 
+from relayd.aep.core.relay import EventRelay
+from relayd.aep.core.store import MemoryEventLog
 from relayd.aep.http import AEPResource
-from relayd.aep.relay import EventRelay
-from relayd.aep.store import MemoryEventLog
-from relayd.aep.websocket import MESSAGES_PER_TURN, AEPSocketFactory
+from relayd.aep.socket_flow import MESSAGES_PER_TURN
+from relayd.aep.websocket import AEPSocketFactory
 from relayd.base.clock import Timekeeper
 from relayd.web.site import RelaySite
-from relayd.web.sse import SSEHub, sse_comment
+from relayd.web.streams.sse import SSEHub, sse_comment
 from tests.support.ws import WSClient
 
 

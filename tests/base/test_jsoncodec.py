@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import TestCase
 
-from relayd.aep import event
+from relayd.aep.core import event
 from relayd.base import jsoncodec
 from relayd.base.jsoncodec import MAX_INT_DIGITS, JSONError, Reader, Writer
 from relayd.buzz import nostr
@@ -26,7 +26,7 @@ from tests.support.cases import cases, expand
 
 
 class OldAEPJSONError(ValueError):
-    """relayd.aep.event.JSONError before the codec."""
+    """relayd.aep.core.event.JSONError before the codec."""
 
 
 def _aep_reject_constant(name: str) -> Any:
@@ -82,7 +82,7 @@ def _aep_brackets(data: bytes) -> int:
 
 
 def old_aep_parse_json(data: bytes, exact: bool = False) -> Any:
-    """relayd.aep.event.parse_json before the codec."""
+    """relayd.aep.core.event.parse_json before the codec."""
     value: Any = None
     parsed = False
     if not exact:
@@ -107,7 +107,7 @@ def old_aep_parse_json(data: bytes, exact: bool = False) -> Any:
 
 
 def old_aep_dumps(obj: Any) -> bytes:
-    """relayd.aep.event.dumps before the codec."""
+    """relayd.aep.core.event.dumps before the codec."""
     try:
         return orjson.dumps(obj)
     except TypeError:

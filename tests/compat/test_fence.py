@@ -35,10 +35,14 @@ UNDOCUMENTED = frozenset({
 # autobahn's. Each entry: (module under relayd/, attribute) -> why it is ours.
 _OURS = {
     ("aep/http.py", "paused"): "SSEStream's own flow state",
-    ("aep/index.py", "_scan"): "the subscription index's own scan",
+    ("aep/core/index.py", "_scan"): "the subscription index's own scan",
     ("aep/websocket.py", "paused"): "AEPSocket's own flow state (autobahn has none of that name)",
     ("aep/websocket.py", "_open"): "AEPSocket's own state",
-    ("mcp/endpoint.py", "requests"): "an MCP intake's own JSON-RPC requests",
+    ("aep/socket_flow.py", "paused"): "AEPSocket's own flow state, which its flow sets",
+    ("mcp/endpoint/exchange.py", "requests"): "an MCP intake's own JSON-RPC requests",
+    ("mcp/endpoint/legacy_sse.py", "requests"): "an MCP intake's own JSON-RPC requests",
+    ("mcp/endpoint/stateless.py", "requests"): "an MCP intake's own JSON-RPC requests",
+    ("mcp/endpoint/streamable.py", "requests"): "an MCP intake's own JSON-RPC requests",
     ("mcp/http.py", "_log"): "the MCP resource's own Logger",
     ("mcp/http.py", "paused"): "SSEStream's own flow state",
     ("storage/redis.py", "_message"): "the Redis bus's own handler",

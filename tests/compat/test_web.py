@@ -25,7 +25,7 @@ from relayd.compat.tcp import TCP_PROTOCOL
 from relayd.web.answers import Answer
 from relayd.web.routes import RoutedResource, RouteTable
 from relayd.web.site import RelaySite
-from relayd.web.sse import http_chunk
+from relayd.web.streams.sse import http_chunk
 from tests.compat.loopback import TIMEOUT, Held, LoopbackCase, Plain, Watcher, client_turn
 from tests.support.cases import cases, expand
 
@@ -370,7 +370,7 @@ class Channels(LoopbackCase):
 
 @expand
 class RequestState(LoopbackCase):
-    """What a held stream reads of its request (relayd.web.held) and what ends a connection."""
+    """What a held stream reads of its request (relayd.web.streams.held) and what ends a connection."""
 
     def test_the_state_is_detected(self) -> None:
         self.assertTrue(fence.REQUEST_WRITE_STATE)

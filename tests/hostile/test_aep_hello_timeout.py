@@ -8,13 +8,13 @@ from twisted.internet import reactor
 from twisted.internet.task import Clock as FakeTime
 from twisted.trial.unittest import TestCase
 
+from relayd.aep.core.relay import EventRelay
+from relayd.aep.core.store import MemoryEventLog
 from relayd.aep.http import AEPResource
-from relayd.aep.relay import EventRelay
-from relayd.aep.store import MemoryEventLog
 from relayd.aep.websocket import AEPSocket, AEPSocketFactory
 from relayd.base.clock import Timekeeper
 from relayd.web.site import RelaySite
-from relayd.web.sse import SSEHub, sse_comment
+from relayd.web.streams.sse import SSEHub, sse_comment
 from tests.support.aep import wait_until
 from tests.support.ws import WSClient
 

@@ -38,8 +38,8 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from relayd.aep.envelope import EventKind, classify
-from relayd.aep.event import Event, JSONError, admit, event_from, parse_json
+from relayd.aep.core.envelope import EventKind, classify
+from relayd.aep.core.event import Event, JSONError, admit, event_from, parse_json
 from relayd.aep.wire import sse_frame
 from tests.support.aep import event, ndjson
 from tests.support.raw import RawClient
@@ -536,7 +536,7 @@ class FromRedis(NumbersOnEveryPath):
         await self.relay.wait_for(rb"connected to Redis at ")
 
     async def test_stored_events_are_served_and_framed_escaped(self) -> None:
-        from relayd.aep.redis_store import RedisEventLog
+        from relayd.aep.redis.store import RedisEventLog
         from tests.support.redis import connected_redis
 
         redis = await connected_redis(shared_redis().url)

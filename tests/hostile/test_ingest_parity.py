@@ -101,6 +101,7 @@ class MalformedBodiesAnsweredAlike(TestCase):
             "beside twisted.web": [request],
             "connection: close": [post(body, ndjson, b"connection: close")],
             "body in a second write": [request[: len(request) - len(body)], body] if body else [request[:-2], request[-2:]],
+            "HTTP/1.0": [request.replace(b"HTTP/1.1", b"HTTP/1.0", 1)],
         }
         if verdict is None:
             expected: tuple[int, Any] = (202, None)
@@ -125,6 +126,61 @@ class MalformedBodiesAnsweredAlike(TestCase):
             self.assertEqual(answered, [])
         else:
             self.assertEqual(answered, [{"type": "error", "code": "bad-json", "detail": verdict.detail}])
+
+
+VALID = EVENT + b"}"
+HEADER_TOKEN = "parity-token"
+MAX_BODY, MAX_BATCH = 1000, 2
+
+
+def headed(fields: list[bytes], body: bytes = VALID) -> bytes:
+    """A C{POST /events} with exactly these header C{fields} (and its length)."""
+    head = b"POST /events HTTP/1.1\r\nhost: localhost\r\n"
+    return head + b"".join(f + b"\r\n" for f in [*fields, b"content-length: %d" % len(body)]) + b"\r\n" + body
+
+
+AUTH = b"authorization: Bearer " + HEADER_TOKEN.encode()
+VERSION = b"aep-version: 0.1"
+NDJSON = b"content-type: application/x-ndjson"
+# name: (the request's header fields, its body, the status and JSON body every way in answers).
+HEADER_CASES: dict[str, tuple[list[bytes], bytes, tuple[int, Any]]] = {
+    "no_version": ([AUTH, NDJSON], VALID, (426, {"versions": ["0.1"]})),
+    "another_version": ([AUTH, b"aep-version: 0.2", NDJSON], VALID, (426, {"versions": ["0.1"]})),
+    "two_versions": ([AUTH, VERSION, VERSION, NDJSON], VALID, (426, {"versions": ["0.1"]})),
+    "another_media_type": ([AUTH, VERSION, b"content-type: text/plain"], VALID, (415, None)),
+    "no_media_type": ([AUTH, VERSION], VALID, (415, None)),
+    "no_token": ([VERSION, NDJSON], VALID, (401, None)),
+    "another_token": ([b"authorization: Bearer nope", VERSION, NDJSON], VALID, (401, None)),
+    "no_token_and_no_version": ([NDJSON], VALID, (401, None)),  # (the wall comes first)
+    "over_the_body_cap": ([AUTH, VERSION, NDJSON], VALID + b" " * MAX_BODY, (413, {"error": "payload-too-large", "max_bytes": MAX_BODY})),
+    "over_the_batch": ([AUTH, VERSION, NDJSON], b"\n".join([VALID, SECOND, VALID]),
+                       (413, {"error": "too-many-events", "max": MAX_BATCH, "count": 3})),
+    "version_and_media_in_other_case": ([AUTH, b"AEP-Version: 0.1", b"Content-Type: Application/JSON; charset=utf-8"],
+                                        VALID, (202, None)),
+}
+
+
+@expand
+class MalformedHeadersAnsweredAlike(TestCase):
+    """What the headers refuse (the token, the version, the media type, the sizes) is answered alike
+    on every HTTP way in: the plain-POST path (which, through the one ingest check, leaves every
+    refusal to twisted.web's path), twisted.web's render, and the answer given from the headers
+    alone before the body is read (the body in a second write)."""
+
+    @cases(**HEADER_CASES)
+    async def test_every_way_in(self, fields: list[bytes], body: bytes, expected: tuple[int, Any]) -> None:
+        relay = await start_relay(self, aep_token=HEADER_TOKEN, aep_max_body=MAX_BODY, aep_max_batch=MAX_BATCH)
+        request = headed(fields, body)
+        ways = {
+            "beside twisted.web": [request],
+            "connection: close": [headed([*fields, b"connection: close"], body)],
+            "HTTP/1.0": [request.replace(b"HTTP/1.1", b"HTTP/1.0", 1)],
+            "body in a second write": [request[: len(request) - len(body)], body],
+        }
+        for way, pieces in ways.items():
+            answer = await deferToThread(exchange, relay.wing.port, pieces, timeout=5.0)
+            self.assertTrue(answer.responses, (way, answer.describe()))
+            self.assertEqual(http_verdict(answer), expected, way)
 
 
 class AfterTextThatIsNotUTF8(TestCase):

@@ -13,7 +13,7 @@ WARM = 8  # streams opened before measuring: the endpoint's tables grow to their
 STREAMS = 56  # with WARM, the default clients per session (64)
 # Python-heap bytes per idle GET stream (the session's own state not counted), this test's client
 # sockets included (~250 B). Measured 2.39 KB once a held stream leaves twisted.web
-# (relayd/web/held.py); 3.29-3.32 KB when it stayed there but dropped its spent headers and its
+# (relayd/web/streams/held.py); 3.29-3.32 KB when it stayed there but dropped its spent headers and its
 # notifyFinish Deferred and shared its local address, request-line words and timeout scheduler
 # (relayd/compat/web.py); 5.15-5.19 KB with only the request's and channel's dicts right-sized, 7.9 KB
 # before that.

@@ -155,8 +155,8 @@ class MemoryFull(Refusals):
     async def test_every_write_script_is_refused_before_it_writes(self, shebang: str) -> None:
         # "plain": the scripts as Redis before 7 gets them (no shebang): the append's first write
         # is one Redis refuses under maxmemory.
-        from relayd.aep.event import Event
-        from relayd.aep.redis_store import RedisEventLog
+        from relayd.aep.core.event import Event
+        from relayd.aep.redis.store import RedisEventLog
 
         redis = await connected_redis(self.server.url)
         self.addCleanup(redis.close)

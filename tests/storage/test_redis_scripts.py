@@ -24,11 +24,11 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 
-from relayd.aep import redis_claims
-from relayd.aep import redis_store as aep_store
-from relayd.aep.event import Event
-from relayd.aep.redis_claims import RedisClaims
-from relayd.aep.redis_store import RedisEventLog
+from relayd.aep.core.event import Event
+from relayd.aep.redis import claims as redis_claims
+from relayd.aep.redis import store as aep_store
+from relayd.aep.redis.claims import RedisClaims
+from relayd.aep.redis.store import RedisEventLog
 from relayd.base.clock import Timekeeper
 from relayd.base.errors import StoreUnavailable
 from relayd.buzz.redis import state as redis_state

@@ -12,7 +12,7 @@ from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from relayd.aep.envelope import envelope_error
+from relayd.aep.core.envelope import envelope_error
 from tests.support.redis import redis_flags
 from tests.support.sse import Message, SSEClient
 from tests.support.wing import Wing

@@ -1,4 +1,4 @@
-"""A held stream leaves twisted.web once its headers are sent (relayd/web/held.py): over real loopback
+"""A held stream leaves twisted.web once its headers are sent (relayd/web/streams/held.py): over real loopback
 connections, its request and channel are freed, its bytes, end, access line, backpressure, drain and
 unsolicited input behave as documented, and a stream that cannot be held stays on twisted.web."""
 
@@ -16,10 +16,10 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
 from relayd.base.clock import Timekeeper
-from relayd.web import held as held_module
-from relayd.web.held import MAX_UNSOLICITED, HeldResponse
 from relayd.web.site import RelaySite
-from relayd.web.sse import SSEHub, SSEStream, http_chunk, sse_comment, sse_event
+from relayd.web.streams import held as held_module
+from relayd.web.streams.held import MAX_UNSOLICITED, HeldResponse
+from relayd.web.streams.sse import SSEHub, SSEStream, http_chunk, sse_comment, sse_event
 from tests.support.cases import cases, expand
 from tests.support.raw import RawClient
 from tests.web.test_site import _turns, next_access_line

@@ -45,6 +45,20 @@ class Recognised(TestCase):
         self.assertIsNotNone(read(post(b"Connection: Keep-Alive")))
         self.assertIsNotNone(read(post(body=b"")))
 
+    def test_a_post_that_closes_its_connection_is_plain_and_says_so(self) -> None:
+        # twisted.web keeps an HTTP/1.1 connection unless told to close, and never an HTTP/1.0 one.
+        cases = [
+            (post(), b"HTTP/1.1", False),
+            (post(b"Connection: close"), b"HTTP/1.1", True),
+            (post(b"Connection: CLOSE"), b"HTTP/1.1", True),
+            (post(line=b"POST /events HTTP/1.0"), b"HTTP/1.0", True),
+            (post(b"Connection: keep-alive", line=b"POST /events HTTP/1.0"), b"HTTP/1.0", True),
+        ]
+        for data, version, close in cases:
+            found = read(data)
+            assert found is not None, data
+            self.assertEqual((found.version, found.close), (version, close), data)
+
     def test_the_limits_hold_exactly_at_their_value(self) -> None:
         data = post()  # request line, three header lines
         block = data.index(b"\r\n\r\n") + 2
@@ -58,7 +72,7 @@ class Recognised(TestCase):
 
 class Declined(TestCase):
     def test_another_method_version_or_target(self) -> None:
-        for line in (b"PUT /events HTTP/1.1", b"POST /events HTTP/1.0", b"POST /events?x=1 HTTP/1.1",
+        for line in (b"PUT /events HTTP/1.1", b"POST /events HTTP/0.9", b"POST /events HTTP/2", b"POST /events?x=1 HTTP/1.1",
                      b"POST /events/ HTTP/1.1", b"POST  /events HTTP/1.1", b"POST http://relay/events HTTP/1.1"):
             self.assertIsNone(read(post(line=line)), line)
 
@@ -70,7 +84,7 @@ class Declined(TestCase):
         self.assertIsNone(read(data[: data.index(b"\r\n\r\n")]))  # the headers not yet ended
 
     def test_framing_and_connection_headers_are_left_to_twisted_web(self) -> None:
-        for header in (b"Transfer-Encoding: chunked", b"Expect: 100-continue", b"Connection: close",
+        for header in (b"Transfer-Encoding: chunked", b"Expect: 100-continue", b"Connection: close, upgrade",
                        b"Connection: upgrade", b"Upgrade: websocket", b"TE: trailers"):
             self.assertIsNone(read(post(header)), header)
 

@@ -24,7 +24,7 @@ from relayd.compat import web as fence
 from relayd.process.settings import HEALTH_RESERVE, SiteSettings
 from relayd.web.request import BodyLimit
 from relayd.web.site import RelaySite
-from relayd.web.sse import SSEHub, SSEStream
+from relayd.web.streams.sse import SSEHub, SSEStream
 from tests.support.aep import AEPRelay, event, ndjson
 from tests.support.raw import RawClient, exchange
 from tests.support.sse import SSEClient

@@ -1,4 +1,4 @@
-"""Unit tests of the SSE plumbing (relayd/web/sse.py) over an in-memory transport and a fake clock."""
+"""Unit tests of the SSE plumbing (relayd/web/streams/sse.py) over an in-memory transport and a fake clock."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
 from relayd.base.clock import Timekeeper
-from relayd.web.sse import BEAT_SLICE, SSEHub, SSEStream, sse_comment, sse_event
+from relayd.web.streams.sse import BEAT_SLICE, SSEHub, SSEStream, sse_comment, sse_event
 
 HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 

@@ -18,7 +18,7 @@ WARM = 50  # opened before measuring: the hub's and the relay's tables grow to t
 STREAMS = 200
 BATCH = 20
 # Python-heap bytes per idle AEP SSE stream, this test's client sockets included (~250 B).
-# Measured 2.86 KB once a held stream leaves twisted.web (relayd/web/held.py); 3.63 KB when it
+# Measured 2.86 KB once a held stream leaves twisted.web (relayd/web/streams/held.py); 3.63 KB when it
 # stayed there but dropped its spent headers and its notifyFinish Deferred and shared its local
 # address, request-line words and timeout scheduler (relayd/compat/web.py); 5.1-5.7 KB with only the
 # request's and channel's dicts right-sized, 7.5 KB before that.
@@ -58,7 +58,7 @@ class IdleStreamMemory(TestCase):
         await open_streams(WARM)
         per_stream = await heap_bytes_per(STREAMS, lambda: open_streams(STREAMS))
         self.assertLess(per_stream, MAX_BYTES_PER_STREAM)
-        # Held: each has left twisted.web (relayd/web/held.py), its request and channel freed.
+        # Held: each has left twisted.web (relayd/web/streams/held.py), its request and channel freed.
         self.assertEqual([stream.request for stream in hub.streams], [None] * len(hub.streams))
         close_all()
         await wait_until(lambda: not hub.streams)

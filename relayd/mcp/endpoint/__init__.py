@@ -28,7 +28,7 @@ from relayd.mcp.endpoint.streamable import StreamableHTTP
 from relayd.process.cors import OriginPolicy
 from relayd.web.answers import Answer, finish
 from relayd.web.routes import TAKEN, Handler, Result
-from relayd.web.sse import SSEHub
+from relayd.web.streams.sse import SSEHub
 
 _CORS_HEADERS: Final = (
     b"content-type, accept, authorization, mcp-session-id, mcp-protocol-version, mcp-method, mcp-name, last-event-id"

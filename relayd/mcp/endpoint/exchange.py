@@ -30,7 +30,7 @@ from relayd.mcp.endpoint.answers import (
     rpc_error,
 )
 from relayd.web.answers import Answer, finish, gone, json_answer
-from relayd.web.sse import SSEHub, SSEStream
+from relayd.web.streams.sse import SSEHub, SSEStream
 
 SSE_HEADERS: Final = [
     (b"content-type", b"text/event-stream"),

@@ -14,7 +14,7 @@ from relayd.mcp.endpoint.answers import UNKNOWN_LEGACY_CLIENT, not_forwarded, re
 from relayd.mcp.endpoint.exchange import SSE_HEADERS, Exchange, StreamListener
 from relayd.web.answers import Answer, gone
 from relayd.web.auth import bearer_token, query_param
-from relayd.web.sse import SSEStream
+from relayd.web.streams.sse import SSEStream
 
 
 class LegacySSE:

@@ -21,7 +21,7 @@ from relayd.mcp.endpoint.answers import (
 from relayd.mcp.endpoint.exchange import SSE_HEADERS, Exchange, StreamListener
 from relayd.mcp.endpoint.stateless import Stateless
 from relayd.web.answers import Answer, gone
-from relayd.web.sse import SSEStream
+from relayd.web.streams.sse import SSEStream
 
 
 class StreamableHTTP:

@@ -12,11 +12,11 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from relayd.aep.capture import downlevel
-from relayd.aep.envelope import POSITION_LIMIT, EventKind, event_kind, kind_of_type, position
+from relayd.aep.core.capture import downlevel
+from relayd.aep.core.envelope import POSITION_LIMIT, EventKind, event_kind, kind_of_type, position
 from relayd.base import jsoncodec
 from relayd.base.jsoncodec import MAX_INT_DIGITS
-from relayd.base.jsoncodec import JSONError as JSONError
+from relayd.base.jsoncodec import JSONError as JSONError  # what parse_json raises, for the wing's callers
 
 SEVERITY_RANK = {"debug": 0, "info": 1, "notice": 2, "warning": 3, "error": 4, "critical": 5}
 NOTICE = SEVERITY_RANK["notice"]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -26,7 +25,8 @@ from zope.interface import implementer
 from relayd.base.clock import NextTurn, Timekeeper
 from relayd.compat.tcp import no_delay
 from relayd.compat.web import body_framing, send_body, slim_stream, watch_end
-from relayd.web.held import HeldResponse, hold
+from relayd.web.streams.held import HeldResponse, hold
+from relayd.web.streams.pacing import Pacer, Source
 
 DEFAULT_MAX_BUFFER = 8 * 1024 * 1024
 DEFAULT_MAX_LAGGING = 256 * 1024 * 1024  # every lagging stream of one hub (one wing) together
@@ -67,8 +67,8 @@ class SSEStream:
     # Thousands of these sit idle per process: no per-instance __dict__.
     __slots__ = (
         "request", "hub", "max_buffer", "on_close", "closed", "paused", "discarded",
-        "_pending", "_pending_bytes", "_lagging", "_dirty", "_transport", "_chunked", "_encoded", "_source",
-        "_waiting", "_held",
+        "_pending", "_pending_bytes", "_lagging", "_dirty", "_transport", "_chunked", "_encoded", "_pacer",
+        "_held",
     )
 
     _log = Logger()
@@ -95,8 +95,7 @@ class SSEStream:
         self._dirty = False
         self._transport: Any = None
         self._chunked = False
-        self._source: Callable[[], bool | Deferred[Any]] | None = None
-        self._waiting = False
+        self._pacer: Pacer | None = None  # a source's, while it has more (L{produce})
         self._held: HeldResponse | None = None
 
     @property
@@ -114,7 +113,7 @@ class SSEStream:
 
         A C{held} stream is one that stays open until one side ends it (a subscription, not the
         answer to one request): its connection leaves twisted.web once the headers are sent and is
-        closed when the stream ends (relayd.web.held).
+        closed when the stream ends (relayd.web.streams.held).
         """
         request = self.request
         assert request is not None, "a stream starts once"
@@ -163,15 +162,10 @@ class SSEStream:
             self.hub.schedule(self)
         return True
 
-    def produce(self, source: Callable[[], bool | Deferred[Any]]) -> None:
-        """Pull what to send from C{source} as the client reads.
-
-        C{source} writes a bounded chunk to this stream each time it is called and answers whether
-        it has more (or a C{Deferred} that fires once it has: it waits for its own source); it is
-        called once per reactor turn while the transport is not paused (and again when the
-        transport drains), never while the client lags. It may end the stream.
-        """
-        self._source = source
+    def produce(self, source: Source) -> None:
+        """Pull what to send from C{source} as the client reads (L{Pacer}): a chunk per reactor turn
+        while the transport is not paused (and again when it drains), never while the client lags."""
+        self._pacer = Pacer(self._schedule, source)
         self._schedule()
 
     def _schedule(self) -> None:
@@ -184,17 +178,12 @@ class SSEStream:
         self._dirty = False
         if self.closed or self.paused:
             return
-        source = self._source
-        if source is not None and not self._waiting:
-            self._source = None  # (C{source} may close the stream, which flushes: no re-entry)
-            more = source()
-            if more and not self.closed:
-                self._source = source
-                if more is True:
-                    self._schedule()  # its next chunk on the next turn, unless the transport pauses us
-                else:
-                    self._waiting = True
-                    more.addBoth(self._source_ready)
+        pacer = self._pacer
+        if pacer is not None:
+            if pacer.pull(self._open):
+                self._schedule()  # its next chunk on the next turn, unless the transport pauses us
+            elif pacer.source is None and self._pacer is pacer:
+                self._pacer = None  # (done: an idle stream holds no pacer)
             if self.closed:
                 return
         if not self._pending:
@@ -213,10 +202,8 @@ class SSEStream:
         else:
             send_body(self.request, self._transport, data, framed)
 
-    def _source_ready(self, result: object) -> None:
-        self._waiting = False
-        if self._source is not None:
-            self._schedule()
+    def _open(self) -> bool:
+        return not self.closed
 
     def close(self, final: bytes = b"") -> None:
         """Send what is queued plus C{final}, then end the response."""
@@ -265,7 +252,7 @@ class SSEStream:
         self._pending = []
         self._pending_bytes = 0
         self._release_lagging()
-        self._source = None
+        self._pacer = None
         self.hub.discard(self)
         callback, self.on_close = self.on_close, None
         if callback is not None:
@@ -299,7 +286,7 @@ class SSEStream:
 
     def resumeProducing(self) -> None:
         self.paused = False
-        if self._pending or self._source is not None:
+        if self._pending or self._pacer is not None:
             self._schedule()
 
     def stopProducing(self) -> None:

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from twisted.internet.defer import Deferred, succeed
 from zope.interface import Attribute, Interface, implementer
 
-from relayd.aep.event import Event
+from relayd.aep.core.event import Event
 
 Position = tuple[int, int]
 

@@ -3,7 +3,7 @@ stream").
 
 An SSE stream can stay open for days, and once its headers are on the wire it needs nothing of
 twisted.web: its frames already go straight to the TCP transport, chunk-framed by the stream
-(relayd.web.sse). What twisted.web keeps for it all the same (the C{Request} and the C{HTTPChannel}
+(relayd.web.streams.sse). What twisted.web keeps for it all the same (the C{Request} and the C{HTTPChannel}
 with their instance dicts, the HTTP/2-capable wrapper around the channel, the request's headers) is
 about 1.5 KB per connection. A stream that is held open therefore leaves twisted.web: a
 L{HeldResponse} becomes the transport's protocol and the stream its producer, and the request and

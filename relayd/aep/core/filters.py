@@ -10,7 +10,7 @@ import math
 import re
 from typing import Any, Callable, Final, Iterable, NamedTuple
 
-from relayd.aep.envelope import SEVERITIES, js_str
+from relayd.aep.core.envelope import SEVERITIES, js_str
 
 __all__ = ["Pin", "Predicate", "compile_filter", "filter_error", "index_value", "match_all", "pin_of"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Hashable
 
-from relayd.aep.filters import Pin, index_value
+from relayd.aep.core.filters import Pin, index_value
 
 __all__ = ["Group", "Snapshot", "SubscriptionIndex"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Final, Iterable, Mapping
 
-from relayd.aep.envelope import CAPTURE_LEVELS, js_str
+from relayd.aep.core.envelope import CAPTURE_LEVELS, js_str
 
 __all__ = ["ANNOTATIONS", "LEVELS", "capture_error", "downlevel", "downlevel_target"]
 

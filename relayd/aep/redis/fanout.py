@@ -11,8 +11,8 @@ from typing import Any, Callable, Sequence
 
 from twisted.internet.defer import Deferred, succeed
 
-from relayd.aep.event import Event, event_from
-from relayd.aep.redis_store import FANOUT_CHANNEL, fanout_header
+from relayd.aep.core.event import Event, event_from
+from relayd.aep.redis.store import FANOUT_CHANNEL, fanout_header
 from relayd.storage.redis import Redis, RedisBus
 
 STORE = "aep"

@@ -45,8 +45,8 @@ from twisted.internet.defer import Deferred, gatherResults
 from zope.interface import implementer
 
 from relayd.aep import metrics
-from relayd.aep.event import Event, stored_event
-from relayd.aep.store import IEventLog, Position, Replay, exhausted_marker
+from relayd.aep.core.event import Event, stored_event
+from relayd.aep.core.store import IEventLog, Position, Replay, exhausted_marker
 from relayd.base.errors import StoreUnavailable
 from relayd.storage.redis import Redis
 from relayd.storage.redis_lua import Script, tagged

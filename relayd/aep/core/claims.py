@@ -2,7 +2,7 @@
 
 A sequenced event sent over a WebSocket claims its session for that connection until it closes.
 L{IClaims} answers "who claims session S" over every relayd instance; L{MemoryClaims} is the
-single-process registry, L{relayd.aep.redis_claims.RedisClaims} the shared one.
+single-process registry, L{relayd.aep.redis.claims.RedisClaims} the shared one.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from twisted.internet.defer import Deferred, succeed
 from zope.interface import Interface, implementer
 
-from relayd.aep.event import Event
+from relayd.aep.core.event import Event
 
 
 @dataclass

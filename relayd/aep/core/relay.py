@@ -17,13 +17,14 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from relayd.aep import metrics
-from relayd.aep.capture import capture_target
-from relayd.aep.claims import Claimant, IClaims, MemoryClaims
-from relayd.aep.envelope import EventKind
-from relayd.aep.event import Event
-from relayd.aep.filters import Pin, match_all
-from relayd.aep.index import Group, Snapshot, SubscriptionIndex
-from relayd.aep.store import IEventLog, Position, Replay
+from relayd.aep.core.backlog import held_size
+from relayd.aep.core.capture import capture_target
+from relayd.aep.core.claims import Claimant, IClaims, MemoryClaims
+from relayd.aep.core.envelope import EventKind
+from relayd.aep.core.event import Event
+from relayd.aep.core.filters import Pin, match_all
+from relayd.aep.core.index import Group, Snapshot, SubscriptionIndex
+from relayd.aep.core.store import IEventLog, Position, Replay
 from relayd.base.clock import BlockingClock
 
 # Bound once: the ingest path counts per batch, never per delivery.
@@ -32,10 +33,6 @@ _DELIVERED = metrics.events_delivered.labels(relay="aep")
 _UNROUTABLE = metrics.events_dropped.labels(relay="aep", reason="unroutable")
 _FANOUT = metrics.fanout_seconds.labels(relay="aep")
 _STORE_ERRORS = metrics.store_errors
-
-# A consumer's backlog bounds, whatever its transport (SSE or WebSocket; docs/aep.md):
-SOFT_BACKLOG = 1024 * 1024  # above this, events below `notice` are dropped for a slow consumer
-HARD_BACKLOG = 8 * 1024 * 1024  # above this, the consumer is cut off (it resumes by position)
 
 DISCOVERY_ENDPOINTS = {"events": "/events", "stream": "/stream", "socket": "/socket"}
 CAPTURE_LEVELS = ["none", "metadata", "redacted", "full"]
@@ -142,15 +139,6 @@ class Subscriber:
 
     def send(self, event: Event) -> None:
         raise NotImplementedError
-
-
-def held_size(event: Event, level: str | None) -> int:
-    """What a held event will cost its consumer's backlog once framed, without framing it yet (a
-    consumer that lags may never be sent it): its JSON plus a generous allowance for the framing."""
-    return len(event.payload(level)) + HELD_FRAMING
-
-
-HELD_FRAMING = 64  # bytes: a WebSocket frame header is at most 14; SSE's `event:`/`id:` lines about this
 
 
 # One item of a replay: an event to send, or a C{(session, earliest held position)} gap marker.
@@ -362,7 +350,7 @@ def error_frame(code: str, detail: str | None = None, **extra: Any) -> dict[str,
 
 
 class Fanout(Protocol):
-    """Live fan-out to the other instances of a relay (relayd/aep/redis_fanout.py's C{RedisFanout})."""
+    """Live fan-out to the other instances of a relay (relayd/aep/redis/fanout.py's C{RedisFanout})."""
 
     def publish(self, events: Sequence[Event]) -> Deferred[Any]:
         """Hand C{events} (already delivered here) to the other instances."""

@@ -6,7 +6,7 @@
   when their connection *or their instance* dies.
 - Commands for a claimant on another instance go over C{aep:cmd:<instance>}.
 
-Live fan-out of events between instances is L{relayd.aep.redis_fanout}.
+Live fan-out of events between instances is L{relayd.aep.redis.fanout}.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import orjson
 from twisted.internet.defer import Deferred, succeed
 from zope.interface import implementer
 
-from relayd.aep.claims import Claimant, IClaims, MemoryClaims, claimant_of
-from relayd.aep.event import Event, event_from
+from relayd.aep.core.claims import Claimant, IClaims, MemoryClaims, claimant_of
+from relayd.aep.core.event import Event, event_from
 from relayd.base.clock import Timekeeper
 from relayd.storage.redis import Redis, RedisBus
 from relayd.storage.redis_lua import Script, tagged

@@ -1,0 +1,1 @@
+"""The AEP core: events, filters, the index, claims, the relay and its in-memory log; it imports no transport."""
