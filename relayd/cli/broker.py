@@ -22,7 +22,7 @@ from relayd.buzz.config import KEK_ENV
 from relayd.buzz.core import contract
 from relayd.buzz.core.host import CHANNEL_ACTIONS, credential_hash
 from relayd.buzz.core.keys import Custody, KEKError, load_kek
-from relayd.buzz.core.state import Agent, StateDB
+from relayd.buzz.core.state import DB_FILE_NAME, Agent, StateDB
 from relayd.cli import CommandError, Failure, Parser, report
 from relayd.cli import UsageError as _UsageError
 
@@ -135,6 +135,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO, clock: BlockingCloc
     if args.command != "issue" and not os.path.isdir(args.state_dir):
         # Only issue may start a state directory: list or revoke on a mistyped one would create it.
         raise Failure(f"no broker state in {args.state_dir!r} (--state-dir, or RELAYD_BROKER_STATE_DIR)")
+    new_state = not os.path.exists(os.path.join(args.state_dir, DB_FILE_NAME))
     try:
         db = StateDB.in_dir(args.state_dir)
     except Exception as e:
@@ -142,6 +143,14 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO, clock: BlockingCloc
     db.now = clock.wall
     try:
         if args.command == "issue":
+            if new_state:
+                # The commonest mistake: issuing from another directory than relayd's (the default is
+                # relative) makes a state relayd never reads, and a credential that can never work.
+                where = os.path.abspath(args.state_dir)
+                err.write(
+                    f"{args.prog}: warning: {where!r} held no broker state: a new one was created there; "
+                    f"relayd accepts this credential only if it runs with --broker-state-dir {where}\n"
+                )
             return _issue(args, db, out, err, clock)
         if args.command == "revoke":
             return _revoke(args, db, out, err)

@@ -212,6 +212,20 @@ class ServiceKeysAndAdmin(unittest.TestCase):
         with self.assertRaises(keys.SealError):  # bound to its identity
             right.open(agent.sealed_key, nostr.Signer(nostr.generate_secret()).pubkey)
 
+    def test_issue_into_a_new_state_says_where_relayd_must_look(self) -> None:
+        """Issuing from another directory than relayd's (the default state is relative) used to make a
+        new state silently, and a credential relayd never sees: the tool now says so, once."""
+        d = os.path.join(temp_dir(self), "relayd-state")
+        err = io.StringIO()
+        assert admin.main(["issue", "--state-dir", d, "--agent", "a", "--channel", new_channel()], stdout=io.StringIO(), stderr=err) == 0
+        assert err.getvalue() == (
+            f"relayd-admin broker issue: warning: {os.path.abspath(d)!r} held no broker state: a new one was created "
+            f"there; relayd accepts this credential only if it runs with --broker-state-dir {os.path.abspath(d)}\n"
+        )
+        again = io.StringIO()
+        assert admin.main(["issue", "--state-dir", d, "--agent", "b", "--channel", new_channel()], stdout=io.StringIO(), stderr=again) == 0
+        assert again.getvalue() == ""
+
     def test_admin_issue_list_revoke(self) -> None:
         d = temp_dir(self)
         ch = new_channel()
