@@ -17,7 +17,7 @@ from relayd.aep.core import backlog
 from relayd.aep.core.backlog import HARD_BACKLOG, held_size
 from relayd.aep.core.event import Event, dumps
 from relayd.aep.core.filters import Pin
-from relayd.aep.core.ingest import PARSE_SLICE, BatchParser, IngestError, IngestPolicy
+from relayd.aep.core.ingest import ACCEPT_POST, MEDIA_UNSUPPORTED, PARSE_SLICE, BatchParser, IngestError, IngestPolicy
 from relayd.aep.core.relay import (
     EventRelay,
     ReplayProducer,
@@ -92,9 +92,14 @@ OUTCOME_UNKNOWN: Final = json_answer(
 )
 
 
+_ASK_FOR_BEARER: Final = (b"www-authenticate", b'Bearer realm="aep"')
+
+
 def _ingest_refusal(e: IngestError) -> Answer:
     """The answer to an ingest refusal (L{relayd.aep.core.ingest}), counted."""
     metrics.ingest_refused.labels(relay="aep", reason=e.reason).inc()
+    if e is MEDIA_UNSUPPORTED:
+        return Answer(e.status, b"", [ACCEPT_POST])
     return Answer(e.status) if e.body is None else json_answer(e.status, dumps(e.body))
 
 
@@ -256,7 +261,9 @@ class AEPResource(RoutedResource):
             return None if refusal is None else _forbidden(refusal)
         if self._holds_token(header(b"authorization"), request) or (method, path) in _OUTSIDE_THE_WALL:
             return None
-        return Answer(401, b"", self.browsers.cors(origin))
+        # The protocol's empty body, with the scheme RFC 6750 asks a 401 to name (and CORS, so a
+        # browser may read it).
+        return Answer(401, b"", (_ASK_FOR_BEARER, *self.browsers.cors(origin)))
 
     def prepare(self, request: Request) -> Answer | None:
         """Before any route is looked up: the L{wall}; then CORS on every answer of the paths

@@ -77,7 +77,8 @@ def gone(request: Request) -> bool:
 
 def write_answer(request: Request, answer: Answer) -> bytes:
     """Set C{answer}'s status and headers on C{request} and return the body to send (none for C{HEAD})."""
-    request.setResponseCode(answer.status)
+    # twisted.web knows no phrase for some codes relayd answers (426 read "Unknown Status").
+    request.setResponseCode(answer.status, _REASONS.get(answer.status))
     headers = request.responseHeaders
     for name, value in answer.headers:
         headers.setRawHeaders(name, [value])
@@ -129,7 +130,10 @@ class Refusals:
 
 
 # twisted.web's reason phrases, but RFC 9110's where Twisted's are older (408, 413) or missing (431).
-_REASONS = {**RESPONSES, 408: b"Request Timeout", 413: b"Payload Too Large", 431: b"Request Header Fields Too Large"}
+_REASONS = {
+    **RESPONSES, 408: b"Request Timeout", 413: b"Payload Too Large", 426: b"Upgrade Required",
+    431: b"Request Header Fields Too Large",
+}
 _FRAMING = frozenset((b"connection", b"content-length"))
 
 
@@ -153,7 +157,7 @@ def raw_response(
     stands in for one of its (its order too: C{Connection} first, as its channel sets it before the
     resource renders, and the client's C{version} on the status line).
     """
-    reasons = RESPONSES if dated else _REASONS  # (standing in for twisted.web: its phrases too)
+    reasons = _REASONS
     lines = [b"%s %d %s" % (version, status, reasons.get(status, b"Unknown Status"))]
     if dated:
         if close:

@@ -8,17 +8,18 @@ from twisted.web.iweb import IRequest
 
 
 def bearer_token(request: IRequest) -> str | None:
-    """The token of an C{Authorization: Bearer <token>} header (case-sensitive prefix, one space)."""
+    """The token of an C{Authorization: Bearer <token>} header (the scheme in any case, one space)."""
     values = request.requestHeaders.getRawHeaders(b"authorization")
     return bearer_of(values[0]) if values else None
 
 
 def bearer_of(value: bytes | None) -> str | None:
     """The token of an C{Authorization} header's C{value} (L{bearer_token}'s reading), or C{None}."""
-    if value is None or not value.startswith(b"Bearer "):
+    # The scheme is case-insensitive (RFC 7235 2.1): `bearer x` is the same credential as `Bearer x`.
+    if value is None or value[:7].lower() != b"bearer ":
         return None
     try:
-        return value[len(b"Bearer ") :].decode("utf-8")
+        return value[7:].decode("utf-8")
     except UnicodeDecodeError:
         return None
 

@@ -100,12 +100,17 @@ class AuthWall(TestCase):
         response, _ = await relay.get(f"/events?access_token={TOKEN}", {"authorization": "Bearer nope"})
         self.assertEqual(response.code, 200)
 
-    async def test_bearer_prefix_is_exact(self) -> None:
+    async def test_bearer_scheme_in_any_case_then_one_space(self) -> None:
+        """The scheme is case-insensitive (RFC 7235 2.1); the one space and the token are exact."""
         relay = await AEPRelay.start(aep_token=TOKEN)
         self.addCleanup(relay.stop)
-        for value in (f"bearer {TOKEN}", f"Bearer  {TOKEN}", TOKEN):
+        for value in (f"bearer {TOKEN}", f"BEARER {TOKEN}", f"Bearer {TOKEN}"):
+            response, _ = await relay.get("/events", {"authorization": value})
+            self.assertEqual(response.code, 200, value)
+        for value in (f"Bearer  {TOKEN}", TOKEN, f"Bearer {TOKEN.upper()}", f"Basic {TOKEN}"):
             response, _ = await relay.get("/events", {"authorization": value})
             self.assertEqual(response.code, 401, value)
+            self.assertEqual(response.headers.getRawHeaders(b"www-authenticate"), [b'Bearer realm="aep"'], value)
 
     async def test_preflight_needs_no_token(self) -> None:
         relay = await AEPRelay.start(aep_token=TOKEN, allow_origin=["*"])
@@ -174,8 +179,11 @@ class Ingest(TestCase):
                 headers["aep-version"] = version
             response, body = await relay.request("POST", "/events", b"{}", headers)
             self.assertEqual(response.code, 426)
+            self.assertEqual(response.phrase, b"Upgrade Required")
             self.assertEqual(header(response, "content-type"), "application/json")
-            self.assertEqual(json.loads(body), {"versions": ["0.1"]})
+            refusal = json.loads(body)
+            self.assertEqual(refusal["versions"], ["0.1"])  # the protocol's member, as the reference sends it
+            self.assertEqual((refusal["error"], refusal["header"]), ("version-unsupported", "aep-version"))
 
     async def test_duplicated_version_header_is_426(self) -> None:
         relay = await self.asyncSetUpRelay()
@@ -193,6 +201,7 @@ class Ingest(TestCase):
             self.assertEqual(response.code, 415, ctype)
             self.assertEqual(body, b"")
             self.assertIsNone(header(response, "content-type"))
+            self.assertEqual(header(response, "accept-post"), "application/json, application/x-ndjson")
         for ctype in (" application/json ; charset=utf-8", "Application/JSON; charset=UTF-8", "APPLICATION/X-NDJSON"):
             # Media types are case-insensitive (RFC 9110 8.3.1).
             response, _ = await relay.request("POST", "/events", json.dumps(event()).encode(), {"aep-version": "0.1", "content-type": ctype})

@@ -265,7 +265,9 @@ class Properties(TestCase):
             assert status is not None, "no answer"
             assert status < 500, (status, answer)
             if (method, path) == ("POST", "/events") and status in (202, 400, 413, 415, 426):
-                authorized = (("authorization", f"Bearer {TOKEN}")) in headers
+                # (the scheme in any case: RFC 7235)
+                authorized = any(n == "authorization" and v.lower() == f"bearer {TOKEN}".lower() and v[7:] == TOKEN
+                                 for n, v in headers)
                 assert authorized, status
             assert healthz(port) == 200
 

@@ -139,14 +139,22 @@ def headed(fields: list[bytes], body: bytes = VALID) -> bytes:
     return head + b"".join(f + b"\r\n" for f in [*fields, b"content-length: %d" % len(body)]) + b"\r\n" + body
 
 
+# The protocol's {"versions": [...]} with what a person needs beside it (relayd.aep.core.ingest).
+VERSION_REFUSAL = {
+    "versions": ["0.1"],
+    "error": "version-unsupported",
+    "header": "aep-version",
+    "detail": "send the header aep-version: 0.1 (the AEP version this relay speaks) with every POST",
+}
+
 AUTH = b"authorization: Bearer " + HEADER_TOKEN.encode()
 VERSION = b"aep-version: 0.1"
 NDJSON = b"content-type: application/x-ndjson"
 # name: (the request's header fields, its body, the status and JSON body every way in answers).
 HEADER_CASES: dict[str, tuple[list[bytes], bytes, tuple[int, Any]]] = {
-    "no_version": ([AUTH, NDJSON], VALID, (426, {"versions": ["0.1"]})),
-    "another_version": ([AUTH, b"aep-version: 0.2", NDJSON], VALID, (426, {"versions": ["0.1"]})),
-    "two_versions": ([AUTH, VERSION, VERSION, NDJSON], VALID, (426, {"versions": ["0.1"]})),
+    "no_version": ([AUTH, NDJSON], VALID, (426, VERSION_REFUSAL)),
+    "another_version": ([AUTH, b"aep-version: 0.2", NDJSON], VALID, (426, VERSION_REFUSAL)),
+    "two_versions": ([AUTH, VERSION, VERSION, NDJSON], VALID, (426, VERSION_REFUSAL)),
     "another_media_type": ([AUTH, VERSION, b"content-type: text/plain"], VALID, (415, None)),
     "no_media_type": ([AUTH, VERSION], VALID, (415, None)),
     "no_token": ([VERSION, NDJSON], VALID, (401, None)),

@@ -34,8 +34,22 @@ class IngestError(Exception):
         self.reason = reason if reason is not None else str((body or {}).get("error", status))
 
 
-VERSION_UNSUPPORTED: Final = IngestError(426, {"versions": ["0.1"]}, "version-unsupported")
+# The protocol's bodies ({"versions": [...]} for 426, none for 415), with what a person at a terminal
+# needs beside them: the 426 names the header in members a client reading `versions` ignores; the
+# 415, whose body the protocol keeps empty, names the media types in Accept-Post (W3C LDP, RFC 5789's
+# registry), which the transports send with it.
+VERSION_UNSUPPORTED: Final = IngestError(
+    426,
+    {
+        "versions": ["0.1"],
+        "error": "version-unsupported",
+        "header": "aep-version",
+        "detail": "send the header aep-version: 0.1 (the AEP version this relay speaks) with every POST",
+    },
+    "version-unsupported",
+)
 MEDIA_UNSUPPORTED: Final = IngestError(415, None, "unsupported-media-type")
+ACCEPT_POST: Final = (b"accept-post", b"application/json, application/x-ndjson")
 
 
 class IngestPolicy:
