@@ -143,7 +143,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO, clock: BlockingCloc
     db.now = clock.wall
     try:
         if args.command == "issue":
-            if new_state:
+            status = _issue(args, db, out, err, clock)
+            if new_state and status == 0:
                 # The commonest mistake: issuing from another directory than relayd's (the default is
                 # relative) makes a state relayd never reads, and a credential that can never work.
                 where = os.path.abspath(args.state_dir)
@@ -151,7 +152,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO, clock: BlockingCloc
                     f"{args.prog}: warning: {where!r} held no broker state: a new one was created there; "
                     f"relayd accepts this credential only if it runs with --broker-state-dir {where}\n"
                 )
-            return _issue(args, db, out, err, clock)
+            return status
         if args.command == "revoke":
             return _revoke(args, db, out, err)
         return _list(db, out, clock)
