@@ -2,6 +2,12 @@
 
 No I/O here: transports hand in parsed L{Event}s and L{Subscriber}s and receive deliveries and error
 frames through the small interfaces below.
+
+Over 600 lines, for a reason: ingest, admission into the buffer, fan-out and command routing share
+one ordering (an event is stored, then fanned out in store order, and a command reaches the one
+emitter that owns its session); read together they show no event is delivered before it is
+stored, twice or out of order. What could stand alone already does (filters, index, capture,
+claims, backlog, the store).
 """
 
 from __future__ import annotations

@@ -27,6 +27,10 @@ bytes carry the same requestId, so they have the same recorded verdict. A retry 
 cache does not hold (after a restart, or first seen by another instance) takes the full pipeline
 and finds the verdict through the store's claim. (Asking the store by digest on every request
 would cost each new request a read and an index.)
+
+Over 600 lines, for a reason: this is one pipeline whose every exit records a verdict; its stages
+(authenticate, idempotency, execute, settle from the relay) are read together to see that a client
+told an outcome can always get the same one back.
 """
 
 from __future__ import annotations

@@ -4,6 +4,11 @@ An operation either answers directly (C{channel.read}, C{storage.address}, a no-
 returns a L{Plan}: the fully signed events to publish, in order, the outcome they produce and the
 local effects to apply once the relay accepted them. The host stores the plan before sending
 anything, which is what makes a retry after a crash resend the identical events.
+
+About 600 lines, for a reason: the nine operations are one table of meanings on one upstream
+(reads, signing, the checks each operation makes against the relay's current state) and are read
+side by side when the contract changes; what a landed event is (L{Operations.landed}) belongs to the
+same reading of the relay.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ the open SSE streams and the parked poll requests.
 Frames in queues are stored already encoded as JSON string literals (the form a poll response carries),
 so a frame is encoded once per broadcast, not once per poll; backlog frames are stored raw (a backlog
 is handed to an SSE stream or a poller, which want different encodings).
+
+About 600 lines, for a reason: the interface and its in-memory implementation are the specification
+the Redis store (relayd/mcp/redis/store.py and its Lua) is tested against, so they stay one page.
 """
 
 from __future__ import annotations
