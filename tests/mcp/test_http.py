@@ -1,16 +1,21 @@
-"""HTTP-level cases over real sockets: routes and status tables (§2), SSE (§3, E1-E6), poll (§4, P1-P15),
-the cases with no upstream test, and the HTTP-facing decisions (2, 3, 5, 8, 9)."""
+"""HTTP-level cases: routes and status tables (§2), SSE (§3, E1-E6), poll (§4, P1-P15), the cases with
+no upstream test, and the HTTP-facing decisions (2, 3, 5, 8, 9). Routes and status tables are served
+in memory (tests/support/inmemory.py: relayd's own site, channel and request, no socket); the SSE
+and poll cases, whose streams and parked requests end by time and by disconnects, on real sockets."""
 
 from __future__ import annotations
 
 import json
 import time
+from typing import Any, Mapping
 
 import treq
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import deferLater
+from twisted.trial.unittest import TestCase
 
+from tests.support.inmemory import Connection, InMemoryWing, Reply, request_bytes
 from tests.support.mcp import TOKEN, McpRelayCase, disconnect, next_mcp
 
 LIST = b'{"jsonrpc":"2.0","id":1,"method":"tools/list","params":[]}'
@@ -21,49 +26,83 @@ def note(n: int) -> bytes:
     return b'{"jsonrpc":"2.0","method":"notifications/n","params":{"n":%d}}' % n
 
 
-class RoutingTests(McpRelayCase):
-    async def test_health(self) -> None:
+class InMemoryMcpCase(TestCase):
+    """The MCP wing in memory per test; C{flags} configure it as L{McpRelayCase}'s do, and its
+    helpers (paths below the prefix) answer at once."""
+
+    flags: Mapping[str, Any] = {}
+
+    def setUp(self) -> None:
+        self.wing = InMemoryWing.build(self, "mcp", {"mcp-reap-interval-ms": "0", **self.flags})
+        self.prefix = self.wing.settings["mcp-prefix"]
+
+    def request(self, method: str, path: str, body: bytes | None = None, headers: Mapping[str, str] | None = None) -> Reply:
+        return self.wing.request(method, self.prefix + path, body, headers or {})
+
+    def post(self, path: str, payload: Any = None, raw: bytes | None = None, **headers: str) -> Reply:
+        body = raw if raw is not None else json.dumps(payload).encode()
+        return self.request("POST", path, body, {"content-type": "application/json", **headers})
+
+    def get(self, path: str, **headers: str) -> Reply:
+        return self.request("GET", path, None, headers)
+
+    def register(self, session: str = "sess", token: str = TOKEN) -> None:
+        reply = self.post("/register", {"session": session, "token": token})
+        assert reply.code == 200, reply.body
+
+    def events(self, session: str = "sess", query: str = "", token: str = TOKEN, **headers: str) -> Connection:
+        """An SSE stream's connection (open until the test's cleanup)."""
+        stream = self.wing.connect()
+        stream.send(request_bytes("GET", f"{self.prefix}/{session}/events?token={token}{query}", None, headers))
+        return stream
+
+    def poll(self, session: str = "sess", query: str = "", token: str = TOKEN) -> Reply:
+        return self.get(f"/{session}/poll?token={token}{query}")
+
+
+class RoutingTests(InMemoryMcpCase):
+    def test_health(self) -> None:
         for path in ("/", "/healthz"):
-            reply = await self.get(path)
+            reply = self.get(path)
             self.assertEqual(reply.code, 200)
             self.assertEqual(reply.body, b'{"ok":true,"service":"agent-integrations-relay"}')
             self.assertEqual(reply.header("content-type"), "application/json")
             self.assertIsNone(reply.header("access-control-allow-origin"))
 
-    async def test_health_is_exact_raw_url(self) -> None:
-        reply = await self.get("/?x=1")
+    def test_health_is_exact_raw_url(self) -> None:
+        reply = self.get("/?x=1")
         self.assertEqual((reply.code, reply.json()), (404, {"error": "not_found"}))
         # HEAD works wherever GET does (RFC 9110): the headers, GET's length, no body.
-        head = await self.request("HEAD", "/")
+        head = self.request("HEAD", "/")
         self.assertEqual((head.code, head.body), (200, b""))
         self.assertEqual(head.header("content-length"), str(len(b'{"ok":true,"service":"agent-integrations-relay"}')))
-        head = await self.request("HEAD", "/?x=1")
+        head = self.request("HEAD", "/?x=1")
         self.assertEqual((head.code, head.body), (404, b""))
 
-    async def test_not_found_shapes(self) -> None:
-        await self.register()
+    def test_not_found_shapes(self) -> None:
+        self.register()
         for path in ("/nope", "/register/", "/sess/inbox/", "/a/inbox", "/sess/other", "/s%20s/inbox", "/sess"):
-            reply = await self.post(path, {})
+            reply = self.post(path, {})
             self.assertEqual((reply.code, reply.json()), (404, {"error": "not_found"}), path)
 
-    async def test_decision3_not_found_carries_cors(self) -> None:
-        reply = await self.get("/nope", origin="https://x.example")
+    def test_decision3_not_found_carries_cors(self) -> None:
+        reply = self.get("/nope", origin="https://x.example")
         self.assertEqual(reply.code, 404)
         self.assertEqual(reply.header("access-control-allow-origin"), "*")
         self.assertEqual(reply.header("content-type"), "application/json")
 
-    async def test_method_not_allowed(self) -> None:
-        await self.register()
+    def test_method_not_allowed(self) -> None:
+        self.register()
         cases = [("GET", "/register"), ("GET", "/sess/inbox"), ("GET", "/sess/outbox"), ("POST", "/sess/events"),
                  ("POST", "/sess/poll"), ("GET", "/sess/unregister"), ("PUT", "/register")]
         for method, path in cases:
-            reply = await self.request(method, path)
+            reply = self.request(method, path)
             self.assertEqual((reply.code, reply.json()), (405, {"error": "method_not_allowed"}), (method, path))
             self.assertEqual(reply.header("access-control-allow-origin"), "*")
 
-    async def test_options_is_204_with_cors(self) -> None:
+    def test_options_is_204_with_cors(self) -> None:
         for path in ("/register", "/sess/inbox", "/sess/events", "/sess/poll", "/sess/unregister"):
-            reply = await self.request("OPTIONS", path, headers={"origin": "https://x.example"})
+            reply = self.request("OPTIONS", path, headers={"origin": "https://x.example"})
             self.assertEqual((reply.code, reply.body), (204, b""), path)
             self.assertEqual(reply.header("access-control-allow-origin"), "*")
             self.assertEqual(reply.header("access-control-allow-methods"), "GET, POST, OPTIONS")
@@ -74,22 +113,22 @@ class RoutingTests(McpRelayCase):
             self.assertIsNone(reply.header("vary"))
 
 
-class PrefixTests(McpRelayCase):
+class PrefixTests(InMemoryMcpCase):
     flags = {"mcp-prefix": "/relay/"}
 
-    async def test_prefix_routes_and_health(self) -> None:
+    def test_prefix_routes_and_health(self) -> None:
         self.assertEqual(self.prefix, "/relay")
-        await self.register()
-        self.assertEqual((await self.get("/")).code, 200)  # {prefix}/ is health
-        root = await self.request("GET", f"http://127.0.0.1:{self.port}/")
+        self.register()
+        self.assertEqual(self.get("/").code, 200)  # {prefix}/ is health
+        root = self.wing.request("GET", "/")
         self.assertEqual(root.code, 200)
-        bare = await self.request("POST", f"http://127.0.0.1:{self.port}/register")
+        bare = self.wing.request("POST", "/register")
         self.assertEqual(bare.code, 404)
-        self.assertEqual((await self.post("/sess/inbox?token=" + TOKEN, raw=LIST)).code, 200)
+        self.assertEqual(self.post("/sess/inbox?token=" + TOKEN, raw=LIST).code, 200)
 
 
-class RegisterTests(McpRelayCase):
-    async def test_register_table(self) -> None:
+class RegisterTests(InMemoryMcpCase):
+    def test_register_table(self) -> None:
         cases = [
             (b"", 400, {"error": "invalid_json", "detail": "no JSON value (the text is empty)"}),
             (b"{nope", 400, {"error": "invalid_json", "detail": "unexpected character, expected a string key at byte 1"}),
@@ -102,98 +141,98 @@ class RegisterTests(McpRelayCase):
             (b'{"session":"sess","token":"short"}', 401, "invalid_token"),
         ]
         for body, code, error in cases:
-            reply = await self.post("/register", raw=body)
+            reply = self.post("/register", raw=body)
             self.assertEqual((reply.code, reply.json()), (code, error if isinstance(error, dict) else {"error": error}), body)
 
-    async def test_register_taken_and_idempotent(self) -> None:
-        await self.register()
-        again = await self.post("/register", {"session": "sess", "token": TOKEN})
+    def test_register_taken_and_idempotent(self) -> None:
+        self.register()
+        again = self.post("/register", {"session": "sess", "token": TOKEN})
         self.assertEqual((again.code, again.json()), (200, {"ok": True}))
-        taken = await self.post("/register", {"session": "sess", "token": "x" * 32})
+        taken = self.post("/register", {"session": "sess", "token": "x" * 32})
         self.assertEqual((taken.code, taken.json()), (401, {"error": "session_taken"}))
 
-    async def test_register_free_again_after_unregister(self) -> None:
-        await self.register()
-        await self.post(f"/sess/unregister?token={TOKEN}")
-        reply = await self.post("/register", {"session": "sess", "token": "y" * 32})
+    def test_register_free_again_after_unregister(self) -> None:
+        self.register()
+        self.post(f"/sess/unregister?token={TOKEN}")
+        reply = self.post("/register", {"session": "sess", "token": "y" * 32})
         self.assertEqual(reply.code, 200)
 
 
-class SessionCapTests(McpRelayCase):
+class SessionCapTests(InMemoryMcpCase):
     flags = {"mcp-max-sessions": "1"}
 
-    async def test_decision9_session_cap_is_503(self) -> None:
-        await self.register()
-        reader = await self.events(query="&direction=inbound")  # a session with a reader never ends for room
-        self.assertEqual(reader.code, 200)
-        reply = await self.post("/register", {"session": "other", "token": TOKEN})
+    def test_decision9_session_cap_is_503(self) -> None:
+        self.register()
+        reader = self.events(query="&direction=inbound")  # a session with a reader never ends for room
+        self.assertEqual(reader.status(), 200)
+        reply = self.post("/register", {"session": "other", "token": TOKEN})
         self.assertEqual((reply.code, reply.json()), (503, {"error": "too_many_sessions"}))
 
 
-class InboxOutboxTests(McpRelayCase):
-    async def test_status_table(self) -> None:
-        await self.register()
+class InboxOutboxTests(InMemoryMcpCase):
+    def test_status_table(self) -> None:
+        self.register()
         for route in ("inbox", "outbox"):
-            ok = await self.post(f"/sess/{route}?token={TOKEN}", raw=LIST if route == "inbox" else REPLY)
+            ok = self.post(f"/sess/{route}?token={TOKEN}", raw=LIST if route == "inbox" else REPLY)
             self.assertEqual((ok.code, ok.json()), (200, {"ok": True}))
-            bad = await self.post(f"/sess/{route}?token={TOKEN}", raw=b'garbage "jsonrpc"')
+            bad = self.post(f"/sess/{route}?token={TOKEN}", raw=b'garbage "jsonrpc"')
             self.assertEqual((bad.code, bad.json()), (401, {"error": "invalid_token_or_frame"}))
-            wrong = await self.post(f"/sess/{route}?token=wrong-token-wrong-token", raw=LIST)
+            wrong = self.post(f"/sess/{route}?token=wrong-token-wrong-token", raw=LIST)
             self.assertEqual((wrong.code, wrong.json()), (401, {"error": "invalid_token_or_frame"}))
-            missing = await self.post(f"/sess/{route}", raw=LIST)
+            missing = self.post(f"/sess/{route}", raw=LIST)
             self.assertEqual((missing.code, missing.json()), (401, {"error": "invalid_token_or_frame"}))
-            gone = await self.post(f"/gone/{route}?token={TOKEN}", raw=LIST)
+            gone = self.post(f"/gone/{route}?token={TOKEN}", raw=LIST)
             self.assertEqual((gone.code, gone.json()), (410, {"error": "session_gone"}))
-            gone_no_token = await self.post(f"/gone/{route}", raw=LIST)
+            gone_no_token = self.post(f"/gone/{route}", raw=LIST)
             self.assertEqual(gone_no_token.code, 401)
 
-    async def test_decision5_bearer_header_wins_over_query(self) -> None:
-        await self.register()
-        ok = await self.post("/sess/inbox?token=wrong-token-wrong-token", raw=LIST, authorization=f"Bearer {TOKEN}")
+    def test_decision5_bearer_header_wins_over_query(self) -> None:
+        self.register()
+        ok = self.post("/sess/inbox?token=wrong-token-wrong-token", raw=LIST, authorization=f"Bearer {TOKEN}")
         self.assertEqual(ok.code, 200)
-        bad = await self.post(f"/sess/inbox?token={TOKEN}", raw=LIST, authorization="Bearer wrong-token-wrong-token")
+        bad = self.post(f"/sess/inbox?token={TOKEN}", raw=LIST, authorization="Bearer wrong-token-wrong-token")
         self.assertEqual(bad.code, 401)
-        stream = await self.events(token="", query="&direction=outbound", authorization=f"Bearer {TOKEN}")
-        self.assertEqual(stream.code, 200)
-        polled = await self.request("GET", "/sess/poll?wait=0", headers={"authorization": f"Bearer {TOKEN}"})
+        stream = self.events(token="", query="&direction=outbound", authorization=f"Bearer {TOKEN}")
+        self.assertEqual(stream.status(), 200)
+        polled = self.request("GET", "/sess/poll?wait=0", headers={"authorization": f"Bearer {TOKEN}"})
         self.assertEqual(polled.code, 200)
 
-    async def test_body_cap_exact_limit_accepted(self) -> None:
-        await self.register()
+    def test_body_cap_exact_limit_accepted(self) -> None:
+        self.register()
         padding = 256 * 1024 - len(b'{"jsonrpc":"2.0","method":"n","params":{"p":""}}')
         body = b'{"jsonrpc":"2.0","method":"n","params":{"p":"' + b"x" * padding + b'"}}'
         self.assertEqual(len(body), 262144)
-        reply = await self.post(f"/sess/inbox?token={TOKEN}", raw=body)
+        reply = self.post(f"/sess/inbox?token={TOKEN}", raw=body)
         self.assertEqual(reply.code, 200)
 
-    async def test_decision2_body_over_cap_is_a_real_413_with_cors(self) -> None:
-        await self.register()
+    def test_decision2_body_over_cap_is_a_real_413_with_cors(self) -> None:
+        self.register()
         body = b'{"jsonrpc":"2.0","method":"n","params":{"p":"' + b"x" * (256 * 1024) + b'"}}'
         for path in (f"/sess/inbox?token={TOKEN}", "/gone/outbox", "/register"):
-            reply = await self.post(path, raw=body, origin="https://x.example")
+            reply = self.post(path, raw=body, origin="https://x.example")
             self.assertEqual((reply.code, reply.json()), (413, {"error": "payload_too_large"}), path)
             self.assertEqual(reply.header("access-control-allow-origin"), "*")
 
 
-class UnregisterTests(McpRelayCase):
-    async def test_unregister_table(self) -> None:
-        await self.register()
-        missing = await self.post("/sess/unregister")
+class UnregisterTests(InMemoryMcpCase):
+    def test_unregister_table(self) -> None:
+        self.register()
+        missing = self.post("/sess/unregister")
         self.assertEqual((missing.code, missing.json()), (401, {"error": "invalid_token"}))
-        wrong = await self.post("/sess/unregister?token=wrong-token-wrong-token")
+        wrong = self.post("/sess/unregister?token=wrong-token-wrong-token")
         self.assertEqual((wrong.code, wrong.json()), (401, {"error": "invalid_token"}))
-        ok = await self.post(f"/sess/unregister?token={TOKEN}")
+        ok = self.post(f"/sess/unregister?token={TOKEN}")
         self.assertEqual((ok.code, ok.json()), (200, {"ok": True}))
-        again = await self.post(f"/sess/unregister?token={TOKEN}")
+        again = self.post(f"/sess/unregister?token={TOKEN}")
         self.assertEqual((again.code, again.json()), (200, {"ok": True, "alreadyGone": True}))
-        missing_gone = await self.post("/sess/unregister")
+        missing_gone = self.post("/sess/unregister")
         self.assertEqual(missing_gone.code, 401)
 
-    async def test_decision8_token_in_json_body(self) -> None:
-        await self.register()
-        ok = await self.post("/sess/unregister", {"token": TOKEN})
+    def test_decision8_token_in_json_body(self) -> None:
+        self.register()
+        ok = self.post("/sess/unregister", {"token": TOKEN})
         self.assertEqual((ok.code, ok.json()), (200, {"ok": True}))
-        self.assertEqual((await self.poll(query="&wait=0")).code, 410)
+        self.assertEqual(self.poll(query="&wait=0").code, 410)
 
 
 class EventsTests(McpRelayCase):

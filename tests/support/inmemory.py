@@ -185,6 +185,15 @@ class Connection:
             raise AssertionError(f"expected one complete answer, got {len(replies)}: {self.received()[:400]!r}")
         return replies[0]
 
+    def status(self) -> int | None:
+        """The status of the first answer once its head is written (a stream's, whose body goes on),
+        else C{None}."""
+        data = self.received()
+        if b"\r\n\r\n" not in data:
+            return None
+        code = data.split(b" ", 2)[1]
+        return int(code) if code.isdigit() else None
+
     def lose(self) -> None:
         """The client goes away (or the site's close completes): the channel sees the connection lost."""
         if not self._lost:
