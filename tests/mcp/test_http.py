@@ -6,16 +6,12 @@ and poll cases, whose streams and parked requests end by time and by disconnects
 from __future__ import annotations
 
 import json
-import time
 from typing import Any, Mapping
 
-import treq
-from twisted.internet import reactor
 from twisted.internet.defer import Deferred, gatherResults
-from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
-from tests.support.inmemory import Connection, InMemoryWing, Reply, request_bytes
+from tests.support.inmemory import Connection, InMemoryWing, Reply
 from tests.support.mcp import TOKEN, McpRelayCase, disconnect, next_mcp
 
 LIST = b'{"jsonrpc":"2.0","id":1,"method":"tools/list","params":[]}'
@@ -35,6 +31,7 @@ class InMemoryMcpCase(TestCase):
     def setUp(self) -> None:
         self.wing = InMemoryWing.build(self, "mcp", {"mcp-reap-interval-ms": "0", **self.flags})
         self.prefix = self.wing.settings["mcp-prefix"]
+        self.tunnel = self.wing.service.tunnel
 
     def request(self, method: str, path: str, body: bytes | None = None, headers: Mapping[str, str] | None = None) -> Reply:
         return self.wing.request(method, self.prefix + path, body, headers or {})
@@ -52,12 +49,14 @@ class InMemoryMcpCase(TestCase):
 
     def events(self, session: str = "sess", query: str = "", token: str = TOKEN, **headers: str) -> Connection:
         """An SSE stream's connection (open until the test's cleanup)."""
-        stream = self.wing.connect()
-        stream.send(request_bytes("GET", f"{self.prefix}/{session}/events?token={token}{query}", None, headers))
-        return stream
+        return self.wing.open("GET", f"{self.prefix}/{session}/events?token={token}{query}", None, headers)
 
     def poll(self, session: str = "sess", query: str = "", token: str = TOKEN) -> Reply:
         return self.get(f"/{session}/poll?token={token}{query}")
+
+    def park(self, session: str = "sess", query: str = "", token: str = TOKEN) -> Connection:
+        """A poll whose answer comes later (its connection: L{Connection.reply} once it has)."""
+        return self.wing.open("GET", f"{self.prefix}/{session}/poll?token={token}{query}")
 
 
 class RoutingTests(InMemoryMcpCase):
@@ -344,83 +343,109 @@ async def SSEClient_connect(case: McpRelayCase, url: str):  # type: ignore[no-un
     return stream
 
 
-class PollTests(McpRelayCase):
-    async def test_p1_first_poll_then_frame(self) -> None:
-        await self.register()
-        first = await self.poll(query="&direction=inbound&wait=0")
+class PollTests(InMemoryMcpCase):
+    def test_p1_first_poll_then_frame(self) -> None:
+        self.register()
+        first = self.poll(query="&direction=inbound&wait=0")
         self.assertEqual(first.code, 200)
         sub = first.json()["subscriber"]
         self.assertRegex(sub, r"^[a-f0-9]{16}$")
         self.assertEqual(first.json()["frames"], [])
-        self.assertEqual((await self.post(f"/sess/inbox?token={TOKEN}", raw=LIST)).code, 200)
-        second = (await self.poll(query=f"&direction=inbound&wait=0&subscriber={sub}")).json()
+        self.assertEqual(self.post(f"/sess/inbox?token={TOKEN}", raw=LIST).code, 200)
+        second = self.poll(query=f"&direction=inbound&wait=0&subscriber={sub}").json()
         self.assertEqual(second["subscriber"], sub)
         (frame,) = second["frames"]
         self.assertIsInstance(frame, str)
         self.assertEqual((json.loads(frame)["method"], json.loads(frame)["id"]), ("tools/list", 1))
 
-    async def test_p2_wrong_token_is_401(self) -> None:
-        await self.register()
-        reply = await self.get("/sess/poll?token=wrong&wait=0")
+    def test_p2_wrong_token_is_401(self) -> None:
+        self.register()
+        reply = self.get("/sess/poll?token=wrong&wait=0")
         self.assertEqual((reply.code, reply.json()), (401, {"error": "invalid_token"}))
 
-    async def test_p3_p8_shape_and_headers(self) -> None:
-        await self.register()
-        reply = await self.poll(query="&wait=0")
+    def test_p3_p8_shape_and_headers(self) -> None:
+        self.register()
+        reply = self.poll(query="&wait=0")
         self.assertEqual(reply.code, 200)
         self.assertIn("application/json", reply.header("content-type") or "")
         self.assertIn("no-store", reply.header("cache-control") or "")
         self.assertEqual(sorted(reply.json()), ["frames", "subscriber"])
         self.assertTrue(reply.body.startswith(b'{"subscriber":"'))
 
-    async def test_p5_parked_poll_returns_when_a_frame_arrives(self) -> None:
-        await self.register()
-        sub = (await self.poll(query="&wait=0")).json()["subscriber"]
-        started = time.monotonic()
-        parked = Deferred.fromCoroutine(self.poll(query=f"&wait=10000&subscriber={sub}"))
-        await deferLater(reactor, 0.1, lambda: None)
-        await self.post(f"/sess/inbox?token={TOKEN}", raw=LIST)
-        reply = await parked
-        self.assertLess(time.monotonic() - started, 5)
-        self.assertEqual(len(reply.json()["frames"]), 1)
+    def test_p5_parked_poll_returns_when_a_frame_arrives(self) -> None:
+        self.register()
+        sub = self.poll(query="&wait=0").json()["subscriber"]
+        parked = self.park(query=f"&wait=10000&subscriber={sub}")
+        self.wing.advance(9.999)
+        self.assertEqual(parked.received(), b"")  # parked
+        self.post(f"/sess/inbox?token={TOKEN}", raw=LIST)
+        self.assertEqual(len(parked.reply().json()["frames"]), 1)  # at once, not at the end of its wait
 
-    async def test_p6_short_wait_returns_empty_after_it(self) -> None:
-        await self.register()
-        started = time.monotonic()
-        reply = await self.poll(query="&wait=150")
-        self.assertGreaterEqual(time.monotonic() - started, 0.1)
-        self.assertEqual(reply.json()["frames"], [])
+    def test_p6_short_wait_returns_empty_after_it(self) -> None:
+        self.register()
+        parked = self.park(query="&wait=150")
+        self.wing.advance(0.149)
+        self.assertEqual(parked.received(), b"")
+        self.wing.advance(0.001)
+        self.assertEqual(parked.reply().json()["frames"], [])
 
-    async def test_p7_client_abort_loses_nothing(self) -> None:
-        await self.register()
-        sub = (await self.poll(query="&wait=0")).json()["subscriber"]
-        d = treq.get(f"{self.base}/sess/poll?token={TOKEN}&wait=10000&subscriber={sub}", pool=self.pool)
-        await self._until(lambda: self.tunnel.parked_polls() == 1)
-        d.cancel()
-        d.addErrback(lambda f: None)
-        await self._until(lambda: self.tunnel.parked_polls() == 0)
-        await self.post(f"/sess/inbox?token={TOKEN}", raw=LIST)
-        again = (await self.poll(query=f"&wait=0&subscriber={sub}")).json()
+    def test_p7_client_abort_loses_nothing(self) -> None:
+        self.register()
+        sub = self.poll(query="&wait=0").json()["subscriber"]
+        parked = self.park(query=f"&wait=10000&subscriber={sub}")
+        self.assertEqual(self.tunnel.parked_polls(), 1)
+        parked.lose()
+        self.assertEqual(self.tunnel.parked_polls(), 0)
+        self.post(f"/sess/inbox?token={TOKEN}", raw=LIST)
+        again = self.poll(query=f"&wait=0&subscriber={sub}").json()
         self.assertEqual((again["subscriber"], len(again["frames"])), (sub, 1))
 
-    async def _until(self, condition) -> None:  # type: ignore[no-untyped-def]
-        """Wait for a server-side condition, one reactor turn at a time (bounded)."""
-        for _ in range(500):
-            if condition():
-                return
-            await deferLater(reactor, 0.01, lambda: None)
-        self.fail("condition never held")
-
-    async def test_p9_page_and_agent_both_poll(self) -> None:
-        await self.register()
-        page = (await self.poll(query="&direction=inbound&wait=0")).json()["subscriber"]
-        agent = (await self.poll(query="&direction=outbound&wait=0")).json()["subscriber"]
-        await self.post(f"/sess/inbox?token={TOKEN}", raw=LIST)
-        frames = (await self.poll(query=f"&direction=inbound&wait=0&subscriber={page}")).json()["frames"]
+    def test_p9_page_and_agent_both_poll(self) -> None:
+        self.register()
+        page = self.poll(query="&direction=inbound&wait=0").json()["subscriber"]
+        agent = self.poll(query="&direction=outbound&wait=0").json()["subscriber"]
+        self.post(f"/sess/inbox?token={TOKEN}", raw=LIST)
+        frames = self.poll(query=f"&direction=inbound&wait=0&subscriber={page}").json()["frames"]
         self.assertEqual([json.loads(f).get("method") for f in frames], ["notifications/peer_joined", "tools/list"])
-        await self.post(f"/sess/outbox?token={TOKEN}", raw=REPLY)
-        got = (await self.poll(query=f"&direction=outbound&wait=0&subscriber={agent}")).json()["frames"]
+        self.post(f"/sess/outbox?token={TOKEN}", raw=REPLY)
+        got = self.poll(query=f"&direction=outbound&wait=0&subscriber={agent}").json()["frames"]
         self.assertEqual([json.loads(f) for f in got], [{"jsonrpc": "2.0", "id": 1, "result": {"tools": []}}])
+
+    def test_p12_labelled_pollers(self) -> None:
+        self.register()
+        alice = self.poll(query="&direction=outbound&wait=0&client=alice").json()["subscriber"]
+        mallory = self.poll(query="&direction=outbound&wait=0&client=mallory").json()["subscriber"]
+        self.post(f"/sess/inbox?token={TOKEN}&client=alice", raw=b'{"jsonrpc":"2.0","id":7,"method":"x"}')
+        self.post(f"/sess/outbox?token={TOKEN}", raw=b'{"jsonrpc":"2.0","id":7,"result":{}}')
+        a = self.poll(query=f"&direction=outbound&wait=0&subscriber={alice}").json()["frames"]
+        m = self.poll(query=f"&direction=outbound&wait=0&subscriber={mallory}").json()["frames"]
+        self.assertEqual((len(a), m), (1, []))
+
+    def test_p14_poll_after_unregister_is_410(self) -> None:
+        self.register()
+        self.post(f"/sess/unregister?token={TOKEN}")
+        reply = self.poll(query="&wait=0")
+        self.assertEqual((reply.code, reply.body), (410, b'{"error":"session_gone"}'))
+
+    def test_p15_unregister_releases_parked_poll(self) -> None:
+        self.register()
+        parked = self.park(query="&direction=outbound&wait=10000")
+        self.assertEqual((self.tunnel.parked_polls(), parked.received()), (1, b""))
+        self.post(f"/sess/unregister?token={TOKEN}")
+        reply = parked.reply()  # at once, not at the end of its wait
+        self.assertEqual((reply.code, reply.json()["frames"]), (200, []))
+
+    def test_php4_first_frame_before_subscriber_reaches_first_poller(self) -> None:
+        self.register()
+        init = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}'
+        self.assertEqual(self.post(f"/sess/inbox?token={TOKEN}", raw=init).code, 200)
+        frames = self.poll(query="&direction=inbound&wait=0").json()["frames"]
+        self.assertEqual([json.loads(f)["method"] for f in frames], ["initialize"])
+        self.assertEqual(self.poll(query="&direction=inbound&wait=0").json()["frames"], [])  # PHP5
+
+
+class PollsBesideStreams(McpRelayCase):
+    """Polls announced on, and told apart from, an SSE stream."""
 
     async def test_p10_new_poller_announced_on_page_sse(self) -> None:
         await self.register()
@@ -439,16 +464,6 @@ class PollTests(McpRelayCase):
         methods = [(await next_mcp(page)).json().get("method") for _ in range(2)]
         self.assertEqual(methods, ["notifications/peer_joined", "tools/list"])
 
-    async def test_p12_labelled_pollers(self) -> None:
-        await self.register()
-        alice = (await self.poll(query="&direction=outbound&wait=0&client=alice")).json()["subscriber"]
-        mallory = (await self.poll(query="&direction=outbound&wait=0&client=mallory")).json()["subscriber"]
-        await self.post(f"/sess/inbox?token={TOKEN}&client=alice", raw=b'{"jsonrpc":"2.0","id":7,"method":"x"}')
-        await self.post(f"/sess/outbox?token={TOKEN}", raw=b'{"jsonrpc":"2.0","id":7,"result":{}}')
-        a = (await self.poll(query=f"&direction=outbound&wait=0&subscriber={alice}")).json()["frames"]
-        m = (await self.poll(query=f"&direction=outbound&wait=0&subscriber={mallory}")).json()["frames"]
-        self.assertEqual((len(a), m), (1, []))
-
     async def test_p13_sse_id_not_adopted(self) -> None:
         await self.register()
         page = await self.events()
@@ -457,30 +472,6 @@ class PollTests(McpRelayCase):
         reply = await self.poll(query=f"&direction=outbound&wait=0&subscriber={sse_id}")
         self.assertEqual(reply.code, 200)
         self.assertNotEqual(reply.json()["subscriber"], sse_id)
-
-    async def test_p14_poll_after_unregister_is_410(self) -> None:
-        await self.register()
-        await self.post(f"/sess/unregister?token={TOKEN}")
-        reply = await self.poll(query="&wait=0")
-        self.assertEqual((reply.code, reply.body), (410, b'{"error":"session_gone"}'))
-
-    async def test_p15_unregister_releases_parked_poll(self) -> None:
-        await self.register()
-        started = time.monotonic()
-        parked = Deferred.fromCoroutine(self.poll(query="&direction=outbound&wait=10000"))
-        await self._until(lambda: self.tunnel.parked_polls() == 1)
-        await self.post(f"/sess/unregister?token={TOKEN}")
-        reply = await parked
-        self.assertLess(time.monotonic() - started, 5)
-        self.assertEqual((reply.code, reply.json()["frames"]), (200, []))
-
-    async def test_php4_first_frame_before_subscriber_reaches_first_poller(self) -> None:
-        await self.register()
-        init = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}'
-        self.assertEqual((await self.post(f"/sess/inbox?token={TOKEN}", raw=init)).code, 200)
-        frames = (await self.poll(query="&direction=inbound&wait=0")).json()["frames"]
-        self.assertEqual([json.loads(f)["method"] for f in frames], ["initialize"])
-        self.assertEqual((await self.poll(query="&direction=inbound&wait=0")).json()["frames"], [])  # PHP5
 
 
 class SlowReaderTests(McpRelayCase):

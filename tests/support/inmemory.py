@@ -231,17 +231,25 @@ class InMemorySite:
         self.connections.append(connection)
         return connection
 
+    def open(
+        self, method: str | bytes, path: str | bytes, body: bytes | None = None,
+        headers: Mapping[str, str] | Sequence[tuple[bytes, bytes]] = (), *, peer: str = "127.0.0.1",
+    ) -> Connection:
+        """A new connection that has sent C{method} on C{path} (L{request_bytes}): for an answer that
+        comes later (a parked request, a stream), read from it when the test has made it come."""
+        connection = self.connect(peer)
+        connection.send(request_bytes(method, path, body, headers))
+        return connection
+
     def request(
         self, method: str | bytes, path: str | bytes, body: bytes | None = None,
         headers: Mapping[str, str] | Sequence[tuple[bytes, bytes]] = (), *, peer: str = "127.0.0.1",
     ) -> Reply:
-        """C{method} on C{path} (L{request_bytes}) on a connection of its own, which is then closed:
-        its complete answer (an AssertionError with the bytes when it has none yet)."""
-        connection = self.connect(peer)
-        method = method.encode() if isinstance(method, str) else method
-        connection.send(request_bytes(method, path, body, headers))
+        """C{method} on C{path} on a connection of its own (L{open}), which is then closed: its
+        complete answer (an AssertionError with the bytes when it has none yet)."""
+        connection = self.open(method, path, body, headers, peer=peer)
         try:
-            return connection.reply(head=method == b"HEAD")
+            return connection.reply(head=method in ("HEAD", b"HEAD"))
         finally:
             connection.lose()
 
