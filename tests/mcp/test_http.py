@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from twisted.internet.defer import Deferred, gatherResults
 from twisted.trial.unittest import TestCase
 
 from tests.support.inmemory import Connection, InMemoryWing, Reply
-from tests.support.mcp import TOKEN, McpRelayCase, disconnect, next_mcp
+from tests.support.mcp import TOKEN, McpRelayCase
+from tests.support.sse import Message
 
 LIST = b'{"jsonrpc":"2.0","id":1,"method":"tools/list","params":[]}'
 REPLY = b'{"jsonrpc":"2.0","id":1,"result":{"tools":[]}}'
@@ -234,113 +234,112 @@ class UnregisterTests(InMemoryMcpCase):
         self.assertEqual(self.poll(query="&wait=0").code, 410)
 
 
-class EventsTests(McpRelayCase):
-    async def test_e1_events_after_unregister_is_410(self) -> None:
-        await self.register()
-        await self.post(f"/sess/unregister?token={TOKEN}")
-        stream = await self.events(query="&direction=outbound")
-        self.assertEqual(stream.code, 410)
-        self.assertEqual(stream.refusal, b"event: error\ndata: session_gone\n\n")
-        self.assertEqual(stream.header("content-type"), "text/event-stream")
-        self.assertIsNone(stream.header("cache-control"))
-        self.assertEqual(stream.header("access-control-allow-origin"), "*")
+class EventsTests(InMemoryMcpCase):
+    def assert_refused(self, stream: Connection, code: int, body: bytes) -> Reply:
+        refusal = stream.reply()
+        self.assertEqual((refusal.code, refusal.body), (code, body))
+        return refusal
 
-    async def test_e2_never_registered_is_410(self) -> None:
-        stream = await self.events(session="never")
-        self.assertEqual(stream.code, 410)
-        self.assertEqual(stream.refusal, b"event: error\ndata: session_gone\n\n")
+    def test_e1_events_after_unregister_is_410(self) -> None:
+        self.register()
+        self.post(f"/sess/unregister?token={TOKEN}")
+        refusal = self.assert_refused(self.events(query="&direction=outbound"), 410, b"event: error\ndata: session_gone\n\n")
+        self.assertEqual(refusal.header("content-type"), "text/event-stream")
+        self.assertIsNone(refusal.header("cache-control"))
+        self.assertEqual(refusal.header("access-control-allow-origin"), "*")
 
-    async def test_e3_wrong_token_is_401(self) -> None:
-        await self.register()
-        stream = await self.events(token="wrong-token-wrong-token")
-        self.assertEqual(stream.code, 401)
-        self.assertIn(b"invalid_token", stream.refusal)
+    def test_e2_never_registered_is_410(self) -> None:
+        self.assert_refused(self.events(session="never"), 410, b"event: error\ndata: session_gone\n\n")
 
-    async def test_e4_no_token_is_401(self) -> None:
-        await self.register()
-        stream = await SSEClient_connect(self, f"{self.base}/sess/events")
-        self.assertEqual(stream.code, 401)
-        self.assertEqual(stream.refusal, b"event: error\ndata: invalid_token\n\n")
+    def test_e3_wrong_token_is_401(self) -> None:
+        self.register()
+        refusal = self.events(token="wrong-token-wrong-token").reply()
+        self.assertEqual(refusal.code, 401)
+        self.assertIn(b"invalid_token", refusal.body)
 
-    async def test_e5_open_stream_ends_after_unregister(self) -> None:
-        await self.register()
-        stream = await self.events(query="&direction=outbound")
-        self.assertEqual(stream.code, 200)
-        await self.post(f"/sess/unregister?token={TOKEN}")
-        await stream.read_until_end(timeout=2)
-        again = await self.events(query="&direction=outbound")
-        self.assertEqual(again.code, 410)
-        self.assertEqual(again.refusal, b"event: error\ndata: session_gone\n\n")
+    def test_e4_no_token_is_401(self) -> None:
+        self.register()
+        stream = self.wing.open("GET", f"{self.prefix}/sess/events")
+        self.assert_refused(stream, 401, b"event: error\ndata: invalid_token\n\n")
 
-    async def test_e6_same_tick_frames_all_arrive(self) -> None:
-        await self.register()
-        stream = await self.events()
-        await gatherResults([
-            Deferred.fromCoroutine(self.post(f"/sess/inbox?token={TOKEN}", raw=note(i))) for i in range(3)
-        ])
-        got = sorted([(await next_mcp(stream, timeout=0.5)).json()["params"]["n"] for _ in range(3)])
-        self.assertEqual(got, [0, 1, 2])
+    def test_e5_open_stream_ends_after_unregister(self) -> None:
+        self.register()
+        stream = self.events(query="&direction=outbound")
+        self.assertEqual(stream.status(), 200)
+        self.assertFalse(stream.ended())
+        self.post(f"/sess/unregister?token={TOKEN}")
+        self.wing.advance(0)
+        self.assertTrue(stream.ended())
+        self.assert_refused(self.events(query="&direction=outbound"), 410, b"event: error\ndata: session_gone\n\n")
 
-    async def test_success_headers_preamble_and_framing(self) -> None:
-        await self.register()
-        stream = await self.events()
-        self.assertEqual(stream.code, 200)
-        self.assertEqual(stream.header("content-type"), "text/event-stream")
-        self.assertEqual(stream.header("cache-control"), "no-cache")
-        self.assertEqual(stream.header("x-accel-buffering"), "no")
-        self.assertEqual(stream.header("access-control-allow-origin"), "*")
-        self.assertIsNone(stream.header("content-length"))
-        await self.post(f"/sess/inbox?token={TOKEN}", raw=LIST)
-        event = await next_mcp(stream)
-        self.assertEqual(stream.received, b"retry: 2000\n\nevent: mcp\ndata: " + LIST + b"\n\n")
+    def test_e6_same_tick_frames_all_arrive(self) -> None:
+        self.register()
+        stream = self.events()
+        for i in range(3):
+            self.post(f"/sess/inbox?token={TOKEN}", raw=note(i))
+        self.wing.advance(0)  # one turn for all three
+        self.assertEqual(sorted(m.json()["params"]["n"] for m in mcp_events(stream)), [0, 1, 2])
+
+    def test_success_headers_preamble_and_framing(self) -> None:
+        self.register()
+        stream = self.events()
+        head = stream.head()
+        self.assertEqual(head.code, 200)
+        self.assertEqual(head.header("content-type"), "text/event-stream")
+        self.assertEqual(head.header("cache-control"), "no-cache")
+        self.assertEqual(head.header("x-accel-buffering"), "no")
+        self.assertEqual(head.header("access-control-allow-origin"), "*")
+        self.assertIsNone(head.header("content-length"))
+        self.post(f"/sess/inbox?token={TOKEN}", raw=LIST)
+        self.wing.advance(0)
+        (event,) = mcp_events(stream)
+        self.assertEqual(stream.body(), b"retry: 2000\n\nevent: mcp\ndata: " + LIST + b"\n\n")
         self.assertEqual((event.event, event.data), ("mcp", LIST.decode()))
 
-    async def test_keepalive_comment_from_the_shared_heartbeat(self) -> None:
-        await self.register()
-        stream = await self.events()
-        self.service.resource.hub.beat()  # what the shared 15 s loop runs
-        msg = await stream.next()
-        while msg is not None and msg.comment is None:  # the retry: preamble comes first
-            msg = await stream.next()
-        assert msg is not None
-        self.assertEqual(msg.comment, "keepalive")
-        self.assertTrue(stream.received.endswith(b": keepalive\n\n"))
-        loop = self.service.resource.hub._loop
-        self.assertEqual(loop.interval, 15.0)
+    def test_keepalive_comment_from_the_shared_heartbeat(self) -> None:
+        self.register()
+        stream = self.events()
+        hub = self.wing.service.resource.hub
+        hub.beat()  # what the shared 15 s loop runs
+        self.wing.advance(0)
+        self.assertEqual([m.comment for m in stream.events() if m.comment is not None], ["keepalive"])
+        self.assertTrue(stream.body().endswith(b": keepalive\n\n"))
+        self.assertEqual(hub._loop.interval, 15.0)
 
-    async def test_decision4_multiline_frame_is_one_data_line(self) -> None:
-        await self.register()
-        stream = await self.events()
-        await self.post(f"/sess/inbox?token={TOKEN}", raw=b'{\n "jsonrpc": "2.0",\r\n "method": "x"\n}')
-        event = await next_mcp(stream)
+    def test_decision4_multiline_frame_is_one_data_line(self) -> None:
+        self.register()
+        stream = self.events()
+        self.post(f"/sess/inbox?token={TOKEN}", raw=b'{\n "jsonrpc": "2.0",\r\n "method": "x"\n}')
+        self.wing.advance(0)
+        (event,) = mcp_events(stream)
         self.assertEqual(event.data, '{ "jsonrpc": "2.0", "method": "x"}')
         self.assertEqual(event.fields, ["event", "data"])
 
-    async def test_presence_and_peer_left_on_disconnect(self) -> None:
-        await self.register()
-        page = await self.events()
-        agent = await self.events(query="&direction=outbound")
-        joined = (await next_mcp(page)).json()
+    def test_presence_and_peer_left_on_disconnect(self) -> None:
+        self.register()
+        page = self.events()
+        agent = self.events(query="&direction=outbound")
+        self.wing.advance(0)
+        (joined,) = [m.json() for m in mcp_events(page)]
         self.assertEqual(joined["method"], "notifications/peer_joined")
         self.assertEqual(list(joined["params"]), ["subscriberId", "ts"])
-        await disconnect(agent)
-        left = (await next_mcp(page)).json()
+        agent.lose()
+        self.wing.advance(0)
+        left = mcp_events(page)[1].json()
         self.assertEqual(left["method"], "notifications/peer_left")
         self.assertEqual(left["params"]["subscriberId"], joined["params"]["subscriberId"])
 
-    async def test_decision1_backlog_delivered_to_first_sse_subscriber(self) -> None:
-        await self.register()
-        await self.post(f"/sess/inbox?token={TOKEN}", raw=LIST)
-        stream = await self.events()
-        self.assertEqual((await next_mcp(stream)).data, LIST.decode())
+    def test_decision1_backlog_delivered_to_first_sse_subscriber(self) -> None:
+        self.register()
+        self.post(f"/sess/inbox?token={TOKEN}", raw=LIST)
+        stream = self.events()
+        self.wing.advance(0)
+        self.assertEqual(mcp_events(stream)[0].data, LIST.decode())
 
 
-async def SSEClient_connect(case: McpRelayCase, url: str):  # type: ignore[no-untyped-def]
-    from tests.support.sse import SSEClient
-
-    stream = await SSEClient.connect(url)
-    case.streams.append(stream)
-    return stream
+def mcp_events(stream: Connection) -> list[Message]:
+    """The C{event: mcp} messages a stream has had (not its comments and C{retry:} preamble)."""
+    return [message for message in stream.events() if message.event == "mcp"]
 
 
 class PollTests(InMemoryMcpCase):
@@ -444,32 +443,35 @@ class PollTests(InMemoryMcpCase):
         self.assertEqual(self.poll(query="&direction=inbound&wait=0").json()["frames"], [])  # PHP5
 
 
-class PollsBesideStreams(McpRelayCase):
+class PollsBesideStreams(InMemoryMcpCase):
     """Polls announced on, and told apart from, an SSE stream."""
 
-    async def test_p10_new_poller_announced_on_page_sse(self) -> None:
-        await self.register()
-        page = await self.events()
-        sub = (await self.poll(query="&direction=outbound&wait=0")).json()["subscriber"]
-        joined = (await next_mcp(page)).json()
+    def test_p10_new_poller_announced_on_page_sse(self) -> None:
+        self.register()
+        page = self.events()
+        sub = self.poll(query="&direction=outbound&wait=0").json()["subscriber"]
+        self.wing.advance(0)
+        joined = mcp_events(page)[0].json()
         self.assertEqual((joined["method"], joined["params"]["subscriberId"]), ("notifications/peer_joined", sub))
 
-    async def test_p11_three_polls_one_peer_joined(self) -> None:
-        await self.register()
-        page = await self.events()
-        sub = (await self.poll(query="&direction=outbound&wait=0")).json()["subscriber"]
+    def test_p11_three_polls_one_peer_joined(self) -> None:
+        self.register()
+        page = self.events()
+        sub = self.poll(query="&direction=outbound&wait=0").json()["subscriber"]
         for _ in range(2):
-            await self.poll(query=f"&direction=outbound&wait=0&subscriber={sub}")
-        await self.post(f"/sess/inbox?token={TOKEN}", raw=LIST)  # a marker after the polls
-        methods = [(await next_mcp(page)).json().get("method") for _ in range(2)]
+            self.poll(query=f"&direction=outbound&wait=0&subscriber={sub}")
+        self.post(f"/sess/inbox?token={TOKEN}", raw=LIST)  # a marker after the polls
+        self.wing.advance(0)
+        methods = [m.json().get("method") for m in mcp_events(page)]
         self.assertEqual(methods, ["notifications/peer_joined", "tools/list"])
 
-    async def test_p13_sse_id_not_adopted(self) -> None:
-        await self.register()
-        page = await self.events()
-        await self.events(query="&direction=outbound")
-        sse_id = (await next_mcp(page)).json()["params"]["subscriberId"]
-        reply = await self.poll(query=f"&direction=outbound&wait=0&subscriber={sse_id}")
+    def test_p13_sse_id_not_adopted(self) -> None:
+        self.register()
+        page = self.events()
+        self.events(query="&direction=outbound")
+        self.wing.advance(0)
+        sse_id = mcp_events(page)[0].json()["params"]["subscriberId"]
+        reply = self.poll(query=f"&direction=outbound&wait=0&subscriber={sse_id}")
         self.assertEqual(reply.code, 200)
         self.assertNotEqual(reply.json()["subscriber"], sse_id)
 

@@ -44,6 +44,7 @@ from relayd.base.config import Resolved, resolve
 from relayd.process.settings import SETTINGS as PROCESS_SETTINGS
 from relayd.web.site import RelaySite
 from relayd.wing import Plumbing
+from tests.support.sse import Message
 
 SERVER = IPv4Address("TCP", "127.0.0.1", 8080)
 """The local address every in-memory connection arrives on."""
@@ -185,14 +186,66 @@ class Connection:
             raise AssertionError(f"expected one complete answer, got {len(replies)}: {self.received()[:400]!r}")
         return replies[0]
 
-    def status(self) -> int | None:
-        """The status of the first answer once its head is written (a stream's, whose body goes on),
-        else C{None}."""
+    def head(self) -> Reply:
+        """The status and headers of the first answer once they are written (a stream's, whose body
+        goes on; its L{body} so far is the reply's)."""
         data = self.received()
-        if b"\r\n\r\n" not in data:
-            return None
-        code = data.split(b" ", 2)[1]
-        return int(code) if code.isdigit() else None
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
+            raise AssertionError(f"no answer's head yet: {data[:400]!r}")
+        reply, _ = _parse_one(data[: end + 4], True, False)
+        reply.body = self.body()
+        return reply
+
+    def status(self) -> int | None:
+        """The status of the first answer once its head is written, else C{None}."""
+        return self.head().code if b"\r\n\r\n" in self.received() else None
+
+    def body(self) -> bytes:
+        """The body of the first answer as far as it has come (a stream's), without its chunked framing."""
+        data = self.received()
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
+            return b""
+        head, rest = data[:end].lower(), data[end + 4 :]
+        if b"transfer-encoding: chunked" not in head:
+            return rest
+        body = b""
+        while True:
+            size_end = rest.find(b"\r\n")
+            if size_end < 0:
+                return body
+            size = int(rest[:size_end].split(b";")[0], 16)
+            if size == 0 or len(rest) < size_end + 2 + size + 2:
+                return body
+            body += rest[size_end + 2 : size_end + 2 + size]
+            rest = rest[size_end + 2 + size + 2 :]
+
+    def ended(self) -> bool:
+        """Whether the first answer is complete (a stream's last chunk written) or the connection closed."""
+        return self.closed or bool(self.replies())
+
+    def events(self) -> list[Message]:
+        """The server-sent events and comments complete in L{body}, in order."""
+        messages = []
+        for block in self.body().split(b"\n\n")[:-1]:
+            message = Message(raw=block + b"\n")
+            for line in block.split(b"\n"):
+                text = line.decode("utf-8")
+                if text.startswith(":"):
+                    message.comment = text[1:].strip()
+                    continue
+                name, _, value = text.partition(":")
+                value = value[1:] if value.startswith(" ") else value
+                message.fields.append(name)
+                if name == "event":
+                    message.event = value
+                elif name == "data":
+                    message.data = value if message.data is None else message.data + "\n" + value
+                elif name == "id":
+                    message.id = value
+            messages.append(message)
+        return messages
 
     def lose(self) -> None:
         """The client goes away (or the site's close completes): the channel sees the connection lost."""
