@@ -6,11 +6,8 @@ and poll cases, whose streams and parked requests end by time and by disconnects
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
 
-from twisted.trial.unittest import TestCase
-
-from tests.support.inmemory import Connection, InMemoryWing, Reply
+from tests.support.inmemory import Connection, InMemoryMcpCase, Reply
 from tests.support.mcp import TOKEN, McpRelayCase
 from tests.support.sse import Message
 
@@ -20,43 +17,6 @@ REPLY = b'{"jsonrpc":"2.0","id":1,"result":{"tools":[]}}'
 
 def note(n: int) -> bytes:
     return b'{"jsonrpc":"2.0","method":"notifications/n","params":{"n":%d}}' % n
-
-
-class InMemoryMcpCase(TestCase):
-    """The MCP wing in memory per test; C{flags} configure it as L{McpRelayCase}'s do, and its
-    helpers (paths below the prefix) answer at once."""
-
-    flags: Mapping[str, Any] = {}
-
-    def setUp(self) -> None:
-        self.wing = InMemoryWing.build(self, "mcp", {"mcp-reap-interval-ms": "0", **self.flags})
-        self.prefix = self.wing.settings["mcp-prefix"]
-        self.tunnel = self.wing.service.tunnel
-
-    def request(self, method: str, path: str, body: bytes | None = None, headers: Mapping[str, str] | None = None) -> Reply:
-        return self.wing.request(method, self.prefix + path, body, headers or {})
-
-    def post(self, path: str, payload: Any = None, raw: bytes | None = None, **headers: str) -> Reply:
-        body = raw if raw is not None else json.dumps(payload).encode()
-        return self.request("POST", path, body, {"content-type": "application/json", **headers})
-
-    def get(self, path: str, **headers: str) -> Reply:
-        return self.request("GET", path, None, headers)
-
-    def register(self, session: str = "sess", token: str = TOKEN) -> None:
-        reply = self.post("/register", {"session": session, "token": token})
-        assert reply.code == 200, reply.body
-
-    def events(self, session: str = "sess", query: str = "", token: str = TOKEN, **headers: str) -> Connection:
-        """An SSE stream's connection (open until the test's cleanup)."""
-        return self.wing.open("GET", f"{self.prefix}/{session}/events?token={token}{query}", None, headers)
-
-    def poll(self, session: str = "sess", query: str = "", token: str = TOKEN) -> Reply:
-        return self.get(f"/{session}/poll?token={token}{query}")
-
-    def park(self, session: str = "sess", query: str = "", token: str = TOKEN) -> Connection:
-        """A poll whose answer comes later (its connection: L{Connection.reply} once it has)."""
-        return self.wing.open("GET", f"{self.prefix}/{session}/poll?token={token}{query}")
 
 
 class RoutingTests(InMemoryMcpCase):

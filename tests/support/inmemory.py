@@ -4,8 +4,12 @@ time on a L{MemoryReactorClock}. No socket, no polling, no real reactor turn.
     site = InMemorySite.over(resource, body_limit=...)          # any root resource on a RelaySite
     wing = InMemoryWing.build(self, "aep", {"aep-token": "t"})  # a wing as makeService builds it
     reply = wing.request("GET", "/healthz")                      # .code .phrase .headers .body
+    stream = wing.open("GET", "/stream")                         # an answer that comes later:
+    wing.advance(0); stream.head(), stream.events()              # a stream's head and its events
     connection = wing.connect(); connection.send(raw); connection.replies()
-    wing.clock.advance(30)                                       # the wing's timers, by hand
+    wing.advance(30)                                             # the wing's timers, by hand
+
+L{InMemoryMcpCase} is the MCP wing's test case on it (L{tests.support.mcp.McpRelayCase}'s helpers).
 
 What it covers: the site's root resource and everything between it and the bytes: relayd's
 L{RelaySite} (per-client counts, the access line, the plain-POST path of C{simple_posts}), its
@@ -44,6 +48,7 @@ from relayd.base.config import Resolved, resolve
 from relayd.process.settings import SETTINGS as PROCESS_SETTINGS
 from relayd.web.site import RelaySite
 from relayd.wing import Plumbing
+from tests.support.mcp import TOKEN
 from tests.support.sse import Message
 
 SERVER = IPv4Address("TCP", "127.0.0.1", 8080)
@@ -351,3 +356,42 @@ class InMemoryWing(InMemorySite):
         wing = cls(service.site, service, settings)
         case.addCleanup(wing.close)
         return wing
+
+
+class InMemoryMcpCase(TestCase):
+    """The MCP wing in memory per test: C{flags} and C{environ} configure it as those of
+    L{tests.support.mcp.McpRelayCase} do, and its helpers (paths below the prefix) answer at once;
+    C{events} and C{park} return the connection of an answer that comes later."""
+
+    flags: Mapping[str, Any] = {}
+    environ: Mapping[str, str] = {}
+
+    def setUp(self) -> None:
+        self.wing = InMemoryWing.build(self, "mcp", {"mcp-reap-interval-ms": "0", **self.flags}, self.environ)
+        self.prefix = self.wing.settings["mcp-prefix"]
+        self.tunnel = self.wing.service.tunnel
+
+    def request(self, method: str, path: str, body: bytes | None = None, headers: Mapping[str, str] | None = None) -> Reply:
+        return self.wing.request(method, self.prefix + path, body, headers or {})
+
+    def post(self, path: str, payload: Any = None, raw: bytes | None = None, **headers: str) -> Reply:
+        body = raw if raw is not None else json.dumps(payload).encode()
+        return self.request("POST", path, body, {"content-type": "application/json", **headers})
+
+    def get(self, path: str, **headers: str) -> Reply:
+        return self.request("GET", path, None, headers)
+
+    def register(self, session: str = "sess", token: str = TOKEN) -> None:
+        reply = self.post("/register", {"session": session, "token": token})
+        assert reply.code == 200, reply.body
+
+    def events(self, session: str = "sess", query: str = "", token: str = TOKEN, **headers: str) -> Connection:
+        """An SSE stream's connection (open until the test's cleanup)."""
+        return self.wing.open("GET", f"{self.prefix}/{session}/events?token={token}{query}", None, headers)
+
+    def poll(self, session: str = "sess", query: str = "", token: str = TOKEN) -> Reply:
+        return self.get(f"/{session}/poll?token={token}{query}")
+
+    def park(self, session: str = "sess", query: str = "", token: str = TOKEN) -> Connection:
+        """A poll whose answer comes later (its connection: L{Connection.reply} once it has)."""
+        return self.wing.open("GET", f"{self.prefix}/{session}/poll?token={token}{query}")
