@@ -262,8 +262,8 @@ class Connection:
 class InMemorySite:
     """A L{RelaySite} whose connections are in memory (see the module docstring).
 
-    @ivar site: the site. @ivar clock: its L{Timekeeper}. @ivar reactor: the clock's reactor, a
-        L{MemoryReactorClock} (C{reactor.advance(seconds)} or C{clock.reactor.advance}).
+    @ivar site: the site. @ivar clock: its L{Timekeeper}. @ivar reactor: the clock's reactor (a
+        L{MemoryReactorClock}, or the C{task.Clock} a test handed in): L{advance} moves it.
     """
 
     def __init__(self, site: RelaySite) -> None:
