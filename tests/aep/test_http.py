@@ -1,9 +1,12 @@
-"""The AEP HTTP surface (aep.md §3) and the parity items of §9.5 that concern it."""
+"""The AEP HTTP surface (aep.md §3) and the parity items of §9.5 that concern it: the wing's routes
+and handlers in memory (tests/support/inmemory.py), through relayd's own site, channel and request;
+the answers that must reach the client before its upload ends on a real loopback socket."""
 
 from __future__ import annotations
 
 import io
 import json
+from typing import Any
 
 from twisted.internet import threads
 from twisted.internet.defer import Deferred, fail, succeed
@@ -18,105 +21,103 @@ from relayd.base.clock import Timekeeper
 from relayd.base.errors import StoreUnavailable
 from relayd.web.streams.sse import SSEHub, sse_comment
 from tests.support.aep import AEPRelay, event, ndjson
+from tests.support.inmemory import InMemoryWing, Reply
 from tests.support.raw import raw_exchange
-from tests.support.sse import SSEClient
 
 TOKEN = "s3cret-token"
+INGEST = {"aep-version": "0.1", "content-type": "application/x-ndjson"}
+JSON_INGEST = {"aep-version": "0.1", "content-type": "application/json"}
 
 
-def header(response, name: str):
-    values = response.headers.getRawHeaders(name)
-    return values[0] if values else None
+def aep(case: TestCase, **flags: Any) -> InMemoryWing:
+    """The AEP wing in memory with C{flags} (C{aep_buffer=8}: C{--aep-buffer 8}), closed at cleanup."""
+    return InMemoryWing.build(case, "aep", {k.replace("_", "-"): v if isinstance(v, list) else str(v) for k, v in flags.items()})
+
+
+def post(relay: InMemoryWing, *events: dict[str, Any], token: str | None = None) -> Reply:
+    """POST C{events} as NDJSON to C{/events} (with C{token} as the bearer)."""
+    headers = {**INGEST, **({"authorization": f"Bearer {token}"} if token else {})}
+    return relay.post("/events", ndjson(*events), headers)
+
+
+def header(response: Reply, name: str) -> str | None:
+    return response.header(name)
 
 
 class DiscoveryAndHealth(TestCase):
-    async def test_discovery_document_on_both_paths(self) -> None:
-        relay = await AEPRelay.start(aep_buffer=8)
-        self.addCleanup(relay.stop)
+    def test_discovery_document_on_both_paths(self) -> None:
+        relay = aep(self, aep_buffer=8)
         for path in ("/events", "/.well-known/aep"):
-            response, body = await relay.get(path)
+            response = relay.get(path)
             self.assertEqual(response.code, 200)
             self.assertEqual(header(response, "content-type"), "application/json")
             self.assertIsNone(header(response, "access-control-allow-origin"))
-            doc = json.loads(body)
+            doc = response.json()
             self.assertEqual(list(doc), ["aep", "role", "endpoints", "capabilities"])
             self.assertEqual(doc["aep"], ["0.1"])
             self.assertEqual(doc["endpoints"], {"events": "/events", "stream": "/stream", "socket": "/socket"})
             self.assertEqual(doc["capabilities"]["replay"], {"buffer": 8, "all": True})
             self.assertEqual(doc["capabilities"]["capture"], ["none", "metadata", "redacted", "full"])
-            self.assertTrue(body.startswith(b'{\n  "aep": [\n    "0.1"\n  ],'))  # 2-space pretty print
+            self.assertTrue(response.body.startswith(b'{\n  "aep": [\n    "0.1"\n  ],'))  # 2-space pretty print
 
-    async def test_healthz_without_token_shows_counts(self) -> None:
-        relay = await AEPRelay.start()
-        self.addCleanup(relay.stop)
-        response, body = await relay.get("/healthz")
+    def test_healthz_without_token_shows_counts(self) -> None:
+        response = aep(self).get("/healthz")
         self.assertEqual(response.code, 200)
-        self.assertEqual(list(json.loads(body)), ["ok", "sessions", "subscribers", "connections", "uptime_s"])
+        self.assertEqual(list(response.json()), ["ok", "sessions", "subscribers", "connections", "uptime_s"])
 
-    async def test_healthz_with_token_hides_counts_unless_authorized(self) -> None:
-        relay = await AEPRelay.start(aep_token=TOKEN)
-        self.addCleanup(relay.stop)
-        response, body = await relay.get("/healthz")
-        self.assertEqual((response.code, json.loads(body)), (200, {"ok": True}))
-        _, body = await relay.get("/healthz", {"authorization": f"Bearer {TOKEN}"})
-        self.assertIn("sessions", json.loads(body))
-        _, body = await relay.get(f"/healthz?access_token={TOKEN}")
-        self.assertIn("sessions", json.loads(body))
+    def test_healthz_with_token_hides_counts_unless_authorized(self) -> None:
+        relay = aep(self, aep_token=TOKEN)
+        response = relay.get("/healthz")
+        self.assertEqual((response.code, response.json()), (200, {"ok": True}))
+        self.assertIn("sessions", relay.get("/healthz", {"authorization": f"Bearer {TOKEN}"}).json())
+        self.assertIn("sessions", relay.get(f"/healthz?access_token={TOKEN}").json())
 
-    async def test_connections_introspection(self) -> None:
-        relay = await AEPRelay.start(aep_token=TOKEN, allow_origin=["*"])
-        self.addCleanup(relay.stop)
-        response, body = await relay.get("/connections", {"authorization": f"Bearer {TOKEN}"})
+    def test_connections_introspection(self) -> None:
+        relay = aep(self, aep_token=TOKEN, allow_origin=["*"])
+        response = relay.get("/connections", {"authorization": f"Bearer {TOKEN}"})
         self.assertEqual(response.code, 200)
         self.assertEqual(header(response, "access-control-allow-origin"), "*")
-        doc = json.loads(body)
+        doc = response.json()
         self.assertEqual(doc["relay"]["control"], True)
         self.assertEqual(doc["connections"], [])
         self.assertEqual(doc["sse_subscribers"], 0)
 
 
 class AuthWall(TestCase):
-    async def test_401_carries_cors_and_empty_body(self) -> None:
-        relay = await AEPRelay.start(aep_token=TOKEN)
-        self.addCleanup(relay.stop)
+    def test_401_carries_cors_and_empty_body(self) -> None:
+        relay = aep(self, aep_token=TOKEN)
         for path in ("/events", "/stream", "/connections", "/nowhere"):
-            response, body = await relay.get(path, {"origin": "http://localhost:5173"})
+            response = relay.get(path, {"origin": "http://localhost:5173"})
             self.assertEqual(response.code, 401, path)
             self.assertEqual(header(response, "access-control-allow-origin"), "http://localhost:5173")
             self.assertEqual(header(response, "vary"), "Origin")
-            self.assertEqual(body, b"")
+            self.assertEqual(response.body, b"")
 
-    async def test_wrong_token_on_post_is_401(self) -> None:
-        relay = await AEPRelay.start(aep_token=TOKEN)
-        self.addCleanup(relay.stop)
-        response, _ = await relay.post(event(), token="wrong")
-        self.assertEqual(response.code, 401)
-        response, _ = await relay.post(event(), token=TOKEN)
-        self.assertEqual(response.code, 202)
+    def test_wrong_token_on_post_is_401(self) -> None:
+        relay = aep(self, aep_token=TOKEN)
+        self.assertEqual(post(relay, event(), token="wrong").code, 401)
+        self.assertEqual(post(relay, event(), token=TOKEN).code, 202)
 
-    async def test_wrong_header_does_not_block_a_correct_query_token(self) -> None:
-        relay = await AEPRelay.start(aep_token=TOKEN)
-        self.addCleanup(relay.stop)
-        response, _ = await relay.get(f"/events?access_token={TOKEN}", {"authorization": "Bearer nope"})
+    def test_wrong_header_does_not_block_a_correct_query_token(self) -> None:
+        relay = aep(self, aep_token=TOKEN)
+        response = relay.get(f"/events?access_token={TOKEN}", {"authorization": "Bearer nope"})
         self.assertEqual(response.code, 200)
 
-    async def test_bearer_scheme_in_any_case_then_one_space(self) -> None:
+    def test_bearer_scheme_in_any_case_then_one_space(self) -> None:
         """The scheme is case-insensitive (RFC 7235 2.1); the one space and the token are exact."""
-        relay = await AEPRelay.start(aep_token=TOKEN)
-        self.addCleanup(relay.stop)
+        relay = aep(self, aep_token=TOKEN)
         for value in (f"bearer {TOKEN}", f"BEARER {TOKEN}", f"Bearer {TOKEN}"):
-            response, _ = await relay.get("/events", {"authorization": value})
+            response = relay.get("/events", {"authorization": value})
             self.assertEqual(response.code, 200, value)
         for value in (f"Bearer  {TOKEN}", TOKEN, f"Bearer {TOKEN.upper()}", f"Basic {TOKEN}"):
-            response, _ = await relay.get("/events", {"authorization": value})
+            response = relay.get("/events", {"authorization": value})
             self.assertEqual(response.code, 401, value)
             self.assertEqual(response.headers.getRawHeaders(b"www-authenticate"), [b'Bearer realm="aep"'], value)
 
-    async def test_preflight_needs_no_token(self) -> None:
-        relay = await AEPRelay.start(aep_token=TOKEN, allow_origin=["*"])
-        self.addCleanup(relay.stop)
+    def test_preflight_needs_no_token(self) -> None:
+        relay = aep(self, aep_token=TOKEN, allow_origin=["*"])
         for path in ("/stream", "/connections"):
-            response, _ = await relay.request("OPTIONS", path)
+            response = relay.request("OPTIONS", path)
             self.assertEqual(response.code, 204)
             self.assertEqual(header(response, "access-control-allow-origin"), "*")
             self.assertEqual(header(response, "access-control-allow-methods"), "GET, OPTIONS")
@@ -124,137 +125,147 @@ class AuthWall(TestCase):
                 header(response, "access-control-allow-headers"), "authorization, accept, content-type, last-event-id"
             )
             self.assertEqual(header(response, "access-control-max-age"), "86400")
-        response, _ = await relay.request("OPTIONS", "/events")
+        response = relay.request("OPTIONS", "/events")
         self.assertEqual(response.code, 401)  # other preflights hit the wall
 
 
 class NotFound(TestCase):
-    async def test_other_paths_are_404_with_empty_body(self) -> None:
-        relay = await AEPRelay.start()
-        self.addCleanup(relay.stop)
+    def test_other_paths_are_404_with_empty_body(self) -> None:
+        relay = aep(self)
         for method, path in (("GET", "/healthz/"), ("GET", "/x"), ("POST", "/x"), ("PUT", "/events/")):
-            response, body = await relay.request(method, path)
+            response = relay.request(method, path)
             self.assertEqual(response.code, 404, (method, path))
-            self.assertEqual(body, b"")
+            self.assertEqual(response.body, b"")
             self.assertIsNone(header(response, "content-type"))
 
-    async def test_other_methods_on_known_paths_are_405_with_allow(self) -> None:
-        relay = await AEPRelay.start()
-        self.addCleanup(relay.stop)
+    def test_other_methods_on_known_paths_are_405_with_allow(self) -> None:
+        relay = aep(self)
         for method, path, allow in (
             ("PUT", "/events", "GET, HEAD, POST"), ("DELETE", "/stream", "GET, OPTIONS"), ("POST", "/healthz", "GET, HEAD"),
             ("TRACE", "/.well-known/aep", "GET, HEAD"), ("PATCH", "/connections", "GET, HEAD, OPTIONS"),
         ):  # fmt: skip
-            response, body = await relay.request(method, path)
+            response = relay.request(method, path)
             self.assertEqual(response.code, 405, (method, path))
             self.assertEqual(header(response, "allow"), allow)
             self.assertEqual(header(response, "content-type"), "application/json")
-            self.assertEqual(json.loads(body), {"error": "method-not-allowed", "allow": allow.split(", ")})
+            self.assertEqual(response.json(), {"error": "method-not-allowed", "allow": allow.split(", ")})
 
-    async def test_head_answers_like_get_without_the_body(self) -> None:
-        relay = await AEPRelay.start()
-        self.addCleanup(relay.stop)
+    def test_head_answers_like_get_without_the_body(self) -> None:
+        relay = aep(self)
         for path in ("/healthz", "/events", "/.well-known/aep", "/connections"):
-            _, get_body = await relay.request("GET", path)
-            head, head_body = await relay.request("HEAD", path)
-            self.assertEqual((head.code, head_body), (200, b""), path)
+            get = relay.request("GET", path)
+            head = relay.request("HEAD", path)
+            self.assertEqual((head.code, head.body), (200, b""), path)
             self.assertEqual(header(head, "content-type"), "application/json")
             if path != "/connections" and path != "/healthz":  # (those two carry changing counts)
-                self.assertEqual(header(head, "content-length"), str(len(get_body)))
-        response, body = await relay.request("HEAD", "/stream")
-        self.assertEqual((response.code, body, header(response, "allow")), (405, b"", "GET, OPTIONS"))
+                self.assertEqual(header(head, "content-length"), str(len(get.body)))
+        response = relay.request("HEAD", "/stream")
+        self.assertEqual((response.code, response.body, header(response, "allow")), (405, b"", "GET, OPTIONS"))
 
 
 class Ingest(TestCase):
-    async def asyncSetUpRelay(self, **flags):
-        relay = await AEPRelay.start(**flags)
-        self.addCleanup(relay.stop)
-        return relay
-
-    async def test_version_gate_426_before_415(self) -> None:
-        relay = await self.asyncSetUpRelay()
+    def test_version_gate_426_before_415(self) -> None:
+        relay = aep(self)
         for version in (None, "9.9"):
             headers = {"content-type": "text/plain"}
             if version:
                 headers["aep-version"] = version
-            response, body = await relay.request("POST", "/events", b"{}", headers)
+            response = relay.request("POST", "/events", b"{}", headers)
             self.assertEqual(response.code, 426)
             self.assertEqual(response.phrase, b"Upgrade Required")
             self.assertEqual(header(response, "content-type"), "application/json")
-            refusal = json.loads(body)
+            refusal = response.json()
             self.assertEqual(refusal["versions"], ["0.1"])  # the protocol's member, as the reference sends it
             self.assertEqual((refusal["error"], refusal["header"]), ("version-unsupported", "aep-version"))
 
-    async def test_duplicated_version_header_is_426(self) -> None:
-        relay = await self.asyncSetUpRelay()
-        raw = (
-            b"POST /events HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\naep-version: 0.1\r\n"
-            b"content-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}"
-        )
-        reply = await threads.deferToThread(raw_exchange, relay.url, raw)
-        self.assertTrue(reply.startswith(b"HTTP/1.1 426"), reply[:40])
+    def test_duplicated_version_header_is_426(self) -> None:
+        headers = [(b"aep-version", b"0.1"), (b"aep-version", b"0.1"), (b"content-type", b"application/json")]
+        response = aep(self).request("POST", "/events", b"{}", headers)
+        self.assertEqual(response.code, 426)
 
-    async def test_415_has_empty_body_and_no_content_type(self) -> None:
-        relay = await self.asyncSetUpRelay()
+    def test_415_has_empty_body_and_no_content_type(self) -> None:
+        relay = aep(self)
         for ctype in ("text/plain", "application/jsonx", "application/json-seq"):
-            response, body = await relay.request("POST", "/events", b"{}", {"aep-version": "0.1", "content-type": ctype})
+            response = relay.request("POST", "/events", b"{}", {"aep-version": "0.1", "content-type": ctype})
             self.assertEqual(response.code, 415, ctype)
-            self.assertEqual(body, b"")
+            self.assertEqual(response.body, b"")
             self.assertIsNone(header(response, "content-type"))
             self.assertEqual(header(response, "accept-post"), "application/json, application/x-ndjson")
         for ctype in (" application/json ; charset=utf-8", "Application/JSON; charset=UTF-8", "APPLICATION/X-NDJSON"):
             # Media types are case-insensitive (RFC 9110 8.3.1).
-            response, _ = await relay.request("POST", "/events", json.dumps(event()).encode(), {"aep-version": "0.1", "content-type": ctype})
+            response = relay.request("POST", "/events", json.dumps(event()).encode(), {"aep-version": "0.1", "content-type": ctype})
             self.assertEqual(response.code, 202, ctype)
 
-    async def test_single_json_event_and_empty_bodies(self) -> None:
-        relay = await self.asyncSetUpRelay()
-        json_headers = {"aep-version": "0.1", "content-type": "application/json"}
-        response, body = await relay.request("POST", "/events", json.dumps(event()).encode(), json_headers)
-        self.assertEqual((response.code, body), (202, b""))
+    def test_single_json_event_and_empty_bodies(self) -> None:
+        relay = aep(self)
+        response = relay.request("POST", "/events", json.dumps(event()).encode(), JSON_INGEST)
+        self.assertEqual((response.code, response.body), (202, b""))
         self.assertIsNone(header(response, "content-type"))
-        response, body = await relay.request("POST", "/events", b"", json_headers)
+        response = relay.request("POST", "/events", b"", JSON_INGEST)
         self.assertEqual(response.code, 400)
-        self.assertEqual(json.loads(body)["error"], "invalid-json")
-        response, body = await relay.request("POST", "/events", b"  \n \n", {"aep-version": "0.1", "content-type": "application/x-ndjson"})
-        self.assertEqual((response.code, body), (202, b""))
+        self.assertEqual(response.json()["error"], "invalid-json")
+        response = relay.request("POST", "/events", b"  \n \n", INGEST)
+        self.assertEqual((response.code, response.body), (202, b""))
 
-    async def test_json_array_is_not_an_object(self) -> None:
-        relay = await self.asyncSetUpRelay()
-        response, body = await relay.request("POST", "/events", b"[1]", {"aep-version": "0.1", "content-type": "application/json"})
+    def test_json_array_is_not_an_object(self) -> None:
+        response = aep(self).request("POST", "/events", b"[1]", JSON_INGEST)
         self.assertEqual(response.code, 400)
-        self.assertEqual(json.loads(body), {"error": "invalid-event", "line": 0, "detail": "not an object"})
+        self.assertEqual(response.json(), {"error": "invalid-event", "line": 0, "detail": "not an object"})
 
-    async def test_reject_invalid_missing_id(self) -> None:
-        relay = await self.asyncSetUpRelay()
+    def test_reject_invalid_missing_id(self) -> None:
         ev = event()
         del ev["id"]
-        response, body = await relay.post(ev)
+        response = post(aep(self), ev)
         self.assertEqual(response.code, 400)
-        self.assertEqual(json.loads(body), {"error": "invalid-event", "line": 0, "detail": "missing/invalid id"})
+        self.assertEqual(response.json(), {"error": "invalid-event", "line": 0, "detail": "missing/invalid id"})
 
-    async def test_bad_json_line_anywhere_ingests_nothing(self) -> None:
-        relay = await self.asyncSetUpRelay()
+    def test_bad_json_line_anywhere_ingests_nothing(self) -> None:
+        relay = aep(self)
         body = ndjson(event(seq=0)) + b"{not json\n" + ndjson(event(seq=2))
-        response, content = await relay.request("POST", "/events", body, {"aep-version": "0.1", "content-type": "application/x-ndjson"})
+        response = relay.request("POST", "/events", body, INGEST)
         self.assertEqual(response.code, 400)
-        self.assertEqual(json.loads(content)["error"], "invalid-json")
-        self.assertEqual(relay.core.log.session_count(), 0)
+        self.assertEqual(response.json()["error"], "invalid-json")
+        self.assertEqual(relay.service.relay.log.session_count(), 0)
 
-    async def test_invalid_utf8_is_invalid_json(self) -> None:
-        relay = await self.asyncSetUpRelay()
-        response, content = await relay.request(
-            "POST", "/events", b'{"aep":"0.1","id":"\xff"}', {"aep-version": "0.1", "content-type": "application/json"}
-        )
+    def test_invalid_utf8_is_invalid_json(self) -> None:
+        response = aep(self).request("POST", "/events", b'{"aep":"0.1","id":"\xff"}', JSON_INGEST)
         self.assertEqual(response.code, 400)
-        self.assertEqual(json.loads(content)["error"], "invalid-json")
+        self.assertEqual(response.json()["error"], "invalid-json")
 
-    async def test_too_many_events_carries_max_and_count(self) -> None:
-        relay = await self.asyncSetUpRelay(aep_max_batch=3)
-        response, body = await relay.post(*[event(seq=i) for i in range(4)])
+    def test_too_many_events_carries_max_and_count(self) -> None:
+        relay = aep(self, aep_max_batch=3)
+        response = post(relay, *[event(seq=i) for i in range(4)])
         self.assertEqual(response.code, 413)
-        self.assertEqual(json.loads(body), {"error": "too-many-events", "max": 3, "count": 4})
-        self.assertEqual(relay.core.log.session_count(), 0)
+        self.assertEqual(response.json(), {"error": "too-many-events", "max": 3, "count": 4})
+        self.assertEqual(relay.service.relay.log.session_count(), 0)
+
+    def test_max_body_counts_bytes(self) -> None:
+        ev = event(data={"text": "é" * 100})  # 100 characters, 200 bytes of UTF-8
+        body = json.dumps(ev, ensure_ascii=False).encode()
+        self.assertLess(len(body.decode()), 350)
+        self.assertGreater(len(body), 350)
+        response = aep(self, aep_max_body=350).request("POST", "/events", body, JSON_INGEST)
+        self.assertEqual(response.code, 413)
+
+    def test_posted_command_without_token_is_accepted_and_dropped(self) -> None:
+        relay = aep(self)
+        stream = relay.connect()
+        stream.send(b"GET /stream HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        cmd = event(seq=None, type="control.pause", id="cmd-1")
+        self.assertEqual(post(relay, cmd, event(seq=0)).code, 202)
+        relay.advance(0)  # (the stream writes on its next turn)
+        self.assertIn(b"event: session.started", stream.received())
+        self.assertNotIn(b"control.pause", stream.received())  # the command never reached the stream
+
+
+class EarlyAnswersOnTheWire(TestCase):
+    """A body over the cap is refused before the client has sent it: what the client reads on a
+    real connection while its upload is still under way."""
+
+    async def asyncSetUpRelay(self, **flags: Any) -> AEPRelay:
+        relay = await AEPRelay.start(**flags)
+        self.addCleanup(relay.stop)
+        return relay
 
     async def test_payload_too_large_arrives_before_the_upload_ends(self) -> None:
         relay = await self.asyncSetUpRelay(aep_max_body=1000)
@@ -279,25 +290,6 @@ class Ingest(TestCase):
         )
         reply = await threads.deferToThread(raw_exchange, relay.url, head)
         self.assertTrue(reply.startswith(b"HTTP/1.1 413"), reply[:60])
-
-    async def test_max_body_counts_bytes(self) -> None:
-        relay = await self.asyncSetUpRelay(aep_max_body=350)
-        ev = event(data={"text": "é" * 100})  # 100 characters, 200 bytes of UTF-8
-        body = json.dumps(ev, ensure_ascii=False).encode()
-        self.assertLess(len(body.decode()), 350)
-        self.assertGreater(len(body), 350)
-        response, _ = await relay.request("POST", "/events", body, {"aep-version": "0.1", "content-type": "application/json"})
-        self.assertEqual(response.code, 413)
-
-    async def test_posted_command_without_token_is_accepted_and_dropped(self) -> None:
-        relay = await self.asyncSetUpRelay()
-        stream = await SSEClient.connect(relay.url + "/stream")
-        self.addCleanup(stream.close)
-        cmd = event(seq=None, type="control.pause", id="cmd-1")
-        response, _ = await relay.post(cmd, event(seq=0))
-        self.assertEqual(response.code, 202)
-        first = await stream.next_event()
-        self.assertEqual(first.event, "session.started")  # the command never reached the stream
 
 
 class AcknowledgedMeansStored(TestCase):

@@ -1,4 +1,5 @@
-"""The broker's HTTP binding (relayd/buzz/http.py) on a real RelaySite on 127.0.0.1, in front of a host
+"""The broker's HTTP binding (relayd/buzz/http.py) on a RelaySite served in memory (tests/support/inmemory.py:
+relayd's own channel and request, no socket), in front of a host
 that answers what each test hands it: every answer that is not a verdict, byte for byte, and how a
 verdict is written, now or later.
 
@@ -11,18 +12,16 @@ from __future__ import annotations
 import io
 from typing import Any, Sequence
 
-from twisted.internet import reactor, threads
 from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.logger import LogEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyRequest
 
 from relayd.buzz.http import BrokerResource, body_limit
-from relayd.web.site import RelaySite
 from tests.support.cases import cases, expand
-from tests.support.raw import RawClient, exchange, raw_request
+from tests.support.inmemory import Connection, InMemorySite
+from tests.support.raw import raw_request
 
 JSON = (b"content-type", b"application/json")
 NO_STORE = (b"cache-control", b"no-store")
@@ -69,18 +68,27 @@ class BrokerCase(TestCase):
     def setUp(self) -> None:
         self.host = Host()
         self.resource = Recording(self.host)
-        site = RelaySite(self.resource, body_limit=body_limit(4096), relay="broker")
-        self.port = reactor.listenTCP(0, site, interface="127.0.0.1")
-        self.addCleanup(self.port.stopListening)
+        self.site = InMemorySite.over(self.resource, body_limit=body_limit(4096), relay="broker")
+        self.addCleanup(self.site.close)
 
-    async def answer(
+    def send(
+        self, method: bytes, path: bytes, headers: Sequence[tuple[bytes, bytes]] = (), body: bytes | None = None
+    ) -> Connection:
+        """A connection that has sent one raw request."""
+        connection = self.site.connect()
+        connection.send(raw_request(method, path, list(headers), body))
+        return connection
+
+    def answer_on(self, connection: Connection, head: bool = False) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """The status, the broker's headers (sorted) and the body of the answer on C{connection}."""
+        response = connection.reply(head)
+        return response.code, sorted(h for h in response.raw_headers if h[0] not in NOT_THE_BROKERS), response.body
+
+    def answer(
         self, method: bytes, path: bytes, headers: Sequence[tuple[bytes, bytes]] = (), body: bytes | None = None
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """One raw exchange: the status, the broker's headers (sorted) and the body."""
-        request = raw_request(method, path, list(headers), body)
-        got = await threads.deferToThread(exchange, self.port.getHost().port, request, heads=int(method == b"HEAD"))
-        (response,) = got.responses
-        return response.status, sorted(h for h in response.headers if h[0] not in NOT_THE_BROKERS), response.body
+        return self.answer_on(self.send(method, path, headers, body), head=method == b"HEAD")
 
     def render(self, host: Host) -> tuple[Any, DummyRequest]:
         """C{POST /v1/action} rendered by a broker before C{host}, outside any site: what render returned."""
@@ -91,25 +99,16 @@ class BrokerCase(TestCase):
         request.content = io.BytesIO(b"{}")
         return BrokerResource(host).render(request), request  # type: ignore[arg-type]
 
-    async def leave(self) -> Request:
+    def leave(self) -> Request:
         """A client that posts, and closes its connection once the host holds its request."""
-        client = RawClient()
-        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", self.port.getHost().port), client)
-        client.transport.write(raw_request(b"POST", b"/v1/action", [JSON], b"{}"))  # type: ignore[union-attr]
-        await self.until_pending()
+        connection = self.send(b"POST", b"/v1/action", [JSON], b"{}")
+        self.assertEqual(len(self.host.pending), 1)
         (request,) = self.resource.requests
-        lost: Deferred[None] = Deferred()
-        request.notifyFinish().addErrback(lambda _: lost.callback(None))
-        client.transport.loseConnection()  # type: ignore[union-attr]
-        await lost
+        lost: list[object] = []
+        request.notifyFinish().addErrback(lost.append)
+        connection.lose()
+        self.assertEqual(len(lost), 1)  # the request learnt that its client left
         return request
-
-    async def until_pending(self) -> None:
-        """Until the host holds a request, one reactor turn at a time."""
-        while not self.host.pending:
-            d: Deferred[None] = Deferred()
-            reactor.callLater(0, d.callback, None)
-            await d
 
 
 @expand
@@ -147,7 +146,7 @@ class AnswersThatAreNotVerdicts(BrokerCase):
         health=(b"GET", b"/healthz", (), None, 200, [JSON, NO_STORE, length(HEALTH)], HEALTH),
         health_head=(b"HEAD", b"/healthz", (), None, 200, [JSON, NO_STORE, length(HEALTH)], b""),
     )  # fmt: skip
-    async def test_answer(
+    def test_answer(
         self,
         method: bytes,
         path: bytes,
@@ -158,7 +157,7 @@ class AnswersThatAreNotVerdicts(BrokerCase):
         answer_body: bytes,
     ) -> None:
         self.host.result = succeed((200, VERDICT))
-        self.assertEqual(await self.answer(method, path, headers, body), (status, sorted(answer_headers), answer_body))
+        self.assertEqual(self.answer(method, path, headers, body), (status, sorted(answer_headers), answer_body))
 
 
 class Verdicts(BrokerCase):
@@ -175,24 +174,24 @@ class Verdicts(BrokerCase):
         self.assertEqual(request.responseHeaders.getRawHeaders(b"content-type"), [b"application/json"])
         self.assertEqual(request.responseHeaders.getRawHeaders(b"cache-control"), [b"no-store"])
 
-    async def test_a_verdict_later(self) -> None:
-        answer = Deferred.fromCoroutine(self.answer(b"POST", b"/v1/action", (JSON,), b"{}"))
-        await self.until_pending()
+    def test_a_verdict_later(self) -> None:
+        connection = self.send(b"POST", b"/v1/action", (JSON,), b"{}")
+        self.assertEqual((len(self.host.pending), connection.received()), (1, b""))  # nothing said meanwhile
         self.host.pending[0].callback((200, VERDICT))
-        self.assertEqual(await answer, (200, sorted([JSON, NO_STORE, length(VERDICT)]), VERDICT))
+        self.assertEqual(self.answer_on(connection), (200, sorted([JSON, NO_STORE, length(VERDICT)]), VERDICT))
 
-    async def test_an_uncorrelatable_body_is_400_in_the_hosts_words(self) -> None:
+    def test_an_uncorrelatable_body_is_400_in_the_hosts_words(self) -> None:
         refusal = b'{"error":"invalid_request","message":"the body is not JSON"}'
         self.host.result = succeed((400, refusal))
         self.assertEqual(
-            await self.answer(b"POST", b"/v1/action", (JSON,), b"nope"),
+            self.answer(b"POST", b"/v1/action", (JSON,), b"nope"),
             (400, sorted([JSON, NO_STORE, length(refusal)]), refusal),
         )
 
-    async def test_a_late_verdict_for_a_client_that_left_is_dropped(self) -> None:
+    def test_a_late_verdict_for_a_client_that_left_is_dropped(self) -> None:
         # The host keeps what a retry needs before it answers; the answer itself has nowhere to go,
         # and writing nothing is not an error (trial fails a test that logs one).
-        request = await self.leave()
+        request = self.leave()
         self.host.pending[0].callback((200, VERDICT))
         self.assertFalse(request.startedWriting)
 
@@ -222,15 +221,14 @@ class HostBugs(BrokerCase):
         self.assertEqual(request.responseHeaders.getRawHeaders(b"cache-control"), [b"no-store"])
         self.assert_logged_once()
 
-    async def test_failed_later_is_a_json_500(self) -> None:
-        answer = Deferred.fromCoroutine(self.answer(b"POST", b"/v1/action", (JSON,), b'{"requestId":"r-1"}'))
-        await self.until_pending()
+    def test_failed_later_is_a_json_500(self) -> None:
+        connection = self.send(b"POST", b"/v1/action", (JSON,), b'{"requestId":"r-1"}')
         self.host.pending[0].errback(ZeroDivisionError())
-        self.assertEqual(await answer, (500, sorted([JSON, NO_STORE, length(INTERNAL_ERROR)]), INTERNAL_ERROR))
+        self.assertEqual(self.answer_on(connection), (500, sorted([JSON, NO_STORE, length(INTERNAL_ERROR)]), INTERNAL_ERROR))
         self.assert_logged_once()
 
-    async def test_failed_after_the_client_left_is_still_logged(self) -> None:
-        request = await self.leave()
+    def test_failed_after_the_client_left_is_still_logged(self) -> None:
+        request = self.leave()
         self.host.pending[0].errback(ZeroDivisionError())
         self.assertFalse(request.startedWriting)
         self.assert_logged_once()

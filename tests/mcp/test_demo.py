@@ -1,4 +1,4 @@
-"""The demo page: served at C{{prefix}/demo}, it registers a session and hosts MCP tools in a real
+"""The demo page: served at C{{prefix}/demo} (its routes in memory), it registers a session and hosts MCP tools in a real
 headless Chromium tab; the official Python SDK connects to it by URL and token (acceptance 1).
 
 Skips locally when Chromium, chromedriver or selenium is missing; fails instead under C{CI=true}.
@@ -11,26 +11,27 @@ import json
 from twisted.internet import threads
 
 from tests.support.browser import require_browser, start_browser, wait_for
+from tests.support.inmemory import InMemoryMcpCase
 from tests.support.mcp import McpRelayCase
 from tests.support.mcp_clients import run_client
 
 
-class DemoServed(McpRelayCase):
-    async def test_demo_page_is_served_on_loopback_by_default(self) -> None:
-        reply = await self.get("/demo")
+class DemoServed(InMemoryMcpCase):
+    def test_demo_page_is_served_on_loopback_by_default(self) -> None:
+        reply = self.get("/demo")
         assert reply.code == 200
         assert reply.header("content-type") == "text/html; charset=utf-8"
         assert b"claude mcp add --transport http" in reply.body
-        assert (await self.request("POST", "/demo")).code == 405
+        assert self.request("POST", "/demo").code == 405
 
 
-class DemoOff(McpRelayCase):
+class DemoOff(InMemoryMcpCase):
     flags = {"no-mcp-demo": True}
 
-    async def test_no_mcp_demo_turns_it_off(self) -> None:
-        assert (await self.get("/demo")).code == 404
+    def test_no_mcp_demo_turns_it_off(self) -> None:
+        assert self.get("/demo").code == 404
         # The flag is a real setting that did this (not an unknown key that was ignored).
-        assert self.service.resource.demo is None
+        assert self.wing.service.resource.demo is None
 
 
 class DemoInChromium(McpRelayCase):
