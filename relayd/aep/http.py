@@ -30,7 +30,7 @@ from relayd.aep.viewer import VIEWER_PATHS, viewer_answers
 from relayd.aep.wire import frame_safe, sse_forms, sse_frame, sse_run
 from relayd.base.errors import OutcomeUnknown, StoreRefused, StoreUnavailable
 from relayd.process.browsers import LOOPBACK_ONLY, BrowserPolicy, Refusal
-from relayd.web.answers import Answer, EarlyAnswer, Refusals, finish, gone, json_answer
+from relayd.web.answers import Answer, Refusals, finish, gone, json_answer
 from relayd.web.auth import bearer_of, query_param, tokens_equal
 from relayd.web.media import media_type
 from relayd.web.request import read_body
@@ -278,11 +278,10 @@ class AEPResource(RoutedResource):
                 set_header(name, [value])
         return None
 
-    def too_large(self, request: Request) -> EarlyAnswer:
+    def too_large(self, request: Request) -> Answer:
         """The answer to a body over C{AEP_MAX_BODY}, once the headers passed the wall, the route
         and L{_ingest_headers} (L{RoutedResource.early_answer}: the reference's order of checks)."""
-        answer = _ingest_refusal(self.ingest_policy.too_large())
-        return answer.status, list(answer.headers), answer.body
+        return _ingest_refusal(self.ingest_policy.too_large())
 
     # Health, discovery and introspection -----------------------------------------------------
 
@@ -342,7 +341,7 @@ class AEPResource(RoutedResource):
         self.hub.clock.call_later(0, self._parse, request, parser, answer)
         return answer
 
-    def simple_ingest(self, post: SimplePost) -> EarlyAnswer | Deferred[EarlyAnswer] | None:
+    def simple_ingest(self, post: SimplePost) -> Answer | Deferred[Answer] | None:
         """C{POST /events} read whole by the channel, beside twisted.web (relayd.web.simple_post),
         through the same L{wall} and ingest policy as L{ingest}: the C{202} of a valid batch of one
         slice (a C{Deferred} of it while the store writes), or C{None}, with nothing done, for
@@ -361,10 +360,7 @@ class AEPResource(RoutedResource):
             events = parser.result()
         except IngestError:
             return None
-        answer = self._store(events)
-        if isinstance(answer, Deferred):
-            return answer.addCallback(_early)
-        return _early(answer)
+        return self._store(events)
 
     def _parse(self, request: Request, parser: BatchParser, answer: Deferred[Answer]) -> None:
         """Parse one more slice of the batch; the next slice waits for the next reactor turn."""
@@ -538,6 +534,3 @@ def _is_upgrade(request: Request) -> bool:
     upgrade = request.getHeader(b"upgrade") or b""
     return request.method == b"GET" and b"websocket" in upgrade.lower()
 
-
-def _early(answer: Answer) -> EarlyAnswer:
-    return answer.status, list(answer.headers), answer.body

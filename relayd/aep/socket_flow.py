@@ -148,10 +148,14 @@ class SocketFlow(WebSocketServerProtocol):
         self._dirty = False
         if self.paused or not self._open:
             return
+        replay = self._replay
+        if replay.source is None:  # the usual turn of a live subscriber: nothing to pull
+            self._write_queue()
+            return
         if self._queued_bytes < FLUSH_AT:
-            self._replay.pull(self._is_open)  # (it may end, and a held subscribe start another)
+            replay.pull(self._is_open)  # (it may end, and a held subscribe start another)
         self._write_queue()
-        if self._replay.ready and not self.paused and self._open:
+        if replay.ready and not self.paused and self._open:
             self._wake()  # its next chunk on the next turn, unless the client lags
 
     def _wake(self) -> None:

@@ -23,7 +23,7 @@ from twisted.web.server import Request
 
 from relayd.buzz.core import contract
 from relayd.buzz.core.host import BrokerHost
-from relayd.web.answers import Answer, EarlyAnswer, Refusals, json_answer
+from relayd.web.answers import Answer, Refusals, json_answer
 from relayd.web.media import media_type
 from relayd.web.request import BodyLimit, read_body
 from relayd.web.routes import RoutedResource, RouteTable, answer_when
@@ -171,12 +171,15 @@ def make_root(host: BrokerHost, upstream: Callable[[], dict[str, Any]] | None = 
     return BrokerResource(host, upstream)
 
 
-def body_limit(max_bytes: int, check: Callable[[Request], EarlyAnswer | None] | None = None) -> BodyLimit:
+def body_limit(max_bytes: int, check: Callable[[Request], Answer | None] | None = None) -> BodyLimit:
     """The site's body cap: an oversize body gets 413 before the upload ends (after C{check}, the
     resource's L{BrokerResource.early_answer}: what the headers alone refuse)."""
 
-    def respond(request: Any) -> EarlyAnswer:
-        body = contract.dumps({"error": "invalid_request", "message": f"request body exceeds {max_bytes} bytes"})
-        return 413, [(b"content-type", _JSON)], body
+    too_large = json_answer(
+        413, contract.dumps({"error": "invalid_request", "message": f"request body exceeds {max_bytes} bytes"})
+    )
+
+    def respond(request: Any) -> Answer:
+        return too_large
 
     return BodyLimit(max_bytes, respond, check)

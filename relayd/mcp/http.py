@@ -26,7 +26,7 @@ from relayd.mcp.core.tokens import chosen_label
 from relayd.mcp.core.tunnel import Refused, TunnelRelay
 from relayd.mcp.endpoint import Endpoint, client_address, session_part
 from relayd.process.cors import OriginPolicy
-from relayd.web.answers import Answer, EarlyAnswer, Refusals, finish, gone, json_answer
+from relayd.web.answers import Answer, Refusals, finish, gone, json_answer
 from relayd.web.auth import bearer_token, query_param
 from relayd.web.request import read_body
 from relayd.web.routes import TAKEN, Result, RoutedResource, RouteTable
@@ -277,12 +277,11 @@ class McpResource(RoutedResource):
             return self.table.not_found
         return None
 
-    def too_large(self, request: Request) -> EarlyAnswer:
+    def too_large(self, request: Request) -> Answer:
         """docs/decisions.md MCP-2: a real 413 with CORS headers (the body limit's early answer)."""
         values = request.requestHeaders.getRawHeaders(b"origin")
         headers = self.policy.headers(values[0] if values else None)
-        headers.append((b"content-type", b"application/json"))
-        return 413, headers, b'{"error":"payload_too_large"}'
+        return json_answer(413, b'{"error":"payload_too_large"}', headers)
 
     def _frame_check(self, request: Request) -> Answer | None:
         """The token of an C{inbox} or C{outbox} POST, at the end of its headers: missing, or refused

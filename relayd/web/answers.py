@@ -45,19 +45,6 @@ def method_rank(method: Any) -> tuple[int, bytes]:
     return METHOD_ORDER.get(method, 9), method
 
 
-EarlyAnswer = tuple[int, list[Header], bytes]
-"""C{(status, headers, body)}: what the wings' body-limit callbacks and plain-POST handler still
-return in place of an L{Answer} (L{as_answer} takes either, until every wing returns an L{Answer})."""
-
-
-def as_answer(answer: Answer | EarlyAnswer) -> Answer:
-    """C{answer} as an L{Answer}."""
-    if type(answer) is Answer:
-        return answer
-    status, headers, body = answer  # type: ignore[misc]
-    return Answer(status, body, tuple(headers))
-
-
 def not_allowed(allow: bytes, body: bytes = b'{"error":"method_not_allowed"}') -> Answer:
     """The JSON C{405} of a path whose methods are C{allow}."""
     return json_answer(405, body, ((b"allow", allow),))

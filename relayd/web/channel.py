@@ -22,7 +22,7 @@ from relayd.compat.web import (
     keeps_alive,
     request_line,
 )
-from relayd.web.answers import Answer, EarlyAnswer, as_answer, json_answer, raw_response
+from relayd.web.answers import Answer, json_answer, raw_response
 from relayd.web.request import ChannelSite, LimitedRequest, host_of
 from relayd.web.simple_post import SimplePost, read_simple_post
 
@@ -206,7 +206,7 @@ class RelayChannel(ChannelHooks):
         return True
 
     def _write_simple(
-        self, answer: Answer | EarlyAnswer, site: ChannelSite, post: SimplePost, peer: str, started: float
+        self, answer: Answer, site: ChannelSite, post: SimplePost, peer: str, started: float
     ) -> None:
         """Write the answer to a plain POST as twisted.web writes the same answer (its version, Server
         and Date, its header capitals, C{Connection: close} when it closes an HTTP/1.1 connection);
@@ -215,7 +215,6 @@ class RelayChannel(ChannelHooks):
         transport = self.transport
         if transport is None or not getattr(transport, "connected", False):
             return  # (the client left while the store wrote)
-        answer = as_answer(answer)
         transport.write(
             raw_response(
                 answer.status, answer.headers, answer.body, close=post.close and post.version == b"HTTP/1.1",

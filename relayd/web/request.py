@@ -24,7 +24,7 @@ from twisted.web.server import Request, Site
 
 from relayd.base.clock import Timekeeper
 from relayd.compat.web import RequestHooks, body_framing, keeps_alive, request_line, set_body_sent
-from relayd.web.answers import Answer, EarlyAnswer, as_answer, raw_response
+from relayd.web.answers import Answer, raw_response
 from relayd.web.target import origin_form
 
 
@@ -41,13 +41,13 @@ class BodyLimit:
     """
 
     max_bytes: int
-    respond: Callable[[Request], Answer | EarlyAnswer]
-    check: Callable[[Request], Answer | EarlyAnswer | None] | None = None
+    respond: Callable[[Request], Answer]
+    check: Callable[[Request], Answer | None] | None = None
     size_first: bool = False
 
     def too_large(self, request: Request) -> Answer:
         """The answer to C{request}'s body over the cap."""
-        return as_answer(self.respond(request))
+        return self.respond(request)
 
     def refusal(self, request: Request, length: int | None) -> Answer | None:
         """The early answer to C{request}, whose headers are in and whose body of C{length} bytes
@@ -57,7 +57,7 @@ class BodyLimit:
         if self.check is not None:
             answer = self.check(request)
             if answer is not None:
-                return as_answer(answer)
+                return answer
         if length is not None and length > self.max_bytes:
             return self.too_large(request)
         return None
@@ -177,7 +177,7 @@ class ChannelSite(Site):
     max_client_connections: int
     too_many_connections: Answer
     body_limit: BodyLimit | None
-    simple_posts: dict[bytes, Callable[[Any], Answer | EarlyAnswer | Deferred[EarlyAnswer] | None]]
+    simple_posts: dict[bytes, Callable[[Any], Answer | Deferred[Answer] | None]]
     """Paths whose plain POSTs the wing answers itself, beside twisted.web (relayd.web.simple_post)."""
 
     def shared_address(self, address: IAddress) -> IAddress:

@@ -22,7 +22,7 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
-from relayd.web.answers import NOT_FOUND, Answer, EarlyAnswer, Refusals, finish, method_rank, not_allowed, write_answer
+from relayd.web.answers import NOT_FOUND, Answer, Refusals, finish, method_rank, not_allowed, write_answer
 
 
 class _Taken:
@@ -209,7 +209,7 @@ class RoutedResource(Resource):
         """Called before routing; an answer here is the response."""
         return None
 
-    def early_answer(self, request: Request) -> EarlyAnswer | None:
+    def early_answer(self, request: Request) -> Answer | None:
         """What the headers alone refuse, at their end, before a body is read (a site's
         L{BodyLimit.check}): L{prepare}'s answer, the route's C{404}/C{405} or its L{HeaderCheck}'s,
         with the headers L{prepare} set; C{None} to read the body and render."""
@@ -217,7 +217,7 @@ class RoutedResource(Resource):
         if answer is None:
             return None
         set_before = [(name, value) for name, values in request.responseHeaders.getAllRawHeaders() for value in values]
-        return answer.status, [*set_before, *answer.headers], answer.body
+        return Answer(answer.status, answer.body, (*set_before, *answer.headers))
 
     def render(self, request: Request) -> bytes | int:
         answer = self.prepare(request)

@@ -21,7 +21,7 @@ from relayd.compat.web import channel_of, channel_protocol, close_after
 from relayd.logs.access import ACCESS_NAMESPACE
 from relayd.logs.scrub import SCRUBBED_MARK
 from relayd.process.settings import DEFAULT_SITE_SETTINGS, HEALTH_RESERVE, SiteSettings
-from relayd.web.answers import Answer, EarlyAnswer, json_answer, write_answer
+from relayd.web.answers import Answer, json_answer, write_answer
 from relayd.web.channel import RelayChannel
 from relayd.web.request import BodyLimit, ChannelSite, RelayRequest, host_of
 from relayd.web.simple_post import SimplePost
@@ -115,7 +115,7 @@ class RelaySite(ChannelSite):
         self._protocols: weakref.WeakSet[Any] = weakref.WeakSet()
         # Paths whose plain POSTs the wing answers itself, beside twisted.web (relayd.web.simple_post):
         # the handler answers, or declines with None before it has done anything.
-        self.simple_posts: dict[bytes, Callable[[SimplePost], Answer | EarlyAnswer | Deferred[EarlyAnswer] | None]] = {}
+        self.simple_posts: dict[bytes, Callable[[SimplePost], Answer | Deferred[Answer] | None]] = {}
         self._request_counters: dict[tuple[str, int], Any] = {}  # labelled children, looked up once
         self._addresses: dict[Any, Any] = {}
 

@@ -13,7 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from relayd.web.answers import EarlyAnswer
+from relayd.web.answers import Answer
 from relayd.web.request import BodyLimit, LimitedRequest, read_body
 
 CAP = 10
@@ -55,11 +55,11 @@ class Harness:
         self.protocol = self.site.buildProtocol(self.transport.getPeer())
         self.protocol.makeConnection(self.transport)
 
-    def respond(self, request: Any) -> EarlyAnswer:
+    def respond(self, request: Any) -> Answer:
         self.answered.append((request.method, request.path))
         self.args.append(request.args)
         body = json.dumps({"error": "payload-too-large", "max_bytes": CAP}).encode()
-        return 413, [(b"content-type", b"application/json")], body
+        return Answer(413, body, [(b"content-type", b"application/json")])
 
     def send(self, data: bytes) -> None:
         self.protocol.dataReceived(data)

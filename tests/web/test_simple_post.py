@@ -7,7 +7,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.trial.unittest import TestCase
 from twisted.web.resource import Resource
 
-from relayd.web.answers import EarlyAnswer
+from relayd.web.answers import Answer
 from relayd.web.simple_post import SimplePost, read_simple_post
 from relayd.web.site import RelaySite
 from tests.support.raw import RawClient
@@ -125,13 +125,13 @@ class AnsweredBySite(TestCase):
         site = RelaySite(Leaf(), relay="test")
         calls: list[bytes] = []
 
-        def handler(post: SimplePost) -> EarlyAnswer | None:
+        def handler(post: SimplePost) -> Answer | None:
             calls.append(post.body)
             if post.body == b"decline":
                 return None
             if post.body == b"boom":
                 raise RuntimeError("a handler's fault")
-            return 201, [(b"content-type", b"application/json"), (b"x-relay-thing", b"1")], b"{}"
+            return Answer(201, b"{}", [(b"content-type", b"application/json"), (b"x-relay-thing", b"1")])
 
         site.simple_posts[b"/events"] = handler
         port = reactor.listenTCP(0, site, interface="127.0.0.1")
