@@ -22,6 +22,7 @@ from twisted.web.server import NOT_DONE_YET
 from relayd.base.clock import Timekeeper
 from relayd.compat import web as fence
 from relayd.process.settings import HEALTH_RESERVE, SiteSettings
+from relayd.web.answers import Answer
 from relayd.web.request import BodyLimit
 from relayd.web.site import RelaySite
 from relayd.web.streams.sse import SSEHub, SSEStream
@@ -352,7 +353,7 @@ class HeadersThenBody(TestCase):
     def setUp(self) -> None:
         self.resource = _Bodies()
         self.site = RelaySite(
-            self.resource, body_limit=BodyLimit(100_000, lambda request: (413, [], b"too large")), reactor=task.Clock()
+            self.resource, body_limit=BodyLimit(100_000, lambda request: Answer(413, b"too large")), reactor=task.Clock()
         )
         self.transport = StringTransport()
         self.protocol = self.site.buildProtocol(self.transport.getPeer())
