@@ -423,7 +423,7 @@ class AEPResource(RoutedResource):
         d.addCallback(lambda entries: self._resume(request, entries, from_all))
         d.addCallback(lambda resolved: self._fetch(resolved, history_only, filter_session, sub))
         d.addCallbacks(
-            lambda reader: self._open(request, key, sub, reader, history_only),
+            lambda reader: self._open(request, key, sub, reader, history_only, query.near_misses),
             lambda f: finish(request, self._replay_failed(key, f)),
         )
         return TAKEN
@@ -435,6 +435,7 @@ class AEPResource(RoutedResource):
         sub: SSESubscriber,
         reader: ReplayReader,
         history_only: bool,
+        near_misses: tuple[tuple[str, str], ...] = (),
     ) -> None:
         stream = sub.stream
         if gone(request) or stream.closed:  # gone, or cut off already for what it held
@@ -442,6 +443,11 @@ class AEPResource(RoutedResource):
             return
         stream.on_close = lambda: self._closed(key)
         stream.start(SSE_HEADERS, held=not history_only)  # a history-only answer ends: its connection is reused
+        for key, core in near_misses:
+            # (Both names match [a-z0-9]{1,20}: nothing to escape on a comment line.)
+            stream.write(
+                sse_comment(f'filter key "{key}" is an extension attribute, not "{core}": it matches only events carrying "{key}"')
+            )
         self.sse_subscribers += 1
         stream.produce(SSEReplay(sub, reader, history_only))
 

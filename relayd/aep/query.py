@@ -15,7 +15,7 @@ from twisted.web.server import Request
 from relayd.aep.core.capture import capture_error
 from relayd.aep.core.envelope import MAX_POSITION_DIGITS, POSITION_LIMIT, has_control
 from relayd.aep.core.event import JSONError, parse_json
-from relayd.aep.core.filters import Pin, compile_filter, filter_error, pin_of
+from relayd.aep.core.filters import Pin, compile_filter, filter_error, near_misses, pin_of
 from relayd.aep.core.store import Position
 
 # `{session}:{epoch}:{seq}`, greedy so that sessions may contain ":" (JS `^(.+):(\d+):(\d+)$`);
@@ -47,6 +47,7 @@ class StreamQuery:
     from_value: str | list[tuple[str, Position]]
     history_only: bool
     filter_session: str | None
+    near_misses: tuple[tuple[str, str], ...] = ()
 
 
 def stream_query(request: Request, max_from: int) -> StreamQuery:
@@ -92,7 +93,9 @@ def stream_query(request: Request, max_from: int) -> StreamQuery:
     history_only = args.get(b"live", [None])[0] == b"0"
     session = flt.get("session")
     filter_session = session if isinstance(session, str) else None
-    return StreamQuery(compile_filter(flt), pin_of(flt), ceiling, from_value, history_only, filter_session)
+    return StreamQuery(
+        compile_filter(flt), pin_of(flt), ceiling, from_value, history_only, filter_session, tuple(near_misses(flt))
+    )
 
 
 def parse_from_entries(value: Any) -> list[tuple[str, Position]]:

@@ -257,6 +257,22 @@ class Ingest(TestCase):
         self.assertIn(b"event: session.started", stream.received())
         self.assertNotIn(b"control.pause", stream.received())  # the command never reached the stream
 
+    def test_a_filter_key_spelled_like_a_core_attribute_is_named_in_a_comment(self) -> None:
+        """`sesion` is a legal extension attribute (AEP's filter grammar), so it is not refused; the
+        stream says what it is and which core attribute it is not."""
+        relay = aep(self)
+        stream = relay.connect()
+        stream.send(b'GET /stream?filter={"sesion":"S"} HTTP/1.1\r\nHost: localhost\r\n\r\n')
+        relay.advance(0)
+        self.assertIn(
+            b': filter key "sesion" is an extension attribute, not "session": it matches only events carrying "sesion"\n\n',
+            stream.received(),
+        )
+        plain = relay.connect()
+        plain.send(b'GET /stream?filter={"session":"S","team":"x"} HTTP/1.1\r\nHost: localhost\r\n\r\n')
+        relay.advance(0)
+        self.assertNotIn(b"filter key", plain.received())
+
 
 class EarlyAnswersOnTheWire(TestCase):
     """A body over the cap is refused before the client has sent it: what the client reads on a

@@ -6,13 +6,14 @@ event per subscriber, so all per-filter work (sets, prefix tuples, rank bounds) 
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from typing import Any, Callable, Final, Iterable, NamedTuple
 
 from relayd.aep.core.envelope import SEVERITIES, js_str
 
-__all__ = ["Pin", "Predicate", "compile_filter", "filter_error", "index_value", "match_all", "pin_of"]
+__all__ = ["Pin", "Predicate", "compile_filter", "filter_error", "index_value", "match_all", "near_misses", "pin_of"]
 
 Predicate = Callable[[dict], bool]
 
@@ -91,6 +92,19 @@ def filter_error(f: object) -> str | None:
                 if _TYPE_PATTERN_RE.fullmatch(v) is None:
                     return f"bad type pattern: {v} (form: prefix.*)"
     return None
+
+
+def near_misses(f: dict) -> list[tuple[str, str]]:
+    """The extension keys of a valid filter C{f} spelled like a filterable core attribute, each with
+    that attribute (C{("sesion", "session")}): legal (an extension attribute of that name), but
+    almost always a typo that matches nothing, which the stream says in a comment."""
+    found = []
+    for key in f:
+        if key not in _FILTERABLE and isinstance(key, str):
+            close = difflib.get_close_matches(key, sorted(_FILTERABLE), n=1, cutoff=0.8)
+            if close:
+                found.append((key, close[0]))
+    return found
 
 
 def match_all(ev: dict) -> bool:
