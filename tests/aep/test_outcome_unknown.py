@@ -6,14 +6,12 @@ live consumer once: the append Redis reaches after its deadline does nothing
 from __future__ import annotations
 
 import json
-import socket
-import threading
 
-from twisted.internet import threads
+from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 
 from tests.support.aep import AEPRelay, event, open_sse, open_ws, start_relay
-from tests.support.redis import RedisServer
+from tests.support.redis import RedisServer, sleep_redis
 
 
 class OutcomeUnknown(TestCase):
@@ -26,20 +24,8 @@ class OutcomeUnknown(TestCase):
         shared = {"redis": self.server.url, "redis_prefix": "unknown:"}
         return await start_relay(self, **shared), await start_relay(self, **shared)
 
-    def sleep_redis(self, seconds: int) -> threads.Deferred[bytes]:
-        """Redis sleeps for C{seconds}; fires, once it has been told to, with what it answers at the end."""
-        sent = threading.Event()
-
-        def sleep() -> bytes:
-            with socket.create_connection(("127.0.0.1", self.server.port), timeout=seconds + 5) as s:
-                s.sendall(b"DEBUG SLEEP %d\r\n" % seconds)
-                sent.set()
-                return s.recv(64)
-
-        answered = threads.deferToThread(sleep)
-        self.addCleanup(lambda: answered)
-        sent.wait(5)
-        return answered
+    def sleep_redis(self, seconds: int) -> Deferred[bytes]:
+        return sleep_redis(self, self.server.port, seconds)
 
     async def test_held_append_is_unknown_and_its_retry_reaches_consumers_once(self) -> None:
         a, b = await self.asyncSetUp()

@@ -11,19 +11,17 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import socket
 import tempfile
-import threading
 import time
 
-from twisted.internet import defer, reactor, threads
+from twisted.internet import defer, reactor
 from twisted.internet.task import deferLater
 from twisted.trial import unittest
 
 from relayd.buzz.core import contract
 from tests.buzz.harness import BrokerUnderTest, new_channel
 from tests.support.nostr import shared_nostr_relay
-from tests.support.redis import RedisServer, shared_redis
+from tests.support.redis import RedisServer, shared_redis, sleep_redis
 
 _prefixes = itertools.count()
 
@@ -187,19 +185,7 @@ class RedisDoesNotAnswer(unittest.TestCase):
         await self.broker.stop()
 
     def sleep_redis(self, seconds: int) -> defer.Deferred[bytes]:
-        """Redis sleeps for C{seconds} (told before this returns); fires with its answer at the end."""
-        sent = threading.Event()
-
-        def sleep() -> bytes:
-            with socket.create_connection(("127.0.0.1", self.server.port), timeout=seconds + 5) as s:
-                s.sendall(b"DEBUG SLEEP %d\r\n" % seconds)
-                sent.set()
-                return s.recv(64)
-
-        answered = threads.deferToThread(sleep)
-        self.addCleanup(lambda: answered)
-        sent.wait(5)
-        return answered
+        return sleep_redis(self, self.server.port, seconds)
 
     async def test_a_held_claim_is_indeterminate_and_the_retry_executes_once(self) -> None:
         warm = body("message.post", {"channelId": self.channel, "content": "warm"}, "req-warm")

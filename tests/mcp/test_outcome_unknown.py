@@ -5,11 +5,9 @@ happened"; a failure before anything was forwarded (the token check) stays "stor
 from __future__ import annotations
 
 import json
-import socket
-import threading
 from typing import Any
 
-from twisted.internet import reactor, threads
+from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import ClientCreator
 
@@ -17,7 +15,7 @@ from tests.mcp.test_endpoint_http import AUTH, INIT, SESSION
 from tests.support.mcp import TOKEN, McpRelayCase
 from tests.support.mcp_clients import SimulatedPage, compact
 from tests.support.raw import RawClient, parse_responses
-from tests.support.redis import RedisServer
+from tests.support.redis import RedisServer, sleep_redis
 
 CALL = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "slow"}}
 
@@ -35,19 +33,7 @@ class OutcomeUnknown(McpRelayCase):
         await self.page.start()
 
     def sleep_redis(self, seconds: int) -> Deferred[bytes]:
-        """Redis sleeps for C{seconds} (told before this returns); fires with its answer at the end."""
-        sent = threading.Event()
-
-        def sleep() -> bytes:
-            with socket.create_connection(("127.0.0.1", self.server.port), timeout=seconds + 5) as s:
-                s.sendall(b"DEBUG SLEEP %d\r\n" % seconds)
-                sent.set()
-                return s.recv(64)
-
-        answered = threads.deferToThread(sleep)
-        self.addCleanup(lambda: answered)
-        sent.wait(5)
-        return answered
+        return sleep_redis(self, self.server.port, seconds)
 
     async def test_a_forwarded_request_without_an_answer_from_redis_is_outcome_unknown(self) -> None:
         reply = await self.mcp_post(INIT)

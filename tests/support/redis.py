@@ -8,7 +8,12 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
+from typing import Any
+
+from twisted.internet import threads
+from twisted.internet.defer import Deferred
 
 from tests.support.skips import missing
 
@@ -139,3 +144,21 @@ async def connected_redis(url: str, timeout: float = 5.0):  # type: ignore[no-un
         await deferLater(reactor, 0.01, lambda: None)  # polling a connection that is being made
         waited += 0.01
     return redis
+
+
+def sleep_redis(case: Any, port: int, seconds: int) -> Deferred[bytes]:
+    """The Redis on C{port} sleeps for C{seconds} (C{DEBUG SLEEP}, told before this returns): a
+    command sent meanwhile gets no answer until then. Fires with Redis's answer at the end; C{case}
+    waits for it in its cleanup."""
+    sent = threading.Event()
+
+    def sleep() -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=seconds + 5) as s:
+            s.sendall(b"DEBUG SLEEP %d\r\n" % seconds)
+            sent.set()
+            return s.recv(64)
+
+    answered: Deferred[bytes] = threads.deferToThread(sleep)
+    case.addCleanup(lambda: answered)
+    sent.wait(5)
+    return answered
