@@ -49,7 +49,7 @@ from relayd.process.settings import SETTINGS as PROCESS_SETTINGS
 from relayd.web.site import RelaySite
 from relayd.wing import Plumbing
 from tests.support.mcp import TOKEN
-from tests.support.sse import Message
+from tests.support.sse import Message, add_line
 
 SERVER = IPv4Address("TCP", "127.0.0.1", 8080)
 """The local address every in-memory connection arrives on."""
@@ -234,21 +234,9 @@ class Connection:
         """The server-sent events and comments complete in L{body}, in order."""
         messages = []
         for block in self.body().split(b"\n\n")[:-1]:
-            message = Message(raw=block + b"\n")
+            message = Message()
             for line in block.split(b"\n"):
-                text = line.decode("utf-8")
-                if text.startswith(":"):
-                    message.comment = text[1:].strip()
-                    continue
-                name, _, value = text.partition(":")
-                value = value[1:] if value.startswith(" ") else value
-                message.fields.append(name)
-                if name == "event":
-                    message.event = value
-                elif name == "data":
-                    message.data = value if message.data is None else message.data + "\n" + value
-                elif name == "id":
-                    message.id = value
+                add_line(message, line)
             messages.append(message)
         return messages
 

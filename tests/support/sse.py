@@ -30,6 +30,24 @@ class Message:
         return json.loads(self.data)
 
 
+def add_line(message: Message, line: bytes) -> None:
+    """One non-empty line of an SSE message into C{message} (a comment, or a field)."""
+    message.raw += line + b"\n"
+    text = line.decode("utf-8")
+    if text.startswith(":"):
+        message.comment = text[1:].strip()
+        return
+    name, _, value = text.partition(":")
+    value = value[1:] if value.startswith(" ") else value
+    message.fields.append(name)
+    if name == "event":
+        message.event = value
+    elif name == "data":
+        message.data = value if message.data is None else message.data + "\n" + value
+    elif name == "id":
+        message.id = value
+
+
 class SSEClient:
     """Open with L{connect}; read with L{next}; the stream's end fires L{ended}."""
 
@@ -79,20 +97,7 @@ class SSEClient:
                 self.queue.put(current)
             self._current = Message()
             return
-        current.raw += line + b"\n"
-        text = line.decode("utf-8")
-        if text.startswith(":"):
-            current.comment = text[1:].strip()
-            return
-        name, _, value = text.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        current.fields.append(name)
-        if name == "event":
-            current.event = value
-        elif name == "data":
-            current.data = value if current.data is None else current.data + "\n" + value
-        elif name == "id":
-            current.id = value
+        add_line(current, line)
 
     def _end(self, result: Any) -> None:
         self._done = True
