@@ -86,6 +86,16 @@ class CrashTests(unittest.TestCase):
             survivor.transport.signalProcess("TERM")
             await survivor.ended
 
+    async def _read_once_the_relay_is_up(self, broker: BrokerUnderTest) -> None:
+        """The relay may still be booting (alembic, uvicorn) on a loaded machine: a read answered
+        "relay unavailable" promises nothing happened, so read again until the connection is up."""
+        for _ in range(20):
+            first = await broker.call(self.alice["credential"], "channel.read", {"channelId": self.channel})
+            if first["status"] == "succeeded":
+                return
+            assert first["error"]["code"] == "internal", first
+        raise AssertionError(f"the relay never answered a read: {first}")
+
     async def test_kill9_after_relay_stored_event_before_ok_handled(self) -> None:
         await self._kill9_then_retry("on_ok")
 
@@ -100,11 +110,7 @@ class CrashTests(unittest.TestCase):
         await broker.start()
         try:
             cred = self.alice["credential"]
-            for _ in range(20):
-                ok_first = await broker.call(cred, "channel.read", {"channelId": self.channel})
-                if ok_first["status"] == "succeeded":
-                    break
-            assert ok_first["status"] == "succeeded", ok_first
+            await self._read_once_the_relay_is_up(broker)
             assert broker.service is not None
             upstream = broker.service.upstream
             gone = upstream.next_outcome()
@@ -140,14 +146,7 @@ class CrashTests(unittest.TestCase):
         broker.service.host.relay_outage = lambda: None
         try:
             cred = self.alice["credential"]
-            # The relay may still be booting (alembic, uvicorn) on a loaded machine: a read answered
-            # "relay unavailable" promises nothing happened, so read again until the connection is up.
-            for _ in range(20):
-                ok_first = await broker.call(cred, "channel.read", {"channelId": self.channel})
-                if ok_first["status"] == "succeeded":
-                    break
-                assert ok_first["error"]["code"] == "internal", ok_first
-            assert ok_first["status"] == "succeeded", ok_first
+            await self._read_once_the_relay_is_up(broker)
             self.relay.stop()
             b = contract.freeze(contract.build_request("message.post", {"channelId": self.channel, "content": "while down"}, "req-down"))
             started = time.monotonic()
