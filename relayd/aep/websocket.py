@@ -31,7 +31,7 @@ from relayd.aep.core import backlog
 from relayd.aep.core.backlog import held_size
 from relayd.aep.core.capture import capture_error
 from relayd.aep.core.event import Event, JSONError, admit, dumps, parse_json
-from relayd.aep.core.filters import Pin, compile_filter, filter_error, pin_of
+from relayd.aep.core.filters import Pin, compile_filter, filter_error, near_misses, pin_of
 from relayd.aep.core.ingest import event_or_problem
 from relayd.aep.core.relay import (
     Emitter,
@@ -409,7 +409,11 @@ class AEPSocket(SocketFlow, Emitter):  # type: ignore[misc]  # autobahn's own ba
             self.send_frame(error_frame("limit-exceeded", detail, id=sub_id))
             return
         self.subscriptions[key] = sub  # a reused id replaces the older subscription
-        self.send_frame({"type": "subscribed", "id": sub_id})
+        subscribed: dict[str, Any] = {"type": "subscribed", "id": sub_id}
+        warnings = near_misses(flt)  # (what the SSE stream says in comments)
+        if warnings:
+            subscribed["warnings"] = warnings
+        self.send_frame(subscribed)
         # Until the replay and what the subscription held meanwhile are queued, what the client
         # sends waits (messages are answered in order), whatever the store's latency.
         self._replaying = True
