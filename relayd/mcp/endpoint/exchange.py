@@ -147,8 +147,6 @@ class Exchange:
         for event in handle.backlog:
             client.deliver(event)
         if client.origin and client.kind.lasting:
-            # (The record's legacy flag: a client session whose answers ride its one stream, which
-            # lives on this instance.)
             record = ClientRecord(client.session, client.label, client.kind.answers_on_stream)
             try:
                 await tunnel.put_client(client.id, record, self.clients.config.client_idle_ms)
@@ -173,7 +171,7 @@ class Exchange:
                 record = await self.tunnel.get_client(sid)
             except Exception:
                 return not_forwarded(Failure())
-            if record is None or record.session != session or record.legacy != kind.answers_on_stream:
+            if record is None or record.session != session or record.answers_on_stream != kind.answers_on_stream:
                 return UNKNOWN_CLIENT
             if sid in clients.clients:
                 continue  # attached meanwhile by a concurrent request

@@ -61,7 +61,7 @@ class LegacySSE:
                 record = await exchange.tunnel.get_client(sid)
             except Exception:
                 return not_forwarded(Failure())
-            if record is None or record.session != session or not record.legacy:
+            if record is None or record.session != session or not record.answers_on_stream:
                 return UNKNOWN_LEGACY_CLIENT
             # Forwarded as it is: the answers reach the client's stream by its label, there.
             intake = read_messages(request, one_request=False)

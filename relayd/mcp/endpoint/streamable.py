@@ -101,7 +101,7 @@ class StreamableHTTP:
             record = await tunnel.get_client(sid)
         except Exception:
             return not_forwarded(Failure())
-        if record is None or record.session != session or record.legacy:
+        if record is None or record.session != session or record.answers_on_stream:
             return UNKNOWN_CLIENT
         local = clients.get(sid)
         if local is not None:
