@@ -435,7 +435,7 @@ class AEPResource(RoutedResource):
         sub: SSESubscriber,
         reader: ReplayReader,
         history_only: bool,
-        near_misses: tuple[tuple[str, str], ...] = (),
+        near_misses: tuple[str, ...] = (),
     ) -> None:
         stream = sub.stream
         if gone(request) or stream.closed:  # gone, or cut off already for what it held
@@ -443,11 +443,8 @@ class AEPResource(RoutedResource):
             return
         stream.on_close = lambda: self._closed(key)
         stream.start(SSE_HEADERS, held=not history_only)  # a history-only answer ends: its connection is reused
-        for key, core in near_misses:
-            # (Both names match [a-z0-9]{1,20}: nothing to escape on a comment line.)
-            stream.write(
-                sse_comment(f'filter key "{key}" is an extension attribute, not "{core}": it matches only events carrying "{key}"')
-            )
+        for warning in near_misses:
+            stream.write(sse_comment(warning))
         self.sse_subscribers += 1
         stream.produce(SSEReplay(sub, reader, history_only))
 

@@ -47,7 +47,7 @@ class StreamQuery:
     from_value: str | list[tuple[str, Position]]
     history_only: bool
     filter_session: str | None
-    near_misses: tuple[tuple[str, str], ...] = ()
+    near_misses: tuple[str, ...] = ()  # what the stream says of a filter key that looks like a typo
 
 
 def stream_query(request: Request, max_from: int) -> StreamQuery:

@@ -95,6 +95,14 @@ class SocketFlow(WebSocketServerProtocol):
             self._log.failure("could not register the WebSocket producer")
         self._open = True
 
+    def stop_flow(self) -> None:
+        """The connection closed: nothing more is sent, read or held."""
+        self._open = False
+        self._queue = []
+        self._queued_bytes = 0
+        self._replay.stop()
+        self._held_messages = None
+
     def _on_message(self, payload: bytes, isBinary: bool) -> None:
         raise NotImplementedError
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, cast
 from autobahn.twisted.websocket import WebSocketServerFactory
 from autobahn.websocket.types import ConnectionRequest
 from twisted.internet.defer import succeed
-from twisted.internet.interfaces import IDelayedCall, ITCPTransport
+from twisted.internet.interfaces import ITCPTransport
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -31,10 +31,9 @@ from relayd.aep.core import backlog
 from relayd.aep.core.backlog import held_size
 from relayd.aep.core.capture import capture_error
 from relayd.aep.core.event import Event, JSONError, admit, dumps, parse_json
-from relayd.aep.core.filters import Pin, compile_filter, filter_error, pin_of
+from relayd.aep.core.filters import Pin, compile_filter, filter_error, near_misses, pin_of
 from relayd.aep.core.ingest import event_or_problem
 from relayd.aep.core.relay import (
-    Emitter,
     EventRelay,
     ReplayProducer,
     ReplayReader,
@@ -44,6 +43,7 @@ from relayd.aep.core.relay import (
 from relayd.aep.core.store import Position
 from relayd.aep.query import parse_from_entries
 from relayd.aep.socket_flow import SocketFlow
+from relayd.aep.socket_phases import SHUT, AwaitingHello, Greeted, Phase, PhasedEmitter
 from relayd.aep.wire import ws_message
 from relayd.base.clock import NextTurn, Timekeeper
 from relayd.base.config import show_value
@@ -133,22 +133,20 @@ class WSReplay(ReplayProducer):
         self.conn._replay_failed(failure, self.sub)  # type: ignore[arg-type]
 
 
-class AEPSocket(SocketFlow, Emitter):  # type: ignore[misc]  # autobahn's own bases disagree on two attributes
-    """One ``/socket`` connection: the hello gate and the message handlers (its flow: L{SocketFlow})."""
+class AEPSocket(SocketFlow, PhasedEmitter):  # type: ignore[misc]  # autobahn's own bases disagree on two attributes
+    """One ``/socket`` connection: the hello gate and the message handlers (its flow: L{SocketFlow}).
+
+    Its state is one L{Phase} (L{relayd.aep.socket_phases}): L{SHUT}, L{AwaitingHello} from the
+    upgrade, L{Greeted} from the hello, L{SHUT} again once closed; what exists only in a phase lives
+    in its object, and the handlers after the hello are handed the L{Greeted} one.
+    """
 
     _log = Logger()  # autobahn owns self.log
     factory: AEPSocketFactory
 
     def __init__(self) -> None:
         super().__init__()
-        self.role = "both"
-        self.hello_done = False
-        self.identity: dict[str, Any] = {}
-        self.capabilities: dict[str, Any] = {}
-        self.claims: list[str] = []
-        self.subscriptions: dict[Any, WSSubscription] = {}
-        self._events: list[Event] = []  # received this turn, ingested together at its end
-        self._hello_deadline: IDelayedCall | None = None
+        self.phase: Phase = SHUT
 
     # Lifecycle -------------------------------------------------------------------------------
 
@@ -161,12 +159,14 @@ class AEPSocket(SocketFlow, Emitter):  # type: ignore[misc]  # autobahn's own ba
         self.factory.connections[self] = None
         no_delay(self.transport)
         self.factory.relay.connect(self, self)
-        # A connection that never says hello would be held for ever (and count against the fd limit).
-        self._hello_deadline = self.factory.clock.deadline(self.factory.hello_timeout, self._hello_late)
+        self.phase = AwaitingHello(self.factory.clock.deadline(self.factory.hello_timeout, self._hello_late))
 
     def _hello_late(self) -> None:
-        self._hello_deadline = None
-        if self._open and not self.hello_done and self.state == self.STATE_OPEN:
+        phase = self.phase
+        if type(phase) is not AwaitingHello:
+            return
+        phase.deadline = None
+        if self.state == self.STATE_OPEN:
             self.send_frame(error_frame("hello-timeout", f"no hello within {show_value(self.factory.hello_timeout)} s"))
             self.close_with(CLOSE_PROTOCOL_ERROR, "hello timeout")
 
@@ -176,23 +176,20 @@ class AEPSocket(SocketFlow, Emitter):  # type: ignore[misc]  # autobahn's own ba
         if self.state == self.STATE_CLOSED and self.closeHandshakeTimeoutCall is not None:
             self.closeHandshakeTimeoutCall.cancel()
             self.closeHandshakeTimeoutCall = None
-        if self._hello_deadline is not None:
-            self._hello_deadline.cancel()
-            self._hello_deadline = None
-        if not self._open:
+        phase = self.phase
+        if phase is SHUT:
             return
+        if type(phase) is AwaitingHello:
+            self.factory.clock.cancel(phase.deadline)
         self.ingest_events()  # what arrived before the close still counts
-        self._open = False
+        self.stop_flow()
         self.factory.connections.pop(self, None)
         relay = self.factory.relay
-        for key in list(self.subscriptions):
-            relay.unsubscribe((self, key))
-        self.subscriptions.clear()
-        relay.disconnect(self)
-        self._queue = []
-        self._queued_bytes = 0
-        self._replay.stop()
-        self._held_messages = None
+        if type(phase) is Greeted:
+            for key in phase.subscriptions:
+                relay.unsubscribe((self, key))
+        relay.disconnect(self)  # (it reads the claims: the phase goes after it)
+        self.phase = SHUT
 
     # Sending ---------------------------------------------------------------------------------
 
@@ -222,13 +219,15 @@ class AEPSocket(SocketFlow, Emitter):  # type: ignore[misc]  # autobahn's own ba
             self._backpressure_close()
 
     def _backpressure_close(self) -> None:
+        phase = self.phase
+        subscriptions = phase.subscriptions.values() if type(phase) is Greeted else ()
         delivered = [
             {"sub": sub.sub_id, "session": session, "epoch": pos[0], "seq": pos[1]}
-            for sub in self.subscriptions.values()
+            for sub in subscriptions
             for session, pos in sub.delivered.items()
         ]
         discarded = sum(1 for _, sub, event in self._queue if event is not None)
-        discarded += sum(len(sub._held or ()) for sub in self.subscriptions.values())
+        discarded += sum(len(sub._held or ()) for sub in subscriptions)
         if discarded:
             backlog.CUT_OFF.inc(discarded)
         self._queue = []
@@ -245,10 +244,11 @@ class AEPSocket(SocketFlow, Emitter):  # type: ignore[misc]  # autobahn's own ba
             self.send_frame(error_frame("binary-unsupported"))
             self.close_with(CLOSE_UNSUPPORTED_DATA, "binary unsupported")
             return
-        if self.hello_done:
+        phase = self.phase
+        if type(phase) is Greeted:
             event = admit(payload)  # the usual frame: a plainly valid event (no control frame passes)
             if event is not None:
-                self._add_event(event)
+                self._add_event(phase, event)
                 return
         try:
             msg = parse_json(payload)
@@ -268,25 +268,27 @@ class AEPSocket(SocketFlow, Emitter):  # type: ignore[misc]  # autobahn's own ba
             self.send_frame(error_frame("bad-json", "a message is one JSON object"))
             return
         kind = msg.get("type")
-        if not self.hello_done:
+        if type(phase) is AwaitingHello:
             if kind != "hello":
                 self.send_frame(error_frame("hello-required"))
                 self.close_with(CLOSE_PROTOCOL_ERROR, "hello required")
                 return
-            self.on_hello(msg)
+            self.on_hello(phase, msg)
             return
+        if type(phase) is not Greeted:
+            return  # (shut: nothing is read)
         if isinstance(kind, str) and "." in kind:
-            self.on_event(msg, payload)
+            self.on_event(phase, msg, payload)
             return
         self.ingest_events()  # events sent before this frame come first
         handler = _FRAME_HANDLERS.get(kind) if isinstance(kind, str) else None
         if handler is not None:
             # Frames are few: parse them exactly (resume positions, echoed ids and ping times).
             msg = parse_json(payload, exact=True)
-            handler(self, msg)
+            handler(self, phase, msg)
         # Unknown frames (and a second hello) are ignored (AEP-0003 §2).
 
-    def on_hello(self, msg: dict[str, Any]) -> None:
+    def on_hello(self, phase: AwaitingHello, msg: dict[str, Any]) -> None:
         versions = msg.get("versions")
         if not isinstance(versions, list) or "0.1" not in versions:
             self.send_frame(error_frame("version-unsupported", versions=["0.1"]))
@@ -307,11 +309,8 @@ class AEPSocket(SocketFlow, Emitter):  # type: ignore[misc]  # autobahn's own ba
             self.send_frame(error_frame("bad-hello", problem))
             self.close_with(CLOSE_PROTOCOL_ERROR, "bad hello")
             return
-        self.role, self.identity, self.capabilities = role, identity, capabilities
-        self.hello_done = True
-        if self._hello_deadline is not None:
-            self._hello_deadline.cancel()
-            self._hello_deadline = None
+        self.factory.clock.cancel(phase.deadline)
+        self.phase = Greeted(role, identity, capabilities)
         relay = self.factory.relay
         self.send_frame(
             {
@@ -323,7 +322,7 @@ class AEPSocket(SocketFlow, Emitter):  # type: ignore[misc]  # autobahn's own ba
             }
         )
 
-    def on_event(self, msg: dict[str, Any], payload: bytes) -> None:
+    def on_event(self, phase: Greeted, msg: dict[str, Any], payload: bytes) -> None:
         verdict = event_or_problem(msg, payload)  # (the verdict an HTTP batch's line gets)
         if type(verdict) is str:
             self.ingest_events()  # the events before this one are refused or routed first
@@ -332,18 +331,21 @@ class AEPSocket(SocketFlow, Emitter):  # type: ignore[misc]  # autobahn's own ba
             return
         # The events of one read are ingested together at the end of the reactor turn (one store
         # write, one publish); a frame that follows them in the same read waits for them.
-        self._add_event(verdict)  # type: ignore[arg-type]
+        self._add_event(phase, verdict)  # type: ignore[arg-type]
 
-    def _add_event(self, event: Event) -> None:
-        self._events.append(event)
-        if len(self._events) == 1:
+    def _add_event(self, phase: Greeted, event: Event) -> None:
+        events = phase.events
+        events.append(event)
+        if len(events) == 1:
             self.factory.schedule_events(self)
 
     def ingest_events(self) -> None:
         """Hand the events received this turn to the relay, in order."""
-        events, self._events = self._events, []
-        if events:
-            self.factory.relay.ingest(events, self).addErrback(self._store_failed, [e.key[1] for e in events])
+        phase = self.phase
+        if type(phase) is not Greeted or not phase.events:
+            return
+        events, phase.events = phase.events, []
+        self.factory.relay.ingest(events, self).addErrback(self._store_failed, [e.key[1] for e in events])
 
     def _store_failed(self, failure: Any, causes: list[Any]) -> None:
         metrics.store_errors.labels(relay="aep", operation="append").inc()
@@ -354,7 +356,7 @@ class AEPSocket(SocketFlow, Emitter):  # type: ignore[misc]  # autobahn's own ba
         for cause in causes:
             self.send_frame(error_frame(code, detail, cause=cause))
 
-    def on_subscribe(self, msg: dict[str, Any]) -> None:
+    def on_subscribe(self, phase: Greeted, msg: dict[str, Any]) -> None:
         sub_id = msg.get("id")
         relay = self.factory.relay
         flt = msg.get("filter")
@@ -398,7 +400,8 @@ class AEPSocket(SocketFlow, Emitter):  # type: ignore[misc]  # autobahn's own ba
                 return
         key = subscription_key(sub_id)
         limit = self.factory.max_subscriptions
-        if key not in self.subscriptions and len(self.subscriptions) >= limit:
+        subscriptions = phase.subscriptions
+        if key not in subscriptions and len(subscriptions) >= limit:
             detail = f"subscriptions on one connection exceed AEP_MAX_SUBSCRIPTIONS={limit}"
             self.send_frame(error_frame("limit-exceeded", detail, id=sub_id))
             return
@@ -408,8 +411,12 @@ class AEPSocket(SocketFlow, Emitter):  # type: ignore[misc]  # autobahn's own ba
             detail = f"subscribers exceed AEP_MAX_SUBSCRIBERS={relay.max_subscribers}"
             self.send_frame(error_frame("limit-exceeded", detail, id=sub_id))
             return
-        self.subscriptions[key] = sub  # a reused id replaces the older subscription
-        self.send_frame({"type": "subscribed", "id": sub_id})
+        subscriptions[key] = sub  # a reused id replaces the older subscription
+        subscribed: dict[str, Any] = {"type": "subscribed", "id": sub_id}
+        warnings = near_misses(flt)  # (what the SSE stream says in comments)
+        if warnings:
+            subscribed["warnings"] = warnings
+        self.send_frame(subscribed)
         # Until the replay and what the subscription held meanwhile are queued, what the client
         # sends waits (messages are answered in order), whatever the store's latency.
         self._replaying = True
@@ -428,8 +435,9 @@ class AEPSocket(SocketFlow, Emitter):  # type: ignore[misc]  # autobahn's own ba
         metrics.replays.labels(relay="aep", outcome="failed").inc()
         self._replay.stop()
         key = subscription_key(sub.sub_id)
-        if self.subscriptions.get(key) is sub:
-            del self.subscriptions[key]
+        phase = self.phase
+        if type(phase) is Greeted and phase.subscriptions.get(key) is sub:
+            del phase.subscriptions[key]
             self.factory.relay.unsubscribe((self, key))
         self.send_frame(error_frame("unavailable", "event history unavailable", id=sub.sub_id))
         self.replay_sent()
@@ -440,15 +448,15 @@ class AEPSocket(SocketFlow, Emitter):  # type: ignore[misc]  # autobahn's own ba
             return
         self._replay.start(WSReplay(self, sub, self.factory.relay.reader(sub, entries, from_all)))
 
-    def on_unsubscribe(self, msg: dict[str, Any]) -> None:
+    def on_unsubscribe(self, phase: Greeted, msg: dict[str, Any]) -> None:
         sub_id = msg.get("id")
         key = subscription_key(sub_id)
-        if self.subscriptions.pop(key, None) is not None:
+        if phase.subscriptions.pop(key, None) is not None:
             self.factory.relay.unsubscribe((self, key))
         self.send_frame({"type": "unsubscribed", "id": sub_id})
 
-    def on_roster(self, msg: dict[str, Any]) -> None:
-        if self.role == "emitter":
+    def on_roster(self, phase: Greeted, msg: dict[str, Any]) -> None:
+        if phase.role == "emitter":
             self.send_frame(
                 error_frame("unauthorized", "roster is answered on consumer/both connections", id=msg.get("id"))
             )
@@ -460,23 +468,26 @@ class AEPSocket(SocketFlow, Emitter):  # type: ignore[misc]  # autobahn's own ba
             lambda f: self.send_frame(error_frame("unavailable", f"roster unavailable: {f.getErrorMessage()}", id=roster_id))
         )
 
-    def on_ping(self, msg: dict[str, Any]) -> None:
+    def on_ping(self, phase: Greeted, msg: dict[str, Any]) -> None:
         self.send_frame({"type": "pong", "t": msg.get("t")})
 
-    def listing(self) -> dict[str, Any]:
-        """This connection in C{GET /connections}."""
-        control = self.capabilities.get("control") if isinstance(self.capabilities, dict) else None
+    def listing(self) -> dict[str, Any] | None:
+        """This connection in C{GET /connections} (C{None} before its hello)."""
+        phase = self.phase
+        if type(phase) is not Greeted:
+            return None
+        control = phase.capabilities.get("control")
         accepts = control.get("accepts") if isinstance(control, dict) else None
         return {
-            "role": self.role,
-            "identity": self.identity,
+            "role": phase.role,
+            "identity": phase.identity,
             "accepts": accepts,
-            "sessions": list(self.claims),
-            "subscriptions": len(self.subscriptions),
+            "sessions": list(phase.claims),
+            "subscriptions": len(phase.subscriptions),
         }
 
 
-_FRAME_HANDLERS: dict[str, Callable[[AEPSocket, dict[str, Any]], None]] = {
+_FRAME_HANDLERS: dict[str, Callable[[AEPSocket, Greeted, dict[str, Any]], None]] = {
     "subscribe": AEPSocket.on_subscribe,
     "unsubscribe": AEPSocket.on_unsubscribe,
     "roster": AEPSocket.on_roster,
@@ -555,7 +566,7 @@ class AEPSocketFactory(WebSocketServerFactory):
             conn._enqueue(message, None, None)  # (not once its closing handshake started)
 
     def listing(self) -> list[dict[str, Any]]:
-        return [conn.listing() for conn in self.connections if conn.hello_done]
+        return [listed for listed in map(AEPSocket.listing, self.connections) if listed is not None]
 
     def drain(self) -> None:
         """Close every connection with 1001 (going away)."""

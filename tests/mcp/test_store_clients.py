@@ -21,7 +21,7 @@ class ClientSessionsContract:
         store = await self.make()
         self.assertIsNone(await store.get_client("c1"))
         await store.put_client("c1", ClientRecord("sess", "mcp-1"), 60_000)
-        await store.put_client("c2", ClientRecord("sess", "mcp-2", legacy=True), 60_000)
+        await store.put_client("c2", ClientRecord("sess", "mcp-2", answers_on_stream=True), 60_000)
         self.assertEqual(await store.get_client("c1"), ClientRecord("sess", "mcp-1", False))
         self.assertEqual(await store.get_client("c2"), ClientRecord("sess", "mcp-2", True))
         self.assertEqual(await store.touch_clients(["c1", "gone", "c2"], 60_000), [True, False, True])

@@ -94,16 +94,20 @@ def filter_error(f: object) -> str | None:
     return None
 
 
-def near_misses(f: dict) -> list[tuple[str, str]]:
-    """The extension keys of a valid filter C{f} spelled like a filterable core attribute, each with
-    that attribute (C{("sesion", "session")}): legal (an extension attribute of that name), but
-    almost always a typo that matches nothing, which the stream says in a comment."""
+def near_misses(f: dict) -> list[str]:
+    """What to tell the subscriber of a valid filter C{f} about its extension keys spelled like a
+    filterable core attribute (C{sesion}): legal (an extension attribute of that name), but almost
+    always a typo that matches nothing. One sentence per such key, naming it and the attribute it
+    is not; the SSE stream sends each as a comment, the WebSocket's C{subscribed} frame carries them
+    as C{warnings}. (Both names match C{[a-z0-9]{1,20}}: nothing to escape on a comment line.)"""
     found = []
     for key in f:
         if key not in _FILTERABLE and isinstance(key, str):
             close = difflib.get_close_matches(key, sorted(_FILTERABLE), n=1, cutoff=0.8)
             if close:
-                found.append((key, close[0]))
+                found.append(
+                    f'filter key "{key}" is an extension attribute, not "{close[0]}": it matches only events carrying "{key}"'
+                )
     return found
 
 

@@ -330,13 +330,28 @@ def unique_sessions(entries: Sequence[tuple[str, Position]]) -> list[tuple[str, 
 
 
 class Emitter:
-    """What command routing needs from a WebSocket connection."""
+    """What command routing needs from a WebSocket connection (read-only: what its hello said and
+    the sessions it claims, which the claims registry appends to)."""
 
-    role: str = "both"
-    hello_done: bool = False
-    identity: Mapping[str, Any] = MappingProxyType({})
-    capabilities: Mapping[str, Any] = MappingProxyType({})
-    claims: list[str]
+    @property
+    def role(self) -> str:
+        return "both"
+
+    @property
+    def hello_done(self) -> bool:
+        return False
+
+    @property
+    def identity(self) -> Mapping[str, Any]:
+        return MappingProxyType({})
+
+    @property
+    def capabilities(self) -> Mapping[str, Any]:
+        return MappingProxyType({})
+
+    @property
+    def claims(self) -> list[str]:
+        raise NotImplementedError
 
     def send_frame(self, frame: dict[str, Any]) -> None:
         raise NotImplementedError

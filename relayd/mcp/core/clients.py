@@ -1,11 +1,12 @@
 """The standard endpoint's client sessions: the MCP core of relayd's Streamable HTTP and HTTP+SSE
 transports (L{relayd.mcp.endpoint}).
 
-A client session (C{Mcp-Session-Id}, or one legacy SSE stream) is, to the tunnel, one labelled
-C{outbound} reader of the tunnel session: its requests go to the page through L{TunnelRelay.forward}
-with its label, so the tunnel's collision-free reply routing makes ids unique among clients and
-brings each reply back to this client's sink with the client's own id. A 2026-07-28 request is one
-such exchange under a label of its own.
+A client session is, to the tunnel, one labelled C{outbound} reader of the tunnel session: its
+requests go to the page through L{TunnelRelay.forward} with its label, so the tunnel's collision-free
+reply routing makes ids unique among clients and brings each reply back to this client's sink with
+the client's own id. How a transport's client sessions behave (whether one outlives its requests,
+whether its answers ride its stream) is a L{ClientKind} the transport hands in: the core names no
+protocol revision.
 
 Here: the client sessions (L{Client}), their pending requests (L{Pending}) with timers, progress and
 cancellation, the resumable event buffer, the bounds, the eviction of idle ones and the reaper
@@ -56,6 +57,26 @@ class EndpointConfig:
     stream_max_bytes: int = 8 * 1024 * 1024
 
 
+@dataclass(frozen=True)
+class ClientKind:
+    """How the client sessions of one transport behave (each transport module of
+    L{relayd.mcp.endpoint} has one, and hands it to L{Clients.add}).
+
+    @ivar lasting: C{True}: a client session outlives its requests: it is announced to the page,
+        recorded for the other instances (C{--redis}), and ended by the client, by its idleness or
+        by the tunnel. C{False}: it is one exchange, ended by its answer or by the client closing
+        its request (its cancellation); only what the page stamped with that exchange's id
+        reaches it.
+    @ivar answers_on_stream: C{True}: answers and every other message ride the client session's
+        one stream as they come (no request carries an answer; nothing is kept for a resumed
+        stream). C{False}: an answer goes to its request's L{Reply}, the rest to the resumable
+        event buffer and the session's L{Listener}.
+    """
+
+    lasting: bool
+    answers_on_stream: bool
+
+
 class _NoPending(dict[bytes, "Pending"]):
     """The pending requests of every client session that has none: one shared empty dict that
     refuses writes (an idle client session held an emptied dict of its own, 224 bytes, once its
@@ -77,7 +98,7 @@ class Pending:
         self.client = client
         self.key = key
         self.raw_id = key
-        self.reply = reply  # None: answered on the client's own stream (legacy), or already answered
+        self.reply = reply  # None: answered on the client's own stream (answers_on_stream), or already answered
         self.timer: Any = None
         self.forwarded: Any = None
         self.progress: bytes | None = None
@@ -100,7 +121,7 @@ class Pending:
         self.client.clients.clock.cancel(self.timer)
         self.timer = None
         reply, self.reply = self.reply, None
-        if self.client.legacy:
+        if self.client.kind.answers_on_stream:
             self.client.push(raw)
         elif reply is not None:
             reply.answer(raw)
@@ -116,12 +137,13 @@ class Pending:
         client.cancel_at_page(self, "timeout")
 
     def abandoned(self, _: object = None) -> None:
-        """The client closed the POST before the answer (2026-07-28: that is its cancellation)."""
+        """The client closed the POST before the answer (for a one-exchange session, that is its
+        cancellation)."""
         client = self.client
         if self.reply is None or client.pending.get(self.key) is not self:
             return
         self.reply = None
-        if client.stateless:
+        if not client.kind.lasting:
             client.take_pending(self.key)
             self.settle()
             client.clients.clock.cancel(self.timer)
@@ -141,7 +163,7 @@ class Reply(Protocol):
 
 
 class Listener(Protocol):
-    """A client session's stream outside any request: the GET stream, or the legacy SSE stream."""
+    """A client session's stream outside any request (the transport's: an SSE stream)."""
 
     @property
     def closed(self) -> bool:
@@ -158,7 +180,7 @@ class Client:
     """One MCP client session on one tunnel session, and the tunnel's L{Sink} for its label."""
 
     __slots__ = (
-        "clients", "id", "session", "token", "label", "record", "legacy", "stateless", "pending",
+        "clients", "id", "session", "token", "label", "record", "kind", "pending",
         "progress", "stream", "events", "events_bytes", "next_event", "delivered", "last_used", "ended", "origin",
         "address",
     )
@@ -168,8 +190,7 @@ class Client:
         clients: Clients,
         session: str,
         token: str,
-        legacy: bool = False,
-        stateless: bool = False,
+        kind: ClientKind,
         attach: ClientRecord | None = None,
         client_id: str | None = None,
         address: str = "",
@@ -184,8 +205,7 @@ class Client:
         # session another instance created (--redis: the client's requests may land anywhere).
         self.origin = attach is None
         self.record: SubscriberRecord | None = None
-        self.legacy = legacy
-        self.stateless = stateless
+        self.kind = kind
         self.pending: dict[bytes, Pending] = _NO_PENDING  # its own dict while a request is pending
         # Made when first needed: an idle client session holds neither (memory per idle client).
         self.progress: dict[bytes, Pending] | None = None
@@ -213,7 +233,7 @@ class Client:
     def idle(self) -> bool:
         """Nothing in flight and no stream open: ending it now loses the client nothing it waits for."""
         stream = self.stream
-        return not (self.pending or self.stateless or self.ended or (stream is not None and not stream.closed))
+        return not (self.pending or not self.kind.lasting or self.ended or (stream is not None and not stream.closed))
 
     # the tunnel's sink -------------------------------------------------------------------------
 
@@ -236,7 +256,7 @@ class Client:
             if pending is not None:
                 self.forget_progress(pending)
                 pending.answer(raw if raw is not None else dumps(item))
-                if self.stateless:
+                if not self.kind.lasting:
                     self.close()
             return
         if method == "notifications/progress":
@@ -252,7 +272,7 @@ class Client:
                     return
                 self.push(restored)
                 return
-        if self.stateless:
+        if not self.kind.lasting:
             # One exchange: only what the page stamped with this exchange's (forwarded) id rides on
             # its stream (a listen stream's acknowledgement and events), with the client's own id.
             stamped = standard.subscription_id(item)
@@ -267,15 +287,16 @@ class Client:
         """The tunnel session ended (or the relay is draining): answer what is pending, end streams."""
         self.record = None  # the tunnel has forgotten it already
         self._finish("the tunnel session ended")
-        if self.origin and not self.stateless:
+        if self.origin and self.kind.lasting:
             tunnel = self.clients.tunnel
             tunnel.delete_client(self.id).addErrback(tunnel.log_failure, "ending an MCP client session failed")
 
     # client side -------------------------------------------------------------------------------
 
     def push(self, raw: bytes) -> None:
-        """A message for the client outside any pending POST: the GET stream (resumable) or the legacy stream."""
-        if self.legacy:
+        """A message for the client outside any pending request: on its stream as it comes
+        (C{answers_on_stream}), else through the resumable event buffer."""
+        if self.kind.answers_on_stream:
             if self.stream is not None:
                 self.stream.message(raw, None)
             return
@@ -323,7 +344,7 @@ class Client:
         self.clients.tunnel.inbox(self.session, self.token, body, self.label).addErrback(lambda _: None)
 
     def close(self, shared: bool = True) -> None:
-        """The client ended (DELETE, idle, its legacy stream closed, its one exchange done).
+        """The client ended (it said so, it was idle, its stream closed, its one exchange is done).
 
         C{shared=False}: only this instance's attachment ends (the client session goes on elsewhere).
         """
@@ -331,11 +352,11 @@ class Client:
         self._finish("the client session ended")
         tunnel = self.clients.tunnel
         if record is not None:
-            announce = self.origin and not self.stateless
+            announce = self.origin and self.kind.lasting
             tunnel.close_stream(record, announce=announce).addErrback(
                 tunnel.log_failure, "closing an MCP client session failed"
             )
-        if shared and self.origin and not self.stateless:
+        if shared and self.origin and self.kind.lasting:
             tunnel.delete_client(self.id).addErrback(tunnel.log_failure, "ending an MCP client session failed")
 
     def _finish(self, message: str) -> None:
@@ -416,7 +437,7 @@ class Clients:
         idle_ms = self.config.client_idle_ms
         active: list[Client] = []
         for client in list(self.clients.values()):
-            if client.stateless or client.ended:
+            if not client.kind.lasting or client.ended:
                 continue
             streaming = client.stream is not None and not client.stream.closed
             if client.pending or streaming or client.last_used >= cutoff:
@@ -448,9 +469,10 @@ class Clients:
             if client.address:
                 _count_out(self.per_address, client.address)
 
-    def add(self, session: str, token: str, address: str, **kind: Any) -> Client | None:
-        """A new client session of C{session} (or this process's attachment to one, C{attach=}) for a
-        client at C{address} (its L{bound_key}); C{None} when a bound refuses it."""
+    def add(self, session: str, token: str, address: str, kind: ClientKind, **attach: Any) -> Client | None:
+        """A new client session of C{session}, of the transport's C{kind} (or this process's
+        attachment to one, C{attach=}), for a client at C{address} (its L{bound_key}); C{None} when
+        a bound refuses it."""
         config = self.config
         address = bound_key(address)
         if self.per_session.get(session, 0) >= config.clients_per_session or not self._room_for_a_client(address):
@@ -458,7 +480,7 @@ class Clients:
         if address:
             address = sys.intern(address)  # one string per address, however many client sessions
             self.per_address[address] = self.per_address.get(address, 0) + 1
-        client = Client(self, session, token, address=address, **kind)
+        client = Client(self, session, token, kind, address=address, **attach)
         self.clients[client.id] = client
         self.per_session[session] = self.per_session.get(session, 0) + 1
         return client
@@ -490,8 +512,8 @@ class Clients:
         return True
 
     def open_clients(self) -> int:
-        """Client sessions (Streamable HTTP and legacy) held by this process."""
+        """Client sessions held by this process (of every transport)."""
         return len(self.clients)
 
 
-__all__ = ["Client", "Clients", "EndpointConfig", "Listener", "Pending", "Reply"]
+__all__ = ["Client", "ClientKind", "Clients", "EndpointConfig", "Listener", "Pending", "Reply"]

@@ -224,16 +224,17 @@ class ICorrelations(Interface):
 
 @dataclass(frozen=True, slots=True)  # one per client session in the in-memory store: no __dict__
 class ClientRecord:
-    """A standard-endpoint client session (C{Mcp-Session-Id}, or a legacy SSE client's C{sessionId}).
+    """A standard-endpoint client session, as every instance finds it by its id.
 
     @ivar session: the tunnel session it is bound to.
     @ivar label: its client label (its requests' reply routing, on every instance).
-    @ivar legacy: a 2024-11-05 HTTP+SSE client (its stream lives on one instance).
+    @ivar answers_on_stream: its answers ride its one stream, which lives on one instance (its
+        transport's L{relayd.mcp.core.clients.ClientKind}).
     """
 
     session: str
     label: str
-    legacy: bool = False
+    answers_on_stream: bool = False
 
 
 class IClientSessions(Interface):

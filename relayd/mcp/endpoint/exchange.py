@@ -14,7 +14,7 @@ from twisted.python.failure import Failure
 from twisted.web.server import Request
 
 from relayd.mcp.core import standard
-from relayd.mcp.core.clients import Client, Clients, Pending
+from relayd.mcp.core.clients import Client, ClientKind, Clients, Pending
 from relayd.mcp.core.jsontext import dumps
 from relayd.mcp.core.store import OUTBOUND, ClientRecord
 from relayd.mcp.core.tokens import label_tag
@@ -49,9 +49,7 @@ def message_event(raw: bytes, event_id: bytes | None = None) -> bytes:
 
 
 def session_header(client: Client) -> list[tuple[bytes, bytes]]:
-    """The C{Mcp-Session-Id} header a handshake revision's answers carry (none for the others)."""
-    if client.legacy or client.stateless:
-        return []
+    """The C{Mcp-Session-Id} header of a Streamable HTTP client session's answers."""
     return [(b"mcp-session-id", client.id.encode("ascii"))]
 
 
@@ -120,9 +118,12 @@ class Exchange:
         self.clients = clients
         self.hub = hub
 
-    def new_client(self, request: Request, session: str, token: str, **kind: Any) -> Client | Answer:
-        """A new client session (or this process's attachment to one), or the bounds' C{503}."""
-        client = self.clients.add(session, token, client_address(request), **kind)
+    def new_client(
+        self, request: Request, session: str, token: str, kind: ClientKind, **attach: Any
+    ) -> Client | Answer:
+        """A new client session of the transport's C{kind} (or this process's attachment to one), or
+        the bounds' C{503}."""
+        client = self.clients.add(session, token, client_address(request), kind, **attach)
         return TOO_MANY_CLIENTS if client is None else client
 
     async def open(self, client: Client) -> Answer | None:
@@ -132,21 +133,21 @@ class Exchange:
         try:
             handle = await tunnel.open_stream(
                 client.session, client.token, OUTBOUND, client.label, client,
-                announce=client.origin and not client.stateless, checked=True,
+                announce=client.origin and client.kind.lasting, checked=True,
             )
         except Exception:
             self.clients.forget(client)
             client.ended = True
             return not_forwarded(Failure())
         if client.ended:
-            closed = tunnel.close_stream(handle.record, announce=not client.stateless)
+            closed = tunnel.close_stream(handle.record, announce=client.kind.lasting)
             closed.addErrback(tunnel.log_failure, "closing an MCP client session failed")
             return SESSION_GONE
         client.record = handle.record
         for event in handle.backlog:
             client.deliver(event)
-        if client.origin and not client.stateless:
-            record = ClientRecord(client.session, client.label, client.legacy)
+        if client.origin and client.kind.lasting:
+            record = ClientRecord(client.session, client.label, client.kind.answers_on_stream)
             try:
                 await tunnel.put_client(client.id, record, self.clients.config.client_idle_ms)
             except Exception:
@@ -154,13 +155,14 @@ class Exchange:
                 return not_forwarded(Failure())
         return None
 
-    async def find(self, request: Request, session: str, token: str, sid: str) -> Client | Answer:
-        """Client session C{sid} of C{session}: here, or attached from the shared store; else C{404}."""
+    async def find(self, request: Request, session: str, token: str, sid: str, kind: ClientKind) -> Client | Answer:
+        """Client session C{sid} of C{session} and of the transport's C{kind}: here, or attached from
+        the shared store; else C{404}."""
         clients = self.clients
         while True:
             client = clients.clients.get(sid)
             if client is not None:
-                if client.session != session or client.legacy:
+                if client.session != session or client.kind is not kind:
                     return UNKNOWN_CLIENT
                 client.last_used = clients.clock.seconds()
                 client.token = token
@@ -169,22 +171,27 @@ class Exchange:
                 record = await self.tunnel.get_client(sid)
             except Exception:
                 return not_forwarded(Failure())
-            if record is None or record.session != session or record.legacy:
+            if record is None or record.session != session or record.answers_on_stream != kind.answers_on_stream:
                 return UNKNOWN_CLIENT
             if sid in clients.clients:
                 continue  # attached meanwhile by a concurrent request
-            attached = self.new_client(request, session, token, attach=record, client_id=sid)
+            attached = self.new_client(request, session, token, kind, attach=record, client_id=sid)
             if isinstance(attached, Answer):
                 return attached
             refused = await self.open(attached)
             return attached if refused is None else refused
 
+    def post_reply(self, request: Request, sse_ok: bool, headers: list[tuple[bytes, bytes]]) -> PostReply:
+        """The L{Reply} of a request answered on its own POST (JSON, or SSE when C{sse_ok})."""
+        return PostReply(request, sse_ok, headers, self.hub, self.clients.config.stream_max_bytes)
+
     async def forward(
-        self, request: Request, client: Client, intake: Intake, sse_ok: bool, first: bool = False
+        self, request: Request, client: Client, intake: Intake, reply: PostReply | None, first: bool = False
     ) -> Answer | None:
         """Forward the one request of C{intake} to the page; C{None}: its answer comes later, through
-        its L{Pending}. C{first}: the client session's C{initialize} (no session id was given out
-        yet, so a refusal ends it)."""
+        its L{Pending} and C{reply} (L{post_reply}); with no C{reply} (the client session's answers
+        ride its stream) the request is answered C{202} now. C{first}: the client session's
+        C{initialize} (no session id was given out yet, so a refusal ends it)."""
         message = intake.requests[0]
         clients = self.clients
         config = clients.config
@@ -196,12 +203,9 @@ class Exchange:
             clients.pending_per_session.get(session, 0) >= config.pending_per_session
         ):
             retry = ((b"retry-after", b"1"),)
-            if client.stateless or first:
+            if not client.kind.lasting or first:
                 client.close()
             return rpc_error(429, standard.TOO_MANY_PENDING, "too many pending requests", message["id"], retry)
-        reply = None
-        if not client.legacy:
-            reply = PostReply(request, sse_ok, session_header(client), self.hub, config.stream_max_bytes)
         pending = Pending(client, key, reply)
         token = standard.progress_token(message)
         if token is not None:
@@ -223,11 +227,11 @@ class Exchange:
             client.take_pending(key)
             client.forget_progress(pending)
             clients.clock.cancel(pending.timer)
-            if client.stateless or first:
+            if not client.kind.lasting or first:
                 client.close()
             raise
         pending.forwarded = frame.message.get("id")
-        return ACCEPTED if client.legacy else None
+        return ACCEPTED if reply is None else None
 
     async def notify(self, session: str, token: str, label: str | None, intake: Intake) -> Answer:
         """Notifications and responses: forwarded as they are (a response keeps the page's own id)."""

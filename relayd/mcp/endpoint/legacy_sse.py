@@ -9,12 +9,16 @@ from urllib.parse import quote
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
+from relayd.mcp.core.clients import ClientKind
 from relayd.mcp.endpoint.admission import Admitted
 from relayd.mcp.endpoint.answers import UNKNOWN_LEGACY_CLIENT, not_forwarded, read_messages
 from relayd.mcp.endpoint.exchange import SSE_HEADERS, Exchange, StreamListener
 from relayd.web.answers import Answer, gone
 from relayd.web.auth import bearer_token, query_param
 from relayd.web.streams.sse import SSEStream
+
+# A client session lasts as long as its SSE stream, which carries every answer (its POSTs get 202).
+ON_ITS_STREAM = ClientKind(lasting=True, answers_on_stream=True)
 
 
 class LegacySSE:
@@ -27,7 +31,7 @@ class LegacySSE:
     async def open(self, request: Request, session: str, admitted: Admitted) -> Answer | None:
         exchange = self.exchange
         token = admitted.token
-        client = exchange.new_client(request, session, token, legacy=True)
+        client = exchange.new_client(request, session, token, ON_ITS_STREAM)
         if isinstance(client, Answer):
             return client
         refused = await exchange.open(client)
@@ -57,19 +61,19 @@ class LegacySSE:
                 record = await exchange.tunnel.get_client(sid)
             except Exception:
                 return not_forwarded(Failure())
-            if record is None or record.session != session or not record.legacy:
+            if record is None or record.session != session or not record.answers_on_stream:
                 return UNKNOWN_LEGACY_CLIENT
             # Forwarded as it is: the answers reach the client's stream by its label, there.
             intake = read_messages(request, one_request=False)
             if isinstance(intake, Answer):
                 return intake
             return await exchange.notify(session, admitted.token, record.label, intake)
-        if client.session != session or not client.legacy:
+        if client.session != session or client.kind is not ON_ITS_STREAM:
             return UNKNOWN_LEGACY_CLIENT
         intake = read_messages(request)
         if isinstance(intake, Answer):
             return intake
         client.last_used = exchange.clients.clock.seconds()
         if intake.requests:
-            return await exchange.forward(request, client, intake, False)
+            return await exchange.forward(request, client, intake, None)
         return await exchange.notify(session, client.token, client.label, intake)

@@ -7,10 +7,15 @@ from __future__ import annotations
 from twisted.web.server import Request
 
 from relayd.mcp.core import standard
+from relayd.mcp.core.clients import ClientKind
 from relayd.mcp.endpoint.admission import Admitted, header
 from relayd.mcp.endpoint.answers import Intake, rpc_error
 from relayd.mcp.endpoint.exchange import Exchange
 from relayd.web.answers import Answer
+
+# Each request is its own client session, ended by its answer or its cancellation; its answer goes
+# to its POST.
+ONE_EXCHANGE = ClientKind(lasting=False, answers_on_stream=False)
 
 
 class Stateless:
@@ -31,10 +36,10 @@ class Stateless:
         )
         if why is not None:
             return rpc_error(400, standard.HEADER_MISMATCH, why, message["id"])
-        client = exchange.new_client(request, session, admitted.token, stateless=True)
+        client = exchange.new_client(request, session, admitted.token, ONE_EXCHANGE)
         if isinstance(client, Answer):
             return client
         refused = await exchange.open(client)
         if refused is not None:
             return refused
-        return await exchange.forward(request, client, intake, sse_ok)
+        return await exchange.forward(request, client, intake, exchange.post_reply(request, sse_ok, []))

@@ -8,7 +8,7 @@ from twisted.python.failure import Failure
 from twisted.web.server import Request
 
 from relayd.mcp.core import standard
-from relayd.mcp.core.clients import Client
+from relayd.mcp.core.clients import Client, ClientKind
 from relayd.mcp.endpoint.admission import Admitted, header
 from relayd.mcp.endpoint.answers import (
     ENDED,
@@ -18,10 +18,14 @@ from relayd.mcp.endpoint.answers import (
     read_messages,
     rpc_error,
 )
-from relayd.mcp.endpoint.exchange import SSE_HEADERS, Exchange, StreamListener
+from relayd.mcp.endpoint.exchange import SSE_HEADERS, Exchange, StreamListener, session_header
 from relayd.mcp.endpoint.stateless import Stateless
 from relayd.web.answers import Answer, gone
 from relayd.web.streams.sse import SSEStream
+
+# A client session (Mcp-Session-Id) outlives its requests; each answer goes to its POST, the rest to
+# the resumable GET stream.
+SESSIONS = ClientKind(lasting=True, answers_on_stream=False)
 
 
 class StreamableHTTP:
@@ -45,18 +49,19 @@ class StreamableHTTP:
         if sid is None:
             if len(requests) != 1 or requests[0].get("method") != "initialize":
                 return MISSING_CLIENT
-            client = exchange.new_client(request, session, token)
+            client = exchange.new_client(request, session, token, SESSIONS)
             if isinstance(client, Answer):
                 return client
             refused = await exchange.open(client)
             if refused is not None:
                 return refused
-            return await exchange.forward(request, client, intake, sse_ok, first=True)
-        found = await exchange.find(request, session, token, sid)
+            reply = exchange.post_reply(request, sse_ok, session_header(client))
+            return await exchange.forward(request, client, intake, reply, first=True)
+        found = await exchange.find(request, session, token, sid, SESSIONS)
         if isinstance(found, Answer):
             return found
         if requests:
-            return await exchange.forward(request, found, intake, sse_ok)
+            return await exchange.forward(request, found, intake, exchange.post_reply(request, sse_ok, session_header(found)))
         return await exchange.notify(session, token, found.label, intake)
 
     async def get(self, request: Request, session: str, admitted: Admitted) -> Answer | None:
@@ -67,7 +72,7 @@ class StreamableHTTP:
             return MISSING_CLIENT
         clients = self.exchange.clients
         after = clients.parse_event_id(header(request, b"last-event-id"))
-        client = await self.exchange.find(request, session, admitted.token, sid)
+        client = await self.exchange.find(request, session, admitted.token, sid, SESSIONS)
         if isinstance(client, Answer):
             return client
         if gone(request):
@@ -87,7 +92,7 @@ class StreamableHTTP:
         clients = self.exchange.clients.clients
         local: Client | None = clients.get(sid)
         if local is not None and local.origin:
-            if local.session != session or local.legacy:
+            if local.session != session or local.kind is not SESSIONS:
                 return UNKNOWN_CLIENT
             local.close()
             return ENDED
@@ -96,7 +101,7 @@ class StreamableHTTP:
             record = await tunnel.get_client(sid)
         except Exception:
             return not_forwarded(Failure())
-        if record is None or record.session != session or record.legacy:
+        if record is None or record.session != session or record.answers_on_stream:
             return UNKNOWN_CLIENT
         local = clients.get(sid)
         if local is not None:

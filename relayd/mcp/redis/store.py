@@ -16,7 +16,7 @@ Redis Cluster hash tag, so that one session's keys share a slot):
 - C{mcp:own:<client address>}: sorted set of the ids of sessions that address registered (by
   register time; ended ones are pruned when it is counted), kept twice the session TTL after its
   last register (C{--mcp-max-sessions-per-address}).
-- C{mcp:cl:<client id>}: JSON C{[session, label, legacy]} of a standard-endpoint client session,
+- C{mcp:cl:<client id>}: JSON C{[session, label, answers_on_stream]} of a standard-endpoint client session,
   expiring after the client idle time unless touched.
 - C{mcp:buffered}: bytes of frames in every queue and backlog of the deployment, kept by the same
   scripts that add and remove them (the bound C{--mcp-max-buffered-bytes} applies to it, so in Redis
@@ -150,7 +150,7 @@ class RedisStore:
     # client sessions
 
     def put_client(self, client_id: str, record: ClientRecord, idle_ms: float) -> Deferred[None]:
-        value = orjson.dumps([record.session, record.label, record.legacy])
+        value = orjson.dumps([record.session, record.label, record.answers_on_stream])
         d = self.redis.execute(STORE, "SET", self._client_key(client_id), value, "PX", max(1, int(idle_ms)))
         return d.addCallback(_none)
 
@@ -158,8 +158,8 @@ class RedisStore:
         def build(value: Any) -> ClientRecord | None:
             if not value:
                 return None
-            session, label, legacy = orjson.loads(value)
-            return ClientRecord(session, label, bool(legacy))
+            session, label, on_stream = orjson.loads(value)
+            return ClientRecord(session, label, bool(on_stream))
 
         return self.redis.execute(STORE, "GET", self._client_key(client_id)).addCallback(build)
 
