@@ -19,6 +19,15 @@ from tests.support.twistd import RelaydProcess
 from tests.support.wing import Wing
 
 TOKEN = "tok_abcdefghijklmnopqrstuvwxyz01"
+# The standard endpoint's tests: their tunnel session, first request and headers.
+SESSION = "statuses1"
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}},
+}
+AUTH = {"authorization": f"Bearer {TOKEN}", "accept": "application/json, text/event-stream"}
 TIMEOUT = 5.0
 # Lines that must never appear in a relay's log, whatever a client sends.
 BAD_LOG_LINES = (b"Traceback", b"Unhandled Error", b"I think I'll eat it", b"internal_error")
