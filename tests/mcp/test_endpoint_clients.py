@@ -8,11 +8,10 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, gatherResults
 
-from tests.mcp.test_endpoint_http import EndpointCase, _next_message
+from tests.mcp.test_endpoint_http import EndpointCase
 from tests.support.inmemory import InMemoryEndpointCase
 from tests.support.mcp import SESSION, TOKEN
 from tests.support.mcp_clients import compact, run_client
-from tests.support.sse import SSEClient
 
 
 class SameIds(InMemoryEndpointCase):
@@ -50,7 +49,7 @@ class SameIds(InMemoryEndpointCase):
             reply = connection.reply()
             assert reply.code == 200
             assert reply.json() == {"jsonrpc": "2.0", "id": 7, "result": {"content": [{"type": "text", "text": who}]}}
-        msg = [m for m in legacy.events() if m.event == "message"][0]
+        (msg,) = [m for m in legacy.events() if m.event == "message"]
         assert json.loads(msg.data) == {"jsonrpc": "2.0", "id": 7, "result": {"content": [{"type": "text", "text": "legacy"}]}}
 
 

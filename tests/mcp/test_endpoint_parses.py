@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+
 from relayd.base import jsoncodec
 from tests.support.inmemory import InMemoryEndpointCase
 
