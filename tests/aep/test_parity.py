@@ -16,7 +16,18 @@ from relayd.aep.core.filters import match_all
 from relayd.aep.http import SSESubscriber
 from tests.aep.test_http import aep, post
 from tests.support.aep import (
-    AUTH, TOKEN, AEPRelay, comments_of, event, events_of, open_sse, open_ws, query, seqs, start_relay, subscribe,
+    AUTH,
+    TOKEN,
+    AEPRelay,
+    comments_of,
+    event,
+    events_of,
+    open_sse,
+    open_ws,
+    query,
+    seqs,
+    start_relay,
+    subscribe,
 )
 from tests.support.inmemory import Connection, InMemoryWing
 from tests.support.raw import raw_exchange
