@@ -145,6 +145,11 @@ class SimulatedPage:
     def pings(self) -> int:
         return self.script.pings
 
+    @property
+    def listen_id(self) -> Any:
+        """The id of the C{subscriptions/listen} request the page acknowledged (C{None} before one)."""
+        return self.script.listen_id
+
     async def start(self) -> None:
         stream = await self.case.events(self.session, "&direction=inbound")
         assert stream.code == 200
