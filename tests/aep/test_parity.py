@@ -14,53 +14,41 @@ from relayd.aep.core.backlog import HARD_BACKLOG
 from relayd.aep.core.event import Event
 from relayd.aep.core.filters import match_all
 from relayd.aep.http import SSESubscriber
-from tests.aep.test_http import aep, post
 from tests.support.aep import (
     AUTH,
     TOKEN,
     AEPRelay,
+    aep_in_memory,
     comments_of,
     event,
     events_of,
     open_sse,
     open_ws,
-    query,
+    post_in_memory,
+    replay_in_memory,
     seqs,
     start_relay,
+    stream_in_memory,
     subscribe,
 )
-from tests.support.inmemory import Connection, InMemoryWing
+from tests.support.inmemory import InMemoryWing
 from tests.support.raw import raw_exchange
-from tests.support.sse import Message, SSEClient
+from tests.support.sse import SSEClient
 from tests.support.ws import WSClient
 from tests.web.test_sse import Harness
 
 NDJSON = {"aep-version": "0.1", "content-type": "application/x-ndjson"}
 
 
-def stream(relay: InMemoryWing, headers: dict[str, str] | None = None, **params: Any) -> Connection:
-    """A C{/stream} (C{params}: L{query}'s) on the in-memory relay, with what its first turn wrote."""
-    connection = relay.open("GET", "/stream" + query(**params), None, headers or {})
-    relay.advance(0)  # (a stream writes on its next turn)
-    return connection
-
-
-def history(relay: InMemoryWing, headers: dict[str, str] | None = None, **params: Any) -> list[Message]:
-    """What a C{live=0} stream replays, to its end."""
-    replay = stream(relay, headers, live="0", **params)
-    assert replay.ended(), replay.received()[:400]
-    return replay.events()
-
-
 def ingest(relay: InMemoryWing, *events: dict[str, Any]) -> None:
-    reply = post(relay, *events)
+    reply = post_in_memory(relay, *events)
     assert reply.code == 202, reply
 
 
 class BatchLines(TestCase):
     def test_invalid_event_names_its_line_among_non_blank_lines(self) -> None:
-        relay = aep(self)
-        live = stream(relay)
+        relay = aep_in_memory(self)
+        live = stream_in_memory(relay)
         bad = event("b", 2)
         del bad["seq"]
         body = b"\n".join(
@@ -78,59 +66,59 @@ class BatchLines(TestCase):
 
 class Buffering(TestCase):
     def test_duplicate_is_fanned_out_live_but_replayed_once(self) -> None:
-        relay = aep(self)
-        live = stream(relay, filter={"session": "dup"})
+        relay = aep_in_memory(self)
+        live = stream_in_memory(relay, filter={"session": "dup"})
         ev = event("dup", 0)
         ingest(relay, ev)
         ingest(relay, ev)
         relay.advance(0)
         self.assertEqual([m.json() for m in events_of(live.events())], [ev, ev])
-        self.assertEqual(seqs(history(relay, filter={"session": "dup"})), [0])
+        self.assertEqual(seqs(replay_in_memory(relay, filter={"session": "dup"})), [0])
 
     def test_trimming_drops_the_lowest_position_and_forgets_its_id(self) -> None:
-        relay = aep(self, aep_buffer=3)
+        relay = aep_in_memory(self, aep_buffer=3)
         ingest(relay, *[event("trim", seq, "progress.status", id=f"e{seq}") for seq in (1, 2, 3)])
         ingest(relay, event("trim", 0, "progress.status", id="e0"))  # arrives late, is the lowest: dropped
         ingest(relay, event("trim", 4, "progress.status", id="e4"))  # pushes out seq 1
-        self.assertEqual(seqs(history(relay, filter={"session": "trim"})), [2, 3, 4])
+        self.assertEqual(seqs(replay_in_memory(relay, filter={"session": "trim"})), [2, 3, 4])
         # The id of a trimmed event is forgotten: it is admitted again.
         ingest(relay, event("trim", 5, "progress.status", id="e1"))
-        ids = [m.json()["id"] for m in history(relay, filter={"session": "trim"}) if m.data]
+        ids = [m.json()["id"] for m in replay_in_memory(relay, filter={"session": "trim"}) if m.data]
         self.assertEqual(ids, ["e3", "e4", "e1"])
 
     def test_equal_positions_keep_arrival_order(self) -> None:
-        relay = aep(self)
+        relay = aep_in_memory(self)
         ingest(relay, event("eq", 2, id="late-2"), event("eq", 1, id="first-1"), event("eq", 1, id="second-1"))
-        ids = [m.json()["id"] for m in history(relay, filter={"session": "eq"}) if m.data]
+        ids = [m.json()["id"] for m in replay_in_memory(relay, filter={"session": "eq"}) if m.data]
         self.assertEqual(ids, ["first-1", "second-1", "late-2"])
 
     def test_least_recently_written_session_is_evicted_at_max_sessions(self) -> None:
-        relay = aep(self, aep_max_sessions=2)
+        relay = aep_in_memory(self, aep_max_sessions=2)
         ingest(relay, event("A", 0))
         ingest(relay, event("B", 0))
         ingest(relay, event("A", 0))  # a duplicate write still refreshes A's recency
         ingest(relay, event("C", 0))  # evicts B, the least recently written
-        self.assertEqual([m.json()["session"] for m in history(relay, from_="all") if m.data], ["A", "C"])
+        self.assertEqual([m.json()["session"] for m in replay_in_memory(relay, from_="all") if m.data], ["A", "C"])
 
 
 class Resume(TestCase):
     def test_last_event_id_resumes(self) -> None:
-        relay = aep(self)
+        relay = aep_in_memory(self)
         ingest(relay, *[event("a:b", seq, "progress.status") for seq in range(4)])  # a session with a colon
-        resumed = stream(relay, {"last-event-id": "a:b:0:1"}, filter={"session": "a:b"})
+        resumed = stream_in_memory(relay, {"last-event-id": "a:b:0:1"}, filter={"session": "a:b"})
         self.assertEqual(seqs(resumed.events()), [2, 3])
 
     def test_from_overrides_last_event_id(self) -> None:
-        relay = aep(self)
+        relay = aep_in_memory(self)
         ingest(relay, *[event("ov", seq, "progress.status") for seq in range(4)])
-        replay = history(relay, {"last-event-id": "ov:0:0"}, from_=[{"session": "ov", "epoch": 0, "seq": 2}])
+        replay = replay_in_memory(relay, {"last-event-id": "ov:0:0"}, from_=[{"session": "ov", "epoch": 0, "seq": 2}])
         self.assertEqual(seqs(replay), [3])
 
     def test_malformed_last_event_id_is_ignored(self) -> None:
-        relay = aep(self)
+        relay = aep_in_memory(self)
         ingest(relay, event("m", 0))
         for value in ("m:0", "m:x:1", "m:0:-1", ":0:1"):
-            replay = stream(relay, {"last-event-id": value}, live="0")
+            replay = stream_in_memory(relay, {"last-event-id": value}, live="0")
             self.assertEqual(replay.head().code, 200, value)
             self.assertTrue(replay.ended(), value)
             self.assertEqual(comments_of(replay.events()), ["replay-complete"])
