@@ -11,7 +11,7 @@ from typing import Any
 
 from tests.support.http import Reply
 from tests.support.inmemory import Connection, InMemoryEndpointCase
-from tests.support.mcp import AUTH, INIT, SESSION, TOKEN, McpRelayCase
+from tests.support.mcp import AUTH, INIT, SESSION, TOKEN, McpRelayCase, initialized
 from tests.support.mcp_clients import MODERN, SimulatedPage, compact
 from tests.support.sse import Message, SSEClient
 
@@ -39,12 +39,7 @@ class EndpointCase(McpRelayCase):
         return await self.post(self.url, raw=compact(message) if not isinstance(message, bytes) else message, **h)
 
     async def initialize(self) -> str:
-        reply = await self.mcp(INIT)
-        assert reply.code == 200, reply.body
-        assert reply.json()["result"]["protocolVersion"] == "2025-06-18"
-        sid = reply.header("mcp-session-id")
-        assert sid is not None and len(sid) >= 22  # at least 128 random bits
-        return sid
+        return initialized(await self.mcp(INIT))
 
 
 def stream_messages(stream: Connection) -> list[Message]:

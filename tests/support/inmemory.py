@@ -50,7 +50,7 @@ from relayd.base.config import Resolved, resolve
 from relayd.process.settings import SETTINGS as PROCESS_SETTINGS
 from relayd.web.site import RelaySite
 from relayd.wing import Plumbing
-from tests.support.mcp import AUTH, INIT, SESSION, TOKEN
+from tests.support.mcp import AUTH, INIT, SESSION, TOKEN, initialized
 from tests.support.mcp_clients import PageScript, compact
 from tests.support.sse import Message, add_line
 
@@ -478,9 +478,4 @@ class InMemoryEndpointCase(InMemoryMcpCase):
         return self.wing.open("GET", self.prefix + self.url, None, given)
 
     def initialize(self) -> str:
-        reply = self.mcp(INIT)
-        assert reply.code == 200, reply.body
-        assert reply.json()["result"]["protocolVersion"] == "2025-06-18"
-        sid = reply.header("mcp-session-id")
-        assert sid is not None and len(sid) >= 22  # at least 128 random bits
-        return sid
+        return initialized(self.mcp(INIT))
