@@ -1,17 +1,30 @@
-"""decisions.md "AEP relay": one test per deliberate difference from the reference relay (AEP 1-14)."""
+"""decisions.md "AEP relay": one test per deliberate difference from the reference relay (AEP 1-14); those
+whose subject is the relay's answers and streams, not the wire or the WebSocket, in memory."""
 
 from __future__ import annotations
 
 import json
 
-from twisted.internet import threads
 from twisted.trial.unittest import TestCase
 
 import relayd.aep.core.event as event_module
 from relayd.aep.config import SETTINGS
 from relayd.base.config import is_loopback_endpoint, resolve
-from tests.support.aep import AUTH, TOKEN, comments_of, event, events_of, open_sse, open_ws, start_relay, subscribe
-from tests.support.raw import raw_exchange
+from tests.support.aep import (
+    AUTH,
+    TOKEN,
+    aep_in_memory,
+    comments_of,
+    event,
+    events_of,
+    open_sse,
+    open_ws,
+    post_in_memory,
+    replay_in_memory,
+    start_relay,
+    stream_in_memory,
+    subscribe,
+)
 from tests.support.sse import SSEClient
 
 NDJSON = {"aep-version": "0.1", "content-type": "application/x-ndjson"}
@@ -91,21 +104,6 @@ class Decisions(TestCase):
             replay = await subscribe(self, client, "r", from_=[{"session": session, "epoch": base, "seq": 2}])
             self.assertEqual([(e["epoch"], e["seq"]) for e in replay], [(base + 1, 1), (base + 1, 2)])
 
-    async def test_decision_04_attention_routed_without_seq_is_live_only(self) -> None:
-        relay = await start_relay(self)
-        stream = await open_sse(self, relay, filter={"session": "d4"})
-        routed = event("d4", None, "attention.routed", subject="req-1", data={"to": "human"})
-        response, _ = await relay.post(routed)
-        self.assertEqual(response.code, 202)
-        msg = await stream.next_event()
-        self.assertEqual((msg.json(), msg.id), (routed, None))
-        history = await open_sse(self, relay, live="0", from_="all")
-        self.assertEqual(events_of(await history.read_until_end()), [])
-        self.assertEqual(relay.core.log.session_count(), 0)
-        response, body = await relay.post(event("d4", 3, "attention.routed"))
-        self.assertEqual(response.code, 400)
-        self.assertEqual(json.loads(body)["error"], "invalid-event")
-
     async def test_decision_05_a_batch_is_validated_whole(self) -> None:
         relay = await start_relay(self)
         stream = await open_sse(self, relay)
@@ -181,43 +179,6 @@ class Decisions(TestCase):
         _, body = await relay.get("/healthz")
         self.assertEqual(json.loads(body)["subscribers"], 0)
 
-    async def test_decision_09_body_limit_counts_bytes_and_utf8_is_decoded_whole(self) -> None:
-        relay = await start_relay(self, aep_max_body=600)
-        stream = await open_sse(self, relay)
-        text = "h\u00e9llo \u2603 \U0001f600"
-        body = json.dumps(event("d9", 0, data={"text": text}), ensure_ascii=False).encode()
-        split = body.index("\u2603".encode()) + 1  # inside the three bytes of the snowman
-        chunked = b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (split, body[:split], len(body) - split, body[split:])
-        reply = await threads.deferToThread(
-            raw_exchange,
-            relay.url,
-            b"POST /events HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\ncontent-type: application/json\r\n"
-            b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n" + chunked,
-        )
-        self.assertTrue(reply.startswith(b"HTTP/1.1 202"), reply[:40])
-        msg = await stream.next_event()
-        self.assertEqual(msg.json()["data"]["text"], text)
-        self.assertEqual(msg.data.encode(), body)
-
-        wide = json.dumps(event("d9", 1, data={"text": "\u00e9" * 250}), ensure_ascii=False).encode()
-        self.assertLess(len(wide.decode()), 600)
-        self.assertGreater(len(wide), 600)
-        response, content = await relay.request("POST", "/events", wide, JSON)
-        self.assertEqual((response.code, json.loads(content)["error"]), (413, "payload-too-large"))
-
-        response, content = await relay.request("POST", "/events", body.replace("\u2603".encode(), b"\xe2\x98"), JSON)
-        self.assertEqual((response.code, json.loads(content)["error"]), (400, "invalid-json"))
-
-    async def test_decision_10_sse_headers_are_flushed_on_subscribe(self) -> None:
-        relay = await start_relay(self, allow_origin=["*"])  # heartbeat 25 s: no ping will come to the rescue
-        stream = await SSEClient.connect(relay.url + "/stream")
-        self.addCleanup(stream.close)
-        self.assertEqual(stream.code, 200)
-        self.assertEqual(stream.header("content-type"), "text/event-stream")
-        self.assertEqual(stream.header("cache-control"), "no-cache")
-        self.assertEqual(stream.header("access-control-allow-origin"), "*")
-        self.assertEqual(stream.received, b"")
-
     async def test_decision_11_default_bind_is_loopback(self) -> None:
         listen = resolve(SETTINGS, {}, {})["aep-listen"]
         self.assertEqual(listen, ["tcp:8787:interface=127.0.0.1"])
@@ -259,19 +220,6 @@ class Decisions(TestCase):
             await stream.next_event()
         self.assertEqual(len(calls), 1)
 
-    async def test_decision_13_capture_annotations_are_relayd_data(self) -> None:
-        # No schema files are consulted: the relay prunes field by field from its own table.
-        relay = await start_relay(self)
-        stream = await open_sse(self, relay, capture="metadata")
-        await relay.post(
-            event("d13", 0, capture="full", data={"label": "my laptop", "cwd": "/home/me", "client": "claude-code"}),
-            event("d13", 1, "x.acme.custom.thing", capture="full", data={"anything": 1}),
-        )
-        first, second = (await stream.next_event()).json(), (await stream.next_event()).json()
-        self.assertEqual((first["capture"], first["data"]), ("metadata", {"client": "claude-code"}))
-        self.assertEqual(second["capture"], "metadata")
-        self.assertNotIn("data", second)  # a type with no annotations loses data wholesale
-
     async def test_decision_14_commands_agent_events_and_errors_are_never_buffered(self) -> None:
         relay = await start_relay(self, aep_token=TOKEN)
         target = await open_ws(self, relay, AUTH, hello={"role": "emitter", "identity": {"agent": "t"}})
@@ -296,3 +244,72 @@ class Decisions(TestCase):
 
 def seqs_of(events: list[dict]) -> list[int]:
     return [e["seq"] for e in events]
+
+
+class DecisionsInMemory(TestCase):
+    """The decisions whose subject is what the relay answers and streams, not the wire: in memory."""
+
+    def test_decision_04_attention_routed_without_seq_is_live_only(self) -> None:
+        relay = aep_in_memory(self)
+        stream = stream_in_memory(relay, filter={"session": "d4"})
+        routed = event("d4", None, "attention.routed", subject="req-1", data={"to": "human"})
+        self.assertEqual(post_in_memory(relay, routed).code, 202)
+        relay.advance(0)
+        (msg,) = events_of(stream.events())
+        self.assertEqual((msg.json(), msg.id), (routed, None))
+        self.assertEqual(events_of(replay_in_memory(relay, from_="all")), [])
+        self.assertEqual(relay.service.relay.log.session_count(), 0)
+        reply = post_in_memory(relay, event("d4", 3, "attention.routed"))
+        self.assertEqual((reply.code, reply.json()["error"]), (400, "invalid-event"))
+
+    def test_decision_09_body_limit_counts_bytes_and_utf8_is_decoded_whole(self) -> None:
+        relay = aep_in_memory(self, aep_max_body=600)
+        stream = stream_in_memory(relay)
+        text = "h\u00e9llo \u2603 \U0001f600"
+        body = json.dumps(event("d9", 0, data={"text": text}), ensure_ascii=False).encode()
+        split = body.index("\u2603".encode()) + 1  # inside the three bytes of the snowman
+        chunked = b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (split, body[:split], len(body) - split, body[split:])
+        connection = relay.connect()
+        connection.send(
+            b"POST /events HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\ncontent-type: application/json\r\n"
+            b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n" + chunked
+        )
+        self.assertEqual(connection.reply().code, 202)
+        relay.advance(0)
+        (msg,) = events_of(stream.events())
+        self.assertEqual(msg.json()["data"]["text"], text)
+        self.assertEqual(msg.data.encode(), body)
+
+        wide = json.dumps(event("d9", 1, data={"text": "\u00e9" * 250}), ensure_ascii=False).encode()
+        self.assertLess(len(wide.decode()), 600)
+        self.assertGreater(len(wide), 600)
+        reply = relay.post("/events", wide, JSON)
+        self.assertEqual((reply.code, reply.json()["error"]), (413, "payload-too-large"))
+
+        reply = relay.post("/events", body.replace("\u2603".encode(), b"\xe2\x98"), JSON)
+        self.assertEqual((reply.code, reply.json()["error"]), (400, "invalid-json"))
+
+    def test_decision_10_sse_headers_are_flushed_on_subscribe(self) -> None:
+        relay = aep_in_memory(self, allow_origin=["*"])  # heartbeat 25 s: no ping will come to the rescue
+        stream = stream_in_memory(relay)
+        head = stream.head()
+        self.assertEqual(head.code, 200)
+        self.assertEqual(head.header("content-type"), "text/event-stream")
+        self.assertEqual(head.header("cache-control"), "no-cache")
+        self.assertEqual(head.header("access-control-allow-origin"), "*")
+        self.assertEqual(stream.body(), b"")
+
+    def test_decision_13_capture_annotations_are_relayd_data(self) -> None:
+        # No schema files are consulted: the relay prunes field by field from its own table.
+        relay = aep_in_memory(self)
+        stream = stream_in_memory(relay, capture="metadata")
+        post_in_memory(
+            relay,
+            event("d13", 0, capture="full", data={"label": "my laptop", "cwd": "/home/me", "client": "claude-code"}),
+            event("d13", 1, "x.acme.custom.thing", capture="full", data={"anything": 1}),
+        )
+        relay.advance(0)
+        first, second = (m.json() for m in events_of(stream.events()))
+        self.assertEqual((first["capture"], first["data"]), ("metadata", {"client": "claude-code"}))
+        self.assertEqual(second["capture"], "metadata")
+        self.assertNotIn("data", second)

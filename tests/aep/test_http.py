@@ -20,24 +20,12 @@ from relayd.aep.http import AEPResource
 from relayd.base.clock import Timekeeper
 from relayd.base.errors import StoreUnavailable
 from relayd.web.streams.sse import SSEHub, sse_comment
-from tests.support.aep import AEPRelay, event, ndjson
-from tests.support.inmemory import InMemoryWing, Reply
+from tests.support.aep import INGEST, AEPRelay, aep_in_memory, event, ndjson, post_in_memory
+from tests.support.inmemory import Reply
 from tests.support.raw import raw_exchange
 
 TOKEN = "s3cret-token"
-INGEST = {"aep-version": "0.1", "content-type": "application/x-ndjson"}
 JSON_INGEST = {"aep-version": "0.1", "content-type": "application/json"}
-
-
-def aep(case: TestCase, **flags: Any) -> InMemoryWing:
-    """The AEP wing in memory with C{flags} (C{aep_buffer=8}: C{--aep-buffer 8}), closed at cleanup."""
-    return InMemoryWing.build(case, "aep", {k.replace("_", "-"): v if isinstance(v, list) else str(v) for k, v in flags.items()})
-
-
-def post(relay: InMemoryWing, *events: dict[str, Any], token: str | None = None) -> Reply:
-    """POST C{events} as NDJSON to C{/events} (with C{token} as the bearer)."""
-    headers = {**INGEST, **({"authorization": f"Bearer {token}"} if token else {})}
-    return relay.post("/events", ndjson(*events), headers)
 
 
 def header(response: Reply, name: str) -> str | None:
@@ -46,7 +34,7 @@ def header(response: Reply, name: str) -> str | None:
 
 class DiscoveryAndHealth(TestCase):
     def test_discovery_document_on_both_paths(self) -> None:
-        relay = aep(self, aep_buffer=8)
+        relay = aep_in_memory(self, aep_buffer=8)
         for path in ("/events", "/.well-known/aep"):
             response = relay.get(path)
             self.assertEqual(response.code, 200)
@@ -61,19 +49,19 @@ class DiscoveryAndHealth(TestCase):
             self.assertTrue(response.body.startswith(b'{\n  "aep": [\n    "0.1"\n  ],'))  # 2-space pretty print
 
     def test_healthz_without_token_shows_counts(self) -> None:
-        response = aep(self).get("/healthz")
+        response = aep_in_memory(self).get("/healthz")
         self.assertEqual(response.code, 200)
         self.assertEqual(list(response.json()), ["ok", "sessions", "subscribers", "connections", "uptime_s"])
 
     def test_healthz_with_token_hides_counts_unless_authorized(self) -> None:
-        relay = aep(self, aep_token=TOKEN)
+        relay = aep_in_memory(self, aep_token=TOKEN)
         response = relay.get("/healthz")
         self.assertEqual((response.code, response.json()), (200, {"ok": True}))
         self.assertIn("sessions", relay.get("/healthz", {"authorization": f"Bearer {TOKEN}"}).json())
         self.assertIn("sessions", relay.get(f"/healthz?access_token={TOKEN}").json())
 
     def test_connections_introspection(self) -> None:
-        relay = aep(self, aep_token=TOKEN, allow_origin=["*"])
+        relay = aep_in_memory(self, aep_token=TOKEN, allow_origin=["*"])
         response = relay.get("/connections", {"authorization": f"Bearer {TOKEN}"})
         self.assertEqual(response.code, 200)
         self.assertEqual(header(response, "access-control-allow-origin"), "*")
@@ -85,7 +73,7 @@ class DiscoveryAndHealth(TestCase):
 
 class AuthWall(TestCase):
     def test_401_carries_cors_and_empty_body(self) -> None:
-        relay = aep(self, aep_token=TOKEN)
+        relay = aep_in_memory(self, aep_token=TOKEN)
         for path in ("/events", "/stream", "/connections", "/nowhere"):
             response = relay.get(path, {"origin": "http://localhost:5173"})
             self.assertEqual(response.code, 401, path)
@@ -94,18 +82,18 @@ class AuthWall(TestCase):
             self.assertEqual(response.body, b"")
 
     def test_wrong_token_on_post_is_401(self) -> None:
-        relay = aep(self, aep_token=TOKEN)
-        self.assertEqual(post(relay, event(), token="wrong").code, 401)
-        self.assertEqual(post(relay, event(), token=TOKEN).code, 202)
+        relay = aep_in_memory(self, aep_token=TOKEN)
+        self.assertEqual(post_in_memory(relay, event(), token="wrong").code, 401)
+        self.assertEqual(post_in_memory(relay, event(), token=TOKEN).code, 202)
 
     def test_wrong_header_does_not_block_a_correct_query_token(self) -> None:
-        relay = aep(self, aep_token=TOKEN)
+        relay = aep_in_memory(self, aep_token=TOKEN)
         response = relay.get(f"/events?access_token={TOKEN}", {"authorization": "Bearer nope"})
         self.assertEqual(response.code, 200)
 
     def test_bearer_scheme_in_any_case_then_one_space(self) -> None:
         """The scheme is case-insensitive (RFC 7235 2.1); the one space and the token are exact."""
-        relay = aep(self, aep_token=TOKEN)
+        relay = aep_in_memory(self, aep_token=TOKEN)
         for value in (f"bearer {TOKEN}", f"BEARER {TOKEN}", f"Bearer {TOKEN}"):
             response = relay.get("/events", {"authorization": value})
             self.assertEqual(response.code, 200, value)
@@ -115,7 +103,7 @@ class AuthWall(TestCase):
             self.assertEqual(response.headers.getRawHeaders(b"www-authenticate"), [b'Bearer realm="aep"'], value)
 
     def test_preflight_needs_no_token(self) -> None:
-        relay = aep(self, aep_token=TOKEN, allow_origin=["*"])
+        relay = aep_in_memory(self, aep_token=TOKEN, allow_origin=["*"])
         for path in ("/stream", "/connections"):
             response = relay.request("OPTIONS", path)
             self.assertEqual(response.code, 204)
@@ -131,7 +119,7 @@ class AuthWall(TestCase):
 
 class NotFound(TestCase):
     def test_other_paths_are_404_with_empty_body(self) -> None:
-        relay = aep(self)
+        relay = aep_in_memory(self)
         for method, path in (("GET", "/healthz/"), ("GET", "/x"), ("POST", "/x"), ("PUT", "/events/")):
             response = relay.request(method, path)
             self.assertEqual(response.code, 404, (method, path))
@@ -139,7 +127,7 @@ class NotFound(TestCase):
             self.assertIsNone(header(response, "content-type"))
 
     def test_other_methods_on_known_paths_are_405_with_allow(self) -> None:
-        relay = aep(self)
+        relay = aep_in_memory(self)
         for method, path, allow in (
             ("PUT", "/events", "GET, HEAD, POST"), ("DELETE", "/stream", "GET, OPTIONS"), ("POST", "/healthz", "GET, HEAD"),
             ("TRACE", "/.well-known/aep", "GET, HEAD"), ("PATCH", "/connections", "GET, HEAD, OPTIONS"),
@@ -151,7 +139,7 @@ class NotFound(TestCase):
             self.assertEqual(response.json(), {"error": "method-not-allowed", "allow": allow.split(", ")})
 
     def test_head_answers_like_get_without_the_body(self) -> None:
-        relay = aep(self)
+        relay = aep_in_memory(self)
         for path in ("/healthz", "/events", "/.well-known/aep", "/connections"):
             get = relay.request("GET", path)
             head = relay.request("HEAD", path)
@@ -165,7 +153,7 @@ class NotFound(TestCase):
 
 class Ingest(TestCase):
     def test_version_gate_426_before_415(self) -> None:
-        relay = aep(self)
+        relay = aep_in_memory(self)
         for version in (None, "9.9"):
             headers = {"content-type": "text/plain"}
             if version:
@@ -180,11 +168,11 @@ class Ingest(TestCase):
 
     def test_duplicated_version_header_is_426(self) -> None:
         headers = [(b"aep-version", b"0.1"), (b"aep-version", b"0.1"), (b"content-type", b"application/json")]
-        response = aep(self).request("POST", "/events", b"{}", headers)
+        response = aep_in_memory(self).request("POST", "/events", b"{}", headers)
         self.assertEqual(response.code, 426)
 
     def test_415_has_empty_body_and_no_content_type(self) -> None:
-        relay = aep(self)
+        relay = aep_in_memory(self)
         for ctype in ("text/plain", "application/jsonx", "application/json-seq"):
             response = relay.request("POST", "/events", b"{}", {"aep-version": "0.1", "content-type": ctype})
             self.assertEqual(response.code, 415, ctype)
@@ -197,7 +185,7 @@ class Ingest(TestCase):
             self.assertEqual(response.code, 202, ctype)
 
     def test_single_json_event_and_empty_bodies(self) -> None:
-        relay = aep(self)
+        relay = aep_in_memory(self)
         response = relay.request("POST", "/events", json.dumps(event()).encode(), JSON_INGEST)
         self.assertEqual((response.code, response.body), (202, b""))
         self.assertIsNone(header(response, "content-type"))
@@ -208,19 +196,19 @@ class Ingest(TestCase):
         self.assertEqual((response.code, response.body), (202, b""))
 
     def test_json_array_is_not_an_object(self) -> None:
-        response = aep(self).request("POST", "/events", b"[1]", JSON_INGEST)
+        response = aep_in_memory(self).request("POST", "/events", b"[1]", JSON_INGEST)
         self.assertEqual(response.code, 400)
         self.assertEqual(response.json(), {"error": "invalid-event", "line": 0, "detail": "not an object"})
 
     def test_reject_invalid_missing_id(self) -> None:
         ev = event()
         del ev["id"]
-        response = post(aep(self), ev)
+        response = post_in_memory(aep_in_memory(self), ev)
         self.assertEqual(response.code, 400)
         self.assertEqual(response.json(), {"error": "invalid-event", "line": 0, "detail": "missing/invalid id"})
 
     def test_bad_json_line_anywhere_ingests_nothing(self) -> None:
-        relay = aep(self)
+        relay = aep_in_memory(self)
         body = ndjson(event(seq=0)) + b"{not json\n" + ndjson(event(seq=2))
         response = relay.request("POST", "/events", body, INGEST)
         self.assertEqual(response.code, 400)
@@ -228,13 +216,13 @@ class Ingest(TestCase):
         self.assertEqual(relay.service.relay.log.session_count(), 0)
 
     def test_invalid_utf8_is_invalid_json(self) -> None:
-        response = aep(self).request("POST", "/events", b'{"aep":"0.1","id":"\xff"}', JSON_INGEST)
+        response = aep_in_memory(self).request("POST", "/events", b'{"aep":"0.1","id":"\xff"}', JSON_INGEST)
         self.assertEqual(response.code, 400)
         self.assertEqual(response.json()["error"], "invalid-json")
 
     def test_too_many_events_carries_max_and_count(self) -> None:
-        relay = aep(self, aep_max_batch=3)
-        response = post(relay, *[event(seq=i) for i in range(4)])
+        relay = aep_in_memory(self, aep_max_batch=3)
+        response = post_in_memory(relay, *[event(seq=i) for i in range(4)])
         self.assertEqual(response.code, 413)
         self.assertEqual(response.json(), {"error": "too-many-events", "max": 3, "count": 4})
         self.assertEqual(relay.service.relay.log.session_count(), 0)
@@ -244,15 +232,15 @@ class Ingest(TestCase):
         body = json.dumps(ev, ensure_ascii=False).encode()
         self.assertLess(len(body.decode()), 350)
         self.assertGreater(len(body), 350)
-        response = aep(self, aep_max_body=350).request("POST", "/events", body, JSON_INGEST)
+        response = aep_in_memory(self, aep_max_body=350).request("POST", "/events", body, JSON_INGEST)
         self.assertEqual(response.code, 413)
 
     def test_posted_command_without_token_is_accepted_and_dropped(self) -> None:
-        relay = aep(self)
+        relay = aep_in_memory(self)
         stream = relay.connect()
         stream.send(b"GET /stream HTTP/1.1\r\nHost: localhost\r\n\r\n")
         cmd = event(seq=None, type="control.pause", id="cmd-1")
-        self.assertEqual(post(relay, cmd, event(seq=0)).code, 202)
+        self.assertEqual(post_in_memory(relay, cmd, event(seq=0)).code, 202)
         relay.advance(0)  # (the stream writes on its next turn)
         self.assertIn(b"event: session.started", stream.received())
         self.assertNotIn(b"control.pause", stream.received())  # the command never reached the stream
@@ -260,7 +248,7 @@ class Ingest(TestCase):
     def test_a_filter_key_spelled_like_a_core_attribute_is_named_in_a_comment(self) -> None:
         """`sesion` is a legal extension attribute (AEP's filter grammar), so it is not refused; the
         stream says what it is and which core attribute it is not."""
-        relay = aep(self)
+        relay = aep_in_memory(self)
         stream = relay.connect()
         stream.send(b'GET /stream?filter={"sesion":"S"} HTTP/1.1\r\nHost: localhost\r\n\r\n')
         relay.advance(0)

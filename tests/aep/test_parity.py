@@ -5,6 +5,7 @@ does not already cover them (426/415, 413s, /healthz with a token, 401 CORS and 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from twisted.internet import threads
 from twisted.trial.unittest import TestCase
@@ -13,7 +14,24 @@ from relayd.aep.core.backlog import HARD_BACKLOG
 from relayd.aep.core.event import Event
 from relayd.aep.core.filters import match_all
 from relayd.aep.http import SSESubscriber
-from tests.support.aep import AUTH, TOKEN, AEPRelay, comments_of, event, open_sse, open_ws, seqs, start_relay, subscribe
+from tests.support.aep import (
+    AUTH,
+    TOKEN,
+    AEPRelay,
+    aep_in_memory,
+    comments_of,
+    event,
+    events_of,
+    open_sse,
+    open_ws,
+    post_in_memory,
+    replay_in_memory,
+    seqs,
+    start_relay,
+    stream_in_memory,
+    subscribe,
+)
+from tests.support.inmemory import InMemoryWing
 from tests.support.raw import raw_exchange
 from tests.support.sse import SSEClient
 from tests.support.ws import WSClient
@@ -22,87 +40,92 @@ from tests.web.test_sse import Harness
 NDJSON = {"aep-version": "0.1", "content-type": "application/x-ndjson"}
 
 
+def ingest(relay: InMemoryWing, *events: dict[str, Any]) -> None:
+    reply = post_in_memory(relay, *events)
+    assert reply.code == 202, reply
+
+
 class BatchLines(TestCase):
-    async def test_invalid_event_names_its_line_among_non_blank_lines(self) -> None:
-        relay = await start_relay(self)
-        stream = await open_sse(self, relay)
+    def test_invalid_event_names_its_line_among_non_blank_lines(self) -> None:
+        relay = aep_in_memory(self)
+        live = stream_in_memory(relay)
         bad = event("b", 2)
         del bad["seq"]
         body = b"\n".join(
             [json.dumps(event("b", 0)).encode(), b"", b"   ", json.dumps(event("b", 1)).encode(), json.dumps(bad).encode(), b""]
         )
-        response, content = await relay.request("POST", "/events", body, NDJSON)
-        self.assertEqual(response.code, 400)
-        self.assertEqual(json.loads(content), {"error": "invalid-event", "line": 2, "detail": "seq required (integer >= 0)"})
+        reply = relay.post("/events", body, NDJSON)
+        self.assertEqual(reply.code, 400)
+        self.assertEqual(reply.json(), {"error": "invalid-event", "line": 2, "detail": "seq required (integer >= 0)"})
         # Decision AEP 5: the lines before it were not ingested either (nothing buffered, nothing fanned out).
-        self.assertEqual(relay.core.log.session_count(), 0)
-        await relay.post(event("after", 0))
-        self.assertEqual((await stream.next_event()).json()["session"], "after")
+        self.assertEqual(relay.service.relay.log.session_count(), 0)
+        ingest(relay, event("after", 0))
+        relay.advance(0)
+        self.assertEqual([m.json()["session"] for m in events_of(live.events())], ["after"])
 
 
 class Buffering(TestCase):
-    async def test_duplicate_is_fanned_out_live_but_replayed_once(self) -> None:
-        relay = await start_relay(self)
-        stream = await open_sse(self, relay, filter={"session": "dup"})
+    def test_duplicate_is_fanned_out_live_but_replayed_once(self) -> None:
+        relay = aep_in_memory(self)
+        live = stream_in_memory(relay, filter={"session": "dup"})
         ev = event("dup", 0)
-        await relay.post(ev)
-        await relay.post(ev)
-        self.assertEqual((await stream.next_event()).json(), ev)
-        self.assertEqual((await stream.next_event()).json(), ev)
-        history = await open_sse(self, relay, live="0", filter={"session": "dup"})
-        self.assertEqual(seqs(await history.read_until_end()), [0])
+        ingest(relay, ev)
+        ingest(relay, ev)
+        relay.advance(0)
+        self.assertEqual([m.json() for m in events_of(live.events())], [ev, ev])
+        self.assertEqual(seqs(replay_in_memory(relay, filter={"session": "dup"})), [0])
 
-    async def test_trimming_drops_the_lowest_position_and_forgets_its_id(self) -> None:
-        relay = await start_relay(self, aep_buffer=3)
-        await relay.post(*[event("trim", seq, "progress.status", id=f"e{seq}") for seq in (1, 2, 3)])
-        await relay.post(event("trim", 0, "progress.status", id="e0"))  # arrives late, is the lowest: dropped
-        await relay.post(event("trim", 4, "progress.status", id="e4"))  # pushes out seq 1
-        history = await open_sse(self, relay, live="0", filter={"session": "trim"})
-        self.assertEqual(seqs(await history.read_until_end()), [2, 3, 4])
+    def test_trimming_drops_the_lowest_position_and_forgets_its_id(self) -> None:
+        relay = aep_in_memory(self, aep_buffer=3)
+        ingest(relay, *[event("trim", seq, "progress.status", id=f"e{seq}") for seq in (1, 2, 3)])
+        ingest(relay, event("trim", 0, "progress.status", id="e0"))  # arrives late, is the lowest: dropped
+        ingest(relay, event("trim", 4, "progress.status", id="e4"))  # pushes out seq 1
+        self.assertEqual(seqs(replay_in_memory(relay, filter={"session": "trim"})), [2, 3, 4])
         # The id of a trimmed event is forgotten: it is admitted again.
-        await relay.post(event("trim", 5, "progress.status", id="e1"))
-        history = await open_sse(self, relay, live="0", filter={"session": "trim"})
-        self.assertEqual([m.json()["id"] for m in await history.read_until_end() if m.data], ["e3", "e4", "e1"])
+        ingest(relay, event("trim", 5, "progress.status", id="e1"))
+        ids = [m.json()["id"] for m in replay_in_memory(relay, filter={"session": "trim"}) if m.data]
+        self.assertEqual(ids, ["e3", "e4", "e1"])
 
-    async def test_equal_positions_keep_arrival_order(self) -> None:
-        relay = await start_relay(self)
-        await relay.post(event("eq", 2, id="late-2"), event("eq", 1, id="first-1"), event("eq", 1, id="second-1"))
-        history = await open_sse(self, relay, live="0", filter={"session": "eq"})
-        ids = [m.json()["id"] for m in await history.read_until_end() if m.data]
+    def test_equal_positions_keep_arrival_order(self) -> None:
+        relay = aep_in_memory(self)
+        ingest(relay, event("eq", 2, id="late-2"), event("eq", 1, id="first-1"), event("eq", 1, id="second-1"))
+        ids = [m.json()["id"] for m in replay_in_memory(relay, filter={"session": "eq"}) if m.data]
         self.assertEqual(ids, ["first-1", "second-1", "late-2"])
 
-    async def test_least_recently_written_session_is_evicted_at_max_sessions(self) -> None:
-        relay = await start_relay(self, aep_max_sessions=2)
-        await relay.post(event("A", 0))
-        await relay.post(event("B", 0))
-        await relay.post(event("A", 0))  # a duplicate write still refreshes A's recency
-        await relay.post(event("C", 0))  # evicts B, the least recently written
-        history = await open_sse(self, relay, live="0", from_="all")
-        self.assertEqual([m.json()["session"] for m in await history.read_until_end() if m.data], ["A", "C"])
+    def test_least_recently_written_session_is_evicted_at_max_sessions(self) -> None:
+        relay = aep_in_memory(self, aep_max_sessions=2)
+        ingest(relay, event("A", 0))
+        ingest(relay, event("B", 0))
+        ingest(relay, event("A", 0))  # a duplicate write still refreshes A's recency
+        ingest(relay, event("C", 0))  # evicts B, the least recently written
+        self.assertEqual([m.json()["session"] for m in replay_in_memory(relay, from_="all") if m.data], ["A", "C"])
 
 
 class Resume(TestCase):
-    async def test_last_event_id_resumes(self) -> None:
-        relay = await start_relay(self)
-        await relay.post(*[event("a:b", seq, "progress.status") for seq in range(4)])  # a session with a colon
-        stream = await open_sse(self, relay, {"last-event-id": "a:b:0:1"}, filter={"session": "a:b"})
-        self.assertEqual(seqs([await stream.next_event() for _ in range(2)]), [2, 3])
+    def test_last_event_id_resumes(self) -> None:
+        relay = aep_in_memory(self)
+        ingest(relay, *[event("a:b", seq, "progress.status") for seq in range(4)])  # a session with a colon
+        resumed = stream_in_memory(relay, {"last-event-id": "a:b:0:1"}, filter={"session": "a:b"})
+        self.assertEqual(seqs(resumed.events()), [2, 3])
 
-    async def test_from_overrides_last_event_id(self) -> None:
-        relay = await start_relay(self)
-        await relay.post(*[event("ov", seq, "progress.status") for seq in range(4)])
-        stream = await open_sse(
-            self, relay, {"last-event-id": "ov:0:0"}, live="0", from_=[{"session": "ov", "epoch": 0, "seq": 2}]
-        )
-        self.assertEqual(seqs(await stream.read_until_end()), [3])
+    def test_from_overrides_last_event_id(self) -> None:
+        relay = aep_in_memory(self)
+        ingest(relay, *[event("ov", seq, "progress.status") for seq in range(4)])
+        replay = replay_in_memory(relay, {"last-event-id": "ov:0:0"}, from_=[{"session": "ov", "epoch": 0, "seq": 2}])
+        self.assertEqual(seqs(replay), [3])
 
-    async def test_malformed_last_event_id_is_ignored(self) -> None:
-        relay = await start_relay(self)
-        await relay.post(event("m", 0))
+    def test_malformed_last_event_id_is_ignored(self) -> None:
+        relay = aep_in_memory(self)
+        ingest(relay, event("m", 0))
         for value in ("m:0", "m:x:1", "m:0:-1", ":0:1"):
-            stream = await SSEClient.connect(relay.url + "/stream?live=0", {"last-event-id": value})
-            self.assertEqual(stream.code, 200, value)
-            self.assertEqual(comments_of(await stream.read_until_end()), ["replay-complete"])
+            replay = stream_in_memory(relay, {"last-event-id": value}, live="0")
+            self.assertEqual(replay.head().code, 200, value)
+            self.assertTrue(replay.ended(), value)
+            self.assertEqual(comments_of(replay.events()), ["replay-complete"])
+
+
+class ResumeOnTheWire(TestCase):
+    """Resume beside a WebSocket emitter (the upgrade needs a socket)."""
 
     async def test_id_line_absent_for_agent_events_and_commands_and_agent_events_never_replayed(self) -> None:
         relay = await start_relay(self, aep_token=TOKEN)

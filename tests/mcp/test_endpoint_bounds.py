@@ -1,14 +1,15 @@
-"""The standard endpoint's bounds at exactly the limit and one over, resumption, idle expiry."""
+"""The standard endpoint's bounds at exactly the limit and one over, resumption, idle expiry: in memory
+(time is the wing's clock), but for a GET stream that stops reading (the socket's back-pressure is
+the subject)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 
-from twisted.internet.defer import Deferred
-
-from tests.mcp.test_endpoint_http import AUTH, INIT, SESSION, EndpointCase, _next_message
-from tests.support.mcp import TOKEN
+from tests.mcp.test_endpoint_http import EndpointCase, _next_message, stream_messages
+from tests.support.inmemory import InMemoryEndpointCase
+from tests.support.mcp import AUTH, INIT, SESSION, TOKEN
 from tests.support.mcp_clients import compact
 from tests.support.sse import SSEClient
 
@@ -17,69 +18,66 @@ def call(n: int) -> dict:
     return {"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"name": "slow"}}
 
 
-class Bounds(EndpointCase):
+class Bounds(InMemoryEndpointCase):
     silent = frozenset({"tools/call"})
 
     def configure(self, **changes: int) -> None:
         endpoint = self.service.resource.endpoint
         endpoint.config = dataclasses.replace(endpoint.config, **changes)
 
-    async def test_pending_per_client_limit_and_one_over(self) -> None:
+    def test_pending_per_client_limit_and_one_over(self) -> None:
         self.configure(pending_per_client=2)
-        sid = await self.initialize()
-        first = [Deferred.fromCoroutine(self.mcp(call(n), sid=sid)) for n in (1, 2)]
-        calls = 0
-        n = 2  # peer_joined, initialize
-        while calls < 2:
-            n += 1
-            calls += (await self.page.next_seen(n)).get("method") == "tools/call"
-        over = await self.mcp(call(3), sid=sid)
+        sid = self.initialize()
+        first = [self.send_mcp(call(n), sid=sid) for n in (1, 2)]
+        self.settle()
+        assert [m["id"] for m in self.page.seen if m.get("method") == "tools/call"] == [1, 2]
+        over = self.mcp(call(3), sid=sid)
         assert over.code == 429 and over.header("retry-after") == "1"
         assert over.json()["error"]["code"] == -32003 and over.json()["id"] == 3
         for pending, seen_id in zip(first, (1, 2), strict=True):
-            await self.page.send({"jsonrpc": "2.0", "id": seen_id, "result": {}})
-            assert (await pending).json()["id"] == seen_id
-        again = Deferred.fromCoroutine(self.mcp(call(4), sid=sid))  # room again once answered
-        message = await self.page.next_seen(n + 1)
-        assert message["id"] == 4
-        await self.page.send({"jsonrpc": "2.0", "id": 4, "result": {}})
-        assert (await again).code == 200
+            self.page.send({"jsonrpc": "2.0", "id": seen_id, "result": {}})
+            self.settle()
+            assert pending.reply().json()["id"] == seen_id
+        again = self.send_mcp(call(4), sid=sid)  # room again once answered
+        self.settle()
+        assert self.page.seen[-1]["id"] == 4
+        self.page.send({"jsonrpc": "2.0", "id": 4, "result": {}})
+        self.settle()
+        assert again.reply().code == 200
 
-    async def test_same_id_twice_in_one_client_session_is_400(self) -> None:
-        sid = await self.initialize()
-        pending = Deferred.fromCoroutine(self.mcp(call(5), sid=sid))
-        await self.page.next_seen(3)
-        twice = await self.mcp(call(5), sid=sid)
+    def test_same_id_twice_in_one_client_session_is_400(self) -> None:
+        sid = self.initialize()
+        pending = self.send_mcp(call(5), sid=sid)
+        self.settle()
+        assert self.page.seen[2]["method"] == "tools/call"
+        twice = self.mcp(call(5), sid=sid)
         assert twice.code == 400
-        await self.page.send({"jsonrpc": "2.0", "id": 5, "result": {}})
-        assert (await pending).code == 200
+        self.page.send({"jsonrpc": "2.0", "id": 5, "result": {}})
+        self.settle()
+        assert pending.reply().code == 200
 
-    async def test_clients_per_session_limit_and_one_over(self) -> None:
+    def test_clients_per_session_limit_and_one_over(self) -> None:
         self.configure(clients_per_session=2)
-        await self.initialize()
-        await self.initialize()
-        over = await self.mcp(INIT)
+        self.initialize()
+        self.initialize()
+        over = self.mcp(INIT)
         assert over.code == 503 and over.header("retry-after") == "5"
         assert over.header("mcp-session-id") is None
 
-    async def test_at_the_process_bound_the_least_recently_used_idle_client_session_ends(self) -> None:
+    def test_at_the_process_bound_the_least_recently_used_idle_client_session_ends(self) -> None:
         self.configure(max_clients=2, clients_per_address=0)
-        first, second = await self.initialize(), await self.initialize()
-        assert (await self.mcp({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid=first)).code == 200
-        third = await self.initialize()  # one over: the idle one used least recently (second) ends
-        assert [(await self.mcp({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, sid=s)).code
+        first, second = self.initialize(), self.initialize()
+        self.wing.advance(1)  # the first is used again later than the second
+        assert self.mcp({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid=first).code == 200
+        third = self.initialize()  # one over: the idle one used least recently (second) ends
+        assert [self.mcp({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, sid=s).code
                 for s in (first, second, third)] == [200, 404, 200]
-        streams = []
-        for sid in (first, third):  # busy: an open GET stream
-            stream = await SSEClient.connect(f"{self.base}{self.url}", headers={**AUTH, "accept": "text/event-stream",
-                                                                               "mcp-session-id": sid})
-            self.streams.append(stream)
-            streams.append(stream.code)
-        assert streams == [200, 200]
-        over = await self.mcp(INIT)
+        streams = [self.stream(sid, accept="text/event-stream") for sid in (first, third)]  # busy: open GET streams
+        assert [stream.status() for stream in streams] == [200, 200]
+        over = self.mcp(INIT)
         assert over.code == 503 and over.header("retry-after") == "5"
 
-    async def test_an_eviction_is_logged_and_counted(self) -> None:
+    def test_an_eviction_is_logged_and_counted(self) -> None:
         from twisted.logger import globalLogPublisher
 
         from relayd.mcp.metrics import REGISTRY
@@ -100,80 +98,78 @@ class Bounds(EndpointCase):
             return REGISTRY.get_sample_value("relayd_mcp_evictions_total", {"kind": "client"}) or 0.0
 
         before = evictions()
-        first = await self.initialize()
-        await self.initialize()  # ends the first (idle)
+        first = self.initialize()
+        self.initialize()  # ends the first (idle)
         assert evictions() - before == 1
         assert lines == ["ended 1 idle MCP client session(s) to make room under the client bound (1)"]
         assert first not in lines[0] and TOKEN not in lines[0]
 
-    async def test_last_event_id_replays_from_the_bounded_buffer(self) -> None:
+    def test_last_event_id_replays_from_the_bounded_buffer(self) -> None:
         self.configure(event_buffer_frames=2)
-        sid = await self.initialize()
+        sid = self.initialize()
         for n in range(3):
-            await self.page.send({"jsonrpc": "2.0", "method": "notifications/message", "params": {"n": n}})
-        # Sent in order through one connection: a later ping proves the three are delivered.
-        await self.page.send({"jsonrpc": "2.0", "id": "page-1", "method": "ping"})
-        stream = await SSEClient.connect(f"{self.base}{self.url}", headers={**AUTH, "mcp-session-id": sid})
-        self.streams.append(stream)
-        got = [await _next_message(stream) for _ in range(2)]
+            self.page.send({"jsonrpc": "2.0", "method": "notifications/message", "params": {"n": n}})
+        self.page.send({"jsonrpc": "2.0", "id": "page-1", "method": "ping"})
+        stream = self.stream(sid)
+        self.settle()
+        got = stream_messages(stream)
         # Never delivered before: the buffer's two newest (the oldest two were dropped by the bound).
         tag = got[0].id.split("-")[0]
         assert [m.id for m in got] == [f"{tag}-3", f"{tag}-4"]
         assert json.loads(got[0].data)["params"] == {"n": 2}
-        resumed = await SSEClient.connect(
-            f"{self.base}{self.url}", headers={**AUTH, "mcp-session-id": sid, "last-event-id": f"{tag}-3"}
-        )
-        self.streams.append(resumed)
-        again = await _next_message(resumed)
+        resumed = self.stream(sid, **{"last-event-id": f"{tag}-3"})
+        self.settle()
+        (again,) = stream_messages(resumed)
         assert again.id == f"{tag}-4" and json.loads(again.data)["method"] == "ping"
 
-    async def test_idle_client_session_expires(self) -> None:
-        sid = await self.initialize()
+    def test_idle_client_session_expires(self) -> None:
+        sid = self.initialize()
         endpoint = self.service.resource.endpoint
         endpoint.reap()
         assert sid in endpoint.clients  # fresh: kept
-        endpoint.clients[sid].last_used -= endpoint.config.client_idle_ms / 1000 + 1  # time passes
+        self.wing.advance(endpoint.config.client_idle_ms / 1000 + 1)  # time passes
         endpoint.reap()
         assert sid not in endpoint.clients
-        assert (await self.page.next_seen(3))["method"] == "notifications/peer_left"
-        reply = await self.mcp({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid=sid)
+        self.settle()
+        assert self.page.seen[2]["method"] == "notifications/peer_left"
+        reply = self.mcp({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid=sid)
         assert reply.code == 404
 
-    async def test_initialize_refused_leaves_no_client_session(self) -> None:
+    def test_initialize_refused_leaves_no_client_session(self) -> None:
         endpoint = self.service.resource.endpoint
         self.configure(pending_per_session=0)
-        over = await self.mcp(INIT)
+        over = self.mcp(INIT)
         assert over.code == 429
         assert endpoint.clients == {}
 
-    async def test_batch_with_a_request_is_400(self) -> None:
-        sid = await self.initialize()
+    def test_batch_with_a_request_is_400(self) -> None:
+        sid = self.initialize()
         batch = [call(1), {"jsonrpc": "2.0", "method": "notifications/initialized"}]
-        assert (await self.mcp(batch, sid=sid)).code == 400
+        assert self.mcp(batch, sid=sid).code == 400
 
-    async def test_get_without_event_stream_accept_is_406(self) -> None:
-        sid = await self.initialize()
-        reply = await self.request("GET", self.url, headers={"authorization": f"Bearer {TOKEN}",
-                                                             "accept": "application/json", "mcp-session-id": sid})
+    def test_get_without_event_stream_accept_is_406(self) -> None:
+        sid = self.initialize()
+        reply = self.request("GET", self.url, headers={"authorization": f"Bearer {TOKEN}",
+                                                       "accept": "application/json", "mcp-session-id": sid})
         assert reply.code == 406
 
 
-class LegacyTokenInQuery(EndpointCase):
-    async def test_endpoint_event_carries_quoted_token_only_when_given_in_query(self) -> None:
+class LegacyTokenInQuery(InMemoryEndpointCase):
+    def test_endpoint_event_carries_quoted_token_only_when_given_in_query(self) -> None:
         odd = "tok/with spaces&x=1\u00e9_padding"
-        await self.register("legacyq", odd)
+        self.register("legacyq", odd)
         from urllib.parse import quote
 
-        stream = await SSEClient.connect(f"{self.base}/legacyq/sse?token={quote(odd, safe='')}")
-        self.streams.append(stream)
-        endpoint = await stream.next(5)
+        stream = self.wing.open("GET", f"{self.prefix}/legacyq/sse?token={quote(odd, safe='')}")
+        self.settle()
+        endpoint = stream.events()[0]
         assert endpoint.event == "endpoint"
         assert endpoint.data.endswith("&token=" + quote(odd, safe=""))
-        posted = await self.post(endpoint.data[len(self.prefix):], raw=compact({"jsonrpc": "2.0", "method": "x"}))
+        posted = self.post(endpoint.data[len(self.prefix):], raw=compact({"jsonrpc": "2.0", "method": "x"}))
         assert posted.code == 202
-        header = await SSEClient.connect(f"{self.base}/{SESSION}/sse", headers={"authorization": f"Bearer {TOKEN}"})
-        self.streams.append(header)
-        assert "token=" not in (await header.next(5)).data
+        header = self.wing.open("GET", f"{self.prefix}/{SESSION}/sse", None, {"authorization": f"Bearer {TOKEN}"})
+        self.settle()
+        assert "token=" not in header.events()[0].data
 
 
 class SlowGetStream(EndpointCase):

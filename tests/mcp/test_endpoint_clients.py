@@ -8,50 +8,48 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, gatherResults
 
-from tests.mcp.test_endpoint_http import SESSION, EndpointCase, _next_message
-from tests.support.mcp import TOKEN
+from tests.mcp.test_endpoint_http import EndpointCase
+from tests.support.inmemory import InMemoryEndpointCase
+from tests.support.mcp import SESSION, TOKEN
 from tests.support.mcp_clients import compact, run_client
-from tests.support.sse import SSEClient
 
 
-class SameIds(EndpointCase):
+class SameIds(InMemoryEndpointCase):
     silent = frozenset({"tools/call"})
 
-    async def test_two_clients_and_a_legacy_client_with_the_same_id(self) -> None:
-        a = await self.initialize()
-        b = await self.initialize()
-        legacy = await SSEClient.connect(f"{self.base}/{SESSION}/sse", headers={"authorization": f"Bearer {TOKEN}"})
-        self.streams.append(legacy)
-        endpoint = await legacy.next(5)
-        assert endpoint is not None and endpoint.event == "endpoint"
+    def test_two_clients_and_a_legacy_client_with_the_same_id(self) -> None:
+        a = self.initialize()
+        b = self.initialize()
+        legacy = self.wing.open("GET", f"{self.prefix}/{SESSION}/sse", None, {"authorization": f"Bearer {TOKEN}"})
+        self.settle()
+        endpoint = legacy.events()[0]
+        assert endpoint.event == "endpoint"
         assert endpoint.data.startswith(f"{self.prefix}/{SESSION}/messages?sessionId=")
         seen = len(self.page.seen)
 
         def call(who: str) -> dict[str, Any]:
             return {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "t", "arguments": {"who": who}}}
 
-        answer_a = Deferred.fromCoroutine(self.mcp(call("a"), sid=a))
-        answer_b = Deferred.fromCoroutine(self.mcp(call("b"), sid=b))
-        posted = await self.post(endpoint.data[len(self.prefix):], raw=compact(call("legacy")),
-                                 authorization=f"Bearer {TOKEN}")
+        answer_a = self.send_mcp(call("a"), sid=a)
+        answer_b = self.send_mcp(call("b"), sid=b)
+        posted = self.post(endpoint.data[len(self.prefix):], raw=compact(call("legacy")),
+                           authorization=f"Bearer {TOKEN}")
         assert posted.code == 202
-        calls: list[dict[str, Any]] = []
-        while len(calls) < 3:
-            seen += 1
-            message = await self.page.next_seen(seen)
-            if message.get("method") == "tools/call":
-                calls.append(message)
+        self.settle()
+        calls = [m for m in self.page.seen[seen:] if m.get("method") == "tools/call"]
+        assert len(calls) == 3, self.page.seen[seen:]
         ids = [c["id"] for c in calls]
         assert len(set(map(json.dumps, ids))) == 3, ids  # made unique on the way to the page
         # The page answers in reverse order, each with the caller's name.
         for c in reversed(calls):
             who = c["params"]["arguments"]["who"]
-            await self.page.send({"jsonrpc": "2.0", "id": c["id"], "result": {"content": [{"type": "text", "text": who}]}})
-        for d, who in ((answer_a, "a"), (answer_b, "b")):
-            reply = await d
+            self.page.send({"jsonrpc": "2.0", "id": c["id"], "result": {"content": [{"type": "text", "text": who}]}})
+        self.settle()
+        for connection, who in ((answer_a, "a"), (answer_b, "b")):
+            reply = connection.reply()
             assert reply.code == 200
             assert reply.json() == {"jsonrpc": "2.0", "id": 7, "result": {"content": [{"type": "text", "text": who}]}}
-        msg = await _next_message(legacy)
+        (msg,) = [m for m in legacy.events() if m.event == "message"]
         assert json.loads(msg.data) == {"jsonrpc": "2.0", "id": 7, "result": {"content": [{"type": "text", "text": "legacy"}]}}
 
 

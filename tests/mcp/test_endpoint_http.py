@@ -1,29 +1,26 @@
-"""Acceptance 4: every status of the standard MCP endpoint, over raw HTTP against a simulated page."""
+"""Acceptance 4: every status of the standard MCP endpoint, over HTTP against a simulated page, served
+in memory (tests/support/inmemory.py: relayd's own site, channel and request, no socket; the page
+answers when the test settles, the request timeout runs on the wing's clock). The loopback
+L{EndpointCase} is for the tests whose subject needs a socket (a stream that stops reading, a
+process's memory per idle stream, the official SDKs)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from twisted.internet import reactor
-from twisted.internet.defer import Deferred
-
 from tests.support.http import Reply
-from tests.support.mcp import TOKEN, McpRelayCase
+from tests.support.inmemory import Connection, InMemoryEndpointCase
+from tests.support.mcp import AUTH, INIT, SESSION, TOKEN, McpRelayCase, initialized
 from tests.support.mcp_clients import MODERN, SimulatedPage, compact
-from tests.support.sse import SSEClient
+from tests.support.sse import Message, SSEClient
 
-SESSION = "statuses1"
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}},
-}
-AUTH = {"authorization": f"Bearer {TOKEN}", "accept": "application/json, text/event-stream"}
+__all__ = ["AUTH", "INIT", "SESSION", "EndpointCase", "stream_messages"]
 
 
 class EndpointCase(McpRelayCase):
+    """The standard endpoint on a loopback socket, with the simulated page of C{SESSION}."""
+
     timeout = 60
     silent: frozenset[str] = frozenset()
 
@@ -42,175 +39,181 @@ class EndpointCase(McpRelayCase):
         return await self.post(self.url, raw=compact(message) if not isinstance(message, bytes) else message, **h)
 
     async def initialize(self) -> str:
-        reply = await self.mcp(INIT)
-        assert reply.code == 200, reply.body
-        assert reply.json()["result"]["protocolVersion"] == "2025-06-18"
-        sid = reply.header("mcp-session-id")
-        assert sid is not None and len(sid) >= 22  # at least 128 random bits
-        return sid
+        return initialized(await self.mcp(INIT))
 
 
-class Statuses(EndpointCase):
-    async def test_missing_token_is_401_with_www_authenticate(self) -> None:
-        reply = await self.post(self.url, raw=compact(INIT), accept="application/json")
+def stream_messages(stream: Connection) -> list[Message]:
+    """The JSON-RPC messages (C{event: message} or unnamed, with data) a client's stream has had."""
+    return [m for m in stream.events() if m.event in (None, "message") and m.data]
+
+
+class Statuses(InMemoryEndpointCase):
+    def test_missing_token_is_401_with_www_authenticate(self) -> None:
+        reply = self.post(self.url, raw=compact(INIT), accept="application/json")
         assert reply.code == 401
         assert reply.header("www-authenticate").startswith("Bearer")
         assert reply.json()["error"]["code"] == -32600
 
-    async def test_wrong_token_on_live_session_is_401(self) -> None:
-        reply = await self.post(self.url, raw=compact(INIT), authorization="Bearer " + "x" * 30)
+    def test_wrong_token_on_live_session_is_401(self) -> None:
+        reply = self.post(self.url, raw=compact(INIT), authorization="Bearer " + "x" * 30)
         assert reply.code == 401
         assert reply.header("www-authenticate").startswith("Bearer")
 
-    async def test_query_token_is_accepted(self) -> None:
-        reply = await self.post(f"{self.url}?token={TOKEN}", raw=compact(INIT), accept="application/json")
+    def test_query_token_is_accepted(self) -> None:
+        connection = self.wing.open("POST", f"{self.prefix}{self.url}?token={TOKEN}", compact(INIT),
+                                    {"content-type": "application/json", "accept": "application/json"})
+        self.settle()
+        reply = connection.reply()
         assert reply.code == 200 and reply.header("mcp-session-id")
 
-    async def test_gone_session_is_410_with_json_rpc_error(self) -> None:
-        reply = await self.post("/nosuchsession/mcp", raw=compact(INIT), authorization=f"Bearer {TOKEN}")
+    def test_gone_session_is_410_with_json_rpc_error(self) -> None:
+        reply = self.post("/nosuchsession/mcp", raw=compact(INIT), authorization=f"Bearer {TOKEN}")
         assert reply.code == 410
         body = reply.json()
         assert body["jsonrpc"] == "2.0" and body["error"]["code"] == -32002
 
-    async def test_unknown_session_id_is_404(self) -> None:
-        reply = await self.mcp({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid="not-a-session-id")
+    def test_unknown_session_id_is_404(self) -> None:
+        reply = self.mcp({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid="not-a-session-id")
         assert reply.code == 404
         assert reply.json()["jsonrpc"] == "2.0" and reply.json()["error"]["code"] == -32600  # the endpoint's 404
 
-    async def test_ended_session_id_is_404_after_delete(self) -> None:
-        sid = await self.initialize()
-        deleted = await self.request("DELETE", self.url, headers={**AUTH, "mcp-session-id": sid})
+    def test_ended_session_id_is_404_after_delete(self) -> None:
+        sid = self.initialize()
+        deleted = self.request("DELETE", self.url, headers={**AUTH, "mcp-session-id": sid})
         assert deleted.code == 200
-        assert (await self.page.next_seen(3))["method"] == "notifications/peer_left"
-        reply = await self.mcp({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid=sid)
+        self.settle()
+        assert self.page.seen[2]["method"] == "notifications/peer_left"
+        reply = self.mcp({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid=sid)
         assert reply.code == 404
 
-    async def test_session_id_of_another_tunnel_session_is_404(self) -> None:
-        sid = await self.initialize()
-        await self.register("otherpage")
-        reply = await self.post("/otherpage/mcp", raw=compact({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
-                                **AUTH, **{"mcp-session-id": sid})
+    def test_session_id_of_another_tunnel_session_is_404(self) -> None:
+        sid = self.initialize()
+        self.register("otherpage")
+        reply = self.post("/otherpage/mcp", raw=compact({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+                          **AUTH, **{"mcp-session-id": sid})
         assert reply.code == 404
 
-    async def test_missing_session_id_is_400(self) -> None:
-        await self.initialize()
-        reply = await self.mcp({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+    def test_missing_session_id_is_400(self) -> None:
+        self.initialize()
+        reply = self.mcp({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
         assert reply.code == 400
 
-    async def test_unsupported_protocol_version_is_400(self) -> None:
-        sid = await self.initialize()
-        reply = await self.mcp({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid=sid,
-                               **{"mcp-protocol-version": "1999-01-01"})
+    def test_unsupported_protocol_version_is_400(self) -> None:
+        sid = self.initialize()
+        reply = self.mcp({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid=sid,
+                         **{"mcp-protocol-version": "1999-01-01"})
         assert reply.code == 400
-        ok = await self.mcp({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid=sid,
-                            **{"mcp-protocol-version": "2025-06-18"})
+        ok = self.mcp({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid=sid,
+                      **{"mcp-protocol-version": "2025-06-18"})
         assert ok.code == 200 and ok.json()["result"]["tools"]
 
-    async def test_not_json_rpc_is_400_parse_error(self) -> None:
-        sid = await self.initialize()
-        reply = await self.mcp(b"{not json", sid=sid)
+    def test_not_json_rpc_is_400_parse_error(self) -> None:
+        sid = self.initialize()
+        reply = self.mcp(b"{not json", sid=sid)
         assert reply.code == 400 and reply.json()["error"]["code"] == -32700
 
-    async def test_notification_is_202_and_reaches_the_page(self) -> None:
-        sid = await self.initialize()
-        reply = await self.mcp({"jsonrpc": "2.0", "method": "notifications/initialized"}, sid=sid)
+    def test_notification_is_202_and_reaches_the_page(self) -> None:
+        sid = self.initialize()
+        reply = self.mcp({"jsonrpc": "2.0", "method": "notifications/initialized"}, sid=sid)
         assert reply.code == 202 and reply.body == b""
-        seen = await self.page.next_seen(3)
-        assert seen["method"] == "notifications/initialized"
+        assert self.page.seen[2]["method"] == "notifications/initialized"
 
-    async def test_response_to_page_request_is_202_with_the_pages_id(self) -> None:
-        sid = await self.initialize()
-        stream = await SSEClient.connect(f"{self.base}{self.url}", headers={**AUTH, "mcp-session-id": sid})
-        self.streams.append(stream)
-        assert stream.code == 200
-        await self.page.send({"jsonrpc": "2.0", "id": "elicit-7", "method": "elicitation/create", "params": {}})
-        msg = await _next_message(stream)
+    def test_response_to_page_request_is_202_with_the_pages_id(self) -> None:
+        sid = self.initialize()
+        stream = self.stream(sid)
+        assert stream.status() == 200
+        self.page.send({"jsonrpc": "2.0", "id": "elicit-7", "method": "elicitation/create", "params": {}})
+        self.settle()
+        (msg,) = stream_messages(stream)
         asked = json.loads(msg.data)
         assert asked["method"] == "elicitation/create" and msg.id.endswith("-1")  # "<process tag>-<n>"
-        reply = await self.mcp({"jsonrpc": "2.0", "id": asked["id"], "result": {"action": "decline"}}, sid=sid)
+        reply = self.mcp({"jsonrpc": "2.0", "id": asked["id"], "result": {"action": "decline"}}, sid=sid)
         assert reply.code == 202
-        seen = await self.page.next_seen(3)
-        assert seen == {"jsonrpc": "2.0", "id": "elicit-7", "result": {"action": "decline"}}
+        assert self.page.seen[2] == {"jsonrpc": "2.0", "id": "elicit-7", "result": {"action": "decline"}}
 
-    async def test_any_origin_is_allowed_under_the_default_wildcard(self) -> None:
-        reply = await self.post(self.url, raw=compact(INIT), **AUTH, origin="http://evil.example")
+    def test_any_origin_is_allowed_under_the_default_wildcard(self) -> None:
+        reply = self.mcp(INIT, origin="http://evil.example")
         assert reply.code == 200  # --mcp-cors '*' (the default) allows any origin
 
 
-class OriginPolicy(EndpointCase):
+class OriginPolicy(InMemoryEndpointCase):
     flags = {"mcp-cors": ["http://good.example"]}
 
-    async def test_origin_not_allowed_is_403(self) -> None:
-        reply = await self.post(self.url, raw=compact(INIT), **AUTH, origin="http://evil.example")
+    def test_origin_not_allowed_is_403(self) -> None:
+        reply = self.mcp(INIT, origin="http://evil.example")
         assert reply.code == 403
-        good = await self.post(self.url, raw=compact(INIT), **AUTH, origin="http://good.example")
+        good = self.mcp(INIT, origin="http://good.example")
         assert good.code == 200
 
 
-class Timeout(EndpointCase):
+class Timeout(InMemoryEndpointCase):
     flags = {"mcp-request-timeout": "300"}
     silent = frozenset({"tools/call"})
 
-    async def test_unanswered_request_gets_json_rpc_error_and_page_is_told(self) -> None:
-        sid = await self.initialize()
-        reply = await self.mcp({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "x"}}, sid=sid)
+    def test_unanswered_request_gets_json_rpc_error_and_page_is_told(self) -> None:
+        sid = self.initialize()
+        pending = self.send_mcp({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "x"}}, sid=sid)
+        self.settle()
+        self.wing.advance(0.299)
+        assert pending.received() == b""  # not before its timeout
+        self.wing.advance(0.001)
+        self.settle()
+        reply = pending.reply()
         assert reply.code == 200
         body = reply.json()
         assert body["id"] == 5 and body["error"]["code"] == -32001
-        call = await self.page.next_seen(3)
-        cancelled = await self.page.next_seen(4)
+        call, cancelled = self.page.seen[2:4]
         assert cancelled["method"] == "notifications/cancelled"
         assert cancelled["params"]["requestId"] == call["id"]
 
 
-class UnregisterWhilePending(EndpointCase):
+class UnregisterWhilePending(InMemoryEndpointCase):
     silent = frozenset({"tools/call"})
 
-    async def test_pending_request_answered_at_once_and_stream_ends(self) -> None:
-        sid = await self.initialize()
-        stream = await SSEClient.connect(f"{self.base}{self.url}", headers={**AUTH, "mcp-session-id": sid})
-        self.streams.append(stream)
-        pending = Deferred.fromCoroutine(
-            self.mcp({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "x"}}, sid=sid)
-        )
-        await self.page.next_seen(3)
-        gone = await self.post(f"/{SESSION}/unregister", raw=b"", authorization=f"Bearer {TOKEN}")
+    def test_pending_request_answered_at_once_and_stream_ends(self) -> None:
+        sid = self.initialize()
+        stream = self.stream(sid)
+        assert stream.status() == 200
+        pending = self.send_mcp({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "x"}}, sid=sid)
+        self.settle()
+        assert self.page.seen[2]["method"] == "tools/call"
+        gone = self.post(f"/{SESSION}/unregister", raw=b"", authorization=f"Bearer {TOKEN}")
         assert gone.code == 200
-        reply = await pending
+        self.settle()
+        reply = pending.reply()
         assert reply.json()["id"] == 9 and reply.json()["error"]["code"] == -32002
-        end = stream.ended
-        end.addTimeout(5, reactor)
-        await end
-        after = await self.mcp({"jsonrpc": "2.0", "id": 10, "method": "tools/list"}, sid=sid)
+        assert stream.ended()
+        after = self.mcp({"jsonrpc": "2.0", "id": 10, "method": "tools/list"}, sid=sid)
         assert after.code == 410
         assert self.tunnel.store.clients == {}  # nothing of the client session is left behind
 
 
-class Modern(EndpointCase):
-    async def test_header_mismatch_is_400_minus_32020(self) -> None:
+class Modern(InMemoryEndpointCase):
+    def test_header_mismatch_is_400_minus_32020(self) -> None:
         message = {"jsonrpc": "2.0", "id": 3, "method": "tools/list",
                    "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": MODERN}}}
-        reply = await self.mcp(message, **{"mcp-protocol-version": MODERN, "mcp-method": "tools/call"})
+        reply = self.mcp(message, **{"mcp-protocol-version": MODERN, "mcp-method": "tools/call"})
         assert reply.code == 400 and reply.json()["error"]["code"] == -32020 and reply.json()["id"] == 3
         message["id"] = 4
-        ok = await self.mcp(message, **{"mcp-protocol-version": MODERN, "mcp-method": "tools/list"})
+        ok = self.mcp(message, **{"mcp-protocol-version": MODERN, "mcp-method": "tools/list"})
         assert ok.code == 200
-        assert (await self.page.next_seen(1))["id"] == 4  # the mismatched request never reached the page
+        assert self.page.seen[0]["id"] == 4  # the mismatched request never reached the page
 
-    async def test_stateless_request_needs_no_session_id(self) -> None:
+    def test_stateless_request_needs_no_session_id(self) -> None:
         message = {"jsonrpc": "2.0", "id": 3, "method": "tools/list",
                    "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": MODERN}}}
-        reply = await self.mcp(message, **{"mcp-protocol-version": MODERN, "mcp-method": "tools/list"})
+        reply = self.mcp(message, **{"mcp-protocol-version": MODERN, "mcp-method": "tools/list"})
         assert reply.code == 200 and reply.json()["id"] == 3
-        forwarded = await self.page.next_seen(1)  # one exchange: no presence
+        (forwarded,) = self.page.seen  # one exchange: no presence
         assert forwarded["params"]["_meta"] == message["params"]["_meta"]  # _meta intact
 
-    async def test_get_and_delete_do_not_exist_in_2026(self) -> None:
-        reply = await self.request("GET", self.url, headers={**AUTH, "mcp-protocol-version": MODERN})
+    def test_get_and_delete_do_not_exist_in_2026(self) -> None:
+        reply = self.request("GET", self.url, headers={**AUTH, "mcp-protocol-version": MODERN})
         assert reply.code == 405
 
 
 async def _next_message(stream: SSEClient) -> Any:
+    """The next JSON-RPC message on a loopback client's stream."""
     while True:
         msg = await stream.next(5)
         assert msg is not None, "stream ended"

@@ -6,10 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from twisted.internet.defer import Deferred
 
 from relayd.base import jsoncodec
-from tests.mcp.test_endpoint_http import EndpointCase
+from tests.support.inmemory import InMemoryEndpointCase
 
 
 class _CountingOrjson:
@@ -26,19 +25,21 @@ class _CountingOrjson:
         return orjson.loads(data)
 
 
-class ParsedOnce(EndpointCase):
+class ParsedOnce(InMemoryEndpointCase):
     silent = frozenset({"tools/call"})
 
-    async def test_a_tools_call_and_its_answer_are_each_parsed_once(self) -> None:
-        sid = await self.initialize()
+    def test_a_tools_call_and_its_answer_are_each_parsed_once(self) -> None:
+        sid = self.initialize()
         counting = _CountingOrjson()
         self.patch(jsoncodec, "orjson", counting)
         call = {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "call-marker-1"}}
-        answered = Deferred.fromCoroutine(self.mcp(call, sid=sid))
-        seen = await self.page.next_seen(3)  # peer_joined, initialize, this call
+        answered = self.send_mcp(call, sid=sid)
+        self.settle()
+        seen = self.page.seen[2]  # peer_joined, initialize, this call
         assert seen["params"]["name"] == "call-marker-1"
-        await self.page.send({"jsonrpc": "2.0", "id": seen["id"], "result": {"marker": "answer-marker-1"}})
-        reply = await answered
+        self.page.send({"jsonrpc": "2.0", "id": seen["id"], "result": {"marker": "answer-marker-1"}})
+        self.settle()
+        reply = answered.reply()
         assert reply.code == 200 and reply.json()["result"] == {"marker": "answer-marker-1"}
         assert [p for p in counting.parsed if b"call-marker-1" in p] == [
             b'{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"call-marker-1"}}'

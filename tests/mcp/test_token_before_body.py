@@ -1,12 +1,11 @@
 """A POST to any MCP route whose token is missing or wrong is answered at the end of its headers:
-the relay never waits for (nor buffers) a body it will refuse."""
+the relay never waits for (nor buffers) a body it will refuse. In memory: the headers are one read
+into relayd's own channel, and the answer is there when that read returns (no body ever sent)."""
 
 from __future__ import annotations
 
-from twisted.internet import threads
-
-from tests.support.mcp import TOKEN, McpRelayCase
-from tests.support.raw import exchange
+from tests.support.inmemory import InMemoryMcpCase, Reply
+from tests.support.mcp import TOKEN
 
 SESSION = "earlytok"
 DECLARED = 200_000  # under the 256 KiB cap: only the token can refuse it before it arrives
@@ -21,37 +20,33 @@ def _headers_only(target: str, token: str | None) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-class TokenBeforeBody(McpRelayCase):
-    async def setUp(self) -> None:  # type: ignore[override]
-        await super().setUp()
-        await self.register(SESSION)
+class TokenBeforeBody(InMemoryMcpCase):
+    def setUp(self) -> None:
+        super().setUp()
+        self.register(SESSION)
 
-    async def answer_without_body(self, route: str, token: str | None) -> tuple[int, bytes]:
-        target = f"{self.prefix}/{SESSION}/{route}"
-        # The relay answers and closes without the body; a relay that waited for it would say
-        # nothing within the exchange's timeout (far shorter than the body timeout).
-        answer = await threads.deferToThread(exchange, self.port, _headers_only(target, token), timeout=4.0)
-        assert len(answer.responses) == 1, (route, token, answer.rest[:200], answer.elapsed)
-        response = answer.responses[0]
-        return response.status, response.body
+    def answers_without_body(self, target: str, token: str | None) -> list[Reply]:
+        """The answers to a POST's headers, written before any of its body."""
+        connection = self.wing.connect()
+        connection.send(_headers_only(f"{self.prefix}{target}", token))
+        return connection.replies()
 
-    async def test_wrong_token_is_refused_before_the_body_on_every_post_route(self) -> None:
+    def test_wrong_token_is_refused_before_the_body_on_every_post_route(self) -> None:
         for route, status in (("mcp", 401), ("messages?sessionId=x", 401), ("inbox", 401), ("outbox", 401)):
-            got, body = await self.answer_without_body(route, "wrong_token_" + "x" * 20)
-            assert got == status, (route, got, body)
+            answers = self.answers_without_body(f"/{SESSION}/{route}", "wrong_token_" + "x" * 20)
+            assert [a.code for a in answers] == [status], (route, answers)
 
-    async def test_missing_token_is_refused_before_the_body(self) -> None:
+    def test_missing_token_is_refused_before_the_body(self) -> None:
         for route in ("mcp", "messages?sessionId=x", "inbox", "outbox"):
-            got, body = await self.answer_without_body(route, None)
-            assert got == 401, (route, got, body)
+            answers = self.answers_without_body(f"/{SESSION}/{route}", None)
+            assert [a.code for a in answers] == [401], (route, answers)
 
-    async def test_gone_session_is_410_before_the_body(self) -> None:
-        target = f"{self.prefix}/nosuchsession/mcp"
-        answer = await threads.deferToThread(exchange, self.port, _headers_only(target, TOKEN), timeout=4.0)
-        assert [r.status for r in answer.responses] == [410], answer.rest[:200]
+    def test_gone_session_is_410_before_the_body(self) -> None:
+        answers = self.answers_without_body("/nosuchsession/mcp", TOKEN)
+        assert [a.code for a in answers] == [410], answers
 
-    async def test_good_token_reads_the_body(self) -> None:
+    def test_good_token_reads_the_body(self) -> None:
         # The right token: the relay waits for the body (no answer before it arrives).
-        target = f"{self.prefix}/{SESSION}/mcp"
-        answer = await threads.deferToThread(exchange, self.port, _headers_only(target, TOKEN), timeout=1.0)
-        assert answer.responses == [] and not answer.closed
+        connection = self.wing.connect()
+        connection.send(_headers_only(f"{self.prefix}/{SESSION}/mcp", TOKEN))
+        assert connection.received() == b"" and not connection.closed

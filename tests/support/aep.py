@@ -1,5 +1,6 @@
 """An AEP relay running in-process on a real loopback port (L{AEPRelay}, L{start_relay}), envelopes,
-and the clients a test drives it with (L{open_sse}, L{open_ws}, L{subscribe})."""
+and the clients a test drives it with (L{open_sse}, L{open_ws}, L{subscribe}); the same wing in
+memory (L{aep_in_memory}, L{post_in_memory}, L{stream_in_memory}, L{replay_in_memory})."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
 from relayd.aep.core.envelope import envelope_error
+from tests.support.inmemory import Connection, InMemoryWing, Reply
 from tests.support.redis import redis_flags
 from tests.support.sse import Message, SSEClient
 from tests.support.wing import Wing
@@ -96,6 +98,37 @@ class AEPRelay:
 
     async def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[Any, bytes]:
         return await self.request("GET", path, None, headers)
+
+
+# The AEP wing in memory (tests/support/inmemory.py): no socket, its clock advanced by the test.
+
+INGEST = {"aep-version": "0.1", "content-type": "application/x-ndjson"}
+
+
+def aep_in_memory(case: TestCase, **flags: Any) -> InMemoryWing:
+    """The AEP wing in memory with C{flags} (C{aep_buffer=8}: C{--aep-buffer 8}), closed at cleanup."""
+    return InMemoryWing.build(case, "aep", {k.replace("_", "-"): v if isinstance(v, list) else str(v) for k, v in flags.items()})
+
+
+def post_in_memory(relay: InMemoryWing, *events: dict[str, Any], token: str | None = None) -> Reply:
+    """POST C{events} as NDJSON to C{/events} (with C{token} as the bearer)."""
+    headers = {**INGEST, **({"authorization": f"Bearer {token}"} if token else {})}
+    return relay.post("/events", ndjson(*events), headers)
+
+
+def stream_in_memory(relay: InMemoryWing, headers: dict[str, str] | None = None, **params: Any) -> Connection:
+    """A C{/stream} (C{params} as L{query} takes them), with what its first turn wrote; later
+    events are there after C{relay.advance(0)}."""
+    connection = relay.open("GET", "/stream" + query(**params), None, headers or {})
+    relay.advance(0)  # (a stream writes on its next turn)
+    return connection
+
+
+def replay_in_memory(relay: InMemoryWing, headers: dict[str, str] | None = None, **params: Any) -> list[Message]:
+    """What a C{live=0} stream replays, to its end."""
+    replay = stream_in_memory(relay, headers, live="0", **params)
+    assert replay.ended(), replay.received()[:400]
+    return replay.events()
 
 
 # Driving a relay from a test: clients closed at the test's cleanup, and reading what they got.

@@ -9,7 +9,9 @@ time on a L{MemoryReactorClock}. No socket, no polling, no real reactor turn.
     connection = wing.connect(); connection.send(raw); connection.replies()
     wing.advance(30)                                             # the wing's timers, by hand
 
-L{InMemoryMcpCase} is the MCP wing's test case on it (L{tests.support.mcp.McpRelayCase}'s helpers).
+L{InMemoryMcpCase} is the MCP wing's test case on it (L{tests.support.mcp.McpRelayCase}'s helpers);
+L{InMemoryPage} is the simulated page on it, and L{InMemoryEndpointCase} the standard endpoint's
+case with that page: a request forwarded to the page is answered once the test L{settle}s.
 
 What it covers: the site's root resource and everything between it and the bytes: relayd's
 L{RelaySite} (per-client counts, the access line, the plain-POST path of C{simple_posts}), its
@@ -48,7 +50,8 @@ from relayd.base.config import Resolved, resolve
 from relayd.process.settings import SETTINGS as PROCESS_SETTINGS
 from relayd.web.site import RelaySite
 from relayd.wing import Plumbing
-from tests.support.mcp import TOKEN
+from tests.support.mcp import AUTH, INIT, SESSION, TOKEN, initialized
+from tests.support.mcp_clients import PageScript, compact
 from tests.support.sse import Message, add_line
 
 SERVER = IPv4Address("TCP", "127.0.0.1", 8080)
@@ -357,7 +360,25 @@ class InMemoryMcpCase(TestCase):
     def setUp(self) -> None:
         self.wing = InMemoryWing.build(self, "mcp", {"mcp-reap-interval-ms": "0", **self.flags}, self.environ)
         self.prefix = self.wing.settings["mcp-prefix"]
-        self.tunnel = self.wing.service.tunnel
+        self.service = self.wing.service
+        self.tunnel = self.service.tunnel
+        self.pages: list[InMemoryPage] = []
+
+    def start_page(self, session: str = "sess", modern: bool = False, silent: frozenset[str] = frozenset()) -> InMemoryPage:
+        """The simulated page of C{session} (registered), reading its inbound stream; it answers
+        what it has read whenever the test L{settle}s."""
+        page = InMemoryPage(self, session, modern, silent)
+        self.pages.append(page)
+        return page
+
+    def settle(self, turns: int = 100) -> None:
+        """Turn the clock (no time passes) and let every page answer what it read, until a turn
+        brings a page nothing new: what the relay and the pages owe each other is then written."""
+        for _ in range(turns):
+            self.wing.advance(0)
+            if not [page for page in self.pages if page.read()]:
+                return
+        raise AssertionError(f"the relay and its pages still exchanging after {turns} turns")
 
     def request(self, method: str, path: str, body: bytes | None = None, headers: Mapping[str, str] | None = None) -> Reply:
         return self.wing.request(method, self.prefix + path, body, headers or {})
@@ -383,3 +404,78 @@ class InMemoryMcpCase(TestCase):
     def park(self, session: str = "sess", query: str = "", token: str = TOKEN) -> Connection:
         """A poll whose answer comes later (its connection: L{Connection.reply} once it has)."""
         return self.wing.open("GET", f"{self.prefix}/{session}/poll?token={token}{query}")
+
+
+class InMemoryPage:
+    """The simulated page (L{PageScript}) of one session on an L{InMemoryMcpCase}: its inbound SSE
+    stream is an in-memory connection; L{read} answers, on the outbox, every message that stream
+    has brought since the last read (the case's L{InMemoryMcpCase.settle} calls it)."""
+
+    def __init__(self, case: InMemoryMcpCase, session: str, modern: bool = False, silent: frozenset[str] = frozenset()) -> None:
+        self.case = case
+        self.session = session
+        self.script = PageScript(modern, silent)
+        self.seen = self.script.seen
+        self.stream = case.events(session, "&direction=inbound")
+        assert self.stream.status() == 200, self.stream.received()[:400]
+        self._read = 0
+
+    def send(self, message: dict[str, Any]) -> None:
+        reply = self.case.post(f"/{self.session}/outbox?token={TOKEN}", raw=compact(message))
+        assert reply.code == 200, reply.body
+
+    def read(self) -> bool:
+        """Answer the C{event: mcp} messages read since the last call; whether there were any."""
+        messages = [message for message in self.stream.events() if message.event == "mcp"]
+        fresh, self._read = messages[self._read :], len(messages)
+        for message in fresh:
+            for answer in self.script.answer(message.json()):
+                self.send(answer)
+        return bool(fresh)
+
+    def methods(self) -> list[str]:
+        return self.script.methods()
+
+
+class InMemoryEndpointCase(InMemoryMcpCase):
+    """The standard MCP endpoint (C{/SESSION/mcp}) in memory, with the simulated page of C{SESSION}
+    registered and reading (L{page}); C{silent}: the methods the page never answers."""
+
+    silent: frozenset[str] = frozenset()
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.register(SESSION)
+        self.page = self.start_page(SESSION, silent=self.silent)
+        self.url = f"/{SESSION}/mcp"
+
+    def mcp_headers(self, sid: str | None, headers: Mapping[str, str]) -> dict[str, str]:
+        given = {"content-type": "application/json", **AUTH}
+        if sid is not None:
+            given["mcp-session-id"] = sid
+        given.update(headers)
+        return given
+
+    def send_mcp(self, message: Any, sid: str | None = None, **headers: str) -> Connection:
+        """POST C{message} (JSON, or bytes as they are) to the endpoint: its connection, whose answer
+        may come once the page has answered (L{settle}, then L{Connection.reply})."""
+        body = message if isinstance(message, bytes) else compact(message)
+        return self.wing.open("POST", self.prefix + self.url, body, self.mcp_headers(sid, headers))
+
+    def mcp(self, message: Any, sid: str | None = None, **headers: str) -> Reply:
+        """C{message}'s answer once the relay and the page have settled."""
+        connection = self.send_mcp(message, sid, **headers)
+        self.settle()
+        try:
+            return connection.reply()
+        finally:
+            connection.lose()
+
+    def stream(self, sid: str, **headers: str) -> Connection:
+        """The client session's GET stream (its connection)."""
+        given = self.mcp_headers(sid, headers)
+        del given["content-type"]
+        return self.wing.open("GET", self.prefix + self.url, None, given)
+
+    def initialize(self) -> str:
+        return initialized(self.mcp(INIT))

@@ -19,6 +19,25 @@ from tests.support.twistd import RelaydProcess
 from tests.support.wing import Wing
 
 TOKEN = "tok_abcdefghijklmnopqrstuvwxyz01"
+# The standard endpoint's tests: their tunnel session, first request and headers.
+SESSION = "statuses1"
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}},
+}
+AUTH = {"authorization": f"Bearer {TOKEN}", "accept": "application/json, text/event-stream"}
+
+
+def initialized(reply: Any) -> str:
+    """The client session id of the answer to L{INIT} (a L{Reply} of either kind), once it is shown
+    to be the session's start: 200, the version asked, an id of at least 128 random bits."""
+    assert reply.code == 200, reply.body
+    assert reply.json()["result"]["protocolVersion"] == "2025-06-18"
+    sid = reply.header("mcp-session-id")
+    assert sid is not None and len(sid) >= 22
+    return str(sid)
 TIMEOUT = 5.0
 # Lines that must never appear in a relay's log, whatever a client sends.
 BAD_LOG_LINES = (b"Traceback", b"Unhandled Error", b"I think I'll eat it", b"internal_error")

@@ -68,18 +68,87 @@ def compact(message: Any) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode()
 
 
-class SimulatedPage:
-    """The page of session C{session}: answers MCP over the tunnel's inbound SSE and outbox."""
+class PageScript:
+    """What the simulated page answers, apart from how it reads and sends: L{answer} takes one
+    message the page has read and returns the messages it sends back, in order (the loopback
+    L{SimulatedPage} and the in-memory L{tests.support.inmemory.InMemoryPage} both run this one).
 
-    def __init__(self, case: McpRelayCase | RemoteRelay, session: str, modern: bool = False, silent: frozenset[str] = frozenset()) -> None:
-        self.case = case
-        self.session = session
+    @ivar seen: every message read, in order. @ivar pings: clients' answers to the page's pings.
+    """
+
+    def __init__(self, modern: bool = False, silent: frozenset[str] = frozenset()) -> None:
         self.modern = modern
         self.silent = silent  # methods it never answers
         self.seen: list[dict[str, Any]] = []
         self.pings = 0
+        self.listen_id: Any = None
+
+    def answer(self, message: dict[str, Any]) -> list[dict[str, Any]]:
+        self.seen.append(message)
+        method = message.get("method")
+        if method is None and str(message.get("id", "")).startswith("page-ping"):
+            # A client answered the ping: now announce the change it waits for before closing.
+            self.pings += 1
+            return [{"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}]
+        if method in self.silent or "id" not in message or method is None:
+            return []
+        if method == "server/discover" and self.modern:
+            return [{"jsonrpc": "2.0", "id": message["id"], "result": {
+                "supportedVersions": [MODERN], "capabilities": {"tools": {"listChanged": True}},
+                "serverInfo": {"name": "page", "version": "1"}}}]
+        if method == "subscriptions/listen":
+            self.listen_id = message["id"]
+            return [{"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+                     "params": {"_meta": {"io.modelcontextprotocol/subscriptionId": message["id"]},
+                                "notifications": {"toolsListChanged": True}}}]
+        if method == "tools/list" and self.modern:
+            return [{"jsonrpc": "2.0", "id": message["id"], "result": {
+                "tools": [{"name": "whiteboard_add_sticky", "inputSchema": {"type": "object"}}],
+                "resultType": "complete", "ttlMs": 0, "cacheScope": "private"}}]
+        sent = []
+        if method == "tools/call":
+            token = ((message.get("params") or {}).get("_meta") or {}).get("progressToken")
+            if token is not None:
+                sent.append({"jsonrpc": "2.0", "method": "notifications/progress",
+                             "params": {"progressToken": token, "progress": 1, "total": 2, "message": "half"}})
+        reply = page_answer(message)
+        if reply is not None and self.modern and "result" in reply:
+            reply["result"]["resultType"] = "complete"
+        if reply is not None:
+            sent.append(reply)
+        if method == "tools/call":
+            if self.modern:
+                if self.listen_id is not None:
+                    sent.append({"jsonrpc": "2.0", "method": "notifications/tools/list_changed",
+                                 "params": {"_meta": {"io.modelcontextprotocol/subscriptionId": self.listen_id}}})
+            else:
+                sent.append({"jsonrpc": "2.0", "id": f"page-ping-{len(self.seen)}", "method": "ping"})
+        return sent
+
+    def methods(self) -> list[str]:
+        return [m["method"] for m in self.seen if "method" in m]
+
+
+class SimulatedPage:
+    """The page of session C{session}: answers MCP (L{PageScript}) over the tunnel's inbound SSE and
+    outbox, on a relay behind a socket."""
+
+    def __init__(self, case: McpRelayCase | RemoteRelay, session: str, modern: bool = False, silent: frozenset[str] = frozenset()) -> None:
+        self.case = case
+        self.session = session
+        self.script = PageScript(modern, silent)
+        self.seen = self.script.seen
         self.loop: Deferred[None] | None = None
         self._waiters: list[tuple[int, Deferred[None]]] = []
+
+    @property
+    def pings(self) -> int:
+        return self.script.pings
+
+    @property
+    def listen_id(self) -> Any:
+        """The id of the C{subscriptions/listen} request the page acknowledged (C{None} before one)."""
+        return self.script.listen_id
 
     async def start(self) -> None:
         stream = await self.case.events(self.session, "&direction=inbound")
@@ -101,52 +170,12 @@ class SimulatedPage:
         assert reply.code == 200, reply.body
 
     async def handle(self, message: dict[str, Any]) -> None:
-        self.seen.append(message)
+        answers = self.script.answer(message)
         for waiter in [w for w in self._waiters if w[0] <= len(self.seen)]:
             self._waiters.remove(waiter)
             waiter[1].callback(None)
-        method = message.get("method")
-        if method is None and str(message.get("id", "")).startswith("page-ping"):
-            # A client answered the ping: now announce the change it waits for before closing.
-            self.pings += 1
-            await self.send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
-            return
-        if method in self.silent or "id" not in message or method is None:
-            return
-        if method == "server/discover" and self.modern:
-            await self.send({"jsonrpc": "2.0", "id": message["id"], "result": {
-                "supportedVersions": [MODERN], "capabilities": {"tools": {"listChanged": True}},
-                "serverInfo": {"name": "page", "version": "1"}}})
-            return
-        if method == "subscriptions/listen":
-            await self.send({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
-                             "params": {"_meta": {"io.modelcontextprotocol/subscriptionId": message["id"]},
-                                        "notifications": {"toolsListChanged": True}}})
-            self.listen_id = message["id"]
-            return
-        if method == "tools/list" and self.modern:
-            await self.send({"jsonrpc": "2.0", "id": message["id"], "result": {
-                "tools": [{"name": "whiteboard_add_sticky", "inputSchema": {"type": "object"}}],
-                "resultType": "complete", "ttlMs": 0, "cacheScope": "private"}})
-            return
-        if method == "tools/call":
-            token = ((message.get("params") or {}).get("_meta") or {}).get("progressToken")
-            if token is not None:
-                await self.send({"jsonrpc": "2.0", "method": "notifications/progress",
-                                 "params": {"progressToken": token, "progress": 1, "total": 2, "message": "half"}})
-        reply = page_answer(message)
-        if reply is not None and self.modern and "result" in reply:
-            reply["result"]["resultType"] = "complete"
-        if reply is not None:
-            await self.send(reply)
-        if method == "tools/call":
-            if self.modern:
-                listen_id = getattr(self, "listen_id", None)
-                if listen_id is not None:
-                    await self.send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed",
-                                     "params": {"_meta": {"io.modelcontextprotocol/subscriptionId": listen_id}}})
-            else:
-                await self.send({"jsonrpc": "2.0", "id": f"page-ping-{len(self.seen)}", "method": "ping"})
+        for answer in answers:
+            await self.send(answer)
 
     async def next_seen(self, count: int, timeout: float = 10) -> dict[str, Any]:
         """The page's C{count}-th message, once it has read it."""
@@ -158,7 +187,7 @@ class SimulatedPage:
         return self.seen[count - 1]
 
     def methods(self) -> list[str]:
-        return [m["method"] for m in self.seen if "method" in m]
+        return self.script.methods()
 
 
 async def run_client(script: str, *args: str, timeout: float = 60) -> tuple[int, dict[str, Any] | None, str]:
