@@ -1,0 +1,173 @@
+"""Redis behind Sentinel (relayd/storage/sentinel.py): the redis+sentinel:// URL, the follower finding
+and following the master, and a failover as an outage that loses nothing acknowledged (issue 25).
+
+Each test that needs servers starts its own master, two replicas and three sentinels
+(tests/support/redis.py L{SentinelGroup}): a failover changes them for good."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.task import deferLater
+from twisted.trial.unittest import TestCase
+
+from relayd.base.clock import Timekeeper
+from relayd.base.errors import OutcomeUnknown, StoreUnavailable
+from relayd.storage.redis import Redis, parse_redis_url
+from tests.storage.test_redis import until
+from tests.support.aep import event, open_sse, start_relay
+from tests.support.redis import SentinelGroup, command, role
+
+
+class SentinelURL(TestCase):
+    def test_parsed(self) -> None:
+        url = parse_redis_url("rediss+sentinel://u:data%40pw@s1:26380,s2,[::1]:26381/main/3?sentinel_password=sp")
+        self.assertEqual(url.sentinels, (("s1", 26380), ("s2", 26379), ("::1", 26381)))
+        self.assertEqual((url.master, url.db, url.tls), ("main", 3, True))
+        self.assertEqual((url.username, url.password, url.sentinel_password), ("u", "data@pw", "sp"))
+        self.assertEqual(url.secrets, ("data@pw", "sp"))
+        self.assertEqual(str(url), "rediss+sentinel://s1:26380,s2:26379,[::1]:26381/main/3")  # no password
+        self.assertEqual(parse_redis_url("redis+sentinel://s1/main").db, 0)
+
+    def test_refused_with_what_to_write(self) -> None:
+        for text, says in [
+            ("redis+sentinel://s1:26379", "must name the master"),
+            ("redis+sentinel://s1:26379/", "must name the master"),
+            ("redis+sentinel://s1:x/main", "sentinel 's1:x' has an invalid port"),
+            ("redis+sentinel://s1,,s2/main", "must name each sentinel as HOST:PORT"),
+            ("redis+sentinel://s1/main/zero", "database must be a number"),
+            ("redis+sentinel://s1/main/0/1", "more than a master and a database"),
+            ("redis+sentinel://s1/main?password=x", "unknown query parameter 'password'"),
+            ("sentinel://s1/main", "must be a redis://, rediss:// or redis+sentinel://"),
+        ]:
+            with self.assertRaises(ValueError) as caught:
+                parse_redis_url(text)
+            self.assertIn(says, str(caught.exception), text)
+
+
+async def sentinel_redis(test: TestCase, url: str, **kw: Any) -> Redis:
+    """A client on C{url} whose whole pool is up (closed at cleanup)."""
+    redis = Redis(url, Timekeeper(reactor), **kw)
+    test.addCleanup(redis.close)
+    factory = redis._pool._factory
+    await until(test, lambda: factory.size == factory.poolsize, "the pool never connected", within=10)
+    return redis
+
+
+class Follower(TestCase):
+    timeout = 60
+
+    def setUp(self) -> None:
+        self.group = SentinelGroup.start()
+        self.addCleanup(self.group.cleanup)
+
+    async def test_finds_the_master_and_follows_a_failover(self) -> None:
+        redis = await sentinel_redis(self, self.group.url)
+        first = self.group.master_port()
+        assert first is not None
+        await redis.execute("probe", "SET", "k", "1")
+        self.assertEqual(command(first, "GET", "k"), b"1")  # written on the master
+        self.assertEqual(redis.wait_replicas, 1)  # on by default with Sentinel
+
+        self.group.failover()
+        await until(self, lambda: self.group.master_port() != first, "no failover", within=10)
+        second = self.group.master_port()
+        assert second is not None
+
+        async def written() -> bool:
+            try:
+                await redis.execute("probe", "SET", "k", "2", durable=True)
+            except StoreUnavailable:
+                return False
+            return True
+
+        # The old master still answers as a master for seconds: relayd must have moved anyway.
+        ok = False
+        for _ in range(300):
+            ok = await written()
+            if ok:
+                break
+            await deferLater(reactor, 0.02, lambda: None)
+        self.assertTrue(ok, "no write accepted after the failover")
+        self.assertEqual(command(second, "GET", "k"), b"2")
+        self.assertEqual({redis.follower.address_of(c) for c in redis._factory.pool}, {("127.0.0.1", second)})
+
+    async def test_wait_counts_fewer_replicas_as_an_outage(self) -> None:
+        redis = await sentinel_redis(self, self.group.url, wait_replicas=3, wait_timeout_ms=50)
+        failure = await self.assertFailure(redis.execute("probe", "SET", "k", "1", durable=True), OutcomeUnknown)
+        self.assertRegex(str(failure), "confirmed by [012] of 3 replicas within 50 ms")
+        await redis.execute("probe", "SET", "k", "2")  # not durable: no wait
+
+
+class Failover(TestCase):
+    """Acceptance 3 of issue 25: SENTINEL FAILOVER, then the new master killed, during bounded AEP
+    traffic from a client that retries on 503: writes accepted again within 6 s of the kill, and
+    every acknowledged event there afterwards."""
+
+    timeout = 90
+
+    def setUp(self) -> None:
+        self.group = SentinelGroup.start()
+        self.addCleanup(self.group.cleanup)
+
+    async def test_aep_loses_no_acknowledged_event(self) -> None:
+        relay = await start_relay(self, redis=self.group.url, redis_prefix="failover:")
+        acknowledged: list[int] = []
+        accepted_at: list[float] = []  # when each was acknowledged (the reactor's clock)
+        refused: list[int] = []
+        going = [True]
+
+        async def traffic() -> None:
+            seq = 0
+            while going[0]:
+                seq += 1
+                while going[0]:  # the same event until it is acknowledged (dedupe makes a retry safe)
+                    try:
+                        response, body = await relay.post(event("F", seq))
+                    except Exception:  # no answer in time: retried
+                        response, body = None, b""
+                    if response is not None and response.code == 202:
+                        acknowledged.append(seq)
+                        accepted_at.append(reactor.seconds())
+                        break
+                    self.assertTrue(response is None or response.code == 503, (response and response.code, body))
+                    refused.append(seq)
+                    await deferLater(reactor, 0.02, lambda: None)  # a client's pause before its retry
+
+        done = Deferred.fromCoroutine(traffic())
+        try:
+            await until(self, lambda: len(acknowledged) >= 20, "no traffic", within=10)
+            first = self.group.master_port()
+            self.group.failover()
+            await until(self, lambda: self.group.master_port() != first, "no failover", within=10)
+            second = self.group.master_port()
+            assert first is not None and second is not None
+            count = len(acknowledged)
+            await until(self, lambda: len(acknowledged) > count + 20, "writes not accepted after the failover", within=10)
+            # The sentinels demote the old master some 10 s after the promotion (nothing relayd
+            # does changes that): until then the new master has one replica, and killing it would
+            # leave the next master none to confirm writes.
+            await until(self, lambda: role(first) == b"slave", "the old master was never demoted", within=20)
+
+            # The new master killed: writes accepted again within 6 s.
+            self.group.node(second).proc.kill()  # type: ignore[union-attr]
+            killed = reactor.seconds()
+            await until(self, lambda: accepted_at[-1] > killed + 0.1, "writes not accepted after the kill", within=10)
+            first_after = next(t for t in accepted_at if t > killed + 0.1)  # (a write answered as it died)
+            self.assertNotEqual(self.group.master_port(), second)
+            self.assertLess(first_after - killed, 6.0)
+            count = len(acknowledged)
+            await until(self, lambda: len(acknowledged) > count + 20, "traffic stalled", within=10)
+        finally:
+            going[0] = False
+            await done
+
+        # Every acknowledged event is there, once, in order.
+        history = await open_sse(self, relay, live="0", from_=[{"session": "F"}])
+        stored = [m.json()["seq"] for m in await history.read_until_end() if m.comment is None]
+        missing = sorted(set(acknowledged) - set(stored))
+        self.assertEqual(missing, [], f"{len(missing)} acknowledged events lost of {len(acknowledged)}")
+        self.assertEqual(stored, sorted(set(stored)))
+        self.assertTrue(refused, "the failovers never refused a write: were they seen?")
