@@ -442,7 +442,7 @@ class Redis:
     def _switched(self, address: tuple[str, int]) -> None:
         """Sentinel moved the master: drop every connection to another address (they reconnect there)."""
         assert self.follower is not None
-        for conn in [*self._factory.pool, *(bus._protocol for bus in self._buses)]:
+        for conn in [*self._factory.pool, *(bus.connection for bus in self._buses)]:
             if conn is not None and self.follower.address_of(conn) != address:
                 conn.transport.loseConnection()
 
@@ -678,6 +678,11 @@ class RedisBus:
     @property
     def connected(self) -> bool:
         return self._protocol is not None
+
+    @property
+    def connection(self) -> _Subscriber | None:
+        """The subscribed connection, or C{None} while there is none."""
+        return self._protocol
 
     def close(self) -> Deferred[Any]:
         self._factory.stopTrying()

@@ -81,7 +81,7 @@ class _Watcher(txredisapi.SubscriberProtocol):
 
     def _watch(self, _: Any) -> None:
         d = defer.gatherResults([self.subscribe([SWITCH, FAILOVER_STARTS]), self.psubscribe([ABORTS])])
-        d.addErrback(lambda f: self.follower._log.info("sentinel subscribe interrupted ({error})", error=f.getErrorMessage()))
+        d.addErrback(self.follower.watch_failed)
 
     def messageReceived(self, pattern: Any, channel: bytes, message: bytes) -> None:
         self.follower._event(channel, message)
@@ -199,6 +199,10 @@ class SentinelFollower:
             raise NotMaster(f"{self._shown(self.address_of(protocol))} is a {found}, not the master")
         if self.address_of(protocol) != self.address:  # the master moved while this connected
             raise NotMaster(f"the master moved to {self._shown(self.address)}")
+
+    def watch_failed(self, f: Failure) -> None:
+        """Subscribing to a sentinel failed (it went meanwhile): its next connection subscribes again."""
+        self._log.info("Sentinel subscribe interrupted ({error}); resubscribing on reconnect", error=f.getErrorMessage())
 
     def address_of(self, protocol: Any) -> Address | None:
         """The master address C{protocol}'s connection was made to (by its transport)."""
