@@ -69,6 +69,13 @@ REDIS_SETTINGS = [
         metavar="URL",
     ),
     Setting(
+        "redis-prefix",
+        DEFAULT_REDIS_PREFIX,
+        "Prefix of every Redis key relayd writes (several deployments can share one Redis)",
+        env=("RELAYD_REDIS_PREFIX",),
+        metavar="PREFIX",
+    ),
+    Setting(
         "redis-wait-replicas",
         None,
         "Replicas that must confirm each acknowledged write (Redis WAIT) before it is answered; "
@@ -86,13 +93,6 @@ REDIS_SETTINGS = [
         parse=wait_timeout_ms,
         env=("RELAYD_REDIS_WAIT_TIMEOUT_MS",),
         metavar="MS",
-    ),
-    Setting(
-        "redis-prefix",
-        DEFAULT_REDIS_PREFIX,
-        "Prefix of every Redis key relayd writes (several deployments can share one Redis)",
-        env=("RELAYD_REDIS_PREFIX",),
-        metavar="PREFIX",
     ),
 ]
 

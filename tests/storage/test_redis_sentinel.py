@@ -6,6 +6,8 @@ Each test that needs servers starts its own master, two replicas and three senti
 
 from __future__ import annotations
 
+import io
+import sys
 from typing import Any
 
 from twisted.internet import reactor
@@ -16,6 +18,7 @@ from twisted.trial.unittest import TestCase
 from relayd.base.clock import Timekeeper
 from relayd.base.errors import OutcomeUnknown, StoreUnavailable
 from relayd.storage.redis import Redis, parse_redis_url
+from relayd.tap import Options, all_settings
 from tests.storage.test_redis import until
 from tests.support.aep import event, open_sse, start_relay
 from tests.support.redis import SentinelGroup, command, role
@@ -45,6 +48,38 @@ class SentinelURL(TestCase):
             with self.assertRaises(ValueError) as caught:
                 parse_redis_url(text)
             self.assertIn(says, str(caught.exception), text)
+
+
+class SentinelSettings(TestCase):
+    """--redis with a Sentinel URL, and the wait options: one-line start-up errors, --check-config."""
+
+    def options(self, *args: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        self.patch(sys, "stdout", out)
+        self.patch(sys, "stderr", err)
+        with self.assertRaises(SystemExit) as exit:
+            Options(environ={}).parseOptions([*args, "--check-config"])
+        return int(exit.exception.code or 0), out.getvalue(), err.getvalue()
+
+    def test_a_bad_url_is_one_line(self) -> None:
+        self.assertEqual(
+            self.options("--redis", "redis+sentinel://s1:26379"),
+            (2, "", "relayd: error: --redis: must name the master the sentinels monitor after the sentinels "
+                    "(redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB])\n"),
+        )  # fmt: skip
+        code, _, err = self.options("--redis-wait-timeout-ms", "5000")
+        self.assertEqual((code, err.count("\n")), (2, 1))
+        self.assertIn("--redis-wait-timeout-ms: '5000' must be at most 1000 ms", err)
+
+    def test_checked_and_both_passwords_are_secrets(self) -> None:
+        url = "redis+sentinel://u:data-pw@s1:26379/main?sentinel_password=sentinel-pw"
+        code, out, _ = self.options("--redis", url, "--redis-wait-replicas", "2")
+        self.assertEqual(code, 0)
+        self.assertIn("redis = [secret]", out)
+        self.assertIn("redis-wait-replicas = 2", out)
+        setting = next(s for s in all_settings() if s.name == "redis")
+        assert setting.secret_part is not None
+        self.assertEqual(setting.secret_part(url), ("data-pw", "sentinel-pw"))
 
 
 async def sentinel_redis(test: TestCase, url: str, **kw: Any) -> Redis:
