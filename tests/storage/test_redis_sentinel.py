@@ -7,21 +7,24 @@ Each test that needs servers starts its own master, two replicas and three senti
 from __future__ import annotations
 
 import io
+import json
 import sys
 from typing import Any
 
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, gatherResults, succeed
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
 from relayd.base.clock import Timekeeper
-from relayd.base.errors import OutcomeUnknown, StoreUnavailable
+from relayd.base.errors import OutcomeUnknown, StoreRefused, StoreUnavailable
 from relayd.storage.redis import Redis, parse_redis_url
 from relayd.tap import Options, all_settings
 from tests.storage.test_redis import until
 from tests.support.aep import event, open_sse, start_relay
-from tests.support.redis import SentinelGroup, command, role
+from tests.support.http import HttpClient
+from tests.support.redis import RedisServer, SentinelGroup, command, connected_redis, free_port, role
+from tests.support.wing import Wing
 
 
 class SentinelURL(TestCase):
@@ -136,6 +139,43 @@ class Follower(TestCase):
         await redis.execute("probe", "SET", "k", "2")  # not durable: no wait
 
 
+class Rediscovery(TestCase):
+    """A refusal of a node that is not (or no longer) a master sends the follower to the sentinels."""
+
+    timeout = 30
+
+    async def test_readonly_asks_the_sentinels_again(self) -> None:
+        server = RedisServer.start()
+        self.addCleanup(server.cleanup)
+        redis = await connected_redis(server.url)
+        self.addCleanup(redis.close)
+        asked: list[str] = []
+
+        class Follower:
+            failing_over = False
+
+            def recheck(self) -> None:
+                asked.append("recheck")
+
+            def stop(self) -> Deferred[None]:
+                return succeed(None)
+
+        redis.follower = Follower()  # type: ignore[assignment]
+        await redis.execute("probe", "SET", "k", "1")
+        self.assertEqual(asked, [])
+        command(server.port, "REPLICAOF", "127.0.0.1", str(free_port()))  # a master demoted
+        failure = await self.assertFailure(redis.execute("probe", "SET", "k", "2"), StoreRefused)
+        self.assertEqual((failure.code, asked), ("READONLY", ["recheck"]))
+        command(server.port, "CONFIG", "SET", "maxmemory", "1")
+        command(server.port, "REPLICAOF", "NO", "ONE")
+        command(server.port, "CONFIG", "SET", "maxmemory-policy", "noeviction")
+        failure = await self.assertFailure(redis.execute("probe", "SET", "k", "3"), StoreRefused)
+        self.assertEqual((failure.code, asked), ("OOM", ["recheck"]))  # full, not demoted: nothing to ask
+
+
+TOKEN = "t" * 32
+
+
 class Failover(TestCase):
     """Acceptance 3 of issue 25: SENTINEL FAILOVER, then the new master killed, during bounded AEP
     traffic from a client that retries on 503: writes accepted again within 6 s of the kill, and
@@ -147,11 +187,16 @@ class Failover(TestCase):
         self.group = SentinelGroup.start()
         self.addCleanup(self.group.cleanup)
 
-    async def test_aep_loses_no_acknowledged_event(self) -> None:
+    async def test_aep_and_mcp_lose_nothing_acknowledged(self) -> None:
         relay = await start_relay(self, redis=self.group.url, redis_prefix="failover:")
+        mcp = await Wing.start("mcp", {"redis": self.group.url, "redis-prefix": "failover:",
+                                       "mcp-reap-interval-ms": "0", "mcp-max-sessions-per-address": "0"})  # fmt: skip
+        self.addCleanup(mcp.stop)
+        page = HttpClient(self, mcp.url + mcp.settings["mcp-prefix"])
         acknowledged: list[int] = []
         accepted_at: list[float] = []  # when each was acknowledged (the reactor's clock)
         refused: list[int] = []
+        registered: list[str] = []  # MCP sessions whose register answered ok
         going = [True]
 
         async def traffic() -> None:
@@ -171,7 +216,24 @@ class Failover(TestCase):
                     refused.append(seq)
                     await deferLater(reactor, 0.02, lambda: None)  # a client's pause before its retry
 
-        done = Deferred.fromCoroutine(traffic())
+        async def registers() -> None:
+            n = 0
+            while going[0]:
+                n += 1
+                session = f"fo{n:05d}"
+                while going[0]:
+                    try:
+                        reply = await page.post("/register", json.dumps({"session": session, "token": TOKEN}).encode())
+                    except Exception:  # no answer in time: retried
+                        reply = None
+                    if reply is not None and reply.code == 200:
+                        registered.append(session)
+                        break
+                    self.assertTrue(reply is None or reply.code == 503, reply and (reply.code, reply.body))
+                    await deferLater(reactor, 0.05, lambda: None)  # a client's pause before its retry
+                await deferLater(reactor, 0.02, lambda: None)  # a register every few tens of ms
+
+        done = gatherResults([Deferred.fromCoroutine(traffic()), Deferred.fromCoroutine(registers())])
         try:
             await until(self, lambda: len(acknowledged) >= 20, "no traffic", within=10)
             first = self.group.master_port()
@@ -206,3 +268,10 @@ class Failover(TestCase):
         self.assertEqual(missing, [], f"{len(missing)} acknowledged events lost of {len(acknowledged)}")
         self.assertEqual(stored, sorted(set(stored)))
         self.assertTrue(refused, "the failovers never refused a write: were they seen?")
+        # Every MCP session whose register was answered ok is there (a poll of it is answered).
+        lost = []
+        for session in registered:
+            reply = await page.get(f"/{session}/poll?token={TOKEN}&wait=0")
+            if reply.code != 200:
+                lost.append((session, reply.code))
+        self.assertEqual(lost, [], f"{len(lost)} acknowledged registers lost of {len(registered)}")
