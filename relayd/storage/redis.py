@@ -563,6 +563,8 @@ class Redis:
                     f"replicas within {self.wait_timeout_ms} ms (--redis-wait-replicas); it may be lost in a failover"
                 )
                 self._refused(b"WAIT", message)
+                if self.follower is not None:  # a master its replicas left (demoted, or cut off)?
+                    self.follower.recheck()
                 raise OutcomeUnknown(store, message)
             if f.check(txredisapi.ResponseError):
                 message = str(f.value)

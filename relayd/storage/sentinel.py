@@ -121,7 +121,7 @@ class SentinelFollower:
         timeout: float,
         username: str | None = None,
         password: str | None = None,
-        recheck_interval: float = RECHECK_INTERVAL,
+        recheck_interval: float | None = None,
     ) -> None:
         self.sentinels = list(sentinels)
         self.master_name = master_name
@@ -129,6 +129,7 @@ class SentinelFollower:
         self.timeout = timeout
         self.username = username
         self.password = password
+        self.recheck_interval = RECHECK_INTERVAL if recheck_interval is None else recheck_interval
         # Where the connections go: the master the sentinels named last (None: not asked yet).
         self.address: Address | None = None
         self._waiting: list[Deferred[Address]] = []  # callers of the question in flight
@@ -160,7 +161,7 @@ class SentinelFollower:
             factory.protocol = Watcher
             factory.startConnecting(HostnameEndpoint(self.clock.reactor, host, port, timeout=self.timeout))
             self._watchers.append(factory)
-        self._loop = self.clock.looping_call(RECHECK_INTERVAL, self.recheck)
+        self._loop = self.clock.looping_call(self.recheck_interval, self.recheck)
 
     def stop(self) -> Deferred[Any]:
         self._stopped = True

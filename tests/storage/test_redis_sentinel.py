@@ -18,6 +18,7 @@ from twisted.trial.unittest import TestCase
 
 from relayd.base.clock import Timekeeper
 from relayd.base.errors import OutcomeUnknown, StoreRefused, StoreUnavailable
+from relayd.storage import sentinel
 from relayd.storage.redis import Redis, parse_redis_url
 from relayd.tap import Options, all_settings
 from tests.storage.test_redis import until
@@ -131,6 +132,35 @@ class Follower(TestCase):
         self.assertTrue(ok, "no write accepted after the failover")
         self.assertEqual(command(second, "GET", "k"), b"2")
         self.assertEqual({redis.follower.address_of(c) for c in redis._factory.pool}, {("127.0.0.1", second)})
+
+    async def switched(self, redis: Redis, within: float) -> float:
+        """SENTINEL FAILOVER; how long after the sentinels name the new master every pool
+        connection of C{redis} goes there (no traffic: nothing but the follower moves them)."""
+        first = self.group.master_port()
+        self.group.failover()
+        await until(self, lambda: self.group.master_port() != first, "no failover", within=10)
+        named = reactor.seconds()
+        new = ("127.0.0.1", self.group.master_port())
+        follower = redis.follower
+        assert follower is not None
+        factory = redis._factory
+        await until(
+            self, lambda: follower.address == new and factory.size == factory.poolsize
+            and {follower.address_of(c) for c in factory.pool} == {new},
+            "the pool never moved to the new master", within=within,
+        )  # fmt: skip
+        return reactor.seconds() - named
+
+    async def test_a_switch_is_followed_at_once(self) -> None:
+        self.patch(sentinel, "RECHECK_INTERVAL", 3600.0)  # only +switch-master can tell it
+        redis = await sentinel_redis(self, self.group.url)
+        self.assertLess(await self.switched(redis, within=5), 1.5)
+
+    async def test_a_missed_switch_is_found_by_asking(self) -> None:
+        self.patch(sentinel, "SWITCH", b"+never-published")  # the event missed
+        self.patch(sentinel, "FAILOVER_STARTS", b"+never-published-either")
+        redis = await sentinel_redis(self, self.group.url)
+        self.assertLess(await self.switched(redis, within=8), sentinel.RECHECK_INTERVAL + 1.5)
 
     async def test_wait_counts_fewer_replicas_as_an_outage(self) -> None:
         redis = await sentinel_redis(self, self.group.url, wait_replicas=3, wait_timeout_ms=50)
