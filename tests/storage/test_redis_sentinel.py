@@ -14,6 +14,7 @@ from typing import Any
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, gatherResults, succeed
 from twisted.internet.task import deferLater
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
 from relayd.base.clock import Timekeeper
@@ -167,6 +168,40 @@ class Follower(TestCase):
         failure = await self.assertFailure(redis.execute("probe", "SET", "k", "1", durable=True), OutcomeUnknown)
         self.assertRegex(str(failure), "confirmed by [012] of 3 replicas within 50 ms")
         await redis.execute("probe", "SET", "k", "2")  # not durable: no wait
+
+
+class RoleCheck(TestCase):
+    """A connection to a node that says it is not a master (ROLE, read as bytes) is never used."""
+
+    timeout = 30
+
+    async def test_a_replica_named_as_master_is_not_used(self) -> None:
+        master = RedisServer.start()
+        self.addCleanup(master.cleanup)
+        replica = RedisServer.start("--replicaof", "127.0.0.1", str(master.port))
+        self.addCleanup(replica.cleanup)
+        named = [replica.port]  # what the (stand-in) sentinels answer
+
+        def discover(follower: sentinel.SentinelFollower) -> Deferred[tuple[str, int]]:
+            follower._found(("127.0.0.1", named[0]))
+            return succeed(("127.0.0.1", named[0]))
+
+        self.patch(sentinel.SentinelFollower, "discover", discover)
+        self.patch(sentinel.SentinelFollower, "start", lambda follower: None)
+        redis = Redis(f"redis+sentinel://127.0.0.1:{free_port()}/main/0", Timekeeper(reactor))
+        self.addCleanup(redis.close)
+        lines: list[str] = []
+        observer = lambda e: lines.append(formatEvent(e))  # noqa: E731
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        await until(self, lambda: any("is a slave, not the master" in line for line in lines), "no ROLE check")
+        self.assertFalse(redis.connected)
+        await self.assertFailure(redis.execute("probe", "SET", "k", "1"), StoreUnavailable)
+
+        named[0] = master.port  # the sentinels now name the master
+        await until(self, lambda: redis.connected, "never connected to the master")
+        await redis.execute("probe", "SET", "k", "1")
+        self.assertEqual(command(master.port, "GET", "k"), b"1")
 
 
 class Rediscovery(TestCase):
