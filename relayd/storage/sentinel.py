@@ -133,6 +133,7 @@ class SentinelFollower:
         # Where the connections go: the master the sentinels named last (None: not asked yet).
         self.address: Address | None = None
         self._waiting: list[Deferred[Address]] = []  # callers of the question in flight
+        self._question: Deferred[Address] | None = None
         self._switch_listeners: list[Callable[[Address], None]] = []
         self._hold_until: float | None = None  # acknowledged writes held back until then (a failover)
         self._watchers: list[Any] = []
@@ -167,6 +168,8 @@ class SentinelFollower:
         self._stopped = True
         if self._loop is not None:
             self.clock.stop_loop(self._loop)
+        if self._question is not None:  # a question in flight: its connection and timeout go with it
+            self._question.cancel()
         ds = [factory.disconnect() for factory in self._watchers]
         self._watchers = []
         return defer.gatherResults(ds, consumeErrors=True)
@@ -222,17 +225,23 @@ class SentinelFollower:
     def discover(self) -> Deferred[Address]:
         """The master's address, asked of each sentinel in turn (one question in flight at a time:
         a caller meanwhile gets the answer of the one asked)."""
+        if self._stopped:
+            return defer.fail(defer.CancelledError("the Sentinel follower is stopped"))
         d: Deferred[Address] = Deferred()
         self._waiting.append(d)
         if len(self._waiting) == 1:
-            Deferred.fromCoroutine(self._ask_each()).addBoth(self._answered)
+            self._question = Deferred.fromCoroutine(self._ask_each())
+            self._question.addBoth(self._answered)
         return d
 
     def _answered(self, result: Address | Failure) -> None:
+        self._question = None
         waiting, self._waiting = self._waiting, []
         if not isinstance(result, Failure):
             self._found(result)
         for d in waiting:
+            if d.called:  # cancelled by its caller (a connection attempt given up)
+                continue
             if isinstance(result, Failure):
                 d.errback(result)
             else:
@@ -246,6 +255,8 @@ class SentinelFollower:
             try:
                 return await self._ask(host, port)
             except Exception as e:
+                if self._stopped:  # (the answer lost as the follower stopped): no other sentinel is asked
+                    raise defer.CancelledError("the Sentinel follower is stopped") from None
                 errors.append(f"{host}:{port}: {e}")
         raise NoMaster(f"no sentinel named master {self.master_name!r} ({'; '.join(errors)})")
 

@@ -19,6 +19,7 @@ from twisted.trial.unittest import TestCase
 
 from relayd.base.clock import Timekeeper
 from relayd.base.errors import OutcomeUnknown, StoreRefused, StoreUnavailable
+from relayd.buzz.redis.state import RedisReceipts
 from relayd.storage import sentinel
 from relayd.storage.redis import Redis, parse_redis_url
 from relayd.tap import Options, all_settings
@@ -252,7 +253,7 @@ class Failover(TestCase):
         self.group = SentinelGroup.start()
         self.addCleanup(self.group.cleanup)
 
-    async def test_aep_and_mcp_lose_nothing_acknowledged(self) -> None:
+    async def test_aep_mcp_and_broker_lose_nothing_acknowledged(self) -> None:
         relay = await start_relay(self, redis=self.group.url, redis_prefix="failover:")
         mcp = await Wing.start("mcp", {"redis": self.group.url, "redis-prefix": "failover:",
                                        "mcp-reap-interval-ms": "0", "mcp-max-sessions-per-address": "0"})  # fmt: skip
@@ -262,6 +263,11 @@ class Failover(TestCase):
         accepted_at: list[float] = []  # when each was acknowledged (the reactor's clock)
         refused: list[int] = []
         registered: list[str] = []  # MCP sessions whose register answered ok
+        settled: list[str] = []  # broker requests whose verdict was stored (the broker answers it then)
+        redis = await sentinel_redis(self, self.group.url, prefix="failover:")
+        receipts = RedisReceipts(redis, Timekeeper(reactor), lambda effects: succeed(None), prefix="failover:")
+        self.addCleanup(receipts.close)
+        await receipts.bus.ready
         going = [True]
 
         async def traffic() -> None:
@@ -298,7 +304,24 @@ class Failover(TestCase):
                     await deferLater(reactor, 0.05, lambda: None)  # a client's pause before its retry
                 await deferLater(reactor, 0.02, lambda: None)  # a register every few tens of ms
 
-        done = gatherResults([Deferred.fromCoroutine(traffic()), Deferred.fromCoroutine(registers())])
+        async def verdicts() -> None:
+            n = 0
+            while going[0]:
+                n += 1
+                request, digest = f"req{n}", b"%032d" % n
+                while going[0]:  # the broker's path: claim, then store the verdict it answers
+                    try:
+                        claim = await receipts.claim("agent", request, digest)
+                        if claim.status != "done":
+                            self.assertIn(claim.status, ("new", "resume"))
+                            await receipts.complete("agent", request, digest, b"verdict %d" % n, [])
+                        settled.append(request)
+                        break
+                    except StoreUnavailable:
+                        await deferLater(reactor, 0.05, lambda: None)  # retried as the agent would
+                await deferLater(reactor, 0.02, lambda: None)
+
+        done = gatherResults([Deferred.fromCoroutine(loop()) for loop in (traffic, registers, verdicts)])
         try:
             await until(self, lambda: len(acknowledged) >= 20, "no traffic", within=10)
             first = self.group.master_port()
@@ -336,7 +359,24 @@ class Failover(TestCase):
         # Every MCP session whose register was answered ok is there (a poll of it is answered).
         lost = []
         for session in registered:
-            reply = await page.get(f"/{session}/poll?token={TOKEN}&wait=0")
+            for _ in range(100):  # (a 503 is retried: the client may be reconnecting still)
+                reply = await page.get(f"/{session}/poll?token={TOKEN}&wait=0")
+                if reply.code != 503:
+                    break
+                await deferLater(reactor, 0.05, lambda: None)
             if reply.code != 200:
                 lost.append((session, reply.code))
         self.assertEqual(lost, [], f"{len(lost)} acknowledged registers lost of {len(registered)}")
+        # Every verdict the broker would have answered is stored, as it was.
+        gone = []
+        for request in settled:
+            for _ in range(100):
+                try:
+                    receipt = await receipts.receipt("agent", request)
+                    break
+                except StoreUnavailable:  # reconnecting still: retried
+                    await deferLater(reactor, 0.05, lambda: None)
+            if receipt is None or receipt.state != "done" or receipt.response != b"verdict " + request[3:].encode():
+                gone.append((request, receipt))
+        self.assertEqual(gone, [], f"{len(gone)} settled verdicts lost of {len(settled)}")
+        self.assertTrue(registered and settled)
