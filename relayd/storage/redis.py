@@ -3,6 +3,11 @@
 It knows no protocol. Every call fails fast with L{StoreUnavailable} while no connection is up (instead
 of queueing until Redis returns, which would hang requests), and after C{timeout} seconds when Redis
 does not answer; the pool and the subscriber reconnect by themselves with backoff.
+
+With C{redis+sentinel://} every connection goes where relayd/storage/sentinel.py says the master is,
+and an acknowledged write waits for its replicas (L{Redis.execute} C{durable}). (Over 600 lines: the
+URL, the handshake, the pool and the bus are the one client and change together; the Sentinel
+follower is its own module.)
 """
 
 from __future__ import annotations
@@ -66,13 +71,15 @@ DEADLINE_MARGIN = 0.25  # of the timeout
 # also sends the follower to ask the sentinels where the master is now.
 DEMOTED = frozenset({"READONLY", "LOADING", "MASTERDOWN", "NOREPLICAS"})
 
-# How long an acknowledged write waits for its replicas (C{WAIT}), by default: well within the
-# client's L{DEFAULT_TIMEOUT}, which the write and the wait share.
+# How long an acknowledged write waits for its replicas (C{WAIT}), by default and at most: well
+# within the client's L{DEFAULT_TIMEOUT}, which the write and the wait share.
 DEFAULT_WAIT_TIMEOUT_MS = 500
+MAX_WAIT_TIMEOUT_MS = 1000
+WAITED = ("WAIT",)  # what a write its replicas did not confirm counts as in the refusal log
+
 # The longest pause between reconnections with Sentinel (seconds): each asks the sentinels first,
 # and a master is replaced within seconds, so the next one is tried soon after it is promoted.
 SENTINEL_MAX_DELAY = 0.5
-MAX_WAIT_TIMEOUT_MS = 1000
 
 
 class ReplicasBehind(Exception):
@@ -509,11 +516,13 @@ class Redis:
         the client retries); with Sentinel it is refused while a failover is under way."""
         # What the command runs, for the refusal log: a script by its SHA-1 or text, else its name.
         what = command[1] if command[0] in (b"EVALSHA", b"EVAL") else command[0]
+        if durable and self.follower is not None and self.follower.failing_over:
+            return defer.fail(StoreUnavailable(store, "Sentinel is failing the Redis master over"))
         if not (durable and self.wait_replicas):
             return self._guard(store, what, lambda: self._pool.execute_command(*command))
-        if self.follower is not None and self.follower.failing_over:
-            return defer.fail(StoreUnavailable(store, "Sentinel is failing the Redis master over"))
-        return self._guard(store, what, lambda: self._factory.getConnection(peek=True).addCallback(self._confirmed, command))
+        return self._guard(
+            store, what, lambda: self._factory.getConnection(peek=True).addCallback(self._confirmed, command), waits=True
+        )
 
     def _confirmed(self, conn: Any, command: tuple[Any, ...]) -> Deferred[Any]:
         """C{command}, then C{WAIT} on the same connection (pipelined: one round trip)."""
@@ -537,7 +546,7 @@ class Redis:
         seconds = self.clock.monotonic() + self._redis_clock_offset + self.timeout * (1 - DEADLINE_MARGIN)
         return int(seconds * 1e6)
 
-    def _guard(self, store: str, what: Any, call: Callable[[], Deferred[Any]]) -> Deferred[Any]:
+    def _guard(self, store: str, what: Any, call: Callable[[], Deferred[Any]], waits: bool = False) -> Deferred[Any]:
         if self.refusal is not None:
             return defer.fail(StoreUnavailable(store, "another relayd keyspace version"))
         if not self.connected:
@@ -549,9 +558,10 @@ class Redis:
         self.clock.timeout(d, self.timeout)
 
         def answered(result: Any) -> Any:
-            if self._refused_commands and (what in self._refused_commands or b"WAIT" in self._refused_commands):
+            if self._refused_commands and (what in self._refused_commands or (waits and WAITED in self._refused_commands)):
                 self._refused_commands.discard(what)
-                self._refused_commands.discard(b"WAIT")
+                if waits:  # replicas confirmed a write again
+                    self._refused_commands.discard(WAITED)
                 if not self._refused_commands:
                     self._log.info("Redis at {url} runs the commands it refused again", url=str(self.url))
             return result
@@ -562,7 +572,7 @@ class Redis:
                     f"written on the primary but confirmed by {f.value.replicas} of {self.wait_replicas} "
                     f"replicas within {self.wait_timeout_ms} ms (--redis-wait-replicas); it may be lost in a failover"
                 )
-                self._refused(b"WAIT", message)
+                self._refused(WAITED, message)
                 if self.follower is not None:  # a master its replicas left (demoted, or cut off)?
                     self.follower.recheck()
                 raise OutcomeUnknown(store, message)
