@@ -156,7 +156,23 @@ class Follower(TestCase):
     async def test_a_switch_is_followed_at_once(self) -> None:
         self.patch(sentinel, "RECHECK_INTERVAL", 3600.0)  # only +switch-master can tell it
         redis = await sentinel_redis(self, self.group.url)
+        bus = redis.bus()
+        heard: list[bytes] = []
+        bus.subscribe(b"chan", heard.append)
+        await bus.ready
         self.assertLess(await self.switched(redis, within=5), 1.5)
+        # The pub/sub connection moved too (checked like the pool's: ROLE, then the address).
+        follower = redis.follower
+        assert follower is not None
+        await until(self, lambda: bus.connection is not None and follower.address_of(bus.connection) == follower.address,
+                    "the subscriber never moved", within=5)  # fmt: skip
+        await until(self, lambda: bus.connection is not None and bus.connection.transport.connected, "", within=5)
+        for _ in range(100):  # (its SUBSCRIBE may still be on its way)
+            await redis.execute("probe", "PUBLISH", b"chan", b"after")
+            if heard:
+                break
+            await deferLater(reactor, 0.02, lambda: None)
+        self.assertEqual(heard[:1], [b"after"])
 
     async def test_a_missed_switch_is_found_by_asking(self) -> None:
         self.patch(sentinel, "SWITCH", b"+never-published")  # the event missed
