@@ -107,7 +107,8 @@ class MasterEndpoint:
 class SentinelFollower:
     """The master of C{master_name} as C{sentinels} say, kept current (see the module docstring).
 
-    @param endpoint: how to reach a data node (C{host, port} to an endpoint: TLS for C{rediss+sentinel://}).
+    @param username: the sentinels' own credentials (C{?sentinel_username=}), not the data nodes'.
+    @param password: likewise (C{?sentinel_password=}).
     """
 
     _log = Logger()
@@ -145,6 +146,10 @@ class SentinelFollower:
 
     def start(self) -> None:
         """Listen to every sentinel and ask again every few seconds."""
+
+        class Watcher(_Watcher):
+            follower = self
+
         for host, port in self.sentinels:
             factory = txredisapi.SubscriberFactory(isLazy=True)
             factory.charset = None
@@ -154,11 +159,6 @@ class SentinelFollower:
             factory.username = self.username
             factory.initialDelay = 0.2
             factory.maxDelay = 2
-
-            class Watcher(_Watcher):
-                pass
-
-            Watcher.follower = self
             factory.protocol = Watcher
             factory.startConnecting(HostnameEndpoint(self.clock.reactor, host, port, timeout=self.timeout))
             self._watchers.append(factory)
