@@ -66,6 +66,9 @@ class RedisServer:
         while time.monotonic() < deadline:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    if "--requirepass" in self.options:  # (its +OK is read with the INFO below)
+                        password = self.options[self.options.index("--requirepass") + 1]
+                        s.sendall(b"AUTH %s\r\n" % password.encode())
                     s.sendall(b"INFO server\r\n")
                     info = b""
                     while b"process_id:" not in info or not info.endswith(b"\r\n"):
@@ -193,6 +196,16 @@ def _reply(reader: Any) -> Any:
     raise ValueError(f"unexpected reply {line!r}")
 
 
+def _authed(port: int, password: str, *args: str | bytes) -> Any:
+    """C{AUTH password}, then one command, on one connection; the command's reply."""
+    parts = [[b"AUTH", password.encode()], [a.encode() if isinstance(a, str) else a for a in args]]
+    with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+        s.sendall(b"".join(b"*%d\r\n" % len(p) + b"".join(b"$%d\r\n%s\r\n" % (len(x), x) for x in p) for p in parts))
+        reader = s.makefile("rb")
+        _reply(reader)
+        return _reply(reader)
+
+
 def role(port: int) -> bytes | None:
     """What the Redis on C{port} says it is (C{b"master"}, C{b"slave"}), or C{None} when it does not answer."""
     try:
@@ -213,14 +226,17 @@ class SentinelGroup:
 
     MASTER = "relayd"
 
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None, sentinel_password: str | None = None) -> None:
         self.binary = require_redis_server()
+        self.password = password  # the data nodes' (requirepass, masterauth)
+        self.sentinel_password = sentinel_password  # the sentinels' own (requirepass)
         self.nodes: list[RedisServer] = []
         self.sentinels: list[tuple[int, subprocess.Popen[bytes], str]] = []
 
     @classmethod
-    def start(cls) -> SentinelGroup:
-        group = cls()
+    def start(cls, password: str | None = None, sentinel_password: str | None = None) -> SentinelGroup:
+        """The group; with C{password} the data nodes require it, with C{sentinel_password} the sentinels do."""
+        group = cls(password, sentinel_password)
         try:
             group._spawn()
         except BaseException:
@@ -231,7 +247,9 @@ class SentinelGroup:
     def _spawn(self) -> None:
         # A replica moved to a new master may need a full copy: sent at once, not after Redis's
         # default 5 s wait for more replicas (the new master has none to confirm writes until then).
-        options = ("--repl-diskless-sync-delay", "0")
+        options: tuple[str, ...] = ("--repl-diskless-sync-delay", "0")
+        if self.password:
+            options += ("--requirepass", self.password, "--masterauth", self.password)
         master = RedisServer.start(*options)
         self.nodes.append(master)
         for _ in range(2):
@@ -248,6 +266,10 @@ class SentinelGroup:
                     f"sentinel failover-timeout {self.MASTER} 2000\n"
                     f"sentinel parallel-syncs {self.MASTER} 2\n"
                 )
+                if self.password:
+                    f.write(f"sentinel auth-pass {self.MASTER} {self.password}\n")
+                if self.sentinel_password:
+                    f.write(f"requirepass {self.sentinel_password}\nsentinel sentinel-pass {self.sentinel_password}\n")
             proc = subprocess.Popen([self.binary, config, "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             self.sentinels.append((port, proc, folder))
         # Ready once every sentinel knows both replicas and the two other sentinels (the INFO of the
@@ -258,9 +280,15 @@ class SentinelGroup:
                 raise RuntimeError("the sentinels did not find each other and the replicas")
             time.sleep(0.05)  # waiting for external processes to find each other
 
+    def _sentinel(self, port: int, *args: str) -> Any:
+        """A command to the sentinel on C{port} (authenticated when the sentinels require it)."""
+        if self.sentinel_password:
+            return _authed(port, self.sentinel_password, *args)
+        return command(port, *args, timeout=0.5)
+
     def _knows_all(self, port: int) -> bool:
         try:
-            flat = command(port, "SENTINEL", "MASTER", self.MASTER, timeout=0.5)
+            flat = self._sentinel(port, "SENTINEL", "MASTER", self.MASTER)
         except OSError:
             return False
         if not isinstance(flat, list):
@@ -271,13 +299,15 @@ class SentinelGroup:
     @property
     def url(self) -> str:
         hosts = ",".join(f"127.0.0.1:{port}" for port, _, _ in self.sentinels)
-        return f"redis+sentinel://{hosts}/{self.MASTER}/0"
+        auth = f":{self.password}@" if self.password else ""
+        query = f"?sentinel_password={self.sentinel_password}" if self.sentinel_password else ""
+        return f"redis+sentinel://{auth}{hosts}/{self.MASTER}/0{query}"
 
     def master_port(self) -> int | None:
         """The master's port as the first sentinel that answers says."""
         for port, _, _ in self.sentinels:
             try:
-                reply = command(port, "SENTINEL", "get-master-addr-by-name", self.MASTER, timeout=0.5)
+                reply = self._sentinel(port, "SENTINEL", "get-master-addr-by-name", self.MASTER)
             except OSError:
                 continue
             if isinstance(reply, list):
@@ -289,7 +319,7 @@ class SentinelGroup:
 
     def failover(self) -> None:
         """C{SENTINEL FAILOVER}: a replica promoted, the master demoted later."""
-        reply = command(self.sentinels[0][0], "SENTINEL", "FAILOVER", self.MASTER)
+        reply = self._sentinel(self.sentinels[0][0], "SENTINEL", "FAILOVER", self.MASTER)
         if isinstance(reply, Exception):
             raise reply
 

@@ -1,0 +1,70 @@
+"""A real ``twistd -n relayd --redis redis+sentinel://...`` (issue 25): it finds the master through
+sentinels that require their own password, on data nodes that require another, follows a failover
+(logged), and neither password is ever in its log."""
+
+from __future__ import annotations
+
+import json
+
+import treq
+from twisted.internet import reactor
+from twisted.internet.task import deferLater
+from twisted.trial.unittest import TestCase
+from twisted.web.client import HTTPConnectionPool
+
+from tests.support.aep import event, ndjson
+from tests.support.redis import SentinelGroup
+from tests.support.twistd import RelaydProcess
+
+DATA_PASSWORD = "data-pw-7f3e9a"
+SENTINEL_PASSWORD = "sentinel-pw-2b8c4d"
+
+
+class SentinelProcess(TestCase):
+    timeout = 90
+
+    def setUp(self) -> None:
+        self.group = SentinelGroup.start(password=DATA_PASSWORD, sentinel_password=SENTINEL_PASSWORD)
+        self.addCleanup(self.group.cleanup)
+        self.pool = HTTPConnectionPool(reactor, persistent=False)
+        self.addCleanup(self.pool.closeCachedConnections)
+
+    async def post(self, port: int, seq: int) -> int:
+        response = await treq.post(
+            f"http://127.0.0.1:{port}/events", data=ndjson(event("E", seq)), pool=self.pool,
+            headers={"aep-version": "0.1", "content-type": "application/x-ndjson", "authorization": "Bearer t"},
+        )  # fmt: skip
+        await treq.content(response)
+        return int(response.code)
+
+    async def until_accepted(self, port: int, seq: int) -> None:
+        for _ in range(500):  # a client retrying on 503 while the master moves
+            code = await self.post(port, seq)
+            if code == 202:
+                return
+            self.assertEqual(code, 503)
+            await deferLater(reactor, 0.02, lambda: None)
+        self.fail(f"event {seq} never accepted")
+
+    async def test_follows_the_master_with_both_passwords_kept_secret(self) -> None:
+        proc = await RelaydProcess.start_for(
+            self, ["--aep-listen", "tcp:0:interface=127.0.0.1", "--no-mcp", "--redis", self.group.url],
+            env={"AEP_TOKEN": "t"},
+        )  # fmt: skip
+        await proc.wait_for(rb"connected to Redis at redis\+sentinel://127\.0\.0\.1:\d+,127\.0\.0\.1:\d+,127\.0\.0\.1:\d+/relayd/0 ")
+        port = proc.port("aep")
+        await self.until_accepted(port, 1)
+
+        first = self.group.master_port()
+        self.group.failover()
+        await proc.wait_for(rb"Redis master relayd moved from 127\.0\.0\.1:%d to 127\.0\.0\.1:\d+ \(Sentinel\)" % first)
+        await self.until_accepted(port, 2)
+
+        response = await treq.get(f"http://127.0.0.1:{port}/stream?live=0&from=" + json.dumps([{"session": "E"}]),
+                                  headers={"authorization": "Bearer t"}, pool=self.pool)  # fmt: skip
+        body = (await treq.content(response)).decode()
+        self.assertEqual([json.loads(line[5:])["seq"] for line in body.splitlines() if line.startswith("data:")], [1, 2])
+        log = proc.log.decode(errors="replace")
+        self.assertNotIn(DATA_PASSWORD, log)
+        self.assertNotIn(SENTINEL_PASSWORD, log)
+        self.assertNotIn("Traceback", log)
