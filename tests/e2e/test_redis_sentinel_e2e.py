@@ -1,6 +1,7 @@
 """A real ``twistd -n relayd --redis redis+sentinel://...`` (issue 25): it finds the master through
 sentinels that require their own password, on data nodes that require another, follows a failover
-(logged), and neither password is ever in its log."""
+(logged), and neither password is ever in its log; the multi-instance AEP end-to-end tests
+(tests/e2e/test_aep_redis_e2e.py) pass on a Sentinel layout, the master killed instead of restarted."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
+from tests.e2e import test_aep_redis_e2e as standalone
 from tests.support.aep import event, ndjson
 from tests.support.redis import SentinelGroup
 from tests.support.twistd import RelaydProcess
@@ -68,3 +70,46 @@ class SentinelProcess(TestCase):
         self.assertNotIn(DATA_PASSWORD, log)
         self.assertNotIn(SENTINEL_PASSWORD, log)
         self.assertNotIn("Traceback", log)
+
+
+class ThreeInstancesOnSentinel(standalone.ThreeInstances):
+    """tests/e2e/test_aep_redis_e2e.py's processes on a master, two replicas and three sentinels."""
+
+    async def start_cluster(self, count: int = 3) -> list[int]:
+        self.group = SentinelGroup.start()
+        self.addCleanup(self.group.cleanup)
+        self.pool = HTTPConnectionPool(reactor, persistent=False)
+        ports = []
+        for _ in range(count):
+            proc = await RelaydProcess.start_for(
+                self, ["--aep-listen", "tcp:0:interface=127.0.0.1", "--no-mcp", "--redis", self.group.url],
+                env={"AEP_TOKEN": standalone.TOKEN},
+            )  # fmt: skip
+            await proc.wait_for(rb"connected to Redis at ")
+            ports.append(proc.port("aep"))
+            self.processes = [*getattr(self, "processes", []), proc]
+        self.procs = ports
+        return ports
+
+    async def test_redis_restart_during_traffic(self) -> None:
+        """Here the master dies (SIGKILL): 503 at once, then served by the promoted replica, the
+        history acknowledged before the kill still there."""
+        a, b = await self.start_cluster(2)
+        self.assertEqual(await self.post(a, event("R", 0)), 202)
+        master = self.group.master_port()
+        assert master is not None
+        self.group.node(master).proc.kill()  # type: ignore[union-attr]
+        started = reactor.seconds()
+        self.assertEqual(await self.post(a, event("R", 1)), 503)
+        self.assertLess(reactor.seconds() - started, 5)
+        for port, seq in ((b, 2), (a, 3)):
+            deadline = reactor.seconds() + 20
+            while reactor.seconds() < deadline:  # each process finds the new master on its own
+                code = await self.post(port, event("R", seq))
+                if code == 202:
+                    break
+                self.assertEqual(code, 503)
+                await deferLater(reactor, 0.05, lambda: None)
+            self.assertEqual(code, 202)
+        history = await standalone.SSEClient.connect(f"http://127.0.0.1:{a}/stream?live=0&from=all", standalone.AUTH)
+        self.assertEqual(standalone.held_ids(await history.read_until_end()), ["R:0:0", "R:0:2", "R:0:3"])
