@@ -1,7 +1,8 @@
 """A real ``twistd -n relayd --redis redis+sentinel://...`` (issue 25): it finds the master through
 sentinels that require their own password, on data nodes that require another, follows a failover
 (logged), and neither password is ever in its log; the multi-instance AEP end-to-end tests
-(tests/e2e/test_aep_redis_e2e.py) pass on a Sentinel layout, the master killed instead of restarted."""
+(tests/e2e/test_aep_redis_e2e.py, the MCP one of tests/e2e/test_mcp_e2e.py) pass on a Sentinel layout,
+the master killed instead of restarted."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
 from tests.e2e import test_aep_redis_e2e as standalone
+from tests.e2e import test_mcp_e2e
 from tests.support.aep import event, ndjson
 from tests.support.redis import SentinelGroup
 from tests.support.twistd import RelaydProcess
@@ -113,3 +115,12 @@ class ThreeInstancesOnSentinel(standalone.ThreeInstances):
             self.assertEqual(code, 202)
         history = await standalone.SSEClient.connect(f"http://127.0.0.1:{a}/stream?live=0&from=all", standalone.AUTH)
         self.assertEqual(standalone.held_ids(await history.read_until_end()), ["R:0:0", "R:0:2", "R:0:3"])
+
+
+class TwistdMCPOnSentinel(test_mcp_e2e.TwistdMCPOnRedis):
+    """tests/e2e/test_mcp_e2e.py's two MCP processes, on a Sentinel layout."""
+
+    def setUp(self) -> None:
+        group = SentinelGroup.start()
+        self.addCleanup(group.cleanup)
+        self.patch(test_mcp_e2e, "shared_redis", lambda: group)  # (what it reads of it is .url)
