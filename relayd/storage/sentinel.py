@@ -141,6 +141,7 @@ class SentinelFollower:
         self._addresses: WeakKeyDictionary[Any, Address] = WeakKeyDictionary()  # transport -> where it went
         self._loop: Any = None
         self._stopped = False
+        self._unanswered = False  # the last question had no answer (logged once)
 
     # -- what the clients use
 
@@ -238,7 +239,13 @@ class SentinelFollower:
         self._question = None
         waiting, self._waiting = self._waiting, []
         if not isinstance(result, Failure):
+            if self._unanswered:
+                self._unanswered = False
+                self._log.info("the sentinels name Redis master {name} again", name=self.master_name)
             self._found(result)
+        elif not self._stopped and not self._unanswered and result.check(NoMaster):
+            self._unanswered = True  # once per outage, not once per connection attempt
+            self._log.warn("{error}; asking again", error=result.getErrorMessage())
         for d in waiting:
             if d.called:  # cancelled by its caller (a connection attempt given up)
                 continue

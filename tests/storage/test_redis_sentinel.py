@@ -221,6 +221,34 @@ class RoleCheck(TestCase):
         self.assertEqual(command(master.port, "GET", "k"), b"1")
 
 
+class NoSentinel(TestCase):
+    """No sentinel answers: every request is refused at once (never held), and the log says why once."""
+
+    timeout = 30
+
+    async def test_refused_at_once_and_logged_once(self) -> None:
+        answers = [0]
+        answered = sentinel.SentinelFollower._answered
+
+        def counted(follower: sentinel.SentinelFollower, result: Any) -> None:
+            answers[0] += 1
+            answered(follower, result)
+
+        self.patch(sentinel.SentinelFollower, "_answered", counted)
+        lines: list[str] = []
+        observer = lambda e: lines.append(formatEvent(e))  # noqa: E731
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        redis = Redis(f"redis+sentinel://127.0.0.1:{free_port()},127.0.0.1:{free_port()}/main/0", Timekeeper(reactor))
+        self.addCleanup(redis.close)
+        failure = await self.assertFailure(redis.execute("probe", "SET", "k", "1", durable=True), StoreUnavailable)
+        self.assertIn("not connected", str(failure))
+        await until(self, lambda: answers[0] >= 6, "the sentinels were not asked again")
+        unfound = [line for line in lines if "no sentinel named master 'main'" in line and "asking again" in line]
+        self.assertEqual(len(unfound), 1, unfound)
+        self.assertIn("Connection refused", unfound[0])
+
+
 class Rediscovery(TestCase):
     """A refusal of a node that is not (or no longer) a master sends the follower to the sentinels."""
 
