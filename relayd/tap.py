@@ -333,7 +333,9 @@ def makeService(config: Options, reactor: IReactor | None = None) -> RelaydServi
     for s in all_settings(config.wings):
         if s.secret and isinstance(settings.values.get(s.name), str):
             value = settings[s.name]
-            scrub.register_secret(s.secret_part(value) if s.secret_part else value)
+            part = s.secret_part(value) if s.secret_part else value
+            for secret in part if isinstance(part, tuple) else (part,):
+                scrub.register_secret(secret)
     increase_rlimits()
     plumbing = Plumbing.from_settings(settings, reactor, Timekeeper(reactor))
     collector = CollectorPolicy(plumbing.clock, settings["gc-freeze-interval"], settings["gc-full-interval"])

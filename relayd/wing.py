@@ -94,7 +94,11 @@ class Plumbing:
             reactor=reactor,
             clock=clock,
             # The prefix also names the keyspace version key (relayd/storage/redis.py KEYSPACE_VERSION).
-            redis=Redis(redis.url, clock, prefix=redis.prefix) if redis.url else None,
+            redis=Redis(
+                redis.url, clock, prefix=redis.prefix, wait_replicas=redis.wait_replicas, wait_timeout_ms=redis.wait_timeout_ms
+            )
+            if redis.url
+            else None,
             redis_prefix=redis.prefix,
             site=SiteSettings.from_settings(settings),
             grace=settings.values.get("shutdown-grace", DEFAULT_GRACE),

@@ -53,9 +53,9 @@ class Setting:
     metavar: str | None = None
     default_help: str | None = None
     canonical: Callable[[Any], Any] = lambda value: value  # what "the same value" means for warnings
-    # The part of a secret value that is secret, scrubbed from every log record (a URL's password);
-    # C{None}: the whole value.
-    secret_part: Callable[[Any], str | None] | None = None
+    # The parts of a secret value that are secret, scrubbed from every log record (a URL's password,
+    # or its passwords: a tuple); C{None}: the whole value.
+    secret_part: Callable[[Any], str | tuple[str, ...] | None] | None = None
 
 
 def show_value(value: Any, separator: str = " ") -> str:

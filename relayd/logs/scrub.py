@@ -44,7 +44,7 @@ _TEXT_PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (
         re.compile(
             r"(?i)\b((?:access_|refresh_|id_|auth_|api_|session_)?token|(?:api_|secret_|private_)?key|secret|"
-            r"password|passwd|credential|kek|sig)(=|%3D)[^&\s\"'\\<>;,]+"
+            r"(?:sentinel_)?password|passwd|credential|kek|sig)(=|%3D)[^&\s\"'\\<>;,]+"
         ),
         r"\1\2" + SCRUBBED,
     ),

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relayd.base.config import Resolved, Setting, endpoint, non_negative_int
+from relayd.base.config import Resolved, Setting, endpoint, integer_at_least, non_negative_int
 from relayd.process.browsers import host_entry, origin_entry
-from relayd.storage.redis import parse_redis_url, redis_url
+from relayd.storage.redis import DEFAULT_WAIT_TIMEOUT_MS, MAX_WAIT_TIMEOUT_MS, parse_redis_url, redis_url
 
 DEFAULT_HEADER_TIMEOUT = 20.0
 DEFAULT_BODY_TIMEOUT = 60.0
@@ -34,6 +34,15 @@ def non_negative_seconds(text: str) -> float:
     return value
 
 
+def wait_timeout_ms(text: str) -> int:
+    """C{--redis-wait-timeout-ms}: 1 to L{MAX_WAIT_TIMEOUT_MS} (the write and its wait share the
+    client's answer timeout)."""
+    value = integer_at_least(text, 1, "must be at least 1 ms")
+    if value > MAX_WAIT_TIMEOUT_MS:
+        raise ValueError(f"must be at most {MAX_WAIT_TIMEOUT_MS} ms (the write and its wait share a 2 s timeout)")
+    return value
+
+
 def positive_seconds(text: str) -> float:
     """A number of seconds > 0 (fractions allowed)."""
     try:
@@ -49,12 +58,14 @@ REDIS_SETTINGS = [
     Setting(
         "redis",
         None,
-        "Redis URL (redis://[user:password@]host:port/db, rediss:// for TLS) for shared state and "
-        "fan-out across relayd instances; without it each process keeps its state in memory",
+        "Redis URL (redis://[user:password@]host:port/db, rediss:// for TLS; "
+        "redis+sentinel://[user:password@]host:port[,host:port...]/master/db to follow Sentinel, "
+        "rediss+sentinel:// for TLS to the data nodes) for shared state and fan-out across relayd "
+        "instances; without it each process keeps its state in memory",
         parse=redis_url,
         env=("RELAYD_REDIS",),
-        secret=True,  # the URL may carry a password: only that is scrubbed from the logs
-        secret_part=lambda url: parse_redis_url(url).password,
+        secret=True,  # the URL may carry passwords: only those are scrubbed from the logs
+        secret_part=lambda url: parse_redis_url(url).secrets,
         metavar="URL",
     ),
     Setting(
@@ -63,6 +74,25 @@ REDIS_SETTINGS = [
         "Prefix of every Redis key relayd writes (several deployments can share one Redis)",
         env=("RELAYD_REDIS_PREFIX",),
         metavar="PREFIX",
+    ),
+    Setting(
+        "redis-wait-replicas",
+        None,
+        "Replicas that must confirm each acknowledged write (Redis WAIT) before it is answered; "
+        "a write fewer confirm is answered 503 and retried by the client (0: no wait)",
+        parse=non_negative_int,
+        env=("RELAYD_REDIS_WAIT_REPLICAS",),
+        metavar="N",
+        default_help="1 with redis+sentinel://, else 0",
+    ),
+    Setting(
+        "redis-wait-timeout-ms",
+        DEFAULT_WAIT_TIMEOUT_MS,
+        f"How long an acknowledged write waits for its replicas (--redis-wait-replicas), in milliseconds "
+        f"(1 to {MAX_WAIT_TIMEOUT_MS})",
+        parse=wait_timeout_ms,
+        env=("RELAYD_REDIS_WAIT_TIMEOUT_MS",),
+        metavar="MS",
     ),
 ]
 
@@ -229,9 +259,16 @@ class RedisSettings:
 
     url: str | None = None
     prefix: str = DEFAULT_REDIS_PREFIX
+    wait_replicas: int | None = None
+    wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS
 
     @classmethod
     def from_settings(cls, settings: Resolved) -> RedisSettings:
         """The Redis settings of the resolved values (no Redis where the table is absent)."""
         values = settings.values
-        return cls(url=values.get("redis"), prefix=values.get("redis-prefix") or DEFAULT_REDIS_PREFIX)
+        return cls(
+            url=values.get("redis"),
+            prefix=values.get("redis-prefix") or DEFAULT_REDIS_PREFIX,
+            wait_replicas=values.get("redis-wait-replicas"),
+            wait_timeout_ms=values.get("redis-wait-timeout-ms") or DEFAULT_WAIT_TIMEOUT_MS,
+        )

@@ -3,6 +3,11 @@
 It knows no protocol. Every call fails fast with L{StoreUnavailable} while no connection is up (instead
 of queueing until Redis returns, which would hang requests), and after C{timeout} seconds when Redis
 does not answer; the pool and the subscriber reconnect by themselves with backoff.
+
+With C{redis+sentinel://} every connection goes where relayd/storage/sentinel.py says the master is,
+and an acknowledged write waits for its replicas (L{Redis.execute} C{durable}). (Over 600 lines: the
+URL, the handshake, the pool and the bus are the one client and change together; the Sentinel
+follower is its own module.)
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import txredisapi
 from twisted.internet import defer
@@ -24,6 +29,7 @@ from relayd.base.clock import Timekeeper
 from relayd.base.errors import OutcomeUnknown, StoreRefused, StoreUnavailable
 from relayd.compat import txredisapi as fence
 from relayd.compat.txredisapi import WholeReads
+from relayd.storage.sentinel import SentinelFollower
 
 DEFAULT_TIMEOUT = 2.0
 
@@ -61,6 +67,29 @@ _REFUSAL = re.compile(
 DEADLINE_MARGIN = 0.25  # of the timeout
 
 
+# The refusals of a node that is not (or no longer, or not yet) a usable master: with Sentinel each
+# also sends the follower to ask the sentinels where the master is now.
+DEMOTED = frozenset({"READONLY", "LOADING", "MASTERDOWN", "NOREPLICAS"})
+
+# How long an acknowledged write waits for its replicas (C{WAIT}), by default and at most: well
+# within the client's L{DEFAULT_TIMEOUT}, which the write and the wait share.
+DEFAULT_WAIT_TIMEOUT_MS = 500
+MAX_WAIT_TIMEOUT_MS = 1000
+WAITED = ("WAIT",)  # what a write its replicas did not confirm counts as in the refusal log
+
+# The longest pause between reconnections with Sentinel (seconds): each asks the sentinels first,
+# and a master is replaced within seconds, so the next one is tried soon after it is promoted.
+SENTINEL_MAX_DELAY = 0.5
+
+
+class ReplicasBehind(Exception):
+    """C{WAIT} counted fewer replicas than L{Redis.wait_replicas} after an acknowledged write."""
+
+    def __init__(self, replicas: int) -> None:
+        super().__init__(f"{replicas} replicas")
+        self.replicas = replicas
+
+
 def refusal_code(message: str) -> str | None:
     """The refusal an error reply of Redis is (L{_REFUSAL}: C{OOM}, C{READONLY}...), or C{None}."""
     found = _REFUSAL.search(message)
@@ -79,9 +108,17 @@ def _bound_text(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
+SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}  # and whether the data nodes use TLS
+DEFAULT_SENTINEL_PORT = 26379
+SENTINEL_FORM = "redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB]"
+SENTINEL_QUERY = ("sentinel_username", "sentinel_password")  # the sentinels' own credentials
+_HOST_PORT = re.compile(r"^(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:\[\]]+))(?::(?P<port>[^:]*))?$")
+
+
 @dataclass(frozen=True)
 class RedisURL:
-    """A parsed C{redis://} / C{rediss://} URL."""
+    """A parsed C{redis://} / C{rediss://} URL, or a C{redis+sentinel://} one (C{sentinels} and
+    C{master} set; C{host} and C{port} are then the first sentinel's, never connected to as data)."""
 
     host: str
     port: int
@@ -89,17 +126,34 @@ class RedisURL:
     username: str | None
     password: str | None
     tls: bool
+    sentinels: tuple[tuple[str, int], ...] = ()
+    master: str | None = None
+    sentinel_username: str | None = None
+    sentinel_password: str | None = None
 
-    def __str__(self) -> str:  # never shows the password
+    def __str__(self) -> str:  # never shows a password
+        if self.sentinels:
+            scheme = "rediss+sentinel" if self.tls else "redis+sentinel"
+            hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.sentinels)
+            return f"{scheme}://{hosts}/{self.master}/{self.db}"
         scheme = "rediss" if self.tls else "redis"
         return f"{scheme}://{self.host}:{self.port}/{self.db}"
 
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """The passwords in the URL (the data nodes', the sentinels'): scrubbed from the logs."""
+        return tuple(p for p in (self.password, self.sentinel_password) if p)
+
 
 def parse_redis_url(text: str) -> RedisURL:
-    """Parse C{redis://[user:password@]host[:port][/db]} (C{rediss://} for TLS)."""
+    """Parse C{redis://[user:password@]host[:port][/db]} (C{rediss://} for TLS), or
+    C{redis+sentinel://[user:password@]HOST:PORT[,HOST:PORT...]/MASTER[/DB][?sentinel_password=...]}
+    (C{rediss+sentinel://} for TLS to the data nodes; the userinfo is the data nodes' credentials)."""
     parts = urlsplit(text.strip())
+    if parts.scheme in SENTINEL_SCHEMES:
+        return _parse_sentinel_url(parts.scheme, parts.netloc, parts.path, parts.query)
     if parts.scheme not in ("redis", "rediss"):
-        raise ValueError("must be a redis:// or rediss:// URL")
+        raise ValueError(f"must be a redis://, rediss:// or {SENTINEL_FORM} URL")
     if not parts.hostname:
         raise ValueError("must name a host")
     try:
@@ -116,6 +170,45 @@ def parse_redis_url(text: str) -> RedisURL:
         username=unquote(parts.username) if parts.username else None,
         password=unquote(parts.password) if parts.password else None,
         tls=parts.scheme == "rediss",
+    )
+
+
+def _parse_sentinel_url(scheme: str, netloc: str, path: str, query: str) -> RedisURL:
+    userinfo, _, hosts = netloc.rpartition("@")
+    username, _, password = userinfo.partition(":") if userinfo else ("", "", "")
+    sentinels = []
+    for item in hosts.split(","):
+        found = _HOST_PORT.match(item.strip())
+        if not item.strip() or found is None:
+            raise ValueError(f"must name each sentinel as HOST:PORT ({SENTINEL_FORM}); got {item.strip()!r}")
+        port_text = found.group("port")
+        if port_text is not None and not (port_text.isdigit() and 0 < int(port_text) < 65536):
+            raise ValueError(f"sentinel {item.strip()!r} has an invalid port")
+        sentinels.append((found.group("v6") or found.group("host"), int(port_text) if port_text else DEFAULT_SENTINEL_PORT))
+    names = path.strip("/").split("/") if path.strip("/") else []
+    if not names:
+        raise ValueError(f"must name the master the sentinels monitor after the sentinels ({SENTINEL_FORM})")
+    if len(names) > 2:
+        raise ValueError(f"has more than a master and a database after the sentinels ({SENTINEL_FORM})")
+    if len(names) == 2 and not names[1].isdigit():
+        raise ValueError(f"database must be a number ({SENTINEL_FORM})")
+    given = parse_qs(query, keep_blank_values=True)
+    unknown = sorted(set(given) - set(SENTINEL_QUERY))
+    if unknown:
+        raise ValueError(f"has an unknown query parameter {unknown[0]!r} (known: {', '.join(SENTINEL_QUERY)})")
+    if any(len(v) > 1 for v in given.values()):
+        raise ValueError("gives a query parameter twice")
+    return RedisURL(
+        host=sentinels[0][0],
+        port=sentinels[0][1],
+        db=int(names[1]) if len(names) == 2 else 0,
+        username=unquote(username) or None,
+        password=unquote(password) or None,
+        tls=SENTINEL_SCHEMES[scheme],
+        sentinels=tuple(sentinels),
+        master=unquote(names[0]),
+        sentinel_username=given.get("sentinel_username", [""])[0] or None,
+        sentinel_password=given.get("sentinel_password", [""])[0] or None,
     )
 
 
@@ -138,6 +231,7 @@ class _Handshake:
     username: str | None
     dbid: int | None
     transport: Any
+    factory: Any
 
     @defer.inlineCallbacks
     def connectionMade(self) -> Any:
@@ -148,6 +242,9 @@ class _Handshake:
                 yield super().connectionMade()  # type: ignore[misc]  # txredisapi's: a failure stops the pool
                 if self.transport.disconnecting:
                     return
+            follower: SentinelFollower | None = getattr(self.factory, "relayd_follower", None)
+            if follower is not None:  # Sentinel: this goes to the master the sentinels name, which says it is one
+                yield follower.check(self)
             yield self._check_keyspace()
         except KeyspaceMismatch as e:
             self.transport.loseConnection()
@@ -184,7 +281,6 @@ class _Handshake:
 
 
 class _Protocol(_Handshake, WholeReads, txredisapi.RedisProtocol):
-    factory: Any
     _counted: Redis | None = None  # the client this connection counts as usable for
 
     @defer.inlineCallbacks
@@ -271,11 +367,33 @@ class Redis:
     _log = Logger()
 
     def __init__(
-        self, url: str, clock: Timekeeper, *, timeout: float = DEFAULT_TIMEOUT, poolsize: int = 4, prefix: str = "relayd:"
+        self,
+        url: str,
+        clock: Timekeeper,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        poolsize: int = 4,
+        prefix: str = "relayd:",
+        wait_replicas: int | None = None,
+        wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
     ) -> None:
         self.url = parse_redis_url(url)
         self.clock = clock
         self.timeout = timeout
+        # An acknowledged write (L{execute} with C{durable}) waits for this many replicas (C{WAIT}):
+        # by default one with Sentinel, none with a single primary.
+        self.wait_replicas = (1 if self.url.sentinels else 0) if wait_replicas is None else wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
+        # With Sentinel, where the master is (relayd/storage/sentinel.py); every connection asks it.
+        self.follower: SentinelFollower | None = None
+        if self.url.sentinels:
+            assert self.url.master is not None
+            self.follower = SentinelFollower(
+                self.url.sentinels, self.url.master, clock, timeout=timeout,
+                username=self.url.sentinel_username, password=self.url.sentinel_password,
+            )  # fmt: skip
+            self.follower.on_switch(self._switched)
+            self.follower.start()
         self.version_key = (prefix + VERSION_KEY).encode()
         self.bounds_key = (prefix + BOUNDS_KEY).encode()
         self.bounds: dict[bytes, bytes] = {}  # L{hold_bounds}
@@ -309,16 +427,31 @@ class Redis:
         factory.reconnect = True
         factory.protocol = _Protocol
         factory.relayd_client = self  # the keyspace check reports here
+        factory.relayd_follower = self.follower  # and, with Sentinel, the role check asks here
         # Reconnect quickly: while Redis is away every request that needs it is refused.
         factory.initialDelay = 0.2
-        factory.maxDelay = 2
-        factory.startConnecting(_endpoint(self.url, timeout, clock))
+        # With Sentinel a lost master is soon replaced: its successor is found by reconnecting.
+        factory.maxDelay = 2 if self.follower is None else SENTINEL_MAX_DELAY
+        factory.startConnecting(self.endpoint())
         self._factory = factory
         self._pool = factory.handler
 
     @property
     def connected(self) -> bool:
         return bool(self._factory.size) and self.refusal is None
+
+    def endpoint(self) -> IStreamClientEndpoint:
+        """Where a connection goes: the URL's host, or with Sentinel the master the sentinels name then."""
+        if self.follower is None:
+            return _endpoint(self.url, self.url.host, self.url.port, self.timeout, self.clock)
+        return self.follower.endpoint(lambda host, port: _endpoint(self.url, host, port, self.timeout, self.clock))
+
+    def _switched(self, address: tuple[str, int]) -> None:
+        """Sentinel moved the master: drop every connection to another address (they reconnect there)."""
+        assert self.follower is not None
+        for conn in [*self._factory.pool, *(bus.connection for bus in self._buses)]:
+            if conn is not None and self.follower.address_of(conn) != address:
+                conn.transport.loseConnection()
 
     def _pool_connection(self, change: int) -> None:
         """A pool connection became usable (+1) or was lost (-1): say when the first is up and when
@@ -372,13 +505,40 @@ class Redis:
             conn.transport.loseConnection()
         self.refused.callback(message)
 
-    def execute(self, store: str, *command: Any) -> Deferred[Any]:
+    def execute(self, store: str, *command: Any, durable: bool = False) -> Deferred[Any]:
         """Run one command. It fails with L{StoreUnavailable} (naming C{store}) when Redis is away
         (nothing was sent) or refuses it (L{StoreRefused}), and with L{OutcomeUnknown} when it was
-        sent and no answer came within the timeout (or the connection went first)."""
+        sent and no answer came within the timeout (or the connection went first).
+
+        C{durable}: a write the caller acknowledges (an AEP 202, an MCP ok, a broker verdict). With
+        L{wait_replicas}, C{WAIT} follows it on the same connection and a write fewer replicas
+        confirmed is L{OutcomeUnknown} (on the primary only, it may be lost in a failover: 503, and
+        the client retries); with Sentinel it is refused while a failover is under way."""
         # What the command runs, for the refusal log: a script by its SHA-1 or text, else its name.
         what = command[1] if command[0] in (b"EVALSHA", b"EVAL") else command[0]
-        return self._guard(store, what, lambda: self._pool.execute_command(*command))
+        if durable and self.follower is not None and self.follower.failing_over:
+            return defer.fail(StoreUnavailable(store, "Sentinel is failing the Redis master over"))
+        if not (durable and self.wait_replicas):
+            return self._guard(store, what, lambda: self._pool.execute_command(*command))
+        return self._guard(
+            store, what, lambda: self._factory.getConnection(peek=True).addCallback(self._confirmed, command), waits=True
+        )
+
+    def _confirmed(self, conn: Any, command: tuple[Any, ...]) -> Deferred[Any]:
+        """C{command}, then C{WAIT} on the same connection (pipelined: one round trip)."""
+        written = conn.execute_command(*command)
+        waited = conn.execute_command(b"WAIT", self.wait_replicas, self.wait_timeout_ms)
+
+        def counted(replicas: Any, result: Any) -> Any:
+            if int(replicas) < self.wait_replicas:
+                raise ReplicasBehind(int(replicas))
+            return result
+
+        def failed(f: Failure) -> Failure:
+            waited.addErrback(lambda _: None)
+            return f
+
+        return written.addCallbacks(lambda result: waited.addCallback(counted, result), failed)
 
     def deadline(self) -> int:
         """When a script sent now must no longer run, in microseconds of Redis's clock (C{TIME}):
@@ -386,7 +546,7 @@ class Redis:
         seconds = self.clock.monotonic() + self._redis_clock_offset + self.timeout * (1 - DEADLINE_MARGIN)
         return int(seconds * 1e6)
 
-    def _guard(self, store: str, what: Any, call: Callable[[], Deferred[Any]]) -> Deferred[Any]:
+    def _guard(self, store: str, what: Any, call: Callable[[], Deferred[Any]], waits: bool = False) -> Deferred[Any]:
         if self.refusal is not None:
             return defer.fail(StoreUnavailable(store, "another relayd keyspace version"))
         if not self.connected:
@@ -398,13 +558,24 @@ class Redis:
         self.clock.timeout(d, self.timeout)
 
         def answered(result: Any) -> Any:
-            if self._refused_commands and what in self._refused_commands:
+            if self._refused_commands and (what in self._refused_commands or (waits and WAITED in self._refused_commands)):
                 self._refused_commands.discard(what)
+                if waits:  # replicas confirmed a write again
+                    self._refused_commands.discard(WAITED)
                 if not self._refused_commands:
                     self._log.info("Redis at {url} runs the commands it refused again", url=str(self.url))
             return result
 
         def translate(f: Failure) -> Failure:
+            if isinstance(f.value, ReplicasBehind):
+                message = (
+                    f"written on the primary but confirmed by {f.value.replicas} of {self.wait_replicas} "
+                    f"replicas within {self.wait_timeout_ms} ms (--redis-wait-replicas); it may be lost in a failover"
+                )
+                self._refused(WAITED, message)
+                if self.follower is not None:  # a master its replicas left (demoted, or cut off)?
+                    self.follower.recheck()
+                raise OutcomeUnknown(store, message)
             if f.check(txredisapi.ResponseError):
                 message = str(f.value)
                 code = refusal_code(message)
@@ -412,6 +583,8 @@ class Redis:
                     return f  # a real answer from Redis (a bug, not an outage)
                 if code != "NOSCRIPT":
                     self._refused(what, message)
+                if code in DEMOTED and self.follower is not None:
+                    self.follower.recheck()  # a master demoted or not yet promoted: ask where it is now
                 raise StoreRefused(store, code, message)
             # The command was sent (or queued for a connection): Redis may have run it, or run it still.
             reason = f.getErrorMessage() or getattr(f.type, "__name__", "error")
@@ -438,6 +611,8 @@ class Redis:
         """Close the pool and every bus made from this client."""
         self._closing = True
         ds = [bus.close() for bus in self._buses] + [self._pool.disconnect()]
+        if self.follower is not None:
+            ds.append(self.follower.stop())
         self._buses = []
         return defer.gatherResults(ds, consumeErrors=True)
 
@@ -462,12 +637,13 @@ class RedisBus:
 
         Subscriber.bus = bus
         factory.protocol = Subscriber
+        factory.relayd_follower = redis.follower
         factory.password = redis.url.password
         factory.username = redis.url.username
         factory.initialDelay = 0.2
-        factory.maxDelay = 2
+        factory.maxDelay = 2 if redis.follower is None else SENTINEL_MAX_DELAY
         self._factory = factory
-        factory.startConnecting(_endpoint(redis.url, redis.timeout, redis.clock))
+        factory.startConnecting(redis.endpoint())
         self.ready: Deferred[None] = Deferred()
 
     def subscribe(self, channel: bytes, handler: Callable[[bytes], None]) -> None:
@@ -515,17 +691,22 @@ class RedisBus:
     def connected(self) -> bool:
         return self._protocol is not None
 
+    @property
+    def connection(self) -> _Subscriber | None:
+        """The subscribed connection, or C{None} while there is none."""
+        return self._protocol
+
     def close(self) -> Deferred[Any]:
         self._factory.stopTrying()
         return self._factory.disconnect()
 
 
-def _endpoint(url: RedisURL, timeout: float, clock: Timekeeper) -> IStreamClientEndpoint:
-    """Where a connection goes: the host by name (IPv4 or IPv6), through verified TLS (certificate
-    chain and hostname, via service_identity) for C{rediss://}."""
-    endpoint = HostnameEndpoint(clock.reactor, url.host, url.port, timeout=timeout)
+def _endpoint(url: RedisURL, host: str, port: int, timeout: float, clock: Timekeeper) -> IStreamClientEndpoint:
+    """A connection to C{host}: by name (IPv4 or IPv6), through verified TLS (certificate chain and
+    hostname, via service_identity) for C{rediss://} and C{rediss+sentinel://}."""
+    endpoint = HostnameEndpoint(clock.reactor, host, port, timeout=timeout)
     if not url.tls:
         return endpoint
     from twisted.internet.ssl import optionsForClientTLS  # pyOpenSSL, only for rediss://
 
-    return wrapClientTLS(optionsForClientTLS(url.host), endpoint)
+    return wrapClientTLS(optionsForClientTLS(host), endpoint)

@@ -40,10 +40,13 @@ class Script:
 
     @param includes: names of files in the same C{lua} directory prepended to the script (shared
         local functions, e.g. the MCP buffered-bytes release).
+    @param durable: the script's write is one a client is told is done (stored, accepted, settled):
+        with C{--redis-wait-replicas} its answer waits for that many replicas (L{Redis.execute}).
     """
 
-    def __init__(self, package: str, name: str, includes: Sequence[str] = ()) -> None:
+    def __init__(self, package: str, name: str, includes: Sequence[str] = (), *, durable: bool = False) -> None:
         self.name = name
+        self.durable = durable
         source = lua_source(package, name)
         shebang, _, rest = source.partition(b"\n")
         self.shebang = shebang + b"\n"
@@ -58,11 +61,11 @@ class Script:
     def __call__(self, redis: Redis, store: str, keys: Sequence[Any], args: Sequence[Any] = ()) -> Deferred[Any]:
         """Run the script; errbacks as L{Redis.execute} does."""
         body, sha = (self.body, self.sha) if redis.script_flags else (self.plain_body, self.plain_sha)
-        d = redis.execute(store, b"EVALSHA", sha, len(keys), *keys, *args)
+        d = redis.execute(store, b"EVALSHA", sha, len(keys), *keys, *args, durable=self.durable)
 
         def unknown(f: Failure) -> Any:
             if isinstance(f.value, StoreRefused) and f.value.code == "NOSCRIPT":
-                return redis.execute(store, b"EVAL", body, len(keys), *keys, *args)
+                return redis.execute(store, b"EVAL", body, len(keys), *keys, *args, durable=self.durable)
             return f
 
         return d.addErrback(unknown)

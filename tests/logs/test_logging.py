@@ -40,6 +40,7 @@ class ScrubTests(TestCase):
         ("issued bzh_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "bzh_AAAA"),
         (f"configured with {SECRET}", SECRET),
         ("redis://:hunter2@127.0.0.1:6379/0", "hunter2"),
+        ("redis+sentinel://s1:26379/main?sentinel_password=hunter3", "hunter3"),
         ("ws://h/socket?x=1&access_token%3Dleak", "leak"),
     ])
     def test_scrub_text_removes(self, text: str, leaked: str) -> None:

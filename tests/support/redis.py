@@ -66,6 +66,9 @@ class RedisServer:
         while time.monotonic() < deadline:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    if "--requirepass" in self.options:  # (its +OK is read with the INFO below)
+                        password = self.options[self.options.index("--requirepass") + 1]
+                        s.sendall(b"AUTH %s\r\n" % password.encode())
                     s.sendall(b"INFO server\r\n")
                     info = b""
                     while b"process_id:" not in info or not info.endswith(b"\r\n"):
@@ -162,3 +165,171 @@ def sleep_redis(case: Any, port: int, seconds: int) -> Deferred[bytes]:
     case.addCleanup(lambda: answered)
     sent.wait(5)
     return answered
+
+
+def command(port: int, *args: str | bytes, timeout: float = 2.0) -> Any:
+    """One command to the Redis (or sentinel) on C{port}, over a plain socket, its reply parsed
+    (bytes, int, list, or a C{RuntimeError} value for an error reply): a second client, not the one
+    under test."""
+    parts = [a.encode() if isinstance(a, str) else a for a in args]
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts))
+        reader = s.makefile("rb")
+        return _reply(reader)
+
+
+def _reply(reader: Any) -> Any:
+    line = reader.readline()
+    if not line:
+        raise ConnectionError("closed")
+    kind, rest = line[:1], line[1:-2]
+    if kind == b"+":
+        return rest
+    if kind == b"-":
+        return RuntimeError(rest.decode(errors="replace"))
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        return None if rest == b"-1" else reader.read(int(rest) + 2)[:-2]
+    if kind == b"*":
+        return None if rest == b"-1" else [_reply(reader) for _ in range(int(rest))]
+    raise ValueError(f"unexpected reply {line!r}")
+
+
+def _authed(port: int, password: str, *args: str | bytes) -> Any:
+    """C{AUTH password}, then one command, on one connection; the command's reply."""
+    parts = [[b"AUTH", password.encode()], [a.encode() if isinstance(a, str) else a for a in args]]
+    with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+        s.sendall(b"".join(b"*%d\r\n" % len(p) + b"".join(b"$%d\r\n%s\r\n" % (len(x), x) for x in p) for p in parts))
+        reader = s.makefile("rb")
+        _reply(reader)
+        return _reply(reader)
+
+
+def role(port: int) -> bytes | None:
+    """What the Redis on C{port} says it is (C{b"master"}, C{b"slave"}), or C{None} when it does not answer."""
+    try:
+        reply = command(port, "ROLE", timeout=0.5)
+    except OSError:
+        return None
+    return reply[0] if isinstance(reply, list) else None
+
+
+class SentinelGroup:
+    """A master, two replicas and three sentinels (quorum 2) on free loopback ports: C{.url} is the
+    C{redis+sentinel://} URL of the master C{MASTER}; C{.master_port()} asks a sentinel where it is;
+    every process is killed by its PID at C{cleanup()}. A failover takes about 2.5 s
+    (C{down-after-milliseconds 1000}). The data nodes keep what a deployment would
+    (docs/deployment.md "Sentinel"): C{min-replicas-to-write} is left at 0 here so that the master
+    left alone after a kill accepts writes again, the WAIT of relayd's acknowledged writes is what
+    is tested."""
+
+    MASTER = "relayd"
+
+    def __init__(self, password: str | None = None, sentinel_password: str | None = None) -> None:
+        self.binary = require_redis_server()
+        self.password = password  # the data nodes' (requirepass, masterauth)
+        self.sentinel_password = sentinel_password  # the sentinels' own (requirepass)
+        self.nodes: list[RedisServer] = []
+        self.sentinels: list[tuple[int, subprocess.Popen[bytes], str]] = []
+
+    @classmethod
+    def start(cls, password: str | None = None, sentinel_password: str | None = None) -> SentinelGroup:
+        """The group; with C{password} the data nodes require it, with C{sentinel_password} the sentinels do."""
+        group = cls(password, sentinel_password)
+        try:
+            group._spawn()
+        except BaseException:
+            group.cleanup()
+            raise
+        return group
+
+    def _spawn(self) -> None:
+        # A replica moved to a new master may need a full copy: sent at once, not after Redis's
+        # default 5 s wait for more replicas (the new master has none to confirm writes until then).
+        options: tuple[str, ...] = ("--repl-diskless-sync-delay", "0")
+        if self.password:
+            options += ("--requirepass", self.password, "--masterauth", self.password)
+        master = RedisServer.start(*options)
+        self.nodes.append(master)
+        for _ in range(2):
+            self.nodes.append(RedisServer.start(*options, "--replicaof", "127.0.0.1", str(master.port)))
+        for _ in range(3):
+            port = free_port()
+            folder = tempfile.mkdtemp(prefix="relayd-sentinel-")
+            config = os.path.join(folder, "sentinel.conf")
+            with open(config, "w") as f:
+                f.write(
+                    f"port {port}\nbind 127.0.0.1\ndir {folder}\n"
+                    f"sentinel monitor {self.MASTER} 127.0.0.1 {master.port} 2\n"
+                    f"sentinel down-after-milliseconds {self.MASTER} 1000\n"
+                    f"sentinel failover-timeout {self.MASTER} 2000\n"
+                    f"sentinel parallel-syncs {self.MASTER} 2\n"
+                )
+                if self.password:
+                    f.write(f"sentinel auth-pass {self.MASTER} {self.password}\n")
+                if self.sentinel_password:
+                    f.write(f"requirepass {self.sentinel_password}\nsentinel sentinel-pass {self.sentinel_password}\n")
+            proc = subprocess.Popen([self.binary, config, "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.sentinels.append((port, proc, folder))
+        # Ready once every sentinel knows both replicas and the two other sentinels (the INFO of the
+        # master and the hello messages, every 2 s): before that a failover has no quorum.
+        deadline = time.monotonic() + 20
+        while not all(self._knows_all(port) for port, _, _ in self.sentinels):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the sentinels did not find each other and the replicas")
+            time.sleep(0.05)  # waiting for external processes to find each other
+
+    def _sentinel(self, port: int, *args: str) -> Any:
+        """A command to the sentinel on C{port} (authenticated when the sentinels require it)."""
+        if self.sentinel_password:
+            return _authed(port, self.sentinel_password, *args)
+        return command(port, *args, timeout=0.5)
+
+    def _knows_all(self, port: int) -> bool:
+        try:
+            flat = self._sentinel(port, "SENTINEL", "MASTER", self.MASTER)
+        except OSError:
+            return False
+        if not isinstance(flat, list):
+            return False
+        info = dict(zip(flat[::2], flat[1::2], strict=True))
+        return info.get(b"num-slaves") == b"2" and info.get(b"num-other-sentinels") == b"2"
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{port}" for port, _, _ in self.sentinels)
+        auth = f":{self.password}@" if self.password else ""
+        query = f"?sentinel_password={self.sentinel_password}" if self.sentinel_password else ""
+        return f"redis+sentinel://{auth}{hosts}/{self.MASTER}/0{query}"
+
+    def master_port(self) -> int | None:
+        """The master's port as the first sentinel that answers says."""
+        for port, _, _ in self.sentinels:
+            try:
+                reply = self._sentinel(port, "SENTINEL", "get-master-addr-by-name", self.MASTER)
+            except OSError:
+                continue
+            if isinstance(reply, list):
+                return int(reply[1])
+        return None
+
+    def node(self, port: int) -> RedisServer:
+        return next(n for n in self.nodes if n.port == port)
+
+    def failover(self) -> None:
+        """C{SENTINEL FAILOVER}: a replica promoted, the master demoted later."""
+        reply = self._sentinel(self.sentinels[0][0], "SENTINEL", "FAILOVER", self.MASTER)
+        if isinstance(reply, Exception):
+            raise reply
+
+    def cleanup(self) -> None:
+        for _port, proc, folder in self.sentinels:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+            shutil.rmtree(folder, ignore_errors=True)
+        self.sentinels = []
+        for node in self.nodes:
+            node.cleanup()
+        self.nodes = []

@@ -55,7 +55,7 @@ STORE = "aep"
 _LENGTH = struct.Struct(">I")
 _UNREADABLE = metrics.events_dropped.labels(relay="aep", reason="unreadable")
 
-_APPEND = Script("relayd.aep", "append")
+_APPEND = Script("relayd.aep", "append", durable=True)  # an ingest's 202 / a socket's ack
 _DROP = Script("relayd.aep", "drop")
 _REPLAY = Script("relayd.aep", "replay")
 

@@ -57,9 +57,9 @@ RETENTION = 30 * 24 * 3600  # seconds a receipt is kept after its last write
 
 _CLAIM = Script("relayd.buzz", "claim")
 
-_STORE_PLAN = Script("relayd.buzz", "store_plan")
+_STORE_PLAN = Script("relayd.buzz", "store_plan", durable=True)  # what a resumed request replays
 
-_COMPLETE = Script("relayd.buzz", "complete")
+_COMPLETE = Script("relayd.buzz", "complete", durable=True)  # the verdict answered
 
 _RELEASE = Script("relayd.buzz", "release")
 _INDEX = Script("relayd.buzz", "index")

@@ -67,8 +67,11 @@ _DROP_ATTEMPTS = 8
 _PACKAGE = "relayd.mcp"
 # The scripts that remove frames share release.lua (the buffered total never goes below zero).
 _RELEASING = ("sub_remove", "drop_session", "push", "take", "backlog_append", "backlog_take")
+# The scripts whose write a client is told is done (a register's, an inbox or outbox frame's ok; a
+# frame queued or buffered for a reader): with --redis-wait-replicas they wait for the replicas.
+_DURABLE = ("session_put", "inbox", "outbox", "push", "backlog_append")
 _SCRIPTS = {
-    name: Script(_PACKAGE, name, ("release",) if name in _RELEASING else ())
+    name: Script(_PACKAGE, name, ("release",) if name in _RELEASING else (), durable=name in _DURABLE)
     for name in (
         "clients_touch", "session_put", "session_touch", "session_check", "session_delete", "sub_all",
         "sub_add", "sub_update", "sub_remove", "sub_find", "poller_check", "drop_session", "push", "take",
