@@ -1,5 +1,6 @@
 """The demo page: served at C{{prefix}/demo} (its routes in memory), it registers a session and hosts MCP tools in a real
-headless Chromium tab; the official Python SDK connects to it by URL and token (acceptance 1).
+headless Chromium tab; the official Python SDK connects to it by URL and token (acceptance 1). The
+session lasts: through a reload and a relayd restart (issue 26, acceptance 2).
 
 Skips locally when Chromium, chromedriver or selenium is missing; fails instead under C{CI=true}.
 """
@@ -7,13 +8,17 @@ Skips locally when Chromium, chromedriver or selenium is missing; fails instead 
 from __future__ import annotations
 
 import json
+import time
+from typing import Any
 
-from twisted.internet import threads
+from twisted.internet import reactor, threads
+from twisted.internet.task import deferLater
 
 from tests.support.browser import require_browser, start_browser, wait_for
 from tests.support.inmemory import InMemoryMcpCase
 from tests.support.mcp import McpRelayCase
 from tests.support.mcp_clients import run_client
+from tests.support.wing import Wing
 
 
 class DemoServed(InMemoryMcpCase):
@@ -85,3 +90,78 @@ class DemoInChromium(McpRelayCase):
         assert out["tools"] == ["whiteboard_add_note", "whiteboard_list_notes", "whiteboard_clear"], json.dumps(out)
         demo = await threads.deferToThread(wait_for, self.driver, "return window.demo", "return window.demo")
         assert demo["notes"] == ["hello from modern"] and demo["errors"] == []
+
+
+class DemoSessionLasts(McpRelayCase):
+    """Issue 26, acceptance 2: the page keeps its session (id and token in localStorage) across a
+    reload and a relayd restart, re-registering it within 5 s; a client's saved URL and token keep
+    working; a call to a session whose page is gone fails within 2 s; copy buttons, an Inspector line."""
+
+    timeout = 180
+
+    async def setUp(self) -> None:  # type: ignore[override]
+        require_browser()
+        await super().setUp()
+        self.driver = await start_browser(self)
+        await threads.deferToThread(self.driver.get, f"{self.base}/demo")
+        self.demo = await self.page_state("return window.demo && window.demo.ready")
+
+    async def page_state(self, until: str) -> Any:
+        return await threads.deferToThread(wait_for, self.driver, until, "return window.demo")
+
+    async def restart_relay(self) -> None:
+        """Stop relayd (its memory store forgets every session) and start it again on the same port."""
+        port = self.port
+        await self.wing.stop()
+        self.wing = await Wing.start("mcp", {"mcp-reap-interval-ms": "0", "mcp-listen": [f"tcp:{port}:interface=127.0.0.1"]})
+        self.tunnel = self.wing.service.tunnel
+        assert await self.tunnel.store.get_session(self.demo["session"]) is None
+
+    async def test_a_reload_keeps_the_session_url_and_token(self) -> None:
+        await threads.deferToThread(self.driver.refresh)
+        again = await self.page_state("return window.demo && window.demo.ready")
+        assert (again["session"], again["token"], again["url"]) == (self.demo["session"], self.demo["token"], self.demo["url"])
+        shown = await threads.deferToThread(self.driver.execute_script, "return document.getElementById('mcp-url').textContent")
+        assert shown == self.demo["url"]
+
+    async def test_after_a_relayd_restart_the_page_comes_back_and_the_old_url_works(self) -> None:
+        await self.restart_relay()
+        started = time.monotonic()
+        again = await self.page_state("return window.demo.ready && window.demo.registrations >= 2")
+        assert time.monotonic() - started < 5.0, time.monotonic() - started
+        assert (again["session"], again["token"]) == (self.demo["session"], self.demo["token"])
+        assert await self.tunnel.store.get_session(self.demo["session"]) is not None
+        # A client that saved the URL and token before the restart calls a tool with them.
+        code, out, err = await run_client("sdk_client.py", "modern", self.demo["url"], self.demo["token"], "whiteboard_add_note")
+        assert code == 0 and out is not None, err[-4000:]
+        assert out["result"] == ["Pinned note 1: hello from modern"]
+
+    async def test_a_call_to_a_session_whose_page_is_gone_fails_within_2_seconds(self) -> None:
+        await threads.deferToThread(self.driver.get, "about:blank")  # the tab leaves the page
+        while await self.tunnel.store.subscribers(self.demo["session"], "inbound"):
+            await deferLater(reactor, 0.02, lambda: None)
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+        started = time.monotonic()
+        reply = await self.post(f"/{self.demo['session']}/mcp", init, authorization=f"Bearer {self.demo['token']}",
+                                accept="application/json, text/event-stream")
+        assert time.monotonic() - started < 2.0, time.monotonic() - started
+        error = reply.json()["error"]
+        assert error["code"] == -32005 and "no page is hosting this session" in error["message"], reply.body
+
+    async def test_copy_buttons_and_an_inspector_line(self) -> None:
+        inspector = await threads.deferToThread(
+            self.driver.execute_script, "return document.getElementById('cmd-inspector').textContent"
+        )
+        assert inspector == (
+            f"npx @modelcontextprotocol/inspector --cli '{self.demo['url']}?token={self.demo['token']}' "
+            "--transport http --method tools/list"
+        )
+        for block in ("mcp-url", "mcp-token", "cmd-claude", "cmd-json", "cmd-python", "cmd-inspector"):
+            copied = await threads.deferToThread(
+                self.driver.execute_script,
+                f"document.getElementById('copy-{block}').click(); "
+                f"return [document.getElementById('{block}').textContent];",
+            )
+            demo = await self.page_state(f"return window.demo.copied === {json.dumps(copied[0])}")
+            assert demo["copied"] == copied[0]

@@ -42,6 +42,10 @@ class EndpointConfig:
     """The endpoint's bounds and timings (flags in C{relayd.mcp.config})."""
 
     request_timeout_ms: float = 60_000
+    # A request forwarded while no page reads the session gets this long for one to (re)connect
+    # (a reload, a relayd restart) before it is answered with NO_PAGE instead of waiting for the
+    # request timeout; the page's EventSource comes back within its 2 s retry.
+    page_grace_ms: float = 1_000
     client_idle_ms: float = 1_800_000
     max_clients: int = 10_000
     clients_per_session: int = 64
@@ -105,15 +109,48 @@ class Pending:
         elif reply is not None:
             reply.answer(raw)
 
-    def expire(self) -> None:
+    def expire(self, code: int = standard.REQUEST_TIMEOUT, message: str = "the page did not answer in time") -> None:
         """The page did not answer in time: a JSON-RPC error, and the page is told to stop."""
         self.timer = None
         client = self.client
         if client.take_pending(self.key) is None:
             return
         client.forget_progress(self)
-        self.answer(standard.error_for(self.raw_id, standard.REQUEST_TIMEOUT, "the page did not answer in time"))
+        self.answer(standard.error_for(self.raw_id, code, message))
         client.cancel_at_page(self, "timeout")
+
+    def wait_for_page(self, timeout: float | None) -> None:
+        """Forwarded while no page read the session: look again after the grace, then answer
+        L{standard.NO_PAGE} if there is still none, else wait out the rest of C{timeout} (C{None}: no
+        time-out, a listen stream)."""
+        clock = self.client.clients.clock
+        grace = self.client.clients.config.page_grace_ms / 1000
+        clock.cancel(self.timer)
+        rest = None if timeout is None else max(0.0, timeout - grace)
+        self.timer = clock.call_later(grace, self._look_for_page, rest)
+
+    def _look_for_page(self, rest: float | None) -> None:
+        self.timer = None
+        client = self.client
+        if client.pending.get(self.key) is not self:
+            return  # answered meanwhile (the page came back and answered)
+        clients = client.clients
+
+        def looked(hosted: bool) -> None:
+            if client.pending.get(self.key) is not self:
+                return
+            if not hosted:
+                self.expire(standard.NO_PAGE, standard.NO_PAGE_MESSAGE)
+            elif rest is not None:
+                self.timer = clients.clock.call_later(rest, self.expire)
+
+        def failed(failure: Any) -> None:
+            # The store did not answer: keep waiting for the page's answer (the time-out still ends it).
+            if rest is not None and client.pending.get(self.key) is self:
+                self.timer = clients.clock.call_later(rest, self.expire)
+            clients.tunnel.log_failure(failure, "looking for an MCP session's page failed")
+
+        clients.tunnel.hosted(client.session).addCallbacks(looked, failed)
 
     def abandoned(self, _: object = None) -> None:
         """The client closed the POST before the answer (2026-07-28: that is its cancellation)."""
