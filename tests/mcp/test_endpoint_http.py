@@ -150,7 +150,7 @@ class OriginPolicy(EndpointCase):
 
 
 class Timeout(EndpointCase):
-    flags = {"mcp-request-timeout": "300"}
+    flags = {"mcp-request-timeout-ms": "300"}
     silent = frozenset({"tools/call"})
 
     async def test_unanswered_request_gets_json_rpc_error_and_page_is_told(self) -> None:
