@@ -174,9 +174,9 @@ class CommandLine(unittest.TestCase):
     def test_invalid_configuration_exits_2_before_listening(self) -> None:
         exit_ = self.assertRaises(SystemExit, tap.Options(environ={"RELAYD_MCP_CORS_ALLOW_ORIGIN": "null"}).parseOptions, [])
         assert exit_.code == 2
+        # A combination (each value valid alone) is refused with the options too (tap.check_combinations).
         options = tap.Options(environ={})
-        options.parseOptions(["--mcp-cors", "*", "--mcp-cors", "https://a.example", "--no-aep"])
-        exit2 = self.assertRaises(SystemExit, tap.makeService, options, reactor)
+        exit2 = self.assertRaises(SystemExit, options.parseOptions, ["--mcp-cors", "*", "--mcp-cors", "https://a.example", "--no-aep"])
         assert exit2.code == 2
 
     @cases(
