@@ -12,12 +12,14 @@ import time
 from typing import Any
 
 from twisted.internet import reactor, threads
+from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 
 from tests.support.browser import require_browser, start_browser, wait_for
 from tests.support.inmemory import InMemoryMcpCase
-from tests.support.mcp import McpRelayCase
+from tests.support.mcp import McpRelayCase, disconnect
 from tests.support.mcp_clients import run_client
+from tests.support.sse import SSEClient
 from tests.support.wing import Wing
 
 
@@ -165,3 +167,57 @@ class DemoSessionLasts(McpRelayCase):
             )
             demo = await self.page_state(f"return window.demo.copied === {json.dumps(copied[0])}")
             assert demo["copied"] == copied[0]
+
+
+class DemoCountsConnectedClients(McpRelayCase):
+    """Issue 26: the page's "clients connected" counts a 2026-07-28 client (the Python SDK's default)
+    while it calls tools, and no longer counts a client that exited without ending its session (as
+    the Inspector does): the clients that answer its pings, and 2026-07-28 clients active lately."""
+
+    timeout = 180
+
+    async def setUp(self) -> None:  # type: ignore[override]
+        require_browser()
+        await super().setUp()
+        self.driver = await start_browser(self)
+        await threads.deferToThread(self.driver.get, f"{self.base}/demo")
+        self.demo = await self.shown("window.demo && window.demo.ready")
+        await threads.deferToThread(self.driver.execute_script, "window.demo.pingEvery = 300")
+
+    async def shown(self, until: str) -> Any:
+        return await threads.deferToThread(wait_for, self.driver, f"return {until}", "return window.demo")
+
+    async def counter(self) -> str:
+        text: str = await threads.deferToThread(
+            self.driver.execute_script, "return document.getElementById('clients').textContent"
+        )
+        return text
+
+    async def test_a_2026_07_28_client_counts_while_it_calls_tools(self) -> None:
+        code, out, err = await run_client("sdk_client.py", "modern", self.demo["url"], self.demo["token"], "whiteboard_add_note")
+        assert code == 0 and out is not None, err[-4000:]
+        assert await self.counter() == "1"
+
+    async def test_a_client_that_exits_without_ending_its_session_stops_counting(self) -> None:
+        session, token = self.demo["session"], self.demo["token"]
+        auth = {"authorization": f"Bearer {token}", "accept": "application/json, text/event-stream"}
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+        reply = await self.post(f"/{session}/mcp", init, **auth)
+        sid = reply.header("mcp-session-id")
+        assert reply.code == 200 and sid, reply.body
+        stream = await SSEClient.connect(f"{self.base}/{session}/mcp", headers={**auth, "mcp-session-id": sid})
+        self.streams.append(stream)
+
+        async def answer_pings() -> None:  # what every MCP client does on its stream
+            while (msg := await stream.next(30)) is not None:
+                message = json.loads(msg.data or "null") if msg.event == "message" else None
+                if isinstance(message, dict) and message.get("method") == "ping":
+                    await self.post(f"/{session}/mcp", {"jsonrpc": "2.0", "id": message["id"], "result": {}},
+                                    **auth, **{"mcp-session-id": sid})
+
+        answering = Deferred.fromCoroutine(answer_pings()).addErrback(lambda f: None)
+        await self.shown("document.getElementById('clients').textContent === '1'")
+        await disconnect(stream)  # the client exits: its stream closes, its session is never DELETEd
+        await answering
+        await self.shown("document.getElementById('clients').textContent === '0'")
