@@ -190,6 +190,19 @@ class PageGone(EndpointCase):
         reply = await self.mcp(INIT)
         assert reply.json()["error"]["code"] == -32005, reply.body
 
+    async def test_a_pending_call_fails_within_2_seconds_when_the_page_goes(self) -> None:
+        self.page.silent = frozenset({"tools/call"})
+        sid = await self.initialize()
+        call = Deferred.fromCoroutine(
+            self.mcp({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "x"}}, sid=sid)
+        )
+        await self.page.next_seen(3)  # (initialize, notifications/initialized, then the call)
+        started = time.monotonic()
+        await disconnect(self.page.stream)  # the tab closes with the call in its hands
+        reply = await call
+        assert time.monotonic() - started < 2.0, time.monotonic() - started
+        assert reply.json()["id"] == 9 and reply.json()["error"]["code"] == -32005, reply.body
+
     async def test_a_page_that_comes_back_within_the_grace_answers(self) -> None:
         sid = await self.initialize()
         await self.page_leaves()

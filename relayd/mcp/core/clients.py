@@ -75,7 +75,7 @@ _NO_PENDING: Final = _NoPending()
 class Pending:
     """One forwarded request awaiting the page's answer, and the transport's L{Reply} to its client."""
 
-    __slots__ = ("client", "key", "raw_id", "reply", "timer", "forwarded", "progress", "settled")
+    __slots__ = ("client", "key", "raw_id", "reply", "timer", "forwarded", "progress", "settled", "looking")
 
     def __init__(self, client: Client, key: bytes, reply: Reply | None) -> None:
         self.client = client
@@ -86,6 +86,7 @@ class Pending:
         self.forwarded: Any = None
         self.progress: bytes | None = None
         self.settled = False
+        self.looking = False  # waiting out the grace for a page (wait_for_page)
 
     def settle(self) -> None:
         """Count this request out of its session's pending total (once)."""
@@ -119,6 +120,16 @@ class Pending:
         self.answer(standard.error_for(self.raw_id, code, message))
         client.cancel_at_page(self, "timeout")
 
+    def page_left(self) -> None:
+        """A page reader of the session went away while this was pending: look for a page after
+        the grace (the rest of the time-out still stands if one comes back)."""
+        if self.looking:
+            return  # (already looking: its time-out's rest is kept)
+        clock = self.client.clients.clock
+        timer = self.timer
+        rest = None if timer is None or not timer.active() else max(0.0, timer.getTime() - clock.seconds())
+        self.wait_for_page(rest)
+
     def wait_for_page(self, timeout: float | None) -> None:
         """Forwarded while no page read the session: look again after the grace, then answer
         L{standard.NO_PAGE} if there is still none, else wait out the rest of C{timeout} (C{None}: no
@@ -127,10 +138,12 @@ class Pending:
         grace = self.client.clients.config.page_grace_ms / 1000
         clock.cancel(self.timer)
         rest = None if timeout is None else max(0.0, timeout - grace)
+        self.looking = True
         self.timer = clock.call_later(grace, self._look_for_page, rest)
 
     def _look_for_page(self, rest: float | None) -> None:
         self.timer = None
+        self.looking = False
         client = self.client
         if client.pending.get(self.key) is not self:
             return  # answered meanwhile (the page came back and answered)
@@ -416,6 +429,7 @@ class Clients:
         # Event ids are "<tag>-<n>": a Last-Event-ID from another instance's numbering is not ours.
         self.tag = secrets.token_hex(3).encode("ascii")
         self._last_reap = clock.seconds()
+        tunnel.page_listeners.append(self.page_left)
 
     def event_id(self, n: int) -> bytes:
         return self.tag + b"-%d" % n
@@ -470,6 +484,16 @@ class Clients:
             for client, exists in zip(active, alive, strict=True):
                 if not exists:
                     client.close(shared=False)
+
+    def page_left(self, session: str) -> None:
+        """A page reader of C{session} on this process went away: its pending requests answer
+        L{standard.NO_PAGE} after the grace unless a page reads the session again by then."""
+        if not self.pending_per_session.get(session):
+            return  # (the scan below only for a session with requests in flight)
+        for client in list(self.clients.values()):
+            if client.session == session:
+                for pending in list(client.pending.values()):
+                    pending.page_left()
 
     def release(self, session: str) -> None:
         """One pending request of C{session} is settled."""

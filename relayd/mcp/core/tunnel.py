@@ -21,6 +21,7 @@ import hmac
 import secrets
 from dataclasses import dataclass
 from itertools import count
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred, fail, succeed
@@ -116,6 +117,9 @@ class TunnelRelay:
         self._orphans: list[SubscriberRecord] = []
         self._reaper: Any = None
         self.draining = False
+        # Told the session id when one of this process's page readers (inbound) goes away: the
+        # standard endpoint's pending requests look for a page then (Clients.page_left).
+        self.page_listeners: list[Callable[[str], None]] = []
         self.bus.start(self)
 
     # lifecycle ---------------------------------------------------------------------------------
@@ -614,6 +618,13 @@ class TunnelRelay:
             raise
         if removed is not None and record.direction == OUTBOUND and announce:
             await self._announce(record.session, PEER_LEFT, record.id)
+        if removed is not None and record.direction == INBOUND:
+            self._page_left(record.session)
+
+    def _page_left(self, session_id: str) -> None:
+        if not self.draining:  # (draining answers every pending request anyway)
+            for listener in self.page_listeners:
+                listener(session_id)
 
     async def _poll_begin(
         self,
@@ -754,5 +765,7 @@ class TunnelRelay:
             removed = await store.remove_subscriber(sub.session, sub.direction, sub.id)
             if removed is not None and sub.direction == OUTBOUND:
                 await self._announce(sub.session, PEER_LEFT, sub.id)
+            if removed is not None and sub.direction == INBOUND:
+                self._page_left(sub.session)
 
 
