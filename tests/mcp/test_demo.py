@@ -94,10 +94,8 @@ class DemoInChromium(McpRelayCase):
         assert demo["notes"] == ["hello from modern"] and demo["errors"] == []
 
 
-class DemoSessionLasts(McpRelayCase):
-    """Issue 26, acceptance 2: the page keeps its session (id and token in localStorage) across a
-    reload and a relayd restart, re-registering it within 5 s; a client's saved URL and token keep
-    working; a call to a session whose page is gone fails within 2 s; copy buttons, an Inspector line."""
+class DemoPageCase(McpRelayCase):
+    """The demo page loaded in headless Chromium and ready (C{self.demo}: its C{window.demo})."""
 
     timeout = 180
 
@@ -118,6 +116,12 @@ class DemoSessionLasts(McpRelayCase):
         self.wing = await Wing.start("mcp", {"mcp-reap-interval-ms": "0", "mcp-listen": [f"tcp:{port}:interface=127.0.0.1"]})
         self.tunnel = self.wing.service.tunnel
         assert await self.tunnel.store.get_session(self.demo["session"]) is None
+
+
+class DemoSessionLasts(DemoPageCase):
+    """Issue 26, acceptance 2: the page keeps its session (id and token in localStorage) across a
+    reload and a relayd restart, re-registering it within 5 s; a client's saved URL and token keep
+    working; a call to a session whose page is gone fails within 2 s; copy buttons, an Inspector line."""
 
     async def test_a_reload_keeps_the_session_url_and_token(self) -> None:
         await threads.deferToThread(self.driver.refresh)
@@ -221,3 +225,25 @@ class DemoCountsConnectedClients(McpRelayCase):
         await disconnect(stream)  # the client exits: its stream closes, its session is never DELETEd
         await answering
         await self.shown("document.getElementById('clients').textContent === '0'")
+
+
+class DemoTabs(DemoPageCase):
+    """One tab hosts the kept session; a second one hosts its own (two pages answering one session
+    would both act on every call), and a stranger cannot register the kept session's id."""
+
+    async def test_a_second_tab_hosts_a_session_of_its_own(self) -> None:
+        first = await threads.deferToThread(lambda: self.driver.current_window_handle)
+        await threads.deferToThread(self.driver.switch_to.new_window, "tab")
+        await threads.deferToThread(self.driver.get, f"{self.base}/demo")
+        second = await self.page_state("return window.demo && window.demo.ready")
+        assert second["session"] != self.demo["session"] and second["kept"] is False
+        # The first tab keeps the kept pair: reloaded, it is the same session.
+        await threads.deferToThread(self.driver.close)
+        await threads.deferToThread(self.driver.switch_to.window, first)
+        await threads.deferToThread(self.driver.refresh)
+        again = await self.page_state("return window.demo && window.demo.ready")
+        assert (again["session"], again["token"], again["kept"]) == (self.demo["session"], self.demo["token"], True)
+
+    async def test_a_stranger_cannot_register_the_session_by_its_id(self) -> None:
+        reply = await self.post("/register", {"session": self.demo["session"], "token": "a-strangers-token-0123456789"})
+        assert (reply.code, reply.json()) == (401, {"error": "session_taken"})
