@@ -155,6 +155,16 @@ class DemoSessionLasts(DemoPageCase):
         error = reply.json()["error"]
         assert error["code"] == -32005 and "no page is hosting this session" in error["message"], reply.body
 
+    async def test_the_new_session_button_ends_the_kept_session_and_keeps_a_new_one(self) -> None:
+        await threads.deferToThread(self.driver.execute_script, "document.getElementById('renew').click()")
+        renewed = await self.page_state(f"return window.demo.ready && window.demo.session !== {json.dumps(self.demo['session'])}")
+        assert renewed["token"] != self.demo["token"]
+        while await self.tunnel.store.get_session(self.demo["session"]) is not None:  # (unregistered)
+            await deferLater(reactor, 0.02, lambda: None)
+        await threads.deferToThread(self.driver.refresh)
+        again = await self.page_state("return window.demo && window.demo.ready")
+        assert (again["session"], again["token"]) == (renewed["session"], renewed["token"])
+
     async def test_copy_buttons_and_an_inspector_line(self) -> None:
         inspector = await threads.deferToThread(
             self.driver.execute_script, "return document.getElementById('cmd-inspector').textContent"
