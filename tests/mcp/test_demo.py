@@ -144,8 +144,6 @@ class DemoSessionLasts(DemoPageCase):
 
     async def test_a_call_to_a_session_whose_page_is_gone_fails_within_2_seconds(self) -> None:
         await threads.deferToThread(self.driver.get, "about:blank")  # the tab leaves the page
-        while await self.tunnel.store.subscribers(self.demo["session"], "inbound"):
-            await deferLater(reactor, 0.02, lambda: None)
         init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
                 "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
         started = time.monotonic()
@@ -164,6 +162,31 @@ class DemoSessionLasts(DemoPageCase):
         await threads.deferToThread(self.driver.refresh)
         again = await self.page_state("return window.demo && window.demo.ready")
         assert (again["session"], again["token"]) == (renewed["session"], renewed["token"])
+
+    async def test_a_call_refused_while_the_page_was_gone_is_not_run_when_it_comes_back(self) -> None:
+        await threads.deferToThread(self.driver.get, "about:blank")
+        while await self.tunnel.store.subscribers(self.demo["session"], "inbound"):
+            await deferLater(reactor, 0.02, lambda: None)
+        reply = await self.add_note("too late")
+        assert reply.json()["error"]["code"] == -32005, reply.body
+        # The page comes back: the request (held for the first reader) and its cancellation reach it.
+        await threads.deferToThread(self.driver.get, f"{self.base}/demo")
+        back = await self.page_state("return window.demo && window.demo.ready")
+        assert back["session"] == self.demo["session"]
+        # A call made now runs after the held one (in order): only it pins a note.
+        reply = await self.add_note("in time")
+        assert reply.json()["result"]["content"][0]["text"] == "Pinned note 1: in time", reply.body
+        back = await self.page_state("return true")
+        assert (back["notes"], back["calls"], back["errors"]) == (["in time"], 1, [])
+
+    async def add_note(self, text: str) -> Any:
+        """A 2026-07-28 tools/call (one stateless request) of whiteboard_add_note."""
+        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "whiteboard_add_note", "arguments": {"text": text},
+                           "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}}
+        headers = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": "whiteboard_add_note"}
+        return await self.post(f"/{self.demo['session']}/mcp", call, authorization=f"Bearer {self.demo['token']}",
+                               accept="application/json", **headers)
 
     async def test_copy_buttons_and_an_inspector_line(self) -> None:
         inspector = await threads.deferToThread(

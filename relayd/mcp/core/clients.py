@@ -110,15 +110,17 @@ class Pending:
         elif reply is not None:
             reply.answer(raw)
 
-    def expire(self, code: int = standard.REQUEST_TIMEOUT, message: str = "the page did not answer in time") -> None:
-        """The page did not answer in time: a JSON-RPC error, and the page is told to stop."""
+    def expire(
+        self, code: int = standard.REQUEST_TIMEOUT, message: str = "the page did not answer in time", reason: str = "timeout"
+    ) -> None:
+        """The page did not answer in time: a JSON-RPC error, and the page is told to stop (C{reason})."""
         self.timer = None
         client = self.client
         if client.take_pending(self.key) is None:
             return
         client.forget_progress(self)
         self.answer(standard.error_for(self.raw_id, code, message))
-        client.cancel_at_page(self, "timeout")
+        client.cancel_at_page(self, reason)
 
     def page_left(self) -> None:
         """A page reader of the session went away while this was pending: look for a page after
@@ -153,7 +155,9 @@ class Pending:
             if client.pending.get(self.key) is not self:
                 return
             if not hosted:
-                self.expire(standard.NO_PAGE, standard.NO_PAGE_MESSAGE)
+                # (The request waits in the session's backlog: a page that comes back gets it, then
+                # this cancellation, and must not act on it.)
+                self.expire(standard.NO_PAGE, standard.NO_PAGE_MESSAGE, "no page was reading the session")
             elif rest is not None:
                 self.timer = clients.clock.call_later(rest, self.expire)
 
