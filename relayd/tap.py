@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NoReturn, Sequence
 
 from twisted.application.service import MultiService
 from twisted.internet import defer
@@ -27,7 +27,7 @@ from relayd.process.host import CollectorPolicy, increase_rlimits
 from relayd.storage.redis import Redis
 from relayd.web import metrics_listener
 from relayd.web.listen import CannotListen
-from relayd.wing import IWing, Plumbing
+from relayd.wing import IWing, Plumbing, browser_policy
 
 # The wings, in start order (shutdown drains them in reverse). Each is a package with a `config`
 # module (SETTINGS, its table) and a `service` module (make_wing(plumbing, settings) -> IWing or
@@ -146,6 +146,7 @@ class Options(_make_option_class(all_settings())):  # type: ignore[misc]
     def postOptions(self) -> None:
         try:
             self.settings = resolve(all_settings(self.wings), self.given, self.environ)
+            check_combinations(self.settings, self.wings)
         except ConfigError as e:
             # One line and status 2, before anything listens (twistd would print the whole usage).
             sys.stderr.write(f"relayd: error: {e}\n")
@@ -155,6 +156,18 @@ class Options(_make_option_class(all_settings())):  # type: ignore[misc]
             sys.stdout.write(checked_configuration(all_settings(self.wings), self.settings))
             sys.stdout.flush()
             raise SystemExit(0)
+
+
+def check_combinations(settings: Resolved, wings: Sequence[str] = WINGS) -> None:
+    """What a start refuses of the settings taken together, each option being valid alone: the
+    plumbing's browser policy (C{--allow-host}/C{--allow-origin}) and each wing's C{configured}, the
+    very checks C{makeService} and C{make_wing} make (one copy). Opens no socket, file or connection.
+
+    @raise ConfigError: the first refusal, in the words a start would use.
+    """
+    browser_policy(settings)
+    for module in _wing_modules("service", wings):
+        module.configured(settings)
 
 
 def checked_configuration(settings: Sequence[Setting], resolved: Resolved) -> str:
@@ -337,7 +350,10 @@ def makeService(config: Options, reactor: IReactor | None = None) -> RelaydServi
             for secret in part if isinstance(part, tuple) else (part,):
                 scrub.register_secret(secret)
     increase_rlimits()
-    plumbing = Plumbing.from_settings(settings, reactor, Timekeeper(reactor))
+    try:
+        plumbing = Plumbing.from_settings(settings, reactor, Timekeeper(reactor))
+    except ConfigError as e:  # (the browser policy: checked at option time too, check_combinations)
+        _refuse_start(e)
     collector = CollectorPolicy(plumbing.clock, settings["gc-freeze-interval"], settings["gc-full-interval"])
     root = RelaydService(reactor, plumbing.clock, settings.warnings, redis=plumbing.redis, collector=collector)
     try:
@@ -350,19 +366,30 @@ def makeService(config: Options, reactor: IReactor | None = None) -> RelaydServi
             if wing is not None:
                 wing.setServiceParent(root)
     except ConfigError as e:
-        sys.stderr.write(f"relayd: error: {e}\n")
-        sys.stderr.flush()
-        raise SystemExit(2) from None
+        _refuse_start(e)
     return root
+
+
+def _refuse_start(error: ConfigError) -> NoReturn:
+    """One line and exit status 2, before anything listens."""
+    sys.stderr.write(f"relayd: error: {error}\n")
+    sys.stderr.flush()
+    raise SystemExit(2) from None
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """The C{relayd} command: C{twistd -n --pidfile= relayd ARGS}, in the foreground with no pid file.
 
     The options are checked here first so a mistake is one line and status 1 (twistd would name
-    itself in the error); C{--help} and C{--version} exit here too.
+    itself in the error); C{--help}, C{--version} and C{--check-config} (or C{relayd check-config
+    [FILE]}) exit here too.
     """
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["check-config"]:
+        # `relayd check-config [FILE] [options]`: the same as `relayd --check-config [--config FILE]`.
+        rest = args[1:]
+        file = ["--config", rest.pop(0)] if rest and not rest[0].startswith("-") else []
+        args = ["--check-config", *file, *rest]
     options = Options()
     options.synopsis = "Usage: relayd [options]"
     try:

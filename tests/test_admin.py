@@ -182,6 +182,7 @@ class AdminAgainstInProcessAEP(TestCase):
         self.assertIn(b"DOWN", down.stdout)
 
 
+@expand
 class McpConnect(McpRelayCase):
     """A page simulated over inbound SSE answers what ``relayd-admin mcp connect`` asks."""
 
@@ -227,6 +228,34 @@ class McpConnect(McpRelayCase):
         self.assertEqual(await connect.finished(), 0, connect.stderr)
         text = json.loads(connect.stdout)["result"]["content"][0]["text"]
         self.assertEqual(json.loads(text), {"name": "whiteboard_add_sticky", "arguments": {"x": 3}})
+
+    async def test_the_pages_mcp_url_with_the_token_after_it_calls_a_tool(self) -> None:
+        # The URL the demo page shows (the standard endpoint), --token after it, then `call`.
+        url = f"{self.base}/{self.SESSION}/mcp"
+        connect = Command.admin("mcp", "connect", url, "--token", self.TOKEN_, "call", "whiteboard_add_sticky", '{"x": 4}')
+        self.assertEqual(await connect.finished(), 0, connect.stderr)
+        text = json.loads(connect.stdout)["result"]["content"][0]["text"]
+        self.assertEqual(json.loads(text), {"name": "whiteboard_add_sticky", "arguments": {"x": 4}})
+
+    @cases(tools=("tools",), call=("call", "whiteboard_add_sticky"))
+    async def test_the_token_may_follow_the_subcommand(self, *command: str) -> None:
+        url = f"{self.base}/{self.SESSION}/sse"
+        connect = Command.admin("mcp", "connect", url, *command, "--token", self.TOKEN_)
+        self.assertEqual(await connect.finished(), 0, connect.stderr)
+        self.assertIn("result", json.loads(connect.stdout))
+
+    async def test_works_on_a_session_a_standard_client_uses(self) -> None:
+        # A standard client's session is open on the tunnel session (a labelled reader): replies are
+        # routed per label from then on, and the tool's own requests still find their way back.
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+        reply = await self.post(f"/{self.SESSION}/mcp", init, authorization=f"Bearer {self.TOKEN_}",
+                                accept="application/json, text/event-stream")
+        self.assertEqual(reply.code, 200, reply.body)
+        self.assertTrue(reply.headers.getRawHeaders(b"mcp-session-id"))
+        connect = Command.admin("mcp", "connect", f"{self.base}/{self.SESSION}?token={self.TOKEN_}", "--timeout", "5")
+        self.assertEqual(await connect.finished(), 0, connect.stderr)
+        self.assertEqual(json.loads(connect.stdout)["result"]["tools"], PAGE_TOOLS)
 
     async def test_a_wrong_token_is_refused(self) -> None:
         connect = Command.admin("mcp", "connect", f"{self.base}/{self.SESSION}?token=nope")
@@ -344,6 +373,7 @@ class ErrorsInOneFormat(TestCase):
 # mcp-relay.md §10.1: deriving the endpoints from a URL (the npx CLI's eight cases).
 
 
+@expand
 class ShareURLTests(TestCase):
     def test_share_url(self) -> None:
         e = mcp_endpoints("https://h.example/whiteboard?session=ABC&token=XYZ")
@@ -369,6 +399,11 @@ class ShareURLTests(TestCase):
     def test_missing_token(self) -> None:
         with self.assertRaises(UsageError, match="(?i)token"):
             mcp_endpoints("https://h.example/r/S")
+
+    @cases(mcp=("mcp",), sse=("sse",), messages=("messages",), inbox=("inbox",), outbox=("outbox",))
+    def test_the_standard_endpoints_url_names_its_session(self, leg: str) -> None:
+        e = mcp_endpoints(f"https://h.example/r/S1/{leg}?token=T")
+        assert (e.base, e.session) == ("https://h.example/r", "S1")
 
     def test_missing_session(self) -> None:
         with self.assertRaises(UsageError, match="(?i)session"):

@@ -83,6 +83,23 @@ class TwistdHelp(TestCase):
                 problems.append(f"--{s.name}: help does not say {word!r}: {s.help!r}")
         self.assertEqual(problems, [])
 
+    def test_every_duration_is_named_with_its_unit(self) -> None:
+        """Issue 26: an option in milliseconds says so in its name (``-ms``); seconds, the unit of every
+        other duration, is the one a name leaves unsaid (its help and metavar say it). Old names are
+        deprecated aliases (``replaced_by``) of the one with the unit."""
+        problems = []
+        for s in all_settings():
+            if s.replaced_by is not None:
+                assert s.metavar == next(n for n in all_settings() if n.name == s.replaced_by).metavar, s.name
+                continue
+            if s.metavar == "MS" and not s.name.endswith("-ms"):
+                problems.append(f"--{s.name}: in milliseconds, but its name does not end in -ms")
+            if s.name.endswith("-ms") and s.metavar != "MS":
+                problems.append(f"--{s.name}: named -ms, but its metavar is {s.metavar!r}")
+            if s.metavar == "SECONDS" and s.name.endswith(("-s", "-sec", "-seconds")):
+                problems.append(f"--{s.name}: seconds are the unsaid unit")
+        self.assertEqual(problems, [])
+
     def test_every_default_is_shown_as_typed(self) -> None:
         problems = []
         for s in all_settings():

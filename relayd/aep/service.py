@@ -81,10 +81,16 @@ def make_relay(config: AEPConfig, plumbing: Plumbing) -> EventRelay:
 LOGS = scrub.WingLogs("relayd.aep", relay="aep")
 
 
+def configured(settings: Resolved) -> AEPConfig | None:
+    """The wing's configuration (C{None} with C{--no-aep}): what L{make_wing} builds from, and what
+    C{--check-config} checks (the AEP relay refuses no combination of its settings)."""
+    return AEPConfig.from_settings(settings)
+
+
 def make_wing(plumbing: Plumbing, settings: Resolved) -> AEPService | None:
     """The AEP relay as a wing (relayd/wing.py), or C{None} with C{--no-aep}."""
     scrub.declare(LOGS)
-    config = AEPConfig.from_settings(settings)
+    config = configured(settings)
     if config is None:
         _log.info("AEP relay disabled (--no-aep)")
         return None

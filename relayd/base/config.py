@@ -37,6 +37,9 @@ class Setting:
         count, C{PORT}), which the help text names (tests/test_help.py).
     @ivar default_help: the default as C{--help} shows it when C{default} is C{None} because the value
         is derived (C{"--aep-max-sessions"}, the port used when only C{--mcp-host} is given).
+    @ivar replaced_by: this is the old name of that setting, kept working: a value given under it (flag,
+        environment or file) is the new setting's unless that is given too, and either way one
+        warning names the new name (C{--mcp-request-timeout} became C{--mcp-request-timeout-ms}).
 
     Help texts are one style (tests/test_help.py): sentence case, no closing full stop, units named;
     C{--help} appends the environment variables and C{[default: X]} (L{shown_default}).
@@ -56,6 +59,7 @@ class Setting:
     # The parts of a secret value that are secret, scrubbed from every log record (a URL's password,
     # or its passwords: a tuple); C{None}: the whole value.
     secret_part: Callable[[Any], str | tuple[str, ...] | None] | None = None
+    replaced_by: str | None = None
 
 
 def show_value(value: Any, separator: str = " ") -> str:
@@ -124,7 +128,23 @@ def resolve(
             warning = _override_warning(s, raw, value, env_name, env_value)
             if warning:
                 out.warnings.append(warning)
+    for s in settings:
+        if s.replaced_by is not None and out.sources.get(s.name, "default") != "default":
+            _take_old_name(out, s, s.replaced_by)
     return out
+
+
+def _take_old_name(out: Resolved, old: Setting, new: str) -> None:
+    """A value given under a setting's old name: the new setting's, unless that is given too."""
+    origin = out.sources[old.name]
+    if out.sources.get(new, "default") == "default":
+        out.values[new] = out.values[old.name]
+        out.sources[new] = origin
+        out.warnings.append(f"{origin} is deprecated: use --{new} (the same value and unit); it will be removed")
+    else:
+        out.warnings.append(
+            f"{origin} is deprecated and ignored: --{new} is given ({out.sources[new]}); remove the old name"
+        )
 
 
 CONFIG_FILE = Setting(

@@ -94,6 +94,18 @@ LOGS = scrub.WingLogs(
 )
 
 
+def configured(settings: Resolved) -> BuzzConfig | None:
+    """The wing's configuration (C{None} without C{--broker-nostr-relay}): what L{make_wing} builds
+    from, and what C{--check-config} checks. Opens no state directory (that is make_wing's).
+
+    @raise ConfigError: a non-loopback plain-TCP listener.
+    """
+    config = BuzzConfig.from_settings(settings)
+    if config is not None:
+        check_listeners(list(config.listen))
+    return config
+
+
 def make_wing(plumbing: Plumbing, settings: Resolved) -> BrokerService | None:
     """The broker wing (relayd/wing.py), or C{None} (with one log line) when no Nostr relay URL is
     configured.
@@ -101,12 +113,11 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> BrokerService | None:
     @raise ConfigError: a non-loopback plain-TCP listener, an unusable state directory or KEK.
     """
     scrub.declare(LOGS)
-    config = BuzzConfig.from_settings(settings)
+    config = configured(settings)
     if config is None:
         _log.info("Buzz broker not started: no --broker-nostr-relay (RELAYD_BROKER_NOSTR_RELAY) configured")
         return None
     listen = list(config.listen)
-    check_listeners(listen)
     state_dir = config.state_dir
     try:
         kek = load_kek(state_dir, config.kek_file, os.environ.get(KEK_ENV) or None)

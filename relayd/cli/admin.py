@@ -39,6 +39,22 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The command line, options anywhere: a command whose optional positionals follow its first one
+    (C{mcp connect URL [COMMAND [ARGS]]}) is parsed again intermixed, so C{URL --token T call NAME}
+    means what it says (argparse alone has given the optionals nothing by the time it sees C{call})."""
+    args, extra = parser.parse_known_args(argv)
+    command: argparse.ArgumentParser | None = getattr(args, "intermixed", None)
+    if command is None:
+        if extra:
+            parser.error("unrecognized arguments: " + " ".join(extra))
+        return args
+    # Its own arguments: what follows its name (the tool and group take no option with a value).
+    words = argv[argv.index(args.tool) + 1 :]
+    fresh = argparse.Namespace(tool=args.tool, subcommand=args.subcommand)
+    return command.parse_intermixed_args(words[words.index(args.subcommand) + 1 :], namespace=fresh)
+
+
 def main(argv: Sequence[str] | None = None, clock: BlockingClock | None = None) -> int:
     """The C{relayd-admin} console script; returns the exit status (relayd/cli/__init__.py: 2 usage, 1 failure).
 
@@ -51,7 +67,7 @@ def main(argv: Sequence[str] | None = None, clock: BlockingClock | None = None) 
         return broker_main(args_list[1:], clock=clock)
     parser = _parser()
     try:
-        args = parser.parse_args(args_list)
+        args = _parse(parser, args_list)
     except CommandError as e:
         return report(sys.stderr, e, parser.prog)
     stop_on_signals()

@@ -12,6 +12,7 @@ import http.client
 import json
 import os
 import queue
+import secrets
 import sys
 import threading
 import urllib.parse
@@ -29,7 +30,8 @@ def add_parser(tools: Any) -> None:
     mcp = tools.add_parser("mcp", help="MCP tunnel relay: act as an MCP client")
     mcp_sub = mcp.add_subparsers(dest="subcommand", required=True, metavar="{connect}")
     cmd = mcp_sub.add_parser("connect", help="Initialize, then tools/list (the default), tools/call, send or watch")
-    cmd.add_argument("url", help="Session URL (share URL with ?session=, or .../<session>[/inbox|events])")
+    cmd.add_argument("url", help="Session URL: the demo page's .../<session>/mcp, a share URL with ?session=, "
+                     "or .../<session>[/inbox|events]")
     cmd.add_argument("command", nargs="?", default="tools", choices=("tools", "call", "send", "watch"),
                      help="What to do once initialized")
     cmd.add_argument("args", nargs="*", help="For call: NAME [ARGUMENTS-JSON]; for send: FRAME-JSON")
@@ -39,7 +41,8 @@ def add_parser(tools: Any) -> None:
     cmd.add_argument("--timeout", type=positive_seconds, default=15.0, metavar="SECONDS",
                      help="Seconds to wait for each answer")
     cmd.add_argument("--cacert", metavar="FILE", help=CACERT_HELP)
-    cmd.set_defaults(run=connect, prog=cmd.prog)
+    # Options may follow COMMAND and its ARGS (relayd.cli.admin parses this command intermixed).
+    cmd.set_defaults(run=connect, prog=cmd.prog, intermixed=cmd)
 
 
 @dataclass(frozen=True)
@@ -55,9 +58,14 @@ class McpEndpoints:
         return f"{self.base}/{self.session}/{leg}?token={token}{query}"
 
 
+# The last segment of a session's URLs: the tunnel's legs and the standard endpoint's (docs/mcp.md).
+_LEGS = frozenset(("inbox", "events", "outbox", "poll", "mcp", "sse", "messages"))
+
+
 def mcp_endpoints(url: str, token: str | None = None, relay_path: str = "agent-relay") -> McpEndpoints:
     """An explicit token wins, then C{?token=}, then C{?key=}; a share URL (C{?session=}) names the relay
-    path; a direct path drops a trailing C{inbox}, C{events} or C{outbox} and ends with the session."""
+    path; a direct path drops a trailing leg (C{inbox}, C{events}, C{outbox}, or the standard endpoint's
+    C{mcp}, C{sse}, C{messages}: the URL the demo page shows) and ends with the session."""
     parts = urllib.parse.urlsplit(url)
     query = urllib.parse.parse_qs(parts.query)
     token = token or next(iter(query.get("token") or query.get("key") or []), None)
@@ -67,7 +75,7 @@ def mcp_endpoints(url: str, token: str | None = None, relay_path: str = "agent-r
     if "session" in query:
         return McpEndpoints(origin + "/" + relay_path.strip("/"), query["session"][0], token)
     segments = [s for s in parts.path.split("/") if s]
-    if segments and segments[-1] in ("inbox", "events", "outbox"):
+    if segments and segments[-1] in _LEGS:
         segments.pop()
     if not segments:
         raise UsageError("could not determine session id from URL")
@@ -76,7 +84,12 @@ def mcp_endpoints(url: str, token: str | None = None, relay_path: str = "agent-r
 
 
 class McpSession:
-    """An MCP client over the relay: SSE outbound for answers, POST inbox for requests."""
+    """An MCP client over the relay: SSE outbound for answers, POST inbox for requests.
+
+    Both legs carry a C{client=} label of this run's own: once a labelled reader (any standard
+    client's session) is on the session, the relay routes each reply only to its asker's label
+    (docs/decisions.md MCP-6), so an unlabelled tool would never hear its answers.
+    """
 
     def __init__(
         self, endpoints: McpEndpoints, cacert: str | None = None, timeout: float = 15.0,
@@ -90,6 +103,7 @@ class McpSession:
         self._opened = threading.Event()
         self._error: list[str] = []
         self._conn: http.client.HTTPConnection | None = None
+        self.label = "relayd-admin-" + secrets.token_hex(6)
 
     def open(self) -> None:
         """Open the outbound SSE leg and wait until the relay has answered its headers."""
@@ -98,7 +112,7 @@ class McpSession:
             raise Failure(self._error[0] if self._error else "the events stream did not open")
 
     def _listen(self) -> None:
-        url = self.endpoints.url("events", "&direction=outbound")
+        url = self.endpoints.url("events", "&direction=outbound&client=" + self.label)
         target = Target.parse(url, self.cacert)
         parts = urllib.parse.urlsplit(url)
         conn = target.connection(timeout=3600)
@@ -135,7 +149,7 @@ class McpSession:
 
     def send(self, frame: dict[str, Any]) -> None:
         body = json.dumps(frame, separators=(",", ":")).encode()
-        url = self.endpoints.url("inbox")
+        url = self.endpoints.url("inbox", "&client=" + self.label)
         target = Target.parse(url, self.cacert)
         parts = urllib.parse.urlsplit(url)
         conn = target.connection(self.timeout)

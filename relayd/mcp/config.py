@@ -184,13 +184,22 @@ SETTINGS: list[Setting] = [
 
 SETTINGS += [
     Setting(
-        "mcp-request-timeout",
+        "mcp-request-timeout-ms",
         60_000,
         "Standard MCP endpoint: milliseconds after which a request the page has not answered gets a "
         "JSON-RPC error",
         parse=positive_int,
+        env=("RELAYD_MCP_REQUEST_TIMEOUT_MS",),
+        metavar="MS",
+    ),
+    Setting(
+        "mcp-request-timeout",
+        None,
+        "Deprecated: the old name of --mcp-request-timeout-ms (milliseconds); logs a warning",
+        parse=positive_int,
         env=("RELAYD_MCP_REQUEST_TIMEOUT",),
         metavar="MS",
+        replaced_by="mcp-request-timeout-ms",
     ),
     Setting(
         "mcp-client-idle-ms",
@@ -300,7 +309,7 @@ class MCPConfig:
             queue_frames=settings["mcp-queue-frames"],
             queue_bytes=settings["mcp-queue-bytes"],
             max_buffered_bytes=settings["mcp-max-buffered-bytes"],
-            request_timeout_ms=settings["mcp-request-timeout"],
+            request_timeout_ms=settings["mcp-request-timeout-ms"],
             client_idle_ms=settings["mcp-client-idle-ms"],
             max_clients_per_address=settings["mcp-max-clients-per-address"],
             demo=settings["mcp-demo"]

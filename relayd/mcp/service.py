@@ -104,13 +104,22 @@ def _shared_state(plumbing: Plumbing, mcp: MCPConfig) -> tuple[IMcpStore, IMcpBu
 LOGS = scrub.WingLogs("relayd.mcp", relay="mcp")
 
 
+def configured(settings: Resolved) -> MCPConfig | None:
+    """The wing's configuration (C{None} with C{--no-mcp}): what L{make_wing} builds from, and what
+    C{--check-config} checks.
+
+    @raise relayd.base.config.ConfigError: an origin policy that is refused (C{*} with origins).
+    """
+    return MCPConfig.from_settings(settings)
+
+
 def make_wing(plumbing: Plumbing, settings: Resolved) -> McpService | None:
     """The MCP wing (relayd/wing.py), or C{None} with C{--no-mcp}.
 
     @raise relayd.base.config.ConfigError: an origin policy that is refused (exit 2 before listening).
     """
     scrub.declare(LOGS)
-    mcp = MCPConfig.from_settings(settings)
+    mcp = configured(settings)
     if mcp is None:
         _log.info("MCP relay disabled (--no-mcp)")
         return None

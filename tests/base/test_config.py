@@ -6,11 +6,13 @@ import io
 import os
 import sys
 import tempfile
+from typing import Any
 
+from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import TestCase
 
 from relayd.base.config import CONFIG_FILE, ConfigError, Setting, is_loopback_endpoint, positive_int, resolve
-from relayd.tap import Options, all_settings
+from relayd.tap import Options, all_settings, main, makeService
 from tests.support.cases import cases, expand
 
 TABLE = [
@@ -196,6 +198,50 @@ class ConfigFileTests(TestCase):
             "  aep-max-body = 2048  (AEP_MAX_BODY)",
         ]
         assert "sekrit" not in out.getvalue()
+
+    @cases(
+        mcp_cors_any_and_a_list=(
+            {"mcp-cors": ["*", "https://a.example"]},
+            "relayd: error: --mcp-cors: * (any origin) cannot be combined with specific origins\n",
+        ),
+        broker_on_a_public_listener_without_tls=(
+            {"broker-nostr-relay": "ws://127.0.0.1:7777", "broker-listen": ["tcp:8790:interface=0.0.0.0"]},
+            "relayd: error: --broker-listen: 'tcp:8790:interface=0.0.0.0' is neither loopback nor TLS; the "
+            "broker serves bearer credentials only over loopback or TLS\n",
+        ),
+        allow_host_any_and_a_name=(
+            {"allow-host": ["*", "relay.example"]},
+            "relayd: error: --allow-host: * (any host) cannot be combined with host names\n",
+        ),
+    )
+    def test_check_config_refuses_what_a_start_refuses_in_the_same_words(self, flags: dict[str, Any], line: str) -> None:
+        """Issue 26: each option valid alone, the combination refused: --check-config says what a
+        start says (tap.check_combinations runs the wings' own checks: one copy), exit status 2."""
+        argv = [arg for name, values in flags.items() for value in ([values] if isinstance(values, str) else values)
+                for arg in (f"--{name}", value)]
+        err = io.StringIO()
+        self.patch(sys, "stderr", err)
+        with self.assertRaises(SystemExit) as exit:
+            Options(environ={}).parseOptions([*argv, "--check-config"])
+        assert (exit.exception.code, err.getvalue()) == (2, line)
+        # A start (makeService, through each wing's make_wing) refuses it in the same words.
+        options = Options(environ={})
+        options.settings = resolve(all_settings(), flags, {})
+        err.seek(0)
+        err.truncate()
+        with self.assertRaises(SystemExit) as start:
+            makeService(options, reactor=MemoryReactorClock())  # (what it builds is never started)
+        assert (start.exception.code, err.getvalue()) == (2, line)
+
+    def test_relayd_check_config_file_is_check_config_of_that_file(self) -> None:
+        path = self.write("aep-buffer = 123\n")
+        out = io.StringIO()
+        self.patch(sys, "stdout", out)
+        with self.assertRaises(SystemExit) as exit:
+            main(["check-config", path, "--no-mcp"])
+        assert exit.exception.code == 0
+        assert out.getvalue().splitlines()[0] == "relayd: configuration OK"
+        assert f"  aep-buffer = 123  ({path}: aep-buffer)" in out.getvalue().splitlines()
 
     def test_check_config_of_a_bad_value_is_the_one_line_error(self) -> None:
         err = io.StringIO()

@@ -25,6 +25,7 @@ def settings(flags: dict[str, Any] | None = None, env: dict[str, str] | None = N
     return resolve(SETTINGS, flags or {}, env or {})
 
 
+@expand
 class Settings(unittest.TestCase):
     """A1-A12: defaults, flags, env names, warnings and the errors that name what was wrong."""
 
@@ -63,6 +64,29 @@ class Settings(unittest.TestCase):
         assert cors_policy(s).origins == ("https://a.example",)
         (warning,) = s.warnings
         assert re.search(r"RELAYD_MCP_CORS_ALLOW_ORIGIN.*ignored", warning) and "--mcp-cors" in warning
+
+    @cases(
+        flag=({"mcp-request-timeout": "250"}, {}, "--mcp-request-timeout"),
+        env=({}, {"RELAYD_MCP_REQUEST_TIMEOUT": "250"}, "RELAYD_MCP_REQUEST_TIMEOUT"),
+    )
+    def test_the_request_timeouts_old_name_still_works_with_one_warning(
+        self, flags: dict[str, Any], env: dict[str, str], origin: str
+    ) -> None:
+        """Issue 26: --mcp-request-timeout was in milliseconds without saying so; it is now
+        --mcp-request-timeout-ms, and the old name a deprecated alias."""
+        s = settings(flags, env)
+        assert s["mcp-request-timeout-ms"] == 250 and s.sources["mcp-request-timeout-ms"] == origin
+        assert s.warnings == [f"{origin} is deprecated: use --mcp-request-timeout-ms (the same value and unit); it will be removed"]
+
+    def test_the_new_name_wins_over_the_old_one(self) -> None:
+        s = settings({"mcp-request-timeout-ms": "300"}, {"RELAYD_MCP_REQUEST_TIMEOUT": "250"})
+        assert s["mcp-request-timeout-ms"] == 300
+        (warning,) = s.warnings
+        assert warning.startswith("RELAYD_MCP_REQUEST_TIMEOUT is deprecated and ignored: --mcp-request-timeout-ms is given")
+
+    def test_the_new_name_has_no_warning(self) -> None:
+        s = settings({}, {"RELAYD_MCP_REQUEST_TIMEOUT_MS": "300"})
+        assert (s["mcp-request-timeout-ms"], s.warnings) == (300, [])
 
     def test_a6_flag_equal_to_env_no_warning(self) -> None:
         s = settings({"mcp-cors": ["https://a.example"]}, {"RELAYD_MCP_CORS_ALLOW_ORIGIN": "https://a.example"})
@@ -150,9 +174,9 @@ class CommandLine(unittest.TestCase):
     def test_invalid_configuration_exits_2_before_listening(self) -> None:
         exit_ = self.assertRaises(SystemExit, tap.Options(environ={"RELAYD_MCP_CORS_ALLOW_ORIGIN": "null"}).parseOptions, [])
         assert exit_.code == 2
+        # A combination (each value valid alone) is refused with the options too (tap.check_combinations).
         options = tap.Options(environ={})
-        options.parseOptions(["--mcp-cors", "*", "--mcp-cors", "https://a.example", "--no-aep"])
-        exit2 = self.assertRaises(SystemExit, tap.makeService, options, reactor)
+        exit2 = self.assertRaises(SystemExit, options.parseOptions, ["--mcp-cors", "*", "--mcp-cors", "https://a.example", "--no-aep"])
         assert exit2.code == 2
 
     @cases(

@@ -7,11 +7,16 @@ process's memory per idle stream, the official SDKs)."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.task import deferLater
 
 from tests.support.http import Reply
 from tests.support.inmemory import Connection, InMemoryEndpointCase
-from tests.support.mcp import AUTH, INIT, SESSION, TOKEN, McpRelayCase, initialized
+from tests.support.mcp import AUTH, INIT, SESSION, TOKEN, McpRelayCase, disconnect, initialized
 from tests.support.mcp_clients import MODERN, SimulatedPage, compact
 from tests.support.sse import Message, SSEClient
 
@@ -147,7 +152,7 @@ class OriginPolicy(InMemoryEndpointCase):
 
 
 class Timeout(InMemoryEndpointCase):
-    flags = {"mcp-request-timeout": "300"}
+    flags = {"mcp-request-timeout-ms": "300"}
     silent = frozenset({"tools/call"})
 
     def test_unanswered_request_gets_json_rpc_error_and_page_is_told(self) -> None:
@@ -165,6 +170,61 @@ class Timeout(InMemoryEndpointCase):
         call, cancelled = self.page.seen[2:4]
         assert cancelled["method"] == "notifications/cancelled"
         assert cancelled["params"]["requestId"] == call["id"]
+
+
+class PageGone(EndpointCase):
+    """Issue 26: a call to a session whose page has gone (its tab closed: the inbound stream dropped
+    and not back) is answered within 2 s with an error saying so, not after the request time-out."""
+
+    async def page_leaves(self) -> None:
+        await disconnect(self.page.stream)
+        # The relay has seen the stream end once it no longer lists an inbound reader.
+        while await self.tunnel.store.subscribers(SESSION, "inbound"):
+            await deferLater(reactor, 0.01, lambda: None)
+
+    async def test_a_call_without_a_page_fails_at_once_with_a_clear_error(self) -> None:
+        sid = await self.initialize()
+        await self.page_leaves()
+        started = time.monotonic()
+        reply = await self.mcp({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "x"}}, sid=sid)
+        elapsed = time.monotonic() - started
+        assert reply.code == 200, reply.body
+        error = reply.json()["error"]
+        assert reply.json()["id"] == 7 and error["code"] == -32005, reply.body
+        assert "no page is hosting this session" in error["message"]
+        assert elapsed < 2.0, elapsed
+        # A new client's initialize is answered the same way.
+        reply = await self.mcp(INIT)
+        assert reply.json()["error"]["code"] == -32005, reply.body
+
+    async def test_a_pending_call_fails_within_2_seconds_when_the_page_goes(self) -> None:
+        self.page.silent = frozenset({"tools/call"})
+        sid = await self.initialize()
+        call = Deferred.fromCoroutine(
+            self.mcp({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "x"}}, sid=sid)
+        )
+        await self.page.next_seen(3)  # (initialize, notifications/initialized, then the call)
+        started = time.monotonic()
+        await disconnect(self.page.stream)  # the tab closes with the call in its hands
+        reply = await call
+        assert time.monotonic() - started < 2.0, time.monotonic() - started
+        assert reply.json()["id"] == 9 and reply.json()["error"]["code"] == -32005, reply.body
+
+    async def test_a_page_that_comes_back_within_the_grace_answers(self) -> None:
+        sid = await self.initialize()
+        await self.page_leaves()
+        call = Deferred.fromCoroutine(
+            self.mcp({"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {"name": "x"}}, sid=sid)
+        )
+        await deferLater(reactor, 0.2, lambda: None)
+        assert not call.called
+        self.page = SimulatedPage(self, SESSION, silent=frozenset({"tools/call"}))
+        await self.page.start()  # (the call waited in the backlog for the first reader)
+        asked = await self.page.next_seen(1)
+        assert asked["method"] == "tools/call"
+        await self.page.send({"jsonrpc": "2.0", "id": asked["id"], "result": {"content": []}})
+        reply = await call
+        assert reply.json() == {"jsonrpc": "2.0", "id": 8, "result": {"content": []}}, reply.body
 
 
 class UnregisterWhilePending(InMemoryEndpointCase):

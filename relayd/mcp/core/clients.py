@@ -43,6 +43,10 @@ class EndpointConfig:
     """The endpoint's bounds and timings (flags in C{relayd.mcp.config})."""
 
     request_timeout_ms: float = 60_000
+    # A request forwarded while no page reads the session gets this long for one to (re)connect
+    # (a reload, a relayd restart) before it is answered with NO_PAGE instead of waiting for the
+    # request timeout; the page's EventSource comes back within its 2 s retry.
+    page_grace_ms: float = 1_000
     client_idle_ms: float = 1_800_000
     max_clients: int = 10_000
     clients_per_session: int = 64
@@ -92,7 +96,7 @@ _NO_PENDING: Final = _NoPending()
 class Pending:
     """One forwarded request awaiting the page's answer, and the transport's L{Reply} to its client."""
 
-    __slots__ = ("client", "key", "raw_id", "reply", "timer", "forwarded", "progress", "settled")
+    __slots__ = ("client", "key", "raw_id", "reply", "timer", "forwarded", "progress", "settled", "looking")
 
     def __init__(self, client: Client, key: bytes, reply: Reply | None) -> None:
         self.client = client
@@ -103,6 +107,7 @@ class Pending:
         self.forwarded: Any = None
         self.progress: bytes | None = None
         self.settled = False
+        self.looking = False  # waiting out the grace for a page (wait_for_page)
 
     def settle(self) -> None:
         """Count this request out of its session's pending total (once)."""
@@ -126,15 +131,64 @@ class Pending:
         elif reply is not None:
             reply.answer(raw)
 
-    def expire(self) -> None:
-        """The page did not answer in time: a JSON-RPC error, and the page is told to stop."""
+    def expire(
+        self, code: int = standard.REQUEST_TIMEOUT, message: str = "the page did not answer in time", reason: str = "timeout"
+    ) -> None:
+        """The page did not answer in time: a JSON-RPC error, and the page is told to stop (C{reason})."""
         self.timer = None
         client = self.client
         if client.take_pending(self.key) is None:
             return
         client.forget_progress(self)
-        self.answer(standard.error_for(self.raw_id, standard.REQUEST_TIMEOUT, "the page did not answer in time"))
-        client.cancel_at_page(self, "timeout")
+        self.answer(standard.error_for(self.raw_id, code, message))
+        client.cancel_at_page(self, reason)
+
+    def page_left(self) -> None:
+        """A page reader of the session went away while this was pending: look for a page after
+        the grace (the rest of the time-out still stands if one comes back)."""
+        if self.looking:
+            return  # (already looking: its time-out's rest is kept)
+        clock = self.client.clients.clock
+        timer = self.timer
+        rest = None if timer is None or not timer.active() else max(0.0, timer.getTime() - clock.seconds())
+        self.wait_for_page(rest)
+
+    def wait_for_page(self, timeout: float | None) -> None:
+        """Forwarded while no page read the session: look again after the grace, then answer
+        L{standard.NO_PAGE} if there is still none, else wait out the rest of C{timeout} (C{None}: no
+        time-out, a listen stream)."""
+        clock = self.client.clients.clock
+        grace = self.client.clients.config.page_grace_ms / 1000
+        clock.cancel(self.timer)
+        rest = None if timeout is None else max(0.0, timeout - grace)
+        self.looking = True
+        self.timer = clock.call_later(grace, self._look_for_page, rest)
+
+    def _look_for_page(self, rest: float | None) -> None:
+        self.timer = None
+        self.looking = False
+        client = self.client
+        if client.pending.get(self.key) is not self:
+            return  # answered meanwhile (the page came back and answered)
+        clients = client.clients
+
+        def looked(hosted: bool) -> None:
+            if client.pending.get(self.key) is not self:
+                return
+            if not hosted:
+                # (The request waits in the session's backlog: a page that comes back gets it, then
+                # this cancellation, and must not act on it.)
+                self.expire(standard.NO_PAGE, standard.NO_PAGE_MESSAGE, "no page was reading the session")
+            elif rest is not None:
+                self.timer = clients.clock.call_later(rest, self.expire)
+
+        def failed(failure: Any) -> None:
+            # The store did not answer: keep waiting for the page's answer (the time-out still ends it).
+            if rest is not None and client.pending.get(self.key) is self:
+                self.timer = clients.clock.call_later(rest, self.expire)
+            clients.tunnel.log_failure(failure, "looking for an MCP session's page failed")
+
+        clients.tunnel.hosted(client.session).addCallbacks(looked, failed)
 
     def abandoned(self, _: object = None) -> None:
         """The client closed the POST before the answer (for a one-exchange session, that is its
@@ -400,6 +454,7 @@ class Clients:
         # Event ids are "<tag>-<n>": a Last-Event-ID from another instance's numbering is not ours.
         self.tag = secrets.token_hex(3).encode("ascii")
         self._last_reap = clock.seconds()
+        tunnel.page_listeners.append(self.page_left)
 
     def event_id(self, n: int) -> bytes:
         return self.tag + b"-%d" % n
@@ -454,6 +509,16 @@ class Clients:
             for client, exists in zip(active, alive, strict=True):
                 if not exists:
                     client.close(shared=False)
+
+    def page_left(self, session: str) -> None:
+        """A page reader of C{session} on this process went away: its pending requests answer
+        L{standard.NO_PAGE} after the grace unless a page reads the session again by then."""
+        if not self.pending_per_session.get(session):
+            return  # (the scan below only for a session with requests in flight)
+        for client in list(self.clients.values()):
+            if client.session == session:
+                for pending in list(client.pending.values()):
+                    pending.page_left()
 
     def release(self, session: str) -> None:
         """One pending request of C{session} is settled."""

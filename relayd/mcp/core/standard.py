@@ -33,6 +33,12 @@ SESSION_ENDED = -32002
 TOO_MANY_PENDING = -32003
 # The store was sent the request and did not answer in time: it may have reached the page.
 OUTCOME_UNKNOWN = -32004
+# No page reads the session (its tab was closed, or it has not come back after a restart).
+NO_PAGE = -32005
+NO_PAGE_MESSAGE = (
+    "no page is hosting this session: its tab was closed or lost its connection; open the page "
+    "(the demo page keeps its session URL and token) and call again"
+)
 
 # A rewritten progress token: this prefix, the client's label tag, ":" and the original token's JSON.
 TOKEN_PREFIX = "relayd:"

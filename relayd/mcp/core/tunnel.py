@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hmac
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import count
 from typing import Any
@@ -116,6 +117,9 @@ class TunnelRelay:
         self._orphans: list[SubscriberRecord] = []
         self._reaper: Any = None
         self.draining = False
+        # Told the session id when one of this process's page readers (inbound) goes away: the
+        # standard endpoint's pending requests look for a page then (Clients.page_left).
+        self.page_listeners: list[Callable[[str], None]] = []
         self.bus.start(self)
 
     # lifecycle ---------------------------------------------------------------------------------
@@ -180,7 +184,18 @@ class TunnelRelay:
 
     def forward_frame(self, session_id: str, token: str, frame: Frame | None, label: str | None = None) -> Deferred[Frame]:
         """L{forward} of a frame its caller has parsed already (C{None}: not a valid frame)."""
+        return self.forward_to_page(session_id, token, frame, label).addCallback(lambda sent: sent[0])
+
+    def forward_to_page(
+        self, session_id: str, token: str, frame: Frame | None, label: str | None = None
+    ) -> Deferred[tuple[Frame, bool]]:
+        """L{forward_frame}, firing with the frame and whether a page was reading the session
+        (C{False}: nobody reads C{inbound}, the frame waits in the first-frame backlog)."""
         return run(self._inbox(session_id, token, frame, label)).addCallback(_counted, _INBOUND)
+
+    def hosted(self, session_id: str) -> Deferred[bool]:
+        """Whether a page reads the session's C{inbound} direction (an SSE stream or a poller)."""
+        return self.store.subscribers(session_id, INBOUND).addCallback(bool)
 
     def outbox(self, session_id: str, token: str, body: bytes) -> Deferred[None]:
         """The page's frame for the agents (fans out on C{outbound}, replies scoped by label)."""
@@ -369,7 +384,7 @@ class TunnelRelay:
         # One store round trip: look up, compare and slide the TTL together.
         return await self.store.check_session(session_id, token_hash(token), self._now())
 
-    async def _inbox(self, session_id: str, token: str, frame: Frame | None, label: str | None) -> Frame:
+    async def _inbox(self, session_id: str, token: str, frame: Frame | None, label: str | None) -> tuple[Frame, bool]:
         if not session_id or not token:
             raise Refused("invalid_token_or_frame")
         key: bytes | None = None
@@ -399,13 +414,13 @@ class TunnelRelay:
                 subscribers = None  # read again: the correlation took a round trip of its own
             recorded = label is not None
         try:
-            await self._fan_out(session_id, INBOUND, frame, subscribers=subscribers)
+            read = await self._fan_out(session_id, INBOUND, frame, subscribers=subscribers)
         except Refused:
             if recorded:
                 # Not delivered: nothing will answer this request, so do not keep its reply route.
                 await self.store.consume_correlation(session_id, frame.id_key)
             raise
-        return frame
+        return frame, read
 
     async def _correlate(self, session_id: str, frame: Frame, label: str | None) -> Frame:
         """A request whose id another pending request holds (docs/decisions.md MCP-6): a fresh id,
@@ -492,17 +507,19 @@ class TunnelRelay:
         frame: Frame,
         posted: bool = True,
         subscribers: list[SubscriberRecord] | None = None,
-    ) -> None:
+    ) -> bool:
         """Deliver to every subscriber of a direction (C{subscribers}: already read with the post);
-        a posted frame nobody reads yet is backlogged."""
+        a posted frame nobody reads yet is backlogged. Whether anybody read the direction."""
         if subscribers is None:
             subscribers = await self.store.subscribers(session_id, direction)
         if subscribers:
             await self._deliver(subscribers, frame, posted)
-        elif posted:
+            return True
+        if posted:
             # docs/decisions.md MCP-1: hold it for the first subscriber instead of dropping it.
             await self._admit(len(frame.raw))
             await self.store.append_backlog(session_id, direction, frame.raw, self.config.backlog_frames)
+        return False
 
     async def _admit(self, needed: int) -> None:
         """Refuse (before any of it is stored) a frame that would take the buffered total over the bound."""
@@ -601,6 +618,13 @@ class TunnelRelay:
             raise
         if removed is not None and record.direction == OUTBOUND and announce:
             await self._announce(record.session, PEER_LEFT, record.id)
+        if removed is not None and record.direction == INBOUND:
+            self._page_left(record.session)
+
+    def _page_left(self, session_id: str) -> None:
+        if not self.draining:  # (draining answers every pending request anyway)
+            for listener in self.page_listeners:
+                listener(session_id)
 
     async def _poll_begin(
         self,
@@ -741,5 +765,7 @@ class TunnelRelay:
             removed = await store.remove_subscriber(sub.session, sub.direction, sub.id)
             if removed is not None and sub.direction == OUTBOUND:
                 await self._announce(sub.session, PEER_LEFT, sub.id)
+            if removed is not None and sub.direction == INBOUND:
+                self._page_left(sub.session)
 
 

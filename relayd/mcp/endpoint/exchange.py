@@ -218,10 +218,13 @@ class Exchange:
         clients.pending_per_session[session] = clients.pending_per_session.get(session, 0) + 1
         if reply is not None:
             request.notifyFinish().addErrback(pending.abandoned)
-        if message.get("method") != _LISTEN:
-            pending.timer = clients.clock.call_later(config.request_timeout_ms / 1000, pending.expire)
+        timeout = None if message.get("method") == _LISTEN else config.request_timeout_ms / 1000
+        if timeout is not None:
+            pending.timer = clients.clock.call_later(timeout, pending.expire)
         try:
-            frame = await self.tunnel.forward_frame(session, client.token, intake.request_frame(message), client.label)
+            frame, read = await self.tunnel.forward_to_page(
+                session, client.token, intake.request_frame(message), client.label
+            )
         except Exception:
             pending.settle()
             client.take_pending(key)
@@ -231,6 +234,8 @@ class Exchange:
                 client.close()
             raise
         pending.forwarded = frame.message.get("id")
+        if not read and client.pending.get(key) is pending:
+            pending.wait_for_page(timeout)  # no page reads the session: answer soon if none comes back
         return ACCEPTED if reply is None else None
 
     async def notify(self, session: str, token: str, label: str | None, intake: Intake) -> Answer:

@@ -20,9 +20,14 @@ class Echo(Resource):
         return b"echo\n"
 
 
+def configured(settings: Resolved) -> EchoConfig | None:
+    """The echo wing's configuration, or C{None} without C{--echo-listen} (it refuses nothing)."""
+    return EchoConfig.from_settings(settings)
+
+
 def make_wing(plumbing: Plumbing, settings: Resolved) -> HTTPWingService | None:
     """The echo wing, or C{None} without C{--echo-listen}."""
-    config = EchoConfig.from_settings(settings)
+    config = configured(settings)
     if config is None:
         return None
     site = RelaySite(Echo(), settings=plumbing.site, relay="echo")
