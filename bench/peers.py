@@ -68,6 +68,12 @@ class Scenario:
     pick: tuple[tuple[str, Any], ...] = ()  # which JSON line, when the scenario prints several
     compare_with: str | None = None  # another scenario whose peer medians the ratios use
     extra: tuple[str, ...] = field(default=())  # more figures to show
+    # relayd alone against a figure (no peer has an MCP endpoint): the most (or with at_least the
+    # least) the metric may be.
+    limit: float | None = None
+    at_least: bool = False
+    script: str = "aep.py"
+    args: tuple[str, ...] = ()
 
 
 INGEST_ENV = (("AEP_BUFFER", "1000"), ("AEP_MAX_SESSIONS", "64"))
@@ -97,6 +103,17 @@ SCENARIOS = [
              extra=("events_per_s",)),
     Scenario("idle", "idle SSE connection (5 000 held)", "kb_per_connection", "KB", "≤ 0.5× Nchan", "nchan", 0.5,
              pick=(("connections", 5000),)),
+]
+
+MCP_SCENARIOS = [  # --mcp: relayd's MCP endpoint (issue 24 target 6; no peer has one)
+    Scenario("rt-endpoint", "MCP endpoint, 100 Streamable HTTP clients, closed loop", "round_trips_per_s",
+             "round trips/s", "≥ 4 000/s", limit=4000, at_least=True, sides=("relayd",), script="mcp.py",
+             extra=("server_cpu_per_rt_us", "p99_ms")),
+    Scenario("latency-endpoint", "MCP endpoint, 100 clients paced to 2 000 round trips/s", "p99_ms", "ms p99",
+             "≤ 10 ms", limit=10, sides=("relayd",), script="mcp.py", args=("--rate", "2000"),
+             extra=("round_trips_per_s", "server_cpu_per_rt_us")),
+    Scenario("rt-endpoint-cpu", "MCP endpoint, server CPU per round trip (rt-endpoint)", "server_cpu_per_rt_us",
+             "µs/round trip", "≤ 250 µs", limit=250, sides=("relayd",), script="mcp.py"),
 ]
 
 FLOORS = ("floor-protocol", "floor-web")  # bench/http_floor.py, on sdk and single with --floors
@@ -206,7 +223,7 @@ def floor_command(mode: str) -> str:
 
 def run_one(scenario: Scenario, side: str, commands: dict[str, str], seconds: float) -> dict[str, Any] | None:
     """One run of bench/aep.py; the scenario's result line, or None when it failed (said on stderr)."""
-    argv = [sys.executable, str(AEP), scenario.name, "--seconds", str(seconds)]
+    argv = [sys.executable, str(BENCH / scenario.script), scenario.name, "--seconds", str(seconds), *scenario.args]
     if side == "node":
         argv += ["--target-cmd", node_command(Path(commands["node"]), scenario)]
     elif side != "relayd":
@@ -218,7 +235,15 @@ def run_one(scenario: Scenario, side: str, commands: dict[str, str], seconds: fl
         sys.stderr.write(f"{scenario.name} on {side} failed ({done.returncode}):\n{done.stderr[-3000:]}\n")
         return None
     result: dict[str, Any] = lines[-1]
+    for key, value in result.items():
+        if isinstance(value, list) and len(value) == 1:  # bench/mcp.py: one figure per instance
+            result[key] = value[0]
     return result
+
+
+def source(scenario: Scenario) -> str:
+    """The scenario whose runs a row reads (rt-endpoint-cpu is a second figure of rt-endpoint's)."""
+    return scenario.name.removesuffix("-cpu")
 
 
 def median(values: list[float]) -> float | None:
@@ -233,6 +258,10 @@ def fmt(value: float | None) -> str:
 
 def verdict(scenario: Scenario, ratios: dict[str, float | None], relayd: float | None,
             extras: dict[str, float | None]) -> str:
+    if scenario.limit is not None:
+        if relayd is None:
+            return "not measured"
+        return "met" if (relayd >= scenario.limit if scenario.at_least else relayd <= scenario.limit) else "missed"
     if scenario.against is None or scenario.bound is None:
         return ""
     ratio = ratios.get(scenario.against)
@@ -253,13 +282,13 @@ def table(results: dict[tuple[str, str], list[dict[str, Any]]], scenarios: list[
     rows = ["| scenario | unit | " + " | ".join(sides) + " | relayd/Node | relayd/Nchan | target | verdict |",
             "|---|---|" + "---|" * len(sides) + "---|---|---|---|"]
     medians: dict[tuple[str, str], float | None] = {}
-    for s in SCENARIOS:
+    for s in SCENARIOS + MCP_SCENARIOS:
         for side in ("relayd", "node", "nchan", *FLOORS):
-            medians[s.name, side] = median([r[s.metric] for r in results.get((s.name, side), [])])
+            medians[s.name, side] = median([r[s.metric] for r in results.get((source(s), side), [])])
     for s in scenarios:
         cells = []
         for side in sides:
-            runs = [r[s.metric] for r in results.get((s.name, side), [])]
+            runs = [r[s.metric] for r in results.get((source(s), side), [])]
             cells.append(f"{fmt(median(runs))} ({', '.join(fmt(v) for v in runs)})" if runs else "n/a")
         base = s.compare_with or s.name
         relayd = medians[s.name, "relayd"]
@@ -267,7 +296,7 @@ def table(results: dict[tuple[str, str], list[dict[str, Any]]], scenarios: list[
         for peer in ("node", "nchan"):
             other = medians.get((base, peer))
             ratios[peer] = relayd / other if relayd is not None and other else None
-        extras = {k: median([r[k] for r in results.get((s.name, "relayd"), []) if k in r]) for k in s.extra}
+        extras = {k: median([r[k] for r in results.get((source(s), "relayd"), []) if k in r]) for k in s.extra}
         rows.append(f"| {s.label} | {s.unit} | " + " | ".join(cells)
                     + f" | {fmt(ratios['node'])} | {fmt(ratios['nchan'])} | {s.target} | "
                     + f"{verdict(s, ratios, relayd, extras)} |")
@@ -282,10 +311,26 @@ def extras_table(results: dict[tuple[str, str], list[dict[str, Any]]], scenarios
         for key in s.extra:
             cells = []
             for side in sides:
-                values = [r[key] for r in results.get((s.name, side), []) if key in r]
+                values = [r[key] for r in results.get((source(s), side), []) if key in r]
                 cells.append(fmt(median(values)) if values else "n/a")
             rows.append(f"| {s.name} | {key} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def read_runs(path: Path) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """The runs of a C{--json} file, by (scenario, side), in their order."""
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for line in path.read_text().splitlines():
+        run = json.loads(line)
+        results.setdefault((run["scenario"], run["side"]), []).append(run)
+    return results
+
+
+def print_tables(results: dict[tuple[str, str], list[dict[str, Any]]], scenarios: list[Scenario],
+                 sides: list[str]) -> None:
+    print(table(results, scenarios, sides))
+    print()
+    print(extras_table(results, scenarios, sides))
 
 
 def main() -> None:
@@ -298,18 +343,27 @@ def main() -> None:
     parser.add_argument("--sides", default="relayd,node,nchan", help="comma-separated: relayd, node, nchan")
     parser.add_argument("--floors", action="store_true",
                         help="also bench/http_floor.py's protocol and web floors on sdk and single")
+    parser.add_argument("--mcp", action="store_true", help="also relayd's MCP endpoint (bench/mcp.py rt-endpoint, "
+                        "latency-endpoint --rate 2000; target 6), relayd alone")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="per timed scenario run")
     parser.add_argument("--json", metavar="FILE", help="append every run's result here as JSON lines")
+    parser.add_argument("--from-json", metavar="FILE", help="run nothing: print the tables of the runs in FILE "
+                        "(written by --json)")
     args = parser.parse_args()
-    known = {s.name: s for s in SCENARIOS}
+    known = {s.name: s for s in SCENARIOS + MCP_SCENARIOS}
     unknown = [name for name in args.scenarios if name not in known]
     if unknown:
         parser.error(f"unknown scenarios {unknown}; known: {', '.join(known)}")
-    scenarios = [known[name] for name in args.scenarios] if args.scenarios else SCENARIOS
+    scenarios = [known[name] for name in args.scenarios] if args.scenarios else list(SCENARIOS)
+    if args.mcp:
+        scenarios += [s for s in MCP_SCENARIOS if s not in scenarios]
     sides = [side.strip() for side in args.sides.split(",") if side.strip()]
     if set(sides) - {"relayd", "node", "nchan"}:
         parser.error("--sides takes relayd, node and nchan")
+    if args.from_json:
+        print_tables(read_runs(Path(args.from_json)), scenarios, sides + (list(FLOORS) if args.floors else []))
+        return
     workdir = Path(tempfile.mkdtemp(prefix="relayd-peers-"))
     commands: dict[str, str] = {}
     try:
@@ -326,6 +380,8 @@ def main() -> None:
         started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         for r in range(args.rounds):
             for s in scenarios:
+                if source(s) != s.name:
+                    continue  # another figure of a scenario that runs anyway
                 order = [side for side in every if side in s.sides
                          or (side in FLOORS and s.name in ("sdk", "single"))]
                 order = order[r % len(order):] + order[: r % len(order)]  # rotate: each side goes first in turn
@@ -341,9 +397,7 @@ def main() -> None:
                             out.write(line + "\n")
         print(f"\n{args.rounds} rounds from {started}, load average now "
               f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; medians (the runs in order)\n")
-        print(table(results, scenarios, every))
-        print()
-        print(extras_table(results, scenarios, every))
+        print_tables(results, scenarios, every)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
