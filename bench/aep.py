@@ -449,7 +449,7 @@ def hold_main(port: int, subscriptions: int) -> None:
     # At least nine connections, so a session's nine WebSocket subscriptions are on nine
     # connections whether the others are held or not (the same delivery work either way).
     conns = max(min(len(ws_subs), INDEX_SSE_EVERY - 1), -(-len(ws_subs) // INDEX_PER_WS))
-    socks = []
+    socks: list[socket.socket] = []
 
     def opened(i: int) -> socket.socket:
         s = socket.socket()
@@ -467,7 +467,7 @@ def hold_main(port: int, subscriptions: int) -> None:
 
     # SSE streams a listen backlog's worth at a time (a full accept queue drops SYNs for a second).
     for start in range(0, sessions, 40):
-        batch = []
+        batch: list[socket.socket] = []
         for n in range(start, min(sessions, start + 40)):
             s = opened(len(socks) + len(batch))
             flt = "%7B%22session%22%3A%22s" + str(n) + "%22%7D"
@@ -780,6 +780,7 @@ async def scenario_fanout(subscribers: int, transport: str, rate: float, seconds
         subs: list[Any] = []
         tasks = []
         for _ in range(timed):
+            sub: SSESubscriber | WSPeer
             if transport == "sse":
                 sub = SSESubscriber(timed=True)
                 ready = asyncio.Event()
@@ -945,7 +946,7 @@ def ndjson_of(events: list[dict[str, Any]]) -> bytes:
     return b"".join(json.dumps(e, separators=(",", ":")).encode() + b"\n" for e in events)
 
 
-async def one_session_cpu(server: Server, events: int) -> tuple[float, float]:
+async def one_session_cpu(server: Any, events: int) -> tuple[float, float]:
     """Server CPU seconds per event posted to session s0 in batches of 100, less what the same
     wall time costs idle (heartbeats of the held connections): (per event, idle share).
 
@@ -1002,14 +1003,14 @@ def gc_log(keep: bool) -> None:
     os.environ["BENCH_EXTRA_PATH"] = os.pathsep.join(filter(None, [os.environ.get("BENCH_EXTRA_PATH"), where]))
 
 
-def gc_passes(server: Server, start: float, end: float) -> dict[str, float]:
+def gc_passes(server: Any, start: float, end: float) -> dict[str, float]:
     """The longest collector pass of C{server} between two wall times (ms of wall and of CPU)."""
     where = os.environ.get("BENCH_GC_DIR")
     if not where:
         return {}
     path = Path(where, f"{server.proc.pid}.log")
-    passes = [line.split() for line in (path.read_text().splitlines() if path.exists() else [])]
-    passes = [(float(w), float(c)) for t, _, w, c in passes if start <= float(t) <= end]
+    lines = [line.split() for line in (path.read_text().splitlines() if path.exists() else [])]
+    passes = [(float(w), float(c)) for t, _, w, c in lines if start <= float(t) <= end]
     return {"gc_max_wall_ms": max((w for w, _ in passes), default=0.0),
             "gc_max_cpu_ms": max((c for _, c in passes), default=0.0),
             "gc_passes_over_50ms": sum(1 for w, _ in passes if w > 50)}
@@ -1033,7 +1034,7 @@ def fanout_over(metrics_port: int, seconds: float) -> tuple[int, int]:
     return int(total), int(total - float(buckets[repr(seconds)]))
 
 
-async def across_sessions(server: Server, sessions: int, seconds: float) -> dict[str, float]:
+async def across_sessions(server: Any, sessions: int, seconds: float) -> dict[str, float]:
     """1000 events/s across every session (10 events per 10 ms, each to another session) while a
     probe process pings the relay every 5 ms: the round trips, the server's CPU share, and how
     many batches' fan-out took over 10 / 50 ms (server-side, from relayd_fanout_seconds)."""
@@ -1075,7 +1076,7 @@ async def scenario_index(subscriptions: int, seconds: float, events: int = 10000
     for label, held in (("alone", INDEX_SSE_EVERY), ("all", subscriptions)):
         metrics = _free_port()
         server = Server(*flags, "--metrics-listen", f"tcp:{metrics}:interface=127.0.0.1")
-        server.metrics = metrics  # type: ignore[attr-defined]
+        server.metrics = metrics
         try:
             t0 = time.perf_counter()
             holder = Holder(server.port, held)
