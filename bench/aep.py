@@ -1299,6 +1299,11 @@ if __name__ == "__main__":
                         "per scenario, listening on 127.0.0.1:{port}; its process group's CPU is measured")
     parser.add_argument("--token", help="bearer token for the relay's HTTP requests")
     args = parser.parse_args()
+    # Stopped (bench/peers.py's time limit, a kill): unwind, so each scenario's finally stops the
+    # relay it started (a --target-cmd relay runs in its own session and would outlive the bench).
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     OtherTarget.url, OtherTarget.pid, OtherTarget.cmd = args.target, args.target_pid, args.target_cmd
     if args.target is not None or args.target_cmd is not None:
         OtherTarget.accepted = b"HTTP/1.1 20"

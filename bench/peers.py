@@ -228,7 +228,14 @@ def run_one(scenario: Scenario, side: str, commands: dict[str, str], seconds: fl
         argv += ["--target-cmd", node_command(Path(commands["node"]), scenario)]
     elif side != "relayd":
         argv += ["--target-cmd", commands[side]]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # bench/aep.py then stops the relay it started
+            stdout, stderr = proc.communicate(timeout=60)
+            stderr += "\n(stopped after 900 s)"
+    done = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     lines = [line for line in lines if all(line.get(k) == v for k, v in scenario.pick)]
     if done.returncode != 0 or not lines:
