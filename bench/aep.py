@@ -21,13 +21,22 @@ session's 10 subscribers, and the longest reactor stall while 1000 events/s go a
 
     python bench/aep.py index --subscriptions 100000 --seconds 10 --gc-log
 
+Issue 24's shapes (bench/peers.py runs them against the peers): sdk (a new connection per event,
+one JSON event per POST with ``Connection: close``, 8 clients, as the official Python SDK's
+``http_sink``), single-xff (single with ``--trust-forwarded-for 1`` and ``X-Forwarded-For``),
+single-redis (single on ``--redis``), fanout-single (fanout-post with one event per POST), storm
+(5000 SSE streams open at once, each filtered to one of 50 sessions and resuming 5 events back:
+wall time until every one has its 5, ``/healthz`` latency meanwhile), storm-backlog511 (the same,
+relayd listening with Node's and nginx's backlog of 511 instead of Twisted's 50).
+
 fanout-post: fan-out from HTTP ingest, 100 events/s in POSTs of 10 to 1000 SSE streams (any AEP
 relay takes it: the streams are counted once a warm-up event reached each, whenever the relay sends
 its headers).
 
 Against another AEP relay (the scenarios that use only HTTP ingest and count deliveries without
-waiting for headers: ingest, single, fanout-post; the others wait for each stream's headers, which
-a relay may send only with its first event), instead of starting relayd:
+waiting for headers: ingest, single, sdk, fanout-post, fanout-single, storm; idle waits for each
+stream's headers, which a relay may send only with its first event; the others need relayd's
+WebSocket or options), instead of starting relayd:
 
     python bench/aep.py ingest --target http://127.0.0.1:8797 --target-pid PID   # started separately
     python bench/aep.py ingest --target-cmd 'cd DIR && AEP_PORT={port} exec node server.cjs'
@@ -58,6 +67,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from relayd_process import RedisProcess, RelaydServer, group_cpu, process_cpu, process_rss_kb, raise_nofile
 
 PAD = "x" * 330  # makes each event about 500 bytes
+# What an EventSource sends; nginx + Nchan tells its subscriber types by it (without, 403).
+SSE_ACCEPT = b"accept: text/event-stream\r\n"
 
 
 # The server ----------------------------------------------------------------------------------
@@ -66,8 +77,9 @@ PAD = "x" * 330  # makes each event about 500 bytes
 class RelaydTarget(RelaydServer):
     """relayd with only the AEP wing, on a free loopback port (C{.port})."""
 
-    def __init__(self, *options: str) -> None:
-        super().__init__("--no-mcp", "--aep-listen", "tcp:0:interface=127.0.0.1", *options)
+    def __init__(self, *options: str, backlog: int | None = None) -> None:
+        listen = "tcp:0:interface=127.0.0.1" + (f":backlog={backlog}" if backlog is not None else "")
+        super().__init__("--no-mcp", "--aep-listen", listen, *options)
         self.port = self.ports["aep"]
 
 
@@ -80,8 +92,11 @@ class OtherTarget:
     url: str | None = None
     pid: int | None = None
     cmd: str | None = None
+    # The status line of an accepted POST: relayd's 202 (checked exactly); another relay any 2xx
+    # (nginx + Nchan answers a publication 201 or 202, by whether it had subscribers).
+    accepted = b"HTTP/1.1 202"
 
-    def __init__(self, *options: str) -> None:
+    def __init__(self, *options: str, backlog: int | None = None) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
         if self.cmd is not None:
             self.port = _free_port()
@@ -130,11 +145,12 @@ class OtherTarget:
         os.unlink(self.log.name)
 
 
-def Server(*options: str) -> Any:
-    """The relay a scenario runs against: relayd (with C{options}), or the C{--target}."""
+def Server(*options: str, backlog: int | None = None) -> Any:
+    """The relay a scenario runs against: relayd (with C{options}; C{backlog}: its listener's, Twisted's
+    50 by default), or the C{--target} (its own)."""
     if OtherTarget.url is not None or OtherTarget.cmd is not None:
         return OtherTarget(*options)
-    return RelaydTarget(*options)
+    return RelaydTarget(*options, backlog=backlog)
 
 
 async def read_response(reader: asyncio.StreamReader) -> bytes:
@@ -168,18 +184,37 @@ def event(session: str, seq: int, **extra: Any) -> dict[str, Any]:
 # Clients -------------------------------------------------------------------------------------
 
 
-async def http_post_loop(port: int, body_for: Any, ctype: str, stop_at: float, counter: list[int], per: int) -> None:
+async def http_post_loop(port: int, body_for: Any, ctype: str, stop_at: float, counter: list[int], per: int,
+                         headers: bytes = b"") -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     n = 0
     while time.perf_counter() < stop_at:
         body = body_for(n)
-        writer.write(b"POST /events HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\ncontent-type: %s\r\n%s"
-                     b"content-length: %d\r\n\r\n" % (ctype.encode(), auth(), len(body)) + body)
+        writer.write(b"POST /events HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\ncontent-type: %s\r\n%s%s"
+                     b"content-length: %d\r\n\r\n" % (ctype.encode(), auth(), headers, len(body)) + body)
         head = await read_response(reader)
-        assert head.startswith(b"HTTP/1.1 202"), head
+        assert head.startswith(OtherTarget.accepted), head
         n += 1
         counter[0] += per
     writer.close()
+
+
+async def http_close_loop(port: int, body_for: Any, ctype: str, stop_at: float, counter: list[int], per: int,
+                          headers: bytes = b"") -> None:
+    """The official AEP Python SDK's C{http_sink}: a new connection for every POST, C{Connection: close}
+    (urllib's request headers, in its order)."""
+    n = 0
+    while time.perf_counter() < stop_at:
+        body = body_for(n)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /events HTTP/1.1\r\nAccept-Encoding: identity\r\nContent-Length: %d\r\nHost: localhost\r\n"
+                     b"User-Agent: Python-urllib/3.11\r\nContent-Type: %s\r\nAep-Version: 0.1\r\n%s%s"
+                     b"Connection: close\r\n\r\n" % (len(body), ctype.encode(), auth(), headers) + body)
+        head = await read_response(reader)
+        assert head.startswith(OtherTarget.accepted), head
+        writer.close()
+        n += 1
+        counter[0] += per
 
 
 class SSESubscriber:
@@ -194,7 +229,7 @@ class SSESubscriber:
 
     async def run(self, port: int, path: str = "/stream", ready: asyncio.Event | None = None) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET %s HTTP/1.1\r\nHost: localhost\r\n%s\r\n" % (path.encode(), auth()))
+        writer.write(b"GET %s HTTP/1.1\r\nHost: localhost\r\n%s%s\r\n" % (path.encode(), SSE_ACCEPT, auth()))
         if not self.lazy:
             await reader.readuntil(b"\r\n\r\n")
         if ready is not None:
@@ -337,7 +372,7 @@ def drain_main(port: int, transport: str, count: int, sessions: int = 1, first: 
         if transport == "sse":
             flt = json.dumps({"session": drain_session(first + c, sessions)}, separators=(",", ":"))
             path = "/stream?filter=" + urllib.parse.quote(flt, safe="")
-            s.sendall(b"GET %s HTTP/1.1\r\nHost: localhost\r\n" % path.encode() + auth() + b"\r\n")
+            s.sendall(b"GET %s HTTP/1.1\r\nHost: localhost\r\n%s" % (path.encode(), SSE_ACCEPT) + auth() + b"\r\n")
         else:
             s.sendall(b"GET /socket HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                       b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
@@ -414,7 +449,7 @@ def hold_main(port: int, subscriptions: int) -> None:
     # At least nine connections, so a session's nine WebSocket subscriptions are on nine
     # connections whether the others are held or not (the same delivery work either way).
     conns = max(min(len(ws_subs), INDEX_SSE_EVERY - 1), -(-len(ws_subs) // INDEX_PER_WS))
-    socks = []
+    socks: list[socket.socket] = []
 
     def opened(i: int) -> socket.socket:
         s = socket.socket()
@@ -432,7 +467,7 @@ def hold_main(port: int, subscriptions: int) -> None:
 
     # SSE streams a listen backlog's worth at a time (a full accept queue drops SYNs for a second).
     for start in range(0, sessions, 40):
-        batch = []
+        batch: list[socket.socket] = []
         for n in range(start, min(sessions, start + 40)):
             s = opened(len(socks) + len(batch))
             flt = "%7B%22session%22%3A%22s" + str(n) + "%22%7D"
@@ -504,6 +539,140 @@ def probe_main(port: int, seconds: float) -> None:
     print(json.dumps(rtts), flush=True)
 
 
+def storm_main(port: int, count: int, sessions: int, replay: int) -> None:
+    """Open C{count} SSE streams at once (non-blocking connects, then one request each as its
+    connection is up), subscriber C{i} filtered to session C{s<i % sessions>} and resuming after its
+    session's position 0:C{(held - replay - 1)} (C{from}); print, as JSON, the wall time until every
+    stream has its C{replay} events (primed) and the percentiles of each stream's own time.
+
+    Written as one epoll loop over plain sockets, so the client's own cost per stream is a few
+    system calls; the streams are left open until standard input closes."""
+    import errno
+    import select
+    import socket
+    import urllib.parse
+
+    held = STORM_HELD
+    requests = []
+    for i in range(count):
+        session = f"s{i % sessions}"
+        flt = urllib.parse.quote(json.dumps({"session": session}, separators=(",", ":")), safe="")
+        position = urllib.parse.quote(json.dumps([{"session": session, "epoch": 0, "seq": held - replay - 1}],
+                                                 separators=(",", ":")), safe="")
+        requests.append(b"GET /stream?filter=%s&from=%s HTTP/1.1\r\nHost: localhost\r\n%s%s"
+                        b"\r\n" % (flt.encode(), position.encode(), SSE_ACCEPT, auth()))
+    sys.stdin.readline()  # go
+    ep = select.epoll()
+    socks: dict[int, socket.socket] = {}
+    which: dict[int, int] = {}
+    seen = [0] * count
+    tails = [b""] * count
+    primed_at = [0.0] * count
+    reconnects = 0
+
+    def open_stream(i: int) -> None:
+        s = socket.socket()
+        s.setblocking(False)
+        err = s.connect_ex(("127.0.0.1", port))
+        if err not in (0, errno.EINPROGRESS):
+            raise SystemExit(f"connect: {os.strerror(err)}")
+        socks[s.fileno()] = s
+        which[s.fileno()] = i
+        seen[i], tails[i] = 0, b""
+        ep.register(s.fileno(), select.EPOLLOUT)
+
+    def reopen(fd: int) -> None:
+        # Reset or closed before it was primed: reconnect, as an EventSource does.
+        nonlocal reconnects
+        reconnects += 1
+        ep.unregister(fd)
+        socks.pop(fd).close()
+        open_stream(which.pop(fd))
+
+    t0 = time.perf_counter()
+    for i in range(count):
+        open_stream(i)
+    left = count
+    buf = bytearray(65536)
+    deadline = t0 + 60
+    while left and time.perf_counter() < deadline:
+        for fd, mask in ep.poll(0.5):
+            s, i = socks[fd], which[fd]
+            if mask & select.EPOLLOUT:
+                if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                    reopen(fd)
+                    continue
+                s.send(requests[i])  # a few hundred bytes into an empty send buffer: all of it
+                ep.modify(fd, select.EPOLLIN)
+                continue
+            try:
+                n = s.recv_into(buf)
+            except OSError:
+                n = 0
+            if not n:
+                if primed_at[i]:
+                    ep.unregister(fd)  # closed after it was primed: the server's business
+                else:
+                    reopen(fd)
+                continue
+            data = tails[i] + bytes(buf[:n])
+            seen[i] += data.count(b"\nid: ")
+            tails[i] = data[-4:]
+            if seen[i] >= replay and not primed_at[i]:
+                primed_at[i] = time.perf_counter() - t0
+                left -= 1
+    wall = time.perf_counter() - t0
+    times = [t for t in primed_at if t]
+    print(json.dumps({"wall_s": wall, "primed": len(times), "stream_p50_s": pct(times, 0.5),
+                      "stream_p99_s": pct(times, 0.99), "reconnects": reconnects}), flush=True)
+    sys.stdin.read()
+    for s in socks.values():
+        s.close()
+
+
+def healthz_main(port: int, interval: float) -> None:
+    """C{GET /healthz} every C{interval} seconds over a keep-alive connection (a new one when the
+    server closes it) until standard input closes; print the latencies (ms) as JSON. A separate
+    process, so the storm's client does not delay the probe."""
+    import socket
+
+    def connected() -> socket.socket:
+        s = socket.create_connection(("127.0.0.1", port))
+        s.settimeout(60)
+        return s
+
+    s = connected()
+    stop = stdin_closed()
+    print("ready", flush=True)
+    latencies = []
+    reconnects = 0
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        try:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            got = b""
+            while b"\r\n\r\n" not in got:
+                chunk = s.recv(4096)
+                if not chunk:
+                    raise ConnectionError
+                got += chunk
+            head, _, body = got.partition(b"\r\n\r\n")
+            found = re.search(rb"\r\ncontent-length: *(\d+)", head.lower())
+            want = int(found.group(1)) if found else 0
+            while len(body) < want:
+                body += s.recv(4096)
+            if b"connection: close" in head.lower():
+                s.close()
+                s = connected()
+        except (ConnectionError, OSError):
+            s.close()
+            s = connected()  # the server closed a kept-alive connection: the new one is timed too
+            reconnects += 1
+        latencies.append((time.perf_counter() - t0) * 1000)
+        time.sleep(interval)
+    print(json.dumps({"latencies": latencies, "reconnects": reconnects}), flush=True)
+
+
 class Holder:
     """The subscriptions of the index scenario, held and drained by a child process."""
 
@@ -555,7 +724,10 @@ def pct(values: list[float], p: float) -> float:
 
 
 async def scenario_ingest(seconds: float, batch: int, extra: tuple[str, ...] = (),
-                          redis: RedisProcess | None = None) -> dict[str, Any]:
+                          redis: RedisProcess | None = None, close: bool = False,
+                          headers: bytes = b"") -> dict[str, Any]:
+    """C{batch} events per POST over 8 keep-alive connections, or with C{close} 8 clients that open
+    a connection per POST (L{http_close_loop}); C{headers} go with every POST. Server CPU per event."""
     server = Server("--aep-buffer", "1000", "--aep-max-sessions", "64", *extra)
     spy = None
     try:
@@ -576,7 +748,8 @@ async def scenario_ingest(seconds: float, batch: int, extra: tuple[str, ...] = (
         cpu0, t0 = server.cpu(), time.perf_counter()
         redis0 = redis.cpu() if redis is not None else 0.0
         stop_at = t0 + seconds
-        await asyncio.gather(*(http_post_loop(server.port, body_for_conn(c), ctype, stop_at, counter, batch)
+        loop = http_close_loop if close else http_post_loop
+        await asyncio.gather(*(loop(server.port, body_for_conn(c), ctype, stop_at, counter, batch, headers)
                                for c in range(8)))
         wall, cpu = time.perf_counter() - t0, server.cpu() - cpu0
         result = {"events": counter[0], "events_per_s": counter[0] / wall,
@@ -607,6 +780,7 @@ async def scenario_fanout(subscribers: int, transport: str, rate: float, seconds
         subs: list[Any] = []
         tasks = []
         for _ in range(timed):
+            sub: SSESubscriber | WSPeer
             if transport == "sse":
                 sub = SSESubscriber(timed=True)
                 ready = asyncio.Event()
@@ -650,11 +824,14 @@ async def post_emit(port: int, rate: float, per: int, seconds: float, session: s
         delay = start + sent / rate - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        body = ndjson_of([event(session, first + sent + i, t=time.time()) for i in range(per)])
+        if per == 1:  # one event, as agents post it
+            body, ctype = json.dumps(event(session, first + sent, t=time.time()), separators=(",", ":")).encode(), b"json"
+        else:
+            body, ctype = ndjson_of([event(session, first + sent + i, t=time.time()) for i in range(per)]), b"x-ndjson"
         writer.write(b"POST /events HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\n%s"
-                     b"content-type: application/x-ndjson\r\ncontent-length: %d\r\n\r\n" % (auth(), len(body)) + body)
+                     b"content-type: application/%s\r\ncontent-length: %d\r\n\r\n" % (auth(), ctype, len(body)) + body)
         head = await read_response(reader)
-        assert head.startswith(b"HTTP/1.1 202"), head
+        assert head.startswith(OtherTarget.accepted), head
         sent += per
     writer.close()
     return sent
@@ -713,18 +890,32 @@ async def scenario_fanout_post(subscribers: int, rate: float, per: int, seconds:
 
 
 async def scenario_idle(connections: int) -> dict[str, Any]:
+    """RSS per idle SSE stream. relayd's streams are counted once their headers arrived; another
+    relay may send its headers only with a first event or heartbeat (the Node reference's come after
+    25 s), so against it the bench waits until its RSS holds still instead."""
     server = Server()
+    lazy = isinstance(server, OtherTarget)
     try:
         await asyncio.sleep(0.5)
         base = server.rss_kb()
         writers = []
         for i in range(connections):
             reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-            writer.write(b"GET /stream HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            writer.write(b"GET /stream HTTP/1.1\r\nHost: localhost\r\n%s\r\n" % SSE_ACCEPT)
             writers.append((reader, writer))
-            if i % 200 == 199:
+            if i % 200 == 199 and not lazy:
                 await asyncio.gather(*(r.readuntil(b"\r\n\r\n") for r, _ in writers[-200:]))
-        await asyncio.gather(*(r.readuntil(b"\r\n\r\n") for r, _ in writers[(connections // 200) * 200:]))
+            elif i % 200 == 199:
+                await asyncio.sleep(0.05)  # a listen backlog's worth at a time
+        if lazy:
+            rss = server.rss_kb()
+            for _ in range(60):  # until two readings a second apart are within 1 %
+                await asyncio.sleep(1.0)
+                rss, before = server.rss_kb(), rss
+                if abs(rss - before) <= before / 100:
+                    break
+        else:
+            await asyncio.gather(*(r.readuntil(b"\r\n\r\n") for r, _ in writers[(connections // 200) * 200:]))
         await asyncio.sleep(1.0)
         rss = server.rss_kb()
         for _, w in writers:
@@ -735,7 +926,7 @@ async def scenario_idle(connections: int) -> dict[str, Any]:
         server.stop()
 
 
-async def post_batches(port: int, batches: list[bytes], rate_per_s: float | None) -> None:
+async def post_batches(port: int, batches: list[bytes], rate_per_s: float | None, ctype: bytes = b"x-ndjson") -> None:
     """POST each NDJSON body in turn on one connection (at C{rate_per_s} bodies/s, or at once)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     start = time.perf_counter()
@@ -745,9 +936,9 @@ async def post_batches(port: int, batches: list[bytes], rate_per_s: float | None
             if delay > 0:
                 await asyncio.sleep(delay)
         writer.write(b"POST /events HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\n%s"
-                     b"content-type: application/x-ndjson\r\ncontent-length: %d\r\n\r\n" % (auth(), len(body)) + body)
+                     b"content-type: application/%s\r\ncontent-length: %d\r\n\r\n" % (auth(), ctype, len(body)) + body)
         head = await read_response(reader)
-        assert head.startswith(b"HTTP/1.1 202"), head
+        assert head.startswith(OtherTarget.accepted), head
     writer.close()
 
 
@@ -755,7 +946,7 @@ def ndjson_of(events: list[dict[str, Any]]) -> bytes:
     return b"".join(json.dumps(e, separators=(",", ":")).encode() + b"\n" for e in events)
 
 
-async def one_session_cpu(server: Server, events: int) -> tuple[float, float]:
+async def one_session_cpu(server: Any, events: int) -> tuple[float, float]:
     """Server CPU seconds per event posted to session s0 in batches of 100, less what the same
     wall time costs idle (heartbeats of the held connections): (per event, idle share).
 
@@ -812,14 +1003,14 @@ def gc_log(keep: bool) -> None:
     os.environ["BENCH_EXTRA_PATH"] = os.pathsep.join(filter(None, [os.environ.get("BENCH_EXTRA_PATH"), where]))
 
 
-def gc_passes(server: Server, start: float, end: float) -> dict[str, float]:
+def gc_passes(server: Any, start: float, end: float) -> dict[str, float]:
     """The longest collector pass of C{server} between two wall times (ms of wall and of CPU)."""
     where = os.environ.get("BENCH_GC_DIR")
     if not where:
         return {}
     path = Path(where, f"{server.proc.pid}.log")
-    passes = [line.split() for line in (path.read_text().splitlines() if path.exists() else [])]
-    passes = [(float(w), float(c)) for t, _, w, c in passes if start <= float(t) <= end]
+    lines = [line.split() for line in (path.read_text().splitlines() if path.exists() else [])]
+    passes = [(float(w), float(c)) for t, _, w, c in lines if start <= float(t) <= end]
     return {"gc_max_wall_ms": max((w for w, _ in passes), default=0.0),
             "gc_max_cpu_ms": max((c for _, c in passes), default=0.0),
             "gc_passes_over_50ms": sum(1 for w, _ in passes if w > 50)}
@@ -843,7 +1034,7 @@ def fanout_over(metrics_port: int, seconds: float) -> tuple[int, int]:
     return int(total), int(total - float(buckets[repr(seconds)]))
 
 
-async def across_sessions(server: Server, sessions: int, seconds: float) -> dict[str, float]:
+async def across_sessions(server: Any, sessions: int, seconds: float) -> dict[str, float]:
     """1000 events/s across every session (10 events per 10 ms, each to another session) while a
     probe process pings the relay every 5 ms: the round trips, the server's CPU share, and how
     many batches' fan-out took over 10 / 50 ms (server-side, from relayd_fanout_seconds)."""
@@ -885,7 +1076,7 @@ async def scenario_index(subscriptions: int, seconds: float, events: int = 10000
     for label, held in (("alone", INDEX_SSE_EVERY), ("all", subscriptions)):
         metrics = _free_port()
         server = Server(*flags, "--metrics-listen", f"tcp:{metrics}:interface=127.0.0.1")
-        server.metrics = metrics  # type: ignore[attr-defined]
+        server.metrics = metrics
         try:
             t0 = time.perf_counter()
             holder = Holder(server.port, held)
@@ -911,6 +1102,59 @@ async def scenario_index(subscriptions: int, seconds: float, events: int = 10000
     return result
 
 
+STORM_HELD = 10  # events held per session before a storm
+
+
+async def scenario_storm(subscribers: int, sessions: int, replay: int, backlog: int | None = None) -> dict[str, Any]:
+    """A subscriber storm: C{sessions} sessions hold L{STORM_HELD} events each (one event per POST);
+    then C{subscribers} SSE streams open at once, each filtered to a session and resuming from a
+    position C{replay} events back (L{storm_main}). The wall time until every stream has its replay
+    (at most 60 s: C{primed} says how many had it), server CPU per stream, and C{GET /healthz} latency
+    meanwhile (one probe every 10 ms). C{backlog}: relayd's listen backlog (Node's and nginx's is 511)."""
+    server = Server(*subscriber_flags(subscribers), backlog=backlog)
+    probe = storm = None
+    try:
+        await wait_ready(server.port)
+        for k in range(sessions):
+            await post_batches(server.port, [json.dumps(event(f"s{k}", n), separators=(",", ":")).encode()
+                                             for n in range(STORM_HELD)], None, ctype=b"json")
+        storm = subprocess.Popen([sys.executable, __file__, "--storm", str(server.port), str(subscribers),
+                                  str(sessions), str(replay)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 preexec_fn=raise_nofile)
+        probe = subprocess.Popen([sys.executable, __file__, "--healthz", str(server.port), "0.01"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert probe.stdin is not None and probe.stdout is not None
+        assert storm.stdin is not None and storm.stdout is not None
+        assert probe.stdout.readline().strip() == b"ready"
+        await asyncio.sleep(0.5)  # a few probes before
+        rss0, cpu0 = server.rss_kb(), server.cpu()
+        storm.stdin.write(b"go\n")
+        storm.stdin.flush()
+        line = await asyncio.get_running_loop().run_in_executor(None, storm.stdout.readline)
+        cpu = server.cpu() - cpu0
+        rss = server.rss_kb()
+        out, _ = probe.communicate(b"", timeout=60)
+        probe = None
+        if not line:
+            raise RuntimeError("the storm's client failed (its error is above)")
+        result = json.loads(line)
+        storm.communicate(b"", timeout=60)
+        storm = None
+        probed = json.loads(out)
+        latencies = probed["latencies"]
+        return {"subscribers": subscribers, "sessions": sessions, "replay": replay, **result,
+                "server_cpu_us_per_stream": cpu / subscribers * 1e6, "kb_per_stream": (rss - rss0) / subscribers,
+                "healthz_probes": len(latencies), "healthz_p50_ms": pct(latencies, 0.5),
+                "healthz_p99_ms": pct(latencies, 0.99), "healthz_max_ms": max(latencies, default=float("nan")),
+                "healthz_reconnects": probed["reconnects"]}
+    finally:
+        for child in (probe, storm):
+            if child is not None:
+                child.kill()
+                child.wait()
+        server.stop()
+
+
 async def wait_ready(port: int) -> None:
     """Until the instance accepts an event (with --redis it answers 503 until Redis is connected)."""
     body = json.dumps(event("ready", 0), separators=(",", ":")).encode()
@@ -920,7 +1164,7 @@ async def wait_ready(port: int) -> None:
                      b"content-length: %d\r\nconnection: close\r\n\r\n" % (auth(), len(body)) + body)
         head = await reader.readuntil(b"\r\n\r\n")
         writer.close()
-        if head.startswith(b"HTTP/1.1 202"):
+        if head.startswith(OtherTarget.accepted):
             return
         await asyncio.sleep(0.05)
     raise RuntimeError("relayd never became ready")
@@ -931,6 +1175,15 @@ async def scenario_cluster_ingest(seconds: float) -> dict[str, Any]:
     redis = RedisProcess()
     try:
         return await scenario_ingest(seconds, 100, ("--redis", redis.url), redis)
+    finally:
+        redis.stop()
+
+
+async def scenario_single_redis(seconds: float) -> dict[str, Any]:
+    """One event per POST on 8 keep-alive connections to an instance on Redis."""
+    redis = RedisProcess()
+    try:
+        return await scenario_ingest(seconds, 1, ("--redis", redis.url), redis)
     finally:
         redis.stop()
 
@@ -992,6 +1245,13 @@ async def main(selected: list[str], seconds: float, subscriptions: int, events: 
         ("fanout-sse", lambda: scenario_fanout(1000, "sse", 500, seconds, 10)),
         ("fanout-ws", lambda: scenario_fanout(100, "ws", 1000, seconds, 2)),
         ("fanout-post", lambda: scenario_fanout_post(1000, 100, 10, seconds, 20)),
+        ("sdk", lambda: scenario_ingest(seconds, 1, close=True)),
+        ("single-xff", lambda: scenario_ingest(seconds, 1, ("--trust-forwarded-for", "1"),
+                                               headers=b"x-forwarded-for: 203.0.113.7\r\n")),
+        ("single-redis", lambda: scenario_single_redis(seconds)),
+        ("fanout-single", lambda: scenario_fanout_post(1000, 100, 1, seconds, 20)),
+        ("storm", lambda: scenario_storm(5000, 50, 5)),
+        ("storm-backlog511", lambda: scenario_storm(5000, 50, 5, backlog=511)),
         ("latency", lambda: scenario_fanout(1000, "sse", 100, seconds, 50)),
         ("idle", lambda: scenario_idle(1000)),
         ("idle", lambda: scenario_idle(5000)),
@@ -1016,6 +1276,13 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--hold":
         hold_main(int(sys.argv[2]), int(sys.argv[3]))
         sys.exit(0)
+    if len(sys.argv) > 1 and sys.argv[1] == "--storm":
+        raise_nofile()
+        storm_main(*map(int, sys.argv[2:6]))
+        sys.exit(0)
+    if len(sys.argv) > 1 and sys.argv[1] == "--healthz":
+        healthz_main(int(sys.argv[2]), float(sys.argv[3]))
+        sys.exit(0)
     if len(sys.argv) > 1 and sys.argv[1] == "--probe":
         probe_main(int(sys.argv[2]), float(sys.argv[3]))
         sys.exit(0)
@@ -1032,7 +1299,14 @@ if __name__ == "__main__":
                         "per scenario, listening on 127.0.0.1:{port}; its process group's CPU is measured")
     parser.add_argument("--token", help="bearer token for the relay's HTTP requests")
     args = parser.parse_args()
+    # Stopped (bench/peers.py's time limit, a kill): unwind, so each scenario's finally stops the
+    # relay it started (a --target-cmd relay runs in its own session and would outlive the bench).
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     OtherTarget.url, OtherTarget.pid, OtherTarget.cmd = args.target, args.target_pid, args.target_cmd
+    if args.target is not None or args.target_cmd is not None:
+        OtherTarget.accepted = b"HTTP/1.1 20"
     if args.target is not None and args.target_pid is None:
         parser.error("--target needs --target-pid (the process whose CPU is measured)")
     if args.token:
