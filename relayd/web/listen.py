@@ -4,6 +4,7 @@ URL a listener serves."""
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Callable
 
 from twisted.application.internet import StreamServerEndpointService
@@ -21,6 +22,13 @@ from relayd.web.site import RelaySite
 from relayd.wing import DEFAULT_GRACE, IWing
 
 _POLL = 0.05
+# The listen queue relayd asks for where a listener names none (Node and nginx ask for 511 too):
+# Twisted's own default, 50, overflows when thousands of clients connect at once (a dashboard storm
+# after a deploy), and every overflowed connection then waits out a TCP retransmission (1 s, 3 s, ...).
+# The kernel caps it at net.core.somaxconn.
+DEFAULT_BACKLOG = 511
+_BACKLOG_KINDS = frozenset({"tcp", "tcp6", "ssl", "unix"})
+_SEGMENTS = re.compile(r"(?<!\\):")
 # Every wing's startup line comes from this one logger, whatever the wing (docs/configuration.md "Logs").
 _announcer = Logger(namespace="relayd.listening")
 
@@ -85,13 +93,23 @@ class StrictListener(StreamServerEndpointService):
         return self.listening
 
 
+def with_default_backlog(description: str) -> str:
+    """C{description} with C{backlog=}L{DEFAULT_BACKLOG} where it is a listener that takes one and
+    names none (C{systemd:} sockets are listened on by systemd, with the unit's C{Backlog=})."""
+    segments = _SEGMENTS.split(description)
+    kind = segments[1] if segments[0] == "haproxy" and len(segments) > 1 else segments[0]
+    if kind not in _BACKLOG_KINDS or any(segment.startswith("backlog=") for segment in segments):
+        return description
+    return f"{description}:backlog={DEFAULT_BACKLOG}"
+
+
 def add_listeners(
     parent: MultiService, site: RelaySite, listen: list[str], reactor: IReactorCore
 ) -> list[StrictListener]:
     """One child listener of C{parent} per endpoint description, all serving C{site}."""
     listeners = []
     for description in listen:
-        svc = StrictListener(endpoints.serverFromString(reactor, description), site)
+        svc = StrictListener(endpoints.serverFromString(reactor, with_default_backlog(description)), site)
         svc.description = description  # type: ignore[attr-defined]
         svc.setServiceParent(parent)
         listeners.append(svc)

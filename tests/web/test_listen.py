@@ -12,7 +12,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.resource import Resource
 
 from relayd.base.clock import Timekeeper
-from relayd.web.listen import HTTPWingService, StrictListener
+from relayd.web.listen import DEFAULT_BACKLOG, HTTPWingService, StrictListener, with_default_backlog
 from relayd.web.site import RelaySite
 
 
@@ -28,6 +28,27 @@ class Listening(TestCase):
         self.assertRaises(CannotListenError, taken.startService)  # at start, not in a log line
         await parent.stopService()
         self.assertFalse(port.connected)
+
+
+class Backlog(TestCase):
+    """Issue 24: a storm of thousands of connections overflowed Twisted's default listen queue (50),
+    and each overflowed client waited out a TCP retransmission; a listener asks for 511 unless it
+    names its own."""
+
+    def test_the_default_is_added_only_where_none_is_named(self) -> None:
+        assert with_default_backlog("tcp:8787:interface=127.0.0.1") == "tcp:8787:interface=127.0.0.1:backlog=511"
+        assert with_default_backlog("tcp6:8787:interface=\\:\\:1").endswith(":backlog=511")
+        assert with_default_backlog("haproxy:tcp:8787").endswith(":backlog=511")
+        assert with_default_backlog("unix:/run/relayd/aep.sock:mode=660").endswith(":backlog=511")
+        assert with_default_backlog("tcp:8787:backlog=64") == "tcp:8787:backlog=64"
+        assert with_default_backlog("systemd:domain=INET:index=0") == "systemd:domain=INET:index=0"
+
+    async def test_a_wings_listener_listens_with_the_default_backlog(self) -> None:
+        wing = HTTPWingService("test", RelaySite(Resource()), ["tcp:0:interface=127.0.0.1"], reactor, Timekeeper(task.Clock()))
+        wing.startService()
+        [port] = await wing.ports()
+        self.addCleanup(wing.stopService)
+        assert port.backlog == DEFAULT_BACKLOG  # type: ignore[attr-defined]
 
 
 class SettlePhase(TestCase):
