@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from relayd.base.config import Resolved, Setting, endpoint, non_negative_int
 from relayd.process.browsers import host_entry, origin_entry
+from relayd.storage.buckets import redis_prefix
 from relayd.storage.redis import parse_redis_url, redis_url
 
 DEFAULT_HEADER_TIMEOUT = 20.0
@@ -60,7 +61,8 @@ REDIS_SETTINGS = [
     Setting(
         "redis-prefix",
         DEFAULT_REDIS_PREFIX,
-        "Prefix of every Redis key relayd writes (several deployments can share one Redis)",
+        "Prefix of every Redis key relayd writes (several deployments can share one Redis); no '{' or '}'",
+        parse=redis_prefix,
         env=("RELAYD_REDIS_PREFIX",),
         metavar="PREFIX",
     ),

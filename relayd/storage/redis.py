@@ -33,8 +33,10 @@ DEFAULT_TIMEOUT = 2.0
 # (relayd:schema) before it is used, and a relayd that finds another version refuses that Redis
 # (docs/deployment.md "Upgrades").
 # 2: Lua scripts in files, keys hash-tagged per session (docs/decisions.md REDIS-1); 3: AEP members carry
-# their dedupe key, and the usual batch is stored once, as it came (relayd/aep/redis/store.py).
-KEYSPACE_VERSION = 3
+# their dedupe key, and the usual batch is stored once, as it came (relayd/aep/redis/store.py); 4: every
+# key tagged by its bucket, deployment-wide keys split per bucket, so that every script touches one
+# Redis Cluster slot (relayd/storage/buckets.py).
+KEYSPACE_VERSION = 4
 VERSION_KEY = "schema"  # after the prefix
 # Beside it, a hash of the deployment-wide bounds the keys are kept by (a wing's, by flag name:
 # aep-buffer, mcp-queue-frames...): instances with other values would trim one another's keys, so
@@ -197,7 +199,10 @@ class _Protocol(_Handshake, WholeReads, txredisapi.RedisProtocol):
             found = yield self.execute_command("GET", key)
             if found is None:  # a new keyspace (or one emptied): this relayd's version, unless another was first
                 prefix = key[: -len(VERSION_KEY)]
-                earlier = yield self.execute_command("EXISTS", *[prefix + m.encode() for m in UNVERSIONED_MARKERS])
+                # One EXISTS per marker: on a Redis Cluster they live in different slots.
+                earlier = 0
+                for marker in UNVERSIONED_MARKERS:
+                    earlier += int((yield self.execute_command("EXISTS", prefix + marker.encode())))
                 if earlier:
                     raise KeyspaceVersionError(client.mismatch("keys of an earlier relayd without a keyspace version"))
                 yield self.execute_command("SET", key, mine, "NX")
@@ -380,6 +385,11 @@ class Redis:
         what = command[1] if command[0] in (b"EVALSHA", b"EVAL") else command[0]
         return self._guard(store, what, lambda: self._pool.execute_command(*command))
 
+    def get_many(self, store: str, keys: list[bytes]) -> Deferred[list[Any]]:
+        """The values of several keys, in order (C{None} for a missing one): one C{MGET} on a single
+        primary; a Redis Cluster client reads them slot by slot."""
+        return self.execute(store, "MGET", *keys)
+
     def deadline(self) -> int:
         """When a script sent now must no longer run, in microseconds of Redis's clock (C{TIME}):
         a little before this client stops waiting for its answer (L{DEADLINE_MARGIN})."""
@@ -440,6 +450,14 @@ class Redis:
         ds = [bus.close() for bus in self._buses] + [self._pool.disconnect()]
         self._buses = []
         return defer.gatherResults(ds, consumeErrors=True)
+
+
+def first_error(f: Failure) -> Failure:
+    """The failure of calls gathered with C{gatherResults(..., consumeErrors=True)} as the first of
+    them failed (L{StoreUnavailable}, L{OutcomeUnknown}...), not wrapped in C{FirstError}."""
+    if isinstance(f.value, defer.FirstError):
+        return f.value.subFailure
+    return f
 
 
 class RedisBus:

@@ -37,18 +37,18 @@ def free_port() -> int:
 class RedisServer:
     """C{RedisServer.start()}; C{.url}; C{.stop()}; C{.restart()} keeps the data (AOF off, RDB on stop)."""
 
-    def __init__(self, options: tuple[str, ...] = ()) -> None:
+    def __init__(self, options: tuple[str, ...] = (), port: int | None = None) -> None:
         self.binary = require_redis_server()
-        self.port = free_port()
+        self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="relayd-redis-")
         self.options = options
         self.proc: subprocess.Popen[bytes] | None = None
 
     @classmethod
-    def start(cls, *options: str) -> RedisServer:
+    def start(cls, *options: str, port: int | None = None) -> RedisServer:
         """A server started with the default options and C{options} (C{"--enable-debug-command",
         "yes"} for a test that holds Redis with C{DEBUG SLEEP})."""
-        server = cls(options)
+        server = cls(options, port)
         server._spawn()
         return server
 
@@ -104,6 +104,19 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def cluster_port() -> int:
+    """A free port whose cluster bus port (10000 more) is free too."""
+    while True:
+        port = free_port()
+        if port + 10000 < 65536:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+            return port
+
+
 _shared: RedisServer | None = None
 _prefixes = itertools.count()
 
@@ -123,6 +136,35 @@ def redis_flags(url: str | None = None, prefix: str | None = None) -> dict[str, 
     """The flags of a wing on Redis (the shared server unless C{url}); a fresh key prefix isolates
     each test (or each of a test's instances, given the same C{prefix})."""
     return {"redis": url or shared_redis().url, "redis-prefix": prefix or f"t{os.getpid()}-{next(_prefixes)}:"}
+
+
+def session_key(prefix: str, wing: str, kind: str, session: str) -> bytes:
+    """A session's key as keyspace 4 names it (C{session_key("p:", "aep", "s", "S")}: C{p:aep:{b}:s:S})."""
+    from relayd.storage.buckets import BUCKETS
+
+    name = session.encode()
+    return f"{prefix}{wing}:".encode() + BUCKETS.tag_of(name) + b":" + kind.encode() + b":" + name
+
+
+def bucket_key(prefix: str, wing: str, kind: str, session: str) -> bytes:
+    """A per-bucket key of a session's bucket (C{bucket_key("p:", "aep", "clock", "S")}: C{p:aep:{b}:clock})."""
+    from relayd.storage.buckets import BUCKETS
+
+    return f"{prefix}{wing}:".encode() + BUCKETS.tag_of(session.encode()) + b":" + kind.encode()
+
+
+def same_bucket(count: int, stem: str = "s") -> list[str]:
+    """C{count} session names of one bucket (C{stem}0, C{stem}17...)."""
+    from relayd.storage.buckets import BUCKETS
+
+    found: dict[int, list[str]] = {}
+    for n in itertools.count():
+        name = f"{stem}{n}"
+        names = found.setdefault(BUCKETS.index_of(name.encode()), [])
+        names.append(name)
+        if len(names) == count:
+            return names
+    raise AssertionError("unreachable")
 
 
 async def connected_redis(url: str, timeout: float = 5.0):  # type: ignore[no-untyped-def]
