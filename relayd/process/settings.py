@@ -50,7 +50,8 @@ REDIS_SETTINGS = [
     Setting(
         "redis",
         None,
-        "Redis URL (redis://[user:password@]host:port/db, rediss:// for TLS) for shared state and "
+        "Redis URL (redis://[user:password@]host:port/db, rediss:// for TLS; "
+        "redis+cluster://host:port[,host:port...] for a Redis Cluster) for shared state and "
         "fan-out across relayd instances; without it each process keeps its state in memory",
         parse=redis_url,
         env=("RELAYD_REDIS",),

@@ -83,7 +83,8 @@ def _bound_text(value: float) -> str:
 
 @dataclass(frozen=True)
 class RedisURL:
-    """A parsed C{redis://} / C{rediss://} URL."""
+    """A parsed C{redis://} / C{rediss://} URL, or a C{redis+cluster://} one (its seeds; C{host} and
+    C{port} are the first of them)."""
 
     host: str
     port: int
@@ -91,17 +92,34 @@ class RedisURL:
     username: str | None
     password: str | None
     tls: bool
+    seeds: tuple[tuple[str, int], ...] = ()  # a Redis Cluster's seed nodes (relayd/storage/cluster.py)
+
+    @property
+    def cluster(self) -> bool:
+        return bool(self.seeds)
 
     def __str__(self) -> str:  # never shows the password
         scheme = "rediss" if self.tls else "redis"
+        if self.seeds:
+            return f"{scheme}+cluster://" + ",".join(_address(host, port) for host, port in self.seeds)
         return f"{scheme}://{self.host}:{self.port}/{self.db}"
 
 
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+
+
 def parse_redis_url(text: str) -> RedisURL:
-    """Parse C{redis://[user:password@]host[:port][/db]} (C{rediss://} for TLS)."""
+    """Parse C{redis://[user:password@]host[:port][/db]} (C{rediss://} for TLS), or
+    C{redis+cluster://[user:password@]host:port[,host:port...]} (a Redis Cluster's seed nodes; db 0)."""
     parts = urlsplit(text.strip())
+    if parts.scheme in CLUSTER_SCHEMES:
+        return _parse_cluster_url(parts.scheme, parts.netloc, parts.path)
     if parts.scheme not in ("redis", "rediss"):
-        raise ValueError("must be a redis:// or rediss:// URL")
+        raise ValueError("must be a redis://, rediss:// or redis+cluster:// URL")
     if not parts.hostname:
         raise ValueError("must name a host")
     try:
@@ -119,6 +137,29 @@ def parse_redis_url(text: str) -> RedisURL:
         password=unquote(parts.password) if parts.password else None,
         tls=parts.scheme == "rediss",
     )
+
+
+def _parse_cluster_url(scheme: str, netloc: str, path: str) -> RedisURL:
+    credentials, _, hosts = netloc.rpartition("@")
+    username, password = None, None
+    if credentials:
+        user, colon, secret = credentials.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon else None
+    seeds = []
+    for entry in hosts.split(","):
+        parsed = urlsplit("//" + entry.strip())
+        try:
+            port = parsed.port or 6379
+        except ValueError:
+            raise ValueError(f"has an invalid port in {entry!r}") from None
+        if not parsed.hostname:
+            raise ValueError("must name each seed node (redis+cluster://host:port,host:port)")
+        seeds.append((parsed.hostname, port))
+    if path.strip("/") not in ("", "0"):
+        raise ValueError("a Redis Cluster has database 0 only (redis+cluster://host:port,host:port)")
+    host, port = seeds[0]
+    return RedisURL(host, port, 0, username, password, scheme == "rediss+cluster", tuple(seeds))
 
 
 def redis_url(text: str) -> str:
@@ -196,7 +237,7 @@ class _Protocol(_Handshake, WholeReads, txredisapi.RedisProtocol):
             return
         key, mine = client.version_key, str(KEYSPACE_VERSION).encode()
         try:
-            found = yield self.execute_command("GET", key)
+            found = (yield self.execute_command("GET", key)) if client.checks_keyspace else mine
             if found is None:  # a new keyspace (or one emptied): this relayd's version, unless another was first
                 prefix = key[: -len(VERSION_KEY)]
                 # One EXISTS per marker: on a Redis Cluster they live in different slots.
@@ -275,10 +316,20 @@ class Redis:
 
     _log = Logger()
 
+    # Whether each pool connection checks the keyspace version and bounds (a Redis Cluster's node
+    # clients do not: relayd/storage/cluster.py checks them once, routed by slot).
+    checks_keyspace = True
+
     def __init__(
-        self, url: str, clock: Timekeeper, *, timeout: float = DEFAULT_TIMEOUT, poolsize: int = 4, prefix: str = "relayd:"
+        self,
+        url: str | RedisURL,
+        clock: Timekeeper,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        poolsize: int = 4,
+        prefix: str = "relayd:",
     ) -> None:
-        self.url = parse_redis_url(url)
+        self.url = url if isinstance(url, RedisURL) else parse_redis_url(url)
         self.clock = clock
         self.timeout = timeout
         self.version_key = (prefix + VERSION_KEY).encode()

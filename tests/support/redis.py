@@ -104,6 +104,14 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def require_redis_cli() -> str:
+    """The redis-cli binary (it creates clusters); skips locally without it, fails under CI=true."""
+    binary = shutil.which("redis-cli")
+    if binary is None:
+        missing("redis-cli is not installed (apt-get install redis-tools; CI: .ci/install-redis.sh)")
+    return binary
+
+
 def cluster_port() -> int:
     """A free port whose cluster bus port (10000 more) is free too."""
     while True:
@@ -115,6 +123,73 @@ def cluster_port() -> int:
                 except OSError:
                     continue
             return port
+
+
+class RedisCluster:
+    """A Redis Cluster of C{masters} real redis-servers on loopback (no replicas), its slots split
+    evenly by C{redis-cli --cluster create}: C{RedisCluster.start()}; C{.url} (C{redis+cluster://},
+    every node a seed); C{.nodes}; C{.cleanup()} kills every node by its PID."""
+
+    def __init__(self, masters: int = 3) -> None:
+        self.cli = require_redis_cli()
+        self.nodes: list[RedisServer] = []
+        self.masters = masters
+
+    @classmethod
+    def start(cls, masters: int = 3) -> RedisCluster:
+        cluster = cls(masters)
+        try:
+            for _ in range(masters):
+                cluster.nodes.append(
+                    RedisServer.start("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                                      "--cluster-node-timeout", "2000", port=cluster_port())
+                )  # fmt: skip
+            addresses = [f"127.0.0.1:{node.port}" for node in cluster.nodes]
+            subprocess.run(
+                [cluster.cli, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
+                check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30,
+            )  # fmt: skip
+            cluster.wait_ok()
+        except BaseException:
+            cluster.cleanup()
+            raise
+        return cluster
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
+
+    def command(self, node: RedisServer, *args: str) -> str:
+        """C{redis-cli -p <node> args...}'s output (a test's look at one node)."""
+        done = subprocess.run([self.cli, "-p", str(node.port), *args], capture_output=True, timeout=30, check=True)
+        return done.stdout.decode()
+
+    def wait_ok(self, timeout: float = 20) -> None:
+        """Until every node says cluster_state:ok and agrees on the slots (an external process)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all("cluster_state:ok" in self.command(node, "CLUSTER", "INFO") for node in self.nodes):
+                return
+            time.sleep(0.05)  # waiting for redis-server's cluster bus to converge
+        raise RuntimeError("the Redis Cluster did not come up")
+
+    def cleanup(self) -> None:
+        for node in self.nodes:
+            node.cleanup()
+
+
+_shared_cluster: RedisCluster | None = None
+
+
+def shared_cluster() -> RedisCluster:
+    """One 3-master Redis Cluster for the whole test run (tests isolate themselves by key prefix)."""
+    global _shared_cluster
+    if _shared_cluster is None or any(n.proc is None or n.proc.poll() is not None for n in _shared_cluster.nodes):
+        _shared_cluster = RedisCluster.start()
+        import atexit
+
+        atexit.register(_shared_cluster.cleanup)
+    return _shared_cluster
 
 
 _shared: RedisServer | None = None
@@ -168,15 +243,25 @@ def same_bucket(count: int, stem: str = "s") -> list[str]:
 
 
 async def connected_redis(url: str, timeout: float = 5.0):  # type: ignore[no-untyped-def]
-    """A L{relayd.storage.redis.Redis} client whose pool is up."""
+    """A L{relayd.storage.redis.Redis} client whose pool is up (a L{ClusterRedis} for a
+    C{redis+cluster://} URL, once the slot map is read and every master's pool is up)."""
     from twisted.internet import reactor
     from twisted.internet.task import deferLater
 
     from relayd.base.clock import Timekeeper
+    from relayd.storage.cluster import ClusterRedis, redis_client
     from relayd.storage.redis import Redis
 
-    redis = Redis(url, Timekeeper(reactor))
+    redis = redis_client(url, Timekeeper(reactor))
     waited = 0.0
+    if isinstance(redis, ClusterRedis):
+        while not (redis.connected and all(n._factory.size == n._factory.poolsize for n in redis._nodes.values())):
+            if waited > timeout:
+                raise AssertionError(f"could not connect to {url}")
+            await deferLater(reactor, 0.01, lambda: None)  # polling a connection that is being made
+            waited += 0.01
+        return redis
+    assert isinstance(redis, Redis)
     factory = redis._pool._factory
     # Every pool slot up: closing a pool while a slot is still connecting trips over
     # ClientService's own connect (AlreadyCalledError), which a short test would hit.
