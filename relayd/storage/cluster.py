@@ -59,6 +59,7 @@ class _Node(Redis):
     """One master's pool: checks no keyspace of its own, and tells the cluster when it is up."""
 
     checks_keyspace = False
+    what = "a Redis Cluster node"  # ("connected to Redis at" says the whole cluster is usable)
     cluster: ClusterRedis
 
     def _pool_connection(self, change: int) -> None:
@@ -216,7 +217,7 @@ class ClusterRedis(Redis):
             self._checked = True
         if first:
             self._log.info(
-                "connected to Redis Cluster at {url} ({masters} masters, keyspace version {version})",
+                "connected to Redis at {url} (keyspace version {version}; a Redis Cluster of {masters} masters)",
                 url=str(self.url), masters=len(masters), version=KEYSPACE_VERSION,
             )  # fmt: skip
 

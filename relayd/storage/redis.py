@@ -319,6 +319,7 @@ class Redis:
     # Whether each pool connection checks the keyspace version and bounds (a Redis Cluster's node
     # clients do not: relayd/storage/cluster.py checks them once, routed by slot).
     checks_keyspace = True
+    what = "Redis"  # in the log lines about its connections
 
     def __init__(
         self,
@@ -330,6 +331,8 @@ class Redis:
         prefix: str = "relayd:",
     ) -> None:
         self.url = url if isinstance(url, RedisURL) else parse_redis_url(url)
+        if self.url.cluster:
+            raise ValueError("a redis+cluster:// URL is a Redis Cluster's (relayd.storage.cluster.redis_client)")
         self.clock = clock
         self.timeout = timeout
         self.version_key = (prefix + VERSION_KEY).encode()
@@ -381,10 +384,10 @@ class Redis:
         the last is gone, so an operator (and a test) sees when relayd can reach Redis."""
         before, self._usable_connections = self._usable_connections, self._usable_connections + change
         if before == 0 and change > 0:
-            self._log.info("connected to Redis at {url} (keyspace version {version})", url=str(self.url),
-                           version=KEYSPACE_VERSION)  # fmt: skip
+            self._log.info("connected to {what} at {url} (keyspace version {version})", what=self.what,
+                           url=str(self.url), version=KEYSPACE_VERSION)  # fmt: skip
         elif self._usable_connections == 0 and change < 0 and not self._closing:
-            self._log.warn("lost every connection to Redis at {url}; reconnecting", url=str(self.url))
+            self._log.warn("lost every connection to {what} at {url}; reconnecting", what=self.what, url=str(self.url))
 
     def mismatch(self, found: str) -> str:
         """The refusal for a Redis that holds C{found} where this relayd keeps its keyspace version."""

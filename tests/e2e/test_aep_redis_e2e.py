@@ -1,4 +1,5 @@
-"""Several real ``twistd -n relayd`` processes sharing one real Redis behave as one AEP relay (issue 5)."""
+"""Several real ``twistd -n relayd`` processes sharing one real Redis behave as one AEP relay (issue 5),
+on a single redis-server and on a 3-master Redis Cluster (issue 25)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
 from tests.support.aep import event, ndjson
-from tests.support.redis import RedisServer
+from tests.support.redis import OnCluster, RedisServer, layout_url
 from tests.support.sse import SSEClient
 from tests.support.twistd import RelaydProcess
 from tests.support.ws import WSClient
@@ -25,20 +26,26 @@ def held_ids(messages: list) -> list[str]:
     return [m.id for m in messages if m.id]
 
 
-class ThreeInstances(TestCase):
+class Instances(TestCase):
+    """Relayd processes on one Redis: a private redis-server (C{self.redis}) unless C{shared}, then
+    the test's layout (tests/support/redis.py L{layout_url}) under a key prefix of its own."""
+
     timeout = 90
+    shared = False
 
     async def start_cluster(self, count: int = 3) -> list[int]:
-        self.redis = RedisServer.start()
-        self.addCleanup(self.redis.cleanup)
+        if self.shared:
+            redis = ["--redis", layout_url(self), "--redis-prefix", f"e2e{id(self)}:"]
+        else:
+            self.redis = RedisServer.start()
+            self.addCleanup(self.redis.cleanup)
+            redis = ["--redis", self.redis.url]
 
         self.pool = HTTPConnectionPool(reactor, persistent=False)
         ports = []
         for _ in range(count):
             proc = await RelaydProcess.start_for(
-                self,
-                ["--aep-listen", "tcp:0:interface=127.0.0.1", "--no-mcp", "--redis", self.redis.url],
-                env={"AEP_TOKEN": TOKEN},
+                self, ["--aep-listen", "tcp:0:interface=127.0.0.1", "--no-mcp", *redis], env={"AEP_TOKEN": TOKEN}
             )
             await proc.wait_for(rb"shared state in Redis")
             # Listening comes before the Redis pool is up (a POST then is a 503).
@@ -80,6 +87,10 @@ class ThreeInstances(TestCase):
                 return reply["entries"]
             await deferLater(reactor, 0.02, lambda: None)  # polling another process's write
         self.fail(f"roster never had {count} entries: {reply}")
+
+
+class ThreeInstances(Instances):
+    shared = True
 
     async def test_ingest_on_a_reaches_sse_on_b_and_ws_on_c_then_resume_on_b(self) -> None:
         a, b, c = await self.start_cluster()
@@ -136,6 +147,12 @@ class ThreeInstances(TestCase):
         sender.send(event("S", None, "control.pause", id="cmd-4", agent="operator"))
         self.assertEqual(await second.recv(), event("S", None, "control.pause", id="cmd-4", agent="operator"))
 
+
+class ThreeInstancesOnCluster(OnCluster, ThreeInstances):
+    pass
+
+
+class RestartDuringTraffic(Instances):
     async def test_redis_restart_during_traffic(self) -> None:
         a, b = await self.start_cluster(2)
         self.assertEqual(await self.post(a, event("R", 0)), 202)

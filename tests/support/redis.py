@@ -207,6 +207,22 @@ def shared_redis() -> RedisServer:
     return _shared
 
 
+class OnCluster:
+    """Mixin for a test case of several relayd instances on Redis: run it on the run's shared
+    3-master Redis Cluster (L{shared_cluster}) instead of a single redis-server. The case asks
+    L{layout_url} for its Redis and isolates itself by key prefix."""
+
+    redis_layout = "cluster"
+
+
+def layout_url(case: Any) -> str:
+    """The URL of the Redis a test case's relays share: the shared Redis Cluster for an
+    L{OnCluster} case, else the shared redis-server."""
+    if getattr(case, "redis_layout", "standalone") == "cluster":
+        return shared_cluster().url
+    return shared_redis().url
+
+
 def redis_flags(url: str | None = None, prefix: str | None = None) -> dict[str, str]:
     """The flags of a wing on Redis (the shared server unless C{url}); a fresh key prefix isolates
     each test (or each of a test's instances, given the same C{prefix})."""
