@@ -45,7 +45,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Sequence
 
-from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.defer import Deferred, gatherResults, succeed
 from zope.interface import implementer
 
 from relayd.aep import metrics
@@ -158,9 +158,10 @@ class RedisEventLog:
             session = event.session
             if session not in tags:
                 tags[session] = tag_of(session.encode("utf-8"))  # type: ignore[index, union-attr]
-        if len(set(tags.values())) <= 1:
-            tag = next(iter(tags.values()), b"")
-            return self._append(tag, events, publish)
+        if not tags:
+            return succeed([])
+        if len(set(tags.values())) == 1:
+            return self._append(next(iter(tags.values())), events, publish)
         groups: dict[bytes, list[int]] = {}
         for i, event in enumerate(events):
             groups.setdefault(tags[event.session], []).append(i)  # type: ignore[index]
