@@ -199,3 +199,51 @@ class ClusterURLs(TestCase):
         self.addCleanup(several.close)
         self.assertIs(type(single), Redis)
         self.assertIs(type(several), ClusterRedis)
+
+
+class MasterFailover(TestCase):
+    """Issue 25 acceptance 4: a master killed (6 nodes: 3 masters with a replica each), its slots'
+    traffic goes to the promoted replica by itself, answered StoreUnavailable meanwhile."""
+
+    timeout = 90
+
+    async def test_a_killed_master_is_rerouted_to_its_promoted_replica(self) -> None:
+        cluster = RedisCluster.start(3, replicas=1)
+        self.addCleanup(cluster.cleanup)
+        redis = await connected_redis(cluster.url)
+        self.addCleanup(redis.close)
+        assert isinstance(redis, ClusterRedis)
+        dead = cluster.nodes[1]  # a master, and not the first seed (which carries the pub/sub)
+        self.assertEqual(redis._slots.count(("127.0.0.1", dead.port)) > 0, True)
+        tag = next(t for t in (b"{%d}" % n for n in itertools.count()) if redis._slots[key_slot(t)][1] == dead.port)
+        await redis.execute("test", "SET", tag + b"before", b"1")
+        dead_id = cluster.command(dead, "CLUSTER", "MYID").strip()
+        await _until(lambda: bool(cluster.command(dead, "CLUSTER", "REPLICAS", dead_id).strip()))  # the replica known
+        replica_line = cluster.command(dead, "CLUSTER", "REPLICAS", dead_id)
+        replica_port = int(replica_line.split()[1].split("@")[0].rsplit(":", 1)[1])
+        replica = next(node for node in cluster.nodes if node.port == replica_port)
+        await _until(lambda: cluster.command(replica, "DBSIZE").strip() == "1")  # replicated
+        assert dead.proc is not None
+        os.kill(dead.proc.pid, signal.SIGKILL)
+        dead.proc.wait(10)
+        killed = reactor.seconds()
+        outages = 0
+        promoted = None  # when the replica said it is a master (Redis's failover)
+        while True:
+            try:
+                await redis.execute("test", "SET", tag + b"after", b"2")
+                break
+            except StoreUnavailable:
+                outages += 1
+                if promoted is None and cluster.command(replica, "ROLE").startswith("master"):
+                    promoted = reactor.seconds() - killed
+                self.assertLess(reactor.seconds() - killed, 20, "never re-routed")
+                await deferLater(reactor, 0.05, lambda: None)  # a client retrying
+        rerouted = reactor.seconds() - killed
+        self.assertGreater(outages, 0)
+        self.assertEqual(redis._slots[key_slot(tag)], ("127.0.0.1", replica.port))
+        self.assertEqual(await redis.execute("test", "GET", tag + b"before"), b"1")
+        # Re-routed within a second of Redis's failover (the node timeout, then its election).
+        assert promoted is not None
+        self.assertLess(rerouted, promoted + 1, (promoted, rerouted))
+        self.assertLess(rerouted, RedisCluster.NODE_TIMEOUT + 4, (promoted, rerouted))

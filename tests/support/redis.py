@@ -130,23 +130,28 @@ class RedisCluster:
     evenly by C{redis-cli --cluster create}: C{RedisCluster.start()}; C{.url} (C{redis+cluster://},
     every node a seed); C{.nodes}; C{.cleanup()} kills every node by its PID."""
 
-    def __init__(self, masters: int = 3) -> None:
+    NODE_TIMEOUT = 2.0  # seconds (cluster-node-timeout): a master is failed over this long after it dies
+
+    def __init__(self, masters: int = 3, replicas: int = 0) -> None:
         self.cli = require_redis_cli()
         self.nodes: list[RedisServer] = []
         self.masters = masters
+        self.replicas = replicas
 
     @classmethod
-    def start(cls, masters: int = 3) -> RedisCluster:
-        cluster = cls(masters)
+    def start(cls, masters: int = 3, replicas: int = 0) -> RedisCluster:
+        """C{masters} masters (the first nodes), each with C{replicas} replicas (the nodes after)."""
+        cluster = cls(masters, replicas)
         try:
-            for _ in range(masters):
+            for _ in range(masters * (1 + replicas)):
                 cluster.nodes.append(
                     RedisServer.start("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                                      "--cluster-node-timeout", "2000", port=cluster_port())
+                                      "--cluster-node-timeout", "%d" % (cls.NODE_TIMEOUT * 1000),
+                                      port=cluster_port())
                 )  # fmt: skip
             addresses = [f"127.0.0.1:{node.port}" for node in cluster.nodes]
             subprocess.run(
-                [cluster.cli, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
+                [cluster.cli, "--cluster", "create", *addresses, "--cluster-replicas", str(replicas), "--cluster-yes"],
                 check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30,
             )  # fmt: skip
             cluster.wait_ok()
