@@ -146,7 +146,7 @@ class RedisCluster:
             for _ in range(masters * (1 + replicas)):
                 cluster.nodes.append(
                     RedisServer.start("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                                      "--cluster-node-timeout", "%d" % (cls.NODE_TIMEOUT * 1000),
+                                      "--cluster-node-timeout", str(int(cls.NODE_TIMEOUT * 1000)),
                                       port=cluster_port())
                 )  # fmt: skip
             addresses = [f"127.0.0.1:{node.port}" for node in cluster.nodes]
