@@ -96,6 +96,10 @@ class ClusterRedis(Redis):
     """The process's Redis client on a Redis Cluster: the same calls as L{Redis}, routed by slot."""
 
     _log = Logger()
+    # No Sentinel, and no replica confirmation of its own (each master's pool is a L{Redis}, which
+    # does what a write's options ask).
+    follower: Any = None
+    wait_replicas = 0
 
     def __init__(
         self,
@@ -260,17 +264,23 @@ class ClusterRedis(Redis):
 
     # commands
 
-    def execute(self, store: str, *command: Any) -> Deferred[Any]:
+    def execute(self, store: str, *command: Any, **options: Any) -> Deferred[Any]:
         """Run one command on the master of its key's slot (L{Redis.execute}'s failures, and
-        L{StoreUnavailable} while the slot map is unknown or keeps moving)."""
+        L{StoreUnavailable} while the slot map is unknown or keeps moving); C{options} go to the
+        master's L{Redis.execute} as they are."""
         if self.refusal is not None:
             return defer.fail(StoreUnavailable(store, "another relayd keyspace version"))
         if not self._checked:
             return defer.fail(StoreUnavailable(store, "not connected"))
-        return self._send(store, command)
+        return self._send(store, command, options=options)
 
     def _send(
-        self, store: str, command: tuple[Any, ...], redirects: int = 0, asking: Address | None = None
+        self,
+        store: str,
+        command: tuple[Any, ...],
+        redirects: int = 0,
+        asking: Address | None = None,
+        options: dict[str, Any] | None = None,
     ) -> Deferred[Any]:
         key = _routing_key(command)
         if asking is not None:
@@ -285,10 +295,13 @@ class ClusterRedis(Redis):
         node = self._node(address)
         if not node.connected:
             self.refresh()  # a master gone, or one just learned of
-        d = node.execute_asking(store, *command) if asking is not None else node.execute(store, *command)
-        return d.addErrback(self._redirected, store, command, redirects, node)
+        options = options or {}
+        d = node.execute_asking(store, *command) if asking is not None else node.execute(store, *command, **options)
+        return d.addErrback(self._redirected, store, command, redirects, node, options)
 
-    def _redirected(self, f: Failure, store: str, command: tuple[Any, ...], redirects: int, node: _Node) -> Any:
+    def _redirected(
+        self, f: Failure, store: str, command: tuple[Any, ...], redirects: int, node: _Node, options: dict[str, Any]
+    ) -> Any:
         if f.check(txredisapi.ResponseError):
             words = str(f.value).split()
             if len(words) == 3 and words[0] in ("MOVED", "ASK"):
@@ -300,8 +313,8 @@ class ClusterRedis(Redis):
                 if words[0] == "MOVED":
                     self._slots[int(words[1])] = address
                     self.refresh()
-                    return self._send(store, command, redirects + 1)
-                return self._send(store, command, redirects + 1, asking=address)
+                    return self._send(store, command, redirects + 1, options=options)
+                return self._send(store, command, redirects + 1, asking=address, options=options)
         elif f.check(StoreRefused):
             if f.value.code in _TOPOLOGY:  # type: ignore[union-attr]
                 self.refresh()
