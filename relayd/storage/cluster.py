@@ -109,8 +109,10 @@ class ClusterRedis(Redis):
         timeout: float = DEFAULT_TIMEOUT,
         poolsize: int = 4,
         prefix: str = "relayd:",
+        **node_options: Any,
     ) -> None:
-        # (Not Redis.__init__: no pool of its own, one per master.)
+        # (Not Redis.__init__: no pool of its own, one per master, made with C{node_options}.)
+        self._node_options = node_options
         self.url = url if isinstance(url, RedisURL) else parse_redis_url(url)
         if not self.url.cluster:
             raise ValueError("a Redis Cluster client needs a redis+cluster:// URL")
@@ -147,7 +149,7 @@ class ClusterRedis(Redis):
         if node is None:
             host, port = address
             url = RedisURL(host, port, 0, self.url.username, self.url.password, self.url.tls)
-            node = _Node(url, self.clock, timeout=self.timeout, poolsize=self.poolsize)
+            node = _Node(url, self.clock, timeout=self.timeout, poolsize=self.poolsize, **self._node_options)
             node.cluster = self
             self._nodes[address] = node
         return node
@@ -337,8 +339,9 @@ class ClusterRedis(Redis):
         return defer.gatherResults(ds, consumeErrors=True)
 
 
-def redis_client(url: str, clock: Timekeeper, *, prefix: str = "relayd:") -> Redis:
-    """The client C{--redis} names: a single primary's, or a Redis Cluster's."""
+def redis_client(url: str, clock: Timekeeper, *, prefix: str = "relayd:", **options: Any) -> Redis:
+    """The client C{--redis} names: a single primary's, or a Redis Cluster's (C{options}: the
+    other keyword arguments of L{Redis}, given to each master's)."""
     if parse_redis_url(url).cluster:
-        return ClusterRedis(url, clock, prefix=prefix)
-    return Redis(url, clock, prefix=prefix)
+        return ClusterRedis(url, clock, prefix=prefix, **options)
+    return Redis(url, clock, prefix=prefix, **options)
