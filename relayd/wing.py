@@ -24,6 +24,7 @@ from relayd.base.config import ConfigError, Resolved
 from relayd.base.reactor import IReactor
 from relayd.process.browsers import LOOPBACK_ONLY, BrowserPolicy
 from relayd.process.settings import DEFAULT_REDIS_PREFIX, DEFAULT_SITE_SETTINGS, RedisSettings, SiteSettings
+from relayd.storage.cluster import redis_client
 from relayd.storage.redis import Redis
 
 DEFAULT_GRACE = 5.0  # --shutdown-grace
@@ -94,7 +95,7 @@ class Plumbing:
             reactor=reactor,
             clock=clock,
             # The prefix also names the keyspace version key (relayd/storage/redis.py KEYSPACE_VERSION).
-            redis=Redis(
+            redis=redis_client(
                 redis.url, clock, prefix=redis.prefix, wait_replicas=redis.wait_replicas, wait_timeout_ms=redis.wait_timeout_ms
             )
             if redis.url

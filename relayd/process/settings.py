@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from relayd.base.config import Resolved, Setting, endpoint, integer_at_least, non_negative_int
 from relayd.process.browsers import host_entry, origin_entry
+from relayd.storage.buckets import redis_prefix
 from relayd.storage.redis import DEFAULT_WAIT_TIMEOUT_MS, MAX_WAIT_TIMEOUT_MS, parse_redis_url, redis_url
 
 DEFAULT_HEADER_TIMEOUT = 20.0
@@ -60,8 +61,9 @@ REDIS_SETTINGS = [
         None,
         "Redis URL (redis://[user:password@]host:port/db, rediss:// for TLS; "
         "redis+sentinel://[user:password@]host:port[,host:port...]/master/db to follow Sentinel, "
-        "rediss+sentinel:// for TLS to the data nodes) for shared state and fan-out across relayd "
-        "instances; without it each process keeps its state in memory",
+        "rediss+sentinel:// for TLS to the data nodes; redis+cluster://host:port[,host:port...] for a "
+        "Redis Cluster) for shared state and fan-out across relayd instances; without it each process "
+        "keeps its state in memory",
         parse=redis_url,
         env=("RELAYD_REDIS",),
         secret=True,  # the URL may carry passwords: only those are scrubbed from the logs
@@ -71,7 +73,8 @@ REDIS_SETTINGS = [
     Setting(
         "redis-prefix",
         DEFAULT_REDIS_PREFIX,
-        "Prefix of every Redis key relayd writes (several deployments can share one Redis)",
+        "Prefix of every Redis key relayd writes (several deployments can share one Redis); no '{' or '}'",
+        parse=redis_prefix,
         env=("RELAYD_REDIS_PREFIX",),
         metavar="PREFIX",
     ),

@@ -39,8 +39,10 @@ DEFAULT_TIMEOUT = 2.0
 # (relayd:schema) before it is used, and a relayd that finds another version refuses that Redis
 # (docs/deployment.md "Upgrades").
 # 2: Lua scripts in files, keys hash-tagged per session (docs/decisions.md REDIS-1); 3: AEP members carry
-# their dedupe key, and the usual batch is stored once, as it came (relayd/aep/redis/store.py).
-KEYSPACE_VERSION = 3
+# their dedupe key, and the usual batch is stored once, as it came (relayd/aep/redis/store.py); 4: every
+# key tagged by its bucket, deployment-wide keys split per bucket, so that every script touches one
+# Redis Cluster slot (relayd/storage/buckets.py).
+KEYSPACE_VERSION = 4
 VERSION_KEY = "schema"  # after the prefix
 # Beside it, a hash of the deployment-wide bounds the keys are kept by (a wing's, by flag name:
 # aep-buffer, mcp-queue-frames...): instances with other values would trim one another's keys, so
@@ -117,8 +119,9 @@ _HOST_PORT = re.compile(r"^(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:\[\]]+))(?::(?P<por
 
 @dataclass(frozen=True)
 class RedisURL:
-    """A parsed C{redis://} / C{rediss://} URL, or a C{redis+sentinel://} one (C{sentinels} and
-    C{master} set; C{host} and C{port} are then the first sentinel's, never connected to as data)."""
+    """A parsed C{redis://} / C{rediss://} URL, a C{redis+sentinel://} one (C{sentinels} and
+    C{master} set; C{host} and C{port} are then the first sentinel's, never connected to as data),
+    or a C{redis+cluster://} one (its seeds; C{host} and C{port} are the first of them)."""
 
     host: str
     port: int
@@ -130,6 +133,11 @@ class RedisURL:
     master: str | None = None
     sentinel_username: str | None = None
     sentinel_password: str | None = None
+    seeds: tuple[tuple[str, int], ...] = ()  # a Redis Cluster's seed nodes (relayd/storage/cluster.py)
+
+    @property
+    def cluster(self) -> bool:
+        return bool(self.seeds)
 
     def __str__(self) -> str:  # never shows a password
         if self.sentinels:
@@ -137,6 +145,8 @@ class RedisURL:
             hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.sentinels)
             return f"{scheme}://{hosts}/{self.master}/{self.db}"
         scheme = "rediss" if self.tls else "redis"
+        if self.seeds:
+            return f"{scheme}+cluster://" + ",".join(_address(host, port) for host, port in self.seeds)
         return f"{scheme}://{self.host}:{self.port}/{self.db}"
 
     @property
@@ -145,15 +155,25 @@ class RedisURL:
         return tuple(p for p in (self.password, self.sentinel_password) if p)
 
 
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+
+
 def parse_redis_url(text: str) -> RedisURL:
     """Parse C{redis://[user:password@]host[:port][/db]} (C{rediss://} for TLS), or
     C{redis+sentinel://[user:password@]HOST:PORT[,HOST:PORT...]/MASTER[/DB][?sentinel_password=...]}
-    (C{rediss+sentinel://} for TLS to the data nodes; the userinfo is the data nodes' credentials)."""
+    (C{rediss+sentinel://} for TLS to the data nodes; the userinfo is the data nodes' credentials), or
+    C{redis+cluster://[user:password@]host:port[,host:port...]} (a Redis Cluster's seed nodes; db 0)."""
     parts = urlsplit(text.strip())
     if parts.scheme in SENTINEL_SCHEMES:
         return _parse_sentinel_url(parts.scheme, parts.netloc, parts.path, parts.query)
+    if parts.scheme in CLUSTER_SCHEMES:
+        return _parse_cluster_url(parts.scheme, parts.netloc, parts.path)
     if parts.scheme not in ("redis", "rediss"):
-        raise ValueError(f"must be a redis://, rediss:// or {SENTINEL_FORM} URL")
+        raise ValueError(f"must be a redis://, rediss://, redis+cluster://HOST:PORT[,HOST:PORT...] or {SENTINEL_FORM} URL")
     if not parts.hostname:
         raise ValueError("must name a host")
     try:
@@ -210,6 +230,29 @@ def _parse_sentinel_url(scheme: str, netloc: str, path: str, query: str) -> Redi
         sentinel_username=given.get("sentinel_username", [""])[0] or None,
         sentinel_password=given.get("sentinel_password", [""])[0] or None,
     )
+
+
+def _parse_cluster_url(scheme: str, netloc: str, path: str) -> RedisURL:
+    credentials, _, hosts = netloc.rpartition("@")
+    username, password = None, None
+    if credentials:
+        user, colon, secret = credentials.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon else None
+    seeds = []
+    for entry in hosts.split(","):
+        parsed = urlsplit("//" + entry.strip())
+        try:
+            port = parsed.port or 6379
+        except ValueError:
+            raise ValueError(f"has an invalid port in {entry!r}") from None
+        if not parsed.hostname:
+            raise ValueError("must name each seed node (redis+cluster://host:port,host:port)")
+        seeds.append((parsed.hostname, port))
+    if path.strip("/") not in ("", "0"):
+        raise ValueError("a Redis Cluster has database 0 only (redis+cluster://host:port,host:port)")
+    host, port = seeds[0]
+    return RedisURL(host, port, 0, username, password, scheme == "rediss+cluster", tuple(seeds))
 
 
 def redis_url(text: str) -> str:
@@ -290,10 +333,13 @@ class _Protocol(_Handshake, WholeReads, txredisapi.RedisProtocol):
             return
         key, mine = client.version_key, str(KEYSPACE_VERSION).encode()
         try:
-            found = yield self.execute_command("GET", key)
+            found = (yield self.execute_command("GET", key)) if client.checks_keyspace else mine
             if found is None:  # a new keyspace (or one emptied): this relayd's version, unless another was first
                 prefix = key[: -len(VERSION_KEY)]
-                earlier = yield self.execute_command("EXISTS", *[prefix + m.encode() for m in UNVERSIONED_MARKERS])
+                # One EXISTS per marker: on a Redis Cluster they live in different slots.
+                earlier = 0
+                for marker in UNVERSIONED_MARKERS:
+                    earlier += int((yield self.execute_command("EXISTS", prefix + marker.encode())))
                 if earlier:
                     raise KeyspaceVersionError(client.mismatch("keys of an earlier relayd without a keyspace version"))
                 yield self.execute_command("SET", key, mine, "NX")
@@ -366,9 +412,14 @@ class Redis:
 
     _log = Logger()
 
+    # Whether each pool connection checks the keyspace version and bounds (a Redis Cluster's node
+    # clients do not: relayd/storage/cluster.py checks them once, routed by slot).
+    checks_keyspace = True
+    what = "Redis"  # in the log lines about its connections
+
     def __init__(
         self,
-        url: str,
+        url: str | RedisURL,
         clock: Timekeeper,
         *,
         timeout: float = DEFAULT_TIMEOUT,
@@ -377,7 +428,9 @@ class Redis:
         wait_replicas: int | None = None,
         wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
     ) -> None:
-        self.url = parse_redis_url(url)
+        self.url = url if isinstance(url, RedisURL) else parse_redis_url(url)
+        if self.url.cluster:
+            raise ValueError("a redis+cluster:// URL is a Redis Cluster's (relayd.storage.cluster.redis_client)")
         self.clock = clock
         self.timeout = timeout
         # An acknowledged write (L{execute} with C{durable}) waits for this many replicas (C{WAIT}):
@@ -458,10 +511,10 @@ class Redis:
         the last is gone, so an operator (and a test) sees when relayd can reach Redis."""
         before, self._usable_connections = self._usable_connections, self._usable_connections + change
         if before == 0 and change > 0:
-            self._log.info("connected to Redis at {url} (keyspace version {version})", url=str(self.url),
-                           version=KEYSPACE_VERSION)  # fmt: skip
+            self._log.info("connected to {what} at {url} (keyspace version {version})", what=self.what,
+                           url=str(self.url), version=KEYSPACE_VERSION)  # fmt: skip
         elif self._usable_connections == 0 and change < 0 and not self._closing:
-            self._log.warn("lost every connection to Redis at {url}; reconnecting", url=str(self.url))
+            self._log.warn("lost every connection to {what} at {url}; reconnecting", what=self.what, url=str(self.url))
 
     def mismatch(self, found: str) -> str:
         """The refusal for a Redis that holds C{found} where this relayd keeps its keyspace version."""
@@ -540,6 +593,11 @@ class Redis:
 
         return written.addCallbacks(lambda result: waited.addCallback(counted, result), failed)
 
+    def get_many(self, store: str, keys: list[bytes]) -> Deferred[list[Any]]:
+        """The values of several keys, in order (C{None} for a missing one): one C{MGET} on a single
+        primary; a Redis Cluster client reads them slot by slot."""
+        return self.execute(store, "MGET", *keys)
+
     def deadline(self) -> int:
         """When a script sent now must no longer run, in microseconds of Redis's clock (C{TIME}):
         a little before this client stops waiting for its answer (L{DEADLINE_MARGIN})."""
@@ -615,6 +673,14 @@ class Redis:
             ds.append(self.follower.stop())
         self._buses = []
         return defer.gatherResults(ds, consumeErrors=True)
+
+
+def first_error(f: Failure) -> Failure:
+    """The failure of calls gathered with C{gatherResults(..., consumeErrors=True)} as the first of
+    them failed (L{StoreUnavailable}, L{OutcomeUnknown}...), not wrapped in C{FirstError}."""
+    if isinstance(f.value, defer.FirstError):
+        return f.value.subFailure
+    return f
 
 
 class RedisBus:

@@ -25,6 +25,7 @@ from tests.support.aep import (
     subscribe,
     valid,
 )
+from tests.support.redis import session_key
 
 CLOSED_CODES = {"invalid-filter", "unknown-dialect", "unauthorized", "limit-exceeded"}
 
@@ -358,5 +359,5 @@ class StateIsInRedis(OnRedis, TestCase):
         response, _ = await relay.post(event("in-redis", 0))
         self.assertEqual(response.code, 202)
         prefix = relay.core.log.prefix
-        members = await relay.redis.execute("test", "ZRANGE", prefix + b"aep:s:{in-redis}", 0, -1)
+        members = await relay.redis.execute("test", "ZRANGE", session_key(prefix.decode(), "aep", "s", "in-redis"), 0, -1)
         self.assertEqual(len(members), 1)

@@ -13,11 +13,15 @@ from relayd.aep.core.envelope import MAX_POSITION_DIGITS
 from relayd.aep.core.event import Event
 from relayd.aep.core.store import IEventLog, MemoryEventLog
 from relayd.aep.redis.store import RedisEventLog, decode_position, encode_position
+from relayd.storage.buckets import BUCKETS, Buckets
 from tests.support.aep import event
 from tests.support.cases import cases, expand
 from tests.support.redis import connected_redis, shared_redis
 
 _prefixes = itertools.count()
+# One bucket: the whole keyspace is one LRU, as the contract and the model describe it (the
+# deployment's 64 buckets make --aep-max-sessions a quota per bucket: RedisBuckets below).
+ONE_BUCKET = Buckets(1)
 
 
 def ev(session: str = "S", seq: int = 0, epoch: int | None = None, **extra) -> Event:
@@ -125,7 +129,7 @@ class RedisEventLogTests(EventLogContract, TestCase):
         server = shared_redis()
         redis = await connected_redis(server.url)
         self.addCleanup(redis.close)
-        return RedisEventLog(redis, capacity, max_sessions, prefix=f"t{next(_prefixes)}:{id(self)}:")
+        return RedisEventLog(redis, capacity, max_sessions, prefix=f"t{next(_prefixes)}:{id(self)}:", buckets=ONE_BUCKET)
 
 
 @expand
@@ -220,7 +224,9 @@ class RedisLogProperty(TestCase):
         server = shared_redis()
         redis = await connected_redis(server.url)
         self.addCleanup(redis.close)
-        log = RedisEventLog(redis, capacity=5, max_sessions=max_sessions, prefix=f"t{next(_prefixes)}:{id(self)}:")
+        log = RedisEventLog(
+            redis, capacity=5, max_sessions=max_sessions, prefix=f"t{next(_prefixes)}:{id(self)}:", buckets=ONE_BUCKET
+        )
         model = ReferenceLog(capacity=5, max_sessions=max_sessions)
         rng = random.Random(11)
         seq = itertools.count()
@@ -249,7 +255,7 @@ class RedisLogProperty(TestCase):
         redis = await connected_redis(server.url)
         self.addCleanup(redis.close)
         prefix = f"t{next(_prefixes)}:{id(self)}:"
-        log = RedisEventLog(redis, capacity=5, max_sessions=max_sessions, prefix=prefix, publisher="i")
+        log = RedisEventLog(redis, capacity=5, max_sessions=max_sessions, prefix=prefix, publisher="i", buckets=ONE_BUCKET)
         memory = MemoryEventLog(capacity=5, max_sessions=max_sessions)
         model = ReferenceLog(capacity=5, max_sessions=max_sessions)
         rng = random.Random(17)
@@ -290,10 +296,10 @@ class RedisLogProperty(TestCase):
                     cursor = page.cursor
                 assert paged == held, name
                 # Every trimmed event's key is forgotten: the dedupe hash holds the held events' keys.
-                dedupe = await redis.execute("test", "HKEYS", f"{prefix}aep:k:{{{name}}}".encode())
+                dedupe = await redis.execute("test", "HKEYS", log._session_keys(name.encode())[2])
                 keys = {f"{e.key[0]}\x00{e.key[1]}".encode() for e in model.buffers.get(name, [])}
                 assert set(dedupe) == keys, name
-                await self._messages_held_in_part_at_most_one(redis, f"{prefix}aep:e:{{{name}}}".encode(), name)
+                await self._messages_held_in_part_at_most_one(redis, log._session_keys(name.encode())[1], name)
 
     async def _messages_held_in_part_at_most_one(self, redis, key: bytes, name: str) -> None:  # type: ignore[no-untyped-def]
         # A batch stored as one message (append.lua) stays while any of its events is held: only
@@ -320,7 +326,7 @@ class RedisLogProperty(TestCase):
         redis = await connected_redis(server.url)
         self.addCleanup(redis.close)
         prefix = f"t{next(_prefixes)}:{id(self)}:"
-        log = RedisEventLog(redis, capacity=5, max_sessions=3, prefix=prefix, publisher="i")
+        log = RedisEventLog(redis, capacity=5, max_sessions=3, prefix=prefix, publisher="i", buckets=ONE_BUCKET)
         model = ReferenceLog(capacity=5, max_sessions=3)
         pad = "p" * 50_000
         for first in range(0, 12, 3):
@@ -328,6 +334,56 @@ class RedisLogProperty(TestCase):
             assert await log.append(batch, publish=True) == model.append(batch)
             replayed = (await log.replay("big", (0, -1))).events
             assert [e.payload(None) for e in replayed] == [e.payload(None) for e in model.buffers["big"]]
-            fields = await redis.execute("test", "HKEYS", f"{prefix}aep:e:{{big}}".encode())
+            fields = await redis.execute("test", "HKEYS", log._session_keys(b"big")[1])
             assert len(fields) == len(replayed) and all(f.isdigit() for f in fields), fields
         assert await log.append([ev("big", 0, pad=pad)]) == [True]  # trimmed, so its key was forgotten
+
+
+def _sessions_by_bucket(count: int, per_bucket: int) -> list[list[str]]:
+    """C{count} buckets' worth of session names, C{per_bucket} in each (the deployment's buckets)."""
+    found: dict[int, list[str]] = {}
+    for n in itertools.count():
+        name = f"s{n}"
+        found.setdefault(BUCKETS.index_of(name.encode()), []).append(name)
+        full = [names[:per_bucket] for names in found.values() if len(names) >= per_bucket]
+        if len(full) == count:
+            return full
+    raise AssertionError("unreachable")
+
+
+class RedisBuckets(TestCase):
+    """Keyspace version 4: sessions in buckets, --aep-max-sessions a quota per bucket (⌈max / 64⌉),
+    and a batch over several buckets stored as one script per bucket."""
+
+    async def make(self, max_sessions: int, publisher: str | None = None) -> RedisEventLog:
+        redis = await connected_redis(shared_redis().url)
+        self.addCleanup(redis.close)
+        return RedisEventLog(redis, 5, max_sessions, prefix=f"t{next(_prefixes)}:{id(self)}:", publisher=publisher)
+
+    async def test_eviction_is_least_recently_written_within_a_bucket(self) -> None:
+        (a, b, c), (x, y, z) = _sessions_by_bucket(2, 3)
+        log = await self.make(max_sessions=2 * BUCKETS.count)  # two per bucket
+        for session in (a, x, b, y, a, c, z):  # c evicts b (a was written again); z evicts x
+            await log.append([ev(session, 0)])
+        self.assertEqual(sorted(await log.sessions()), sorted([a, c, y, z]))
+        self.assertEqual(log.session_count(), 4)
+        for gone in (b, x):
+            self.assertEqual(list((await log.replay(gone, (0, -1))).events), [])
+
+    async def test_a_batch_over_several_buckets_is_stored_whole_and_answered_in_order(self) -> None:
+        sessions = [names[0] for names in _sessions_by_bucket(3, 1)]
+        log = await self.make(max_sessions=500)
+        batch = [ev(sessions[i % 3], i // 3) for i in range(9)]
+        batch.append(ev(sessions[1], 0))  # a duplicate, in the middle bucket
+        self.assertEqual(await log.append(batch, publish=False), [True] * 9 + [False])
+        for session in sessions:
+            self.assertEqual([e.position for e in (await log.replay(session, (0, -1))).events], [(0, 0), (0, 1), (0, 2)])
+        self.assertEqual(sorted(await log.sessions()), sorted(sessions))
+        self.assertEqual(log.session_count(), 3)
+
+    async def test_the_empty_session_and_braces_are_sessions_like_any_other(self) -> None:
+        log = await self.make(max_sessions=500)
+        names = ["", "{x}", "}", "a}b", "{", "é☃"]
+        self.assertEqual(await log.append([ev(name, 0) for name in names]), [True] * len(names))
+        for name in names:
+            self.assertEqual(len((await log.replay(name, (0, -1))).events), 1, name)

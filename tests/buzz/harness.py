@@ -29,6 +29,7 @@ from relayd.buzz.core import contract
 from relayd.buzz.core.state import StateDB
 from relayd.buzz.service import BrokerService
 from relayd.cli import broker as admin
+from relayd.storage.cluster import redis_client
 from relayd.storage.redis import Redis
 
 
@@ -89,7 +90,7 @@ class BrokerUnderTest:
         url = kw.pop("redis_url", None)
         clock = Timekeeper(reactor)
         if url is not None:  # a broker built alone, as the tap would hand it the plumbing's client
-            self.redis = Redis(url, clock, prefix=kw.get("redis_prefix", "relayd:"))
+            self.redis = redis_client(url, clock, prefix=kw.get("redis_prefix", "relayd:"))
             kw["redis"] = self.redis
         self.service = BrokerService(
             listen=["tcp:0:interface=127.0.0.1"],

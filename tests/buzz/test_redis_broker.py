@@ -21,7 +21,7 @@ from twisted.trial import unittest
 from relayd.buzz.core import contract
 from tests.buzz.harness import BrokerUnderTest, new_channel
 from tests.support.nostr import shared_nostr_relay
-from tests.support.redis import RedisServer, shared_redis, sleep_redis
+from tests.support.redis import OnCluster, RedisServer, layout_url, shared_redis, sleep_redis
 
 _prefixes = itertools.count()
 
@@ -35,7 +35,7 @@ class TwoInstances(unittest.TestCase):
 
     async def setUp(self) -> None:
         self.relay = shared_nostr_relay()
-        self.redis_url = shared_redis().url
+        self.redis_url = layout_url(self)
         self.state = os.path.join(tempfile.mkdtemp(prefix="relayd-redis-broker-"), "state")
         prefix = f"t{next(_prefixes)}:{os.getpid()}:{id(self)}:"
         self.a = BrokerUnderTest(self.state, self.relay.url, redis_url=self.redis_url, redis_prefix=prefix)  # type: ignore[attr-defined]
@@ -118,6 +118,10 @@ class TwoInstances(unittest.TestCase):
         assert json.loads(gone)["status"] == "succeeded"
         refused = await self.a.call(kid_cred, "message.post", {"channelId": self.channel, "content": "after"})
         assert refused["error"]["code"] == "unauthenticated"
+
+
+class TwoInstancesOnCluster(OnCluster, TwoInstances):
+    """The same two brokers on a 3-master Redis Cluster (issue 25)."""
 
 
 class RedisGoesAway(unittest.TestCase):

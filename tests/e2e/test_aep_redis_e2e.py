@@ -1,17 +1,21 @@
-"""Several real ``twistd -n relayd`` processes sharing one real Redis behave as one AEP relay (issue 5)."""
+"""Several real ``twistd -n relayd`` processes sharing one real Redis behave as one AEP relay (issue 5),
+on a single redis-server and on a 3-master Redis Cluster (issue 25)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+from collections import Counter
 
 import treq
-from twisted.internet import reactor
+from twisted.internet import reactor, threads
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
+from relayd.storage.buckets import BUCKETS, key_slot
 from tests.support.aep import event, ndjson
-from tests.support.redis import RedisServer
+from tests.support.redis import OnCluster, RedisCluster, RedisServer, connected_redis, layout_url
 from tests.support.sse import SSEClient
 from tests.support.twistd import RelaydProcess
 from tests.support.ws import WSClient
@@ -25,20 +29,29 @@ def held_ids(messages: list) -> list[str]:
     return [m.id for m in messages if m.id]
 
 
-class ThreeInstances(TestCase):
+class Instances(TestCase):
+    """Relayd processes on one Redis: a private redis-server (C{self.redis}) unless C{shared}, then
+    the test's layout (tests/support/redis.py L{layout_url}) under a key prefix of its own."""
+
     timeout = 90
+    shared = False
+    redis_url: str | None = None  # a Redis of the test's own (a private Redis Cluster)
 
     async def start_cluster(self, count: int = 3) -> list[int]:
-        self.redis = RedisServer.start()
-        self.addCleanup(self.redis.cleanup)
+        if self.redis_url is not None:
+            redis = ["--redis", self.redis_url]
+        elif self.shared:
+            redis = ["--redis", layout_url(self), "--redis-prefix", f"e2e{id(self)}:"]
+        else:
+            self.redis = RedisServer.start()
+            self.addCleanup(self.redis.cleanup)
+            redis = ["--redis", self.redis.url]
 
         self.pool = HTTPConnectionPool(reactor, persistent=False)
         ports = []
         for _ in range(count):
             proc = await RelaydProcess.start_for(
-                self,
-                ["--aep-listen", "tcp:0:interface=127.0.0.1", "--no-mcp", "--redis", self.redis.url],
-                env={"AEP_TOKEN": TOKEN},
+                self, ["--aep-listen", "tcp:0:interface=127.0.0.1", "--no-mcp", *redis], env={"AEP_TOKEN": TOKEN}
             )
             await proc.wait_for(rb"shared state in Redis")
             # Listening comes before the Redis pool is up (a POST then is a 503).
@@ -80,6 +93,10 @@ class ThreeInstances(TestCase):
                 return reply["entries"]
             await deferLater(reactor, 0.02, lambda: None)  # polling another process's write
         self.fail(f"roster never had {count} entries: {reply}")
+
+
+class ThreeInstances(Instances):
+    shared = True
 
     async def test_ingest_on_a_reaches_sse_on_b_and_ws_on_c_then_resume_on_b(self) -> None:
         a, b, c = await self.start_cluster()
@@ -136,6 +153,12 @@ class ThreeInstances(TestCase):
         sender.send(event("S", None, "control.pause", id="cmd-4", agent="operator"))
         self.assertEqual(await second.recv(), event("S", None, "control.pause", id="cmd-4", agent="operator"))
 
+
+class ThreeInstancesOnCluster(OnCluster, ThreeInstances):
+    pass
+
+
+class RestartDuringTraffic(Instances):
     async def test_redis_restart_during_traffic(self) -> None:
         a, b = await self.start_cluster(2)
         self.assertEqual(await self.post(a, event("R", 0)), 202)
@@ -166,3 +189,59 @@ class ThreeInstances(TestCase):
             self.assertEqual(json.loads(history.refusal), {"error": "store-unavailable", "store": "aep"})
             await deferLater(reactor, 0.05, lambda: None)
         self.assertEqual(held_ids(await history.read_until_end()), ["R:0:0", "R:0:2"])
+
+
+class LiveReshard(Instances):
+    """Issue 25 acceptance 2: C{redis-cli --cluster reshard} moves a busy session's slot to another
+    master while two relayd processes ingest into it: MOVED and ASK are followed, no 500, and the
+    replay holds every acknowledged event exactly once, in order."""
+
+    timeout = 180
+
+    async def test_a_reshard_of_a_busy_sessions_slot(self) -> None:
+        cluster = RedisCluster.start()
+        self.addCleanup(cluster.cleanup)
+        source, target = cluster.nodes[0], cluster.nodes[1]
+        probe = await connected_redis(cluster.url)
+        self.addCleanup(probe.close)
+        owned = [slot for slot, owner in enumerate(probe._slots) if owner == ("127.0.0.1", source.port)]
+        # The session of the source's lowest bucket slot: the reshard moves the source's slots from
+        # its lowest up, ending with the busy session's.
+        session = min((f"busy{n}" for n in range(2000)), key=lambda s: (
+            key_slot(BUCKETS.tag_of(s.encode())) not in owned, key_slot(BUCKETS.tag_of(s.encode()))))  # fmt: skip
+        slot = key_slot(BUCKETS.tag_of(session.encode()))
+        self.assertIn(slot, owned)
+        moving = slot - owned[0] + 1
+        ids = {node.port: cluster.command(node, "CLUSTER", "MYID").strip() for node in (source, target)}
+        self.redis_url = cluster.url
+        a, b = await self.start_cluster(2)
+        self.assertEqual(await self.post(a, event(session, 0)), 202)
+        acknowledged, codes = [0], Counter([202])
+
+        reshard = threads.deferToThread(
+            subprocess.run,
+            [cluster.cli, "--cluster", "reshard", f"127.0.0.1:{source.port}", "--cluster-from", ids[source.port],
+             "--cluster-to", ids[target.port], "--cluster-slots", str(moving), "--cluster-yes"],
+            capture_output=True, timeout=120,
+        )  # fmt: skip
+        seq = 1
+        after = 0
+        while after < 50 and seq < 5000:  # bounded traffic: during the reshard, then 50 more
+            code = await self.post((a, b)[seq % 2], event(session, seq))
+            codes[code] += 1
+            if code == 202:
+                acknowledged.append(seq)
+            seq += 1
+            if reshard.called:
+                after += 1
+        done = await reshard
+        self.assertEqual(done.returncode, 0, done.stderr.decode(errors="replace")[-2000:])
+        self.assertEqual(cluster.command(target, "CLUSTER", "COUNTKEYSINSLOT", str(slot)).strip() != "0", True)
+        self.assertLessEqual(set(codes), {202, 503}, codes)  # an outage at worst, never a 500
+        self.assertGreater(codes[202], 50, codes)
+        history = await SSEClient.connect(
+            f"http://127.0.0.1:{b}/stream?live=0&from=" + json.dumps([{"session": session, "epoch": 0, "seq": -1}]), AUTH
+        )
+        held = [int(i.rsplit(":", 1)[1]) for i in held_ids(await history.read_until_end())]
+        self.assertEqual(held, sorted(set(held)))  # in order, none twice
+        self.assertEqual([s for s in acknowledged if s not in held], [])  # every acknowledged one

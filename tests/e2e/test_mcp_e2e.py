@@ -12,7 +12,7 @@ from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.support.redis import shared_redis
+from tests.support.redis import OnCluster, layout_url
 from tests.support.sse import SSEClient
 from tests.support.twistd import RelaydProcess
 
@@ -106,8 +106,7 @@ class TwistdMCPOnRedis(TestCase):
     timeout = 60
 
     async def test_page_on_a_agent_on_b_and_unregister_on_a_ends_the_stream_on_b(self) -> None:
-        redis = shared_redis()
-        options = ["--mcp-listen", "tcp:0:interface=127.0.0.1", "--no-aep", "--redis", redis.url,
+        options = ["--mcp-listen", "tcp:0:interface=127.0.0.1", "--no-aep", "--redis", layout_url(self),
                    "--redis-prefix", f"e2e{id(self)}:"]
         a = await RelaydProcess.start_for(self, options, wait_for=("mcp",))
         b = await RelaydProcess.start_for(self, options, wait_for=("mcp",))
@@ -161,3 +160,7 @@ async def mcp_event(stream: SSEClient) -> dict:
             message = json.loads(msg.data or "")
             if not str(message.get("method", "")).startswith("notifications/peer_"):
                 return message
+
+
+class TwistdMCPOnCluster(OnCluster, TwistdMCPOnRedis):
+    """The same two processes on a 3-master Redis Cluster (issue 25)."""

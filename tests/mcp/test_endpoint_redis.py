@@ -6,7 +6,7 @@ from twisted.trial.unittest import TestCase
 
 from tests.support.mcp import TOKEN, start_mcp_process, until_store_answers
 from tests.support.mcp_clients import RemoteRelay, SimulatedPage, run_client
-from tests.support.redis import shared_redis
+from tests.support.redis import OnCluster, layout_url
 
 SESSION = "acrossab"
 
@@ -15,7 +15,7 @@ class AcrossInstances(TestCase):
     timeout = 120
 
     async def setUp(self) -> None:  # type: ignore[override]
-        url = shared_redis().url
+        url = layout_url(self)
         prefix = f"endpoint{id(self)}:"
         self.a = await start_mcp_process(self, "--redis", url, "--redis-prefix", prefix)
         self.b = await start_mcp_process(self, "--redis", url, "--redis-prefix", prefix)
@@ -41,3 +41,7 @@ class AcrossInstances(TestCase):
         code, out, err = await run_client("sdk_client.py", "sse", f"{self.url_a}/{SESSION}/sse", TOKEN)
         assert code == 0 and out is not None, err[-4000:]
         assert out["progress"] == [[1.0, 2.0, "half"]] and out["list_changed"] >= 1
+
+
+class AcrossInstancesOnCluster(OnCluster, AcrossInstances):
+    """The same on a 3-master Redis Cluster (issue 25)."""

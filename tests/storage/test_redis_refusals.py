@@ -24,7 +24,7 @@ from tests.storage.test_redis_scripts import _every_script
 from tests.support.aep import event, open_sse, start_relay
 from tests.support.cases import cases, expand
 from tests.support.http import HttpClient
-from tests.support.redis import RedisServer, connected_redis, free_port
+from tests.support.redis import RedisServer, bucket_key, connected_redis, free_port, session_key
 from tests.support.wing import Wing
 
 TOKEN = "t" * 32
@@ -146,7 +146,7 @@ class MemoryFull(Refusals):
             self.assertEqual(response.code, 503)
         # Nothing was written: no key more, none longer (each POST would have stored 100 KB).
         self.assertEqual(admin(self.server.port, b"DBSIZE\r\n"), keys)
-        self.assertEqual(admin(self.server.port, b"ZCARD full:aep:s:{S}\r\nEXISTS full:aep:s:{T}\r\n"), b":1\r\n:0\r\n")
+        self.assertEqual(admin(self.server.port, b"ZCARD %s\r\nEXISTS %s\r\n" % (session_key("full:", "aep", "s", "S"), session_key("full:", "aep", "s", "T"))), b":1\r\n:0\r\n")
         # Reads are not writes: the history is still served.
         history = await open_sse(self, aep, live="0", from_=[{"session": "S"}])
         self.assertEqual([m.json()["seq"] for m in await history.read_until_end() if m.comment is None], [1])
@@ -173,7 +173,7 @@ class MemoryFull(Refusals):
             failure = await self.assertFailure(log.append(events), StoreRefused)
             self.assertEqual(failure.code, "OOM")
         admin(self.server.port, b"CONFIG SET maxmemory 0\r\n")
-        self.assertEqual(admin(self.server.port, b"ZCARD plain:aep:s:{S}\r\nGET plain:aep:clock\r\n"), b":1\r\n$1\r\n2\r\n")
+        self.assertEqual(admin(self.server.port, b"ZCARD %s\r\nGET %s\r\n" % (session_key("plain:", "aep", "s", "S"), bucket_key("plain:", "aep", "clock", "S"))), b":1\r\n$1\r\n2\r\n")
         replay = await log.replay("S", (0, -1))
         self.assertEqual([e.position for e in replay.events], [(0, 1)])
 

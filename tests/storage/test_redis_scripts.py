@@ -15,6 +15,7 @@ import configparser
 import fnmatch
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ from relayd.storage.redis_lua import Script
 from tests.support.aep import event
 from tests.support.cases import cases, expand
 from tests.support.mcp import RecordingSink
-from tests.support.redis import RedisServer, connected_redis, shared_redis
+from tests.support.redis import RedisServer, bucket_key, connected_redis, same_bucket, shared_redis
 from tests.support.redis_monitor import Command, RedisMonitor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,9 +121,11 @@ class RoundTrips(Watched):
         self.assertEqual(len(agent.events), delivered + 1)  # the reply did reach the agent
 
     async def test_an_aep_batch_is_one_redis_command_with_its_fan_out(self) -> None:
-        log = RedisEventLog(self.redis, 1000, 64, prefix="rt:", publisher="instance")
-        await log.append([_event("a", 0)], publish=True)
-        batch = [_event(session, seq) for seq in range(1, 51) for session in ("a", "b")]
+        # (Two sessions of one bucket: a batch is one script per bucket its sessions are in.)
+        log = RedisEventLog(self.redis, 1000, 64 * 64, prefix="rt:", publisher="instance")
+        a, b = same_bucket(2)
+        await log.append([_event(a, 0)], publish=True)
+        batch = [_event(session, seq) for seq in range(1, 51) for session in (a, b)]
         commands = await self.watched(lambda: log.append(batch, publish=True))
         self.assertEqual(_sent(commands), ["EVALSHA"])
         published = [c for c in commands if c.lua and c.name == "PUBLISH"]
@@ -147,13 +150,14 @@ class RoundTrips(Watched):
         self.assertEqual(len((await log.replay("a", (0, -1))).events), 100)
 
     async def test_an_aep_batch_that_evicts_another_session_adds_one_command(self) -> None:
-        log = RedisEventLog(self.redis, 10, 2, prefix="rt:")
-        for session in "abc":  # "c" evicts "a": the drop script is loaded
+        log = RedisEventLog(self.redis, 10, 2 * 64, prefix="rt:")  # two sessions per bucket
+        a, b, c, d = same_bucket(4)
+        for session in (a, b, c):  # c evicts a: the drop script is loaded
             await log.append([_event(session, 0)])
-        commands = await self.watched(lambda: log.append([_event("d", 0), _event("d", 1)]))
-        self.assertEqual(_sent(commands), ["EVALSHA", "EVALSHA"])  # the append, then the drop of "b"
-        self.assertEqual(await log.sessions(), ["c", "d"])
-        self.assertEqual((await log.replay("b", (0, -1))).events, ())
+        commands = await self.watched(lambda: log.append([_event(d, 0), _event(d, 1)]))
+        self.assertEqual(_sent(commands), ["EVALSHA", "EVALSHA"])  # the append, then the drop of b
+        self.assertEqual(await log.sessions(), [c, d])
+        self.assertEqual((await log.replay(b, (0, -1))).events, ())
 
 
 class DeclaredKeys(Watched):
@@ -186,74 +190,108 @@ class DeclaredKeys(Watched):
         self.assertEqual({expected[sha] for sha in set(expected) - ran}, set(), "scripts this test did not run")
 
     async def _every_operation(self) -> None:
-        await self._mcp()
-        await self._aep()
-        await self._buzz()
+        await every_operation(self.redis, "k:", Ids())
 
-    async def _mcp(self) -> None:
-        store = RedisStore(self.redis, prefix="k:")
-        await store.put_client("c1", ClientRecord(SESSION, "l1"), 60_000)
-        await store.touch_clients(["c1", "c2"], 60_000)
-        await store.put_session(SessionRecord(SESSION, "h" * 64, 1.0))
-        await store.touch_session(SESSION, 2.0)
-        await store.check_session(SESSION, "h" * 64, 3.0)
-        sse = SubscriberRecord("sub1", SESSION, INBOUND, SSE, None, 3.0, 0, "i1")
-        poll = SubscriberRecord("sub2", SESSION, OUTBOUND, POLL, "l1", 3.0, 0, "i1")
-        await store.add_subscriber(sse)
-        await store.add_subscriber(poll)
-        await store.update_subscriber(SESSION, OUTBOUND, "sub2", 4.0, 1)
-        await store.find_subscriber(SESSION, "sub2")
-        await store.all_subscribers(SESSION)
-        await store.start_inbox(SESSION, "h" * 64, 5.0, INBOUND, b"1", Correlation("l1", None), 10)
-        await store.start_outbox(SESSION, "h" * 64, 5.0, b"1")
-        await store.record_correlation(SESSION, b"2", Correlation("l1", b"7"), 10)
-        await store.consume_correlation(SESSION, b"2")
-        await store.push(poll.queue_key, b'"frame"', 10, 1000)
-        frames, _ = await store.take(poll.queue_key)
-        await store.put_back(poll.queue_key, frames)
-        await store.append_backlog(SESSION, INBOUND, b"{}", 10)
-        await store.take_backlog(SESSION, INBOUND)
-        await store.append_backlog(SESSION, OUTBOUND, b"{}", 10)
-        await store.update_subscriber(SESSION, OUTBOUND, "sub2", 4.0, -1)
-        await store.idle_pollers(1e9)
-        await store.remove_subscriber(SESSION, INBOUND, "sub1")
-        await store.add_subscriber(sse)
-        await store.put_session(SessionRecord("owned", "h" * 64, 1.0, "192.0.2.1"))
-        await store.session_room("192.0.2.1", 1)
-        await store.claim_correlation(SESSION, b"3", Correlation("l1", b"7"), 10)
-        await store.drop_session_state(SESSION)
-        await store.delete_session(SESSION)
 
-    async def _aep(self) -> None:
-        log = RedisEventLog(self.redis, 2, 2, prefix="k:", publisher="i")
-        await log.append([_event("a", 0), _event("a", 1), _event("a", 2)], publish=True)  # trims
-        await log.append([_event("b", 0)])
-        await log.append([_event("c", 0), _event("a", 3)])  # evicts b (dropped after) and then c
-        await log.replay("a", (0, -1), limit=1)
-        clock = Timekeeper(reactor)
-        bus = self.redis.bus()
-        claims = RedisClaims(self.redis, bus, clock, "k:")
-        claims.stop()
-        await self.redis.execute("test", "SADD", b"k:aep:claimed", b"a", b"b")
-        info = orjson.dumps({"role": "emitter", "order": [0, "", 0, 0]})
-        await self.redis.execute("test", "HSET", claims._claims_key("a"), b"gone:0", info)
-        await claims.roster()
+@dataclass(frozen=True)
+class Ids:
+    """The ids L{every_operation} uses: an MCP session and client, AEP sessions (three of one bucket,
+    so that one evicts another; then any others), a client address."""
 
-    async def _buzz(self) -> None:
-        async def no_effects(effects: list[dict[str, Any]]) -> None:
-            return None
+    mcp_session: str = SESSION
+    client: str = "c1"
+    aep_sessions: tuple[str, ...] = ()
+    owner: str = "192.0.2.1"
 
-        receipts = RedisReceipts(self.redis, Timekeeper(reactor), no_effects, prefix="k:", max_receipts=1)
-        await receipts.claim("p", "r1", b"d" * 32)
-        await receipts.store_plan("p", "r1", b"d" * 32, b"plan")
-        await receipts.complete("p", "r1", b"d" * 32, b'{"ok":true}', [])
-        await receipts.claim("p", "r0", b"d" * 32)
-        await receipts.complete("p", "r0", b"d" * 32, b'{"ok":true}', [])  # past the cap of 1: a trim
-        assert receipts.trimming is not None
-        await receipts.trimming
-        await receipts.claim("p", "r2", b"d" * 32)
-        await receipts.release("p", "r2")
-        await receipts.close()
+
+async def every_operation(redis: Any, prefix: str, ids: Ids) -> None:
+    """Every operation of every wing's Redis store, so that every script is run (several times)."""
+    await _mcp(redis, prefix, ids)
+    await _aep(redis, prefix, ids)
+    await _buzz(redis, prefix)
+
+
+async def _mcp(redis: Any, prefix: str, ids: Ids) -> None:
+    session = ids.mcp_session
+    store = RedisStore(redis, prefix=prefix)
+    await store.put_client(ids.client, ClientRecord(session, "l1"), 60_000)
+    await store.touch_clients([ids.client, ids.client + "2", "c2"], 60_000)
+    await store.get_client(ids.client)
+    await store.put_session(SessionRecord(session, "h" * 64, 1.0))
+    await store.touch_session(session, 2.0)
+    await store.check_session(session, "h" * 64, 3.0)
+    sse = SubscriberRecord("sub1", session, INBOUND, SSE, None, 3.0, 0, "i1")
+    poll = SubscriberRecord("sub2", session, OUTBOUND, POLL, "l1", 3.0, 0, "i1")
+    await store.add_subscriber(sse)
+    await store.add_subscriber(poll)
+    await store.update_subscriber(session, OUTBOUND, "sub2", 4.0, 1)
+    await store.find_subscriber(session, "sub2")
+    await store.all_subscribers(session)
+    await store.start_inbox(session, "h" * 64, 5.0, INBOUND, b"1", Correlation("l1", None), 10)
+    await store.start_outbox(session, "h" * 64, 5.0, b"1")
+    await store.record_correlation(session, b"2", Correlation("l1", b"7"), 10)
+    await store.consume_correlation(session, b"2")
+    await store.push(poll.queue_key, b'"frame"', 10, 1000)
+    frames, _ = await store.take(poll.queue_key)
+    await store.put_back(poll.queue_key, frames)
+    await store.buffered_bytes()
+    await store.append_backlog(session, INBOUND, b"{}", 10)
+    await store.take_backlog(session, INBOUND)
+    await store.append_backlog(session, OUTBOUND, b"{}", 10)
+    await store.update_subscriber(session, OUTBOUND, "sub2", 4.0, -1)
+    await store.idle_pollers(1e9)
+    await store.remove_subscriber(session, INBOUND, "sub1")
+    await store.add_subscriber(sse)
+    await store.put_session(SessionRecord("owned", "h" * 64, 1.0, ids.owner))
+    await store.session_room(ids.owner, 1)
+    await store.session_room(None, 1)
+    await store.session_count()
+    await store.expired_session_ids(1e12)
+    await store.claim_correlation(session, b"3", Correlation("l1", b"7"), 10)
+    await store.drop_session_state(session)
+    await store.delete_session(session)
+
+
+async def _aep(redis: Any, prefix: str, ids: Ids) -> None:
+    a, b, c = same_bucket(3, "aep")
+    log = RedisEventLog(redis, 2, 2 * 64, prefix=prefix, publisher="i")  # two sessions per bucket
+    await log.append([_event(a, 0), _event(a, 1), _event(a, 2)], publish=True)  # trims
+    await log.append([_event(b, 0)])
+    await log.append([_event(c, 0), _event(a, 3)])  # evicts b (dropped after) and then c
+    await log.replay(a, (0, -1), limit=1)
+    others = list(ids.aep_sessions)
+    if others:
+        await log.append([_event(s, n) for n, s in enumerate(others)], publish=True)
+        for session in others:
+            await log.replay(session, (0, -1))
+    await log.sessions()
+    clock = Timekeeper(reactor)
+    bus = redis.bus()
+    claims = RedisClaims(redis, bus, clock, prefix)
+    claims.stop()
+    info = orjson.dumps({"role": "emitter", "order": [0, "", 0, 0]})
+    for session in [a, b, *others]:
+        await redis.execute("test", "SADD", bucket_key(prefix, "aep", "claimed", session), session)
+        await redis.execute("test", "HSET", claims._claims_key(session), b"gone:0", info)
+    await claims.roster()
+    await claims.claimants(a)
+
+
+async def _buzz(redis: Any, prefix: str) -> None:
+    async def no_effects(effects: list[dict[str, Any]]) -> None:
+        return None
+
+    receipts = RedisReceipts(redis, Timekeeper(reactor), no_effects, prefix=prefix, max_receipts=1)
+    await receipts.claim("p", "r1", b"d" * 32)
+    await receipts.store_plan("p", "r1", b"d" * 32, b"plan")
+    await receipts.complete("p", "r1", b"d" * 32, b'{"ok":true}', [])
+    await receipts.claim("p", "r0", b"d" * 32)
+    await receipts.complete("p", "r0", b"d" * 32, b'{"ok":true}', [])  # past the cap of 1: a trim
+    assert receipts.trimming is not None
+    await receipts.trimming
+    await receipts.claim("p", "r2", b"d" * 32)
+    await receipts.release("p", "r2")
+    await receipts.close()
 
 
 class Sources(TestCase):
@@ -305,7 +343,7 @@ class DropRetries(TestCase):
             if name == "sub_all" and looks[0] < interfered:
                 looks[0] += 1  # a reader subscribes between the look and the drop
                 record = SubscriberRecord(f"late{looks[0]}", SESSION, OUTBOUND, SSE, None, 1.0, 0, "i2")
-                await run("sub_add", [store._sub_key(SESSION, OUTBOUND), store._seq, store._pollers],
+                await run("sub_add", [store._sub_key(SESSION, OUTBOUND), store._seq_key(SESSION), store._pollers_of(SESSION)],
                           record.id, SSE, "", "0", "i2", 1000, record.queue_key)
             return result
 

@@ -49,7 +49,7 @@ class SentinelURL(TestCase):
             ("redis+sentinel://s1/main/zero", "database must be a number"),
             ("redis+sentinel://s1/main/0/1", "more than a master and a database"),
             ("redis+sentinel://s1/main?password=x", "unknown query parameter 'password'"),
-            ("sentinel://s1/main", "must be a redis://, rediss:// or redis+sentinel://"),
+            ("sentinel://s1/main", "must be a redis://, rediss://, redis+cluster://HOST:PORT[,HOST:PORT...] or redis+sentinel://"),
         ]:
             with self.assertRaises(ValueError) as caught:
                 parse_redis_url(text)

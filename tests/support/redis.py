@@ -37,18 +37,18 @@ def free_port() -> int:
 class RedisServer:
     """C{RedisServer.start()}; C{.url}; C{.stop()}; C{.restart()} keeps the data (AOF off, RDB on stop)."""
 
-    def __init__(self, options: tuple[str, ...] = ()) -> None:
+    def __init__(self, options: tuple[str, ...] = (), port: int | None = None) -> None:
         self.binary = require_redis_server()
-        self.port = free_port()
+        self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="relayd-redis-")
         self.options = options
         self.proc: subprocess.Popen[bytes] | None = None
 
     @classmethod
-    def start(cls, *options: str) -> RedisServer:
+    def start(cls, *options: str, port: int | None = None) -> RedisServer:
         """A server started with the default options and C{options} (C{"--enable-debug-command",
         "yes"} for a test that holds Redis with C{DEBUG SLEEP})."""
-        server = cls(options)
+        server = cls(options, port)
         server._spawn()
         return server
 
@@ -107,6 +107,99 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def require_redis_cli() -> str:
+    """The redis-cli binary (it creates clusters); skips locally without it, fails under CI=true."""
+    binary = shutil.which("redis-cli")
+    if binary is None:
+        missing("redis-cli is not installed (apt-get install redis-tools; CI: .ci/install-redis.sh)")
+    return binary
+
+
+def cluster_port() -> int:
+    """A free port whose cluster bus port (10000 more) is free too."""
+    while True:
+        port = free_port()
+        if port + 10000 < 65536:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+            return port
+
+
+class RedisCluster:
+    """A Redis Cluster of C{masters} real redis-servers on loopback (no replicas), its slots split
+    evenly by C{redis-cli --cluster create}: C{RedisCluster.start()}; C{.url} (C{redis+cluster://},
+    every node a seed); C{.nodes}; C{.cleanup()} kills every node by its PID."""
+
+    NODE_TIMEOUT = 2.0  # seconds (cluster-node-timeout): a master is failed over this long after it dies
+
+    def __init__(self, masters: int = 3, replicas: int = 0) -> None:
+        self.cli = require_redis_cli()
+        self.nodes: list[RedisServer] = []
+        self.masters = masters
+        self.replicas = replicas
+
+    @classmethod
+    def start(cls, masters: int = 3, replicas: int = 0) -> RedisCluster:
+        """C{masters} masters (the first nodes), each with C{replicas} replicas (the nodes after)."""
+        cluster = cls(masters, replicas)
+        try:
+            for _ in range(masters * (1 + replicas)):
+                cluster.nodes.append(
+                    RedisServer.start("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                                      "--cluster-node-timeout", str(int(cls.NODE_TIMEOUT * 1000)),
+                                      port=cluster_port())
+                )  # fmt: skip
+            addresses = [f"127.0.0.1:{node.port}" for node in cluster.nodes]
+            subprocess.run(
+                [cluster.cli, "--cluster", "create", *addresses, "--cluster-replicas", str(replicas), "--cluster-yes"],
+                check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30,
+            )  # fmt: skip
+            cluster.wait_ok()
+        except BaseException:
+            cluster.cleanup()
+            raise
+        return cluster
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
+
+    def command(self, node: RedisServer, *args: str) -> str:
+        """C{redis-cli -p <node> args...}'s output (a test's look at one node)."""
+        done = subprocess.run([self.cli, "-p", str(node.port), *args], capture_output=True, timeout=30, check=True)
+        return done.stdout.decode()
+
+    def wait_ok(self, timeout: float = 20) -> None:
+        """Until every node says cluster_state:ok and agrees on the slots (an external process)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all("cluster_state:ok" in self.command(node, "CLUSTER", "INFO") for node in self.nodes):
+                return
+            time.sleep(0.05)  # waiting for redis-server's cluster bus to converge
+        raise RuntimeError("the Redis Cluster did not come up")
+
+    def cleanup(self) -> None:
+        for node in self.nodes:
+            node.cleanup()
+
+
+_shared_cluster: RedisCluster | None = None
+
+
+def shared_cluster() -> RedisCluster:
+    """One 3-master Redis Cluster for the whole test run (tests isolate themselves by key prefix)."""
+    global _shared_cluster
+    if _shared_cluster is None or any(n.proc is None or n.proc.poll() is not None for n in _shared_cluster.nodes):
+        _shared_cluster = RedisCluster.start()
+        import atexit
+
+        atexit.register(_shared_cluster.cleanup)
+    return _shared_cluster
+
+
 _shared: RedisServer | None = None
 _prefixes = itertools.count()
 
@@ -122,22 +215,77 @@ def shared_redis() -> RedisServer:
     return _shared
 
 
+class OnCluster:
+    """Mixin for a test case of several relayd instances on Redis: run it on the run's shared
+    3-master Redis Cluster (L{shared_cluster}) instead of a single redis-server. The case asks
+    L{layout_url} for its Redis and isolates itself by key prefix."""
+
+    redis_layout = "cluster"
+
+
+def layout_url(case: Any) -> str:
+    """The URL of the Redis a test case's relays share: the shared Redis Cluster for an
+    L{OnCluster} case, else the shared redis-server."""
+    if getattr(case, "redis_layout", "standalone") == "cluster":
+        return shared_cluster().url
+    return shared_redis().url
+
+
 def redis_flags(url: str | None = None, prefix: str | None = None) -> dict[str, str]:
     """The flags of a wing on Redis (the shared server unless C{url}); a fresh key prefix isolates
     each test (or each of a test's instances, given the same C{prefix})."""
     return {"redis": url or shared_redis().url, "redis-prefix": prefix or f"t{os.getpid()}-{next(_prefixes)}:"}
 
 
+def session_key(prefix: str, wing: str, kind: str, session: str) -> bytes:
+    """A session's key as keyspace 4 names it (C{session_key("p:", "aep", "s", "S")}: C{p:aep:{b}:s:S})."""
+    from relayd.storage.buckets import BUCKETS
+
+    name = session.encode()
+    return f"{prefix}{wing}:".encode() + BUCKETS.tag_of(name) + b":" + kind.encode() + b":" + name
+
+
+def bucket_key(prefix: str, wing: str, kind: str, session: str) -> bytes:
+    """A per-bucket key of a session's bucket (C{bucket_key("p:", "aep", "clock", "S")}: C{p:aep:{b}:clock})."""
+    from relayd.storage.buckets import BUCKETS
+
+    return f"{prefix}{wing}:".encode() + BUCKETS.tag_of(session.encode()) + b":" + kind.encode()
+
+
+def same_bucket(count: int, stem: str = "s") -> list[str]:
+    """C{count} session names of one bucket (C{stem}0, C{stem}17...)."""
+    from relayd.storage.buckets import BUCKETS
+
+    found: dict[int, list[str]] = {}
+    for n in itertools.count():
+        name = f"{stem}{n}"
+        names = found.setdefault(BUCKETS.index_of(name.encode()), [])
+        names.append(name)
+        if len(names) == count:
+            return names
+    raise AssertionError("unreachable")
+
+
 async def connected_redis(url: str, timeout: float = 5.0):  # type: ignore[no-untyped-def]
-    """A L{relayd.storage.redis.Redis} client whose pool is up."""
+    """A L{relayd.storage.redis.Redis} client whose pool is up (a L{ClusterRedis} for a
+    C{redis+cluster://} URL, once the slot map is read and every master's pool is up)."""
     from twisted.internet import reactor
     from twisted.internet.task import deferLater
 
     from relayd.base.clock import Timekeeper
+    from relayd.storage.cluster import ClusterRedis, redis_client
     from relayd.storage.redis import Redis
 
-    redis = Redis(url, Timekeeper(reactor))
+    redis = redis_client(url, Timekeeper(reactor))
     waited = 0.0
+    if isinstance(redis, ClusterRedis):
+        while not (redis.connected and all(n._factory.size == n._factory.poolsize for n in redis._nodes.values())):
+            if waited > timeout:
+                raise AssertionError(f"could not connect to {url}")
+            await deferLater(reactor, 0.01, lambda: None)  # polling a connection that is being made
+            waited += 0.01
+        return redis
+    assert isinstance(redis, Redis)
     factory = redis._pool._factory
     # Every pool slot up: closing a pool while a slot is still connecting trips over
     # ClientService's own connect (AlreadyCalledError), which a short test would hit.

@@ -1,7 +1,8 @@
 """AEP session claims across relayd instances on one Redis, and command delivery between them.
 
-- Claims: C{aep:claims:{<session>}} hashes connection id -> claimant JSON; C{aep:claimed} lists the
-  sessions with claims (for the roster). Every instance refreshes C{aep:instance:<id>} (a key with a
+- Claims: C{aep:{b}:claims:<session>} hashes connection id -> claimant JSON (C{{b}}: the session's
+  bucket tag, relayd/storage/buckets.py); C{aep:{b}:claimed} lists the bucket's sessions with
+  claims (for the roster: one read and one script per bucket). Every instance refreshes C{aep:instance:<id>} (a key with a
   TTL); the claims of an instance whose key expired are ignored and cleaned up, so claims disappear
   when their connection *or their instance* dies.
 - Commands for a claimant on another instance go over C{aep:cmd:<instance>}.
@@ -16,14 +17,15 @@ import uuid
 from typing import Any
 
 import orjson
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, gatherResults, succeed
 from zope.interface import implementer
 
 from relayd.aep.core.claims import Claimant, IClaims, MemoryClaims, claimant_of
 from relayd.aep.core.event import Event, event_from
 from relayd.base.clock import Timekeeper
-from relayd.storage.redis import Redis, RedisBus
-from relayd.storage.redis_lua import Script, tagged
+from relayd.storage.buckets import BUCKETS, Buckets
+from relayd.storage.redis import Redis, RedisBus, first_error
+from relayd.storage.redis_lua import Script
 
 STORE = "aep"
 INSTANCE_TTL = 15.0
@@ -36,8 +38,11 @@ _ROSTER = Script("relayd.aep", "roster")
 class RedisClaims:
     """C{IClaims} over every instance sharing one Redis."""
 
-    def __init__(self, redis: Redis, bus: RedisBus, clock: Timekeeper, prefix: str = "relayd:") -> None:
+    def __init__(
+        self, redis: Redis, bus: RedisBus, clock: Timekeeper, prefix: str = "relayd:", *, buckets: Buckets = BUCKETS
+    ) -> None:
         self.redis = redis
+        self.buckets = buckets
         self.clock = clock
         self.prefix = prefix.encode("utf-8")
         self.instance = uuid.uuid4().hex[:16]
@@ -55,8 +60,13 @@ class RedisClaims:
         return self.prefix + b"".join(p.encode("utf-8") if isinstance(p, str) else p for p in parts)
 
     def _claims_key(self, session: str | bytes) -> bytes:
-        """A session's claims hash, C{aep:claims:{session}} (hash-tagged like its event keys)."""
-        return self.prefix + b"aep:claims:" + tagged(session.encode("utf-8") if isinstance(session, str) else session)
+        """A session's claims hash, C{aep:{b}:claims:<session>} (in its bucket, like its event keys)."""
+        name = session.encode("utf-8") if isinstance(session, str) else session
+        return self.prefix + b"aep:" + self.buckets.tag_of(name) + b":claims:" + name
+
+    def _claimed_key(self, tag: bytes) -> bytes:
+        """A bucket's set of sessions with claims."""
+        return self.prefix + b"aep:" + tag + b":claimed"
 
     def _alive(self) -> Deferred[Any]:
         """Refresh this instance's liveness key (its claims count only while it exists)."""
@@ -108,7 +118,8 @@ class RedisClaims:
         d.addCallback(
             lambda _: self.redis.execute(STORE, "HSET", self._claims_key(session), self._ids[conn], orjson.dumps(info))
         )
-        d.addCallback(lambda _: self.redis.execute(STORE, "SADD", self._key(b"aep:claimed"), session))
+        claimed = self._claimed_key(self.buckets.tag_of(session.encode("utf-8")))
+        d.addCallback(lambda _: self.redis.execute(STORE, "SADD", claimed, session))
         return d.addCallback(lambda _: None)
 
     # Queries over every instance ----------------------------------------------------------------
@@ -120,14 +131,19 @@ class RedisClaims:
         )
 
     def roster(self) -> Deferred[list[dict[str, Any]]]:
-        claimed = self._key(b"aep:claimed")
+        tags = self.buckets.tags
 
-        def read(sessions: list[bytes]) -> Deferred[Any]:
-            # The script is given every claims hash it reads (docs/decisions.md REDIS-1).
-            keys = [claimed, *[self._claims_key(s) for s in sessions]]
-            return _ROSTER(self.redis, STORE, keys, sessions)
+        def read(members: list[list[bytes]]) -> Deferred[Any]:
+            # One script per bucket with claims, given every claims hash it reads (docs/decisions.md REDIS-1).
+            runs = [
+                _ROSTER(self.redis, STORE, [self._claimed_key(tag), *[self._claims_key(s) for s in sessions]], sessions)
+                for tag, sessions in zip(tags, members, strict=True)
+                if sessions
+            ]
+            return gatherResults(runs, consumeErrors=True).addCallback(lambda flats: [x for f in flats for x in f])
 
-        d = self.redis.execute(STORE, "SMEMBERS", claimed).addCallback(read)
+        reads = [self.redis.execute(STORE, "SMEMBERS", self._claimed_key(tag)) for tag in tags]
+        d = gatherResults(reads, consumeErrors=True).addCallback(read).addErrback(first_error)
 
         def collect(flat: list[Any]) -> dict[str, list[tuple[bytes, bytes]]]:
             by_session = {flat[i].decode("utf-8"): _pairs(flat[i + 1]) for i in range(0, len(flat), 2)}
@@ -171,7 +187,7 @@ class RedisClaims:
                 self._merge_local(out, session)
             return succeed(out)
         names = sorted(instances)
-        d = self.redis.execute(STORE, "MGET", *[self._key(b"aep:instance:", i) for i in names])
+        d = self.redis.get_many(STORE, [self._key(b"aep:instance:", i) for i in names])
 
         def keep(values: list[Any]) -> dict[str, list[tuple[Claimant, int]]]:
             live = {name for name, value in zip(names, values, strict=True) if value is not None}
@@ -236,3 +252,4 @@ def _pairs(flat: list[Any]) -> list[tuple[bytes, bytes]]:
 
 def _order_key(order: Any) -> list[Any]:
     return order if isinstance(order, list) and len(order) == 4 else [0, "", 0, 0]
+

@@ -1,17 +1,20 @@
 """C{IEventLog} on Redis, shared by every relayd instance of a deployment.
 
-Layout (every key under the deployment's prefix, default C{relayd:}; C{{s}} is the session as a
-Redis Cluster hash tag, so that one session's keys share a slot):
+Layout (every key under the deployment's prefix, default C{relayd:}; C{{b}} is the tag of the
+session's bucket, relayd/storage/buckets.py, so that a session's keys and its bucket's keys share a
+Redis Cluster slot; C{<s>} is the session):
 
-- C{aep:lru}: sorted set of sessions scored by a write counter (C{aep:clock}); the lowest is the
-  least recently written and is evicted first. C{aep:evicting}: sorted set of sessions evicted
-  whose keys are not dropped yet (they count as gone).
-- C{aep:s:{s}}: sorted set (all scores 0, ordered by member) of C{<position><arrival>\\n<id>\\n<dedupe
+- C{aep:{b}:lru}: sorted set of the bucket's sessions scored by a write counter (C{aep:{b}:clock});
+  the lowest is the least recently written and is evicted first. C{aep:{b}:evicting}: sorted set
+  of the bucket's sessions evicted whose keys are not dropped yet (they count as gone).
+  C{--aep-max-sessions} is a quota per bucket: a bucket keeps at most ⌈max / buckets⌉ sessions,
+  and eviction is least-recently-written within the bucket (docs/scaling.md "Buckets").
+- C{aep:{b}:s:<s>}: sorted set (all scores 0, ordered by member) of C{<position><arrival>\n<id>\n<dedupe
   key>} members, one per event; a position is the length-prefixed decimal epoch and seq, so
   lexicographic order is exact integer order for any epoch (docs/decisions.md AEP-3), and equal
-  positions keep arrival order (the session's counter C{aep:n:{s}}, 16 digits). The dedupe key
+  positions keep arrival order (the session's counter C{aep:{b}:n:<s>}, 16 digits). The dedupe key
   comes last (it may hold any byte): a trimmed member says which key to forget.
-- C{aep:e:{s}}: hash of the events' bytes (one line each: events are stored in their newline-free
+- C{aep:{b}:e:<s>}: hash of the events' bytes (one line each: events are stored in their newline-free
   wire form). An event is stored alone under its arrival (C{<id>} empty), or, when it came in the
   usual batch (one session, every key new, every event after every held one, two events up to the
   buffer's size and 128 KiB), with the rest of its batch: the batch's fan-out message as the append
@@ -20,20 +23,21 @@ Redis Cluster hash tag, so that one session's keys share a slot):
   line (arrival - id) after the header, and the message goes with its last held event. Batches
   stored so are trimmed one after another, so at most one is held in part: a session keeps its
   held events and less than 128 KiB of trimmed ones.
-- C{aep:k:{s}}: hash of the held events' dedupe keys (C{source\\0id}) -> C{''}, for admission dedupe
+- C{aep:{b}:k:<s>}: hash of the held events' dedupe keys (C{source\0id}) -> C{''}, for admission dedupe
   (a hash rather than a set: one C{HMGET} checks a batch on Redis before 6.2).
 
-Keyspace version 3 (relayd/storage/redis.py). Before it, an event's bytes and its dedupe key were two
-fields of C{aep:e:{s}} (C{<member>}, C{k<member>}) and C{aep:k:{s}} mapped a dedupe key to its member
-(docs/performance.md "Not met: 100,000 events/s per instance").
+Keyspace version 4 (relayd/storage/redis.py). In version 3 the keys were tagged by the session itself
+and the LRU, clock and evicting set were deployment-wide; before it, an event's bytes and its dedupe
+key were two fields of C{aep:e:{s}} (docs/performance.md "Not met: 100,000 events/s per instance").
 
 Appending a batch and reading a replay (or a page of one) are single Lua scripts
 (C{relayd/aep/lua/}), so several instances can write one session at once without a lost update.
-Each script is given every key it touches in C{KEYS} (docs/decisions.md REDIS-1). An append that
-evicts a session that is not in its batch cannot name that session's keys in advance: it moves the
-session to C{aep:evicting} and its keys are dropped by C{drop.lua} before the append answers (or by
-the next append of that session). The LRU is one deployment-wide key used together with a batch's
-sessions: Redis Cluster is not supported yet; use one primary.
+Each script is given every key it touches in C{KEYS} (docs/decisions.md REDIS-1), all of one
+bucket: a batch whose sessions fall in several buckets is one append per bucket, sent together
+(each with its own fan-out message). An append that evicts a session that is not in its batch
+cannot name that session's keys in advance: it moves the session to its bucket's C{evicting} set
+and its keys are dropped by C{drop.lua} before the append answers (or by the next append of that
+session).
 """
 
 from __future__ import annotations
@@ -41,15 +45,16 @@ from __future__ import annotations
 import struct
 from typing import Any, Sequence
 
-from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.defer import Deferred, gatherResults, succeed
 from zope.interface import implementer
 
 from relayd.aep import metrics
 from relayd.aep.core.event import Event, stored_event
 from relayd.aep.core.store import IEventLog, Position, Replay, exhausted_marker
 from relayd.base.errors import StoreUnavailable
-from relayd.storage.redis import Redis
-from relayd.storage.redis_lua import Script, tagged
+from relayd.storage.buckets import BUCKETS, Buckets
+from relayd.storage.redis import Redis, first_error
+from relayd.storage.redis_lua import Script
 
 STORE = "aep"
 _LENGTH = struct.Struct(">I")
@@ -87,6 +92,11 @@ def _epoch_key(epoch: int) -> bytes:
 FANOUT_CHANNEL = b"aep:fanout"  # after the prefix: every instance's accepted events
 
 
+def session_quota(max_sessions: int, buckets: Buckets) -> int:
+    """Sessions one bucket keeps (C{--aep-max-sessions} split over the buckets, rounded up)."""
+    return max(1, -(-max_sessions // buckets.count))
+
+
 def fanout_header(instance: str) -> bytes:
     """What a fan-out message starts with: the publishing instance, then a newline, then the events."""
     return instance.encode("utf-8") + b"\n"
@@ -99,27 +109,39 @@ class RedisEventLog:
     paged = True
 
     def __init__(
-        self, redis: Redis, capacity: int, max_sessions: int, prefix: str = "relayd:", *, publisher: str | None = None
+        self,
+        redis: Redis,
+        capacity: int,
+        max_sessions: int,
+        prefix: str = "relayd:",
+        *,
+        publisher: str | None = None,
+        buckets: Buckets = BUCKETS,
     ) -> None:
         self.redis = redis
         self.capacity = capacity
         self.max_sessions = max_sessions
+        self.buckets = buckets
+        self._quota = session_quota(max_sessions, buckets)
         self.prefix = prefix.encode("utf-8")
-        self._lru = self.prefix + b"aep:lru"
-        self._clock = self.prefix + b"aep:clock"
-        self._evicting = self.prefix + b"aep:evicting"
         # With C{publisher} (this instance's id on the fan-out, as RedisFanout sends it), C{append}
         # can publish a batch itself, in the same script that stores it.
         self._fanout: tuple[bytes, bytes] | None = (
             None if publisher is None else (self.prefix + FANOUT_CHANNEL, fanout_header(publisher))
         )
+        # Sessions held, by bucket tag (as the last write or listing of each bucket saw them).
+        self._held: dict[bytes, int] = {}
         self._sessions = 0
 
-    def _session_keys(self, session: bytes) -> list[bytes]:
+    def _bucket(self, tag: bytes) -> tuple[bytes, bytes, bytes]:
+        """A bucket's LRU, write counter and evicting set."""
+        p = self.prefix + b"aep:" + tag
+        return p + b":lru", p + b":clock", p + b":evicting"
+
+    def _session_keys(self, session: bytes, tag: bytes | None = None) -> list[bytes]:
         """Members, events, dedupe keys and arrival counter of one session."""
-        tag = tagged(session)
-        p = self.prefix
-        return [p + b"aep:s:" + tag, p + b"aep:e:" + tag, p + b"aep:k:" + tag, p + b"aep:n:" + tag]
+        p = self.prefix + b"aep:" + (tag or self.buckets.tag_of(session))
+        return [p + b":s:" + session, p + b":e:" + session, p + b":k:" + session, p + b":n:" + session]
 
     @property
     def publishes(self) -> bool:
@@ -128,7 +150,35 @@ class RedisEventLog:
 
     def append(self, events: Sequence[Event], publish: bool = False) -> Deferred[list[bool]]:
         """Store the events; with C{publish}, also hand all of them (duplicates too) to the fan-out
-        in the same script, so the batch is sent to Redis once (docs/performance.md)."""
+        in the same script, so the batch is sent to Redis once (docs/performance.md). A batch
+        whose sessions fall in several buckets is one script per bucket, sent at once."""
+        tag_of = self.buckets.tag_of
+        tags: dict[str, bytes] = {}
+        for event in events:
+            session = event.session
+            if session not in tags:
+                tags[session] = tag_of(session.encode("utf-8"))  # type: ignore[index, union-attr]
+        if not tags:
+            return succeed([])
+        if len(set(tags.values())) == 1:
+            return self._append(next(iter(tags.values())), events, publish)
+        groups: dict[bytes, list[int]] = {}
+        for i, event in enumerate(events):
+            groups.setdefault(tags[event.session], []).append(i)  # type: ignore[index]
+        parts = [(at, self._append(tag, [events[i] for i in at], publish)) for tag, at in groups.items()]
+
+        def merged(answers: list[list[bool]]) -> list[bool]:
+            stored = [False] * len(events)
+            for (at, _), flags in zip(parts, answers, strict=True):
+                for i, flag in zip(at, flags, strict=True):
+                    stored[i] = flag
+            return stored
+
+        # A bucket that failed fails the batch (503): its retry is idempotent by (source, id).
+        return gatherResults([d for _, d in parts], consumeErrors=True).addCallbacks(merged, first_error)
+
+    def _append(self, tag: bytes, events: Sequence[Event], publish: bool) -> Deferred[list[bool]]:
+        """One bucket's events (all of C{events} are of sessions in the bucket C{tag})."""
         # Two arguments for the whole batch (building a command of four arguments per event cost
         # the client more than Redis spends running the script): the events' framed session
         # numbers, positions and keys, and their bytes joined by line breaks after the fan-out
@@ -162,30 +212,36 @@ class RedisEventLog:
             # The posted bytes when they are the wire form (no copy kept on the event).
             keep(event.raw if event.raw is not None else event.payload(None))
         sessions = [s.encode("utf-8") for s in numbers]
-        keys = [self._lru, self._clock, self._evicting]
+        bucket = self._bucket(tag)
+        keys = list(bucket)
         for name in sessions:
-            keys += self._session_keys(name)
+            keys += self._session_keys(name, tag)
         channel, header = self._fanout if publish and self._fanout is not None else (b"", b"")
         if header and payloads:
             payloads[0] = header + payloads[0]  # (not the whole message copied again)
         message = b"\n".join(payloads) if payloads else header
         deadline = self.redis.deadline()
-        args = [self.capacity, self.max_sessions, b"".join(parts), channel, message, len(header), deadline, *sessions]
-        return _APPEND(self.redis, STORE, keys, args).addCallback(self._appended)
+        args = [self.capacity, self._quota, b"".join(parts), channel, message, len(header), deadline, *sessions]
+        return _APPEND(self.redis, STORE, keys, args).addCallback(self._appended, tag)
 
-    def _appended(self, result: Any) -> Deferred[list[bool]] | list[bool]:
+    def _held_in(self, tag: bytes, count: int) -> None:
+        self._sessions += count - self._held.get(tag, 0)
+        self._held[tag] = count
+
+    def _appended(self, result: Any, tag: bytes) -> Deferred[list[bool]] | list[bool]:
         if result == b"late":
             # Redis reached the append after its deadline and did nothing (append.lua).
             raise StoreUnavailable(STORE, "Redis ran the append too late to answer in time; nothing was stored")
-        self._sessions = int(result[1])
+        self._held_in(tag, int(result[1]))
         stored = [flag == 49 for flag in result[0]]  # b"1"
         victims = result[2:]
         if not victims:
             return stored
         # Sessions evicted to make room whose keys were not in this batch: dropped before the
         # append answers, so an evicted session is gone once the write that evicted it is done.
+        evicting = self._bucket(tag)[2]
         drops = [
-            _DROP(self.redis, STORE, [self._evicting, *self._session_keys(victim)], [victim]) for victim in victims
+            _DROP(self.redis, STORE, [evicting, *self._session_keys(victim, tag)], [victim]) for victim in victims
         ]
         return gatherResults(drops, consumeErrors=True).addCallback(lambda _: stored)
 
@@ -200,7 +256,8 @@ class RedisEventLog:
         else:
             low = b"(" + _epoch_key(epoch) + encode_int(seq) + b"\xff"
         name = session.encode("utf-8")
-        keys = [*self._session_keys(name)[:2], self._evicting]
+        tag = self.buckets.tag_of(name)
+        keys = [*self._session_keys(name, tag)[:2], self._bucket(tag)[2]]
         args = [name, low, limit or 0]
 
         def build(reply: list[bytes]) -> Replay:
@@ -229,12 +286,20 @@ class RedisEventLog:
         return _REPLAY(self.redis, STORE, keys, args).addCallback(build)
 
     def sessions(self) -> Deferred[list[str]]:
-        def decode(members: list[bytes]) -> list[str]:
-            self._sessions = len(members)
-            return [m.decode("utf-8") for m in members]
+        """Every bucket's sessions, bucket after bucket (least recently written first within each)."""
+        tags = self.buckets.tags
+        reads = [self.redis.execute(STORE, "ZRANGE", self._bucket(tag)[0], 0, -1) for tag in tags]
 
-        return self.redis.execute(STORE, "ZRANGE", self._lru, 0, -1).addCallback(decode)
+        def decode(lists: list[list[bytes]]) -> list[str]:
+            out = []
+            for tag, members in zip(tags, lists, strict=True):
+                self._held_in(tag, len(members))
+                out += [m.decode("utf-8") for m in members]
+            return out
+
+        return gatherResults(reads, consumeErrors=True).addCallbacks(decode, first_error)
 
     def session_count(self) -> int:
-        """The count seen at the last write or listing (health must not wait on Redis)."""
+        """The count seen at the last writes or listing (health must not wait on Redis)."""
         return self._sessions
+

@@ -1,11 +1,11 @@
 #!lua flags=allow-oom
 -- KEYS: inbound and outbound subscriber hashes, inbound and outbound backlogs, correlations,
--- correlation order, pollers index, buffered total, then a queue and its counters per subscriber
--- the caller saw; ARGV: the session, then one '<direction>/<id>' per such queue, in the same order.
+-- correlation order, pollers index, buffered total, the session's arrival counter, then a queue
+-- and its counters per subscriber the caller saw; ARGV: the session, then one '<direction>/<id>' per such queue, in the same order.
 -- A subscriber added since the caller looked has no declared queue: nothing is changed and
 -- {0} is returned, so the caller looks again. Otherwise {1, direction, id, record, ...}.
 local declared = {}
-for i = 2, #ARGV do declared[ARGV[i]] = 2 * i + 5 end
+for i = 2, #ARGV do declared[ARGV[i]] = 2 * i + 6 end
 local directions = {'inbound', 'outbound'}
 local all = {redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2])}
 for n = 1, 2 do
@@ -20,7 +20,7 @@ for n = 1, 2 do
     local at = declared[d .. '/' .. all[n][i]]
     release(KEYS[8], tonumber(redis.call('HGET', KEYS[at + 1], 'b') or '0'))
     redis.call('DEL', KEYS[at], KEYS[at + 1])
-    redis.call('ZREM', KEYS[7], ARGV[1] .. '/' .. ARGV[(at - 5) / 2])
+    redis.call('ZREM', KEYS[7], ARGV[1] .. '/' .. ARGV[(at - 6) / 2])
     out[#out + 1] = d; out[#out + 1] = all[n][i]; out[#out + 1] = all[n][i + 1]
   end
   local backlog = KEYS[2 + n]
@@ -29,5 +29,5 @@ for n = 1, 2 do
   release(KEYS[8], size)
   redis.call('DEL', KEYS[n], backlog)
 end
-redis.call('DEL', KEYS[5], KEYS[6])
+redis.call('DEL', KEYS[5], KEYS[6], KEYS[9])
 return out

@@ -1,5 +1,5 @@
 #!lua
--- KEYS: subscriber hash, arrival counter, pollers index;
+-- KEYS: subscriber hash, the session's arrival counter, pollers index;
 -- ARGV: id, kind, label, has label ('0'/'1'), instance, last seen ms, pollers member.
 local label = ARGV[3]
 if ARGV[4] == '0' then label = false end

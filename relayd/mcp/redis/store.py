@@ -1,33 +1,36 @@
 """C{IMcpStore} on Redis, shared by every relayd instance of a deployment.
 
-Layout (every key under the deployment's prefix, default C{relayd:}; C{{s}} is the session id as a
-Redis Cluster hash tag, so that one session's keys share a slot):
+Layout (every key under the deployment's prefix, default C{relayd:}; C{{b}} is the tag of the
+session's bucket, relayd/storage/buckets.py, so that a session's keys and its bucket's keys share a
+Redis Cluster slot; C{<s>} is the session id):
 
-- C{mcp:s:{s}}: hash C{h} (token SHA-256 hex), C{t} (last seen, s); C{mcp:sessions}: sorted set
-  of session ids scored by last seen (expiry scans and the session count).
-- C{mcp:sub:{s}:<direction>}: hash subscriber id -> JSON C{[kind, label, instance, last_seen_ms,
-  parked, arrival]} (arrival from the counter C{mcp:seq}); C{mcp:pollers}: sorted set of
-  C{<session>/<direction>/<id>} of pollers scored by last seen (idle pruning).
-- C{mcp:q:{s}/<direction>/<id>}: list of encoded frames; C{mcp:qm:{s}/<direction>/<id>}: hash C{b}
-  (bytes queued), C{d} (frames dropped since the last take).
-- C{mcp:b:{s}:<direction>}: list, the first-frame backlog.
-- C{mcp:c:{s}}: hash request-id key -> JSON C{[label, original id]}; C{mcp:co:{s}}: sorted set of
-  the same keys by insertion within the session (oldest evicted first).
+- C{mcp:{b}:s:<s>}: hash C{h} (token SHA-256 hex), C{t} (last seen, s); C{mcp:{b}:sessions}: sorted
+  set of the bucket's session ids scored by last seen (expiry scans and the session count, summed
+  over the buckets).
+- C{mcp:{b}:sub:<s>:<direction>}: hash subscriber id -> JSON C{[kind, label, instance, last_seen_ms,
+  parked, arrival]} (arrival from the session's counter C{mcp:{b}:n:<s>}: arrival order is only
+  compared within a session); C{mcp:{b}:pollers}: sorted set of C{<session>/<direction>/<id>} of
+  the bucket's pollers scored by last seen (idle pruning).
+- C{mcp:{b}:q:<s>/<direction>/<id>}: list of encoded frames; C{mcp:{b}:qm:<s>/<direction>/<id>}: hash
+  C{b} (bytes queued), C{d} (frames dropped since the last take).
+- C{mcp:{b}:b:<s>:<direction>}: list, the first-frame backlog.
+- C{mcp:{b}:c:<s>}: hash request-id key -> JSON C{[label, original id]}; C{mcp:{b}:co:<s>}: sorted
+  set of the same keys by insertion within the session (oldest evicted first).
 - C{mcp:own:<client address>}: sorted set of the ids of sessions that address registered (by
   register time; ended ones are pruned when it is counted), kept twice the session TTL after its
   last register (C{--mcp-max-sessions-per-address}).
-- C{mcp:cl:<client id>}: JSON C{[session, label, answers_on_stream]} of a standard-endpoint client session,
-  expiring after the client idle time unless touched.
-- C{mcp:buffered}: bytes of frames in every queue and backlog of the deployment, kept by the same
-  scripts that add and remove them (the bound C{--mcp-max-buffered-bytes} applies to it, so in Redis
-  mode it is one bound for all instances together).
+- C{mcp:{c}:cl:<client id>}: JSON C{[session, label, answers_on_stream]} of a standard-endpoint client session
+  (C{{c}}: the client id's bucket), expiring after the client idle time unless touched.
+- C{mcp:{b}:buffered}: bytes of frames in the bucket's queues and backlogs, kept by the same scripts
+  that add and remove them; the bound C{--mcp-max-buffered-bytes} applies to the sum over the
+  buckets (read with one C{MGET} on a single primary), so in Redis mode it is one bound for all
+  instances together.
 
 Every read-modify-write is one Lua script (C{relayd/mcp/lua/}), so instances never lose each other's
-updates; each script is given every key it touches in C{KEYS} (docs/decisions.md REDIS-1). A posted
-frame's authentication, correlation and subscriber lookup are one script (C{inbox.lua},
-C{outbox.lua}). The deployment-wide keys (C{mcp:sessions}, C{mcp:pollers}, C{mcp:seq},
-C{mcp:buffered}) are used together with a session's keys in one script: Redis Cluster is not
-supported yet; use one primary.
+updates; each script is given every key it touches in C{KEYS} (docs/decisions.md REDIS-1), all of one
+bucket. A posted frame's authentication, correlation and subscriber lookup are one script
+(C{inbox.lua}, C{outbox.lua}). Keyspace version 4; in version 3 the session index, pollers, buffered
+counter and one arrival counter were deployment-wide.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, gatherResults
 from zope.interface import implementer
 
 from relayd.base.errors import StoreUnavailable
@@ -51,8 +54,9 @@ from relayd.mcp.core.store import (
     SubscriberRecord,
     queue_key,
 )
-from relayd.storage.redis import Redis
-from relayd.storage.redis_lua import Script, tagged
+from relayd.storage.buckets import BUCKETS, Buckets
+from relayd.storage.redis import Redis, first_error
+from relayd.storage.redis_lua import Script
 
 STORE = "mcp"
 
@@ -108,44 +112,75 @@ def _text(value: Any) -> str:
 class RedisStore:
     """C{IMcpStore} in Redis (see the module docstring for the layout)."""
 
-    def __init__(self, redis: Redis, prefix: str = "relayd:", ttl_ms: float = 14_400_000) -> None:
+    def __init__(
+        self, redis: Redis, prefix: str = "relayd:", ttl_ms: float = 14_400_000, *, buckets: Buckets = BUCKETS
+    ) -> None:
         self.redis = redis
         self.prefix = prefix.encode("utf-8")
+        self.buckets = buckets
         # How long an address's set of sessions outlives its last register: its sessions are gone by then
         # unless used, and an address that never registers again leaves nothing behind.
         self._owned_ms = max(1, int(2 * ttl_ms))
-        p = self.prefix + b"mcp:"
-        self._sessions = p + b"sessions"
-        self._pollers = p + b"pollers"
-        self._buffered = p + b"buffered"
-        self._seq = p + b"seq"
 
-    # key names (docs/decisions.md REDIS-1: a session's keys carry the session as their hash tag)
+    # key names (docs/decisions.md REDIS-1: a session's keys carry its bucket's tag)
+
+    def _in_bucket(self, session_id: str) -> tuple[bytes, bytes]:
+        """The session's key prefix (C{mcp:{b}:}) and its id as bytes."""
+        name = session_id.encode("utf-8")
+        return self.prefix + b"mcp:" + self.buckets.tag_of(name) + b":", name
+
+    def _index_keys(self, tag: bytes) -> tuple[bytes, bytes, bytes]:
+        """A bucket's sessions index, pollers index and buffered-bytes counter."""
+        p = self.prefix + b"mcp:" + tag + b":"
+        return p + b"sessions", p + b"pollers", p + b"buffered"
+
+    def _sessions_of(self, session_id: str) -> bytes:
+        return self._index_keys(self.buckets.tag_of(session_id.encode("utf-8")))[0]
+
+    def _pollers_of(self, session_id: str) -> bytes:
+        return self._index_keys(self.buckets.tag_of(session_id.encode("utf-8")))[1]
+
+    def _buffered_of(self, session_id: str) -> bytes:
+        return self._index_keys(self.buckets.tag_of(session_id.encode("utf-8")))[2]
 
     def _session_key(self, session_id: str) -> bytes:
-        return self.prefix + b"mcp:s:" + tagged(session_id.encode("utf-8"))
+        p, name = self._in_bucket(session_id)
+        return p + b"s:" + name
+
+    def _seq_key(self, session_id: str) -> bytes:
+        """The session's subscriber arrival counter."""
+        p, name = self._in_bucket(session_id)
+        return p + b"n:" + name
 
     def _sub_key(self, session_id: str, direction: str) -> bytes:
-        return self.prefix + b"mcp:sub:" + tagged(session_id.encode("utf-8")) + b":" + direction.encode("utf-8")
+        p, name = self._in_bucket(session_id)
+        return p + b"sub:" + name + b":" + direction.encode("utf-8")
 
     def _backlog_key(self, session_id: str, direction: str) -> bytes:
-        return self.prefix + b"mcp:b:" + tagged(session_id.encode("utf-8")) + b":" + direction.encode("utf-8")
+        p, name = self._in_bucket(session_id)
+        return p + b"b:" + name + b":" + direction.encode("utf-8")
 
     def _correlation_keys(self, session_id: str) -> tuple[bytes, bytes]:
-        tag = tagged(session_id.encode("utf-8"))
-        return self.prefix + b"mcp:c:" + tag, self.prefix + b"mcp:co:" + tag
+        p, name = self._in_bucket(session_id)
+        return p + b"c:" + name, p + b"co:" + name
 
     def _queue_keys(self, key: str) -> tuple[bytes, bytes]:
         """The list and the counters of the queue C{<session>/<direction>/<subscriber>}."""
-        session, _, rest = key.encode("utf-8").partition(b"/")
-        tail = tagged(session) + b"/" + rest
-        return self.prefix + b"mcp:q:" + tail, self.prefix + b"mcp:qm:" + tail
+        p, _ = self._in_bucket(key.partition("/")[0])
+        name = key.encode("utf-8")
+        return p + b"q:" + name, p + b"qm:" + name
 
     def _owned_key(self, owner: str) -> bytes:
         return self.prefix + b"mcp:own:" + owner.encode("utf-8")
 
     def _client_key(self, client_id: str) -> bytes:
-        return self.prefix + b"mcp:cl:" + client_id.encode("utf-8")
+        name = client_id.encode("utf-8")
+        return self.prefix + b"mcp:" + self.buckets.tag_of(name) + b":cl:" + name
+
+    def _each_bucket(self, command: str, index: int, *args: Any) -> Deferred[list[Any]]:
+        """C{command} on every bucket's index (0: sessions, 1: pollers), answers in bucket order."""
+        reads = [self.redis.execute(STORE, command, self._index_keys(tag)[index], *args) for tag in self.buckets.tags]
+        return gatherResults(reads, consumeErrors=True).addErrback(first_error)
 
     def _run(self, name: str, keys: list[bytes], *args: Any) -> Deferred[Any]:
         return _SCRIPTS[name](self.redis, STORE, keys, args)
@@ -169,8 +204,21 @@ class RedisStore:
     def touch_clients(self, client_ids: list[str], idle_ms: float) -> Deferred[list[bool]]:
         if not client_ids:
             return _fired_with([])
-        d = self._run("clients_touch", [self._client_key(c) for c in client_ids], max(1, int(idle_ms)))
-        return d.addCallback(lambda flags: [int(f) == 1 for f in flags])
+        # One script per bucket of client ids (each touches one slot), answers put back in order.
+        groups: dict[bytes, list[int]] = {}
+        for i, client_id in enumerate(client_ids):
+            groups.setdefault(self.buckets.tag_of(client_id.encode("utf-8")), []).append(i)
+        ms = max(1, int(idle_ms))
+        runs = [(at, self._run("clients_touch", [self._client_key(client_ids[i]) for i in at], ms)) for at in groups.values()]
+
+        def merged(answers: list[list[Any]]) -> list[bool]:
+            flags = [False] * len(client_ids)
+            for (at, _), replies in zip(runs, answers, strict=True):
+                for i, flag in zip(at, replies, strict=True):
+                    flags[i] = int(flag) == 1
+            return flags
+
+        return gatherResults([d for _, d in runs], consumeErrors=True).addCallbacks(merged, first_error)
 
     def delete_client(self, client_id: str) -> Deferred[bool]:
         return self.redis.execute(STORE, "DEL", self._client_key(client_id)).addCallback(lambda n: int(n) > 0)
@@ -187,46 +235,57 @@ class RedisStore:
         return self.redis.execute(STORE, "HMGET", self._session_key(session_id), "h", "t").addCallback(build)
 
     def put_session(self, record: SessionRecord) -> Deferred[None]:
-        keys = [self._session_key(record.id), self._sessions]
-        args: list[Any] = [record.id, record.token_hash, repr(record.last_seen)]
+        keys = [self._session_key(record.id), self._sessions_of(record.id)]
+        d = self._run("session_put", keys, record.id, record.token_hash, repr(record.last_seen))
         if record.owner:
-            keys.append(self._owned_key(record.owner))
-            args.append(self._owned_ms)
-        return self._run("session_put", keys, *args).addCallback(_none)
+            # The address's set is in no bucket (its sessions are in many): two commands of its own.
+            owned, seen = self._owned_key(record.owner), repr(record.last_seen)
+            d.addCallback(lambda _: self.redis.execute(STORE, "ZADD", owned, seen, record.id))
+            d.addCallback(lambda _: self.redis.execute(STORE, "PEXPIRE", owned, self._owned_ms))
+        return d.addCallback(_none)
 
     def touch_session(self, session_id: str, now: float) -> Deferred[None]:
-        keys = [self._session_key(session_id), self._sessions]
+        keys = [self._session_key(session_id), self._sessions_of(session_id)]
         return self._run("session_touch", keys, session_id, repr(now)).addCallback(_none)
 
     def check_session(self, session_id: str, token_hash: str, now: float) -> Deferred[str | None]:
-        keys = [self._session_key(session_id), self._sessions]
+        keys = [self._session_key(session_id), self._sessions_of(session_id)]
         d = self._run("session_check", keys, session_id, token_hash, repr(now))
         return d.addCallback(lambda reason: None if reason is None else _text(reason))
 
     def delete_session(self, session_id: str) -> Deferred[bool]:
-        keys = [self._session_key(session_id), self._sessions]
+        keys = [self._session_key(session_id), self._sessions_of(session_id)]
         return self._run("session_delete", keys, session_id).addCallback(lambda n: int(n) > 0)
 
     def expired_session_ids(self, cutoff: float) -> Deferred[list[str]]:
-        d = self.redis.execute(STORE, "ZRANGEBYSCORE", self._sessions, "-inf", f"({cutoff!r}")
-        return d.addCallback(lambda ids: [_text(i) for i in ids])
+        d = self._each_bucket("ZRANGEBYSCORE", 0, "-inf", f"({cutoff!r}")
+        return d.addCallback(lambda lists: [_text(i) for ids in lists for i in ids])
 
     def session_count(self) -> Deferred[int]:
-        return self.redis.execute(STORE, "ZCARD", self._sessions).addCallback(int)
+        return self._each_bucket("ZCARD", 0).addCallback(lambda counts: sum(int(n) for n in counts))
 
     def session_room(self, owner: str | None, cap: int) -> Deferred[tuple[int, list[str]]]:
         return Deferred.fromCoroutine(self._session_room(owner, cap))
 
     async def _session_room(self, owner: str | None, cap: int) -> tuple[int, list[str]]:
-        index = self._sessions if owner is None else self._owned_key(owner)
-        total = int(await self.redis.execute(STORE, "ZCARD", index))
+        index = None if owner is None else self._owned_key(owner)
+        if index is None:  # every bucket's sessions (sent at once)
+            total = await self.session_count()
+        else:
+            total = int(await self.redis.execute(STORE, "ZCARD", index))
         if total < cap:
-            return 0, []  # the common case: one command
+            return 0, []  # the common case: one command (one per bucket for the deployment's bound)
         # At the bound: look at a few more than must end of the first the address registered (ended
         # ones are pruned) or of the least recently seen of all, never at all of them (one register
         # is never a thousand Redis calls).
         stop = total - cap + _ROOM_LOOKS
-        ids = [_text(i) for i in await self.redis.execute(STORE, "ZRANGE", index, 0, stop)]
+        if index is None:
+            # The least recently seen of all: the first of each bucket's, merged by last seen.
+            lists = await self._each_bucket("ZRANGE", 0, 0, stop, "WITHSCORES")
+            seen_ids = sorted((float(flat[i + 1]), _text(flat[i])) for flat in lists for i in range(0, len(flat), 2))
+            ids = [session_id for _, session_id in seen_ids[: stop + 1]]
+        else:
+            ids = [_text(i) for i in await self.redis.execute(STORE, "ZRANGE", index, 0, stop)]
         looks = [
             self._run("session_look", [self._session_key(i), self._sub_key(i, INBOUND), self._sub_key(i, OUTBOUND)])
             for i in ids
@@ -252,7 +311,7 @@ class RedisStore:
     def add_subscriber(self, record: SubscriberRecord) -> Deferred[None]:
         return self._run(
             "sub_add",
-            [self._sub_key(record.session, record.direction), self._seq, self._pollers],
+            [self._sub_key(record.session, record.direction), self._seq_key(record.session), self._pollers_of(record.session)],
             record.id,
             record.kind,
             record.label or "",
@@ -289,13 +348,13 @@ class RedisStore:
     ) -> Deferred[None]:
         seen = "" if last_seen is None else _ms(last_seen)
         member = queue_key(session_id, direction, subscriber_id)
-        keys = [self._sub_key(session_id, direction), self._pollers]
+        keys = [self._sub_key(session_id, direction), self._pollers_of(session_id)]
         return self._run("sub_update", keys, subscriber_id, seen, parked_delta, member).addCallback(_none)
 
     def remove_subscriber(self, session_id: str, direction: str, subscriber_id: str) -> Deferred[SubscriberRecord | None]:
         member = queue_key(session_id, direction, subscriber_id)
         q, qm = self._queue_keys(member)
-        keys = [self._sub_key(session_id, direction), q, qm, self._pollers, self._buffered]
+        keys = [self._sub_key(session_id, direction), q, qm, self._pollers_of(session_id), self._buffered_of(session_id)]
         d = self._run("sub_remove", keys, subscriber_id, member)
         return d.addCallback(lambda v: None if not v else _record(session_id, direction, subscriber_id, v))
 
@@ -303,12 +362,13 @@ class RedisStore:
         return Deferred.fromCoroutine(self._idle_pollers(cutoff))
 
     async def _idle_pollers(self, cutoff: float) -> list[SubscriberRecord]:
-        members = await self.redis.execute(STORE, "ZRANGEBYSCORE", self._pollers, "-inf", f"({_ms(cutoff)}")
+        lists = await self._each_bucket("ZRANGEBYSCORE", 1, "-inf", f"({_ms(cutoff)}")
         stale = _ms(cutoff - STALE_PARKED_S)
         checks = []
-        for member in members:
+        for member in (m for members in lists for m in members):
             session, direction, subscriber = _text(member).split("/")
-            d = self._run("poller_check", [self._pollers, self._sub_key(session, direction)], member, subscriber, stale)
+            keys = [self._pollers_of(session), self._sub_key(session, direction)]
+            d = self._run("poller_check", keys, member, subscriber, stale)
             checks.append((session, direction, subscriber, d))  # sent at once, answered in order
         found = []
         for session, direction, subscriber, d in checks:
@@ -329,8 +389,9 @@ class RedisStore:
             self._backlog_key(session_id, OUTBOUND),
             c,
             co,
-            self._pollers,
-            self._buffered,
+            self._pollers_of(session_id),
+            self._buffered_of(session_id),
+            self._seq_key(session_id),
         ]
         for _ in range(_DROP_ATTEMPTS):
             # The script needs every queue's keys up front: look, then drop unless a subscriber
@@ -360,7 +421,7 @@ class RedisStore:
         cap: int,
     ) -> Deferred[InboxStart]:
         c, co = self._correlation_keys(session_id)
-        keys = [self._session_key(session_id), self._sessions, c, co, self._sub_key(session_id, direction)]
+        keys = [self._session_key(session_id), self._sessions_of(session_id), c, co, self._sub_key(session_id, direction)]
         value = b"" if correlation is None else _correlation_value(correlation)
 
         def build(reply: list[Any]) -> InboxStart:
@@ -375,7 +436,7 @@ class RedisStore:
         c, co = self._correlation_keys(session_id)
         keys = [
             self._session_key(session_id),
-            self._sessions,
+            self._sessions_of(session_id),
             c,
             co,
             self._sub_key(session_id, INBOUND),
@@ -398,32 +459,33 @@ class RedisStore:
     # queues
 
     def push(self, key: str, item: bytes, max_items: int, max_bytes: int) -> Deferred[int]:
-        return self._run("push", [*self._queue_keys(key), self._buffered], item, max_items, max_bytes).addCallback(int)
+        return self._run("push", [*self._queue_keys(key), self._buffered_of(key.partition("/")[0])], item, max_items, max_bytes).addCallback(int)
 
     def take(self, key: str) -> Deferred[tuple[list[bytes], int]]:
-        d = self._run("take", [*self._queue_keys(key), self._buffered])
+        d = self._run("take", [*self._queue_keys(key), self._buffered_of(key.partition("/")[0])])
         return d.addCallback(lambda r: (list(r[0] or []), int(r[1])))
 
     def put_back(self, key: str, items: list[bytes]) -> Deferred[None]:
         if not items:
             return _fired()
-        return self._run("put_back", [*self._queue_keys(key), self._buffered], *items).addCallback(_none)
+        return self._run("put_back", [*self._queue_keys(key), self._buffered_of(key.partition("/")[0])], *items).addCallback(_none)
 
     def size(self, key: str) -> Deferred[int]:
         return self.redis.execute(STORE, "LLEN", self._queue_keys(key)[0]).addCallback(int)
 
     def buffered_bytes(self) -> Deferred[int]:
-        d = self.redis.execute(STORE, "GET", self._buffered)
-        return d.addCallback(lambda n: max(0, int(n or 0)))
+        # The sum of the buckets' counters (each never below zero).
+        d = self.redis.get_many(STORE, [self._index_keys(tag)[2] for tag in self.buckets.tags])
+        return d.addCallback(lambda values: sum(max(0, int(n or 0)) for n in values))
 
     # backlogs
 
     def append_backlog(self, session_id: str, direction: str, frame: bytes, cap: int) -> Deferred[None]:
-        keys = [self._backlog_key(session_id, direction), self._buffered]
+        keys = [self._backlog_key(session_id, direction), self._buffered_of(session_id)]
         return self._run("backlog_append", keys, frame, cap).addCallback(_none)
 
     def take_backlog(self, session_id: str, direction: str) -> Deferred[list[bytes]]:
-        keys = [self._backlog_key(session_id, direction), self._buffered]
+        keys = [self._backlog_key(session_id, direction), self._buffered_of(session_id)]
         return self._run("backlog_take", keys).addCallback(lambda items: list(items or []))
 
     # correlations

@@ -1,0 +1,347 @@
+"""A Redis Cluster client over txredisapi (C{--redis redis+cluster://host:port[,host:port...]}).
+
+txredisapi has no Cluster support: this routes each command to the master that owns its key's slot
+(relayd/storage/buckets.py), with one L{Redis} pool per master (database 0; C{SELECT} is never sent).
+
+- The slot map (C{CLUSTER SLOTS}) is read once a seed node answers, and again on C{MOVED}, on
+  C{CLUSTERDOWN}/C{TRYAGAIN} and when a master cannot be reached (at most every L{REFRESH_AT_MOST}
+  seconds). A C{MOVED} also updates its slot at once, and the command is sent again to the new
+  owner; an C{ASK} (a slot being migrated) sends C{ASKING} and the command to the importing node, on
+  one connection. More than L{MAX_REDIRECTS} redirections (a storm of them) answer
+  L{StoreUnavailable}, as do a cluster that is down and an unreachable master: 503
+  C{store-unavailable}, never a 500.
+- The keyspace version and bounds (relayd/storage/redis.py) are checked once the map is known,
+  each key routed to its own slot (the marker check is one C{EXISTS} per key), instead of on every
+  pool connection.
+- Pub/sub stays classic: a cluster forwards every C{PUBLISH} to every node, so each bus subscribes
+  on the first seed node, and keyless commands (C{PUBLISH}) go to that node too, so that a publish's
+  count of receivers (the MCP bus's "instance gone") counts every instance's subscription. Give
+  every instance the same seed list, first seed first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import txredisapi
+from twisted.internet import defer
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from relayd.base.clock import Timekeeper
+from relayd.base.errors import StoreRefused, StoreUnavailable
+from relayd.storage.buckets import SLOTS, key_slot
+from relayd.storage.redis import (
+    DEFAULT_TIMEOUT,
+    KEYSPACE_VERSION,
+    UNVERSIONED_MARKERS,
+    VERSION_KEY,
+    KeyspaceMismatch,
+    KeyspaceVersionError,
+    Redis,
+    RedisURL,
+    first_error,
+    parse_redis_url,
+)
+
+MAX_REDIRECTS = 5
+REFRESH_AT_MOST = 0.25  # seconds between two reads of the slot map
+RETRY = 0.5  # seconds before the first read of the map (or the keyspace check) is tried again
+
+# Refusals after which the slot map may have changed (a failover, a reshard, a cluster down).
+_TOPOLOGY = ("CLUSTERDOWN", "TRYAGAIN", "READONLY", "MASTERDOWN", "LOADING")
+
+Address = tuple[str, int]
+
+
+class _Node(Redis):
+    """One master's pool: checks no keyspace of its own, and tells the cluster when it is up."""
+
+    checks_keyspace = False
+    what = "a Redis Cluster node"  # ("connected to Redis at" says the whole cluster is usable)
+    cluster: ClusterRedis
+
+    def _pool_connection(self, change: int) -> None:
+        super()._pool_connection(change)
+        if change > 0:
+            self.cluster._node_up(self)
+
+    def execute_asking(self, store: str, *command: Any) -> Deferred[Any]:
+        """C{ASKING}, then the command, on one connection (a slot being imported by this node)."""
+
+        def send(connection: Any) -> Deferred[Any]:
+            connection.execute_command(b"ASKING").addErrback(lambda f: None)
+            return connection.execute_command(*command)
+
+        return self._guard(store, command[0], lambda: self._factory.getConnection(peek=True).addCallback(send))
+
+
+def _routing_key(command: tuple[Any, ...]) -> bytes | None:
+    """The key a command is routed by: a script's first key, a command's first argument, or none."""
+    name = command[0]
+    name = name.upper() if isinstance(name, bytes) else name.upper().encode()
+    if name in (b"EVALSHA", b"EVAL"):
+        return _bytes(command[3]) if int(command[2]) > 0 else None
+    if name in (b"PUBLISH", b"TIME", b"INFO", b"PING", b"CLUSTER", b"COMMAND"):
+        return None
+    return _bytes(command[1]) if len(command) > 1 else None
+
+
+def _bytes(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode("utf-8")
+
+
+class ClusterRedis(Redis):
+    """The process's Redis client on a Redis Cluster: the same calls as L{Redis}, routed by slot."""
+
+    _log = Logger()
+    # No Sentinel, and no replica confirmation of its own (each master's pool is a L{Redis}, which
+    # does what a write's options ask).
+    follower: Any = None
+    wait_replicas = 0
+
+    def __init__(
+        self,
+        url: str | RedisURL,
+        clock: Timekeeper,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        poolsize: int = 4,
+        prefix: str = "relayd:",
+        **node_options: Any,
+    ) -> None:
+        # (Not Redis.__init__: no pool of its own, one per master, made with C{node_options}.)
+        self._node_options = node_options
+        self.url = url if isinstance(url, RedisURL) else parse_redis_url(url)
+        if not self.url.cluster:
+            raise ValueError("a Redis Cluster client needs a redis+cluster:// URL")
+        self.clock = clock
+        self.timeout = timeout
+        self.poolsize = poolsize
+        self.prefix = prefix.encode("utf-8")
+        self.version_key = (prefix + VERSION_KEY).encode()
+        self.bounds_key = (prefix + "bounds").encode()
+        self.bounds: dict[bytes, bytes] = {}
+        self.refusal: str | None = None
+        self.refused: Deferred[str] = Deferred()
+        self._buses: list[Any] = []
+        self._redis_clock_offset = 0.0
+        self.script_flags = False
+        self._refused_commands: set[Any] = set()
+        self._usable_connections = 0
+        self._closing = False
+        self._nodes: dict[Address, _Node] = {}
+        self._slots: list[Address | None] = [None] * SLOTS
+        self._mapped = False  # the slot map was read
+        self._checked = False  # and the keyspace checked: commands are sent
+        self._refreshing: Deferred[None] | None = None
+        self._last_refresh = -REFRESH_AT_MOST
+        self._later: Any = None
+        self._bus_address: Address = self.url.seeds[0]
+        for seed in self.url.seeds:
+            self._node(seed)
+
+    # nodes and the slot map
+
+    def _node(self, address: Address) -> _Node:
+        node = self._nodes.get(address)
+        if node is None:
+            host, port = address
+            url = RedisURL(host, port, 0, self.url.username, self.url.password, self.url.tls)
+            node = _Node(url, self.clock, timeout=self.timeout, poolsize=self.poolsize, **self._node_options)
+            node.cluster = self
+            self._nodes[address] = node
+        return node
+
+    def _node_up(self, node: _Node) -> None:
+        self.script_flags = node.script_flags
+        self._redis_clock_offset = node._redis_clock_offset
+        if not self._mapped:
+            self.refresh()
+
+    @property
+    def connected(self) -> bool:
+        return self._checked and self.refusal is None
+
+    def refresh(self) -> Deferred[None]:
+        """Read the slot map again (now, or once L{REFRESH_AT_MOST} has passed since the last read)."""
+        if self._refreshing is not None or self._closing or self.refusal is not None:
+            return self._refreshing or defer.succeed(None)
+        wait = self._last_refresh + REFRESH_AT_MOST - self.clock.monotonic()
+        if wait > 0:
+            if self._later is None:
+                self._later = self.clock.call_later(wait, self._refresh_later)
+            return defer.succeed(None)
+        self._last_refresh = self.clock.monotonic()
+        self._refreshing = Deferred.fromCoroutine(self._refresh())
+        self._refreshing.addErrback(self._refresh_failed)
+
+        def done(_: Any) -> None:
+            self._refreshing = None
+
+        return self._refreshing.addBoth(done)
+
+    def _refresh_later(self) -> None:
+        self._later = None
+        self.refresh()
+
+    def _refresh_failed(self, f: Failure) -> None:
+        if f.check(KeyspaceMismatch):
+            self._refuse(str(f.value))
+            return
+        self._log.warn("Redis Cluster at {url}: {error}; trying again", url=str(self.url), error=f.getErrorMessage())
+        if self._later is None and not self._closing:
+            self._later = self.clock.call_later(RETRY, self._refresh_later)
+
+    async def _refresh(self) -> None:
+        asked = [node for node in self._nodes.values() if node.connected]
+        if not asked:
+            for seed in self.url.seeds:  # every known node gone: start again from the seeds
+                self._node(seed)
+            raise StoreUnavailable("redis", "no node of the cluster is reachable")
+        node = asked[0]
+        reply = await node.execute("redis", b"CLUSTER", b"SLOTS")
+        slots: list[Address | None] = [None] * SLOTS
+        masters: set[Address] = set()
+        for entry in reply:
+            start, end, master = int(entry[0]), int(entry[1]), entry[2]
+            host = master[0].decode() if master[0] else node.url.host  # empty: the node asked
+            address = (host, int(master[1]))
+            masters.add(address)
+            slots[start : end + 1] = [address] * (end - start + 1)
+        self._slots = slots
+        for address in masters:
+            self._node(address)
+        for address in list(self._nodes):
+            if address not in masters and address != self._bus_address:
+                self._nodes.pop(address).close()
+        first = not self._mapped
+        self._mapped = True
+        if not self._checked:
+            await self._check_keyspace()
+            self._checked = True
+        if first:
+            self._log.info(
+                "connected to Redis at {url} (keyspace version {version}; a Redis Cluster of {masters} masters)",
+                url=str(self.url), masters=len(masters), version=KEYSPACE_VERSION,
+            )  # fmt: skip
+
+    async def _check_keyspace(self) -> None:
+        """The version key and the bounds, as a single primary's connections check them
+        (relayd/storage/redis.py), each key sent to its own slot."""
+        key, mine = self.version_key, str(KEYSPACE_VERSION).encode()
+        try:
+            found = await self._send("redis", (b"GET", key))
+            if found is None:
+                prefix = key[: -len(VERSION_KEY)]
+                for marker in UNVERSIONED_MARKERS:
+                    if int(await self._send("redis", (b"EXISTS", prefix + marker.encode()))):
+                        raise KeyspaceVersionError(self.mismatch("keys of an earlier relayd without a keyspace version"))
+                await self._send("redis", (b"SET", key, mine, b"NX"))
+                found = await self._send("redis", (b"GET", key))
+        except txredisapi.ResponseError as e:
+            if str(e).startswith("WRONGTYPE"):
+                raise KeyspaceVersionError(self.mismatch(f"a {key.decode(errors='replace')} key that is not a version")) from None
+            raise
+        if found != mine:
+            raise KeyspaceVersionError(self.mismatch(f"relayd keyspace version {found.decode(errors='replace')}"))
+        bounds = dict(self.bounds)
+        if bounds:
+            for name, value in bounds.items():
+                await self._send("redis", (b"HSETNX", self.bounds_key, name, value))
+            held = await self._send("redis", (b"HMGET", self.bounds_key, *bounds))
+            differ = [(name, mine, there) for (name, mine), there in zip(bounds.items(), held, strict=True) if there != mine]
+            if differ:
+                raise KeyspaceMismatch(self.bounds_mismatch(differ))
+
+    def _refuse(self, message: str) -> None:
+        if self.refusal is not None:
+            return
+        self.refusal = message
+        self._log.critical("{reason}", reason=message)
+        for node in self._nodes.values():
+            node.close()
+        self.refused.callback(message)
+
+    # commands
+
+    def execute(self, store: str, *command: Any, **options: Any) -> Deferred[Any]:
+        """Run one command on the master of its key's slot (L{Redis.execute}'s failures, and
+        L{StoreUnavailable} while the slot map is unknown or keeps moving); C{options} go to the
+        master's L{Redis.execute} as they are."""
+        if self.refusal is not None:
+            return defer.fail(StoreUnavailable(store, "another relayd keyspace version"))
+        if not self._checked:
+            return defer.fail(StoreUnavailable(store, "not connected"))
+        return self._send(store, command, options=options)
+
+    def _send(
+        self,
+        store: str,
+        command: tuple[Any, ...],
+        redirects: int = 0,
+        asking: Address | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> Deferred[Any]:
+        key = _routing_key(command)
+        if asking is not None:
+            address: Address | None = asking
+        elif key is None:
+            address = self._bus_address
+        else:
+            address = self._slots[key_slot(key)]
+        if address is None:
+            self.refresh()
+            return defer.fail(StoreUnavailable(store, "no master serves that slot"))
+        node = self._node(address)
+        if not node.connected:
+            self.refresh()  # a master gone, or one just learned of
+        options = options or {}
+        d = node.execute_asking(store, *command) if asking is not None else node.execute(store, *command, **options)
+        return d.addErrback(self._redirected, store, command, redirects, node, options)
+
+    def _redirected(
+        self, f: Failure, store: str, command: tuple[Any, ...], redirects: int, node: _Node, options: dict[str, Any]
+    ) -> Any:
+        if f.check(txredisapi.ResponseError):
+            words = str(f.value).split()
+            if len(words) == 3 and words[0] in ("MOVED", "ASK"):
+                if redirects >= MAX_REDIRECTS:
+                    self.refresh()
+                    raise StoreUnavailable(store, f"the Redis Cluster's slots keep moving ({words[0]} {words[1]})")
+                host, _, port = words[2].rpartition(":")
+                address = (host.strip("[]") or node.url.host, int(port))
+                if words[0] == "MOVED":
+                    self._slots[int(words[1])] = address
+                    self.refresh()
+                    return self._send(store, command, redirects + 1, options=options)
+                return self._send(store, command, redirects + 1, asking=address, options=options)
+        elif f.check(StoreRefused):
+            if f.value.code in _TOPOLOGY:  # type: ignore[union-attr]
+                self.refresh()
+        elif f.check(StoreUnavailable):
+            self.refresh()
+        return f
+
+    def get_many(self, store: str, keys: list[bytes]) -> Deferred[list[Any]]:
+        """One C{GET} per key, each on its slot's master (sent at once)."""
+        reads = [self.execute(store, b"GET", key) for key in keys]
+        return defer.gatherResults(reads, consumeErrors=True).addErrback(first_error)
+
+    def close(self) -> Deferred[Any]:
+        self._closing = True
+        if self._later is not None:
+            self.clock.cancel(self._later)
+            self._later = None
+        ds = [bus.close() for bus in self._buses] + [node.close() for node in self._nodes.values()]
+        self._buses = []
+        return defer.gatherResults(ds, consumeErrors=True)
+
+
+def redis_client(url: str, clock: Timekeeper, *, prefix: str = "relayd:", **options: Any) -> Redis:
+    """The client C{--redis} names: a single primary's, or a Redis Cluster's (C{options}: the
+    other keyword arguments of L{Redis}, given to each master's)."""
+    if parse_redis_url(url).cluster:
+        return ClusterRedis(url, clock, prefix=prefix, **options)
+    return Redis(url, clock, prefix=prefix, **options)
