@@ -252,7 +252,7 @@ def _parse_cluster_url(scheme: str, netloc: str, path: str) -> RedisURL:
     if path.strip("/") not in ("", "0"):
         raise ValueError("a Redis Cluster has database 0 only (redis+cluster://host:port,host:port)")
     host, port = seeds[0]
-    return RedisURL(host, port, 0, username, password, scheme == "rediss+cluster", tuple(seeds))
+    return RedisURL(host, port, 0, username, password, scheme == "rediss+cluster", seeds=tuple(seeds))
 
 
 def redis_url(text: str) -> str:

@@ -97,9 +97,9 @@ class EveryScriptOneSlot(TestCase):
         sent: list[tuple[Any, ...]] = []
         execute = redis.execute
 
-        def recording(store: str, *command: Any) -> Deferred[Any]:
+        def recording(store: str, *command: Any, durable: bool = False) -> Deferred[Any]:
             sent.append(command)
-            return execute(store, *command)
+            return execute(store, *command, durable=durable)
 
         redis.execute = recording  # type: ignore[method-assign]
         examples: list[tuple[str, Ids]] = [("k:", Ids()), ("", Ids("", "", ("",)))]
