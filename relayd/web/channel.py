@@ -192,8 +192,12 @@ class RelayChannel(ChannelHooks):
         )
         if post is None:
             return False
-        forwarded = post.headers.get(b"x-forwarded-for")
-        peer = site.client_of(None if forwarded is None else [forwarded], self.getPeer())
+        client = self.client
+        if client is not None and not site.trust_forwarded_for:
+            peer = client  # (the peer's host, read when the connection was counted: no address built again)
+        else:
+            forwarded = post.headers.get(b"x-forwarded-for")
+            peer = site.client_of(None if forwarded is None else [forwarded], self.getPeer())
         if site.max_client_connections and (self.crowded or (site.trust_forwarded_for and peer != self.client)):
             return False  # (twisted.web's path counts a proxied client anew, and answers the crowded 503)
         started = site.clock.monotonic()
