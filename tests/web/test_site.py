@@ -13,7 +13,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.testing import EventLoggingObserver, StringTransport
 from twisted.internet.threads import deferToThread
-from twisted.logger import globalLogPublisher
+from twisted.logger import Logger, LogLevel, formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 from twisted.web.resource import Resource
@@ -384,6 +384,30 @@ async def _turns(n: int) -> None:
         d: Deferred[None] = Deferred()
         reactor.callLater(0, d.callback, None)
         await d
+
+
+class AccessEventAsTwistedBuildsIt(TestCase):
+    """The access line's event has the keys C{Logger.emit} gives an info event (the site builds it
+    without emit's level check), its time the site's clock's."""
+
+    def test_the_event_is_an_info_event_at_the_clocks_time(self) -> None:
+        log = EventLoggingObserver.createWithCleanup(self, globalLogPublisher)
+        fake = task.Clock()
+        fake.advance(1764460800.25)
+        site = RelaySite(_Plain(), clock=Timekeeper(fake), relay="test")
+        for _ in range(2):  # (the second from the loggable text kept)
+            site.access(method=b"POST", path=b"/events?x=1", status=202, sent=11, peer="192.0.2.1", started=fake.seconds())
+        first, second = access_lines(log)
+        self.assertEqual(first["access_line"], second["access_line"])
+        self.assertIs(first["log_level"], LogLevel.info)
+        self.assertEqual(first["log_namespace"], "relayd.access")
+        self.assertEqual(first["log_format"], "{access_line}")
+        self.assertIsNone(first["log_source"])
+        self.assertIsInstance(first["log_logger"], Logger)
+        self.assertEqual(first["log_time"], 1764460800.25)
+        self.assertEqual(formatEvent(first), 'test 192.0.2.1 "POST /events" 202 11')
+        self.assertEqual((first["method"], first["path"], first["status"], first["bytes"], first["duration_ms"]),
+                         ("POST", "/events", 202, 11, 0.0))
 
 
 class AccessLineEscaping(TestCase):
