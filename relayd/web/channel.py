@@ -107,7 +107,9 @@ class RelayChannel(ChannelHooks):
 
     def connectionMade(self) -> None:
         site = getattr(self, "site", None)
-        if isinstance(site, ChannelSite):
+        if not isinstance(site, ChannelSite):
+            site = None
+        else:
             self._relay_site = site
             self._deadlines = (site.clock, site.header_timeout, site.body_timeout)
         if self._covers_idle(1):
@@ -119,7 +121,7 @@ class RelayChannel(ChannelHooks):
             self.timeOut = idle
         else:
             super().connectionMade()
-        if site is not None and site is self._relay_site:
+        if site is not None:
             # (Behind trusted proxies the client is known from each request's headers: getResourceFor.
             # A UNIX socket's peers have no address to tell them apart: not counted.)
             if site.max_client_connections and not site.trust_forwarded_for and self.transport is not None:
@@ -210,10 +212,9 @@ class RelayChannel(ChannelHooks):
         if answer is None:
             return False
         self._stop_header_clock()
-        deferred = isinstance(answer, Deferred)
-        if deferred or not post.close:
+        if not post.close or isinstance(answer, Deferred):
             self._idle()  # (an answer written now to a connection that then closes needs no idle timer)
-        if deferred:
+        if isinstance(answer, Deferred):
             self.simple_waiting = []
             self.transport.pauseProducing()  # type: ignore[union-attr]
             answer.addCallback(self._write_simple, site, post, peer, started).addErrback(self._simple_failed)
