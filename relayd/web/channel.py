@@ -200,8 +200,12 @@ class RelayChannel(ChannelHooks):
         else:
             forwarded = post.headers.get(b"x-forwarded-for")
             peer = site.client_of(None if forwarded is None else [forwarded], self.getPeer())
-        if site.max_client_connections and (self.crowded or (site.trust_forwarded_for and peer != self.client)):
-            return False  # (twisted.web's path counts a proxied client anew, and answers the crowded 503)
+        if site.max_client_connections:
+            if site.trust_forwarded_for:
+                if not site.count_forwarded(self, peer):
+                    return False  # (at its cap: twisted.web's path counts it and answers the crowded 503)
+            elif self.crowded:
+                return False  # (twisted.web's path answers the crowded 503)
         started = site.clock.monotonic()
         try:
             answer = site.simple_posts[post.path](post)

@@ -184,16 +184,31 @@ class RelaySite(ChannelSite):
         if self.trust_forwarded_for:
             # The client is the request's: a proxy's connection counts for its latest client.
             client = self.client_address(request)
-            if client != channel.client:
-                if channel.client is not None:
-                    self.client_left(channel.client)
-                    del channel.client
-                if not self.count_client(channel, client):
-                    return self._crowded
+            if client != channel.client and not self._recount(channel, client):
+                return self._crowded
         if channel.crowded and request.path not in self.health_paths:
             metrics.http_connections_refused.labels(relay=self.relay or "http").inc()
             return self._crowded
         return None
+
+    def _recount(self, channel: RelayChannel, client: str) -> bool:
+        """Count C{channel} for C{client}, the client of its latest request behind trusted proxies,
+        instead of its previous one; C{False} when C{client} is refused (L{count_client})."""
+        if channel.client is not None:
+            self.client_left(channel.client)
+            del channel.client
+        return self.count_client(channel, client)
+
+    def count_forwarded(self, channel: RelayChannel, client: str) -> bool:
+        """Behind trusted proxies, for a request answered beside twisted.web (a plain POST): count
+        C{channel} for C{client}, its request's client, as L{getResourceFor} would; C{True} when the
+        request may be answered. C{False}, with nothing changed, when C{client} is at its cap (then
+        twisted.web's path counts it, and answers the crowded C{503} or refuses it, once)."""
+        if client != channel.client:
+            if self._clients.get(client, 0) >= self.max_client_connections:
+                return False
+            self._recount(channel, client)
+        return not channel.crowded
 
     def count_client(self, channel: RelayChannel, client: str) -> bool:
         """Count C{channel} for C{client}; C{False} (then not counted) when C{client} already holds

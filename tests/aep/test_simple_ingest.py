@@ -226,8 +226,9 @@ class SimpleIngestParityOnRedis(OnRedis, SimpleIngestParity):
 
 class SimpleIngestParityBehindAProxy(TestCase):
     """Behind a trusted proxy the client named in the access line and counted is the forwarded one,
-    on both paths; a client new to its connection is counted by twisted.web's path (and the next
-    request of the same client is answered beside it)."""
+    on both paths; a client new to its connection is counted anew on the plain path too (the SDK
+    opens a connection per event), and one at its cap is left to twisted.web's path, which answers
+    the crowded 503 and counts the refusal once."""
 
     flags = {"trust_forwarded_for": 1}
     relays = SimpleIngestParity.relays
@@ -250,4 +251,25 @@ class SimpleIngestParityBehindAProxy(TestCase):
             seen[name] = peers
         self.assertEqual(seen["fast"], ["198.51.100.0", "198.51.100.0", "198.51.100.1", "198.51.100.1"])
         self.assertEqual(seen["fast"], seen["plain"])
-        self.assertEqual(taken, [True, True])  # the second request of each client
+        self.assertEqual(taken, [True, True, True, True])  # a client new to the connection too
+        self.assertEqual(fast.service.site._clients, plain.service.site._clients)
+
+    async def test_a_forwarded_client_at_its_cap_is_refused_as_twisted_web_does(self) -> None:
+        self.flags = {"trust_forwarded_for": 1, "max_client_connections": 1}
+        fast, plain, taken = await self.relays()
+        answers = {}
+        for name, relay in (("fast", fast), ("plain", plain)):
+            before = counters()
+            clients = []
+            for n in range(3):  # the client's one connection, then two over its cap
+                client = RawClient()
+                await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", relay.wing.port), client)
+                self.addCleanup(client.transport.loseConnection)
+                client.transport.write(post(batch("Q", n, 1), b"x-forwarded-for: 198.51.100.7"))
+                await wait_until(lambda client=client: b"\r\n\r\n" in client.received)
+                clients.append(client.received.split(b"\r\n", 1)[0])
+            answers[name] = (clients, grown(before, counters()), dict(relay.service.site._clients))
+        self.assertEqual(answers["fast"], answers["plain"])
+        self.assertEqual(answers["fast"][0][0], b"HTTP/1.1 202 Accepted")
+        self.assertEqual(answers["fast"][0][1:], [b"HTTP/1.1 503 Service Unavailable"] * 2)
+        self.assertEqual(taken, [True])  # (the crowded ones went to twisted.web's path, untouched)
