@@ -236,19 +236,28 @@ class RelayChannel(ChannelHooks):
         transport = self.transport
         if transport is None or not getattr(transport, "connected", False):
             return  # (the client left while the store wrote)
-        transport.write(
-            raw_response(
-                answer.status, answer.headers, answer.body, close=post.close and post.version == b"HTTP/1.1",
-                dated=True, capitalised=True, version=post.version,
+        # An answer that waited for the store (Redis) is written outside a read of this connection:
+        # held as a read's are, it is sent at once (and the connection closed at once) as within one.
+        held = hold_writes(transport)
+        try:
+            transport.write(
+                raw_response(
+                    answer.status, answer.headers, answer.body, close=post.close and post.version == b"HTTP/1.1",
+                    dated=True, capitalised=True, version=post.version,
+                )
             )
-        )
-        site.access(method=b"POST", path=post.path, status=answer.status, sent=len(answer.body), peer=peer, started=started)
-        if post.close:
-            transport.loseConnection()
-        elif waiting is not None:
-            transport.resumeProducing()  # type: ignore[attr-defined]
-            if waiting:
-                self.dataReceived(b"".join(waiting))
+            site.access(
+                method=b"POST", path=post.path, status=answer.status, sent=len(answer.body), peer=peer, started=started
+            )
+            if post.close:
+                transport.loseConnection()
+            elif waiting is not None:
+                transport.resumeProducing()  # type: ignore[attr-defined]
+                if waiting:
+                    self.dataReceived(b"".join(waiting))
+        finally:
+            if held:
+                release_writes(transport)
 
     def _simple_failed(self, failure: Failure) -> None:
         # (The wing answers every refusal of its own; this is a bug, and nothing can be answered.)

@@ -199,6 +199,33 @@ class SimpleIngestParity(TestCase):
         self.assertEqual(taken, [True, False])
         self.assertEqual(len(fast.core.log._buffers["W"]), 1)
 
+    async def test_an_answer_that_waited_for_the_store_is_sent_and_closed_at_once(self) -> None:
+        # (Redis: the answer comes with the store's reply, outside a read of the client's connection;
+        # it is sent, and a closing connection closed, within that call, not on the next turn.)
+        fast, _, taken = await self.relays()
+        writes: list[Deferred[Any]] = []
+        ingest = fast.core.ingest
+
+        def later(events: Any, *args: Any) -> Deferred[Any]:
+            d: Deferred[Any] = Deferred()
+            d.addCallback(lambda _: ingest(events, *args))
+            writes.append(d)
+            return d
+
+        self.patch(fast.core, "ingest", later)
+        client = RawClient()
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", fast.wing.port), client)
+        self.addCleanup(client.transport.loseConnection)
+        client.transport.write(post(batch("X", 0, 1), b"connection: close"))
+        await wait_until(lambda: len(writes) == 1)
+        site = fast.service.site
+        self.assertEqual(site.open_connections(), 1)
+        writes[0].callback(None)
+        self.assertEqual(site.open_connections(), 0)  # sent and closed within the store's answer
+        await client.closed
+        self.assertIn(b"HTTP/1.1 202 Accepted", client.received)
+        self.assertEqual(taken, [True])
+
     async def test_without_knowing_the_channel_is_between_requests_twisted_web_answers(self) -> None:
         self.patch(fence, "CHANNEL_BETWEEN_REQUESTS", False)
         fast, _, taken = await self.relays()
@@ -221,6 +248,9 @@ class SimpleIngestParityOnRedis(OnRedis, SimpleIngestParity):
         return stored
 
     async def test_the_answer_waits_for_a_store_that_answers_later_and_so_does_the_next_request(self) -> None:
+        raise SkipTest("the in-memory case patches the store; on Redis every write answers later")
+
+    async def test_an_answer_that_waited_for_the_store_is_sent_and_closed_at_once(self) -> None:
         raise SkipTest("the in-memory case patches the store; on Redis every write answers later")
 
 
