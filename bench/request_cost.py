@@ -113,12 +113,22 @@ def load(shape: str, port: int, total: int) -> float:
                 while s.recv(65536):  # the server closes
                     pass
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(THREADS)]
+    failures: list[BaseException] = []
+
+    def run(thread: int) -> None:
+        try:
+            worker(thread)
+        except BaseException as e:  # (a thread's SystemExit would end it silently)
+            failures.append(e)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(THREADS)]
     started = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    if failures:
+        raise SystemExit(f"{len(failures)} of {THREADS} clients failed: {failures[0]}")
     return time.perf_counter() - started
 
 
@@ -133,6 +143,21 @@ def wait_listening(port: int, proc: subprocess.Popen[bytes], seconds: float) -> 
         except OSError:
             time.sleep(0.2)
     raise SystemExit("the server did not listen in time")
+
+
+def wait_accepting(port: int, seconds: float) -> None:
+    """Until an event is accepted (with --redis, once the relay's store is up)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(request("sdk", port, 0, 0))
+            try:
+                read_answer(s)
+                return
+            except SystemExit:
+                if time.monotonic() > deadline:
+                    raise
+        time.sleep(0.2)
 
 
 def main() -> None:
@@ -164,6 +189,7 @@ def main() -> None:
         proc = subprocess.Popen(argv, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_listening(port, proc, 300 if args.callgrind else 30)
+        wait_accepting(port, 120 if args.callgrind else 15)
         load(args.shape, port, 200)
         result: dict[str, object] = {"shape": args.shape, "server": "floor" if args.floor else "relayd",
                                      "tree": str(tree), "flags": args.relayd_flags, "requests": total}
