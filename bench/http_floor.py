@@ -7,7 +7,8 @@
 - C{web}: a plain twisted.web C{Site} whose one resource reads the body and answers C{202}
   (access log off): the floor of any relay built on twisted.web's C{Request}.
 - C{protocol}: a bare Twisted C{Protocol} that frames requests by C{Content-Length} and answers
-  C{202}: the reactor's and the kernel's share (docs/performance.md, "Where the rest goes").
+  C{202} (and closes after it for HTTP/1.0 or C{Connection: close}): the reactor's and the kernel's
+  share (docs/performance.md, "Where the rest goes", "Issue 24: per-connection cost").
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from twisted.internet import protocol, reactor
 from twisted.web import resource, server
 
 ANSWER = b'HTTP/1.1 202 Accepted\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}'
+CLOSING = ANSWER.replace(b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n")
 
 
 class Accepting(resource.Resource):
@@ -37,6 +39,7 @@ class Framing(protocol.Protocol):
     def __init__(self) -> None:
         self.buffer = b""
         self.needed: int | None = None
+        self.closing = False
 
     def dataReceived(self, data: bytes) -> None:
         self.buffer += data
@@ -48,11 +51,17 @@ class Framing(protocol.Protocol):
                 head = self.buffer[:end].lower()
                 at = head.find(b"content-length:")
                 self.needed = int(head[at + 15 :].split(b"\r\n", 1)[0]) if at >= 0 else 0
+                # (HTTP/1.0, or Connection: close: the SDK-shaped load, a connection per request)
+                self.closing = b"\r\nconnection: close" in head or head.split(b"\r\n", 1)[0].endswith(b"http/1.0")
                 self.buffer = self.buffer[end + 4 :]
             if len(self.buffer) < self.needed:
                 return
             self.buffer = self.buffer[self.needed :]
             self.needed = None
+            if self.closing:
+                self.transport.write(CLOSING)  # type: ignore[union-attr]
+                self.transport.loseConnection()  # type: ignore[union-attr]
+                return
             self.transport.write(ANSWER)  # type: ignore[union-attr]
 
 

@@ -355,6 +355,10 @@ CHANNEL_PIPELINE = code_uses(http.HTTPChannel.requestDone, "_waitingForTransport
 CHANNEL_LENGTH_HOOK = hasattr(http.HTTPChannel, "_maybeChooseTransferDecoder")
 CHANNEL_BAD_REQUEST_HOOK = hasattr(http.HTTPChannel, "_respondToBadRequestAndDisconnect")
 GENERIC_CHANNEL = hasattr(http, "_GenericHTTPChannelProtocol")
+HTTP2 = GENERIC_CHANNEL and bool(getattr(http, "H2_ENABLED", False))
+"""Whether twisted.web can switch a connection to HTTP/2 (the C{h2} package is installed): only then
+is a connection worth Twisted's HTTP/1.1-or-2 wrapper, an object per connection and a forwarded call
+per read and per attribute the site sets (L{channel_protocol})."""
 CHANNEL_CONTINUE_HOOK = code_uses(http.HTTPChannel.allHeadersReceived, "_send100Continue")
 CHUNK_SIZE_HOOK = (
     CHANNEL_LENGTH_HOOK
@@ -497,10 +501,15 @@ class ChannelHooks(http.HTTPChannel):
 
 def channel_protocol(channel: http.HTTPChannel) -> Any:
     """What a site's C{protocol} returns for C{channel}: Twisted's wrapper that can switch to
-    HTTP/2 after TLS ALPN (the channel itself, HTTP/1.1 only, if the wrapper is gone)."""
-    if GENERIC_CHANNEL:
-        return http._GenericHTTPChannelProtocol(channel)
+    HTTP/2 after TLS ALPN where twisted.web speaks HTTP/2 (L{HTTP2}); else the channel itself,
+    HTTP/1.1, which is all the wrapper would speak."""
+    if HTTP2:
+        return _GENERIC_PROTOCOL(channel)
     return channel
+
+
+# (Looked up once: twisted.web.http is a deprecation proxy, which builds an object per lookup.)
+_GENERIC_PROTOCOL: Any = getattr(http, "_GenericHTTPChannelProtocol", None)
 
 
 def channel_of(protocol: Any) -> Any:

@@ -106,11 +106,22 @@ class RelayChannel(ChannelHooks):
     # body within its body_timeout of the end of the headers (the slow-POST variant).
 
     def connectionMade(self) -> None:
-        super().connectionMade()
         site = getattr(self, "site", None)
-        if isinstance(site, ChannelSite):
+        if not isinstance(site, ChannelSite):
+            site = None
+        else:
             self._relay_site = site
             self._deadlines = (site.clock, site.header_timeout, site.body_timeout)
+        if self._covers_idle(1):
+            # Twisted arms its idle timeout here; the header clock armed below fires first, so the
+            # idle timer waits until a request is in (L{_idle}): one timer per connection, not two,
+            # and none to cancel when the connection closes after one answer.
+            idle, self.timeOut = self.timeOut, None
+            super().connectionMade()
+            self.timeOut = idle
+        else:
+            super().connectionMade()
+        if site is not None:
             # (Behind trusted proxies the client is known from each request's headers: getResourceFor.
             # A UNIX socket's peers have no address to tell them apart: not counted.)
             if site.max_client_connections and not site.trust_forwarded_for and self.transport is not None:
@@ -121,8 +132,6 @@ class RelayChannel(ChannelHooks):
         self._start_header_clock()
 
     def dataReceived(self, data: bytes) -> None:
-        if self._header_call is None and self.reading_head():
-            self._start_header_clock()
         if self.reading:  # a request answered within the read replays what followed it
             self._read(data)
             return
@@ -143,13 +152,16 @@ class RelayChannel(ChannelHooks):
 
     def _read(self, data: bytes) -> None:
         waiting = self.simple_waiting
+        if waiting is None:
+            site = self._relay_site
+            if site is not None and site.simple_posts and data.startswith(b"POST ") and between_requests(self):
+                if self._answer_simple(site, data):
+                    return  # (answered within this read: a header clock started for it could never fire)
+        if self._header_call is None and self.reading_head():
+            self._start_header_clock()  # the head's first byte
         if waiting is not None:  # a plain POST's answer is awaited: what follows it waits for it
             waiting.append(data)
             return
-        site = self._relay_site
-        if site is not None and site.simple_posts and data.startswith(b"POST ") and between_requests(self):
-            if self._answer_simple(site, data):
-                return
         # Twisted's line reader copies what follows each line it splits off, so a POST whose
         # headers and body arrive in one read had its body copied once per header line (a 50 KB
         # NDJSON batch about ten times). The header block goes first, then the rest: the parser
@@ -182,10 +194,18 @@ class RelayChannel(ChannelHooks):
         )
         if post is None:
             return False
-        forwarded = post.headers.get(b"x-forwarded-for")
-        peer = site.client_of(None if forwarded is None else [forwarded], self.getPeer())
-        if site.max_client_connections and (self.crowded or (site.trust_forwarded_for and peer != self.client)):
-            return False  # (twisted.web's path counts a proxied client anew, and answers the crowded 503)
+        client = self.client
+        if client is not None and not site.trust_forwarded_for:
+            peer = client  # (the peer's host, read when the connection was counted: no address built again)
+        else:
+            forwarded = post.headers.get(b"x-forwarded-for")
+            peer = site.client_of(None if forwarded is None else [forwarded], self.getPeer())
+        if site.max_client_connections:
+            if site.trust_forwarded_for:
+                if not site.count_forwarded(self, peer):
+                    return False  # (at its cap: twisted.web's path counts it and answers the crowded 503)
+            elif self.crowded:
+                return False  # (twisted.web's path answers the crowded 503)
         started = site.clock.monotonic()
         try:
             answer = site.simple_posts[post.path](post)
@@ -196,7 +216,8 @@ class RelayChannel(ChannelHooks):
         if answer is None:
             return False
         self._stop_header_clock()
-        self.resetTimeout()
+        if not post.close or isinstance(answer, Deferred):
+            self._idle()  # (an answer written now to a connection that then closes needs no idle timer)
         if isinstance(answer, Deferred):
             self.simple_waiting = []
             self.transport.pauseProducing()  # type: ignore[union-attr]
@@ -215,19 +236,28 @@ class RelayChannel(ChannelHooks):
         transport = self.transport
         if transport is None or not getattr(transport, "connected", False):
             return  # (the client left while the store wrote)
-        transport.write(
-            raw_response(
-                answer.status, answer.headers, answer.body, close=post.close and post.version == b"HTTP/1.1",
-                dated=True, capitalised=True, version=post.version,
+        # An answer that waited for the store (Redis) is written outside a read of this connection:
+        # held as a read's are, it is sent at once (and the connection closed at once) as within one.
+        held = hold_writes(transport)
+        try:
+            transport.write(
+                raw_response(
+                    answer.status, answer.headers, answer.body, close=post.close and post.version == b"HTTP/1.1",
+                    dated=True, capitalised=True, version=post.version,
+                )
             )
-        )
-        site.access(method=b"POST", path=post.path, status=answer.status, sent=len(answer.body), peer=peer, started=started)
-        if post.close:
-            transport.loseConnection()
-        elif waiting is not None:
-            transport.resumeProducing()  # type: ignore[attr-defined]
-            if waiting:
-                self.dataReceived(b"".join(waiting))
+            site.access(
+                method=b"POST", path=post.path, status=answer.status, sent=len(answer.body), peer=peer, started=started
+            )
+            if post.close:
+                transport.loseConnection()
+            elif waiting is not None:
+                transport.resumeProducing()  # type: ignore[attr-defined]
+                if waiting:
+                    self.dataReceived(b"".join(waiting))
+        finally:
+            if held:
+                release_writes(transport)
 
     def _simple_failed(self, failure: Failure) -> None:
         # (The wing answers every refusal of its own; this is a bug, and nothing can be answered.)
@@ -260,8 +290,11 @@ class RelayChannel(ChannelHooks):
     def allHeadersReceived(self) -> None:
         self._stop_header_clock()
         deadlines = self._deadlines
-        if self.body_follows() and deadlines is not None and deadlines[2]:  # a body follows (a length, or chunked)
-            self._header_call = deadlines[0].deadline(deadlines[2], self._request_too_slow)
+        if self.body_follows():  # a body follows (a length, or chunked)
+            if deadlines is not None and deadlines[2]:
+                self._header_call = deadlines[0].deadline(deadlines[2], self._request_too_slow)
+            if not self._covers_idle(2):
+                self._idle()  # (Twisted's idle timeout then runs while the body comes)
         super().allHeadersReceived()
 
     def allContentReceived(self) -> None:
@@ -275,6 +308,18 @@ class RelayChannel(ChannelHooks):
             site.client_left(self.client)
             del self.client
         super().connectionLost(reason)
+
+    def _covers_idle(self, which: int) -> bool:
+        """Whether the site's header (C{which} 1) or body (2) deadline fires before Twisted's idle
+        timeout could: no idle timer is needed while it runs."""
+        deadlines = self._deadlines
+        limit = deadlines[which] if deadlines is not None else None
+        idle = self.timeOut
+        return bool(limit) and (idle is None or limit <= idle)  # type: ignore[operator]
+
+    def _idle(self) -> None:
+        """Arm (or restart) Twisted's idle timeout, for a connection that waits for the client."""
+        self.setTimeout(self.timeOut)
 
     def _start_header_clock(self) -> None:
         """Answer 408 unless the request line and headers arrive within the site's header timeout."""

@@ -188,6 +188,11 @@ class ChannelSite(Site):
         """Count C{channel} for C{client}; C{False} when C{client} holds more than its cap."""
         raise NotImplementedError
 
+    def count_forwarded(self, channel: Any, client: str) -> bool:
+        """Count C{channel} for C{client}, its plain POST's forwarded client; C{False}, nothing
+        changed, when C{client} is at its cap."""
+        raise NotImplementedError
+
     def client_left(self, client: str) -> None:
         """One connection counted for C{client} closed."""
         raise NotImplementedError

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IAddress
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Site
 
@@ -27,8 +27,24 @@ from relayd.web.request import BodyLimit, ChannelSite, RelayRequest, host_of
 from relayd.web.simple_post import SimplePost
 
 _MAX_SHARED_ADDRESSES = 64
+
+
+class _AccessLog(Logger):
+    """The access line's logger: one info event per request, built as C{Logger.emit} builds one (the
+    same keys) but without checking its level, which C{emit} does by sorting every log level for
+    each event: a third of emitting an access line."""
+
+    def line(self, when: float, fields: dict[str, Any]) -> None:
+        """Emit C{fields} (the line's own) as the info event C{{access_line}} at C{when} (the epoch)."""
+        fields.update(
+            log_logger=self, log_level=LogLevel.info, log_namespace=self.namespace, log_source=None,
+            log_format="{access_line}", log_time=when,
+        )
+        self.observer(fields)
+
+
 # A module-level logger: a Logger class attribute would take the class's name as its namespace.
-_access_log = Logger(namespace=ACCESS_NAMESPACE)
+_access_log = _AccessLog(namespace=ACCESS_NAMESPACE)
 
 
 class _Crowded(Resource):
@@ -168,16 +184,31 @@ class RelaySite(ChannelSite):
         if self.trust_forwarded_for:
             # The client is the request's: a proxy's connection counts for its latest client.
             client = self.client_address(request)
-            if client != channel.client:
-                if channel.client is not None:
-                    self.client_left(channel.client)
-                    del channel.client
-                if not self.count_client(channel, client):
-                    return self._crowded
+            if client != channel.client and not self._recount(channel, client):
+                return self._crowded
         if channel.crowded and request.path not in self.health_paths:
             metrics.http_connections_refused.labels(relay=self.relay or "http").inc()
             return self._crowded
         return None
+
+    def _recount(self, channel: RelayChannel, client: str) -> bool:
+        """Count C{channel} for C{client}, the client of its latest request behind trusted proxies,
+        instead of its previous one; C{False} when C{client} is refused (L{count_client})."""
+        if channel.client is not None:
+            self.client_left(channel.client)
+            del channel.client
+        return self.count_client(channel, client)
+
+    def count_forwarded(self, channel: RelayChannel, client: str) -> bool:
+        """Behind trusted proxies, for a request answered beside twisted.web (a plain POST): count
+        C{channel} for C{client}, its request's client, as L{getResourceFor} would; C{True} when the
+        request may be answered. C{False}, with nothing changed, when C{client} is at its cap (then
+        twisted.web's path counts it, and answers the crowded C{503} or refuses it, once)."""
+        if client != channel.client:
+            if self._clients.get(client, 0) >= self.max_client_connections:
+                return False
+            self._recount(channel, client)
+        return not channel.crowded
 
     def count_client(self, channel: RelayChannel, client: str) -> bool:
         """Count C{channel} for C{client}; C{False} (then not counted) when C{client} already holds
@@ -234,23 +265,26 @@ class RelaySite(ChannelSite):
         counter.inc()
         if not self.access_log:
             return
-        duration = round((self.clock.monotonic() - started) * 1000, 1) if started is not None else None
+        clock = self.clock
+        duration = round((clock.monotonic() - started) * 1000, 1) if started is not None else None
         verb = _loggable(method)
         where = _loggable(_strip_query(path))
-        _access_log.info(
-            # Rendered here once: twisted.logger's own formatting of five fields cost a third of
-            # the line's price, and one line is written per request.
-            "{access_line}",
-            access_line=f'{relay} {peer} "{verb} {where}" {status} {sent}',
-            relay=relay,
-            peer=peer,
-            method=verb,
-            path=where,
-            status=status,
-            bytes=sent,
-            duration_ms=duration,
-            # Safe by construction (no query string, no headers): the scrubber need not render it.
-            **{SCRUBBED_MARK: True},
+        _access_log.line(
+            clock.seconds(),
+            {
+                # Rendered here once: twisted.logger's own formatting of five fields cost a third of
+                # the line's price, and one line is written per request.
+                "access_line": f'{relay} {peer} "{verb} {where}" {status} {sent}',
+                "relay": relay,
+                "peer": peer,
+                "method": verb,
+                "path": where,
+                "status": status,
+                "bytes": sent,
+                "duration_ms": duration,
+                # Safe by construction (no query string, no headers): the scrubber need not render it.
+                SCRUBBED_MARK: True,
+            },
         )
 
     def open_connections(self) -> int:
@@ -280,7 +314,7 @@ def _connected(protocol: Any) -> bool:
 
 
 def _strip_query(path: bytes) -> bytes:
-    return path.split(b"?", 1)[0]
+    return path.split(b"?", 1)[0] if b"?" in path else path
 
 
 # Bytes a client could use to break or forge an access line: controls (Twisted lets DEL through in a
@@ -288,8 +322,23 @@ def _strip_query(path: bytes) -> bytes:
 _UNLOGGABLE = re.compile(rb'[\x00-\x20\x7f"]')
 
 
+# Methods and paths seen before (most requests name a few): their loggable text, not worked out again.
+_LOGGABLE: dict[bytes, str] = {}
+_LOGGABLE_KEPT = 256  # (a client chooses its paths: at most this many are kept)
+
+
 def _loggable(value: bytes) -> str:
     """C{value} for an access line: unsafe bytes percent-encoded, the rest as UTF-8 (U+FFFD if not)."""
+    known = _LOGGABLE.get(value)
+    if known is not None:
+        return known
+    text = _escaped(value)
+    if len(_LOGGABLE) < _LOGGABLE_KEPT:
+        _LOGGABLE[value] = text
+    return text
+
+
+def _escaped(value: bytes) -> str:
     if _UNLOGGABLE.search(value):
         value = _UNLOGGABLE.sub(lambda m: b"%%%02X" % m.group()[0], value)
     return value.decode("utf-8", "replace")  # (Twisted refuses non-ASCII request targets)

@@ -7,14 +7,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from prometheus_client import generate_latest
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
+from relayd.base.metrics import REGISTRY
 from relayd.compat import web as fence
 from tests.support.aep import TOKEN, AEPRelay, OnRedis, event, events_of, ndjson, open_sse, start_relay, wait_until
+from tests.support.metrics import Samples, parse
 from tests.support.raw import Answer, RawClient, exchange
 
 HEAD = b"POST /events HTTP/1.1\r\nhost: localhost\r\n"
@@ -64,6 +67,12 @@ CASES: list[tuple[str, list[bytes], int]] = [
     ("HTTP/1.0, refused", [post(batch("H", 2, 1), token=None, http=b"HTTP/1.0")], 1),
     ("connection: close, refused", [post(batch("H", 2, 1), b"connection: close", version=b"0.2")], 1),
     ("x-forwarded-for", [post(batch("H", 3, 1), b"x-forwarded-for: 203.0.113.9")], 1),
+    ("x-forwarded-for, connection: close", [post(batch("H", 4, 1), b"x-forwarded-for: 203.0.113.9", b"connection: close")], 1),
+    ("HTTP/1.0, one JSON event", [post(json.dumps(event("H", 5, "progress.status", id="H-5")).encode(),
+                                       ctype=b"application/json", http=b"HTTP/1.0")], 1),
+    ("connection: close, then another request in the same write",
+     [post(batch("I", 0, 1), b"connection: close") + post(batch("I", 1, 1))], 1),
+    ("the head split across writes", [post(batch("I", 2, 1))[:30], post(batch("I", 2, 1))[30:]], 1),
     ("expect: 100-continue", [post(batch("F", 1, 1), b"expect: 100-continue")], 1),
     ("a command, routed", [post(ndjson(event("F", None, "control.pause", id="c1")))], 1),
     ("the body at its limit", [post(batch("G", 0, 1).ljust(4000, b"\n"))], 1),
@@ -72,6 +81,25 @@ CASES: list[tuple[str, list[bytes], int]] = [
     ("header fields one over", [post(batch("G", 3, 1), *(b"x-%d: 1" % n for n in range(496)))], 1),
     ("a header block near its limit", [post(batch("G", 4, 1), b"x-pad: " + b"p" * 16200)], 1),
 ]
+
+
+# Counted where events are delivered, not where the request is answered: on Redis that is after the
+# answer, as the fan-out comes back (an unroutable command's drop), so not within one exchange.
+_DELIVERY_COUNTERS = ("relayd_events_dropped_total",)
+
+
+def counters() -> Samples:
+    """relayd's request-side counters in the process's registry (both relays of a test count under one name)."""
+    samples = parse(generate_latest(REGISTRY).decode())
+    return {
+        key: value
+        for key, value in samples.items()
+        if key[0].startswith("relayd_") and key[0].endswith("_total") and key[0] not in _DELIVERY_COUNTERS
+    }
+
+
+def grown(before: Samples, after: Samples) -> dict[Any, float]:
+    return {key: value - before.get(key, 0.0) for key, value in after.items() if value != before.get(key, 0.0)}
 
 
 class SimpleIngestParity(TestCase):
@@ -110,11 +138,15 @@ class SimpleIngestParity(TestCase):
             site.access = access
         fast_answers = []
         for name, pieces, count in CASES:
+            before = counters()
             expected = await deferToThread(exchange, plain.wing.port, pieces, responses=count, timeout=2.0)
+            counted = counters()
             got = await deferToThread(exchange, fast.wing.port, pieces, responses=count, timeout=2.0)
             self.assertEqual(len(got.responses), count, (name, got.describe()))
             self.assertEqual(self.seen(got), self.seen(expected), name)
             self.assertEqual(got.closed, expected.closed, name)
+            # The same counts (requests by status, events ingested, refusals by reason) on both paths.
+            self.assertEqual(grown(counted, counters()), grown(before, counted), name)
             fast_answers.append((name, got))
         self.assertEqual(accesses["fast"], accesses["plain"])
         self.assertEqual(await self.stored(fast), await self.stored(plain))
@@ -197,11 +229,39 @@ class SimpleIngestOnALateStore(TestCase):
         self.assertEqual(taken, [True, False])
         self.assertEqual(len(fast.core.log._buffers["W"]), 1)
 
+    async def test_an_answer_that_waited_for_the_store_is_sent_and_closed_at_once(self) -> None:
+        # (Redis: the answer comes with the store's reply, outside a read of the client's connection;
+        # it is sent, and a closing connection closed, within that call, not on the next turn.)
+        fast, _, taken = await self.relays()
+        writes: list[Deferred[Any]] = []
+        ingest = fast.core.ingest
+
+        def later(events: Any, *args: Any) -> Deferred[Any]:
+            d: Deferred[Any] = Deferred()
+            d.addCallback(lambda _: ingest(events, *args))
+            writes.append(d)
+            return d
+
+        self.patch(fast.core, "ingest", later)
+        client = RawClient()
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", fast.wing.port), client)
+        self.addCleanup(client.transport.loseConnection)
+        client.transport.write(post(batch("X", 0, 1), b"connection: close"))
+        await wait_until(lambda: len(writes) == 1)
+        site = fast.service.site
+        self.assertEqual(site.open_connections(), 1)
+        writes[0].callback(None)
+        self.assertEqual(site.open_connections(), 0)  # sent and closed within the store's answer
+        await client.closed
+        self.assertIn(b"HTTP/1.1 202 Accepted", client.received)
+        self.assertEqual(taken, [True])
+
 
 class SimpleIngestParityBehindAProxy(TestCase):
     """Behind a trusted proxy the client named in the access line and counted is the forwarded one,
-    on both paths; a client new to its connection is counted by twisted.web's path (and the next
-    request of the same client is answered beside it)."""
+    on both paths; a client new to its connection is counted anew on the plain path too (the SDK
+    opens a connection per event), and one at its cap is left to twisted.web's path, which answers
+    the crowded 503 and counts the refusal once."""
 
     flags = {"trust_forwarded_for": 1}
     relays = SimpleIngestParity.relays
@@ -224,4 +284,25 @@ class SimpleIngestParityBehindAProxy(TestCase):
             seen[name] = peers
         self.assertEqual(seen["fast"], ["198.51.100.0", "198.51.100.0", "198.51.100.1", "198.51.100.1"])
         self.assertEqual(seen["fast"], seen["plain"])
-        self.assertEqual(taken, [True, True])  # the second request of each client
+        self.assertEqual(taken, [True, True, True, True])  # a client new to the connection too
+        self.assertEqual(fast.service.site._clients, plain.service.site._clients)
+
+    async def test_a_forwarded_client_at_its_cap_is_refused_as_twisted_web_does(self) -> None:
+        self.flags = {"trust_forwarded_for": 1, "max_client_connections": 1}
+        fast, plain, taken = await self.relays()
+        answers = {}
+        for name, relay in (("fast", fast), ("plain", plain)):
+            before = counters()
+            clients = []
+            for n in range(3):  # the client's one connection, then two over its cap
+                client = RawClient()
+                await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", relay.wing.port), client)
+                self.addCleanup(client.transport.loseConnection)
+                client.transport.write(post(batch("Q", n, 1), b"x-forwarded-for: 198.51.100.7"))
+                await wait_until(lambda client=client: b"\r\n\r\n" in client.received)
+                clients.append(client.received.split(b"\r\n", 1)[0])
+            answers[name] = (clients, grown(before, counters()), dict(relay.service.site._clients))
+        self.assertEqual(answers["fast"], answers["plain"])
+        self.assertEqual(answers["fast"][0][0], b"HTTP/1.1 202 Accepted")
+        self.assertEqual(answers["fast"][0][1:], [b"HTTP/1.1 503 Service Unavailable"] * 2)
+        self.assertEqual(taken, [True])  # (the crowded ones went to twisted.web's path, untouched)

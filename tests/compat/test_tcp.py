@@ -22,6 +22,7 @@ class Answering(Protocol):
 
     answer: Callable[[Any], None]
     watched: list[bool]
+    lost: list[str] | None = None
 
     def dataReceived(self, data: bytes) -> None:
         held = hold_writes(self.transport)
@@ -31,6 +32,12 @@ class Answering(Protocol):
             if held:
                 release_writes(self.transport)
         self.watched.append(self.transport in reactor.getWriters())
+        if self.lost is not None:
+            self.lost.append("read handled")
+
+    def connectionLost(self, reason: Any) -> None:
+        if self.lost is not None:
+            self.lost.append(type(reason.value).__name__)
 
 
 class Collecting(Protocol):
@@ -49,16 +56,17 @@ class Collecting(Protocol):
 
 
 class HeldWrites(TestCase):
-    def serve(self, answer: Callable[[Any], None]) -> tuple[int, list[bool]]:
+    def serve(self, answer: Callable[[Any], None], lost: list[str] | None = None) -> tuple[int, list[bool]]:
         watched: list[bool] = []
-        factory = Factory.forProtocol(type("A", (Answering,), {"answer": staticmethod(answer), "watched": watched}))
+        attributes = {"answer": staticmethod(answer), "watched": watched, "lost": lost}
+        factory = Factory.forProtocol(type("A", (Answering,), attributes))
         port = reactor.listenTCP(0, factory, interface="127.0.0.1")
         self.addCleanup(port.stopListening)
         return port.getHost().port, watched
 
-    async def exchange(self, answer: Callable[[Any], None]) -> tuple[bytes, list[bool]]:
+    async def exchange(self, answer: Callable[[Any], None], lost: list[str] | None = None) -> tuple[bytes, list[bool]]:
         """Connect, send one read, and collect everything until the server closes."""
-        port, watched = self.serve(answer)
+        port, watched = self.serve(answer, lost)
         client = Collecting()
         await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), client)
         return await client.closed, watched
@@ -72,6 +80,29 @@ class HeldWrites(TestCase):
         received, _ = await self.exchange(answer)
         # The close asked for while writes were held still comes after every byte.
         self.assertEqual(received, b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+
+    @staticmethod
+    def answer_and_close(transport: Any) -> None:
+        transport.write(b"HTTP/1.1 202 Accepted\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
+        transport.loseConnection()
+
+    async def test_a_close_asked_for_while_held_closes_within_the_read(self) -> None:
+        # A connection closed after one answer is closed as the reactor would close it, but within
+        # the read: no writability watch, no reactor turn (docs/performance.md, issue 24).
+        self.assertTrue(fence.CLOSE_NOW)
+        lost: list[str] = []
+        received, watched = await self.exchange(self.answer_and_close, lost)
+        self.assertEqual(received, b"HTTP/1.1 202 Accepted\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
+        self.assertEqual(lost, ["ConnectionDone", "read handled"])  # once, cleanly, before the read returned
+        self.assertEqual(watched, [False])
+
+    async def test_without_close_now_the_reactor_closes_after_sending_the_same_bytes(self) -> None:
+        self.patch(fence, "CLOSE_NOW", False)
+        lost: list[str] = []
+        received, watched = await self.exchange(self.answer_and_close, lost)
+        self.assertEqual(received, b"HTTP/1.1 202 Accepted\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
+        self.assertEqual(lost, ["read handled", "ConnectionDone"])
+        self.assertEqual(watched, [True])  # watched for writability until the next turn sent and closed
 
     async def test_what_the_kernel_does_not_take_is_left_to_the_reactor(self) -> None:
         big = b"x" * (16 * 2**20)  # more than a loopback socket buffer takes at once

@@ -17,6 +17,7 @@ from twisted.internet.protocol import Protocol
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
+from twisted.web import http
 from twisted.web.http import HTTPChannel
 
 from relayd.compat import tcp
@@ -350,9 +351,18 @@ class Channels(LoopbackCase):
         self.assertIs(channel.waiting_for_transport(), False)  # pipelined requests are then not held back
         channel.resumeProducing()
 
+    def test_the_wrapper_only_where_http2_is_spoken(self) -> None:
+        # Twisted's HTTP/1.1-or-2 wrapper costs an object per connection and a forwarded call per
+        # read; without the h2 package it would only ever speak HTTP/1.1, as the channel does.
+        self.assertEqual(fence.HTTP2, fence.GENERIC_CHANNEL and bool(http.H2_ENABLED))
+        channel = fence.ChannelHooks()
+        protocol = fence.channel_protocol(channel)
+        self.assertEqual(protocol is channel, not fence.HTTP2)
+        self.assertIs(fence.channel_of(protocol), channel)
+
     @cases(detected=True, fallback=False)
     async def test_a_site_answers_the_same_through_either_channel_protocol(self, detected: bool) -> None:
-        self.patch(fence, "GENERIC_CHANNEL", detected)
+        self.patch(fence, "HTTP2", detected)
         table = RouteTable()
         table.add("/", {"GET": lambda request: Answer(200, b"hello"), "POST": lambda request: Answer(200)})
         site = RelaySite(RoutedResource(table))

@@ -13,7 +13,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.testing import EventLoggingObserver, StringTransport
 from twisted.internet.threads import deferToThread
-from twisted.logger import globalLogPublisher
+from twisted.logger import Logger, LogLevel, formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 from twisted.web.resource import Resource
@@ -193,7 +193,7 @@ class AccessDurationOnTheClock(TestCase):
         await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port), client)
         line = next_access_line(self, "/held")
         client.transport.write(b"GET /held HTTP/1.1\r\nHost: x\r\n\r\n")
-        while not list(site._protocols) or not next(iter(site._protocols))._channel.requests:
+        while not list(site._protocols) or not fence.channel_of(next(iter(site._protocols))).requests:
             await _turns(1)
         fake.advance(1.5)
         client.transport.loseConnection()
@@ -219,7 +219,16 @@ class HeaderDeadline(TestCase):
         while not list(self.site._protocols):
             await _turns(1)
         (protocol,) = list(self.site._protocols)
-        return client, protocol._channel
+        self.addCleanup(self.close, client)
+        return client, fence.channel_of(protocol)
+
+    async def close(self, client: RawClient) -> None:
+        client.transport.loseConnection()
+        await client.closed.addTimeout(TIMEOUT, reactor)
+
+    def timers(self) -> list[Any]:
+        """The site's connections' pending timers (not its factory's once-a-second log date)."""
+        return [c for c in self.clock.getDelayedCalls() if getattr(c.func, "__name__", "") != "_updateLogDateTime"]
 
     async def send(self, client: RawClient, channel: Any, data: bytes) -> None:
         """Write C{data} and wait until the server's channel has read it."""
@@ -282,6 +291,72 @@ class HeaderDeadline(TestCase):
         await client.closed
         self.assertIn(b"HTTP/1.1 408 ", client.received)
 
+    async def test_a_connection_holds_one_timer_until_its_request_is_in(self) -> None:
+        # The header clock fires before Twisted's idle timeout could: the idle timer waits until a
+        # request is in, so a connection closed after one answer arms and cancels one timer, not two.
+        client, channel = await self.connect()
+        [header_clock] = self.timers()
+        self.assertEqual(header_clock.getTime(), 20.0)
+        await self.send(client, channel, b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+        await client.wait_for(b"hello")
+        [idle] = self.timers()  # keep-alive: now Twisted's idle timer, alone
+        self.assertEqual(idle.getTime(), self.site.timeOut)
+
+    async def test_an_idle_timeout_shorter_than_the_header_clock_runs_from_the_connection(self) -> None:
+        self.site.timeOut = 5
+        client, _ = await self.connect()
+        self.assertEqual(sorted(c.getTime() for c in self.timers()), [5, 20.0])
+        self.clock.advance(5.1)
+        await client.closed.addTimeout(TIMEOUT, reactor)
+        self.assertEqual(client.received, b"")  # Twisted's idle close, as ever: no 408
+
+    async def test_a_body_without_a_deadline_waits_at_most_the_idle_timeout(self) -> None:
+        self.site.body_timeout = None
+        client, channel = await self.connect()
+        await self.send(client, channel, b"POST /hello HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+        self.clock.advance(self.site.timeOut - 1)
+        self.assertFalse(client.closed.called)
+        self.clock.advance(2)
+        await client.closed.addTimeout(TIMEOUT, reactor)
+
+    async def test_a_plain_post_answered_within_its_read_arms_no_header_clock(self) -> None:
+        self.site.simple_posts[b"/events"] = lambda post: Answer(202, b"{}")
+        request = b"POST /events HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n%s\r\n{}"
+        armed: list[float] = []
+        deadline = self.site.clock.deadline
+        self.site.clock.deadline = lambda delay, *a: (armed.append(delay), deadline(delay, *a))[1]  # type: ignore[method-assign]
+        client, channel = await self.connect()
+        await self.send(client, channel, request % b"")
+        await client.wait_for(b"{}")
+        client.received = b""
+        await self.send(client, channel, request % b"")
+        await client.wait_for(b"{}")
+        self.assertEqual(armed, [20.0])  # the connection's: none for a request answered within its read
+        [idle] = self.timers()  # keep-alive: the idle timer only
+        self.assertEqual(idle.getTime(), self.site.timeOut)
+        self.clock.advance(10)
+        await self.send(client, channel, b"POST /events HTTP/1.1\r\n")  # a head begun: its clock starts now
+        self.clock.advance(19.9)
+        self.assertFalse(client.closed.called)
+        self.clock.advance(0.2)
+        await client.closed.addTimeout(TIMEOUT, reactor)
+        self.assertIn(b"HTTP/1.1 408 ", client.received)
+        other, channel = await self.connect_another()
+        await self.send(other, channel, request % b"Connection: close\r\n")
+        await other.closed.addTimeout(TIMEOUT, reactor)
+        self.assertIn(b"HTTP/1.1 202 Accepted", other.received)
+        self.assertEqual(self.timers(), [])  # its one timer cancelled, none armed after
+
+    async def connect_another(self) -> tuple[RawClient, Any]:
+        known = set(self.site._protocols)
+        client = RawClient()
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", self.port.getHost().port), client)
+        while not set(self.site._protocols) - known:
+            await _turns(1)
+        (protocol,) = set(self.site._protocols) - known
+        self.addCleanup(self.close, client)
+        return client, fence.channel_of(protocol)
+
     async def test_an_idle_keepalive_connection_is_closed_at_the_idle_timeout(self) -> None:
         """Twisted's idle timeout runs on the site's clock (one scheduler shared by every connection)."""
         client, channel = await self.connect()
@@ -309,6 +384,30 @@ async def _turns(n: int) -> None:
         d: Deferred[None] = Deferred()
         reactor.callLater(0, d.callback, None)
         await d
+
+
+class AccessEventAsTwistedBuildsIt(TestCase):
+    """The access line's event has the keys C{Logger.emit} gives an info event (the site builds it
+    without emit's level check), its time the site's clock's."""
+
+    def test_the_event_is_an_info_event_at_the_clocks_time(self) -> None:
+        log = EventLoggingObserver.createWithCleanup(self, globalLogPublisher)
+        fake = task.Clock()
+        fake.advance(1764460800.25)
+        site = RelaySite(_Plain(), clock=Timekeeper(fake), relay="test")
+        for _ in range(2):  # (the second from the loggable text kept)
+            site.access(method=b"POST", path=b"/events?x=1", status=202, sent=11, peer="192.0.2.1", started=fake.seconds())
+        first, second = access_lines(log)
+        self.assertEqual(first["access_line"], second["access_line"])
+        self.assertIs(first["log_level"], LogLevel.info)
+        self.assertEqual(first["log_namespace"], "relayd.access")
+        self.assertEqual(first["log_format"], "{access_line}")
+        self.assertIsNone(first["log_source"])
+        self.assertIsInstance(first["log_logger"], Logger)
+        self.assertEqual(first["log_time"], 1764460800.25)
+        self.assertEqual(formatEvent(first), 'test 192.0.2.1 "POST /events" 202 11')
+        self.assertEqual((first["method"], first["path"], first["status"], first["bytes"], first["duration_ms"]),
+                         ("POST", "/events", 202, 11, 0.0))
 
 
 class AccessLineEscaping(TestCase):
