@@ -44,7 +44,10 @@ class IdleConnections(TestCase):
         proc = await RelaydProcess.start_for(
             self,
             ["--aep-listen", "tcp:0:interface=127.0.0.1:backlog=1024", "--no-mcp", "--no-access-log",
-             "--max-client-connections", "0"]  # (every connection is from 127.0.0.1)
+             "--max-client-connections", "0",  # (every connection is from 127.0.0.1)
+             # The WebSockets stay idle before their hello: opening 6000 connections on a loaded machine
+             # takes longer than the default 10 s, which would close the first ones before they are counted.
+             "--aep-hello-timeout", "600"]
         )
         port, pid = proc.port("aep"), proc.transport.pid
         held: list[HeldConnection] = []
