@@ -1,4 +1,7 @@
 """The broker host pipeline: authenticate -> validate -> idempotency -> authorize -> execute -> verdict.
+(Over 600 lines, for a reason: the pipeline's steps and the settling of an indeterminate plan are
+the decisions below, read top to bottom in one place; the operations themselves are
+L{relayd.buzz.core.operations}, the state L{relayd.buzz.core.state}.)
 
 Decisions (docs/decisions.md, "Buzz broker host"):
  1. A body that is not JSON or has no usable requestId answers HTTP 400; every other refusal is a
