@@ -12,5 +12,5 @@ class TwoInstancesOnSentinel(standalone.TwoInstances):
     async def setUp(self) -> None:
         group = SentinelGroup.start()
         self.addCleanup(group.cleanup)
-        self.patch(standalone, "shared_redis", lambda: group)  # (what setUp reads of it is .url)
+        self.own_redis_url = group.url  # (tests.support.redis.layout_url)
         await super().setUp()

@@ -123,4 +123,4 @@ class TwistdMCPOnSentinel(test_mcp_e2e.TwistdMCPOnRedis):
     def setUp(self) -> None:
         group = SentinelGroup.start()
         self.addCleanup(group.cleanup)
-        self.patch(test_mcp_e2e, "shared_redis", lambda: group)  # (what it reads of it is .url)
+        self.own_redis_url = group.url  # (tests.support.redis.layout_url)

@@ -224,8 +224,12 @@ class OnCluster:
 
 
 def layout_url(case: Any) -> str:
-    """The URL of the Redis a test case's relays share: the shared Redis Cluster for an
-    L{OnCluster} case, else the shared redis-server."""
+    """The URL of the Redis a test case's relays share: the one the case started for itself
+    (C{case.own_redis_url}, a L{SentinelGroup}'s, set before its relays start), the shared Redis
+    Cluster for an L{OnCluster} case, else the shared redis-server."""
+    own = getattr(case, "own_redis_url", None)
+    if own is not None:
+        return str(own)
     if getattr(case, "redis_layout", "standalone") == "cluster":
         return shared_cluster().url
     return shared_redis().url
