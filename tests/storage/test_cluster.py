@@ -18,7 +18,7 @@ from relayd.base.errors import StoreUnavailable
 from relayd.storage import cluster as cluster_module
 from relayd.storage.buckets import SLOTS, key_slot
 from relayd.storage.cluster import ClusterRedis
-from relayd.storage.redis import KEYSPACE_VERSION, parse_redis_url
+from relayd.storage.redis import KEYSPACE_VERSION, RedisBus, parse_redis_url
 from tests.storage.test_redis_scripts import Ids, every_operation
 from tests.support.redis import RedisCluster, connected_redis, shared_cluster
 
@@ -213,7 +213,7 @@ class MasterFailover(TestCase):
         redis = await connected_redis(cluster.url)
         self.addCleanup(redis.close)
         assert isinstance(redis, ClusterRedis)
-        dead = cluster.nodes[1]  # a master, and not the first seed (which carries the pub/sub)
+        dead = cluster.nodes[1]  # a master (BusOnAnyNode kills the first seed)
         self.assertEqual(redis._slots.count(("127.0.0.1", dead.port)) > 0, True)
         tag = next(t for t in (b"{%d}" % n for n in itertools.count()) if redis._slots[key_slot(t)][1] == dead.port)
         await redis.execute("test", "SET", tag + b"before", b"1")
@@ -247,3 +247,55 @@ class MasterFailover(TestCase):
         assert promoted is not None
         self.assertLess(rerouted, promoted + 1, (promoted, rerouted))
         self.assertLess(rerouted, RedisCluster.NODE_TIMEOUT + 4, (promoted, rerouted))
+
+
+class BusOnAnyNode(TestCase):
+    """The buses' pub/sub and keyless PUBLISH on a cluster use any reachable node, every instance the
+    same one (a PUBLISH counts only its own node's subscribers: the MCP bus's "instance gone"), and
+    move on when that node dies, and back when it returns (6 nodes: each master with a replica)."""
+
+    timeout = 120
+
+    async def test_the_first_seed_killed_then_back_the_bus_follows(self) -> None:
+        cluster = RedisCluster.start(3, replicas=1)
+        self.addCleanup(cluster.cleanup)
+        first = cluster.nodes[0]  # the first seed, a master
+        here = await connected_redis(cluster.url)  # two instances
+        self.addCleanup(here.close)
+        there = await connected_redis(cluster.url)
+        self.addCleanup(there.close)
+        assert isinstance(here, ClusterRedis) and isinstance(there, ClusterRedis)
+        heard: list[bytes] = []
+        bus = RedisBus(here)  # (made as the MCP bus makes its own, not by here.bus())
+        self.addCleanup(bus.close)
+        bus.subscribe(b"ch", heard.append)
+        await bus.ready
+
+        async def delivered(message: bytes) -> int:
+            """Publish from the other instance until its PUBLISH is answered; the receivers it counted."""
+            waited = 0.0
+            while True:
+                try:
+                    receivers = int(await there.execute("test", "PUBLISH", b"ch", message))
+                    if receivers:
+                        break
+                except StoreUnavailable:
+                    pass  # its node is gone: a client retrying
+                self.assertLess(waited, 20, f"{message!r} never reached a subscriber")
+                await deferLater(reactor, 0.05, lambda: None)  # a client retrying
+                waited += 0.05
+            await _until(lambda: message in heard)
+            return receivers
+
+        self.assertEqual(await delivered(b"before"), 1)
+        self.assertEqual(here.bus_node(bus.connection), ("127.0.0.1", first.port))
+        assert first.proc is not None
+        os.kill(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(10)
+        # Both instances move to the next seed: the message arrives and its PUBLISH counts the subscriber.
+        self.assertEqual(await delivered(b"after"), 1)
+        self.assertEqual(here.bus_node(bus.connection), ("127.0.0.1", cluster.nodes[1].port))
+        first._spawn()  # back (a replica now): both instances go back to the first seed
+        await _until(lambda: here.bus_node(bus.connection) == ("127.0.0.1", first.port))
+        await _until(lambda: there._keyless_address() == ("127.0.0.1", first.port))
+        self.assertEqual(await delivered(b"back"), 1)
