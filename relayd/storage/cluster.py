@@ -135,10 +135,9 @@ class ClusterRedis(Redis):
     """The process's Redis client on a Redis Cluster: the same calls as L{Redis}, routed by slot."""
 
     _log = Logger()
-    # No Sentinel, and no replica confirmation of its own (each master's pool is a L{Redis}, which
-    # does what a write's options ask).
+    # No Sentinel (each master's pool is a L{Redis}, which does what a write's options ask, C{WAIT}
+    # included).
     follower: Any = None
-    wait_replicas = 0
 
     def __init__(
         self,
@@ -151,7 +150,12 @@ class ClusterRedis(Redis):
         **node_options: Any,
     ) -> None:
         # (Not Redis.__init__: no pool of its own, one per master, made with C{node_options}.)
-        self._node_options = node_options
+        # An acknowledged write waits for a replica of its master by default (C{WAIT 1}), as with
+        # Sentinel: a cluster replicates asynchronously, and a write on a master that dies before
+        # replicating it is lost when its replica is promoted.
+        wait_replicas = node_options.get("wait_replicas")
+        self.wait_replicas: int = 1 if wait_replicas is None else wait_replicas
+        self._node_options = {**node_options, "wait_replicas": self.wait_replicas}
         self.url = url if isinstance(url, RedisURL) else parse_redis_url(url)
         if not self.url.cluster:
             raise ValueError("a Redis Cluster client needs a redis+cluster:// URL")

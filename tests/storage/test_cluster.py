@@ -14,13 +14,14 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
-from relayd.base.errors import StoreUnavailable
+from relayd.base.errors import OutcomeUnknown, StoreUnavailable
 from relayd.storage import cluster as cluster_module
-from relayd.storage.buckets import SLOTS, key_slot
+from relayd.storage.buckets import BUCKETS, SLOTS, key_slot
 from relayd.storage.cluster import ClusterRedis
 from relayd.storage.redis import KEYSPACE_VERSION, RedisBus, parse_redis_url
 from tests.storage.test_redis_scripts import Ids, every_operation
-from tests.support.redis import RedisCluster, connected_redis, shared_cluster
+from tests.support.aep import event, start_relay
+from tests.support.redis import RedisCluster, RedisServer, connected_redis, read_on_replica, shared_cluster
 
 _prefixes = itertools.count()
 
@@ -52,9 +53,10 @@ class OnCluster(TestCase):
         redis = await self.connect()
         prefix = _prefix()
         await every_operation(redis, prefix, Ids(aep_sessions=("", "{x}", "}", "é")))
-        held = [cluster.command(node, "--scan", "--pattern", f"{prefix}*").split() for node in cluster.nodes]
+        masters = cluster.nodes[: cluster.masters]  # (their replicas hold copies)
+        held = [cluster.command(node, "--scan", "--pattern", f"{prefix}*").split() for node in masters]
         self.assertTrue(all(held), held)  # the keys are spread over every master
-        for node, keys in zip(cluster.nodes, held, strict=True):
+        for node, keys in zip(masters, held, strict=True):
             for key in keys:
                 owner = redis._slots[key_slot(key.encode())]
                 self.assertEqual(owner, ("127.0.0.1", node.port), key)
@@ -299,3 +301,62 @@ class BusOnAnyNode(TestCase):
         await _until(lambda: here.bus_node(bus.connection) == ("127.0.0.1", first.port))
         await _until(lambda: there._keyless_address() == ("127.0.0.1", first.port))
         self.assertEqual(await delivered(b"back"), 1)
+
+
+def _replica_of(cluster: RedisCluster, master_port: int) -> RedisServer:
+    """The replica of the master on C{master_port} (C{CLUSTER REPLICAS}, asked of that master)."""
+    master = next(node for node in cluster.nodes if node.port == master_port)
+    master_id = cluster.command(master, "CLUSTER", "MYID").strip()
+    line = cluster.command(master, "CLUSTER", "REPLICAS", master_id)
+    port = int(line.split()[1].split("@")[0].rsplit(":", 1)[1])
+    return next(node for node in cluster.nodes if node.port == port)
+
+
+class WaitOnCluster(TestCase):
+    """An acknowledged write on a Redis Cluster is answered only once C{WAIT 1} counted a replica of
+    its master (on by default with redis+cluster://, as with Sentinel); with that replica stopped,
+    the write falls short: AEP answers 503, not 202 (6 nodes: each master with a replica)."""
+
+    timeout = 90
+
+    async def test_a_write_waits_for_its_masters_replica(self) -> None:
+        cluster = RedisCluster.start(3, replicas=1)
+        self.addCleanup(cluster.cleanup)
+        redis = await connected_redis(cluster.url)
+        self.addCleanup(redis.close)
+        assert isinstance(redis, ClusterRedis)
+        self.assertEqual(redis.wait_replicas, 1)  # the default with redis+cluster://
+        key = b"{waited}k"
+        master = redis._slots[key_slot(key)]
+        assert master is not None
+        replica = _replica_of(cluster, master[1])
+        await redis.execute("test", "SET", key, b"1", durable=True)
+        self.assertEqual(read_on_replica(replica.port, key), b"1")  # on the replica when answered
+
+        relay = await start_relay(self, redis=cluster.url, redis_prefix="wait:")
+        session = "waited"
+        master = redis._slots[key_slot(BUCKETS.tag_of(session.encode()))]
+        assert master is not None
+        stopped = _replica_of(cluster, master[1])
+        response, _ = await relay.post(event(session, 0))
+        self.assertEqual(response.code, 202)
+        assert stopped.proc is not None
+        os.kill(stopped.proc.pid, signal.SIGSTOP)  # the replica no longer acknowledges
+        resumed = False
+
+        def resume() -> None:
+            if not resumed and stopped.proc is not None:
+                os.kill(stopped.proc.pid, signal.SIGCONT)
+
+        self.addCleanup(resume)
+        response, body = await relay.post(event(session, 1))
+        self.assertEqual(response.code, 503, body)
+        self.assertIn(b"outcome-unknown", body)
+        with self.assertRaises(OutcomeUnknown) as raised:
+            await redis.execute("test", "SET", b"{waited}k", b"2", durable=True)
+        self.assertIn("confirmed by 0 of 1 replicas", str(raised.exception))
+        await redis.execute("test", "SET", b"{waited}k", b"3")  # not acknowledged: no wait
+        resume()
+        resumed = True
+        response, _ = await relay.post(event(session, 1))  # the client's retry
+        self.assertEqual(response.code, 202)
