@@ -75,14 +75,20 @@ class _Node(Redis):
         if change > 0:
             self.cluster._node_up(self)
 
-    def execute_asking(self, store: str, *command: Any) -> Deferred[Any]:
-        """C{ASKING}, then the command, on one connection (a slot being imported by this node)."""
+    def execute_asking(self, store: str, *command: Any, durable: bool = False) -> Deferred[Any]:
+        """C{ASKING}, then the command, on one connection (a slot being imported by this node), and
+        for an acknowledged write C{WAIT} after it, as L{Redis.execute} does."""
+        waits = durable and bool(self.wait_replicas)
 
         def send(connection: Any) -> Deferred[Any]:
             connection.execute_command(b"ASKING").addErrback(lambda f: None)
+            if waits:
+                return self._confirmed(connection, command)
             return connection.execute_command(*command)
 
-        return self._guard(store, command[0], lambda: self._factory.getConnection(peek=True).addCallback(send))
+        return self._guard(
+            store, command[0], lambda: self._factory.getConnection(peek=True).addCallback(send), waits=waits
+        )
 
 
 @implementer(IStreamClientEndpoint)
@@ -378,7 +384,10 @@ class ClusterRedis(Redis):
         if not node.connected:
             self.refresh()  # a master gone, or one just learned of
         options = options or {}
-        d = node.execute_asking(store, *command) if asking is not None else node.execute(store, *command, **options)
+        if asking is not None:
+            d = node.execute_asking(store, *command, **options)
+        else:
+            d = node.execute(store, *command, **options)
         return d.addErrback(self._redirected, store, command, redirects, node, options)
 
     def _redirected(

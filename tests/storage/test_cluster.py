@@ -128,14 +128,18 @@ class OnCluster(TestCase):
         asked: list[Any] = []
         execute_asking = cluster_module._Node.execute_asking
 
-        def recording(node: Any, store: str, *command: Any) -> Any:
+        def recording(node: Any, store: str, *command: Any, **options: Any) -> Any:
             asked.append((node.url.port, command[0]))
-            return execute_asking(node, store, *command)
+            return execute_asking(node, store, *command, **options)
 
         self.patch(cluster_module._Node, "execute_asking", recording)
+        # An acknowledged write asked of the target WAITs there too: this cluster has no replicas,
+        # so none confirms it (relayd's default on a cluster is to wait for one).
+        failure = await self.assertFailure(redis.execute("test", "SET", key, b"unconfirmed", durable=True), OutcomeUnknown)
+        self.assertIn("confirmed by 0 of 1 replicas", str(failure))
         # A key of the slot the source does not hold: it answers ASK, and the client asks the target.
         await redis.execute("test", "SET", key, b"moved-in")
-        self.assertEqual(asked, [(target.port, "SET")])
+        self.assertEqual(asked, [(target.port, "SET"), (target.port, "SET")])
         self.assertEqual(redis._slots[slot], owner)  # an ASK is not a MOVED: the map is unchanged
         for node in cluster.nodes:
             cluster.command(node, "CLUSTER", "SETSLOT", str(slot), "NODE", ids[target.port])
