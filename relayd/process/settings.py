@@ -86,7 +86,7 @@ REDIS_SETTINGS = [
         parse=non_negative_int,
         env=("RELAYD_REDIS_WAIT_REPLICAS",),
         metavar="N",
-        default_help="1 with redis+sentinel://, else 0",
+        default_help="1 with redis+sentinel:// and redis+cluster://, else 0",
     ),
     Setting(
         "redis-wait-timeout-ms",

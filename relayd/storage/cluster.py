@@ -13,21 +13,28 @@ txredisapi has no Cluster support: this routes each command to the master that o
 - The keyspace version and bounds (relayd/storage/redis.py) are checked once the map is known,
   each key routed to its own slot (the marker check is one C{EXISTS} per key), instead of on every
   pool connection.
-- Pub/sub stays classic: a cluster forwards every C{PUBLISH} to every node, so each bus subscribes
-  on the first seed node, and keyless commands (C{PUBLISH}) go to that node too, so that a publish's
-  count of receivers (the MCP bus's "instance gone") counts every instance's subscription. Give
-  every instance the same seed list, first seed first.
+- Pub/sub stays classic (a cluster forwards every C{PUBLISH} to every node), on any node that can be
+  reached: each bus connects to the first of L{ClusterRedis.bus_order} (the seeds as given, then the
+  other known masters by address) that accepts, so it moves on when its node goes; and keyless
+  commands (C{PUBLISH}) go to the first of that order whose pool is up. A C{PUBLISH}'s count of
+  receivers counts only the subscribers of the node it was sent to (Redis documents it so), and the
+  MCP bus reads "0 receivers" as "that instance is gone": every instance must publish where the
+  others subscribe, so every instance chooses by the same order (give them the same seed list) and a
+  bus moves back to an earlier node once it is up again (L{ClusterRedis._node_up}).
 """
 
 from __future__ import annotations
 
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import txredisapi
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from relayd.base.clock import Timekeeper
 from relayd.base.errors import StoreRefused, StoreUnavailable
@@ -41,6 +48,7 @@ from relayd.storage.redis import (
     KeyspaceVersionError,
     Redis,
     RedisURL,
+    _endpoint,
     first_error,
     parse_redis_url,
 )
@@ -67,14 +75,51 @@ class _Node(Redis):
         if change > 0:
             self.cluster._node_up(self)
 
-    def execute_asking(self, store: str, *command: Any) -> Deferred[Any]:
-        """C{ASKING}, then the command, on one connection (a slot being imported by this node)."""
+    def execute_asking(self, store: str, *command: Any, durable: bool = False) -> Deferred[Any]:
+        """C{ASKING}, then the command, on one connection (a slot being imported by this node), and
+        for an acknowledged write C{WAIT} after it, as L{Redis.execute} does."""
+        waits = durable and bool(self.wait_replicas)
 
         def send(connection: Any) -> Deferred[Any]:
             connection.execute_command(b"ASKING").addErrback(lambda f: None)
+            if waits:
+                return self._confirmed(connection, command)
             return connection.execute_command(*command)
 
-        return self._guard(store, command[0], lambda: self._factory.getConnection(peek=True).addCallback(send))
+        return self._guard(
+            store, command[0], lambda: self._factory.getConnection(peek=True).addCallback(send), waits=waits
+        )
+
+
+@implementer(IStreamClientEndpoint)
+class _AnyNode:
+    """Connects a bus to the first node of L{ClusterRedis.bus_order} that accepts (each node in
+    turn, at every connect and reconnect), and tells the cluster which node each connection went to."""
+
+    def __init__(self, cluster: ClusterRedis) -> None:
+        self.cluster = cluster
+
+    def connect(self, protocolFactory: Any) -> Deferred[Any]:
+        cluster = self.cluster
+        order = cluster.bus_order()
+
+        def attempt(index: int) -> Deferred[Any]:
+            address = order[index]
+            endpoint = _endpoint(cluster.url, address[0], address[1], cluster.timeout, cluster.clock)
+            d: Deferred[Any] = endpoint.connect(protocolFactory)
+
+            def made(protocol: Any) -> Any:
+                cluster._bus_nodes[protocol.transport] = address  # (the protocol may be a proxy of the bus's)
+                return protocol
+
+            def next_node(f: Failure) -> Any:
+                if index + 1 == len(order) or f.check(defer.CancelledError):
+                    return f  # every node refused: the bus's factory tries again later
+                return attempt(index + 1)
+
+            return d.addCallbacks(made, next_node)
+
+        return attempt(0)
 
 
 def _routing_key(command: tuple[Any, ...]) -> bytes | None:
@@ -96,10 +141,9 @@ class ClusterRedis(Redis):
     """The process's Redis client on a Redis Cluster: the same calls as L{Redis}, routed by slot."""
 
     _log = Logger()
-    # No Sentinel, and no replica confirmation of its own (each master's pool is a L{Redis}, which
-    # does what a write's options ask).
+    # No Sentinel (each master's pool is a L{Redis}, which does what a write's options ask, C{WAIT}
+    # included).
     follower: Any = None
-    wait_replicas = 0
 
     def __init__(
         self,
@@ -112,7 +156,12 @@ class ClusterRedis(Redis):
         **node_options: Any,
     ) -> None:
         # (Not Redis.__init__: no pool of its own, one per master, made with C{node_options}.)
-        self._node_options = node_options
+        # An acknowledged write waits for a replica of its master by default (C{WAIT 1}), as with
+        # Sentinel: a cluster replicates asynchronously, and a write on a master that dies before
+        # replicating it is lost when its replica is promoted.
+        wait_replicas = node_options.get("wait_replicas")
+        self.wait_replicas: int = 1 if wait_replicas is None else wait_replicas
+        self._node_options = {**node_options, "wait_replicas": self.wait_replicas}
         self.url = url if isinstance(url, RedisURL) else parse_redis_url(url)
         if not self.url.cluster:
             raise ValueError("a Redis Cluster client needs a redis+cluster:// URL")
@@ -138,7 +187,8 @@ class ClusterRedis(Redis):
         self._refreshing: Deferred[None] | None = None
         self._last_refresh = -REFRESH_AT_MOST
         self._later: Any = None
-        self._bus_address: Address = self.url.seeds[0]
+        # The node each bus connection went to, by its transport (L{_AnyNode}).
+        self._bus_nodes: WeakKeyDictionary[Any, Address] = WeakKeyDictionary()
         for seed in self.url.seeds:
             self._node(seed)
 
@@ -159,6 +209,39 @@ class ClusterRedis(Redis):
         self._redis_clock_offset = node._redis_clock_offset
         if not self._mapped:
             self.refresh()
+        # A node before a bus's in L{bus_order} is up (again): the bus moves back to it, where the
+        # other instances publish (a PUBLISH counts only its own node's subscribers).
+        order, address = self.bus_order(), (node.url.host, node.url.port)
+        if address not in order:
+            return
+        rank = order.index(address)
+        for bus in self._buses:
+            conn = bus.connection
+            on = self.bus_node(conn)
+            if on is not None and (on not in order or order.index(on) > rank):
+                conn.transport.loseConnection()
+
+    def bus_order(self) -> list[Address]:
+        """The nodes pub/sub may use, in the order every instance tries them: the seeds as given,
+        then the other masters of the slot map by address."""
+        seeds = list(self.url.seeds)
+        return seeds + sorted(address for address in self._nodes if address not in seeds)
+
+    def bus_node(self, connection: Any) -> Address | None:
+        """The node a bus connection went to (C{None} for no connection)."""
+        return None if connection is None else self._bus_nodes.get(connection.transport)
+
+    def endpoint(self) -> IStreamClientEndpoint:
+        """Where a bus connects: the first node of L{bus_order} that accepts."""
+        return _AnyNode(self)
+
+    def _keyless_address(self) -> Address | None:
+        """Where a keyless command (C{PUBLISH}) goes: the first node of L{bus_order} whose pool is up."""
+        for address in self.bus_order():
+            node = self._nodes.get(address)
+            if node is not None and node.connected:
+                return address
+        return None
 
     @property
     def connected(self) -> bool:
@@ -214,7 +297,7 @@ class ClusterRedis(Redis):
         for address in masters:
             self._node(address)
         for address in list(self._nodes):
-            if address not in masters and address != self._bus_address:
+            if address not in masters and address not in self.url.seeds:  # (the seeds serve pub/sub)
                 self._nodes.pop(address).close()
         first = not self._mapped
         self._mapped = True
@@ -288,7 +371,10 @@ class ClusterRedis(Redis):
         if asking is not None:
             address: Address | None = asking
         elif key is None:
-            address = self._bus_address
+            address = self._keyless_address()
+            if address is None:
+                self.refresh()
+                return defer.fail(StoreUnavailable(store, "no node of the cluster is reachable"))
         else:
             address = self._slots[key_slot(key)]
         if address is None:
@@ -298,7 +384,10 @@ class ClusterRedis(Redis):
         if not node.connected:
             self.refresh()  # a master gone, or one just learned of
         options = options or {}
-        d = node.execute_asking(store, *command) if asking is not None else node.execute(store, *command, **options)
+        if asking is not None:
+            d = node.execute_asking(store, *command, **options)
+        else:
+            d = node.execute(store, *command, **options)
         return d.addErrback(self._redirected, store, command, redirects, node, options)
 
     def _redirected(
@@ -334,7 +423,7 @@ class ClusterRedis(Redis):
         if self._later is not None:
             self.clock.cancel(self._later)
             self._later = None
-        ds = [bus.close() for bus in self._buses] + [node.close() for node in self._nodes.values()]
+        ds = [bus.close() for bus in list(self._buses)] + [node.close() for node in self._nodes.values()]
         self._buses = []
         return defer.gatherResults(ds, consumeErrors=True)
 

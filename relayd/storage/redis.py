@@ -661,14 +661,12 @@ class Redis:
 
     def bus(self) -> RedisBus:
         """A pub/sub subscriber on its own connection."""
-        bus = RedisBus(self)
-        self._buses.append(bus)
-        return bus
+        return RedisBus(self)
 
     def close(self) -> Deferred[Any]:
         """Close the pool and every bus made from this client."""
         self._closing = True
-        ds = [bus.close() for bus in self._buses] + [self._pool.disconnect()]
+        ds = [bus.close() for bus in list(self._buses)] + [self._pool.disconnect()]
         if self.follower is not None:
             ds.append(self.follower.stop())
         self._buses = []
@@ -709,6 +707,9 @@ class RedisBus:
         factory.initialDelay = 0.2
         factory.maxDelay = 2 if redis.follower is None else SENTINEL_MAX_DELAY
         self._factory = factory
+        # Every bus of the client, made by L{Redis.bus} or not (the MCP bus makes its own): the client
+        # moves it when its node changes (a Sentinel switch, a Redis Cluster node back) and closes it.
+        redis._buses.append(self)
         factory.startConnecting(redis.endpoint())
         self.ready: Deferred[None] = Deferred()
 
@@ -763,6 +764,8 @@ class RedisBus:
         return self._protocol
 
     def close(self) -> Deferred[Any]:
+        if self in self.redis._buses:
+            self.redis._buses.remove(self)
         self._factory.stopTrying()
         return self._factory.disconnect()
 

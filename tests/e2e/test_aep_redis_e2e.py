@@ -36,10 +36,11 @@ class Instances(TestCase):
     timeout = 90
     shared = False
     redis_url: str | None = None  # a Redis of the test's own (a private Redis Cluster)
+    redis_options: tuple[str, ...] = ()  # more flags for it
 
     async def start_cluster(self, count: int = 3) -> list[int]:
         if self.redis_url is not None:
-            redis = ["--redis", self.redis_url]
+            redis = ["--redis", self.redis_url, *self.redis_options]
         elif self.shared:
             redis = ["--redis", layout_url(self), "--redis-prefix", f"e2e{id(self)}:"]
         else:
@@ -197,6 +198,8 @@ class LiveReshard(Instances):
     replay holds every acknowledged event exactly once, in order."""
 
     timeout = 180
+    # Its cluster has no replicas: acknowledged writes must not wait for one (on by default).
+    redis_options = ("--redis-wait-replicas", "0")
 
     async def test_a_reshard_of_a_busy_sessions_slot(self) -> None:
         cluster = RedisCluster.start()

@@ -14,13 +14,14 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
-from relayd.base.errors import StoreUnavailable
+from relayd.base.errors import OutcomeUnknown, StoreUnavailable
 from relayd.storage import cluster as cluster_module
-from relayd.storage.buckets import SLOTS, key_slot
+from relayd.storage.buckets import BUCKETS, SLOTS, key_slot
 from relayd.storage.cluster import ClusterRedis
-from relayd.storage.redis import KEYSPACE_VERSION, parse_redis_url
+from relayd.storage.redis import KEYSPACE_VERSION, RedisBus, parse_redis_url
 from tests.storage.test_redis_scripts import Ids, every_operation
-from tests.support.redis import RedisCluster, connected_redis, shared_cluster
+from tests.support.aep import event, start_relay
+from tests.support.redis import RedisCluster, RedisServer, connected_redis, read_on_replica, shared_cluster
 
 _prefixes = itertools.count()
 
@@ -52,9 +53,10 @@ class OnCluster(TestCase):
         redis = await self.connect()
         prefix = _prefix()
         await every_operation(redis, prefix, Ids(aep_sessions=("", "{x}", "}", "é")))
-        held = [cluster.command(node, "--scan", "--pattern", f"{prefix}*").split() for node in cluster.nodes]
+        masters = cluster.nodes[: cluster.masters]  # (their replicas hold copies)
+        held = [cluster.command(node, "--scan", "--pattern", f"{prefix}*").split() for node in masters]
         self.assertTrue(all(held), held)  # the keys are spread over every master
-        for node, keys in zip(cluster.nodes, held, strict=True):
+        for node, keys in zip(masters, held, strict=True):
             for key in keys:
                 owner = redis._slots[key_slot(key.encode())]
                 self.assertEqual(owner, ("127.0.0.1", node.port), key)
@@ -126,14 +128,18 @@ class OnCluster(TestCase):
         asked: list[Any] = []
         execute_asking = cluster_module._Node.execute_asking
 
-        def recording(node: Any, store: str, *command: Any) -> Any:
+        def recording(node: Any, store: str, *command: Any, **options: Any) -> Any:
             asked.append((node.url.port, command[0]))
-            return execute_asking(node, store, *command)
+            return execute_asking(node, store, *command, **options)
 
         self.patch(cluster_module._Node, "execute_asking", recording)
+        # An acknowledged write asked of the target WAITs there too: this cluster has no replicas,
+        # so none confirms it (relayd's default on a cluster is to wait for one).
+        failure = await self.assertFailure(redis.execute("test", "SET", key, b"unconfirmed", durable=True), OutcomeUnknown)
+        self.assertIn("confirmed by 0 of 1 replicas", str(failure))
         # A key of the slot the source does not hold: it answers ASK, and the client asks the target.
         await redis.execute("test", "SET", key, b"moved-in")
-        self.assertEqual(asked, [(target.port, "SET")])
+        self.assertEqual(asked, [(target.port, "SET"), (target.port, "SET")])
         self.assertEqual(redis._slots[slot], owner)  # an ASK is not a MOVED: the map is unchanged
         for node in cluster.nodes:
             cluster.command(node, "CLUSTER", "SETSLOT", str(slot), "NODE", ids[target.port])
@@ -213,7 +219,7 @@ class MasterFailover(TestCase):
         redis = await connected_redis(cluster.url)
         self.addCleanup(redis.close)
         assert isinstance(redis, ClusterRedis)
-        dead = cluster.nodes[1]  # a master, and not the first seed (which carries the pub/sub)
+        dead = cluster.nodes[1]  # a master (BusOnAnyNode kills the first seed)
         self.assertEqual(redis._slots.count(("127.0.0.1", dead.port)) > 0, True)
         tag = next(t for t in (b"{%d}" % n for n in itertools.count()) if redis._slots[key_slot(t)][1] == dead.port)
         await redis.execute("test", "SET", tag + b"before", b"1")
@@ -247,3 +253,114 @@ class MasterFailover(TestCase):
         assert promoted is not None
         self.assertLess(rerouted, promoted + 1, (promoted, rerouted))
         self.assertLess(rerouted, RedisCluster.NODE_TIMEOUT + 4, (promoted, rerouted))
+
+
+class BusOnAnyNode(TestCase):
+    """The buses' pub/sub and keyless PUBLISH on a cluster use any reachable node, every instance the
+    same one (a PUBLISH counts only its own node's subscribers: the MCP bus's "instance gone"), and
+    move on when that node dies, and back when it returns (6 nodes: each master with a replica)."""
+
+    timeout = 120
+
+    async def test_the_first_seed_killed_then_back_the_bus_follows(self) -> None:
+        cluster = RedisCluster.start(3, replicas=1)
+        self.addCleanup(cluster.cleanup)
+        first = cluster.nodes[0]  # the first seed, a master
+        here = await connected_redis(cluster.url)  # two instances
+        self.addCleanup(here.close)
+        there = await connected_redis(cluster.url)
+        self.addCleanup(there.close)
+        assert isinstance(here, ClusterRedis) and isinstance(there, ClusterRedis)
+        heard: list[bytes] = []
+        bus = RedisBus(here)  # (made as the MCP bus makes its own, not by here.bus())
+        self.addCleanup(bus.close)
+        bus.subscribe(b"ch", heard.append)
+        await bus.ready
+
+        async def delivered(message: bytes) -> int:
+            """Publish from the other instance until its PUBLISH is answered; the receivers it counted."""
+            waited = 0.0
+            while True:
+                try:
+                    receivers = int(await there.execute("test", "PUBLISH", b"ch", message))
+                    if receivers:
+                        break
+                except StoreUnavailable:
+                    pass  # its node is gone: a client retrying
+                self.assertLess(waited, 20, f"{message!r} never reached a subscriber")
+                await deferLater(reactor, 0.05, lambda: None)  # a client retrying
+                waited += 0.05
+            await _until(lambda: message in heard)
+            return receivers
+
+        self.assertEqual(await delivered(b"before"), 1)
+        self.assertEqual(here.bus_node(bus.connection), ("127.0.0.1", first.port))
+        assert first.proc is not None
+        os.kill(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(10)
+        # Both instances move to the next seed: the message arrives and its PUBLISH counts the subscriber.
+        self.assertEqual(await delivered(b"after"), 1)
+        self.assertEqual(here.bus_node(bus.connection), ("127.0.0.1", cluster.nodes[1].port))
+        first._spawn()  # back (a replica now): both instances go back to the first seed
+        await _until(lambda: here.bus_node(bus.connection) == ("127.0.0.1", first.port))
+        await _until(lambda: there._keyless_address() == ("127.0.0.1", first.port))
+        self.assertEqual(await delivered(b"back"), 1)
+
+
+def _replica_of(cluster: RedisCluster, master_port: int) -> RedisServer:
+    """The replica of the master on C{master_port} (C{CLUSTER REPLICAS}, asked of that master)."""
+    master = next(node for node in cluster.nodes if node.port == master_port)
+    master_id = cluster.command(master, "CLUSTER", "MYID").strip()
+    line = cluster.command(master, "CLUSTER", "REPLICAS", master_id)
+    port = int(line.split()[1].split("@")[0].rsplit(":", 1)[1])
+    return next(node for node in cluster.nodes if node.port == port)
+
+
+class WaitOnCluster(TestCase):
+    """An acknowledged write on a Redis Cluster is answered only once C{WAIT 1} counted a replica of
+    its master (on by default with redis+cluster://, as with Sentinel); with that replica stopped,
+    the write falls short: AEP answers 503, not 202 (6 nodes: each master with a replica)."""
+
+    timeout = 90
+
+    async def test_a_write_waits_for_its_masters_replica(self) -> None:
+        cluster = RedisCluster.start(3, replicas=1)
+        self.addCleanup(cluster.cleanup)
+        redis = await connected_redis(cluster.url)
+        self.addCleanup(redis.close)
+        assert isinstance(redis, ClusterRedis)
+        self.assertEqual(redis.wait_replicas, 1)  # the default with redis+cluster://
+        key = b"{waited}k"
+        master = redis._slots[key_slot(key)]
+        assert master is not None
+        replica = _replica_of(cluster, master[1])
+        await redis.execute("test", "SET", key, b"1", durable=True)
+        self.assertEqual(read_on_replica(replica.port, key), b"1")  # on the replica when answered
+
+        relay = await start_relay(self, redis=cluster.url, redis_prefix="wait:")
+        session = "waited"
+        master = redis._slots[key_slot(BUCKETS.tag_of(session.encode()))]
+        assert master is not None
+        stopped = _replica_of(cluster, master[1])
+        response, _ = await relay.post(event(session, 0))
+        self.assertEqual(response.code, 202)
+        assert stopped.proc is not None
+        os.kill(stopped.proc.pid, signal.SIGSTOP)  # the replica no longer acknowledges
+        resumed = False
+
+        def resume() -> None:
+            if not resumed and stopped.proc is not None:
+                os.kill(stopped.proc.pid, signal.SIGCONT)
+
+        self.addCleanup(resume)
+        response, body = await relay.post(event(session, 1))
+        self.assertEqual(response.code, 503, body)
+        self.assertIn(b"outcome-unknown", body)
+        with self.assertRaises(OutcomeUnknown) as raised:
+            await redis.execute("test", "SET", b"{waited}k", b"2", durable=True)
+        self.assertIn("confirmed by 0 of 1 replicas", str(raised.exception))
+        await redis.execute("test", "SET", b"{waited}k", b"3")  # not acknowledged: no wait
+        resume()
+        resumed = True
+        response, _ = await relay.post(event(session, 1))  # the client's retry
+        self.assertEqual(response.code, 202)

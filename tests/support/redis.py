@@ -129,9 +129,11 @@ def cluster_port() -> int:
 
 
 class RedisCluster:
-    """A Redis Cluster of C{masters} real redis-servers on loopback (no replicas), its slots split
-    evenly by C{redis-cli --cluster create}: C{RedisCluster.start()}; C{.url} (C{redis+cluster://},
-    every node a seed); C{.nodes}; C{.cleanup()} kills every node by its PID."""
+    """A Redis Cluster of C{masters} real redis-servers on loopback, each with C{replicas} replicas
+    (none by default), its slots split evenly by C{redis-cli --cluster create}: C{RedisCluster.start()};
+    C{.url} (C{redis+cluster://}, every node a seed); C{.nodes} (the masters first); C{.cleanup()}
+    kills every node by its PID. relayd WAITs for a replica by default on a cluster: a client of a
+    cluster without replicas that makes acknowledged writes needs C{--redis-wait-replicas 0}."""
 
     NODE_TIMEOUT = 2.0  # seconds (cluster-node-timeout): a master is failed over this long after it dies
 
@@ -173,13 +175,22 @@ class RedisCluster:
         return done.stdout.decode()
 
     def wait_ok(self, timeout: float = 20) -> None:
-        """Until every node says cluster_state:ok and agrees on the slots (an external process)."""
+        """Until every node says cluster_state:ok and agrees on the slots, and every master has its
+        replicas in sync (an acknowledged write WAITs for one) (an external process)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if all("cluster_state:ok" in self.command(node, "CLUSTER", "INFO") for node in self.nodes):
+            if all("cluster_state:ok" in self.command(node, "CLUSTER", "INFO") for node in self.nodes) and all(
+                self._replicated(node) for node in self.nodes
+            ):
                 return
             time.sleep(0.05)  # waiting for redis-server's cluster bus to converge
         raise RuntimeError("the Redis Cluster did not come up")
+
+    def _replicated(self, node: RedisServer) -> bool:
+        info = self.command(node, "INFO", "replication")
+        if "role:slave" in info:
+            return "master_link_status:up" in info
+        return f"connected_slaves:{self.replicas}" in info
 
     def cleanup(self) -> None:
         for node in self.nodes:
@@ -190,10 +201,12 @@ _shared_cluster: RedisCluster | None = None
 
 
 def shared_cluster() -> RedisCluster:
-    """One 3-master Redis Cluster for the whole test run (tests isolate themselves by key prefix)."""
+    """One 3-master Redis Cluster for the whole test run (tests isolate themselves by key prefix),
+    each master with a replica: relayd's acknowledged writes WAIT for one by default on a cluster
+    (6 nodes take no longer to create than 3, about 2 s)."""
     global _shared_cluster
     if _shared_cluster is None or any(n.proc is None or n.proc.poll() is not None for n in _shared_cluster.nodes):
-        _shared_cluster = RedisCluster.start()
+        _shared_cluster = RedisCluster.start(3, replicas=1)
         import atexit
 
         atexit.register(_shared_cluster.cleanup)
@@ -270,9 +283,10 @@ def same_bucket(count: int, stem: str = "s") -> list[str]:
     raise AssertionError("unreachable")
 
 
-async def connected_redis(url: str, timeout: float = 5.0):  # type: ignore[no-untyped-def]
+async def connected_redis(url: str, timeout: float = 5.0, **options: Any):  # type: ignore[no-untyped-def]
     """A L{relayd.storage.redis.Redis} client whose pool is up (a L{ClusterRedis} for a
-    C{redis+cluster://} URL, once the slot map is read and every master's pool is up)."""
+    C{redis+cluster://} URL, once the slot map is read and every master's pool is up); C{options}:
+    the client's keyword arguments (C{wait_replicas}...)."""
     from twisted.internet import reactor
     from twisted.internet.task import deferLater
 
@@ -280,7 +294,7 @@ async def connected_redis(url: str, timeout: float = 5.0):  # type: ignore[no-un
     from relayd.storage.cluster import ClusterRedis, redis_client
     from relayd.storage.redis import Redis
 
-    redis = redis_client(url, Timekeeper(reactor))
+    redis = redis_client(url, Timekeeper(reactor), **options)
     waited = 0.0
     if isinstance(redis, ClusterRedis):
         while not (redis.connected and all(n._factory.size == n._factory.poolsize for n in redis._nodes.values())):
@@ -327,6 +341,16 @@ def command(port: int, *args: str | bytes, timeout: float = 2.0) -> Any:
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts))
         reader = s.makefile("rb")
+        return _reply(reader)
+
+
+def read_on_replica(port: int, key: bytes, timeout: float = 2.0) -> Any:
+    """C{GET key} on the Redis Cluster replica on C{port} (C{READONLY} first, on the same connection):
+    what that replica holds, not a redirection to its master."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(b"*1\r\n$8\r\nREADONLY\r\n*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(key), key))
+        reader = s.makefile("rb")
+        _reply(reader)  # +OK
         return _reply(reader)
 
 
