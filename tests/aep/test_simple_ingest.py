@@ -204,10 +204,10 @@ class SimpleIngestOnALateStore(TestCase):
     flags: dict[str, Any] = {}
     relays = SimpleIngestParity.relays
 
-    async def test_the_answer_waits_for_a_store_that_answers_later_and_so_does_the_next_request(self) -> None:
-        fast, _, taken = await self.relays()
+    def store_answers_later(self, relay: AEPRelay) -> list[Deferred[Any]]:
+        """Each ingest waits until the test fires its Deferred (in the list returned)."""
         writes: list[Deferred[Any]] = []
-        ingest = fast.core.ingest
+        ingest = relay.core.ingest
 
         def later(events: Any, *args: Any) -> Deferred[Any]:
             d: Deferred[Any] = Deferred()
@@ -215,10 +215,19 @@ class SimpleIngestOnALateStore(TestCase):
             writes.append(d)
             return d
 
-        self.patch(fast.core, "ingest", later)
+        self.patch(relay.core, "ingest", later)
+        return writes
+
+    async def connect(self, relay: AEPRelay) -> RawClient:
         client = RawClient()
-        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", fast.wing.port), client)
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", relay.wing.port), client)
         self.addCleanup(client.transport.loseConnection)
+        return client
+
+    async def test_the_answer_waits_for_a_store_that_answers_later_and_so_does_the_next_request(self) -> None:
+        fast, _, taken = await self.relays()
+        writes = self.store_answers_later(fast)
+        client = await self.connect(fast)
         client.transport.write(post(batch("W", 0, 1)))
         await wait_until(lambda: len(writes) == 1)
         client.transport.write(post(batch("W", 1, 1), token=b"x"))  # (twisted.web's 401, after the 202)
@@ -233,19 +242,8 @@ class SimpleIngestOnALateStore(TestCase):
         # (Redis: the answer comes with the store's reply, outside a read of the client's connection;
         # it is sent, and a closing connection closed, within that call, not on the next turn.)
         fast, _, taken = await self.relays()
-        writes: list[Deferred[Any]] = []
-        ingest = fast.core.ingest
-
-        def later(events: Any, *args: Any) -> Deferred[Any]:
-            d: Deferred[Any] = Deferred()
-            d.addCallback(lambda _: ingest(events, *args))
-            writes.append(d)
-            return d
-
-        self.patch(fast.core, "ingest", later)
-        client = RawClient()
-        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", fast.wing.port), client)
-        self.addCleanup(client.transport.loseConnection)
+        writes = self.store_answers_later(fast)
+        client = await self.connect(fast)
         client.transport.write(post(batch("X", 0, 1), b"connection: close"))
         await wait_until(lambda: len(writes) == 1)
         site = fast.service.site
