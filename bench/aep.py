@@ -10,7 +10,12 @@ docs/performance.md.
 
 Scenarios with --redis (two instances, one redis-server started by the bench): cluster-ingest,
 cluster-fanout (emitter on A, 100 / 1000 SSE subscribers on B), cluster-latency (1000 events/s
-from A to 10 subscribers on B).
+from A to 10 subscribers on B). ``--engine standalone --engine cluster`` runs each of them on one
+redis-server and on a fresh 3-master Redis Cluster (no replicas, ``--redis-wait-replicas 0`` on both),
+alternated ``--runs`` times, the events spread over ``--sessions`` sessions, and prints the ratios
+cluster/standalone (relayd and per-node redis-server CPU per event, events/s, latency)::
+
+    python bench/aep.py cluster-ingest --engine standalone --engine cluster --runs 4 --instances 4
 
 Scenarios: ingest (NDJSON batches of 100 x ~500 B over 8 connections), single (one JSON event per
 POST, 8 connections), fanout-sse (one WS emitter -> 100 and 1000 SSE subscribers), fanout-ws
@@ -64,7 +69,16 @@ from typing import Any
 from autobahn.asyncio.websocket import WebSocketClientFactory, WebSocketClientProtocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from relayd_process import RedisProcess, RelaydServer, group_cpu, process_cpu, process_rss_kb, raise_nofile
+from relayd_process import (
+    RedisClusterProcess,
+    RedisProcess,
+    RelaydServer,
+    group_cpu,
+    process_cpu,
+    process_rss_kb,
+    raise_nofile,
+    redis_store,
+)
 
 PAD = "x" * 330  # makes each event about 500 bytes
 # What an EventSource sends; nginx + Nchan tells its subscriber types by it (without, 403).
@@ -301,8 +315,9 @@ class WSPeer:
         await self.ready
 
 
-async def emit(emitter: WSPeer, rate: float, seconds: float, session: str = "F") -> int:
-    """Send C{rate} events/s for C{seconds}, in small bursts every 10 ms."""
+async def emit(emitter: WSPeer, rate: float, seconds: float, session: str = "F", sessions: int = 1) -> int:
+    """Send C{rate} events/s for C{seconds}, in small bursts every 10 ms; C{sessions} > 1: event n to
+    session C{spread_session(n, sessions)} instead of C{session}."""
     sent = 0
     start = time.perf_counter()
     while True:
@@ -311,7 +326,7 @@ async def emit(emitter: WSPeer, rate: float, seconds: float, session: str = "F")
             return sent
         due = int(elapsed * rate) + 1
         while sent < due:
-            ev = event(session, sent, t=time.time())
+            ev = event(spread_session(sent, sessions) if sessions > 1 else session, sent, t=time.time())
             emitter.proto.sendMessage(json.dumps(ev, separators=(",", ":")).encode())
             sent += 1
         await asyncio.sleep(0.01)
@@ -342,6 +357,11 @@ def stdin_closed() -> threading.Event:
     return closed
 
 
+def spread_session(n: int, sessions: int) -> str:
+    """The session of the C{n}th event spread round-robin over C{sessions} (S0, S1 ...)."""
+    return f"S{n % sessions}"
+
+
 def drain_session(i: int, sessions: int) -> str:
     """The session the C{i}th subscriber follows when C{sessions} share them: F alone, else F0, F1 ..."""
     return "F" if sessions == 1 else f"F{i % sessions}"
@@ -354,7 +374,7 @@ def drain_main(port: int, transport: str, count: int, sessions: int = 1, first: 
     with "<streams that received an event> <deliveries so far>" (the bench warms up with it).
 
     C{sessions} > 1 spreads them over sessions F0, F1 ... (subscriber C{i} follows
-    L{drain_session}C{(first + i)}); "ws" with C{per_conn} > 1 multiplexes that many subscriptions
+    L{drain_session}C{(first + i)}); C{sessions} 0: every subscriber unfiltered (every session); "ws" with C{per_conn} > 1 multiplexes that many subscriptions
     on each connection (the relay allows C{--aep-max-subscriptions}, 64 by default)."""
     import queue
     import select
@@ -370,8 +390,10 @@ def drain_main(port: int, transport: str, count: int, sessions: int = 1, first: 
     for c in range(0, count, step):
         s = socket.create_connection(("127.0.0.1", port))
         if transport == "sse":
-            flt = json.dumps({"session": drain_session(first + c, sessions)}, separators=(",", ":"))
-            path = "/stream?filter=" + urllib.parse.quote(flt, safe="")
+            path = "/stream"
+            if sessions:
+                flt = json.dumps({"session": drain_session(first + c, sessions)}, separators=(",", ":"))
+                path += "?filter=" + urllib.parse.quote(flt, safe="")
             s.sendall(b"GET %s HTTP/1.1\r\nHost: localhost\r\n%s" % (path.encode(), SSE_ACCEPT) + auth() + b"\r\n")
         else:
             s.sendall(b"GET /socket HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
@@ -383,7 +405,7 @@ def drain_main(port: int, transport: str, count: int, sessions: int = 1, first: 
             subs = range(c, min(count, c + step))
             frames = [_ws_frame(json.dumps({"type": "hello", "versions": ["0.1"], "role": "consumer"}).encode())]
             frames += [_ws_frame(json.dumps({"type": "subscribe", "id": f"s{i}", "filter": {
-                "session": drain_session(first + i, sessions)}}).encode()) for i in subs]
+                "session": drain_session(first + i, sessions)} if sessions else {}}).encode()) for i in subs]
             s.sendall(b"".join(frames))
             got = b""
             while got.count(b'"subscribed"') < len(subs):
@@ -1170,13 +1192,71 @@ async def wait_ready(port: int) -> None:
     raise RuntimeError("relayd never became ready")
 
 
-async def scenario_cluster_ingest(seconds: float) -> dict[str, Any]:
-    """Batched ingest on one instance that keeps its buffers in Redis."""
-    redis = RedisProcess()
+Store = RedisProcess | RedisClusterProcess
+
+
+def store_cpu(store: Store, node0: list[float], events: int) -> dict[str, Any]:
+    """redis-server's CPU per event summed over the nodes since C{node0} (each node's CPU then), and
+    each node's share of it (the hottest's share should be near 1 / nodes)."""
+    used = [now - then for now, then in zip(store.node_cpus(), node0, strict=True)]
+    total = sum(used)
+    shares = [u / total if total else 0.0 for u in used]
+    return {"redis_nodes": len(used), "redis_cpu_us_per_event": total / max(events, 1) * 1e6,
+            "redis_node_shares": [round(x, 3) for x in shares], "redis_hottest_share": max(shares)}
+
+
+async def scenario_cluster_ingest(seconds: float, engine: str = "standalone", instances: int = 1,
+                                  sessions: int = 8, masters: int = 3) -> dict[str, Any]:
+    """Batched ingest (100 events per POST, 8 keep-alive connections per instance) on C{instances}
+    relayd instances sharing one store: one redis-server (C{engine} "standalone") or a Redis Cluster
+    of C{masters} masters ("cluster"), fresh per run, neither with replicas (C{--redis-wait-replicas
+    0}). The POSTs go round-robin over C{sessions} sessions (8: the connection's own session, the
+    shape before engines). relayd CPU per event over all instances; redis-server CPU per event summed
+    over the nodes and each node's share."""
+    store = redis_store(engine, masters)
+    servers: list[Any] = []
     try:
-        return await scenario_ingest(seconds, 100, ("--redis", redis.url), redis)
+        for _ in range(instances):
+            servers.append(Server("--aep-buffer", "1000",
+                                  # A quota per bucket: room for every session, none evicted.
+                                  "--aep-max-sessions", str(max(64, 8 * sessions)), *store.relayd_options))
+        for server in servers:
+            await wait_ready(server.port)
+        connections = 8 * instances
+        batch = 100
+
+        def body_for_conn(c: int) -> Any:
+            # Pre-serialised templates: the client must not spend the CPU the server is measured on.
+            # Every event id is unique ((connection, POST) numbers the batch), whichever session it goes to.
+            templates = []
+            for k in range(sessions):
+                line = json.dumps(event(f"s{k}", 123456789), separators=(",", ":")).encode()
+                templates.append(line.replace(b"123456789", b"%d"))
+
+            def body(n: int) -> bytes:
+                template = templates[(c + connections * n) % sessions]
+                first = (n * connections + c) * batch
+                return b"".join(template % (first + i, first + i) + b"\n" for i in range(batch))
+
+            return body
+
+        counter = [0]
+        cpu0, node0, t0 = [s.cpu() for s in servers], store.node_cpus(), time.perf_counter()
+        stop_at = t0 + seconds
+        await asyncio.gather(*(http_post_loop(servers[c % instances].port, body_for_conn(c), "application/x-ndjson",
+                                              stop_at, counter, batch) for c in range(connections)))
+        wall = time.perf_counter() - t0
+        cpu = sum(s.cpu() for s in servers) - sum(cpu0)
+        events = counter[0]
+        return {"engine": store.engine, "instances": instances, "sessions": sessions, "events": events,
+                "events_per_s": events / wall, "server_cpu_us_per_event": cpu / max(events, 1) * 1e6,
+                "server_cpu_share": cpu / wall,
+                # An instance's own ceiling: events/s if it had a core to itself.
+                "events_per_s_per_core": 1e6 * events / max(cpu, 1e-9) / instances, **store_cpu(store, node0, events)}
     finally:
-        redis.stop()
+        for server in servers:
+            server.stop()
+        store.stop()
 
 
 async def scenario_single_redis(seconds: float) -> dict[str, Any]:
@@ -1189,51 +1269,90 @@ async def scenario_single_redis(seconds: float) -> dict[str, Any]:
 
 
 async def scenario_cluster_fanout(subscribers: int, rate: float, seconds: float, timed: int,
-                                  instances: int = 2) -> dict[str, Any]:
-    """Emitter on instance A, subscribers on instance B, one Redis; CPU is A's plus B's.
-    C{instances=1}: emitter and subscribers on the one instance A (on Redis all the same)."""
-    redis = RedisProcess()
-    flags = ("--redis", redis.url, *subscriber_flags(subscribers))
+                                  instances: int = 2, engine: str = "standalone", sessions: int = 1,
+                                  masters: int = 3) -> dict[str, Any]:
+    """Emitter on instance A, subscribers on instance B, one store (C{engine}: one redis-server or a
+    Redis Cluster of C{masters} masters, fresh per run, neither with replicas); CPU is A's plus B's.
+    C{instances=1}: emitter and subscribers on the one instance A (on Redis all the same).
+    C{sessions} 1: every event to session F, every subscriber filtered to it; more: the events go
+    round-robin over that many sessions and the subscribers take every session (unfiltered), so
+    the latency is over events from every bucket (every shard of a cluster)."""
+    store = redis_store(engine, masters)
+    flags = (*store.relayd_options, *subscriber_flags(subscribers))
     a = Server(*flags)
     b = Server(*flags) if instances == 2 else a
     servers = [a, b] if instances == 2 else [a]
+    path = "/stream" if sessions > 1 else '/stream?filter={"session":"F"}'.replace('"', "%22")
     try:
         for server in servers:
             await wait_ready(server.port)
-        drainer = Drainer(b.port, "sse", subscribers - timed) if subscribers > timed else None
+        drainer = (Drainer(b.port, "sse", subscribers - timed, 0 if sessions > 1 else 1)
+                   if subscribers > timed else None)
         subs = []
         tasks = []
         for _ in range(timed):
             sub = SSESubscriber(timed=True)
             ready = asyncio.Event()
-            tasks.append(asyncio.ensure_future(sub.run(b.port, '/stream?filter={"session":"F"}'.replace('"', "%22"), ready)))
+            tasks.append(asyncio.ensure_future(sub.run(b.port, path, ready)))
             await ready.wait()
             subs.append(sub)
         emitter = WSPeer()
         await emitter.connect(a.port, {"role": "emitter", "identity": {"agent": "bench"}})
         await asyncio.sleep(0.5)
-        cpu0, redis0 = sum(s.cpu() for s in servers), redis.cpu()
-        sent = await emit(emitter, rate, seconds)
+        cpu0, node0 = sum(s.cpu() for s in servers), store.node_cpus()
+        sent = await emit(emitter, rate, seconds, sessions=sessions)
         deadline = time.perf_counter() + 10
         while sum(s.count for s in subs) < sent * timed and time.perf_counter() < deadline:
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.5)
-        cpu, redis_cpu = sum(s.cpu() for s in servers) - cpu0, redis.cpu() - redis0
+        cpu = sum(s.cpu() for s in servers) - cpu0
         delivered = sum(s.count for s in subs) + (drainer.total() if drainer else 0)
+        redis = store_cpu(store, node0, delivered)
         latencies = [x for s in subs for x in s.latencies]
         for t in tasks:
             t.cancel()
-        return {"subscribers": subscribers, "events": sent, "rate": rate, "deliveries": delivered,
+        return {"engine": store.engine, "subscribers": subscribers, "sessions": sessions, "events": sent,
+                "rate": rate, "events_per_s": sent / seconds, "deliveries": delivered,
                 "expected": sent * subscribers, "server_cpu_us_per_delivery": cpu / max(delivered, 1) * 1e6,
-                "redis_cpu_us_per_delivery": redis_cpu / max(delivered, 1) * 1e6, "instances": instances,
-                "p50_ms": pct(latencies, 0.5) * 1000, "p99_ms": pct(latencies, 0.99) * 1000}
+                "server_cpu_us_per_event": cpu / max(sent, 1) * 1e6,
+                "redis_cpu_us_per_delivery": redis.pop("redis_cpu_us_per_event"), **redis,
+                "instances": instances, "p50_ms": pct(latencies, 0.5) * 1000, "p99_ms": pct(latencies, 0.99) * 1000}
     finally:
         for server in servers:
             server.stop()
-        redis.stop()
+        store.stop()
 
 
-async def main(selected: list[str], seconds: float, subscriptions: int, events: int, gc: bool) -> None:
+# What the cluster/standalone ratios compare (medians of each engine's runs).
+RATIO_KEYS = ("events_per_s", "server_cpu_us_per_event", "server_cpu_us_per_delivery", "redis_cpu_us_per_event",
+              "redis_cpu_us_per_delivery", "redis_hottest_share", "p50_ms", "p99_ms")
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def engine_ratios(results: list[dict[str, Any]]) -> dict[str, float]:
+    """cluster / standalone of each L{RATIO_KEYS} figure, over the medians of each engine's runs."""
+    ratios = {}
+    for key in RATIO_KEYS:
+        by_engine = {engine: [r[key] for r in results if r["engine"] == engine and key in r]
+                     for engine in ("standalone", "cluster")}
+        if by_engine["standalone"] and by_engine["cluster"] and median(by_engine["standalone"]):
+            ratios[key] = median(by_engine["cluster"]) / median(by_engine["standalone"])
+    return ratios
+
+
+def printed(name: str, result: dict[str, Any]) -> None:
+    print(json.dumps({"scenario": name, **{k: round(v, 2) if isinstance(v, float) else v
+                                            for k, v in result.items()}}), flush=True)
+
+
+async def main(selected: list[str], seconds: float, subscriptions: int, events: int, gc: bool,
+               engines: list[str] | None = None, runs_per_engine: int = 1, instances: int = 1, sessions: int = 128,
+               masters: int = 3) -> None:
     raise_nofile()
     gc_log(gc)
     runs: list[tuple[str, Any]] = [
@@ -1255,18 +1374,37 @@ async def main(selected: list[str], seconds: float, subscriptions: int, events: 
         ("latency", lambda: scenario_fanout(1000, "sse", 100, seconds, 50)),
         ("idle", lambda: scenario_idle(1000)),
         ("idle", lambda: scenario_idle(5000)),
-        ("cluster-ingest", lambda: scenario_cluster_ingest(seconds)),
-        ("cluster-fanout", lambda: scenario_cluster_fanout(100, 1000, seconds, 10)),
-        ("cluster-fanout", lambda: scenario_cluster_fanout(1000, 100, seconds, 20)),
-        ("cluster-latency", lambda: scenario_cluster_fanout(10, 1000, seconds, 10)),
         ("index", lambda: scenario_index(subscriptions, seconds, events)),
     ]
     for name, run in runs:
         if selected and name not in selected:
             continue
-        result = await run()
-        print(json.dumps({"scenario": name, **{k: round(v, 2) if isinstance(v, float) else v
-                                                for k, v in result.items()}}), flush=True)
+        printed(name, await run())
+    # The store scenarios: without --engine as before (one redis-server, the shape the figures in
+    # docs/performance.md were taken with); with it, each engine per run, alternating, fresh servers
+    # each time, and the ratios cluster/standalone when both engines ran.
+    spread = sessions if engines else 1
+    store_runs: list[tuple[str, Any]] = [
+        ("cluster-ingest", lambda engine: scenario_cluster_ingest(seconds, engine, instances, sessions if engines else 8,
+                                                                  masters)),
+        ("cluster-fanout", lambda engine: scenario_cluster_fanout(100, 1000, seconds, 10, engine=engine,
+                                                                  sessions=spread, masters=masters)),
+        ("cluster-fanout", lambda engine: scenario_cluster_fanout(1000, 100, seconds, 20, engine=engine,
+                                                                  sessions=spread, masters=masters)),
+        ("cluster-latency", lambda engine: scenario_cluster_fanout(10, 1000, seconds, 10, engine=engine,
+                                                                   sessions=spread, masters=masters)),
+    ]
+    for name, store_run in store_runs:
+        if selected and name not in selected:
+            continue
+        results = []
+        for _ in range(runs_per_engine):
+            for engine in engines or ["standalone"]:
+                results.append(await store_run(engine))
+                printed(name, results[-1])
+        ratios = engine_ratios(results)
+        if ratios:
+            printed(name, {"ratios": "cluster/standalone", "runs_per_engine": runs_per_engine, **ratios})
 
 
 if __name__ == "__main__":
@@ -1298,6 +1436,15 @@ if __name__ == "__main__":
     parser.add_argument("--target-cmd", metavar="CMD", help="a shell command that starts another AEP relay "
                         "per scenario, listening on 127.0.0.1:{port}; its process group's CPU is measured")
     parser.add_argument("--token", help="bearer token for the relay's HTTP requests")
+    parser.add_argument("--engine", action="append", choices=["standalone", "cluster"],
+                        help="the store of the cluster-* scenarios: one redis-server or a Redis Cluster, neither "
+                        "with replicas (--redis-wait-replicas 0); repeat it for both, alternated per run, with "
+                        "the ratios cluster/standalone; with it the events go over --sessions sessions")
+    parser.add_argument("--runs", type=int, default=1, help="runs per engine of each cluster-* scenario")
+    parser.add_argument("--instances", type=int, default=1, help="relayd instances of cluster-ingest")
+    parser.add_argument("--sessions", type=int, default=128,
+                        help="sessions the cluster-* events go over with --engine (64 or more spread the buckets)")
+    parser.add_argument("--masters", type=int, default=3, help="masters of the cluster engine")
     args = parser.parse_args()
     # Stopped (bench/peers.py's time limit, a kill): unwind, so each scenario's finally stops the
     # relay it started (a --target-cmd relay runs in its own session and would outlive the bench).
@@ -1311,4 +1458,10 @@ if __name__ == "__main__":
         parser.error("--target needs --target-pid (the process whose CPU is measured)")
     if args.token:
         os.environ["BENCH_AEP_TOKEN"] = args.token
-    asyncio.run(main(args.scenarios, args.seconds, args.subscriptions, args.events, args.gc_log))
+    if args.engine and (args.target is not None or args.target_cmd is not None):
+        parser.error("--engine runs relayd on a store it starts: not with --target or --target-cmd")
+    for option in ("runs", "instances", "sessions", "masters"):
+        if getattr(args, option) < 1:
+            parser.error(f"--{option} must be at least 1")
+    asyncio.run(main(args.scenarios, args.seconds, args.subscriptions, args.events, args.gc_log,
+                     list(dict.fromkeys(args.engine or [])), args.runs, args.instances, args.sessions, args.masters))

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,6 +118,8 @@ class RelaydServer:
 class RedisProcess:
     """A throwaway redis-server on a free port (bench/aep.py's --redis scenarios, bench/redis_append.py)."""
 
+    engine = "standalone"
+
     def __init__(self) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -133,6 +136,108 @@ class RedisProcess:
         """redis-server's user plus system CPU seconds so far."""
         return process_cpu(self.proc.pid)
 
+    def node_cpus(self) -> list[float]:
+        """Each node's CPU seconds so far (the one server's)."""
+        return [self.cpu()]
+
+    @property
+    def relayd_options(self) -> tuple[str, ...]:
+        """relayd's options for this store: no replica to WAIT for (as on the cluster, like for like)."""
+        return ("--redis", self.url, "--redis-wait-replicas", "0")
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(10)
+
+
+def _cluster_port() -> int:
+    """A free loopback port whose cluster bus port (10000 more) is free too."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + 10000 >= 65536:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
+def _redis_cli(cli: str, port: int, *args: str) -> str:
+    return subprocess.run([cli, "-p", str(port), *args], capture_output=True, timeout=30, check=True).stdout.decode()
+
+
+class RedisClusterProcess:
+    """A throwaway Redis Cluster of C{masters} redis-servers without replicas on free loopback ports,
+    its slots split evenly by C{redis-cli --cluster create} (as tests/support/redis.py's RedisCluster
+    makes one); C{.stop()} kills every node. relayd runs on it with C{--redis-wait-replicas 0}: there
+    is no replica to WAIT for, as on the single primary it is compared with."""
+
+    engine = "cluster"
+
+    def __init__(self, masters: int = 3) -> None:
+        binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+        if binary is None or cli is None:
+            raise SystemExit("the cluster engine needs redis-server and redis-cli (apt-get install redis-server "
+                             "redis-tools)")
+        self.cli = cli
+        self.dir = tempfile.mkdtemp(prefix="relayd-bench-cluster-")
+        self.ports: list[int] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+        try:
+            for i in range(masters):
+                port = _cluster_port()
+                node_dir = Path(self.dir, str(i))
+                node_dir.mkdir()
+                self.procs.append(subprocess.Popen(
+                    [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir), "--save", "",
+                     "--appendonly", "no", "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                     "--cluster-node-timeout", "2000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                self.ports.append(port)
+            self._wait(lambda: all(_redis_cli(cli, p, "PING").strip() == "PONG" for p in self.ports))
+            subprocess.run([cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
+                            "--cluster-replicas", "0", "--cluster-yes"],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
+            self._wait(lambda: all("cluster_state:ok" in _redis_cli(cli, p, "CLUSTER", "INFO") for p in self.ports))
+        except BaseException:
+            self.stop()
+            raise
+        self.url = "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
+
+    def _wait(self, ready: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if ready():
+                    return
+            except subprocess.CalledProcessError:
+                pass  # not listening yet
+            time.sleep(0.05)  # waiting for other processes (the nodes, their cluster bus) to converge
+        raise RuntimeError("the Redis Cluster did not come up")
+
+    def node_cpus(self) -> list[float]:
+        """Each master's user plus system CPU seconds so far (from /proc/PID/stat)."""
+        return [process_cpu(proc.pid) for proc in self.procs]
+
+    def cpu(self) -> float:
+        """All nodes' CPU seconds so far."""
+        return sum(self.node_cpus())
+
+    @property
+    def relayd_options(self) -> tuple[str, ...]:
+        return ("--redis", self.url, "--redis-wait-replicas", "0")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+        for proc in self.procs:
+            proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def redis_store(engine: str, masters: int = 3) -> RedisProcess | RedisClusterProcess:
+    """A fresh store for C{engine}: "standalone" (one redis-server) or "cluster" (C{masters} masters)."""
+    return RedisClusterProcess(masters) if engine == "cluster" else RedisProcess()
