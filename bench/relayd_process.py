@@ -150,20 +150,30 @@ class RedisProcess:
         self.proc.wait(10)
 
 
-def _cluster_port() -> int:
-    """A free loopback port whose cluster bus port (10000 more) is free too."""
-    while True:
-        with socket.socket() as s:
+def _cluster_ports(count: int) -> list[int]:
+    """C{count} free loopback ports whose cluster bus ports (10000 more) are free too, none of the
+    2 x C{count} the same (each is held bound until all are chosen, so the kernel hands out no port twice)."""
+    held: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < count:
+            s = socket.socket()
+            held.append(s)
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if port + 10000 >= 65536:
-            continue
-        with socket.socket() as s:
+            if port + 10000 >= 65536:
+                continue
+            bus = socket.socket()
+            held.append(bus)
             try:
-                s.bind(("127.0.0.1", port + 10000))
+                bus.bind(("127.0.0.1", port + 10000))
             except OSError:
                 continue
-        return port
+            ports.append(port)
+        return ports
+    finally:
+        for s in held:
+            s.close()
 
 
 def _redis_cli(cli: str, port: int, *args: str) -> str:
@@ -184,20 +194,19 @@ class RedisClusterProcess:
             raise SystemExit("the cluster engine needs redis-server and redis-cli (apt-get install redis-server "
                              "redis-tools)")
         self.cli = cli
+        self.binary = binary
         self.dir = tempfile.mkdtemp(prefix="relayd-bench-cluster-")
         self.ports: list[int] = []
         self.procs: list[subprocess.Popen[bytes]] = []
         try:
-            for i in range(masters):
-                port = _cluster_port()
-                node_dir = Path(self.dir, str(i))
-                node_dir.mkdir()
-                self.procs.append(subprocess.Popen(
-                    [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir), "--save", "",
-                     "--appendonly", "no", "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                     "--cluster-node-timeout", "2000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-                self.ports.append(port)
-            self._wait(lambda: all(_redis_cli(cli, p, "PING").strip() == "PONG" for p in self.ports))
+            # A port taken by another process between its choice and the node's bind makes that node
+            # exit: start the whole cluster again on other ports (three tries).
+            for attempt in range(3):
+                if self._start(masters, attempt):
+                    break
+                self._kill()
+            else:
+                raise RuntimeError("the Redis Cluster's nodes could not start (ports taken?)")
             subprocess.run([cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
                             "--cluster-replicas", "0", "--cluster-yes"],
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
@@ -206,6 +215,28 @@ class RedisClusterProcess:
             self.stop()
             raise
         self.url = "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
+
+    def _start(self, masters: int, attempt: int) -> bool:
+        """Start C{masters} nodes; whether every one answers PING (false: one exited)."""
+        self.ports = _cluster_ports(masters)
+        for i, port in enumerate(self.ports):
+            node_dir = Path(self.dir, f"{attempt}-{i}")
+            node_dir.mkdir()
+            self.procs.append(subprocess.Popen(
+                [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir), "--save", "",
+                 "--appendonly", "no", "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                 "--cluster-node-timeout", "2000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if any(proc.poll() is not None for proc in self.procs):
+                return False
+            try:
+                if all(_redis_cli(self.cli, p, "PING").strip() == "PONG" for p in self.ports):
+                    return True
+            except subprocess.CalledProcessError:
+                pass  # not listening yet
+            time.sleep(0.05)  # waiting for other processes to start listening
+        raise RuntimeError("the Redis Cluster's nodes did not start")
 
     def _wait(self, ready: Callable[[], bool]) -> None:
         deadline = time.monotonic() + 20
@@ -230,11 +261,15 @@ class RedisClusterProcess:
     def relayd_options(self) -> tuple[str, ...]:
         return ("--redis", self.url, "--redis-wait-replicas", "0")
 
-    def stop(self) -> None:
+    def _kill(self) -> None:
         for proc in self.procs:
             proc.kill()
         for proc in self.procs:
             proc.wait(10)
+        self.procs = []
+
+    def stop(self) -> None:
+        self._kill()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
