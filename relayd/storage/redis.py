@@ -142,7 +142,7 @@ class RedisURL:
     def __str__(self) -> str:  # never shows a password
         if self.sentinels:
             scheme = "rediss+sentinel" if self.tls else "redis+sentinel"
-            hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.sentinels)
+            hosts = ",".join(_address(host, port) for host, port in self.sentinels)
             return f"{scheme}://{hosts}/{self.master}/{self.db}"
         scheme = "rediss" if self.tls else "redis"
         if self.seeds:
@@ -160,6 +160,7 @@ def _address(host: str, port: int) -> str:
 
 
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+CLUSTER_FORM = "redis+cluster://HOST:PORT[,HOST:PORT...]"
 
 
 def parse_redis_url(text: str) -> RedisURL:
@@ -173,7 +174,7 @@ def parse_redis_url(text: str) -> RedisURL:
     if parts.scheme in CLUSTER_SCHEMES:
         return _parse_cluster_url(parts.scheme, parts.netloc, parts.path)
     if parts.scheme not in ("redis", "rediss"):
-        raise ValueError(f"must be a redis://, rediss://, redis+cluster://HOST:PORT[,HOST:PORT...] or {SENTINEL_FORM} URL")
+        raise ValueError(f"must be a redis://, rediss://, {CLUSTER_FORM} or {SENTINEL_FORM} URL")
     if not parts.hostname:
         raise ValueError("must name a host")
     try:
@@ -193,18 +194,30 @@ def parse_redis_url(text: str) -> RedisURL:
     )
 
 
-def _parse_sentinel_url(scheme: str, netloc: str, path: str, query: str) -> RedisURL:
+def _credentials(netloc: str) -> tuple[str | None, str | None, str]:
+    """The user name, the password and the host list of a URL naming several hosts."""
     userinfo, _, hosts = netloc.rpartition("@")
-    username, _, password = userinfo.partition(":") if userinfo else ("", "", "")
-    sentinels = []
-    for item in hosts.split(","):
-        found = _HOST_PORT.match(item.strip())
-        if not item.strip() or found is None:
-            raise ValueError(f"must name each sentinel as HOST:PORT ({SENTINEL_FORM}); got {item.strip()!r}")
+    username, colon, password = userinfo.partition(":")
+    return unquote(username) or None, unquote(password) if colon and password else None, hosts
+
+
+def _addresses(hosts: str, default_port: int, what: str, form: str) -> list[tuple[str, int]]:
+    """C{HOST[:PORT],...} (an IPv6 host in brackets) as (host, port) pairs: the sentinels, the seeds."""
+    addresses = []
+    for item in (entry.strip() for entry in hosts.split(",")):
+        found = _HOST_PORT.match(item)
+        if not item or found is None:
+            raise ValueError(f"must name each {what} as HOST:PORT ({form}); got {item!r}")
         port_text = found.group("port")
         if port_text is not None and not (port_text.isdigit() and 0 < int(port_text) < 65536):
-            raise ValueError(f"sentinel {item.strip()!r} has an invalid port")
-        sentinels.append((found.group("v6") or found.group("host"), int(port_text) if port_text else DEFAULT_SENTINEL_PORT))
+            raise ValueError(f"{what} {item!r} has an invalid port")
+        addresses.append((found.group("v6") or found.group("host"), int(port_text) if port_text else default_port))
+    return addresses
+
+
+def _parse_sentinel_url(scheme: str, netloc: str, path: str, query: str) -> RedisURL:
+    username, password, hosts = _credentials(netloc)
+    sentinels = _addresses(hosts, DEFAULT_SENTINEL_PORT, "sentinel", SENTINEL_FORM)
     names = path.strip("/").split("/") if path.strip("/") else []
     if not names:
         raise ValueError(f"must name the master the sentinels monitor after the sentinels ({SENTINEL_FORM})")
@@ -222,8 +235,8 @@ def _parse_sentinel_url(scheme: str, netloc: str, path: str, query: str) -> Redi
         host=sentinels[0][0],
         port=sentinels[0][1],
         db=int(names[1]) if len(names) == 2 else 0,
-        username=unquote(username) or None,
-        password=unquote(password) or None,
+        username=username,
+        password=password,
         tls=SENTINEL_SCHEMES[scheme],
         sentinels=tuple(sentinels),
         master=unquote(names[0]),
@@ -233,24 +246,10 @@ def _parse_sentinel_url(scheme: str, netloc: str, path: str, query: str) -> Redi
 
 
 def _parse_cluster_url(scheme: str, netloc: str, path: str) -> RedisURL:
-    credentials, _, hosts = netloc.rpartition("@")
-    username, password = None, None
-    if credentials:
-        user, colon, secret = credentials.partition(":")
-        username = unquote(user) or None
-        password = unquote(secret) if colon else None
-    seeds = []
-    for entry in hosts.split(","):
-        parsed = urlsplit("//" + entry.strip())
-        try:
-            port = parsed.port or 6379
-        except ValueError:
-            raise ValueError(f"has an invalid port in {entry!r}") from None
-        if not parsed.hostname:
-            raise ValueError("must name each seed node (redis+cluster://host:port,host:port)")
-        seeds.append((parsed.hostname, port))
+    username, password, hosts = _credentials(netloc)
+    seeds = _addresses(hosts, 6379, "seed node", CLUSTER_FORM)
     if path.strip("/") not in ("", "0"):
-        raise ValueError("a Redis Cluster has database 0 only (redis+cluster://host:port,host:port)")
+        raise ValueError(f"a Redis Cluster has database 0 only ({CLUSTER_FORM})")
     host, port = seeds[0]
     return RedisURL(host, port, 0, username, password, scheme == "rediss+cluster", seeds=tuple(seeds))
 

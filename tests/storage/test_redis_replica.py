@@ -16,17 +16,12 @@ from relayd.buzz.redis.state import RedisReceipts
 from tests.storage.test_redis import until
 from tests.support.aep import event, open_sse, start_relay
 from tests.support.http import HttpClient
+from tests.support.mcp import INIT
 from tests.support.redis import RedisServer, command, connected_redis, role
 from tests.support.wing import Wing
 
 TOKEN = "t" * 32
 SESSION = "replica1"
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}},
-}
 UNAVAILABLE_AEP = (503, {"error": "store-unavailable", "store": "aep"})
 UNAVAILABLE_MCP = (503, {"error": "store_unavailable", "store": "mcp"})
 
