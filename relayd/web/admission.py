@@ -8,9 +8,9 @@ most of a second, and a health probe or an event for the subscribers already con
 behind them all.
 
 So a site starts at most L{NEWCOMERS_PER_TURN} connections' first requests per reactor turn. A
-connection whose first bytes arrive once the turn's share is spent stops reading (what it sent is
-kept; the rest waits in the kernel) and joins a queue; each following turn starts the next slice of
-the queue, in arrival order, before any newer connection. A connection that has been served before
+connection whose first bytes arrive once the turn's share is spent keeps them unparsed and joins a
+queue (one that goes on sending past a header block's worth stops being read meanwhile); each
+following turn starts the next slice of the queue, in arrival order, before any newer connection. A connection that has been served before
 (a kept-alive health probe, a client posting events) never waits, nor does a health check on a new
 connection (the channel lets it by): only newcomers are sliced. The storm takes the same work in
 more, shorter turns, and whatever else the reactor has to do waits for one slice at most.

@@ -138,18 +138,8 @@ class RelayChannel(ChannelHooks):
         self._start_header_clock()
 
     def dataReceived(self, data: bytes) -> None:
-        if self.newcomer:
-            kept = self.kept
-            if kept is not None:  # waiting for its turn (TLS may hand more before its socket stops)
-                kept.append(data)
-                return
-            site = self._relay_site
-            if site is not None and not site.admission.starts_now() and not _health_check(data, site.health_paths):
-                self.kept = [data]
-                pause_reading(self.transport)
-                site.admission.wait(self)
-                return
-            self.newcomer = False
+        if self.newcomer and self._waits(data):
+            return
         if self.reading:  # a request answered within the read replays what followed it
             self._read(data)
             return
@@ -167,6 +157,23 @@ class RelayChannel(ChannelHooks):
             del self.reading
             if held:
                 release_writes(transport)
+
+    def _waits(self, data: bytes) -> bool:
+        """Whether C{data}, what a connection not yet started read, waits for its turn (it is kept)."""
+        kept = self.kept
+        if kept is None:
+            site = self._relay_site
+            if site is None or site.admission.starts_now() or _health_check(data, site.health_paths):
+                self.newcomer = False
+                return False
+            # Its socket stays registered (two system calls fewer per waiting connection): a client
+            # that sent its request has nothing more to send until it is answered.
+            kept = self.kept = []
+            site.admission.wait(self)
+        kept.append(data)
+        if sum(map(len, kept)) > MAX_HEADER_BYTES:
+            pause_reading(self.transport)  # it sends more meanwhile: the rest waits in the kernel
+        return True
 
     def admitted(self) -> bool:
         """Start on what was kept while the connection waited for its turn (L{relayd.web.admission});
@@ -332,7 +339,8 @@ class RelayChannel(ChannelHooks):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._stop_header_clock()
-        self.kept = None  # (no longer waiting for its turn: L{admitted} passes it over)
+        if self.kept is not None:
+            self.kept = None  # (no longer waiting for its turn: L{admitted} passes it over)
         site = self._relay_site
         if self.client is not None and site is not None:
             site.client_left(self.client)

@@ -13,7 +13,9 @@ from twisted.trial.unittest import TestCase
 from twisted.web.resource import Resource
 
 from relayd.base.clock import Timekeeper
+from relayd.compat import web as fence
 from relayd.web.admission import NEWCOMERS_PER_TURN, Admission
+from relayd.web.channel import MAX_HEADER_BYTES
 from relayd.web.site import RelaySite
 from tests.support.inmemory import InMemorySite, TurnByTurn
 from tests.support.raw import RawClient
@@ -183,6 +185,28 @@ class OverSockets(TestCase):
         waited = clients[-1]
         waited.transport.write(b"GET /again HTTP/1.1\r\nHost: x\r\n\r\n")
         await waited.wait_for(b"hello /again")
+
+    async def test_a_waiting_connection_that_keeps_sending_stops_being_read(self) -> None:
+        # A waiting connection's socket stays registered (its client sent its request and waits);
+        # one that sends more than a header block's worth meanwhile is no longer read.
+        site = RelaySite(_Hello(), clock=Timekeeper(reactor))
+        site.admission = Admission(site.clock, per_turn=0)  # (nobody's turn comes)
+        port = reactor.listenTCP(0, site, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        client = RawClient()
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port), client)
+        self.addCleanup(_close, client)
+        body = b"x" * (1024 * 1024)
+        client.transport.write(b"POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        while not site._protocols:
+            await deferLater(reactor, 0)
+        (protocol,) = site._protocols
+        self.addCleanup(protocol.transport.abortConnection)  # (not reading, it would not see the close)
+        channel = fence.channel_of(protocol)
+        while channel.kept is None or protocol.transport in reactor.getReaders():
+            await deferLater(reactor, 0)  # (until the server has read enough to stop reading)
+        self.assertLessEqual(sum(map(len, channel.kept)), MAX_HEADER_BYTES + 65536)  # (the read that went beyond)
+        self.assertEqual(client.received, b"")
 
 
 async def _close(client: RawClient) -> None:
