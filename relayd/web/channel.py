@@ -183,7 +183,13 @@ class RelayChannel(ChannelHooks):
             return False
         self.newcomer = False
         resume_reading(self.transport)
-        self.dataReceived(b"".join(kept))
+        try:
+            self.dataReceived(b"".join(kept))
+        except Exception:
+            # (As Twisted drops a connection whose protocol fails on a read; here the read is the
+            # admission's turn, which must go on to the next connection.)
+            _log.failure("reading a connection's first request failed; the connection is dropped")
+            self.transport.abortConnection()  # type: ignore[union-attr]
         return True
 
     def _read(self, data: bytes) -> None:

@@ -15,7 +15,7 @@ from twisted.web.resource import Resource
 from relayd.base.clock import Timekeeper
 from relayd.compat import web as fence
 from relayd.web.admission import NEWCOMERS_PER_TURN, Admission
-from relayd.web.channel import MAX_HEADER_BYTES
+from relayd.web.channel import MAX_HEADER_BYTES, RelayChannel
 from relayd.web.site import RelaySite
 from tests.support.inmemory import InMemorySite, TurnByTurn
 from tests.support.raw import RawClient
@@ -143,6 +143,23 @@ class InMemoryStorm(TestCase):
         self.site.turn()
         self.assertEqual(left.received(), b"")
         self.assertEqual(after.reply().body, b"hello /after")
+
+    def test_a_connection_whose_first_request_fails_is_dropped_and_the_next_ones_start(self) -> None:
+        original = RelayChannel._read
+
+        def failing(channel: RelayChannel, data: bytes) -> None:
+            if b"/broken" in data:
+                raise RuntimeError("a bug")
+            original(channel, data)
+
+        self.patch(RelayChannel, "_read", failing)
+        self.storm(PER_TURN)
+        broken = self.site.open("GET", "/broken")
+        after = self.site.open("GET", "/after")
+        self.site.turn()
+        self.assertTrue(broken.transport.disconnecting)
+        self.assertEqual(after.reply().body, b"hello /after")
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
 
 
 class _Recording(Admission):
