@@ -69,6 +69,28 @@ class Refused(Exception):
         self.reason = reason
 
 
+class Pass:
+    """A request's token accepted for its session by L{TunnelRelay.check_pass}: the token's hash and
+    the store's L{IMcpStore.session_stamp} read before the check, so that the request's own store
+    step (its frame's post) neither hashes the token again nor, while no session has changed since,
+    compares it again: one token check per request."""
+
+    __slots__ = ("session", "digest", "stamp")
+
+    def __init__(self, session: str, digest: str, stamp: object | None) -> None:
+        self.session = session
+        self.digest = digest
+        self.stamp = stamp
+
+
+def _credentials(checked: Pass | None, session_id: str, token: str) -> tuple[str, object | None]:
+    """The token's hash and the stamp to post C{session_id}'s frame with (a pass stands only for
+    its own session)."""
+    if checked is not None and checked.session == session_id:
+        return checked.digest, checked.stamp
+    return token_hash(token), None
+
+
 @dataclass(frozen=True)
 class TunnelConfig:
     """Limits and timings (defaults: docs/mcp.md and docs/decisions.md MCP-1, MCP-9)."""
@@ -170,36 +192,58 @@ class TunnelRelay:
         except Exception:
             return fail()
 
+    def check_pass(self, session_id: str, token: str) -> Deferred[str | Pass]:
+        """L{check}, firing with the request's L{Pass} instead of C{None}: hand it to the request's
+        L{forward_to_page} or L{outbox} (C{checked=}), which then do not check the token again."""
+        if not session_id or not token:
+            return succeed("invalid_token")
+        store = self.store
+        stamp = store.session_stamp()  # (before the check: a change after it shows as another stamp)
+        digest = token_hash(token)
+        try:
+            d = store.check_session(session_id, digest, self._now())
+        except Exception:
+            return fail()
+        return d.addCallback(lambda reason: Pass(session_id, digest, stamp) if reason is None else reason)
+
     def validate(self, session_id: str, token: str) -> Deferred[bool]:
         """Whether C{check} succeeds."""
         return self.check(session_id, token).addCallback(lambda reason: reason is None)
 
-    def inbox(self, session_id: str, token: str, body: bytes, label: str | None = None) -> Deferred[None]:
-        """An agent's frame for the page (fans out on C{inbound})."""
-        return self.forward(session_id, token, body, label).addCallback(lambda _: None)
+    def inbox(
+        self, session_id: str, token: str, body: bytes, label: str | None = None, checked: Pass | None = None
+    ) -> Deferred[None]:
+        """An agent's frame for the page (fans out on C{inbound}); C{checked}: this request's
+        L{Pass}, when its token was accepted already (L{check_pass})."""
+        return self.forward(session_id, token, body, label, checked).addCallback(lambda _: None)
 
-    def forward(self, session_id: str, token: str, body: bytes, label: str | None = None) -> Deferred[Frame]:
+    def forward(
+        self, session_id: str, token: str, body: bytes, label: str | None = None, checked: Pass | None = None
+    ) -> Deferred[Frame]:
         """L{inbox}, firing with the frame as the page received it (its id rewritten on a collision)."""
-        return self.forward_frame(session_id, token, parse_frame(body), label)
+        return self.forward_frame(session_id, token, parse_frame(body), label, checked)
 
-    def forward_frame(self, session_id: str, token: str, frame: Frame | None, label: str | None = None) -> Deferred[Frame]:
+    def forward_frame(
+        self, session_id: str, token: str, frame: Frame | None, label: str | None = None, checked: Pass | None = None
+    ) -> Deferred[Frame]:
         """L{forward} of a frame its caller has parsed already (C{None}: not a valid frame)."""
-        return self.forward_to_page(session_id, token, frame, label).addCallback(lambda sent: sent[0])
+        return self.forward_to_page(session_id, token, frame, label, checked).addCallback(lambda sent: sent[0])
 
     def forward_to_page(
-        self, session_id: str, token: str, frame: Frame | None, label: str | None = None
+        self, session_id: str, token: str, frame: Frame | None, label: str | None = None, checked: Pass | None = None
     ) -> Deferred[tuple[Frame, bool]]:
         """L{forward_frame}, firing with the frame and whether a page was reading the session
         (C{False}: nobody reads C{inbound}, the frame waits in the first-frame backlog)."""
-        return run(self._inbox(session_id, token, frame, label)).addCallback(_counted, _INBOUND)
+        return run(self._inbox(session_id, token, frame, label, checked)).addCallback(_counted, _INBOUND)
 
     def hosted(self, session_id: str) -> Deferred[bool]:
         """Whether a page reads the session's C{inbound} direction (an SSE stream or a poller)."""
         return self.store.subscribers(session_id, INBOUND).addCallback(bool)
 
-    def outbox(self, session_id: str, token: str, body: bytes) -> Deferred[None]:
-        """The page's frame for the agents (fans out on C{outbound}, replies scoped by label)."""
-        return run(self._outbox(session_id, token, body)).addCallback(_counted, _OUTBOUND)
+    def outbox(self, session_id: str, token: str, body: bytes, checked: Pass | None = None) -> Deferred[None]:
+        """The page's frame for the agents (fans out on C{outbound}, replies scoped by label);
+        C{checked} as in L{inbox}."""
+        return run(self._outbox(session_id, token, body, checked)).addCallback(_counted, _OUTBOUND)
 
     def open_stream(
         self,
@@ -384,7 +428,9 @@ class TunnelRelay:
         # One store round trip: look up, compare and slide the TTL together.
         return await self.store.check_session(session_id, token_hash(token), self._now())
 
-    async def _inbox(self, session_id: str, token: str, frame: Frame | None, label: str | None) -> tuple[Frame, bool]:
+    async def _inbox(
+        self, session_id: str, token: str, frame: Frame | None, label: str | None, checked: Pass | None
+    ) -> tuple[Frame, bool]:
         if not session_id or not token:
             raise Refused("invalid_token_or_frame")
         key: bytes | None = None
@@ -396,8 +442,9 @@ class TunnelRelay:
                 bad_id = True  # an id too deep to write
         # One store round trip: authenticate and touch, correlate, read the readers.
         correlation = None if label is None or key is None else Correlation(label, None)
+        digest, stamp = _credentials(checked, session_id, token)
         start = await self.store.start_inbox(
-            session_id, token_hash(token), self._now(), INBOUND, key, correlation, self.config.correlations_per_session
+            session_id, digest, self._now(), INBOUND, key, correlation, self.config.correlations_per_session, stamp
         )
         if start.reason == "session_gone":
             raise Refused(start.reason)
@@ -443,7 +490,7 @@ class TunnelRelay:
             if free:
                 return frame.with_id(fresh)
 
-    async def _outbox(self, session_id: str, token: str, body: bytes) -> None:
+    async def _outbox(self, session_id: str, token: str, body: bytes, checked: Pass | None) -> None:
         if not session_id or not token:
             raise Refused("invalid_token_or_frame")
         frame = parse_frame(body)
@@ -455,7 +502,8 @@ class TunnelRelay:
             except ValueError:
                 bad_id = True  # an id too deep to write
         # One store round trip: authenticate and touch, consume the reply's correlation, read the readers.
-        start = await self.store.start_outbox(session_id, token_hash(token), self._now(), key)
+        digest, stamp = _credentials(checked, session_id, token)
+        start = await self.store.start_outbox(session_id, digest, self._now(), key, stamp)
         if start.reason == "session_gone":
             raise Refused(start.reason)
         if start.reason is not None or frame is None or bad_id:

@@ -1,0 +1,78 @@
+"""One tools/call through the standard endpoint checks the session's token once per HTTP request
+(hashed once, compared once with the session's): the client's POST at admission and the page's
+answer on C{outbox} at the end of its headers; the frame's post to the store neither hashes nor
+compares it again (relayd.mcp.core.tunnel.Pass)."""
+
+from __future__ import annotations
+
+import hmac
+from types import SimpleNamespace
+from typing import Any
+
+from relayd.mcp.core import store as store_module
+from relayd.mcp.core import tunnel as tunnel_module
+from relayd.mcp.core.tokens import token_hash
+from relayd.mcp.core.tunnel import Refused
+from tests.support.inmemory import InMemoryEndpointCase
+from tests.support.mcp import SESSION, TOKEN
+
+
+class OneCheckPerRequest(InMemoryEndpointCase):
+    silent = frozenset({"tools/call"})
+
+    def count_checks(self) -> list[str]:
+        """From now on, every token the tunnel hashes ("hash") and every hash the memory store
+        compares with a session's ("compare")."""
+        seen: list[str] = []
+
+        def hashing(token: str) -> str:
+            seen.append("hash")
+            return token_hash(token)
+
+        def comparing(a: str, b: str) -> bool:
+            seen.append("compare")
+            return hmac.compare_digest(a, b)
+
+        self.patch(tunnel_module, "token_hash", hashing)
+        self.patch(store_module, "hmac", SimpleNamespace(compare_digest=comparing))
+        return seen
+
+    def call(self, sid: str, n: int) -> Any:
+        answered = self.send_mcp({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"name": "t"}}, sid=sid)
+        self.settle()
+        seen = self.page.seen[-1]
+        assert seen["method"] == "tools/call"
+        self.page.send({"jsonrpc": "2.0", "id": seen["id"], "result": {"n": n}})
+        self.settle()
+        return answered.reply()
+
+    def test_a_round_trip_checks_the_token_once_per_request(self) -> None:
+        sid = self.initialize()
+        checked = self.count_checks()
+        reply = self.call(sid, 7)
+        assert reply.code == 200 and reply.json()["result"] == {"n": 7}
+        # The client's POST at admission, the page's outbox POST at the end of its headers.
+        assert checked == ["hash", "compare", "hash", "compare"]
+
+    def test_a_session_changed_meanwhile_is_checked_again(self) -> None:
+        # Another session registered between the check and the post: the post compares the token.
+        checked = self.count_checks()
+        passed: list[Any] = []
+        self.tunnel.check_pass(SESSION, TOKEN).addCallback(passed.append)
+        self.register("other-session")
+        del checked[:]
+        self.tunnel.outbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","method":"notifications/x"}', passed[0])
+        assert checked == ["compare"]  # (the pass's hash, compared again)
+
+    def test_a_pass_does_not_outlive_its_session(self) -> None:
+        # Ended and registered again with another token between the check and the post: refused.
+        passed: list[Any] = []
+        self.tunnel.check_pass(SESSION, TOKEN).addCallback(passed.append)
+        self.tunnel.drop_session(SESSION)
+        self.register(SESSION, "another_token_0123456789abcdef")
+        failed: list[Any] = []
+        self.tunnel.outbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","method":"notifications/x"}', passed[0]).addErrback(
+            failed.append
+        )
+        assert failed and isinstance(failed[0].value, Refused)
+        assert failed[0].value.reason == "invalid_token_or_frame"
