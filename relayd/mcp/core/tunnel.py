@@ -56,11 +56,6 @@ _OUTBOUND = metrics.mcp_frames.labels(direction="outbound")
 _EVICTED_SESSIONS = metrics.mcp_evictions.labels(kind="session")
 
 
-def _counted(result: Any, counter: Any) -> Any:
-    counter.inc()
-    return result
-
-
 class Refused(Exception):
     """A request the relay refuses; C{reason} is the wire error string (C{session_gone}, ...)."""
 
@@ -234,7 +229,7 @@ class TunnelRelay:
     ) -> Deferred[tuple[Frame, bool]]:
         """L{forward_frame}, firing with the frame and whether a page was reading the session
         (C{False}: nobody reads C{inbound}, the frame waits in the first-frame backlog)."""
-        return run(self._inbox(session_id, token, frame, label, checked)).addCallback(_counted, _INBOUND)
+        return run(self._inbox(session_id, token, frame, label, checked))
 
     def hosted(self, session_id: str) -> Deferred[bool]:
         """Whether a page reads the session's C{inbound} direction (an SSE stream or a poller)."""
@@ -243,7 +238,7 @@ class TunnelRelay:
     def outbox(self, session_id: str, token: str, body: bytes, checked: Pass | None = None) -> Deferred[None]:
         """The page's frame for the agents (fans out on C{outbound}, replies scoped by label);
         C{checked} as in L{inbox}."""
-        return run(self._outbox(session_id, token, body, checked)).addCallback(_counted, _OUTBOUND)
+        return run(self._outbox(session_id, token, body, checked))
 
     def open_stream(
         self,
@@ -467,6 +462,7 @@ class TunnelRelay:
                 # Not delivered: nothing will answer this request, so do not keep its reply route.
                 await self.store.consume_correlation(session_id, frame.id_key)
             raise
+        _INBOUND.inc()  # (counted here, not by a callback on the post's Deferred)
         return frame, read
 
     async def _correlate(self, session_id: str, frame: Frame, label: str | None) -> Frame:
@@ -513,6 +509,7 @@ class TunnelRelay:
             correlation = start.correlation
             try:
                 if await self._route_reply(session_id, frame, correlation, start.inbound, start.outbound):
+                    _OUTBOUND.inc()
                     return
             except Refused:
                 if correlation is not None:
@@ -522,6 +519,7 @@ class TunnelRelay:
                     )
                 raise
         await self._fan_out(session_id, OUTBOUND, frame, subscribers=start.outbound)
+        _OUTBOUND.inc()
 
     async def _route_reply(
         self,

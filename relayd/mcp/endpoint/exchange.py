@@ -230,7 +230,7 @@ class Exchange:
             pending.timer = clients.clock.call_later(timeout, pending.expire)
         try:
             frame, read = await self.tunnel.forward_to_page(
-                session, client.token, intake.request_frame(message), client.label, checked
+                session, client.token, intake.request_frame(message, key), client.label, checked
             )
         except Exception:
             pending.settle()
