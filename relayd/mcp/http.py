@@ -112,6 +112,7 @@ def _token(request: Request) -> str:
 
 _FRAME_REFUSED: Final = Refused("invalid_token_or_frame")
 _PASS: Final = "relayd_mcp_pass"  # the request attribute holding the Pass of its accepted token
+_PREPARED: Final = "relayd_mcp_prepared"  # the request attribute saying its CORS headers are set
 
 
 def _pass(request: Request) -> Pass | None:
@@ -277,11 +278,14 @@ class McpResource(RoutedResource):
     def prepare(self, request: Request) -> Answer | None:
         if request.uri in self.health_paths:
             return None  # health carries no CORS
+        if getattr(request, _PREPARED, False):
+            return None  # (a POST's: set at the end of its headers, L{early_answer}; render asks again)
         # docs/decisions.md MCP-3: every answer a browser may need to read carries CORS, 404 included.
         self.policy.apply(request)
         if request.path in self.health_paths:
             # Health is the whole target, as the Node relay matches it: "/?x=1" is no route at all.
             return self.table.not_found
+        setattr(request, _PREPARED, True)
         return None
 
     def too_large(self, request: Request) -> Answer:

@@ -1,7 +1,10 @@
-"""One tools/call through the standard endpoint checks the session's token once per HTTP request
-(hashed once, compared once with the session's): the client's POST at admission and the page's
-answer on C{outbox} at the end of its headers; the frame's post to the store neither hashes nor
-compares it again (relayd.mcp.core.tunnel.Pass)."""
+"""One tools/call through the standard endpoint does each per-request step once per HTTP request.
+
+The token is checked once (hashed once, compared once with the session's): the client's POST at
+admission and the page's answer on C{outbox} at the end of its headers; the frame's post to the
+store neither hashes nor compares it again (relayd.mcp.core.tunnel.Pass). The CORS headers are set
+once, though a POST's route is prepared both at the end of its headers and when it is rendered.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from relayd.mcp.core import store as store_module
 from relayd.mcp.core import tunnel as tunnel_module
 from relayd.mcp.core.tokens import token_hash
 from relayd.mcp.core.tunnel import Refused
+from relayd.process.cors import OriginPolicy
 from tests.support.inmemory import InMemoryEndpointCase
 from tests.support.mcp import SESSION, TOKEN
 
@@ -53,6 +57,20 @@ class OneCheckPerRequest(InMemoryEndpointCase):
         assert reply.code == 200 and reply.json()["result"] == {"n": 7}
         # The client's POST at admission, the page's outbox POST at the end of its headers.
         assert checked == ["hash", "compare", "hash", "compare"]
+
+    def test_a_round_trip_sets_the_cors_headers_once_per_request(self) -> None:
+        sid = self.initialize()
+        applied: list[object] = []
+        apply = OriginPolicy.apply
+
+        def counting(policy: OriginPolicy, request: Any) -> None:
+            applied.append(request)
+            apply(policy, request)
+
+        self.patch(OriginPolicy, "apply", counting)
+        reply = self.call(sid, 8)
+        assert reply.code == 200 and reply.header("access-control-allow-origin") == "*"
+        assert len(applied) == 2 and applied[0] is not applied[1]  # the client's POST, the page's
 
     def test_a_session_changed_meanwhile_is_checked_again(self) -> None:
         # Another session registered between the check and the post: the post compares the token.
