@@ -305,15 +305,16 @@ class McpResource(RoutedResource):
         session = session_part(self.prefix, request.path)
         if session is None or self.tunnel.shared:
             return None
-        answered: list[str | Pass] = []
-        self.tunnel.check_pass(session, token).addCallbacks(answered.append, lambda _: None)
+        passed = self.tunnel.token_pass(session, token)
+        answered: list[str | None] = []
+        self.tunnel.check(session, token, passed).addCallbacks(answered.append, lambda _: None)
         if not answered:
             return None  # (a failure is answered by the handler, which asks the store again)
-        result = answered[0]
-        if isinstance(result, Pass):
-            setattr(request, _PASS, result)
+        reason = answered[0]
+        if reason is None:
+            setattr(request, _PASS, passed)
             return None
-        return refused_answer(Refused(result) if result == "session_gone" else _FRAME_REFUSED)
+        return refused_answer(Refused(reason) if reason == "session_gone" else _FRAME_REFUSED)
 
     # routes ------------------------------------------------------------------------------------
 

@@ -75,21 +75,21 @@ class OneCheckPerRequest(InMemoryEndpointCase):
     def test_a_session_changed_meanwhile_is_checked_again(self) -> None:
         # Another session registered between the check and the post: the post compares the token.
         checked = self.count_checks()
-        passed: list[Any] = []
-        self.tunnel.check_pass(SESSION, TOKEN).addCallback(passed.append)
+        passed = self.tunnel.token_pass(SESSION, TOKEN)
+        self.tunnel.check(SESSION, TOKEN, passed).addCallback(self.assertIsNone)
         self.register("other-session")
         del checked[:]
-        self.tunnel.outbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","method":"notifications/x"}', passed[0])
+        self.tunnel.outbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","method":"notifications/x"}', passed)
         assert checked == ["compare"]  # (the pass's hash, compared again)
 
     def test_a_pass_does_not_outlive_its_session(self) -> None:
         # Ended and registered again with another token between the check and the post: refused.
-        passed: list[Any] = []
-        self.tunnel.check_pass(SESSION, TOKEN).addCallback(passed.append)
+        passed = self.tunnel.token_pass(SESSION, TOKEN)
+        self.tunnel.check(SESSION, TOKEN, passed).addCallback(self.assertIsNone)
         self.tunnel.drop_session(SESSION)
         self.register(SESSION, "another_token_0123456789abcdef")
         failed: list[Any] = []
-        self.tunnel.outbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","method":"notifications/x"}', passed[0]).addErrback(
+        self.tunnel.outbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","method":"notifications/x"}', passed).addErrback(
             failed.append
         )
         assert failed and isinstance(failed[0].value, Refused)

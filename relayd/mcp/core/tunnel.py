@@ -65,10 +65,11 @@ class Refused(Exception):
 
 
 class Pass:
-    """A request's token accepted for its session by L{TunnelRelay.check_pass}: the token's hash and
-    the store's L{IMcpStore.session_stamp} read before the check, so that the request's own store
-    step (its frame's post) neither hashes the token again nor, while no session has changed since,
-    compares it again: one token check per request."""
+    """A request's token for its session (L{TunnelRelay.token_pass}): the token's hash and the
+    store's L{IMcpStore.session_stamp}, read before L{TunnelRelay.check} is asked with it. Once the
+    check has accepted it, the request's own store step (its frame's post) neither hashes the token
+    again nor, while no session has changed since, compares it again: one token check per request.
+    A pass whose check has not accepted it stands for nothing."""
 
     __slots__ = ("session", "digest", "stamp")
 
@@ -177,29 +178,23 @@ class TunnelRelay:
         address registering it (C{""}: none to bound)."""
         return run(self._register(session_id, token, owner))
 
-    def check(self, session_id: str, token: str) -> Deferred[str | None]:
-        """C{None} for a live session and good token (sliding the TTL), else the reason."""
+    def check(self, session_id: str, token: str, passed: Pass | None = None) -> Deferred[str | None]:
+        """C{None} for a live session and good token (sliding the TTL), else the reason; C{passed}:
+        the request's L{token_pass} (its hash is used), to hand to its post once accepted."""
         if not session_id or not token:
             return succeed("invalid_token")
+        digest = token_hash(token) if passed is None else passed.digest
         # The store's own step (one round trip), without a coroutine around it: asked once per request.
         try:
-            return self.store.check_session(session_id, token_hash(token), self._now())
+            return self.store.check_session(session_id, digest, self._now())
         except Exception:
             return fail()
 
-    def check_pass(self, session_id: str, token: str) -> Deferred[str | Pass]:
-        """L{check}, firing with the request's L{Pass} instead of C{None}: hand it to the request's
+    def token_pass(self, session_id: str, token: str) -> Pass:
+        """The L{Pass} of a request's token, to ask L{check} with (the stamp is read before the check:
+        a session changed after it shows as another stamp); once accepted, hand it to the request's
         L{forward_to_page} or L{outbox} (C{checked=}), which then do not check the token again."""
-        if not session_id or not token:
-            return succeed("invalid_token")
-        store = self.store
-        stamp = store.session_stamp()  # (before the check: a change after it shows as another stamp)
-        digest = token_hash(token)
-        try:
-            d = store.check_session(session_id, digest, self._now())
-        except Exception:
-            return fail()
-        return d.addCallback(lambda reason: Pass(session_id, digest, stamp) if reason is None else reason)
+        return Pass(session_id, token_hash(token), self.store.session_stamp())
 
     def validate(self, session_id: str, token: str) -> Deferred[bool]:
         """Whether C{check} succeeds."""
@@ -209,7 +204,7 @@ class TunnelRelay:
         self, session_id: str, token: str, body: bytes, label: str | None = None, checked: Pass | None = None
     ) -> Deferred[None]:
         """An agent's frame for the page (fans out on C{inbound}); C{checked}: this request's
-        L{Pass}, when its token was accepted already (L{check_pass})."""
+        L{Pass}, when L{check} has accepted its token already."""
         return self.forward(session_id, token, body, label, checked).addCallback(lambda _: None)
 
     def forward(

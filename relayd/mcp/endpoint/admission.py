@@ -32,23 +32,22 @@ class Admitted:
     tunnel's check of the token (started once, answered to whoever asks; C{passed}: the token's
     L{Pass} once accepted, for the request's post to the page)."""
 
-    __slots__ = ("token", "version", "settled", "result", "waiting", "passed")
+    __slots__ = ("token", "version", "settled", "result", "waiting", "passed", "_pass")
 
-    def __init__(self, token: str, version: str | None, checked: Deferred[str | Pass]) -> None:
+    def __init__(self, token: str, version: str | None, token_pass: Pass, checked: Deferred[str | None]) -> None:
         self.token = token
         self.version = version
         self.settled = False
         self.result: str | Failure | None = None  # the refusal reason, None (accepted) or the failure
         self.waiting: Deferred[str | None] | None = None
         self.passed: Pass | None = None
+        self._pass = token_pass
         checked.addBoth(self._settle)  # (kept here: a request never rendered leaves no unhandled failure)
 
-    def _settle(self, result: str | Pass | Failure) -> None:
-        if isinstance(result, Pass):
-            self.passed = result
-            self.settled, self.result = True, None
-        else:
-            self.settled, self.result = True, result
+    def _settle(self, result: str | Failure | None) -> None:
+        if result is None:
+            self.passed = self._pass
+        self.settled, self.result = True, result
         waiting, self.waiting = self.waiting, None
         if waiting is not None:
             self._fire(waiting)
@@ -119,7 +118,9 @@ class Admission:
         token = request_token(request)
         if not token:
             return UNAUTHORIZED
-        admitted = Admitted(token, version, self.tunnel.check_pass(session, token))
+        tunnel = self.tunnel
+        token_pass = tunnel.token_pass(session, token)
+        admitted = Admitted(token, version, token_pass, tunnel.check(session, token, token_pass))
         setattr(request, _ADMITTED, admitted)
         return admitted
 
