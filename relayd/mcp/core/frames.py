@@ -143,6 +143,8 @@ def posted_frame(body: bytes, message: Any, items: list[dict[str, Any]], id_key:
     """The frame of C{body}, already parsed by L{json_rpc_items} (C{message}, its C{items}; C{id_key}:
     its id's L{Frame.id_key}, when the caller has it), or C{None} when it carries what only the
     relay may send (presence)."""
-    if any(isinstance(item.get("method"), str) and item["method"] in _RELAY_ONLY for item in items):
-        return None
+    for item in items:  # (a loop, not any() over a generator: once per posted frame)
+        method = item.get("method")
+        if isinstance(method, str) and method in _RELAY_ONLY:
+            return None
     return Frame(body, message, id_key)

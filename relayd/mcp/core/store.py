@@ -573,6 +573,10 @@ class MemoryStore:
     # correlations
 
     def record_correlation(self, session_id: str, key: bytes, correlation: Correlation, cap: int) -> Deferred[None]:
+        self._record_correlation(session_id, key, correlation, cap)
+        return succeed(None)
+
+    def _record_correlation(self, session_id: str, key: bytes, correlation: Correlation, cap: int) -> None:
         pending = self.correlations.get(session_id)
         if pending is None:
             pending = self.correlations[session_id] = OrderedDict()
@@ -580,12 +584,11 @@ class MemoryStore:
         pending[key] = correlation
         while len(pending) > cap:
             pending.popitem(last=False)
-        return succeed(None)
 
     def claim_correlation(self, session_id: str, key: bytes, correlation: Correlation, cap: int) -> Deferred[bool]:
         if key in self.correlations.get(session_id, ()):
             return succeed(False)
-        self.record_correlation(session_id, key, correlation, cap)
+        self._record_correlation(session_id, key, correlation, cap)
         return succeed(True)
 
     def correlation_pending(self, session_id: str, key: bytes) -> Deferred[bool]:
@@ -615,7 +618,7 @@ class MemoryStore:
         if key is not None:
             taken = key in self.correlations.get(session_id, ())
             if not taken and correlation is not None:
-                self.record_correlation(session_id, key, correlation, cap)
+                self._record_correlation(session_id, key, correlation, cap)
                 recorded = True
         subscribers = list(self.subs.get(session_id, {}).get(direction, {}).values())
         return succeed(InboxStart(None, taken, recorded, subscribers))

@@ -56,6 +56,14 @@ _OUTBOUND = metrics.mcp_frames.labels(direction="outbound")
 _EVICTED_SESSIONS = metrics.mcp_evictions.labels(kind="session")
 
 
+def _labelled(subscribers: list[SubscriberRecord]) -> bool:
+    """Whether any of C{subscribers} reads under a label (a loop: asked once per reply)."""
+    for sub in subscribers:
+        if sub.label is not None:
+            return True
+    return False
+
+
 class Refused(Exception):
     """A request the relay refuses; C{reason} is the wire error string (C{session_gone}, ...)."""
 
@@ -530,7 +538,7 @@ class TunnelRelay:
                 frame = frame.with_id(loads_json(correlation.original_id))
             except ValueError:
                 raise Refused("invalid_token_or_frame") from None  # a reply too deep to rewrite
-        labelled = any(s.label is not None for s in outbound) or any(s.label is not None for s in inbound)
+        labelled = _labelled(outbound) or _labelled(inbound)
         if labelled:
             # Scoped: only the asker's subscribers; an uncorrelated or replayed reply reaches nobody.
             if correlation is not None:
@@ -575,7 +583,10 @@ class TunnelRelay:
         """
         config = self.config
         if posted:
-            pollers = sum(1 for sub in subscribers if sub.kind != SSE)
+            pollers = 0
+            for sub in subscribers:  # (a loop, not sum() over a generator: once per posted frame)
+                if sub.kind != SSE:
+                    pollers += 1
             if pollers:
                 await self._admit(pollers * len(frame.json_string))
         sinks = self._sinks
