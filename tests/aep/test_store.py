@@ -14,6 +14,7 @@ from relayd.aep.core.envelope import MAX_POSITION_DIGITS
 from relayd.aep.core.event import Event
 from relayd.aep.core.store import IEventLog, MemoryEventLog
 from relayd.aep.redis.store import RedisEventLog, decode_position, encode_position
+from relayd.base.errors import OutcomeUnknown
 from relayd.storage import redis as redis_module
 from relayd.storage.buckets import BUCKETS, Buckets, key_slot
 from relayd.storage.cluster import ClusterRedis
@@ -471,3 +472,22 @@ class RedisBucketsOnCluster(OnCluster, RedisBuckets):
         self.assertEqual(moved, ["MOVED"])
         for s in sessions:
             self.assertEqual([e.position for e in (await log.replay(s, (0, -1))).events], [(0, 0), (0, 1), (0, 2)], s)
+
+
+class RedisBucketsUnconfirmed(TestCase):
+    """A batch over several buckets acknowledged only once replicas confirm it (one C{WAIT} after
+    every bucket's script on the connection)."""
+
+    async def test_a_batch_over_several_buckets_unconfirmed_by_replicas_is_outcome_unknown(self) -> None:
+        sessions = [names[0] for names in _sessions_by_bucket(6, 1)]
+        loader = await connected_redis(shared_redis().url)
+        self.addCleanup(loader.close)
+        # The script loaded first: a NOSCRIPT would send each bucket's script again, each with its own WAIT.
+        await RedisEventLog(loader, 5, 500, prefix=f"t{next(_prefixes)}:{id(self)}:").append([ev("a", 0)])
+        redis = await connected_redis(shared_redis().url, wait_replicas=1)  # a primary without replicas
+        self.addCleanup(redis.close)
+        log = RedisEventLog(redis, 5, 500, prefix=f"t{next(_prefixes)}:{id(self)}:")
+        failure = await self.assertFailure(log.append([ev(s, 0) for s in sessions]), OutcomeUnknown)
+        self.assertIn("confirmed by 0 of 1 replicas", str(failure))
+        for s in sessions:  # written on the primary all the same (one WAIT after every bucket's script)
+            self.assertEqual(len((await log.replay(s, (0, -1))).events), 1, s)
