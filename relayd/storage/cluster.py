@@ -442,8 +442,8 @@ class ClusterRedis(Redis):
         return sent  # type: ignore[return-value]  # (every one set above)
 
     def get_many(self, store: str, keys: list[bytes]) -> Deferred[list[Any]]:
-        """One C{GET} per key, each on its slot's master (sent at once)."""
-        reads = [self.execute(store, b"GET", key) for key in keys]
+        """One C{GET} per key, each on its slot's master (sent at once: one write per master)."""
+        reads = self.execute_many(store, [(b"GET", key) for key in keys])
         return defer.gatherResults(reads, consumeErrors=True).addErrback(first_error)
 
     def close(self) -> Deferred[Any]:

@@ -392,6 +392,24 @@ class RedisBuckets(TestCase):
         # (Each on a connection picked at random, 24 scripts would use several of a master's 4.)
         self.assertEqual(len({connection for connection, _ in sent}), len(self.masters_of(log, sessions)))
 
+    async def test_listing_the_sessions_is_one_connection_per_master(self) -> None:
+        log = await self.make(max_sessions=500)
+        await log.append([ev("a", 0)])
+        sent: list[int] = []
+        execute_command = redis_module._Protocol.execute_command
+
+        def recording(connection: object, *command: object, **options: object) -> object:
+            if command[0] in (b"ZRANGE", "ZRANGE"):
+                sent.append(id(connection))
+            return execute_command(connection, *command, **options)  # type: ignore[arg-type]
+
+        self.patch(redis_module._Protocol, "execute_command", recording)
+        self.assertEqual(await log.sessions(), ["a"])
+        self.assertEqual(len(sent), BUCKETS.count)  # one read per bucket, one write per master
+        redis = log.redis
+        masters = {redis._slots[key_slot(tag)] for tag in BUCKETS.tags} if isinstance(redis, ClusterRedis) else {None}
+        self.assertEqual(len(set(sent)), len(masters))
+
     async def test_each_buckets_answer_goes_to_its_events(self) -> None:
         sessions = [names[0] for names in _sessions_by_bucket(20, 1)]
         log = await self.make(max_sessions=500)

@@ -301,7 +301,7 @@ class RedisEventLog:
     def sessions(self) -> Deferred[list[str]]:
         """Every bucket's sessions, bucket after bucket (least recently written first within each)."""
         tags = self.buckets.tags
-        reads = [self.redis.execute(STORE, "ZRANGE", self._bucket(tag)[0], 0, -1) for tag in tags]
+        reads = self.redis.execute_many(STORE, [(b"ZRANGE", self._bucket(tag)[0], 0, -1) for tag in tags])
 
         def decode(lists: list[list[bytes]]) -> list[str]:
             out = []
