@@ -10,6 +10,9 @@ txredisapi has no Cluster support: this routes each command to the master that o
   one connection. More than L{MAX_REDIRECTS} redirections (a storm of them) answer
   L{StoreUnavailable}, as do a cluster that is down and an unreachable master: 503
   C{store-unavailable}, never a 500.
+- Commands sent together (L{ClusterRedis.execute_many}: an AEP batch's per-bucket appends, the reads
+  over the 64 buckets) go to each master as one group on one of its connections (one write; the
+  replies matched in order), and each is redirected on its own.
 - The keyspace version and bounds (relayd/storage/redis.py) are checked once the map is known,
   each key routed to its own slot (the marker check is one C{EXISTS} per key), instead of on every
   pool connection.
