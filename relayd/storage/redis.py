@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from functools import cache
-from typing import Any, Callable
+from functools import cache, partial
+from typing import Any, Callable, Sequence
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import txredisapi
@@ -629,8 +629,7 @@ class Redis:
         L{wait_replicas}, C{WAIT} follows it on the same connection and a write fewer replicas
         confirmed is L{OutcomeUnknown} (on the primary only, it may be lost in a failover: 503, and
         the client retries); with Sentinel it is refused while a failover is under way."""
-        # What the command runs, for the refusal log: a script by its SHA-1 or text, else its name.
-        what = command[1] if command[0] in (b"EVALSHA", b"EVAL") else command[0]
+        what = _what(command)
         if durable and self.follower is not None and self.follower.failing_over:
             return defer.fail(StoreUnavailable(store, "Sentinel is failing the Redis master over"))
         if not (durable and self.wait_replicas):
@@ -654,6 +653,47 @@ class Redis:
             return f
 
         return written.addCallbacks(lambda result: waited.addCallback(counted, result), failed)
+
+    def execute_many(
+        self, store: str, commands: Sequence[tuple[Any, ...]], durable: bool = False
+    ) -> list[Deferred[Any]]:
+        """Run several commands at once, one L{execute} each (its failures and C{durable}), all on
+        one pool connection: written together (one send), Redis reads them in one go and its replies
+        come back in one, matched in order. (Each on its own would go to a connection picked at
+        random: as many sends and reads as connections touched, on both ends.) With C{durable} and
+        L{wait_replicas}, one C{WAIT} after the last confirms them all."""
+        connections: list[Any] = []
+        if self.connected and not (durable and self.follower is not None and self.follower.failing_over):
+            # (It fires at once when a connection is up; else each command fails or waits as alone.)
+            self._factory.getConnection(peek=True).addCallbacks(connections.append, lambda _: None)
+        if not connections or len(commands) < 2:
+            return [self.execute(store, *command, durable=durable) for command in commands]
+        conn = connections[0]
+        if durable and self.wait_replicas:
+            return self._confirmed_many(store, conn, commands)
+        return [self._guard(store, _what(command), partial(conn.execute_command, *command)) for command in commands]
+
+    def _confirmed_many(self, store: str, conn: Any, commands: Sequence[tuple[Any, ...]]) -> list[Deferred[Any]]:
+        """C{commands}, then one C{WAIT} on the same connection: each command's answer once its
+        own reply came and the C{WAIT} counted enough replicas (it counts every write before it)."""
+        try:
+            written = [conn.execute_command(*command) for command in commands]
+            waited = _Shared(conn.execute_command(b"WAIT", self.wait_replicas, self.wait_timeout_ms))
+        except Exception as e:  # txredisapi raises at once on a connection that just died: nothing sent
+            return [defer.fail(StoreUnavailable(store, str(e))) for _ in commands]
+
+        def counted(replicas: Any, result: Any) -> Any:
+            if int(replicas) < self.wait_replicas:
+                raise ReplicasBehind(int(replicas))
+            return result
+
+        def confirmed(d: Deferred[Any]) -> Deferred[Any]:
+            return d.addCallback(lambda result: waited.get().addCallback(counted, result))
+
+        return [
+            self._guard(store, _what(command), partial(confirmed, d), waits=True)
+            for command, d in zip(commands, written, strict=True)
+        ]
 
     def get_many(self, store: str, keys: list[bytes]) -> Deferred[list[Any]]:
         """The values of several keys, in order (C{None} for a missing one): one C{MGET} on a single
@@ -733,6 +773,38 @@ class Redis:
             ds.append(self.follower.stop())
         self._buses = []
         return defer.gatherResults(ds, consumeErrors=True)
+
+
+def _what(command: tuple[Any, ...]) -> Any:
+    """What a command runs, for the refusal log: a script by its SHA-1 or text, else its name."""
+    return command[1] if command[0] in (b"EVALSHA", b"EVAL") else command[0]
+
+
+class _Shared:
+    """One Deferred's result for several waiters (each L{get} is a new Deferred that fires with
+    it, or has it already)."""
+
+    def __init__(self, d: Deferred[Any]) -> None:
+        self._waiters: list[Deferred[Any]] = []
+        self._result: Any = None
+        self._done = False
+        d.addBoth(self._fire)
+
+    def _fire(self, result: Any) -> None:  # (a failure is kept for the waiters, not left unhandled)
+        self._done, self._result = True, result
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if isinstance(result, Failure):
+                waiter.errback(result)
+            else:
+                waiter.callback(result)
+
+    def get(self) -> Deferred[Any]:
+        if self._done:
+            return defer.fail(self._result) if isinstance(self._result, Failure) else defer.succeed(self._result)
+        waiter: Deferred[Any] = Deferred()
+        self._waiters.append(waiter)
+        return waiter
 
 
 def first_error(f: Failure) -> Failure:
