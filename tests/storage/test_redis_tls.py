@@ -5,7 +5,9 @@ the log; and the query parameters every form of the URL takes or refuses."""
 from __future__ import annotations
 
 import io
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +29,7 @@ class TLSServer:
     (and plain TCP on its own port, which the fixture's start-up check uses)."""
 
     def __init__(self, case: TestCase, hostname: str = "localhost") -> None:
-        directory = Path(case.mktemp()).absolute()  # (redis-server reads it after changing directory)
-        directory.mkdir()
+        directory = temporary_directory(case)
         pki = make_pki(directory, hostname)
         self.ca = directory / "ca.pem"
         self.ca.write_bytes(pki.ca_pem)
@@ -38,6 +39,14 @@ class TLSServer:
             "--tls-ca-cert-file", str(self.ca), "--tls-auth-clients", "no",
         )  # fmt: skip
         case.addCleanup(server.cleanup)
+
+
+def temporary_directory(case: TestCase) -> Path:
+    """A directory of its own, removed after the test (absolute: redis-server reads it after changing
+    directory)."""
+    directory = Path(tempfile.mkdtemp(prefix="relayd-tls-"))
+    case.addCleanup(shutil.rmtree, directory, True)
+    return directory
 
 
 def handshake_failures(case: TestCase) -> Deferred[str]:
@@ -82,8 +91,7 @@ class RedissWithItsCA(TestCase):
 
 class QueryParameters(TestCase):
     def ca_file(self) -> str:
-        directory = Path(self.mktemp())
-        directory.mkdir()
+        directory = temporary_directory(self)
         (directory / "ca.pem").write_bytes(make_pki(directory).ca_pem)
         return str(directory / "ca.pem")
 
