@@ -25,7 +25,7 @@ txredisapi has no Cluster support: this routes each command to the master that o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 from weakref import WeakKeyDictionary
 
 import txredisapi
@@ -38,6 +38,7 @@ from zope.interface import implementer
 
 from relayd.base.clock import Timekeeper
 from relayd.base.errors import StoreRefused, StoreUnavailable
+from relayd.compat import txredisapi as fence
 from relayd.storage.buckets import SLOTS, key_slot
 from relayd.storage.redis import (
     DEFAULT_TIMEOUT,
@@ -52,6 +53,7 @@ from relayd.storage.redis import (
     first_error,
     parse_redis_url,
 )
+from relayd.storage.sharded import ShardedBus
 
 MAX_REDIRECTS = 5
 REFRESH_AT_MOST = 0.25  # seconds between two reads of the slot map
@@ -144,6 +146,10 @@ class ClusterRedis(Redis):
     # No Sentinel (each master's pool is a L{Redis}, which does what a write's options ask, C{WAIT}
     # included).
     follower: Any = None
+    # The AEP fan-out is published on shard channels (C{SPUBLISH}), each heard on its slot's master
+    # (L{shard_bus}), rather than on one classic channel the cluster forwards to every node; on a
+    # txredisapi whose replies relayd cannot take (relayd/compat/txredisapi.py), classic.
+    sharded_pubsub = fence.OWN_REPLIES
 
     def __init__(
         self,
@@ -187,6 +193,8 @@ class ClusterRedis(Redis):
         self._refreshing: Deferred[None] | None = None
         self._last_refresh = -REFRESH_AT_MOST
         self._later: Any = None
+        self._map_listeners: list[Callable[[], None]] = []
+        self._shard_bus: ShardedBus | None = None
         # The node each bus connection went to, by its transport (L{_AnyNode}).
         self._bus_nodes: WeakKeyDictionary[Any, Address] = WeakKeyDictionary()
         for seed in self.url.seeds:
@@ -247,6 +255,31 @@ class ClusterRedis(Redis):
     def connected(self) -> bool:
         return self._checked and self.refusal is None
 
+    def owner_of(self, slot: int) -> Address | None:
+        """The master that owns C{slot} as the slot map says (C{None} before it is read)."""
+        return self._slots[slot]
+
+    def masters(self) -> set[Address]:
+        """The masters of the slot map."""
+        return {address for address in self._slots if address is not None}
+
+    def on_map(self, listener: Callable[[], None]) -> None:
+        """Call C{listener()} after every read of the slot map (L{ShardedBus} places its channels)."""
+        self._map_listeners.append(listener)
+
+    def moved(self, slot: int, where: str, answered_by: Address) -> None:
+        """A node answered C{MOVED slot where} (C{host:port}, the host empty for the node that
+        answered): the slot is there now, and the map is read again."""
+        host, _, port = where.rpartition(":")
+        self._slots[slot] = (host.strip("[]") or answered_by[0], int(port))
+        self.refresh()
+
+    def shard_bus(self) -> ShardedBus:
+        """The process's sharded subscriber (one connection per master, made when first asked)."""
+        if self._shard_bus is None:
+            self._shard_bus = ShardedBus(self)
+        return self._shard_bus
+
     def refresh(self) -> Deferred[None]:
         """Read the slot map again (now, or once L{REFRESH_AT_MOST} has passed since the last read)."""
         if self._refreshing is not None or self._closing or self.refusal is not None:
@@ -301,6 +334,8 @@ class ClusterRedis(Redis):
                 self._nodes.pop(address).close()
         first = not self._mapped
         self._mapped = True
+        for listener in list(self._map_listeners):
+            listener()
         if not self._checked:
             await self._check_keyspace()
             self._checked = True
@@ -399,12 +434,11 @@ class ClusterRedis(Redis):
                 if redirects >= MAX_REDIRECTS:
                     self.refresh()
                     raise StoreUnavailable(store, f"the Redis Cluster's slots keep moving ({words[0]} {words[1]})")
+                if words[0] == "MOVED":
+                    self.moved(int(words[1]), words[2], (node.url.host, node.url.port))
+                    return self._send(store, command, redirects + 1, options=options)
                 host, _, port = words[2].rpartition(":")
                 address = (host.strip("[]") or node.url.host, int(port))
-                if words[0] == "MOVED":
-                    self._slots[int(words[1])] = address
-                    self.refresh()
-                    return self._send(store, command, redirects + 1, options=options)
                 return self._send(store, command, redirects + 1, asking=address, options=options)
         elif f.check(StoreRefused):
             if f.value.code in _TOPOLOGY:  # type: ignore[union-attr]
@@ -425,6 +459,8 @@ class ClusterRedis(Redis):
             self._later = None
         ds = [bus.close() for bus in list(self._buses)] + [node.close() for node in self._nodes.values()]
         self._buses = []
+        if self._shard_bus is not None:
+            ds.append(self._shard_bus.close())
         return defer.gatherResults(ds, consumeErrors=True)
 
 
