@@ -21,7 +21,7 @@ from relayd.base.errors import StoreUnavailable
 from relayd.storage.buckets import BUCKETS, key_slot
 from relayd.storage.cluster import ClusterRedis
 from tests.support.aep import event
-from tests.support.redis import RedisCluster, RedisServer, connected_redis, same_bucket, shared_cluster
+from tests.support.redis import RedisCluster, RedisServer, connected_redis, shared_cluster
 
 _prefixes = itertools.count()
 
