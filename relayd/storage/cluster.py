@@ -13,7 +13,12 @@ txredisapi has no Cluster support: this routes each command to the master that o
 - The keyspace version and bounds (relayd/storage/redis.py) are checked once the map is known,
   each key routed to its own slot (the marker check is one C{EXISTS} per key), instead of on every
   pool connection.
-- Pub/sub stays classic (a cluster forwards every C{PUBLISH} to every node), on any node that can be
+- The AEP fan-out, the one pub/sub of every accepted event, is sharded (C{SPUBLISH} from the append
+  script on its bucket's shard channel, heard on that slot's master): L{ClusterRedis.shard_bus} is
+  the process's L{ShardedBus} (relayd/storage/sharded.py), one subscriber connection per master,
+  which places its channels by the slot map (L{ClusterRedis.on_map}) and follows their slots.
+- The other pub/sub (commands to one instance, MCP instance channels, broker receipts: low volume)
+  stays classic (a cluster forwards every C{PUBLISH} to every node), on any node that can be
   reached: each bus connects to the first of L{ClusterRedis.bus_order} (the seeds as given, then the
   other known masters by address) that accepts, so it moves on when its node goes; and keyless
   commands (C{PUBLISH}) go to the first of that order whose pool is up. A C{PUBLISH}'s count of
