@@ -108,6 +108,7 @@ class FanoutChannels:
         self.buckets = buckets
         self.command = b"SPUBLISH" if sharded else b"PUBLISH"
         self._classic = prefix + FANOUT_CHANNEL
+        self._every = list(dict.fromkeys(self.of(tag) for tag in buckets.tags))
 
     def of(self, tag: bytes) -> bytes:
         """The channel of the bucket C{tag}."""
@@ -120,7 +121,7 @@ class FanoutChannels:
 
     def every(self) -> list[bytes]:
         """Every bucket's channel (one on a single primary)."""
-        return list(dict.fromkeys(self.of(tag) for tag in self.buckets.tags))
+        return self._every
 
 
 def session_quota(max_sessions: int, buckets: Buckets) -> int:
