@@ -8,7 +8,9 @@ So a L{ShardedBus} keeps one subscriber connection per master (a L{_ShardLink}) 
 its channels on the master that owns the channel's slot now:
 
 - The channels it wants are given by L{ShardedBus.subscribe} / L{ShardedBus.unsubscribe}
-  (relayd/aep/redis/fanout.py subscribes only the buckets its local subscriptions need).
+  (relayd/aep/redis/fanout.py subscribes only the buckets its local subscriptions need), and
+  L{ShardedBus.heard} says when Redis has answered their C{SSUBSCRIBE} (a replay waits for it, so that
+  no event of another instance falls between the history it reads and the live events it holds).
 - Each change of what it wants, of the slot map (L{ClusterRedis.on_map}, after every read of it) and
   of its links (one up, one lost) places the channels again (L{ShardedBus._place}): a channel whose
   slot moved is unsubscribed where it was and subscribed on its new master.
@@ -46,6 +48,10 @@ if TYPE_CHECKING:
     from relayd.storage.cluster import Address, ClusterRedis
 
 REPLACE_EVERY = 0.5  # seconds between reads of the slot map while a wanted channel has no master
+# How long L{ShardedBus.heard} waits for a channel's SSUBSCRIBE to be answered, at most: a replay
+# waits for it (so that no event falls between the history read and the live ones), but never for
+# a master that is down (its channel is then as unheard as a classic bus while it reconnects).
+HEARD_WAIT = 1.0
 
 Handler = Callable[[bytes], None]
 
@@ -133,11 +139,12 @@ class _ShardLink:
         if isinstance(reply, list) and len(reply) == 3:
             kind, channel = reply[0], reply[1]
             if kind == b"smessage":
-                self.bus.heard(channel, reply[2])
+                self.bus.deliver(channel, reply[2])
                 return
             if kind == b"ssubscribe":
                 if self.pending:
                     self.pending.popleft()
+                self.bus._confirm(self, channel)
                 return
             if kind == b"sunsubscribe":
                 if self.pending and self.pending[0] == (b"SUNSUBSCRIBE", channel):
@@ -164,8 +171,12 @@ class ShardedBus:
         self.cluster = cluster
         self._handlers: dict[bytes, Handler] = {}
         self._links: dict[Address, _ShardLink] = {}
-        # Where each channel's SSUBSCRIBE was sent on the link's current connection.
+        # Where each channel's SSUBSCRIBE was sent on the link's current connection, and the
+        # channels Redis answered it for there (heard from then on).
         self._placed: dict[bytes, Address] = {}
+        self._confirmed: set[bytes] = set()
+        # L{heard}'s waiters: the channels each still waits for.
+        self._waiting: list[tuple[set[bytes], Deferred[None]]] = []
         self._retry: Any = None
         self._closing = False
         cluster.on_map(self._place)
@@ -179,6 +190,44 @@ class ShardedBus:
     def unsubscribe(self, channel: bytes) -> None:
         self._handlers.pop(channel, None)
         self._place()
+
+    def heard(self, channels: set[bytes]) -> Deferred[None] | None:
+        """C{None} when every one of C{channels} is heard (its SSUBSCRIBE answered), else a
+        C{Deferred} that fires once they are, or after L{HEARD_WAIT} seconds whatever happens."""
+        missing = set(channels) - self._confirmed
+        if not missing:
+            return None
+        d: Deferred[None] = Deferred()
+        entry = (missing, d)
+        self._waiting.append(entry)
+        clock = self.cluster.clock
+        late = clock.call_later(HEARD_WAIT, self._stop_waiting, entry)
+
+        def done(result: Any) -> Any:
+            clock.cancel(late)
+            return result
+
+        return d.addBoth(done)
+
+    def _stop_waiting(self, entry: tuple[set[bytes], Deferred[None]]) -> None:
+        if entry in self._waiting:
+            self._waiting.remove(entry)
+            entry[1].callback(None)
+
+    def _confirm(self, link: _ShardLink, channel: bytes) -> None:
+        if self._placed.get(channel) != link.address:
+            return
+        self._confirmed.add(channel)
+        for entry in list(self._waiting):
+            entry[0].discard(channel)
+            if not entry[0]:
+                self._waiting.remove(entry)
+                entry[1].callback(None)
+
+    def _forget(self, channel: bytes) -> None:
+        """The channel is subscribed nowhere now."""
+        self._placed.pop(channel, None)
+        self._confirmed.discard(channel)
 
     @property
     def channels(self) -> dict[bytes, Address]:
@@ -194,7 +243,7 @@ class ShardedBus:
             owner = owner_of(key_slot(channel))
             if channel in self._handlers and on == owner:
                 continue
-            del self._placed[channel]
+            self._forget(channel)
             link = self._links.get(on)
             if link is not None and link.ready:
                 link.send(b"SUNSUBSCRIBE", channel)
@@ -234,7 +283,7 @@ class ShardedBus:
 
     def _unplace(self, link: _ShardLink, channel: bytes) -> None:
         if self._placed.get(channel) == link.address:
-            del self._placed[channel]
+            self._forget(channel)
 
     def _moved_away(self, link: _ShardLink, channel: bytes) -> None:
         _log.info("Redis Cluster: shard channel {channel} left {address}; resubscribing on its new master",
@@ -258,12 +307,12 @@ class ShardedBus:
 
     def _link_lost(self, link: _ShardLink) -> None:
         for channel in [c for c, on in self._placed.items() if on == link.address]:
-            del self._placed[channel]
+            self._forget(channel)
         if not self._closing:
             self.cluster.refresh()  # its master may be gone
             self._place()
 
-    def heard(self, channel: bytes, message: bytes) -> None:
+    def deliver(self, channel: bytes, message: bytes) -> None:
         handler = self._handlers.get(channel)
         if handler is None:
             return

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from twisted.internet.defer import succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.trial.unittest import TestCase
 
 from relayd.aep.core.event import Event
@@ -39,12 +39,14 @@ class Needs:
 
     def __init__(self, deliver: object) -> None:
         self.held: list[tuple[str, ...] | None] = []
+        self.heard: Deferred[None] | None = None  # what need answers
 
     def publish(self, events: object) -> object:
         return succeed(None)
 
-    def need(self, sessions: tuple[str, ...] | None) -> None:
+    def need(self, sessions: tuple[str, ...] | None) -> Deferred[None] | None:
         self.held.append(sessions)
+        return self.heard
 
     def release(self, sessions: tuple[str, ...] | None) -> None:
         self.held.remove(sessions)
@@ -76,3 +78,33 @@ class FanoutNeeds(TestCase):
             self.assertTrue(relay.unsubscribe(key))
         self.assertFalse(relay.unsubscribe(one))  # released once only
         self.assertEqual(needs.held, [])
+
+    def test_a_replay_is_read_once_the_other_instances_events_are_heard(self) -> None:
+        """No event of another instance falls between the history read and the live events."""
+        made: list[Needs] = []
+
+        def fanout(deliver: object) -> Needs:
+            made.append(Needs(deliver))
+            return made[0]
+
+        log = MemoryEventLog(10, 10)
+        relay = EventRelay(log, token=None, buffer=10, max_from=10, seconds=lambda: 0.0,
+                           fanout=fanout)  # type: ignore[arg-type]  # fmt: skip
+        ev = event("kept", 0)
+        self.successResultOf(log.append([Event(ev, json.dumps(ev).encode())]))
+        made[0].heard = heard = Deferred()  # the shard channel's SSUBSCRIBE not yet answered
+        sub = Subscriber(match_all, None, pin_of({"session": "kept"}))
+        relay.subscribe(object(), sub)
+        reader = relay.reader(sub, [("kept", (0, -1))], False)
+        loaded = reader.load()
+        assert isinstance(loaded, Deferred)
+        self.assertNoResult(loaded)
+        heard.callback(None)
+        self.assertTrue(self.successResultOf(loaded))
+        item = reader.take()
+        assert isinstance(item, Event)
+        self.assertEqual(item.position, (0, 0))
+        made[0].heard = None  # heard already: the next replay is read at once
+        other = Subscriber(match_all, None, pin_of({"session": "kept"}))
+        relay.subscribe(object(), other)
+        self.assertIs(relay.reader(other, [("kept", (0, -1))], False).load(), True)

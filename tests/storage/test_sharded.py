@@ -81,10 +81,14 @@ class SharedCluster(Instances, TestCase):
     async def test_a_batch_reaches_the_other_instance_on_its_buckets_shard_channel(self) -> None:
         prefix = _prefix()
         log, fanout, got = await self.instances(self, shared_cluster().url, prefix)
-        fanout.need(("X",))
         channel = _channel(prefix, "X")
         cluster = shared_cluster()
-        await _until(lambda: _shard_channels(cluster, prefix) == {channel.decode(): 1})
+        heard = fanout.need(("X",))
+        assert heard is not None
+        await heard  # fires once Redis has answered the SSUBSCRIBE: subscribed now
+        self.assertEqual(_shard_channels(cluster, prefix), {channel.decode(): 1})
+        self.assertIsNone(fanout.need(("X",)))  # heard already
+        fanout.release(("X",))
         self.assertEqual(await log.append([_event("X", 0), _event("X", 1)], publish=True), [True, True])
         await _until(lambda: len(got) == 2)
         self.assertEqual([e.position for e in got], [(0, 0), (0, 1)])

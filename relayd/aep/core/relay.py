@@ -54,7 +54,7 @@ class Subscriber:
     subscription index keeps it; C{None} puts it on the list every event is tested against.
     """
 
-    __slots__ = ("match", "ceiling", "pin", "_held", "held_bytes")
+    __slots__ = ("match", "ceiling", "pin", "_held", "held_bytes", "heard")
 
     def __init__(
         self, match: Callable[[dict[str, Any]], bool], ceiling: str | None, pin: Pin | None = None
@@ -64,6 +64,8 @@ class Subscriber:
         self.pin = pin
         self._held: deque[Event] | None = None
         self.held_bytes = 0
+        # Fires once the other instances' events it needs are heard (L{Fanout.need}); None: they are.
+        self.heard: Deferred[None] | None = None
 
     def level(self, event: Event) -> str | None:
         """The capture level to send C{event} at (C{None}: as stored)."""
@@ -185,6 +187,12 @@ class ReplayReader:
         """Read the next page: C{True} when one was read (it may hold nothing the filter takes),
         C{False} at the end of the replay; a C{Deferred} of that while the store answers (the
         in-memory log answers at once; an unreachable store fails it)."""
+        heard = self._sub.heard
+        if heard is not None:
+            # The first page is read once the other instances' live events are heard: one stored
+            # after the read is then delivered live (held meanwhile), none falls between the two.
+            self._sub.heard = None
+            return heard.addCallback(lambda _: self.load())
         if self._cursor is None:
             entry = next(self._entries, None)
             if entry is None:
@@ -380,9 +388,10 @@ class Fanout(Protocol):
     def publish(self, events: Sequence[Event]) -> Deferred[Any]:
         """Hand C{events} (already delivered here) to the other instances."""
 
-    def need(self, sessions: tuple[str, ...] | None) -> None:
+    def need(self, sessions: tuple[str, ...] | None) -> Deferred[None] | None:
         """A local subscription needs the other instances' events of C{sessions} (C{None}: of every
-        session, a subscription that pins none)."""
+        session, a subscription that pins none). C{None} when they are heard already, else a
+        C{Deferred} that fires once they are (its replay waits for it: L{ReplayReader.load})."""
 
     def release(self, sessions: tuple[str, ...] | None) -> None:
         """A subscription that needed C{sessions} is gone."""
@@ -686,7 +695,7 @@ class EventRelay:
         self.subscribers[key] = sub
         self.index.add(key, sub, sub.pin)
         if self.fanout is not None:
-            self.fanout.need(sessions_needed(sub.pin))
+            sub.heard = self.fanout.need(sessions_needed(sub.pin))
             if replaced is not None:
                 self.fanout.release(sessions_needed(replaced.pin))
         return True

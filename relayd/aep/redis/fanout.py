@@ -59,14 +59,17 @@ class RedisFanout:
         ]
         return sent[0] if len(sent) == 1 else gatherResults(sent, consumeErrors=True).addErrback(first_error)
 
-    def need(self, sessions: tuple[str, ...] | None) -> None:
+    def need(self, sessions: tuple[str, ...] | None) -> Deferred[None] | None:
         if self._shards is None:
-            return
-        for channel in self._channels_of(sessions):
+            return None  # the classic channel is heard from the start
+        channels = self._channels_of(sessions)
+        for channel in channels:
             held = self._needed.get(channel, 0)
             self._needed[channel] = held + 1
             if not held:
                 self._shards.subscribe(channel, self._received)
+        heard: Deferred[None] | None = self._shards.heard(channels)
+        return heard
 
     def release(self, sessions: tuple[str, ...] | None) -> None:
         if self._shards is None:
