@@ -193,6 +193,7 @@ class ClusterRedis(Redis):
         self._closing = False
         self._nodes: dict[Address, _Node] = {}
         self._slots: list[Address | None] = [None] * SLOTS
+        self._masters: set[Address] = set()
         self._mapped = False  # the slot map was read
         self._checked = False  # and the keyspace checked: commands are sent
         self._refreshing: Deferred[None] | None = None
@@ -265,8 +266,8 @@ class ClusterRedis(Redis):
         return self._slots[slot]
 
     def masters(self) -> set[Address]:
-        """The masters of the slot map."""
-        return {address for address in self._slots if address is not None}
+        """The masters of the slot map as last read (and those a C{MOVED} named since)."""
+        return self._masters
 
     def on_map(self, listener: Callable[[], None]) -> None:
         """Call C{listener()} after every read of the slot map (L{ShardedBus} places its channels)."""
@@ -276,7 +277,9 @@ class ClusterRedis(Redis):
         """A node answered C{MOVED slot where} (C{host:port}, the host empty for the node that
         answered): the slot is there now, and the map is read again."""
         host, _, port = where.rpartition(":")
-        self._slots[slot] = (host.strip("[]") or answered_by[0], int(port))
+        address = (host.strip("[]") or answered_by[0], int(port))
+        self._slots[slot] = address
+        self._masters.add(address)
         self.refresh()
 
     def shard_bus(self) -> ShardedBus:
@@ -332,6 +335,7 @@ class ClusterRedis(Redis):
             masters.add(address)
             slots[start : end + 1] = [address] * (end - start + 1)
         self._slots = slots
+        self._masters = masters
         for address in masters:
             self._node(address)
         for address in list(self._nodes):
