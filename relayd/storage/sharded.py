@@ -299,11 +299,15 @@ class ShardedBus:
         self._unplace(link, channel)
         if len(words) == 3 and words[0] == "MOVED":
             self.cluster.moved(int(words[1]), words[2], link.address)
-        else:
-            _log.warn("Redis Cluster node {address} refused SSUBSCRIBE {channel}: {error}",
-                           address=link.address, channel=channel, error=error)  # fmt: skip
-            self.cluster.refresh()
-        self._place()
+            self._place()  # on the master the answer names
+            return
+        # (CLUSTERDOWN...: asked again once the map is read again, not at once, which would ask
+        # the same node again and again.)
+        _log.warn("Redis Cluster node {address} refused SSUBSCRIBE {channel}: {error}",
+                  address=link.address, channel=channel, error=error)  # fmt: skip
+        self.cluster.refresh()
+        if self._retry is None:
+            self._retry = self.cluster.clock.call_later(REPLACE_EVERY, self._replace)
 
     def _link_lost(self, link: _ShardLink) -> None:
         for channel in [c for c, on in self._placed.items() if on == link.address]:

@@ -10,16 +10,20 @@ import json
 import os
 from typing import Any
 
-from twisted.internet import reactor
+from twisted.internet import reactor, task
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
 from relayd.aep.core.event import Event, event_from
 from relayd.aep.redis.fanout import RedisFanout
 from relayd.aep.redis.store import RedisEventLog
+from relayd.base.clock import Timekeeper
 from relayd.base.errors import StoreUnavailable
+from relayd.storage import sharded
 from relayd.storage.buckets import BUCKETS, key_slot
 from relayd.storage.cluster import ClusterRedis
+from relayd.storage.sharded import ShardedBus
 from tests.support.aep import event
 from tests.support.redis import RedisCluster, RedisServer, connected_redis, shared_cluster
 
@@ -211,3 +215,94 @@ class MasterLost(Instances, TestCase):
                 break
         else:
             self.fail("no delivery after the failover")
+
+
+class _FakeCluster:
+    """What a L{ShardedBus} asks of its cluster, on a test clock: one slot map, every slot on C{owner}."""
+
+    def __init__(self, owner: Any) -> None:
+        self.clock = Timekeeper(task.Clock())
+        self.owner = owner
+        self.refreshed = 0
+        self.listeners: list[Any] = []
+
+    def owner_of(self, slot: int) -> Any:
+        return self.owner
+
+    def masters(self) -> set[Any]:
+        return {self.owner}
+
+    def on_map(self, listener: Any) -> None:
+        self.listeners.append(listener)
+
+    def refresh(self) -> None:
+        self.refreshed += 1
+
+    def moved(self, slot: int, where: str, answered_by: Any) -> None:
+        host, _, port = where.rpartition(":")
+        self.owner = (host, int(port))
+
+
+class _FakeLink:
+    """A link whose connection is up, recording what it is sent (no Redis)."""
+
+    def __init__(self, bus: ShardedBus, address: Any) -> None:
+        self.bus, self.address, self.ready = bus, address, True
+        self.sent: list[tuple[bytes, bytes]] = []
+        self.pending: Any = None
+
+    def send(self, command: bytes, channel: bytes) -> None:
+        self.sent.append((command, channel))
+
+    def close(self) -> Deferred[None]:
+        self.ready = False
+        return succeed(None)
+
+
+class Refusals(TestCase):
+    """A refused SSUBSCRIBE: MOVED goes to the master it names at once; any other refusal is asked
+    again only after the map is read again (never in a loop), and a replay waits at most HEARD_WAIT."""
+
+    def bus(self) -> tuple[ShardedBus, _FakeCluster, dict[Any, _FakeLink]]:
+        links: dict[Any, _FakeLink] = {}
+
+        def link(bus: ShardedBus, address: Any) -> _FakeLink:
+            links[address] = _FakeLink(bus, address)
+            return links[address]
+
+        self.patch(sharded, "_ShardLink", link)
+        cluster = _FakeCluster(("a", 1))
+        return ShardedBus(cluster), cluster, links  # type: ignore[arg-type]
+
+    def test_moved_goes_to_the_named_master_other_refusals_wait_for_the_map(self) -> None:
+        bus, cluster, links = self.bus()
+        bus.subscribe(b"c", lambda message: None)
+        self.assertEqual(links[("a", 1)].sent, [(b"SSUBSCRIBE", b"c")])
+        bus._refused(links[("a", 1)], b"SSUBSCRIBE", b"c", "MOVED 7 b:2")  # type: ignore[arg-type]
+        self.assertEqual(links[("b", 2)].sent, [(b"SSUBSCRIBE", b"c")])
+        self.assertEqual(bus.channels, {b"c": ("b", 2)})
+        bus._refused(links[("b", 2)], b"SSUBSCRIBE", b"c", "CLUSTERDOWN The cluster is down")  # type: ignore[arg-type]
+        self.assertEqual(bus.channels, {})
+        self.assertEqual(links[("b", 2)].sent, [(b"SSUBSCRIBE", b"c")])  # not asked again at once
+        self.assertEqual(cluster.refreshed, 1)
+        cluster.clock.reactor.advance(sharded.REPLACE_EVERY)  # type: ignore[attr-defined]
+        self.assertEqual(links[("b", 2)].sent, [(b"SSUBSCRIBE", b"c")] * 2)
+        bus.close()
+
+    def test_heard_once_answered_or_after_the_wait(self) -> None:
+        bus, cluster, links = self.bus()
+        bus.subscribe(b"c", lambda message: None)
+        bus.subscribe(b"d", lambda message: None)
+        heard = bus.heard({b"c", b"d"})
+        assert heard is not None
+        bus._confirm(links[("a", 1)], b"c")  # type: ignore[arg-type]
+        self.assertNoResult(heard)
+        bus._confirm(links[("a", 1)], b"d")  # type: ignore[arg-type]
+        self.successResultOf(heard)
+        self.assertIsNone(bus.heard({b"c"}))
+        bus.subscribe(b"e", lambda message: None)
+        late = bus.heard({b"e"})  # its master never answers
+        assert late is not None
+        cluster.clock.reactor.advance(sharded.HEARD_WAIT)  # type: ignore[attr-defined]
+        self.successResultOf(late)
+        bus.close()
