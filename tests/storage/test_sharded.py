@@ -129,6 +129,21 @@ class SharedCluster(Instances, TestCase):
         await _until(lambda: _shard_channels(cluster, prefix) == {})
         self.assertEqual(fanout.needed, {})
 
+    async def test_publish_sends_each_bucket_its_own_events(self) -> None:
+        """RedisFanout.publish (a batch the append did not publish: one with commands) on a cluster:
+        one SPUBLISH per bucket, heard only where that bucket is needed."""
+        prefix = _prefix()
+        _, fanout, got = await self.instances(self, shared_cluster().url, prefix)
+        a_side = RedisFanout(fanout.redis, fanout.redis.bus(), "A", lambda events: None, prefix)
+        y = next(s for s in (f"y{n}" for n in range(5000)) if BUCKETS.tag_of(s.encode()) != BUCKETS.tag_of(b"X"))
+        heard = fanout.need(("X",))
+        assert heard is not None
+        await heard
+        await a_side.publish([_event("X", 0), _event(y, 0), _event("X", 1)])
+        await _until(lambda: len(got) == 2)
+        self.assertEqual([(e.session, e.position) for e in got], [("X", (0, 0)), ("X", (0, 1))])
+        self.assertEqual(list(fanout._shards.channels), [_channel(prefix, "X")])  # y's bucket is not heard here
+
     async def test_without_relayds_own_replies_the_fanout_stays_classic_and_works(self) -> None:
         """The fence's fallback (relayd/compat/txredisapi.py OWN_REPLIES off): one classic channel."""
         self.patch(ClusterRedis, "sharded_pubsub", False)
