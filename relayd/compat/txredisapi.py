@@ -1,4 +1,4 @@
-"""The one place relayd reaches into txredisapi's private state (relayd/storage/redis.py is its one user).
+"""The one place relayd reaches into txredisapi's private state (relayd/storage/redis.py and sharded.py use it).
 
 Three times relayd replaces what txredisapi does inside its protocol, and each time it must know how
 txredisapi does it. Each reliance is detected once, at import, on the installed txredisapi (the
