@@ -13,6 +13,8 @@ client was the limit.
     python bench/mcp.py --profile /tmp/mcp.txt rt-sse     # py-spy the server while it is measured
     python bench/mcp.py --redis rt-sse                    # relayd --redis (real redis-server)
     python bench/mcp.py --redis --instances 2 rt-sse      # the page on one instance, the agent on another
+    python bench/mcp.py --callgrind --sessions 10 --count 100 rt-endpoint   # instructions per round trip
+    python bench/mcp.py --cprofile /tmp/rt.pstats --sessions 10 --count 500 rt-endpoint  # calls per round trip
 
 Scenarios:
   rt-sse / rt-poll   --sessions sessions, closed loop: agent POST inbox -> page SSE -> page POST
@@ -27,6 +29,12 @@ Scenarios:
   latency-endpoint   the same, paced to --rate round trips/s in total.
   idle-endpoint      --idle sessions, each with a page stream and one initialized client session
                      with its GET stream open: RSS growth per client session (pages measured before).
+
+``--count N`` (rt-* scenarios): each session makes N round trips (after 20 to warm up) instead of
+running for --seconds, so every round trip measured is a whole one. ``--callgrind`` (with --count)
+runs the server under valgrind's callgrind and reports the user-space instructions it executed per
+round trip between ``callgrind_control -z`` and ``-d``: a figure the load on a shared machine does
+not move (server CPU from /proc does, by tens of percent).
 """
 
 from __future__ import annotations
@@ -75,15 +83,20 @@ def _proc_cpu(pid: int) -> float:
 class Server:
     """A real relayd subprocess with only the MCP wing."""
 
-    def __init__(self, *options: str) -> None:
+    def __init__(self, *options: str, callgrind: str | None = None, cprofile: str | None = None) -> None:
         env = {k: v for k, v in os.environ.items() if k not in NODE_ENV and not k.startswith("RELAYD_")}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("BENCH_EXTRA_PATH"), str(ROOT)]))
         env["RELAYD_MAX_CLIENT_CONNECTIONS"] = "0"  # every benchmark client is one address (bench/relayd_process.py)
         twistd = Path(sys.executable).with_name("twistd")
         argv = [sys.executable, str(twistd)] if twistd.exists() else [
             sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
+        if cprofile is not None:  # (written when the server stops)
+            argv += [f"--profile={cprofile}", "--profiler=cprofile", "--savestats"]
         argv += ["-n", "--pidfile=", "--logfile=-", "relayd", "--no-aep",
                  "--mcp-listen", "tcp:0:interface=127.0.0.1", *options]
+        self.callgrind = callgrind  # the directory of callgrind's dumps (None: not under valgrind)
+        if callgrind is not None:
+            argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={callgrind}/callgrind.out.%p", *argv]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                      preexec_fn=_raise_nofile)
         assert self.proc.stdout is not None
@@ -103,6 +116,21 @@ class Server:
 
     def cpu_seconds(self) -> float:
         return _proc_cpu(self.proc.pid)
+
+    def zero_instructions(self) -> None:
+        subprocess.run(["callgrind_control", "-z", str(self.proc.pid)], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+
+    def instructions(self) -> int:
+        """Instructions executed since L{zero_instructions} (a callgrind dump, read back)."""
+        assert self.callgrind is not None
+        subprocess.run(["callgrind_control", "-d", str(self.proc.pid)], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        dumps = sorted(Path(self.callgrind).glob("callgrind.out.*.*"), key=lambda p: p.stat().st_mtime)
+        for line in dumps[-1].read_text().splitlines():
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+        raise RuntimeError("no totals in the callgrind dump")
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -385,14 +413,16 @@ class Session:
             if orjson.loads(frame).get("id") == self.n:
                 self.replied()
 
-    def start(self, stop_at: float) -> None:
+    def start(self, stop_at: float, count: int = 0) -> None:
+        """Send until C{stop_at}, or (C{count}) until C{count} more round trips are answered."""
         self.stop_at = stop_at
+        self.limit = self.n + count if count else 0
         self.running = True
         self.next_at = time.monotonic()
         self.send()
 
     def send(self) -> None:
-        if time.monotonic() >= self.stop_at:
+        if self.n >= self.limit if self.limit else time.monotonic() >= self.stop_at:
             self.running = False
             return
         self.n += 1
@@ -422,7 +452,10 @@ class Session:
             self.send()
 
 
-def _client(names: list[str], ports: tuple[int, int], mode: str, interval: float, pipe: Any) -> None:
+WARM_UP = 20  # round trips per session before a --count measurement
+
+
+def _client(names: list[str], ports: tuple[int, int], mode: str, interval: float, pipe: Any, count: int = 0) -> None:
     """One client process: open its sessions, report ready, run when told, send back latencies."""
     try:
         import uvloop  # optional: a cheaper event loop leaves more CPU to the server
@@ -431,15 +464,28 @@ def _client(names: list[str], ports: tuple[int, int], mode: str, interval: float
     except ImportError:
         pass
 
+    async def counted(sessions: list[Session], n: int) -> None:
+        for s in sessions:
+            s.start(0.0, n)
+        while any(s.running for s in sessions):
+            await asyncio.sleep(0.01)  # polling the sessions' state, not synchronising with the server
+
     async def run() -> None:
         latencies: list[float] = []
         sessions = [Session(n, ports[0], ports[1], mode, interval, latencies) for n in names]
         for s in sessions:
             await s.open()
-        pipe.send("ready")
         loop = asyncio.get_running_loop()
+        if count:
+            await counted(sessions, WARM_UP)
+            latencies.clear()
+        pipe.send("ready")
         seconds = await loop.run_in_executor(None, pipe.recv)
         cpu0 = time.process_time()
+        if count:
+            await counted(sessions, count)
+            pipe.send((latencies, time.process_time() - cpu0))
+            return
         stop_at = time.monotonic() + seconds
         for i, s in enumerate(sessions):
             # Spread the paced sessions' first sends over one interval (no thundering herd).
@@ -453,19 +499,23 @@ def _client(names: list[str], ports: tuple[int, int], mode: str, interval: float
 
 
 def round_trips(ports: tuple[int, int], servers: list[Any], mode: str, sessions: int, seconds: float,
-                rate: float | None, procs: int, redis: RedisProcess | None = None) -> dict[str, Any]:
+                rate: float | None, procs: int, redis: RedisProcess | None = None, count: int = 0,
+                callgrind: bool = False) -> dict[str, Any]:
     names = [f"b{i:05d}" for i in range(sessions)]
     interval = sessions / rate if rate else 0.0
     ctx = multiprocessing.get_context("fork")
     pipes, workers = [], []
     for k in range(procs):
         parent, child = ctx.Pipe()
-        w = ctx.Process(target=_client, args=(names[k::procs], ports, mode, interval, child))
+        w = ctx.Process(target=_client, args=(names[k::procs], ports, mode, interval, child, count))
         w.start()
         pipes.append(parent)
         workers.append(w)
     for p in pipes:
         assert p.recv() == "ready"
+    if callgrind:
+        for s in servers:
+            s.zero_instructions()
     cpu0 = [s.cpu_seconds() for s in servers]
     redis0 = redis.cpu_seconds() if redis is not None else 0.0
     t0 = time.monotonic()
@@ -479,12 +529,15 @@ def round_trips(ports: tuple[int, int], servers: list[Any], mode: str, sessions:
         client_cpu += cpu
     elapsed = time.monotonic() - t0
     cpu = [s.cpu_seconds() - c for s, c in zip(servers, cpu0, strict=True)]
+    instructions = [s.instructions() for s in servers] if callgrind else None
     redis_cpu = redis.cpu_seconds() - redis0 if redis is not None else None
     for w in workers:
         w.join(10)
     latencies.sort()
     n = max(1, len(latencies))
-    extra = {} if redis_cpu is None else {"redis_cpu_per_rt_us": round(redis_cpu / n * 1e6, 1)}
+    extra: dict[str, Any] = {} if redis_cpu is None else {"redis_cpu_per_rt_us": round(redis_cpu / n * 1e6, 1)}
+    if instructions is not None:
+        extra["instructions_per_rt"] = [i // n for i in instructions]
     return {
         "mode": mode,
         "sessions": sessions,
@@ -557,10 +610,15 @@ def main() -> None:
                         help="with 2 (needs --redis): pages on instance A, agents on instance B")
     parser.add_argument("--no-access-log", action="store_true", help="run relayd with --no-access-log")
     parser.add_argument("--profile", help="py-spy record the (first) server into this file (raw format)")
+    parser.add_argument("--count", type=int, default=0, help="rt-*: round trips per session instead of --seconds")
+    parser.add_argument("--callgrind", action="store_true", help="with --count: instructions per round trip")
+    parser.add_argument("--cprofile", help="cProfile the (first) server's whole run into this file (pstats)")
     args = parser.parse_args()
     _raise_nofile()
     if args.instances == 2 and not args.redis:
         parser.error("--instances 2 needs --redis")
+    if args.callgrind and not args.count:
+        parser.error("--callgrind needs --count")
     for scenario in args.scenarios:
         redis = RedisProcess() if args.redis else None
         options = (["--no-access-log"] if args.no_access_log else []) + ["--mcp-max-sessions", str(max(args.idle, args.sessions) + 10)]
@@ -568,7 +626,9 @@ def main() -> None:
         options += ["--mcp-max-sessions-per-address", "0", "--mcp-max-clients-per-address", "0"]
         if redis is not None:
             options += ["--redis", redis.url]
-        servers = [Server(*options) for _ in range(args.instances)]
+        grind = tempfile.mkdtemp(prefix="bench-mcp-callgrind-") if args.callgrind else None
+        servers = [Server(*options, callgrind=grind, cprofile=args.cprofile if i == 0 else None)
+                   for i in range(args.instances)]
         spy = None
         try:
             kind, mode = scenario.split("-")
@@ -581,7 +641,8 @@ def main() -> None:
                                             "-o", args.profile, "-d", str(int(args.seconds) + 3)],
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 rate = args.rate if kind == "latency" else None
-                result = round_trips(ports, servers, mode, args.sessions, args.seconds, rate, args.procs, redis)
+                result = round_trips(ports, servers, mode, args.sessions, args.seconds, rate, args.procs, redis,
+                                     args.count, args.callgrind)
             if redis is not None:
                 result["redis"] = True
                 result["instances"] = args.instances
@@ -593,6 +654,8 @@ def main() -> None:
                 s.stop()
             if redis is not None:
                 redis.stop()
+            if grind is not None:
+                shutil.rmtree(grind, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 This module knows no wing. It holds the registry, the process and GC collectors, and the
 protocol-free series every wing or the web plumbing reports under its relay's name
-(C{relayd_info}, C{relayd_connections}, C{relayd_http_connections}, C{relayd_store_errors},
-C{relayd_http_requests}). A wing declares its own series in its package's C{metrics} module,
+(C{relayd_info}, C{relayd_connections}, C{relayd_http_connections}, C{relayd_http_connections_waiting},
+C{relayd_store_errors}, C{relayd_http_requests}). A wing declares its own series in its package's C{metrics} module,
 against L{REGISTRY}, and re-exports the plumbing's ones it reports on, so the wing's code counts
 through one module::
 
@@ -177,6 +177,11 @@ connections = CallbackGauge(
 )
 http_connections = CallbackGauge(
     "relayd_http_connections", "Open HTTP connections per relay listener (every transport but WebSocket)", ["relay"]
+)
+http_connections_waiting = CallbackGauge(
+    "relayd_http_connections_waiting",
+    "New HTTP connections waiting for their turn to start (a storm is started a slice per reactor turn), per relay",
+    ["relay"],
 )
 
 # Counts.

@@ -23,7 +23,7 @@ from relayd.mcp.core.polls import PollResult, parse_wait_ms
 from relayd.mcp.core.store import INBOUND, OUTBOUND, SubscriberRecord
 from relayd.mcp.core.streams import StreamHandle
 from relayd.mcp.core.tokens import chosen_label
-from relayd.mcp.core.tunnel import Refused, TunnelRelay
+from relayd.mcp.core.tunnel import Pass, Refused, TunnelRelay
 from relayd.mcp.endpoint import Endpoint, client_address, session_part
 from relayd.process.cors import OriginPolicy
 from relayd.web.answers import Answer, Refusals, finish, gone, json_answer
@@ -111,6 +111,14 @@ def _token(request: Request) -> str:
 
 
 _FRAME_REFUSED: Final = Refused("invalid_token_or_frame")
+_PASS: Final = "relayd_mcp_pass"  # the request attribute holding the Pass of its accepted token
+_PREPARED: Final = "relayd_mcp_prepared"  # the request attribute saying its CORS headers are set
+
+
+def _pass(request: Request) -> Pass | None:
+    """The L{Pass} the token of an C{inbox} or C{outbox} POST got at the end of its headers, if any."""
+    passed: Pass | None = getattr(request, _PASS, None)
+    return passed
 
 
 def _direction(request: Request) -> str:
@@ -270,11 +278,14 @@ class McpResource(RoutedResource):
     def prepare(self, request: Request) -> Answer | None:
         if request.uri in self.health_paths:
             return None  # health carries no CORS
+        if getattr(request, _PREPARED, False):
+            return None  # (a POST's: set at the end of its headers, L{early_answer}; render asks again)
         # docs/decisions.md MCP-3: every answer a browser may need to read carries CORS, 404 included.
         self.policy.apply(request)
         if request.path in self.health_paths:
             # Health is the whole target, as the Node relay matches it: "/?x=1" is no route at all.
             return self.table.not_found
+        setattr(request, _PREPARED, True)
         return None
 
     def too_large(self, request: Request) -> Answer:
@@ -285,19 +296,24 @@ class McpResource(RoutedResource):
 
     def _frame_check(self, request: Request) -> Answer | None:
         """The token of an C{inbox} or C{outbox} POST, at the end of its headers: missing, or refused
-        by a store that answers at once (memory). With a shared store (Redis) the frame's own store
-        command authenticates it (one round trip per frame), so the body is read first."""
+        by a store that answers at once (memory), which then keeps its L{Pass} on the request for
+        the frame's post (the token is checked once). With a shared store (Redis) the frame's own
+        store command authenticates it (one round trip per frame), so the body is read first."""
         token = _token(request)
         if not token:
             return refused_answer(_FRAME_REFUSED)
         session = session_part(self.prefix, request.path)
         if session is None or self.tunnel.shared:
             return None
+        passed = self.tunnel.token_pass(session, token)
         answered: list[str | None] = []
-        self.tunnel.check(session, token).addCallbacks(answered.append, lambda _: None)
-        if not answered or answered[0] is None:
+        self.tunnel.check(session, token, passed).addCallbacks(answered.append, lambda _: None)
+        if not answered:
             return None  # (a failure is answered by the handler, which asks the store again)
         reason = answered[0]
+        if reason is None:
+            setattr(request, _PASS, passed)
+            return None
         return refused_answer(Refused(reason) if reason == "session_gone" else _FRAME_REFUSED)
 
     # routes ------------------------------------------------------------------------------------
@@ -327,11 +343,13 @@ class McpResource(RoutedResource):
 
     def _inbox(self, request: Request, session: str) -> Deferred[Answer]:
         body = read_body(request)  # read before auth, as the contract orders it
-        return self.tunnel.inbox(session, _token(request), body, _label(request)).addCallback(lambda _: OK)
+        return self.tunnel.inbox(session, _token(request), body, _label(request), _pass(request)).addCallback(
+            lambda _: OK
+        )
 
     def _outbox(self, request: Request, session: str) -> Deferred[Answer]:
         body = read_body(request)
-        return self.tunnel.outbox(session, _token(request), body).addCallback(lambda _: OK)
+        return self.tunnel.outbox(session, _token(request), body, _pass(request)).addCallback(lambda _: OK)
 
     def _unregister(self, request: Request, session: str) -> Deferred[Answer]:
         token = _token(request)

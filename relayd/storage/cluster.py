@@ -10,6 +10,9 @@ txredisapi has no Cluster support: this routes each command to the master that o
   one connection. More than L{MAX_REDIRECTS} redirections (a storm of them) answer
   L{StoreUnavailable}, as do a cluster that is down and an unreachable master: 503
   C{store-unavailable}, never a 500.
+- Commands sent together (L{ClusterRedis.execute_many}: an AEP batch's per-bucket appends, the reads
+  over the 64 buckets) go to each master as one group on one of its connections (one write; the
+  replies matched in order), and each is redirected on its own.
 - The keyspace version and bounds (relayd/storage/redis.py) are checked once the map is known,
   each key routed to its own slot (the marker check is one C{EXISTS} per key), instead of on every
   pool connection.
@@ -30,7 +33,7 @@ txredisapi has no Cluster support: this routes each command to the master that o
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 from weakref import WeakKeyDictionary
 
 import txredisapi
@@ -456,9 +459,37 @@ class ClusterRedis(Redis):
             self.refresh()
         return f
 
+    def execute_many(
+        self, store: str, commands: Sequence[tuple[Any, ...]], durable: bool = False
+    ) -> list[Deferred[Any]]:
+        """Several commands at once, each routed as by L{execute}: those of one master go to it
+        together (its L{Redis.execute_many}: one write, the replies matched in order), so a batch
+        over many slots costs a write per master, not per command. Each command is redirected on
+        its own (a C{MOVED} or C{ASK} in the middle of a master's group sends that command alone
+        where it now goes; the rest of the group is answered where it was)."""
+        if self.refusal is not None or not self._checked:
+            return [self.execute(store, *command, durable=durable) for command in commands]
+        options = {"durable": durable}
+        sent: list[Deferred[Any] | None] = [None] * len(commands)
+        groups: dict[Address, list[int]] = {}
+        for i, command in enumerate(commands):
+            key = _routing_key(command)
+            address = self._slots[key_slot(key)] if key is not None else None
+            node = self._nodes.get(address) if address is not None else None
+            if node is None or not node.connected:
+                sent[i] = self._send(store, command, options=options)  # (it refreshes the map, or fails)
+            else:
+                groups.setdefault(address, []).append(i)  # type: ignore[arg-type]
+        for address, at in groups.items():
+            node = self._nodes[address]
+            answers = node.execute_many(store, [commands[i] for i in at], durable=durable)
+            for i, d in zip(at, answers, strict=True):
+                sent[i] = d.addErrback(self._redirected, store, commands[i], 0, node, options)
+        return sent  # type: ignore[return-value]  # (every one set above)
+
     def get_many(self, store: str, keys: list[bytes]) -> Deferred[list[Any]]:
-        """One C{GET} per key, each on its slot's master (sent at once)."""
-        reads = [self.execute(store, b"GET", key) for key in keys]
+        """One C{GET} per key, each on its slot's master (sent at once: one write per master)."""
+        reads = self.execute_many(store, [(b"GET", key) for key in keys])
         return defer.gatherResults(reads, consumeErrors=True).addErrback(first_error)
 
     def close(self) -> Deferred[Any]:

@@ -13,8 +13,9 @@ follower is its own module.)
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, replace
+from functools import cache, partial
+from typing import Any, Callable, Sequence
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import txredisapi
@@ -114,6 +115,9 @@ SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}  # and whe
 DEFAULT_SENTINEL_PORT = 26379
 SENTINEL_FORM = "redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB]"
 SENTINEL_QUERY = ("sentinel_username", "sentinel_password")  # the sentinels' own credentials
+# The CA certificates (a PEM file) that Redis's TLS certificates must chain to, instead of the
+# system's: a self-hosted Redis's private CA. Any TLS form of the URL takes it.
+TLS_CA_QUERY = "tls_ca"
 _HOST_PORT = re.compile(r"^(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:\[\]]+))(?::(?P<port>[^:]*))?$")
 
 
@@ -134,6 +138,7 @@ class RedisURL:
     sentinel_username: str | None = None
     sentinel_password: str | None = None
     seeds: tuple[tuple[str, int], ...] = ()  # a Redis Cluster's seed nodes (relayd/storage/cluster.py)
+    tls_ca: str | None = None  # a PEM file of the CAs trusted for the data nodes' certificates
 
     @property
     def cluster(self) -> bool:
@@ -170,11 +175,14 @@ def parse_redis_url(text: str) -> RedisURL:
     C{redis+cluster://[user:password@]host:port[,host:port...]} (a Redis Cluster's seed nodes; db 0)."""
     parts = urlsplit(text.strip())
     if parts.scheme in SENTINEL_SCHEMES:
-        return _parse_sentinel_url(parts.scheme, parts.netloc, parts.path, parts.query)
+        query = _query(parts.query, (*SENTINEL_QUERY, TLS_CA_QUERY))
+        return _with_tls_ca(_parse_sentinel_url(parts.scheme, parts.netloc, parts.path, query), query)
     if parts.scheme in CLUSTER_SCHEMES:
-        return _parse_cluster_url(parts.scheme, parts.netloc, parts.path)
+        query = _query(parts.query, (TLS_CA_QUERY,))
+        return _with_tls_ca(_parse_cluster_url(parts.scheme, parts.netloc, parts.path), query)
     if parts.scheme not in ("redis", "rediss"):
         raise ValueError(f"must be a redis://, rediss://, {CLUSTER_FORM} or {SENTINEL_FORM} URL")
+    query = _query(parts.query, (TLS_CA_QUERY,))
     if not parts.hostname:
         raise ValueError("must name a host")
     try:
@@ -184,7 +192,7 @@ def parse_redis_url(text: str) -> RedisURL:
     path = parts.path.strip("/")
     if path and not path.isdigit():
         raise ValueError("database must be a number (redis://host:port/0)")
-    return RedisURL(
+    url = RedisURL(
         host=parts.hostname,
         port=port,
         db=int(path or 0),
@@ -192,6 +200,48 @@ def parse_redis_url(text: str) -> RedisURL:
         password=unquote(parts.password) if parts.password else None,
         tls=parts.scheme == "rediss",
     )
+    return _with_tls_ca(url, query)
+
+
+def _query(text: str, known: tuple[str, ...]) -> dict[str, str]:
+    """The URL's query parameters, each given once and each one this form of URL knows."""
+    given = parse_qs(text, keep_blank_values=True)
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ValueError(f"has an unknown query parameter {unknown[0]!r} (known: {', '.join(known)})")
+    if any(len(v) > 1 for v in given.values()):
+        raise ValueError("gives a query parameter twice")
+    return {name: values[0] for name, values in given.items()}
+
+
+def _with_tls_ca(url: RedisURL, query: dict[str, str]) -> RedisURL:
+    """C{url} trusting the CAs of C{?tls_ca=PATH}, checked now so that a bad file stops the start."""
+    path = query.get(TLS_CA_QUERY)
+    if path is None:
+        return url
+    if not url.tls:
+        raise ValueError(f"{TLS_CA_QUERY} needs TLS: use rediss://, rediss+sentinel:// or rediss+cluster://")
+    trust_root(path)
+    return replace(url, tls_ca=path)
+
+
+@cache
+def trust_root(path: str) -> Any:
+    """The CA certificates of the PEM file at C{path}, as a Twisted trust root (read once)."""
+    from twisted.internet.ssl import Certificate, trustRootFromCertificates  # pyOpenSSL, only for TLS
+
+    try:
+        pem = open(path, "rb").read()
+    except OSError as e:
+        raise ValueError(f"{TLS_CA_QUERY}: cannot read {path!r} ({e.strerror})") from None
+    blocks = [b"-----BEGIN CERTIFICATE-----" + block for block in pem.split(b"-----BEGIN CERTIFICATE-----")[1:]]
+    try:
+        certificates = [Certificate.loadPEM(block) for block in blocks]
+    except Exception:
+        certificates = []
+    if not certificates or len(certificates) != len(blocks):
+        raise ValueError(f"{TLS_CA_QUERY}: {path!r} is not a PEM file of CA certificates")
+    return trustRootFromCertificates(certificates)
 
 
 def _credentials(netloc: str) -> tuple[str | None, str | None, str]:
@@ -215,7 +265,7 @@ def _addresses(hosts: str, default_port: int, what: str, form: str) -> list[tupl
     return addresses
 
 
-def _parse_sentinel_url(scheme: str, netloc: str, path: str, query: str) -> RedisURL:
+def _parse_sentinel_url(scheme: str, netloc: str, path: str, given: dict[str, str]) -> RedisURL:
     username, password, hosts = _credentials(netloc)
     sentinels = _addresses(hosts, DEFAULT_SENTINEL_PORT, "sentinel", SENTINEL_FORM)
     names = path.strip("/").split("/") if path.strip("/") else []
@@ -225,12 +275,6 @@ def _parse_sentinel_url(scheme: str, netloc: str, path: str, query: str) -> Redi
         raise ValueError(f"has more than a master and a database after the sentinels ({SENTINEL_FORM})")
     if len(names) == 2 and not names[1].isdigit():
         raise ValueError(f"database must be a number ({SENTINEL_FORM})")
-    given = parse_qs(query, keep_blank_values=True)
-    unknown = sorted(set(given) - set(SENTINEL_QUERY))
-    if unknown:
-        raise ValueError(f"has an unknown query parameter {unknown[0]!r} (known: {', '.join(SENTINEL_QUERY)})")
-    if any(len(v) > 1 for v in given.values()):
-        raise ValueError("gives a query parameter twice")
     return RedisURL(
         host=sentinels[0][0],
         port=sentinels[0][1],
@@ -240,8 +284,8 @@ def _parse_sentinel_url(scheme: str, netloc: str, path: str, query: str) -> Redi
         tls=SENTINEL_SCHEMES[scheme],
         sentinels=tuple(sentinels),
         master=unquote(names[0]),
-        sentinel_username=given.get("sentinel_username", [""])[0] or None,
-        sentinel_password=given.get("sentinel_password", [""])[0] or None,
+        sentinel_username=given.get("sentinel_username") or None,
+        sentinel_password=given.get("sentinel_password") or None,
     )
 
 
@@ -260,6 +304,18 @@ def redis_url(text: str) -> str:
     return text.strip()
 
 
+def _tls_failure(why: Failure) -> str | None:
+    """What TLS refused (C{certificate verify failed}...), or C{None} for any other loss."""
+    value: Any = why.value
+    if type(value).__module__.startswith("service_identity"):
+        return f"TLS: the certificate does not name the host ({value})"
+    if not type(value).__module__.startswith("OpenSSL"):
+        return None
+    # pyOpenSSL's SSL.Error: a list of (library, function, reason) per OpenSSL error.
+    reasons = [entry[-1] for entry in (value.args[0] if value.args else []) if isinstance(entry, tuple) and entry]
+    return "TLS: " + ("; ".join(str(r) for r in reasons) or str(value))
+
+
 class _Handshake:
     """AUTH, SELECT and the keyspace version check on every (re)connect; when AUTH or SELECT fail,
     only this connection is dropped and retried. Another keyspace version refuses the whole client.
@@ -272,6 +328,8 @@ class _Handshake:
     password: str | None
     username: str | None
     dbid: int | None
+    # Why TLS closed the connection during the handshake (txredisapi reports only "Lost connection").
+    _lost_because: str | None = None
     transport: Any
     factory: Any
 
@@ -293,12 +351,17 @@ class _Handshake:
             self._refused(str(e))
             return
         except Exception as e:
-            self._log.warn("Redis connection handshake failed ({error}); reconnecting", error=str(e))
+            error = str(e) if self._lost_because is None else self._lost_because
+            self._log.warn("Redis connection handshake failed ({error}); reconnecting", error=error)
             self.transport.loseConnection()
             return
         if fence.READY_STATE:
             fence.mark_ready(self)
         self._usable()
+
+    def connectionLost(self, why: Failure) -> Any:
+        self._lost_because = _tls_failure(why)  # before txredisapi fails the handshake's commands
+        return super().connectionLost(why)  # type: ignore[misc]
 
     def _usable(self) -> None:
         """The handshake passed: the connection carries commands from now on."""
@@ -569,8 +632,7 @@ class Redis:
         L{wait_replicas}, C{WAIT} follows it on the same connection and a write fewer replicas
         confirmed is L{OutcomeUnknown} (on the primary only, it may be lost in a failover: 503, and
         the client retries); with Sentinel it is refused while a failover is under way."""
-        # What the command runs, for the refusal log: a script by its SHA-1 or text, else its name.
-        what = command[1] if command[0] in (b"EVALSHA", b"EVAL") else command[0]
+        what = _what(command)
         if durable and self.follower is not None and self.follower.failing_over:
             return defer.fail(StoreUnavailable(store, "Sentinel is failing the Redis master over"))
         if not (durable and self.wait_replicas):
@@ -594,6 +656,47 @@ class Redis:
             return f
 
         return written.addCallbacks(lambda result: waited.addCallback(counted, result), failed)
+
+    def execute_many(
+        self, store: str, commands: Sequence[tuple[Any, ...]], durable: bool = False
+    ) -> list[Deferred[Any]]:
+        """Run several commands at once, one L{execute} each (its failures and C{durable}), all on
+        one pool connection: written together (one send), Redis reads them in one go and its replies
+        come back in one, matched in order. (Each on its own would go to a connection picked at
+        random: as many sends and reads as connections touched, on both ends.) With C{durable} and
+        L{wait_replicas}, one C{WAIT} after the last confirms them all."""
+        connections: list[Any] = []
+        if self.connected and not (durable and self.follower is not None and self.follower.failing_over):
+            # (It fires at once when a connection is up; else each command fails or waits as alone.)
+            self._factory.getConnection(peek=True).addCallbacks(connections.append, lambda _: None)
+        if not connections or len(commands) < 2:
+            return [self.execute(store, *command, durable=durable) for command in commands]
+        conn = connections[0]
+        if durable and self.wait_replicas:
+            return self._confirmed_many(store, conn, commands)
+        return [self._guard(store, _what(command), partial(conn.execute_command, *command)) for command in commands]
+
+    def _confirmed_many(self, store: str, conn: Any, commands: Sequence[tuple[Any, ...]]) -> list[Deferred[Any]]:
+        """C{commands}, then one C{WAIT} on the same connection: each command's answer once its
+        own reply came and the C{WAIT} counted enough replicas (it counts every write before it)."""
+        try:
+            written = [conn.execute_command(*command) for command in commands]
+            waited = _Shared(conn.execute_command(b"WAIT", self.wait_replicas, self.wait_timeout_ms))
+        except Exception as e:  # txredisapi raises at once on a connection that just died: nothing sent
+            return [defer.fail(StoreUnavailable(store, str(e))) for _ in commands]
+
+        def counted(replicas: Any, result: Any) -> Any:
+            if int(replicas) < self.wait_replicas:
+                raise ReplicasBehind(int(replicas))
+            return result
+
+        def confirmed(d: Deferred[Any]) -> Deferred[Any]:
+            return d.addCallback(lambda result: waited.get().addCallback(counted, result))
+
+        return [
+            self._guard(store, _what(command), partial(confirmed, d), waits=True)
+            for command, d in zip(commands, written, strict=True)
+        ]
 
     def get_many(self, store: str, keys: list[bytes]) -> Deferred[list[Any]]:
         """The values of several keys, in order (C{None} for a missing one): one C{MGET} on a single
@@ -673,6 +776,38 @@ class Redis:
             ds.append(self.follower.stop())
         self._buses = []
         return defer.gatherResults(ds, consumeErrors=True)
+
+
+def _what(command: tuple[Any, ...]) -> Any:
+    """What a command runs, for the refusal log: a script by its SHA-1 or text, else its name."""
+    return command[1] if command[0] in (b"EVALSHA", b"EVAL") else command[0]
+
+
+class _Shared:
+    """One Deferred's result for several waiters (each L{get} is a new Deferred that fires with
+    it, or has it already)."""
+
+    def __init__(self, d: Deferred[Any]) -> None:
+        self._waiters: list[Deferred[Any]] = []
+        self._result: Any = None
+        self._done = False
+        d.addBoth(self._fire)
+
+    def _fire(self, result: Any) -> None:  # (a failure is kept for the waiters, not left unhandled)
+        self._done, self._result = True, result
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if isinstance(result, Failure):
+                waiter.errback(result)
+            else:
+                waiter.callback(result)
+
+    def get(self) -> Deferred[Any]:
+        if self._done:
+            return defer.fail(self._result) if isinstance(self._result, Failure) else defer.succeed(self._result)
+        waiter: Deferred[Any] = Deferred()
+        self._waiters.append(waiter)
+        return waiter
 
 
 def first_error(f: Failure) -> Failure:
@@ -774,10 +909,12 @@ class RedisBus:
 
 def _endpoint(url: RedisURL, host: str, port: int, timeout: float, clock: Timekeeper) -> IStreamClientEndpoint:
     """A connection to C{host}: by name (IPv4 or IPv6), through verified TLS (certificate chain and
-    hostname, via service_identity) for C{rediss://} and C{rediss+sentinel://}."""
+    hostname, via service_identity) for C{rediss://}, C{rediss+sentinel://} and C{rediss+cluster://},
+    the chain to the system's CAs or to those of C{?tls_ca=PATH}."""
     endpoint = HostnameEndpoint(clock.reactor, host, port, timeout=timeout)
     if not url.tls:
         return endpoint
     from twisted.internet.ssl import optionsForClientTLS  # pyOpenSSL, only for rediss://
 
-    return wrapClientTLS(optionsForClientTLS(host), endpoint)
+    trusted = None if url.tls_ca is None else trust_root(url.tls_ca)
+    return wrapClientTLS(optionsForClientTLS(host, trustRoot=trusted), endpoint)

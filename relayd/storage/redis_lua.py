@@ -60,15 +60,28 @@ class Script:
 
     def __call__(self, redis: Redis, store: str, keys: Sequence[Any], args: Sequence[Any] = ()) -> Deferred[Any]:
         """Run the script; errbacks as L{Redis.execute} does."""
-        body, sha = (self.body, self.sha) if redis.script_flags else (self.plain_body, self.plain_sha)
+        sha = self.sha if redis.script_flags else self.plain_sha
         d = redis.execute(store, b"EVALSHA", sha, len(keys), *keys, *args, durable=self.durable)
+        return d.addErrback(self._unknown, redis, store, keys, args)
 
-        def unknown(f: Failure) -> Any:
-            if isinstance(f.value, StoreRefused) and f.value.code == "NOSCRIPT":
-                return redis.execute(store, b"EVAL", body, len(keys), *keys, *args, durable=self.durable)
-            return f
+    def many(
+        self, redis: Redis, store: str, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
+    ) -> list[Deferred[Any]]:
+        """Run the script once per C{(keys, args)}, all sent at once (L{Redis.execute_many}: one
+        write per connection, on a Redis Cluster one per master); each answer as L{__call__}'s."""
+        sha = self.sha if redis.script_flags else self.plain_sha
+        commands = [(b"EVALSHA", sha, len(keys), *keys, *args) for keys, args in calls]
+        sent = redis.execute_many(store, commands, durable=self.durable)
+        return [
+            d.addErrback(self._unknown, redis, store, keys, args) for d, (keys, args) in zip(sent, calls, strict=True)
+        ]
 
-        return d.addErrback(unknown)
+    def _unknown(self, f: Failure, redis: Redis, store: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """C{NOSCRIPT}: the script in full (EVAL, which loads it for the next EVALSHA)."""
+        if isinstance(f.value, StoreRefused) and f.value.code == "NOSCRIPT":
+            body = self.body if redis.script_flags else self.plain_body
+            return redis.execute(store, b"EVAL", body, len(keys), *keys, *args, durable=self.durable)
+        return f
 
 
 def tagged(session: bytes) -> bytes:

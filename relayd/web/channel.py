@@ -13,7 +13,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from relayd.base.clock import Timekeeper
-from relayd.compat.tcp import hold_writes, release_writes
+from relayd.compat.tcp import hold_writes, pause_reading, release_writes, resume_reading
 from relayd.compat.web import (
     ChannelHooks,
     between_requests,
@@ -42,6 +42,8 @@ _BARE_LINE_FEED = json_answer(
 # A Content-Length with more digits than this is larger than any body cap; Python's int() refuses
 # over 4300 digits, which Twisted's parser does not expect (an unhandled ValueError, no answer).
 _LENGTH_DIGITS = 18
+# The longest request target L{_health_check} reads for a health path (with its query).
+MAX_HEALTH_PATH = 256
 # A read longer than this that holds a header block and more is parsed in two parts (RelayChannel._read).
 _SPLIT_READS_OVER = 4096
 _log = Logger()
@@ -83,6 +85,10 @@ class RelayChannel(ChannelHooks):
     unparsed = 0
     """Bytes of the read being handled that the parser has not been handed yet (what follows a
     header block, L{_read}): a stream must not take the connection over from under them."""
+    newcomer = True
+    """Whether no request of this connection has been started yet (L{relayd.web.admission})."""
+    kept: list[bytes] | None = None
+    """What the connection sent while it waits for its turn to start (L{relayd.web.admission})."""
 
     def getHost(self) -> Any:
         # Twisted asks the socket (a system call) for every request; the local address of a
@@ -132,6 +138,8 @@ class RelayChannel(ChannelHooks):
         self._start_header_clock()
 
     def dataReceived(self, data: bytes) -> None:
+        if self.newcomer and self._waits(data):
+            return
         if self.reading:  # a request answered within the read replays what followed it
             self._read(data)
             return
@@ -149,6 +157,40 @@ class RelayChannel(ChannelHooks):
             del self.reading
             if held:
                 release_writes(transport)
+
+    def _waits(self, data: bytes) -> bool:
+        """Whether C{data}, what a connection not yet started read, waits for its turn (it is kept)."""
+        kept = self.kept
+        if kept is None:
+            site = self._relay_site
+            if site is None or site.admission.starts_now() or _health_check(data, site.health_paths):
+                self.newcomer = False
+                return False
+            # Its socket stays registered (two system calls fewer per waiting connection): a client
+            # that sent its request has nothing more to send until it is answered.
+            kept = self.kept = []
+            site.admission.wait(self)
+        kept.append(data)
+        if sum(map(len, kept)) > MAX_HEADER_BYTES:
+            pause_reading(self.transport)  # it sends more meanwhile: the rest waits in the kernel
+        return True
+
+    def admitted(self) -> bool:
+        """Start on what was kept while the connection waited for its turn (L{relayd.web.admission});
+        C{False} if it closed meanwhile."""
+        kept, self.kept = self.kept, None
+        if kept is None or not _open(self.transport):
+            return False
+        self.newcomer = False
+        resume_reading(self.transport)
+        try:
+            self.dataReceived(b"".join(kept))
+        except Exception:
+            # (As Twisted drops a connection whose protocol fails on a read; here the read is the
+            # admission's turn, which must go on to the next connection.)
+            _log.failure("reading a connection's first request failed; the connection is dropped")
+            self.transport.abortConnection()  # type: ignore[union-attr]
+        return True
 
     def _read(self, data: bytes) -> None:
         waiting = self.simple_waiting
@@ -303,6 +345,8 @@ class RelayChannel(ChannelHooks):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._stop_header_clock()
+        if self.kept is not None:
+            self.kept = None  # (no longer waiting for its turn: L{admitted} passes it over)
         site = self._relay_site
         if self.client is not None and site is not None:
             site.client_left(self.client)
@@ -381,6 +425,18 @@ class RelayChannel(ChannelHooks):
         if self.parsing_paused() and not self.waiting_for_transport() and self.transport is not None:
             self.resume_parsing()
             self.dataReceived(b"")  # parse the held requests now that answers can flow
+
+
+def _health_check(data: bytes, paths: frozenset[bytes]) -> bool:
+    """Whether C{data}, a connection's first bytes, asks for one of the site's health C{paths} (it
+    then starts at once, however many connections wait: a probe is answered during a storm)."""
+    if not paths:
+        return False
+    space = data.find(b" ", 0, 8)
+    end = data.find(b" ", space + 1, space + 2 + MAX_HEALTH_PATH)
+    if space < 0 or end < 0:
+        return False
+    return data[space + 1 : end].partition(b"?")[0] in paths
 
 
 def _open(transport: Any) -> bool:

@@ -132,7 +132,8 @@ class HTTPWingService(MultiService):
     passed since listening stopped; then stop the other children (what they hold is no longer used).
 
     Everything is given at construction (the site built with its settings, the C{grace}); while
-    it runs, the site's open connections are reported on C{relayd_http_connections}.
+    it runs, the site's open connections are reported on C{relayd_http_connections}, and those waiting
+    for their turn to start on C{relayd_http_connections_waiting}.
     """
 
     _log = Logger()
@@ -163,7 +164,9 @@ class HTTPWingService(MultiService):
         self._abort = abort
         self.listeners = add_listeners(self, site, listen, reactor)
         # Read at scrape time by the metrics listener (stopped after the listeners, at drain's end).
-        watching = metrics.Watching().add(metrics.http_connections, site.open_connections, relay=site.relay or name)
+        relay = site.relay or name
+        watching = metrics.Watching().add(metrics.http_connections, site.open_connections, relay=relay)
+        watching.add(metrics.http_connections_waiting, site.admission.waiting.__len__, relay=relay)
         watching.setServiceParent(self)
         self.drained = True  # False when shutdown had to give up on requests after a grace period
         for description in listen:

@@ -24,6 +24,7 @@ from twisted.web.server import Request, Site
 
 from relayd.base.clock import Timekeeper
 from relayd.compat.web import RequestHooks, body_framing, keeps_alive, request_line, set_body_sent
+from relayd.web.admission import Admission
 from relayd.web.answers import Answer, raw_response
 from relayd.web.target import origin_form
 
@@ -179,6 +180,10 @@ class ChannelSite(Site):
     body_limit: BodyLimit | None
     simple_posts: dict[bytes, Callable[[Any], Answer | Deferred[Answer] | None]]
     """Paths whose plain POSTs the wing answers itself, beside twisted.web (relayd.web.simple_post)."""
+    admission: Admission
+    """How many new connections start per reactor turn (relayd.web.admission)."""
+    health_paths: frozenset[bytes]
+    """The health check's paths: answered to a crowded client, and never queued (relayd.web.admission)."""
 
     def shared_address(self, address: IAddress) -> IAddress:
         """One object for each local address the site's connections arrive on."""

@@ -78,6 +78,7 @@ def answer_when(
 _PART = re.compile(r"\{([a-z_]+)\}")
 
 _NO_METHODS: Final = Answer(405)
+_FOUND_MAX: Final = 4096  # paths whose lookup a route table keeps
 
 
 @dataclass
@@ -113,6 +114,9 @@ class RouteTable:
         self.parts = dict(parts or {})
         self._exact: dict[bytes, _Route] = {}
         self._patterns: list[_Route] = []
+        # Paths already looked up: a POST's is looked up at the end of its headers and again when it
+        # is rendered, and a session's paths come back with every request (bounded, emptied when full).
+        self._found: dict[bytes, tuple[_Route, dict[str, str]] | None] = {}
 
     def add(
         self,
@@ -131,6 +135,7 @@ class RouteTable:
         the method's, or whose C{405} is its own); C{Allow} lists the named ones. C{checks} are
         the L{HeaderCheck}s of some of the methods, asked before their body is read.
         """
+        self._found.clear()
         methods = {m.encode("ascii"): h for m, h in handlers.items()}
         other = methods.pop(b"*", None)
         if head and b"GET" in methods and b"HEAD" not in methods:
@@ -153,6 +158,18 @@ class RouteTable:
         route.not_allowed = not_allowed(route.allow, body)
 
     def _find(self, path: bytes) -> tuple[_Route, dict[str, str]] | None:
+        """The route of C{path} and its named parts (shared: never changed by a caller), or C{None}."""
+        found = self._found
+        try:
+            return found[path]
+        except KeyError:
+            pass
+        if len(found) >= _FOUND_MAX:
+            found.clear()
+        found[path] = route = self._search(path)
+        return route
+
+    def _search(self, path: bytes) -> tuple[_Route, dict[str, str]] | None:
         route = self._exact.get(path)
         if route is not None:
             return route, {}

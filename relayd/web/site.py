@@ -21,6 +21,7 @@ from relayd.compat.web import channel_of, channel_protocol, close_after
 from relayd.logs.access import ACCESS_NAMESPACE
 from relayd.logs.scrub import SCRUBBED_MARK
 from relayd.process.settings import DEFAULT_SITE_SETTINGS, HEALTH_RESERVE, SiteSettings
+from relayd.web.admission import Admission
 from relayd.web.answers import Answer, json_answer, write_answer
 from relayd.web.channel import RelayChannel
 from relayd.web.request import BodyLimit, ChannelSite, RelayRequest, host_of
@@ -134,6 +135,7 @@ class RelaySite(ChannelSite):
         self.simple_posts: dict[bytes, Callable[[SimplePost], Answer | Deferred[Answer] | None]] = {}
         self._request_counters: dict[tuple[str, int], Any] = {}  # labelled children, looked up once
         self._addresses: dict[Any, Any] = {}
+        self.admission = Admission(clock)  # new connections started per reactor turn (a storm in slices)
 
     def shared_address(self, address: Any) -> Any:
         """One object for each local address the site's connections arrive on (at most

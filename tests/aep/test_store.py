@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+from typing import Any
 
 from twisted.trial.unittest import TestCase
 from zope.interface.verify import verifyObject
@@ -13,10 +14,13 @@ from relayd.aep.core.envelope import MAX_POSITION_DIGITS
 from relayd.aep.core.event import Event
 from relayd.aep.core.store import IEventLog, MemoryEventLog
 from relayd.aep.redis.store import RedisEventLog, decode_position, encode_position
-from relayd.storage.buckets import BUCKETS, Buckets
+from relayd.base.errors import OutcomeUnknown
+from relayd.storage import redis as redis_module
+from relayd.storage.buckets import BUCKETS, Buckets, key_slot
+from relayd.storage.cluster import ClusterRedis
 from tests.support.aep import event
 from tests.support.cases import cases, expand
-from tests.support.redis import connected_redis, shared_redis
+from tests.support.redis import OnCluster, connected_redis, layout_url, shared_redis
 
 _prefixes = itertools.count()
 # One bucket: the whole keyspace is one LRU, as the contract and the model describe it (the
@@ -353,12 +357,81 @@ def _sessions_by_bucket(count: int, per_bucket: int) -> list[list[str]]:
 
 class RedisBuckets(TestCase):
     """Keyspace version 4: sessions in buckets, --aep-max-sessions a quota per bucket (⌈max / 64⌉),
-    and a batch over several buckets stored as one script per bucket."""
+    and a batch over several buckets stored as one script per bucket, all sent on one connection
+    (one per master on a Redis Cluster: RedisBucketsOnCluster)."""
+
+    timeout = 60
 
     async def make(self, max_sessions: int, publisher: str | None = None) -> RedisEventLog:
-        redis = await connected_redis(shared_redis().url)
+        redis = await connected_redis(layout_url(self))
         self.addCleanup(redis.close)
         return RedisEventLog(redis, 5, max_sessions, prefix=f"t{next(_prefixes)}:{id(self)}:", publisher=publisher)
+
+    def masters_of(self, log: RedisEventLog, sessions: list[str]) -> set[object]:
+        """The masters that hold these sessions' buckets (one: a single primary)."""
+        redis = log.redis
+        if not isinstance(redis, ClusterRedis):
+            return {None}
+        return {redis._slots[key_slot(BUCKETS.tag_of(s.encode()))] for s in sessions}
+
+    async def test_a_batch_over_many_buckets_is_one_connection_per_master(self) -> None:
+        sessions = [names[0] for names in _sessions_by_bucket(24, 1)]
+        log = await self.make(max_sessions=500, publisher="i")
+        await log.append([ev(s, 0) for s in sessions])  # the script loaded on every master
+        sent: list[tuple[int, bytes]] = []
+        execute_command = redis_module._Protocol.execute_command
+
+        def recording(connection: object, *command: object, **options: object) -> object:
+            if command[0] in (b"EVALSHA", b"EVAL"):
+                sent.append((id(connection), command[1]))  # type: ignore[arg-type]
+            return execute_command(connection, *command, **options)  # type: ignore[arg-type]
+
+        self.patch(redis_module._Protocol, "execute_command", recording)
+        self.assertEqual(await log.append([ev(s, 1) for s in sessions], publish=True), [True] * len(sessions))
+        self.assertEqual(len(sent), len(sessions))  # one script per bucket
+        # (Each on a connection picked at random, 24 scripts would use several of a master's 4.)
+        self.assertEqual(len({connection for connection, _ in sent}), len(self.masters_of(log, sessions)))
+
+    async def test_listing_the_sessions_is_one_connection_per_master(self) -> None:
+        log = await self.make(max_sessions=500)
+        await log.append([ev("a", 0)])
+        sent: list[int] = []
+        execute_command = redis_module._Protocol.execute_command
+
+        def recording(connection: object, *command: object, **options: object) -> object:
+            if command[0] in (b"ZRANGE", "ZRANGE"):
+                sent.append(id(connection))
+            return execute_command(connection, *command, **options)  # type: ignore[arg-type]
+
+        self.patch(redis_module._Protocol, "execute_command", recording)
+        self.assertEqual(await log.sessions(), ["a"])
+        self.assertEqual(len(sent), BUCKETS.count)  # one read per bucket, one write per master
+        redis = log.redis
+        masters = {redis._slots[key_slot(tag)] for tag in BUCKETS.tags} if isinstance(redis, ClusterRedis) else {None}
+        self.assertEqual(len(set(sent)), len(masters))
+
+    async def test_each_buckets_answer_goes_to_its_events(self) -> None:
+        sessions = [names[0] for names in _sessions_by_bucket(20, 1)]
+        log = await self.make(max_sessions=500)
+        held = sessions[::3]  # every third session already holds its first event
+        self.assertEqual(await log.append([ev(s, 0) for s in held]), [True] * len(held))
+        batch = [ev(s, seq) for seq in (0, 1) for s in sessions]
+        expected = [not (seq == 0 and s in held) for seq in (0, 1) for s in sessions]
+        self.assertEqual(await log.append(batch, publish=False), expected)
+        for s in sessions:
+            self.assertEqual([e.position for e in (await log.replay(s, (0, -1))).events], [(0, 0), (0, 1)], s)
+
+    async def test_a_batch_over_several_buckets_reloads_flushed_scripts(self) -> None:
+        sessions = [names[0] for names in _sessions_by_bucket(6, 1)]
+        log = await self.make(max_sessions=500)
+        await log.append([ev(s, 0) for s in sessions])  # the script loaded
+        redis = log.redis
+        nodes = list(redis._nodes.values()) if isinstance(redis, ClusterRedis) else [redis]
+        for node in nodes:
+            await node.execute("test", b"SCRIPT", b"FLUSH")  # every EVALSHA of the next batch: NOSCRIPT
+        self.assertEqual(await log.append([ev(s, 1) for s in sessions]), [True] * len(sessions))
+        for s in sessions:
+            self.assertEqual(len((await log.replay(s, (0, -1))).events), 2, s)
 
     async def test_eviction_is_least_recently_written_within_a_bucket(self) -> None:
         (a, b, c), (x, y, z) = _sessions_by_bucket(2, 3)
@@ -387,3 +460,52 @@ class RedisBuckets(TestCase):
         self.assertEqual(await log.append([ev(name, 0) for name in names]), [True] * len(names))
         for name in names:
             self.assertEqual(len((await log.replay(name, (0, -1))).events), 1, name)
+
+
+class RedisBucketsOnCluster(OnCluster, RedisBuckets):
+    """The same on a Redis Cluster: each master's buckets in one write, each redirected on its own."""
+
+    async def test_a_moved_bucket_in_the_middle_of_a_masters_group_is_sent_where_it_went(self) -> None:
+        sessions = [names[0] for names in _sessions_by_bucket(24, 1)]
+        log = await self.make(max_sessions=500)
+        await log.append([ev(s, 0) for s in sessions])  # the script loaded on every master
+        redis = log.redis
+        assert isinstance(redis, ClusterRedis)
+        slots = [key_slot(BUCKETS.tag_of(s.encode())) for s in sessions]
+        # One bucket believed on the master of the first (a stale map): its script goes in that
+        # master's group, between the others, and is answered MOVED.
+        stale = next(i for i, slot in enumerate(slots) if redis._slots[slot] != redis._slots[slots[0]])
+        redis._slots[slots[stale]] = redis._slots[slots[0]]
+        self.patch(redis, "refresh", lambda: None)  # (the map stays stale but for what MOVED says)
+        moved: list[str] = []
+        redirected = redis._redirected
+
+        def recording(f: Any, *args: Any) -> Any:
+            moved.append(str(f.value).split()[0])
+            return redirected(f, *args)
+
+        self.patch(redis, "_redirected", recording)
+        batch = [ev(s, seq) for seq in (1, 2) for s in sessions]
+        self.assertEqual(await log.append(batch, publish=False), [True] * len(batch))
+        self.assertEqual(moved, ["MOVED"])
+        for s in sessions:
+            self.assertEqual([e.position for e in (await log.replay(s, (0, -1))).events], [(0, 0), (0, 1), (0, 2)], s)
+
+
+class RedisBucketsUnconfirmed(TestCase):
+    """A batch over several buckets acknowledged only once replicas confirm it (one C{WAIT} after
+    every bucket's script on the connection)."""
+
+    async def test_a_batch_over_several_buckets_unconfirmed_by_replicas_is_outcome_unknown(self) -> None:
+        sessions = [names[0] for names in _sessions_by_bucket(6, 1)]
+        loader = await connected_redis(shared_redis().url)
+        self.addCleanup(loader.close)
+        # The script loaded first: a NOSCRIPT would send each bucket's script again, each with its own WAIT.
+        await RedisEventLog(loader, 5, 500, prefix=f"t{next(_prefixes)}:{id(self)}:").append([ev("a", 0)])
+        redis = await connected_redis(shared_redis().url, wait_replicas=1)  # a primary without replicas
+        self.addCleanup(redis.close)
+        log = RedisEventLog(redis, 5, 500, prefix=f"t{next(_prefixes)}:{id(self)}:")
+        failure = await self.assertFailure(log.append([ev(s, 0) for s in sessions]), OutcomeUnknown)
+        self.assertIn("confirmed by 0 of 1 replicas", str(failure))
+        for s in sessions:  # written on the primary all the same (one WAIT after every bucket's script)
+            self.assertEqual(len((await log.replay(s, (0, -1))).events), 1, s)

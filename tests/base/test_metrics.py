@@ -57,6 +57,11 @@ PLUMBING_SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "relayd_http_connections": (
         "gauge", ("relay",), "Open HTTP connections per relay listener (every transport but WebSocket)"
     ),
+    "relayd_http_connections_waiting": (
+        "gauge",
+        ("relay",),
+        "New HTTP connections waiting for their turn to start (a storm is started a slice per reactor turn), per relay",
+    ),
     "relayd_store_errors": ("counter", ("relay", "operation"), "Failures of a relay's store, by operation"),
     "relayd_http_requests": ("counter", ("relay", "code"), "HTTP requests answered, by relay and status code"),
     "relayd_http_connections_refused": (
@@ -254,6 +259,13 @@ class MetricsOverAEP(TestCase):
         after, _ = await scrape(self.url)
         self.assertEqual(value(after, "relayd_connections", relay="aep", transport="sse"), 0)
         self.assertEqual(value(after, "relayd_subscribers", relay="aep"), 0)
+
+    async def test_connections_waiting_for_their_turn(self) -> None:
+        waiting = self.relay.wing.service.site.admission.waiting
+        self.assertEqual(value((await scrape(self.url))[0], "relayd_http_connections_waiting", relay="aep"), 0)
+        waiting.extend([object(), object()])  # (no turn is due: nothing takes them)
+        self.addCleanup(waiting.clear)
+        self.assertEqual(value((await scrape(self.url))[0], "relayd_http_connections_waiting", relay="aep"), 2)
 
     async def test_only_metrics_path_is_served(self) -> None:
         _, response = await scrape(self.url.replace("/metrics", "/other"))

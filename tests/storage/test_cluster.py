@@ -16,6 +16,7 @@ from twisted.trial.unittest import TestCase
 
 from relayd.base.errors import OutcomeUnknown, StoreUnavailable
 from relayd.storage import cluster as cluster_module
+from relayd.storage import redis as redis_module
 from relayd.storage.buckets import BUCKETS, SLOTS, key_slot
 from relayd.storage.cluster import ClusterRedis
 from relayd.storage.redis import KEYSPACE_VERSION, RedisBus, parse_redis_url
@@ -60,6 +61,22 @@ class OnCluster(TestCase):
             for key in keys:
                 owner = redis._slots[key_slot(key.encode())]
                 self.assertEqual(owner, ("127.0.0.1", node.port), key)
+
+    async def test_reads_of_many_slots_are_one_connection_per_master(self) -> None:
+        redis = await self.connect()
+        keys = [b"many:" + tag for tag in BUCKETS.tags]  # 64 buckets: every master holds some
+        sent: list[int] = []
+        execute_command = redis_module._Protocol.execute_command
+
+        def recording(connection: object, *command: Any, **options: Any) -> Any:
+            if command[0] == b"GET":
+                sent.append(id(connection))
+            return execute_command(connection, *command, **options)  # type: ignore[arg-type]
+
+        self.patch(redis_module._Protocol, "execute_command", recording)
+        self.assertEqual(await redis.get_many("test", keys), [None] * len(keys))
+        self.assertEqual(len(sent), len(keys))
+        self.assertEqual(len(set(sent)), len({redis._slots[key_slot(key)] for key in keys}))  # one write each
 
     async def test_the_keyspace_version_is_kept_on_its_slots_master(self) -> None:
         redis = await self.connect()

@@ -106,13 +106,21 @@ class EveryScriptOneSlot(TestCase):
         redis = await connected_redis(shared_redis().url)
         self.addCleanup(redis.close)
         sent: list[tuple[Any, ...]] = []
-        execute = redis.execute
+        execute, execute_many = redis.execute, redis.execute_many
+        batches = 0  # calls sending several scripts at once (an append over several buckets)
 
         def recording(store: str, *command: Any, durable: bool = False) -> Deferred[Any]:
             sent.append(command)
             return execute(store, *command, durable=durable)
 
+        def recording_many(store: str, commands: Any, durable: bool = False) -> list[Deferred[Any]]:
+            nonlocal batches
+            batches += sum(command[0] in (b"EVALSHA", b"EVAL") for command in commands) > 1
+            sent.extend(commands)
+            return execute_many(store, commands, durable=durable)
+
         redis.execute = recording  # type: ignore[method-assign]
+        redis.execute_many = recording_many  # type: ignore[method-assign]
         # The AEP fan-out as on a Redis Cluster (shard channels: SPUBLISH, which Redis 7 runs on one
         # primary too), so that each append's channel is counted with its keys.
         redis.sharded_pubsub = True
@@ -140,6 +148,7 @@ class EveryScriptOneSlot(TestCase):
                 slots = {key_slot(k) for k in keys}
                 self.assertLessEqual(len(slots), 1, f"prefix {prefix!r}, {ids}: {command[:3 + len(keys)]}")
         self.assertGreater(scripts, 40 * len(examples))
+        self.assertGreater(batches, 0)  # the scripts sent together were checked too
         self.assertGreater(channels, len(examples))
 
 

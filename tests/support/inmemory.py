@@ -54,6 +54,25 @@ from tests.support.mcp import AUTH, INIT, SESSION, TOKEN, initialized
 from tests.support.mcp_clients import PageScript, compact
 from tests.support.sse import Message, add_line
 
+
+class TurnByTurn(MemoryReactorClock):
+    """A L{MemoryReactorClock} that can also run one reactor turn (L{turn}): C{advance(0)} runs the
+    calls due and, in the same go, those they schedule for now; a real reactor runs the latter on
+    its next turn (what work sliced per turn, relayd.web.admission, is about)."""
+
+    def turn(self) -> None:
+        """Run the calls due now, as one reactor turn does; what they schedule for now waits."""
+        self._sortCalls()
+        due = {id(call) for call in self.calls if call.getTime() <= self.seconds()}
+        while True:
+            call = next((c for c in self.calls if id(c) in due), None)
+            if call is None:
+                return
+            self.calls.remove(call)
+            call.called = 1
+            call.func(*call.args, **call.kw)
+
+
 SERVER = IPv4Address("TCP", "127.0.0.1", 8080)
 """The local address every in-memory connection arrives on."""
 
@@ -267,12 +286,16 @@ class InMemorySite:
     def over(cls, resource: IResource, **site_arguments: Any) -> InMemorySite:
         """A L{RelaySite} over C{resource} (with C{site_arguments}: C{body_limit}, C{settings}, ...)
         on a clock of its own."""
-        site_arguments.setdefault("clock", Timekeeper(MemoryReactorClock()))
+        site_arguments.setdefault("clock", Timekeeper(TurnByTurn()))
         return cls(RelaySite(resource, **site_arguments))
 
     def advance(self, seconds: float) -> None:
         """Let C{seconds} pass on the site's clock (its timers that fall due run)."""
         self.reactor.advance(seconds)
+
+    def turn(self) -> None:
+        """One reactor turn: the timers due now run, not those they schedule (L{TurnByTurn})."""
+        self.reactor.turn()
 
     def connect(self, peer: str = "127.0.0.1", port: int = 40000) -> Connection:
         """A new client connection from C{peer} (lost at L{close})."""
@@ -339,7 +362,7 @@ class InMemoryWing(InMemorySite):
         make_wing = importlib.import_module(f"relayd.{name}.service").make_wing
         settings = resolve([*PROCESS_SETTINGS, *config.SETTINGS], dict(given or {}), dict(environ or {}))
         # (A MemoryReactorClock provides what a wing asks of its reactor, not all of relayd's IReactor.)
-        reactor: Any = MemoryReactorClock()
+        reactor: Any = TurnByTurn()
         plumbing = Plumbing.from_settings(settings, reactor, Timekeeper(reactor))
         assert plumbing.redis is None, "an in-memory wing has no Redis: use tests/support/wing.py"
         service = make_wing(plumbing, settings)

@@ -177,6 +177,17 @@ class RouteTableResolution(TestCase):
         self.assertIsNone(table.allowed(b"/b"))
         self.assertEqual(table.resolve(b"GET", b"/b"), table.not_found)
 
+    def test_a_path_looked_up_before_a_route_is_added_finds_it_after(self) -> None:
+        table = RouteTable()
+        handler = lambda request, x: Answer(200)  # noqa: E731
+        table.add("/a/{x}", {"GET": handler})
+        self.assertEqual(table.resolve(b"GET", b"/b/y"), table.not_found)
+        self.assertEqual(table.resolve(b"GET", b"/a/y"), (handler, {"x": "y"}))
+        table.add("/b/{x}", {"GET": handler})
+        table.add("/a/y", {"POST": handler})
+        self.assertEqual(table.resolve(b"GET", b"/b/y"), (handler, {"x": "y"}))
+        self.assertEqual(table.allowed(b"/a/y"), b"POST")
+
     def test_a_prefix_is_literal_braces_and_all(self) -> None:
         table = RouteTable()
         table.add("/{x}/in", {"POST": lambda request, x: Answer(200)}, prefix="/p{y}.z")

@@ -33,11 +33,12 @@ key were two fields of C{aep:e:{s}} (docs/performance.md "Not met: 100,000 event
 Appending a batch and reading a replay (or a page of one) are single Lua scripts
 (C{relayd/aep/lua/}), so several instances can write one session at once without a lost update.
 Each script is given every key it touches in C{KEYS} (docs/decisions.md REDIS-1), all of one
-bucket: a batch whose sessions fall in several buckets is one append per bucket, sent together
-(each with its own fan-out message). An append that evicts a session that is not in its batch
-cannot name that session's keys in advance: it moves the session to its bucket's C{evicting} set
-and its keys are dropped by C{drop.lua} before the append answers (or by the next append of that
-session).
+bucket: a batch whose sessions fall in several buckets is one append per bucket (each with its own
+fan-out message), all sent on one connection (on a Redis Cluster one per master:
+relayd/storage/cluster.py C{execute_many}), their replies matched to the buckets in order. An
+append that evicts a session that is not in its batch cannot name that session's keys in advance:
+it moves the session to its bucket's C{evicting} set and its keys are dropped by C{drop.lua}
+before the append answers (or by the next append of that session).
 """
 
 from __future__ import annotations
@@ -163,11 +164,15 @@ class RedisEventLog:
         # Sessions held, by bucket tag (as the last write or listing of each bucket saw them).
         self._held: dict[bytes, int] = {}
         self._sessions = 0
+        self._bucket_keys: dict[bytes, tuple[bytes, bytes, bytes]] = {}
 
     def _bucket(self, tag: bytes) -> tuple[bytes, bytes, bytes]:
-        """A bucket's LRU, write counter and evicting set."""
-        p = self.prefix + b"aep:" + tag
-        return p + b":lru", p + b":clock", p + b":evicting"
+        """A bucket's LRU, write counter and evicting set (made once per bucket: every append names them)."""
+        keys = self._bucket_keys.get(tag)
+        if keys is None:
+            p = self.prefix + b"aep:" + tag
+            keys = self._bucket_keys[tag] = (p + b":lru", p + b":clock", p + b":evicting")
+        return keys
 
     def _session_keys(self, session: bytes, tag: bytes | None = None) -> list[bytes]:
         """Members, events, dedupe keys and arrival counter of one session."""
@@ -191,25 +196,35 @@ class RedisEventLog:
                 tags[session] = tag_of(session.encode("utf-8"))  # type: ignore[index, union-attr]
         if not tags:
             return succeed([])
+        deadline = self.redis.deadline()
         if len(set(tags.values())) == 1:
-            return self._append(next(iter(tags.values())), events, publish)
+            tag = next(iter(tags.values()))
+            keys, args = self._append_call(tag, events, publish, deadline)
+            return _APPEND(self.redis, STORE, keys, args).addCallback(self._appended, tag)
         groups: dict[bytes, list[int]] = {}
         for i, event in enumerate(events):
             groups.setdefault(tags[event.session], []).append(i)  # type: ignore[index]
-        parts = [(at, self._append(tag, [events[i] for i in at], publish)) for tag, at in groups.items()]
+        # Every bucket's script sent at once: on one connection, or on a Redis Cluster one per
+        # master (relayd/storage/cluster.py), each reply matched to its bucket in order.
+        calls = [self._append_call(tag, [events[i] for i in at], publish, deadline) for tag, at in groups.items()]
+        sent = _APPEND.many(self.redis, STORE, calls)
+        parts = [d.addCallback(self._appended, tag) for d, tag in zip(sent, groups, strict=True)]
 
         def merged(answers: list[list[bool]]) -> list[bool]:
             stored = [False] * len(events)
-            for (at, _), flags in zip(parts, answers, strict=True):
+            for at, flags in zip(groups.values(), answers, strict=True):
                 for i, flag in zip(at, flags, strict=True):
                     stored[i] = flag
             return stored
 
         # A bucket that failed fails the batch (503): its retry is idempotent by (source, id).
-        return gatherResults([d for _, d in parts], consumeErrors=True).addCallbacks(merged, first_error)
+        return gatherResults(parts, consumeErrors=True).addCallbacks(merged, first_error)
 
-    def _append(self, tag: bytes, events: Sequence[Event], publish: bool) -> Deferred[list[bool]]:
-        """One bucket's events (all of C{events} are of sessions in the bucket C{tag})."""
+    def _append_call(
+        self, tag: bytes, events: Sequence[Event], publish: bool, deadline: int
+    ) -> tuple[list[bytes], list[Any]]:
+        """The keys and arguments of one bucket's append (all of C{events} are of sessions in the
+        bucket C{tag}; C{deadline} as L{Redis.deadline} gave it for the batch)."""
         # Two arguments for the whole batch (building a command of four arguments per event cost
         # the client more than Redis spends running the script): the events' framed session
         # numbers, positions and keys, and their bytes joined by line breaks after the fan-out
@@ -243,8 +258,7 @@ class RedisEventLog:
             # The posted bytes when they are the wire form (no copy kept on the event).
             keep(event.raw if event.raw is not None else event.payload(None))
         sessions = [s.encode("utf-8") for s in numbers]
-        bucket = self._bucket(tag)
-        keys = list(bucket)
+        keys = list(self._bucket(tag))
         for name in sessions:
             keys += self._session_keys(name, tag)
         header = self._header if publish and self._header is not None else b""
@@ -252,10 +266,9 @@ class RedisEventLog:
         if header and payloads:
             payloads[0] = header + payloads[0]  # (not the whole message copied again)
         message = b"\n".join(payloads) if payloads else header
-        deadline = self.redis.deadline()
         args = [self.capacity, self._quota, b"".join(parts), channel, message, len(header), deadline,
                 self.channels.command, *sessions]  # fmt: skip
-        return _APPEND(self.redis, STORE, keys, args).addCallback(self._appended, tag)
+        return keys, args
 
     def _held_in(self, tag: bytes, count: int) -> None:
         self._sessions += count - self._held.get(tag, 0)
@@ -321,7 +334,7 @@ class RedisEventLog:
     def sessions(self) -> Deferred[list[str]]:
         """Every bucket's sessions, bucket after bucket (least recently written first within each)."""
         tags = self.buckets.tags
-        reads = [self.redis.execute(STORE, "ZRANGE", self._bucket(tag)[0], 0, -1) for tag in tags]
+        reads = self.redis.execute_many(STORE, [(b"ZRANGE", self._bucket(tag)[0], 0, -1) for tag in tags])
 
         def decode(lists: list[list[bytes]]) -> list[str]:
             out = []

@@ -297,16 +297,22 @@ class Client:
             message = frame.message  # (parsed when the page posted it, unless it came over the bus)
         except ValueError:
             return True
-        raw = frame.line
-        for item in message if isinstance(message, list) else [message]:
-            if isinstance(item, dict):
-                self._route(item, raw if not isinstance(message, list) else None)
+        if isinstance(message, list):
+            for item in message:
+                if isinstance(item, dict):
+                    self._route(item, None, None)
+        elif isinstance(message, dict):
+            self._route(message, frame.line, frame)
         return True
 
-    def _route(self, item: dict[str, Any], raw: bytes | None) -> None:
+    def _route(self, item: dict[str, Any], raw: bytes | None, frame: Frame | None) -> None:
+        """One message of a page frame (C{raw}, C{frame}: the frame's line and the frame, when the
+        message is the whole frame)."""
         method = item.get("method")
         if not isinstance(method, str):
-            pending = self.take_pending(dumps(item.get("id")))
+            # (A whole frame's key was written when the page posted it, or is written here once.)
+            key = frame.id_key if frame is not None and "id" in item else dumps(item.get("id"))
+            pending = self.take_pending(key)
             if pending is not None:
                 self.forget_progress(pending)
                 pending.answer(raw if raw is not None else dumps(item))

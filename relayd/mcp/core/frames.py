@@ -26,13 +26,14 @@ _SSE_START = len(b"event: mcp\ndata: ")
 class Frame:
     """One JSON-RPC frame: the posted bytes, the parsed message, and its encodings (each made once)."""
 
-    __slots__ = ("raw", "_message", "_sse", "_json")
+    __slots__ = ("raw", "_message", "_sse", "_json", "_key")
 
-    def __init__(self, raw: bytes, message: Any = _UNPARSED) -> None:
+    def __init__(self, raw: bytes, message: Any = _UNPARSED, id_key: bytes | None = None) -> None:
         self.raw = raw
         self._message = message
         self._sse: bytes | None = None
         self._json: bytes | None = None
+        self._key = id_key  # (given by a caller that has written the id already)
 
     @property
     def message(self) -> Any:
@@ -91,8 +92,12 @@ class Frame:
 
     @property
     def id_key(self) -> bytes:
-        """The compact JSON of the id: C{1} and C{"1"} are different keys."""
-        return dumps(self.message["id"])
+        """The compact JSON of the id: C{1} and C{"1"} are different keys (written once per frame:
+        the post correlates by it, the asker's client session finds its request by it)."""
+        key = self._key
+        if key is None:
+            key = self._key = dumps(self.message["id"])
+        return key
 
     def with_id(self, new_id: Any) -> Frame:
         """A copy with another id (re-serialised compactly)."""
@@ -134,9 +139,12 @@ def parse_frame(body: bytes) -> Frame | None:
     return None if parsed is None else posted_frame(body, *parsed)
 
 
-def posted_frame(body: bytes, message: Any, items: list[dict[str, Any]]) -> Frame | None:
-    """The frame of C{body}, already parsed by L{json_rpc_items} (C{message}, its C{items}), or
-    C{None} when it carries what only the relay may send (presence)."""
-    if any(isinstance(item.get("method"), str) and item["method"] in _RELAY_ONLY for item in items):
-        return None
-    return Frame(body, message)
+def posted_frame(body: bytes, message: Any, items: list[dict[str, Any]], id_key: bytes | None = None) -> Frame | None:
+    """The frame of C{body}, already parsed by L{json_rpc_items} (C{message}, its C{items}; C{id_key}:
+    its id's L{Frame.id_key}, when the caller has it), or C{None} when it carries what only the
+    relay may send (presence)."""
+    for item in items:  # (a loop, not any() over a generator: once per posted frame)
+        method = item.get("method")
+        if isinstance(method, str) and method in _RELAY_ONLY:
+            return None
+    return Frame(body, message, id_key)

@@ -127,6 +127,13 @@ class ISessionStore(Interface):
     def delete_session(session_id: str) -> Deferred[bool]:
         """Delete a session; C{True} if it existed."""
 
+    def session_stamp() -> object | None:
+        """What changes whenever a session is created, replaced or deleted, read at once; C{None}
+        when the store cannot tell (a shared store: another process changes sessions unseen).
+
+        Read before a token is accepted and handed to that request's L{IPosts} step, it lets the
+        step skip comparing the token again while nothing has changed (one check per request)."""
+
     def expired_session_ids(cutoff: float) -> Deferred[list[str]]:
         """Ids of sessions with C{last_seen < cutoff}."""
 
@@ -291,14 +298,19 @@ class IPosts(Interface):
         key: bytes | None,
         correlation: Correlation | None,
         cap: int,
+        stamp: object | None = None,
     ) -> Deferred[InboxStart]:
-        """L{ISessionStore.check_session}; when it passes and C{key} is given,
+        """L{ISessionStore.check_session} (only the session's existence and touch while C{stamp},
+        the L{ISessionStore.session_stamp} read before this request's token was accepted, holds);
+        when it passes and C{key} is given,
         L{ICorrelations.correlation_pending}, then, when not pending and C{correlation} is given,
         L{ICorrelations.record_correlation}; then the subscribers of C{direction}."""
 
-    def start_outbox(session_id: str, token_hash: str, now: float, key: bytes | None) -> Deferred[OutboxStart]:
-        """L{ISessionStore.check_session}; when it passes, L{ICorrelations.consume_correlation} of
-        C{key} (if given) and L{ISubscriberStore.all_subscribers}."""
+    def start_outbox(
+        session_id: str, token_hash: str, now: float, key: bytes | None, stamp: object | None = None
+    ) -> Deferred[OutboxStart]:
+        """L{ISessionStore.check_session} (C{stamp} as in L{start_inbox}); when it passes,
+        L{ICorrelations.consume_correlation} of C{key} (if given) and L{ISubscriberStore.all_subscribers}."""
 
 
 class IMcpStore(ISessionStore, ISubscriberStore, IFrameQueues, IBacklogs, ICorrelations, IClientSessions, IPosts):
@@ -332,6 +344,8 @@ class MemoryStore:
         self.max_queue_items_seen = 0
         # Bytes of frames in every queue and backlog: what this process holds for absent readers.
         self.buffered = 0
+        # Counts every session created, replaced or deleted (session_stamp).
+        self.session_changes = 0
 
     # client sessions
 
@@ -356,6 +370,7 @@ class MemoryStore:
     def put_session(self, record: SessionRecord) -> Deferred[None]:
         self._disown(self.sessions.get(record.id))
         self.sessions[record.id] = record
+        self.session_changes += 1
         if record.owner:
             self.owned.setdefault(record.owner, set()).add(record.id)
         return succeed(None)
@@ -377,11 +392,13 @@ class MemoryStore:
     def check_session(self, session_id: str, token_hash: str, now: float) -> Deferred[str | None]:
         return succeed(self._check(session_id, token_hash, now))
 
-    def _check(self, session_id: str, token_hash: str, now: float) -> str | None:
+    def _check(self, session_id: str, token_hash: str, now: float, stamp: object | None = None) -> str | None:
+        """Authenticate and touch; the token is not compared again while no session has changed
+        since this request's token was accepted (C{stamp}: L{session_stamp} then)."""
         record = self.sessions.get(session_id)
         if record is None:
             return "session_gone"
-        if not hmac.compare_digest(record.token_hash, token_hash):
+        if (stamp is None or stamp != self.session_changes) and not hmac.compare_digest(record.token_hash, token_hash):
             return "invalid_token"
         record.last_seen = now
         return None
@@ -389,7 +406,12 @@ class MemoryStore:
     def delete_session(self, session_id: str) -> Deferred[bool]:
         record = self.sessions.pop(session_id, None)
         self._disown(record)
+        if record is not None:
+            self.session_changes += 1
         return succeed(record is not None)
+
+    def session_stamp(self) -> object | None:
+        return self.session_changes
 
     def expired_session_ids(self, cutoff: float) -> Deferred[list[str]]:
         return succeed([s.id for s in self.sessions.values() if s.last_seen < cutoff])
@@ -551,6 +573,10 @@ class MemoryStore:
     # correlations
 
     def record_correlation(self, session_id: str, key: bytes, correlation: Correlation, cap: int) -> Deferred[None]:
+        self._record_correlation(session_id, key, correlation, cap)
+        return succeed(None)
+
+    def _record_correlation(self, session_id: str, key: bytes, correlation: Correlation, cap: int) -> None:
         pending = self.correlations.get(session_id)
         if pending is None:
             pending = self.correlations[session_id] = OrderedDict()
@@ -558,12 +584,11 @@ class MemoryStore:
         pending[key] = correlation
         while len(pending) > cap:
             pending.popitem(last=False)
-        return succeed(None)
 
     def claim_correlation(self, session_id: str, key: bytes, correlation: Correlation, cap: int) -> Deferred[bool]:
         if key in self.correlations.get(session_id, ()):
             return succeed(False)
-        self.record_correlation(session_id, key, correlation, cap)
+        self._record_correlation(session_id, key, correlation, cap)
         return succeed(True)
 
     def correlation_pending(self, session_id: str, key: bytes) -> Deferred[bool]:
@@ -584,21 +609,24 @@ class MemoryStore:
         key: bytes | None,
         correlation: Correlation | None,
         cap: int,
+        stamp: object | None = None,
     ) -> Deferred[InboxStart]:
-        reason = self._check(session_id, token_hash, now)
+        reason = self._check(session_id, token_hash, now, stamp)
         if reason is not None:
             return succeed(InboxStart(reason))
         taken = recorded = False
         if key is not None:
             taken = key in self.correlations.get(session_id, ())
             if not taken and correlation is not None:
-                self.record_correlation(session_id, key, correlation, cap)
+                self._record_correlation(session_id, key, correlation, cap)
                 recorded = True
         subscribers = list(self.subs.get(session_id, {}).get(direction, {}).values())
         return succeed(InboxStart(None, taken, recorded, subscribers))
 
-    def start_outbox(self, session_id: str, token_hash: str, now: float, key: bytes | None) -> Deferred[OutboxStart]:
-        reason = self._check(session_id, token_hash, now)
+    def start_outbox(
+        self, session_id: str, token_hash: str, now: float, key: bytes | None, stamp: object | None = None
+    ) -> Deferred[OutboxStart]:
+        reason = self._check(session_id, token_hash, now, stamp)
         if reason is not None:
             return succeed(OutboxStart(reason))
         correlation = None

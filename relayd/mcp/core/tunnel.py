@@ -56,9 +56,12 @@ _OUTBOUND = metrics.mcp_frames.labels(direction="outbound")
 _EVICTED_SESSIONS = metrics.mcp_evictions.labels(kind="session")
 
 
-def _counted(result: Any, counter: Any) -> Any:
-    counter.inc()
-    return result
+def _labelled(subscribers: list[SubscriberRecord]) -> bool:
+    """Whether any of C{subscribers} reads under a label (a loop: asked once per reply)."""
+    for sub in subscribers:
+        if sub.label is not None:
+            return True
+    return False
 
 
 class Refused(Exception):
@@ -67,6 +70,29 @@ class Refused(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class Pass:
+    """A request's token for its session (L{TunnelRelay.token_pass}): the token's hash and the
+    store's L{IMcpStore.session_stamp}, read before L{TunnelRelay.check} is asked with it. Once the
+    check has accepted it, the request's own store step (its frame's post) neither hashes the token
+    again nor, while no session has changed since, compares it again: one token check per request.
+    A pass whose check has not accepted it stands for nothing."""
+
+    __slots__ = ("session", "digest", "stamp")
+
+    def __init__(self, session: str, digest: str, stamp: object | None) -> None:
+        self.session = session
+        self.digest = digest
+        self.stamp = stamp
+
+
+def _credentials(checked: Pass | None, session_id: str, token: str) -> tuple[str, object | None]:
+    """The token's hash and the stamp to post C{session_id}'s frame with (a pass stands only for
+    its own session)."""
+    if checked is not None and checked.session == session_id:
+        return checked.digest, checked.stamp
+    return token_hash(token), None
 
 
 @dataclass(frozen=True)
@@ -160,46 +186,62 @@ class TunnelRelay:
         address registering it (C{""}: none to bound)."""
         return run(self._register(session_id, token, owner))
 
-    def check(self, session_id: str, token: str) -> Deferred[str | None]:
-        """C{None} for a live session and good token (sliding the TTL), else the reason."""
+    def check(self, session_id: str, token: str, passed: Pass | None = None) -> Deferred[str | None]:
+        """C{None} for a live session and good token (sliding the TTL), else the reason; C{passed}:
+        the request's L{token_pass} (its hash is used), to hand to its post once accepted."""
         if not session_id or not token:
             return succeed("invalid_token")
+        digest = token_hash(token) if passed is None else passed.digest
         # The store's own step (one round trip), without a coroutine around it: asked once per request.
         try:
-            return self.store.check_session(session_id, token_hash(token), self._now())
+            return self.store.check_session(session_id, digest, self._now())
         except Exception:
             return fail()
+
+    def token_pass(self, session_id: str, token: str) -> Pass:
+        """The L{Pass} of a request's token, to ask L{check} with (the stamp is read before the check:
+        a session changed after it shows as another stamp); once accepted, hand it to the request's
+        L{forward_to_page} or L{outbox} (C{checked=}), which then do not check the token again."""
+        return Pass(session_id, token_hash(token), self.store.session_stamp())
 
     def validate(self, session_id: str, token: str) -> Deferred[bool]:
         """Whether C{check} succeeds."""
         return self.check(session_id, token).addCallback(lambda reason: reason is None)
 
-    def inbox(self, session_id: str, token: str, body: bytes, label: str | None = None) -> Deferred[None]:
-        """An agent's frame for the page (fans out on C{inbound})."""
-        return self.forward(session_id, token, body, label).addCallback(lambda _: None)
+    def inbox(
+        self, session_id: str, token: str, body: bytes, label: str | None = None, checked: Pass | None = None
+    ) -> Deferred[None]:
+        """An agent's frame for the page (fans out on C{inbound}); C{checked}: this request's
+        L{Pass}, when L{check} has accepted its token already."""
+        return self.forward(session_id, token, body, label, checked).addCallback(lambda _: None)
 
-    def forward(self, session_id: str, token: str, body: bytes, label: str | None = None) -> Deferred[Frame]:
+    def forward(
+        self, session_id: str, token: str, body: bytes, label: str | None = None, checked: Pass | None = None
+    ) -> Deferred[Frame]:
         """L{inbox}, firing with the frame as the page received it (its id rewritten on a collision)."""
-        return self.forward_frame(session_id, token, parse_frame(body), label)
+        return self.forward_frame(session_id, token, parse_frame(body), label, checked)
 
-    def forward_frame(self, session_id: str, token: str, frame: Frame | None, label: str | None = None) -> Deferred[Frame]:
+    def forward_frame(
+        self, session_id: str, token: str, frame: Frame | None, label: str | None = None, checked: Pass | None = None
+    ) -> Deferred[Frame]:
         """L{forward} of a frame its caller has parsed already (C{None}: not a valid frame)."""
-        return self.forward_to_page(session_id, token, frame, label).addCallback(lambda sent: sent[0])
+        return self.forward_to_page(session_id, token, frame, label, checked).addCallback(lambda sent: sent[0])
 
     def forward_to_page(
-        self, session_id: str, token: str, frame: Frame | None, label: str | None = None
+        self, session_id: str, token: str, frame: Frame | None, label: str | None = None, checked: Pass | None = None
     ) -> Deferred[tuple[Frame, bool]]:
         """L{forward_frame}, firing with the frame and whether a page was reading the session
         (C{False}: nobody reads C{inbound}, the frame waits in the first-frame backlog)."""
-        return run(self._inbox(session_id, token, frame, label)).addCallback(_counted, _INBOUND)
+        return run(self._inbox(session_id, token, frame, label, checked))
 
     def hosted(self, session_id: str) -> Deferred[bool]:
         """Whether a page reads the session's C{inbound} direction (an SSE stream or a poller)."""
         return self.store.subscribers(session_id, INBOUND).addCallback(bool)
 
-    def outbox(self, session_id: str, token: str, body: bytes) -> Deferred[None]:
-        """The page's frame for the agents (fans out on C{outbound}, replies scoped by label)."""
-        return run(self._outbox(session_id, token, body)).addCallback(_counted, _OUTBOUND)
+    def outbox(self, session_id: str, token: str, body: bytes, checked: Pass | None = None) -> Deferred[None]:
+        """The page's frame for the agents (fans out on C{outbound}, replies scoped by label);
+        C{checked} as in L{inbox}."""
+        return run(self._outbox(session_id, token, body, checked))
 
     def open_stream(
         self,
@@ -384,7 +426,9 @@ class TunnelRelay:
         # One store round trip: look up, compare and slide the TTL together.
         return await self.store.check_session(session_id, token_hash(token), self._now())
 
-    async def _inbox(self, session_id: str, token: str, frame: Frame | None, label: str | None) -> tuple[Frame, bool]:
+    async def _inbox(
+        self, session_id: str, token: str, frame: Frame | None, label: str | None, checked: Pass | None
+    ) -> tuple[Frame, bool]:
         if not session_id or not token:
             raise Refused("invalid_token_or_frame")
         key: bytes | None = None
@@ -396,8 +440,9 @@ class TunnelRelay:
                 bad_id = True  # an id too deep to write
         # One store round trip: authenticate and touch, correlate, read the readers.
         correlation = None if label is None or key is None else Correlation(label, None)
+        digest, stamp = _credentials(checked, session_id, token)
         start = await self.store.start_inbox(
-            session_id, token_hash(token), self._now(), INBOUND, key, correlation, self.config.correlations_per_session
+            session_id, digest, self._now(), INBOUND, key, correlation, self.config.correlations_per_session, stamp
         )
         if start.reason == "session_gone":
             raise Refused(start.reason)
@@ -420,6 +465,7 @@ class TunnelRelay:
                 # Not delivered: nothing will answer this request, so do not keep its reply route.
                 await self.store.consume_correlation(session_id, frame.id_key)
             raise
+        _INBOUND.inc()  # (counted here, not by a callback on the post's Deferred)
         return frame, read
 
     async def _correlate(self, session_id: str, frame: Frame, label: str | None) -> Frame:
@@ -443,7 +489,7 @@ class TunnelRelay:
             if free:
                 return frame.with_id(fresh)
 
-    async def _outbox(self, session_id: str, token: str, body: bytes) -> None:
+    async def _outbox(self, session_id: str, token: str, body: bytes, checked: Pass | None) -> None:
         if not session_id or not token:
             raise Refused("invalid_token_or_frame")
         frame = parse_frame(body)
@@ -455,7 +501,8 @@ class TunnelRelay:
             except ValueError:
                 bad_id = True  # an id too deep to write
         # One store round trip: authenticate and touch, consume the reply's correlation, read the readers.
-        start = await self.store.start_outbox(session_id, token_hash(token), self._now(), key)
+        digest, stamp = _credentials(checked, session_id, token)
+        start = await self.store.start_outbox(session_id, digest, self._now(), key, stamp)
         if start.reason == "session_gone":
             raise Refused(start.reason)
         if start.reason is not None or frame is None or bad_id:
@@ -465,6 +512,7 @@ class TunnelRelay:
             correlation = start.correlation
             try:
                 if await self._route_reply(session_id, frame, correlation, start.inbound, start.outbound):
+                    _OUTBOUND.inc()
                     return
             except Refused:
                 if correlation is not None:
@@ -474,6 +522,7 @@ class TunnelRelay:
                     )
                 raise
         await self._fan_out(session_id, OUTBOUND, frame, subscribers=start.outbound)
+        _OUTBOUND.inc()
 
     async def _route_reply(
         self,
@@ -489,7 +538,7 @@ class TunnelRelay:
                 frame = frame.with_id(loads_json(correlation.original_id))
             except ValueError:
                 raise Refused("invalid_token_or_frame") from None  # a reply too deep to rewrite
-        labelled = any(s.label is not None for s in outbound) or any(s.label is not None for s in inbound)
+        labelled = _labelled(outbound) or _labelled(inbound)
         if labelled:
             # Scoped: only the asker's subscribers; an uncorrelated or replayed reply reaches nobody.
             if correlation is not None:
@@ -534,7 +583,10 @@ class TunnelRelay:
         """
         config = self.config
         if posted:
-            pollers = sum(1 for sub in subscribers if sub.kind != SSE)
+            pollers = 0
+            for sub in subscribers:  # (a loop, not sum() over a generator: once per posted frame)
+                if sub.kind != SSE:
+                    pollers += 1
             if pollers:
                 await self._admit(pollers * len(frame.json_string))
         sinks = self._sinks

@@ -15,7 +15,7 @@ from twisted.python.failure import Failure
 from twisted.web.server import Request
 
 from relayd.mcp.core import standard
-from relayd.mcp.core.tunnel import TunnelRelay
+from relayd.mcp.core.tunnel import Pass, TunnelRelay
 from relayd.mcp.endpoint.answers import UNAUTHORIZED, rpc_error, token_refused
 from relayd.process.cors import OriginPolicy
 from relayd.web.answers import Answer
@@ -29,19 +29,24 @@ _ADMITTED: Final = "relayd_mcp_admitted"  # the request attribute holding its Ad
 
 class Admitted:
     """A request past the endpoint's header checks: its token, its protocol version and the
-    tunnel's check of the token (started once, answered to whoever asks)."""
+    tunnel's check of the token (started once, answered to whoever asks; C{passed}: the token's
+    L{Pass} once accepted, for the request's post to the page)."""
 
-    __slots__ = ("token", "version", "settled", "result", "waiting")
+    __slots__ = ("token", "version", "settled", "result", "waiting", "passed", "_pass")
 
-    def __init__(self, token: str, version: str | None, checked: Deferred[str | None]) -> None:
+    def __init__(self, token: str, version: str | None, token_pass: Pass, checked: Deferred[str | None]) -> None:
         self.token = token
         self.version = version
         self.settled = False
         self.result: str | Failure | None = None  # the refusal reason, None (accepted) or the failure
         self.waiting: Deferred[str | None] | None = None
+        self.passed: Pass | None = None
+        self._pass = token_pass
         checked.addBoth(self._settle)  # (kept here: a request never rendered leaves no unhandled failure)
 
     def _settle(self, result: str | Failure | None) -> None:
+        if result is None:
+            self.passed = self._pass
         self.settled, self.result = True, result
         waiting, self.waiting = self.waiting, None
         if waiting is not None:
@@ -113,7 +118,9 @@ class Admission:
         token = request_token(request)
         if not token:
             return UNAUTHORIZED
-        admitted = Admitted(token, version, self.tunnel.check(session, token))
+        tunnel = self.tunnel
+        token_pass = tunnel.token_pass(session, token)
+        admitted = Admitted(token, version, token_pass, tunnel.check(session, token, token_pass))
         setattr(request, _ADMITTED, admitted)
         return admitted
 

@@ -94,11 +94,12 @@ class Intake:
         """The body as the tunnel's frame, as posted and parsed once (C{None}: presence, the relay's own)."""
         return posted_frame(self.body, self.message, self.messages)
 
-    def request_frame(self, request: dict[str, Any]) -> Frame | None:
+    def request_frame(self, request: dict[str, Any], id_key: bytes | None = None) -> Frame | None:
         """One of its requests as a frame: the posted bytes when it is the whole body, else its
-        compact JSON (a batch's element, or one whose progress token was rewritten)."""
+        compact JSON (a batch's element, or one whose progress token was rewritten); C{id_key}: its
+        id's compact JSON, when the caller has written it."""
         raw = self.body if request is self.message else dumps(request)
-        return posted_frame(raw, request, [request])
+        return posted_frame(raw, request, [request], id_key)
 
 
 def read_messages(request: Request, one_request: bool = True) -> Intake | Answer:

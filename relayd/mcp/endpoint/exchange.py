@@ -18,7 +18,7 @@ from relayd.mcp.core.clients import Client, ClientKind, Clients, Pending
 from relayd.mcp.core.jsontext import dumps
 from relayd.mcp.core.store import OUTBOUND, ClientRecord
 from relayd.mcp.core.tokens import label_tag
-from relayd.mcp.core.tunnel import TunnelRelay
+from relayd.mcp.core.tunnel import Pass, TunnelRelay
 from relayd.mcp.endpoint.admission import client_address
 from relayd.mcp.endpoint.answers import (
     ACCEPTED,
@@ -186,12 +186,19 @@ class Exchange:
         return PostReply(request, sse_ok, headers, self.hub, self.clients.config.stream_max_bytes)
 
     async def forward(
-        self, request: Request, client: Client, intake: Intake, reply: PostReply | None, first: bool = False
+        self,
+        request: Request,
+        client: Client,
+        intake: Intake,
+        reply: PostReply | None,
+        first: bool = False,
+        checked: Pass | None = None,
     ) -> Answer | None:
         """Forward the one request of C{intake} to the page; C{None}: its answer comes later, through
         its L{Pending} and C{reply} (L{post_reply}); with no C{reply} (the client session's answers
         ride its stream) the request is answered C{202} now. C{first}: the client session's
-        C{initialize} (no session id was given out yet, so a refusal ends it)."""
+        C{initialize} (no session id was given out yet, so a refusal ends it); C{checked}: the
+        request's L{Pass} (its token, the client's now, accepted at admission)."""
         message = intake.requests[0]
         clients = self.clients
         config = clients.config
@@ -223,7 +230,7 @@ class Exchange:
             pending.timer = clients.clock.call_later(timeout, pending.expire)
         try:
             frame, read = await self.tunnel.forward_to_page(
-                session, client.token, intake.request_frame(message), client.label
+                session, client.token, intake.request_frame(message, key), client.label, checked
             )
         except Exception:
             pending.settle()
@@ -238,7 +245,9 @@ class Exchange:
             pending.wait_for_page(timeout)  # no page reads the session: answer soon if none comes back
         return ACCEPTED if reply is None else None
 
-    async def notify(self, session: str, token: str, label: str | None, intake: Intake) -> Answer:
+    async def notify(
+        self, session: str, token: str, label: str | None, intake: Intake, checked: Pass | None = None
+    ) -> Answer:
         """Notifications and responses: forwarded as they are (a response keeps the page's own id)."""
-        await self.tunnel.forward_frame(session, token, intake.frame(), label)
+        await self.tunnel.forward_frame(session, token, intake.frame(), label, checked)
         return ACCEPTED

@@ -67,7 +67,7 @@ class LegacySSE:
             intake = read_messages(request, one_request=False)
             if isinstance(intake, Answer):
                 return intake
-            return await exchange.notify(session, admitted.token, record.label, intake)
+            return await exchange.notify(session, admitted.token, record.label, intake, admitted.passed)
         if client.session != session or client.kind is not ON_ITS_STREAM:
             return UNKNOWN_LEGACY_CLIENT
         intake = read_messages(request)

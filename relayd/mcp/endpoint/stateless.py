@@ -29,7 +29,7 @@ class Stateless:
     ) -> Answer | None:
         exchange = self.exchange
         if not intake.requests:
-            return await exchange.notify(session, admitted.token, None, intake)
+            return await exchange.notify(session, admitted.token, None, intake, admitted.passed)
         message = intake.requests[0]
         why = standard.header_mismatch(
             message, admitted.version, header(request, b"mcp-method"), header(request, b"mcp-name")
@@ -42,4 +42,5 @@ class Stateless:
         refused = await exchange.open(client)
         if refused is not None:
             return refused
-        return await exchange.forward(request, client, intake, exchange.post_reply(request, sse_ok, []))
+        reply = exchange.post_reply(request, sse_ok, [])
+        return await exchange.forward(request, client, intake, reply, checked=admitted.passed)

@@ -56,13 +56,14 @@ class StreamableHTTP:
             if refused is not None:
                 return refused
             reply = exchange.post_reply(request, sse_ok, session_header(client))
-            return await exchange.forward(request, client, intake, reply, first=True)
+            return await exchange.forward(request, client, intake, reply, first=True, checked=admitted.passed)
         found = await exchange.find(request, session, token, sid, SESSIONS)
         if isinstance(found, Answer):
             return found
         if requests:
-            return await exchange.forward(request, found, intake, exchange.post_reply(request, sse_ok, session_header(found)))
-        return await exchange.notify(session, token, found.label, intake)
+            reply = exchange.post_reply(request, sse_ok, session_header(found))
+            return await exchange.forward(request, found, intake, reply, checked=admitted.passed)
+        return await exchange.notify(session, token, found.label, intake, admitted.passed)
 
     async def get(self, request: Request, session: str, admitted: Admitted) -> Answer | None:
         if "text/event-stream" not in (header(request, b"accept") or ""):

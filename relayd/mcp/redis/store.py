@@ -253,6 +253,10 @@ class RedisStore:
         d = self._run("session_check", keys, session_id, token_hash, repr(now))
         return d.addCallback(lambda reason: None if reason is None else _text(reason))
 
+    def session_stamp(self) -> object | None:
+        # Other instances change sessions unseen: every post's script authenticates (stamp ignored).
+        return None
+
     def delete_session(self, session_id: str) -> Deferred[bool]:
         keys = [self._session_key(session_id), self._sessions_of(session_id)]
         return self._run("session_delete", keys, session_id).addCallback(lambda n: int(n) > 0)
@@ -419,6 +423,7 @@ class RedisStore:
         key: bytes | None,
         correlation: Correlation | None,
         cap: int,
+        stamp: object | None = None,
     ) -> Deferred[InboxStart]:
         c, co = self._correlation_keys(session_id)
         keys = [self._session_key(session_id), self._sessions_of(session_id), c, co, self._sub_key(session_id, direction)]
@@ -432,7 +437,9 @@ class RedisStore:
         d = self._run("inbox", keys, session_id, token_hash, repr(now), b"" if key is None else key, value, cap)
         return d.addCallback(build)
 
-    def start_outbox(self, session_id: str, token_hash: str, now: float, key: bytes | None) -> Deferred[OutboxStart]:
+    def start_outbox(
+        self, session_id: str, token_hash: str, now: float, key: bytes | None, stamp: object | None = None
+    ) -> Deferred[OutboxStart]:
         c, co = self._correlation_keys(session_id)
         keys = [
             self._session_key(session_id),

@@ -1,0 +1,96 @@
+"""One tools/call through the standard endpoint does each per-request step once per HTTP request.
+
+The token is checked once (hashed once, compared once with the session's): the client's POST at
+admission and the page's answer on C{outbox} at the end of its headers; the frame's post to the
+store neither hashes nor compares it again (relayd.mcp.core.tunnel.Pass). The CORS headers are set
+once, though a POST's route is prepared both at the end of its headers and when it is rendered.
+"""
+
+from __future__ import annotations
+
+import hmac
+from types import SimpleNamespace
+from typing import Any
+
+from relayd.mcp.core import store as store_module
+from relayd.mcp.core import tunnel as tunnel_module
+from relayd.mcp.core.tokens import token_hash
+from relayd.mcp.core.tunnel import Refused
+from relayd.process.cors import OriginPolicy
+from tests.support.inmemory import InMemoryEndpointCase
+from tests.support.mcp import SESSION, TOKEN
+
+
+class OneCheckPerRequest(InMemoryEndpointCase):
+    silent = frozenset({"tools/call"})
+
+    def count_checks(self) -> list[str]:
+        """From now on, every token the tunnel hashes ("hash") and every hash the memory store
+        compares with a session's ("compare")."""
+        seen: list[str] = []
+
+        def hashing(token: str) -> str:
+            seen.append("hash")
+            return token_hash(token)
+
+        def comparing(a: str, b: str) -> bool:
+            seen.append("compare")
+            return hmac.compare_digest(a, b)
+
+        self.patch(tunnel_module, "token_hash", hashing)
+        self.patch(store_module, "hmac", SimpleNamespace(compare_digest=comparing))
+        return seen
+
+    def call(self, sid: str, n: int) -> Any:
+        answered = self.send_mcp({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"name": "t"}}, sid=sid)
+        self.settle()
+        seen = self.page.seen[-1]
+        assert seen["method"] == "tools/call"
+        self.page.send({"jsonrpc": "2.0", "id": seen["id"], "result": {"n": n}})
+        self.settle()
+        return answered.reply()
+
+    def test_a_round_trip_checks_the_token_once_per_request(self) -> None:
+        sid = self.initialize()
+        checked = self.count_checks()
+        reply = self.call(sid, 7)
+        assert reply.code == 200 and reply.json()["result"] == {"n": 7}
+        # The client's POST at admission, the page's outbox POST at the end of its headers.
+        assert checked == ["hash", "compare", "hash", "compare"]
+
+    def test_a_round_trip_sets_the_cors_headers_once_per_request(self) -> None:
+        sid = self.initialize()
+        applied: list[object] = []
+        apply = OriginPolicy.apply
+
+        def counting(policy: OriginPolicy, request: Any) -> None:
+            applied.append(request)
+            apply(policy, request)
+
+        self.patch(OriginPolicy, "apply", counting)
+        reply = self.call(sid, 8)
+        assert reply.code == 200 and reply.header("access-control-allow-origin") == "*"
+        assert len(applied) == 2 and applied[0] is not applied[1]  # the client's POST, the page's
+
+    def test_a_session_changed_meanwhile_is_checked_again(self) -> None:
+        # Another session registered between the check and the post: the post compares the token.
+        checked = self.count_checks()
+        passed = self.tunnel.token_pass(SESSION, TOKEN)
+        self.tunnel.check(SESSION, TOKEN, passed).addCallback(self.assertIsNone)
+        self.register("other-session")
+        del checked[:]
+        self.tunnel.outbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","method":"notifications/x"}', passed)
+        assert checked == ["compare"]  # (the pass's hash, compared again)
+
+    def test_a_pass_does_not_outlive_its_session(self) -> None:
+        # Ended and registered again with another token between the check and the post: refused.
+        passed = self.tunnel.token_pass(SESSION, TOKEN)
+        self.tunnel.check(SESSION, TOKEN, passed).addCallback(self.assertIsNone)
+        self.tunnel.drop_session(SESSION)
+        self.register(SESSION, "another_token_0123456789abcdef")
+        failed: list[Any] = []
+        self.tunnel.outbox(SESSION, TOKEN, b'{"jsonrpc":"2.0","method":"notifications/x"}', passed).addErrback(
+            failed.append
+        )
+        assert failed and isinstance(failed[0].value, Refused)
+        assert failed[0].value.reason == "invalid_token_or_frame"
