@@ -1,6 +1,6 @@
-"""The one place relayd reaches into txredisapi's private state (relayd/storage/redis.py is its one user).
+"""The one place relayd reaches into txredisapi's private state (relayd/storage/redis.py and sharded.py use it).
 
-Twice relayd replaces what txredisapi does inside its protocol, and each time it must know how
+Three times relayd replaces what txredisapi does inside its protocol, and each time it must know how
 txredisapi does it. Each reliance is detected once, at import, on the installed txredisapi (the
 names it relies on must appear in the txredisapi methods that use them); when a release drops them
 the flag is off and relayd takes txredisapi's own path, plainer but working. The pool, its factory
@@ -77,3 +77,33 @@ class WholeReads:
             rest, self._rest = self._rest, b""
             result = super().dataReceived(rest)  # type: ignore[misc]
         return result
+
+
+# -- replies: sharded pub/sub, which txredisapi does not know ---------------------------------------
+
+OWN_REPLIES = code_uses(txredisapi.BaseRedisProtocol.multiBulkDataReceived, "replyReceived") and code_uses(
+    txredisapi.BaseRedisProtocol.lineReceived, "replyReceived"
+)
+"""txredisapi's parser hands every complete reply, a server's unasked push too, to the protocol's
+C{replyReceived}: relayd's sharded subscriber (relayd/storage/sharded.py) takes them there, once its
+handshake is done, and sends its commands on the transport itself. txredisapi's SubscriberProtocol
+knows neither C{SSUBSCRIBE}'s replies nor C{smessage} (it would queue them as answers nobody asked
+for). Without it relayd's Redis Cluster client keeps pub/sub classic (one channel, forwarded by the
+cluster to every node), as it did before sharded pub/sub."""
+
+
+class OwnReplies:
+    """Mixed into a txredisapi protocol: once C{own_replies} is set, every reply goes to
+    C{own_reply(reply)} (a list, bytes, an int, or a C{ResponseError} for an error reply) instead of
+    txredisapi's reply queue."""
+
+    own_replies = False
+
+    def own_reply(self, reply: Any) -> None:
+        raise NotImplementedError
+
+    def replyReceived(self, reply: Any) -> None:
+        if self.own_replies:
+            self.own_reply(reply)
+            return
+        super().replyReceived(reply)  # type: ignore[misc]

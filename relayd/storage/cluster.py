@@ -16,7 +16,12 @@ txredisapi has no Cluster support: this routes each command to the master that o
 - The keyspace version and bounds (relayd/storage/redis.py) are checked once the map is known,
   each key routed to its own slot (the marker check is one C{EXISTS} per key), instead of on every
   pool connection.
-- Pub/sub stays classic (a cluster forwards every C{PUBLISH} to every node), on any node that can be
+- The AEP fan-out, the one pub/sub of every accepted event, is sharded (C{SPUBLISH} from the append
+  script on its bucket's shard channel, heard on that slot's master): L{ClusterRedis.shard_bus} is
+  the process's L{ShardedBus} (relayd/storage/sharded.py), one subscriber connection per master,
+  which places its channels by the slot map (L{ClusterRedis.on_map}) and follows their slots.
+- The other pub/sub (commands to one instance, MCP instance channels, broker receipts: low volume)
+  stays classic (a cluster forwards every C{PUBLISH} to every node), on any node that can be
   reached: each bus connects to the first of L{ClusterRedis.bus_order} (the seeds as given, then the
   other known masters by address) that accepts, so it moves on when its node goes; and keyless
   commands (C{PUBLISH}) go to the first of that order whose pool is up. A C{PUBLISH}'s count of
@@ -28,7 +33,7 @@ txredisapi has no Cluster support: this routes each command to the master that o
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 from weakref import WeakKeyDictionary
 
 import txredisapi
@@ -41,6 +46,7 @@ from zope.interface import implementer
 
 from relayd.base.clock import Timekeeper
 from relayd.base.errors import StoreRefused, StoreUnavailable
+from relayd.compat import txredisapi as fence
 from relayd.storage.buckets import SLOTS, key_slot
 from relayd.storage.redis import (
     DEFAULT_TIMEOUT,
@@ -55,6 +61,7 @@ from relayd.storage.redis import (
     first_error,
     parse_redis_url,
 )
+from relayd.storage.sharded import ShardedBus
 
 MAX_REDIRECTS = 5
 REFRESH_AT_MOST = 0.25  # seconds between two reads of the slot map
@@ -147,6 +154,10 @@ class ClusterRedis(Redis):
     # No Sentinel (each master's pool is a L{Redis}, which does what a write's options ask, C{WAIT}
     # included).
     follower: Any = None
+    # The AEP fan-out is published on shard channels (C{SPUBLISH}), each heard on its slot's master
+    # (L{shard_bus}), rather than on one classic channel the cluster forwards to every node; on a
+    # txredisapi whose replies relayd cannot take (relayd/compat/txredisapi.py), classic.
+    sharded_pubsub = fence.OWN_REPLIES
 
     def __init__(
         self,
@@ -185,11 +196,14 @@ class ClusterRedis(Redis):
         self._closing = False
         self._nodes: dict[Address, _Node] = {}
         self._slots: list[Address | None] = [None] * SLOTS
+        self._masters: set[Address] = set()
         self._mapped = False  # the slot map was read
         self._checked = False  # and the keyspace checked: commands are sent
         self._refreshing: Deferred[None] | None = None
         self._last_refresh = -REFRESH_AT_MOST
         self._later: Any = None
+        self._map_listeners: list[Callable[[], None]] = []
+        self._shard_bus: ShardedBus | None = None
         # The node each bus connection went to, by its transport (L{_AnyNode}).
         self._bus_nodes: WeakKeyDictionary[Any, Address] = WeakKeyDictionary()
         for seed in self.url.seeds:
@@ -250,6 +264,33 @@ class ClusterRedis(Redis):
     def connected(self) -> bool:
         return self._checked and self.refusal is None
 
+    def owner_of(self, slot: int) -> Address | None:
+        """The master that owns C{slot} as the slot map says (C{None} before it is read)."""
+        return self._slots[slot]
+
+    def masters(self) -> set[Address]:
+        """The masters of the slot map as last read (and those a C{MOVED} named since)."""
+        return self._masters
+
+    def on_map(self, listener: Callable[[], None]) -> None:
+        """Call C{listener()} after every read of the slot map (L{ShardedBus} places its channels)."""
+        self._map_listeners.append(listener)
+
+    def moved(self, slot: int, where: str, answered_by: Address) -> None:
+        """A node answered C{MOVED slot where} (C{host:port}, the host empty for the node that
+        answered): the slot is there now, and the map is read again."""
+        host, _, port = where.rpartition(":")
+        address = (host.strip("[]") or answered_by[0], int(port))
+        self._slots[slot] = address
+        self._masters.add(address)
+        self.refresh()
+
+    def shard_bus(self) -> ShardedBus:
+        """The process's sharded subscriber (one connection per master, made when first asked)."""
+        if self._shard_bus is None:
+            self._shard_bus = ShardedBus(self)
+        return self._shard_bus
+
     def refresh(self) -> Deferred[None]:
         """Read the slot map again (now, or once L{REFRESH_AT_MOST} has passed since the last read)."""
         if self._refreshing is not None or self._closing or self.refusal is not None:
@@ -297,6 +338,7 @@ class ClusterRedis(Redis):
             masters.add(address)
             slots[start : end + 1] = [address] * (end - start + 1)
         self._slots = slots
+        self._masters = masters
         for address in masters:
             self._node(address)
         for address in list(self._nodes):
@@ -304,6 +346,8 @@ class ClusterRedis(Redis):
                 self._nodes.pop(address).close()
         first = not self._mapped
         self._mapped = True
+        for listener in list(self._map_listeners):
+            listener()
         if not self._checked:
             await self._check_keyspace()
             self._checked = True
@@ -402,12 +446,11 @@ class ClusterRedis(Redis):
                 if redirects >= MAX_REDIRECTS:
                     self.refresh()
                     raise StoreUnavailable(store, f"the Redis Cluster's slots keep moving ({words[0]} {words[1]})")
+                if words[0] == "MOVED":
+                    self.moved(int(words[1]), words[2], (node.url.host, node.url.port))
+                    return self._send(store, command, redirects + 1, options=options)
                 host, _, port = words[2].rpartition(":")
                 address = (host.strip("[]") or node.url.host, int(port))
-                if words[0] == "MOVED":
-                    self._slots[int(words[1])] = address
-                    self.refresh()
-                    return self._send(store, command, redirects + 1, options=options)
                 return self._send(store, command, redirects + 1, asking=address, options=options)
         elif f.check(StoreRefused):
             if f.value.code in _TOPOLOGY:  # type: ignore[union-attr]
@@ -456,6 +499,8 @@ class ClusterRedis(Redis):
             self._later = None
         ds = [bus.close() for bus in list(self._buses)] + [node.close() for node in self._nodes.values()]
         self._buses = []
+        if self._shard_bus is not None:
+            ds.append(self._shard_bus.close())
         return defer.gatherResults(ds, consumeErrors=True)
 
 

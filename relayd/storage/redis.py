@@ -478,6 +478,9 @@ class Redis:
     # clients do not: relayd/storage/cluster.py checks them once, routed by slot).
     checks_keyspace = True
     what = "Redis"  # in the log lines about its connections
+    # Whether the AEP fan-out uses shard channels (a Redis Cluster's: relayd/storage/cluster.py);
+    # a single primary and Sentinel keep one classic channel, which works on every Redis version.
+    sharded_pubsub = False
 
     def __init__(
         self,

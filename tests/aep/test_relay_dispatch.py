@@ -1,14 +1,16 @@
 """relayd.aep.core.relay: once the store has a batch, a failure while fanning it out is logged and the
-batch still counts as accepted (the emitter must not be told 503 for events that will be replayed)."""
+batch still counts as accepted (the emitter must not be told 503 for events that will be replayed);
+the relay tells its fan-out which sessions its subscriptions need."""
 
 from __future__ import annotations
 
 import json
 
+from twisted.internet.defer import Deferred, succeed
 from twisted.trial.unittest import TestCase
 
 from relayd.aep.core.event import Event
-from relayd.aep.core.filters import match_all
+from relayd.aep.core.filters import match_all, pin_of
 from relayd.aep.core.relay import EventRelay, Subscriber
 from relayd.aep.core.store import MemoryEventLog
 from tests.support.aep import event
@@ -30,3 +32,79 @@ class FailedFanOut(TestCase):
         self.successResultOf(relay.ingest([Event(ev, json.dumps(ev).encode())]))
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
         self.assertEqual([e.position for e in self.successResultOf(log.replay("kept", (0, -1))).events], [(0, 0)])
+
+
+class Needs:
+    """A fan-out that records what the relay says its subscriptions need (no Redis)."""
+
+    def __init__(self, deliver: object) -> None:
+        self.held: list[tuple[str, ...] | None] = []
+        self.heard: Deferred[None] | None = None  # what need answers
+
+    def publish(self, events: object) -> object:
+        return succeed(None)
+
+    def need(self, sessions: tuple[str, ...] | None) -> Deferred[None] | None:
+        self.held.append(sessions)
+        return self.heard
+
+    def release(self, sessions: tuple[str, ...] | None) -> None:
+        self.held.remove(sessions)
+
+
+class FanoutNeeds(TestCase):
+    """The relay tells its fan-out which sessions its subscriptions need, so that a fan-out split by
+    session (a Redis Cluster's shard channels, relayd/aep/redis/fanout.py) listens to those only."""
+
+    def test_each_subscription_needs_its_pinned_sessions_or_all_until_it_goes(self) -> None:
+        made: list[Needs] = []
+
+        def fanout(deliver: object) -> Needs:
+            made.append(Needs(deliver))
+            return made[0]
+
+        relay = EventRelay(MemoryEventLog(10, 10), token=None, buffer=10, max_from=10, seconds=lambda: 0.0,
+                           fanout=fanout)  # type: ignore[arg-type]  # fmt: skip
+        needs = made[0]
+        one, two, every, typed = object(), object(), object(), object()
+        relay.subscribe(one, Subscriber(match_all, None, pin_of({"session": "X"})))
+        relay.subscribe(two, Subscriber(match_all, None, pin_of({"session": ["X", "Y"], "type": "a"})))
+        relay.subscribe(every, Subscriber(match_all, None, None))
+        relay.subscribe(typed, Subscriber(match_all, None, pin_of({"type": "a"})))  # pins no session: all
+        self.assertEqual(needs.held, [("X",), ("X", "Y"), None, None])
+        relay.subscribe(one, Subscriber(match_all, None, pin_of({"session": "Z"})))  # replaced
+        self.assertEqual(sorted(needs.held, key=str), sorted([("Z",), ("X", "Y"), None, None], key=str))
+        for key in (one, two, every, typed):
+            self.assertTrue(relay.unsubscribe(key))
+        self.assertFalse(relay.unsubscribe(one))  # released once only
+        self.assertEqual(needs.held, [])
+
+    def test_a_replay_is_read_once_the_other_instances_events_are_heard(self) -> None:
+        """No event of another instance falls between the history read and the live events."""
+        made: list[Needs] = []
+
+        def fanout(deliver: object) -> Needs:
+            made.append(Needs(deliver))
+            return made[0]
+
+        log = MemoryEventLog(10, 10)
+        relay = EventRelay(log, token=None, buffer=10, max_from=10, seconds=lambda: 0.0,
+                           fanout=fanout)  # type: ignore[arg-type]  # fmt: skip
+        ev = event("kept", 0)
+        self.successResultOf(log.append([Event(ev, json.dumps(ev).encode())]))
+        made[0].heard = heard = Deferred()  # the shard channel's SSUBSCRIBE not yet answered
+        sub = Subscriber(match_all, None, pin_of({"session": "kept"}))
+        relay.subscribe(object(), sub)
+        reader = relay.reader(sub, [("kept", (0, -1))], False)
+        loaded = reader.load()
+        assert isinstance(loaded, Deferred)
+        self.assertNoResult(loaded)
+        heard.callback(None)
+        self.assertTrue(self.successResultOf(loaded))
+        item = reader.take()
+        assert isinstance(item, Event)
+        self.assertEqual(item.position, (0, 0))
+        made[0].heard = None  # heard already: the next replay is read at once
+        other = Subscriber(match_all, None, pin_of({"session": "kept"}))
+        relay.subscribe(object(), other)
+        self.assertIs(relay.reader(other, [("kept", (0, -1))], False).load(), True)

@@ -39,6 +39,7 @@ class Detection(TestCase):
     def test_each_reliance_is_detected_on_the_installed_txredisapi(self) -> None:
         self.assertTrue(fence.READY_STATE, "txredisapi no longer keeps _ready/_waiting_for_connect")
         self.assertTrue(fence.SPLIT_READS, "txredisapi no longer splits a read across reactor turns")
+        self.assertTrue(fence.OWN_REPLIES, "txredisapi no longer hands every reply to replyReceived")
 
     def test_mark_ready_fires_whoever_waits_for_the_connection(self) -> None:
         protocol = txredisapi.RedisProtocol()  # its handshake not yet run
@@ -75,6 +76,34 @@ class Replies(TestCase):
         protocol.dataReceived(THREE[9:])
         for answer in answers:
             self.assertEqual(await answer, [b"x", b"y", b"z"])
+
+
+class _Own(fence.OwnReplies, fence.WholeReads, txredisapi.SubscriberProtocol):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.replies: list[Any] = []
+
+    def own_reply(self, reply: Any) -> None:
+        self.replies.append(reply)
+
+
+class OwnReplies(TestCase):
+    """Sharded pub/sub's replies, which txredisapi's SubscriberProtocol does not know, taken from its parser."""
+
+    def test_once_taken_every_reply_is_relayds_pushes_and_errors_too(self) -> None:
+        protocol = connected(_Own(charset=None, convertNumbers=False))
+        answer = protocol.execute_command("PING")
+        protocol.dataReceived(b"+PONG\r\n")  # before: txredisapi's own answer to its command
+        self.assertEqual(self.successResultOf(answer), "PONG")
+        protocol.own_replies = True
+        protocol.dataReceived(
+            b"*3\r\n$10\r\nssubscribe\r\n$1\r\nc\r\n:1\r\n"
+            b"*3\r\n$8\r\nsmessage\r\n$1\r\nc\r\n$2\r\nhi\r\n"
+            b"-MOVED 5 127.0.0.1:7000\r\n"
+        )
+        self.assertEqual(protocol.replies[:2], [[b"ssubscribe", b"c", 1], [b"smessage", b"c", b"hi"]])
+        self.assertIsInstance(protocol.replies[2], txredisapi.ResponseError)
+        self.assertEqual(str(protocol.replies[2]), "MOVED 5 127.0.0.1:7000")
 
 
 @expand

@@ -218,7 +218,10 @@ class LiveReshard(Instances):
         ids = {node.port: cluster.command(node, "CLUSTER", "MYID").strip() for node in (source, target)}
         self.redis_url = cluster.url
         a, b = await self.start_cluster(2)
+        # A live subscriber on B, whose bucket's shard channel (relayd/storage/sharded.py) moves with the slot.
+        live = await self.sse(b, "?filter=" + json.dumps({"session": session}))
         self.assertEqual(await self.post(a, event(session, 0)), 202)
+        self.assertEqual((await live.next_event()).id, f"{session}:0:0")  # heard from A, on the slot's first master
         acknowledged, codes = [0], Counter([202])
 
         reshard = threads.deferToThread(
@@ -248,3 +251,9 @@ class LiveReshard(Instances):
         held = [int(i.rsplit(":", 1)[1]) for i in held_ids(await history.read_until_end())]
         self.assertEqual(held, sorted(set(held)))  # in order, none twice
         self.assertEqual([s for s in acknowledged if s not in held], [])  # every acknowledged one
+        # Once the slot has moved, events posted on A still reach B's live subscriber (resubscribed
+        # on the slot's new master).
+        last = seq
+        self.assertEqual(await self.post(a, event(session, last)), 202)
+        while (await live.next_event()).id != f"{session}:0:{last}":
+            pass

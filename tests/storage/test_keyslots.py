@@ -1,5 +1,5 @@
 """Keyspace version 4 is cluster-safe (issue 25 acceptance 5): every script relayd runs is given keys
-of one Redis Cluster slot, whatever the ids and the prefix, and a prefix that would take over the
+of one Redis Cluster slot (the AEP append's shard channel with them), whatever the ids and the prefix, and a prefix that would take over the
 keys' hash tags is refused at start with one line.
 
 The slots are computed here (relayd/storage/buckets.py's CRC16) and checked against a real
@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 
+from relayd.aep.redis import store as aep_store
 from relayd.storage.buckets import BUCKETS, SLOTS, Buckets, key_slot, redis_prefix
 from relayd.tap import Options
 from tests.storage.test_redis_scripts import Ids, every_operation
@@ -80,11 +81,21 @@ class Slots(TestCase):
         self.assertEqual(Buckets(1).tags, (Buckets(1).tag_of(b"anything"),))
 
 
+_APPENDS = (aep_store._APPEND.sha, aep_store._APPEND.plain_sha, aep_store._APPEND.body, aep_store._APPEND.plain_body)
+
+
 def _keys_of(command: tuple[Any, ...]) -> list[bytes] | None:
-    """A script's KEYS (C{None} for another command)."""
+    """A script's KEYS, and the shard channel the AEP append publishes on (C{SPUBLISH}: on a Redis
+    Cluster it must be in the slot of the script's keys); C{None} for another command."""
     if command[0] in (b"EVALSHA", b"EVAL"):
         count = int(command[2])
-        return list(command[3 : 3 + count])
+        keys = list(command[3 : 3 + count])
+        if command[1] in _APPENDS:
+            argv = command[3 + count :]
+            channel, publish = argv[3], argv[7]  # (append.lua: ARGV[4], ARGV[8])
+            if channel and publish == b"SPUBLISH":
+                keys.append(channel)
+        return keys
     return None
 
 
@@ -110,6 +121,9 @@ class EveryScriptOneSlot(TestCase):
 
         redis.execute = recording  # type: ignore[method-assign]
         redis.execute_many = recording_many  # type: ignore[method-assign]
+        # The AEP fan-out as on a Redis Cluster (shard channels: SPUBLISH, which Redis 7 runs on one
+        # primary too), so that each append's channel is counted with its keys.
+        redis.sharded_pubsub = True
         examples: list[tuple[str, Ids]] = [("k:", Ids()), ("", Ids("", "", ("",)))]
 
         @settings(max_examples=25, database=None, deadline=None)
@@ -118,7 +132,7 @@ class EveryScriptOneSlot(TestCase):
             examples.append((prefix, Ids(session, client, tuple(aep), owner)))
 
         collect()
-        scripts = 0
+        scripts = channels = 0
         for n, (prefix, ids) in enumerate(examples):
             sent.clear()
             await every_operation(redis, f"slots{n}:{prefix}", ids)
@@ -130,10 +144,12 @@ class EveryScriptOneSlot(TestCase):
                     self.assertNotIn(name, (b"DEL", b"EXISTS", b"SUNION", b"ZUNIONSTORE"), (prefix, ids, command))
                     continue
                 scripts += 1
+                channels += len(keys) > int(command[2])
                 slots = {key_slot(k) for k in keys}
                 self.assertLessEqual(len(slots), 1, f"prefix {prefix!r}, {ids}: {command[:3 + len(keys)]}")
         self.assertGreater(scripts, 40 * len(examples))
         self.assertGreater(batches, 0)  # the scripts sent together were checked too
+        self.assertGreater(channels, len(examples))
 
 
 class BadPrefix(TestCase):

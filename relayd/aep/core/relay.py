@@ -54,7 +54,7 @@ class Subscriber:
     subscription index keeps it; C{None} puts it on the list every event is tested against.
     """
 
-    __slots__ = ("match", "ceiling", "pin", "_held", "held_bytes")
+    __slots__ = ("match", "ceiling", "pin", "_held", "held_bytes", "heard")
 
     def __init__(
         self, match: Callable[[dict[str, Any]], bool], ceiling: str | None, pin: Pin | None = None
@@ -64,6 +64,8 @@ class Subscriber:
         self.pin = pin
         self._held: deque[Event] | None = None
         self.held_bytes = 0
+        # Fires once the other instances' events it needs are heard (L{Fanout.need}); None: they are.
+        self.heard: Deferred[None] | None = None
 
     def level(self, event: Event) -> str | None:
         """The capture level to send C{event} at (C{None}: as stored)."""
@@ -185,6 +187,12 @@ class ReplayReader:
         """Read the next page: C{True} when one was read (it may hold nothing the filter takes),
         C{False} at the end of the replay; a C{Deferred} of that while the store answers (the
         in-memory log answers at once; an unreachable store fails it)."""
+        heard = self._sub.heard
+        if heard is not None:
+            # The first page is read once the other instances' live events are heard: one stored
+            # after the read is then delivered live (held meanwhile), none falls between the two.
+            self._sub.heard = None
+            return heard.addCallback(lambda _: self.load())
         if self._cursor is None:
             entry = next(self._entries, None)
             if entry is None:
@@ -371,10 +379,27 @@ def error_frame(code: str, detail: str | None = None, **extra: Any) -> dict[str,
 
 
 class Fanout(Protocol):
-    """Live fan-out to the other instances of a relay (relayd/aep/redis/fanout.py's C{RedisFanout})."""
+    """Live fan-out to the other instances of a relay (relayd/aep/redis/fanout.py's C{RedisFanout}).
+
+    The relay says which sessions its subscriptions need (L{need}, L{release}: one release per need),
+    so that a fan-out split by session (a Redis Cluster's shard channels) listens only to those.
+    """
 
     def publish(self, events: Sequence[Event]) -> Deferred[Any]:
         """Hand C{events} (already delivered here) to the other instances."""
+
+    def need(self, sessions: tuple[str, ...] | None) -> Deferred[None] | None:
+        """A local subscription needs the other instances' events of C{sessions} (C{None}: of every
+        session, a subscription that pins none). C{None} when they are heard already, else a
+        C{Deferred} that fires once they are (its replay waits for it: L{ReplayReader.load})."""
+
+    def release(self, sessions: tuple[str, ...] | None) -> None:
+        """A subscription that needed C{sessions} is gone."""
+
+
+def sessions_needed(pin: Pin | None) -> tuple[str, ...] | None:
+    """The sessions a subscription can match events of (C{None}: any): those its filter pins."""
+    return pin.values if pin is not None and pin.attr == "session" else None
 
 
 # Makes the fan-out, given the relay's delivery of the other instances' events (EventRelay.fan_out_remote).
@@ -664,15 +689,25 @@ class EventRelay:
     def subscribe(self, key: object, sub: Subscriber) -> bool:
         """Register a subscriber (replacing one under the same key); C{False}, and nothing
         registered, when that would exceed C{max_subscribers}."""
-        if self.subscribers.pop(key, None) is None and len(self.subscribers) >= self.max_subscribers:
+        replaced = self.subscribers.pop(key, None)
+        if replaced is None and len(self.subscribers) >= self.max_subscribers:
             return False
         self.subscribers[key] = sub
         self.index.add(key, sub, sub.pin)
+        if self.fanout is not None:
+            sub.heard = self.fanout.need(sessions_needed(sub.pin))
+            if replaced is not None:
+                self.fanout.release(sessions_needed(replaced.pin))
         return True
 
     def unsubscribe(self, key: object) -> bool:
         self.index.remove(key)
-        return self.subscribers.pop(key, None) is not None
+        gone = self.subscribers.pop(key, None)
+        if gone is None:
+            return False
+        if self.fanout is not None:
+            self.fanout.release(sessions_needed(gone.pin))
+        return True
 
     def expand_all(self) -> Deferred[list[tuple[str, Position]]]:
         """C{from=all}: every held session, least recently written first, from the start."""

@@ -1,13 +1,15 @@
 #!lua
 -- Append a batch of events (docs/aep.md "Replay"), in one round trip.
 -- KEYS: the session LRU (aep:lru), its write counter (aep:clock), the sessions being evicted
--- (aep:evicting), then four keys per session of the batch, in the order of ARGV[8..]: members
+-- (aep:evicting), then four keys per session of the batch, in the order of ARGV[9..]: members
 -- (aep:s), events (aep:e), dedupe keys (aep:k), arrival counter (aep:n).
 -- ARGV: capacity, max sessions, the events (per event the session number, position and dedupe
 -- key, each after its length: big-endian 32-bit, one byte for the position), the fan-out
 -- channel or '' (then ARGV[5] is published there), the fan-out message: a header of ARGV[6] bytes,
 -- then the payloads of every event of the batch, duplicates too, joined by newlines; the deadline
--- (microseconds of Redis's clock); then the batch's sessions.
+-- (microseconds of Redis's clock); how the message is published: 'PUBLISH' (one classic channel)
+-- or 'SPUBLISH' (on a Redis Cluster, the bucket's shard channel, whose name carries the bucket's
+-- tag: the slot of this script's keys); then the batch's sessions.
 -- Returns {one '1' (stored) or '0' (duplicate) per event, sessions in the LRU, then sessions
 -- evicted whose keys the caller must drop with drop.lua (they are not in this batch)}, or 'late'.
 -- An event is a member of aep:s, '<position><arrival>\n<id>\n<dedupe key>', its key in aep:k and
@@ -31,8 +33,8 @@ redis.call('INCR', clock)
 local capacity, max_sessions, blob, message = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[5]
 local sub, find, format, unpack = string.sub, string.find, string.format, unpack
 local index = {}
-for i = 8, #ARGV do
-  local base = 3 + 4 * (i - 8)
+for i = 9, #ARGV do
+  local base = 3 + 4 * (i - 9)
   index[ARGV[i]] = base
   -- A session evicted by another batch whose keys are not dropped yet is gone: drop them now.
   if redis.call('ZREM', evicting, ARGV[i]) == 1 then
@@ -116,7 +118,7 @@ while at <= size do
 end
 
 local flags
-if #ARGV == 8 and count > 1 and count <= capacity then
+if #ARGV == 9 and count > 1 and count <= capacity then
   -- One session, two events or more (one is stored alone), no more than the session holds: is
   -- every key new (not held, not repeated in the batch)?
   local fresh, seen = true, {}
@@ -173,7 +175,7 @@ if #ARGV == 8 and count > 1 and count <= capacity then
     -- What the per-event loop does, a call per step for the whole batch: every event is kept,
     -- then the lowest members go down to capacity (the same ones as one at a time, where each
     -- trim drops the lowest of what is held then).
-    touch(ARGV[8])
+    touch(ARGV[9])
     if id then
       redis.call('HSET', ekey, id, message, 'c' .. id, count, 'h' .. id, ARGV[6])
     else
@@ -202,7 +204,7 @@ if not flags then
   local out = {}
   local previous = nil
   for i = 1, count do
-    local session = ARGV[7 + tonumber(numbers[i])]
+    local session = ARGV[8 + tonumber(numbers[i])]
     local base = index[session]
     local skey, ekey, kkey = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3]
     -- Recency is refreshed once per run of one session's events: no other session writes between.
@@ -240,8 +242,8 @@ if not flags then
 end
 
 if ARGV[4] ~= '' then
-  -- Live fan-out to the other instances (relayd/aep/redis_fanout.py): the batch is sent to Redis once.
-  redis.call('PUBLISH', ARGV[4], message)
+  -- Live fan-out to the other instances (relayd/aep/redis/fanout.py): the batch is sent to Redis once.
+  redis.call(ARGV[8], ARGV[4], message)
 end
 local reply = {flags, redis.call('ZCARD', lru)}
 for _, victim in ipairs(redis.call('ZRANGE', evicting, 0, 63)) do reply[#reply + 1] = victim end

@@ -1,19 +1,27 @@
 """Live AEP fan-out across relayd instances on one Redis.
 
-Every accepted batch is published once on C{aep:fanout} (by the append script itself,
-relayd/aep/lua/append.lua, or by L{RedisFanout.publish}); every other instance parses it once and
-delivers it to its own subscribers.
+Every accepted batch is published once per bucket of its sessions, on that bucket's channel
+(relayd/aep/redis/store.py L{FanoutChannels}), by the append script itself
+(relayd/aep/lua/append.lua) or by L{RedisFanout.publish}; every other instance that listens to
+that channel parses it once and delivers it to its own subscribers.
+
+On a single primary and with Sentinel every bucket's channel is the one classic channel
+C{aep:fanout}, subscribed once on the client's bus. On a Redis Cluster each bucket has its shard
+channel, heard on the bucket's master (relayd/storage/sharded.py), and an instance subscribes to a
+bucket only while a local subscription needs it: the buckets of the sessions a subscription pins,
+every bucket for one that pins no session (reference counts per bucket, from the relay's
+L{need}/L{release}).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, gatherResults, succeed
 
 from relayd.aep.core.event import Event, event_from
-from relayd.aep.redis.store import FANOUT_CHANNEL, fanout_header
-from relayd.storage.redis import Redis, RedisBus
+from relayd.aep.redis.store import FanoutChannels, fanout_header
+from relayd.storage.redis import Redis, RedisBus, first_error
 
 STORE = "aep"
 
@@ -26,16 +34,64 @@ class RedisFanout:
     ) -> None:
         self.redis = redis
         self.instance = instance.encode("utf-8")
-        self.channel = prefix.encode("utf-8") + FANOUT_CHANNEL
+        self.channels = FanoutChannels(prefix.encode("utf-8"), redis.sharded_pubsub)
         self.header = fanout_header(instance)
         self._deliver = deliver
-        bus.subscribe(self.channel, self._received)
+        # Shard channels by how many local subscriptions need them (a Redis Cluster only).
+        self._needed: dict[bytes, int] = {}
+        self._shards: Any = None
+        if self.channels.sharded:
+            self._shards = redis.shard_bus()  # type: ignore[attr-defined]  # (a ClusterRedis's)
+        else:
+            bus.subscribe(self.channels.of(b""), self._received)
 
     def publish(self, events: Sequence[Event]) -> Deferred[Any]:
         if not events:
             return succeed(None)
-        message = self.header + b"\n".join(event.payload(None) for event in events)
-        return self.redis.execute(STORE, "PUBLISH", self.channel, message)
+        by_channel: dict[bytes, list[Event]] = {}
+        of_session = self.channels.of_session
+        for event in events:
+            by_channel.setdefault(of_session(event.session), []).append(event)
+        command = self.channels.command
+        sent = [
+            self.redis.execute(STORE, command, channel, self.header + b"\n".join(e.payload(None) for e in batch))
+            for channel, batch in by_channel.items()
+        ]
+        return sent[0] if len(sent) == 1 else gatherResults(sent, consumeErrors=True).addErrback(first_error)
+
+    def need(self, sessions: tuple[str, ...] | None) -> Deferred[None] | None:
+        if self._shards is None:
+            return None  # the classic channel is heard from the start
+        channels = self._channels_of(sessions)
+        for channel in channels:
+            held = self._needed.get(channel, 0)
+            self._needed[channel] = held + 1
+            if not held:
+                self._shards.subscribe(channel, self._received)
+        heard: Deferred[None] | None = self._shards.heard(channels)
+        return heard
+
+    def release(self, sessions: tuple[str, ...] | None) -> None:
+        if self._shards is None:
+            return
+        for channel in self._channels_of(sessions):
+            held = self._needed.get(channel, 0) - 1
+            if held > 0:
+                self._needed[channel] = held
+            elif held == 0:
+                del self._needed[channel]
+                self._shards.unsubscribe(channel)
+
+    def _channels_of(self, sessions: tuple[str, ...] | None) -> set[bytes]:
+        """The shard channels a subscription needs: each once, however many of its sessions share one."""
+        if sessions is None:
+            return set(self.channels.every())
+        return {self.channels.of_session(session) for session in sessions}
+
+    @property
+    def needed(self) -> dict[bytes, int]:
+        """The shard channels needed now, by how many local subscriptions need each."""
+        return dict(self._needed)
 
     def _received(self, message: bytes) -> None:
         instance, _, body = message.partition(b"\n")

@@ -93,6 +93,38 @@ def _epoch_key(epoch: int) -> bytes:
 FANOUT_CHANNEL = b"aep:fanout"  # after the prefix: every instance's accepted events
 
 
+class FanoutChannels:
+    """Where a bucket's accepted events are published for the other instances (relayd/aep/redis/fanout.py).
+
+    On a single primary and with Sentinel, one classic channel for every bucket, C{<prefix>aep:fanout}
+    (C{PUBLISH}). On a Redis Cluster (L{Redis.sharded_pubsub}) each bucket has its shard channel,
+    C{<prefix>aep:{b}:fanout} (C{SPUBLISH}): its name carries the bucket's tag, so it lives in the
+    slot of the bucket's keys, the append script publishes it on the master it runs on, and only the
+    instances subscribed to that bucket hear it (relayd/storage/sharded.py).
+    """
+
+    def __init__(self, prefix: bytes, sharded: bool, buckets: Buckets = BUCKETS) -> None:
+        self.prefix = prefix
+        self.sharded = sharded
+        self.buckets = buckets
+        self.command = b"SPUBLISH" if sharded else b"PUBLISH"
+        self._classic = prefix + FANOUT_CHANNEL
+        self._every = list(dict.fromkeys(self.of(tag) for tag in buckets.tags))
+
+    def of(self, tag: bytes) -> bytes:
+        """The channel of the bucket C{tag}."""
+        return self.prefix + b"aep:" + tag + b":fanout" if self.sharded else self._classic
+
+    def of_session(self, session: str | None) -> bytes:
+        """The channel of a session's bucket (an event without a session goes with the session C{""}:
+        only subscriptions that pin no session can match it, and they hear every bucket)."""
+        return self.of(self.buckets.tag_of((session or "").encode("utf-8")))
+
+    def every(self) -> list[bytes]:
+        """Every bucket's channel (one on a single primary)."""
+        return self._every
+
+
 def session_quota(max_sessions: int, buckets: Buckets) -> int:
     """Sessions one bucket keeps (C{--aep-max-sessions} split over the buckets, rounded up)."""
     return max(1, -(-max_sessions // buckets.count))
@@ -126,10 +158,9 @@ class RedisEventLog:
         self._quota = session_quota(max_sessions, buckets)
         self.prefix = prefix.encode("utf-8")
         # With C{publisher} (this instance's id on the fan-out, as RedisFanout sends it), C{append}
-        # can publish a batch itself, in the same script that stores it.
-        self._fanout: tuple[bytes, bytes] | None = (
-            None if publisher is None else (self.prefix + FANOUT_CHANNEL, fanout_header(publisher))
-        )
+        # can publish a batch itself, in the same script that stores it, on its bucket's channel.
+        self.channels = FanoutChannels(self.prefix, redis.sharded_pubsub, buckets)
+        self._header: bytes | None = None if publisher is None else fanout_header(publisher)
         # Sessions held, by bucket tag (as the last write or listing of each bucket saw them).
         self._held: dict[bytes, int] = {}
         self._sessions = 0
@@ -151,7 +182,7 @@ class RedisEventLog:
     @property
     def publishes(self) -> bool:
         """Whether C{append(events, publish=True)} publishes (made with a C{publisher})."""
-        return self._fanout is not None
+        return self._header is not None
 
     def append(self, events: Sequence[Event], publish: bool = False) -> Deferred[list[bool]]:
         """Store the events; with C{publish}, also hand all of them (duplicates too) to the fan-out
@@ -230,11 +261,13 @@ class RedisEventLog:
         keys = list(self._bucket(tag))
         for name in sessions:
             keys += self._session_keys(name, tag)
-        channel, header = self._fanout if publish and self._fanout is not None else (b"", b"")
+        header = self._header if publish and self._header is not None else b""
+        channel = self.channels.of(tag) if header else b""
         if header and payloads:
             payloads[0] = header + payloads[0]  # (not the whole message copied again)
         message = b"\n".join(payloads) if payloads else header
-        args = [self.capacity, self._quota, b"".join(parts), channel, message, len(header), deadline, *sessions]
+        args = [self.capacity, self._quota, b"".join(parts), channel, message, len(header), deadline,
+                self.channels.command, *sessions]  # fmt: skip
         return keys, args
 
     def _held_in(self, tag: bytes, count: int) -> None:
