@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
+from twisted.web.http import datetimeToString
 from twisted.web.test.requesthelper import DummyRequest
 
 import relayd
-from relayd.web.answers import gone, raw_response
+from relayd.web.answers import gone, http_date, raw_response
 from tests.compat.loopback import TIMEOUT, LoopbackCase
 
 _JSON = [(b"content-type", b"application/json")]
@@ -38,13 +40,19 @@ class RawResponse(TestCase):
         )
 
     def test_what_twisted_web_would_write(self) -> None:
-        written = raw_response(202, [(b"content-type", b"application/x-ndjson")], b"ok", close=False, dated=True,
-                               capitalised=True)  # fmt: skip
+        written = raw_response(202, [(b"content-type", b"application/x-ndjson")], b"ok", close=False,
+                               date=http_date(time.time()), capitalised=True)  # fmt: skip
         self.assertRegex(
             written,
             rb"\AHTTP/1\.1 202 Accepted\r\nServer: TwistedWeb/[^\r]+\r\nDate: [^\r]+ GMT\r\n"
             rb"Content-Type: application/x-ndjson\r\nContent-Length: 2\r\n\r\nok\Z",
         )
+
+    def test_the_date_is_twisted_web_s_for_each_second(self) -> None:
+        """Formatted once per second, the value is what twisted.web formats for every moment of it:
+        the moments either side of each boundary, and a clock that goes back."""
+        for when in (999.999, 1000.0, 1000.5, 1000.999, 1001.0, 999.5, 1_699_999_999.999, 1_700_000_000.0):
+            self.assertEqual(http_date(when), datetimeToString(when), when)
 
     def test_no_other_module_writes_a_status_line(self) -> None:
         """Every hand-written answer (the channel's refusals, the early answer to a body, the plain
