@@ -24,6 +24,13 @@ _DECLINED = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"te", b"tra
 # they were sent: their lower-cased form, not checked and lowered again.
 _NAMES: dict[bytes, bytes] = {}
 _NAMES_KEPT = 256  # (a client chooses its names: at most this many are kept)
+# Whole header lines seen before (a client sends the same Host, User-Agent, Content-Type ... with
+# every request), each a token, a colon and a value: the lower-cased name and the value read from
+# it. Emptied when full (a client chooses its lines). Not kept: a length, which changes from request
+# to request, and a credential, which is not kept beyond its request.
+_LINES: dict[bytes, tuple[bytes, bytes]] = {}
+_LINES_KEPT = 256
+_NOT_KEPT = frozenset((b"content-length", b"authorization", b"proxy-authorization", b"cookie"))
 
 
 class SimplePost:
@@ -72,9 +79,13 @@ def read_simple_post(
         between = len(lines) - 1
         if block.count(b"\r") != between or block.count(b"\n") != between or b"\x00" in block:
             return None
-    names = _NAMES
+    names, kept = _NAMES, _LINES
     headers: dict[bytes, bytes] = {}
     for line in lines:
+        known = kept.get(line)
+        if known is not None:
+            headers[known[0]] = known[1]
+            continue
         sent, colon, value = line.partition(b":")
         name = names.get(sent)
         if name is None:
@@ -89,7 +100,11 @@ def read_simple_post(
                 names[sent] = name
         elif not colon:
             return None
-        headers[name] = value.strip(b" \t")
+        value = headers[name] = value.strip(b" \t")
+        if name not in _NOT_KEPT:
+            if len(kept) >= _LINES_KEPT:
+                kept.clear()
+            kept[line] = (name, value)
     if len(headers) != len(lines):
         return None  # a header repeated
     length = headers.get(b"content-length")

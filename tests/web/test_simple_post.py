@@ -9,6 +9,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.trial.unittest import TestCase
 from twisted.web.resource import Resource
 
+from relayd.web import simple_post
 from relayd.web.answers import Answer
 from relayd.web.simple_post import SimplePost, read_simple_post
 from relayd.web.site import RelaySite
@@ -225,3 +226,20 @@ class SameAsTheBlockExpression(TestCase):
         self.assertIsNotNone(read(post(b"X-Seen: 1")))
         self.assertIsNone(read(post(b"X-Seen")))
         self.assertIsNone(read(post(b"x-seen: 1", b"X-Seen: 2")))  # (one name, repeated)
+
+    def test_lines_seen_before_are_read_as_the_first_time(self) -> None:
+        """A whole line kept from an earlier request reads the same, repeated is still a repeat, and
+        the lines kept are bounded; a length or a credential is never kept."""
+        first = read(post(b"User-Agent: kept/1", b"Authorization: Bearer secret"))
+        again = read(post(b"User-Agent: kept/1", b"Authorization: Bearer secret"))
+        assert first is not None and again is not None
+        self.assertEqual(again.headers, first.headers)  # type: ignore[attr-defined]
+        self.assertEqual(again.headers[b"user-agent"], b"kept/1")  # type: ignore[attr-defined]
+        self.assertIsNone(read(post(b"User-Agent: kept/1", b"User-Agent: kept/1")))
+        kept = simple_post._LINES
+        self.assertFalse([line for line, (name, _) in kept.items() if name in (b"authorization", b"content-length")])
+        for n in range(2 * simple_post._LINES_KEPT):
+            found = read(post(b"x-n: %d" % n))
+            assert found is not None
+            self.assertEqual(found.headers[b"x-n"], b"%d" % n)  # type: ignore[attr-defined]
+            self.assertLessEqual(len(kept), simple_post._LINES_KEPT)
