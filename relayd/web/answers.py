@@ -144,20 +144,49 @@ def raw_response(
     stands in for one of its (its order too: C{Connection} first, as its channel sets it before the
     resource renders, and the client's C{version} on the status line).
     """
+    key = (status, headers, len(body), close, date is None, capitalised, version)
+    try:
+        parts = _HEADS.get(key)
+        kept = True
+    except TypeError:  # (headers in a list: not kept)
+        parts, kept = None, False
+    if parts is None:
+        parts = _head(status, headers, len(body), close, date is not None, capitalised, version)
+        if kept and len(_HEADS) < _HEADS_KEPT:
+            _HEADS[key] = parts
+    before, after = parts
+    if head:
+        body = b""
+    return before + body if date is None else before + date + after + body
+
+
+# The heads written before (relayd's own answers: a few), each as the bytes before its Date value
+# and those after it (all of it before, undated).
+_HEADS: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
+_HEADS_KEPT = 256
+
+
+def _head(
+    status: int, headers: Iterable[Header], length: int, close: bool, dated: bool, capitalised: bool, version: bytes
+) -> tuple[bytes, bytes]:
+    """L{raw_response}'s head: the bytes before the C{Date} value, and after it (through the blank line)."""
     reasons = _REASONS
     lines = [b"%s %d %s" % (version, status, reasons.get(status, b"Unknown Status"))]
-    if date is not None:
+    if dated:
         if close:
             lines.append(b"Connection: close")
         lines.append(b"Server: %s" % _server_version)
-        lines.append(b"Date: %s" % date)
+        lines.append(b"Date: ")  # (its value goes between the two parts)
+    before = len(lines)
     for name, value in headers:
         if name.lower() not in _FRAMING:
             lines.append(b"%s: %s" % (_capitalised(name) if capitalised else name, value))
-    lines.append(b"%s: %d" % (b"Content-Length" if capitalised else b"content-length", len(body)))
-    if close and date is None:
+    lines.append(b"%s: %d" % (b"Content-Length" if capitalised else b"content-length", length))
+    if close and not dated:
         lines.append(b"Connection: close" if capitalised else b"connection: close")
-    return b"\r\n".join(lines) + b"\r\n\r\n" + (b"" if head else body)
+    if not dated:
+        return b"\r\n".join(lines) + b"\r\n\r\n", b""
+    return b"\r\n".join(lines[:before]), b"".join(b"\r\n" + line for line in lines[before:]) + b"\r\n\r\n"
 
 
 # The last second whose Date value was formatted, and that value: a server answering thousands of

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from pathlib import Path
@@ -47,6 +48,23 @@ class RawResponse(TestCase):
             rb"\AHTTP/1\.1 202 Accepted\r\nServer: TwistedWeb/[^\r]+\r\nDate: [^\r]+ GMT\r\n"
             rb"Content-Type: application/x-ndjson\r\nContent-Length: 2\r\n\r\nok\Z",
         )
+
+    def test_a_head_written_before_is_written_the_same(self) -> None:
+        """The head of an answer seen before (kept: its headers a tuple) is the head written anew
+        (headers in a list are not kept), whatever the body, the date, the close and the version."""
+        headers = ((b"content-type", b"application/json"), (b"x-a", b"1"), (b"Connection", b"keep-alive"))
+        for status, body in ((202, b""), (503, b'{"error":"x"}'), (431, b"{}")):
+            for date, close, head, capitalised, version in itertools.product(
+                (None, b"Mon, 07 Dec 2026 03:00:00 GMT", b"Mon, 07 Dec 2026 03:00:01 GMT"),
+                (True, False), (True, False), (True, False), (b"HTTP/1.1", b"HTTP/1.0"),
+            ):  # fmt: skip
+                options = {"close": close, "head": head, "date": date, "capitalised": capitalised, "version": version}
+                fresh = raw_response(status, list(headers), body, **options)  # type: ignore[arg-type]
+                for _ in range(2):  # (the second from the head kept)
+                    self.assertEqual(raw_response(status, headers, body, **options), fresh)  # type: ignore[arg-type]
+                self.assertEqual(fresh.endswith(body), not head or not body)
+                if date is not None:
+                    self.assertIn(b"\r\nDate: " + date + b"\r\n", fresh)
 
     def test_the_date_is_twisted_web_s_for_each_second(self) -> None:
         """Formatted once per second, the value is what twisted.web formats for every moment of it:
