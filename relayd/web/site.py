@@ -47,7 +47,7 @@ class _AccessLog(Logger):
         duration: float | None,
     ) -> None:
         """Emit the access line C{text} (rendered) and its fields as the info event C{{access_line}} at
-        C{when} (the epoch): one dict, built whole (not grown to its sixteen keys)."""
+        C{when} (the epoch): one dict, built whole (not grown to its fifteen keys)."""
         self.observer(
             {
                 "access_line": text, "relay": relay, "peer": peer, "method": method, "path": path, "status": status,
