@@ -14,13 +14,16 @@ often it was asked for during the turn (the flush of every stream written to, sa
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any, Callable, TypeVar
 
 from twisted.application.internet import TimerService
 from twisted.internet.defer import Deferred
+from twisted.internet.error import AlreadyCancelled
 from twisted.internet.interfaces import IDelayedCall, IReactorCore, IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from zope.interface import implementer
 
 T = TypeVar("T")
 
@@ -43,6 +46,7 @@ class Timekeeper:
         self._stopped = False
         # Bound once (see give_timeouts); a Timekeeper built on no reactor, as some tests make, still constructs.
         self._schedule: Callable[..., IDelayedCall] = getattr(reactor, "callLater", None)  # type: ignore[assignment]
+        self._queues: dict[float, _DeadlineQueue] = {}
 
     def give_timeouts(self, protocol: Any) -> None:
         """Have C{protocol}'s idle timeout (Twisted's C{TimeoutMixin}, which a factory gives the
@@ -58,9 +62,16 @@ class Timekeeper:
     def deadline(self, delay: float, f: Callable[..., Any], *args: Any) -> IDelayedCall:
         """Schedule C{f(*args)} after C{delay} seconds for an owner that always cancels it itself
         (a connection's read deadline: its C{connectionLost} does, and shutdown closes every
-        connection). Not recorded for L{shutdown}: one reactor call, as a deadline is set and
-        cancelled for every request."""
-        return self._schedule(delay, f, *args)
+        connection). Not recorded for L{shutdown}.
+
+        Deadlines of one length expire in the order they were set, so each length has one queue
+        (L{_DeadlineQueue}) and one reactor call for the earliest: setting one is an append and
+        cancelling one a flag, where a reactor call of its own was an object and a heap insertion
+        per connection."""
+        queue = self._queues.get(delay)
+        if queue is None:
+            queue = self._queues[delay] = _DeadlineQueue(self, delay)
+        return queue.add(f, args)
 
     def call_later(self, delay: float, f: Callable[..., Any], *args: Any, **kw: Any) -> IDelayedCall:
         """Schedule C{f(*args, **kw)} after C{delay} seconds; the call forgets itself once it runs."""
@@ -135,6 +146,88 @@ class Timekeeper:
             if loop.running:
                 loop.stop()
         self._loops.clear()
+
+
+@implementer(IDelayedCall)
+class _Deadline:
+    """One deadline of a L{_DeadlineQueue}: a delayed call that is never moved (the queue's order
+    is its time's), only cancelled."""
+
+    __slots__ = ("time", "f", "args", "live", "queue")
+
+    def __init__(self, time: float, f: Callable[..., Any], args: tuple[Any, ...], queue: _DeadlineQueue) -> None:
+        self.time = time
+        self.f = f
+        self.args = args
+        self.live = True
+        self.queue = queue
+
+    def getTime(self) -> float:
+        return self.time
+
+    def active(self) -> bool:
+        return self.live
+
+    def cancel(self) -> None:
+        if not self.live:
+            raise AlreadyCancelled(self)  # (or called: Twisted's delayed calls refuse both alike)
+        self.live = False
+        self.queue.forget()
+
+    def delay(self, secondsLater: float) -> None:
+        raise NotImplementedError("a deadline is cancelled and set again, never moved")
+
+    def reset(self, secondsFromNow: float) -> None:
+        raise NotImplementedError("a deadline is cancelled and set again, never moved")
+
+
+class _DeadlineQueue:
+    """The deadlines of one length, in the order they were set (hence of expiry, on a clock that
+    does not go back), with one reactor call at the earliest live one's time while any is live.
+
+    A cancelled deadline stays in the queue until it reaches the front; the reactor call, set for a
+    deadline since cancelled, then finds the next one and is set again for it (a call that comes
+    early, never late). A call raising is logged, as the reactor logs a delayed call's."""
+
+    _log = Logger()
+
+    def __init__(self, clock: Timekeeper, delay: float) -> None:
+        self.clock = clock
+        self.delay = delay
+        self.entries: deque[_Deadline] = deque()
+        self.call: IDelayedCall | None = None
+
+    def add(self, f: Callable[..., Any], args: tuple[Any, ...]) -> _Deadline:
+        deadline = _Deadline(self.clock.reactor.seconds() + self.delay, f, args, self)
+        self.entries.append(deadline)
+        if self.call is None:
+            self.call = self.clock._schedule(self.delay, self._expire)
+        return deadline
+
+    def forget(self) -> None:
+        """A deadline was cancelled: drop the cancelled ones at the front, and the reactor call
+        once none is left."""
+        entries = self.entries
+        while entries and not entries[0].live:
+            entries.popleft()
+        if not entries and self.call is not None:
+            call, self.call = self.call, None
+            call.cancel()
+
+    def _expire(self) -> None:
+        self.call = None
+        entries = self.entries
+        now = self.clock.reactor.seconds()
+        while entries and (not entries[0].live or entries[0].time <= now):
+            deadline = entries.popleft()
+            if deadline.live:
+                deadline.live = False
+                try:
+                    deadline.f(*deadline.args)
+                except Exception:
+                    self._log.failure("a deadline's call failed")
+        if entries and self.call is None:
+            self.call = self.clock._schedule(max(entries[0].time - now, 0), self._expire)
 
 
 class BlockingClock:

@@ -131,7 +131,7 @@ def raw_response(
     *,
     close: bool,
     head: bool = False,
-    dated: bool = False,
+    date: bytes | None = None,
     capitalised: bool = False,
     version: bytes = b"HTTP/1.1",
 ) -> bytes:
@@ -139,25 +139,71 @@ def raw_response(
     C{body}, which a C{head} answer does not send) and C{connection: close} when C{close}.
 
     The framing headers are this writer's: C{content-length} and C{connection} among C{headers} are
-    not repeated. C{dated} adds the C{Server} and C{Date} lines twisted.web writes (and takes its reason
-    phrases), and C{capitalised} writes header names as it does (C{Content-Type}), for an answer that
+    not repeated. A C{date} (L{http_date}) adds the C{Server} and C{Date} lines twisted.web writes (and
+    takes its reason phrases), and C{capitalised} writes header names as it does (C{Content-Type}), for an answer that
     stands in for one of its (its order too: C{Connection} first, as its channel sets it before the
     resource renders, and the client's C{version} on the status line).
     """
+    key = (status, headers, len(body), close, date is None, capitalised, version)
+    try:
+        parts = _HEADS.get(key)
+        kept = True
+    except TypeError:  # (headers in a list: not kept)
+        parts, kept = None, False
+    if parts is None:
+        parts = _head(status, headers, len(body), close, date is not None, capitalised, version)
+        if kept and len(_HEADS) < _HEADS_KEPT:
+            _HEADS[key] = parts
+    before, after = parts
+    if head:
+        body = b""
+    return before + body if date is None else before + date + after + body
+
+
+# The heads written before (relayd's own answers: a few), each as the bytes before its Date value
+# and those after it (all of it before, undated).
+_HEADS: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
+_HEADS_KEPT = 256
+
+
+def _head(
+    status: int, headers: Iterable[Header], length: int, close: bool, dated: bool, capitalised: bool, version: bytes
+) -> tuple[bytes, bytes]:
+    """L{raw_response}'s head: the bytes before the C{Date} value, and after it (through the blank line)."""
     reasons = _REASONS
     lines = [b"%s %d %s" % (version, status, reasons.get(status, b"Unknown Status"))]
     if dated:
         if close:
             lines.append(b"Connection: close")
         lines.append(b"Server: %s" % _server_version)
-        lines.append(b"Date: %s" % datetimeToString())
+        lines.append(b"Date: ")  # (its value goes between the two parts)
+    before = len(lines)
     for name, value in headers:
         if name.lower() not in _FRAMING:
             lines.append(b"%s: %s" % (_capitalised(name) if capitalised else name, value))
-    lines.append(b"%s: %d" % (b"Content-Length" if capitalised else b"content-length", len(body)))
+    lines.append(b"%s: %d" % (b"Content-Length" if capitalised else b"content-length", length))
     if close and not dated:
         lines.append(b"Connection: close" if capitalised else b"connection: close")
-    return b"\r\n".join(lines) + b"\r\n\r\n" + (b"" if head else body)
+    if not dated:
+        return b"\r\n".join(lines) + b"\r\n\r\n", b""
+    return b"\r\n".join(lines[:before]), b"".join(b"\r\n" + line for line in lines[before:]) + b"\r\n\r\n"
+
+
+# The last second whose Date value was formatted, and that value: a server answering thousands of
+# requests a second formats one per second, not one per answer.
+_date_of_second: tuple[int, bytes] = (-1, b"")
+
+
+def http_date(when: float) -> bytes:
+    """The C{Date} value of an answer at C{when} (seconds since the epoch, on the caller's clock), as
+    twisted.web formats it (RFC 9110 IMF-fixdate), formatted once per second."""
+    global _date_of_second
+    second = int(when)
+    cached_second, value = _date_of_second
+    if second != cached_second:
+        value = datetimeToString(second)
+        _date_of_second = (second, value)
+    return value
 
 
 def _capitalised(name: bytes) -> bytes:

@@ -22,7 +22,7 @@ from relayd.compat.web import (
     keeps_alive,
     request_line,
 )
-from relayd.web.answers import Answer, json_answer, raw_response
+from relayd.web.answers import Answer, http_date, json_answer, raw_response
 from relayd.web.request import ChannelSite, LimitedRequest, host_of
 from relayd.web.simple_post import SimplePost, read_simple_post
 
@@ -285,7 +285,7 @@ class RelayChannel(ChannelHooks):
             transport.write(
                 raw_response(
                     answer.status, answer.headers, answer.body, close=post.close and post.version == b"HTTP/1.1",
-                    dated=True, capitalised=True, version=post.version,
+                    date=http_date(site.clock.seconds()), capitalised=True, version=post.version,
                 )
             )
             site.access(

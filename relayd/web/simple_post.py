@@ -15,13 +15,22 @@ from collections.abc import Container
 
 __all__ = ["SimplePost", "read_simple_post"]
 
-# The header block, each line ending with CRLF: C{name: value} lines, the name a token, no CR or LF
-# elsewhere (a folded line starts with white space, not a token), checked in one pass.
-_TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
-_HEADER_BLOCK = re.compile(rb"(?:" + _TOKEN + rb":[^\r\n]*\r\n)*")
+# A header name: a token (RFC 9110 5.1).
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 # Headers that change how the body is framed or the connection is used: twisted.web handles those.
 _VERSIONS = (b"HTTP/1.1", b"HTTP/1.0")
 _DECLINED = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"te", b"trailer", b"http2-settings"))
+# Header names seen before (most clients send the same few), each a token not among L{_DECLINED}, as
+# they were sent: their lower-cased form, not checked and lowered again.
+_NAMES: dict[bytes, bytes] = {}
+_NAMES_KEPT = 256  # (a client chooses its names: at most this many are kept)
+# Whole header lines seen before (a client sends the same Host, User-Agent, Content-Type ... with
+# every request), each a token, a colon and a value: the lower-cased name and the value read from
+# it. Emptied when full (a client chooses its lines). Not kept: a length, which changes from request
+# to request, and a credential, which is not kept beyond its request.
+_LINES: dict[bytes, tuple[bytes, bytes]] = {}
+_LINES_KEPT = 256
+_NOT_KEPT = frozenset((b"content-length", b"authorization", b"proxy-authorization", b"cookie"))
 
 
 class SimplePost:
@@ -59,22 +68,45 @@ def read_simple_post(
     end = data.find(b"\r\n\r\n", line_end, max_header_bytes + 2)
     if end < 0:
         return None
-    block = data[line_end + 2 : end + 2]  # (each line with its CRLF)
-    if _HEADER_BLOCK.fullmatch(block) is None or b"\x00" in block:
-        # A line that is not a token, a colon and a value (a folded line, a bare line feed or
-        # carriage return), or a NUL (which twisted.web refuses in a header value, RFC 9110 5.5,
-        # where other controls and obs-text pass): twisted.web's reading of it applies.
-        return None
-    lines = block[:-2].split(b"\r\n") if block else []
+    block = data[line_end + 2 : end]  # (the header lines, joined by CRLF)
+    lines = block.split(b"\r\n") if block else []
     if len(lines) > max_fields:
         return None
+    # Each CR and each LF of the block one of the CRLFs between its lines: no bare line feed or
+    # carriage return; and no NUL (which twisted.web refuses in a header value, RFC 9110 5.5, where
+    # other controls and obs-text pass). Otherwise twisted.web's reading of it applies.
+    if block:
+        between = len(lines) - 1
+        if block.count(b"\r") != between or block.count(b"\n") != between or b"\x00" in block:
+            return None
+    names, kept = _NAMES, _LINES
     headers: dict[bytes, bytes] = {}
     for line in lines:
-        name, _, value = line.partition(b":")
-        name = name.lower()
-        if name in headers or name in _DECLINED:
+        known = kept.get(line)
+        if known is not None:
+            headers[known[0]] = known[1]
+            continue
+        sent, colon, value = line.partition(b":")
+        name = names.get(sent)
+        if name is None:
+            # A line that is not a token, a colon and a value (a folded line starts with white space,
+            # a name is never followed by it), or a header twisted.web must handle.
+            if not colon or _TOKEN.fullmatch(sent) is None:
+                return None
+            name = sent.lower()
+            if name in _DECLINED:
+                return None
+            if len(names) < _NAMES_KEPT:
+                names[sent] = name
+        elif not colon:
             return None
-        headers[name] = value.strip(b" \t")
+        value = headers[name] = value.strip(b" \t")
+        if name not in _NOT_KEPT:
+            if len(kept) >= _LINES_KEPT:
+                kept.clear()
+            kept[line] = (name, value)
+    if len(headers) != len(lines):
+        return None  # a header repeated
     length = headers.get(b"content-length")
     if length is None or not length.isdigit() or len(length) > max_length_digits:
         return None

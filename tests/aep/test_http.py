@@ -315,6 +315,8 @@ class AcknowledgedMeansStored(TestCase):
         pending: Deferred[list[bool]] = Deferred()
 
         class SlowLog(MemoryEventLog):
+            append_now = None  # (a log that answers through its Deferred only)
+
             def append(self, events):  # type: ignore[no-untyped-def]
                 # Fired, but chained to a write still in flight: it reads as "called".
                 return succeed(None).addCallback(lambda _: pending)
@@ -333,6 +335,8 @@ class AcknowledgedMeansStored(TestCase):
         self.assertEqual(request.responseHeaders.getRawHeaders(b"content-length"), [b"0"])
 
         class BrokenLog(MemoryEventLog):
+            append_now = None
+
             def append(self, events):  # type: ignore[no-untyped-def]
                 return fail(StoreUnavailable("aep"))
 

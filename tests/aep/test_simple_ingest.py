@@ -216,6 +216,7 @@ class SimpleIngestOnALateStore(TestCase):
             return d
 
         self.patch(relay.core, "ingest", later)
+        self.patch(relay.core, "ingest_now", lambda events: False)  # (as a log that stores later declines)
         return writes
 
     async def connect(self, relay: AEPRelay) -> RawClient:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from twisted.internet import reactor, task
+from twisted.internet.error import AlreadyCancelled
 from twisted.trial.unittest import SynchronousTestCase
 
 from relayd.base.clock import NextTurn, Timekeeper
@@ -39,6 +41,75 @@ class Deadlines(SynchronousTestCase):
         self.assertTrue(kept.active())
         kept.cancel()
         self.assertFalse(call.active())
+
+
+class DeadlinesOfOneLength(SynchronousTestCase):
+    """Deadlines of one length share one reactor call, for the earliest live one: each still runs
+    at its own time, in order; a cancelled one never runs; none left, no reactor call."""
+
+    def setUp(self) -> None:
+        self.fake = task.Clock()
+        self.clock = Timekeeper(self.fake)
+        self.ran: list[str] = []
+
+    def set(self, name: str, delay: float = 20.0) -> Any:
+        return self.clock.deadline(delay, self.ran.append, name)
+
+    def test_each_runs_at_its_own_time_with_one_reactor_call(self) -> None:
+        self.set("a")
+        self.fake.advance(5)
+        self.set("b")
+        self.fake.advance(5)
+        c = self.set("c")
+        self.assertEqual(len(self.fake.getDelayedCalls()), 1)
+        self.assertEqual(c.getTime(), 30.0)
+        self.fake.advance(9.999)
+        self.assertEqual(self.ran, [])
+        self.fake.advance(0.001)  # 20: a's
+        self.assertEqual(self.ran, ["a"])
+        self.fake.advance(4.999)
+        self.assertEqual(self.ran, ["a"])
+        self.fake.advance(0.001)  # 25: b's
+        self.assertEqual(self.ran, ["a", "b"])
+        self.fake.advance(5)  # 30: c's
+        self.assertEqual(self.ran, ["a", "b", "c"])
+        self.assertFalse(c.active())
+        self.assertEqual(self.fake.getDelayedCalls(), [])
+
+    def test_a_cancelled_one_never_runs_and_the_next_keeps_its_time(self) -> None:
+        a = self.set("a")
+        self.fake.advance(5)
+        self.set("b")
+        b2 = self.set("b2")
+        b2.cancel()
+        a.cancel()  # the earliest: the reactor call, due at 20, finds b (due at 25) and waits again
+        self.assertEqual(len(self.fake.getDelayedCalls()), 1)
+        self.fake.advance(15)
+        self.assertEqual(self.ran, [])
+        self.fake.advance(4.999)
+        self.assertEqual(self.ran, [])
+        self.fake.advance(0.001)
+        self.assertEqual(self.ran, ["b"])
+        self.assertEqual(self.fake.getDelayedCalls(), [])
+        self.assertRaises(AlreadyCancelled, b2.cancel)
+
+    def test_none_left_no_reactor_call(self) -> None:
+        calls = [self.set(str(n)) for n in range(3)]
+        for call in reversed(calls):  # (the last cancelled is the earliest)
+            call.cancel()
+        self.assertEqual(self.fake.getDelayedCalls(), [])
+        self.fake.advance(60)
+        self.assertEqual(self.ran, [])
+
+    def test_lengths_apart_and_a_failing_call_logged(self) -> None:
+        self.clock.deadline(20.0, lambda: 1 / 0)
+        self.set("b")
+        self.set("short", 5.0)
+        self.fake.advance(5)
+        self.assertEqual(self.ran, ["short"])
+        self.fake.advance(15)
+        self.assertEqual(self.ran, ["short", "b"])  # after the failing one, at its own time
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
 
 
 class NextTurnTests(SynchronousTestCase):

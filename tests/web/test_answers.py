@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
 import re
+import time
 from pathlib import Path
 
 from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
+from twisted.web.http import datetimeToString
 from twisted.web.test.requesthelper import DummyRequest
 
 import relayd
-from relayd.web.answers import gone, raw_response
+from relayd.web.answers import gone, http_date, raw_response
 from tests.compat.loopback import TIMEOUT, LoopbackCase
 
 _JSON = [(b"content-type", b"application/json")]
@@ -38,13 +41,36 @@ class RawResponse(TestCase):
         )
 
     def test_what_twisted_web_would_write(self) -> None:
-        written = raw_response(202, [(b"content-type", b"application/x-ndjson")], b"ok", close=False, dated=True,
-                               capitalised=True)  # fmt: skip
+        written = raw_response(202, [(b"content-type", b"application/x-ndjson")], b"ok", close=False,
+                               date=http_date(time.time()), capitalised=True)  # fmt: skip
         self.assertRegex(
             written,
             rb"\AHTTP/1\.1 202 Accepted\r\nServer: TwistedWeb/[^\r]+\r\nDate: [^\r]+ GMT\r\n"
             rb"Content-Type: application/x-ndjson\r\nContent-Length: 2\r\n\r\nok\Z",
         )
+
+    def test_a_head_written_before_is_written_the_same(self) -> None:
+        """The head of an answer seen before (kept: its headers a tuple) is the head written anew
+        (headers in a list are not kept), whatever the body, the date, the close and the version."""
+        headers = ((b"content-type", b"application/json"), (b"x-a", b"1"), (b"Connection", b"keep-alive"))
+        for status, body in ((202, b""), (503, b'{"error":"x"}'), (431, b"{}")):
+            for date, close, head, capitalised, version in itertools.product(
+                (None, b"Mon, 07 Dec 2026 03:00:00 GMT", b"Mon, 07 Dec 2026 03:00:01 GMT"),
+                (True, False), (True, False), (True, False), (b"HTTP/1.1", b"HTTP/1.0"),
+            ):  # fmt: skip
+                options = {"close": close, "head": head, "date": date, "capitalised": capitalised, "version": version}
+                fresh = raw_response(status, list(headers), body, **options)  # type: ignore[arg-type]
+                for _ in range(2):  # (the second from the head kept)
+                    self.assertEqual(raw_response(status, headers, body, **options), fresh)  # type: ignore[arg-type]
+                self.assertEqual(fresh.endswith(body), not head or not body)
+                if date is not None:
+                    self.assertIn(b"\r\nDate: " + date + b"\r\n", fresh)
+
+    def test_the_date_is_twisted_web_s_for_each_second(self) -> None:
+        """Formatted once per second, the value is what twisted.web formats for every moment of it:
+        the moments either side of each boundary, and a clock that goes back."""
+        for when in (999.999, 1000.0, 1000.5, 1000.999, 1001.0, 999.5, 1_699_999_999.999, 1_700_000_000.0):
+            self.assertEqual(http_date(when), datetimeToString(when), when)
 
     def test_no_other_module_writes_a_status_line(self) -> None:
         """Every hand-written answer (the channel's refusals, the early answer to a body, the plain

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 from twisted.internet import reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.trial.unittest import TestCase
 from twisted.web.resource import Resource
 
+from relayd.web import simple_post
 from relayd.web.answers import Answer
 from relayd.web.simple_post import SimplePost, read_simple_post
 from relayd.web.site import RelaySite
@@ -155,3 +158,88 @@ class AnsweredBySite(TestCase):
         await client.wait_for(b"from twisted.web")
         self.assertEqual(calls, [b"answer", b"decline", b"boom"])
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+
+
+# read_simple_post as it checked the header block with one expression over it (each line with its
+# CRLF; a NUL checked apart): what it accepts and reads must stay what this accepted and read.
+_REFERENCE_BLOCK = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\r\n]*\r\n)*")
+_REFERENCE_DECLINED = (b"transfer-encoding", b"expect", b"upgrade", b"te", b"trailer", b"http2-settings")
+
+
+def reference_read(data: bytes) -> tuple[dict[bytes, bytes], bytes, bool] | None:
+    """The headers, body and close the expression-checked reader read from C{data} (None: declined)."""
+    line_end = data.find(b"\r\n", 0, 16384)
+    if line_end < 0:
+        return None
+    method, _, rest = data[:line_end].partition(b" ")
+    path, _, version = rest.partition(b" ")
+    if method != b"POST" or version not in (b"HTTP/1.1", b"HTTP/1.0") or path not in PATHS:
+        return None
+    end = data.find(b"\r\n\r\n", line_end, 16384 + 2)
+    if end < 0:
+        return None
+    block = data[line_end + 2 : end + 2]
+    if _REFERENCE_BLOCK.fullmatch(block) is None or b"\x00" in block:
+        return None
+    headers: dict[bytes, bytes] = {}
+    for line in block[:-2].split(b"\r\n") if block else []:
+        name, _, value = line.partition(b":")
+        name = name.lower()
+        if name in headers or name in _REFERENCE_DECLINED:
+            return None
+        headers[name] = value.strip(b" \t")
+    length = headers.get(b"content-length")
+    if length is None or not length.isdigit() or len(length) > 18:
+        return None
+    connection = headers.get(b"connection")
+    if connection is not None and connection.lower() not in (b"keep-alive", b"close"):
+        return None
+    body = data[end + 4 :]
+    if len(body) != int(length):
+        return None
+    return headers, body, version != b"HTTP/1.1" or (connection is not None and connection.lower() == b"close")
+
+
+class SameAsTheBlockExpression(TestCase):
+    def test_every_byte_anywhere_in_the_header_block(self) -> None:
+        """Each of a set of bytes that matter (line ends, NUL, white space, separators, a colon,
+        non-ASCII) put at each place in a header block, or put in place of the byte there: read as
+        the expression-checked reader read it, header for header."""
+        base = post(b"Content-Type: application/json", b"aep-version: 0.1", b"X-A:b", b"Connection: close")
+        head_end = base.index(b"\r\n\r\n")
+        start = base.index(b"\r\n") + 2
+        seen = 0
+        for place in range(start, head_end + 4):
+            for byte in (b"\r", b"\n", b"\r\n", b"\x00", b" ", b"\t", b":", b"(", b"A", b"\x7f", b"\xff", b""):
+                for data in (base[:place] + byte + base[place:], base[:place] + byte + base[place + 1 :]):
+                    found = read(data)
+                    self.assertEqual(
+                        None if found is None else (found.headers, found.body, found.close),  # type: ignore[attr-defined]
+                        reference_read(data),
+                        data,
+                    )
+                    seen += found is not None
+        self.assertGreater(seen, 500)  # (read, not only declined)
+
+    def test_names_seen_before_are_checked_as_the_first_time(self) -> None:
+        """A name kept from an earlier request is still a name only when a colon follows it."""
+        self.assertIsNotNone(read(post(b"X-Seen: 1")))
+        self.assertIsNone(read(post(b"X-Seen")))
+        self.assertIsNone(read(post(b"x-seen: 1", b"X-Seen: 2")))  # (one name, repeated)
+
+    def test_lines_seen_before_are_read_as_the_first_time(self) -> None:
+        """A whole line kept from an earlier request reads the same, repeated is still a repeat, and
+        the lines kept are bounded; a length or a credential is never kept."""
+        first = read(post(b"User-Agent: kept/1", b"Authorization: Bearer secret"))
+        again = read(post(b"User-Agent: kept/1", b"Authorization: Bearer secret"))
+        assert first is not None and again is not None
+        self.assertEqual(again.headers, first.headers)  # type: ignore[attr-defined]
+        self.assertEqual(again.headers[b"user-agent"], b"kept/1")  # type: ignore[attr-defined]
+        self.assertIsNone(read(post(b"User-Agent: kept/1", b"User-Agent: kept/1")))
+        kept = simple_post._LINES
+        self.assertFalse([line for line, (name, _) in kept.items() if name in (b"authorization", b"content-length")])
+        for n in range(2 * simple_post._LINES_KEPT):
+            found = read(post(b"x-n: %d" % n))
+            assert found is not None
+            self.assertEqual(found.headers[b"x-n"], b"%d" % n)  # type: ignore[attr-defined]
+            self.assertLessEqual(len(kept), simple_post._LINES_KEPT)

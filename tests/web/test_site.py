@@ -200,6 +200,38 @@ class AccessDurationOnTheClock(TestCase):
         self.assertEqual((await line)["duration_ms"], 1500.0)
 
 
+class PlainAnswerDate(TestCase):
+    """The answer to a plain POST is dated on the site's clock, to the second it is written in
+    (formatted once per second: the first answer of each second formats it)."""
+
+    timeout = 30
+
+    async def test_the_date_is_the_clock_s_second_either_side_of_a_boundary(self) -> None:
+        fake = task.Clock()
+        tick = 1 / 1024  # (steps a float adds exactly: the boundaries are where they look)
+        fake.advance(1_700_000_000 - tick)  # 2023-11-14T22:13:19.999 UTC
+        site = RelaySite(_Plain(), clock=Timekeeper(fake))
+        site.simple_posts[b"/events"] = lambda post: Answer(202, b"{}")
+        port = reactor.listenTCP(0, site, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        client = RawClient()
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port), client)
+        self.addCleanup(client.transport.loseConnection)
+        dates = []
+        # Then a millisecond on (.000), to that second's end (.998, .999) and over it (a keep-alive connection).
+        for step in (0, tick, 1 - 2 * tick, tick, tick):
+            fake.advance(step)
+            client.received = b""
+            client.transport.write(b"POST /events HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+            await client.wait_for(b"\r\n\r\n{}")
+            [date] = [line for line in client.received.split(b"\r\n") if line.startswith(b"Date: ")]
+            dates.append(date)
+        self.assertEqual(
+            dates,
+            [b"Date: Tue, 14 Nov 2023 22:13:%d GMT" % second for second in (19, 20, 20, 20, 21)],
+        )
+
+
 class HeaderDeadline(TestCase):
     """Slowloris: header bytes trickling in do not extend the deadline (Twisted's idle timer would)."""
 

@@ -480,6 +480,22 @@ class EventRelay:
 
         return d.addCallback(stored)
 
+    def ingest_now(self, events: Sequence[Event]) -> bool:
+        """L{ingest} of a batch no emitter connection sent (an HTTP POST), done within this call when
+        the log stores within it (its C{append_now}: the in-memory log), so that its caller answers
+        at once, without a Deferred and its callbacks: C{True} once stored and fanned out, as
+        L{ingest} would have; C{False}, with nothing done, for any other log (then L{ingest})."""
+        append_now = getattr(self.log, "append_now", None)
+        if append_now is None:
+            return False
+        sequenced = [e for e in events if e.kind is EventKind.SEQUENCED]
+        if sequenced:
+            append_now(sequenced)
+        # (The in-memory log publishes nothing itself: a fan-out to other instances, if any, goes
+        # from the dispatch, as from L{ingest}'s.)
+        self._dispatch_stored(events, None, False, len(sequenced) != len(events))
+        return True
+
     def _dispatch_stored(
         self, events: Sequence[Event], sender: Emitter | None, published: bool = False, commands: bool = True
     ) -> None:

@@ -38,7 +38,10 @@ class IEventLog(Interface):
 
     def append(events: Sequence[Event]) -> Deferred[list[bool]]:
         """Admit sequenced events in order; fires with one flag per event (C{False}: a duplicate
-        C{(source, id)}). Every write, duplicates too, refreshes its session's recency."""
+        C{(source, id)}). Every write, duplicates too, refreshes its session's recency.
+
+        A log that stores within the caller's call (the in-memory one) also has C{append_now},
+        which answers the flags themselves: the relay then ingests without a Deferred."""
 
     def replay(session: str, after: Position, limit: int | None = None, cursor: Any = None) -> Deferred[Replay]:
         """The held events of C{session} strictly after C{after}, in position order.
@@ -124,10 +127,15 @@ class MemoryEventLog:
         self._buffers: OrderedDict[str, _SessionBuffer] = OrderedDict()
 
     def append(self, events: Sequence[Event]) -> Deferred[list[bool]]:
+        return succeed(self.append_now(events))
+
+    def append_now(self, events: Sequence[Event]) -> list[bool]:
+        """L{append} done within the call, its flags themselves: what a caller that answers at once
+        asks (L{relayd.aep.core.relay.EventRelay.ingest_now}), without a Deferred."""
         if len(events) > 1:
             appended = self._append_run(events)
             if appended is not None:
-                return succeed(appended)
+                return appended
         admitted = []
         buffers = self._buffers
         capacity = self.capacity
@@ -166,7 +174,7 @@ class MemoryEventLog:
                 else:
                     buffer.trim(capacity)
             admitted.append(True)
-        return succeed(admitted)
+        return admitted
 
     def _append_run(self, events: Sequence[Event]) -> list[bool] | None:
         """L{append} of the usual batch: one session, in position order after what it holds, no key
