@@ -196,11 +196,12 @@ class _DeadlineQueue:
         self.delay = delay
         self.entries: deque[_Deadline] = deque()
         self.call: IDelayedCall | None = None
+        self.expiring = False  # (a deadline set by one running is not the earliest: _expire sets the call)
 
     def add(self, f: Callable[..., Any], args: tuple[Any, ...]) -> _Deadline:
         deadline = _Deadline(self.clock.reactor.seconds() + self.delay, f, args, self)
         self.entries.append(deadline)
-        if self.call is None:
+        if self.call is None and not self.expiring:
             self.call = self.clock._schedule(self.delay, self._expire)
         return deadline
 
@@ -216,17 +217,21 @@ class _DeadlineQueue:
 
     def _expire(self) -> None:
         self.call = None
+        self.expiring = True
         entries = self.entries
         now = self.clock.reactor.seconds()
-        while entries and (not entries[0].live or entries[0].time <= now):
-            deadline = entries.popleft()
-            if deadline.live:
-                deadline.live = False
-                try:
-                    deadline.f(*deadline.args)
-                except Exception:
-                    self._log.failure("a deadline's call failed")
-        if entries and self.call is None:
+        try:
+            while entries and (not entries[0].live or entries[0].time <= now):
+                deadline = entries.popleft()
+                if deadline.live:
+                    deadline.live = False
+                    try:
+                        deadline.f(*deadline.args)
+                    except Exception:
+                        self._log.failure("a deadline's call failed")
+        finally:
+            self.expiring = False
+        if entries:
             self.call = self.clock._schedule(max(entries[0].time - now, 0), self._expire)
 
 

@@ -93,6 +93,19 @@ class DeadlinesOfOneLength(SynchronousTestCase):
         self.assertEqual(self.fake.getDelayedCalls(), [])
         self.assertRaises(AlreadyCancelled, b2.cancel)
 
+    def test_one_set_by_a_running_deadline_leaves_the_next_its_time(self) -> None:
+        self.clock.deadline(20.0, self.set, "c")  # at 20 it sets c, due at 40
+        self.fake.advance(5)
+        self.set("b")  # due at 25: still b's time, not c's
+        self.fake.advance(15)
+        self.assertEqual(self.ran, [])
+        self.assertEqual(len(self.fake.getDelayedCalls()), 1)
+        self.fake.advance(5)
+        self.assertEqual(self.ran, ["b"])
+        self.fake.advance(15)
+        self.assertEqual(self.ran, ["b", "c"])
+        self.assertEqual(self.fake.getDelayedCalls(), [])
+
     def test_none_left_no_reactor_call(self) -> None:
         calls = [self.set(str(n)) for n in range(3)]
         for call in reversed(calls):  # (the last cancelled is the earliest)
