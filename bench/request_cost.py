@@ -4,6 +4,7 @@ machine does not change.
 
     python bench/request_cost.py sdk                       # a connection per event, Connection: close
     python bench/request_cost.py single --callgrind        # keep-alive, instructions per request
+    python bench/request_cost.py ndjson --callgrind        # keep-alive, 100 NDJSON events per request
     python bench/request_cost.py sdk-xff --callgrind -- --trust-forwarded-for 1
     python bench/request_cost.py sdk --floor               # bench/http_floor.py's bare protocol
     python bench/request_cost.py sdk --tree /tmp/base      # another checkout (git archive of a commit)
@@ -11,7 +12,9 @@ machine does not change.
 Shapes (8 client threads, each request one JSON event of about 500 bytes as the AEP SDK's
 ``http_sink`` posts it: urllib's headers, ``application/json``): ``sdk`` (a new connection per event,
 ``Connection: close``), ``http10`` (a new connection per event, HTTP/1.0), ``sdk-xff`` (``sdk`` with
-an ``X-Forwarded-For``), ``single`` (one event per POST on 8 keep-alive connections). A fresh
+an ``X-Forwarded-For``), ``single`` (one event per POST on 8 keep-alive connections), ``ndjson``
+(100 such events per POST as ``application/x-ndjson`` on 8 keep-alive connections, as bench/aep.py's
+``ingest`` scenario posts them: its ``http_post_loop`` headers, head and body in one write). A fresh
 server per run (``twistd -n relayd`` with the ingest scenario's settings and the flags after
 ``--``), 200 requests to warm it, then ``--requests`` measured: its CPU from /proc, or with
 ``--callgrind`` the instructions callgrind counts between ``callgrind_control -z`` and ``-d``.
@@ -35,7 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from relayd_process import process_cpu
 
 REPO = Path(__file__).resolve().parent.parent
-SHAPES = ("sdk", "http10", "sdk-xff", "single")
+SHAPES = ("sdk", "http10", "sdk-xff", "single", "ndjson")
+KEEP_ALIVE = ("single", "ndjson")
+BATCH = 100  # events per ndjson POST
+WARM = 200  # requests before the measured ones
 THREADS = 8
 PAD = "x" * 330
 
@@ -46,15 +52,38 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def request(shape: str, port: int, thread: int, n: int) -> bytes:
-    body = json.dumps(
-        {"aep": "0.1", "id": f"s{thread}-{n}", "type": "progress.status", "time": "2026-11-29T00:00:00Z",
-         "source": f"aep://bench/agent/a/session/s{thread}", "agent": "bench", "session": f"s{thread}", "seq": n,
-         "severity": "notice", "data": {"message": PAD}},
+def event(thread: int, seq: int) -> bytes:
+    return json.dumps(
+        {
+            "aep": "0.1",
+            "id": f"s{thread}-{seq}",
+            "type": "progress.status",
+            "time": "2026-11-29T00:00:00Z",
+            "source": f"aep://bench/agent/a/session/s{thread}",
+            "agent": "bench",
+            "session": f"s{thread}",
+            "seq": seq,
+            "severity": "notice",
+            "data": {"message": PAD},
+        },
         separators=(",", ":"),
     ).encode()
-    extra = {"sdk": b"Connection: close\r\n", "sdk-xff": b"X-Forwarded-For: 10.0.0.%d\r\nConnection: close\r\n" % (
-        thread + 1)}.get(shape, b"")
+
+
+def request(shape: str, port: int, thread: int, n: int) -> bytes:
+    if shape == "ndjson":
+        # (sequence numbers from 1 << 20 on: after the warm-up's single events of the same sessions)
+        first = (1 << 20) + n * BATCH
+        body = b"".join([event(thread, seq) + b"\n" for seq in range(first, first + BATCH)])
+        return (
+            b"POST /events HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\ncontent-type: application/x-ndjson\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+    body = event(thread, n)
+    extra = {
+        "sdk": b"Connection: close\r\n",
+        "sdk-xff": b"X-Forwarded-For: 10.0.0.%d\r\nConnection: close\r\n" % (thread + 1),
+    }.get(shape, b"")
     return (
         b"POST /events %s\r\nAccept-Encoding: identity\r\nContent-Length: %d\r\nHost: 127.0.0.1:%d\r\n"
         b"User-Agent: Python-urllib/3.11\r\nContent-Type: application/json\r\naep-version: 0.1\r\n%s\r\n%s"
@@ -94,19 +123,20 @@ def read_answer(s: socket.socket, buffered: bytes = b"") -> bytes:
     return b""
 
 
-def load(shape: str, port: int, total: int) -> float:
-    """Send C{total} requests of C{shape} from L{THREADS} threads; the wall time taken."""
+def load(shape: str, port: int, total: int, first: int = 0) -> float:
+    """Send C{total} requests of C{shape} from L{THREADS} threads, each thread's numbered from
+    C{first}; the wall time taken."""
 
     def worker(thread: int) -> None:
         count = total // THREADS
-        if shape == "single":
+        if shape in KEEP_ALIVE:
             with socket.create_connection(("127.0.0.1", port)) as s:
                 rest = b""
-                for n in range(count):
+                for n in range(first, first + count):
                     s.sendall(request(shape, port, thread, n))
                     rest = read_answer(s, rest)
             return
-        for n in range(count):
+        for n in range(first, first + count):
             with socket.create_connection(("127.0.0.1", port)) as s:
                 s.sendall(request(shape, port, thread, n))
                 read_answer(s)
@@ -178,8 +208,21 @@ def main() -> None:
         argv = [sys.executable, str(tree / "bench" / "http_floor.py"), "protocol", str(port)]
     else:
         twistd = Path(sys.executable).with_name("twistd")
-        argv = [sys.executable, str(twistd), "-n", "--pidfile=", "relayd", "--no-mcp", "--aep-listen",
-                f"tcp:{port}:interface=127.0.0.1", "--aep-buffer", "1000", "--aep-max-sessions", "64", *args.relayd_flags]
+        argv = [
+            sys.executable,
+            str(twistd),
+            "-n",
+            "--pidfile=",
+            "relayd",
+            "--no-mcp",
+            "--aep-listen",
+            f"tcp:{port}:interface=127.0.0.1",
+            "--aep-buffer",
+            "1000",
+            "--aep-max-sessions",
+            "64",
+            *args.relayd_flags,
+        ]
     out = Path(tempfile.mkdtemp(prefix="request-cost-"))
     if args.callgrind:
         argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/callgrind.out.%p", *argv]
@@ -190,19 +233,36 @@ def main() -> None:
     try:
         wait_listening(port, proc, 300 if args.callgrind else 30)
         wait_accepting(port, 120 if args.callgrind else 15)
-        load(args.shape, port, 200)
-        result: dict[str, object] = {"shape": args.shape, "server": "floor" if args.floor else "relayd",
-                                     "tree": str(tree), "flags": args.relayd_flags, "requests": total}
+        load(args.shape, port, WARM)
+        # (an ndjson batch's events numbered past the warm-up's: repeated ones would take the duplicate path)
+        measured_from = WARM if args.shape == "ndjson" else 0
+        result: dict[str, object] = {
+            "shape": args.shape,
+            "server": "floor" if args.floor else "relayd",
+            "tree": str(tree),
+            "flags": args.relayd_flags,
+            "requests": total,
+        }
         if args.callgrind:
-            subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            result["wall_s"] = load(args.shape, port, total)
-            subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(
+                ["callgrind_control", "-z", str(proc.pid)],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            result["wall_s"] = load(args.shape, port, total, first=measured_from)
+            subprocess.run(
+                ["callgrind_control", "-d", str(proc.pid)],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             dumps = sorted(out.glob("callgrind.out.*.*"), key=lambda p: p.stat().st_mtime)
             totals = [line for line in dumps[-1].read_text().splitlines() if line.startswith(("summary:", "totals:"))]
             result["instructions_per_request"] = int(totals[0].split()[1]) // total
         else:
             cpu = process_cpu(proc.pid)
-            result["wall_s"] = load(args.shape, port, total)
+            result["wall_s"] = load(args.shape, port, total, first=measured_from)
             result["server_cpu_us_per_request"] = round((process_cpu(proc.pid) - cpu) / total * 1e6, 1)
         print(json.dumps(result))
     finally:
