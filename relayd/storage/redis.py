@@ -920,6 +920,9 @@ class RedisBus:
         factory.username = redis.url.username
         factory.initialDelay = 0.2
         factory.maxDelay = 2 if redis.follower is None else SENTINEL_MAX_DELAY
+        # The handshake's AUTH and SELECT (and UNSUBSCRIBE) time out as the pool's commands do: a
+        # reconnection to a node that hangs is dropped there, before L{_Heartbeat} takes over.
+        factory.replyTimeout = redis.timeout
         self._factory = factory
         # Every bus of the client, made by L{Redis.bus} or not (the MCP bus makes its own): the client
         # moves it when its node changes (a Sentinel switch, a Redis Cluster node back) and closes it.

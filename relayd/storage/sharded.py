@@ -116,6 +116,7 @@ class _ShardLink:
         factory.username = cluster.url.username
         factory.initialDelay = 0.2
         factory.maxDelay = 2
+        factory.replyTimeout = cluster.timeout  # (the handshake's AUTH: L{RedisBus} says why)
         self._factory = factory
         factory.startConnecting(_endpoint(cluster.url, address[0], address[1], cluster.timeout, cluster.clock))
 

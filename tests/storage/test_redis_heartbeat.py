@@ -229,3 +229,39 @@ class ShardSchedule(TestCase):
         protocol.connectionLost(Failure(ConnectionDone()))
         self.assertFalse(link.up)
         self.assertEqual(clock.getDelayedCalls(), [])
+
+
+class HungHandshake(TestCase):
+    """A reconnection to a node that hangs waits in its handshake (AUTH) no longer than the timeout."""
+
+    timeout = 30
+
+    async def test_reconnection_to_a_hung_node_is_dropped_in_its_handshake(self) -> None:
+        server = RedisServer.start("--requirepass", "pw")
+        self.addCleanup(server.cleanup)
+        redis = Redis(f"redis://:pw@127.0.0.1:{server.port}/0", Timekeeper(reactor), timeout=1)
+        self.addCleanup(redis.close)
+        bus = redis.bus()
+        bus.subscribe(b"c", lambda message: None)
+        await bus.ready
+        assert server.proc is not None
+        pid = server.proc.pid
+        logged: list[str] = []
+        observer = lambda event: logged.append(formatEvent(event))  # noqa: E731
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        os.kill(pid, signal.SIGSTOP)
+        self.addCleanup(os.kill, pid, signal.SIGCONT)
+        made: list[object] = []
+        self.patch(
+            bus._factory,
+            "buildProtocol",
+            lambda addr, build=bus._factory.buildProtocol: made.append(addr) or build(addr),
+        )
+        # Polling what the client does by itself on the real clock: the PING unanswered (at most
+        # twice the idle look plus the timeout), then the next connection's AUTH unanswered and a
+        # third connection made (each the reconnection's backoff plus the timeout), with a margin
+        # for a loaded machine.
+        await until(self, lambda: any("did not answer a subscriber's PING" in line for line in logged),
+                    "the bus kept a node that answers nothing", within=2 * PING_IDLE + 1 + 2)  # fmt: skip
+        await until(self, lambda: len(made) >= 2, "a reconnection waited in its handshake", within=2 * (0.5 + 1) + 2)
