@@ -1,6 +1,6 @@
 """The one place relayd reaches into txredisapi's private state (relayd/storage/redis.py and sharded.py use it).
 
-Three times relayd replaces what txredisapi does inside its protocol, and each time it must know how
+Four times relayd replaces what txredisapi does inside its protocol, and each time it must know how
 txredisapi does it. Each reliance is detected once, at import, on the installed txredisapi (the
 names it relies on must appear in the txredisapi methods that use them); when a release drops them
 the flag is off and relayd takes txredisapi's own path, plainer but working. The pool, its factory
@@ -106,4 +106,30 @@ class OwnReplies:
         if self.own_replies:
             self.own_reply(reply)
             return
+        super().replyReceived(reply)  # type: ignore[misc]
+
+
+# -- replies: a subscriber's liveness ---------------------------------------------------------------
+
+PONGS = OWN_REPLIES
+"""The same reliance as L{OWN_REPLIES}: every reply, a message too, passes the protocol's
+C{replyReceived}, where L{HearsReplies} notes it and takes the answer to a PING. relayd's subscriber
+connections then PING when idle and drop a node that stops answering (relayd/storage/redis.py
+L{_Heartbeat}). Without it they send no PING (txredisapi would queue the answer for the next command)
+and a node that hangs is noticed only when TCP gives up, as before."""
+
+
+class HearsReplies:
+    """Mixed into a txredisapi subscriber protocol: with L{PONGS}, every reply calls C{heard()} first,
+    and the answer to a PING goes no further: C{[b"pong", b""]} in subscribed mode, the status C{"PONG"}
+    on a connection subscribed to nothing yet."""
+
+    def heard(self) -> None:
+        raise NotImplementedError
+
+    def replyReceived(self, reply: Any) -> None:
+        if PONGS:
+            self.heard()
+            if reply == "PONG" or (isinstance(reply, list) and len(reply) == 2 and reply[0] == b"pong"):
+                return
         super().replyReceived(reply)  # type: ignore[misc]

@@ -85,6 +85,12 @@ WAITED = ("WAIT",)  # what a write its replicas did not confirm counts as in the
 SENTINEL_MAX_DELAY = 0.5
 
 
+# A subscriber connection that heard nothing for this long sends PING, and one that has no reply to
+# it within the client's timeout is dropped and reconnected (L{_Heartbeat}): a node that hangs is
+# noticed within PING_IDLE to twice that, plus the timeout (docs/scaling.md "A node that hangs").
+PING_IDLE = 2.0
+
+
 class ReplicasBehind(Exception):
     """C{WAIT} counted fewer replicas than L{Redis.wait_replicas} after an acknowledged write."""
 
@@ -451,19 +457,90 @@ class _Protocol(_Handshake, WholeReads, txredisapi.RedisProtocol):
         super().connectionLost(why)
 
 
-class _Subscriber(_Handshake, WholeReads, txredisapi.SubscriberProtocol):
+class _Heartbeat(fence.HearsReplies):
+    """Mixed into a subscriber connection: a node that hangs (stopped, frozen, cut off without a
+    reset) is dropped within seconds instead of when TCP gives up (minutes), and the factory
+    reconnects (to another node where the client has one to go to).
+
+    A subscriber only listens, so silence alone says nothing: every L{PING_IDLE} seconds, a connection
+    that heard no reply since the last look sends C{PING} (answered C{["pong", ""]} in subscribed
+    mode, taken by L{fence.HearsReplies}); any reply within C{timeout} proves the node alive (a message
+    ahead of the pong is delivered as usual), none aborts the connection. A busy bus sends no PING.
+    Both waits are deadlines of fixed lengths on the client's clock, cancelled when the connection goes.
+    """
+
+    _log = Logger()
+    transport: Any
+    _clock: Timekeeper | None = None
+    _reply_timeout = DEFAULT_TIMEOUT
+    _beat: Any = None
+    _quiet = True  # no reply since the last look
+    _pinged = False  # a PING is out, unanswered
+
+    def start_heartbeat(self, clock: Timekeeper, timeout: float) -> None:
+        """After the handshake: from now on, look every L{PING_IDLE} seconds (without L{fence.PONGS},
+        never: the connection is as TCP keeps it)."""
+        if not fence.PONGS or self._clock is not None:
+            return
+        self._clock, self._reply_timeout = clock, timeout
+        self._beat = clock.deadline(PING_IDLE, self._look)
+
+    def heard(self) -> None:
+        if self._pinged:  # answered (by the pong or what came before it): the next look is from now
+            self._pinged = False
+            self._quiet = True
+            self._set(PING_IDLE, self._look)
+        else:
+            self._quiet = False
+
+    def _set(self, delay: float, f: Callable[[], None]) -> None:
+        beat, self._beat = self._beat, None
+        if beat is not None and beat.active():
+            beat.cancel()
+        if self._clock is not None:
+            self._beat = self._clock.deadline(delay, f)
+
+    def _look(self) -> None:
+        if not self._quiet:
+            self._quiet = True
+            self._set(PING_IDLE, self._look)
+            return
+        self._pinged = True
+        self.transport.write(b"*1\r\n$4\r\nPING\r\n")
+        self._set(self._reply_timeout, self._silent)
+
+    def _silent(self) -> None:
+        self._beat = None
+        peer = self.transport.getPeer()
+        self._log.warn("Redis node {host}:{port} did not answer a subscriber's PING within {timeout} s; reconnecting",
+                       host=getattr(peer, "host", "?"), port=getattr(peer, "port", "?"), timeout=self._reply_timeout)  # fmt: skip
+        self.transport.abortConnection()
+
+    def stop_heartbeat(self) -> None:
+        beat, self._beat = self._beat, None
+        if beat is not None and beat.active():
+            beat.cancel()
+        self._clock = None
+
+
+class _Subscriber(_Handshake, _Heartbeat, WholeReads, txredisapi.SubscriberProtocol):
     bus: RedisBus
 
     def connectionMade(self) -> Any:
         d = super().connectionMade()
         # Wait for AUTH/SELECT, then (re)subscribe: a reconnect must not lose the bus.
-        self.whenConnected().addCallback(lambda _: self.bus._subscribed(self))
+        self.whenConnected().addCallback(self._handshaken)
         return d
+
+    def _handshaken(self, _: Any) -> None:
+        self.bus._subscribed(self)
+        self.start_heartbeat(self.bus.redis.clock, self.bus.redis.timeout)
 
     def messageReceived(self, pattern: Any, channel: bytes, message: bytes) -> None:
         self.bus._message(channel, message)
 
     def connectionLost(self, why: Failure) -> None:
+        self.stop_heartbeat()
         self.bus._lost(self)
         super().connectionLost(why)
 
@@ -843,6 +920,9 @@ class RedisBus:
         factory.username = redis.url.username
         factory.initialDelay = 0.2
         factory.maxDelay = 2 if redis.follower is None else SENTINEL_MAX_DELAY
+        # The handshake's AUTH and SELECT (and UNSUBSCRIBE) time out as the pool's commands do: a
+        # reconnection to a node that hangs is dropped there, before L{_Heartbeat} takes over.
+        factory.replyTimeout = redis.timeout
         self._factory = factory
         # Every bus of the client, made by L{Redis.bus} or not (the MCP bus makes its own): the client
         # moves it when its node changes (a Sentinel switch, a Redis Cluster node back) and closes it.

@@ -42,7 +42,7 @@ from twisted.python.failure import Failure
 
 from relayd.compat.txredisapi import OwnReplies, WholeReads
 from relayd.storage.buckets import key_slot
-from relayd.storage.redis import _endpoint, _Handshake
+from relayd.storage.redis import _endpoint, _Handshake, _Heartbeat
 
 if TYPE_CHECKING:
     from relayd.storage.cluster import Address, ClusterRedis
@@ -63,8 +63,10 @@ def _command(*args: bytes) -> bytes:
     return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(arg), arg) for arg in args)
 
 
-class _ShardSubscriber(_Handshake, OwnReplies, WholeReads, txredisapi.SubscriberProtocol):
-    """One subscriber connection to one master: after the handshake (AUTH), every reply is its link's."""
+class _ShardSubscriber(_Handshake, _Heartbeat, OwnReplies, WholeReads, txredisapi.SubscriberProtocol):
+    """One subscriber connection to one master: after the handshake (AUTH), every reply is its link's
+    (but the answers to its idle PINGs, L{_Heartbeat}'s: a master that hangs is dropped, its channels
+    unplaced and the map read again, as for one that went)."""
 
     link: _ShardLink
 
@@ -76,11 +78,14 @@ class _ShardSubscriber(_Handshake, OwnReplies, WholeReads, txredisapi.Subscriber
     def _handshaken(self, _: Any) -> None:
         self.own_replies = True
         self.link.came_up(self)
+        cluster = self.link.bus.cluster
+        self.start_heartbeat(cluster.clock, cluster.timeout)
 
     def own_reply(self, reply: Any) -> None:
         self.link.answer(reply)
 
     def connectionLost(self, why: Failure) -> None:
+        self.stop_heartbeat()
         self.own_replies = False
         self.link.went_down(self)
         super().connectionLost(why)
@@ -111,6 +116,7 @@ class _ShardLink:
         factory.username = cluster.url.username
         factory.initialDelay = 0.2
         factory.maxDelay = 2
+        factory.replyTimeout = cluster.timeout  # (the handshake's AUTH: L{RedisBus} says why)
         self._factory = factory
         factory.startConnecting(_endpoint(cluster.url, address[0], address[1], cluster.timeout, cluster.clock))
 
