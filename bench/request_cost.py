@@ -14,7 +14,10 @@ Shapes (8 client threads, each request one JSON event of about 500 bytes as the 
 ``Connection: close``), ``http10`` (a new connection per event, HTTP/1.0), ``sdk-xff`` (``sdk`` with
 an ``X-Forwarded-For``), ``single`` (one event per POST on 8 keep-alive connections), ``ndjson``
 (100 such events per POST as ``application/x-ndjson`` on 8 keep-alive connections, as bench/aep.py's
-``ingest`` scenario posts them: its ``http_post_loop`` headers, head and body in one write). A fresh
+``ingest`` scenario posts them: its ``http_post_loop`` headers, head and body in one write),
+``stream`` (an SSE stream opened as a subscriber of ``bench/aep.py storm`` opens it: filtered to its
+thread's session, which holds 10 events, resuming 5 back; read until its 5 events arrive, then
+closed). A fresh
 server per run (``twistd -n relayd`` with the ingest scenario's settings and the flags after
 ``--``), 200 requests to warm it, then ``--requests`` measured: its CPU from /proc, or with
 ``--callgrind`` the instructions callgrind counts between ``callgrind_control -z`` and ``-d``.
@@ -32,13 +35,16 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from relayd_process import process_cpu
 
 REPO = Path(__file__).resolve().parent.parent
-SHAPES = ("sdk", "http10", "sdk-xff", "single", "ndjson")
+SHAPES = ("sdk", "http10", "sdk-xff", "single", "ndjson", "stream")
+STREAM_HELD = 10  # events each thread's session holds for the stream shape
+STREAM_REPLAY = 5
 KEEP_ALIVE = ("single", "ndjson")
 BATCH = 100  # events per ndjson POST
 WARM = 200  # requests before the measured ones
@@ -91,6 +97,30 @@ def request(shape: str, port: int, thread: int, n: int) -> bytes:
     )
 
 
+def stream_request(thread: int) -> bytes:
+    """The storm's subscriber request (bench/aep.py storm_main) for thread C{thread}'s session."""
+    session = f"s{thread}"
+    flt = urllib.parse.quote(json.dumps({"session": session}, separators=(",", ":")), safe="")
+    position = urllib.parse.quote(
+        json.dumps([{"session": session, "epoch": 0, "seq": STREAM_HELD - STREAM_REPLAY - 1}], separators=(",", ":")),
+        safe="",
+    )
+    return b"GET /stream?filter=%s&from=%s HTTP/1.1\r\nHost: localhost\r\naccept: text/event-stream\r\n\r\n" % (
+        flt.encode(),
+        position.encode(),
+    )
+
+
+def hold_stream_events(port: int) -> None:
+    """Post L{STREAM_HELD} events to each thread's session (what the stream shape replays)."""
+    for thread in range(THREADS):
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            rest = b""
+            for n in range(1 if thread == 0 else 0, STREAM_HELD):  # (wait_accepting posted s0's first)
+                s.sendall(request("single", port, thread, n))
+                rest = read_answer(s, rest)
+
+
 def read_answer(s: socket.socket, buffered: bytes = b"") -> bytes:
     """Read one answer (sized, chunked, or to the close); what follows it."""
     while b"\r\n\r\n" not in buffered:
@@ -129,6 +159,18 @@ def load(shape: str, port: int, total: int, first: int = 0) -> float:
 
     def worker(thread: int) -> None:
         count = total // THREADS
+        if shape == "stream":
+            ask = stream_request(thread)
+            for _ in range(count):
+                with socket.create_connection(("127.0.0.1", port)) as s:
+                    s.sendall(ask)
+                    got = b""
+                    while got.count(b"\nid: ") < STREAM_REPLAY:
+                        data = s.recv(65536)
+                        if not data:
+                            raise SystemExit(f"the stream ended before its replay: {got!r}")
+                        got += data
+            return
         if shape in KEEP_ALIVE:
             with socket.create_connection(("127.0.0.1", port)) as s:
                 rest = b""
@@ -233,6 +275,8 @@ def main() -> None:
     try:
         wait_listening(port, proc, 300 if args.callgrind else 30)
         wait_accepting(port, 120 if args.callgrind else 15)
+        if args.shape == "stream":
+            hold_stream_events(port)
         load(args.shape, port, WARM)
         # (an ndjson batch's events numbered past the warm-up's: repeated ones would take the duplicate path)
         measured_from = WARM if args.shape == "ndjson" else 0

@@ -2,13 +2,20 @@
 
 Shared by the transports: the SSE stream reads its query here (L{stream_query}); a WebSocket
 C{subscribe} validates its C{from} with the same L{parse_from_entries} (docs/decisions.md AEP-2).
+
+Subscribers that open together mostly ask the same few things (a dashboard's tabs, a fleet of
+agents each reconnecting to its session): what a valid C{filter} or C{from} value reads as is kept,
+by its raw bytes, in a small bounded table (L{_Readings}), so a storm of reconnects parses and
+compiles each distinct value once. Compiled filters are pure predicates and resume positions
+immutable tuples, so one reading serves every stream that sent the same bytes; a value that is
+refused is read afresh each time (an error path, not a hot one).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Generic, TypeVar
 
 from twisted.web.server import Request
 
@@ -23,6 +30,46 @@ from relayd.aep.core.store import Position
 # relay can have stored), so a value that could not name a held event is ignored as malformed.
 _DIGITS = f"[0-9]{{1,{MAX_POSITION_DIGITS}}}"
 _LAST_EVENT_ID = re.compile(rf"([^\x00-\x1f\x7f]+):({_DIGITS}):({_DIGITS})")
+
+
+# What the readings table holds: at most this many values, each at most this many bytes long (a few
+# hundred KB in all, whatever clients send).
+READINGS_KEPT = 1024
+READING_MAX_BYTES = 512
+
+_V = TypeVar("_V")
+
+
+class _Readings(Generic[_V]):
+    """What short raw query values read as, the L{READINGS_KEPT} most recently added kept."""
+
+    __slots__ = ("_kept",)
+
+    def __init__(self) -> None:
+        self._kept: dict[bytes, _V] = {}
+
+    def get(self, raw: bytes) -> _V | None:
+        return self._kept.get(raw)
+
+    def keep(self, raw: bytes, value: _V) -> None:
+        if len(raw) > READING_MAX_BYTES:
+            return
+        kept = self._kept
+        if len(kept) >= READINGS_KEPT:
+            del kept[next(iter(kept))]  # the oldest: a dict keeps insertion order
+        kept[raw] = value
+
+
+@dataclass(frozen=True, slots=True)
+class _FilterReading:
+    match: Callable[[dict[str, Any]], bool]
+    pin: Pin | None
+    filter_session: str | None
+    near_misses: tuple[str, ...]
+
+
+_filters: _Readings[_FilterReading] = _Readings()
+_froms: _Readings[tuple[tuple[str, Position], ...]] = _Readings()
 
 
 class BadRequest(Exception):
@@ -56,17 +103,7 @@ def stream_query(request: Request, max_from: int) -> StreamQuery:
     @raise BadRequest: naming what is wrong.
     """
     args = request.args
-    raw_filter = args.get(b"filter", [b""])[0]
-    if raw_filter:
-        try:
-            flt = parse_json(raw_filter)
-        except JSONError:
-            raise BadRequest("bad filter JSON") from None
-    else:
-        flt = {}
-    problem = filter_error(flt)
-    if problem is not None:
-        raise BadRequest(problem)
+    reading = _read_filter(args.get(b"filter", [b""])[0])
     # Not query_param: a value that is not UTF-8 is no capture level either (docs/decisions.md AEP-6).
     ceiling = args.get(b"capture", [b""])[0].decode("utf-8", "replace") or None
     if ceiling is not None:
@@ -78,8 +115,43 @@ def stream_query(request: Request, max_from: int) -> StreamQuery:
     if raw_from == b"all":
         from_value = "all"
     elif raw_from:
+        from_value = _read_from(raw_from, max_from)
+    history_only = args.get(b"live", [None])[0] == b"0"
+    return StreamQuery(
+        reading.match, reading.pin, ceiling, from_value, history_only, reading.filter_session, reading.near_misses
+    )
+
+
+def _read_filter(raw: bytes) -> _FilterReading:
+    """The C{filter} value C{raw}, validated and compiled (once per distinct short value)."""
+    reading = _filters.get(raw)
+    if reading is not None:
+        return reading
+    if raw:
         try:
-            parsed = parse_json(raw_from, exact=True)
+            flt = parse_json(raw)
+        except JSONError:
+            raise BadRequest("bad filter JSON") from None
+    else:
+        flt = {}
+    problem = filter_error(flt)
+    if problem is not None:
+        raise BadRequest(problem)
+    session = flt.get("session")
+    reading = _FilterReading(
+        compile_filter(flt), pin_of(flt), session if isinstance(session, str) else None, tuple(near_misses(flt))
+    )
+    _filters.keep(raw, reading)
+    return reading
+
+
+def _read_from(raw: bytes, max_from: int) -> list[tuple[str, Position]]:
+    """The resume positions of the C{from} value C{raw} (not C{all}), at most C{max_from} of them
+    (read once per distinct short valid value; each stream gets its own list)."""
+    entries = _froms.get(raw)
+    if entries is None:
+        try:
+            parsed = parse_json(raw, exact=True)
         except JSONError:
             raise BadRequest("bad from JSON") from None
         if not isinstance(parsed, list):
@@ -87,15 +159,13 @@ def stream_query(request: Request, max_from: int) -> StreamQuery:
         if len(parsed) > max_from:
             raise BadRequest("from too large")
         try:
-            from_value = parse_from_entries(parsed)
+            entries = tuple(parse_from_entries(parsed))
         except ValueError as e:
             raise BadRequest(f"bad from entry: {e}") from None
-    history_only = args.get(b"live", [None])[0] == b"0"
-    session = flt.get("session")
-    filter_session = session if isinstance(session, str) else None
-    return StreamQuery(
-        compile_filter(flt), pin_of(flt), ceiling, from_value, history_only, filter_session, tuple(near_misses(flt))
-    )
+        _froms.keep(raw, entries)
+    elif len(entries) > max_from:
+        raise BadRequest("from too large")  # (a reading kept under another relay's larger limit)
+    return list(entries)
 
 
 def parse_from_entries(value: Any) -> list[tuple[str, Position]]:

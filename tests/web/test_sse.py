@@ -137,6 +137,40 @@ class Coalescing(SynchronousTestCase):
             self.assertTrue(body_of(transport).endswith(b"data: x\n\ndata: y\n\n"))
 
 
+class Produce(SynchronousTestCase):
+    """A source's chunks: the first in the turn the stream starts (with its headers), the rest on later turns."""
+
+    def source(self, stream: SSEStream, chunks: list[bytes]) -> Any:
+        def pull() -> bool:
+            stream.write(chunks.pop(0))
+            return bool(chunks)
+
+        return pull
+
+    def test_first_chunk_is_written_in_the_turn_the_stream_starts(self) -> None:
+        harness = Harness()
+        stream, transport, _ = harness.open()
+        stream.produce(self.source(stream, [b"one", b"two", b"three"]))
+        self.assertEqual(body_of(transport), b"one")  # no turn yet: beside the headers
+        harness.turn()  # (task.Clock runs the turns the pulls ask for as one)
+        self.assertEqual(body_of(transport), b"onetwothree")
+
+    def test_a_source_that_ends_its_stream_at_once(self) -> None:
+        harness = Harness()
+        stream, transport, _ = harness.open()
+
+        def pull() -> bool:
+            stream.close(b"all")
+            return False
+
+        stream.produce(pull)
+        self.assertTrue(stream.closed)
+        self.assertEqual(body_of(transport), b"all")
+        self.assertEqual(harness.resource.closed, [stream])
+        harness.turn()
+        self.assertEqual(body_of(transport), b"all")
+
+
 class Backpressure(SynchronousTestCase):
     def test_stream_is_the_push_producer_of_its_response(self) -> None:
         harness = Harness()

@@ -164,9 +164,14 @@ class SSEStream:
 
     def produce(self, source: Source) -> None:
         """Pull what to send from C{source} as the client reads (L{Pacer}): a chunk per reactor turn
-        while the transport is not paused (and again when it drains), never while the client lags."""
+        while the transport is not paused (and again when it drains), never while the client lags.
+
+        The first chunk is pulled now rather than on the next turn: a stream starts while its
+        request's read is handled, when the response headers are still queued on the transport
+        (relayd.compat.tcp.hold_writes), so headers and the first chunk of a replay leave in one
+        C{send} instead of two (docs/performance.md, "Issue 24: the subscriber storm in slices")."""
         self._pacer = Pacer(self._schedule, source)
-        self._schedule()
+        self.flush()
 
     def _schedule(self) -> None:
         if not self._dirty and not self.closed:
