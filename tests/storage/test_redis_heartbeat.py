@@ -49,6 +49,16 @@ class FakeBus:
         self.heard.append((channel, body))
 
 
+def connected(kind: type[Any], **owner: Any) -> tuple[Any, StringTransport]:
+    """A subscriber protocol of C{kind} whose owner (its bus, or its shard link) is C{owner},
+    connected to a transport that records what it writes."""
+    protocol = type(kind.__name__, (kind,), owner)(charset=None, convertNumbers=False)
+    protocol.factory = SimpleNamespace()
+    transport = StringTransport()
+    protocol.makeConnection(transport)
+    return protocol, transport
+
+
 class Schedule(TestCase):
     """The PING schedule on a C{task.Clock}, against a transport that records what is written."""
 
@@ -58,14 +68,7 @@ class Schedule(TestCase):
         clock = Clock()
         bus = FakeBus(clock, self.timeout_)
 
-        class Subscriber(_Subscriber):
-            pass
-
-        Subscriber.bus = bus  # type: ignore[assignment]
-        protocol = Subscriber(charset=None, convertNumbers=False)
-        protocol.factory = SimpleNamespace()
-        transport = StringTransport()
-        protocol.makeConnection(transport)
+        protocol, transport = connected(_Subscriber, bus=bus)
         self.assertIn(b"SUBSCRIBE", transport.value())
         protocol.dataReceived(b"*3\r\n$9\r\nsubscribe\r\n$1\r\nc\r\n:1\r\n")
         transport.clear()
@@ -205,14 +208,7 @@ class ShardSchedule(TestCase):
         clock = Clock()
         link = FakeLink(clock, 2.0)
 
-        class Subscriber(_ShardSubscriber):
-            pass
-
-        Subscriber.link = link  # type: ignore[assignment]
-        protocol = Subscriber(charset=None, convertNumbers=False)
-        protocol.factory = SimpleNamespace()
-        transport = StringTransport()
-        protocol.makeConnection(transport)
+        protocol, transport = connected(_ShardSubscriber, link=link)
         self.assertTrue(link.up)
         clock.advance(PING_IDLE)
         self.assertEqual(transport.value(), PING)
