@@ -79,6 +79,7 @@ _PART = re.compile(r"\{([a-z_]+)\}")
 
 _NO_METHODS: Final = Answer(405)
 _FOUND_MAX: Final = 4096  # paths whose lookup a route table keeps
+_FOUND_PATH_MAX: Final = 256  # the longest path kept (a client's long paths would pin 16 KiB each)
 
 
 @dataclass
@@ -164,9 +165,11 @@ class RouteTable:
             return found[path]
         except KeyError:
             pass
-        if len(found) >= _FOUND_MAX:
-            found.clear()
-        found[path] = route = self._search(path)
+        route = self._search(path)
+        if len(path) <= _FOUND_PATH_MAX:
+            if len(found) >= _FOUND_MAX:
+                found.clear()
+            found[path] = route
         return route
 
     def _search(self, path: bytes) -> tuple[_Route, dict[str, str]] | None:

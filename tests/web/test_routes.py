@@ -188,6 +188,17 @@ class RouteTableResolution(TestCase):
         self.assertEqual(table.resolve(b"GET", b"/b/y"), (handler, {"x": "y"}))
         self.assertEqual(table.allowed(b"/a/y"), b"POST")
 
+    def test_only_short_paths_are_kept_and_at_most_so_many(self) -> None:
+        table = RouteTable()
+        handler = lambda request, x: Answer(200)  # noqa: E731
+        table.add("/a/{x}", {"GET": handler})
+        long = b"/a/" + b"x" * 300
+        self.assertEqual(table.resolve(b"GET", long), (handler, {"x": "x" * 300}))
+        self.assertNotIn(long, table._found)
+        for n in range(5000):
+            table.resolve(b"GET", b"/a/%d" % n)
+        self.assertLessEqual(len(table._found), 4096)
+
     def test_a_prefix_is_literal_braces_and_all(self) -> None:
         table = RouteTable()
         table.add("/{x}/in", {"POST": lambda request, x: Answer(200)}, prefix="/p{y}.z")
