@@ -30,6 +30,7 @@ _NAMES_KEPT = 256  # (a client chooses its names: at most this many are kept)
 # to request, and a credential, which is not kept beyond its request.
 _LINES: dict[bytes, tuple[bytes, bytes]] = {}
 _LINES_KEPT = 256
+_LINE_KEPT_MAX = 256  # the longest line kept (the usual ones are far shorter; a client's long ones are not kept)
 _NOT_KEPT = frozenset((b"content-length", b"authorization", b"proxy-authorization", b"cookie"))
 
 
@@ -101,7 +102,7 @@ def read_simple_post(
         elif not colon:
             return None
         value = headers[name] = value.strip(b" \t")
-        if name not in _NOT_KEPT:
+        if name not in _NOT_KEPT and len(line) <= _LINE_KEPT_MAX:
             if len(kept) >= _LINES_KEPT:
                 kept.clear()
             kept[line] = (name, value)

@@ -243,3 +243,8 @@ class SameAsTheBlockExpression(TestCase):
             assert found is not None
             self.assertEqual(found.headers[b"x-n"], b"%d" % n)  # type: ignore[attr-defined]
             self.assertLessEqual(len(kept), simple_post._LINES_KEPT)
+        long = b"x-long: " + b"v" * 300
+        found = read(post(long))
+        assert found is not None
+        self.assertEqual(found.headers[b"x-long"], b"v" * 300)  # type: ignore[attr-defined]
+        self.assertNotIn(long, kept)
