@@ -63,7 +63,8 @@ def process_rss_kb(pid: int) -> int:
 class RelaydServer:
     """Starts relayd with C{options} and waits until each listener in C{wait_for} announced its port."""
 
-    def __init__(self, *options: str, wait_for: tuple[str, ...] = ("aep",), env: dict[str, str] | None = None) -> None:
+    def __init__(self, *options: str, wait_for: tuple[str, ...] = ("aep",), env: dict[str, str] | None = None,
+                 prefix: tuple[str, ...] = (), start_timeout: float = 20) -> None:
         environ = {k: v for k, v in os.environ.items() if not k.startswith(("AEP_", "RELAYD_"))}
         environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("BENCH_EXTRA_PATH"), str(ROOT)]))
         # Every benchmark client is one address: no per-client connection cap (an environment
@@ -73,13 +74,13 @@ class RelaydServer:
         twistd = Path(sys.executable).with_name("twistd")
         argv = [sys.executable, str(twistd)] if twistd.exists() else [
             sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
-        argv += ["-n", "--pidfile=", "--logfile=-", "relayd", *options]
+        argv = [*prefix, *argv, "-n", "--pidfile=", "--logfile=-", "relayd", *options]  # prefix: e.g. valgrind
         # The log goes to a file: a pipe nobody reads would fill and block the server.
         self.log = tempfile.NamedTemporaryFile(prefix="relayd-bench-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=environ,
                                      preexec_fn=raise_nofile)
         self.ports: dict[str, int] = {}
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + start_timeout
         while time.monotonic() < deadline and self.proc.poll() is None:
             text = Path(self.log.name).read_bytes()
             for name in wait_for:
