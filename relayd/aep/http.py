@@ -27,7 +27,7 @@ from relayd.aep.core.relay import (
 from relayd.aep.core.store import Position
 from relayd.aep.query import BadRequest, last_event_id, stream_query
 from relayd.aep.viewer import VIEWER_PATHS, viewer_answers
-from relayd.aep.wire import frame_safe, sse_forms, sse_frame, sse_run
+from relayd.aep.wire import SSE_LIVE_FORMS, frame_safe, sse_forms, sse_frame, sse_run
 from relayd.base.errors import OutcomeUnknown, StoreRefused, StoreUnavailable
 from relayd.process.browsers import LOOPBACK_ONLY, BrowserPolicy, Refusal
 from relayd.web.answers import Answer, Refusals, finish, gone, json_answer
@@ -161,9 +161,21 @@ class SSESubscriber(Subscriber):
             self.held_bytes = 0
             stream.abort()
 
+    def deliver(self, event: Event) -> None:
+        # Once per delivery of a fan-out. The common case, a live subscriber (not holding during a
+        # replay) without a capture ceiling whose client reads, is what L{Subscriber.deliver} and
+        # L{send} would do with it (no hold, nothing shed, the frame as stored), in one call and
+        # one lookup of the event's cached frame; any other case goes through them.
+        stream = self.stream
+        if self._held is None and self.ceiling is None and not stream.paused:
+            forms = event.form(SSE_LIVE_FORMS)
+            if forms is None:
+                forms = sse_forms(event)
+            stream.write(forms[0], forms[1])  # (not paused: it cannot overflow, only refuse once closed)
+            return
+        super().deliver(event)
+
     def send(self, event: Event) -> None:
-        # Once per delivery of a fan-out: the common case (a reading client, no capture ceiling)
-        # reads two attributes before the write.
         stream = self.stream
         if stream.paused and backlog.sheds(event, stream.backlog):
             self.dropped += 1

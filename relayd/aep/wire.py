@@ -41,8 +41,11 @@ def sse_frame(event: Event, level: str | None = None) -> bytes:
     return frame
 
 
+SSE_LIVE_FORMS: tuple[str, str | None] = ("sse+chunk", None)
+"""The key of L{sse_forms} at no capture level (as stored) in an event's forms: a live SSE delivery
+without a ceiling looks it up itself (C{event.form(SSE_LIVE_FORMS)}), one call fewer per delivery."""
 # One key per capture level: the lookup below runs once per SSE delivery.
-_SSE_FORMS_KEYS: dict[str | None, tuple[str, str | None]] = {}
+_SSE_FORMS_KEYS: dict[str | None, tuple[str, str | None]] = {None: SSE_LIVE_FORMS}
 
 
 def sse_forms(event: Event, level: str | None = None) -> tuple[bytes, bytes]:

@@ -10,13 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import TestCase
 
+from relayd.aep.core.backlog import CUT_OFF, SLOW_CONSUMER, SOFT_BACKLOG
 from relayd.aep.core.envelope import EventKind
 from relayd.aep.core.event import Event
 from relayd.aep.core.filters import compile_filter, filter_error, match_all, pin_of
 from relayd.aep.core.relay import EventRelay, Subscriber
 from relayd.aep.core.store import MemoryEventLog
 from relayd.aep.http import SSESubscriber
-from relayd.aep.wire import sse_frame
+from relayd.aep.wire import sse_forms, sse_frame
 from relayd.web.streams.sse import http_chunk
 from tests.aep.test_index import _filters
 from tests.support.aep import event
@@ -107,18 +108,21 @@ class Runs(TestCase):
 class _Stream:
     """What an SSESubscriber writes to, recorded."""
 
-    closed = False
     discarded = 0
 
-    def __init__(self, paused: bool = False) -> None:
+    def __init__(self, paused: bool = False, backlog: int = 0, closed: bool = False) -> None:
         self.paused = paused
+        self.closed = closed
+        self._backlog = backlog
         self.writes: list[tuple[bytes, bytes | None]] = []
 
     @property
     def backlog(self) -> int:
-        return 0
+        return self._backlog if self.paused else 0
 
     def write(self, chunk: bytes, encoded: bytes | None = None) -> bool:
+        if self.closed:
+            return False
         self.writes.append((chunk, encoded))
         return True
 
@@ -158,6 +162,67 @@ class SSERuns(TestCase):
         self.assertEqual(stream.writes, [])
         sub.release()
         self.assertEqual([w[0] for w in stream.writes], [sse_frame(e) for e in self.events])
+
+
+class SSEDeliveries(TestCase):
+    """One event offered alone (a POST of one event): a live subscriber without a ceiling whose
+    client reads is written the event's stored frame and chunk, made once for every stream
+    (SSESubscriber.deliver); every other goes through the backlog policy and the capture ceiling."""
+
+    def setUp(self) -> None:
+        self.relay = _relay()
+
+    def subscriber(self, stream: _Stream, ceiling: str | None = None) -> SSESubscriber:
+        sub = SSESubscriber(match_all, ceiling, stream)  # type: ignore[arg-type]
+        self.relay.subscribe(object(), sub)
+        return sub
+
+    def test_a_reading_stream_is_written_the_frame_and_chunk_made_once_for_all(self) -> None:
+        first, second = _Stream(), _Stream()
+        self.subscriber(first)
+        self.subscriber(second)
+        one = Event(event("S", 0), None)
+        self.assertEqual(self.relay.fan_out(one), 2)
+        self.assertEqual(first.writes, [(sse_frame(one), http_chunk(sse_frame(one)))])
+        self.assertIs(first.writes[0][1], second.writes[0][1])
+
+    def test_a_paused_stream_past_the_soft_bound_sheds_what_is_below_notice(self) -> None:
+        stream = _Stream(paused=True, backlog=SOFT_BACKLOG + 1)
+        sub = self.subscriber(stream)
+        before = SLOW_CONSUMER._value.get()
+        self.relay.fan_out(Event(event("S", 0, severity="info"), None))
+        self.assertEqual((stream.writes, sub.dropped), ([], 1))
+        self.assertEqual(SLOW_CONSUMER._value.get(), before + 1)
+        notice = Event(event("S", 1, severity="notice"), None)
+        self.relay.fan_out(notice)  # (kept: the stream's own bound cuts it off if it keeps lagging)
+        self.assertEqual(stream.writes, [(sse_frame(notice), http_chunk(sse_frame(notice)))])
+
+    def test_a_subscriber_holding_for_its_replay_holds_the_event(self) -> None:
+        stream = _Stream()
+        sub = self.subscriber(stream)
+        sub.hold()
+        one = Event(event("S", 0), None)
+        self.relay.fan_out(one)
+        self.assertEqual((stream.writes, sub.held_bytes > 0), ([], True))
+        sub.release()
+        self.assertEqual(stream.writes, [(sse_frame(one), http_chunk(sse_frame(one)))])
+
+    def test_a_capture_ceiling_sends_the_downlevelled_frame(self) -> None:
+        stream = _Stream()
+        sub = self.subscriber(stream, ceiling="metadata")
+        full = Event(event("S", 0, capture="full", data={"secret": "x"}), None)
+        level = sub.level(full)
+        self.assertIsNotNone(level)
+        self.relay.fan_out(full)
+        self.assertEqual(stream.writes, [sse_forms(full, level)])
+        self.assertNotEqual(stream.writes[0][0], sse_frame(full))
+
+    def test_a_closed_stream_refuses_the_event_and_nothing_is_counted(self) -> None:
+        stream = _Stream(closed=True)
+        sub = self.subscriber(stream)
+        before = CUT_OFF._value.get()
+        self.relay.fan_out(Event(event("S", 0), None))
+        self.assertEqual((stream.writes, sub.dropped, CUT_OFF._value.get()), ([], 0, before))
 
 
 class FromOtherInstances(TestCase):

@@ -13,7 +13,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
 from relayd.base.clock import Timekeeper
-from relayd.web.streams.sse import BEAT_SLICE, SSEHub, SSEStream, sse_comment, sse_event
+from relayd.web.streams.sse import BEAT_SLICE, SSEHub, SSEStream, http_chunk, sse_comment, sse_event
 
 HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
@@ -123,6 +123,26 @@ class Coalescing(SynchronousTestCase):
         self.assertEqual(transport.writes[-1], b"".join(sse_event(b"%d" % i) for i in range(5)))
         harness.turn()
         self.assertEqual(len(transport.writes), before + 1)  # nothing left over
+
+    def test_a_lone_write_per_turn_sends_its_chunk_as_given_and_leaves_nothing_queued(self) -> None:
+        # (A fan-out of one event per turn: the chunk made once for every stream is sent as it is,
+        # and the stream's queue, kept from turn to turn, starts each turn empty.)
+        harness = Harness()
+        stream, transport, _ = harness.open(b"HTTP/1.1")
+        before = len(transport.writes)
+        for i in range(3):
+            frame = sse_event(b"%d" % i)
+            encoded = http_chunk(frame)
+            self.assertTrue(stream.write(frame, encoded))
+            harness.turn()
+            self.assertEqual(len(transport.writes), before + i + 1)
+            self.assertIs(transport.writes[-1], encoded)
+        stream.write(b"data: a\n\n", http_chunk(b"data: a\n\n"))
+        stream.write(b"data: b\n\n", http_chunk(b"data: b\n\n"))
+        harness.turn()  # two in one turn: joined, chunked once together
+        self.assertEqual(transport.writes[-1], http_chunk(b"data: a\n\ndata: b\n\n"))
+        harness.turn()
+        self.assertEqual(len(transport.writes), before + 4)
 
     def test_one_flush_call_for_all_streams(self) -> None:
         harness = Harness()

@@ -147,8 +147,9 @@ class SSEStream:
         """
         if self.closed:
             return False
-        self._encoded = encoded if not self._pending else None
-        self._pending.append(chunk)
+        pending = self._pending
+        self._encoded = encoded if not pending else None
+        pending.append(chunk)
         self._pending_bytes += len(chunk)
         if self.paused:
             hub = self.hub
@@ -159,7 +160,10 @@ class SSEStream:
                 return False
         if not self._dirty and not self.paused:
             self._dirty = True
-            self.hub.schedule(self)
+            hub = self.hub  # (SSEHub.schedule, inline: this runs once per delivery of a fan-out)
+            hub._dirty.append(self)
+            if hub._flush_turn.scheduled is None:
+                hub._flush_turn.request()
         return True
 
     def produce(self, source: Source) -> None:
@@ -191,14 +195,19 @@ class SSEStream:
                 self._pacer = None  # (done: an idle stream holds no pacer)
             if self.closed:
                 return
-        if not self._pending:
-            return
         pending = self._pending
-        data = b"".join(pending) if len(pending) > 1 else pending[0]
-        encoded = self._encoded if len(pending) == 1 else None
-        self._pending = []
+        if not pending:
+            return
+        if len(pending) == 1:  # (a fan-out of one event per turn: its chunk was made once for all)
+            data = pending[0]
+            encoded = self._encoded
+        else:
+            data = b"".join(pending)
+            encoded = None
+        pending.clear()  # (the list is kept: nothing allocated per delivery)
         self._pending_bytes = 0
-        self._release_lagging()
+        if self._lagging:
+            self._release_lagging()
         self._encoded = None
         framed = (encoded if encoded is not None else http_chunk(data)) if self._chunked else data
         held = self._held
