@@ -4,17 +4,18 @@ benchmark tool, not a test; issue 24 target 3, docs/performance.md "SSE fan-out 
     python bench/fanout_floor.py floor                      # the floor: CPU per delivery, user and system
     python bench/fanout_floor.py relayd                     # relayd: the same, one event per POST
     python bench/fanout_floor.py floor --callgrind          # user-space instructions per delivery
+    python bench/fanout_floor.py floor --by socket          # sock.send rather than os.write
     python bench/fanout_floor.py relayd --callgrind --events 50
 
 Both run a server process that C{--subscribers} SSE streams (held by bench/aep.py's drain process,
 which counts what it reads) are connected to, then send C{--events} events, each to every stream:
 
 - C{floor}: a bare Python server that accepts the streams, answers their requests with the SSE
-  headers, and per event runs C{for sock in socks: sock.send(chunk)}, the chunk an HTTP chunk of a
-  500-byte SSE frame (what relayd sends for bench/aep.py's events). Nothing any Python fan-out
-  over sockets could leave out.
-- C{relayd}: C{twistd -n relayd}, the events POSTed one per POST as bench/aep.py's
-  C{fanout-single} does.
+  headers, and per event runs C{for fd in fds: os.write(fd, chunk)} (C{--by socket}: C{for sock in
+  socks: sock.send(chunk)}), the chunk an HTTP chunk of a 500-byte SSE frame (what relayd sends for
+  bench/aep.py's events). Nothing any Python fan-out over sockets could leave out.
+- C{relayd}: C{twistd -n relayd} (its heartbeat set beyond the run), the events POSTed one per
+  POST as bench/aep.py's C{fanout-single} does.
 
 The events go at C{--rate} per second; each event's deliveries are waited for before the next one
 is sent, so no two events share a reactor turn (under valgrind the server runs about 50 times
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -50,9 +52,10 @@ def floor_frame(seq: int) -> bytes:
     return b"%x\r\n%b\r\n" % (len(frame), frame)
 
 
-def floor_main(port_file: str) -> None:
+def floor_main(port_file: str, by: str) -> None:
     """The floor server: accept the streams until told how many, then send an event per line of
-    standard input ("<seq>"), each to every stream with one C{send}."""
+    standard input ("<seq>"), each to every stream with one C{sock.send} (C{by} "socket") or one
+    C{os.write} on its descriptor ("descriptor", as relayd.compat.tcp.write_now sends)."""
     raise_nofile()
     listener = socket.create_server(("127.0.0.1", 0), backlog=1024)
     Path(port_file).write_text(str(listener.getsockname()[1]))
@@ -68,18 +71,24 @@ def floor_main(port_file: str) -> None:
         sock.setblocking(False)
         socks.append(sock)
     print("ready", flush=True)
+    fds = [sock.fileno() for sock in socks]
+    write = os.write
     for line in sys.stdin:
         chunk = floor_frame(int(line))
-        for sock in socks:  # the floor: one send per delivery, nothing else
-            sock.send(chunk)
+        if by == "socket":
+            for sock in socks:  # the floor: one send per delivery, nothing else
+                sock.send(chunk)
+        else:
+            for fd in fds:
+                write(fd, chunk)
         print("sent", flush=True)
 
 
 class FloorServer:
-    def __init__(self, subscribers: int, prefix: tuple[str, ...]) -> None:
+    def __init__(self, subscribers: int, prefix: tuple[str, ...], by: str = "descriptor") -> None:
         port_file = tempfile.NamedTemporaryFile(prefix="fanout-floor-", delete=False).name
         Path(port_file).unlink()
-        self.proc = subprocess.Popen([*prefix, sys.executable, __file__, "--floor-server", port_file],
+        self.proc = subprocess.Popen([*prefix, sys.executable, __file__, "--floor-server", port_file, by],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=raise_nofile)
         while not Path(port_file).exists() or not Path(port_file).read_text():
             time.sleep(0.05)  # waiting for another process to start listening
@@ -114,8 +123,9 @@ class FloorServer:
 
 class RelaydFanout:
     def __init__(self, subscribers: int, prefix: tuple[str, ...]) -> None:
-        self.server = RelaydServer("--no-mcp", "--aep-listen", "tcp:0:interface=127.0.0.1", prefix=prefix,
-                                   start_timeout=300)
+        # (No heartbeat within the run: under valgrind one round to every stream would land in it.)
+        self.server = RelaydServer("--no-mcp", "--aep-listen", "tcp:0:interface=127.0.0.1", "--aep-heartbeat", "3600",
+                                   prefix=prefix, start_timeout=300)
         self.port = self.server.ports["aep"]
         self.conn: socket.socket | None = None
 
@@ -194,10 +204,10 @@ def instructions(pid: int, directory: str, zero: bool = False) -> int:
     raise RuntimeError("no totals in the callgrind dump")
 
 
-def run(kind: str, subscribers: int, events: int, rate: float, callgrind: bool) -> dict[str, object]:
+def run(kind: str, subscribers: int, events: int, rate: float, callgrind: bool, by: str) -> dict[str, object]:
     directory = tempfile.mkdtemp(prefix="fanout-callgrind-") if callgrind else ""
     prefix = ("valgrind", "--tool=callgrind", f"--callgrind-out-file={directory}/callgrind.out.%p") if callgrind else ()
-    server: FloorServer | RelaydFanout = (FloorServer if kind == "floor" else RelaydFanout)(subscribers, prefix)
+    server = FloorServer(subscribers, prefix, by) if kind == "floor" else RelaydFanout(subscribers, prefix)
     try:
         drain = Drain(server.port, subscribers)
         server.started()
@@ -224,7 +234,7 @@ def run(kind: str, subscribers: int, events: int, rate: float, callgrind: bool) 
     finally:
         server.stop()
     result: dict[str, object] = {
-        "server": kind, "subscribers": subscribers, "events": events, "deliveries": delivered,
+        "server": kind if kind == "relayd" else f"floor by {by}", "subscribers": subscribers, "events": events, "deliveries": delivered,
         "expected": events * subscribers,
         "user_us_per_delivery": round((user1 - user0) / delivered * 1e6, 3),
         "system_us_per_delivery": round((system1 - system0) / delivered * 1e6, 3),
@@ -243,14 +253,16 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=500)
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--callgrind", action="store_true", help="user-space instructions per delivery")
+    parser.add_argument("--by", choices=("descriptor", "socket"), default="descriptor",
+                        help="the floor's send: os.write on the descriptor (as relayd) or sock.send")
     args = parser.parse_args()
     if args.callgrind:
         args.rate = min(args.rate, 5.0)  # (it waits for each event's deliveries anyway)
-    print(json.dumps(run(args.server, args.subscribers, args.events, args.rate, args.callgrind)))
+    print(json.dumps(run(args.server, args.subscribers, args.events, args.rate, args.callgrind, args.by)))
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--floor-server":
-        floor_main(sys.argv[2])
+        floor_main(sys.argv[2], sys.argv[3])
         sys.exit(0)
     main()

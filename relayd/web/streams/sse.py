@@ -335,7 +335,9 @@ class SSEHub:
         self.streams.discard(stream)
 
     def schedule(self, stream: SSEStream) -> None:
-        """Flush C{stream} at the end of this reactor turn, together with every other dirty stream."""
+        """Flush C{stream} at the end of this reactor turn, together with every other dirty stream.
+
+        (L{SSEStream.write} does this inline: it runs once per delivery of a fan-out.)"""
         self._dirty.append(stream)
         if self._flush_turn.scheduled is None:  # (the hot path: no call once it is)
             self._flush_turn.request()
