@@ -72,7 +72,7 @@ def write_now(transport: Any, data: bytes) -> None:
         and transport.offset == len(transport.dataBuffer)
     ):
         try:
-            sent = _write(transport.fileno(), data) if SEND_BY_DESCRIPTOR else transport.socket.send(data)
+            sent = _write(transport.socket.fileno(), data) if SEND_BY_DESCRIPTOR else transport.socket.send(data)
         except OSError:
             sent = 0  # would block, or an error Twisted's own write path will see and report
         if sent == len(data):

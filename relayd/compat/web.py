@@ -67,7 +67,7 @@ def send_body(request: Any, transport: Any, data: bytes, framed: bytes) -> None:
         and transport.offset == len(transport.dataBuffer)
     ):
         try:
-            sent = _write(transport.fileno(), framed) if SEND_BY_DESCRIPTOR else transport.socket.send(framed)
+            sent = _write(transport.socket.fileno(), framed) if SEND_BY_DESCRIPTOR else transport.socket.send(framed)
         except OSError:
             sent = 0
         if sent == len(framed):
