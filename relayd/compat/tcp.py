@@ -10,7 +10,6 @@ saves is measured in docs/performance.md ("Twisted internals").
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from twisted.internet import abstract, error, main, tcp
@@ -28,13 +27,6 @@ HOLD_WRITES = TCP_BUFFERS and code_uses(abstract.FileDescriptor.write, "startWri
 CLOSE_NOW = HOLD_WRITES and code_uses(abstract.FileDescriptor.doWrite, "disconnecting", "_postLoseConnection")
 """C{doWrite} answers C{CONNECTION_DONE} once a connection asked to close has sent everything (what
 the reactor then closes, L{release_writes} can close at once)."""
-SEND_BY_DESCRIPTOR = os.name == "posix"
-"""A socket's descriptor takes C{os.write} (POSIX): the same system call's work as C{socket.send}
-for a connected stream socket, about 300 user-space instructions fewer per call with the descriptor
-read through C{transport.socket.fileno()} (C{send} parses its arguments into a tuple and goes
-through the socket's timeout handling; docs/performance.md, "SSE fan-out per delivery"):
-L{write_now} sends with it, else with C{transport.socket.send}."""
-_write = os.write
 # One Failure for every connection closed here, as the reactor shares one (its _disconnectSelectable).
 _CLOSED = Failure(main.CONNECTION_DONE)
 
@@ -73,7 +65,7 @@ def write_now(transport: Any, data: bytes) -> None:
         and transport.offset == len(transport.dataBuffer)
     ):
         try:
-            sent = _write(transport.socket.fileno(), data) if SEND_BY_DESCRIPTOR else transport.socket.send(data)
+            sent = transport.socket.send(data)
         except OSError:
             sent = 0  # would block, or an error Twisted's own write path will see and report
         if sent == len(data):

@@ -21,7 +21,6 @@ module, relayd/compat/logger.py.)
 from __future__ import annotations
 
 from collections.abc import Callable
-from os import write as _write
 from typing import Any, Final, Protocol
 
 from twisted.protocols import basic
@@ -31,7 +30,7 @@ from twisted.web import http, server
 from twisted.web.http_headers import Headers
 
 from relayd.compat.detect import code_uses
-from relayd.compat.tcp import PLAIN_TCP, SEND_BY_DESCRIPTOR, TCP_BUFFERS, hand_over
+from relayd.compat.tcp import PLAIN_TCP, TCP_BUFFERS, hand_over
 
 # -- twisted.web requests ----------------------------------------------------------------------------
 
@@ -67,7 +66,7 @@ def send_body(request: Any, transport: Any, data: bytes, framed: bytes) -> None:
         and transport.offset == len(transport.dataBuffer)
     ):
         try:
-            sent = _write(transport.socket.fileno(), framed) if SEND_BY_DESCRIPTOR else transport.socket.send(framed)
+            sent = transport.socket.send(framed)
         except OSError:
             sent = 0
         if sent == len(framed):

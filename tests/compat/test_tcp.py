@@ -4,7 +4,6 @@ watch, and the same bytes with the shortcuts off."""
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable
 
 from twisted.internet import reactor
@@ -148,17 +147,6 @@ class Transports(LoopbackCase):
         write_now(transport, b"now")
         self.assertNotIn(transport, reactor.getWriters())  # sent, not queued for writability
         await client.wait_for(b"now")
-
-    async def test_write_now_sends_by_descriptor_on_posix_and_by_the_socket_without(self) -> None:
-        self.assertEqual(fence.SEND_BY_DESCRIPTOR, os.name == "posix")
-        for by_descriptor in {fence.SEND_BY_DESCRIPTOR, False}:
-            self.patch(fence, "SEND_BY_DESCRIPTOR", by_descriptor)
-            transport, client = await self.tcp_pair()
-            write_now(transport, b"one ")
-            write_now(transport, b"two")
-            self.assertNotIn(transport, reactor.getWriters())  # both sent within the call either way
-            await client.wait_for(b"one two")
-            self.assertEqual(client.received, b"one two")
 
     async def test_write_now_fallback_delivers_the_same_bytes(self) -> None:
         self.patch(fence, "TCP_BUFFERS", False)

@@ -191,18 +191,6 @@ class Requests(LoopbackCase):
         self.assertEqual(request.sentLength, 22)
         request.finish()
 
-    @cases(by_descriptor=True, by_socket=False)
-    async def test_a_direct_body_is_sent_within_the_call_by_descriptor_or_by_socket(self, by_descriptor: bool) -> None:
-        self.patch(fence, "SEND_BY_DESCRIPTOR", by_descriptor and tcp.SEND_BY_DESCRIPTOR)
-        request, client = await self.held_request()
-        before = len(client.received)
-        transport = request.channel.transport
-        fence.send_body(request, transport, b"data: one\n\n", http_chunk(b"data: one\n\n"))
-        self.assertNotIn(transport, reactor.getWriters())  # sent, not queued for writability
-        await client.wait_for(b"one\n\n\r\n")
-        self.assertEqual(client.received[before:], b"b\r\ndata: one\n\n\r\n")
-        request.finish()
-
     @cases(detected=True, fallback=False)
     def test_the_request_line_being_read(self, detected: bool) -> None:
         self.patch(fence, "CHANNEL_REQUEST_LINE", detected)
