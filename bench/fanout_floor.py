@@ -4,16 +4,16 @@ benchmark tool, not a test; issue 24 target 3, docs/performance.md "SSE fan-out 
     python bench/fanout_floor.py floor                      # the floor: CPU per delivery, user and system
     python bench/fanout_floor.py relayd                     # relayd: the same, one event per POST
     python bench/fanout_floor.py floor --callgrind          # user-space instructions per delivery
-    python bench/fanout_floor.py floor --by socket          # sock.send rather than os.write
+    python bench/fanout_floor.py floor --by descriptor      # os.write on the descriptor, not sock.send
     python bench/fanout_floor.py relayd --callgrind --events 50
 
 Both run a server process that C{--subscribers} SSE streams (held by bench/aep.py's drain process,
 which counts what it reads) are connected to, then send C{--events} events, each to every stream:
 
 - C{floor}: a bare Python server that accepts the streams, answers their requests with the SSE
-  headers, and per event runs C{for fd in fds: os.write(fd, chunk)} (C{--by socket}: C{for sock in
-  socks: sock.send(chunk)}), the chunk an HTTP chunk of a 500-byte SSE frame (what relayd sends for
-  bench/aep.py's events). Nothing any Python fan-out over sockets could leave out.
+  headers, and per event runs C{for sock in socks: sock.send(chunk)} (C{--by descriptor}: C{for fd
+  in fds: os.write(fd, chunk)}), the chunk an HTTP chunk of a 500-byte SSE frame (what relayd sends
+  for bench/aep.py's events). Nothing any Python fan-out over sockets could leave out.
 - C{relayd}: C{twistd -n relayd} (its heartbeat set beyond the run), the events POSTed one per
   POST as bench/aep.py's C{fanout-single} does.
 
@@ -54,8 +54,8 @@ def floor_frame(seq: int) -> bytes:
 
 def floor_main(port_file: str, by: str) -> None:
     """The floor server: accept the streams until told how many, then send an event per line of
-    standard input ("<seq>"), each to every stream with one C{sock.send} (C{by} "socket") or one
-    C{os.write} on its descriptor ("descriptor", as relayd.compat.tcp.write_now sends)."""
+    standard input ("<seq>"), each to every stream with one C{sock.send} (C{by} "socket", as
+    relayd.compat.tcp.write_now sends) or one C{os.write} on its descriptor ("descriptor")."""
     raise_nofile()
     listener = socket.create_server(("127.0.0.1", 0), backlog=1024)
     Path(port_file).write_text(str(listener.getsockname()[1]))
@@ -85,7 +85,7 @@ def floor_main(port_file: str, by: str) -> None:
 
 
 class FloorServer:
-    def __init__(self, subscribers: int, prefix: tuple[str, ...], by: str = "descriptor") -> None:
+    def __init__(self, subscribers: int, prefix: tuple[str, ...], by: str = "socket") -> None:
         port_file = tempfile.NamedTemporaryFile(prefix="fanout-floor-", delete=False).name
         Path(port_file).unlink()
         self.proc = subprocess.Popen([*prefix, sys.executable, __file__, "--floor-server", port_file, by],
@@ -253,8 +253,8 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=500)
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--callgrind", action="store_true", help="user-space instructions per delivery")
-    parser.add_argument("--by", choices=("descriptor", "socket"), default="descriptor",
-                        help="the floor's send: os.write on the descriptor (as relayd) or sock.send")
+    parser.add_argument("--by", choices=("socket", "descriptor"), default="socket",
+                        help="the floor's send: sock.send (as relayd) or os.write on the descriptor")
     args = parser.parse_args()
     if args.callgrind:
         args.rate = min(args.rate, 5.0)  # (it waits for each event's deliveries anyway)
