@@ -32,7 +32,10 @@ one JSON event per POST with ``Connection: close``, 8 clients, as the official P
 single-redis (single on ``--redis``), fanout-single (fanout-post with one event per POST), storm
 (5000 SSE streams open at once, each filtered to one of 50 sessions and resuming 5 events back:
 wall time until every one has its 5, ``/healthz`` latency meanwhile), storm-backlog511 (the same,
-relayd listening with Node's and nginx's backlog of 511 instead of Twisted's 50).
+relayd listening with Node's and nginx's backlog of 511 instead of Twisted's 50), storm-ws (the
+storm as WebSocket subscriptions: ``--storm-ws N`` connections, default 5000, each ``hello`` then
+``subscribe`` with the same filter and ``from``; with it an emitter sends 100 events/s to a
+subscriber connected before the storm, whose delivery latency meanwhile is ``live_p99_ms``).
 
 fanout-post: fan-out from HTTP ingest, 100 events/s in POSTs of 10 to 1000 SSE streams (any AEP
 relay takes it: the streams are counted once a warm-up event reached each, whenever the relay sends
@@ -337,6 +340,11 @@ async def emit(emitter: WSPeer, rate: float, seconds: float, session: str = "F",
 # generator (not asyncio's per-read overhead) never becomes the bottleneck of a fan-out figure.
 
 
+WS_UPGRADE = (b"GET /socket HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+              b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+"""A WebSocket opening handshake for C{/socket} (a fixed key: the answer is not checked)."""
+
+
 def _ws_frame(payload: bytes) -> bytes:
     """A masked client text frame (RFC 6455 5.2)."""
     mask = os.urandom(4)
@@ -396,8 +404,7 @@ def drain_main(port: int, transport: str, count: int, sessions: int = 1, first: 
                 path += "?filter=" + urllib.parse.quote(flt, safe="")
             s.sendall(b"GET %s HTTP/1.1\r\nHost: localhost\r\n%s" % (path.encode(), SSE_ACCEPT) + auth() + b"\r\n")
         else:
-            s.sendall(b"GET /socket HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                      b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+            s.sendall(WS_UPGRADE)
         head = b""
         while not lazy and b"\r\n\r\n" not in head:
             head += s.recv(4096)
@@ -503,8 +510,7 @@ def hold_main(port: int, subscriptions: int) -> None:
         by_conn[k % conns].append(session)
     for c, subs in enumerate(by_conn):
         s = opened(len(socks))
-        s.sendall(b"GET /socket HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                  b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        s.sendall(WS_UPGRADE)
         read_until(s, b"\r\n\r\n")
         frames = [_ws_frame(json.dumps({"type": "hello", "versions": ["0.1"], "role": "consumer"}).encode())]
         frames += [_ws_frame(json.dumps({"type": "subscribe", "id": f"{c}.{i}", "filter": {"session": session}}).encode())
@@ -535,8 +541,7 @@ def probe_main(port: int, seconds: float) -> None:
     import socket
 
     s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(b"GET /socket HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-              b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    s.sendall(WS_UPGRADE)
     got = b""
     while b"\r\n\r\n" not in got:
         got += s.recv(4096)
@@ -561,34 +566,60 @@ def probe_main(port: int, seconds: float) -> None:
     print(json.dumps(rtts), flush=True)
 
 
-def storm_main(port: int, count: int, sessions: int, replay: int) -> None:
-    """Open C{count} SSE streams at once (non-blocking connects, then one request each as its
-    connection is up), subscriber C{i} filtered to session C{s<i % sessions>} and resuming after its
-    session's position 0:C{(held - replay - 1)} (C{from}); print, as JSON, the wall time until every
-    stream has its C{replay} events (primed) and the percentiles of each stream's own time.
+# What a storm's client sends per stream and counts: an SSE stream's request and its events' `id:`
+# lines; a WebSocket's upgrade, then (once it is answered) `hello` and `subscribe` in one write, and
+# its events' type. Either subscribes with the same filter and resume position.
+STORM_SSE_MARK = b"\nid: "
+STORM_WS_MARK = b'"type":"progress.status"'
+
+
+def storm_openings(transport: str, count: int, sessions: int, replay: int) -> tuple[list[bytes], list[bytes], bytes]:
+    """Per stream of a storm: what is sent once connected, what once the response head is in (empty
+    for SSE), and the mark each event it is sent carries. Stream C{i} is filtered to session
+    C{s<i % sessions>} and resumes after position 0:C{(held - replay - 1)} (C{from}); the bytes are
+    built once per session, before the storm, so the client's own cost per stream is a few system
+    calls."""
+    import urllib.parse
+
+    first, then = [], []
+    for k in range(sessions):
+        session = f"s{k}"
+        flt = {"session": session}
+        position = [{"session": session, "epoch": 0, "seq": STORM_HELD - replay - 1}]
+        if transport == "sse":
+            flt_q, from_q = (urllib.parse.quote(json.dumps(v, separators=(",", ":")), safe="") for v in (flt, position))
+            query = f"filter={flt_q}&from={from_q}"
+            first.append(b"GET /stream?%s HTTP/1.1\r\nHost: localhost\r\n%s%s\r\n" % (query.encode(), SSE_ACCEPT, auth()))
+            then.append(b"")
+        else:
+            first.append(WS_UPGRADE)
+            then.append(_ws_frame(b'{"type":"hello","versions":["0.1"],"role":"consumer"}')
+                        + _ws_frame(json.dumps({"type": "subscribe", "id": "s", "filter": flt, "from": position},
+                                               separators=(",", ":")).encode()))
+    mark = STORM_SSE_MARK if transport == "sse" else STORM_WS_MARK
+    return [first[i % sessions] for i in range(count)], [then[i % sessions] for i in range(count)], mark
+
+
+def storm_main(port: int, count: int, sessions: int, replay: int, transport: str = "sse") -> None:
+    """Open C{count} subscriptions at once (non-blocking connects, then one request each as its
+    connection is up; a WebSocket's C{hello} and C{subscribe} as its upgrade is answered), as
+    L{storm_openings} says; print, as JSON, the wall time until every stream has its C{replay}
+    events (primed) and the percentiles of each stream's own time.
 
     Written as one epoll loop over plain sockets, so the client's own cost per stream is a few
     system calls; the streams are left open until standard input closes."""
     import errno
     import select
     import socket
-    import urllib.parse
 
-    held = STORM_HELD
-    requests = []
-    for i in range(count):
-        session = f"s{i % sessions}"
-        flt = urllib.parse.quote(json.dumps({"session": session}, separators=(",", ":")), safe="")
-        position = urllib.parse.quote(json.dumps([{"session": session, "epoch": 0, "seq": held - replay - 1}],
-                                                 separators=(",", ":")), safe="")
-        requests.append(b"GET /stream?filter=%s&from=%s HTTP/1.1\r\nHost: localhost\r\n%s%s"
-                        b"\r\n" % (flt.encode(), position.encode(), SSE_ACCEPT, auth()))
+    requests, follow_ups, mark = storm_openings(transport, count, sessions, replay)
     sys.stdin.readline()  # go
     ep = select.epoll()
     socks: dict[int, socket.socket] = {}
     which: dict[int, int] = {}
     seen = [0] * count
     tails = [b""] * count
+    heads = [False] * count  # whether the response head is in (a WebSocket then says hello)
     primed_at = [0.0] * count
     reconnects = 0
 
@@ -600,7 +631,7 @@ def storm_main(port: int, count: int, sessions: int, replay: int) -> None:
             raise SystemExit(f"connect: {os.strerror(err)}")
         socks[s.fileno()] = s
         which[s.fileno()] = i
-        seen[i], tails[i] = 0, b""
+        seen[i], tails[i], heads[i] = 0, b"", not follow_ups[i]
         ep.register(s.fileno(), select.EPOLLOUT)
 
     def reopen(fd: int) -> None:
@@ -638,8 +669,11 @@ def storm_main(port: int, count: int, sessions: int, replay: int) -> None:
                     reopen(fd)
                 continue
             data = tails[i] + bytes(buf[:n])
-            seen[i] += data.count(b"\nid: ")
-            tails[i] = data[-4:]
+            if not heads[i] and b"\r\n\r\n" in data:
+                heads[i] = True
+                s.send(follow_ups[i])
+            seen[i] += data.count(mark)
+            tails[i] = data[-(len(mark) - 1):]
             if seen[i] >= replay and not primed_at[i]:
                 primed_at[i] = time.perf_counter() - t0
                 left -= 1
@@ -1127,34 +1161,50 @@ async def scenario_index(subscriptions: int, seconds: float, events: int = 10000
 STORM_HELD = 10  # events held per session before a storm
 
 
-async def scenario_storm(subscribers: int, sessions: int, replay: int, backlog: int | None = None) -> dict[str, Any]:
+async def scenario_storm(subscribers: int, sessions: int, replay: int, backlog: int | None = None,
+                         transport: str = "sse", live_rate: float = 0.0) -> dict[str, Any]:
     """A subscriber storm: C{sessions} sessions hold L{STORM_HELD} events each (one event per POST);
-    then C{subscribers} SSE streams open at once, each filtered to a session and resuming from a
-    position C{replay} events back (L{storm_main}). The wall time until every stream has its replay
-    (at most 60 s: C{primed} says how many had it), server CPU per stream, and C{GET /healthz} latency
-    meanwhile (one probe every 10 ms). C{backlog}: relayd's listen backlog (Node's and nginx's is 511)."""
-    server = Server(*subscriber_flags(subscribers), backlog=backlog)
-    probe = storm = None
+    then C{subscribers} SSE streams (C{transport} "ws": WebSocket subscriptions) open at once, each
+    filtered to a session and resuming from a position C{replay} events back (L{storm_main}). The
+    wall time until every stream has its replay (at most 60 s: C{primed} says how many had it),
+    server CPU per stream, and C{GET /healthz} latency meanwhile (one probe every 10 ms). C{backlog}:
+    relayd's listen backlog (Node's and nginx's is 511). C{live_rate} > 0: a WebSocket emitter sends
+    that many events/s to session C{F} throughout, and the delivery latency to one WebSocket
+    subscriber of C{F} connected before the storm is reported (what the storm costs the subscribers
+    already connected)."""
+    server = Server(*subscriber_flags(subscribers + 1), backlog=backlog)
+    probe = storm = live = None
     try:
         await wait_ready(server.port)
         for k in range(sessions):
             await post_batches(server.port, [json.dumps(event(f"s{k}", n), separators=(",", ":")).encode()
                                              for n in range(STORM_HELD)], None, ctype=b"json")
+        if live_rate:
+            subscriber = WSPeer(timed=True)
+            await subscriber.connect(server.port, {"role": "consumer"},
+                                     {"type": "subscribe", "id": "live", "filter": {"session": "F"}})
+            emitter = WSPeer()
+            await emitter.connect(server.port, {"role": "emitter", "identity": {"agent": "bench"}})
         storm = subprocess.Popen([sys.executable, __file__, "--storm", str(server.port), str(subscribers),
-                                  str(sessions), str(replay)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 preexec_fn=raise_nofile)
+                                  str(sessions), str(replay), transport], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, preexec_fn=raise_nofile)
         probe = subprocess.Popen([sys.executable, __file__, "--healthz", str(server.port), "0.01"],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert probe.stdin is not None and probe.stdout is not None
         assert storm.stdin is not None and storm.stdout is not None
         assert probe.stdout.readline().strip() == b"ready"
-        await asyncio.sleep(0.5)  # a few probes before
+        if live_rate:
+            live = asyncio.ensure_future(emit(emitter, live_rate, 600, session="F"))
+        await asyncio.sleep(0.5)  # a few probes (and live events) before
+        if live_rate:
+            subscriber.latencies.clear()
         rss0, cpu0 = server.rss_kb(), server.cpu()
         storm.stdin.write(b"go\n")
         storm.stdin.flush()
         line = await asyncio.get_running_loop().run_in_executor(None, storm.stdout.readline)
         cpu = server.cpu() - cpu0
         rss = server.rss_kb()
+        live_latencies = subscriber.latencies[:] if live_rate else []
         out, _ = probe.communicate(b"", timeout=60)
         probe = None
         if not line:
@@ -1164,12 +1214,17 @@ async def scenario_storm(subscribers: int, sessions: int, replay: int, backlog: 
         storm = None
         probed = json.loads(out)
         latencies = probed["latencies"]
-        return {"subscribers": subscribers, "sessions": sessions, "replay": replay, **result,
+        live_figures = {"live_rate": live_rate, "live_deliveries": len(live_latencies),
+                        "live_p50_ms": pct(live_latencies, 0.5) * 1000, "live_p99_ms": pct(live_latencies, 0.99) * 1000,
+                        "live_max_ms": max(live_latencies, default=float("nan")) * 1000} if live_rate else {}
+        return {"subscribers": subscribers, "transport": transport, "sessions": sessions, "replay": replay, **result,
                 "server_cpu_us_per_stream": cpu / subscribers * 1e6, "kb_per_stream": (rss - rss0) / subscribers,
                 "healthz_probes": len(latencies), "healthz_p50_ms": pct(latencies, 0.5),
                 "healthz_p99_ms": pct(latencies, 0.99), "healthz_max_ms": max(latencies, default=float("nan")),
-                "healthz_reconnects": probed["reconnects"]}
+                "healthz_reconnects": probed["reconnects"], **live_figures}
     finally:
+        if live is not None:
+            live.cancel()
         for child in (probe, storm):
             if child is not None:
                 child.kill()
@@ -1358,7 +1413,7 @@ def printed(name: str, result: dict[str, Any]) -> None:
 
 async def main(selected: list[str], seconds: float, subscriptions: int, events: int, gc: bool,
                engines: list[str] | None = None, runs_per_engine: int = 1, instances: int = 1, sessions: int = 128,
-               masters: int = 3) -> None:
+               masters: int = 3, storm_ws: int = 5000) -> None:
     raise_nofile()
     gc_log(gc)
     runs: list[tuple[str, Any]] = [
@@ -1377,6 +1432,7 @@ async def main(selected: list[str], seconds: float, subscriptions: int, events: 
         ("fanout-single", lambda: scenario_fanout_post(1000, 100, 1, seconds, 20)),
         ("storm", lambda: scenario_storm(5000, 50, 5)),
         ("storm-backlog511", lambda: scenario_storm(5000, 50, 5, backlog=511)),
+        ("storm-ws", lambda: scenario_storm(storm_ws, 50, 5, transport="ws", live_rate=100)),
         ("latency", lambda: scenario_fanout(1000, "sse", 100, seconds, 50)),
         ("idle", lambda: scenario_idle(1000)),
         ("idle", lambda: scenario_idle(5000)),
@@ -1422,7 +1478,7 @@ if __name__ == "__main__":
         sys.exit(0)
     if len(sys.argv) > 1 and sys.argv[1] == "--storm":
         raise_nofile()
-        storm_main(*map(int, sys.argv[2:6]))
+        storm_main(*map(int, sys.argv[2:6]), *sys.argv[6:7])
         sys.exit(0)
     if len(sys.argv) > 1 and sys.argv[1] == "--healthz":
         healthz_main(int(sys.argv[2]), float(sys.argv[3]))
@@ -1451,6 +1507,9 @@ if __name__ == "__main__":
     parser.add_argument("--sessions", type=int, default=128,
                         help="sessions the cluster-* events go over with --engine (64 or more spread the buckets)")
     parser.add_argument("--masters", type=int, default=3, help="masters of the cluster engine")
+    parser.add_argument("--storm-ws", type=int, default=5000, metavar="N",
+                        help="WebSocket subscriptions of storm-ws (each holds a socket on both ends: the open-file "
+                        "limit may ask for fewer)")
     args = parser.parse_args()
     # Stopped (bench/peers.py's time limit, a kill): unwind, so each scenario's finally stops the
     # relay it started (a --target-cmd relay runs in its own session and would outlive the bench).
@@ -1470,4 +1529,5 @@ if __name__ == "__main__":
         if getattr(args, option) < 1:
             parser.error(f"--{option} must be at least 1")
     asyncio.run(main(args.scenarios, args.seconds, args.subscriptions, args.events, args.gc_log,
-                     list(dict.fromkeys(args.engine or [])), args.runs, args.instances, args.sessions, args.masters))
+                     list(dict.fromkeys(args.engine or [])), args.runs, args.instances, args.sessions, args.masters,
+                     args.storm_ws))
