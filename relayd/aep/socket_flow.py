@@ -31,7 +31,7 @@ from zope.interface import implementer
 from relayd.aep.core.backlog import HARD_BACKLOG
 from relayd.aep.core.event import Event
 from relayd.base.clock import Timekeeper
-from relayd.compat.autobahn import ws_frames_direct
+from relayd.compat.autobahn import ws_data_received, ws_frames_direct
 from relayd.compat.tcp import pause_reading, resume_reading, write_now
 from relayd.web.admission import Admission
 from relayd.web.streams.pacing import Pacer
@@ -226,6 +226,12 @@ class SocketFlow(WebSocketServerProtocol):
         self.paused = False
         self.flush_queue()
         self._handle_held()
+
+    def dataReceived(self, data: bytes) -> None:
+        # autobahn's own formats a debug line per read (its function's and the peer's names, in
+        # colour) before it parses: a third of a small message's read, and in a storm of subscribes
+        # every connection's read comes in one reactor turn.
+        ws_data_received(self, data)
 
     def onMessage(self, payload: bytes, isBinary: bool) -> None:
         if self.failedByMe or self._not_text or not self._open:
