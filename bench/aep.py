@@ -35,7 +35,9 @@ wall time until every one has its 5, ``/healthz`` latency meanwhile), storm-back
 relayd listening with Node's and nginx's backlog of 511 instead of Twisted's 50), storm-ws (the
 storm as WebSocket subscriptions: ``--storm-ws N`` connections, default 5000, each ``hello`` then
 ``subscribe`` with the same filter and ``from``; with it an emitter sends 100 events/s to a
-subscriber connected before the storm, whose delivery latency meanwhile is ``live_p99_ms``).
+subscriber connected before the storm, whose delivery latency meanwhile is ``live_p99_ms``),
+storm-ws-greeted (the same, the connections opened and greeted before: the storm is their
+subscribes alone, all sent at once, as when an event makes every open dashboard subscribe).
 
 fanout-post: fan-out from HTTP ingest, 100 events/s in POSTs of 10 to 1000 SSE streams (any AEP
 relay takes it: the streams are counted once a warm-up event reached each, whenever the relay sends
@@ -571,11 +573,13 @@ def probe_main(port: int, seconds: float) -> None:
 # its events' type. Either subscribes with the same filter and resume position.
 STORM_SSE_MARK = b"\nid: "
 STORM_WS_MARK = b'"type":"progress.status"'
+STORM_WS_HELLO = _ws_frame(b'{"type":"hello","versions":["0.1"],"role":"consumer"}')
 
 
 def storm_openings(transport: str, count: int, sessions: int, replay: int) -> tuple[list[bytes], list[bytes], bytes]:
     """Per stream of a storm: what is sent once connected, what once the response head is in (empty
-    for SSE), and the mark each event it is sent carries. Stream C{i} is filtered to session
+    for SSE; a WebSocket's hello, then its subscribe: the second is L{STORM_WS_HELLO}'s length on),
+    and the mark each event it is sent carries. Stream C{i} is filtered to session
     C{s<i % sessions>} and resumes after position 0:C{(held - replay - 1)} (C{from}); the bytes are
     built once per session, before the storm, so the client's own cost per stream is a few system
     calls."""
@@ -593,8 +597,7 @@ def storm_openings(transport: str, count: int, sessions: int, replay: int) -> tu
             then.append(b"")
         else:
             first.append(WS_UPGRADE)
-            then.append(_ws_frame(b'{"type":"hello","versions":["0.1"],"role":"consumer"}')
-                        + _ws_frame(json.dumps({"type": "subscribe", "id": "s", "filter": flt, "from": position},
+            then.append(STORM_WS_HELLO + _ws_frame(json.dumps({"type": "subscribe", "id": "s", "filter": flt, "from": position},
                                                separators=(",", ":")).encode()))
     mark = STORM_SSE_MARK if transport == "sse" else STORM_WS_MARK
     return [first[i % sessions] for i in range(count)], [then[i % sessions] for i in range(count)], mark
@@ -604,7 +607,9 @@ def storm_main(port: int, count: int, sessions: int, replay: int, transport: str
     """Open C{count} subscriptions at once (non-blocking connects, then one request each as its
     connection is up; a WebSocket's C{hello} and C{subscribe} as its upgrade is answered), as
     L{storm_openings} says; print, as JSON, the wall time until every stream has its C{replay}
-    events (primed) and the percentiles of each stream's own time.
+    events (primed) and the percentiles of each stream's own time. C{transport} "ws-greeted": the
+    WebSockets are opened and greeted first (then "ready" is printed), and the storm is their
+    subscribes alone, every one sent at once.
 
     Written as one epoll loop over plain sockets, so the client's own cost per stream is a few
     system calls; the streams are left open until standard input closes."""
@@ -612,9 +617,13 @@ def storm_main(port: int, count: int, sessions: int, replay: int, transport: str
     import select
     import socket
 
-    requests, follow_ups, mark = storm_openings(transport, count, sessions, replay)
-    sys.stdin.readline()  # go
+    greeted = transport == "ws-greeted"
+    requests, follow_ups, mark = storm_openings("ws" if greeted else transport, count, sessions, replay)
     ep = select.epoll()
+    if greeted:
+        opened = greet_all(port, count)
+        print("ready", flush=True)
+    sys.stdin.readline()  # go
     socks: dict[int, socket.socket] = {}
     which: dict[int, int] = {}
     seen = [0] * count
@@ -643,8 +652,15 @@ def storm_main(port: int, count: int, sessions: int, replay: int, transport: str
         open_stream(which.pop(fd))
 
     t0 = time.perf_counter()
-    for i in range(count):
-        open_stream(i)
+    if greeted:
+        for i, s in enumerate(opened):
+            s.setblocking(False)
+            socks[s.fileno()], which[s.fileno()], heads[i] = s, i, True
+            s.send(follow_ups[i][len(STORM_WS_HELLO):])  # its subscribe, into an empty send buffer
+            ep.register(s.fileno(), select.EPOLLIN)
+    else:
+        for i in range(count):
+            open_stream(i)
     left = count
     buf = bytearray(65536)
     deadline = t0 + 60
@@ -684,6 +700,29 @@ def storm_main(port: int, count: int, sessions: int, replay: int, transport: str
     sys.stdin.read()
     for s in socks.values():
         s.close()
+
+
+def greet_all(port: int, count: int) -> list[Any]:
+    """C{count} WebSockets, upgraded and greeted (consumers), a few hundred at a time."""
+    import socket
+
+    opened = []
+    for start in range(0, count, 200):
+        batch = [socket.create_connection(("127.0.0.1", port)) for _ in range(start, min(count, start + 200))]
+        for s in batch:
+            s.sendall(WS_UPGRADE)
+        for reply, follow_up in ((b"\r\n\r\n", STORM_WS_HELLO), (b'"hello"', b"")):
+            for s in batch:
+                got = b""
+                while reply not in got:
+                    chunk = s.recv(4096)
+                    if not chunk:
+                        raise SystemExit(f"relayd closed a connection being greeted: {got[-300:]!r}")
+                    got += chunk
+                if follow_up:
+                    s.sendall(follow_up)
+        opened.extend(batch)
+    return opened
 
 
 def healthz_main(port: int, interval: float) -> None:
@@ -1193,6 +1232,9 @@ async def scenario_storm(subscribers: int, sessions: int, replay: int, backlog: 
         assert probe.stdin is not None and probe.stdout is not None
         assert storm.stdin is not None and storm.stdout is not None
         assert probe.stdout.readline().strip() == b"ready"
+        if transport == "ws-greeted":
+            line = await asyncio.get_running_loop().run_in_executor(None, storm.stdout.readline)
+            assert line.strip() == b"ready", line
         if live_rate:
             live = asyncio.ensure_future(emit(emitter, live_rate, 600, session="F"))
         await asyncio.sleep(0.5)  # a few probes (and live events) before
@@ -1433,6 +1475,7 @@ async def main(selected: list[str], seconds: float, subscriptions: int, events: 
         ("storm", lambda: scenario_storm(5000, 50, 5)),
         ("storm-backlog511", lambda: scenario_storm(5000, 50, 5, backlog=511)),
         ("storm-ws", lambda: scenario_storm(storm_ws, 50, 5, transport="ws", live_rate=100)),
+        ("storm-ws-greeted", lambda: scenario_storm(storm_ws, 50, 5, transport="ws-greeted", live_rate=100)),
         ("latency", lambda: scenario_fanout(1000, "sse", 100, seconds, 50)),
         ("idle", lambda: scenario_idle(1000)),
         ("idle", lambda: scenario_idle(5000)),
