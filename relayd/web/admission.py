@@ -16,7 +16,7 @@ connection (the channel lets it by): only newcomers are sliced. The storm takes 
 more, shorter turns, and whatever else the reactor has to do waits for one slice at most.
 
 A WebSocket subscription's start (its filter, its place in the index, its replay) is a newcomer's
-work too, and counts here with the connections' first requests (L{relayd.aep.socket_flow}): a
+work too, and a wing counts it here with the connections' first requests (the AEP wing's sockets): a
 connection whose subscribe cannot start this turn keeps it, and what it sends after it, until its
 turn. One count per site and turn, whichever transport the storm comes by.
 
@@ -37,8 +37,8 @@ NEWCOMERS_PER_TURN = 16
 
 
 class Newcomer(Protocol):
-    """A connection waiting for its turn (L{relayd.web.channel.RelayChannel}; a WebSocket whose
-    subscribe waits, L{relayd.aep.socket_flow.SocketFlow})."""
+    """A connection waiting for its turn (L{relayd.web.channel.RelayChannel}; a wing's WebSocket
+    whose subscribe waits)."""
 
     def admitted(self) -> bool:
         """Start on what was kept meanwhile; C{False} if the connection closed (it counts for nothing)."""
