@@ -82,6 +82,8 @@ class RelayChannel(ChannelHooks):
     """What the client sent while the answer to its plain POST is awaited (L{_answer_simple})."""
     simple_answer: Deferred[Answer] | None = None
     """The answer to its plain POST that is awaited: cancelled if the client leaves first."""
+    simple_idle: int | None = None  # (typed as TimeoutMixin types timeOut)
+    """The idle timeout, off while the answer to a plain POST is awaited."""
     reading = False
     """Whether a read is being parsed (what a request answered within it replays is parsed by it)."""
     unparsed = 0
@@ -261,14 +263,17 @@ class RelayChannel(ChannelHooks):
         if answer is None:
             return False
         self._stop_header_clock()
-        if not post.close or isinstance(answer, Deferred):
-            self._idle()  # (an answer written now to a connection that then closes needs no idle timer)
         if isinstance(answer, Deferred):
+            # No idle timer while the answer is awaited (a held POST waits for the page up to its
+            # request timeout), as twisted.web runs none while it handles a request: back once written.
+            self.simple_idle = self.setTimeout(None)
             self.simple_waiting = []
             self.simple_answer = answer
             self.transport.pauseProducing()  # type: ignore[union-attr]
             answer.addCallback(self._write_simple, site, post, peer, started).addErrback(self._simple_failed)
             return True
+        if not post.close:
+            self._idle()  # (an answer written now to a connection that then closes needs no idle timer)
         self._write_simple(answer, site, post, peer, started)
         return True
 
@@ -280,6 +285,10 @@ class RelayChannel(ChannelHooks):
         then close the connection, or read what the client sent while the answer was awaited."""
         waiting, self.simple_waiting = self.simple_waiting, None
         self.simple_answer = None
+        if waiting is not None:  # (answered later: the idle timeout, off while it was awaited, is back)
+            self.timeOut = self.simple_idle
+            if not post.close:
+                self._idle()
         transport = self.transport
         if transport is None or not getattr(transport, "connected", False):
             return  # (the client left while the store wrote)

@@ -109,8 +109,11 @@ def grown(before: Samples, after: Samples) -> dict[Any, float]:
     return {key: value - before.get(key, 0.0) for key, value in after.items() if value != before.get(key, 0.0)}
 
 
-class PlainPostParity(InMemoryMcpCase):
-    flags = {"mcp-cors": ["https://page.example"]}
+class TwoRelays(InMemoryMcpCase):
+    """Two MCP relays in memory, each with the session's page reading and a client session
+    initialized: C{fast} with the plain path, C{slow} without (twisted.web's path only)."""
+
+    flags: dict[str, Any] = {"mcp-cors": ["https://page.example"]}
 
     def setUp(self) -> None:
         super().setUp()
@@ -167,6 +170,9 @@ class PlainPostParity(InMemoryMcpCase):
         written = re.sub(rb"relayd:[0-9a-f]{16}:", b"relayd:TAG:", written)  # (each relay's progress tag)
         return connection.replies(), written, connection.closed
 
+
+
+class PlainPostParity(TwoRelays):
     def test_every_post_is_answered_as_twisted_web_answers_it(self) -> None:
         taken: dict[str, list[tuple[bytes, bool]]] = {}
         for name, pieces, count in CASES:
@@ -217,3 +223,24 @@ class HeaderNames(InMemoryMcpCase):
         head = raw_response(401, ((b"www-authenticate", b"Bearer"), (b"etag", b"x")), b"", close=False,
                             date=b"D", capitalised=True)
         self.assertIn(b"\r\nWWW-Authenticate: Bearer\r\nETag: x\r\n", head)
+
+
+class HeldPastTheIdleTimeout(TwoRelays):
+    """A held POST waits for the page beyond the site's idle timeout on both paths (twisted.web runs
+    no idle timer while it handles a request): the page's answer comes, and the connection's idle
+    timeout runs again once it is written."""
+
+    flags = {**TwoRelays.flags, "idle-timeout": "5"}
+
+    def test_the_answer_comes_after_the_idle_timeout(self) -> None:
+        for wing in (self.slow, self.fast):
+            self.on(wing)
+            connection = wing.connect()
+            connection.send(mcp(self.sid_of[wing], CALL))
+            wing.advance(6)  # (the page has not read it yet: it reads when the test settles)
+            self.assertFalse(connection.closed, wing is self.fast)
+            self.settle()
+            [reply] = connection.replies()
+            self.assertEqual(reply.code, 200)
+            wing.advance(6)
+            self.assertTrue(connection.closed, wing is self.fast)  # (idle once answered)
