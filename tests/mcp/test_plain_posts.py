@@ -7,16 +7,21 @@ and counters; the plainest taken beside twisted.web, the rest declined to it."""
 from __future__ import annotations
 
 import re
+import socket
 from typing import Any, Callable
 
 from prometheus_client import generate_latest
+from twisted.internet.threads import deferToThread
 
 from relayd.base.metrics import REGISTRY
 from relayd.web.answers import raw_response
 from tests.support.inmemory import InMemoryMcpCase, InMemoryPage, InMemoryWing, Reply
-from tests.support.mcp import INIT, SESSION, TOKEN, initialized
+from tests.support.mcp import INIT, SESSION, TOKEN, McpRelayCase, initialized
 from tests.support.mcp_clients import compact
 from tests.support.metrics import Samples, parse
+from tests.support.raw import parse_responses
+from tests.support.redis import redis_flags
+from tests.support.wing import Wing
 
 ORIGIN = b"https://page.example"
 CALL = compact({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "echo", "arguments": {}}})
@@ -244,3 +249,64 @@ class HeldPastTheIdleTimeout(TwoRelays):
             self.assertEqual(reply.code, 200)
             wing.advance(6)
             self.assertTrue(connection.closed, wing is self.fast)  # (idle once answered)
+
+
+def _one_answer(port: int, data: bytes) -> bytes:
+    """The bytes of the first complete answer to C{data} on a new connection (blocking: a thread's)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(data)
+        received = b""
+        while not parse_responses(received, False)[0]:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+        return received
+
+
+# On a shared store the token is checked once the body is read (no early refusal): the refusals too
+# are rendered beside twisted.web, once the store has answered. (request, status) each.
+WRONG = b"authorization: Bearer " + b"w" * 30
+REDIS_CASES: list[tuple[bytes, int]] = [
+    (mcp(b"", CALL, WRONG, auth=False), 401),
+    (mcp(b"unknown-client", CALL), 404),
+    (mcp(b"", CALL), 400),
+    (post(b"/gonesession/mcp", CALL, b"authorization: Bearer " + TOKEN.encode()), 410),
+    (outbox(ANSWER, query=b"?token=" + b"w" * 30), 401),
+    (outbox(ANSWER, b"origin: " + ORIGIN), 200),
+    (outbox(b"{nope"), 401),
+    (outbox(NOTIFIED, where=b"inbox"), 200),
+]
+
+
+class PlainPostParityOnRedis(McpRelayCase):
+    """On Redis (the token checked by the store once the body is in): the same bytes on both paths."""
+
+    with_redis = True
+    flags = TwoRelays.flags
+
+    async def test_answered_as_twisted_web_answers(self) -> None:
+        fast = self.wing
+        await self.register(SESSION)
+        slow = await Wing.start("mcp", {"mcp-reap-interval-ms": "0", **self.flags, **redis_flags()}, {})
+        self.addCleanup(slow.stop)
+        slow.service.site.simple_posts.clear()  # twisted.web's path only
+        registration = compact({"session": SESSION, "token": TOKEN})
+        registered = await deferToThread(_one_answer, slow.port, post(b"/register", registration))
+        self.assertEqual(registered[9:12], b"200")
+        taken: list[bool] = []
+        handler = fast.service.site.simple_posts[b"/"]
+
+        def watched(post: Any) -> Any:
+            answer = handler(post)
+            taken.append(answer is not None)
+            return answer
+
+        fast.service.site.simple_posts.clear()
+        fast.service.site.simple_posts.claim(b"/", watched)
+        for request, status in REDIS_CASES:
+            expected = await deferToThread(_one_answer, slow.port, request)
+            got = await deferToThread(_one_answer, fast.port, request)
+            self.assertEqual(got[9:12], b"%d" % status, got)
+            self.assertEqual(re.sub(rb"\r\nDate: [^\r]*", b"", got), re.sub(rb"\r\nDate: [^\r]*", b"", expected))
+        self.assertEqual(taken, [True] * len(REDIS_CASES))
