@@ -2,10 +2,12 @@
 
 twisted.web spends 1.4-1.9 µs per event of a 100-event ingest POST on its request machinery alone
 (docs/performance.md, "What HTTP on twisted.web costs by itself"). A wing may register a path for
-which it answers the plainest form of a POST itself (L{RelaySite.simple_posts}): the request line,
-headers and whole body in one read, HTTP/1.1, a C{Content-Length} body, nothing that changes how the
-connection or the body is handled. L{read_simple_post} recognises that form and nothing else;
-everything it declines, and everything the wing declines, goes to twisted.web as before.
+which it answers the plainest form of a POST itself (L{RelaySite.simple_posts}), or claim the paths
+under a prefix (L{SimplePosts.claim}) and render them through its route table
+(relayd.web.plain_request): the request line, headers and whole body in one read, HTTP/1.1, a
+C{Content-Length} body, nothing that changes how the connection or the body is handled.
+L{read_simple_post} recognises that form and nothing else; everything it declines, and everything
+the wing declines, goes to twisted.web as before.
 """
 
 from __future__ import annotations
