@@ -100,6 +100,8 @@ CASES: list[Case] = [
     ("a frame to the page, labelled",
      lambda sid: [outbox(NOTIFIED, where=b"inbox", query=b"?client=agent-1&token=" + TOKEN.encode())], 1),
     ("an unregistered session's outbox", lambda sid: [post(b"/nosuchsession/outbox?token=t", ANSWER)], 1),
+    ("an unregistered session's endpoint",
+     lambda sid: [post(b"/nosuchsession/mcp", CALL, b"authorization: Bearer " + TOKEN.encode())], 1),
     ("a preflight", lambda sid: [b"OPTIONS /%s/mcp HTTP/1.1\r\nhost: localhost\r\norigin: %s\r\n\r\n"
                                  % (SESSION.encode(), ORIGIN)], 1),
 ]
@@ -310,3 +312,28 @@ class PlainPostParityOnRedis(McpRelayCase):
             self.assertEqual(got[9:12], b"%d" % status, got)
             self.assertEqual(re.sub(rb"\r\nDate: [^\r]*", b"", got), re.sub(rb"\r\nDate: [^\r]*", b"", expected))
         self.assertEqual(taken, [True] * len(REDIS_CASES))
+
+
+class UnderAPrefix(InMemoryMcpCase):
+    """The wing claims its prefix's paths only: under C{--mcp-prefix} a session's POST is rendered
+    beside twisted.web, a path outside the prefix goes to twisted.web (its 404)."""
+
+    flags = {"mcp-prefix": "/relay"}
+
+    def test_the_prefix_s_paths_are_claimed(self) -> None:
+        taken: list[bytes] = []
+        simple = self.wing.site.simple_posts
+        handler = simple[b"/relay/"]
+
+        def watched(post: Any) -> Any:
+            answer = handler(post)
+            if answer is not None:
+                taken.append(post.path)
+            return answer
+
+        simple.clear()
+        simple.claim(b"/relay/", watched)
+        self.register(SESSION)
+        self.assertEqual(self.post(f"/{SESSION}/outbox?token={TOKEN}", raw=ANSWER).code, 200)
+        self.assertEqual(self.wing.post(f"/{SESSION}/outbox?token={TOKEN}", ANSWER).code, 404)
+        self.assertEqual(taken, [b"/relay/%s/outbox?token=%s" % (SESSION.encode(), TOKEN.encode())])
