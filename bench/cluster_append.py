@@ -39,7 +39,7 @@ from typing import Any
 
 import relayd_process
 from redis_append import event  # bench/ is not a package: its modules import each other from this path
-from relayd_process import command_stats, node_counters, redis_store
+from relayd_process import command_stats, node_counters, process_switches, redis_store
 
 
 def main() -> None:
@@ -81,6 +81,7 @@ def main() -> None:
     nodes: dict[str, list[Any]] = {e: [] for e in engines}
     instructions: dict[str, list[int]] = {e: [] for e in engines}
     timed_events: dict[str, int] = dict.fromkeys(engines, 0)
+    timed_seconds: dict[str, float] = dict.fromkeys(engines, 0.0)
     counters = {e: [0] * args.sessions for e in engines}
 
     def plan_of(engine: str, count: int, start: int, mix: int) -> list[list[Event]]:
@@ -132,20 +133,20 @@ def main() -> None:
             for engine in engines:
                 plan = plan_of(engine, args.batches, start, args.mix)
                 events = sum(len(b) for b in plan)
-                ports = stores[engine].node_ports
-                before = [(command_stats(p), node_counters(p)) for p in ports]
+                before = node_reading(stores[engine])
                 if args.callgrind:
                     for pid in stores[engine].node_pids:
                         subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
-                r0, c0 = stores[engine].cpu(), time.process_time()
+                r0, c0, w0 = stores[engine].cpu(), time.process_time(), time.perf_counter()
                 await drive(logs[engine], plan)
+                timed_seconds[engine] += time.perf_counter() - w0
                 figures[engine]["client"].append((time.process_time() - c0) / events * 1e6)
                 figures[engine]["redis"].append((stores[engine].cpu() - r0) / events * 1e6)
                 if args.callgrind:
                     counts = [callgrind_total(pid, args.callgrind) for pid in stores[engine].node_pids]
                     instructions[engine] = [a + b for a, b in zip(counts, instructions[engine] or [0] * len(counts),
                                                                   strict=True)]
-                nodes[engine].append((before, [(command_stats(p), node_counters(p)) for p in ports]))
+                nodes[engine].append((before, node_reading(stores[engine])))
                 timed_events[engine] += events
             start += args.batches
         for redis in clients:
@@ -188,9 +189,10 @@ def main() -> None:
                     counters[name] = counters.get(name, 0.0) + k1[name] - k0.get(name, 0.0)
             tables.append({"commands": dict(sorted(commands.items())),
                            **{name + ("_us" if name.startswith("used_cpu") else ""):
-                              round(value / per * (1e6 if name.startswith("used_cpu") else 1), 2)
+                              round(value / per * (1e6 if name.startswith("used_cpu") else 1), 4)
                               for name, value in counters.items()}})
         out[f"{engine}_timed_events"] = per
+        out[f"{engine}_timed_seconds"] = round(timed_seconds[engine], 2)  # (a node's idle background runs as long)
         out[f"{engine}_nodes_per_event"] = tables  # (the counters per event; INFO cpu's in µs)
         if args.callgrind:
             out[f"{engine}_instructions_per_event"] = [round(n / per) for n in instructions[engine]]
@@ -199,6 +201,14 @@ def main() -> None:
         out["instructions_ratio"] = round(out["cluster_instructions_per_event_total"]
                                           / out["standalone_instructions_per_event_total"], 3)
     print(json.dumps(out))
+
+
+def node_reading(store: Any) -> list[Any]:
+    """Each node's commandstats and counters now, with its context switches (how often it slept
+    and woke, and how often it was preempted)."""
+    return [(command_stats(port), {**node_counters(port), **dict(zip(
+        ("voluntary_switches", "involuntary_switches"), process_switches(pid), strict=True))})
+        for port, pid in zip(store.node_ports, store.node_pids, strict=True)]
 
 
 def callgrind_total(pid: int, directory: str) -> int:

@@ -55,6 +55,13 @@ def group_cpu(pgid: int) -> float:
     return total
 
 
+def process_switches(pid: int) -> tuple[int, int]:
+    """Process C{pid}'s context switches so far (its main thread's): voluntary (it waited: for a
+    read, an epoll) and involuntary (preempted)."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(fields["voluntary_ctxt_switches"]), int(fields["nonvoluntary_ctxt_switches"])
+
+
 def process_rss_kb(pid: int) -> int:
     """Resident memory of process C{pid} in KiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
