@@ -17,6 +17,12 @@ cluster/standalone (relayd and per-node redis-server CPU per event, events/s, la
 
     python bench/aep.py cluster-ingest --engine standalone --engine cluster --runs 4 --instances 4
 
+With --engine, cluster-ingest fills every session's buffer before the timed part (each timed batch
+trims as many events as it adds, on both engines) and prints what the nodes' own counters say
+(commands per event, INFO cpu's user and system CPU per event); --node-tables adds each node's INFO
+commandstats and stats, --idle-baseline the same seconds idle as extra columns (docs/performance.md
+"Issue 25 target 1: where the cluster's extra redis-server CPU goes").
+
 Scenarios: ingest (NDJSON batches of 100 x ~500 B over 8 connections), single (one JSON event per
 POST, 8 connections), fanout-sse (one WS emitter -> 100 and 1000 SSE subscribers), fanout-ws
 (-> 100 WebSocket subscribers), latency (1000 SSE subscribers at 100 events/s), idle (1000 and
