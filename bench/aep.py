@@ -1248,9 +1248,10 @@ def node_figures(before: list[Any], after: list[Any], events: int, tables: bool)
         user += counters.get("used_cpu_user", 0.0)
         system += counters.get("used_cpu_sys", 0.0)
         nodes.append({"commands": commands, **counters})
-    figures = {"redis_calls_per_event": calls / per, "redis_script_us_per_event": usec / per,
-               "redis_info_cpu_us_per_event": (user + system) / per * 1e6,
-               "redis_info_user_us_per_event": user / per * 1e6, "redis_info_sys_us_per_event": system / per * 1e6}
+    figures: dict[str, Any] = {"redis_calls_per_event": calls / per, "redis_script_us_per_event": usec / per,
+                               "redis_info_cpu_us_per_event": (user + system) / per * 1e6,
+                               "redis_info_user_us_per_event": user / per * 1e6,
+                               "redis_info_sys_us_per_event": system / per * 1e6}
     if tables:
         figures["redis_node_tables"] = nodes
     return figures

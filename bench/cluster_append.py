@@ -176,7 +176,7 @@ def main() -> None:
         tables = []
         for node in range(len(nodes[engine][0][0])):
             commands: dict[str, list[int]] = {}
-            counters: dict[str, float] = {}
+            sums: dict[str, float] = {}
             for before, after in nodes[engine]:
                 (s0, k0), (s1, k1) = before[node], after[node]
                 for name, (c1, u1) in s1.items():
@@ -186,11 +186,11 @@ def main() -> None:
                         total[0] += c1 - c0
                         total[1] += u1 - u0
                 for name in k1:
-                    counters[name] = counters.get(name, 0.0) + k1[name] - k0.get(name, 0.0)
+                    sums[name] = sums.get(name, 0.0) + k1[name] - k0.get(name, 0.0)
             tables.append({"commands": dict(sorted(commands.items())),
                            **{name + ("_us" if name.startswith("used_cpu") else ""):
                               round(value / per * (1e6 if name.startswith("used_cpu") else 1), 4)
-                              for name, value in counters.items()}})
+                              for name, value in sums.items()}})
         out[f"{engine}_timed_events"] = per
         out[f"{engine}_timed_seconds"] = round(timed_seconds[engine], 2)  # (a node's idle background runs as long)
         out[f"{engine}_nodes_per_event"] = tables  # (the counters per event; INFO cpu's in µs)
