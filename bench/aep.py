@@ -17,6 +17,12 @@ cluster/standalone (relayd and per-node redis-server CPU per event, events/s, la
 
     python bench/aep.py cluster-ingest --engine standalone --engine cluster --runs 4 --instances 4
 
+With --engine, cluster-ingest fills every session's buffer before the timed part (each timed batch
+trims as many events as it adds, on both engines) and prints what the nodes' own counters say
+(commands per event, INFO cpu's user and system CPU per event); --node-tables adds each node's INFO
+commandstats and stats, --idle-baseline the same seconds idle as extra columns (docs/performance.md
+"Issue 25 target 1: where the cluster's extra redis-server CPU goes").
+
 Scenarios: ingest (NDJSON batches of 100 x ~500 B over 8 connections), single (one JSON event per
 POST, 8 connections), fanout-sse (one WS emitter -> 100 and 1000 SSE subscribers), fanout-ws
 (-> 100 WebSocket subscribers), latency (1000 SSE subscribers at 100 events/s), idle (1000 and
@@ -78,7 +84,9 @@ from relayd_process import (
     RedisClusterProcess,
     RedisProcess,
     RelaydServer,
+    command_stats,
     group_cpu,
+    node_counters,
     process_cpu,
     process_rss_kb,
     raise_nofile,
@@ -1302,14 +1310,63 @@ def store_cpu(store: Store, node0: list[float], events: int) -> dict[str, Any]:
             "redis_node_shares": [round(x, 3) for x in shares], "redis_hottest_share": max(shares)}
 
 
+def node_readings(store: Store) -> list[tuple[dict[str, tuple[int, int]], dict[str, float]]]:
+    """Each node's C{INFO commandstats} and L{node_counters} now."""
+    return [(command_stats(port), node_counters(port)) for port in store.node_ports]
+
+
+def nodes_cpu(store: Store) -> float:
+    """Every node's CPU seconds so far as C{INFO cpu} reads it (to the microsecond)."""
+    return sum(c["used_cpu_user"] + c["used_cpu_sys"] for c in (node_counters(p) for p in store.node_ports))
+
+
+def node_figures(before: list[Any], after: list[Any], events: int, tables: bool) -> dict[str, Any]:
+    """What the nodes' own counters say of a run, over every node: commands per event (a script's
+    own calls counted too, as Redis 7 counts them), the microseconds Redis timed running the scripts
+    per event (C{INFO commandstats}' usec of EVALSHA and EVAL, which include their calls: execution
+    only, not reading, parsing or writing, but wall time, so a node preempted mid-script counts the
+    wait), and redis-server's CPU per event as C{INFO cpu} reads it (user and system apart, to the
+    microsecond). The bench's own C{INFO} calls are left out. With C{tables}, each node's commands
+    (calls, usec) and counters."""
+    per = max(events, 1)
+    calls = usec = 0
+    user = system = 0.0
+    nodes = []
+    for (stats0, counters0), (stats1, counters1) in zip(before, after, strict=True):
+        commands = {}
+        for name, (c1, u1) in sorted(stats1.items()):
+            c0, u0 = stats0.get(name, (0, 0))
+            if c1 != c0 and name != "info":
+                commands[name] = (c1 - c0, u1 - u0)
+                calls += c1 - c0
+                if name in ("evalsha", "eval"):
+                    usec += u1 - u0
+        counters = {name: round(counters1[name] - counters0.get(name, 0), 3) for name in counters1}
+        user += counters.get("used_cpu_user", 0.0)
+        system += counters.get("used_cpu_sys", 0.0)
+        nodes.append({"commands": commands, **counters})
+    figures: dict[str, Any] = {"redis_calls_per_event": calls / per, "redis_script_us_per_event": usec / per,
+                               "redis_info_cpu_us_per_event": (user + system) / per * 1e6,
+                               "redis_info_user_us_per_event": user / per * 1e6,
+                               "redis_info_sys_us_per_event": system / per * 1e6}
+    if tables:
+        figures["redis_node_tables"] = nodes
+    return figures
+
+
 async def scenario_cluster_ingest(seconds: float, engine: str = "standalone", instances: int = 1,
-                                  sessions: int = 8, masters: int = 3) -> dict[str, Any]:
+                                  sessions: int = 8, masters: int = 3, node_tables: bool = False,
+                                  idle_baseline: bool = False, fill: bool = False) -> dict[str, Any]:
     """Batched ingest (100 events per POST, 8 keep-alive connections per instance) on C{instances}
     relayd instances sharing one store: one redis-server (C{engine} "standalone") or a Redis Cluster
     of C{masters} masters ("cluster"), fresh per run, neither with replicas (C{--redis-wait-replicas
     0}). The POSTs go round-robin over C{sessions} sessions (8: the connection's own session, the
     shape before engines). relayd CPU per event over all instances; redis-server CPU per event summed
-    over the nodes and each node's share."""
+    over the nodes and each node's share, and what the nodes' own counters say (L{node_figures}).
+    C{idle_baseline}: first the same seconds with every instance connected and no traffic, whose
+    CPU (each instance's, every node's) is printed as per event of the run that follows, beside the
+    run's figures (which still count it: an extra column, not a new definition). C{fill}: every
+    session's buffer filled before the timed part (the engines compared at the same work per event)."""
     store = redis_store(engine, masters)
     servers: list[Any] = []
     try:
@@ -1321,6 +1378,20 @@ async def scenario_cluster_ingest(seconds: float, engine: str = "standalone", in
             await wait_ready(server.port)
         connections = 8 * instances
         batch = 100
+        capacity = 1000  # --aep-buffer
+        if fill:
+            # Every session's buffer full before the timed part, so that every timed batch trims as
+            # many events as it adds: the work per event is the same however many events a run gets
+            # through (without, a faster run trims on a larger share of its batches).
+            def fill_body(k: int, j: int) -> bytes:
+                return ndjson_of([{**event(f"s{k}", j * batch + i), "id": f"fill-s{k}-{j * batch + i}"}
+                                  for i in range(batch)])
+
+            # (A session's batches in order on one connection: each after every held event.)
+            await asyncio.gather(*(post_batches(servers[c % instances].port,
+                                                [fill_body(k, j) for j in range(capacity // batch)
+                                                 for k in range(c, sessions, connections)], None)
+                                   for c in range(connections)))
 
         def body_for_conn(c: int) -> Any:
             # Pre-serialised templates: the client must not spend the CPU the server is measured on.
@@ -1333,11 +1404,20 @@ async def scenario_cluster_ingest(seconds: float, engine: str = "standalone", in
             def body(n: int) -> bytes:
                 template = templates[(c + connections * n) % sessions]
                 first = (n * connections + c) * batch
-                return b"".join(template % (first + i, first + i) + b"\n" for i in range(batch))
+                # (After the fill's positions, 0 to capacity - 1: each batch after every held event.)
+                return b"".join(template % (first + i, first + i + capacity) + b"\n" for i in range(batch))
 
             return body
 
+        idle: tuple[float, float, float] | None = None
+        if idle_baseline:
+            # (The nodes' CPU as INFO cpu reads it: idle, a few milliseconds, under /proc's 10 ms tick.)
+            idle_cpu0, idle_node0, idle_t0 = sum(s.cpu() for s in servers), nodes_cpu(store), time.perf_counter()
+            await asyncio.sleep(seconds)  # the idle background, timed against the same seconds as the run
+            idle = (sum(s.cpu() for s in servers) - idle_cpu0, nodes_cpu(store) - idle_node0,
+                    time.perf_counter() - idle_t0)
         counter = [0]
+        readings0 = node_readings(store)
         cpu0, node0, t0 = [s.cpu() for s in servers], store.node_cpus(), time.perf_counter()
         stop_at = t0 + seconds
         await asyncio.gather(*(http_post_loop(servers[c % instances].port, body_for_conn(c), "application/x-ndjson",
@@ -1345,11 +1425,20 @@ async def scenario_cluster_ingest(seconds: float, engine: str = "standalone", in
         wall = time.perf_counter() - t0
         cpu = sum(s.cpu() for s in servers) - sum(cpu0)
         events = counter[0]
-        return {"engine": store.engine, "instances": instances, "sessions": sessions, "events": events,
-                "events_per_s": events / wall, "server_cpu_us_per_event": cpu / max(events, 1) * 1e6,
-                "server_cpu_share": cpu / wall,
-                # An instance's own ceiling: events/s if it had a core to itself.
-                "events_per_s_per_core": events / max(cpu, 1e-9), **store_cpu(store, node0, events)}
+        result = {"engine": store.engine, "instances": instances, "sessions": sessions, "events": events,
+                  "events_per_s": events / wall, "server_cpu_us_per_event": cpu / max(events, 1) * 1e6,
+                  "server_cpu_share": cpu / wall,
+                  # An instance's own ceiling: events/s if it had a core to itself.
+                  "events_per_s_per_core": events / max(cpu, 1e-9), **store_cpu(store, node0, events)}
+        result.update(node_figures(readings0, node_readings(store), events, node_tables))
+        if idle is not None:
+            relayd_idle, redis_idle, idle_wall = idle
+            scale = wall / idle_wall / max(events, 1) * 1e6  # idle seconds as if as long as the run, per event
+            result.update({"redis_idle_cpu_us_per_event": redis_idle * scale,
+                           "redis_cpu_us_per_event_less_idle": result["redis_cpu_us_per_event"] - redis_idle * scale,
+                           "server_idle_cpu_us_per_event": relayd_idle * scale,
+                           "server_cpu_us_per_event_less_idle": result["server_cpu_us_per_event"] - relayd_idle * scale})
+        return result
     finally:
         for server in servers:
             server.stop()
@@ -1422,7 +1511,9 @@ async def scenario_cluster_fanout(subscribers: int, rate: float, seconds: float,
 
 # What the cluster/standalone ratios compare (medians of each engine's runs).
 RATIO_KEYS = ("events_per_s", "server_cpu_us_per_event", "server_cpu_us_per_delivery", "redis_cpu_us_per_event",
-              "redis_cpu_us_per_delivery", "p50_ms", "p99_ms")
+              "redis_cpu_us_per_delivery", "p50_ms", "p99_ms", "redis_calls_per_event", "redis_script_us_per_event",
+              "redis_info_cpu_us_per_event", "redis_info_user_us_per_event", "redis_info_sys_us_per_event",
+              "redis_cpu_us_per_event_less_idle", "server_cpu_us_per_event_less_idle")
 
 
 def median(values: list[float]) -> float:
@@ -1455,7 +1546,8 @@ def printed(name: str, result: dict[str, Any]) -> None:
 
 async def main(selected: list[str], seconds: float, subscriptions: int, events: int, gc: bool,
                engines: list[str] | None = None, runs_per_engine: int = 1, instances: int = 1, sessions: int = 128,
-               masters: int = 3, storm_ws: int = 5000) -> None:
+               masters: int = 3, storm_ws: int = 5000, node_tables: bool = False,
+               idle_baseline: bool = False) -> None:
     raise_nofile()
     gc_log(gc)
     runs: list[tuple[str, Any]] = [
@@ -1491,7 +1583,8 @@ async def main(selected: list[str], seconds: float, subscriptions: int, events: 
     spread = sessions if engines else 1
     store_runs: list[tuple[str, Any]] = [
         ("cluster-ingest", lambda engine: scenario_cluster_ingest(seconds, engine, instances, sessions if engines else 8,
-                                                                  masters)),
+                                                                  masters, node_tables, idle_baseline,
+                                                                  fill=bool(engines))),
         ("cluster-fanout", lambda engine: scenario_cluster_fanout(100, 1000, seconds, 10, engine=engine,
                                                                   sessions=spread, masters=masters)),
         ("cluster-fanout", lambda engine: scenario_cluster_fanout(1000, 100, seconds, 20, engine=engine,
@@ -1553,6 +1646,11 @@ if __name__ == "__main__":
     parser.add_argument("--storm-ws", type=int, default=5000, metavar="N",
                         help="WebSocket subscriptions of storm-ws (each holds a socket on both ends: the open-file "
                         "limit may ask for fewer)")
+    parser.add_argument("--node-tables", action="store_true",
+                        help="cluster-ingest: print each node's INFO commandstats (calls, usec) and stats over the run")
+    parser.add_argument("--idle-baseline", action="store_true",
+                        help="cluster-ingest: first as many seconds idle (relayd connected, no traffic); prints "
+                        "that background CPU per event of the run, and the run's figures less it, as extra columns")
     args = parser.parse_args()
     # Stopped (bench/peers.py's time limit, a kill): unwind, so each scenario's finally stops the
     # relay it started (a --target-cmd relay runs in its own session and would outlive the bench).
@@ -1573,4 +1671,4 @@ if __name__ == "__main__":
             parser.error(f"--{option} must be at least 1")
     asyncio.run(main(args.scenarios, args.seconds, args.subscriptions, args.events, args.gc_log,
                      list(dict.fromkeys(args.engine or [])), args.runs, args.instances, args.sessions, args.masters,
-                     args.storm_ws))
+                     args.storm_ws, args.node_tables, args.idle_baseline))
