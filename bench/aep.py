@@ -1614,7 +1614,8 @@ if __name__ == "__main__":
         sys.exit(0)
     if len(sys.argv) > 1 and sys.argv[1] == "--storm":
         raise_nofile()
-        storm_main(*map(int, sys.argv[2:6]), *sys.argv[6:7])
+        port, count, sessions, replay = map(int, sys.argv[2:6])
+        storm_main(port, count, sessions, replay, *sys.argv[6:7])
         sys.exit(0)
     if len(sys.argv) > 1 and sys.argv[1] == "--healthz":
         healthz_main(int(sys.argv[2]), float(sys.argv[3]))
