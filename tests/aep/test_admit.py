@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import TestCase
 
 from relayd.aep.core.envelope import classify
-from relayd.aep.core.event import MAX_DEPTH, Event, JSONError, admit, admit_lines, parse_json, plain_body
+from relayd.aep.core.event import _DEEP_LINE, MAX_DEPTH, Event, JSONError, admit, admit_lines, parse_json, plain_body
 from relayd.aep.core.ingest import IngestError, parse_batch
 from tests.aep.test_classify import base, keys, scalars, types
 from tests.support.cases import cases, expand
@@ -190,6 +190,38 @@ class AdmitLinesTests(TestCase):
         self.assertEqual(plain.shallow, total <= MAX_DEPTH)
         self.assertEqual(verdicts(admit_lines(lines_of(body), plain)), verdicts([admit(x) for x in lines_of(body)]))
         self.assertNotIn(None, admit_lines(lines_of(body), plain))
+
+    def test_the_shortest_line_too_deep_is_counted(self) -> None:
+        # The shortest line that reads as an envelope and nests deeper than MAX_DEPTH: a body of
+        # lines no longer than it counts its brackets; the line goes to the exact path, refused.
+        shortest = b'{"aep":"0.1","id":"-","type":"-","time":"-","source":"-","agent":"-","":'
+        deep = shortest + b"[" * MAX_DEPTH + b"]" * MAX_DEPTH + b"}"
+        self.assertEqual(len(deep), _DEEP_LINE)
+        self.assertIsNone(admit(deep))
+        plain = plain_body(deep + b"\n", len(deep))
+        assert plain is not None
+        self.assertFalse(plain.shallow)
+        self.assertEqual(admit_lines([deep], plain), [None])
+        with self.assertRaises(IngestError) as refused:
+            parse_batch(deep + b"\n", ndjson=True, max_batch=10)
+        detail = f"nesting deeper than {MAX_DEPTH} levels"
+        self.assertEqual(refused.exception.body, {"error": "invalid-json", "line": 0, "detail": detail})
+
+    def test_short_lines_need_no_count_of_their_brackets(self) -> None:
+        # Lines shorter than any too deep: brackets adding up past MAX_DEPTH over the body, or in one
+        # line's strings, are admitted as the exact path accepts them.
+        line = json.dumps({**base(), "note": "{" * (MAX_DEPTH + 1)}, separators=(",", ":")).encode()
+        assert len(line) < _DEEP_LINE
+        body = b"\n".join([line, nested(3), nested(3)] * 100) + b"\n"
+        plain = plain_body(body, max(map(len, lines_of(body))))
+        assert plain is not None
+        self.assertTrue(plain.shallow)
+        events = admit_lines(lines_of(body), plain)
+        self.assertNotIn(None, events)
+        self.assertEqual(verdicts(events), verdicts([admit(x) for x in lines_of(body)]))
+        for event, raw in zip(events, lines_of(body), strict=True):
+            same(event, exact(raw))  # type: ignore[arg-type]
+        self.assertEqual(verdicts(parse_batch(body, ndjson=True, max_batch=1000)), verdicts(events))
 
     @cases(backslash=b'"\\u0041"', carriage_return=b'"a"\r', not_ascii='"\u00e9"'.encode())
     def test_a_body_it_cannot_settle_is_checked_line_by_line(self, value: bytes) -> None:
