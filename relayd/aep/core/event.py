@@ -220,11 +220,12 @@ def plain_body(body: bytes, longest_line: int | None = None) -> PlainBody | None
     body's brackets too few."""
     if not body.isascii() or b"\r" in body or b"\\" in body:
         return None
-    # Counting is the costly part (a byte at a time, a tenth of a batch's cost): "[" is often absent
-    # (then it is not counted), and lines are usually too short to need it (then nothing is).
-    arrays = b"[" in body
+    # Counting is the costly part (a byte at a time, a tenth of a batch's cost): lines are usually
+    # too short to need it (then nothing is counted, and "[" is not looked for: no line's count
+    # needs it), and "[" is often absent (then it is not counted).
     if longest_line is not None and longest_line < _DEEP_LINE:
-        return PlainBody(arrays, True)
+        return PlainBody(True, True)
+    arrays = b"[" in body
     return PlainBody(arrays, body.count(b"{") + (body.count(b"[") if arrays else 0) <= MAX_DEPTH)
 
 
