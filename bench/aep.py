@@ -17,6 +17,12 @@ cluster/standalone (relayd and per-node redis-server CPU per event, events/s, la
 
     python bench/aep.py cluster-ingest --engine standalone --engine cluster --runs 4 --instances 4
 
+With --engine, cluster-ingest fills every session's buffer before the timed part (each timed batch
+trims as many events as it adds, on both engines) and prints what the nodes' own counters say
+(commands per event, INFO cpu's user and system CPU per event); --node-tables adds each node's INFO
+commandstats and stats, --idle-baseline the same seconds idle as extra columns (docs/performance.md
+"Issue 25 target 1: where the cluster's extra redis-server CPU goes").
+
 Scenarios: ingest (NDJSON batches of 100 x ~500 B over 8 connections), single (one JSON event per
 POST, 8 connections), fanout-sse (one WS emitter -> 100 and 1000 SSE subscribers), fanout-ws
 (-> 100 WebSocket subscribers), latency (1000 SSE subscribers at 100 events/s), idle (1000 and
@@ -32,7 +38,12 @@ one JSON event per POST with ``Connection: close``, 8 clients, as the official P
 single-redis (single on ``--redis``), fanout-single (fanout-post with one event per POST), storm
 (5000 SSE streams open at once, each filtered to one of 50 sessions and resuming 5 events back:
 wall time until every one has its 5, ``/healthz`` latency meanwhile), storm-backlog511 (the same,
-relayd listening with Node's and nginx's backlog of 511 instead of Twisted's 50).
+relayd listening with Node's and nginx's backlog of 511 instead of Twisted's 50), storm-ws (the
+storm as WebSocket subscriptions: ``--storm-ws N`` connections, default 5000, each ``hello`` then
+``subscribe`` with the same filter and ``from``; with it an emitter sends 100 events/s to a
+subscriber connected before the storm, whose delivery latency meanwhile is ``live_p99_ms``),
+storm-ws-greeted (the same, the connections opened and greeted before: the storm is their
+subscribes alone, all sent at once, as when an event makes every open dashboard subscribe).
 
 fanout-post: fan-out from HTTP ingest, 100 events/s in POSTs of 10 to 1000 SSE streams (any AEP
 relay takes it: the streams are counted once a warm-up event reached each, whenever the relay sends
@@ -73,7 +84,9 @@ from relayd_process import (
     RedisClusterProcess,
     RedisProcess,
     RelaydServer,
+    command_stats,
     group_cpu,
+    node_counters,
     process_cpu,
     process_rss_kb,
     raise_nofile,
@@ -337,6 +350,11 @@ async def emit(emitter: WSPeer, rate: float, seconds: float, session: str = "F",
 # generator (not asyncio's per-read overhead) never becomes the bottleneck of a fan-out figure.
 
 
+WS_UPGRADE = (b"GET /socket HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+              b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+"""A WebSocket opening handshake for C{/socket} (a fixed key: the answer is not checked)."""
+
+
 def _ws_frame(payload: bytes) -> bytes:
     """A masked client text frame (RFC 6455 5.2)."""
     mask = os.urandom(4)
@@ -396,8 +414,7 @@ def drain_main(port: int, transport: str, count: int, sessions: int = 1, first: 
                 path += "?filter=" + urllib.parse.quote(flt, safe="")
             s.sendall(b"GET %s HTTP/1.1\r\nHost: localhost\r\n%s" % (path.encode(), SSE_ACCEPT) + auth() + b"\r\n")
         else:
-            s.sendall(b"GET /socket HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                      b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+            s.sendall(WS_UPGRADE)
         head = b""
         while not lazy and b"\r\n\r\n" not in head:
             head += s.recv(4096)
@@ -503,8 +520,7 @@ def hold_main(port: int, subscriptions: int) -> None:
         by_conn[k % conns].append(session)
     for c, subs in enumerate(by_conn):
         s = opened(len(socks))
-        s.sendall(b"GET /socket HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                  b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        s.sendall(WS_UPGRADE)
         read_until(s, b"\r\n\r\n")
         frames = [_ws_frame(json.dumps({"type": "hello", "versions": ["0.1"], "role": "consumer"}).encode())]
         frames += [_ws_frame(json.dumps({"type": "subscribe", "id": f"{c}.{i}", "filter": {"session": session}}).encode())
@@ -535,8 +551,7 @@ def probe_main(port: int, seconds: float) -> None:
     import socket
 
     s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(b"GET /socket HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-              b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    s.sendall(WS_UPGRADE)
     got = b""
     while b"\r\n\r\n" not in got:
         got += s.recv(4096)
@@ -561,34 +576,67 @@ def probe_main(port: int, seconds: float) -> None:
     print(json.dumps(rtts), flush=True)
 
 
-def storm_main(port: int, count: int, sessions: int, replay: int) -> None:
-    """Open C{count} SSE streams at once (non-blocking connects, then one request each as its
-    connection is up), subscriber C{i} filtered to session C{s<i % sessions>} and resuming after its
-    session's position 0:C{(held - replay - 1)} (C{from}); print, as JSON, the wall time until every
-    stream has its C{replay} events (primed) and the percentiles of each stream's own time.
+# What a storm's client sends per stream and counts: an SSE stream's request and its events' `id:`
+# lines; a WebSocket's upgrade, then (once it is answered) `hello` and `subscribe` in one write, and
+# its events' type. Either subscribes with the same filter and resume position.
+STORM_SSE_MARK = b"\nid: "
+STORM_WS_MARK = b'"type":"progress.status"'
+STORM_WS_HELLO = _ws_frame(b'{"type":"hello","versions":["0.1"],"role":"consumer"}')
+
+
+def storm_openings(transport: str, count: int, sessions: int, replay: int) -> tuple[list[bytes], list[bytes], bytes]:
+    """Per stream of a storm: what is sent once connected, what once the response head is in (empty
+    for SSE; a WebSocket's hello, then its subscribe: the second is L{STORM_WS_HELLO}'s length on),
+    and the mark each event it is sent carries. Stream C{i} is filtered to session
+    C{s<i % sessions>} and resumes after position 0:C{(held - replay - 1)} (C{from}); the bytes are
+    built once per session, before the storm, so the client's own cost per stream is a few system
+    calls."""
+    import urllib.parse
+
+    first, then = [], []
+    for k in range(sessions):
+        session = f"s{k}"
+        flt = {"session": session}
+        position = [{"session": session, "epoch": 0, "seq": STORM_HELD - replay - 1}]
+        if transport == "sse":
+            flt_q, from_q = (urllib.parse.quote(json.dumps(v, separators=(",", ":")), safe="") for v in (flt, position))
+            query = f"filter={flt_q}&from={from_q}"
+            first.append(b"GET /stream?%s HTTP/1.1\r\nHost: localhost\r\n%s%s\r\n" % (query.encode(), SSE_ACCEPT, auth()))
+            then.append(b"")
+        else:
+            first.append(WS_UPGRADE)
+            then.append(STORM_WS_HELLO + _ws_frame(json.dumps({"type": "subscribe", "id": "s", "filter": flt, "from": position},
+                                               separators=(",", ":")).encode()))
+    mark = STORM_SSE_MARK if transport == "sse" else STORM_WS_MARK
+    return [first[i % sessions] for i in range(count)], [then[i % sessions] for i in range(count)], mark
+
+
+def storm_main(port: int, count: int, sessions: int, replay: int, transport: str = "sse") -> None:
+    """Open C{count} subscriptions at once (non-blocking connects, then one request each as its
+    connection is up; a WebSocket's C{hello} and C{subscribe} as its upgrade is answered), as
+    L{storm_openings} says; print, as JSON, the wall time until every stream has its C{replay}
+    events (primed) and the percentiles of each stream's own time. C{transport} "ws-greeted": the
+    WebSockets are opened and greeted first (then "ready" is printed), and the storm is their
+    subscribes alone, every one sent at once.
 
     Written as one epoll loop over plain sockets, so the client's own cost per stream is a few
     system calls; the streams are left open until standard input closes."""
     import errno
     import select
     import socket
-    import urllib.parse
 
-    held = STORM_HELD
-    requests = []
-    for i in range(count):
-        session = f"s{i % sessions}"
-        flt = urllib.parse.quote(json.dumps({"session": session}, separators=(",", ":")), safe="")
-        position = urllib.parse.quote(json.dumps([{"session": session, "epoch": 0, "seq": held - replay - 1}],
-                                                 separators=(",", ":")), safe="")
-        requests.append(b"GET /stream?filter=%s&from=%s HTTP/1.1\r\nHost: localhost\r\n%s%s"
-                        b"\r\n" % (flt.encode(), position.encode(), SSE_ACCEPT, auth()))
-    sys.stdin.readline()  # go
+    greeted = transport == "ws-greeted"
+    requests, follow_ups, mark = storm_openings("ws" if greeted else transport, count, sessions, replay)
     ep = select.epoll()
+    if greeted:
+        opened = greet_all(port, count)
+        print("ready", flush=True)
+    sys.stdin.readline()  # go
     socks: dict[int, socket.socket] = {}
     which: dict[int, int] = {}
     seen = [0] * count
     tails = [b""] * count
+    heads = [False] * count  # whether the response head is in (a WebSocket then says hello)
     primed_at = [0.0] * count
     reconnects = 0
 
@@ -600,7 +648,7 @@ def storm_main(port: int, count: int, sessions: int, replay: int) -> None:
             raise SystemExit(f"connect: {os.strerror(err)}")
         socks[s.fileno()] = s
         which[s.fileno()] = i
-        seen[i], tails[i] = 0, b""
+        seen[i], tails[i], heads[i] = 0, b"", not follow_ups[i]
         ep.register(s.fileno(), select.EPOLLOUT)
 
     def reopen(fd: int) -> None:
@@ -612,8 +660,15 @@ def storm_main(port: int, count: int, sessions: int, replay: int) -> None:
         open_stream(which.pop(fd))
 
     t0 = time.perf_counter()
-    for i in range(count):
-        open_stream(i)
+    if greeted:
+        for i, s in enumerate(opened):
+            s.setblocking(False)
+            socks[s.fileno()], which[s.fileno()], heads[i] = s, i, True
+            s.send(follow_ups[i][len(STORM_WS_HELLO):])  # its subscribe, into an empty send buffer
+            ep.register(s.fileno(), select.EPOLLIN)
+    else:
+        for i in range(count):
+            open_stream(i)
     left = count
     buf = bytearray(65536)
     deadline = t0 + 60
@@ -638,8 +693,11 @@ def storm_main(port: int, count: int, sessions: int, replay: int) -> None:
                     reopen(fd)
                 continue
             data = tails[i] + bytes(buf[:n])
-            seen[i] += data.count(b"\nid: ")
-            tails[i] = data[-4:]
+            if not heads[i] and b"\r\n\r\n" in data:
+                heads[i] = True
+                s.send(follow_ups[i])
+            seen[i] += data.count(mark)
+            tails[i] = data[-(len(mark) - 1):]
             if seen[i] >= replay and not primed_at[i]:
                 primed_at[i] = time.perf_counter() - t0
                 left -= 1
@@ -650,6 +708,29 @@ def storm_main(port: int, count: int, sessions: int, replay: int) -> None:
     sys.stdin.read()
     for s in socks.values():
         s.close()
+
+
+def greet_all(port: int, count: int) -> list[Any]:
+    """C{count} WebSockets, upgraded and greeted (consumers), a few hundred at a time."""
+    import socket
+
+    opened = []
+    for start in range(0, count, 200):
+        batch = [socket.create_connection(("127.0.0.1", port)) for _ in range(start, min(count, start + 200))]
+        for s in batch:
+            s.sendall(WS_UPGRADE)
+        for reply, follow_up in ((b"\r\n\r\n", STORM_WS_HELLO), (b'"hello"', b"")):
+            for s in batch:
+                got = b""
+                while reply not in got:
+                    chunk = s.recv(4096)
+                    if not chunk:
+                        raise SystemExit(f"relayd closed a connection being greeted: {got[-300:]!r}")
+                    got += chunk
+                if follow_up:
+                    s.sendall(follow_up)
+        opened.extend(batch)
+    return opened
 
 
 def healthz_main(port: int, interval: float) -> None:
@@ -1127,34 +1208,53 @@ async def scenario_index(subscriptions: int, seconds: float, events: int = 10000
 STORM_HELD = 10  # events held per session before a storm
 
 
-async def scenario_storm(subscribers: int, sessions: int, replay: int, backlog: int | None = None) -> dict[str, Any]:
+async def scenario_storm(subscribers: int, sessions: int, replay: int, backlog: int | None = None,
+                         transport: str = "sse", live_rate: float = 0.0) -> dict[str, Any]:
     """A subscriber storm: C{sessions} sessions hold L{STORM_HELD} events each (one event per POST);
-    then C{subscribers} SSE streams open at once, each filtered to a session and resuming from a
-    position C{replay} events back (L{storm_main}). The wall time until every stream has its replay
-    (at most 60 s: C{primed} says how many had it), server CPU per stream, and C{GET /healthz} latency
-    meanwhile (one probe every 10 ms). C{backlog}: relayd's listen backlog (Node's and nginx's is 511)."""
-    server = Server(*subscriber_flags(subscribers), backlog=backlog)
-    probe = storm = None
+    then C{subscribers} SSE streams (C{transport} "ws": WebSocket subscriptions) open at once, each
+    filtered to a session and resuming from a position C{replay} events back (L{storm_main}). The
+    wall time until every stream has its replay (at most 60 s: C{primed} says how many had it),
+    server CPU per stream, and C{GET /healthz} latency meanwhile (one probe every 10 ms). C{backlog}:
+    relayd's listen backlog (Node's and nginx's is 511). C{live_rate} > 0: a WebSocket emitter sends
+    that many events/s to session C{F} throughout, and the delivery latency to one WebSocket
+    subscriber of C{F} connected before the storm is reported (what the storm costs the subscribers
+    already connected)."""
+    server = Server(*subscriber_flags(subscribers + 1), backlog=backlog)
+    probe = storm = live = None
     try:
         await wait_ready(server.port)
         for k in range(sessions):
             await post_batches(server.port, [json.dumps(event(f"s{k}", n), separators=(",", ":")).encode()
                                              for n in range(STORM_HELD)], None, ctype=b"json")
+        if live_rate:
+            subscriber = WSPeer(timed=True)
+            await subscriber.connect(server.port, {"role": "consumer"},
+                                     {"type": "subscribe", "id": "live", "filter": {"session": "F"}})
+            emitter = WSPeer()
+            await emitter.connect(server.port, {"role": "emitter", "identity": {"agent": "bench"}})
         storm = subprocess.Popen([sys.executable, __file__, "--storm", str(server.port), str(subscribers),
-                                  str(sessions), str(replay)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 preexec_fn=raise_nofile)
+                                  str(sessions), str(replay), transport], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, preexec_fn=raise_nofile)
         probe = subprocess.Popen([sys.executable, __file__, "--healthz", str(server.port), "0.01"],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert probe.stdin is not None and probe.stdout is not None
         assert storm.stdin is not None and storm.stdout is not None
         assert probe.stdout.readline().strip() == b"ready"
-        await asyncio.sleep(0.5)  # a few probes before
+        if transport == "ws-greeted":
+            line = await asyncio.get_running_loop().run_in_executor(None, storm.stdout.readline)
+            assert line.strip() == b"ready", line
+        if live_rate:
+            live = asyncio.ensure_future(emit(emitter, live_rate, 600, session="F"))
+        await asyncio.sleep(0.5)  # a few probes (and live events) before
+        if live_rate:
+            subscriber.latencies.clear()
         rss0, cpu0 = server.rss_kb(), server.cpu()
         storm.stdin.write(b"go\n")
         storm.stdin.flush()
         line = await asyncio.get_running_loop().run_in_executor(None, storm.stdout.readline)
         cpu = server.cpu() - cpu0
         rss = server.rss_kb()
+        live_latencies = subscriber.latencies[:] if live_rate else []
         out, _ = probe.communicate(b"", timeout=60)
         probe = None
         if not line:
@@ -1164,12 +1264,17 @@ async def scenario_storm(subscribers: int, sessions: int, replay: int, backlog: 
         storm = None
         probed = json.loads(out)
         latencies = probed["latencies"]
-        return {"subscribers": subscribers, "sessions": sessions, "replay": replay, **result,
+        live_figures = {"live_rate": live_rate, "live_deliveries": len(live_latencies),
+                        "live_p50_ms": pct(live_latencies, 0.5) * 1000, "live_p99_ms": pct(live_latencies, 0.99) * 1000,
+                        "live_max_ms": max(live_latencies, default=float("nan")) * 1000} if live_rate else {}
+        return {"subscribers": subscribers, "transport": transport, "sessions": sessions, "replay": replay, **result,
                 "server_cpu_us_per_stream": cpu / subscribers * 1e6, "kb_per_stream": (rss - rss0) / subscribers,
                 "healthz_probes": len(latencies), "healthz_p50_ms": pct(latencies, 0.5),
                 "healthz_p99_ms": pct(latencies, 0.99), "healthz_max_ms": max(latencies, default=float("nan")),
-                "healthz_reconnects": probed["reconnects"]}
+                "healthz_reconnects": probed["reconnects"], **live_figures}
     finally:
+        if live is not None:
+            live.cancel()
         for child in (probe, storm):
             if child is not None:
                 child.kill()
@@ -1205,14 +1310,63 @@ def store_cpu(store: Store, node0: list[float], events: int) -> dict[str, Any]:
             "redis_node_shares": [round(x, 3) for x in shares], "redis_hottest_share": max(shares)}
 
 
+def node_readings(store: Store) -> list[tuple[dict[str, tuple[int, int]], dict[str, float]]]:
+    """Each node's C{INFO commandstats} and L{node_counters} now."""
+    return [(command_stats(port), node_counters(port)) for port in store.node_ports]
+
+
+def nodes_cpu(store: Store) -> float:
+    """Every node's CPU seconds so far as C{INFO cpu} reads it (to the microsecond)."""
+    return sum(c["used_cpu_user"] + c["used_cpu_sys"] for c in (node_counters(p) for p in store.node_ports))
+
+
+def node_figures(before: list[Any], after: list[Any], events: int, tables: bool) -> dict[str, Any]:
+    """What the nodes' own counters say of a run, over every node: commands per event (a script's
+    own calls counted too, as Redis 7 counts them), the microseconds Redis timed running the scripts
+    per event (C{INFO commandstats}' usec of EVALSHA and EVAL, which include their calls: execution
+    only, not reading, parsing or writing, but wall time, so a node preempted mid-script counts the
+    wait), and redis-server's CPU per event as C{INFO cpu} reads it (user and system apart, to the
+    microsecond). The bench's own C{INFO} calls are left out. With C{tables}, each node's commands
+    (calls, usec) and counters."""
+    per = max(events, 1)
+    calls = usec = 0
+    user = system = 0.0
+    nodes = []
+    for (stats0, counters0), (stats1, counters1) in zip(before, after, strict=True):
+        commands = {}
+        for name, (c1, u1) in sorted(stats1.items()):
+            c0, u0 = stats0.get(name, (0, 0))
+            if c1 != c0 and name != "info":
+                commands[name] = (c1 - c0, u1 - u0)
+                calls += c1 - c0
+                if name in ("evalsha", "eval"):
+                    usec += u1 - u0
+        counters = {name: round(counters1[name] - counters0.get(name, 0), 3) for name in counters1}
+        user += counters.get("used_cpu_user", 0.0)
+        system += counters.get("used_cpu_sys", 0.0)
+        nodes.append({"commands": commands, **counters})
+    figures: dict[str, Any] = {"redis_calls_per_event": calls / per, "redis_script_us_per_event": usec / per,
+                               "redis_info_cpu_us_per_event": (user + system) / per * 1e6,
+                               "redis_info_user_us_per_event": user / per * 1e6,
+                               "redis_info_sys_us_per_event": system / per * 1e6}
+    if tables:
+        figures["redis_node_tables"] = nodes
+    return figures
+
+
 async def scenario_cluster_ingest(seconds: float, engine: str = "standalone", instances: int = 1,
-                                  sessions: int = 8, masters: int = 3) -> dict[str, Any]:
+                                  sessions: int = 8, masters: int = 3, node_tables: bool = False,
+                                  idle_baseline: bool = False, fill: bool = False) -> dict[str, Any]:
     """Batched ingest (100 events per POST, 8 keep-alive connections per instance) on C{instances}
     relayd instances sharing one store: one redis-server (C{engine} "standalone") or a Redis Cluster
     of C{masters} masters ("cluster"), fresh per run, neither with replicas (C{--redis-wait-replicas
     0}). The POSTs go round-robin over C{sessions} sessions (8: the connection's own session, the
     shape before engines). relayd CPU per event over all instances; redis-server CPU per event summed
-    over the nodes and each node's share."""
+    over the nodes and each node's share, and what the nodes' own counters say (L{node_figures}).
+    C{idle_baseline}: first the same seconds with every instance connected and no traffic, whose
+    CPU (each instance's, every node's) is printed as per event of the run that follows, beside the
+    run's figures (which still count it: an extra column, not a new definition). C{fill}: every
+    session's buffer filled before the timed part (the engines compared at the same work per event)."""
     store = redis_store(engine, masters)
     servers: list[Any] = []
     try:
@@ -1224,6 +1378,20 @@ async def scenario_cluster_ingest(seconds: float, engine: str = "standalone", in
             await wait_ready(server.port)
         connections = 8 * instances
         batch = 100
+        capacity = 1000  # --aep-buffer
+        if fill:
+            # Every session's buffer full before the timed part, so that every timed batch trims as
+            # many events as it adds: the work per event is the same however many events a run gets
+            # through (without, a faster run trims on a larger share of its batches).
+            def fill_body(k: int, j: int) -> bytes:
+                return ndjson_of([{**event(f"s{k}", j * batch + i), "id": f"fill-s{k}-{j * batch + i}"}
+                                  for i in range(batch)])
+
+            # (A session's batches in order on one connection: each after every held event.)
+            await asyncio.gather(*(post_batches(servers[c % instances].port,
+                                                [fill_body(k, j) for j in range(capacity // batch)
+                                                 for k in range(c, sessions, connections)], None)
+                                   for c in range(connections)))
 
         def body_for_conn(c: int) -> Any:
             # Pre-serialised templates: the client must not spend the CPU the server is measured on.
@@ -1236,11 +1404,20 @@ async def scenario_cluster_ingest(seconds: float, engine: str = "standalone", in
             def body(n: int) -> bytes:
                 template = templates[(c + connections * n) % sessions]
                 first = (n * connections + c) * batch
-                return b"".join(template % (first + i, first + i) + b"\n" for i in range(batch))
+                # (After the fill's positions, 0 to capacity - 1: each batch after every held event.)
+                return b"".join(template % (first + i, first + i + capacity) + b"\n" for i in range(batch))
 
             return body
 
+        idle: tuple[float, float, float] | None = None
+        if idle_baseline:
+            # (The nodes' CPU as INFO cpu reads it: idle, a few milliseconds, under /proc's 10 ms tick.)
+            idle_cpu0, idle_node0, idle_t0 = sum(s.cpu() for s in servers), nodes_cpu(store), time.perf_counter()
+            await asyncio.sleep(seconds)  # the idle background, timed against the same seconds as the run
+            idle = (sum(s.cpu() for s in servers) - idle_cpu0, nodes_cpu(store) - idle_node0,
+                    time.perf_counter() - idle_t0)
         counter = [0]
+        readings0 = node_readings(store)
         cpu0, node0, t0 = [s.cpu() for s in servers], store.node_cpus(), time.perf_counter()
         stop_at = t0 + seconds
         await asyncio.gather(*(http_post_loop(servers[c % instances].port, body_for_conn(c), "application/x-ndjson",
@@ -1248,11 +1425,20 @@ async def scenario_cluster_ingest(seconds: float, engine: str = "standalone", in
         wall = time.perf_counter() - t0
         cpu = sum(s.cpu() for s in servers) - sum(cpu0)
         events = counter[0]
-        return {"engine": store.engine, "instances": instances, "sessions": sessions, "events": events,
-                "events_per_s": events / wall, "server_cpu_us_per_event": cpu / max(events, 1) * 1e6,
-                "server_cpu_share": cpu / wall,
-                # An instance's own ceiling: events/s if it had a core to itself.
-                "events_per_s_per_core": events / max(cpu, 1e-9), **store_cpu(store, node0, events)}
+        result = {"engine": store.engine, "instances": instances, "sessions": sessions, "events": events,
+                  "events_per_s": events / wall, "server_cpu_us_per_event": cpu / max(events, 1) * 1e6,
+                  "server_cpu_share": cpu / wall,
+                  # An instance's own ceiling: events/s if it had a core to itself.
+                  "events_per_s_per_core": events / max(cpu, 1e-9), **store_cpu(store, node0, events)}
+        result.update(node_figures(readings0, node_readings(store), events, node_tables))
+        if idle is not None:
+            relayd_idle, redis_idle, idle_wall = idle
+            scale = wall / idle_wall / max(events, 1) * 1e6  # idle seconds as if as long as the run, per event
+            result.update({"redis_idle_cpu_us_per_event": redis_idle * scale,
+                           "redis_cpu_us_per_event_less_idle": result["redis_cpu_us_per_event"] - redis_idle * scale,
+                           "server_idle_cpu_us_per_event": relayd_idle * scale,
+                           "server_cpu_us_per_event_less_idle": result["server_cpu_us_per_event"] - relayd_idle * scale})
+        return result
     finally:
         for server in servers:
             server.stop()
@@ -1325,7 +1511,9 @@ async def scenario_cluster_fanout(subscribers: int, rate: float, seconds: float,
 
 # What the cluster/standalone ratios compare (medians of each engine's runs).
 RATIO_KEYS = ("events_per_s", "server_cpu_us_per_event", "server_cpu_us_per_delivery", "redis_cpu_us_per_event",
-              "redis_cpu_us_per_delivery", "p50_ms", "p99_ms")
+              "redis_cpu_us_per_delivery", "p50_ms", "p99_ms", "redis_calls_per_event", "redis_script_us_per_event",
+              "redis_info_cpu_us_per_event", "redis_info_user_us_per_event", "redis_info_sys_us_per_event",
+              "redis_cpu_us_per_event_less_idle", "server_cpu_us_per_event_less_idle")
 
 
 def median(values: list[float]) -> float:
@@ -1358,7 +1546,8 @@ def printed(name: str, result: dict[str, Any]) -> None:
 
 async def main(selected: list[str], seconds: float, subscriptions: int, events: int, gc: bool,
                engines: list[str] | None = None, runs_per_engine: int = 1, instances: int = 1, sessions: int = 128,
-               masters: int = 3) -> None:
+               masters: int = 3, storm_ws: int = 5000, node_tables: bool = False,
+               idle_baseline: bool = False) -> None:
     raise_nofile()
     gc_log(gc)
     runs: list[tuple[str, Any]] = [
@@ -1377,6 +1566,8 @@ async def main(selected: list[str], seconds: float, subscriptions: int, events: 
         ("fanout-single", lambda: scenario_fanout_post(1000, 100, 1, seconds, 20)),
         ("storm", lambda: scenario_storm(5000, 50, 5)),
         ("storm-backlog511", lambda: scenario_storm(5000, 50, 5, backlog=511)),
+        ("storm-ws", lambda: scenario_storm(storm_ws, 50, 5, transport="ws", live_rate=100)),
+        ("storm-ws-greeted", lambda: scenario_storm(storm_ws, 50, 5, transport="ws-greeted", live_rate=100)),
         ("latency", lambda: scenario_fanout(1000, "sse", 100, seconds, 50)),
         ("idle", lambda: scenario_idle(1000)),
         ("idle", lambda: scenario_idle(5000)),
@@ -1392,7 +1583,8 @@ async def main(selected: list[str], seconds: float, subscriptions: int, events: 
     spread = sessions if engines else 1
     store_runs: list[tuple[str, Any]] = [
         ("cluster-ingest", lambda engine: scenario_cluster_ingest(seconds, engine, instances, sessions if engines else 8,
-                                                                  masters)),
+                                                                  masters, node_tables, idle_baseline,
+                                                                  fill=bool(engines))),
         ("cluster-fanout", lambda engine: scenario_cluster_fanout(100, 1000, seconds, 10, engine=engine,
                                                                   sessions=spread, masters=masters)),
         ("cluster-fanout", lambda engine: scenario_cluster_fanout(1000, 100, seconds, 20, engine=engine,
@@ -1422,7 +1614,8 @@ if __name__ == "__main__":
         sys.exit(0)
     if len(sys.argv) > 1 and sys.argv[1] == "--storm":
         raise_nofile()
-        storm_main(*map(int, sys.argv[2:6]))
+        port, count, sessions, replay = map(int, sys.argv[2:6])
+        storm_main(port, count, sessions, replay, *sys.argv[6:7])
         sys.exit(0)
     if len(sys.argv) > 1 and sys.argv[1] == "--healthz":
         healthz_main(int(sys.argv[2]), float(sys.argv[3]))
@@ -1451,6 +1644,14 @@ if __name__ == "__main__":
     parser.add_argument("--sessions", type=int, default=128,
                         help="sessions the cluster-* events go over with --engine (64 or more spread the buckets)")
     parser.add_argument("--masters", type=int, default=3, help="masters of the cluster engine")
+    parser.add_argument("--storm-ws", type=int, default=5000, metavar="N",
+                        help="WebSocket subscriptions of storm-ws (each holds a socket on both ends: the open-file "
+                        "limit may ask for fewer)")
+    parser.add_argument("--node-tables", action="store_true",
+                        help="cluster-ingest: print each node's INFO commandstats (calls, usec) and stats over the run")
+    parser.add_argument("--idle-baseline", action="store_true",
+                        help="cluster-ingest: first as many seconds idle (relayd connected, no traffic); prints "
+                        "that background CPU per event of the run, and the run's figures less it, as extra columns")
     args = parser.parse_args()
     # Stopped (bench/peers.py's time limit, a kill): unwind, so each scenario's finally stops the
     # relay it started (a --target-cmd relay runs in its own session and would outlive the bench).
@@ -1470,4 +1671,5 @@ if __name__ == "__main__":
         if getattr(args, option) < 1:
             parser.error(f"--{option} must be at least 1")
     asyncio.run(main(args.scenarios, args.seconds, args.subscriptions, args.events, args.gc_log,
-                     list(dict.fromkeys(args.engine or [])), args.runs, args.instances, args.sessions, args.masters))
+                     list(dict.fromkeys(args.engine or [])), args.runs, args.instances, args.sessions, args.masters,
+                     args.storm_ws, args.node_tables, args.idle_baseline))

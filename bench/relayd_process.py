@@ -17,6 +17,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TICK = os.sysconf("SC_CLK_TCK")
+# A command the redis-servers the bench starts run under (bench/cluster_append.py --callgrind:
+# valgrind, which counts each node's instructions); empty: redis-server itself.
+REDIS_WRAPPER: list[str] = []
 
 
 def raise_nofile() -> None:
@@ -50,6 +53,13 @@ def group_cpu(pgid: int) -> float:
         if int(fields[2]) == pgid:
             total += (int(fields[11]) + int(fields[12])) / TICK
     return total
+
+
+def process_switches(pid: int) -> tuple[int, int]:
+    """Process C{pid}'s context switches so far (its main thread's): voluntary (it waited: for a
+    read, an epoll) and involuntary (preempted)."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(fields["voluntary_ctxt_switches"]), int(fields["nonvoluntary_ctxt_switches"])
 
 
 def process_rss_kb(pid: int) -> int:
@@ -128,18 +138,35 @@ class RedisProcess:
         binary = shutil.which("redis-server")
         if binary is None:
             raise SystemExit("the --redis scenarios need redis-server")
-        self.proc = subprocess.Popen([binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+        self.proc = subprocess.Popen([*REDIS_WRAPPER, binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                                       "--appendonly", "no"], stdout=subprocess.DEVNULL)
         time.sleep(0.5)  # waiting for another process to start listening
+        deadline = time.monotonic() + 60  # (under REDIS_WRAPPER's valgrind, seconds)
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)  # still starting
         self.url = f"redis://127.0.0.1:{self.port}/0"
 
     def cpu(self) -> float:
         """redis-server's user plus system CPU seconds so far."""
         return process_cpu(self.proc.pid)
 
+    @property
+    def node_pids(self) -> list[int]:
+        return [self.proc.pid]
+
     def node_cpus(self) -> list[float]:
         """Each node's CPU seconds so far (the one server's)."""
         return [self.cpu()]
+
+    @property
+    def node_ports(self) -> list[int]:
+        return [self.port]
 
     @property
     def relayd_options(self) -> tuple[str, ...]:
@@ -149,6 +176,48 @@ class RedisProcess:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(10)
+
+
+def redis_info(port: int, section: str) -> dict[str, str]:
+    """C{INFO section} of the redis-server on loopback C{port}, as field -> value (a plain socket:
+    the bench's own reads must not start a process per node per reading)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"INFO %s\r\n" % section.encode())
+        data = b""
+        while b"\r\n" not in data:
+            data += s.recv(65536)
+        head, _, body = data.partition(b"\r\n")
+        size = int(head[1:])
+        while len(body) < size + 2:
+            body += s.recv(65536)
+    fields = {}
+    for line in body[:size].decode().splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.partition(":")
+            fields[name] = value
+    return fields
+
+
+def command_stats(port: int) -> dict[str, tuple[int, int]]:
+    """Each command's calls and microseconds so far (C{INFO commandstats}; a subcommand as
+    C{cluster|slots})."""
+    out = {}
+    for name, value in redis_info(port, "commandstats").items():
+        parts = dict(item.split("=") for item in value.split(","))
+        out[name.removeprefix("cmdstat_")] = (int(parts["calls"]), int(parts["usec"]))
+    return out
+
+
+# The INFO stats and cpu counters the cluster scenarios report per node (deltas over a run).
+NODE_COUNTERS = ("total_commands_processed", "total_net_input_bytes", "total_net_output_bytes",
+                 "total_reads_processed", "total_writes_processed", "used_cpu_user", "used_cpu_sys")
+
+
+def node_counters(port: int) -> dict[str, float]:
+    """L{NODE_COUNTERS} of one node now (C{INFO stats} and C{INFO cpu}: the CPU in seconds to the
+    microsecond, finer than /proc's ticks)."""
+    info = {**redis_info(port, "stats"), **redis_info(port, "cpu")}
+    return {name: float(info[name]) for name in NODE_COUNTERS if name in info}
 
 
 def _cluster_ports(count: int) -> list[int]:
@@ -208,9 +277,12 @@ class RedisClusterProcess:
                 self._kill()
             else:
                 raise RuntimeError("the Redis Cluster's nodes could not start (ports taken?)")
-            subprocess.run([cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
-                            "--cluster-replicas", "0", "--cluster-yes"],
-                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
+            if masters == 1:  # (redis-cli --cluster create wants three: one node takes every slot itself)
+                _redis_cli(cli, self.ports[0], "CLUSTER", "ADDSLOTSRANGE", "0", "16383")
+            else:
+                subprocess.run([cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
+                                "--cluster-replicas", "0", "--cluster-yes"],
+                               check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
             self._wait(lambda: all("cluster_state:ok" in _redis_cli(cli, p, "CLUSTER", "INFO") for p in self.ports))
         except BaseException:
             self.stop()
@@ -224,9 +296,10 @@ class RedisClusterProcess:
             node_dir = Path(self.dir, f"{attempt}-{i}")
             node_dir.mkdir()
             self.procs.append(subprocess.Popen(
-                [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir), "--save", "",
+                [*REDIS_WRAPPER, self.binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir), "--save", "",
                  "--appendonly", "no", "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                 "--cluster-node-timeout", "2000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                 # (Under valgrind a node answers the others slowly: not taken for failed.)
+                 "--cluster-node-timeout", "60000" if REDIS_WRAPPER else "2000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if any(proc.poll() is not None for proc in self.procs):
@@ -250,6 +323,10 @@ class RedisClusterProcess:
             time.sleep(0.05)  # waiting for other processes (the nodes, their cluster bus) to converge
         raise RuntimeError("the Redis Cluster did not come up")
 
+    @property
+    def node_pids(self) -> list[int]:
+        return [proc.pid for proc in self.procs]
+
     def node_cpus(self) -> list[float]:
         """Each master's user plus system CPU seconds so far (from /proc/PID/stat)."""
         return [process_cpu(proc.pid) for proc in self.procs]
@@ -257,6 +334,10 @@ class RedisClusterProcess:
     def cpu(self) -> float:
         """All nodes' CPU seconds so far."""
         return sum(self.node_cpus())
+
+    @property
+    def node_ports(self) -> list[int]:
+        return list(self.ports)
 
     @property
     def relayd_options(self) -> tuple[str, ...]:

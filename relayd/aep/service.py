@@ -115,6 +115,8 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> AEPService | None:
     # The plainest ingest POSTs are answered beside twisted.web's Request, at about a fifth less CPU per
     # event (docs/performance.md), through the same wall and ingest policy; on Redis after the write.
     site.simple_posts[b"/events"] = resource.simple_ingest
+    # A subscription's start is a newcomer's work: one count per turn with the site's new connections.
+    sockets.admission = site.admission
 
     def drain() -> None:
         hub.drain(sse_comment("shutting-down"))

@@ -5,7 +5,15 @@ reactor turn (small messages coalesced, a burst of C{FLUSH_AT} handed over at on
 that does not read pauses the connection and the backlog bounds apply); a replay is pulled a chunk
 per turn through the one pacer (L{relayd.web.streams.pacing}). Inbound, a connection handles at
 most C{MESSAGES_PER_TURN} messages before it gives way to the others, and what it sends while it is
-busy (a replay being sent, the client not reading) waits, unread, in order.
+busy (a replay being sent, the client not reading, a subscription waiting for its turn to start)
+waits, unread, in order.
+
+A subscription's start (its filter compiled, its place in the index, its replay begun) is a
+newcomer's work, as a new connection's first request is: when thousands of connections subscribe
+in one reactor turn, the site's admission (L{relayd.web.admission}, the one count of newcomers
+started per turn, shared with the HTTP channel) starts its share and the rest L{wait_for_turn}:
+each keeps what it was asked, is started in arrival order on a later turn (L{admitted}), and
+handles nothing it sent after it meanwhile.
 
 L{relayd.aep.websocket.AEPSocket} is the AEP protocol on top: the hello gate and the message handlers.
 """
@@ -13,7 +21,7 @@ L{relayd.aep.websocket.AEPSocket} is the AEP protocol on top: the hello gate and
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Protocol, cast
+from typing import Any, Callable, Protocol, cast
 
 from autobahn.twisted.websocket import WebSocketServerProtocol
 from twisted.internet.interfaces import IConsumer, IPushProducer
@@ -23,8 +31,9 @@ from zope.interface import implementer
 from relayd.aep.core.backlog import HARD_BACKLOG
 from relayd.aep.core.event import Event
 from relayd.base.clock import Timekeeper
-from relayd.compat.autobahn import ws_frames_direct
+from relayd.compat.autobahn import ws_data_received, ws_frames_direct
 from relayd.compat.tcp import pause_reading, resume_reading, write_now
+from relayd.web.admission import Admission
 from relayd.web.streams.pacing import Pacer
 
 FLUSH_AT = 64 * 1024  # coalesce small messages per reactor turn, but never hold back a burst
@@ -83,6 +92,8 @@ class SocketFlow(WebSocketServerProtocol):
         self._handled = 0
         self._open = False
         self._not_text = False  # a text message was not UTF-8: nothing after it is read
+        # The work (a subscription's start) the site's admission starts on a later turn (wait_for_turn).
+        self._awaiting_turn: Callable[[], None] | None = None
 
     def start_flow(self) -> None:
         """The connection is open: the client's reading paces what is sent (L{_Backpressure})."""
@@ -102,6 +113,7 @@ class SocketFlow(WebSocketServerProtocol):
         self._queued_bytes = 0
         self._replay.stop()
         self._held_messages = None
+        self._awaiting_turn = None  # (the admission passes it over: L{admitted})
 
     def _on_message(self, payload: bytes, isBinary: bool) -> None:
         raise NotImplementedError
@@ -123,6 +135,7 @@ class SocketFlow(WebSocketServerProtocol):
         self._write_queue(force=True)
         self.sendCloseFrame(code=code, reasonUtf8=reason.encode("utf-8"), isReply=False)
         self._held_messages = None
+        self._awaiting_turn = None  # (nothing it asked is answered after the Close frame)
         self._start_reading()
 
     def _enqueue(self, message: Any, sub: Any, event: Event | None) -> None:
@@ -214,6 +227,12 @@ class SocketFlow(WebSocketServerProtocol):
         self.flush_queue()
         self._handle_held()
 
+    def dataReceived(self, data: bytes) -> None:
+        # autobahn's own formats a debug line per read (its function's and the peer's names, in
+        # colour) before it parses: a third of a small message's read, and in a storm of subscribes
+        # every connection's read comes in one reactor turn.
+        ws_data_received(self, data)
+
     def onMessage(self, payload: bytes, isBinary: bool) -> None:
         if self.failedByMe or self._not_text or not self._open:
             return  # after a message that broke the protocol (not UTF-8), or the connection was cut off
@@ -235,7 +254,30 @@ class SocketFlow(WebSocketServerProtocol):
         self._stop_reading()
 
     def _busy(self) -> bool:
-        return self._replaying or self.paused or self._handled > MESSAGES_PER_TURN
+        return (
+            self._replaying or self.paused or self._handled > MESSAGES_PER_TURN or self._awaiting_turn is not None
+        )
+
+    def wait_for_turn(self, admission: Admission, start: Callable[[], None]) -> None:
+        """C{start} (a newcomer's work: a subscription's) on the turn C{admission} gives it, in
+        arrival order; what the client sends meanwhile waits behind it (the socket is read on until
+        it sends more: a client that subscribed usually waits for the answer)."""
+        self._awaiting_turn = start
+        admission.wait(self)
+
+    def admitted(self) -> bool:
+        """The admission's turn for the work that waited (L{wait_for_turn}): do it, then what the
+        client sent meanwhile; C{False} if the connection closed (it counts for nothing)."""
+        start, self._awaiting_turn = self._awaiting_turn, None
+        if start is None or not self._open:
+            return False
+        try:
+            start()
+        except Exception:
+            # (As L{_handle}: a handler bug costs one message; the admission's turn goes on.)
+            self._log.failure("AEP WebSocket message handling failed")
+        self._handle_held()
+        return True
 
     def _give_way(self) -> None:
         """This connection had its share of the reactor turn (L{_handled} is past the bound): go on

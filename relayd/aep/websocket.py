@@ -13,6 +13,10 @@ Messages:
 Everything sent to a client counts against its backlog bound (docs/aep.md): replies, routed commands,
 replays and live events alike. While the client does not read what it was sent (the transport
 paused this connection) or a replay is being sent, what it sends waits, unread, and so adds nothing.
+
+A subscribe is a newcomer's work: the site starts a share of them per reactor turn with its new
+connections' first requests (relayd.web.admission), and the rest wait for a later turn in arrival
+order (L{SocketFlow.wait_for_turn}), so a storm of them never stalls the subscribers already connected.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from relayd.base.clock import NextTurn, Timekeeper
 from relayd.base.config import show_value
 from relayd.base.errors import OutcomeUnknown, StoreUnavailable
 from relayd.compat.tcp import no_delay
+from relayd.web.admission import Admission
 
 ROLES = ("emitter", "consumer", "both")
 CLOSE_GOING_AWAY = 1001
@@ -357,6 +362,15 @@ class AEPSocket(SocketFlow, PhasedEmitter):  # type: ignore[misc]  # autobahn's 
             self.send_frame(error_frame(code, detail, cause=cause))
 
     def on_subscribe(self, phase: Greeted, msg: dict[str, Any]) -> None:
+        admission = self.factory.admission
+        if admission is None or admission.starts_now():
+            self.start_subscription(phase, msg)
+        else:
+            self.wait_for_turn(admission, lambda: self.start_subscription(phase, msg))
+
+    def start_subscription(self, phase: Greeted, msg: dict[str, Any]) -> None:
+        """Check the subscribe C{msg}, then subscribe: its filter, its place among the relay's
+        subscribers, its C{subscribed} and its replay (or the error that refuses it)."""
         sub_id = msg.get("id")
         relay = self.factory.relay
         flt = msg.get("filter")
@@ -516,6 +530,9 @@ class AEPSocketFactory(WebSocketServerFactory):
         self.hello_timeout = hello_timeout
         self.max_subscriptions = max_subscriptions
         self.connections: dict[AEPSocket, None] = {}
+        self.admission: Admission | None = None
+        """The site's count of newcomers started per reactor turn, which subscriptions' starts join
+        (relayd.web.admission; set once the site exists); C{None}: every subscribe starts at once."""
         self.setProtocolOptions(
             maxMessagePayloadSize=max_message,
             maxFramePayloadSize=max_message,

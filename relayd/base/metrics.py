@@ -180,7 +180,8 @@ http_connections = CallbackGauge(
 )
 http_connections_waiting = CallbackGauge(
     "relayd_http_connections_waiting",
-    "New HTTP connections waiting for their turn to start (a storm is started a slice per reactor turn), per relay",
+    "New HTTP connections (and WebSocket subscriptions) waiting for their turn to start (a storm is started a "
+    "slice per reactor turn), per relay",
     ["relay"],
 )
 

@@ -8,6 +8,7 @@ C{/}, C{/healthz} and C{{prefix}/}. The tunnel decides; this module only transla
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Final
 
@@ -28,8 +29,10 @@ from relayd.mcp.endpoint import Endpoint, client_address, session_part
 from relayd.process.cors import OriginPolicy
 from relayd.web.answers import Answer, Refusals, finish, gone, json_answer
 from relayd.web.auth import bearer_token, query_param
-from relayd.web.request import read_body
+from relayd.web.plain_request import render_plain
+from relayd.web.request import BodyLimit, read_body
 from relayd.web.routes import TAKEN, Result, RoutedResource, RouteTable
+from relayd.web.simple_post import SimplePost
 from relayd.web.streams.sse import DEFAULT_MAX_BUFFER, SSEHub, SSEStream, sse_comment
 
 MAX_BODY = 256 * 1024
@@ -248,6 +251,10 @@ class McpResource(RoutedResource):
         self.max_frames = max_frames
         self.max_bytes = max_bytes
         self.health_paths = frozenset({b"/", b"/healthz", self.prefix + b"/"})
+        # The session paths whose plainest POSTs are rendered beside twisted.web (L{plain_post}).
+        self._plain_paths = re.compile(
+            re.escape(self.prefix) + b"/" + SESSION_PART.encode("ascii") + b"/(inbox|outbox|mcp)"
+        )
         self._add_routes(prefix)
 
     def _add_routes(self, prefix: str) -> None:
@@ -287,6 +294,18 @@ class McpResource(RoutedResource):
             return self.table.not_found
         setattr(request, _PREPARED, True)
         return None
+
+    def plain_post(self, post: SimplePost, limit: BodyLimit) -> Answer | Deferred[Answer] | None:
+        """A plain POST (relayd.web.simple_post) to a session's C{inbox}, C{outbox} or endpoint,
+        rendered by this resource beside twisted.web (relayd.web.plain_request: the same checks,
+        handlers and answers), or C{None} for twisted.web to answer: another path, an early refusal,
+        or an endpoint POST that could be answered with a stream (L{Endpoint.answers_whole})."""
+        match = self._plain_paths.fullmatch(post.path.partition(b"?")[0])
+        if match is None:
+            return None
+        if match.group(1) == b"mcp" and (self.endpoint is None or not self.endpoint.answers_whole(post)):
+            return None
+        return render_plain(self, limit, post)
 
     def too_large(self, request: Request) -> Answer:
         """docs/decisions.md MCP-2: a real 413 with CORS headers (the body limit's early answer)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from twisted.internet import defer
@@ -162,11 +163,15 @@ def make_wing(plumbing: Plumbing, settings: Resolved) -> McpService | None:
         endpoint=endpoint,
         demo=demo_page() if mcp.demo else None,
     )
+    # docs/decisions.md MCP-2: an oversize body is a 413 whatever else is wrong (the size first).
+    limit = BodyLimit(MAX_BODY, resource.too_large, resource.early_answer, size_first=True)
     site = RelaySite(
-        # docs/decisions.md MCP-2: an oversize body is a 413 whatever else is wrong (the size first).
-        resource, body_limit=BodyLimit(MAX_BODY, resource.too_large, resource.early_answer, size_first=True),
-        settings=plumbing.site, relay="mcp", clock=plumbing.clock, health_paths=resource.health_paths,
+        resource, body_limit=limit, settings=plumbing.site, relay="mcp", clock=plumbing.clock,
+        health_paths=resource.health_paths,
     )
+    # A session's plainest frame and endpoint POSTs are rendered beside twisted.web's Request, through
+    # the same route table (docs/performance.md: instructions per endpoint round trip).
+    site.simple_posts.claim(resource.prefix + b"/", partial(resource.plain_post, limit=limit))
     line = f"ttl={round(mcp.ttl_ms / 1000)}s, cors={mcp.cors.describe()} from {mcp.cors_source}"
     for description in listen:
         if not is_loopback_endpoint(description):

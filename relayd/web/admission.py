@@ -15,6 +15,11 @@ following turn starts the next slice of the queue, in arrival order, before any 
 connection (the channel lets it by): only newcomers are sliced. The storm takes the same work in
 more, shorter turns, and whatever else the reactor has to do waits for one slice at most.
 
+A WebSocket subscription's start (its filter, its place in the index, its replay) is a newcomer's
+work too, and a wing counts it here with the connections' first requests (the AEP wing's sockets): a
+connection whose subscribe cannot start this turn keeps it, and what it sends after it, until its
+turn. One count per site and turn, whichever transport the storm comes by.
+
 The count is reset by a call on the next turn, armed once half the share is counted: a connection
 that arrives alone (a client opening one per request) arms no timer, and a turn never starts more
 than its share (the count only falls at a turn's start), nor less than half of it while others wait.
@@ -32,7 +37,8 @@ NEWCOMERS_PER_TURN = 16
 
 
 class Newcomer(Protocol):
-    """A connection waiting for its turn (L{relayd.web.channel.RelayChannel})."""
+    """A connection waiting for its turn (L{relayd.web.channel.RelayChannel}; a wing's WebSocket
+    whose subscribe waits)."""
 
     def admitted(self) -> bool:
         """Start on what was kept meanwhile; C{False} if the connection closed (it counts for nothing)."""

@@ -29,6 +29,15 @@ class Answer:
     headers: Sequence[Header] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class RenderedAnswer(Answer):
+    """An answer a route table rendered beside twisted.web (relayd.web.plain_request), with where
+    twisted.web would write its C{Server} and C{Date}: after the first C{early} of its headers, those
+    set at the end of the request's headers (the early check), before twisted.web processes it."""
+
+    early: int = 0
+
+
 def json_answer(status: int, body: bytes, headers: Iterable[Header] = ()) -> Answer:
     """An answer whose C{body} is JSON text already encoded."""
     return Answer(status, body, ((b"content-type", JSON_TYPE), *headers))
@@ -134,6 +143,7 @@ def raw_response(
     date: bytes | None = None,
     capitalised: bool = False,
     version: bytes = b"HTTP/1.1",
+    dated_after: int = 0,
 ) -> bytes:
     """The bytes of a whole HTTP/1.1 response: status line, C{headers}, C{content-length} (of
     C{body}, which a C{head} answer does not send) and C{connection: close} when C{close}.
@@ -142,16 +152,17 @@ def raw_response(
     not repeated. A C{date} (L{http_date}) adds the C{Server} and C{Date} lines twisted.web writes (and
     takes its reason phrases), and C{capitalised} writes header names as it does (C{Content-Type}), for an answer that
     stands in for one of its (its order too: C{Connection} first, as its channel sets it before the
-    resource renders, and the client's C{version} on the status line).
+    resource renders, and the client's C{version} on the status line); C{dated_after}: that many of
+    C{headers} come before the C{Server} and C{Date} lines (L{RenderedAnswer.early}).
     """
-    key = (status, headers, len(body), close, date is None, capitalised, version)
+    key = (status, headers, len(body), close, date is None, capitalised, version, dated_after)
     try:
         parts = _HEADS.get(key)
         kept = True
     except TypeError:  # (headers in a list: not kept)
         parts, kept = None, False
     if parts is None:
-        parts = _head(status, headers, len(body), close, date is not None, capitalised, version)
+        parts = _head(status, headers, len(body), close, date is not None, capitalised, version, dated_after)
         if kept and len(_HEADS) < _HEADS_KEPT:
             _HEADS[key] = parts
     before, after = parts
@@ -167,20 +178,26 @@ _HEADS_KEPT = 256
 
 
 def _head(
-    status: int, headers: Iterable[Header], length: int, close: bool, dated: bool, capitalised: bool, version: bytes
+    status: int, headers: Iterable[Header], length: int, close: bool, dated: bool, capitalised: bool, version: bytes,
+    dated_after: int = 0,
 ) -> tuple[bytes, bytes]:
     """L{raw_response}'s head: the bytes before the C{Date} value, and after it (through the blank line)."""
     reasons = _REASONS
     lines = [b"%s %d %s" % (version, status, reasons.get(status, b"Unknown Status"))]
+    named = [
+        b"%s: %s" % (_capitalised(name) if capitalised else name, value)
+        for name, value in headers
+        if name.lower() not in _FRAMING
+    ]
     if dated:
         if close:
             lines.append(b"Connection: close")
+        lines += named[:dated_after]
+        del named[:dated_after]
         lines.append(b"Server: %s" % _server_version)
         lines.append(b"Date: ")  # (its value goes between the two parts)
     before = len(lines)
-    for name, value in headers:
-        if name.lower() not in _FRAMING:
-            lines.append(b"%s: %s" % (_capitalised(name) if capitalised else name, value))
+    lines += named
     lines.append(b"%s: %d" % (b"Content-Length" if capitalised else b"content-length", length))
     if close and not dated:
         lines.append(b"Connection: close" if capitalised else b"connection: close")
@@ -206,6 +223,13 @@ def http_date(when: float) -> bytes:
     return value
 
 
+# The names twisted.web writes otherwise than capitalised (its http_headers' case mappings).
+_CAPITALS: Final = {
+    b"content-md5": b"Content-MD5", b"dnt": b"DNT", b"etag": b"ETag", b"p3p": b"P3P", b"te": b"TE",
+    b"www-authenticate": b"WWW-Authenticate", b"x-xss-protection": b"X-XSS-Protection",
+}  # fmt: skip
+
+
 def _capitalised(name: bytes) -> bytes:
-    """A header name as twisted.web writes it (C{content-type} -> C{Content-Type})."""
-    return b"-".join(part.capitalize() for part in name.split(b"-"))
+    """A header name as twisted.web writes it (C{content-type} -> C{Content-Type}, C{WWW-Authenticate})."""
+    return _CAPITALS.get(name.lower()) or b"-".join(part.capitalize() for part in name.split(b"-"))

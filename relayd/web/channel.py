@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
@@ -22,7 +22,7 @@ from relayd.compat.web import (
     keeps_alive,
     request_line,
 )
-from relayd.web.answers import Answer, http_date, json_answer, raw_response
+from relayd.web.answers import Answer, RenderedAnswer, http_date, json_answer, raw_response
 from relayd.web.request import ChannelSite, LimitedRequest, host_of
 from relayd.web.simple_post import SimplePost, read_simple_post
 
@@ -80,6 +80,10 @@ class RelayChannel(ChannelHooks):
     """Whether the connection is one of its client's L{relayd.process.settings.HEALTH_RESERVE}: it answers the health check only."""
     simple_waiting: list[bytes] | None = None
     """What the client sent while the answer to its plain POST is awaited (L{_answer_simple})."""
+    simple_answer: Deferred[Answer] | None = None
+    """The answer to its plain POST that is awaited: cancelled if the client leaves first."""
+    simple_idle: int | None = None  # (typed as TimeoutMixin types timeOut)
+    """The idle timeout, off while the answer to a plain POST is awaited."""
     reading = False
     """Whether a read is being parsed (what a request answered within it replays is parsed by it)."""
     unparsed = 0
@@ -249,6 +253,7 @@ class RelayChannel(ChannelHooks):
             elif self.crowded:
                 return False  # (twisted.web's path answers the crowded 503)
         started = site.clock.monotonic()
+        post.channel = self
         try:
             answer = site.simple_posts[post.path](post)
         except Exception:
@@ -258,13 +263,17 @@ class RelayChannel(ChannelHooks):
         if answer is None:
             return False
         self._stop_header_clock()
-        if not post.close or isinstance(answer, Deferred):
-            self._idle()  # (an answer written now to a connection that then closes needs no idle timer)
         if isinstance(answer, Deferred):
+            # No idle timer while the answer is awaited (a held POST waits for the page up to its
+            # request timeout), as twisted.web runs none while it handles a request: back once written.
+            self.simple_idle = self.setTimeout(None)
             self.simple_waiting = []
+            self.simple_answer = answer
             self.transport.pauseProducing()  # type: ignore[union-attr]
             answer.addCallback(self._write_simple, site, post, peer, started).addErrback(self._simple_failed)
             return True
+        if not post.close:
+            self._idle()  # (an answer written now to a connection that then closes needs no idle timer)
         self._write_simple(answer, site, post, peer, started)
         return True
 
@@ -275,6 +284,11 @@ class RelayChannel(ChannelHooks):
         and Date, its header capitals, C{Connection: close} when it closes an HTTP/1.1 connection);
         then close the connection, or read what the client sent while the answer was awaited."""
         waiting, self.simple_waiting = self.simple_waiting, None
+        self.simple_answer = None
+        if waiting is not None:  # (answered later: the idle timeout, off while it was awaited, is back)
+            self.timeOut = self.simple_idle
+            if not post.close:
+                self._idle()
         transport = self.transport
         if transport is None or not getattr(transport, "connected", False):
             return  # (the client left while the store wrote)
@@ -286,11 +300,13 @@ class RelayChannel(ChannelHooks):
                 raw_response(
                     answer.status, answer.headers, answer.body, close=post.close and post.version == b"HTTP/1.1",
                     date=http_date(site.clock.seconds()), capitalised=True, version=post.version,
+                    dated_after=answer.early if isinstance(answer, RenderedAnswer) else 0,
                 )
             )
-            site.access(
-                method=b"POST", path=post.path, status=answer.status, sent=len(answer.body), peer=peer, started=started
-            )
+            path = post.path
+            if b"?" in path:  # (a path claimed by prefix may carry a query: twisted.web logs its path)
+                path = path.partition(b"?")[0]
+            site.access(method=b"POST", path=path, status=answer.status, sent=len(answer.body), peer=peer, started=started)
             if post.close:
                 transport.loseConnection()
             elif waiting is not None:
@@ -302,6 +318,9 @@ class RelayChannel(ChannelHooks):
                 release_writes(transport)
 
     def _simple_failed(self, failure: Failure) -> None:
+        self.simple_answer = None
+        if failure.check(CancelledError):
+            return  # (the client left: L{connectionLost})
         # (The wing answers every refusal of its own; this is a bug, and nothing can be answered.)
         _log.failure("a simple POST's answer failed; the connection is dropped", failure)
         self.simple_waiting = None
@@ -345,6 +364,9 @@ class RelayChannel(ChannelHooks):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._stop_header_clock()
+        answer, self.simple_answer = self.simple_answer, None
+        if answer is not None:
+            answer.cancel()  # (the wing is told, as twisted.web tells a request whose client left)
         if self.kept is not None:
             self.kept = None  # (no longer waiting for its turn: L{admitted} passes it over)
         site = self._relay_site

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from io import BytesIO
 from typing import Any, Callable
 
-from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IAddress
 from twisted.web.http import parse_qs
 from twisted.web.resource import IResource
@@ -26,6 +25,7 @@ from relayd.base.clock import Timekeeper
 from relayd.compat.web import RequestHooks, body_framing, keeps_alive, request_line, set_body_sent
 from relayd.web.admission import Admission
 from relayd.web.answers import Answer, raw_response
+from relayd.web.simple_post import SimplePosts
 from relayd.web.target import origin_form
 
 
@@ -178,8 +178,8 @@ class ChannelSite(Site):
     max_client_connections: int
     too_many_connections: Answer
     body_limit: BodyLimit | None
-    simple_posts: dict[bytes, Callable[[Any], Answer | Deferred[Answer] | None]]
-    """Paths whose plain POSTs the wing answers itself, beside twisted.web (relayd.web.simple_post)."""
+    simple_posts: SimplePosts
+    """Paths (and prefixes) whose plain POSTs the wing answers itself, beside twisted.web (relayd.web.simple_post)."""
     admission: Admission
     """How many new connections start per reactor turn (relayd.web.admission)."""
     health_paths: frozenset[bytes]

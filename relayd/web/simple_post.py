@@ -2,18 +2,21 @@
 
 twisted.web spends 1.4-1.9 µs per event of a 100-event ingest POST on its request machinery alone
 (docs/performance.md, "What HTTP on twisted.web costs by itself"). A wing may register a path for
-which it answers the plainest form of a POST itself (L{RelaySite.simple_posts}): the request line,
-headers and whole body in one read, HTTP/1.1, a C{Content-Length} body, nothing that changes how the
-connection or the body is handled. L{read_simple_post} recognises that form and nothing else;
-everything it declines, and everything the wing declines, goes to twisted.web as before.
+which it answers the plainest form of a POST itself (L{RelaySite.simple_posts}), or claim the paths
+under a prefix (L{SimplePosts.claim}) and render them through its route table
+(relayd.web.plain_request): the request line, headers and whole body in one read, HTTP/1.1, a
+C{Content-Length} body, nothing that changes how the connection or the body is handled.
+L{read_simple_post} recognises that form and nothing else; everything it declines, and everything
+the wing declines, goes to twisted.web as before.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Container
+from collections.abc import Callable, Container
+from typing import Any
 
-__all__ = ["SimplePost", "read_simple_post"]
+__all__ = ["SimplePost", "SimplePosts", "read_simple_post"]
 
 # A header name: a token (RFC 9110 5.1).
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -35,10 +38,12 @@ _NOT_KEPT = frozenset((b"content-length", b"authorization", b"proxy-authorizatio
 
 
 class SimplePost:
-    """A plain POST: its path, its headers (lower-cased names, each at most once), its body, its
-    HTTP version, and whether its connection closes once it is answered (as twisted.web decides)."""
+    """A plain POST: its path (the request target: with its query, for a path a wing claims by
+    prefix), its headers (lower-cased names, each at most once), its body, its HTTP version, whether
+    its connection closes once it is answered (as twisted.web decides), and the channel it came on
+    (set by the channel before a wing sees it)."""
 
-    __slots__ = ("body", "headers", "path", "version", "close")
+    __slots__ = ("body", "headers", "path", "version", "close", "channel")
 
     def __init__(
         self, path: bytes, headers: dict[bytes, bytes], body: bytes, version: bytes = b"HTTP/1.1", close: bool = False
@@ -48,14 +53,64 @@ class SimplePost:
         self.body = body
         self.version = version
         self.close = close
+        self.channel: Any = None
+
+
+SimplePostHandler = Callable[[SimplePost], Any]
+"""A wing's answer to a plain POST: an C{Answer}, a C{Deferred} of one, or C{None} (declined, with
+nothing done: twisted.web answers it)."""
+
+
+class SimplePosts:
+    """The request targets whose plain POSTs wings answer themselves: exact paths (no query string),
+    and the paths under a prefix a wing claims (a session's paths carry its id; with a query string
+    too), whose handler reads the target and declines what is not its own."""
+
+    __slots__ = ("_exact", "_prefixes")
+
+    def __init__(self) -> None:
+        self._exact: dict[bytes, SimplePostHandler] = {}
+        self._prefixes: tuple[tuple[bytes, SimplePostHandler], ...] = ()
+
+    def __setitem__(self, path: bytes, handler: SimplePostHandler) -> None:
+        self._exact[path] = handler
+
+    def claim(self, prefix: bytes, handler: SimplePostHandler) -> None:
+        """Hand C{handler} every plain POST whose target starts with C{prefix} (an exact path wins)."""
+        self._prefixes += ((prefix, handler),)
+
+    def get(self, target: bytes) -> SimplePostHandler | None:
+        """The handler of C{target}, or C{None}."""
+        handler = self._exact.get(target)
+        if handler is None:
+            for prefix, claimed in self._prefixes:
+                if target.startswith(prefix):
+                    return claimed
+        return handler
+
+    def __getitem__(self, target: bytes) -> SimplePostHandler:
+        handler = self.get(target)
+        if handler is None:
+            raise KeyError(target)
+        return handler
+
+    def __contains__(self, target: object) -> bool:
+        return isinstance(target, bytes) and self.get(target) is not None
+
+    def __bool__(self) -> bool:
+        return bool(self._exact or self._prefixes)
+
+    def clear(self) -> None:
+        self._exact.clear()
+        self._prefixes = ()
 
 
 def read_simple_post(
     data: bytes, paths: Container[bytes], *, max_header_bytes: int, max_fields: int, max_length_digits: int
 ) -> SimplePost | None:
-    """The POST that C{data} holds exactly (no byte before or after it), to one of C{paths}, or
-    C{None} when C{data} is anything else or anything unusual: another method or version, a query
-    string, a header block over C{max_header_bytes} or C{max_fields}, a bare line feed, a folded or
+    """The POST that C{data} holds exactly (no byte before or after it), to one of C{paths} (its
+    target, query string included, C{in paths}: L{SimplePosts} takes a query under a claimed
+    prefix), or C{None} when C{data} is anything else or anything unusual: another method or version, a header block over C{max_header_bytes} or C{max_fields}, a bare line feed, a folded or
     repeated header, a header name that is not a token, a NUL, no C{Content-Length} (or one of more than
     C{max_length_digits} digits, or not all digits), a body not all there, bytes after it, C{Connection}
     other than C{keep-alive} or C{close}, or any of L{_DECLINED}."""

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import re
 import weakref
-from typing import Any, Callable
+from typing import Any
 
-from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IAddress
 from twisted.logger import Logger, LogLevel
 from twisted.web.resource import IResource, Resource
@@ -25,7 +24,7 @@ from relayd.web.admission import Admission
 from relayd.web.answers import Answer, json_answer, write_answer
 from relayd.web.channel import RelayChannel
 from relayd.web.request import BodyLimit, ChannelSite, RelayRequest, host_of
-from relayd.web.simple_post import SimplePost
+from relayd.web.simple_post import SimplePosts
 
 _MAX_SHARED_ADDRESSES = 64
 
@@ -147,9 +146,9 @@ class RelaySite(ChannelSite):
         self._crowded = _Crowded(self.too_many_connections)
         self._clients: dict[str, int] = {}  # open connections per client, under the cap
         self._protocols: weakref.WeakSet[Any] = weakref.WeakSet()
-        # Paths whose plain POSTs the wing answers itself, beside twisted.web (relayd.web.simple_post):
-        # the handler answers, or declines with None before it has done anything.
-        self.simple_posts: dict[bytes, Callable[[SimplePost], Answer | Deferred[Answer] | None]] = {}
+        # Paths (and prefixes) whose plain POSTs the wing answers itself, beside twisted.web
+        # (relayd.web.simple_post): the handler answers, or declines with None before it has done anything.
+        self.simple_posts = SimplePosts()
         self._request_counters: dict[tuple[str, int], Any] = {}  # labelled children, looked up once
         self._addresses: dict[Any, Any] = {}
         self.admission = Admission(clock)  # new connections started per reactor turn (a storm in slices)

@@ -10,7 +10,17 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import TestCase
 
 from relayd.aep.core.envelope import classify
-from relayd.aep.core.event import MAX_DEPTH, Event, JSONError, admit, admit_lines, parse_json, plain_body
+from relayd.aep.core.event import (
+    _DEEP_LINE,
+    MAX_DEPTH,
+    Event,
+    JSONError,
+    _read_envelope,
+    admit,
+    admit_lines,
+    parse_json,
+    plain_body,
+)
 from relayd.aep.core.ingest import IngestError, parse_batch
 from tests.aep.test_classify import base, keys, scalars, types
 from tests.support.cases import cases, expand
@@ -190,6 +200,80 @@ class AdmitLinesTests(TestCase):
         self.assertEqual(plain.shallow, total <= MAX_DEPTH)
         self.assertEqual(verdicts(admit_lines(lines_of(body), plain)), verdicts([admit(x) for x in lines_of(body)]))
         self.assertNotIn(None, admit_lines(lines_of(body), plain))
+
+    def test_the_shortest_line_too_deep_is_counted(self) -> None:
+        # The shortest line that reads as an envelope (all msgspec checks before the scope) and nests
+        # deeper than MAX_DEPTH is _DEEP_LINE bytes: a body whose longest line is that long counts
+        # its brackets, one a byte shorter does not.
+        shortest = b'{"aep":"0.1","id":"-","type":"-","time":"-","source":"-","agent":"-","":'
+        deep = shortest + b"[" * MAX_DEPTH + b"]" * MAX_DEPTH + b"}"
+        self.assertEqual(len(deep), _DEEP_LINE)
+        _read_envelope(deep)
+        with self.assertRaises(JSONError):
+            parse_json(deep)
+        body = deep + b"\n"
+        for longest, shallow in ((_DEEP_LINE, False), (_DEEP_LINE - 1, True)):
+            plain = plain_body(body, longest)
+            assert plain is not None
+            self.assertEqual(plain.shallow, shallow)
+            self.assertTrue(plain.arrays)
+
+    def test_short_lines_need_no_count_of_their_brackets(self) -> None:
+        # Lines shorter than any too deep: brackets adding up past MAX_DEPTH over the body, or in one
+        # line's strings, are admitted as the exact path accepts them.
+        line = json.dumps({**base(), "note": "{" * (MAX_DEPTH + 1)}, separators=(",", ":")).encode()
+        assert len(line) < _DEEP_LINE
+        body = b"\n".join([line, nested(3), nested(3)] * 100) + b"\n"
+        plain = plain_body(body, max(map(len, lines_of(body))))
+        assert plain is not None
+        self.assertTrue(plain.shallow)
+        events = admit_lines(lines_of(body), plain)
+        self.assertNotIn(None, events)
+        self.assertEqual(verdicts(events), verdicts([admit(x) for x in lines_of(body)]))
+        for event, raw in zip(events, lines_of(body), strict=True):
+            same(event, exact(raw))  # type: ignore[arg-type]
+        self.assertEqual(verdicts(parse_batch(body, ndjson=True, max_batch=1000)), verdicts(events))
+
+    @cases(
+        blank_line=b"",
+        not_an_object=b"[1,2]",
+        duplicate_keys=b'{"aep":"0.1","id":"d","type":"session.started","type":"x.y","time":"t","source":"s",'
+        b'"agent":"a","session":"S","seq":1}',
+        lone_surrogate=b'{"aep":"0.1","id":"d","type":"session.started","time":"t","source":"s","agent":"a",'
+        b'"session":"S","seq":1,"note":"\\ud800"}',
+        too_deep=json.dumps({**base(), "id": "d"}).encode()[:-1] + b',"d":' + b"[" * MAX_DEPTH + b"]" * MAX_DEPTH + b"}",
+        brackets_in_a_string=json.dumps({**base(), "id": "b", "note": "{" * (MAX_DEPTH + 1)}).encode(),
+        over_long_number=json.dumps({**base(), "id": "n"}).encode()[:-1] + b',"n":' + b"1" * 4301 + b"}",
+    )
+    def test_a_batch_answers_as_the_exact_path(self, odd: bytes) -> None:
+        # Beside short lines (whose brackets are not counted), any line: the batch's answer (its
+        # events, or the refusal with its line) is the exact path's, with LF or CRLF.
+        good = [json.dumps({**base(), "id": f"g{n}", "seq": n + 2}, separators=(",", ":")).encode() for n in range(3)]
+
+        def answer(body: bytes) -> Any:
+            try:
+                return verdicts(parse_batch(body, ndjson=True, max_batch=10))  # type: ignore[arg-type]
+            except IngestError as e:
+                return e.status, e.body
+
+        def exact_answer(body: bytes) -> Any:
+            # The batch's rules over the exact path alone: the first invalid-json, then the
+            # first invalid-event, by line.
+            made = []
+            for index, line in enumerate(lines_of(body)):
+                try:
+                    parse_json(line)
+                except JSONError as e:
+                    return 400, {"error": "invalid-json", "line": index, "detail": str(e)}
+                made.append(exact(line))
+            for index, verdict in enumerate(made):
+                if type(verdict) is str:
+                    return 400, {"error": "invalid-event", "line": index, "detail": verdict}
+            return verdicts(made)  # type: ignore[arg-type]
+
+        for end in (b"\n", b"\r\n"):
+            body = end.join([good[0], odd, good[1], good[2]]) + end
+            self.assertEqual(answer(body), exact_answer(body))
 
     @cases(backslash=b'"\\u0041"', carriage_return=b'"a"\r', not_ascii='"\u00e9"'.encode())
     def test_a_body_it_cannot_settle_is_checked_line_by_line(self, value: bytes) -> None:

@@ -60,7 +60,8 @@ PLUMBING_SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "relayd_http_connections_waiting": (
         "gauge",
         ("relay",),
-        "New HTTP connections waiting for their turn to start (a storm is started a slice per reactor turn), per relay",
+        "New HTTP connections (and WebSocket subscriptions) waiting for their turn to start (a storm is started a "
+        "slice per reactor turn), per relay",
     ),
     "relayd_store_errors": ("counter", ("relay", "operation"), "Failures of a relay's store, by operation"),
     "relayd_http_requests": ("counter", ("relay", "code"), "HTTP requests answered, by relay and status code"),

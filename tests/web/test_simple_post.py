@@ -11,7 +11,7 @@ from twisted.web.resource import Resource
 
 from relayd.web import simple_post
 from relayd.web.answers import Answer
-from relayd.web.simple_post import SimplePost, read_simple_post
+from relayd.web.simple_post import SimplePost, SimplePosts, read_simple_post
 from relayd.web.site import RelaySite
 from tests.support.raw import RawClient
 
@@ -111,6 +111,44 @@ class Declined(TestCase):
         self.assertIsNone(read(post(b"x-a: 1\rx-b: 2")))
         bare = b"POST /events HTTP/1.1\r\nhost: relay\ncontent-length: 8\r\n\r\n" + BODY
         self.assertIsNone(read(bare))
+
+
+class Claimed(TestCase):
+    """L{SimplePosts}: exact paths (no query) and the paths under a claimed prefix (with a query)."""
+
+    def test_an_exact_path_wins_and_a_prefix_takes_what_is_under_it(self) -> None:
+        posts = SimplePosts()
+        self.assertFalse(posts)
+
+        def exact(post: SimplePost) -> None:
+            return None
+
+        def claimed(post: SimplePost) -> None:
+            return None
+
+        posts[b"/s/events"] = exact
+        posts.claim(b"/s/", claimed)
+        self.assertTrue(posts)
+        self.assertIs(posts[b"/s/events"], exact)
+        self.assertIs(posts[b"/s/outbox?token=t"], claimed)
+        self.assertIs(posts.get(b"/s/events?x=1"), claimed)  # (an exact path has no query)
+        self.assertIsNone(posts.get(b"/t/outbox"))
+        self.assertIn(b"/s/x", posts)
+        self.assertNotIn(b"/other", posts)
+        with self.assertRaises(KeyError):
+            posts[b"/other"]
+        posts.clear()
+        self.assertFalse(posts)
+        self.assertNotIn(b"/s/x", posts)
+
+    def test_a_claimed_target_is_read_with_its_query(self) -> None:
+        posts = SimplePosts()
+        posts.claim(b"/s/", lambda post: None)
+        found = read_simple_post(post(line=b"POST /s/outbox?token=t HTTP/1.1"), posts, max_header_bytes=16384,
+                                 max_fields=500, max_length_digits=18)
+        assert found is not None
+        self.assertEqual(found.path, b"/s/outbox?token=t")
+        self.assertIsNone(read(post(line=b"POST /events?x=1 HTTP/1.1")))  # (an exact path: no query)
 
 
 class Leaf(Resource):

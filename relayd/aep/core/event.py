@@ -167,6 +167,11 @@ _UNSET = msgspec.UNSET
 # One scan finds what sends a line to the exact path: brackets (how deep it might nest), line breaks,
 # and backslashes (whether an escape could have put a control character into an identifier).
 _NOT_SPECIAL = bytes(b for b in range(256) if b not in b"[{\r\n\\")
+# The shortest line L{_read_envelope} reads that nests deeper than MAX_DEPTH: the envelope's members
+# at their shortest and one more, its value MAX_DEPTH arrays inside the envelope's braces (an opener
+# and a closer a level). A line that reads as an envelope and is shorter holds at most MAX_DEPTH
+# brackets outside its strings, so its brackets need no count: the exact path takes any depth it has.
+_DEEP_LINE = len(b'{"aep":"0.1","id":"-","type":"-","time":"-","source":"-","agent":"-","":}') + 2 * MAX_DEPTH
 
 
 def admit(raw: bytes) -> Event | None:
@@ -185,7 +190,7 @@ def admit(raw: bytes) -> Event | None:
     if b"\r" in special or b"\n" in special:
         return None
     escapes = special.count(b"\\")
-    if len(special) - escapes > MAX_DEPTH:
+    if len(special) - escapes > MAX_DEPTH and len(raw) >= _DEEP_LINE:
         return None
     # msgspec skips the attributes it does not read without converting their numbers.
     if len(raw) > MAX_INT_DIGITS and _LONG_DIGITS.search(raw) is not None:
@@ -204,17 +209,22 @@ class PlainBody:
 
     def __init__(self, arrays: bool, shallow: bool) -> None:
         self.arrays = arrays  # whether any line may hold a "["
-        self.shallow = shallow  # whether every line has at most MAX_DEPTH brackets
+        self.shallow = shallow  # whether no line needs its brackets counted (see L{admit})
 
 
-def plain_body(body: bytes) -> PlainBody | None:
+def plain_body(body: bytes, longest_line: int | None = None) -> PlainBody | None:
     """The checks L{admit} makes byte by byte in each line, made once in a whole NDJSON C{body}:
     C{None} unless it is ASCII with no carriage return and no backslash (then no line holds an
-    escape or a line break); then whether the body's brackets are too few for any line to nest
-    deeper than L{MAX_DEPTH}."""
+    escape or a line break); then whether no line can nest deeper than L{MAX_DEPTH}: every line
+    (C{longest_line}: the length of the longest, when the caller knows it) too short to, or the
+    body's brackets too few."""
     if not body.isascii() or b"\r" in body or b"\\" in body:
         return None
-    # Counting is the costly part: "[" is often absent (then it is not counted).
+    # Counting is the costly part (a byte at a time, a tenth of a batch's cost): lines are usually
+    # too short to need it (then nothing is counted, and "[" is not looked for: no line's count
+    # needs it), and "[" is often absent (then it is not counted).
+    if longest_line is not None and longest_line < _DEEP_LINE:
+        return PlainBody(True, True)
     arrays = b"[" in body
     return PlainBody(arrays, body.count(b"{") + (body.count(b"[") if arrays else 0) <= MAX_DEPTH)
 
@@ -295,7 +305,11 @@ def admit_lines(lines: list[bytes], plain: PlainBody | None) -> list[Event | Non
 def _admit_plain(raw: bytes, plain: PlainBody) -> Event | None:
     """L{admit} of a line of a body L{plain_body} settled as C{plain}: its depth (unless the body
     settled it) and the length of its numbers are checked here."""
-    if not plain.shallow and raw.count(b"{") + (raw.count(b"[") if plain.arrays else 0) > MAX_DEPTH:
+    if (
+        not plain.shallow
+        and len(raw) >= _DEEP_LINE
+        and raw.count(b"{") + (raw.count(b"[") if plain.arrays else 0) > MAX_DEPTH
+    ):
         return None
     # msgspec skips the attributes it does not read without converting their numbers.
     if len(raw) > MAX_INT_DIGITS and _LONG_DIGITS.search(raw) is not None:

@@ -104,7 +104,7 @@ class BatchParser:
             self.lines = [body.strip()]
         # A line feed ends an NDJSON line, so what the whole body settles holds for each line; a
         # JSON body is one value that may span lines (L{admit} refuses those, for SSE framing).
-        self._plain = plain_body(body) if ndjson else None
+        self._plain = plain_body(body, max(map(len, self.lines), default=0)) if ndjson else None
         self._ndjson = ndjson
         self.max_batch = max_batch
         self._admitted: list[Event | None] = []

@@ -18,6 +18,7 @@ from twisted.web.server import Request
 
 from relayd.base.clock import Timekeeper
 from relayd.base.coroutine import run
+from relayd.mcp.core import standard
 from relayd.mcp.core.clients import Client, Clients, EndpointConfig
 from relayd.mcp.core.tunnel import TunnelRelay
 from relayd.mcp.endpoint.admission import ALLOW, Admission, Admitted, client_address, route, session_part
@@ -28,6 +29,7 @@ from relayd.mcp.endpoint.streamable import StreamableHTTP
 from relayd.process.cors import OriginPolicy
 from relayd.web.answers import Answer, finish
 from relayd.web.routes import TAKEN, Handler, Result
+from relayd.web.simple_post import SimplePost
 from relayd.web.streams.sse import SSEHub
 
 _CORS_HEADERS: Final = (
@@ -132,6 +134,19 @@ class Endpoint:
     def early_check(self, request: Request) -> Answer | None:
         """What a POST's headers refuse, before its body is read (L{Admission.early_check})."""
         return self.admission.early_check(request)
+
+    @staticmethod
+    def answers_whole(post: SimplePost) -> bool:
+        """Whether the answer to C{post}, a plain POST to C{mcp}, is one whole body, never a stream
+        (so it may be rendered beside twisted.web, relayd.web.plain_request): not under the stateless
+        revision (whose client cancels by closing the POST), and no progress token (whose
+        notifications open a stream on the POST): the body names no C{progressToken}, nor anything
+        escaped that could spell one."""
+        version = post.headers.get(b"mcp-protocol-version")
+        if version is not None and version.decode("utf-8", "replace") in standard.STATELESS_VERSIONS:
+            return False
+        body = post.body
+        return b"progressToken" not in body and b"\\u" not in body
 
     def routes(self) -> dict[str, dict[str, Handler]]:
         """The endpoint's routes, under the relay's prefix: path -> method -> handler.

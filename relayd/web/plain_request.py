@@ -1,0 +1,168 @@
+"""A plain POST (relayd.web.simple_post) rendered by a wing's route table beside twisted.web: the
+same C{prepare}, early checks, handlers and answers as twisted.web's path, so every policy (auth,
+CORS, origin, size, refusals) has one copy, without twisted.web's channel parsing and C{Request}.
+
+L{PlainRequest} is the request those handlers read: only what a handler of a POST answered whole
+asks of one (its target, headers, query, body, client; its response's status, headers and body,
+and when it finishes). A handler that would take the request over (an SSE stream, an upgrade) is
+no handler for a plain POST: the wing declines those before rendering (L{render_plain}'s caller).
+"""
+
+from __future__ import annotations
+
+from io import BytesIO
+from typing import Any, cast
+
+from twisted.internet.defer import Deferred
+from twisted.internet.error import ConnectionLost
+from twisted.python.failure import Failure
+from twisted.web.http import parse_qs
+from twisted.web.server import NOT_DONE_YET, Request
+
+from relayd.web.answers import Answer, Header, RenderedAnswer
+from relayd.web.request import BodyLimit
+from relayd.web.routes import RoutedResource
+from relayd.web.simple_post import SimplePost
+
+__all__ = ["PlainRequest", "render_plain"]
+
+
+class _RequestFields:
+    """A plain POST's headers as twisted.web's C{requestHeaders} reads them (one value per name)."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: dict[bytes, bytes]) -> None:
+        self.fields = fields
+
+    def getRawHeaders(self, name: bytes, default: Any = None) -> Any:
+        value = self.fields.get(name.lower())
+        return default if value is None else [value]
+
+    def hasHeader(self, name: bytes) -> bool:
+        return name.lower() in self.fields
+
+
+class _ResponseFields:
+    """The response's headers as twisted.web's C{responseHeaders} keeps them: set in order, a name
+    set again keeping its place."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self) -> None:
+        self.fields: dict[bytes, list[bytes]] = {}
+
+    def setRawHeaders(self, name: bytes, values: list[bytes]) -> None:
+        self.fields[name.lower()] = list(values)
+
+    def getRawHeaders(self, name: bytes, default: Any = None) -> Any:
+        return self.fields.get(name.lower(), default)
+
+    def hasHeader(self, name: bytes) -> bool:
+        return name.lower() in self.fields
+
+    def getAllRawHeaders(self) -> Any:
+        return self.fields.items()
+
+    def lines(self) -> tuple[Header, ...]:
+        return tuple((name, value) for name, values in self.fields.items() for value in values)
+
+
+class PlainRequest:
+    """A plain POST as the request a route table's handlers read; its answer is an L{Answer}, now
+    (L{answer}) or once it finishes (L{later})."""
+
+    method = b"POST"
+    code = 200
+    finished = False
+    answered: RenderedAnswer | None = None
+    """The response, once finished."""
+    early = 0
+    """How many of the response's headers were set by the early check (before twisted.web would
+    set its C{Server} and C{Date}: L{RenderedAnswer})."""
+
+    def __init__(self, post: SimplePost) -> None:
+        self.uri = target = post.path
+        path, _, query = target.partition(b"?")
+        self.path = path
+        self.args = parse_qs(query, 1) if query else {}
+        self.requestHeaders = _RequestFields(post.headers)
+        self.responseHeaders = _ResponseFields()
+        self.content = BytesIO(post.body)
+        self.channel = post.channel
+        self.clientproto = post.version
+        self._written: list[bytes] = []
+        self._later: Deferred[Answer] | None = None
+        self._finishing: list[Deferred[None]] = []
+
+    # what a handler reads ------------------------------------------------------------------------
+
+    def getHeader(self, name: bytes) -> bytes | None:
+        return self.requestHeaders.fields.get(name.lower())
+
+    def getClientAddress(self) -> Any:
+        return self.channel.getPeer()
+
+    # what a handler answers -------------------------------------------------------------------
+
+    def setResponseCode(self, code: int, message: bytes | None = None) -> None:
+        self.code = code
+
+    def setHeader(self, name: bytes, value: bytes) -> None:
+        self.responseHeaders.setRawHeaders(name, [value])
+
+    def write(self, data: bytes) -> None:
+        self._written.append(data)
+
+    def notifyFinish(self) -> Deferred[None]:
+        d: Deferred[None] = Deferred()
+        self._finishing.append(d)
+        return d
+
+    def finish(self) -> None:
+        self.finished = True
+        answered = self.answered = RenderedAnswer(
+            self.code, b"".join(self._written), self.responseHeaders.lines(), self.early
+        )
+        later, self._later = self._later, None
+        if later is not None:
+            later.callback(answered)
+        finishing, self._finishing = self._finishing, []
+        for d in finishing:
+            d.callback(None)
+
+    def later(self) -> Deferred[Answer]:
+        """The response, once the handler finishes it; cancelled when the client leaves first (the
+        request is then gone, and told as twisted.web tells a request whose connection is lost)."""
+        d: Deferred[Answer] = Deferred(self._left)
+        self._later = d
+        return d
+
+    def _left(self, _: Deferred[Answer]) -> None:
+        self._later = None
+        self.channel = None  # (relayd.web.answers.gone: nothing more is written)
+        finishing, self._finishing = self._finishing, []
+        for d in finishing:
+            d.errback(Failure(ConnectionLost("the client left before its answer")))
+
+
+def render_plain(resource: RoutedResource, limit: BodyLimit | None, post: SimplePost) -> Answer | Deferred[Answer] | None:
+    """C{post} rendered by C{resource} as twisted.web renders it, or C{None} (nothing done) when
+    twisted.web's path would answer it early (L{BodyLimit.refusal}: its size, its route's checks),
+    since an early answer is written otherwise. An empty body is declined too (twisted.web asks no
+    early check of one)."""
+    if not post.body:
+        return None
+    request = PlainRequest(post)
+    seen = cast(Request, request)
+    if limit is not None and limit.refusal(seen, len(post.body)) is not None:
+        return None
+    request.early = sum(map(len, request.responseHeaders.fields.values()))
+    rendered = resource.render(seen)
+    if rendered is not NOT_DONE_YET:
+        # (as twisted.web's Request.render writes what render returned, and finishes)
+        request.write(rendered)  # type: ignore[arg-type]
+        request.finish()
+    if request.answered is not None:
+        return request.answered
+    return request.later()
