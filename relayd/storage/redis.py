@@ -29,7 +29,7 @@ from twisted.python.failure import Failure
 from relayd.base.clock import Timekeeper
 from relayd.base.errors import OutcomeUnknown, StoreRefused, StoreUnavailable
 from relayd.compat import txredisapi as fence
-from relayd.compat.txredisapi import WholeReads
+from relayd.compat.txredisapi import OnePassCommands, WholeReads
 from relayd.storage.sentinel import SentinelFollower
 
 DEFAULT_TIMEOUT = 2.0
@@ -391,7 +391,7 @@ class _Handshake:
         pass
 
 
-class _Protocol(_Handshake, WholeReads, txredisapi.RedisProtocol):
+class _Protocol(_Handshake, OnePassCommands, WholeReads, txredisapi.RedisProtocol):
     _counted: Redis | None = None  # the client this connection counts as usable for
 
     @defer.inlineCallbacks

@@ -8,6 +8,7 @@ touches a txredisapi private attribute.
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import txredisapi
@@ -40,6 +41,7 @@ class Detection(TestCase):
         self.assertTrue(fence.READY_STATE, "txredisapi no longer keeps _ready/_waiting_for_connect")
         self.assertTrue(fence.SPLIT_READS, "txredisapi no longer splits a read across reactor turns")
         self.assertTrue(fence.OWN_REPLIES, "txredisapi no longer hands every reply to replyReceived")
+        self.assertTrue(fence.ONE_PASS_COMMANDS, "txredisapi no longer builds commands in _build_command")
 
     def test_mark_ready_fires_whoever_waits_for_the_connection(self) -> None:
         protocol = txredisapi.RedisProtocol()  # its handshake not yet run
@@ -76,6 +78,72 @@ class Replies(TestCase):
         protocol.dataReceived(THREE[9:])
         for answer in answers:
             self.assertEqual(await answer, [b"x", b"y", b"z"])
+
+
+class _OnePass(fence.OnePassCommands, txredisapi.RedisProtocol):
+    encoded = 0
+
+    def _encode_value(self, arg: Any) -> bytes:
+        self.encoded += 1
+        return super()._encode_value(arg)  # type: ignore[no-any-return]
+
+
+class _Color(enum.IntEnum):
+    RED = 1
+
+
+# Every kind of argument a caller could pass, and the edges of each: empty, line breaks, a length of
+# several digits, negative and long numbers, non-ASCII text.
+_ARGUMENTS: list[Any] = [
+    "EVALSHA", b"", b"\r\n$3\r\n", b"x" * 100_000, 0, -1, 10**300, "", "caf\u00e9 \U0001f600", True, False,
+    1.5, float("inf"), bytearray(b"ab"), _Color.RED, None,
+]
+
+
+@expand
+class Commands(TestCase):
+    """Commands built in one pass are byte for byte txredisapi's."""
+
+    @cases(bytes_out=None, text="utf-8", latin="latin-1/replace")
+    def test_every_kind_of_argument_as_txredisapi_writes_it(self, charset: str | None) -> None:
+        name, _, errors = (charset or "").partition("/")
+        name, errors = name or None, errors or "strict"
+        ours = _OnePass(charset=name, errors=errors)
+        theirs = txredisapi.RedisProtocol(charset=name, errors=errors)
+        for arg in _ARGUMENTS:
+            self.assertEqual(ours._build_command(arg), theirs._build_command(arg), repr(arg))
+        self.assertEqual(ours._build_command(*_ARGUMENTS), theirs._build_command(*_ARGUMENTS))
+        self.assertEqual(ours._build_command(), theirs._build_command())
+
+    @cases(bytes_out=None, text="utf-8", ascii="ascii")
+    def test_what_txredisapi_refuses_is_refused_the_same(self, charset: Any) -> None:
+        for arg in ["\ud800", "caf\u00e9", 10**5000]:
+            try:
+                txredisapi.RedisProtocol(charset=charset)._build_command(arg)
+            except Exception as e:
+                with self.assertRaises(type(e)):
+                    _OnePass(charset=charset)._build_command(arg)
+            else:
+                self.assertEqual(
+                    _OnePass(charset=charset)._build_command(arg),
+                    txredisapi.RedisProtocol(charset=charset)._build_command(arg),
+                )
+
+    def test_bytes_numbers_and_text_go_through_no_per_argument_call(self) -> None:
+        """What the shortcut saves: txredisapi calls _encode_value twice per argument."""
+        protocol = _OnePass(charset=None)
+        protocol._build_command("EVALSHA", b"sha", 2, b"key", "value")
+        self.assertEqual(protocol.encoded, 0)
+        self.patch(fence, "ONE_PASS_COMMANDS", False)
+        fallback = _OnePass(charset=None)
+        self.assertEqual(fallback._build_command("EVALSHA", b"sha", 2, b"key", "value"),
+                         protocol._build_command("EVALSHA", b"sha", 2, b"key", "value"))  # fmt: skip
+        self.assertEqual(fallback.encoded, 11)
+
+    def test_relayds_pool_connections_build_in_one_pass(self) -> None:
+        from relayd.storage.redis import _Protocol
+
+        self.assertTrue(issubclass(_Protocol, fence.OnePassCommands))
 
 
 class _Own(fence.OwnReplies, fence.WholeReads, txredisapi.SubscriberProtocol):
