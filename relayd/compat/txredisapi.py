@@ -158,7 +158,7 @@ class OnePassCommands:
 
     def _build_command(self, *args: Any, **kwargs: Any) -> bytes:
         if not ONE_PASS_COMMANDS:
-            return super()._build_command(*args, **kwargs)  # type: ignore[misc, no-any-return]
+            return super()._build_command(*args, **kwargs)  # type: ignore[misc]
         charset = self.charset  # type: ignore[attr-defined]
         parts = [b"*%d\r\n" % len(args)]
         append = parts.append
