@@ -18,11 +18,12 @@ from collections import deque
 from typing import Any, Callable, TypeVar
 
 from twisted.application.internet import TimerService
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from twisted.internet.error import AlreadyCancelled
 from twisted.internet.interfaces import IDelayedCall, IReactorCore, IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 T = TypeVar("T")
@@ -101,9 +102,27 @@ class Timekeeper:
         return d
 
     def timeout(self, d: Deferred[T], seconds: float) -> Deferred[T]:
-        """Cancel C{d} unless it fires within C{seconds}, and fail it with C{TimeoutError} then
-        (C{Deferred.addTimeout} on this clock)."""
-        return d.addTimeout(seconds, self.reactor)
+        """Cancel C{d} unless it fires within C{seconds}, and fail it with C{TimeoutError} then, as
+        C{Deferred.addTimeout} does (C{seconds} is a configured length: it is a L{deadline}, one
+        reactor call for every pending timeout of that length, where C{addTimeout} sets a reactor
+        call of its own per Deferred: every Redis command has one)."""
+        timed_out = False
+
+        def expire() -> None:
+            nonlocal timed_out
+            timed_out = True
+            d.cancel()
+
+        deadline = self.deadline(seconds, expire)
+
+        def settled(result: Any) -> Any:
+            if deadline.active():
+                deadline.cancel()
+            elif timed_out and isinstance(result, Failure) and result.check(CancelledError):
+                raise TimeoutError(seconds, "Deferred")  # (Deferred.addTimeout's)
+            return result
+
+        return d.addBoth(settled)
 
     def looping_call(self, interval: float, f: Callable[[], Any], now: bool = False) -> LoopingCall:
         """Run C{f} every C{interval} seconds; an exception is logged and the loop carries on."""

@@ -1,6 +1,6 @@
 """The one place relayd reaches into txredisapi's private state (relayd/storage/redis.py and sharded.py use it).
 
-Five times relayd replaces what txredisapi does inside its protocol, and each time it must know how
+Six times relayd replaces what txredisapi does inside its protocol, and each time it must know how
 txredisapi does it. Each reliance is detected once, at import, on the installed txredisapi (the
 names it relies on must appear in the txredisapi methods that use them); when a release drops them
 the flag is off and relayd takes txredisapi's own path, plainer but working. The pool, its factory
@@ -178,3 +178,18 @@ class OnePassCommands:
             append(arg)
             append(b"\r\n")
         return b"".join(parts)
+
+
+# -- commands: their reply timers -------------------------------------------------------------------
+
+REPLY_TIMERS = code_uses(txredisapi.BaseRedisProtocol.execute_command, "callLater", "replyTimeout")
+"""txredisapi times each command's reply (C{replyTimeout} seconds) with the protocol's C{callLater},
+and uses only the returned call's C{active} and C{cancel}."""
+
+
+def time_replies_with(protocol: Any, schedule: Any) -> None:
+    """Have C{protocol} set its reply timers with C{schedule} (relayd's L{Timekeeper.deadline}: one
+    reactor call for every reply of one timeout pending, where txredisapi sets a reactor call per
+    command and cancels it when the reply comes). Without L{REPLY_TIMERS} nothing changes."""
+    if REPLY_TIMERS:
+        protocol.callLater = schedule

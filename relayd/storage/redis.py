@@ -341,6 +341,9 @@ class _Handshake:
 
     @defer.inlineCallbacks
     def connectionMade(self) -> Any:
+        client: Redis | None = getattr(self.factory, "relayd_client", None)
+        if client is not None:
+            fence.time_replies_with(self, client.clock.deadline)
         try:
             if fence.READY_STATE:
                 yield self._authenticate()

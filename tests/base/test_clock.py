@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from twisted.internet import reactor, task
+from twisted.internet import defer, reactor, task
+from twisted.internet.defer import Deferred
 from twisted.internet.error import AlreadyCancelled
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -210,3 +211,65 @@ class NextTurnTests(SynchronousTestCase):
         self.fake.advance(0)
         self.turn.request()
         self.assertIs(self.fake.getDelayedCalls()[0].func, first)
+
+
+class Timeouts(SynchronousTestCase):
+    """L{Timekeeper.timeout}: C{Deferred.addTimeout}'s outcome, on the deadlines of one length."""
+
+    def setUp(self) -> None:
+        self.fake = task.Clock()
+        self.clock = Timekeeper(self.fake)
+
+    def test_a_deferred_not_fired_in_time_fails_with_twisteds_timeout_error(self) -> None:
+        d: Deferred[str] = Deferred()
+        self.clock.timeout(d, 2.0)
+        self.fake.advance(1.999)
+        self.assertNoResult(d)
+        self.fake.advance(0.001)
+        failure = self.failureResultOf(d, defer.TimeoutError)
+        self.assertEqual(failure.value.args, (2.0, "Deferred"))  # as addTimeout words it
+        self.assertEqual(self.fake.getDelayedCalls(), [])
+
+    def test_a_result_in_time_passes_and_leaves_no_reactor_call(self) -> None:
+        d: Deferred[str] = Deferred()
+        self.clock.timeout(d, 2.0)
+        d.callback("answer")
+        self.assertEqual(self.successResultOf(d), "answer")
+        self.assertEqual(self.fake.getDelayedCalls(), [])
+        self.fake.advance(5)  # (nothing left to fire)
+
+    def test_a_failure_in_time_passes_unchanged(self) -> None:
+        d: Deferred[str] = Deferred()
+        self.clock.timeout(d, 2.0)
+        d.errback(ValueError("refused"))
+        self.failureResultOf(d, ValueError)
+
+    def test_a_cancel_that_is_not_the_timeouts_stays_a_cancel(self) -> None:
+        d: Deferred[str] = Deferred()
+        self.clock.timeout(d, 2.0)
+        d.cancel()
+        self.failureResultOf(d, defer.CancelledError)
+        self.assertEqual(self.fake.getDelayedCalls(), [])
+
+    def test_a_canceller_that_answers_otherwise_is_left_its_answer(self) -> None:
+        d: Deferred[str] = Deferred(lambda d: d.callback("gave up politely"))
+        self.clock.timeout(d, 2.0)
+        self.fake.advance(2)
+        self.assertEqual(self.successResultOf(d), "gave up politely")
+
+    def test_many_pending_timeouts_of_one_length_share_one_reactor_call(self) -> None:
+        """What it saves: C{addTimeout} sets a reactor call per Deferred (a Redis command each)."""
+        pending = []
+        for _ in range(50):
+            d: Deferred[int] = Deferred()
+            pending.append(self.clock.timeout(d, 2.0))
+            self.fake.advance(0.25)
+        self.assertEqual(len(self.fake.getDelayedCalls()), 1)
+        for d in pending[:43]:  # set 2 s ago or more
+            self.failureResultOf(d, defer.TimeoutError)
+        for d in pending[43:-1]:
+            d.callback(1)
+        self.fake.advance(1.75)  # 2 s after the last was set
+        self.failureResultOf(pending[-1], defer.TimeoutError)
+        self.assertEqual([self.successResultOf(d) for d in pending[43:-1]], [1] * 6)  # answered in time
+        self.assertEqual(self.fake.getDelayedCalls(), [])

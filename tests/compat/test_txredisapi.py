@@ -12,9 +12,11 @@ import enum
 from typing import Any
 
 import txredisapi
-from twisted.internet import reactor
+from twisted.internet import reactor, task
+from twisted.internet.error import ConnectionDone
 from twisted.internet.task import deferLater
 from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
 from relayd.base.clock import Timekeeper
@@ -42,6 +44,7 @@ class Detection(TestCase):
         self.assertTrue(fence.SPLIT_READS, "txredisapi no longer splits a read across reactor turns")
         self.assertTrue(fence.OWN_REPLIES, "txredisapi no longer hands every reply to replyReceived")
         self.assertTrue(fence.ONE_PASS_COMMANDS, "txredisapi no longer builds commands in _build_command")
+        self.assertTrue(fence.REPLY_TIMERS, "txredisapi no longer times replies with the protocol's callLater")
 
     def test_mark_ready_fires_whoever_waits_for_the_connection(self) -> None:
         protocol = txredisapi.RedisProtocol()  # its handshake not yet run
@@ -144,6 +147,64 @@ class Commands(TestCase):
         from relayd.storage.redis import _Protocol
 
         self.assertTrue(issubclass(_Protocol, fence.OnePassCommands))
+
+
+class ReplyTimers(TestCase):
+    """Reply timers set on relayd's deadlines: one reactor call for every pending reply."""
+
+    def setUp(self) -> None:
+        self.fake = task.Clock()
+        self.clock = Timekeeper(self.fake)
+
+    def pending(self, protocol: txredisapi.RedisProtocol) -> list[Any]:
+        return [protocol.execute_command("GET", "k") for _ in range(10)]
+
+    def test_txredisapi_alone_sets_a_reactor_call_per_command(self) -> None:
+        """What the shortcut saves."""
+        protocol = connected(txredisapi.RedisProtocol(charset=None, replyTimeout=2))
+        protocol.callLater = self.fake.callLater
+        answers = self.pending(protocol)
+        self.assertEqual(len(self.fake.getDelayedCalls()), 10)
+        protocol.connectionLost(Failure(ConnectionDone()))
+        for answer in answers:
+            self.failureResultOf(answer, txredisapi.ConnectionError)
+
+    def test_replies_are_timed_as_txredisapi_times_them_with_one_reactor_call(self) -> None:
+        protocol = connected(txredisapi.RedisProtocol(charset=None, replyTimeout=2))
+        fence.time_replies_with(protocol, self.clock.deadline)
+        answers = self.pending(protocol)
+        self.assertEqual(len(self.fake.getDelayedCalls()), 1)
+        protocol.dataReceived(b"$1\r\nx\r\n")
+        self.assertEqual(self.successResultOf(answers[0]), b"x")
+        self.fake.advance(1.999)
+        self.assertNoResult(answers[1])
+        self.fake.advance(0.001)
+        for answer in answers[1:]:
+            self.failureResultOf(answer, txredisapi.TimeoutError)
+        self.assertTrue(protocol.transport.disconnecting)  # txredisapi drops the connection, as without
+        self.assertEqual(self.fake.getDelayedCalls(), [])
+
+    def test_answered_or_lost_every_timer_goes(self) -> None:
+        protocol = connected(_Whole(charset=None, replyTimeout=2))
+        fence.time_replies_with(protocol, self.clock.deadline)
+        answers = self.pending(protocol)
+        protocol.dataReceived(b"$1\r\nx\r\n" * 5)
+        protocol.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual([self.successResultOf(a) for a in answers[:5]], [b"x"] * 5)
+        for answer in answers[5:]:
+            self.failureResultOf(answer, txredisapi.ConnectionError)
+        self.assertEqual(self.fake.getDelayedCalls(), [])
+
+    def test_relayds_pool_connections_time_replies_on_its_clock(self) -> None:
+        from relayd.storage.redis import _Protocol
+
+        protocol = _Protocol(charset=None, replyTimeout=2)
+        protocol.factory = type("Factory", (), {"relayd_client": type("Client", (), {"clock": self.clock})()})()
+        protocol.factory.relayd_follower = None
+        fence.time_replies_with(protocol, self.fake.callLater)  # (replaced at connection)
+        protocol.makeConnection(StringTransport())
+        self.assertEqual(protocol.callLater, self.clock.deadline)
+        protocol.connectionLost(Failure(ConnectionDone()))
 
 
 class _Own(fence.OwnReplies, fence.WholeReads, txredisapi.SubscriberProtocol):
