@@ -1,6 +1,6 @@
 """The one place relayd reaches into txredisapi's private state (relayd/storage/redis.py and sharded.py use it).
 
-Six times relayd replaces what txredisapi does inside its protocol, and each time it must know how
+Seven times relayd replaces what txredisapi does inside its protocol or its pool, and each time it must know how
 txredisapi does it. Each reliance is detected once, at import, on the installed txredisapi (the
 names it relies on must appear in the txredisapi methods that use them); when a release drops them
 the flag is off and relayd takes txredisapi's own path, plainer but working. The pool, its factory
@@ -14,6 +14,7 @@ release is admitted only once those tests pass on it.
 from __future__ import annotations
 
 import inspect
+import random
 from typing import Any
 
 import txredisapi
@@ -193,3 +194,27 @@ def time_replies_with(protocol: Any, schedule: Any) -> None:
     command and cancels it when the reply comes). Without L{REPLY_TIMERS} nothing changes."""
     if REPLY_TIMERS:
         protocol.callLater = schedule
+
+
+# -- commands: a connection without a Deferred -------------------------------------------------------
+
+IDLE_CONNECTIONS = code_uses(txredisapi.RedisFactory.addConnection, "connectionQueue") and code_uses(
+    txredisapi.PeekableQueue.peek, "pending", "random"
+)
+"""A txredisapi pool keeps the connections it hands out (each once its handshake is done) in its
+C{connectionQueue}'s C{pending} list, where C{getConnection(peek=True)} picks one at random; a lost
+connection stays there until a pick finds it no longer C{connected}."""
+
+
+def idle_connection(factory: Any) -> Any:
+    """A connection of C{factory}'s pool to send a command on now, picked as txredisapi picks one
+    (at random among those handed out), or C{None}: none yet, the one picked lost, or no
+    L{IDLE_CONNECTIONS} (then the caller asks the pool as before). txredisapi's own way is a
+    generator (C{getConnection}) and two Deferreds per command, whatever the pool holds."""
+    if not IDLE_CONNECTIONS:
+        return None
+    pending = factory.connectionQueue.pending
+    if not pending:
+        return None
+    connection = pending[0] if len(pending) == 1 else random.choice(pending)
+    return connection if connection.connected else None

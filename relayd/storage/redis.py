@@ -715,8 +715,15 @@ class Redis:
         what = _what(command)
         if durable and self.follower is not None and self.follower.failing_over:
             return defer.fail(StoreUnavailable(store, "Sentinel is failing the Redis master over"))
+        # A connection the pool holds ready is written to at once; else the pool hands one out when
+        # it has one (a Deferred, and a generator's steps, per command: relayd/compat/txredisapi.py).
+        connection = fence.idle_connection(self._factory)
         if not (durable and self.wait_replicas):
+            if connection is not None:
+                return self._guard(store, what, partial(connection.execute_command, *command))
             return self._guard(store, what, lambda: self._pool.execute_command(*command))
+        if connection is not None:
+            return self._guard(store, what, partial(self._confirmed, connection, command), waits=True)
         return self._guard(
             store, what, lambda: self._factory.getConnection(peek=True).addCallback(self._confirmed, command), waits=True
         )
@@ -747,8 +754,11 @@ class Redis:
         L{wait_replicas}, one C{WAIT} after the last confirms them all."""
         connections: list[Any] = []
         if self.connected and not (durable and self.follower is not None and self.follower.failing_over):
-            # (It fires at once when a connection is up; else each command fails or waits as alone.)
-            self._factory.getConnection(peek=True).addCallbacks(connections.append, lambda _: None)
+            idle = fence.idle_connection(self._factory)
+            if idle is not None:
+                connections.append(idle)
+            else:  # (it fires at once when a connection is up; else each command fails or waits as alone)
+                self._factory.getConnection(peek=True).addCallbacks(connections.append, lambda _: None)
         if not connections or len(commands) < 2:
             return [self.execute(store, *command, durable=durable) for command in commands]
         conn = connections[0]

@@ -13,6 +13,7 @@ from typing import Any
 
 import txredisapi
 from twisted.internet import reactor, task
+from twisted.internet.defer import gatherResults
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import deferLater
 from twisted.internet.testing import StringTransport
@@ -45,6 +46,7 @@ class Detection(TestCase):
         self.assertTrue(fence.OWN_REPLIES, "txredisapi no longer hands every reply to replyReceived")
         self.assertTrue(fence.ONE_PASS_COMMANDS, "txredisapi no longer builds commands in _build_command")
         self.assertTrue(fence.REPLY_TIMERS, "txredisapi no longer times replies with the protocol's callLater")
+        self.assertTrue(fence.IDLE_CONNECTIONS, "txredisapi's pool no longer keeps its connections in connectionQueue")
 
     def test_mark_ready_fires_whoever_waits_for_the_connection(self) -> None:
         protocol = txredisapi.RedisProtocol()  # its handshake not yet run
@@ -281,3 +283,51 @@ class Handshake(TestCase):
             await deferLater(reactor, 0.02, lambda: None)  # polling a message published through Redis
             waited += 0.02
         self.assertEqual(heard, [b"hello"])
+
+
+class _Pool:
+    """What idle_connection reads of a txredisapi pool: its connection queue."""
+
+    def __init__(self, *connections: Any) -> None:
+        self.connectionQueue = txredisapi.PeekableQueue()
+        for connection in connections:
+            self.connectionQueue.put(connection)
+
+
+class IdleConnections(TestCase):
+    def test_a_connection_handed_out_is_picked_a_lost_one_never(self) -> None:
+        up = connected(txredisapi.RedisProtocol(charset=None))
+        lost = connected(txredisapi.RedisProtocol(charset=None))
+        lost.connectionLost(Failure(ConnectionDone()))
+        self.assertIs(fence.idle_connection(_Pool(up)), up)
+        self.assertIsNone(fence.idle_connection(_Pool(lost)))
+        self.assertIsNone(fence.idle_connection(_Pool()))
+        picks = {fence.idle_connection(_Pool(up, lost)) for _ in range(50)}
+        self.assertEqual(picks, {up, None})  # (at random, as txredisapi picks; the lost one never)
+
+    def test_without_the_reliance_the_pool_is_asked(self) -> None:
+        self.patch(fence, "IDLE_CONNECTIONS", False)
+        self.assertIsNone(fence.idle_connection(_Pool(connected(txredisapi.RedisProtocol(charset=None)))))
+
+    async def test_a_command_on_a_ready_pool_asks_no_connection_of_it(self) -> None:
+        """What the shortcut saves: txredisapi's getConnection, a generator and its Deferreds, per command."""
+        server = RedisServer.start()
+        self.addCleanup(server.cleanup)
+        redis = Redis(server.url, Timekeeper(reactor), timeout=1)
+        self.addCleanup(redis.close)
+        waited = 0.0
+        while not redis.connected:
+            self.assertLess(waited, 10.0, "the client did not connect")
+            await deferLater(reactor, 0.02, lambda: None)  # polling a connection being made
+            waited += 0.02
+        factory = redis._factory
+        asked: list[bool] = []
+        original = factory.getConnection
+        self.patch(factory, "getConnection", lambda peek=False: asked.append(peek) or original(peek))
+        self.assertEqual(await redis.execute("probe", "SET", "k", "v"), "OK")
+        self.assertEqual(await redis.execute("probe", "GET", "k"), b"v")
+        self.assertEqual(await gatherResults(redis.execute_many("probe", [("GET", "k"), ("GET", "k")])), [b"v", b"v"])
+        self.assertEqual(asked, [])
+        self.patch(fence, "IDLE_CONNECTIONS", False)
+        self.assertEqual(await redis.execute("probe", "GET", "k"), b"v")
+        self.assertEqual(asked, [True])  # (the pool's own way: a command through its handler)
