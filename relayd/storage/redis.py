@@ -31,6 +31,7 @@ from relayd.base.errors import OutcomeUnknown, StoreRefused, StoreUnavailable
 from relayd.compat import txredisapi as fence
 from relayd.compat.txredisapi import WholeReads
 from relayd.storage.sentinel import SentinelFollower
+from relayd.storage.tls import tls_failure as _tls_failure
 
 DEFAULT_TIMEOUT = 2.0
 
@@ -121,6 +122,9 @@ SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}  # and whe
 DEFAULT_SENTINEL_PORT = 26379
 SENTINEL_FORM = "redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB]"
 SENTINEL_QUERY = ("sentinel_username", "sentinel_password")  # the sentinels' own credentials
+# With rediss+sentinel:// the sentinels are asked over TLS too (the same CA, their host names checked),
+# unless ?sentinel_tls=no: sentinels on plain TCP beside data nodes on TLS.
+SENTINEL_TLS_QUERY = "sentinel_tls"
 # The CA certificates (a PEM file) that Redis's TLS certificates must chain to, instead of the
 # system's: a self-hosted Redis's private CA. Any TLS form of the URL takes it.
 TLS_CA_QUERY = "tls_ca"
@@ -144,7 +148,8 @@ class RedisURL:
     sentinel_username: str | None = None
     sentinel_password: str | None = None
     seeds: tuple[tuple[str, int], ...] = ()  # a Redis Cluster's seed nodes (relayd/storage/cluster.py)
-    tls_ca: str | None = None  # a PEM file of the CAs trusted for the data nodes' certificates
+    tls_ca: str | None = None  # a PEM file of the CAs trusted for the data nodes' (and sentinels') certificates
+    sentinel_tls: bool = False  # the sentinels are asked over TLS (rediss+sentinel://, unless ?sentinel_tls=no)
 
     @property
     def cluster(self) -> bool:
@@ -154,7 +159,8 @@ class RedisURL:
         if self.sentinels:
             scheme = "rediss+sentinel" if self.tls else "redis+sentinel"
             hosts = ",".join(_address(host, port) for host, port in self.sentinels)
-            return f"{scheme}://{hosts}/{self.master}/{self.db}"
+            plain = "?sentinel_tls=no" if self.tls and not self.sentinel_tls else ""
+            return f"{scheme}://{hosts}/{self.master}/{self.db}{plain}"
         scheme = "rediss" if self.tls else "redis"
         if self.seeds:
             return f"{scheme}+cluster://" + ",".join(_address(host, port) for host, port in self.seeds)
@@ -177,11 +183,12 @@ CLUSTER_FORM = "redis+cluster://HOST:PORT[,HOST:PORT...]"
 def parse_redis_url(text: str) -> RedisURL:
     """Parse C{redis://[user:password@]host[:port][/db]} (C{rediss://} for TLS), or
     C{redis+sentinel://[user:password@]HOST:PORT[,HOST:PORT...]/MASTER[/DB][?sentinel_password=...]}
-    (C{rediss+sentinel://} for TLS to the data nodes; the userinfo is the data nodes' credentials), or
+    (C{rediss+sentinel://} for TLS to the sentinels and the data nodes, C{&sentinel_tls=no} for plain
+    sentinels; the userinfo is the data nodes' credentials), or
     C{redis+cluster://[user:password@]host:port[,host:port...]} (a Redis Cluster's seed nodes; db 0)."""
     parts = urlsplit(text.strip())
     if parts.scheme in SENTINEL_SCHEMES:
-        query = _query(parts.query, (*SENTINEL_QUERY, TLS_CA_QUERY))
+        query = _query(parts.query, (*SENTINEL_QUERY, SENTINEL_TLS_QUERY, TLS_CA_QUERY))
         return _with_tls_ca(_parse_sentinel_url(parts.scheme, parts.netloc, parts.path, query), query)
     if parts.scheme in CLUSTER_SCHEMES:
         query = _query(parts.query, (TLS_CA_QUERY,))
@@ -281,17 +288,24 @@ def _parse_sentinel_url(scheme: str, netloc: str, path: str, given: dict[str, st
         raise ValueError(f"has more than a master and a database after the sentinels ({SENTINEL_FORM})")
     if len(names) == 2 and not names[1].isdigit():
         raise ValueError(f"database must be a number ({SENTINEL_FORM})")
+    tls = SENTINEL_SCHEMES[scheme]
+    sentinel_tls = given.get(SENTINEL_TLS_QUERY, "yes" if tls else None)
+    if sentinel_tls is not None and not tls:
+        raise ValueError(f"{SENTINEL_TLS_QUERY} needs TLS: use rediss+sentinel://")
+    if sentinel_tls not in (None, "yes", "no"):
+        raise ValueError(f"{SENTINEL_TLS_QUERY} must be yes or no; got {sentinel_tls!r}")
     return RedisURL(
         host=sentinels[0][0],
         port=sentinels[0][1],
         db=int(names[1]) if len(names) == 2 else 0,
         username=username,
         password=password,
-        tls=SENTINEL_SCHEMES[scheme],
+        tls=tls,
         sentinels=tuple(sentinels),
         master=unquote(names[0]),
         sentinel_username=given.get("sentinel_username") or None,
         sentinel_password=given.get("sentinel_password") or None,
+        sentinel_tls=sentinel_tls == "yes",
     )
 
 
@@ -308,18 +322,6 @@ def redis_url(text: str) -> str:
     """Setting parser: validates and keeps the URL text."""
     parse_redis_url(text)
     return text.strip()
-
-
-def _tls_failure(why: Failure) -> str | None:
-    """What TLS refused (C{certificate verify failed}...), or C{None} for any other loss."""
-    value: Any = why.value
-    if type(value).__module__.startswith("service_identity"):
-        return f"TLS: the certificate does not name the host ({value})"
-    if not type(value).__module__.startswith("OpenSSL"):
-        return None
-    # pyOpenSSL's SSL.Error: a list of (library, function, reason) per OpenSSL error.
-    reasons = [entry[-1] for entry in (value.args[0] if value.args else []) if isinstance(entry, tuple) and entry]
-    return "TLS: " + ("; ".join(str(r) for r in reasons) or str(value))
 
 
 class _Handshake:
@@ -586,6 +588,7 @@ class Redis:
             self.follower = SentinelFollower(
                 self.url.sentinels, self.url.master, clock, timeout=timeout,
                 username=self.url.sentinel_username, password=self.url.sentinel_password,
+                endpoint=partial(_endpoint, self.url, timeout=timeout, clock=clock, tls=self.url.sentinel_tls),
             )  # fmt: skip
             self.follower.on_switch(self._switched)
             self.follower.start()
@@ -987,12 +990,15 @@ class RedisBus:
         return self._factory.disconnect()
 
 
-def _endpoint(url: RedisURL, host: str, port: int, timeout: float, clock: Timekeeper) -> IStreamClientEndpoint:
+def _endpoint(
+    url: RedisURL, host: str, port: int, timeout: float, clock: Timekeeper, tls: bool | None = None
+) -> IStreamClientEndpoint:
     """A connection to C{host}: by name (IPv4 or IPv6), through verified TLS (certificate chain and
     hostname, via service_identity) for C{rediss://}, C{rediss+sentinel://} and C{rediss+cluster://},
-    the chain to the system's CAs or to those of C{?tls_ca=PATH}."""
+    the chain to the system's CAs or to those of C{?tls_ca=PATH}. C{tls}: whether this connection
+    uses TLS, if not as the URL's data nodes do (a sentinel's: L{RedisURL.sentinel_tls})."""
     endpoint = HostnameEndpoint(clock.reactor, host, port, timeout=timeout)
-    if not url.tls:
+    if not (url.tls if tls is None else tls):
         return endpoint
     from twisted.internet.ssl import optionsForClientTLS  # pyOpenSSL, only for rediss://
 

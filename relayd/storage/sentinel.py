@@ -36,6 +36,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from relayd.base.clock import Timekeeper
+from relayd.storage.tls import tls_failure
 
 # How often the sentinels are asked where the master is, besides listening to them (seconds).
 RECHECK_INTERVAL = 2.0
@@ -65,8 +66,14 @@ def _text(value: Any) -> str:
 class _OneShot(txredisapi.RedisProtocol):
     """A connection to a sentinel for one question (no pool, no reconnect; AUTH is sent by the asker)."""
 
+    lost_because: str | None = None  # why TLS closed the connection, if it did
+
     def __init__(self) -> None:
         super().__init__(charset=None, convertNumbers=False)
+
+    def connectionLost(self, why: Failure) -> Any:
+        self.lost_because = tls_failure(why)  # (txredisapi's error for the command says "Lost connection")
+        return super().connectionLost(why)
 
 
 class _Watcher(txredisapi.SubscriberProtocol):
@@ -80,7 +87,10 @@ class _Watcher(txredisapi.SubscriberProtocol):
         return d
 
     def _watch(self, _: Any) -> None:
-        d = defer.gatherResults([self.subscribe([SWITCH, FAILOVER_STARTS]), self.psubscribe([ABORTS])])
+        # (consumeErrors: a connection lost while subscribing, a TLS handshake refused, fails both once.)
+        d = defer.gatherResults(
+            [self.subscribe([SWITCH, FAILOVER_STARTS]), self.psubscribe([ABORTS])], consumeErrors=True
+        )
         d.addErrback(self.follower.watch_failed)
 
     def messageReceived(self, pattern: Any, channel: bytes, message: bytes) -> None:
@@ -109,6 +119,8 @@ class SentinelFollower:
 
     @param username: the sentinels' own credentials (C{?sentinel_username=}), not the data nodes'.
     @param password: likewise (C{?sentinel_password=}).
+    @param endpoint: how a sentinel is reached, by host and port: over TLS with C{rediss+sentinel://}
+        (relayd/storage/redis.py); plain TCP by default.
     """
 
     _log = Logger()
@@ -123,6 +135,7 @@ class SentinelFollower:
         username: str | None = None,
         password: str | None = None,
         recheck_interval: float | None = None,
+        endpoint: Callable[[str, int], IStreamClientEndpoint] | None = None,
     ) -> None:
         self.sentinels = list(sentinels)
         self.master_name = master_name
@@ -131,6 +144,9 @@ class SentinelFollower:
         self.username = username
         self.password = password
         self.recheck_interval = RECHECK_INTERVAL if recheck_interval is None else recheck_interval
+        self._sentinel_endpoint = endpoint or (
+            lambda host, port: HostnameEndpoint(clock.reactor, host, port, timeout=self.timeout)
+        )
         # Where the connections go: the master the sentinels named last (None: not asked yet).
         self.address: Address | None = None
         self._waiting: list[Deferred[Address]] = []  # callers of the question in flight
@@ -161,7 +177,7 @@ class SentinelFollower:
             factory.initialDelay = 0.2
             factory.maxDelay = 2
             factory.protocol = Watcher
-            factory.startConnecting(HostnameEndpoint(self.clock.reactor, host, port, timeout=self.timeout))
+            factory.startConnecting(self._sentinel_endpoint(host, port))
             self._watchers.append(factory)
         self._loop = self.clock.looping_call(self.recheck_interval, self.recheck)
 
@@ -207,6 +223,7 @@ class SentinelFollower:
 
     def watch_failed(self, f: Failure) -> None:
         """Subscribing to a sentinel failed (it went meanwhile): its next connection subscribes again."""
+        f = f.value.subFailure if isinstance(f.value, defer.FirstError) else f
         self._log.info("Sentinel subscribe interrupted ({error}); resubscribing on reconnect", error=f.getErrorMessage())
 
     def address_of(self, protocol: Any) -> Address | None:
@@ -268,8 +285,16 @@ class SentinelFollower:
         raise NoMaster(f"no sentinel named master {self.master_name!r} ({'; '.join(errors)})")
 
     async def _ask(self, host: str, port: int) -> Address:
-        endpoint = HostnameEndpoint(self.clock.reactor, host, port, timeout=self.timeout)
+        endpoint = self._sentinel_endpoint(host, port)
         protocol: _OneShot = await self.clock.timeout(connectProtocol(endpoint, _OneShot()), self.timeout)
+        try:
+            return await self._question_to(protocol)
+        except txredisapi.ConnectionError:
+            if protocol.lost_because is not None:
+                raise txredisapi.ConnectionError(protocol.lost_because) from None
+            raise
+
+    async def _question_to(self, protocol: _OneShot) -> Address:
         try:
             if self.password is not None:
                 args = (self.username, self.password) if self.username else (self.password,)
