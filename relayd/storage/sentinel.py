@@ -36,6 +36,8 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from relayd.base.clock import Timekeeper
+from relayd.compat.txredisapi import WholeReads
+from relayd.storage.heartbeat import Heartbeat
 from relayd.storage.tls import tls_failure
 
 # How often the sentinels are asked where the master is, besides listening to them (seconds).
@@ -76,22 +78,39 @@ class _OneShot(txredisapi.RedisProtocol):
         return super().connectionLost(why)
 
 
-class _Watcher(txredisapi.SubscriberProtocol):
-    """One sentinel's pub/sub: the failover events of every master, handed to the follower."""
+class _Watcher(Heartbeat, WholeReads, txredisapi.SubscriberProtocol):
+    """One sentinel's pub/sub: the failover events of every master, handed to the follower. A
+    sentinel that hangs is dropped and reconnected as a data node's subscriber is (L{Heartbeat}):
+    its watcher would otherwise miss a switch for as long as TCP keeps the connection (minutes)."""
 
     follower: SentinelFollower
+    factory: Any  # its C{relayd_sentinel}: the sentinel's address as the URL gives it
 
     def connectionMade(self) -> Any:
         d = super().connectionMade()
         self.whenConnected().addCallback(self._watch)
         return d
 
+    def connectionLost(self, why: Failure) -> Any:
+        self.stop_heartbeat()
+        return super().connectionLost(why)
+
+    def heard(self) -> None:
+        listening = self._clock is not None  # (not the errors txredisapi hands itself as the connection goes)
+        super().heard()
+        if listening and self.follower._silent:
+            self.follower._sentinel_answers(self.factory.relayd_sentinel)
+
+    def unanswered(self, timeout: float) -> None:
+        self.follower._sentinel_silent(self.factory.relayd_sentinel, timeout)
+
     def _watch(self, _: Any) -> None:
+        self.start_heartbeat(self.follower.clock, self.follower.timeout)
         # (consumeErrors: a connection lost while subscribing, a TLS handshake refused, fails both once.)
         d = defer.gatherResults(
             [self.subscribe([SWITCH, FAILOVER_STARTS]), self.psubscribe([ABORTS])], consumeErrors=True
         )
-        d.addErrback(self.follower.watch_failed)
+        d.addErrback(self.follower.watch_failed, self.factory.relayd_sentinel)
 
     def messageReceived(self, pattern: Any, channel: bytes, message: bytes) -> None:
         self.follower._event(channel, message)
@@ -158,6 +177,7 @@ class SentinelFollower:
         self._loop: Any = None
         self._stopped = False
         self._unanswered = False  # the last question had no answer (logged once)
+        self._silent: set[Address] = set()  # sentinels whose watcher's PING went unanswered (logged once)
 
     # -- what the clients use
 
@@ -177,6 +197,7 @@ class SentinelFollower:
             factory.initialDelay = 0.2
             factory.maxDelay = 2
             factory.protocol = Watcher
+            factory.relayd_sentinel = (host, port)
             factory.startConnecting(self._sentinel_endpoint(host, port))
             self._watchers.append(factory)
         self._loop = self.clock.looping_call(self.recheck_interval, self.recheck)
@@ -221,10 +242,26 @@ class SentinelFollower:
         if self.address_of(protocol) != self.address:  # the master moved while this connected
             raise NotMaster(f"the master moved to {self._shown(self.address)}")
 
-    def watch_failed(self, f: Failure) -> None:
-        """Subscribing to a sentinel failed (it went meanwhile): its next connection subscribes again."""
+    def watch_failed(self, f: Failure, sentinel: Address) -> None:
+        """Subscribing to a sentinel failed (it went meanwhile): its next connection subscribes again.
+        (Not said again for a sentinel already said to be silent: its every reconnection fails so.)"""
         f = f.value.subFailure if isinstance(f.value, defer.FirstError) else f
+        if sentinel in self._silent:
+            return
         self._log.info("Sentinel subscribe interrupted ({error}); resubscribing on reconnect", error=f.getErrorMessage())
+
+    def _sentinel_silent(self, sentinel: Address, timeout: float) -> None:
+        """A watcher's PING went unanswered: its connection is dropped and made again (said once
+        while that sentinel stays silent, not at every reconnection to it)."""
+        if sentinel not in self._silent:
+            self._silent.add(sentinel)
+            self._log.warn("Sentinel {sentinel} did not answer a PING within {timeout} s; reconnecting its watcher",
+                           sentinel=self._shown(sentinel), timeout=timeout)  # fmt: skip
+
+    def _sentinel_answers(self, sentinel: Address) -> None:
+        if sentinel in self._silent:
+            self._silent.discard(sentinel)
+            self._log.info("Sentinel {sentinel} answers again", sentinel=self._shown(sentinel))
 
     def address_of(self, protocol: Any) -> Address | None:
         """The master address C{protocol}'s connection was made to (by its transport)."""
