@@ -470,6 +470,10 @@ class _Subscriber(_Handshake, Heartbeat, WholeReads, txredisapi.SubscriberProtoc
     def messageReceived(self, pattern: Any, channel: bytes, message: bytes) -> None:
         self.bus._message(channel, message)
 
+    def unanswered(self, timeout: float) -> None:
+        super().unanswered(timeout)
+        self.bus.redis.subscriber_silent(self)
+
     def connectionLost(self, why: Failure) -> None:
         self.stop_heartbeat()
         self.bus._lost(self)
@@ -572,6 +576,16 @@ class Redis:
         if self.follower is None:
             return _endpoint(self.url, self.url.host, self.url.port, self.timeout, self.clock)
         return self.follower.endpoint(lambda host, port: _endpoint(self.url, host, port, self.timeout, self.clock))
+
+    def subscriber_silent(self, connection: Any) -> None:
+        """A bus's PING went unanswered on C{connection}, which is dropped: a single primary (or the
+        master the sentinels name) is the one place to reconnect to (a Redis Cluster has others)."""
+
+    def drop_pool(self) -> None:
+        """Abort every pool connection (a node that hangs: each reconnects, and is usable again only
+        once its handshake is answered)."""
+        for conn in list(self._factory.pool):
+            conn.transport.abortConnection()
 
     def _switched(self, address: tuple[str, int]) -> None:
         """Sentinel moved the master: drop every connection to another address (they reconnect there)."""

@@ -37,7 +37,7 @@ class FakeBus:
     """What a L{_Subscriber} asks of its bus, recording what it hears."""
 
     def __init__(self, clock: Clock, timeout: float) -> None:
-        self.redis = SimpleNamespace(clock=Timekeeper(clock), timeout=timeout)
+        self.redis = SimpleNamespace(clock=Timekeeper(clock), timeout=timeout, subscriber_silent=lambda conn: None)
         self.heard: list[tuple[bytes, bytes]] = []
         self.lost = False
 
