@@ -85,6 +85,7 @@ class _Watcher(Heartbeat, WholeReads, txredisapi.SubscriberProtocol):
 
     follower: SentinelFollower
     factory: Any  # its C{relayd_sentinel}: the sentinel's address as the URL gives it
+    lost_because: str | None = None  # why TLS closed the connection, if it did
 
     def connectionMade(self) -> Any:
         d = super().connectionMade()
@@ -93,6 +94,7 @@ class _Watcher(Heartbeat, WholeReads, txredisapi.SubscriberProtocol):
 
     def connectionLost(self, why: Failure) -> Any:
         self.stop_heartbeat()
+        self.lost_because = tls_failure(why)  # (before txredisapi fails the subscribe)
         return super().connectionLost(why)
 
     def heard(self) -> None:
@@ -110,7 +112,11 @@ class _Watcher(Heartbeat, WholeReads, txredisapi.SubscriberProtocol):
         d = defer.gatherResults(
             [self.subscribe([SWITCH, FAILOVER_STARTS]), self.psubscribe([ABORTS])], consumeErrors=True
         )
-        d.addErrback(self.follower.watch_failed, self.factory.relayd_sentinel)
+        d.addErrback(self._watch_failed)
+
+    def _watch_failed(self, f: Failure) -> None:
+        if self.lost_because is None:  # (a TLS refusal is said once, with why, by the follower's questions)
+            self.follower.watch_failed(f, self.factory.relayd_sentinel)
 
     def messageReceived(self, pattern: Any, channel: bytes, message: bytes) -> None:
         self.follower._event(channel, message)

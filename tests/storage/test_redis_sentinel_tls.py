@@ -84,7 +84,14 @@ class SentinelCertificate(TestCase):
         self.addCleanup(globalLogPublisher.removeObserver, observe)
         redis = Redis(f"rediss+sentinel://localhost:{server.tls_port}/main?tls_ca={server.ca}", Timekeeper(reactor))
         self.addCleanup(redis.close)
+        assert redis.follower is not None
+        watcher = redis.follower._watchers[0]
+        made: list[object] = []
+        self.patch(watcher, "buildProtocol", lambda addr, build=watcher.buildProtocol: made.append(addr) or build(addr))
         await until(self, lambda: any("no sentinel named master" in line for line in logged), "nothing logged")
         line = next(line for line in logged if "no sentinel named master" in line)
         self.assertIn(f"localhost:{server.tls_port}: TLS: the certificate does not name the host", line)
         self.assertFalse(redis.connected)
+        # The watcher, refused the same way at every attempt, says nothing more (that line said why).
+        await until(self, lambda: len(made) >= 2, "the watcher did not try again")
+        self.assertEqual([line for line in logged if "subscribe interrupted" in line], [])
