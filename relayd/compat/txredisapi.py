@@ -115,8 +115,8 @@ class OwnReplies:
 PONGS = OWN_REPLIES
 """The same reliance as L{OWN_REPLIES}: every reply, a message too, passes the protocol's
 C{replyReceived}, where L{HearsReplies} notes it and takes the answer to a PING. relayd's subscriber
-connections then PING when idle and drop a node that stops answering (relayd/storage/redis.py
-L{_Heartbeat}). Without it they send no PING (txredisapi would queue the answer for the next command)
+connections then PING when idle and drop a node that stops answering (relayd/storage/heartbeat.py
+L{Heartbeat}). Without it they send no PING (txredisapi would queue the answer for the next command)
 and a node that hangs is noticed only when TCP gives up, as before."""
 
 

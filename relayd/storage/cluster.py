@@ -132,6 +132,10 @@ class _AnyNode:
         return attempt(0)
 
 
+def _shown(address: Address) -> str:
+    return f"{address[0]}:{address[1]}"
+
+
 def _routing_key(command: tuple[Any, ...]) -> bytes | None:
     """The key a command is routed by: a script's first key, a command's first argument, or none."""
     name = command[0]
@@ -206,6 +210,9 @@ class ClusterRedis(Redis):
         self._shard_bus: ShardedBus | None = None
         # The node each bus connection went to, by its transport (L{_AnyNode}).
         self._bus_nodes: WeakKeyDictionary[Any, Address] = WeakKeyDictionary()
+        # Nodes that left a bus's PING unanswered (L{subscriber_silent}): last in L{bus_order} until
+        # their pool connects again (L{_node_up}).
+        self._silent: set[Address] = set()
         for seed in self.url.seeds:
             self._node(seed)
 
@@ -226,9 +233,13 @@ class ClusterRedis(Redis):
         self._redis_clock_offset = node._redis_clock_offset
         if not self._mapped:
             self.refresh()
+        address = (node.url.host, node.url.port)
+        if address in self._silent:
+            self._silent.discard(address)
+            self._log.info("Redis Cluster node {node} answers again; pub/sub may use it again", node=_shown(address))
         # A node before a bus's in L{bus_order} is up (again): the bus moves back to it, where the
         # other instances publish (a PUBLISH counts only its own node's subscribers).
-        order, address = self.bus_order(), (node.url.host, node.url.port)
+        order = self.bus_order()
         if address not in order:
             return
         rank = order.index(address)
@@ -240,9 +251,28 @@ class ClusterRedis(Redis):
 
     def bus_order(self) -> list[Address]:
         """The nodes pub/sub may use, in the order every instance tries them: the seeds as given,
-        then the other masters of the slot map by address."""
+        then the other masters of the slot map by address; a node that hangs (L{subscriber_silent})
+        last, until it answers again."""
         seeds = list(self.url.seeds)
-        return seeds + sorted(address for address in self._nodes if address not in seeds)
+        order = seeds + sorted(address for address in self._nodes if address not in seeds)
+        return [a for a in order if a not in self._silent] + [a for a in order if a in self._silent]
+
+    def subscriber_silent(self, connection: Any) -> None:
+        """A bus's PING went unanswered on C{connection} (relayd/storage/heartbeat.py): its node hangs,
+        and still accepts connections (the kernel answers for a stopped process), so the bus would
+        reconnect there and stay deaf. The node goes last in L{bus_order} (the bus reconnects to the
+        next, keyless commands go there too, as every instance's bus does the same), and its pool
+        is dropped: reconnected, it is up again (L{_node_up}) only once the node answers."""
+        address = self.bus_node(connection)
+        if address is None or address in self._silent:
+            return
+        self._silent.add(address)
+        order = self.bus_order()
+        self._log.warn("Redis Cluster node {node} does not answer; pub/sub moves to {next} until it answers again",
+                       node=_shown(address), next=_shown(order[0]) if order[0] != address else "none")  # fmt: skip
+        node = self._nodes.get(address)
+        if node is not None:
+            node.drop_pool()
 
     def bus_node(self, connection: Any) -> Address | None:
         """The node a bus connection went to (C{None} for no connection)."""

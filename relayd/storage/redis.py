@@ -30,7 +30,9 @@ from relayd.base.clock import Timekeeper
 from relayd.base.errors import OutcomeUnknown, StoreRefused, StoreUnavailable
 from relayd.compat import txredisapi as fence
 from relayd.compat.txredisapi import OnePassCommands, WholeReads
+from relayd.storage.heartbeat import Heartbeat
 from relayd.storage.sentinel import SentinelFollower
+from relayd.storage.tls import tls_failure as _tls_failure
 
 DEFAULT_TIMEOUT = 2.0
 
@@ -85,12 +87,6 @@ WAITED = ("WAIT",)  # what a write its replicas did not confirm counts as in the
 SENTINEL_MAX_DELAY = 0.5
 
 
-# A subscriber connection that heard nothing for this long sends PING, and one that has no reply to
-# it within the client's timeout is dropped and reconnected (L{_Heartbeat}): a node that hangs is
-# noticed within PING_IDLE to twice that, plus the timeout (docs/scaling.md "A node that hangs").
-PING_IDLE = 2.0
-
-
 class ReplicasBehind(Exception):
     """C{WAIT} counted fewer replicas than L{Redis.wait_replicas} after an acknowledged write."""
 
@@ -121,6 +117,9 @@ SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}  # and whe
 DEFAULT_SENTINEL_PORT = 26379
 SENTINEL_FORM = "redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB]"
 SENTINEL_QUERY = ("sentinel_username", "sentinel_password")  # the sentinels' own credentials
+# With rediss+sentinel:// the sentinels are asked over TLS too (the same CA, their host names checked),
+# unless ?sentinel_tls=no: sentinels on plain TCP beside data nodes on TLS.
+SENTINEL_TLS_QUERY = "sentinel_tls"
 # The CA certificates (a PEM file) that Redis's TLS certificates must chain to, instead of the
 # system's: a self-hosted Redis's private CA. Any TLS form of the URL takes it.
 TLS_CA_QUERY = "tls_ca"
@@ -144,7 +143,8 @@ class RedisURL:
     sentinel_username: str | None = None
     sentinel_password: str | None = None
     seeds: tuple[tuple[str, int], ...] = ()  # a Redis Cluster's seed nodes (relayd/storage/cluster.py)
-    tls_ca: str | None = None  # a PEM file of the CAs trusted for the data nodes' certificates
+    tls_ca: str | None = None  # a PEM file of the CAs trusted for the data nodes' (and sentinels') certificates
+    sentinel_tls: bool = False  # the sentinels are asked over TLS (rediss+sentinel://, unless ?sentinel_tls=no)
 
     @property
     def cluster(self) -> bool:
@@ -154,7 +154,8 @@ class RedisURL:
         if self.sentinels:
             scheme = "rediss+sentinel" if self.tls else "redis+sentinel"
             hosts = ",".join(_address(host, port) for host, port in self.sentinels)
-            return f"{scheme}://{hosts}/{self.master}/{self.db}"
+            plain = "?sentinel_tls=no" if self.tls and not self.sentinel_tls else ""
+            return f"{scheme}://{hosts}/{self.master}/{self.db}{plain}"
         scheme = "rediss" if self.tls else "redis"
         if self.seeds:
             return f"{scheme}+cluster://" + ",".join(_address(host, port) for host, port in self.seeds)
@@ -177,11 +178,12 @@ CLUSTER_FORM = "redis+cluster://HOST:PORT[,HOST:PORT...]"
 def parse_redis_url(text: str) -> RedisURL:
     """Parse C{redis://[user:password@]host[:port][/db]} (C{rediss://} for TLS), or
     C{redis+sentinel://[user:password@]HOST:PORT[,HOST:PORT...]/MASTER[/DB][?sentinel_password=...]}
-    (C{rediss+sentinel://} for TLS to the data nodes; the userinfo is the data nodes' credentials), or
+    (C{rediss+sentinel://} for TLS to the sentinels and the data nodes, C{&sentinel_tls=no} for plain
+    sentinels; the userinfo is the data nodes' credentials), or
     C{redis+cluster://[user:password@]host:port[,host:port...]} (a Redis Cluster's seed nodes; db 0)."""
     parts = urlsplit(text.strip())
     if parts.scheme in SENTINEL_SCHEMES:
-        query = _query(parts.query, (*SENTINEL_QUERY, TLS_CA_QUERY))
+        query = _query(parts.query, (*SENTINEL_QUERY, SENTINEL_TLS_QUERY, TLS_CA_QUERY))
         return _with_tls_ca(_parse_sentinel_url(parts.scheme, parts.netloc, parts.path, query), query)
     if parts.scheme in CLUSTER_SCHEMES:
         query = _query(parts.query, (TLS_CA_QUERY,))
@@ -281,17 +283,24 @@ def _parse_sentinel_url(scheme: str, netloc: str, path: str, given: dict[str, st
         raise ValueError(f"has more than a master and a database after the sentinels ({SENTINEL_FORM})")
     if len(names) == 2 and not names[1].isdigit():
         raise ValueError(f"database must be a number ({SENTINEL_FORM})")
+    tls = SENTINEL_SCHEMES[scheme]
+    sentinel_tls = given.get(SENTINEL_TLS_QUERY, "yes" if tls else None)
+    if sentinel_tls is not None and not tls:
+        raise ValueError(f"{SENTINEL_TLS_QUERY} needs TLS: use rediss+sentinel://")
+    if sentinel_tls not in (None, "yes", "no"):
+        raise ValueError(f"{SENTINEL_TLS_QUERY} must be yes or no; got {sentinel_tls!r}")
     return RedisURL(
         host=sentinels[0][0],
         port=sentinels[0][1],
         db=int(names[1]) if len(names) == 2 else 0,
         username=username,
         password=password,
-        tls=SENTINEL_SCHEMES[scheme],
+        tls=tls,
         sentinels=tuple(sentinels),
         master=unquote(names[0]),
         sentinel_username=given.get("sentinel_username") or None,
         sentinel_password=given.get("sentinel_password") or None,
+        sentinel_tls=sentinel_tls == "yes",
     )
 
 
@@ -308,18 +317,6 @@ def redis_url(text: str) -> str:
     """Setting parser: validates and keeps the URL text."""
     parse_redis_url(text)
     return text.strip()
-
-
-def _tls_failure(why: Failure) -> str | None:
-    """What TLS refused (C{certificate verify failed}...), or C{None} for any other loss."""
-    value: Any = why.value
-    if type(value).__module__.startswith("service_identity"):
-        return f"TLS: the certificate does not name the host ({value})"
-    if not type(value).__module__.startswith("OpenSSL"):
-        return None
-    # pyOpenSSL's SSL.Error: a list of (library, function, reason) per OpenSSL error.
-    reasons = [entry[-1] for entry in (value.args[0] if value.args else []) if isinstance(entry, tuple) and entry]
-    return "TLS: " + ("; ".join(str(r) for r in reasons) or str(value))
 
 
 class _Handshake:
@@ -460,73 +457,7 @@ class _Protocol(_Handshake, OnePassCommands, WholeReads, txredisapi.RedisProtoco
         super().connectionLost(why)
 
 
-class _Heartbeat(fence.HearsReplies):
-    """Mixed into a subscriber connection: a node that hangs (stopped, frozen, cut off without a
-    reset) is dropped within seconds instead of when TCP gives up (minutes), and the factory
-    reconnects (to another node where the client has one to go to).
-
-    A subscriber only listens, so silence alone says nothing: every L{PING_IDLE} seconds, a connection
-    that heard no reply since the last look sends C{PING} (answered C{["pong", ""]} in subscribed
-    mode, taken by L{fence.HearsReplies}); any reply within C{timeout} proves the node alive (a message
-    ahead of the pong is delivered as usual), none aborts the connection. A busy bus sends no PING.
-    Both waits are deadlines of fixed lengths on the client's clock, cancelled when the connection goes.
-    """
-
-    _log = Logger()
-    transport: Any
-    _clock: Timekeeper | None = None
-    _reply_timeout = DEFAULT_TIMEOUT
-    _beat: Any = None
-    _quiet = True  # no reply since the last look
-    _pinged = False  # a PING is out, unanswered
-
-    def start_heartbeat(self, clock: Timekeeper, timeout: float) -> None:
-        """After the handshake: from now on, look every L{PING_IDLE} seconds (without L{fence.PONGS},
-        never: the connection is as TCP keeps it)."""
-        if not fence.PONGS or self._clock is not None:
-            return
-        self._clock, self._reply_timeout = clock, timeout
-        self._beat = clock.deadline(PING_IDLE, self._look)
-
-    def heard(self) -> None:
-        if self._pinged:  # answered (by the pong or what came before it): the next look is from now
-            self._pinged = False
-            self._quiet = True
-            self._set(PING_IDLE, self._look)
-        else:
-            self._quiet = False
-
-    def _set(self, delay: float, f: Callable[[], None]) -> None:
-        beat, self._beat = self._beat, None
-        if beat is not None and beat.active():
-            beat.cancel()
-        if self._clock is not None:
-            self._beat = self._clock.deadline(delay, f)
-
-    def _look(self) -> None:
-        if not self._quiet:
-            self._quiet = True
-            self._set(PING_IDLE, self._look)
-            return
-        self._pinged = True
-        self.transport.write(b"*1\r\n$4\r\nPING\r\n")
-        self._set(self._reply_timeout, self._silent)
-
-    def _silent(self) -> None:
-        self._beat = None
-        peer = self.transport.getPeer()
-        self._log.warn("Redis node {host}:{port} did not answer a subscriber's PING within {timeout} s; reconnecting",
-                       host=getattr(peer, "host", "?"), port=getattr(peer, "port", "?"), timeout=self._reply_timeout)  # fmt: skip
-        self.transport.abortConnection()
-
-    def stop_heartbeat(self) -> None:
-        beat, self._beat = self._beat, None
-        if beat is not None and beat.active():
-            beat.cancel()
-        self._clock = None
-
-
-class _Subscriber(_Handshake, _Heartbeat, WholeReads, txredisapi.SubscriberProtocol):
+class _Subscriber(_Handshake, Heartbeat, WholeReads, txredisapi.SubscriberProtocol):
     bus: RedisBus
 
     def connectionMade(self) -> Any:
@@ -541,6 +472,10 @@ class _Subscriber(_Handshake, _Heartbeat, WholeReads, txredisapi.SubscriberProto
 
     def messageReceived(self, pattern: Any, channel: bytes, message: bytes) -> None:
         self.bus._message(channel, message)
+
+    def unanswered(self, timeout: float) -> None:
+        super().unanswered(timeout)
+        self.bus.redis.subscriber_silent(self)
 
     def connectionLost(self, why: Failure) -> None:
         self.stop_heartbeat()
@@ -589,6 +524,7 @@ class Redis:
             self.follower = SentinelFollower(
                 self.url.sentinels, self.url.master, clock, timeout=timeout,
                 username=self.url.sentinel_username, password=self.url.sentinel_password,
+                endpoint=partial(_endpoint, self.url, timeout=timeout, clock=clock, tls=self.url.sentinel_tls),
             )  # fmt: skip
             self.follower.on_switch(self._switched)
             self.follower.start()
@@ -643,6 +579,16 @@ class Redis:
         if self.follower is None:
             return _endpoint(self.url, self.url.host, self.url.port, self.timeout, self.clock)
         return self.follower.endpoint(lambda host, port: _endpoint(self.url, host, port, self.timeout, self.clock))
+
+    def subscriber_silent(self, connection: Any) -> None:
+        """A bus's PING went unanswered on C{connection}, which is dropped: a single primary (or the
+        master the sentinels name) is the one place to reconnect to (a Redis Cluster has others)."""
+
+    def drop_pool(self) -> None:
+        """Abort every pool connection (a node that hangs: each reconnects, and is usable again only
+        once its handshake is answered)."""
+        for conn in list(self._factory.pool):
+            conn.transport.abortConnection()
 
     def _switched(self, address: tuple[str, int]) -> None:
         """Sentinel moved the master: drop every connection to another address (they reconnect there)."""
@@ -934,7 +880,7 @@ class RedisBus:
         factory.initialDelay = 0.2
         factory.maxDelay = 2 if redis.follower is None else SENTINEL_MAX_DELAY
         # The handshake's AUTH and SELECT (and UNSUBSCRIBE) time out as the pool's commands do: a
-        # reconnection to a node that hangs is dropped there, before L{_Heartbeat} takes over.
+        # reconnection to a node that hangs is dropped there, before L{Heartbeat} takes over.
         factory.replyTimeout = redis.timeout
         self._factory = factory
         # Every bus of the client, made by L{Redis.bus} or not (the MCP bus makes its own): the client
@@ -1000,12 +946,15 @@ class RedisBus:
         return self._factory.disconnect()
 
 
-def _endpoint(url: RedisURL, host: str, port: int, timeout: float, clock: Timekeeper) -> IStreamClientEndpoint:
+def _endpoint(
+    url: RedisURL, host: str, port: int, timeout: float, clock: Timekeeper, tls: bool | None = None
+) -> IStreamClientEndpoint:
     """A connection to C{host}: by name (IPv4 or IPv6), through verified TLS (certificate chain and
     hostname, via service_identity) for C{rediss://}, C{rediss+sentinel://} and C{rediss+cluster://},
-    the chain to the system's CAs or to those of C{?tls_ca=PATH}."""
+    the chain to the system's CAs or to those of C{?tls_ca=PATH}. C{tls}: whether this connection
+    uses TLS, if not as the URL's data nodes do (a sentinel's: L{RedisURL.sentinel_tls})."""
     endpoint = HostnameEndpoint(clock.reactor, host, port, timeout=timeout)
-    if not url.tls:
+    if not (url.tls if tls is None else tls):
         return endpoint
     from twisted.internet.ssl import optionsForClientTLS  # pyOpenSSL, only for rediss://
 

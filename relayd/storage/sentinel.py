@@ -36,6 +36,9 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from relayd.base.clock import Timekeeper
+from relayd.compat.txredisapi import WholeReads
+from relayd.storage.heartbeat import Heartbeat
+from relayd.storage.tls import tls_failure
 
 # How often the sentinels are asked where the master is, besides listening to them (seconds).
 RECHECK_INTERVAL = 2.0
@@ -65,23 +68,55 @@ def _text(value: Any) -> str:
 class _OneShot(txredisapi.RedisProtocol):
     """A connection to a sentinel for one question (no pool, no reconnect; AUTH is sent by the asker)."""
 
+    lost_because: str | None = None  # why TLS closed the connection, if it did
+
     def __init__(self) -> None:
         super().__init__(charset=None, convertNumbers=False)
 
+    def connectionLost(self, why: Failure) -> Any:
+        self.lost_because = tls_failure(why)  # (txredisapi's error for the command says "Lost connection")
+        return super().connectionLost(why)
 
-class _Watcher(txredisapi.SubscriberProtocol):
-    """One sentinel's pub/sub: the failover events of every master, handed to the follower."""
+
+class _Watcher(Heartbeat, WholeReads, txredisapi.SubscriberProtocol):
+    """One sentinel's pub/sub: the failover events of every master, handed to the follower. A
+    sentinel that hangs is dropped and reconnected as a data node's subscriber is (L{Heartbeat}):
+    its watcher would otherwise miss a switch for as long as TCP keeps the connection (minutes)."""
 
     follower: SentinelFollower
+    factory: Any  # its C{relayd_sentinel}: the sentinel's address as the URL gives it
+    lost_because: str | None = None  # why TLS closed the connection, if it did
 
     def connectionMade(self) -> Any:
         d = super().connectionMade()
         self.whenConnected().addCallback(self._watch)
         return d
 
+    def connectionLost(self, why: Failure) -> Any:
+        self.stop_heartbeat()
+        self.lost_because = tls_failure(why)  # (before txredisapi fails the subscribe)
+        return super().connectionLost(why)
+
+    def heard(self) -> None:
+        listening = self._clock is not None  # (not the errors txredisapi hands itself as the connection goes)
+        super().heard()
+        if listening and self.follower._silent:
+            self.follower._sentinel_answers(self.factory.relayd_sentinel)
+
+    def unanswered(self, timeout: float) -> None:
+        self.follower._sentinel_silent(self.factory.relayd_sentinel, timeout)
+
     def _watch(self, _: Any) -> None:
-        d = defer.gatherResults([self.subscribe([SWITCH, FAILOVER_STARTS]), self.psubscribe([ABORTS])])
-        d.addErrback(self.follower.watch_failed)
+        self.start_heartbeat(self.follower.clock, self.follower.timeout)
+        # (consumeErrors: a connection lost while subscribing, a TLS handshake refused, fails both once.)
+        d = defer.gatherResults(
+            [self.subscribe([SWITCH, FAILOVER_STARTS]), self.psubscribe([ABORTS])], consumeErrors=True
+        )
+        d.addErrback(self._watch_failed)
+
+    def _watch_failed(self, f: Failure) -> None:
+        if self.lost_because is None:  # (a TLS refusal is said once, with why, by the follower's questions)
+            self.follower.watch_failed(f, self.factory.relayd_sentinel)
 
     def messageReceived(self, pattern: Any, channel: bytes, message: bytes) -> None:
         self.follower._event(channel, message)
@@ -109,6 +144,8 @@ class SentinelFollower:
 
     @param username: the sentinels' own credentials (C{?sentinel_username=}), not the data nodes'.
     @param password: likewise (C{?sentinel_password=}).
+    @param endpoint: how a sentinel is reached, by host and port: over TLS with C{rediss+sentinel://}
+        (relayd/storage/redis.py); plain TCP by default.
     """
 
     _log = Logger()
@@ -123,6 +160,7 @@ class SentinelFollower:
         username: str | None = None,
         password: str | None = None,
         recheck_interval: float | None = None,
+        endpoint: Callable[[str, int], IStreamClientEndpoint] | None = None,
     ) -> None:
         self.sentinels = list(sentinels)
         self.master_name = master_name
@@ -131,6 +169,9 @@ class SentinelFollower:
         self.username = username
         self.password = password
         self.recheck_interval = RECHECK_INTERVAL if recheck_interval is None else recheck_interval
+        self._sentinel_endpoint = endpoint or (
+            lambda host, port: HostnameEndpoint(clock.reactor, host, port, timeout=self.timeout)
+        )
         # Where the connections go: the master the sentinels named last (None: not asked yet).
         self.address: Address | None = None
         self._waiting: list[Deferred[Address]] = []  # callers of the question in flight
@@ -142,6 +183,7 @@ class SentinelFollower:
         self._loop: Any = None
         self._stopped = False
         self._unanswered = False  # the last question had no answer (logged once)
+        self._silent: set[Address] = set()  # sentinels whose watcher's PING went unanswered (logged once)
 
     # -- what the clients use
 
@@ -161,7 +203,8 @@ class SentinelFollower:
             factory.initialDelay = 0.2
             factory.maxDelay = 2
             factory.protocol = Watcher
-            factory.startConnecting(HostnameEndpoint(self.clock.reactor, host, port, timeout=self.timeout))
+            factory.relayd_sentinel = (host, port)
+            factory.startConnecting(self._sentinel_endpoint(host, port))
             self._watchers.append(factory)
         self._loop = self.clock.looping_call(self.recheck_interval, self.recheck)
 
@@ -205,9 +248,26 @@ class SentinelFollower:
         if self.address_of(protocol) != self.address:  # the master moved while this connected
             raise NotMaster(f"the master moved to {self._shown(self.address)}")
 
-    def watch_failed(self, f: Failure) -> None:
-        """Subscribing to a sentinel failed (it went meanwhile): its next connection subscribes again."""
+    def watch_failed(self, f: Failure, sentinel: Address) -> None:
+        """Subscribing to a sentinel failed (it went meanwhile): its next connection subscribes again.
+        (Not said again for a sentinel already said to be silent: its every reconnection fails so.)"""
+        f = f.value.subFailure if isinstance(f.value, defer.FirstError) else f
+        if sentinel in self._silent:
+            return
         self._log.info("Sentinel subscribe interrupted ({error}); resubscribing on reconnect", error=f.getErrorMessage())
+
+    def _sentinel_silent(self, sentinel: Address, timeout: float) -> None:
+        """A watcher's PING went unanswered: its connection is dropped and made again (said once
+        while that sentinel stays silent, not at every reconnection to it)."""
+        if sentinel not in self._silent:
+            self._silent.add(sentinel)
+            self._log.warn("Sentinel {sentinel} did not answer a PING within {timeout} s; reconnecting its watcher",
+                           sentinel=self._shown(sentinel), timeout=timeout)  # fmt: skip
+
+    def _sentinel_answers(self, sentinel: Address) -> None:
+        if sentinel in self._silent:
+            self._silent.discard(sentinel)
+            self._log.info("Sentinel {sentinel} answers again", sentinel=self._shown(sentinel))
 
     def address_of(self, protocol: Any) -> Address | None:
         """The master address C{protocol}'s connection was made to (by its transport)."""
@@ -268,8 +328,16 @@ class SentinelFollower:
         raise NoMaster(f"no sentinel named master {self.master_name!r} ({'; '.join(errors)})")
 
     async def _ask(self, host: str, port: int) -> Address:
-        endpoint = HostnameEndpoint(self.clock.reactor, host, port, timeout=self.timeout)
+        endpoint = self._sentinel_endpoint(host, port)
         protocol: _OneShot = await self.clock.timeout(connectProtocol(endpoint, _OneShot()), self.timeout)
+        try:
+            return await self._question_to(protocol)
+        except txredisapi.ConnectionError:
+            if protocol.lost_because is not None:
+                raise txredisapi.ConnectionError(protocol.lost_because) from None
+            raise
+
+    async def _question_to(self, protocol: _OneShot) -> Address:
         try:
             if self.password is not None:
                 args = (self.username, self.password) if self.username else (self.password,)

@@ -42,7 +42,8 @@ from twisted.python.failure import Failure
 
 from relayd.compat.txredisapi import OwnReplies, WholeReads
 from relayd.storage.buckets import key_slot
-from relayd.storage.redis import _endpoint, _Handshake, _Heartbeat
+from relayd.storage.heartbeat import Heartbeat
+from relayd.storage.redis import _endpoint, _Handshake
 
 if TYPE_CHECKING:
     from relayd.storage.cluster import Address, ClusterRedis
@@ -63,9 +64,9 @@ def _command(*args: bytes) -> bytes:
     return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(arg), arg) for arg in args)
 
 
-class _ShardSubscriber(_Handshake, _Heartbeat, OwnReplies, WholeReads, txredisapi.SubscriberProtocol):
+class _ShardSubscriber(_Handshake, Heartbeat, OwnReplies, WholeReads, txredisapi.SubscriberProtocol):
     """One subscriber connection to one master: after the handshake (AUTH), every reply is its link's
-    (but the answers to its idle PINGs, L{_Heartbeat}'s: a master that hangs is dropped, its channels
+    (but the answers to its idle PINGs, L{Heartbeat}'s: a master that hangs is dropped, its channels
     unplaced and the map read again, as for one that went)."""
 
     link: _ShardLink

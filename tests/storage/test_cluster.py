@@ -12,6 +12,7 @@ from typing import Any
 import txredisapi
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
 from relayd.base.errors import OutcomeUnknown, StoreUnavailable
@@ -19,6 +20,7 @@ from relayd.storage import cluster as cluster_module
 from relayd.storage import redis as redis_module
 from relayd.storage.buckets import BUCKETS, SLOTS, key_slot
 from relayd.storage.cluster import ClusterRedis
+from relayd.storage.heartbeat import PING_IDLE
 from relayd.storage.redis import KEYSPACE_VERSION, RedisBus, parse_redis_url
 from tests.storage.test_redis_scripts import Ids, every_operation
 from tests.support.aep import event, start_relay
@@ -322,6 +324,72 @@ class BusOnAnyNode(TestCase):
         await _until(lambda: here.bus_node(bus.connection) == ("127.0.0.1", first.port))
         await _until(lambda: there._keyless_address() == ("127.0.0.1", first.port))
         self.assertEqual(await delivered(b"back"), 1)
+
+
+class BusAfterAHungNode(TestCase):
+    """A node that hangs (SIGSTOP) still accepts connections: the buses move to the next node within
+    the heartbeat's bound and are heard there, and go back once it answers (3 masters)."""
+
+    timeout = 120
+
+    async def test_the_bus_is_heard_on_another_node_while_the_first_seed_hangs(self) -> None:
+        cluster = RedisCluster.start(3)
+        self.addCleanup(cluster.cleanup)
+        first, second = cluster.nodes[0], cluster.nodes[1]
+        here = await connected_redis(cluster.url, timeout=5, wait_replicas=0)
+        self.addCleanup(here.close)
+        there = await connected_redis(cluster.url, timeout=5, wait_replicas=0)
+        self.addCleanup(there.close)
+        assert isinstance(here, ClusterRedis) and isinstance(there, ClusterRedis)
+        here.timeout = there.timeout = 1.0  # (the buses' heartbeat and the commands' wait)
+        for node in [*here._nodes.values(), *there._nodes.values()]:
+            node.timeout = 1.0
+        heard: list[bytes] = []
+        bus = RedisBus(here)
+        self.addCleanup(bus.close)
+        bus.subscribe(b"ch", heard.append)
+        theirs = RedisBus(there)  # every instance has a bus (MCP's, the commands'): it finds the node silent too
+        self.addCleanup(theirs.close)
+        theirs.subscribe(b"other", lambda message: None)
+        await bus.ready
+        await theirs.ready
+
+        async def delivered(message: bytes, within: float) -> int:
+            """Publish from the other instance until a subscriber counts it; the receivers it counted."""
+            waited, started = 0.0, reactor.seconds()
+            while True:
+                try:
+                    receivers = int(await there.execute("test", "PUBLISH", b"ch", message))
+                    if receivers:
+                        break
+                except (StoreUnavailable, OutcomeUnknown):
+                    pass  # its node hangs: a client retrying
+                self.assertLess(reactor.seconds() - started, within, f"{message!r} never reached a subscriber")
+                await deferLater(reactor, 0.05, lambda: None)  # a client retrying
+                waited += 0.05
+            await _until(lambda: message in heard)
+            return receivers
+
+        self.assertEqual(await delivered(b"before", 10), 1)
+        self.assertEqual(here.bus_node(bus.connection), ("127.0.0.1", first.port))
+        logged: list[str] = []
+        observer = lambda event: logged.append(formatEvent(event))  # noqa: E731
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        assert first.proc is not None
+        os.kill(first.proc.pid, signal.SIGSTOP)
+        self.addCleanup(os.kill, first.proc.pid, signal.SIGCONT)
+        # Within the heartbeat's bound (the idle look twice, the timeout), the reconnection's backoff
+        # and a margin for a loaded machine: heard again, on the next seed, counted by the PUBLISH.
+        self.assertEqual(await delivered(b"while hung", 2 * PING_IDLE + 1 + 2 + 3), 1)
+        self.assertEqual(here.bus_node(bus.connection), ("127.0.0.1", second.port))
+        moved = f"Redis Cluster node 127.0.0.1:{first.port} does not answer; pub/sub moves to 127.0.0.1:{second.port}"
+        self.assertEqual(len([line for line in logged if line.startswith(moved)]), 2)  # once per instance
+        os.kill(first.proc.pid, signal.SIGCONT)
+        await _until(lambda: here.bus_node(bus.connection) == ("127.0.0.1", first.port), timeout=20)
+        await _until(lambda: there._keyless_address() == ("127.0.0.1", first.port), timeout=20)
+        self.assertEqual(await delivered(b"back", 10), 1)
+        self.assertIn(f"Redis Cluster node 127.0.0.1:{first.port} answers again; pub/sub may use it again", logged)
 
 
 def _replica_of(cluster: RedisCluster, master_port: int) -> RedisServer:

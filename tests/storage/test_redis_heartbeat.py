@@ -1,5 +1,5 @@
-"""A subscriber connection whose Redis node stops answering is dropped within seconds (relayd/storage/redis.py
-L{_Heartbeat}): the schedule on a test clock with a fake transport, then a real redis-server SIGSTOPped."""
+"""A subscriber connection whose Redis node stops answering is dropped within seconds (relayd/storage/heartbeat.py
+L{Heartbeat}): the schedule on a test clock with a fake transport, then a real redis-server SIGSTOPped."""
 
 from __future__ import annotations
 
@@ -18,10 +18,12 @@ from twisted.trial.unittest import TestCase
 
 from relayd.base.clock import Timekeeper
 from relayd.compat import txredisapi as fence
-from relayd.storage.redis import PING_IDLE, Redis, _Subscriber
+from relayd.storage.heartbeat import PING_IDLE
+from relayd.storage.redis import Redis, _Subscriber
+from relayd.storage.sentinel import SentinelFollower, _Watcher
 from relayd.storage.sharded import _ShardSubscriber
 from tests.storage.test_redis import until
-from tests.support.redis import RedisServer
+from tests.support.redis import RedisServer, SentinelGroup
 
 PING = b"*1\r\n$4\r\nPING\r\n"
 PONG = b"*2\r\n$4\r\npong\r\n$0\r\n\r\n"
@@ -35,7 +37,7 @@ class FakeBus:
     """What a L{_Subscriber} asks of its bus, recording what it hears."""
 
     def __init__(self, clock: Clock, timeout: float) -> None:
-        self.redis = SimpleNamespace(clock=Timekeeper(clock), timeout=timeout)
+        self.redis = SimpleNamespace(clock=Timekeeper(clock), timeout=timeout, subscriber_silent=lambda conn: None)
         self.heard: list[tuple[bytes, bytes]] = []
         self.lost = False
 
@@ -261,3 +263,90 @@ class HungHandshake(TestCase):
         await until(self, lambda: any("did not answer a subscriber's PING" in line for line in logged),
                     "the bus kept a node that answers nothing", within=2 * PING_IDLE + 1 + 2)  # fmt: skip
         await until(self, lambda: len(made) >= 2, "a reconnection waited in its handshake", within=2 * (0.5 + 1) + 2)
+
+
+class SentinelWatcherSchedule(TestCase):
+    """A sentinel's watcher (relayd/storage/sentinel.py) has the same heartbeat: a silent sentinel
+    is dropped, said once however often its watcher is made again, and said again when it answers."""
+
+    def test_a_silent_sentinel_is_dropped_and_logged_once(self) -> None:
+        logged: list[str] = []
+        observer = lambda event: logged.append(formatEvent(event))  # noqa: E731
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        clock = Clock()
+        follower = SentinelFollower([("s1", 26379)], "main", Timekeeper(clock), timeout=1.0)
+
+        def watcher() -> tuple[Any, StringTransport]:
+            protocol = type("Watcher", (_Watcher,), {"follower": follower})(charset=None, convertNumbers=False)
+            protocol.factory = SimpleNamespace(relayd_sentinel=("s1", 26379))
+            transport = StringTransport()
+            protocol.makeConnection(transport)
+            self.assertIn(b"SUBSCRIBE", transport.value())
+            transport.clear()
+            return protocol, transport
+
+        for attempt in range(3):  # the first connection, then two reconnections to the same silent sentinel
+            protocol, transport = watcher()
+            clock.advance(PING_IDLE)  # (nothing heard since it subscribed: the first look pings)
+            self.assertEqual(transport.value(), PING, attempt)
+            clock.advance(1.0 - 0.01)
+            self.assertFalse(transport.disconnecting)
+            clock.advance(0.01)
+            self.assertTrue(transport.disconnected, f"a sentinel that did not answer was kept ({attempt})")
+            protocol.connectionLost(Failure(ConnectionDone()))
+            self.assertEqual(clock.getDelayedCalls(), [])
+        silent = [line for line in logged if "did not answer" in line]
+        self.assertEqual(silent, ["Sentinel s1:26379 did not answer a PING within 1.0 s; reconnecting its watcher"])
+        self.assertEqual([line for line in logged if "subscribe interrupted" in line], [])
+
+        protocol, transport = watcher()  # it answers again: said, and its events are heard
+        subscribed = b"*3\r\n$9\r\nsubscribe\r\n$14\r\n+switch-master\r\n:1\r\n"
+        protocol.dataReceived(subscribed)
+        self.assertIn("Sentinel s1:26379 answers again", logged)
+        protocol.dataReceived(message(b"+switch-master", b"main 10.0.0.1 6379 10.0.0.2 6379"))
+        self.assertEqual(follower.address, ("10.0.0.2", 6379))
+        clock.advance(PING_IDLE)  # (heard since the last look: no PING)
+        self.assertEqual(transport.value(), b"")
+        clock.advance(PING_IDLE)
+        self.assertEqual(transport.value(), PING)
+        protocol.dataReceived(PONG)
+        clock.advance(1.0)
+        self.assertFalse(transport.disconnecting)
+        protocol.connectionLost(Failure(ConnectionDone()))
+
+
+class HungSentinel(TestCase):
+    """A real sentinel stopped (SIGSTOP): its watcher is dropped and made again, said once, and
+    said again once the sentinel answers."""
+
+    timeout = 60
+
+    async def test_watcher_drops_a_hung_sentinel_and_hears_it_again(self) -> None:
+        group = SentinelGroup.start()
+        self.addCleanup(group.cleanup)
+        redis = Redis(group.url, Timekeeper(reactor), timeout=1)
+        self.addCleanup(redis.close)
+        await until(self, lambda: redis.connected, "the client never connected")
+        follower = redis.follower
+        assert follower is not None
+        port, proc, _ = group.sentinels[0]
+        made: list[object] = []
+        factory = follower._watchers[0]
+        self.patch(factory, "buildProtocol", lambda addr, build=factory.buildProtocol: made.append(addr) or build(addr))
+        logged: list[str] = []
+        observer = lambda event: logged.append(formatEvent(event))  # noqa: E731
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        os.kill(proc.pid, signal.SIGSTOP)
+        self.addCleanup(os.kill, proc.pid, signal.SIGCONT)
+        # Polling what the follower does by itself on the real clock: the PING unanswered (at most
+        # twice the idle look plus the timeout), then the watcher made again; a margin for a loaded machine.
+        said = f"Sentinel 127.0.0.1:{port} did not answer a PING within 1 s; reconnecting its watcher"
+        await until(self, lambda: said in logged, "the watcher kept a sentinel that answers nothing",
+                    within=2 * PING_IDLE + 1 + 2)  # fmt: skip
+        await until(self, lambda: len(made) >= 2, "the watcher was not made again", within=2 * (PING_IDLE + 1 + 2) + 2)
+        self.assertEqual(logged.count(said), 1)  # once, however often it is made again
+        os.kill(proc.pid, signal.SIGCONT)
+        await until(self, lambda: f"Sentinel 127.0.0.1:{port} answers again" in logged, "never heard again",
+                    within=2 * PING_IDLE + 1 + 2 + 2)  # fmt: skip

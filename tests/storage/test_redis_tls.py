@@ -107,6 +107,20 @@ class QueryParameters(TestCase):
             self.assertNotIn("tls_ca", str(url))
         self.assertIsNone(parse_redis_url("rediss://h:6380/1").tls_ca)
 
+    def test_the_sentinels_use_tls_with_rediss_unless_sentinel_tls_no(self) -> None:
+        for text, sentinel_tls in [
+            ("rediss+sentinel://s1/main", True),
+            ("rediss+sentinel://s1/main?sentinel_tls=yes", True),
+            ("rediss+sentinel://s1/main?sentinel_tls=no", False),
+            ("redis+sentinel://s1/main", False),
+        ]:
+            url = parse_redis_url(text)
+            self.assertEqual(url.sentinel_tls, sentinel_tls, text)
+        self.assertEqual(
+            str(parse_redis_url("rediss+sentinel://s1/main?sentinel_tls=no")),
+            "rediss+sentinel://s1:26379/main/0?sentinel_tls=no",
+        )
+
     def test_refused_with_what_to_write(self) -> None:
         ca = self.ca_file()
         not_pem = Path(ca).with_name("not.pem")
@@ -120,7 +134,11 @@ class QueryParameters(TestCase):
             # Once ignored: a setting the URL seems to make and relayd would not apply.
             ("redis://h/0?db=3", "unknown query parameter 'db' (known: tls_ca)"),
             ("redis+cluster://n1:7000?password=x", "unknown query parameter 'password' (known: tls_ca)"),
-            ("redis+sentinel://s1/main?tls=1", "(known: sentinel_username, sentinel_password, tls_ca)"),
+            ("redis+sentinel://s1/main?tls=1", "(known: sentinel_username, sentinel_password, sentinel_tls, tls_ca)"),
+            ("redis+sentinel://s1/main?sentinel_tls=no", "sentinel_tls needs TLS: use rediss+sentinel://"),
+            ("redis+sentinel://s1/main?sentinel_tls=yes", "sentinel_tls needs TLS"),
+            ("rediss+sentinel://s1/main?sentinel_tls=off", "sentinel_tls must be yes or no; got 'off'"),
+            ("rediss+sentinel://s1/main?sentinel_tls=", "sentinel_tls must be yes or no; got ''"),
         ]:
             with self.assertRaises(ValueError) as caught:
                 parse_redis_url(text)

@@ -6,10 +6,13 @@ import itertools
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from twisted.internet import threads
@@ -333,12 +336,21 @@ def sleep_redis(case: Any, port: int, seconds: int) -> Deferred[bytes]:
     return answered
 
 
-def command(port: int, *args: str | bytes, timeout: float = 2.0) -> Any:
-    """One command to the Redis (or sentinel) on C{port}, over a plain socket, its reply parsed
-    (bytes, int, list, or a C{RuntimeError} value for an error reply): a second client, not the one
-    under test."""
+def _connect(port: int, timeout: float, tls_ca: str | None) -> socket.socket:
+    """A socket to C{port} on loopback; over TLS (the server's certificate for C{localhost} checked
+    against the CA of the PEM file C{tls_ca}) when C{tls_ca} is given."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    if tls_ca is None:
+        return s
+    return ssl.create_default_context(cafile=tls_ca).wrap_socket(s, server_hostname="localhost")
+
+
+def command(port: int, *args: str | bytes, timeout: float = 2.0, tls_ca: str | None = None) -> Any:
+    """One command to the Redis (or sentinel) on C{port}, over a plain socket (TLS with C{tls_ca}),
+    its reply parsed (bytes, int, list, or a C{RuntimeError} value for an error reply): a second
+    client, not the one under test."""
     parts = [a.encode() if isinstance(a, str) else a for a in args]
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+    with _connect(port, timeout, tls_ca) as s:
         s.sendall(b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts))
         reader = s.makefile("rb")
         return _reply(reader)
@@ -372,10 +384,10 @@ def _reply(reader: Any) -> Any:
     raise ValueError(f"unexpected reply {line!r}")
 
 
-def _authed(port: int, password: str, *args: str | bytes) -> Any:
+def _authed(port: int, password: str, *args: str | bytes, tls_ca: str | None = None) -> Any:
     """C{AUTH password}, then one command, on one connection; the command's reply."""
     parts = [[b"AUTH", password.encode()], [a.encode() if isinstance(a, str) else a for a in args]]
-    with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+    with _connect(port, 0.5, tls_ca) as s:
         s.sendall(b"".join(b"*%d\r\n" % len(p) + b"".join(b"$%d\r\n%s\r\n" % (len(x), x) for x in p) for p in parts))
         reader = s.makefile("rb")
         _reply(reader)
@@ -391,6 +403,22 @@ def role(port: int) -> bytes | None:
     return reply[0] if isinstance(reply, list) else None
 
 
+@dataclass(frozen=True)
+class SentinelTLS:
+    """TLS for a L{SentinelGroup}: the certificate and key every node and sentinel serves (for
+    C{localhost} and 127.0.0.1, tests/support/tls.py), the CA's PEM file, and whether the sentinels
+    listen on TLS only (C{port 0}) or on plain TCP only (their data nodes on TLS either way)."""
+
+    cert: Path
+    key: Path
+    ca: Path
+    sentinels_on_tls: bool = True
+
+    def options(self, port: int) -> tuple[str, ...]:
+        return ("--tls-port", str(port), "--tls-cert-file", str(self.cert), "--tls-key-file", str(self.key),
+                "--tls-ca-cert-file", str(self.ca), "--tls-auth-clients", "no", "--tls-replication", "yes")  # fmt: skip
+
+
 class SentinelGroup:
     """A master, two replicas and three sentinels (quorum 2) on free loopback ports: C{.url} is the
     C{redis+sentinel://} URL of the master C{MASTER}; C{.master_port()} asks a sentinel where it is;
@@ -402,17 +430,24 @@ class SentinelGroup:
 
     MASTER = "relayd"
 
-    def __init__(self, password: str | None = None, sentinel_password: str | None = None) -> None:
+    def __init__(
+        self, password: str | None = None, sentinel_password: str | None = None, tls: SentinelTLS | None = None
+    ) -> None:
         self.binary = require_redis_server()
+        self.tls = tls
+        self.tls_ports: dict[int, int] = {}  # a data node's TLS port -> its plain one (the fixture's checks)
         self.password = password  # the data nodes' (requirepass, masterauth)
         self.sentinel_password = sentinel_password  # the sentinels' own (requirepass)
         self.nodes: list[RedisServer] = []
         self.sentinels: list[tuple[int, subprocess.Popen[bytes], str]] = []
 
     @classmethod
-    def start(cls, password: str | None = None, sentinel_password: str | None = None) -> SentinelGroup:
-        """The group; with C{password} the data nodes require it, with C{sentinel_password} the sentinels do."""
-        group = cls(password, sentinel_password)
+    def start(
+        cls, password: str | None = None, sentinel_password: str | None = None, tls: SentinelTLS | None = None
+    ) -> SentinelGroup:
+        """The group; with C{password} the data nodes require it, with C{sentinel_password} the sentinels
+        do; with C{tls} the data nodes (and the sentinels, as it says) serve TLS, and replicate over it."""
+        group = cls(password, sentinel_password, tls)
         try:
             group._spawn()
         except BaseException:
@@ -426,18 +461,23 @@ class SentinelGroup:
         options: tuple[str, ...] = ("--repl-diskless-sync-delay", "0")
         if self.password:
             options += ("--requirepass", self.password, "--masterauth", self.password)
-        master = RedisServer.start(*options)
-        self.nodes.append(master)
+        master = self._data_node(options)
         for _ in range(2):
-            self.nodes.append(RedisServer.start(*options, "--replicaof", "127.0.0.1", str(master.port)))
+            self._data_node((*options, "--replicaof", "127.0.0.1", str(self._served_port(master))))
         for _ in range(3):
             port = free_port()
             folder = tempfile.mkdtemp(prefix="relayd-sentinel-")
             config = os.path.join(folder, "sentinel.conf")
             with open(config, "w") as f:
+                if self.tls is None:
+                    f.write(f"port {port}\n")
+                else:  # TLS to the data nodes and between sentinels; to clients, TLS only or plain only
+                    plain, tls_port = (0, port) if self.tls.sentinels_on_tls else (port, free_port())
+                    pairs = zip(self.tls.options(tls_port)[::2], self.tls.options(tls_port)[1::2], strict=True)
+                    f.write(f"port {plain}\n" + "".join(f"{name[2:]} {value}\n" for name, value in pairs))
                 f.write(
-                    f"port {port}\nbind 127.0.0.1\ndir {folder}\n"
-                    f"sentinel monitor {self.MASTER} 127.0.0.1 {master.port} 2\n"
+                    f"bind 127.0.0.1\ndir {folder}\n"
+                    f"sentinel monitor {self.MASTER} 127.0.0.1 {self._served_port(master)} 2\n"
                     f"sentinel down-after-milliseconds {self.MASTER} 1000\n"
                     f"sentinel failover-timeout {self.MASTER} 2000\n"
                     f"sentinel parallel-syncs {self.MASTER} 2\n"
@@ -456,11 +496,26 @@ class SentinelGroup:
                 raise RuntimeError("the sentinels did not find each other and the replicas")
             time.sleep(0.05)  # waiting for external processes to find each other
 
+    def _data_node(self, options: tuple[str, ...]) -> RedisServer:
+        if self.tls is None:
+            node = RedisServer.start(*options)
+        else:
+            tls_port = free_port()
+            node = RedisServer.start(*options, *self.tls.options(tls_port))
+            self.tls_ports[tls_port] = node.port
+        self.nodes.append(node)
+        return node
+
+    def _served_port(self, node: RedisServer) -> int:
+        """The port the sentinels know C{node} by (its TLS port with TLS)."""
+        return next((tls for tls, plain in self.tls_ports.items() if plain == node.port), node.port)
+
     def _sentinel(self, port: int, *args: str) -> Any:
         """A command to the sentinel on C{port} (authenticated when the sentinels require it)."""
+        ca = str(self.tls.ca) if self.tls is not None and self.tls.sentinels_on_tls else None
         if self.sentinel_password:
-            return _authed(port, self.sentinel_password, *args)
-        return command(port, *args, timeout=0.5)
+            return _authed(port, self.sentinel_password, *args, tls_ca=ca)
+        return command(port, *args, timeout=0.5, tls_ca=ca)
 
     def _knows_all(self, port: int) -> bool:
         try:
@@ -474,10 +529,16 @@ class SentinelGroup:
 
     @property
     def url(self) -> str:
-        hosts = ",".join(f"127.0.0.1:{port}" for port, _, _ in self.sentinels)
+        """The C{redis+sentinel://} URL (with TLS, C{rediss+sentinel://} naming the sentinels
+        C{localhost}, trusting the group's CA, and C{sentinel_tls=no} when they are plain)."""
+        host = "127.0.0.1" if self.tls is None else "localhost"
+        hosts = ",".join(f"{host}:{port}" for port, _, _ in self.sentinels)
         auth = f":{self.password}@" if self.password else ""
-        query = f"?sentinel_password={self.sentinel_password}" if self.sentinel_password else ""
-        return f"redis+sentinel://{auth}{hosts}/{self.MASTER}/0{query}"
+        query = [f"sentinel_password={self.sentinel_password}"] if self.sentinel_password else []
+        if self.tls is not None:
+            query += [f"tls_ca={self.tls.ca}"] + ([] if self.tls.sentinels_on_tls else ["sentinel_tls=no"])
+        scheme = "redis+sentinel" if self.tls is None else "rediss+sentinel"
+        return f"{scheme}://{auth}{hosts}/{self.MASTER}/0" + ("?" + "&".join(query) if query else "")
 
     def master_port(self) -> int | None:
         """The master's port as the first sentinel that answers says."""
@@ -491,6 +552,8 @@ class SentinelGroup:
         return None
 
     def node(self, port: int) -> RedisServer:
+        """The data node on C{port} (its plain port, or with TLS the TLS port the sentinels name)."""
+        port = self.tls_ports.get(port, port)
         return next(n for n in self.nodes if n.port == port)
 
     def failover(self) -> None:
