@@ -36,6 +36,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from relayd.base.clock import Timekeeper
+from relayd.compat import txredisapi as fence
 from relayd.compat.txredisapi import WholeReads
 from relayd.storage.heartbeat import Heartbeat
 from relayd.storage.tls import tls_failure
@@ -88,9 +89,29 @@ class _Watcher(Heartbeat, WholeReads, txredisapi.SubscriberProtocol):
     lost_because: str | None = None  # why TLS closed the connection, if it did
 
     def connectionMade(self) -> Any:
-        d = super().connectionMade()
         self.whenConnected().addCallback(self._watch)
-        return d
+        if not fence.READY_STATE:
+            return super().connectionMade()  # txredisapi's AUTH: one that fails stops this watcher for good
+        return self._authenticate()
+
+    @defer.inlineCallbacks
+    def _authenticate(self) -> Any:
+        """relayd's AUTH (as a data node's connection has, relayd/compat/txredisapi.py READY_STATE):
+        one refused, unanswered within the timeout or cut by a lost connection drops this connection
+        only, and the factory connects again. txredisapi's own would stop reconnecting to this
+        sentinel for good, and a sentinel that restarted mid-AUTH would never be heard again."""
+        if self.password is not None:
+            try:
+                reply = yield self.follower.clock.timeout(self.auth(self.password, self.username), self.follower.timeout)
+                if isinstance(reply, Exception):
+                    raise reply
+            except Exception as e:
+                # (Not logged: a wrong sentinel_password, or a sentinel away, is said once by the follower's questions.)
+                self._log.debug("Sentinel watcher AUTH failed ({error}); reconnecting", error=str(e))
+                if self.connected:
+                    self.transport.abortConnection()
+                return
+        fence.mark_ready(self)
 
     def connectionLost(self, why: Failure) -> Any:
         self.stop_heartbeat()

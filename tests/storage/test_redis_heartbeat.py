@@ -8,6 +8,7 @@ import signal
 from types import SimpleNamespace
 from typing import Any
 
+import txredisapi
 from twisted.internet import reactor
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock, deferLater
@@ -23,6 +24,7 @@ from relayd.storage.redis import Redis, _Subscriber
 from relayd.storage.sentinel import SentinelFollower, _Watcher
 from relayd.storage.sharded import _ShardSubscriber
 from tests.storage.test_redis import until
+from tests.support.cases import cases, expand
 from tests.support.redis import RedisServer, SentinelGroup
 
 PING = b"*1\r\n$4\r\nPING\r\n"
@@ -313,6 +315,68 @@ class SentinelWatcherSchedule(TestCase):
         protocol.dataReceived(PONG)
         clock.advance(1.0)
         self.assertFalse(transport.disconnecting)
+        protocol.connectionLost(Failure(ConnectionDone()))
+
+
+@expand
+class SentinelWatcherAuth(TestCase):
+    """A watcher of a sentinel with a password runs relayd's AUTH: one refused, unanswered or cut by
+    a lost connection drops that connection only, and its factory connects again (txredisapi's own
+    handshake stops the factory: that sentinel would never be watched again)."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.follower = SentinelFollower([("s1", 26379)], "main", Timekeeper(self.clock), timeout=1.0, password="pw")
+        self.factory = txredisapi.SubscriberFactory(isLazy=True)
+        self.factory.continueTrying = True
+        self.factory.relayd_sentinel = ("s1", 26379)
+
+    def watcher(self) -> tuple[Any, StringTransport]:
+        protocol = type("Watcher", (_Watcher,), {"follower": self.follower})(
+            charset=None, convertNumbers=False, password="pw"
+        )
+        protocol.factory = self.factory
+        transport = StringTransport()
+        protocol.makeConnection(transport)
+        self.assertEqual(transport.value(), b"*2\r\n$4\r\nAUTH\r\n$2\r\npw\r\n")
+        transport.clear()
+        return protocol, transport
+
+    def test_answered_it_watches(self) -> None:
+        protocol, transport = self.watcher()
+        protocol.dataReceived(b"+OK\r\n")
+        self.assertIn(b"SUBSCRIBE", transport.value())
+        protocol.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    @cases(lost=True, refused=False)
+    def test_a_failed_auth_drops_the_connection_not_the_watcher(self, lost: bool) -> None:
+        protocol, transport = self.watcher()
+        if lost:  # (the sentinel restarted mid-AUTH)
+            protocol.connectionLost(Failure(ConnectionDone()))
+        else:
+            protocol.dataReceived(b"-WRONGPASS invalid username-password pair\r\n")
+            self.assertTrue(transport.disconnected)
+            protocol.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(transport.value(), b"")  # (nothing subscribed)
+        self.assertTrue(self.factory.continueTrying, "the watcher's factory stopped reconnecting")
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_an_unanswered_auth_is_dropped_within_the_timeout(self) -> None:
+        protocol, transport = self.watcher()
+        self.clock.advance(0.99)
+        self.assertFalse(transport.disconnected)
+        self.clock.advance(0.01)
+        self.assertTrue(transport.disconnected)
+        protocol.connectionLost(Failure(ConnectionDone()))
+        self.assertTrue(self.factory.continueTrying)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_without_the_reliance_txredisapi_authenticates(self) -> None:
+        self.patch(fence, "READY_STATE", False)
+        protocol, transport = self.watcher()
+        protocol.dataReceived(b"+OK\r\n")
+        self.assertIn(b"SUBSCRIBE", transport.value())
         protocol.connectionLost(Failure(ConnectionDone()))
 
 
