@@ -1,6 +1,7 @@
 """The fence's twisted.logger half (relayd/compat/logger.py): each reliance detected on the installed
 Twisted, and each fallback's behaviour (the scrubber then runs after observers added before it, the
-access lines keep Twisted's formatting, twistd's exit status stays the signal's)."""
+access lines keep Twisted's formatting and are written one by one, twistd's exit status stays the
+signal's)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ class Logging(TestCase):
     def test_logger_state_is_detected(self) -> None:
         self.assertTrue(fence.PUBLISHER_LIST)
         self.assertTrue(fence.TEXT_FORMATTER)
+        self.assertTrue(fence.TEXT_OUTPUT)
         self.assertIsInstance(globalLogPublisher._observers, list)
 
     @cases(detected=True, fallback=False)
@@ -69,6 +71,50 @@ class Logging(TestCase):
                  "log_level": LogLevel.info}
         publisher(dict(event))
         self.assertEqual(len(wrapped), 1 if detected else 0)
+        plain = io.StringIO()
+        textFileLogObserver(plain)(dict(event))
+        self.assertEqual(out.getvalue(), plain.getvalue())
+
+    def test_wrapping_the_formatters_again_changes_nothing(self) -> None:
+        observer = textFileLogObserver(io.StringIO())
+        publisher = LogPublisher(observer)
+        wrapped: list[Any] = []
+
+        class Wrapper:
+            def __init__(self, format_event: Any) -> None:
+                wrapped.append(format_event)
+                self.format_event = format_event
+
+            def __call__(self, event: Any) -> Any:
+                return self.format_event(event)
+
+        fence.wrap_text_formatters(publisher, Wrapper)
+        fence.wrap_text_formatters(publisher, Wrapper)
+        self.assertEqual(len(wrapped), 1)
+        # ...and the observer is still known for twistd's, its formatter wrapped (the turn writer's wrap).
+        self.assertTrue(fence.is_text_observer(observer))
+        self.assertFalse(fence.is_text_observer(lambda event: None))
+
+    @cases(detected=True, fallback=False)
+    def test_wrapped_text_output(self, detected: bool) -> None:
+        self.patch(fence, "TEXT_OUTPUT", detected)
+        out = io.StringIO()
+        observer = textFileLogObserver(out)
+        writes: list[str] = []
+
+        class Recorder:
+            def write(self, text: str) -> None:
+                writes.append(text)
+                out.write(text)
+
+            def flush(self) -> None:
+                pass
+
+        fence.wrap_text_output(observer, lambda stream: Recorder())
+        event = {"log_format": "hello", "log_time": 1.0, "log_namespace": "n", "log_level": LogLevel.info}
+        observer(dict(event))
+        # Without the attribute the observer writes to its stream itself, as Twisted does (same bytes).
+        self.assertEqual(len(writes), 1 if detected else 0)
         plain = io.StringIO()
         textFileLogObserver(plain)(dict(event))
         self.assertEqual(out.getvalue(), plain.getvalue())
