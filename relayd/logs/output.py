@@ -33,7 +33,8 @@ class TurnWriter:
     C{flush} (which the observers call after every line) does nothing: the turn flushes. A line
     from another thread (a worker pool's), or while the reactor does not run, is written through
     at once, after what is buffered, under the lock the buffer is kept under: no line is lost,
-    none is cut into another, and the order is the order they were logged in.
+    none is cut into another, and the order is the order they were logged in. A line logged while
+    the buffer is being written (by a signal handler) waits for the next write.
     """
 
     def __init__(self, out: Any, clock: Timekeeper, reactor: IReactorCore, bound: int = BOUND) -> None:
@@ -42,7 +43,10 @@ class TurnWriter:
         self._bound = bound
         self._parts: list[Any] = []
         self._size = 0
-        self._lock = threading.Lock()
+        # Re-entrant: a signal handler runs on the reactor's thread, between any two bytecodes, and
+        # logs (twistd's "Received SIGTERM"): with a plain lock, one arriving during a write that
+        # holds it (the signal that interrupted the write system call, say) would wait for it forever.
+        self._lock = threading.RLock()
         self._thread = threading.get_ident()  # made on the reactor's thread (the service's start)
         self._turn = NextTurn(clock, self._turn_ended)
         # Lines logged as the reactor stops (the services' last ones, after the clock cancelled the
@@ -72,10 +76,8 @@ class TurnWriter:
             parts = self._parts
             if not parts:
                 return
-            data = parts[0][:0].join(parts)
-            parts.clear()
-            self._size = 0
-            self.out.write(data)
+            self._parts, self._size = [], 0  # (a line logged during the write goes to the next one)
+            self.out.write(parts[0][:0].join(parts))
             self.out.flush()
 
     def _turn_ended(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import signal
 import threading
 from typing import Any, Callable
 
@@ -63,8 +64,10 @@ def as_text(events: list[dict[str, Any]], make: Callable[[Any], Any] = textFileL
 class Setting:
     """A publisher with one observer writing to a counting file, turned per-turn on a memory reactor."""
 
-    def __init__(self, make: Callable[[Any], Any] = textFileLogObserver, running: bool = True) -> None:
-        self.file = CountingFile()
+    def __init__(
+        self, make: Callable[[Any], Any] = textFileLogObserver, running: bool = True, file: CountingFile | None = None
+    ) -> None:
+        self.file = CountingFile() if file is None else file
         self.make = make
         self.publisher = LogPublisher(make(self.file))
         self.reactor = MemoryReactorClock()
@@ -219,6 +222,32 @@ class OncePerTurn(TestCase):
             self.assertEqual([int(line.split(" line ")[1].split()[0]) for line in mine], list(range(per_thread)))
         ours = [line for line in lines if "[relayd.access#info]" in line]
         self.assertEqual([line.split("request-")[1] for line in ours], [str(n) for n in range(per_thread)])
+
+    def test_a_line_a_signal_handler_logs_during_the_write_goes_in_the_next_one(self) -> None:
+        # twistd's SIGTERM handler logs; Python runs it on the reactor's thread between two bytecodes,
+        # so also while the buffer is being written (the signal interrupted the write system call).
+        interrupted = other_event("Received SIGTERM, shutting down.")
+
+        class InterruptedFile(CountingFile):
+            def write(self, text: str) -> None:
+                super().write(text)
+                if len(self.writes) == 1:
+                    signal.raise_signal(signal.SIGUSR2)
+
+        setting = Setting(file=InterruptedFile())
+
+        def give_up(signum: int, frame: Any) -> None:
+            raise TimeoutError("the handler's line waited for the writer's lock forever")
+
+        for signum, handler in ((signal.SIGUSR2, lambda signum, frame: setting.publisher(dict(interrupted))),
+                                (signal.SIGALRM, give_up)):
+            self.addCleanup(signal.signal, signum, signal.signal(signum, handler))
+        signal.setitimer(signal.ITIMER_REAL, 5)
+        self.addCleanup(signal.setitimer, signal.ITIMER_REAL, 0)
+        events = [access_event(n) for n in range(3)]
+        setting.log(events)
+        setting.reactor.advance(0)  # (a memory clock runs the next turn's call in the same advance)
+        self.assertEqual(setting.file.writes, [as_text(events), as_text([interrupted])])
 
     def test_a_refused_write_at_the_turns_end_loses_that_turn_and_loops_not(self) -> None:
         file = RefusingFile()
