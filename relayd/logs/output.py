@@ -3,7 +3,8 @@
 Twisted's text observer, and relayd's JSON one, write and flush every line: one write(2) per HTTP
 request, for its access line. Once the reactor runs, L{write_once_per_turn} puts a L{TurnWriter}
 between each of them and its stream: a turn's lines are written together when the turn's work is
-done (L{relayd.base.clock.NextTurn}), at once past L{BOUND} bytes (memory stays bounded under a
+done (just before the reactor waits for I/O again, L{relayd.compat.logger.before_each_poll}; on a
+reactor without that hook, a L{relayd.base.clock.NextTurn} call), at once past L{BOUND} bytes (memory stays bounded under a
 flood), and what is left at reactor shutdown after every service stopped. Every line, access line
 or not, goes through the same writer, so the order is kept. Before the reactor runs and after it
 stopped, lines go straight through. A crash (SIGKILL) loses at most the current turn's lines.
@@ -18,7 +19,7 @@ from twisted.internet.interfaces import IReactorCore
 from twisted.logger import LogPublisher, globalLogPublisher
 
 from relayd.base.clock import NextTurn, Timekeeper
-from relayd.compat.logger import is_text_observer, observers, wrap_text_output
+from relayd.compat.logger import before_each_poll, is_text_observer, observers, wrap_text_output
 from relayd.logs.json import JSONLinesObserver
 from relayd.logs.scrub import ScrubbingObserver
 
@@ -48,7 +49,11 @@ class TurnWriter:
         # holds it (the signal that interrupted the write system call, say) would wait for it forever.
         self._lock = threading.RLock()
         self._thread = threading.get_ident()  # made on the reactor's thread (the service's start)
-        self._turn = NextTurn(clock, self._turn_ended)
+        # At the end of each turn: before the reactor's wait for I/O if it has that hook, else a
+        # call at the end of each turn that logged (NextTurn).
+        self._turn: NextTurn | None = None
+        if not before_each_poll(reactor, self._turn_ended):
+            self._turn = NextTurn(clock, self._turn_ended)
         # Lines logged as the reactor stops (the services' last ones, after the clock cancelled the
         # pending turn) are written once the reactor has stopped.
         reactor.addSystemEventTrigger("after", "shutdown", self.drain)
@@ -59,8 +64,9 @@ class TurnWriter:
                 self._parts.append(text)
                 self._size += len(text)
                 if self._size <= self._bound:
-                    if self._turn.scheduled is None:
-                        self._turn.request()
+                    turn = self._turn
+                    if turn is not None and turn.scheduled is None:
+                        turn.request()
                     return
         else:
             with self._lock:
@@ -81,6 +87,8 @@ class TurnWriter:
             self.out.flush()
 
     def _turn_ended(self) -> None:
+        if not self._parts:
+            return
         try:
             self.drain()
         except Exception:

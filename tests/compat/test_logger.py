@@ -9,6 +9,8 @@ import io
 from typing import Any
 
 from twisted.internet import reactor
+from twisted.internet.selectreactor import SelectReactor
+from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import LogLevel, LogPublisher, globalLogPublisher, textFileLogObserver
 from twisted.trial.unittest import TestCase
 
@@ -118,3 +120,27 @@ class Logging(TestCase):
         plain = io.StringIO()
         textFileLogObserver(plain)(dict(event))
         self.assertEqual(out.getvalue(), plain.getvalue())
+
+
+@expand
+class BeforeEachPoll(TestCase):
+    def test_the_loop_is_detected(self) -> None:
+        self.assertTrue(fence.POLL_HOOK)
+
+    @cases(detected=True, fallback=False)
+    def test_fn_runs_before_each_wait_for_io(self, detected: bool) -> None:
+        self.patch(fence, "POLL_HOOK", detected)
+        polling = SelectReactor()
+        self.addCleanup(polling.waker.connectionLost, None)
+        seen: list[str] = []
+        poll = polling.doIteration
+        polling.doIteration = lambda timeout: (seen.append(f"poll {timeout}"), poll(timeout))  # type: ignore[method-assign]
+        # Without the hook nothing is wrapped: the log writer then schedules a call per turn itself.
+        self.assertEqual(fence.before_each_poll(polling, lambda: seen.append("fn")), detected)
+        polling.doIteration(0)
+        self.assertEqual(seen, ["fn", "poll 0"] if detected else ["poll 0"])
+
+    def test_a_reactor_of_another_kind_is_left_alone(self) -> None:
+        memory = MemoryReactorClock()
+        self.assertFalse(fence.before_each_poll(memory, lambda: None))
+        self.assertFalse(hasattr(memory, "doIteration"))

@@ -10,6 +10,7 @@ import signal
 import threading
 from typing import Any, Callable
 
+from twisted.internet.selectreactor import SelectReactor
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import Logger, LogLevel, LogPublisher, textFileLogObserver
 from twisted.trial.unittest import TestCase
@@ -101,6 +102,25 @@ class OncePerTurn(TestCase):
         setting.reactor.advance(0)
         self.assertEqual(len(setting.file.writes), 2)
         self.assertEqual(setting.file.text(), as_text([*events, access_event(51)]))
+
+    def test_on_a_reactor_with_the_hook_the_lines_go_before_its_next_wait_for_io(self) -> None:
+        # (The other tests run on a memory reactor, which has no such hook: a call per turn instead.)
+        polling = SelectReactor()
+        self.addCleanup(polling.waker.connectionLost, None)
+        file = CountingFile()
+        publisher = LogPublisher(textFileLogObserver(file))
+        output.write_once_per_turn(polling, Timekeeper(polling), publisher)
+        polling.running = True
+        self.addCleanup(setattr, polling, "running", False)
+        events = [access_event(n) for n in range(10)]
+        for event in events:
+            publisher(dict(event))
+        self.assertEqual(file.writes, [])
+        self.assertEqual(polling.getDelayedCalls(), [])  # no call scheduled per turn
+        polling.doIteration(0)
+        self.assertEqual(file.writes, [as_text(events)])
+        polling.doIteration(0)  # a turn with nothing logged writes nothing
+        self.assertEqual(len(file.writes), 1)
 
     def test_the_json_observer_writes_a_turns_lines_at_once(self) -> None:
         setting = Setting(logs_json.JSONLinesObserver)
