@@ -54,8 +54,8 @@ class TurnWriter:
         self._turn: NextTurn | None = None
         if not before_each_poll(reactor, self._turn_ended):
             self._turn = NextTurn(clock, self._turn_ended)
-        # Lines logged as the reactor stops (the services' last ones, after the clock cancelled the
-        # pending turn) are written once the reactor has stopped.
+        # Lines logged as the reactor stops (the services' last ones, after its last wait for I/O or
+        # after the clock cancelled the fallback's pending call) are written once it has stopped.
         reactor.addSystemEventTrigger("after", "shutdown", self.drain)
 
     def write(self, text: Any) -> None:
