@@ -1,6 +1,7 @@
 """The fence's twisted.logger half (relayd/compat/logger.py): each reliance detected on the installed
 Twisted, and each fallback's behaviour (the scrubber then runs after observers added before it, the
-access lines keep Twisted's formatting, twistd's exit status stays the signal's)."""
+access lines keep Twisted's formatting and are written one by one, twistd's exit status stays the
+signal's)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import io
 from typing import Any
 
 from twisted.internet import reactor
+from twisted.internet.selectreactor import SelectReactor
+from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import LogLevel, LogPublisher, globalLogPublisher, textFileLogObserver
 from twisted.trial.unittest import TestCase
 
@@ -40,6 +43,7 @@ class Logging(TestCase):
     def test_logger_state_is_detected(self) -> None:
         self.assertTrue(fence.PUBLISHER_LIST)
         self.assertTrue(fence.TEXT_FORMATTER)
+        self.assertTrue(fence.TEXT_OUTPUT)
         self.assertIsInstance(globalLogPublisher._observers, list)
 
     @cases(detected=True, fallback=False)
@@ -72,3 +76,71 @@ class Logging(TestCase):
         plain = io.StringIO()
         textFileLogObserver(plain)(dict(event))
         self.assertEqual(out.getvalue(), plain.getvalue())
+
+    def test_wrapping_the_formatters_again_changes_nothing(self) -> None:
+        observer = textFileLogObserver(io.StringIO())
+        publisher = LogPublisher(observer)
+        wrapped: list[Any] = []
+
+        class Wrapper:
+            def __init__(self, format_event: Any) -> None:
+                wrapped.append(format_event)
+                self.format_event = format_event
+
+            def __call__(self, event: Any) -> Any:
+                return self.format_event(event)
+
+        fence.wrap_text_formatters(publisher, Wrapper)
+        fence.wrap_text_formatters(publisher, Wrapper)
+        self.assertEqual(len(wrapped), 1)
+        # ...and the observer is still known for twistd's, its formatter wrapped (the turn writer's wrap).
+        self.assertTrue(fence.is_text_observer(observer))
+        self.assertFalse(fence.is_text_observer(lambda event: None))
+
+    @cases(detected=True, fallback=False)
+    def test_wrapped_text_output(self, detected: bool) -> None:
+        self.patch(fence, "TEXT_OUTPUT", detected)
+        out = io.StringIO()
+        observer = textFileLogObserver(out)
+        writes: list[str] = []
+
+        class Recorder:
+            def write(self, text: str) -> None:
+                writes.append(text)
+                out.write(text)
+
+            def flush(self) -> None:
+                pass
+
+        fence.wrap_text_output(observer, lambda stream: Recorder())
+        event = {"log_format": "hello", "log_time": 1.0, "log_namespace": "n", "log_level": LogLevel.info}
+        observer(dict(event))
+        # Without the attribute the observer writes to its stream itself, as Twisted does (same bytes).
+        self.assertEqual(len(writes), 1 if detected else 0)
+        plain = io.StringIO()
+        textFileLogObserver(plain)(dict(event))
+        self.assertEqual(out.getvalue(), plain.getvalue())
+
+
+@expand
+class BeforeEachPoll(TestCase):
+    def test_the_loop_is_detected(self) -> None:
+        self.assertTrue(fence.POLL_HOOK)
+
+    @cases(detected=True, fallback=False)
+    def test_fn_runs_before_each_wait_for_io(self, detected: bool) -> None:
+        self.patch(fence, "POLL_HOOK", detected)
+        polling = SelectReactor()
+        self.addCleanup(polling.waker.connectionLost, None)
+        seen: list[str] = []
+        poll = polling.doIteration
+        polling.doIteration = lambda timeout: (seen.append(f"poll {timeout}"), poll(timeout))  # type: ignore[method-assign]
+        # Without the hook nothing is wrapped: the log writer then schedules a call per turn itself.
+        self.assertEqual(fence.before_each_poll(polling, lambda: seen.append("fn")), detected)
+        polling.doIteration(0)
+        self.assertEqual(seen, ["fn", "poll 0"] if detected else ["poll 0"])
+
+    def test_a_reactor_of_another_kind_is_left_alone(self) -> None:
+        memory = MemoryReactorClock()
+        self.assertFalse(fence.before_each_poll(memory, lambda: None))
+        self.assertFalse(hasattr(memory, "doIteration"))

@@ -191,6 +191,7 @@ class OversizeBodyEarlyAnswer(RelaydCase):
         reply = await self.raw(data)
         self.assertTrue(reply.startswith(b"HTTP/1.1 %d " % status), reply[:200])
         self.assertEqual(reply.count(b"HTTP/1.1 "), 1, reply)
+        await self.relay.wait_for(rb'"POST /events" %d ' % status, since=self.mark)  # (written after the answer)
         lines = [line for line in self.new_log().splitlines() if line.strip()]
         self.assertEqual(len(lines), 1, lines)
         self.assertIn(b'"POST /events" %d ' % status, lines[0])

@@ -114,7 +114,7 @@ class RelaydProcess:
         self.log = b""
         self.status: int | None = None
         self.exited: Deferred[int] = Deferred()
-        self._waiters: list[tuple[re.Pattern[bytes], Deferred[re.Match[bytes]]]] = []
+        self._waiters: list[tuple[re.Pattern[bytes], int, Deferred[re.Match[bytes]]]] = []
         self.transport: Any = None
         self.ports: dict[str, int] = {}
 
@@ -165,29 +165,32 @@ class RelaydProcess:
 
     def _check(self) -> None:
         """Fire the waiters whose pattern the log now matches."""
-        for pattern, d in list(self._waiters):
-            match = pattern.search(self.log)
+        for pattern, since, d in list(self._waiters):
+            match = pattern.search(self.log, since)
             if match:
-                self._waiters.remove((pattern, d))
+                self._waiters.remove((pattern, since, d))
                 d.callback(match)
 
     def _ended(self) -> None:
-        for _, d in self._waiters:
+        for _, _, d in self._waiters:
             d.errback(RuntimeError("relayd exited:\n" + self.log.decode(errors="replace")))
         self._waiters = []
         self.exited.callback(self.status)
 
-    def wait_for(self, pattern: bytes, timeout: float = TIMEOUT) -> Deferred[re.Match[bytes]]:
-        """Fires when the log matches C{pattern} (at once if it already does)."""
+    def wait_for(self, pattern: bytes, timeout: float = TIMEOUT, since: int = 0) -> Deferred[re.Match[bytes]]:
+        """Fires when the log from offset C{since} on matches C{pattern} (at once if it already does).
+
+        relayd writes its log once per reactor turn (docs/configuration.md): the access line of a
+        request can come just after its answer, so a test that has an answer waits for its line."""
         compiled = re.compile(pattern)
-        match = compiled.search(self.log)
+        match = compiled.search(self.log, since)
         d: Deferred[re.Match[bytes]] = Deferred()
         if match:
             d.callback(match)
         elif self.exited.called:
             d.errback(RuntimeError("relayd exited:\n" + self.log.decode(errors="replace")))
         else:
-            self._waiters.append((compiled, d))
+            self._waiters.append((compiled, since, d))
             d.addTimeout(timeout, reactor)
         return d
 
@@ -222,8 +225,9 @@ class DetachedRelayd(RelaydProcess):
     (C{wait_for}, C{terminate} and C{kill} work as usual); killed at interpreter exit if nothing
     stopped it before.
 
-    Reading C{log} first takes in whatever relayd has written so far, so a test that has seen an
-    answer also sees the access line relayd wrote before it (as reading a log file would)."""
+    Reading C{log} first takes in whatever relayd has written so far (as reading a log file would);
+    relayd writes an access line at the end of the turn that answered, so a test that has seen an
+    answer waits for its line (L{wait_for})."""
 
     popen: subprocess.Popen[bytes]
     _fd: int
