@@ -44,6 +44,9 @@ _BARE_LINE_FEED = json_answer(
 _LENGTH_DIGITS = 18
 # The longest request target L{_health_check} reads for a health path (with its query).
 MAX_HEALTH_PATH = 256
+# What a connection may send while the answer to its plain POST is awaited before it is read no
+# more (twisted.web reads on up to the same while it handles a request: HTTPChannel.rawDataReceived).
+_WAITING_READ_MAX = 16384
 # A read longer than this that holds a header block and more is parsed in two parts (RelayChannel._read).
 _SPLIT_READS_OVER = 4096
 _log = Logger()
@@ -207,6 +210,8 @@ class RelayChannel(ChannelHooks):
             self._start_header_clock()  # the head's first byte
         if waiting is not None:  # a plain POST's answer is awaited: what follows it waits for it
             waiting.append(data)
+            if sum(map(len, waiting)) > _WAITING_READ_MAX:
+                pause_reading(self.transport)  # (the rest waits in the kernel until the answer is written)
             return
         # Twisted's line reader copies what follows each line it splits off, so a POST whose
         # headers and body arrive in one read had its body copied once per header line (a 50 KB
@@ -267,9 +272,10 @@ class RelayChannel(ChannelHooks):
             # No idle timer while the answer is awaited (a held POST waits for the page up to its
             # request timeout), as twisted.web runs none while it handles a request: back once written.
             self.simple_idle = self.setTimeout(None)
+            # The connection is still read meanwhile (what comes waits, up to _WAITING_READ_MAX): a
+            # client that closes it is seen at once, and its held request forgotten (connectionLost).
             self.simple_waiting = []
             self.simple_answer = answer
-            self.transport.pauseProducing()  # type: ignore[union-attr]
             answer.addCallback(self._write_simple, site, post, peer, started).addErrback(self._simple_failed)
             return True
         if not post.close:
@@ -309,10 +315,10 @@ class RelayChannel(ChannelHooks):
             site.access(method=b"POST", path=path, status=answer.status, sent=len(answer.body), peer=peer, started=started)
             if post.close:
                 transport.loseConnection()
-            elif waiting is not None:
-                transport.resumeProducing()  # type: ignore[attr-defined]
-                if waiting:
-                    self.dataReceived(b"".join(waiting))
+            elif waiting:
+                if sum(map(len, waiting)) > _WAITING_READ_MAX:
+                    resume_reading(transport)  # (paused by L{_read})
+                self.dataReceived(b"".join(waiting))
         finally:
             if held:
                 release_writes(transport)

@@ -11,13 +11,16 @@ import socket
 from typing import Any, Callable
 
 from prometheus_client import generate_latest
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThread
 
 from relayd.base.metrics import REGISTRY
 from relayd.web.answers import raw_response
+from relayd.web.channel import RelayChannel
 from tests.support.inmemory import InMemoryMcpCase, InMemoryPage, InMemoryWing, Reply
-from tests.support.mcp import INIT, SESSION, TOKEN, McpRelayCase, initialized
-from tests.support.mcp_clients import compact
+from tests.support.mcp import AUTH, INIT, SESSION, TIMEOUT, TOKEN, McpRelayCase, initialized
+from tests.support.mcp_clients import SimulatedPage, compact
 from tests.support.metrics import Samples, parse
 from tests.support.raw import parse_responses
 from tests.support.redis import redis_flags
@@ -337,3 +340,56 @@ class UnderAPrefix(InMemoryMcpCase):
         self.assertEqual(self.post(f"/{SESSION}/outbox?token={TOKEN}", raw=ANSWER).code, 200)
         self.assertEqual(self.wing.post(f"/{SESSION}/outbox?token={TOKEN}", ANSWER).code, 404)
         self.assertEqual(taken, [b"/relay/%s/outbox?token=%s" % (SESSION.encode(), TOKEN.encode())])
+
+
+class HeldPostWhoseClientLeaves(McpRelayCase):
+    """A client that closes its connection while its C{tools/call} is held (the page has read it, not
+    answered) is noticed when the connection closes, on the plain path as on twisted.web's: its
+    pending call forgets its reply then, not when the page's answer finds nobody to write to. Real
+    sockets: the close is seen only by a connection that still reads."""
+
+    async def held_then_left(self) -> Any:
+        """The pending call of a held POST whose (raw socket) client closed, once the relay's
+        connection has seen it close."""
+        await self.register(SESSION)
+        page = SimulatedPage(self, SESSION, silent=frozenset({"tools/call"}))
+        await page.start()
+        sid = initialized(await self.post(f"/{SESSION}/mcp", INIT, **{**AUTH, "content-type": "application/json"}))
+        lost: Deferred[None] = Deferred()
+        original = RelayChannel.connectionLost
+        with socket.create_connection(("127.0.0.1", self.port)) as s:
+            port = s.getsockname()[1]
+
+            def connectionLost(channel: RelayChannel, reason: Any = None) -> None:
+                mine = getattr(channel.transport.getPeer(), "port", None) == port
+                original(channel, reason)
+                if mine and not lost.called:
+                    lost.callback(None)
+
+            self.patch(RelayChannel, "connectionLost", connectionLost)
+            s.sendall(mcp(sid.encode(), CALL))
+            while page.methods()[-1:] != ["tools/call"]:
+                await page.next_seen(len(page.seen) + 1)  # (held once the page has read it)
+        await lost.addTimeout(TIMEOUT, reactor)  # (a bound on a failing run, not a wait)
+        [pending] = self.service.resource.endpoint.clients[sid].pending.values()
+        return pending
+
+    async def test_on_the_plain_path(self) -> None:
+        taken: list[bool] = []
+        handler = self.wing.service.site.simple_posts[b"/"]
+
+        def watched(post: Any) -> Any:
+            answer = handler(post)
+            taken.append(answer is not None)
+            return answer
+
+        self.wing.service.site.simple_posts.clear()
+        self.wing.service.site.simple_posts.claim(b"/", watched)
+        pending = await self.held_then_left()
+        self.assertIsNone(pending.reply)  # forgotten: nothing is kept for a client that left
+        self.assertEqual(taken[-1:], [True])  # (the held POST was the plain path's)
+
+    async def test_on_twisted_web_s_path(self) -> None:
+        self.wing.service.site.simple_posts.clear()
+        pending = await self.held_then_left()
+        self.assertIsNone(pending.reply)
