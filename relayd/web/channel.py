@@ -85,8 +85,6 @@ class RelayChannel(ChannelHooks):
     """What the client sent while the answer to its plain POST is awaited (L{_answer_simple})."""
     simple_answer: Deferred[Answer] | None = None
     """The answer to its plain POST that is awaited: cancelled if the client leaves first."""
-    simple_idle: int | None = None  # (typed as TimeoutMixin types timeOut)
-    """The idle timeout, off while the answer to a plain POST is awaited."""
     reading = False
     """Whether a read is being parsed (what a request answered within it replays is parsed by it)."""
     unparsed = 0
@@ -269,9 +267,10 @@ class RelayChannel(ChannelHooks):
             return False
         self._stop_header_clock()
         if isinstance(answer, Deferred):
-            # No idle timer while the answer is awaited (a held POST waits for the page up to its
-            # request timeout), as twisted.web runs none while it handles a request: back once written.
-            self.simple_idle = self.setTimeout(None)
+            # No idle timeout while the answer is awaited (a held POST waits for the page up to its
+            # request timeout), as twisted.web runs none while it handles a request: the idle timer
+            # stays armed (no cancel and new timer per held POST) but does nothing if it fires
+            # meanwhile (L{timeoutConnection}), and is restarted once the answer is written.
             # The connection is still read meanwhile (what comes waits, up to _WAITING_READ_MAX): a
             # client that closes it is seen at once, and its held request forgotten (connectionLost).
             self.simple_waiting = []
@@ -291,10 +290,8 @@ class RelayChannel(ChannelHooks):
         then close the connection, or read what the client sent while the answer was awaited."""
         waiting, self.simple_waiting = self.simple_waiting, None
         self.simple_answer = None
-        if waiting is not None:  # (answered later: the idle timeout, off while it was awaited, is back)
-            self.timeOut = self.simple_idle
-            if not post.close:
-                self._idle()
+        if waiting is not None and not post.close:
+            self._idle()  # (answered later: the idle timeout counts from the answer, as twisted.web's)
         transport = self.transport
         if transport is None or not getattr(transport, "connected", False):
             return  # (the client left while the store wrote)
@@ -380,6 +377,11 @@ class RelayChannel(ChannelHooks):
             site.client_left(self.client)
             del self.client
         super().connectionLost(reason)
+
+    def timeoutConnection(self) -> None:
+        if self.simple_answer is not None:
+            return  # (idle while the answer to its plain POST is awaited: not idle; L{_write_simple} re-arms)
+        super().timeoutConnection()
 
     def _covers_idle(self, which: int) -> bool:
         """Whether the site's header (C{which} 1) or body (2) deadline fires before Twisted's idle

@@ -256,6 +256,23 @@ class HeldPastTheIdleTimeout(TwoRelays):
             self.assertTrue(connection.closed, wing is self.fast)  # (idle once answered)
 
 
+    def test_holding_a_post_cancels_no_timer(self) -> None:
+        # The connection's idle timer, armed by the first answer, stays armed while the second POST
+        # is held (not cancelled and armed anew per held POST); it does nothing if it fires meanwhile.
+        self.on(self.fast)
+        connection = self.fast.connect()
+        connection.send(mcp(self.sid_of[self.fast], CALL))
+        self.settle()
+        armed = [call for call in self.fast.reactor.getDelayedCalls() if call.active()]
+        connection.send(mcp(self.sid_of[self.fast], CALL.replace(b'"id":7', b'"id":8')))
+        self.assertEqual(self.taken[-1], (b"mcp", True))
+        self.assertEqual([call for call in armed if not call.active()], [])
+        self.fast.advance(6)  # (past the idle timeout while held: nothing closes it)
+        self.assertFalse(connection.closed)
+        self.settle()
+        self.assertEqual([reply.code for reply in connection.replies()], [200, 200])
+
+
 def _one_answer(port: int, data: bytes) -> bytes:
     """The bytes of the first complete answer to C{data} on a new connection (blocking: a thread's)."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
