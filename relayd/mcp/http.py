@@ -325,11 +325,13 @@ class McpResource(RoutedResource):
         if session is None or self.tunnel.shared:
             return None
         passed = self.tunnel.token_pass(session, token)
-        answered: list[str | None] = []
-        self.tunnel.check(session, token, passed).addCallbacks(answered.append, lambda _: None)
-        if not answered:
-            return None  # (a failure is answered by the handler, which asks the store again)
-        reason = answered[0]
+        reason = self.tunnel.check_at_once(session, token, passed)
+        if isinstance(reason, Deferred):
+            answered: list[str | None] = []
+            reason.addCallbacks(answered.append, lambda _: None)
+            if not answered:
+                return None  # (a failure is answered by the handler, which asks the store again)
+            reason = answered[0]
         if reason is None:
             setattr(request, _PASS, passed)
             return None
