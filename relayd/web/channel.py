@@ -24,7 +24,7 @@ from relayd.compat.web import (
 )
 from relayd.web.answers import Answer, RenderedAnswer, http_date, json_answer, raw_response
 from relayd.web.request import ChannelSite, LimitedRequest, host_of
-from relayd.web.simple_post import SimplePost, read_simple_post
+from relayd.web.simple_post import HeldAnswer, SimplePost, read_simple_post
 
 MAX_HEADER_BYTES = 16384
 """The request line and header block together (Twisted's C{totalHeadersSize}); C{431} beyond."""
@@ -83,8 +83,10 @@ class RelayChannel(ChannelHooks):
     """Whether the connection is one of its client's L{relayd.process.settings.HEALTH_RESERVE}: it answers the health check only."""
     simple_waiting: list[bytes] | None = None
     """What the client sent while the answer to its plain POST is awaited (L{_answer_simple})."""
-    simple_answer: Deferred[Answer] | None = None
+    simple_answer: Deferred[Answer] | HeldAnswer | None = None
     """The answer to its plain POST that is awaited: cancelled if the client leaves first."""
+    simple_held: tuple[ChannelSite, SimplePost, str, float] | None = None
+    """The plain POST whose L{HeldAnswer} is awaited, its client and start (for L{_held_answered})."""
     reading = False
     """Whether a read is being parsed (what a request answered within it replays is parsed by it)."""
     unparsed = 0
@@ -277,6 +279,12 @@ class RelayChannel(ChannelHooks):
             self.simple_answer = answer
             answer.addCallback(self._write_simple, site, post, peer, started).addErrback(self._simple_failed)
             return True
+        if not isinstance(answer, Answer):  # a HeldAnswer: the same, told directly (no Deferred)
+            self.simple_waiting = []
+            self.simple_answer = answer
+            self.simple_held = (site, post, peer, started)
+            answer.answer_to(self._held_answered)
+            return True
         if not post.close:
             self._idle()  # (an answer written now to a connection that then closes needs no idle timer)
         self._write_simple(answer, site, post, peer, started)
@@ -319,6 +327,17 @@ class RelayChannel(ChannelHooks):
         finally:
             if held:
                 release_writes(transport)
+
+    def _held_answered(self, answer: Answer) -> None:
+        held, self.simple_held = self.simple_held, None
+        if held is None:
+            return
+        try:
+            self._write_simple(answer, *held)
+        except Exception:
+            # (Called by whoever finished the request, the page's POST: the fault stays here, as a
+            # Deferred's callback would keep it.)
+            self._simple_failed(Failure())
 
     def _simple_failed(self, failure: Failure) -> None:
         self.simple_answer = None
@@ -368,6 +387,7 @@ class RelayChannel(ChannelHooks):
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._stop_header_clock()
         answer, self.simple_answer = self.simple_answer, None
+        self.simple_held = None
         if answer is not None:
             answer.cancel()  # (the wing is told, as twisted.web tells a request whose client left)
         if self.kept is not None:

@@ -18,6 +18,7 @@ from twisted.internet.threads import deferToThread
 from relayd.base.metrics import REGISTRY
 from relayd.web.answers import raw_response
 from relayd.web.channel import RelayChannel
+from relayd.web.plain_request import PlainRequest
 from tests.support.inmemory import InMemoryMcpCase, InMemoryPage, InMemoryWing, Reply
 from tests.support.mcp import AUTH, INIT, SESSION, TIMEOUT, TOKEN, McpRelayCase, initialized
 from tests.support.mcp_clients import SimulatedPage, compact
@@ -225,6 +226,26 @@ class PlainPostParity(TwoRelays):
         self.settle()  # the page answers: nobody to write it to
         self.assertEqual(connection.received(), b"")
         self.assertEqual(self.page_of[self.fast].methods()[-1], "tools/call")
+
+
+class HeldWithoutADeferred(TwoRelays):
+    def test_a_held_post_s_answer_is_handed_over_directly(self) -> None:
+        # The plain path's held POST is told its answer by a direct call (a HeldAnswer), not
+        # through a Deferred made, called back and chained per held POST.
+        answers: list[Any] = []
+        handler = self.fast.site.simple_posts[b"/"]
+
+        def watched(post: Any) -> Any:
+            answer = handler(post)
+            answers.append(answer)
+            return answer
+
+        self.fast.site.simple_posts.clear()
+        self.fast.site.simple_posts.claim(b"/", watched)
+        replies, _, _ = self.run_case(self.fast, lambda sid: [mcp(sid, CALL)])
+        self.assertEqual([reply.code for reply in replies], [200])
+        self.assertNotIsInstance(answers[0], Deferred)
+        self.assertIsInstance(answers[0], PlainRequest)
 
 
 class HeaderNames(InMemoryMcpCase):
