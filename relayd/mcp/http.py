@@ -326,7 +326,8 @@ class McpResource(RoutedResource):
             return None
         passed = self.tunnel.token_pass(session, token)
         reason = self.tunnel.check_at_once(session, token, passed)
-        if isinstance(reason, Deferred):
+        # (None or a str first: isinstance against Deferred, an ABC, is slow for anything else)
+        if reason is not None and not isinstance(reason, str):
             answered: list[str | None] = []
             reason.addCallbacks(answered.append, lambda _: None)
             if not answered:

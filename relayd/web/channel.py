@@ -268,7 +268,13 @@ class RelayChannel(ChannelHooks):
         if answer is None:
             return False
         self._stop_header_clock()
-        if isinstance(answer, Deferred):
+        if isinstance(answer, Answer):  # (asked first: isinstance against Deferred, an ABC, is slow for anything else)
+            if not post.close:
+                self._idle()  # (an answer written now to a connection that then closes needs no idle timer)
+            self._write_simple(answer, site, post, peer, started)
+            return True
+        answer_to = getattr(answer, "answer_to", None)  # (a HeldAnswer; a Deferred has none)
+        if answer_to is None:
             # No idle timeout while the answer is awaited (a held POST waits for the page up to its
             # request timeout), as twisted.web runs none while it handles a request: the idle timer
             # stays armed (no cancel and new timer per held POST) but does nothing if it fires
@@ -279,15 +285,11 @@ class RelayChannel(ChannelHooks):
             self.simple_answer = answer
             answer.addCallback(self._write_simple, site, post, peer, started).addErrback(self._simple_failed)
             return True
-        if not isinstance(answer, Answer):  # a HeldAnswer: the same, told directly (no Deferred)
-            self.simple_waiting = []
-            self.simple_answer = answer
-            self.simple_held = (site, post, peer, started)
-            answer.answer_to(self._held_answered)
-            return True
-        if not post.close:
-            self._idle()  # (an answer written now to a connection that then closes needs no idle timer)
-        self._write_simple(answer, site, post, peer, started)
+        # A HeldAnswer: the same, told directly (no Deferred).
+        self.simple_waiting = []
+        self.simple_answer = answer
+        self.simple_held = (site, post, peer, started)
+        answer_to(self._held_answered)
         return True
 
     def _write_simple(

@@ -44,10 +44,11 @@ class Admitted:
         self.waiting: Deferred[str | None] | None = None
         self.passed: Pass | None = None
         self._pass = token_pass
-        if isinstance(checked, Deferred):
-            checked.addBoth(self._settle)  # (kept here: a request never rendered leaves no unhandled failure)
-        else:
+        # (None or a str first: isinstance against Deferred, an ABC, is slow for anything else)
+        if checked is None or isinstance(checked, str):
             self._settle(checked)  # (answered at once: TunnelRelay.check_at_once)
+        else:
+            checked.addBoth(self._settle)  # (kept here: a request never rendered leaves no unhandled failure)
 
     def _settle(self, result: str | Failure | None) -> None:
         if result is None:
