@@ -32,7 +32,7 @@ from relayd.web.auth import bearer_token, query_param
 from relayd.web.plain_request import render_plain
 from relayd.web.request import BodyLimit, read_body
 from relayd.web.routes import TAKEN, Result, RoutedResource, RouteTable
-from relayd.web.simple_post import SimplePost
+from relayd.web.simple_post import HeldAnswer, SimplePost
 from relayd.web.streams.sse import DEFAULT_MAX_BUFFER, SSEHub, SSEStream, sse_comment
 
 MAX_BODY = 256 * 1024
@@ -295,7 +295,7 @@ class McpResource(RoutedResource):
         setattr(request, _PREPARED, True)
         return None
 
-    def plain_post(self, post: SimplePost, limit: BodyLimit) -> Answer | Deferred[Answer] | None:
+    def plain_post(self, post: SimplePost, limit: BodyLimit) -> Answer | HeldAnswer | None:
         """A plain POST (relayd.web.simple_post) to a session's C{inbox}, C{outbox} or endpoint,
         rendered by this resource beside twisted.web (relayd.web.plain_request: the same checks,
         handlers and answers), or C{None} for twisted.web to answer: another path, an early refusal,
@@ -325,11 +325,14 @@ class McpResource(RoutedResource):
         if session is None or self.tunnel.shared:
             return None
         passed = self.tunnel.token_pass(session, token)
-        answered: list[str | None] = []
-        self.tunnel.check(session, token, passed).addCallbacks(answered.append, lambda _: None)
-        if not answered:
-            return None  # (a failure is answered by the handler, which asks the store again)
-        reason = answered[0]
+        reason = self.tunnel.check_at_once(session, token, passed)
+        # (None or a str first: isinstance against Deferred, an ABC, is slow for anything else)
+        if reason is not None and not isinstance(reason, str):
+            answered: list[str | None] = []
+            reason.addCallbacks(answered.append, lambda _: None)
+            if not answered:
+                return None  # (a failure is answered by the handler, which asks the store again)
+            reason = answered[0]
         if reason is None:
             setattr(request, _PASS, passed)
             return None

@@ -24,7 +24,7 @@ from relayd.compat.web import (
 )
 from relayd.web.answers import Answer, RenderedAnswer, http_date, json_answer, raw_response
 from relayd.web.request import ChannelSite, LimitedRequest, host_of
-from relayd.web.simple_post import SimplePost, read_simple_post
+from relayd.web.simple_post import HeldAnswer, SimplePost, read_simple_post
 
 MAX_HEADER_BYTES = 16384
 """The request line and header block together (Twisted's C{totalHeadersSize}); C{431} beyond."""
@@ -44,6 +44,9 @@ _BARE_LINE_FEED = json_answer(
 _LENGTH_DIGITS = 18
 # The longest request target L{_health_check} reads for a health path (with its query).
 MAX_HEALTH_PATH = 256
+# What a connection may send while the answer to its plain POST is awaited before it is read no
+# more (twisted.web reads on up to the same while it handles a request: HTTPChannel.rawDataReceived).
+_WAITING_READ_MAX = 16384
 # A read longer than this that holds a header block and more is parsed in two parts (RelayChannel._read).
 _SPLIT_READS_OVER = 4096
 _log = Logger()
@@ -80,10 +83,10 @@ class RelayChannel(ChannelHooks):
     """Whether the connection is one of its client's L{relayd.process.settings.HEALTH_RESERVE}: it answers the health check only."""
     simple_waiting: list[bytes] | None = None
     """What the client sent while the answer to its plain POST is awaited (L{_answer_simple})."""
-    simple_answer: Deferred[Answer] | None = None
+    simple_answer: Deferred[Answer] | HeldAnswer | None = None
     """The answer to its plain POST that is awaited: cancelled if the client leaves first."""
-    simple_idle: int | None = None  # (typed as TimeoutMixin types timeOut)
-    """The idle timeout, off while the answer to a plain POST is awaited."""
+    simple_held: tuple[ChannelSite, SimplePost, str, float] | None = None
+    """The plain POST whose L{HeldAnswer} is awaited, its client and start (for L{_held_answered})."""
     reading = False
     """Whether a read is being parsed (what a request answered within it replays is parsed by it)."""
     unparsed = 0
@@ -207,6 +210,8 @@ class RelayChannel(ChannelHooks):
             self._start_header_clock()  # the head's first byte
         if waiting is not None:  # a plain POST's answer is awaited: what follows it waits for it
             waiting.append(data)
+            if sum(map(len, waiting)) > _WAITING_READ_MAX:
+                pause_reading(self.transport)  # (the rest waits in the kernel until the answer is written)
             return
         # Twisted's line reader copies what follows each line it splits off, so a POST whose
         # headers and body arrive in one read had its body copied once per header line (a 50 KB
@@ -263,18 +268,28 @@ class RelayChannel(ChannelHooks):
         if answer is None:
             return False
         self._stop_header_clock()
-        if isinstance(answer, Deferred):
-            # No idle timer while the answer is awaited (a held POST waits for the page up to its
-            # request timeout), as twisted.web runs none while it handles a request: back once written.
-            self.simple_idle = self.setTimeout(None)
+        if isinstance(answer, Answer):  # (asked first: isinstance against Deferred, an ABC, is slow for anything else)
+            if not post.close:
+                self._idle()  # (an answer written now to a connection that then closes needs no idle timer)
+            self._write_simple(answer, site, post, peer, started)
+            return True
+        answer_to = getattr(answer, "answer_to", None)  # (a HeldAnswer; a Deferred has none)
+        if answer_to is None:
+            # No idle timeout while the answer is awaited (a held POST waits for the page up to its
+            # request timeout), as twisted.web runs none while it handles a request: the idle timer
+            # stays armed (no cancel and new timer per held POST) but does nothing if it fires
+            # meanwhile (L{timeoutConnection}), and is restarted once the answer is written.
+            # The connection is still read meanwhile (what comes waits, up to _WAITING_READ_MAX): a
+            # client that closes it is seen at once, and its held request forgotten (connectionLost).
             self.simple_waiting = []
             self.simple_answer = answer
-            self.transport.pauseProducing()  # type: ignore[union-attr]
             answer.addCallback(self._write_simple, site, post, peer, started).addErrback(self._simple_failed)
             return True
-        if not post.close:
-            self._idle()  # (an answer written now to a connection that then closes needs no idle timer)
-        self._write_simple(answer, site, post, peer, started)
+        # A HeldAnswer: the same, told directly (no Deferred).
+        self.simple_waiting = []
+        self.simple_answer = answer
+        self.simple_held = (site, post, peer, started)
+        answer_to(self._held_answered)
         return True
 
     def _write_simple(
@@ -285,10 +300,8 @@ class RelayChannel(ChannelHooks):
         then close the connection, or read what the client sent while the answer was awaited."""
         waiting, self.simple_waiting = self.simple_waiting, None
         self.simple_answer = None
-        if waiting is not None:  # (answered later: the idle timeout, off while it was awaited, is back)
-            self.timeOut = self.simple_idle
-            if not post.close:
-                self._idle()
+        if waiting is not None and not post.close:
+            self._idle()  # (answered later: the idle timeout counts from the answer, as twisted.web's)
         transport = self.transport
         if transport is None or not getattr(transport, "connected", False):
             return  # (the client left while the store wrote)
@@ -309,13 +322,24 @@ class RelayChannel(ChannelHooks):
             site.access(method=b"POST", path=path, status=answer.status, sent=len(answer.body), peer=peer, started=started)
             if post.close:
                 transport.loseConnection()
-            elif waiting is not None:
-                transport.resumeProducing()  # type: ignore[attr-defined]
-                if waiting:
-                    self.dataReceived(b"".join(waiting))
+            elif waiting:
+                if sum(map(len, waiting)) > _WAITING_READ_MAX:
+                    resume_reading(transport)  # (paused by L{_read})
+                self.dataReceived(b"".join(waiting))
         finally:
             if held:
                 release_writes(transport)
+
+    def _held_answered(self, answer: Answer) -> None:
+        held, self.simple_held = self.simple_held, None
+        if held is None:
+            return
+        try:
+            self._write_simple(answer, *held)
+        except Exception:
+            # (Called by whoever finished the request, the page's POST: the fault stays here, as a
+            # Deferred's callback would keep it.)
+            self._simple_failed(Failure())
 
     def _simple_failed(self, failure: Failure) -> None:
         self.simple_answer = None
@@ -365,6 +389,7 @@ class RelayChannel(ChannelHooks):
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._stop_header_clock()
         answer, self.simple_answer = self.simple_answer, None
+        self.simple_held = None
         if answer is not None:
             answer.cancel()  # (the wing is told, as twisted.web tells a request whose client left)
         if self.kept is not None:
@@ -374,6 +399,11 @@ class RelayChannel(ChannelHooks):
             site.client_left(self.client)
             del self.client
         super().connectionLost(reason)
+
+    def timeoutConnection(self) -> None:
+        if self.simple_answer is not None:
+            return  # (idle while the answer to its plain POST is awaited: not idle; L{_write_simple} re-arms)
+        super().timeoutConnection()
 
     def _covers_idle(self, which: int) -> bool:
         """Whether the site's header (C{which} 1) or body (2) deadline fires before Twisted's idle

@@ -10,6 +10,7 @@ no handler for a plain POST: the wing declines those before rendering (L{render_
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from io import BytesIO
 from typing import Any, cast
 
@@ -22,7 +23,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 from relayd.web.answers import Answer, Header, RenderedAnswer
 from relayd.web.request import BodyLimit
 from relayd.web.routes import RoutedResource
-from relayd.web.simple_post import SimplePost
+from relayd.web.simple_post import HeldAnswer, SimplePost
 
 __all__ = ["PlainRequest", "render_plain"]
 
@@ -70,7 +71,7 @@ class _ResponseFields:
 
 class PlainRequest:
     """A plain POST as the request a route table's handlers read; its answer is an L{Answer}, now
-    (L{answer}) or once it finishes (L{later})."""
+    (L{answered}) or once it finishes (L{answer_to}: a L{HeldAnswer})."""
 
     method = b"POST"
     code = 200
@@ -92,7 +93,7 @@ class PlainRequest:
         self.channel = post.channel
         self.clientproto = post.version
         self._written: list[bytes] = []
-        self._later: Deferred[Answer] | None = None
+        self._answer_to: Callable[[Answer], object] | None = None
         self._finishing: list[Deferred[None]] = []
 
     # what a handler reads ------------------------------------------------------------------------
@@ -124,29 +125,33 @@ class PlainRequest:
         answered = self.answered = RenderedAnswer(
             self.code, b"".join(self._written), self.responseHeaders.lines(), self.early
         )
-        later, self._later = self._later, None
-        if later is not None:
-            later.callback(answered)
+        answer_to = self._answer_to
+        if answer_to is not None:
+            self._answer_to = None
+            answer_to(answered)
         finishing, self._finishing = self._finishing, []
         for d in finishing:
             d.callback(None)
 
-    def later(self) -> Deferred[Answer]:
-        """The response, once the handler finishes it; cancelled when the client leaves first (the
-        request is then gone, and told as twisted.web tells a request whose connection is lost)."""
-        d: Deferred[Answer] = Deferred(self._left)
-        self._later = d
-        return d
+    def answer_to(self, write: Callable[[Answer], object]) -> None:
+        """Hand the response to C{write} once the handler finishes it (a direct call: no Deferred
+        per held request)."""
+        if self.answered is not None:
+            write(self.answered)
+        else:
+            self._answer_to = write
 
-    def _left(self, _: Deferred[Answer]) -> None:
-        self._later = None
+    def cancel(self) -> None:
+        """The client left before the response: the request is gone, and told as twisted.web tells
+        a request whose connection is lost."""
+        self._answer_to = None
         self.channel = None  # (relayd.web.answers.gone: nothing more is written)
         finishing, self._finishing = self._finishing, []
         for d in finishing:
             d.errback(Failure(ConnectionLost("the client left before its answer")))
 
 
-def render_plain(resource: RoutedResource, limit: BodyLimit | None, post: SimplePost) -> Answer | Deferred[Answer] | None:
+def render_plain(resource: RoutedResource, limit: BodyLimit | None, post: SimplePost) -> Answer | HeldAnswer | None:
     """C{post} rendered by C{resource} as twisted.web renders it, or C{None} (nothing done) when
     twisted.web's path would answer it early (L{BodyLimit.refusal}: its size, its route's checks),
     since an early answer is written otherwise. An empty body is declined too (twisted.web asks no
@@ -165,4 +170,4 @@ def render_plain(resource: RoutedResource, limit: BodyLimit | None, post: Simple
         request.finish()
     if request.answered is not None:
         return request.answered
-    return request.later()
+    return request

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Container
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["SimplePost", "SimplePosts", "read_simple_post"]
+__all__ = ["HeldAnswer", "SimplePost", "SimplePosts", "read_simple_post"]
 
 # A header name: a token (RFC 9110 5.1).
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -56,9 +56,20 @@ class SimplePost:
         self.channel: Any = None
 
 
+class HeldAnswer(Protocol):
+    """An answer that comes later, without a Deferred (relayd.web.plain_request's request): the
+    channel says where to write it, or cancels it when its client leaves first."""
+
+    def answer_to(self, write: Callable[[Any], object]) -> None:
+        """Hand the answer to C{write} once there is one (at once if there is one already)."""
+
+    def cancel(self) -> None:
+        """The client left: nothing will be written."""
+
+
 SimplePostHandler = Callable[[SimplePost], Any]
-"""A wing's answer to a plain POST: an C{Answer}, a C{Deferred} of one, or C{None} (declined, with
-nothing done: twisted.web answers it)."""
+"""A wing's answer to a plain POST: an C{Answer}, a C{Deferred} of one, a L{HeldAnswer}, or C{None}
+(declined, with nothing done: twisted.web answers it)."""
 
 
 class SimplePosts:

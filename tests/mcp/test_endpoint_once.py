@@ -58,6 +58,24 @@ class OneCheckPerRequest(InMemoryEndpointCase):
         # The client's POST at admission, the page's outbox POST at the end of its headers.
         assert checked == ["hash", "compare", "hash", "compare"]
 
+    def test_the_memory_store_s_check_makes_no_deferred(self) -> None:
+        # The memory store answers in the call: the check of each request's token is its answer
+        # itself, not a Deferred made and fired per request (TunnelRelay.check_at_once).
+        sid = self.initialize()
+        deferred: list[object] = []
+        check_session = store_module.MemoryStore.check_session
+
+        def counting(store: Any, *args: Any) -> Any:
+            deferred.append(args)
+            return check_session(store, *args)
+
+        self.patch(store_module.MemoryStore, "check_session", counting)
+        checked = self.count_checks()
+        reply = self.call(sid, 9)
+        assert reply.code == 200 and reply.json()["result"] == {"n": 9}
+        assert checked == ["hash", "compare", "hash", "compare"]  # (still checked, once per request)
+        assert deferred == []
+
     def test_a_round_trip_sets_the_cors_headers_once_per_request(self) -> None:
         sid = self.initialize()
         applied: list[object] = []

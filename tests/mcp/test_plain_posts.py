@@ -11,13 +11,17 @@ import socket
 from typing import Any, Callable
 
 from prometheus_client import generate_latest
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThread
 
 from relayd.base.metrics import REGISTRY
 from relayd.web.answers import raw_response
+from relayd.web.channel import RelayChannel
+from relayd.web.plain_request import PlainRequest
 from tests.support.inmemory import InMemoryMcpCase, InMemoryPage, InMemoryWing, Reply
-from tests.support.mcp import INIT, SESSION, TOKEN, McpRelayCase, initialized
-from tests.support.mcp_clients import compact
+from tests.support.mcp import AUTH, INIT, SESSION, TIMEOUT, TOKEN, McpRelayCase, initialized
+from tests.support.mcp_clients import SimulatedPage, compact
 from tests.support.metrics import Samples, parse
 from tests.support.raw import parse_responses
 from tests.support.redis import redis_flags
@@ -224,6 +228,26 @@ class PlainPostParity(TwoRelays):
         self.assertEqual(self.page_of[self.fast].methods()[-1], "tools/call")
 
 
+class HeldWithoutADeferred(TwoRelays):
+    def test_a_held_post_s_answer_is_handed_over_directly(self) -> None:
+        # The plain path's held POST is told its answer by a direct call (a HeldAnswer), not
+        # through a Deferred made, called back and chained per held POST.
+        answers: list[Any] = []
+        handler = self.fast.site.simple_posts[b"/"]
+
+        def watched(post: Any) -> Any:
+            answer = handler(post)
+            answers.append(answer)
+            return answer
+
+        self.fast.site.simple_posts.clear()
+        self.fast.site.simple_posts.claim(b"/", watched)
+        replies, _, _ = self.run_case(self.fast, lambda sid: [mcp(sid, CALL)])
+        self.assertEqual([reply.code for reply in replies], [200])
+        self.assertNotIsInstance(answers[0], Deferred)
+        self.assertIsInstance(answers[0], PlainRequest)
+
+
 class HeaderNames(InMemoryMcpCase):
     def test_written_as_twisted_web_writes_them(self) -> None:
         # (a 401's WWW-Authenticate: a refusal the plain path writes once a shared store has answered)
@@ -251,6 +275,23 @@ class HeldPastTheIdleTimeout(TwoRelays):
             self.assertEqual(reply.code, 200)
             wing.advance(6)
             self.assertTrue(connection.closed, wing is self.fast)  # (idle once answered)
+
+
+    def test_holding_a_post_cancels_no_timer(self) -> None:
+        # The connection's idle timer, armed by the first answer, stays armed while the second POST
+        # is held (not cancelled and armed anew per held POST); it does nothing if it fires meanwhile.
+        self.on(self.fast)
+        connection = self.fast.connect()
+        connection.send(mcp(self.sid_of[self.fast], CALL))
+        self.settle()
+        armed = [call for call in self.fast.reactor.getDelayedCalls() if call.active()]
+        connection.send(mcp(self.sid_of[self.fast], CALL.replace(b'"id":7', b'"id":8')))
+        self.assertEqual(self.taken[-1], (b"mcp", True))
+        self.assertEqual([call for call in armed if not call.active()], [])
+        self.fast.advance(6)  # (past the idle timeout while held: nothing closes it)
+        self.assertFalse(connection.closed)
+        self.settle()
+        self.assertEqual([reply.code for reply in connection.replies()], [200, 200])
 
 
 def _one_answer(port: int, data: bytes) -> bytes:
@@ -337,3 +378,56 @@ class UnderAPrefix(InMemoryMcpCase):
         self.assertEqual(self.post(f"/{SESSION}/outbox?token={TOKEN}", raw=ANSWER).code, 200)
         self.assertEqual(self.wing.post(f"/{SESSION}/outbox?token={TOKEN}", ANSWER).code, 404)
         self.assertEqual(taken, [b"/relay/%s/outbox?token=%s" % (SESSION.encode(), TOKEN.encode())])
+
+
+class HeldPostWhoseClientLeaves(McpRelayCase):
+    """A client that closes its connection while its C{tools/call} is held (the page has read it, not
+    answered) is noticed when the connection closes, on the plain path as on twisted.web's: its
+    pending call forgets its reply then, not when the page's answer finds nobody to write to. Real
+    sockets: the close is seen only by a connection that still reads."""
+
+    async def held_then_left(self) -> Any:
+        """The pending call of a held POST whose (raw socket) client closed, once the relay's
+        connection has seen it close."""
+        await self.register(SESSION)
+        page = SimulatedPage(self, SESSION, silent=frozenset({"tools/call"}))
+        await page.start()
+        sid = initialized(await self.post(f"/{SESSION}/mcp", INIT, **{**AUTH, "content-type": "application/json"}))
+        lost: Deferred[None] = Deferred()
+        original = RelayChannel.connectionLost
+        with socket.create_connection(("127.0.0.1", self.port)) as s:
+            port = s.getsockname()[1]
+
+            def connectionLost(channel: RelayChannel, reason: Any = None) -> None:
+                mine = getattr(channel.transport.getPeer(), "port", None) == port
+                original(channel, reason)
+                if mine and not lost.called:
+                    lost.callback(None)
+
+            self.patch(RelayChannel, "connectionLost", connectionLost)
+            s.sendall(mcp(sid.encode(), CALL))
+            while page.methods()[-1:] != ["tools/call"]:
+                await page.next_seen(len(page.seen) + 1)  # (held once the page has read it)
+        await lost.addTimeout(TIMEOUT, reactor)  # (a bound on a failing run, not a wait)
+        [pending] = self.service.resource.endpoint.clients[sid].pending.values()
+        return pending
+
+    async def test_on_the_plain_path(self) -> None:
+        taken: list[bool] = []
+        handler = self.wing.service.site.simple_posts[b"/"]
+
+        def watched(post: Any) -> Any:
+            answer = handler(post)
+            taken.append(answer is not None)
+            return answer
+
+        self.wing.service.site.simple_posts.clear()
+        self.wing.service.site.simple_posts.claim(b"/", watched)
+        pending = await self.held_then_left()
+        self.assertIsNone(pending.reply)  # forgotten: nothing is kept for a client that left
+        self.assertEqual(taken[-1:], [True])  # (the held POST was the plain path's)
+
+    async def test_on_twisted_web_s_path(self) -> None:
+        self.wing.service.site.simple_posts.clear()
+        pending = await self.held_then_left()
+        self.assertIsNone(pending.reply)

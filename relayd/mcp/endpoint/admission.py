@@ -34,7 +34,9 @@ class Admitted:
 
     __slots__ = ("token", "version", "settled", "result", "waiting", "passed", "_pass")
 
-    def __init__(self, token: str, version: str | None, token_pass: Pass, checked: Deferred[str | None]) -> None:
+    def __init__(
+        self, token: str, version: str | None, token_pass: Pass, checked: str | Deferred[str | None] | None
+    ) -> None:
         self.token = token
         self.version = version
         self.settled = False
@@ -42,7 +44,11 @@ class Admitted:
         self.waiting: Deferred[str | None] | None = None
         self.passed: Pass | None = None
         self._pass = token_pass
-        checked.addBoth(self._settle)  # (kept here: a request never rendered leaves no unhandled failure)
+        # (None or a str first: isinstance against Deferred, an ABC, is slow for anything else)
+        if checked is None or isinstance(checked, str):
+            self._settle(checked)  # (answered at once: TunnelRelay.check_at_once)
+        else:
+            checked.addBoth(self._settle)  # (kept here: a request never rendered leaves no unhandled failure)
 
     def _settle(self, result: str | Failure | None) -> None:
         if result is None:
@@ -120,7 +126,7 @@ class Admission:
             return UNAUTHORIZED
         tunnel = self.tunnel
         token_pass = tunnel.token_pass(session, token)
-        admitted = Admitted(token, version, token_pass, tunnel.check(session, token, token_pass))
+        admitted = Admitted(token, version, token_pass, tunnel.check_at_once(session, token, token_pass))
         setattr(request, _ADMITTED, admitted)
         return admitted
 
