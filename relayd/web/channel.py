@@ -81,7 +81,7 @@ class RelayChannel(ChannelHooks):
     """The client this connection is counted for under the site's per-client cap (None: not counted)."""
     crowded = False
     """Whether the connection is one of its client's L{relayd.process.settings.HEALTH_RESERVE}: it answers the health check only."""
-    simple_waiting: list[bytes] | None = None
+    simple_waiting: bytearray | None = None
     """What the client sent while the answer to its plain POST is awaited (L{_answer_simple})."""
     simple_answer: Deferred[Answer] | HeldAnswer | None = None
     """The answer to its plain POST that is awaited: cancelled if the client leaves first."""
@@ -209,8 +209,8 @@ class RelayChannel(ChannelHooks):
         if self._header_call is None and self.reading_head():
             self._start_header_clock()  # the head's first byte
         if waiting is not None:  # a plain POST's answer is awaited: what follows it waits for it
-            waiting.append(data)
-            if sum(map(len, waiting)) > _WAITING_READ_MAX:
+            waiting += data  # (one buffer: its length is known at once however many reads came)
+            if len(waiting) > _WAITING_READ_MAX:
                 pause_reading(self.transport)  # (the rest waits in the kernel until the answer is written)
             return
         # Twisted's line reader copies what follows each line it splits off, so a POST whose
@@ -281,12 +281,12 @@ class RelayChannel(ChannelHooks):
             # meanwhile (L{timeoutConnection}), and is restarted once the answer is written.
             # The connection is still read meanwhile (what comes waits, up to _WAITING_READ_MAX): a
             # client that closes it is seen at once, and its held request forgotten (connectionLost).
-            self.simple_waiting = []
+            self.simple_waiting = bytearray()
             self.simple_answer = answer
             answer.addCallback(self._write_simple, site, post, peer, started).addErrback(self._simple_failed)
             return True
         # A HeldAnswer: the same, told directly (no Deferred).
-        self.simple_waiting = []
+        self.simple_waiting = bytearray()
         self.simple_answer = answer
         self.simple_held = (site, post, peer, started)
         answer_to(self._held_answered)
@@ -323,9 +323,9 @@ class RelayChannel(ChannelHooks):
             if post.close:
                 transport.loseConnection()
             elif waiting:
-                if sum(map(len, waiting)) > _WAITING_READ_MAX:
+                if len(waiting) > _WAITING_READ_MAX:
                     resume_reading(transport)  # (paused by L{_read})
-                self.dataReceived(b"".join(waiting))
+                self.dataReceived(bytes(waiting))
         finally:
             if held:
                 release_writes(transport)
