@@ -55,6 +55,12 @@ class Timekeeper:
         connection, instead of one of its own (64 B per held connection)."""
         protocol.callLater = self._schedule
 
+    def give_deadlines(self, protocol: Any) -> None:
+        """Have C{protocol}'s own delayed calls (its C{callLater}, which txredisapi times each
+        command's reply with) set as L{deadline}s: one reactor call for every pending call of one
+        length, where the reactor's C{callLater} sets one per command."""
+        protocol.callLater = self.deadline
+
     def seconds(self) -> float:
         """The wall clock: the current time in seconds since the epoch, from the wrapped reactor
         (for timestamps: receipts, pings, what an operator reads)."""

@@ -188,12 +188,12 @@ REPLY_TIMERS = code_uses(txredisapi.BaseRedisProtocol.execute_command, "callLate
 and uses only the returned call's C{active} and C{cancel}."""
 
 
-def time_replies_with(protocol: Any, schedule: Any) -> None:
-    """Have C{protocol} set its reply timers with C{schedule} (relayd's L{Timekeeper.deadline}: one
-    reactor call for every reply of one timeout pending, where txredisapi sets a reactor call per
-    command and cancels it when the reply comes). Without L{REPLY_TIMERS} nothing changes."""
+def time_replies_with(protocol: Any, clock: Any) -> None:
+    """Have C{protocol} set its reply timers as C{clock}'s deadlines (L{Timekeeper.give_deadlines}:
+    one reactor call for every reply of one timeout pending, where txredisapi sets a reactor call
+    per command and cancels it when the reply comes). Without L{REPLY_TIMERS} nothing changes."""
     if REPLY_TIMERS:
-        protocol.callLater = schedule
+        clock.give_deadlines(protocol)
 
 
 # -- commands: a connection without a Deferred -------------------------------------------------------

@@ -340,7 +340,7 @@ class _Handshake:
     def connectionMade(self) -> Any:
         client: Redis | None = getattr(self.factory, "relayd_client", None)
         if client is not None:
-            fence.time_replies_with(self, client.clock.deadline)
+            fence.time_replies_with(self, client.clock)
         try:
             if fence.READY_STATE:
                 yield self._authenticate()

@@ -173,7 +173,7 @@ class ReplyTimers(TestCase):
 
     def test_replies_are_timed_as_txredisapi_times_them_with_one_reactor_call(self) -> None:
         protocol = connected(txredisapi.RedisProtocol(charset=None, replyTimeout=2))
-        fence.time_replies_with(protocol, self.clock.deadline)
+        fence.time_replies_with(protocol, self.clock)
         answers = self.pending(protocol)
         self.assertEqual(len(self.fake.getDelayedCalls()), 1)
         protocol.dataReceived(b"$1\r\nx\r\n")
@@ -188,7 +188,7 @@ class ReplyTimers(TestCase):
 
     def test_answered_or_lost_every_timer_goes(self) -> None:
         protocol = connected(_Whole(charset=None, replyTimeout=2))
-        fence.time_replies_with(protocol, self.clock.deadline)
+        fence.time_replies_with(protocol, self.clock)
         answers = self.pending(protocol)
         protocol.dataReceived(b"$1\r\nx\r\n" * 5)
         protocol.connectionLost(Failure(ConnectionDone()))
@@ -203,7 +203,6 @@ class ReplyTimers(TestCase):
         protocol = _Protocol(charset=None, replyTimeout=2)
         protocol.factory = type("Factory", (), {"relayd_client": type("Client", (), {"clock": self.clock})()})()
         protocol.factory.relayd_follower = None
-        fence.time_replies_with(protocol, self.fake.callLater)  # (replaced at connection)
         protocol.makeConnection(StringTransport())
         self.assertEqual(protocol.callLater, self.clock.deadline)
         protocol.connectionLost(Failure(ConnectionDone()))
