@@ -32,7 +32,7 @@ from relayd.compat import txredisapi as fence
 from relayd.compat.txredisapi import OnePassCommands, WholeReads
 from relayd.storage.heartbeat import Heartbeat
 from relayd.storage.sentinel import SentinelFollower
-from relayd.storage.tls import tls_failure as _tls_failure
+from relayd.storage.tls import tls_failure
 
 DEFAULT_TIMEOUT = 2.0
 
@@ -366,7 +366,7 @@ class _Handshake:
         self._usable()
 
     def connectionLost(self, why: Failure) -> Any:
-        self._lost_because = _tls_failure(why)  # before txredisapi fails the handshake's commands
+        self._lost_because = tls_failure(why)  # before txredisapi fails the handshake's commands
         return super().connectionLost(why)  # type: ignore[misc]
 
     def _usable(self) -> None:
