@@ -1,4 +1,4 @@
-"""An append Redis holds without answering (the script already in its socket while Redis sleeps)
+"""An append Redis holds without answering (the script already in its socket while Redis is paused)
 is answered as an unknown outcome, not as "nothing accepted", and the client's retry reaches every
 live consumer once: the append Redis reaches after its deadline does nothing
 (relayd/aep/lua/append.lua)."""
@@ -7,25 +7,20 @@ from __future__ import annotations
 
 import json
 
-from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 
 from tests.support.aep import AEPRelay, event, open_sse, open_ws, start_relay
-from tests.support.redis import RedisServer, sleep_redis
+from tests.support.redis import RedisServer
 
 
 class OutcomeUnknown(TestCase):
     timeout = 30
 
     async def asyncSetUp(self) -> tuple[AEPRelay, AEPRelay]:
-        # A private server: DEBUG SLEEP holds every client of it.
-        self.server = RedisServer.start("--enable-debug-command", "yes")
+        self.server = RedisServer.start()  # a private server: pausing it holds every client of it
         self.addCleanup(self.server.cleanup)
         shared = {"redis": self.server.url, "redis_prefix": "unknown:"}
         return await start_relay(self, **shared), await start_relay(self, **shared)
-
-    def sleep_redis(self, seconds: int) -> Deferred[bytes]:
-        return sleep_redis(self, self.server.port, seconds)
 
     async def test_held_append_is_unknown_and_its_retry_reaches_consumers_once(self) -> None:
         a, b = await self.asyncSetUp()
@@ -36,16 +31,16 @@ class OutcomeUnknown(TestCase):
         for stream in (on_a, on_b):
             self.assertEqual((await stream.next_event()).json()["session"], "other")
 
-        # Redis sleeps (its command is on the loopback before the POST is even made), so the append
-        # script relayd sends waits in its socket until after relayd stopped waiting (2 s).
-        awake = self.sleep_redis(4)
+        # Redis is paused, so the append script relayd sends waits in its socket until after relayd
+        # stopped waiting (2 s).
+        self.server.pause(self)
         response, body = await a.post(*batch)
         self.assertEqual(response.code, 503)
         answer = json.loads(body)
         self.assertEqual((answer["error"], answer["store"]), ("outcome-unknown", "aep"))
         self.assertIn("may have been stored", answer["detail"])
         self.assertIn("retry", answer["detail"])
-        self.assertEqual(await awake, b"+OK\r\n")  # then Redis runs the script it held
+        await self.server.resume()  # then Redis runs the script it held, past its deadline
 
         response, _ = await a.post(*batch)  # the client's retry, as the answer says
         self.assertEqual(response.code, 202)
@@ -63,9 +58,9 @@ class OutcomeUnknown(TestCase):
         emitter = await open_ws(self, a, hello={"versions": ["0.1"], "role": "emitter"})
         response, _ = await a.post(event("other", 1))  # Redis has the append script
         self.assertEqual(response.code, 202)
-        awake = self.sleep_redis(4)
+        self.server.pause(self)
         emitter.send(event("ws", 1, "progress.status"))
         frame = await emitter.recv(timeout=10)
         self.assertEqual((frame["type"], frame["code"], frame["cause"]), ("error", "outcome-unknown", "ws-1-progress.status"))
         self.assertIn("may have been stored", frame["detail"])
-        self.assertEqual(await awake, b"+OK\r\n")
+        await self.server.resume()

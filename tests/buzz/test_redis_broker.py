@@ -21,7 +21,7 @@ from twisted.trial import unittest
 from relayd.buzz.core import contract
 from tests.buzz.harness import BrokerUnderTest, new_channel
 from tests.support.nostr import shared_nostr_relay
-from tests.support.redis import OnCluster, RedisServer, layout_url, shared_redis, sleep_redis
+from tests.support.redis import OnCluster, RedisServer, layout_url, shared_redis
 
 _prefixes = itertools.count()
 
@@ -167,7 +167,7 @@ class RedisGoesAway(unittest.TestCase):
 
 
 class RedisDoesNotAnswer(unittest.TestCase):
-    """Issue 22: a command Redis holds without answering (it sleeps with the claim script in its
+    """Issue 22: a command Redis holds without answering (it is paused with the claim script in its
     socket) is an unknown outcome, answered C{indeterminate} (never C{failed}: "nothing happened"),
     and the retry of the same bytes executes it once."""
 
@@ -175,7 +175,7 @@ class RedisDoesNotAnswer(unittest.TestCase):
 
     async def setUp(self) -> None:
         self.relay = shared_nostr_relay()
-        self.server = RedisServer.start("--enable-debug-command", "yes")  # a private server: DEBUG SLEEP holds it all
+        self.server = RedisServer.start()  # a private server: pausing it holds every client of it
         self.addCleanup(self.server.cleanup)
         state = os.path.join(tempfile.mkdtemp(prefix="relayd-redis-held-"), "state")
         self.broker = BrokerUnderTest(state, self.relay.url, redis_url=self.server.url)  # type: ignore[attr-defined]
@@ -188,20 +188,17 @@ class RedisDoesNotAnswer(unittest.TestCase):
     async def tearDown(self) -> None:
         await self.broker.stop()
 
-    def sleep_redis(self, seconds: int) -> defer.Deferred[bytes]:
-        return sleep_redis(self, self.server.port, seconds)
-
     async def test_a_held_claim_is_indeterminate_and_the_retry_executes_once(self) -> None:
         warm = body("message.post", {"channelId": self.channel, "content": "warm"}, "req-warm")
         _, data = await self.broker.post(warm, self.cred)  # Redis has the scripts (EVALSHA runs them)
         assert json.loads(data)["status"] == "succeeded", data
         held = body("message.post", {"channelId": self.channel, "content": "held"}, "req-held")
-        awake = self.sleep_redis(4)  # longer than the client's 2 s wait
+        self.server.pause(self)  # until after the client's 2 s wait
         status, data = await self.broker.post(held, self.cred)
         resp = contract.read_http_response(contract.parse_request(held), status, data)
         assert (resp.status, resp.code) == ("indeterminate", "internal"), data
         assert "may have recorded this request" in (resp.message or "") and "retry the same bytes" in (resp.message or "")
-        assert await awake == b"+OK\r\n"  # then Redis runs the claim it held
+        await self.server.resume()  # then Redis runs the claim it held
         status, data = await self.broker.post(held, self.cred)
         assert json.loads(data)["status"] == "succeeded", data
         assert len([e for e in self.relay.events() if e["content"] == "held"]) == 1  # type: ignore[attr-defined]

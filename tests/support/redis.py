@@ -5,11 +5,11 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,8 +49,7 @@ class RedisServer:
 
     @classmethod
     def start(cls, *options: str, port: int | None = None) -> RedisServer:
-        """A server started with the default options and C{options} (C{"--enable-debug-command",
-        "yes"} for a test that holds Redis with C{DEBUG SLEEP})."""
+        """A server started with the default options and C{options}."""
         server = cls(options, port)
         server._spawn()
         return server
@@ -105,9 +104,37 @@ class RedisServer:
         self.stop(save=True)
         self._spawn()
 
+    def pause(self, case: Any) -> None:
+        """Redis stops (C{SIGSTOP}); this returns once the kernel says it has. It still accepts
+        connections, and what clients send waits in their sockets, unread and unanswered, until
+        L{resume} (or C{case}'s cleanup). (C{DEBUG SLEEP} did this with a race: on a busy machine
+        Redis could read a command sent after it first.)"""
+        assert self.proc is not None
+        pid = self.proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        case.addCleanup(lambda: self.proc is not None and os.kill(pid, signal.SIGCONT))
+        deadline = time.monotonic() + 10
+        while _state(pid) != "T":  # (the stop is asynchronous: an external process's state)
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not stop")
+            time.sleep(0.001)
+
+    def resume(self) -> Deferred[Any]:
+        """Redis runs again. Fires once it answered a C{PING} on a new connection: the commands
+        it held (readable before that connection was accepted) have run by then."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+        return threads.deferToThread(command, self.port, "PING", timeout=10)
+
     def cleanup(self) -> None:
         self.stop(save=False)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (C{T}: stopped), from C{/proc/PID/stat}."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
 
 
 def require_redis_cli() -> str:
@@ -316,24 +343,6 @@ async def connected_redis(url: str, timeout: float = 5.0, **options: Any):  # ty
         await deferLater(reactor, 0.01, lambda: None)  # polling a connection that is being made
         waited += 0.01
     return redis
-
-
-def sleep_redis(case: Any, port: int, seconds: int) -> Deferred[bytes]:
-    """The Redis on C{port} sleeps for C{seconds} (C{DEBUG SLEEP}, told before this returns): a
-    command sent meanwhile gets no answer until then. Fires with Redis's answer at the end; C{case}
-    waits for it in its cleanup."""
-    sent = threading.Event()
-
-    def sleep() -> bytes:
-        with socket.create_connection(("127.0.0.1", port), timeout=seconds + 5) as s:
-            s.sendall(b"DEBUG SLEEP %d\r\n" % seconds)
-            sent.set()
-            return s.recv(64)
-
-    answered: Deferred[bytes] = threads.deferToThread(sleep)
-    case.addCleanup(lambda: answered)
-    sent.wait(5)
-    return answered
 
 
 def _connect(port: int, timeout: float, tls_ca: str | None) -> socket.socket:
