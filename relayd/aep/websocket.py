@@ -430,11 +430,23 @@ class AEPSocket(SocketFlow, PhasedEmitter):  # type: ignore[misc]  # autobahn's 
         warnings = near_misses(flt)  # (what the SSE stream says in comments)
         if warnings:
             subscribed["warnings"] = warnings
-        self.send_frame(subscribed)
         # Until the replay and what the subscription held meanwhile are queued, what the client
         # sends waits (messages are answered in order), whatever the store's latency.
         self._replaying = True
-        d = relay.expand_all() if from_all else succeed(entries)
+        heard, sub.heard = sub.heard, None
+        if heard is None:
+            self._confirm_subscription(sub, subscribed, entries, from_all)
+        else:  # "subscribed" promises the other instances' events from now on: once Redis hears them here
+            heard.addCallback(lambda _: self._confirm_subscription(sub, subscribed, entries, from_all))
+
+    def _confirm_subscription(
+        self, sub: WSSubscription, subscribed: dict[str, Any], entries: list[tuple[str, Position]], from_all: bool
+    ) -> None:
+        """Say C{subscribed}, then send the replay."""
+        if not self._open:
+            return
+        self.send_frame(subscribed)
+        d = self.factory.relay.expand_all() if from_all else succeed(entries)
         d.addCallbacks(
             lambda named: self._start_replay(sub, named, from_all), self._replay_failed, errbackArgs=(sub,)
         )

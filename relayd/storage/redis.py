@@ -30,6 +30,7 @@ from relayd.base.clock import Timekeeper
 from relayd.base.errors import OutcomeUnknown, StoreRefused, StoreUnavailable
 from relayd.compat import txredisapi as fence
 from relayd.compat.txredisapi import OnePassCommands, WholeReads
+from relayd.storage.heard import HeardChannels
 from relayd.storage.heartbeat import Heartbeat
 from relayd.storage.sentinel import SentinelFollower
 from relayd.storage.tls import tls_failure
@@ -863,6 +864,10 @@ class RedisBus:
         self.redis = redis
         self._handlers: dict[bytes, Callable[[bytes], None]] = {}
         self._protocol: _Subscriber | None = None
+        # The channels Redis answered the SUBSCRIBE of on this connection (L{heard}); and how many
+        # times each channel was asked, so that only the answer to its latest SUBSCRIBE counts.
+        self._heard = HeardChannels(redis.clock)
+        self._asked: dict[bytes, int] = {}
         factory = txredisapi.SubscriberFactory(isLazy=True)
         factory.charset = None  # channels and messages stay bytes
         factory.convertNumbers = False  # and are never numbers (it tried to parse every message as one)
@@ -890,17 +895,45 @@ class RedisBus:
         self.ready: Deferred[None] = Deferred()
 
     def subscribe(self, channel: bytes, handler: Callable[[bytes], None]) -> None:
-        """Call C{handler(message)} for every message published on C{channel}."""
+        """Call C{handler(message)} for every message published on C{channel} once Redis has
+        answered its SUBSCRIBE (L{heard})."""
         self._handlers[channel] = handler
         if self._protocol is not None:
-            self._protocol.subscribe([channel])
+            self._ask(self._protocol, channel).addErrback(self._subscribe_failed)
+
+    def unsubscribe(self, channel: bytes) -> None:
+        """Hear C{channel} no more."""
+        if self._handlers.pop(channel, None) is None:
+            return
+        del self._asked[channel]
+        self._heard.forget(channel)
+        if self._protocol is not None:
+            # (A connection lost meanwhile took the subscription with it.)
+            self._protocol.unsubscribe([channel]).addErrback(lambda _: None)
+
+    def heard(self, channels: set[bytes]) -> Deferred[None] | None:
+        """C{None} when Redis has answered the SUBSCRIBE of every one of C{channels} on this
+        connection, else a C{Deferred} that fires once it has (at most a second: L{HeardChannels})."""
+        return self._heard.wait(channels)
 
     def publish(self, store: str, channel: bytes, message: bytes) -> Deferred[Any]:
         return self.redis.execute(store, "PUBLISH", channel, message)
 
+    def _ask(self, protocol: _Subscriber, channel: bytes) -> Deferred[Any]:
+        """C{SUBSCRIBE} of one channel: its one answer is matched to it (one of several channels'
+        would answer once per channel, and txredisapi hands only the first to the caller)."""
+        asked = self._asked[channel] = self._asked.get(channel, 0) + 1
+
+        def answered(_: Any) -> None:
+            if self._protocol is protocol and self._asked.get(channel) == asked:
+                self._heard.confirm(channel)
+
+        return protocol.subscribe([channel]).addCallback(answered)
+
     def _subscribed(self, protocol: _Subscriber) -> None:
         self._protocol = protocol
-        d = protocol.subscribe(list(self._handlers)) if self._handlers else defer.succeed(None)
+        asked = [self._ask(protocol, channel) for channel in list(self._handlers)]
+        d = defer.gatherResults(asked, consumeErrors=True).addErrback(first_error) if asked else defer.succeed(None)
 
         def up(_: Any) -> None:
             if not self.ready.called:
@@ -920,6 +953,8 @@ class RedisBus:
     def _lost(self, protocol: _Subscriber) -> None:
         if self._protocol is protocol:
             self._protocol = None
+            for channel in list(self._heard.confirmed):
+                self._heard.forget(channel)
 
     def _message(self, channel: bytes, message: bytes) -> None:
         handler = self._handlers.get(channel)

@@ -42,6 +42,7 @@ from twisted.python.failure import Failure
 
 from relayd.compat.txredisapi import OwnReplies, WholeReads
 from relayd.storage.buckets import key_slot
+from relayd.storage.heard import HeardChannels
 from relayd.storage.heartbeat import Heartbeat
 from relayd.storage.redis import _endpoint, _Handshake
 
@@ -49,10 +50,6 @@ if TYPE_CHECKING:
     from relayd.storage.cluster import Address, ClusterRedis
 
 REPLACE_EVERY = 0.5  # seconds between reads of the slot map while a wanted channel has no master
-# How long L{ShardedBus.heard} waits for a channel's SSUBSCRIBE to be answered, at most: a replay
-# waits for it (so that no event falls between the history read and the live ones), but never for
-# a master that is down (its channel is then as unheard as a classic bus while it reconnects).
-HEARD_WAIT = 1.0
 
 Handler = Callable[[bytes], None]
 
@@ -179,11 +176,9 @@ class ShardedBus:
         self._handlers: dict[bytes, Handler] = {}
         self._links: dict[Address, _ShardLink] = {}
         # Where each channel's SSUBSCRIBE was sent on the link's current connection, and the
-        # channels Redis answered it for there (heard from then on).
+        # channels Redis answered it for there.
         self._placed: dict[bytes, Address] = {}
-        self._confirmed: set[bytes] = set()
-        # L{heard}'s waiters: the channels each still waits for.
-        self._waiting: list[tuple[set[bytes], Deferred[None]]] = []
+        self._heard = HeardChannels(cluster.clock)
         self._retry: Any = None
         self._closing = False
         cluster.on_map(self._place)
@@ -200,41 +195,17 @@ class ShardedBus:
 
     def heard(self, channels: set[bytes]) -> Deferred[None] | None:
         """C{None} when every one of C{channels} is heard (its SSUBSCRIBE answered), else a
-        C{Deferred} that fires once they are, or after L{HEARD_WAIT} seconds whatever happens."""
-        missing = set(channels) - self._confirmed
-        if not missing:
-            return None
-        d: Deferred[None] = Deferred()
-        entry = (missing, d)
-        self._waiting.append(entry)
-        clock = self.cluster.clock
-        late = clock.call_later(HEARD_WAIT, self._stop_waiting, entry)
-
-        def done(result: Any) -> Any:
-            clock.cancel(late)
-            return result
-
-        return d.addBoth(done)
-
-    def _stop_waiting(self, entry: tuple[set[bytes], Deferred[None]]) -> None:
-        if entry in self._waiting:
-            self._waiting.remove(entry)
-            entry[1].callback(None)
+        C{Deferred} that fires once they are, or after at most a second (L{HeardChannels.wait})."""
+        return self._heard.wait(channels)
 
     def _confirm(self, link: _ShardLink, channel: bytes) -> None:
-        if self._placed.get(channel) != link.address:
-            return
-        self._confirmed.add(channel)
-        for entry in list(self._waiting):
-            entry[0].discard(channel)
-            if not entry[0]:
-                self._waiting.remove(entry)
-                entry[1].callback(None)
+        if self._placed.get(channel) == link.address:
+            self._heard.confirm(channel)
 
     def _forget(self, channel: bytes) -> None:
         """The channel is subscribed nowhere now."""
         self._placed.pop(channel, None)
-        self._confirmed.discard(channel)
+        self._heard.forget(channel)
 
     @property
     def channels(self) -> dict[bytes, Address]:

@@ -23,6 +23,7 @@ from relayd.base.errors import StoreUnavailable
 from relayd.storage import sharded
 from relayd.storage.buckets import BUCKETS, key_slot
 from relayd.storage.cluster import ClusterRedis
+from relayd.storage.heard import HEARD_WAIT
 from relayd.storage.sharded import ShardedBus
 from tests.support.aep import event
 from tests.support.redis import RedisCluster, RedisServer, connected_redis, shared_cluster
@@ -97,7 +98,7 @@ class SharedCluster(Instances, TestCase):
         await _until(lambda: len(got) == 2)
         self.assertEqual([e.position for e in got], [(0, 0), (0, 1)])
         # Published with SPUBLISH on the bucket's master, not PUBLISH: no classic channel is used.
-        owner = fanout._shards.channels[channel]
+        owner = fanout._bus.channels[channel]
         self.assertEqual(owner, log.redis.owner_of(key_slot(channel)))  # type: ignore[attr-defined]
         for node in cluster.nodes[: cluster.masters]:
             self.assertEqual(cluster.command(node, "PUBSUB", "CHANNELS", f"{prefix}*").split(), [])
@@ -142,17 +143,16 @@ class SharedCluster(Instances, TestCase):
         await a_side.publish([_event("X", 0), _event(y, 0), _event("X", 1)])
         await _until(lambda: len(got) == 2)
         self.assertEqual([(e.session, e.position) for e in got], [("X", (0, 0)), ("X", (0, 1))])
-        self.assertEqual(list(fanout._shards.channels), [_channel(prefix, "X")])  # y's bucket is not heard here
+        self.assertEqual(list(fanout._bus.channels), [_channel(prefix, "X")])  # y's bucket is not heard here
 
     async def test_without_relayds_own_replies_the_fanout_stays_classic_and_works(self) -> None:
         """The fence's fallback (relayd/compat/txredisapi.py OWN_REPLIES off): one classic channel."""
         self.patch(ClusterRedis, "sharded_pubsub", False)
         prefix = _prefix()
         log, fanout, got = await self.instances(self, shared_cluster().url, prefix, sharded=False)
-        fanout.need(("X",))  # (nothing to subscribe: the classic channel is heard already)
-        self.assertEqual(fanout.needed, {})
-        bus = fanout.redis._buses[0]
-        await bus.ready
+        heard = fanout.need(("X",))
+        self.assertEqual(fanout.needed, {prefix.encode() + b"aep:fanout": 1})  # the one classic channel
+        await heard
         self.assertEqual(await log.append([_event("X", 0)], publish=True), [True])
         await _until(lambda: len(got) == 1)
 
@@ -167,14 +167,14 @@ class Reshard(Instances, TestCase):
         log, fanout, got = await self.instances(self, cluster.url, prefix)
         fanout.need(("X",))
         channel = _channel(prefix, "X")
-        await _until(lambda: channel in fanout._shards.channels)
+        await _until(lambda: channel in fanout._bus.channels)
         self.assertEqual(await log.append([_event("X", 0)], publish=True), [True])
         await _until(lambda: len(got) == 1)
         # Nothing else reads the map again now (no channel waits for its master): what moves the
         # channel is Redis's word that its slot left (and a test that fails without it).
-        await _until(lambda: fanout._shards._retry is None)
+        await _until(lambda: fanout._bus._retry is None)
         slot = key_slot(channel)
-        source_port = fanout._shards.channels[channel][1]
+        source_port = fanout._bus.channels[channel][1]
         source = next(node for node in cluster.nodes if node.port == source_port)
         target = next(node for node in cluster.nodes if node.port != source_port)
         ids = {node.port: cluster.command(node, "CLUSTER", "MYID").strip() for node in (source, target)}
@@ -187,7 +187,7 @@ class Reshard(Instances, TestCase):
         for node in (target, source, *cluster.nodes):
             cluster.command(node, "CLUSTER", "SETSLOT", str(slot), "NODE", ids[target.port])
         # The source tells the subscriber the channel left it; it is subscribed on the target.
-        await _until(lambda: fanout._shards.channels.get(channel) == ("127.0.0.1", target.port))
+        await _until(lambda: fanout._bus.channels.get(channel) == ("127.0.0.1", target.port))
         await _until(lambda: _shard_channels(cluster, prefix) == {channel.decode(): 1})
         self.assertEqual(cluster.command(target, "PUBSUB", "SHARDNUMSUB", channel.decode()).split()[1], "1")
         self.assertEqual(await log.append([_event("X", 1)], publish=True), [True])  # (A follows MOVED)
@@ -205,12 +205,12 @@ class MasterLost(Instances, TestCase):
         log, fanout, got = await self.instances(self, cluster.url, prefix)
         fanout.need(("X",))
         channel = _channel(prefix, "X")
-        await _until(lambda: channel in fanout._shards.channels)
-        lost = fanout._shards.channels[channel]
+        await _until(lambda: channel in fanout._bus.channels)
+        lost = fanout._bus.channels[channel]
         victim: RedisServer = next(node for node in cluster.nodes if node.port == lost[1])
         victim.stop(save=False)
         # Once the cluster has promoted the victim's replica, the channel is subscribed there.
-        await _until(lambda: fanout._shards.channels.get(channel, lost) != lost, timeout=30)
+        await _until(lambda: fanout._bus.channels.get(channel, lost) != lost, timeout=30)
 
         async def delivered() -> bool:
             before = len(got)
@@ -318,6 +318,6 @@ class Refusals(TestCase):
         bus.subscribe(b"e", lambda message: None)
         late = bus.heard({b"e"})  # its master never answers
         assert late is not None
-        cluster.clock.reactor.advance(sharded.HEARD_WAIT)  # type: ignore[attr-defined]
+        cluster.clock.reactor.advance(HEARD_WAIT)  # type: ignore[attr-defined]
         self.successResultOf(late)
         bus.close()

@@ -6,11 +6,12 @@ Every accepted batch is published once per bucket of its sessions, on that bucke
 that channel parses it once and delivers it to its own subscribers.
 
 On a single primary and with Sentinel every bucket's channel is the one classic channel
-C{aep:fanout}, subscribed once on the client's bus. On a Redis Cluster each bucket has its shard
-channel, heard on the bucket's master (relayd/storage/sharded.py), and an instance subscribes to a
-bucket only while a local subscription needs it: the buckets of the sessions a subscription pins,
-every bucket for one that pins no session (reference counts per bucket, from the relay's
-L{need}/L{release}).
+C{aep:fanout}, on the client's bus. On a Redis Cluster each bucket has its shard channel, heard on
+the bucket's master (relayd/storage/sharded.py). Either way an instance subscribes to a channel
+only while a local subscription needs it (reference counts per channel, from the relay's
+L{need}/L{release}): on a cluster the buckets of the sessions a subscription pins, every bucket
+for one that pins no session; the classic channel for any subscription. An instance that only
+ingests hears nothing, not even its own publications read back.
 """
 
 from __future__ import annotations
@@ -37,13 +38,9 @@ class RedisFanout:
         self.channels = FanoutChannels(prefix.encode("utf-8"), redis.sharded_pubsub)
         self.header = fanout_header(instance)
         self._deliver = deliver
-        # Shard channels by how many local subscriptions need them (a Redis Cluster only).
+        # Channels by how many local subscriptions need them.
         self._needed: dict[bytes, int] = {}
-        self._shards: Any = None
-        if self.channels.sharded:
-            self._shards = redis.shard_bus()  # type: ignore[attr-defined]  # (a ClusterRedis's)
-        else:
-            bus.subscribe(self.channels.of(b""), self._received)
+        self._bus: Any = redis.shard_bus() if self.channels.sharded else bus  # type: ignore[attr-defined]  # (a ClusterRedis's)
 
     def publish(self, events: Sequence[Event]) -> Deferred[Any]:
         if not events:
@@ -60,37 +57,33 @@ class RedisFanout:
         return sent[0] if len(sent) == 1 else gatherResults(sent, consumeErrors=True).addErrback(first_error)
 
     def need(self, sessions: tuple[str, ...] | None) -> Deferred[None] | None:
-        if self._shards is None:
-            return None  # the classic channel is heard from the start
         channels = self._channels_of(sessions)
         for channel in channels:
             held = self._needed.get(channel, 0)
             self._needed[channel] = held + 1
             if not held:
-                self._shards.subscribe(channel, self._received)
-        heard: Deferred[None] | None = self._shards.heard(channels)
+                self._bus.subscribe(channel, self._received)
+        heard: Deferred[None] | None = self._bus.heard(channels)
         return heard
 
     def release(self, sessions: tuple[str, ...] | None) -> None:
-        if self._shards is None:
-            return
         for channel in self._channels_of(sessions):
             held = self._needed.get(channel, 0) - 1
             if held > 0:
                 self._needed[channel] = held
             elif held == 0:
                 del self._needed[channel]
-                self._shards.unsubscribe(channel)
+                self._bus.unsubscribe(channel)
 
     def _channels_of(self, sessions: tuple[str, ...] | None) -> set[bytes]:
-        """The shard channels a subscription needs: each once, however many of its sessions share one."""
+        """The channels a subscription needs: each once, however many of its sessions share one."""
         if sessions is None:
             return set(self.channels.every())
         return {self.channels.of_session(session) for session in sessions}
 
     @property
     def needed(self) -> dict[bytes, int]:
-        """The shard channels needed now, by how many local subscriptions need each."""
+        """The channels needed now, by how many local subscriptions need each."""
         return dict(self._needed)
 
     def _received(self, message: bytes) -> None:
