@@ -10,7 +10,6 @@ import json
 import os
 from typing import Any
 
-from autobahn.twisted.resource import WebSocketResource
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import deferLater
@@ -19,14 +18,10 @@ from twisted.trial.unittest import TestCase
 from relayd.aep.core.event import Event, event_from
 from relayd.aep.core.relay import EventRelay
 from relayd.aep.core.store import MemoryEventLog
-from relayd.aep.http import AEPResource
 from relayd.aep.redis.fanout import RedisFanout
 from relayd.aep.redis.store import RedisEventLog
-from relayd.aep.websocket import AEPSocketFactory
 from relayd.base.clock import Timekeeper
-from relayd.web.site import RelaySite
-from relayd.web.streams.sse import SSEHub, sse_comment
-from tests.support.aep import event
+from tests.support.aep import event, serve_sockets
 from tests.support.redis import command, connected_redis, shared_redis
 from tests.support.ws import WSClient
 
@@ -116,13 +111,8 @@ class SubscribedOnceHeard(TestCase):
                            fanout=lambda deliver: needs)  # type: ignore[arg-type]  # fmt: skip
         clock = Timekeeper(reactor)
         self.addCleanup(clock.shutdown)
-        sockets = AEPSocketFactory(relay, clock, heartbeat=25.0, max_message=2**20)
-        hub = SSEHub(clock, 25.0, sse_comment("ping"))
-        site = RelaySite(AEPResource(relay, hub, max_body=2**20, max_batch=10, socket=WebSocketResource(sockets)))
-        port = reactor.listenTCP(0, site, interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
-        self.addCleanup(sockets.abort)
-        client = await WSClient.connect(f"ws://127.0.0.1:{port.getHost().port}/socket")
+        sockets, url = serve_sockets(self, relay, clock)
+        client = await WSClient.connect(url)
         await client.hello(role="consumer")
         (conn,) = sockets.connections
         sent: list[Any] = []

@@ -6,18 +6,14 @@ from __future__ import annotations
 
 import json
 
-from autobahn.twisted.resource import WebSocketResource
 from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 
 from relayd.aep.core.relay import EventRelay
 from relayd.aep.core.store import MemoryEventLog
-from relayd.aep.http import AEPResource
 from relayd.aep.socket_flow import MESSAGES_PER_TURN
-from relayd.aep.websocket import AEPSocketFactory
 from relayd.base.clock import Timekeeper
-from relayd.web.site import RelaySite
-from relayd.web.streams.sse import SSEHub, sse_comment
+from tests.support.aep import serve_sockets
 from tests.support.ws import WSClient
 
 
@@ -28,13 +24,8 @@ class GivingWay(TestCase):
         relay = EventRelay(MemoryEventLog(10, 10), token=None, buffer=10, max_from=10, seconds=reactor.seconds)
         clock = Timekeeper(reactor)
         self.addCleanup(clock.shutdown)
-        sockets = AEPSocketFactory(relay, clock, heartbeat=25.0, max_message=2**20)
-        hub = SSEHub(clock, 25.0, sse_comment("ping"))
-        site = RelaySite(AEPResource(relay, hub, max_body=2**20, max_batch=10, socket=WebSocketResource(sockets)))
-        port = reactor.listenTCP(0, site, interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
-        self.addCleanup(sockets.abort)
-        client = await WSClient.connect(f"ws://127.0.0.1:{port.getHost().port}/socket")
+        sockets, url = serve_sockets(self, relay, clock)
+        client = await WSClient.connect(url)
         await client.hello(role="consumer")
         (conn,) = sockets.connections
         turns: list[int] = []  # how many messages the connection had handled each time it gave way

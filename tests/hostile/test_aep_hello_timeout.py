@@ -3,19 +3,14 @@ passed (error hello-timeout, close 1002), not held for ever; one that said hello
 
 from __future__ import annotations
 
-from autobahn.twisted.resource import WebSocketResource
-from twisted.internet import reactor
 from twisted.internet.task import Clock as FakeTime
 from twisted.trial.unittest import TestCase
 
 from relayd.aep.core.relay import EventRelay
 from relayd.aep.core.store import MemoryEventLog
-from relayd.aep.http import AEPResource
-from relayd.aep.websocket import AEPSocket, AEPSocketFactory
+from relayd.aep.websocket import AEPSocket
 from relayd.base.clock import Timekeeper
-from relayd.web.site import RelaySite
-from relayd.web.streams.sse import SSEHub, sse_comment
-from tests.support.aep import wait_until
+from tests.support.aep import serve_sockets, wait_until
 from tests.support.ws import WSClient
 
 HELLO_TIMEOUT = 10.0
@@ -28,13 +23,8 @@ class HelloTimeout(TestCase):
         clock = Timekeeper(self.time)
         self.addCleanup(clock.shutdown)
         relay = EventRelay(MemoryEventLog(10, 10), token=None, buffer=10, max_from=10, seconds=self.time.seconds)
-        sockets = AEPSocketFactory(relay, clock, heartbeat=3600.0, max_message=2**20, hello_timeout=HELLO_TIMEOUT)
-        hub = SSEHub(clock, 3600.0, sse_comment("ping"))
-        site = RelaySite(AEPResource(relay, hub, max_body=2**20, max_batch=10, socket=WebSocketResource(sockets)))
-        port = reactor.listenTCP(0, site, interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
-        self.addCleanup(sockets.abort)
-        client = await WSClient.connect(f"ws://127.0.0.1:{port.getHost().port}/socket")
+        sockets, url = serve_sockets(self, relay, clock, heartbeat=3600.0, hello_timeout=HELLO_TIMEOUT)
+        client = await WSClient.connect(url)
         self.addCleanup(client.close)
         await wait_until(lambda: len(sockets.connections) == 1)
         (conn,) = sockets.connections

@@ -208,3 +208,23 @@ def events_of(messages: list[Message]) -> list[Message]:
 
 def comments_of(messages: list[Message]) -> list[str]:
     return [m.comment for m in messages if m.comment is not None]
+
+
+def serve_sockets(case: TestCase, relay: Any, clock: Any, heartbeat: float = 25.0, **options: Any) -> tuple[Any, str]:
+    """C{relay}'s AEP resource served in this process on a loopback port (a real socket, closed in
+    C{case}'s cleanup): its L{relayd.aep.websocket.AEPSocketFactory} (C{options} its keyword
+    arguments) and the WebSocket's URL."""
+    from autobahn.twisted.resource import WebSocketResource
+
+    from relayd.aep.http import AEPResource
+    from relayd.aep.websocket import AEPSocketFactory
+    from relayd.web.site import RelaySite
+    from relayd.web.streams.sse import SSEHub, sse_comment
+
+    sockets = AEPSocketFactory(relay, clock, heartbeat=heartbeat, max_message=2**20, **options)
+    hub = SSEHub(clock, heartbeat, sse_comment("ping"))
+    site = RelaySite(AEPResource(relay, hub, max_body=2**20, max_batch=10, socket=WebSocketResource(sockets)))
+    port = reactor.listenTCP(0, site, interface="127.0.0.1")
+    case.addCleanup(port.stopListening)
+    case.addCleanup(sockets.abort)
+    return sockets, f"ws://127.0.0.1:{port.getHost().port}/socket"
