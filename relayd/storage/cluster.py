@@ -112,6 +112,7 @@ class _AnyNode:
     def connect(self, protocolFactory: Any) -> Deferred[Any]:
         cluster = self.cluster
         order = cluster.bus_order()
+        cancelled = False
 
         def attempt(index: int) -> Deferred[Any]:
             address = order[index]
@@ -123,13 +124,28 @@ class _AnyNode:
                 return protocol
 
             def next_node(f: Failure) -> Any:
-                if index + 1 == len(order) or f.check(defer.CancelledError):
+                if cancelled:
+                    raise defer.CancelledError()
+                if index + 1 == len(order):
                     return f  # every node refused: the bus's factory tries again later
                 return attempt(index + 1)
 
             return d.addCallbacks(made, next_node)
 
-        return attempt(0)
+        connecting = attempt(0)
+
+        def cancel(_: Deferred[Any]) -> None:
+            # The bus stopped while connecting: no other node is tried, or its connection would be
+            # made behind the bus's stopped ClientService (automat's NoTransition when it is lost).
+            # Known here, not from the failure: a HostnameEndpoint cancelled while it resolves the
+            # name fails with DNSLookupError.
+            nonlocal cancelled
+            cancelled = True
+            connecting.cancel()
+
+        connected: Deferred[Any] = Deferred(cancel)
+        connecting.chainDeferred(connected)
+        return connected
 
 
 def _shown(address: Address) -> str:

@@ -326,6 +326,19 @@ class BusOnAnyNode(TestCase):
         self.assertEqual(await delivered(b"back"), 1)
 
 
+class BusClosedWhileConnecting(TestCase):
+    async def test_no_other_node_is_tried(self) -> None:
+        """Cancelled, the bus's connection attempt stops. A HostnameEndpoint cancelled while it
+        resolves the name fails with DNSLookupError, which the walk over the nodes once took for a
+        node that cannot be reached: it connected to the next one behind the bus's stopped
+        ClientService (automat's NoTransition logged when that connection went)."""
+        here = await connected_redis(shared_cluster().url)
+        self.addCleanup(here.close)
+        bus = RedisBus(here)
+        await bus.close()  # before its connection is made
+        self.assertFalse(bus.connected)
+
+
 class BusAfterAHungNode(TestCase):
     """A node that hangs (SIGSTOP) still accepts connections: the buses move to the next node within
     the heartbeat's bound and are heard there, and go back once it answers (3 masters)."""
