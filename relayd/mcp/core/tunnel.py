@@ -31,6 +31,7 @@ from twisted.python.failure import Failure
 from relayd.base.clock import Timekeeper
 from relayd.base.coroutine import run
 from relayd.base.errors import StoreUnavailable
+from relayd.compat.prometheus import adder
 from relayd.mcp import metrics
 from relayd.mcp.core.bus import IMcpBus, InstanceGone, LocalBus
 from relayd.mcp.core.frames import FRAMES_DROPPED, PEER_JOINED, PEER_LEFT, Frame, notification, parse_frame
@@ -50,9 +51,10 @@ from relayd.mcp.core.store import (
 from relayd.mcp.core.streams import Sink, StreamHandle
 from relayd.mcp.core.tokens import SESSION_ID, TOKEN_MAX, TOKEN_MIN, token_hash, utf16_length
 
-# Frames accepted, counted once per POST (bound once: nothing is looked up per frame).
-_INBOUND = metrics.mcp_frames.labels(direction="inbound")
-_OUTBOUND = metrics.mcp_frames.labels(direction="outbound")
+# Frames accepted, counted once per POST (bound once: nothing is looked up per frame; on the
+# reactor's thread, so without prometheus_client's lock: relayd.compat.prometheus).
+_INBOUND = adder(metrics.mcp_frames.labels(direction="inbound"))
+_OUTBOUND = adder(metrics.mcp_frames.labels(direction="outbound"))
 _EVICTED_SESSIONS = metrics.mcp_evictions.labels(kind="session")
 
 
@@ -480,7 +482,7 @@ class TunnelRelay:
                 # Not delivered: nothing will answer this request, so do not keep its reply route.
                 await self.store.consume_correlation(session_id, frame.id_key)
             raise
-        _INBOUND.inc()  # (counted here, not by a callback on the post's Deferred)
+        _INBOUND()  # (counted here, not by a callback on the post's Deferred)
         return frame, read
 
     async def _correlate(self, session_id: str, frame: Frame, label: str | None) -> Frame:
@@ -527,7 +529,7 @@ class TunnelRelay:
             correlation = start.correlation
             try:
                 if await self._route_reply(session_id, frame, correlation, start.inbound, start.outbound):
-                    _OUTBOUND.inc()
+                    _OUTBOUND()
                     return
             except Refused:
                 if correlation is not None:
@@ -537,7 +539,7 @@ class TunnelRelay:
                     )
                 raise
         await self._fan_out(session_id, OUTBOUND, frame, subscribers=start.outbound)
-        _OUTBOUND.inc()
+        _OUTBOUND()
 
     async def _route_reply(
         self,
