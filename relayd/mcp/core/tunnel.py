@@ -249,7 +249,7 @@ class TunnelRelay:
     ) -> Deferred[tuple[Frame, bool]]:
         """L{forward_frame}, firing with the frame and whether a page was reading the session
         (C{False}: nobody reads C{inbound}, the frame waits in the first-frame backlog)."""
-        return run(self._inbox(session_id, token, frame, label, checked))
+        return run(self.to_page(session_id, token, frame, label, checked))
 
     def hosted(self, session_id: str) -> Deferred[bool]:
         """Whether a page reads the session's C{inbound} direction (an SSE stream or a poller)."""
@@ -258,7 +258,7 @@ class TunnelRelay:
     def outbox(self, session_id: str, token: str, body: bytes, checked: Pass | None = None) -> Deferred[None]:
         """The page's frame for the agents (fans out on C{outbound}, replies scoped by label);
         C{checked} as in L{inbox}."""
-        return run(self._outbox(session_id, token, body, checked))
+        return run(self.from_page(session_id, token, body, checked))
 
     def open_stream(
         self,
@@ -443,9 +443,11 @@ class TunnelRelay:
         # One store round trip: look up, compare and slide the TTL together.
         return await self.store.check_session(session_id, token_hash(token), self._now())
 
-    async def _inbox(
+    async def to_page(
         self, session_id: str, token: str, frame: Frame | None, label: str | None, checked: Pass | None
     ) -> tuple[Frame, bool]:
+        """L{forward_to_page}'s coroutine, for a coroutine to await: no Deferred is made for it (the
+        memory store answers at once)."""
         if not session_id or not token:
             raise Refused("invalid_token_or_frame")
         key: bytes | None = None
@@ -506,7 +508,9 @@ class TunnelRelay:
             if free:
                 return frame.with_id(fresh)
 
-    async def _outbox(self, session_id: str, token: str, body: bytes, checked: Pass | None) -> None:
+    async def from_page(self, session_id: str, token: str, body: bytes, checked: Pass | None) -> None:
+        """L{outbox}'s coroutine, for L{relayd.base.coroutine.run_now} (the memory store answers at
+        once: no Deferred)."""
         if not session_id or not token:
             raise Refused("invalid_token_or_frame")
         frame = parse_frame(body)
