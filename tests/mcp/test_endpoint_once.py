@@ -81,9 +81,10 @@ class OneCheckPerRequest(InMemoryEndpointCase):
         assert checked == ["hash", "compare", "hash", "compare"]  # (still checked, once per request)
         assert deferred == []
 
-    def test_the_memory_store_s_round_trip_makes_no_deferred_for_its_coroutines(self) -> None:
+    def test_the_memory_store_s_round_trip_makes_no_fired_deferred(self) -> None:
         # The client's admission and forward and the page's outbox run to their end in the call
-        # (relayd.base.coroutine.run_now): no fired Deferred made and read back for any of them.
+        # (relayd.base.coroutine.run_now), and the store's first step of each frame's post answers
+        # in the call (start_inbox_now, start_outbox_now): no fired Deferred made and read back.
         sid = self.initialize()
         fired: list[object] = []
         succeed = coroutine_module.succeed
@@ -93,6 +94,7 @@ class OneCheckPerRequest(InMemoryEndpointCase):
             return succeed(value)
 
         self.patch(coroutine_module, "succeed", counting)
+        self.patch(store_module, "succeed", counting)
         reply = self.call(sid, 10)
         assert reply.code == 200 and reply.json()["result"] == {"n": 10}
         assert fired == []
@@ -111,6 +113,7 @@ class OneCheckPerRequest(InMemoryEndpointCase):
             return d.addCallback(lambda _: start_outbox(store, *args))  # (its fired Deferred chained)
 
         self.patch(store_module.MemoryStore, "start_outbox", waiting)
+        self.patch(self.tunnel, "_start_outbox_now", None)  # (as a store answering later has none)
         waited = self.open_outbox(sid, 12)
         assert waited.received() == b"" and len(later) == 1
         later[0].callback(None)

@@ -45,6 +45,8 @@ from relayd.mcp.core.store import (
     ClientRecord,
     Correlation,
     IMcpStore,
+    InboxStart,
+    OutboxStart,
     SessionRecord,
     SubscriberRecord,
 )
@@ -139,6 +141,9 @@ class TunnelRelay:
         # The store's check answered in the call (the memory store's), for L{check_at_once}; None:
         # the store's answer is a Deferred (a shared store's round trip).
         self._check_now: Callable[[str, str, float], str | None] | None = getattr(store, "check_session_now", None)
+        # Likewise its first step of a frame's post (to_page, from_page), awaited otherwise.
+        self._start_inbox_now: Callable[..., InboxStart] | None = getattr(store, "start_inbox_now", None)
+        self._start_outbox_now: Callable[..., OutboxStart] | None = getattr(store, "start_outbox_now", None)
         # What is bound to this process: open SSE streams and parked polls, by queue key.
         self._sinks: dict[str, Sink] = {}
         self._waiters: dict[str, set[ParkedPoll]] = {}
@@ -460,9 +465,12 @@ class TunnelRelay:
         # One store round trip: authenticate and touch, correlate, read the readers.
         correlation = None if label is None or key is None else Correlation(label, None)
         digest, stamp = _credentials(checked, session_id, token)
-        start = await self.store.start_inbox(
-            session_id, digest, self._now(), INBOUND, key, correlation, self.config.correlations_per_session, stamp
-        )
+        start_now = self._start_inbox_now
+        cap = self.config.correlations_per_session
+        if start_now is not None:
+            start = start_now(session_id, digest, self._now(), INBOUND, key, correlation, cap, stamp)
+        else:
+            start = await self.store.start_inbox(session_id, digest, self._now(), INBOUND, key, correlation, cap, stamp)
         if start.reason == "session_gone":
             raise Refused(start.reason)
         if start.reason is not None or frame is None or bad_id:
@@ -523,7 +531,11 @@ class TunnelRelay:
                 bad_id = True  # an id too deep to write
         # One store round trip: authenticate and touch, consume the reply's correlation, read the readers.
         digest, stamp = _credentials(checked, session_id, token)
-        start = await self.store.start_outbox(session_id, digest, self._now(), key, stamp)
+        start_now = self._start_outbox_now
+        if start_now is not None:
+            start = start_now(session_id, digest, self._now(), key, stamp)
+        else:
+            start = await self.store.start_outbox(session_id, digest, self._now(), key, stamp)
         if start.reason == "session_gone":
             raise Refused(start.reason)
         if start.reason is not None or frame is None or bad_id:
