@@ -5,11 +5,12 @@ call even when every awaited Deferred has already fired, which is always the cas
 in-memory store. L{run} steps the coroutine itself: a coroutine that never has to wait finishes
 inside the call (one already-fired Deferred carries its result), and one that does wait (a Redis
 round trip) is resumed from the awaited Deferred's callback, with cancellation passed on to it.
+L{run_now} hands back the result itself of a coroutine that never had to wait: no Deferred at all.
 """
 
 from __future__ import annotations
 
-from typing import Any, Coroutine, TypeVar
+from typing import Any, Callable, Coroutine, TypeVar
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.python.failure import Failure
@@ -19,10 +20,25 @@ _T = TypeVar("_T")
 
 def run(coro: Coroutine[Any, Any, _T]) -> Deferred[_T]:
     """Start C{coro} now; a Deferred for its result (already fired when it never waited)."""
+    return _start(coro, succeed)
+
+
+def run_now(coro: Coroutine[Any, Any, _T]) -> _T | Deferred[_T]:
+    """Start C{coro} now: its result itself when it never waited, else (or when it raised) a
+    Deferred for its result, as L{run}'s. For a caller that answers at once what it can (the
+    memory store's round trips) and so tells the two apart: C{coro} never returns a Deferred."""
+    return _start(coro, _itself)
+
+
+def _itself(value: _T) -> _T:
+    return value
+
+
+def _start(coro: Coroutine[Any, Any, _T], settled: Callable[[_T], Any]) -> Any:
     try:
         awaited = coro.send(None)
     except StopIteration as done:
-        return succeed(done.value)
+        return settled(done.value)
     except BaseException:
         return fail(Failure())
     return _Resumer(coro).wait(awaited)

@@ -16,7 +16,8 @@ through one module::
     _INBOUND = metrics.frames.labels(direction="inbound")
 
 Hot paths bind their labelled children once at import, as above, and count per batch, not per
-delivery. Levels that already exist as state (open connections, sessions, subscribers, upstream
+delivery; a count taken per request on the reactor's thread goes through
+C{relayd.compat.prometheus.adder(child)}, which adds without the value's lock. Levels that already exist as state (open connections, sessions, subscribers, upstream
 connection states) are never incremented and decremented: they are read at scrape time from
 callbacks registered with L{CallbackGauge.watch}, usually through a L{Watching} service that lives
 exactly as long as the wing.

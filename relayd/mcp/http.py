@@ -16,6 +16,7 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
+from relayd.base.coroutine import run_now
 from relayd.base.errors import OutcomeUnknown, StoreUnavailable
 from relayd.mcp.core.addresses import bound_key
 from relayd.mcp.core.frames import Frame
@@ -369,9 +370,11 @@ class McpResource(RoutedResource):
             lambda _: OK
         )
 
-    def _outbox(self, request: Request, session: str) -> Deferred[Answer]:
+    def _outbox(self, request: Request, session: str) -> Answer | Deferred[Answer]:
         body = read_body(request)
-        return self.tunnel.outbox(session, _token(request), body, _pass(request)).addCallback(lambda _: OK)
+        sent = run_now(self.tunnel.from_page(session, _token(request), body, _pass(request)))
+        # Taken at once (the memory store): answered in this call, no Deferred made and chained.
+        return OK if sent is None else sent.addCallback(lambda _: OK)
 
     def _unregister(self, request: Request, session: str) -> Deferred[Answer]:
         token = _token(request)

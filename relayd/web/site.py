@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from twisted.internet.interfaces import IAddress
 from twisted.logger import Logger, LogLevel
@@ -16,6 +16,7 @@ from twisted.web.server import Site
 from relayd.base import metrics
 from relayd.base.clock import Timekeeper
 from relayd.base.reactor import installed
+from relayd.compat.prometheus import adder
 from relayd.compat.web import channel_of, channel_protocol, close_after
 from relayd.logs.access import ACCESS_NAMESPACE
 from relayd.logs.scrub import SCRUBBED_MARK
@@ -149,7 +150,7 @@ class RelaySite(ChannelSite):
         # Paths (and prefixes) whose plain POSTs the wing answers itself, beside twisted.web
         # (relayd.web.simple_post): the handler answers, or declines with None before it has done anything.
         self.simple_posts = SimplePosts()
-        self._request_counters: dict[tuple[str, int], Any] = {}  # labelled children, looked up once
+        self._request_counters: dict[tuple[str, int], Callable[[], None]] = {}  # labelled children's adders, made once
         self._addresses: dict[Any, Any] = {}
         self.admission = Admission(clock)  # new connections started per reactor turn (a storm in slices)
 
@@ -276,11 +277,11 @@ class RelaySite(ChannelSite):
     ) -> None:
         """Count one answered request and log its line (never the query string)."""
         relay = self.relay or "http"
-        counter = self._request_counters.get((relay, status))
-        if counter is None:
-            counter = metrics.http_requests.labels(relay=relay, code=str(status))
-            self._request_counters[(relay, status)] = counter
-        counter.inc()
+        count = self._request_counters.get((relay, status))
+        if count is None:
+            count = adder(metrics.http_requests.labels(relay=relay, code=str(status)))
+            self._request_counters[(relay, status)] = count
+        count()
         if not self.access_log:
             return
         clock = self.clock

@@ -1,4 +1,4 @@
-"""relayd.base.coroutine.run: coroutines over Deferreds, synchronous when nothing waits."""
+"""relayd.base.coroutine.run and run_now: coroutines over Deferreds, synchronous when nothing waits."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from twisted.internet.defer import CancelledError, Deferred, fail, succeed
 from twisted.trial.unittest import TestCase
 
-from relayd.base.coroutine import run
+from relayd.base.coroutine import run, run_now
 
 
 async def add(a: Deferred[int], b: Deferred[int]) -> int:
@@ -66,3 +66,23 @@ class Run(TestCase):
         self.assertTrue(later.called)
         self.assertEqual(cleaned, [True])
         self.failureResultOf(d, CancelledError)
+
+
+class RunNow(TestCase):
+    """run_now() hands back the result itself unless the coroutine waits (or raised): then run()'s Deferred."""
+
+    def test_a_coroutine_that_never_waits_gives_its_result_itself(self) -> None:
+        self.assertEqual(run_now(add(succeed(1), succeed(2))), 3)
+
+    def test_an_error_raised_without_waiting_is_a_failed_deferred(self) -> None:
+        d = run_now(add(succeed(1), fail(ValueError("no"))))
+        assert isinstance(d, Deferred)
+        self.failureResultOf(d, ValueError)
+
+    def test_a_waiting_coroutine_gives_a_deferred_for_its_result(self) -> None:
+        later: Deferred[int] = Deferred()
+        d = run_now(add(succeed(1), later))
+        assert isinstance(d, Deferred)
+        self.assertNoResult(d)
+        later.callback(41)
+        self.assertEqual(self.successResultOf(d), 42)

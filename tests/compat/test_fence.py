@@ -1,4 +1,4 @@
-"""No module outside relayd/compat/ reaches into Twisted's, autobahn's or txredisapi's private (or
+"""No module outside relayd/compat/ reaches into Twisted's, autobahn's, txredisapi's or prometheus_client's private (or
 undocumented) state; the fence imports nothing of relayd's above it."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from relayd.compat import txredisapi as redis_fence
 _PACKAGE = Path(relayd.__file__).parent
 _FENCE = Path(compat.__file__).parent.resolve()
 _FENCES = {*(p.resolve() for p in _FENCE.glob("*.py")), Path(redis_fence.__file__).resolve()}
-_THIRD_PARTY = ("twisted", "autobahn", "txredisapi")
+_THIRD_PARTY = ("twisted", "autobahn", "txredisapi", "prometheus_client")
 
 # Public but undocumented attributes of Twisted's and autobahn's objects: their state, which a release
 # may rename or re-purpose without a deprecation (HTTPChannel's request queue and line-reader state,
@@ -36,6 +36,7 @@ UNDOCUMENTED = frozenset({
 _OURS = {
     ("aep/http.py", "paused"): "SSEStream's own flow state",
     ("aep/core/index.py", "_scan"): "the subscription index's own scan",
+    ("aep/core/index.py", "_buckets"): "the subscription index's own buckets (prometheus_client's histograms have theirs)",
     ("aep/websocket.py", "paused"): "AEPSocket's own flow state (autobahn has none of that name)",
     ("aep/websocket.py", "_open"): "AEPSocket's own state",
     ("aep/socket_flow.py", "paused"): "AEPSocket's own flow state, which its flow sets",
@@ -50,15 +51,16 @@ _OURS = {
 
 
 def _third_party_private_names() -> frozenset[str]:
-    """Every single-underscore name Twisted's, autobahn's and txredisapi's modules define or assign."""
+    """Every single-underscore name Twisted's, autobahn's, txredisapi's and prometheus_client's modules define or assign."""
     import autobahn
+    import prometheus_client
     import txredisapi
 
     import twisted
 
     names: set[str] = set()
     pattern = re.compile(r"(?:self\.|def |class |^\s+)(_[A-Za-z][A-Za-z0-9_]*)\b", re.MULTILINE)
-    for package in (twisted, autobahn, txredisapi):
+    for package in (twisted, autobahn, txredisapi, prometheus_client):
         root = Path(package.__file__).parent
         # txredisapi is one module, not a package
         files = root.rglob("*.py") if Path(package.__file__).name == "__init__.py" else [Path(package.__file__)]

@@ -4,6 +4,8 @@ The token is checked once (hashed once, compared once with the session's): the c
 admission and the page's answer on C{outbox} at the end of its headers; the frame's post to the
 store neither hashes nor compares it again (relayd.mcp.core.tunnel.Pass). The CORS headers are set
 once, though a POST's route is prepared both at the end of its headers and when it is rendered.
+The memory store's answers make no Deferred for the coroutines of the round trip (the client's
+admission and forward, the page's outbox); a store that waits still answers through one.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import hmac
 from types import SimpleNamespace
 from typing import Any
 
+from twisted.internet.defer import Deferred
+
+from relayd.base import coroutine as coroutine_module
 from relayd.mcp.core import store as store_module
 from relayd.mcp.core import tunnel as tunnel_module
 from relayd.mcp.core.tokens import token_hash
@@ -75,6 +80,54 @@ class OneCheckPerRequest(InMemoryEndpointCase):
         assert reply.code == 200 and reply.json()["result"] == {"n": 9}
         assert checked == ["hash", "compare", "hash", "compare"]  # (still checked, once per request)
         assert deferred == []
+
+    def test_the_memory_store_s_round_trip_makes_no_fired_deferred(self) -> None:
+        # The client's admission and forward and the page's outbox run to their end in the call
+        # (relayd.base.coroutine.run_now), and the store's first step of each frame's post answers
+        # in the call (start_inbox_now, start_outbox_now): no fired Deferred made and read back.
+        sid = self.initialize()
+        fired: list[object] = []
+        succeed = coroutine_module.succeed
+
+        def counting(value: object) -> Any:
+            fired.append(value)
+            return succeed(value)
+
+        self.patch(coroutine_module, "succeed", counting)
+        self.patch(store_module, "succeed", counting)
+        reply = self.call(sid, 10)
+        assert reply.code == 200 and reply.json()["result"] == {"n": 10}
+        assert fired == []
+
+    def test_an_outbox_post_whose_store_waits_is_answered_once_it_has(self) -> None:
+        # A store that answers later (Redis): the page's outbox POST is answered when it has, with
+        # the bytes of an answer given at once.
+        sid = self.initialize()
+        at_once = self.open_outbox(sid, 11)
+        later: list[Deferred[Any]] = []
+        start_outbox = store_module.MemoryStore.start_outbox
+
+        def waiting(store: Any, *args: Any) -> Any:
+            d: Deferred[Any] = Deferred()
+            later.append(d)
+            return d.addCallback(lambda _: start_outbox(store, *args))  # (its fired Deferred chained)
+
+        self.patch(store_module.MemoryStore, "start_outbox", waiting)
+        self.patch(self.tunnel, "_start_outbox_now", None)  # (as a store answering later has none)
+        waited = self.open_outbox(sid, 12)
+        assert waited.received() == b"" and len(later) == 1
+        later[0].callback(None)
+        self.settle()
+        assert waited.reply().code == 200
+        assert waited.received() == at_once.received()
+
+    def open_outbox(self, sid: str, n: int) -> Any:
+        """The page's outbox POST answering tools/call C{n} (sent now, on C{sid}), on its connection."""
+        self.send_mcp({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"name": "t"}}, sid=sid)
+        self.settle()
+        seen = self.page.seen[-1]
+        body = b'{"jsonrpc":"2.0","id":%s,"result":{}}' % str(seen["id"]).encode()
+        return self.wing.open("POST", f"{self.prefix}/{SESSION}/outbox?token={TOKEN}", body, {"content-type": "application/json"})
 
     def test_a_round_trip_sets_the_cors_headers_once_per_request(self) -> None:
         sid = self.initialize()

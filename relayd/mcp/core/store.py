@@ -615,9 +615,23 @@ class MemoryStore:
         cap: int,
         stamp: object | None = None,
     ) -> Deferred[InboxStart]:
+        return succeed(self.start_inbox_now(session_id, token_hash, now, direction, key, correlation, cap, stamp))
+
+    def start_inbox_now(
+        self,
+        session_id: str,
+        token_hash: str,
+        now: float,
+        direction: str,
+        key: bytes | None,
+        correlation: Correlation | None,
+        cap: int,
+        stamp: object | None = None,
+    ) -> InboxStart:
+        """L{start_inbox}'s answer itself (this store answers at once): no Deferred per frame."""
         reason = self._check(session_id, token_hash, now, stamp)
         if reason is not None:
-            return succeed(InboxStart(reason))
+            return InboxStart(reason)
         taken = recorded = False
         if key is not None:
             taken = key in self.correlations.get(session_id, ())
@@ -625,14 +639,20 @@ class MemoryStore:
                 self._record_correlation(session_id, key, correlation, cap)
                 recorded = True
         subscribers = list(self.subs.get(session_id, {}).get(direction, {}).values())
-        return succeed(InboxStart(None, taken, recorded, subscribers))
+        return InboxStart(None, taken, recorded, subscribers)
 
     def start_outbox(
         self, session_id: str, token_hash: str, now: float, key: bytes | None, stamp: object | None = None
     ) -> Deferred[OutboxStart]:
+        return succeed(self.start_outbox_now(session_id, token_hash, now, key, stamp))
+
+    def start_outbox_now(
+        self, session_id: str, token_hash: str, now: float, key: bytes | None, stamp: object | None = None
+    ) -> OutboxStart:
+        """L{start_outbox}'s answer itself (this store answers at once): no Deferred per frame."""
         reason = self._check(session_id, token_hash, now, stamp)
         if reason is not None:
-            return succeed(OutboxStart(reason))
+            return OutboxStart(reason)
         correlation = None
         if key is not None:
             pending = self.correlations.get(session_id)
@@ -640,4 +660,4 @@ class MemoryStore:
         by_dir = self.subs.get(session_id, {})
         inbound = list(by_dir.get(INBOUND, {}).values())
         outbound = list(by_dir.get(OUTBOUND, {}).values())
-        return succeed(OutboxStart(None, correlation, inbound, outbound))
+        return OutboxStart(None, correlation, inbound, outbound)

@@ -31,6 +31,7 @@ from twisted.python.failure import Failure
 from relayd.base.clock import Timekeeper
 from relayd.base.coroutine import run
 from relayd.base.errors import StoreUnavailable
+from relayd.compat.prometheus import adder
 from relayd.mcp import metrics
 from relayd.mcp.core.bus import IMcpBus, InstanceGone, LocalBus
 from relayd.mcp.core.frames import FRAMES_DROPPED, PEER_JOINED, PEER_LEFT, Frame, notification, parse_frame
@@ -44,15 +45,18 @@ from relayd.mcp.core.store import (
     ClientRecord,
     Correlation,
     IMcpStore,
+    InboxStart,
+    OutboxStart,
     SessionRecord,
     SubscriberRecord,
 )
 from relayd.mcp.core.streams import Sink, StreamHandle
 from relayd.mcp.core.tokens import SESSION_ID, TOKEN_MAX, TOKEN_MIN, token_hash, utf16_length
 
-# Frames accepted, counted once per POST (bound once: nothing is looked up per frame).
-_INBOUND = metrics.mcp_frames.labels(direction="inbound")
-_OUTBOUND = metrics.mcp_frames.labels(direction="outbound")
+# Frames accepted, counted once per POST (bound once: nothing is looked up per frame; on the
+# reactor's thread, so without prometheus_client's lock: relayd.compat.prometheus).
+_INBOUND = adder(metrics.mcp_frames.labels(direction="inbound"))
+_OUTBOUND = adder(metrics.mcp_frames.labels(direction="outbound"))
 _EVICTED_SESSIONS = metrics.mcp_evictions.labels(kind="session")
 
 
@@ -137,6 +141,9 @@ class TunnelRelay:
         # The store's check answered in the call (the memory store's), for L{check_at_once}; None:
         # the store's answer is a Deferred (a shared store's round trip).
         self._check_now: Callable[[str, str, float], str | None] | None = getattr(store, "check_session_now", None)
+        # Likewise its first step of a frame's post (to_page, from_page), awaited otherwise.
+        self._start_inbox_now: Callable[..., InboxStart] | None = getattr(store, "start_inbox_now", None)
+        self._start_outbox_now: Callable[..., OutboxStart] | None = getattr(store, "start_outbox_now", None)
         # What is bound to this process: open SSE streams and parked polls, by queue key.
         self._sinks: dict[str, Sink] = {}
         self._waiters: dict[str, set[ParkedPoll]] = {}
@@ -247,7 +254,7 @@ class TunnelRelay:
     ) -> Deferred[tuple[Frame, bool]]:
         """L{forward_frame}, firing with the frame and whether a page was reading the session
         (C{False}: nobody reads C{inbound}, the frame waits in the first-frame backlog)."""
-        return run(self._inbox(session_id, token, frame, label, checked))
+        return run(self.to_page(session_id, token, frame, label, checked))
 
     def hosted(self, session_id: str) -> Deferred[bool]:
         """Whether a page reads the session's C{inbound} direction (an SSE stream or a poller)."""
@@ -256,7 +263,7 @@ class TunnelRelay:
     def outbox(self, session_id: str, token: str, body: bytes, checked: Pass | None = None) -> Deferred[None]:
         """The page's frame for the agents (fans out on C{outbound}, replies scoped by label);
         C{checked} as in L{inbox}."""
-        return run(self._outbox(session_id, token, body, checked))
+        return run(self.from_page(session_id, token, body, checked))
 
     def open_stream(
         self,
@@ -441,9 +448,11 @@ class TunnelRelay:
         # One store round trip: look up, compare and slide the TTL together.
         return await self.store.check_session(session_id, token_hash(token), self._now())
 
-    async def _inbox(
+    async def to_page(
         self, session_id: str, token: str, frame: Frame | None, label: str | None, checked: Pass | None
     ) -> tuple[Frame, bool]:
+        """L{forward_to_page}'s coroutine, for a coroutine to await: no Deferred is made for it (the
+        memory store answers at once)."""
         if not session_id or not token:
             raise Refused("invalid_token_or_frame")
         key: bytes | None = None
@@ -456,9 +465,12 @@ class TunnelRelay:
         # One store round trip: authenticate and touch, correlate, read the readers.
         correlation = None if label is None or key is None else Correlation(label, None)
         digest, stamp = _credentials(checked, session_id, token)
-        start = await self.store.start_inbox(
-            session_id, digest, self._now(), INBOUND, key, correlation, self.config.correlations_per_session, stamp
-        )
+        start_now = self._start_inbox_now
+        cap = self.config.correlations_per_session
+        if start_now is not None:
+            start = start_now(session_id, digest, self._now(), INBOUND, key, correlation, cap, stamp)
+        else:
+            start = await self.store.start_inbox(session_id, digest, self._now(), INBOUND, key, correlation, cap, stamp)
         if start.reason == "session_gone":
             raise Refused(start.reason)
         if start.reason is not None or frame is None or bad_id:
@@ -480,7 +492,7 @@ class TunnelRelay:
                 # Not delivered: nothing will answer this request, so do not keep its reply route.
                 await self.store.consume_correlation(session_id, frame.id_key)
             raise
-        _INBOUND.inc()  # (counted here, not by a callback on the post's Deferred)
+        _INBOUND()  # (counted here, not by a callback on the post's Deferred)
         return frame, read
 
     async def _correlate(self, session_id: str, frame: Frame, label: str | None) -> Frame:
@@ -504,7 +516,9 @@ class TunnelRelay:
             if free:
                 return frame.with_id(fresh)
 
-    async def _outbox(self, session_id: str, token: str, body: bytes, checked: Pass | None) -> None:
+    async def from_page(self, session_id: str, token: str, body: bytes, checked: Pass | None) -> None:
+        """L{outbox}'s coroutine, for L{relayd.base.coroutine.run_now} (the memory store answers at
+        once: no Deferred)."""
         if not session_id or not token:
             raise Refused("invalid_token_or_frame")
         frame = parse_frame(body)
@@ -517,7 +531,11 @@ class TunnelRelay:
                 bad_id = True  # an id too deep to write
         # One store round trip: authenticate and touch, consume the reply's correlation, read the readers.
         digest, stamp = _credentials(checked, session_id, token)
-        start = await self.store.start_outbox(session_id, digest, self._now(), key, stamp)
+        start_now = self._start_outbox_now
+        if start_now is not None:
+            start = start_now(session_id, digest, self._now(), key, stamp)
+        else:
+            start = await self.store.start_outbox(session_id, digest, self._now(), key, stamp)
         if start.reason == "session_gone":
             raise Refused(start.reason)
         if start.reason is not None or frame is None or bad_id:
@@ -527,7 +545,7 @@ class TunnelRelay:
             correlation = start.correlation
             try:
                 if await self._route_reply(session_id, frame, correlation, start.inbound, start.outbound):
-                    _OUTBOUND.inc()
+                    _OUTBOUND()
                     return
             except Refused:
                 if correlation is not None:
@@ -537,7 +555,7 @@ class TunnelRelay:
                     )
                 raise
         await self._fan_out(session_id, OUTBOUND, frame, subscribers=start.outbound)
-        _OUTBOUND.inc()
+        _OUTBOUND()
 
     async def _route_reply(
         self,

@@ -229,7 +229,7 @@ class Exchange:
         if timeout is not None:
             pending.timer = clients.clock.call_later(timeout, pending.expire)
         try:
-            frame, read = await self.tunnel.forward_to_page(
+            frame, read = await self.tunnel.to_page(
                 session, client.token, intake.request_frame(message, key), client.label, checked
             )
         except Exception:
