@@ -21,7 +21,7 @@ from relayd.aep.core.event import (
     parse_json,
     plain_body,
 )
-from relayd.aep.core.ingest import IngestError, parse_batch
+from relayd.aep.core.ingest import BatchParser, IngestError, parse_batch
 from tests.aep.test_classify import base, keys, scalars, types
 from tests.support.cases import cases, expand
 
@@ -281,3 +281,10 @@ class AdmitLinesTests(TestCase):
         body = line + b"\n" + line + b"\n"
         self.assertIsNone(plain_body(body))
         self.assertEqual(verdicts(admit_lines(lines_of(body), None)), verdicts([admit(x) for x in lines_of(body)]))
+
+    @settings(max_examples=1000, deadline=None)
+    @given(st.lists(st.sampled_from([b"\n", b"\r", b" ", b"\t", b"\x0b", b"\x0c", b"\x00", b"{}", b"a", b"\xe9"]),
+                    max_size=40).map(b"".join))
+    def test_the_lines_of_a_body_are_its_stripped_pieces_between_line_feeds(self, body: bytes) -> None:
+        # (BatchParser cuts them otherwise, by BytesIO.readlines, for speed: the same lines)
+        self.assertEqual(BatchParser(body, ndjson=True, max_batch=10).lines, lines_of(body))
