@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from typing import Any
 
@@ -38,7 +39,7 @@ def exact(raw: bytes) -> Event | str:
     except JSONError:
         return "invalid-json"
     kind = classify(value)
-    return kind if type(kind) is str else Event(value, raw, kind)  # type: ignore[arg-type]
+    return kind if type(kind) is str else Event.of(value, raw, kind)  # type: ignore[arg-type]
 
 
 def same(fast: Event, slow: Event) -> None:
@@ -103,6 +104,15 @@ class AdmitTests(TestCase):
         assert event is not None and event._ev is None
         assert event.payload() is raw and event._ev is None  # as posted: no parse
         assert event.ev["ext"] == "v" and event._ev is not None  # a filter on an extension attribute parses once
+
+    def test_events_are_not_tracked_by_the_garbage_collector(self) -> None:
+        # (an event refers to nothing that refers back to it: untracked, it is made and freed for less)
+        raw = json.dumps(base(), separators=(",", ":")).encode()
+        made = [admit(raw), Event.of(parse_json(raw), raw), *admit_lines([raw], plain_body(raw))]
+        for event in made:
+            assert event is not None
+            self.assertFalse(gc.is_tracked(event))
+        self.assertRaises(TypeError, Event, parse_json(raw), raw)  # (the constructor takes every field)
 
     def test_numbers_beyond_the_double_range_are_read_as_javascript_does(self) -> None:
         # JSON.parse gives Infinity for 1e400; the reference relay accepts such an event. Both paths agree.

@@ -87,7 +87,7 @@ def event_or_problem(value: Any, raw: bytes) -> Event | str:
     kind = classify(value)
     if type(kind) is str:
         return kind
-    return Event(value, raw, kind)  # type: ignore[arg-type]
+    return Event.of(value, raw, kind)  # type: ignore[arg-type]
 
 
 class BatchParser:
