@@ -94,7 +94,7 @@ def main() -> None:
                 s = (j * mix + i % mix) % args.sessions
                 ev = event(f"s{s}", seqs[s])
                 seqs[s] += 1
-                evs.append(Event(ev, json.dumps(ev, separators=(",", ":")).encode()))
+                evs.append(Event.of(ev, json.dumps(ev, separators=(",", ":")).encode()))
             out.append(evs)
         return out
 

@@ -59,7 +59,7 @@ def main() -> None:
             evs = []
             for i in range(args.batch):
                 ev = event(f"s{session}", first + b * args.batch + i)
-                evs.append(Event(ev, json.dumps(ev, separators=(",", ":")).encode()))
+                evs.append(Event.of(ev, json.dumps(ev, separators=(",", ":")).encode()))
             out.append(evs)
         return out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from typing import Any
 
@@ -21,7 +22,7 @@ from relayd.aep.core.event import (
     parse_json,
     plain_body,
 )
-from relayd.aep.core.ingest import IngestError, parse_batch
+from relayd.aep.core.ingest import BatchParser, IngestError, parse_batch
 from tests.aep.test_classify import base, keys, scalars, types
 from tests.support.cases import cases, expand
 
@@ -38,7 +39,7 @@ def exact(raw: bytes) -> Event | str:
     except JSONError:
         return "invalid-json"
     kind = classify(value)
-    return kind if type(kind) is str else Event(value, raw, kind)  # type: ignore[arg-type]
+    return kind if type(kind) is str else Event.of(value, raw, kind)  # type: ignore[arg-type]
 
 
 def same(fast: Event, slow: Event) -> None:
@@ -103,6 +104,15 @@ class AdmitTests(TestCase):
         assert event is not None and event._ev is None
         assert event.payload() is raw and event._ev is None  # as posted: no parse
         assert event.ev["ext"] == "v" and event._ev is not None  # a filter on an extension attribute parses once
+
+    def test_events_are_not_tracked_by_the_garbage_collector(self) -> None:
+        # (an event refers to nothing that refers back to it: untracked, it is made and freed for less)
+        raw = json.dumps(base(), separators=(",", ":")).encode()
+        made = [admit(raw), Event.of(parse_json(raw), raw), *admit_lines([raw], plain_body(raw))]
+        for event in made:
+            assert event is not None
+            self.assertFalse(gc.is_tracked(event))
+        self.assertRaises(TypeError, Event, parse_json(raw), raw)  # (the constructor takes every field)
 
     def test_numbers_beyond_the_double_range_are_read_as_javascript_does(self) -> None:
         # JSON.parse gives Infinity for 1e400; the reference relay accepts such an event. Both paths agree.
@@ -281,3 +291,10 @@ class AdmitLinesTests(TestCase):
         body = line + b"\n" + line + b"\n"
         self.assertIsNone(plain_body(body))
         self.assertEqual(verdicts(admit_lines(lines_of(body), None)), verdicts([admit(x) for x in lines_of(body)]))
+
+    @settings(max_examples=1000, deadline=None)
+    @given(st.lists(st.sampled_from([b"\n", b"\r", b" ", b"\t", b"\x0b", b"\x0c", b"\x00", b"{}", b"a", b"\xe9"]),
+                    max_size=40).map(b"".join))
+    def test_the_lines_of_a_body_are_its_stripped_pieces_between_line_feeds(self, body: bytes) -> None:
+        # (BatchParser cuts them otherwise, by BytesIO.readlines, for speed: the same lines)
+        self.assertEqual(BatchParser(body, ndjson=True, max_batch=10).lines, lines_of(body))

@@ -36,7 +36,7 @@ class Conn:
 
 def command(session: str) -> Event:
     ev = event(session, None, "control.pause", id=f"cmd-{session}")
-    return Event(ev, None)
+    return Event.of(ev, None)
 
 
 class ClaimsContract:

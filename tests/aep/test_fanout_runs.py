@@ -63,7 +63,7 @@ def _batches(draw: Any) -> list[Event]:
             if draw(st.booleans()):
                 ev["agent"] = draw(st.sampled_from(["a", "b"]))
             ev["id"] = f"e{len(events)}"
-            events.append(Event(ev, None))
+            events.append(Event.of(ev, None))
     return events
 
 
@@ -87,7 +87,7 @@ class Runs(TestCase):
         everything, pinned, other = _Sub({}), _Sub({"session": "S"}), _Sub({"session": "T"})
         for key, sub in (("all", everything), ("S", pinned), ("T", other)):
             relay.subscribe(key, sub)
-        events = [Event(event("S", seq), None) for seq in range(10)]
+        events = [Event.of(event("S", seq), None) for seq in range(10)]
         self.assertEqual(relay._fan_out_runs(events, relay.index.snapshot(), None), 20)
         self.assertEqual((everything.runs, pinned.runs, other.runs), (1, 1, 0))
         self.assertEqual(len(pinned.got), 10)
@@ -97,9 +97,9 @@ class Runs(TestCase):
         sub = _Sub({})
         relay.subscribe("all", sub)
         self.patch(relay, "route_command", lambda event, sender: sub.got.append(("routed", event.key[1])))
-        command = Event({**event("S", None, "control.pause"), "id": "c"}, None)
+        command = Event.of({**event("S", None, "control.pause"), "id": "c"}, None)
         self.assertIs(command.kind, EventKind.COMMAND)
-        events = [Event(event("S", 0), None), Event(event("S", 1), None), command, Event(event("S", 2), None)]
+        events = [Event.of(event("S", 0), None), Event.of(event("S", 1), None), command, Event.of(event("S", 2), None)]
         self.assertEqual(relay._fan_out_runs(events, relay.index.snapshot(), None), 3)
         self.assertEqual(sub.got, [events[0].key, events[1].key, ("routed", "c"), events[3].key])
         self.assertEqual(sub.runs, 1)  # [0, 1] as a run; the command routed; [2] alone
@@ -130,7 +130,7 @@ class _Stream:
 class SSERuns(TestCase):
     def setUp(self) -> None:
         self.relay = _relay()
-        self.events = [Event(event("S", seq), None) for seq in range(10)]
+        self.events = [Event.of(event("S", seq), None) for seq in range(10)]
 
     def subscriber(self, stream: _Stream, ceiling: str | None = None) -> SSESubscriber:
         sub = SSESubscriber(match_all, ceiling, stream)  # type: ignore[arg-type]
@@ -181,7 +181,7 @@ class SSEDeliveries(TestCase):
         first, second = _Stream(), _Stream()
         self.subscriber(first)
         self.subscriber(second)
-        one = Event(event("S", 0), None)
+        one = Event.of(event("S", 0), None)
         self.assertEqual(self.relay.fan_out(one), 2)
         self.assertEqual(first.writes, [(sse_frame(one), http_chunk(sse_frame(one)))])
         self.assertIs(first.writes[0][1], second.writes[0][1])
@@ -190,10 +190,10 @@ class SSEDeliveries(TestCase):
         stream = _Stream(paused=True, backlog=SOFT_BACKLOG + 1)
         sub = self.subscriber(stream)
         before = SLOW_CONSUMER._value.get()
-        self.relay.fan_out(Event(event("S", 0, severity="info"), None))
+        self.relay.fan_out(Event.of(event("S", 0, severity="info"), None))
         self.assertEqual((stream.writes, sub.dropped), ([], 1))
         self.assertEqual(SLOW_CONSUMER._value.get(), before + 1)
-        notice = Event(event("S", 1, severity="notice"), None)
+        notice = Event.of(event("S", 1, severity="notice"), None)
         self.relay.fan_out(notice)  # (kept: the stream's own bound cuts it off if it keeps lagging)
         self.assertEqual(stream.writes, [(sse_frame(notice), http_chunk(sse_frame(notice)))])
 
@@ -201,7 +201,7 @@ class SSEDeliveries(TestCase):
         stream = _Stream()
         sub = self.subscriber(stream)
         sub.hold()
-        one = Event(event("S", 0), None)
+        one = Event.of(event("S", 0), None)
         self.relay.fan_out(one)
         self.assertEqual((stream.writes, sub.held_bytes > 0), ([], True))
         sub.release()
@@ -210,7 +210,7 @@ class SSEDeliveries(TestCase):
     def test_a_capture_ceiling_sends_the_downlevelled_frame(self) -> None:
         stream = _Stream()
         sub = self.subscriber(stream, ceiling="metadata")
-        full = Event(event("S", 0, capture="full", data={"secret": "x"}), None)
+        full = Event.of(event("S", 0, capture="full", data={"secret": "x"}), None)
         level = sub.level(full)
         self.assertIsNotNone(level)
         self.relay.fan_out(full)
@@ -221,7 +221,7 @@ class SSEDeliveries(TestCase):
         stream = _Stream(closed=True)
         sub = self.subscriber(stream)
         before = CUT_OFF._value.get()
-        self.relay.fan_out(Event(event("S", 0), None))
+        self.relay.fan_out(Event.of(event("S", 0), None))
         self.assertEqual((stream.writes, sub.dropped, CUT_OFF._value.get()), ([], 0, before))
 
 
@@ -234,8 +234,8 @@ class FromOtherInstances(TestCase):
         relay.subscribe("all", sub)
         routed: list[Event] = []
         self.patch(relay, "route_command", lambda event, sender: routed.append(event))
-        command = Event({**event("S", None, "control.pause"), "id": "c"}, None)
-        events = [Event(event("S", 0), None), command, Event(event("S", 1), None)]
+        command = Event.of({**event("S", None, "control.pause"), "id": "c"}, None)
+        events = [Event.of(event("S", 0), None), command, Event.of(event("S", 1), None)]
         relay.fan_out_remote(events)
         self.assertEqual(routed, [])
         self.assertEqual(sub.got, [e.key for e in events])

@@ -23,7 +23,7 @@ from tests.support.aep import AEPRelay, event, open_sse, open_ws, start_relay, s
 def _event(**fields: Any) -> Event:
     ev = event(fields.pop("session", "S"), fields.pop("seq", 0), fields.pop("type", "session.started"))
     ev.update(fields)
-    return Event(ev, None)
+    return Event.of(ev, None)
 
 
 class _Sub(Subscriber):
@@ -154,7 +154,7 @@ def _events(draw: Any) -> Event:
     for key in ("agent", "run", "subject", "severity", "capture", "epoch", "ext"):
         if draw(st.booleans()):
             ev[key] = draw(st.one_of(_VALUES, st.none()))
-    return Event(ev, None)
+    return Event.of(ev, None)
 
 
 class DifferentialTests(TestCase):

@@ -331,14 +331,14 @@ class Backpressure(TestCase):
         stream, transport, _ = harness.open()
         sub = SSESubscriber(match_all, None, stream)
         stream.pauseProducing()  # the client stopped reading
-        big = Event(event("sse", 0, severity="notice", data={"m": "x" * (512 * 1024)}), None)
+        big = Event.of(event("sse", 0, severity="notice", data={"m": "x" * (512 * 1024)}), None)
         sub.send(big)
         sub.send(big)
         self.assertGreater(stream.backlog, 1024 * 1024)
         before = stream.backlog
-        sub.send(Event(event("sse", 1), None))  # info: dropped silently
+        sub.send(Event.of(event("sse", 1), None))  # info: dropped silently
         self.assertEqual((stream.backlog, sub.dropped), (before, 1))
-        sub.send(Event(event("sse", 2, severity="notice"), None))  # notice: never dropped silently
+        sub.send(Event.of(event("sse", 2, severity="notice"), None))  # notice: never dropped silently
         self.assertGreater(stream.backlog, before)
         while not stream.closed:
             sub.send(big)

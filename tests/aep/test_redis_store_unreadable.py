@@ -24,8 +24,8 @@ class UnreadableEntries(TestCase):
         poisoned = event("old", 1)
         # What an older relayd stored: an integer longer than anything ingest reads back today.
         raw = json.dumps(poisoned).encode()[:-1] + b', "n": ' + b"9" * 5000 + b"}"
-        await log.append([Event(good[0], json.dumps(good[0]).encode()), Event(poisoned, raw),
-                          Event(good[1], json.dumps(good[1]).encode())])
+        await log.append([Event.of(good[0], json.dumps(good[0]).encode()), Event.of(poisoned, raw),
+                          Event.of(good[1], json.dumps(good[1]).encode())])
         counter = metrics.events_dropped.labels(relay="aep", reason="unreadable")
         before = counter._value.get()
         replay = await log.replay("old", (0, -1))

@@ -29,7 +29,7 @@ class FailedFanOut(TestCase):
         relay = EventRelay(log, token=None, buffer=10, max_from=10, seconds=lambda: 0.0)
         relay.subscribe(object(), Broken(match_all, None))
         ev = event("kept", 0)
-        self.successResultOf(relay.ingest([Event(ev, json.dumps(ev).encode())]))
+        self.successResultOf(relay.ingest([Event.of(ev, json.dumps(ev).encode())]))
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
         self.assertEqual([e.position for e in self.successResultOf(log.replay("kept", (0, -1))).events], [(0, 0)])
 
@@ -91,7 +91,7 @@ class FanoutNeeds(TestCase):
         relay = EventRelay(log, token=None, buffer=10, max_from=10, seconds=lambda: 0.0,
                            fanout=fanout)  # type: ignore[arg-type]  # fmt: skip
         ev = event("kept", 0)
-        self.successResultOf(log.append([Event(ev, json.dumps(ev).encode())]))
+        self.successResultOf(log.append([Event.of(ev, json.dumps(ev).encode())]))
         made[0].heard = heard = Deferred()  # the shard channel's SSUBSCRIBE not yet answered
         sub = Subscriber(match_all, None, pin_of({"session": "kept"}))
         relay.subscribe(object(), sub)
@@ -129,7 +129,7 @@ class IngestNow(TestCase):
         subscriber = Recording()
         relay.subscribe(object(), subscriber)
         batch = [event("now", 0), event("now", 1), event("now", 0)]  # (the last a duplicate: fanned out too)
-        self.assertIs(relay.ingest_now([Event(ev, json.dumps(ev).encode()) for ev in batch]), True)
+        self.assertIs(relay.ingest_now([Event.of(ev, json.dumps(ev).encode()) for ev in batch]), True)
         self.assertEqual(
             [e.position for e in self.successResultOf(log.replay("now", (0, -1))).events], [(0, 0), (0, 1)]
         )
@@ -140,7 +140,7 @@ class IngestNow(TestCase):
         relay = EventRelay(log, token=None, buffer=10, max_from=10, seconds=lambda: 0.0)
         relay.subscribe(object(), Broken(match_all, None))
         ev = event("kept", 0)
-        self.assertIs(relay.ingest_now([Event(ev, json.dumps(ev).encode())]), True)
+        self.assertIs(relay.ingest_now([Event.of(ev, json.dumps(ev).encode())]), True)
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
         self.assertEqual([e.position for e in self.successResultOf(log.replay("kept", (0, -1))).events], [(0, 0)])
 
@@ -153,6 +153,6 @@ class IngestNow(TestCase):
         subscriber = Recording()
         relay.subscribe(object(), subscriber)
         ev = event("later", 0)
-        self.assertIs(relay.ingest_now([Event(ev, json.dumps(ev).encode())]), False)
+        self.assertIs(relay.ingest_now([Event.of(ev, json.dumps(ev).encode())]), False)
         self.assertEqual(log.session_count(), 0)
         self.assertEqual(subscriber.sent, [])

@@ -33,7 +33,7 @@ def ev(session: str = "S", seq: int = 0, epoch: int | None = None, **extra) -> E
     if epoch is not None:
         e["epoch"] = epoch
     raw = json.dumps(e, separators=(",", ":")).encode()
-    return Event(json.loads(raw), raw)
+    return Event.of(json.loads(raw), raw)
 
 
 class EventLogContract:
@@ -118,7 +118,7 @@ class EventLogContract:
     async def test_payload_bytes_round_trip(self) -> None:
         log = await self.make()
         raw = b'{"aep":"0.1", "id":"x","type":"progress.status","time":"t","source":"s","agent":"a","session":"S","seq":0,"data":{"m":"\\u00e9\xc3\xa9"}}'
-        await log.append([Event(json.loads(raw), raw)])
+        await log.append([Event.of(json.loads(raw), raw)])
         replay = await log.replay("S", (0, -1))
         self.assertEqual(replay.events[0].payload(None), raw)
 

@@ -432,7 +432,7 @@ class NoForgeryThroughFraming(RelaydCase):
     def test_a_stored_identifier_is_framed_escaped(self) -> None:
         # What another relayd (or an older one) stored is framed safely all the same.
         ev = {**event("a" + FORGED, 7), "type": "progress.status"}
-        frame = sse_frame(Event(ev, line(ev)))
+        frame = sse_frame(Event.of(ev, line(ev)))
         lines = frame.split(b"\n")
         self.assertEqual([part.split(b":")[0] for part in lines], [b"event", b"data", b"id", b"", b""])
         escaped = "a" + FORGED.replace("\n", "\ufffd")
@@ -545,7 +545,7 @@ class FromRedis(NumbersOnEveryPath):
         s = "a" + FORGED
         ev = {**event(s, 5), "data": {"wide": 2**64 + 1}}
         # As a relayd that accepted it would have stored it (in its newline-free wire form).
-        await RedisEventLog(redis, 100, 100, self.prefix).append([Event(ev, line(ev))])
+        await RedisEventLog(redis, 100, 100, self.prefix).append([Event.of(ev, line(ev))])
         (replayed,) = await self.history({"from": "all", "filter": {"session": s}})
         self.assertEqual(replayed.fields, ["event", "data", "id"])
         self.assertEqual(replayed.json()["data"], {"wide": 2**64 + 1})
@@ -690,7 +690,7 @@ class HostileProperties(RelaydCase):
             if status == 202:
                 # Whatever was accepted can be read again and served re-encoded (a downlevel).
                 for raw in filter(None, map(bytes.strip, body.split(b"\n"))):
-                    event = admit(raw) or Event(parse_json(raw), raw)
+                    event = admit(raw) or Event.of(parse_json(raw), raw)
                     json.loads(event.payload("none"))
 
         await threads.deferToThread(answered)
@@ -744,11 +744,11 @@ class EveryAcceptedEventCanBeServed(SynchronousTestCase):
         kind = classify(value)
         if fast is not None:
             self.assertIs(kind, fast.kind, raw)
-            exact = Event(value, raw, kind)
+            exact = Event.of(value, raw, kind)
             self.assertEqual((fast.session, fast.position, fast.key), (exact.session, exact.position, exact.key))
         if not isinstance(kind, EventKind):
             return
-        event = Event(value, raw, kind)
+        event = Event.of(value, raw, kind)
         for level in (None, "none", "metadata", "redacted", "full"):
             lines = sse_frame(event, level).split(b"\n")
             self.assertEqual(lines[-2:], [b"", b""])

@@ -163,13 +163,13 @@ class MemoryFull(Refusals):
         redis.script_flags = shebang == "flags"
         log = RedisEventLog(redis, 10, 10, prefix="plain:")
         raw = json.dumps(event("S", 1)).encode()
-        await log.append([Event(json.loads(raw), raw)])
+        await log.append([Event.of(json.loads(raw), raw)])
         admin(self.server.port, b"CONFIG SET maxmemory-policy noeviction\r\nCONFIG SET maxmemory 1\r\n")
         for seq in (2, 3):
             events = []
             for session in ("S", "new"):
                 raw = json.dumps(event(session, seq)).encode()
-                events.append(Event(json.loads(raw), raw))
+                events.append(Event.of(json.loads(raw), raw))
             failure = await self.assertFailure(log.append(events), StoreRefused)
             self.assertEqual(failure.code, "OOM")
         admin(self.server.port, b"CONFIG SET maxmemory 0\r\n")

@@ -69,7 +69,7 @@ def _every_script() -> list[Script]:
 
 def _event(session: str, seq: int) -> Event:
     raw = json.dumps(event(session, seq, "progress.status"), separators=(",", ":")).encode()
-    return Event(json.loads(raw), raw)
+    return Event.of(json.loads(raw), raw)
 
 
 class Watched(TestCase):

@@ -10,6 +10,7 @@ HTTP; this module decides and names the refusal (docs/aep.md, "What a refusal na
 from __future__ import annotations
 
 from collections.abc import Sequence
+from io import BytesIO
 from typing import Any, Final
 
 from relayd.aep.core.envelope import classify
@@ -86,7 +87,7 @@ def event_or_problem(value: Any, raw: bytes) -> Event | str:
     kind = classify(value)
     if type(kind) is str:
         return kind
-    return Event(value, raw, kind)  # type: ignore[arg-type]
+    return Event.of(value, raw, kind)  # type: ignore[arg-type]
 
 
 class BatchParser:
@@ -99,7 +100,10 @@ class BatchParser:
 
     def __init__(self, body: bytes, ndjson: bool, max_batch: int) -> None:
         if ndjson:
-            self.lines = list(filter(None, map(bytes.strip, body.split(b"\n"))))
+            # The lines as split at line feeds and stripped, cut by BytesIO.readlines: it finds each
+            # line feed with memchr, where bytes.split(b"\n") compares byte by byte (a POST of 100
+            # lines of 546 bytes: 167 k instructions against 375 k, docs/performance.md).
+            self.lines = list(filter(None, map(bytes.strip, BytesIO(body).readlines())))
         else:
             self.lines = [body.strip()]
         # A line feed ends an NDJSON line, so what the whole body settles holds for each line; a
