@@ -12,6 +12,7 @@ follower is its own module.)
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, replace
 from functools import cache, partial
@@ -27,7 +28,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from relayd.base.clock import Timekeeper
-from relayd.base.errors import OutcomeUnknown, StoreRefused, StoreUnavailable
+from relayd.base.errors import OutcomeUnknown, StoreRefused, StoreUnavailable, first_error
 from relayd.compat import txredisapi as fence
 from relayd.compat.txredisapi import OnePassCommands, WholeReads
 from relayd.storage.heard import HeardChannels
@@ -847,14 +848,6 @@ class _Shared:
         return waiter
 
 
-def first_error(f: Failure) -> Failure:
-    """The failure of calls gathered with C{gatherResults(..., consumeErrors=True)} as the first of
-    them failed (L{StoreUnavailable}, L{OutcomeUnknown}...), not wrapped in C{FirstError}."""
-    if isinstance(f.value, defer.FirstError):
-        return f.value.subFailure
-    return f
-
-
 class RedisBus:
     """Pub/sub on a dedicated connection that resubscribes after every reconnect."""
 
@@ -864,10 +857,11 @@ class RedisBus:
         self.redis = redis
         self._handlers: dict[bytes, Callable[[bytes], None]] = {}
         self._protocol: _Subscriber | None = None
-        # The channels Redis answered the SUBSCRIBE of on this connection (L{heard}); and how many
-        # times each channel was asked, so that only the answer to its latest SUBSCRIBE counts.
+        # The channels Redis answered the SUBSCRIBE of on this connection (L{heard}); and each
+        # channel's latest SUBSCRIBE (a number from L{_asks}): only the answer to it counts.
         self._heard = HeardChannels(redis.clock)
         self._asked: dict[bytes, int] = {}
+        self._asks = itertools.count()
         factory = txredisapi.SubscriberFactory(isLazy=True)
         factory.charset = None  # channels and messages stay bytes
         factory.convertNumbers = False  # and are never numbers (it tried to parse every message as one)
@@ -905,7 +899,7 @@ class RedisBus:
         """Hear C{channel} no more."""
         if self._handlers.pop(channel, None) is None:
             return
-        del self._asked[channel]
+        self._asked.pop(channel, None)
         self._heard.forget(channel)
         if self._protocol is not None:
             # (A connection lost meanwhile took the subscription with it.)
@@ -922,7 +916,7 @@ class RedisBus:
     def _ask(self, protocol: _Subscriber, channel: bytes) -> Deferred[Any]:
         """C{SUBSCRIBE} of one channel: its one answer is matched to it (one of several channels'
         would answer once per channel, and txredisapi hands only the first to the caller)."""
-        asked = self._asked[channel] = self._asked.get(channel, 0) + 1
+        asked = self._asked[channel] = next(self._asks)
 
         def answered(_: Any) -> None:
             if self._protocol is protocol and self._asked.get(channel) == asked:
@@ -953,8 +947,7 @@ class RedisBus:
     def _lost(self, protocol: _Subscriber) -> None:
         if self._protocol is protocol:
             self._protocol = None
-            for channel in list(self._heard.confirmed):
-                self._heard.forget(channel)
+            self._heard.confirmed.clear()
 
     def _message(self, channel: bytes, message: bytes) -> None:
         handler = self._handlers.get(channel)

@@ -302,3 +302,40 @@ class BusSubscribeInterrupted(TestCase):
         bus._subscribe_failed(Failure(ValueError("a bug")))
         self.assertEqual(len([e for e in logged if "log_failure" in e]), 1)  # anything else keeps its traceback
         self.flushLoggedErrors(ValueError)
+
+
+class BusHeard(TestCase):
+    async def test_only_the_answer_to_the_latest_subscribe_makes_a_channel_heard(self) -> None:
+        """Subscribed, unsubscribed and subscribed again before Redis answers: the first SUBSCRIBE's
+        answer comes while the channel is not subscribed yet again (its UNSUBSCRIBE is still to be
+        answered), so only the last SUBSCRIBE's answer makes it heard."""
+        from twisted.internet.defer import Deferred
+
+        from tests.support.redis import connected_redis, shared_redis
+
+        redis = await connected_redis(shared_redis().url)
+        self.addCleanup(redis.close)
+        bus = redis.bus()
+        await bus.ready  # (fires inside the connection's connectionMade: the round trip lets it return)
+        await redis.execute("test", "PING")
+        answers: list[Deferred[object]] = []
+
+        class Subscriber:  # the bus's connection, its answers given by the test
+            def subscribe(self, channels: list[bytes]) -> Deferred[object]:
+                answers.append(Deferred())
+                return answers[-1]
+
+            def unsubscribe(self, channels: list[bytes]) -> Deferred[object]:
+                return Deferred()
+
+        real, bus._protocol = bus._protocol, Subscriber()  # type: ignore[assignment]
+        self.addCleanup(setattr, bus, "_protocol", real)
+        bus.subscribe(b"c", lambda message: None)
+        bus.unsubscribe(b"c")
+        bus.subscribe(b"c", lambda message: None)
+        heard = bus.heard({b"c"})
+        assert heard is not None
+        answers[0].callback([b"subscribe", b"c", 1])
+        self.assertNoResult(heard)
+        answers[1].callback([b"subscribe", b"c", 1])
+        self.successResultOf(heard)
