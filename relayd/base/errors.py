@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from twisted.internet.defer import FirstError
+from twisted.python.failure import Failure
+
 
 class StoreUnavailable(Exception):
     """The store did not answer (down, unreachable, or too slow); the request can be retried."""
@@ -26,3 +29,11 @@ class StoreRefused(StoreUnavailable):
     def __init__(self, store: str, code: str, reason: str) -> None:
         super().__init__(store, reason)
         self.code = code
+
+
+def first_error(f: Failure) -> Failure:
+    """The failure of calls gathered with C{gatherResults(..., consumeErrors=True)} as the first of
+    them failed (L{StoreUnavailable}, L{OutcomeUnknown}...), not wrapped in C{FirstError}."""
+    if isinstance(f.value, FirstError):
+        return f.value.subFailure
+    return f

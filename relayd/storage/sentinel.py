@@ -36,6 +36,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from relayd.base.clock import Timekeeper
+from relayd.base.errors import first_error
 from relayd.compat import txredisapi as fence
 from relayd.compat.txredisapi import WholeReads
 from relayd.storage.heartbeat import Heartbeat
@@ -272,7 +273,7 @@ class SentinelFollower:
     def watch_failed(self, f: Failure, sentinel: Address) -> None:
         """Subscribing to a sentinel failed (it went meanwhile): its next connection subscribes again.
         (Not said again for a sentinel already said to be silent: its every reconnection fails so.)"""
-        f = f.value.subFailure if isinstance(f.value, defer.FirstError) else f
+        f = first_error(f)
         if sentinel in self._silent:
             return
         self._log.info("Sentinel subscribe interrupted ({error}); resubscribing on reconnect", error=f.getErrorMessage())

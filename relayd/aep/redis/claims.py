@@ -23,8 +23,9 @@ from zope.interface import implementer
 from relayd.aep.core.claims import Claimant, IClaims, MemoryClaims, claimant_of
 from relayd.aep.core.event import Event, event_from
 from relayd.base.clock import Timekeeper
+from relayd.base.errors import first_error
 from relayd.storage.buckets import BUCKETS, Buckets
-from relayd.storage.redis import Redis, RedisBus, first_error
+from relayd.storage.redis import Redis, RedisBus
 from relayd.storage.redis_lua import Script
 
 STORE = "aep"

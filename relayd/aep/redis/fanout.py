@@ -22,7 +22,8 @@ from twisted.internet.defer import Deferred, gatherResults, succeed
 
 from relayd.aep.core.event import Event, event_from
 from relayd.aep.redis.store import FanoutChannels, fanout_header
-from relayd.storage.redis import Redis, RedisBus, first_error
+from relayd.base.errors import first_error
+from relayd.storage.redis import Redis, RedisBus
 
 STORE = "aep"
 

@@ -52,9 +52,9 @@ from zope.interface import implementer
 from relayd.aep import metrics
 from relayd.aep.core.event import Event, stored_event
 from relayd.aep.core.store import IEventLog, Position, Replay, exhausted_marker
-from relayd.base.errors import StoreUnavailable
+from relayd.base.errors import StoreUnavailable, first_error
 from relayd.storage.buckets import BUCKETS, Buckets
-from relayd.storage.redis import Redis, first_error
+from relayd.storage.redis import Redis
 from relayd.storage.redis_lua import Script
 
 STORE = "aep"

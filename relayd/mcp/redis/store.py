@@ -41,7 +41,7 @@ import orjson
 from twisted.internet.defer import Deferred, gatherResults
 from zope.interface import implementer
 
-from relayd.base.errors import StoreUnavailable
+from relayd.base.errors import StoreUnavailable, first_error
 from relayd.mcp.core.store import (
     INBOUND,
     OUTBOUND,
@@ -55,7 +55,7 @@ from relayd.mcp.core.store import (
     queue_key,
 )
 from relayd.storage.buckets import BUCKETS, Buckets
-from relayd.storage.redis import Redis, first_error
+from relayd.storage.redis import Redis
 from relayd.storage.redis_lua import Script
 
 STORE = "mcp"
