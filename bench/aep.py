@@ -113,7 +113,8 @@ class RelaydTarget(RelaydServer):
 class OtherTarget:
     """Another AEP relay: started separately (C{--target URL --target-pid PID}; its CPU is that
     process's) or started per scenario by the bench (C{--target-cmd}, a shell command in which
-    C{{port}} is a free port; its CPU is its whole process group's: the shell and what it runs).
+    C{{port}} is a free port and C{{redis}} the scenario's Redis URL where it has one; its CPU is its
+    whole process group's: the shell and what it runs).
     relayd's own options (buffer sizes, limits) do not apply to it: give it the equivalent ones."""
 
     url: str | None = None
@@ -128,7 +129,10 @@ class OtherTarget:
         if self.cmd is not None:
             self.port = _free_port()
             self.log = tempfile.NamedTemporaryFile(prefix="aep-target-", suffix=".log", delete=False)
-            self.proc = subprocess.Popen(self.cmd.replace("{port}", str(self.port)), shell=True,
+            command = self.cmd.replace("{port}", str(self.port))
+            if "--redis" in options:  # (a command may take the scenario's Redis: bench/http_floor.py redis)
+                command = command.replace("{redis}", options[options.index("--redis") + 1])
+            self.proc = subprocess.Popen(command, shell=True,
                                          stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
                                          preexec_fn=raise_nofile)
             self._wait_listening()

@@ -3,20 +3,26 @@
 
     python bench/aep.py ingest --target-cmd 'exec python bench/http_floor.py web {port}'
     python bench/aep.py ingest --target-cmd 'exec python bench/http_floor.py protocol {port}'
+    python bench/aep.py single-redis --target-cmd 'exec python bench/http_floor.py redis {port} {redis}'
 
 - C{web}: a plain twisted.web C{Site} whose one resource reads the body and answers C{202}
   (access log off): the floor of any relay built on twisted.web's C{Request}.
 - C{protocol}: a bare Twisted C{Protocol} that frames requests by C{Content-Length} and answers
   C{202} (and closes after it for HTTP/1.0 or C{Connection: close}): the reactor's and the kernel's
   share (docs/performance.md, "Where the rest goes", "Issue 24: per-connection cost").
+- C{redis}: C{protocol}, answering each request once one Redis command that stores its body has
+  been answered (C{SET}, on one connection to the Redis URL given, pipelined): what one Redis round
+  trip per request costs a bare Twisted client, the floor of C{--redis}.
 """
 
 from __future__ import annotations
 
 import sys
+from collections import deque
 from typing import Any
+from urllib.parse import urlsplit
 
-from twisted.internet import protocol, reactor
+from twisted.internet import endpoints, protocol, reactor
 from twisted.web import resource, server
 
 ANSWER = b'HTTP/1.1 202 Accepted\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}'
@@ -35,6 +41,8 @@ class Accepting(resource.Resource):
 
 class Framing(protocol.Protocol):
     """Splits the stream into requests by the end of the headers and C{Content-Length}."""
+
+    store: RedisFloor | None = None  # (the C{redis} floor: each body is stored before it is answered)
 
     def __init__(self) -> None:
         self.buffer = b""
@@ -56,23 +64,65 @@ class Framing(protocol.Protocol):
                 self.buffer = self.buffer[end + 4 :]
             if len(self.buffer) < self.needed:
                 return
-            self.buffer = self.buffer[self.needed :]
+            body, self.buffer = self.buffer[: self.needed], self.buffer[self.needed :]
             self.needed = None
+            if self.store is not None:
+                self.store.send(body, self.answer)
+            else:
+                self.answer()
             if self.closing:
-                self.transport.write(CLOSING)  # type: ignore[union-attr]
-                self.transport.loseConnection()  # type: ignore[union-attr]
                 return
+
+    def answer(self) -> None:
+        if self.closing:
+            self.transport.write(CLOSING)  # type: ignore[union-attr]
+            self.transport.loseConnection()  # type: ignore[union-attr]
+        else:
             self.transport.write(ANSWER)  # type: ignore[union-attr]
+
+
+class RedisFloor(protocol.Protocol):
+    """One connection to Redis: C{SET relayd-floor BODY} per request, pipelined, each request answered
+    when its reply (C{+OK}) comes, in order."""
+
+    def __init__(self) -> None:
+        self.waiting: deque[Any] = deque()
+        self.replies = b""
+
+    def send(self, body: bytes, answer: Any) -> None:
+        self.waiting.append(answer)
+        self.transport.write(  # type: ignore[union-attr]
+            b"*3\r\n$3\r\nSET\r\n$12\r\nrelayd-floor\r\n$%d\r\n%s\r\n" % (len(body), body)
+        )
+
+    def dataReceived(self, data: bytes) -> None:
+        self.replies += data
+        lines = self.replies.split(b"\r\n")
+        self.replies = lines.pop()
+        for line in lines:
+            if line != b"+OK":
+                raise SystemExit(f"Redis answered {line!r}")
+            self.waiting.popleft()()
+
+
+def listen(port: int) -> None:
+    reactor.listenTCP(port, protocol.Factory.forProtocol(Framing), interface="127.0.0.1")  # type: ignore[attr-defined]
 
 
 def main() -> None:
     mode, port = sys.argv[1], int(sys.argv[2])
-    if mode == "web":
+    if mode == "redis":  # (its URL: redis://HOST:PORT[/DB], the DB not used)
+        where = urlsplit(sys.argv[3])
+        Framing.store = RedisFloor()
+        redis = endpoints.TCP4ClientEndpoint(reactor, where.hostname or "127.0.0.1", where.port or 6379)
+        connected = endpoints.connectProtocol(redis, Framing.store)
+        connected.addCallback(lambda _: listen(port))
+    elif mode == "web":
         site = server.Site(Accepting())
         site.log = lambda request: None  # type: ignore[method-assign]
         reactor.listenTCP(port, site, interface="127.0.0.1")  # type: ignore[attr-defined]
     else:
-        reactor.listenTCP(port, protocol.Factory.forProtocol(Framing), interface="127.0.0.1")  # type: ignore[attr-defined]
+        listen(port)
     reactor.run()  # type: ignore[attr-defined]
 
 

@@ -116,7 +116,9 @@ MCP_SCENARIOS = [  # --mcp: relayd's MCP endpoint (issue 24 target 6; no peer ha
              "µs/round trip", "≤ 250 µs", limit=250, sides=("relayd",), script="mcp.py"),
 ]
 
-FLOORS = ("floor-protocol", "floor-web")  # bench/http_floor.py, on sdk and single with --floors
+# bench/http_floor.py's floors (with --floors) and the scenarios each runs on.
+FLOOR_SCENARIOS = {"floor-protocol": ("sdk", "single"), "floor-web": ("sdk", "single"), "floor-redis": ("single-redis",)}
+FLOORS = tuple(FLOOR_SCENARIOS)
 
 
 # The peers ----------------------------------------------------------------------------------------
@@ -215,7 +217,8 @@ def node_command(relay: Path, scenario: Scenario) -> str:
 
 
 def floor_command(mode: str) -> str:
-    return f"exec {shlex.quote(sys.executable)} {shlex.quote(str(BENCH / 'http_floor.py'))} {mode} {{port}}"
+    where = " {redis}" if mode == "redis" else ""  # (the scenario's Redis: bench/aep.py fills it in)
+    return f"exec {shlex.quote(sys.executable)} {shlex.quote(str(BENCH / 'http_floor.py'))} {mode} {{port}}{where}"
 
 
 # Running ------------------------------------------------------------------------------------------
@@ -349,7 +352,8 @@ def main() -> None:
                         help="apt-get install nginx-light and libnginx-mod-nchan when missing")
     parser.add_argument("--sides", default="relayd,node,nchan", help="comma-separated: relayd, node, nchan")
     parser.add_argument("--floors", action="store_true",
-                        help="also bench/http_floor.py's protocol and web floors on sdk and single")
+                        help="also bench/http_floor.py's floors: protocol and web on sdk and single, redis on "
+                             "single-redis")
     parser.add_argument("--mcp", action="store_true", help="also relayd's MCP endpoint (bench/mcp.py rt-endpoint, "
                         "latency-endpoint --rate 2000; target 6), relayd alone")
     parser.add_argument("--rounds", type=int, default=3)
@@ -390,7 +394,7 @@ def main() -> None:
                 if source(s) != s.name:
                     continue  # another figure of a scenario that runs anyway
                 order = [side for side in every if side in s.sides
-                         or (side in FLOORS and s.name in ("sdk", "single"))]
+                         or s.name in FLOOR_SCENARIOS.get(side, ())]
                 order = order[r % len(order):] + order[: r % len(order)]  # rotate: each side goes first in turn
                 for side in order:
                     result = run_one(s, side, commands, args.seconds)
