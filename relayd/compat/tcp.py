@@ -27,6 +27,13 @@ HOLD_WRITES = TCP_BUFFERS and code_uses(abstract.FileDescriptor.write, "startWri
 CLOSE_NOW = HOLD_WRITES and code_uses(abstract.FileDescriptor.doWrite, "disconnecting", "_postLoseConnection")
 """C{doWrite} answers C{CONNECTION_DONE} once a connection asked to close has sent everything (what
 the reactor then closes, L{release_writes} can close at once)."""
+SEND_AT_ONCE = (
+    HOLD_WRITES
+    and code_uses(abstract.FileDescriptor.doWrite, "_tempDataLen", "producer", "producerPaused", "_writeDisconnecting")
+    and code_uses(tcp.Connection.writeSomeData, "socket", "SEND_LIMIT")
+)
+"""C{doWrite}'s bookkeeping is what L{release_writes} can do itself for an answer sent whole: its
+buffers, its producer (resumed only when paused) and a half-close asked for meanwhile."""
 # One Failure for every connection closed here, as the reactor shares one (its _disconnectSelectable).
 _CLOSED = Failure(main.CONNECTION_DONE)
 
@@ -125,14 +132,47 @@ def release_writes(transport: Any) -> None:
                 return
         transport.startWriting()  # the rest is the reactor's to flush, then close
         return
-    if not transport._tempDataBuffer and transport.offset == len(transport.dataBuffer):
-        return
+    queued = transport._tempDataBuffer
+    if transport.offset == len(transport.dataBuffer):  # (nothing older left to send)
+        if not queued:
+            return
+        if SEND_AT_ONCE and _send_held(transport, queued):
+            return
     try:
         failed = transport.doWrite() is not None
     except Exception:
         failed = True
     if failed or transport._tempDataBuffer or transport.offset < len(transport.dataBuffer):
         transport.startWriting()  # the rest (or the error) is the reactor's to handle
+
+
+def _send_held(transport: Any, queued: list[bytes]) -> bool:
+    """Send what was queued while writes were held with one C{send}; C{True} when that is done: all
+    of it went (the usual answer, a few hundred bytes: Twisted's C{doWrite} would join the same list,
+    send it through three more calls and unwatch a socket that was never watched), or the rest is
+    queued and the socket watched, as C{doWrite} leaves it. C{False}, nothing changed, when the send
+    failed or C{doWrite} has more to do than clear the buffers (a producer to resume, a half-close):
+    C{doWrite} then does it all."""
+    producer = transport.producer
+    if (producer is not None and (transport.producerPaused or not transport.streamingProducer)) or (
+        transport._writeDisconnecting
+    ):
+        return False
+    data = queued[0] if len(queued) == 1 else b"".join(queued)
+    if len(data) > transport.SEND_LIMIT:
+        return False
+    try:
+        sent = transport.socket.send(data)
+    except OSError:
+        return False  # (would block, or an error doWrite's own send sees again and reports)
+    transport._tempDataBuffer, transport._tempDataLen = [], 0
+    if sent == len(data):
+        transport.dataBuffer, transport.offset = b"", 0
+        transport.stopWriting()  # (watched only if it was before writes were held)
+    else:
+        transport.dataBuffer, transport.offset = data, sent
+        transport.startWriting()  # the rest is the reactor's to send
+    return True
 
 
 TCP_PROTOCOL = (

@@ -4,6 +4,7 @@ watch, and the same bytes with the shortcuts off."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any, Callable
 
 from twisted.internet import reactor
@@ -175,3 +176,89 @@ class Transports(LoopbackCase):
         await client.wait_for(b"held")
         self.assertEqual(client.received, b"held")
 
+
+
+class HeldWritesSentWhole(LoopbackCase):
+    """release_writes sends what was held with one C{send} of its own, and leaves to Twisted's
+    C{doWrite} what needs more than clearing the buffers."""
+
+    def count_do_write(self, transport: Any) -> list[int]:
+        calls: list[int] = []
+        do_write = transport.doWrite
+
+        def counted() -> Any:
+            calls.append(1)
+            return do_write()
+
+        transport.doWrite = counted
+        return calls
+
+    async def test_an_answer_goes_out_whole_without_do_write(self) -> None:
+        self.assertTrue(fence.SEND_AT_ONCE)
+        transport, client = await self.tcp_pair()
+        calls = self.count_do_write(transport)
+        hold_writes(transport)
+        transport.write(b"HTTP/1.1 202 Accepted\r\n")
+        transport.writeSequence([b"content-length: 2\r\n\r\n", b"{}"])
+        release_writes(transport)
+        self.assertEqual(calls, [])
+        self.assertTrue(nothing_queued(transport))
+        self.assertNotIn(transport, reactor.getWriters())
+        await client.wait_for(b"{}")
+        self.assertEqual(client.received, b"HTTP/1.1 202 Accepted\r\ncontent-length: 2\r\n\r\n{}")
+
+    async def test_without_it_do_write_sends_the_same_bytes(self) -> None:
+        self.patch(fence, "SEND_AT_ONCE", False)
+        transport, client = await self.tcp_pair()
+        calls = self.count_do_write(transport)
+        hold_writes(transport)
+        transport.writeSequence([b"one ", b"two"])
+        release_writes(transport)
+        self.assertEqual(calls, [1])
+        await client.wait_for(b"one two")
+        self.assertEqual(client.received, b"one two")
+
+    async def test_a_paused_producer_is_left_to_do_write_which_resumes_it(self) -> None:
+        transport, client = await self.tcp_pair()
+        producer = Producer()
+        transport.registerProducer(producer, True)
+        calls = self.count_do_write(transport)
+        hold_writes(transport)
+        big = b"y" * (transport.bufferSize + 1)  # over the transport's buffer: it pauses its producer
+        transport.write(big)
+        self.assertEqual(producer.calls, ["pause"])
+        release_writes(transport)
+        self.assertEqual(calls, [1])  # (sent whole by its own send, the producer would stay paused)
+        self.assertEqual(producer.calls, ["pause", "resume"])
+        await client.wait_for(big)
+        transport.unregisterProducer()
+
+    async def test_what_the_kernel_does_not_take_is_queued_and_watched(self) -> None:
+        transport, client = await self.tcp_pair()
+        transport.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        client.transport.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.transport.pauseProducing()  # (reads nothing: the kernel takes what its buffers hold)
+        data = bytes(range(256)) * (transport.SEND_LIMIT // 256)
+        hold_writes(transport)
+        transport.write(data)
+        release_writes(transport)
+        self.assertFalse(nothing_queued(transport))
+        self.assertIn(transport, reactor.getWriters())  # the rest is the reactor's to send
+        client.transport.resumeProducing()
+        await client.wait_for(data)
+        self.assertEqual(client.received, data)
+        self.assertNotIn(transport, reactor.getWriters())
+
+
+class Producer:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def pauseProducing(self) -> None:
+        self.calls.append("pause")
+
+    def resumeProducing(self) -> None:
+        self.calls.append("resume")
+
+    def stopProducing(self) -> None:
+        self.calls.append("stop")
