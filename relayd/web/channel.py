@@ -158,7 +158,9 @@ class RelayChannel(ChannelHooks):
             # A line the reader holds unsplit once a read is parsed holds no CRLF: a line feed there
             # is a bare one, after which the client waits for an answer that would come only with
             # the header timeout.
-            if self.reading_head() and not self.parsing_paused() and b"\n" in held_line(self) and _open(self.transport):
+            # (find, not `in`: `in` on bytes first tries its operand as an int, raising and clearing a TypeError)
+            bare = self.reading_head() and not self.parsing_paused() and held_line(self).find(b"\n") >= 0
+            if bare and _open(self.transport):
                 self._refuse(_BARE_LINE_FEED)
         finally:
             del self.reading
@@ -317,7 +319,7 @@ class RelayChannel(ChannelHooks):
                 )
             )
             path = post.path
-            if b"?" in path:  # (a path claimed by prefix may carry a query: twisted.web logs its path)
+            if path.find(b"?") >= 0:  # (a path claimed by prefix may carry a query: twisted.web logs its path)
                 path = path.partition(b"?")[0]
             site.access(method=b"POST", path=path, status=answer.status, sent=len(answer.body), peer=peer, started=started)
             if post.close:
@@ -357,7 +359,7 @@ class RelayChannel(ChannelHooks):
         return len(held_line(self)) + self.unparsed
 
     def lineReceived(self, line: bytes) -> None:
-        if b"\n" in line:
+        if line.find(b"\n") >= 0:
             self._refuse(_BARE_LINE_FEED)
             return
         super().lineReceived(line)
