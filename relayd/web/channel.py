@@ -77,6 +77,8 @@ class RelayChannel(ChannelHooks):
     # Twisted builds requests (which ask getHost) only once connected; before that, or outside a
     # RelaySite, getHost answers the plain address.
     _relay_site: ChannelSite | None = None
+    peer_host: str | None = None
+    """The host of the connection's peer, once a plain POST read it (L{_peer_host})."""
     client: str | None = None
     """The client this connection is counted for under the site's per-client cap (None: not counted)."""
     crowded = False
@@ -108,6 +110,14 @@ class RelayChannel(ChannelHooks):
             if site is not None:
                 host = site.shared_address(host)
             self._host = host
+        return host
+
+    def _peer_host(self) -> str:
+        """The host of the connection's peer (read once: it never changes, a PROXY header's included,
+        which is read before anything reaches the channel)."""
+        host = self.peer_host
+        if host is None:
+            host = self.peer_host = host_of(self.getPeer())
         return host
 
     def lineLengthExceeded(self, line: bytes) -> None:
@@ -248,8 +258,10 @@ class RelayChannel(ChannelHooks):
         if post is None:
             return False
         client = self.client
-        if client is not None and not site.trust_forwarded_for:
-            peer = client  # (the peer's host, read when the connection was counted: no address built again)
+        if not site.trust_forwarded_for:
+            # (the peer's host, read when the connection was counted or its first plain POST came: no
+            # address built again)
+            peer = client if client is not None else self._peer_host()
         else:
             forwarded = post.headers.get(b"x-forwarded-for")
             peer = site.client_of(None if forwarded is None else [forwarded], self.getPeer())
