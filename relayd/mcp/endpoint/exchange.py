@@ -248,7 +248,7 @@ class Exchange:
             watch_end(request, reply)
         timeout = None if message.get("method") == _LISTEN else config.request_timeout_ms / 1000
         if timeout is not None:
-            pending.timer = clients.clock.call_later(timeout, pending.expire)
+            pending.timer = clients.clock.call_after_timeout(timeout, pending.expire)
         try:
             frame, read = await self.tunnel.to_page(
                 session, client.token, intake.request_frame(message, key), client.label, checked
