@@ -48,6 +48,7 @@ class Timekeeper:
         # Bound once (see give_timeouts); a Timekeeper built on no reactor, as some tests make, still constructs.
         self._schedule: Callable[..., IDelayedCall] = getattr(reactor, "callLater", None)  # type: ignore[assignment]
         self._queues: dict[float, _DeadlineQueue] = {}
+        self._timeout_queues: dict[float, _DeadlineQueue] = {}  # (L{call_after_timeout}'s: shutdown cancels them)
 
     def give_timeouts(self, protocol: Any) -> None:
         """Have C{protocol}'s idle timeout (Twisted's C{TimeoutMixin}, which a factory gives the
@@ -78,6 +79,16 @@ class Timekeeper:
         queue = self._queues.get(delay)
         if queue is None:
             queue = self._queues[delay] = _DeadlineQueue(self, delay)
+        return queue.add(f, args)
+
+    def call_after_timeout(self, delay: float, f: Callable[..., Any], *args: Any) -> IDelayedCall:
+        """Schedule C{f(*args)} after C{delay} seconds, a configured timeout that many calls share (an
+        MCP request's): as L{call_later} (L{shutdown} cancels it), set as a L{deadline} is, in the one
+        queue of that length (an append and a flag, where L{call_later} made a closure and a reactor
+        call, inserted into the reactor's heap and taken out of it, per call)."""
+        queue = self._timeout_queues.get(delay)
+        if queue is None:
+            queue = self._timeout_queues[delay] = _DeadlineQueue(self, delay)
         return queue.add(f, args)
 
     def call_later(self, delay: float, f: Callable[..., Any], *args: Any, **kw: Any) -> IDelayedCall:
@@ -167,6 +178,8 @@ class Timekeeper:
             if call.active():
                 call.cancel()
         self._delayed.clear()
+        for queue in self._timeout_queues.values():
+            queue.cancel_all()
         for loop in list(self._loops):
             if loop.running:
                 loop.stop()
@@ -238,6 +251,15 @@ class _DeadlineQueue:
             entries.popleft()
         if not entries and self.call is not None:
             call, self.call = self.call, None
+            call.cancel()
+
+    def cancel_all(self) -> None:
+        """Cancel every deadline still pending, and the reactor call."""
+        for deadline in self.entries:
+            deadline.live = False
+        self.entries.clear()
+        call, self.call = self.call, None
+        if call is not None and call.active():
             call.cancel()
 
     def _expire(self) -> None:

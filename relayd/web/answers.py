@@ -16,6 +16,8 @@ from twisted.web.http import RESPONSES, datetimeToString
 from twisted.web.server import Request
 from twisted.web.server import version as _server_version
 
+from relayd.compat.web import watch_end as watch_end  # (re-exported: a wing tells a request's end through relayd.web)
+
 JSON_TYPE: Final = b"application/json"
 Header = tuple[bytes, bytes]
 

@@ -77,6 +77,8 @@ class RelayChannel(ChannelHooks):
     # Twisted builds requests (which ask getHost) only once connected; before that, or outside a
     # RelaySite, getHost answers the plain address.
     _relay_site: ChannelSite | None = None
+    peer_host: str | None = None
+    """The host of the connection's peer, once a plain POST read it (L{_peer_host})."""
     client: str | None = None
     """The client this connection is counted for under the site's per-client cap (None: not counted)."""
     crowded = False
@@ -108,6 +110,14 @@ class RelayChannel(ChannelHooks):
             if site is not None:
                 host = site.shared_address(host)
             self._host = host
+        return host
+
+    def _peer_host(self) -> str:
+        """The host of the connection's peer (read once: it never changes, a PROXY header's included,
+        which is read before anything reaches the channel)."""
+        host = self.peer_host
+        if host is None:
+            host = self.peer_host = host_of(self.getPeer())
         return host
 
     def lineLengthExceeded(self, line: bytes) -> None:
@@ -158,7 +168,9 @@ class RelayChannel(ChannelHooks):
             # A line the reader holds unsplit once a read is parsed holds no CRLF: a line feed there
             # is a bare one, after which the client waits for an answer that would come only with
             # the header timeout.
-            if self.reading_head() and not self.parsing_paused() and b"\n" in held_line(self) and _open(self.transport):
+            # (find, not `in`: `in` on bytes first tries its operand as an int, raising and clearing a TypeError)
+            bare = self.reading_head() and not self.parsing_paused() and held_line(self).find(b"\n") >= 0
+            if bare and _open(self.transport):
                 self._refuse(_BARE_LINE_FEED)
         finally:
             del self.reading
@@ -246,8 +258,10 @@ class RelayChannel(ChannelHooks):
         if post is None:
             return False
         client = self.client
-        if client is not None and not site.trust_forwarded_for:
-            peer = client  # (the peer's host, read when the connection was counted: no address built again)
+        if not site.trust_forwarded_for:
+            # (the peer's host, read when the connection was counted or its first plain POST came: no
+            # address built again)
+            peer = client if client is not None else self._peer_host()
         else:
             forwarded = post.headers.get(b"x-forwarded-for")
             peer = site.client_of(None if forwarded is None else [forwarded], self.getPeer())
@@ -317,7 +331,7 @@ class RelayChannel(ChannelHooks):
                 )
             )
             path = post.path
-            if b"?" in path:  # (a path claimed by prefix may carry a query: twisted.web logs its path)
+            if path.find(b"?") >= 0:  # (a path claimed by prefix may carry a query: twisted.web logs its path)
                 path = path.partition(b"?")[0]
             site.access(method=b"POST", path=path, status=answer.status, sent=len(answer.body), peer=peer, started=started)
             if post.close:
@@ -357,7 +371,7 @@ class RelayChannel(ChannelHooks):
         return len(held_line(self)) + self.unparsed
 
     def lineReceived(self, line: bytes) -> None:
-        if b"\n" in line:
+        if line.find(b"\n") >= 0:
             self._refuse(_BARE_LINE_FEED)
             return
         super().lineReceived(line)

@@ -94,7 +94,9 @@ class PlainRequest:
         self.clientproto = post.version
         self._written: list[bytes] = []
         self._answer_to: Callable[[Answer], object] | None = None
-        self._finishing: list[Deferred[None]] = []
+        # Told how the request ends, as twisted.web's request tells its own list: the Deferreds of
+        # notifyFinish, and what relayd.compat.web's watch_end puts there instead of one.
+        self.notifications: list[Any] = []
 
     # what a handler reads ------------------------------------------------------------------------
 
@@ -117,7 +119,7 @@ class PlainRequest:
 
     def notifyFinish(self) -> Deferred[None]:
         d: Deferred[None] = Deferred()
-        self._finishing.append(d)
+        self.notifications.append(d)
         return d
 
     def finish(self) -> None:
@@ -129,7 +131,7 @@ class PlainRequest:
         if answer_to is not None:
             self._answer_to = None
             answer_to(answered)
-        finishing, self._finishing = self._finishing, []
+        finishing, self.notifications = self.notifications, []
         for d in finishing:
             d.callback(None)
 
@@ -146,7 +148,7 @@ class PlainRequest:
         a request whose connection is lost."""
         self._answer_to = None
         self.channel = None  # (relayd.web.answers.gone: nothing more is written)
-        finishing, self._finishing = self._finishing, []
+        finishing, self.notifications = self.notifications, []
         for d in finishing:
             d.errback(Failure(ConnectionLost("the client left before its answer")))
 

@@ -320,7 +320,8 @@ def _connected(protocol: Any) -> bool:
 
 
 def _strip_query(path: bytes) -> bytes:
-    return path.split(b"?", 1)[0] if b"?" in path else path
+    # (find, not `in`: `in` on bytes first tries its operand as an int, raising and clearing a TypeError)
+    return path.split(b"?", 1)[0] if path.find(b"?") >= 0 else path
 
 
 # Bytes a client could use to break or forge an access line: controls (Twisted lets DEL through in a

@@ -44,6 +44,29 @@ class Deadlines(SynchronousTestCase):
         self.assertFalse(call.active())
 
 
+class CallsAfterATimeout(SynchronousTestCase):
+    def test_each_runs_at_its_time_on_one_reactor_call_and_shutdown_cancels_them(self) -> None:
+        fake = task.Clock()
+        clock = Timekeeper(fake)
+        ran: list[str] = []
+        first = clock.call_after_timeout(2.0, ran.append, "first")
+        fake.advance(1.0)
+        second = clock.call_after_timeout(2.0, ran.append, "second")
+        self.assertEqual(len(fake.getDelayedCalls()), 1)  # (one queue of that length, one reactor call)
+        self.assertEqual(second.getTime(), 3.0)
+        fake.advance(1.0)
+        self.assertEqual(ran, ["first"])
+        self.assertFalse(first.active())
+        clock.cancel(second)  # (as call_later's are cancelled)
+        self.assertEqual(fake.getDelayedCalls(), [])
+        pending = clock.call_after_timeout(2.0, ran.append, "pending")
+        clock.shutdown()  # recorded, as call_later's are: no timeout outlives its service
+        self.assertFalse(pending.active())
+        self.assertEqual(fake.getDelayedCalls(), [])
+        fake.advance(10.0)
+        self.assertEqual(ran, ["first"])
+
+
 class DeadlinesOfOneLength(SynchronousTestCase):
     """Deadlines of one length share one reactor call, for the earliest live one: each still runs
     at its own time, in order; a cancelled one never runs; none left, no reactor call."""

@@ -247,6 +247,31 @@ class HeldWithoutADeferred(TwoRelays):
         self.assertNotIsInstance(answers[0], Deferred)
         self.assertIsInstance(answers[0], PlainRequest)
 
+    def test_a_held_post_s_end_is_told_without_a_deferred(self) -> None:
+        # The forwarded request learns that its client left from the request's own list of what
+        # to tell (its PostReply, through watch_end), not through a notifyFinish Deferred per POST.
+        answers: list[Any] = []
+        handler = self.fast.site.simple_posts[b"/"]
+
+        def watched(post: Any) -> Any:
+            answer = handler(post)
+            answers.append(answer)
+            return answer
+
+        self.fast.site.simple_posts.clear()
+        self.fast.site.simple_posts.claim(b"/", watched)
+        self.on(self.fast)
+        connection = self.fast.connect()
+        connection.send(mcp(self.sid_of[self.fast], CALL))
+        (request,) = answers
+        (told,) = request.notifications
+        self.assertEqual(type(told).__name__, "PostReply")
+        pending = told.pending
+        self.assertIs(pending.reply, told)
+        connection.lose()
+        self.assertIsNone(pending.reply)  # abandoned: the page's answer goes nowhere
+        self.assertEqual(request.notifications, [])
+
 
 class HeaderNames(InMemoryMcpCase):
     def test_written_as_twisted_web_writes_them(self) -> None:

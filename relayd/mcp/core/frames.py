@@ -54,7 +54,8 @@ class Frame:
         """The frame as one line: the posted bytes without CR/LF (the SSE event's data: why that is
         the same message, see L{sse})."""
         raw = self.raw
-        if b"\n" in raw or b"\r" in raw:
+        # (find, not `in`: `in` on bytes first tries its operand as an int, raising and clearing a TypeError)
+        if raw.find(b"\n") >= 0 or raw.find(b"\r") >= 0:
             return raw.translate(None, b"\r\n")
         return raw
 

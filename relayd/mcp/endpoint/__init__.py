@@ -152,7 +152,8 @@ class Endpoint:
         if version is not None and version.decode("utf-8", "replace") in standard.STATELESS_VERSIONS:
             return False
         body = post.body
-        return b"progressToken" not in body and b"\\u" not in body
+        # (find, not `in`: `in` on bytes first tries its operand as an int, raising and clearing a TypeError)
+        return body.find(b"progressToken") < 0 and body.find(b"\\u") < 0
 
     def routes(self) -> dict[str, dict[str, Handler]]:
         """The endpoint's routes, under the relay's prefix: path -> method -> handler.

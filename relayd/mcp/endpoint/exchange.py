@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
@@ -29,7 +30,7 @@ from relayd.mcp.endpoint.answers import (
     not_forwarded,
     rpc_error,
 )
-from relayd.web.answers import Answer, finish, gone, json_answer
+from relayd.web.answers import Answer, finish, gone, json_answer, watch_end
 from relayd.web.streams.sse import SSEHub, SSEStream
 
 SSE_HEADERS: Final = [
@@ -38,6 +39,7 @@ SSE_HEADERS: Final = [
     (b"x-accel-buffering", b"no"),
 ]
 _LISTEN = "subscriptions/listen"
+_log = Logger()
 
 
 def message_event(raw: bytes, event_id: bytes | None = None) -> bytes:
@@ -57,7 +59,7 @@ class PostReply:
     """A Streamable HTTP POST awaiting the page's answer: one JSON body, or an SSE stream (opened by
     the first message about the request, when the client accepts one) ending with the answer."""
 
-    __slots__ = ("request", "sse_ok", "headers", "hub", "max_bytes", "stream")
+    __slots__ = ("request", "sse_ok", "headers", "hub", "max_bytes", "stream", "pending")
 
     def __init__(
         self, request: Request, sse_ok: bool, headers: list[tuple[bytes, bytes]], hub: SSEHub, max_bytes: int
@@ -68,6 +70,7 @@ class PostReply:
         self.hub = hub
         self.max_bytes = max_bytes
         self.stream: SSEStream | None = None
+        self.pending: Pending | None = None  # (the request forwarded: told if the client leaves first)
 
     def send(self, raw: bytes) -> bool:
         request = self.request
@@ -88,6 +91,23 @@ class PostReply:
             self.stream.close()
             return
         finish(request, json_answer(200, raw, self.headers))
+
+    # How the POST ends, told as its notifyFinish Deferred would be (watch_end): no Deferred per
+    # forwarded request.
+
+    def callback(self, result: None) -> None:
+        """The POST was answered."""
+
+    def errback(self, reason: Failure) -> None:
+        """The client closed the POST before its answer."""
+        pending = self.pending
+        if pending is None:
+            return
+        try:
+            pending.abandoned()
+        except Exception:
+            # (Called from within the request's end, as a Deferred's errback would be, and as contained.)
+            _log.failure("forgetting an abandoned MCP request failed")
 
 
 class StreamListener:
@@ -224,10 +244,11 @@ class Exchange:
         client.add_pending(key, pending)
         clients.pending_per_session[session] = clients.pending_per_session.get(session, 0) + 1
         if reply is not None:
-            request.notifyFinish().addErrback(pending.abandoned)
+            reply.pending = pending
+            watch_end(request, reply)
         timeout = None if message.get("method") == _LISTEN else config.request_timeout_ms / 1000
         if timeout is not None:
-            pending.timer = clients.clock.call_later(timeout, pending.expire)
+            pending.timer = clients.clock.call_after_timeout(timeout, pending.expire)
         try:
             frame, read = await self.tunnel.to_page(
                 session, client.token, intake.request_frame(message, key), client.label, checked
