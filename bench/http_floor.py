@@ -3,6 +3,7 @@
 
     python bench/aep.py ingest --target-cmd 'exec python bench/http_floor.py web {port}'
     python bench/aep.py ingest --target-cmd 'exec python bench/http_floor.py protocol {port}'
+    python bench/aep.py ingest --target-cmd 'exec python bench/http_floor.py shortcuts {port}'
     python bench/aep.py single-redis --target-cmd 'exec python bench/http_floor.py redis {port} {redis}'
 
 - C{web}: a plain twisted.web C{Site} whose one resource reads the body and answers C{202}
@@ -10,6 +11,10 @@
 - C{protocol}: a bare Twisted C{Protocol} that frames requests by C{Content-Length} and answers
   C{202} (and closes after it for HTTP/1.0 or C{Connection: close}): the reactor's and the kernel's
   share (docs/performance.md, "Where the rest goes", "Issue 24: per-connection cost").
+- C{shortcuts}: C{protocol} with relayd's own write shortcuts (relayd/compat/tcp.py: the answers of
+  a read sent with one C{send} at its end, a connection closed after its answer closed within the
+  read), where C{protocol} writes as Twisted does (a writability watch, the send on the next
+  reactor turn, the watch removed): the least a Twisted server can pay.
 - C{redis}: C{protocol}, answering each request once one Redis command that stores its body has
   been answered (C{SET}, on one connection to the Redis URL given, pipelined): what one Redis round
   trip per request costs a bare Twisted client, the floor of C{--redis}.
@@ -19,11 +24,16 @@ from __future__ import annotations
 
 import sys
 from collections import deque
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from twisted.internet import endpoints, protocol, reactor
 from twisted.web import resource, server
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # (relayd from this checkout, for its fence)
+
+from relayd.compat.tcp import hold_writes, release_writes
 
 ANSWER = b'HTTP/1.1 202 Accepted\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}'
 CLOSING = ANSWER.replace(b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n")
@@ -43,6 +53,7 @@ class Framing(protocol.Protocol):
     """Splits the stream into requests by the end of the headers and C{Content-Length}."""
 
     store: RedisFloor | None = None  # (the C{redis} floor: each body is stored before it is answered)
+    shortcuts = False  # (the C{shortcuts} floor)
 
     def __init__(self) -> None:
         self.buffer = b""
@@ -50,6 +61,14 @@ class Framing(protocol.Protocol):
         self.closing = False
 
     def dataReceived(self, data: bytes) -> None:
+        held = self.shortcuts and hold_writes(self.transport)
+        try:
+            self.frame(data)
+        finally:
+            if held:
+                release_writes(self.transport)
+
+    def frame(self, data: bytes) -> None:
         self.buffer += data
         while True:
             if self.needed is None:
@@ -122,6 +141,7 @@ def main() -> None:
         site.log = lambda request: None  # type: ignore[method-assign]
         reactor.listenTCP(port, site, interface="127.0.0.1")  # type: ignore[attr-defined]
     else:
+        Framing.shortcuts = mode == "shortcuts"
         listen(port)
     reactor.run()  # type: ignore[attr-defined]
 

@@ -117,7 +117,12 @@ MCP_SCENARIOS = [  # --mcp: relayd's MCP endpoint (issue 24 target 6; no peer ha
 ]
 
 # bench/http_floor.py's floors (with --floors) and the scenarios each runs on.
-FLOOR_SCENARIOS = {"floor-protocol": ("sdk", "single"), "floor-web": ("sdk", "single"), "floor-redis": ("single-redis",)}
+FLOOR_SCENARIOS = {
+    "floor-protocol": ("sdk", "single"),
+    "floor-shortcuts": ("sdk", "single"),
+    "floor-web": ("sdk", "single"),
+    "floor-redis": ("single-redis",),
+}
 FLOORS = tuple(FLOOR_SCENARIOS)
 
 
@@ -352,7 +357,7 @@ def main() -> None:
                         help="apt-get install nginx-light and libnginx-mod-nchan when missing")
     parser.add_argument("--sides", default="relayd,node,nchan", help="comma-separated: relayd, node, nchan")
     parser.add_argument("--floors", action="store_true",
-                        help="also bench/http_floor.py's floors: protocol and web on sdk and single, redis on "
+                        help="also bench/http_floor.py's floors: protocol, shortcuts and web on sdk and single, redis on "
                              "single-redis")
     parser.add_argument("--mcp", action="store_true", help="also relayd's MCP endpoint (bench/mcp.py rt-endpoint, "
                         "latency-endpoint --rate 2000; target 6), relayd alone")

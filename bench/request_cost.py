@@ -6,7 +6,7 @@ machine does not change.
     python bench/request_cost.py single --callgrind        # keep-alive, instructions per request
     python bench/request_cost.py ndjson --callgrind        # keep-alive, 100 NDJSON events per request
     python bench/request_cost.py sdk-xff --callgrind -- --trust-forwarded-for 1
-    python bench/request_cost.py sdk --floor               # bench/http_floor.py's bare protocol
+    python bench/request_cost.py sdk --floor               # bench/http_floor.py's bare protocol (--floor shortcuts: with relayd's write shortcuts)
     python bench/request_cost.py sdk --tree /tmp/base      # another checkout (git archive of a commit)
 
 Shapes (8 client threads, each request one JSON event of about 500 bytes as the AEP SDK's
@@ -237,7 +237,8 @@ def main() -> None:
     parser.add_argument("shape", choices=SHAPES)
     parser.add_argument("--requests", type=int, default=None, help="measured (default 4000; 600 under callgrind)")
     parser.add_argument("--callgrind", action="store_true", help="count instructions (valgrind) instead of CPU time")
-    parser.add_argument("--floor", action="store_true", help="bench/http_floor.py protocol instead of relayd")
+    parser.add_argument("--floor", nargs="?", const="protocol", choices=("protocol", "shortcuts"),
+                        help="bench/http_floor.py's protocol (or shortcuts) floor instead of relayd")
     parser.add_argument("--tree", type=Path, default=REPO, help="the checkout whose relayd runs (default: this one)")
     argv = sys.argv[1:]
     flags = argv[argv.index("--") + 1 :] if "--" in argv else []
@@ -247,7 +248,7 @@ def main() -> None:
     port = free_port()
     tree = args.tree.resolve()
     if args.floor:
-        argv = [sys.executable, str(tree / "bench" / "http_floor.py"), "protocol", str(port)]
+        argv = [sys.executable, str(tree / "bench" / "http_floor.py"), args.floor, str(port)]
     else:
         twistd = Path(sys.executable).with_name("twistd")
         argv = [
