@@ -1,5 +1,9 @@
 """The one place relayd reaches into txredisapi's private state (relayd/storage/redis.py and sharded.py use it).
 
+Which parser reads replies is txredisapi's choice, made once at its import: hiredis's C reader when
+hiredis imports (setup.cfg requires it), else its Python line reader; L{HIREDIS_REPLIES} says which,
+and the reliances below that touch the parser are detected on the one in use.
+
 Seven times relayd replaces what txredisapi does inside its protocol or its pool, and each time it must know how
 txredisapi does it. Each reliance is detected once, at import, on the installed txredisapi (the
 names it relies on must appear in the txredisapi methods that use them); when a release drops them
@@ -45,13 +49,30 @@ def mark_ready(protocol: Any) -> None:
         d.callback(protocol)
 
 
+# -- replies: which parser ------------------------------------------------------------------------------
+
+HIREDIS_REPLIES = code_uses(txredisapi.RedisProtocol.dataReceived, "_reader", "gets", "replyReceived")
+"""txredisapi's C{RedisProtocol} (and so its C{SubscriberProtocol}, and relayd's connections) parses
+replies with hiredis's C reader (its C{HiredisProtocol}: txredisapi picks it when C{import hiredis}
+works) instead of its Python line reader (C{BaseRedisProtocol}): each reply is parsed whole within
+the read, in C. The replies are the same (bytes, C{int}, C{None}, nested lists, C{ResponseError} with
+the server's message) but for a status reply (C{+OK}, C{+PONG}), which hiredis gives as bytes like a
+bulk string and the line reader as str (L{status}); relayd reads none but the PONG (L{HearsReplies})."""
+
+
+def status(text: str) -> str | bytes:
+    """A status reply (C{+text}) as relayd's connections hand it over: see L{HIREDIS_REPLIES}."""
+    return text.encode() if HIREDIS_REPLIES else text
+
+
 # -- replies: a whole read in one go ----------------------------------------------------------------
 
 SPLIT_READS = code_uses(txredisapi.LineReceiver.setLineMode, "pauseProducing", "callLater") and code_uses(
     txredisapi.LineReceiver.dataReceived, "line_mode", "paused", "resumeProducing"
 )
 """txredisapi's line receiver, back in line mode after a bulk string, pauses the transport and feeds
-itself the rest of the read on the next reactor turn (C{dataReceived(rest, unpause=True)})."""
+itself the rest of the read on the next reactor turn (C{dataReceived(rest, unpause=True)}). (hiredis's
+reader, L{HIREDIS_REPLIES}, parses a whole read in one call: there L{WholeReads} finds nothing to do.)"""
 
 
 class WholeReads:
@@ -82,10 +103,13 @@ class WholeReads:
 
 # -- replies: sharded pub/sub, which txredisapi does not know ---------------------------------------
 
-OWN_REPLIES = code_uses(txredisapi.BaseRedisProtocol.multiBulkDataReceived, "replyReceived") and code_uses(
-    txredisapi.BaseRedisProtocol.lineReceived, "replyReceived"
+OWN_REPLIES = (
+    code_uses(txredisapi.RedisProtocol.dataReceived, "replyReceived")
+    if HIREDIS_REPLIES
+    else code_uses(txredisapi.BaseRedisProtocol.multiBulkDataReceived, "replyReceived")
+    and code_uses(txredisapi.BaseRedisProtocol.lineReceived, "replyReceived")
 )
-"""txredisapi's parser hands every complete reply, a server's unasked push too, to the protocol's
+"""txredisapi's parser (either, L{HIREDIS_REPLIES}) hands every complete reply, a server's unasked push too, to the protocol's
 C{replyReceived}: relayd's sharded subscriber (relayd/storage/sharded.py) takes them there, once its
 handshake is done, and sends its commands on the transport itself. txredisapi's SubscriberProtocol
 knows neither C{SSUBSCRIBE}'s replies nor C{smessage} (it would queue them as answers nobody asked
@@ -120,10 +144,13 @@ L{Heartbeat}). Without it they send no PING (txredisapi would queue the answer f
 and a node that hangs is noticed only when TCP gives up, as before."""
 
 
+_PONG = status("PONG")
+
+
 class HearsReplies:
     """Mixed into a txredisapi subscriber protocol: with L{PONGS}, every reply calls C{heard()} first,
-    and the answer to a PING goes no further: C{[b"pong", b""]} in subscribed mode, the status C{"PONG"}
-    on a connection subscribed to nothing yet."""
+    and the answer to a PING goes no further: C{[b"pong", b""]} in subscribed mode, the status C{PONG}
+    on a connection subscribed to nothing yet (L{status}: bytes or str, as the parser gives it)."""
 
     def heard(self) -> None:
         raise NotImplementedError
@@ -131,7 +158,7 @@ class HearsReplies:
     def replyReceived(self, reply: Any) -> None:
         if PONGS:
             self.heard()
-            if reply == "PONG" or (isinstance(reply, list) and len(reply) == 2 and reply[0] == b"pong"):
+            if reply == _PONG or (isinstance(reply, list) and len(reply) == 2 and reply[0] == b"pong"):
                 return
         super().replyReceived(reply)  # type: ignore[misc]
 

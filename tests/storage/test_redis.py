@@ -13,6 +13,7 @@ from twisted.trial.unittest import TestCase
 
 from relayd.base.clock import Timekeeper
 from relayd.base.errors import StoreUnavailable
+from relayd.compat import txredisapi as fence
 from relayd.storage.redis import KEYSPACE_VERSION, Redis
 from tests.support.redis import RedisServer
 
@@ -66,7 +67,7 @@ class Reconnect(TestCase):
         self.assertEqual(admin(port, b"AUTH old\r\nCONFIG SET requirepass new\r\n"), b"+OK\r\n+OK\r\n")
         # Polling a reconnect that backs off by itself.
         await until(self, lambda: redis.connected, "the client did not reconnect", step=0.05)
-        self.assertEqual(await redis.execute("probe", "SET", "k", "v"), "OK")
+        self.assertEqual(await redis.execute("probe", "SET", "k", "v"), fence.status("OK"))
         # SELECT ran: the key is in database 1 (beside the keyspace version), not 0.
         self.assertEqual(sorted(await redis.execute("probe", "KEYS", "*")), [b"k", b"relayd:schema"])
 
@@ -104,7 +105,7 @@ class KeyspaceVersion(TestCase):
         admin(self.server.port, b"SET relayd:schema " + mine + b"\r\n")
         redis = self.client()
         await until(self, lambda: redis.connected, "the client did not connect")
-        self.assertEqual(await redis.execute("probe", "SET", "k", "v"), "OK")
+        self.assertEqual(await redis.execute("probe", "SET", "k", "v"), fence.status("OK"))
         self.assertFalse(redis.refused.called)
 
     async def refused(self, stored: bytes, prefix: str = "relayd:") -> tuple[Redis, str]:
