@@ -208,6 +208,71 @@ class OnePassCommands:
         return b"".join(parts)
 
 
+# -- commands: one Deferred each ----------------------------------------------------------------------
+
+ONE_DEFERRED = code_uses(
+    txredisapi.BaseRedisProtocol.execute_command,
+    "connected", "_build_command", "pipelining", "transport", "write", "replyQueue", "get", "handle_reply",
+    "replyTimeout", "callLater", "inMulti",
+) and code_uses(txredisapi.ReplyQueue._cancelGet, "waiting")  # fmt: skip
+"""txredisapi's C{execute_command} writes the command, takes its reply from the protocol's
+C{replyQueue} (a C{DeferredQueue}: C{get()} waits in C{waiting}, each reply C{put} fires the first;
+a cancelled C{get} leaves a stand-in there, C{ReplyQueue._cancelGet}), raises an error reply
+(C{handle_reply}) and, with C{replyTimeout}, sets a reply timer with the protocol's C{callLater} that
+fails every waiting reply with C{TimeoutError} and aborts the connection."""
+
+
+class OneDeferredCommands:
+    """Mixed into relayd's txredisapi pool protocol: a command's answer is the reply queue's own Deferred.
+
+    txredisapi hands each command a second Deferred fed from the queue's, through three callbacks
+    (C{handle_reply}, one that feeds it unless it already fired, one that cancels the reply timer) and
+    three closures made per command. Here the queue's Deferred is the answer, with one callback that
+    cancels the timer and raises an error reply; the timer fails the same replies and drops the
+    connection the same way (the answer waiting in the queue gets the C{TimeoutError} as its reply), and
+    cancelling the answer leaves the queue's stand-in as txredisapi's cancel does. Pipelining,
+    C{MULTI}, or any keyword (C{apply_timeout}, C{post_proc}) go to txredisapi's own, as does every
+    command without L{ONE_DEFERRED}.
+    """
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs or not ONE_DEFERRED or self.pipelining or self.inMulti:  # type: ignore[attr-defined]
+            return super().execute_command(*args, **kwargs)  # type: ignore[misc]
+        if self.connected == 0:  # type: ignore[attr-defined]
+            raise txredisapi.ConnectionError("Not connected")
+        self.transport.write(self._build_command(*args))  # type: ignore[attr-defined]
+        queue = self.replyQueue  # type: ignore[attr-defined]
+        answer = queue.get()
+        seconds = self.replyTimeout  # type: ignore[attr-defined]
+        if not seconds:
+            return answer.addCallback(_raise_error_reply)
+        transport = self.transport  # type: ignore[attr-defined]
+
+        def expired() -> None:
+            error_text = f"Not received Redis response in {seconds} seconds"  # (txredisapi's text)
+            while queue.waiting:
+                queue.put(txredisapi.TimeoutError(error_text))
+            transport.abortConnection()
+
+        timer = self.callLater(seconds, expired)  # type: ignore[attr-defined]
+
+        def answered(reply: Any) -> Any:
+            if timer.active():
+                timer.cancel()
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
+
+        return answer.addBoth(answered)
+
+
+def _raise_error_reply(reply: Any) -> Any:
+    """txredisapi's C{handle_reply}: an error reply fails the command."""
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
 # -- commands: their reply timers -------------------------------------------------------------------
 
 REPLY_TIMERS = code_uses(txredisapi.BaseRedisProtocol.execute_command, "callLater", "replyTimeout")

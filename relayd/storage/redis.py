@@ -30,7 +30,7 @@ from twisted.python.failure import Failure
 from relayd.base.clock import Timekeeper
 from relayd.base.errors import OutcomeUnknown, StoreRefused, StoreUnavailable, first_error
 from relayd.compat import txredisapi as fence
-from relayd.compat.txredisapi import OnePassCommands, WholeReads
+from relayd.compat.txredisapi import OneDeferredCommands, OnePassCommands, WholeReads
 from relayd.storage.heard import HeardChannels
 from relayd.storage.heartbeat import Heartbeat
 from relayd.storage.sentinel import SentinelFollower
@@ -393,7 +393,7 @@ class _Handshake:
         pass
 
 
-class _Protocol(_Handshake, OnePassCommands, WholeReads, txredisapi.RedisProtocol):
+class _Protocol(_Handshake, OneDeferredCommands, OnePassCommands, WholeReads, txredisapi.RedisProtocol):
     _counted: Redis | None = None  # the client this connection counts as usable for
 
     @defer.inlineCallbacks

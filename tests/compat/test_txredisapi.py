@@ -17,7 +17,7 @@ from typing import Any
 
 import txredisapi
 from twisted.internet import reactor, task
-from twisted.internet.defer import gatherResults
+from twisted.internet.defer import CancelledError, gatherResults
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import deferLater
 from twisted.internet.testing import StringTransport
@@ -261,6 +261,88 @@ class Commands(TestCase):
         from relayd.storage.redis import _Protocol
 
         self.assertTrue(issubclass(_Protocol, fence.OnePassCommands))
+
+
+class _OneDeferred(fence.OneDeferredCommands, fence.WholeReads, txredisapi.RedisProtocol):
+    pass
+
+
+@expand
+class OneDeferred(TestCase):
+    """A pool connection's command answered by the reply queue's own Deferred, as txredisapi answers it."""
+
+    def setUp(self) -> None:
+        self.fake = task.Clock()
+
+    def protocol(self, timeout: float | None = 2) -> txredisapi.RedisProtocol:
+        protocol = connected(_OneDeferred(charset=None, convertNumbers=False, replyTimeout=timeout))
+        fence.time_replies_with(protocol, Timekeeper(self.fake))
+        return protocol
+
+    def test_the_answer_is_the_queues_deferred(self) -> None:
+        """What the shortcut saves: txredisapi's own second Deferred, its three callbacks and closures."""
+        protocol = self.protocol()
+        answer = protocol.execute_command("GET", "k")
+        self.assertIs(protocol.replyQueue.waiting[-1], answer)
+        self.patch(fence, "ONE_DEFERRED", False)
+        self.assertIsNot(protocol.execute_command("GET", "k"), protocol.replyQueue.waiting[-1])
+
+    @cases(detected=True, fallback=False)
+    def test_replies_errors_timeouts_and_cancels_as_txredisapi(self, detected: bool) -> None:
+        self.patch(fence, "ONE_DEFERRED", detected)
+        protocol = self.protocol()
+        self.assertEqual(protocol.transport.value(), b"")
+        answers = [protocol.execute_command("GET", "k") for _ in range(5)]
+        self.assertEqual(protocol.transport.value(), b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n" * 5)
+        answers[2].cancel()  # (relayd's own timeout): its reply, when it comes, is nobody's
+        protocol.dataReceived(b"$1\r\nx\r\n-WRONGTYPE no\r\n$1\r\ny\r\n")
+        self.assertEqual(self.successResultOf(answers[0]), b"x")
+        self.assertEqual(str(self.failureResultOf(answers[1], txredisapi.ResponseError).value), "WRONGTYPE no")
+        self.failureResultOf(answers[2], CancelledError)
+        self.assertEqual(len(self.fake.getDelayedCalls()), 1)  # (the deadline of the two still waiting)
+        self.fake.advance(2)
+        for answer in answers[3:]:
+            failure = self.failureResultOf(answer, txredisapi.TimeoutError)
+            self.assertEqual(str(failure.value), "Not received Redis response in 2 seconds")
+        self.assertTrue(protocol.transport.disconnecting)  # the connection dropped
+        self.assertEqual(self.fake.getDelayedCalls(), [])
+
+    @cases(detected=True, fallback=False)
+    def test_a_reply_cancels_its_timer_and_a_lost_connection_fails_the_rest(self, detected: bool) -> None:
+        self.patch(fence, "ONE_DEFERRED", detected)
+        protocol = self.protocol()
+        answers = [protocol.execute_command("GET", "k") for _ in range(2)]
+        protocol.dataReceived(b":1\r\n")
+        self.fake.advance(1)
+        protocol.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(self.successResultOf(answers[0]), 1)
+        self.failureResultOf(answers[1], txredisapi.ConnectionError)
+        self.assertEqual(self.fake.getDelayedCalls(), [])
+        with self.assertRaises(txredisapi.ConnectionError):
+            protocol.execute_command("GET", "k")  # (raised at once, as txredisapi raises it)
+
+    @cases(detected=True, fallback=False)
+    def test_without_a_reply_timeout_none_is_set(self, detected: bool) -> None:
+        self.patch(fence, "ONE_DEFERRED", detected)
+        protocol = self.protocol(timeout=None)
+        answers = [protocol.execute_command("GET", "k"), protocol.execute_command("GET", "k")]
+        self.assertEqual(self.fake.getDelayedCalls(), [])
+        protocol.dataReceived(b"-ERR no\r\n$0\r\n\r\n")
+        self.assertEqual(str(self.failureResultOf(answers[0], txredisapi.ResponseError).value), "ERR no")
+        self.assertEqual(self.successResultOf(answers[1]), b"")
+
+    def test_keywords_pipelines_and_transactions_are_txredisapis(self) -> None:
+        protocol = self.protocol()
+        unbounded = protocol.execute_command("BLPOP", "k", 0, apply_timeout=False)
+        self.assertIsNot(unbounded, protocol.replyQueue.waiting[-1])
+        self.assertEqual(self.fake.getDelayedCalls(), [])
+        protocol.pipelining = True
+        self.assertIsNot(protocol.execute_command("GET", "k"), protocol.replyQueue.waiting[-1])
+
+    def test_relayds_pool_connections_take_one_deferred(self) -> None:
+        from relayd.storage.redis import _Protocol
+
+        self.assertTrue(issubclass(_Protocol, fence.OneDeferredCommands))
 
 
 class ReplyTimers(TestCase):
