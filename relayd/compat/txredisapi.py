@@ -288,6 +288,14 @@ def time_replies_with(protocol: Any, clock: Any) -> None:
         clock.give_deadlines(protocol)
 
 
+
+def reply_timer_first(protocol: Any, clock: Any, seconds: float) -> bool:
+    """Whether a command written now on C{protocol} (without keywords) fails by its own reply timer
+    before a C{clock} deadline of C{seconds} set after it would fire: the timer is a deadline of the
+    same length on the same clock (L{time_replies_with}), and deadlines of one length expire in the
+    order they were set. Such a deadline would never fire: the caller can go without it."""
+    return REPLY_TIMERS and protocol.replyTimeout == seconds and protocol.callLater == clock.deadline
+
 # -- commands: a connection without a Deferred -------------------------------------------------------
 
 IDLE_CONNECTIONS = code_uses(txredisapi.RedisFactory.addConnection, "connectionQueue") and code_uses(

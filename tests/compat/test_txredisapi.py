@@ -391,6 +391,16 @@ class ReplyTimers(TestCase):
             self.failureResultOf(answer, txredisapi.ConnectionError)
         self.assertEqual(self.fake.getDelayedCalls(), [])
 
+    def test_a_reply_timer_on_the_clock_is_a_timeout_of_its_length(self) -> None:
+        protocol = connected(txredisapi.RedisProtocol(charset=None, replyTimeout=2))
+        self.assertFalse(fence.reply_timer_first(protocol, self.clock, 2))  # (on the reactor: no order)
+        fence.time_replies_with(protocol, self.clock)
+        self.assertTrue(fence.reply_timer_first(protocol, self.clock, 2))
+        self.assertFalse(fence.reply_timer_first(protocol, self.clock, 3))
+        self.assertFalse(fence.reply_timer_first(protocol, Timekeeper(task.Clock()), 2))
+        self.patch(fence, "REPLY_TIMERS", False)
+        self.assertFalse(fence.reply_timer_first(protocol, self.clock, 2))
+
     def test_relayds_pool_connections_time_replies_on_its_clock(self) -> None:
         from relayd.storage.redis import _Protocol
 
