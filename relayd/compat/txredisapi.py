@@ -4,7 +4,7 @@ Which parser reads replies is txredisapi's choice, made once at its import: hire
 hiredis imports (setup.cfg requires it), else its Python line reader; L{HIREDIS_REPLIES} says which,
 and the reliances below that touch the parser are detected on the one in use.
 
-Seven times relayd replaces what txredisapi does inside its protocol or its pool, and each time it must know how
+Eight times relayd replaces what txredisapi does inside its protocol or its pool, and each time it must know how
 txredisapi does it. Each reliance is detected once, at import, on the installed txredisapi (the
 names it relies on must appear in the txredisapi methods that use them); when a release drops them
 the flag is off and relayd takes txredisapi's own path, plainer but working. The pool, its factory

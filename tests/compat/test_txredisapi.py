@@ -52,6 +52,7 @@ class Detection(TestCase):
         self.assertTrue(fence.OWN_REPLIES, "txredisapi no longer hands every reply to replyReceived")
         self.assertTrue(fence.ONE_PASS_COMMANDS, "txredisapi no longer builds commands in _build_command")
         self.assertTrue(fence.REPLY_TIMERS, "txredisapi no longer times replies with the protocol's callLater")
+        self.assertTrue(fence.ONE_DEFERRED, "txredisapi's execute_command no longer answers from its replyQueue")
         self.assertTrue(fence.IDLE_CONNECTIONS, "txredisapi's pool no longer keeps its connections in connectionQueue")
 
     def test_hiredis_reads_the_replies(self) -> None:
