@@ -232,11 +232,14 @@ class OneDeferredCommands:
     connection the same way (the answer waiting in the queue gets the C{TimeoutError} as its reply), and
     cancelling the answer leaves the queue's stand-in as txredisapi's cancel does. Pipelining,
     C{MULTI}, or any keyword (C{apply_timeout}, C{post_proc}) go to txredisapi's own, as does every
-    command without L{ONE_DEFERRED}.
+    command without L{ONE_DEFERRED} or on a connection whose reply timers are not on relayd's clock.
     """
 
+    reply_clock: Any = None  # (L{time_replies_with}: the clock its reply timers are deadlines of)
+
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        if kwargs or not ONE_DEFERRED or self.pipelining or self.inMulti:  # type: ignore[attr-defined]
+        clock = self.reply_clock
+        if kwargs or clock is None or not ONE_DEFERRED or self.pipelining or self.inMulti:  # type: ignore[attr-defined]
             return super().execute_command(*args, **kwargs)  # type: ignore[misc]
         if self.connected == 0:  # type: ignore[attr-defined]
             raise txredisapi.ConnectionError("Not connected")
@@ -254,7 +257,7 @@ class OneDeferredCommands:
                 queue.put(txredisapi.TimeoutError(error_text))
             transport.abortConnection()
 
-        timer = self.callLater(seconds, expired)  # type: ignore[attr-defined]
+        timer = clock.deadline(seconds, expired)  # (what txredisapi's timer is: L{time_replies_with})
 
         def answered(reply: Any) -> Any:
             if timer.active():
@@ -286,6 +289,7 @@ def time_replies_with(protocol: Any, clock: Any) -> None:
     per command and cancels it when the reply comes). Without L{REPLY_TIMERS} nothing changes."""
     if REPLY_TIMERS:
         clock.give_deadlines(protocol)
+        protocol.reply_clock = clock  # (for L{OneDeferredCommands} and L{reply_timer_first})
 
 
 
@@ -294,7 +298,7 @@ def reply_timer_first(protocol: Any, clock: Any, seconds: float) -> bool:
     before a C{clock} deadline of C{seconds} set after it would fire: the timer is a deadline of the
     same length on the same clock (L{time_replies_with}), and deadlines of one length expire in the
     order they were set. Such a deadline would never fire: the caller can go without it."""
-    return REPLY_TIMERS and protocol.replyTimeout == seconds and protocol.callLater == clock.deadline
+    return REPLY_TIMERS and getattr(protocol, "reply_clock", None) is clock and protocol.replyTimeout == seconds
 
 # -- commands: a connection without a Deferred -------------------------------------------------------
 
