@@ -1,6 +1,10 @@
 """The one place relayd reaches into txredisapi's private state (relayd/storage/redis.py and sharded.py use it).
 
-Seven times relayd replaces what txredisapi does inside its protocol or its pool, and each time it must know how
+Which parser reads replies is txredisapi's choice, made once at its import: hiredis's C reader when
+hiredis imports (setup.cfg requires it), else its Python line reader; L{HIREDIS_REPLIES} says which,
+and the reliances below that touch the parser are detected on the one in use.
+
+Eight times relayd replaces what txredisapi does inside its protocol or its pool, and each time it must know how
 txredisapi does it. Each reliance is detected once, at import, on the installed txredisapi (the
 names it relies on must appear in the txredisapi methods that use them); when a release drops them
 the flag is off and relayd takes txredisapi's own path, plainer but working. The pool, its factory
@@ -45,13 +49,30 @@ def mark_ready(protocol: Any) -> None:
         d.callback(protocol)
 
 
+# -- replies: which parser ------------------------------------------------------------------------------
+
+HIREDIS_REPLIES = code_uses(txredisapi.RedisProtocol.dataReceived, "_reader", "gets", "replyReceived")
+"""txredisapi's C{RedisProtocol} (and so its C{SubscriberProtocol}, and relayd's connections) parses
+replies with hiredis's C reader (its C{HiredisProtocol}: txredisapi picks it when C{import hiredis}
+works) instead of its Python line reader (C{BaseRedisProtocol}): each reply is parsed whole within
+the read, in C. The replies are the same (bytes, C{int}, C{None}, nested lists, C{ResponseError} with
+the server's message) but for a status reply (C{+OK}, C{+PONG}), which hiredis gives as bytes like a
+bulk string and the line reader as str (L{status}); relayd reads none but the PONG (L{HearsReplies})."""
+
+
+def status(text: str) -> str | bytes:
+    """A status reply (C{+text}) as relayd's connections hand it over: see L{HIREDIS_REPLIES}."""
+    return text.encode() if HIREDIS_REPLIES else text
+
+
 # -- replies: a whole read in one go ----------------------------------------------------------------
 
 SPLIT_READS = code_uses(txredisapi.LineReceiver.setLineMode, "pauseProducing", "callLater") and code_uses(
     txredisapi.LineReceiver.dataReceived, "line_mode", "paused", "resumeProducing"
 )
 """txredisapi's line receiver, back in line mode after a bulk string, pauses the transport and feeds
-itself the rest of the read on the next reactor turn (C{dataReceived(rest, unpause=True)})."""
+itself the rest of the read on the next reactor turn (C{dataReceived(rest, unpause=True)}). (hiredis's
+reader, L{HIREDIS_REPLIES}, parses a whole read in one call: there L{WholeReads} finds nothing to do.)"""
 
 
 class WholeReads:
@@ -82,10 +103,13 @@ class WholeReads:
 
 # -- replies: sharded pub/sub, which txredisapi does not know ---------------------------------------
 
-OWN_REPLIES = code_uses(txredisapi.BaseRedisProtocol.multiBulkDataReceived, "replyReceived") and code_uses(
-    txredisapi.BaseRedisProtocol.lineReceived, "replyReceived"
+OWN_REPLIES = (
+    code_uses(txredisapi.RedisProtocol.dataReceived, "replyReceived")
+    if HIREDIS_REPLIES
+    else code_uses(txredisapi.BaseRedisProtocol.multiBulkDataReceived, "replyReceived")
+    and code_uses(txredisapi.BaseRedisProtocol.lineReceived, "replyReceived")
 )
-"""txredisapi's parser hands every complete reply, a server's unasked push too, to the protocol's
+"""txredisapi's parser (either, L{HIREDIS_REPLIES}) hands every complete reply, a server's unasked push too, to the protocol's
 C{replyReceived}: relayd's sharded subscriber (relayd/storage/sharded.py) takes them there, once its
 handshake is done, and sends its commands on the transport itself. txredisapi's SubscriberProtocol
 knows neither C{SSUBSCRIBE}'s replies nor C{smessage} (it would queue them as answers nobody asked
@@ -120,10 +144,13 @@ L{Heartbeat}). Without it they send no PING (txredisapi would queue the answer f
 and a node that hangs is noticed only when TCP gives up, as before."""
 
 
+_PONG = status("PONG")
+
+
 class HearsReplies:
     """Mixed into a txredisapi subscriber protocol: with L{PONGS}, every reply calls C{heard()} first,
-    and the answer to a PING goes no further: C{[b"pong", b""]} in subscribed mode, the status C{"PONG"}
-    on a connection subscribed to nothing yet."""
+    and the answer to a PING goes no further: C{[b"pong", b""]} in subscribed mode, the status C{PONG}
+    on a connection subscribed to nothing yet (L{status}: bytes or str, as the parser gives it)."""
 
     def heard(self) -> None:
         raise NotImplementedError
@@ -131,7 +158,7 @@ class HearsReplies:
     def replyReceived(self, reply: Any) -> None:
         if PONGS:
             self.heard()
-            if reply == "PONG" or (isinstance(reply, list) and len(reply) == 2 and reply[0] == b"pong"):
+            if reply == _PONG or (isinstance(reply, list) and len(reply) == 2 and reply[0] == b"pong"):
                 return
         super().replyReceived(reply)  # type: ignore[misc]
 
@@ -181,6 +208,74 @@ class OnePassCommands:
         return b"".join(parts)
 
 
+# -- commands: one Deferred each ----------------------------------------------------------------------
+
+ONE_DEFERRED = code_uses(
+    txredisapi.BaseRedisProtocol.execute_command,
+    "connected", "_build_command", "pipelining", "transport", "write", "replyQueue", "get", "handle_reply",
+    "replyTimeout", "callLater", "inMulti",
+) and code_uses(txredisapi.ReplyQueue._cancelGet, "waiting")  # fmt: skip
+"""txredisapi's C{execute_command} writes the command, takes its reply from the protocol's
+C{replyQueue} (a C{DeferredQueue}: C{get()} waits in C{waiting}, each reply C{put} fires the first;
+a cancelled C{get} leaves a stand-in there, C{ReplyQueue._cancelGet}), raises an error reply
+(C{handle_reply}) and, with C{replyTimeout}, sets a reply timer with the protocol's C{callLater} that
+fails every waiting reply with C{TimeoutError} and aborts the connection."""
+
+
+class OneDeferredCommands:
+    """Mixed into relayd's txredisapi pool protocol: a command's answer is the reply queue's own Deferred.
+
+    txredisapi hands each command a second Deferred fed from the queue's, through three callbacks
+    (C{handle_reply}, one that feeds it unless it already fired, one that cancels the reply timer) and
+    three closures made per command. Here the queue's Deferred is the answer, with one callback that
+    cancels the timer and raises an error reply; the timer fails the same replies and drops the
+    connection the same way (the answer waiting in the queue gets the C{TimeoutError} as its reply), and
+    cancelling the answer leaves the queue's stand-in as txredisapi's cancel does. Pipelining,
+    C{MULTI}, or any keyword (C{apply_timeout}, C{post_proc}) go to txredisapi's own, as does every
+    command without L{ONE_DEFERRED} or on a connection whose reply timers are not on relayd's clock.
+    """
+
+    reply_clock: Any = None  # (L{time_replies_with}: the clock its reply timers are deadlines of)
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        clock = self.reply_clock
+        if kwargs or clock is None or not ONE_DEFERRED or self.pipelining or self.inMulti:  # type: ignore[attr-defined]
+            return super().execute_command(*args, **kwargs)  # type: ignore[misc]
+        if self.connected == 0:  # type: ignore[attr-defined]
+            raise txredisapi.ConnectionError("Not connected")
+        self.transport.write(self._build_command(*args))  # type: ignore[attr-defined]
+        queue = self.replyQueue  # type: ignore[attr-defined]
+        answer = queue.get()
+        seconds = self.replyTimeout  # type: ignore[attr-defined]
+        if not seconds:
+            return answer.addCallback(_raise_error_reply)
+        transport = self.transport  # type: ignore[attr-defined]
+
+        def expired() -> None:
+            error_text = f"Not received Redis response in {seconds} seconds"  # (txredisapi's text)
+            while queue.waiting:
+                queue.put(txredisapi.TimeoutError(error_text))
+            transport.abortConnection()
+
+        timer = clock.deadline(seconds, expired)  # (what txredisapi's timer is: L{time_replies_with})
+
+        def answered(reply: Any) -> Any:
+            if timer.active():
+                timer.cancel()
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
+
+        return answer.addBoth(answered)
+
+
+def _raise_error_reply(reply: Any) -> Any:
+    """txredisapi's C{handle_reply}: an error reply fails the command."""
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
 # -- commands: their reply timers -------------------------------------------------------------------
 
 REPLY_TIMERS = code_uses(txredisapi.BaseRedisProtocol.execute_command, "callLater", "replyTimeout")
@@ -194,7 +289,16 @@ def time_replies_with(protocol: Any, clock: Any) -> None:
     per command and cancels it when the reply comes). Without L{REPLY_TIMERS} nothing changes."""
     if REPLY_TIMERS:
         clock.give_deadlines(protocol)
+        protocol.reply_clock = clock  # (for L{OneDeferredCommands} and L{reply_timer_first})
 
+
+
+def reply_timer_first(protocol: Any, clock: Any, seconds: float) -> bool:
+    """Whether a command written now on C{protocol} (without keywords) fails by its own reply timer
+    before a C{clock} deadline of C{seconds} set after it would fire: the timer is a deadline of the
+    same length on the same clock (L{time_replies_with}), and deadlines of one length expire in the
+    order they were set. Such a deadline would never fire: the caller can go without it."""
+    return REPLY_TIMERS and getattr(protocol, "reply_clock", None) is clock and protocol.replyTimeout == seconds
 
 # -- commands: a connection without a Deferred -------------------------------------------------------
 

@@ -30,7 +30,7 @@ from twisted.python.failure import Failure
 from relayd.base.clock import Timekeeper
 from relayd.base.errors import OutcomeUnknown, StoreRefused, StoreUnavailable, first_error
 from relayd.compat import txredisapi as fence
-from relayd.compat.txredisapi import OnePassCommands, WholeReads
+from relayd.compat.txredisapi import OneDeferredCommands, OnePassCommands, WholeReads
 from relayd.storage.heard import HeardChannels
 from relayd.storage.heartbeat import Heartbeat
 from relayd.storage.sentinel import SentinelFollower
@@ -393,7 +393,7 @@ class _Handshake:
         pass
 
 
-class _Protocol(_Handshake, OnePassCommands, WholeReads, txredisapi.RedisProtocol):
+class _Protocol(_Handshake, OneDeferredCommands, OnePassCommands, WholeReads, txredisapi.RedisProtocol):
     _counted: Redis | None = None  # the client this connection counts as usable for
 
     @defer.inlineCallbacks
@@ -668,7 +668,9 @@ class Redis:
         connection = fence.idle_connection(self._factory)
         if not (durable and self.wait_replicas):
             if connection is not None:
-                return self._guard(store, what, partial(connection.execute_command, *command))
+                # (its reply timer is relayd's timeout, when it is one: then no second one)
+                timed = not fence.reply_timer_first(connection, self.clock, self.timeout)
+                return self._guard(store, what, partial(connection.execute_command, *command), timed=timed)
             return self._guard(store, what, lambda: self._pool.execute_command(*command))
         if connection is not None:
             return self._guard(store, what, partial(self._confirmed, connection, command), waits=True)
@@ -712,7 +714,11 @@ class Redis:
         conn = connections[0]
         if durable and self.wait_replicas:
             return self._confirmed_many(store, conn, commands)
-        return [self._guard(store, _what(command), partial(conn.execute_command, *command)) for command in commands]
+        timed = not fence.reply_timer_first(conn, self.clock, self.timeout)
+        return [
+            self._guard(store, _what(command), partial(conn.execute_command, *command), timed=timed)
+            for command in commands
+        ]
 
     def _confirmed_many(self, store: str, conn: Any, commands: Sequence[tuple[Any, ...]]) -> list[Deferred[Any]]:
         """C{commands}, then one C{WAIT} on the same connection: each command's answer once its
@@ -747,7 +753,11 @@ class Redis:
         seconds = self.clock.monotonic() + self._redis_clock_offset + self.timeout * (1 - DEADLINE_MARGIN)
         return int(seconds * 1e6)
 
-    def _guard(self, store: str, what: Any, call: Callable[[], Deferred[Any]], waits: bool = False) -> Deferred[Any]:
+    def _guard(
+        self, store: str, what: Any, call: Callable[[], Deferred[Any]], waits: bool = False, timed: bool = True
+    ) -> Deferred[Any]:
+        """C{call()}'s answer as L{execute} gives it, timed out after L{timeout} unless C{timed} is
+        false (a command whose reply timer is that timeout: L{fence.reply_timer_first})."""
         if self.refusal is not None:
             return defer.fail(StoreUnavailable(store, "another relayd keyspace version"))
         if not self.connected:
@@ -756,7 +766,8 @@ class Redis:
             d = call()
         except Exception as e:  # txredisapi raises synchronously on a connection that just died
             return defer.fail(StoreUnavailable(store, str(e)))
-        self.clock.timeout(d, self.timeout)
+        if timed:
+            self.clock.timeout(d, self.timeout)
 
         def answered(result: Any) -> Any:
             if self._refused_commands and (what in self._refused_commands or (waits and WAITED in self._refused_commands)):

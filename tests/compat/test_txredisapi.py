@@ -9,11 +9,15 @@ touches a txredisapi private attribute.
 from __future__ import annotations
 
 import enum
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import txredisapi
 from twisted.internet import reactor, task
-from twisted.internet.defer import gatherResults
+from twisted.internet.defer import CancelledError, gatherResults
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import deferLater
 from twisted.internet.testing import StringTransport
@@ -26,12 +30,14 @@ from relayd.storage.redis import KEYSPACE_VERSION, Redis
 from tests.support.cases import cases, expand
 from tests.support.redis import RedisServer
 
+REPO = Path(__file__).resolve().parents[2]
+
 # Three bulk strings in one read, as a pub/sub message or an MGET answer arrives.
 THREE = b"*3\r\n$1\r\nx\r\n$1\r\ny\r\n$1\r\nz\r\n"
 
 
-class _Whole(fence.WholeReads, txredisapi.RedisProtocol):
-    pass
+class _Whole(fence.WholeReads, txredisapi.BaseRedisProtocol):
+    """txredisapi's line reader (its parser without hiredis), as relayd's connections mix it."""
 
 
 def connected(protocol: txredisapi.RedisProtocol) -> txredisapi.RedisProtocol:
@@ -46,7 +52,19 @@ class Detection(TestCase):
         self.assertTrue(fence.OWN_REPLIES, "txredisapi no longer hands every reply to replyReceived")
         self.assertTrue(fence.ONE_PASS_COMMANDS, "txredisapi no longer builds commands in _build_command")
         self.assertTrue(fence.REPLY_TIMERS, "txredisapi no longer times replies with the protocol's callLater")
+        self.assertTrue(fence.ONE_DEFERRED, "txredisapi's execute_command no longer answers from its replyQueue")
         self.assertTrue(fence.IDLE_CONNECTIONS, "txredisapi's pool no longer keeps its connections in connectionQueue")
+
+    def test_hiredis_reads_the_replies(self) -> None:
+        """setup.cfg requires hiredis; txredisapi then parses with it, and the fence knows."""
+        self.assertIsNotNone(txredisapi.hiredis, "hiredis is not installed")
+        self.assertIs(txredisapi.RedisProtocol, txredisapi.HiredisProtocol)
+        self.assertTrue(fence.HIREDIS_REPLIES, "txredisapi no longer parses replies with hiredis's reader")
+        self.assertEqual(fence.status("OK"), b"OK")
+
+    def test_the_parser_in_use_is_the_one_detected(self) -> None:
+        self.assertEqual(fence.HIREDIS_REPLIES, txredisapi.hiredis is not None)
+        self.assertEqual(fence.status("OK"), b"OK" if txredisapi.hiredis is not None else "OK")
 
     def test_mark_ready_fires_whoever_waits_for_the_connection(self) -> None:
         protocol = txredisapi.RedisProtocol()  # its handshake not yet run
@@ -62,7 +80,7 @@ class Detection(TestCase):
 class Replies(TestCase):
     def test_txredisapi_alone_takes_more_turns(self) -> None:
         """What the shortcut saves: without it a three-string answer is not complete within the read."""
-        protocol = connected(txredisapi.RedisProtocol(charset=None, convertNumbers=False))
+        protocol = connected(txredisapi.BaseRedisProtocol(charset=None, convertNumbers=False))
         answer = protocol.execute_command("MGET", "a", "b", "c")
         protocol.dataReceived(THREE)
         self.assertFalse(answer.called)
@@ -83,6 +101,101 @@ class Replies(TestCase):
         protocol.dataReceived(THREE[9:])
         for answer in answers:
             self.assertEqual(await answer, [b"x", b"y", b"z"])
+
+
+class _Heard:
+    """Records every complete reply a parser hands over."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.replies: list[Any] = []
+
+    def replyReceived(self, reply: Any) -> None:
+        self.replies.append(reply)
+
+
+class _HeardByLines(_Heard, _Whole):
+    pass
+
+
+# Every kind of reply relayd's connections get (charset None, no number conversion): bulk strings
+# (empty, binary with line breaks, long), nil, integers, statuses, errors (a code word, a bare
+# message, nested in an array as EXEC and a script's table give them), nested and empty arrays, nil
+# arrays, pub/sub messages and confirmations (classic, pattern, shard), a sentinel's answer.
+_REPLIES = (
+    b"$1\r\nx\r\n$0\r\n\r\n$5\r\na\r\n$1\r\n$-1\r\n$100000\r\n" + b"y" * 100_000 + b"\r\n"
+    b":0\r\n:-1\r\n:9223372036854775807\r\n+OK\r\n+PONG\r\n+QUEUED\r\n+1\r\n"
+    b"-ERR unknown command 'X'\r\n-WRONGTYPE Operation against a key holding the wrong kind of value\r\n"
+    b"-NOSCRIPT No matching script. Please use EVAL.\r\n-MOVED 3999 127.0.0.1:6381\r\n-LEASE lapsed\r\n"
+    b"*2\r\n$4\r\n1101\r\n:3\r\n*3\r\n$2\r\n10\r\n:64\r\n$3\r\nvic\r\n*0\r\n*-1\r\n"
+    b"*3\r\n*2\r\n:1\r\n*1\r\n$1\r\nz\r\n*0\r\n$-1\r\n*2\r\n:1\r\n-ERR x\r\n"
+    b"*3\r\n$7\r\nmessage\r\n$1\r\nc\r\n$5\r\n12345\r\n*4\r\n$8\r\npmessage\r\n$1\r\n*\r\n$1\r\nc\r\n$2\r\nhi\r\n"
+    b"*3\r\n$9\r\nsubscribe\r\n$1\r\nc\r\n:1\r\n*3\r\n$8\r\nsmessage\r\n$1\r\nc\r\n$0\r\n\r\n"
+    b"*2\r\n$4\r\npong\r\n$0\r\n\r\n*2\r\n$9\r\n127.0.0.1\r\n$4\r\n6379\r\n"
+)
+
+
+def _as_hiredis_gives(reply: Any) -> Any:
+    """A reply of txredisapi's line reader as hiredis gives it: a status as bytes (fence.HIREDIS_REPLIES)."""
+    if isinstance(reply, str):
+        return reply.encode()
+    if isinstance(reply, list):
+        return [_as_hiredis_gives(item) for item in reply]
+    return reply
+
+
+def _comparable(reply: Any) -> Any:
+    if isinstance(reply, Exception):
+        return (type(reply), reply.args)
+    if isinstance(reply, list):
+        return [_comparable(item) for item in reply]
+    return reply
+
+
+@expand
+class Parsers(TestCase):
+    """hiredis's reader (txredisapi's parser once hiredis is installed) hands relayd the replies its
+    line reader does, a status as bytes aside (fence.HIREDIS_REPLIES)."""
+
+    def setUp(self) -> None:
+        if txredisapi.hiredis is None:
+            self.skipTest("hiredis is not installed (the line reader alone)")
+
+    @cases(whole=len(_REPLIES), split=7, byte_by_byte=1)
+    def test_every_kind_of_reply_is_the_same(self, step: int) -> None:
+        lines = connected(_HeardByLines(charset=None, convertNumbers=False))
+        hiredis = connected(type("Heard", (_Heard, txredisapi.HiredisProtocol), {})(charset=None, convertNumbers=False))
+        for at in range(0, len(_REPLIES), step):
+            lines.dataReceived(_REPLIES[at : at + step])
+            hiredis.dataReceived(_REPLIES[at : at + step])
+        self.assertEqual(len(lines.replies), 29)
+        self.assertEqual(_comparable(hiredis.replies), _comparable(_as_hiredis_gives(lines.replies)))
+
+    def test_relayds_connections_read_with_the_parser_in_use(self) -> None:
+        from relayd.storage.redis import _Protocol, _Subscriber
+        from relayd.storage.sentinel import _OneShot, _Watcher
+        from relayd.storage.sharded import _ShardSubscriber
+
+        for kind in (_Protocol, _Subscriber, _OneShot, _Watcher, _ShardSubscriber):
+            self.assertTrue(issubclass(kind, txredisapi.HiredisProtocol), kind)
+
+
+class WithoutHiredis(TestCase):
+    """relayd without hiredis: txredisapi's line reader, and the fence's reliances detected on it."""
+
+    timeout = 600
+
+    def test_the_fence_and_the_clients_work_with_the_line_reader(self) -> None:
+        # This module and the subscribers' heartbeat (the PONG status) against real redis-servers, in
+        # a process where hiredis cannot be imported.
+        run = "import sys; sys.modules['hiredis'] = None; import pytest; sys.exit(pytest.main(sys.argv[1:]))"
+        argv = [sys.executable, "-c", run, "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                "tests/compat/test_txredisapi.py", "tests/storage/test_redis_heartbeat.py",
+                "-k", "not WithoutHiredis and not hiredis_reads_the_replies"]  # fmt: skip
+        done = subprocess.run(argv, cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=540)
+        self.assertEqual(done.returncode, 0, done.stdout[-4000:] + done.stderr[-2000:])
+        self.assertIn(" passed", done.stdout)
+        self.assertIn(" skipped", done.stdout)  # (Parsers: nothing to compare without hiredis)
 
 
 class _OnePass(fence.OnePassCommands, txredisapi.RedisProtocol):
@@ -151,6 +264,88 @@ class Commands(TestCase):
         self.assertTrue(issubclass(_Protocol, fence.OnePassCommands))
 
 
+class _OneDeferred(fence.OneDeferredCommands, fence.WholeReads, txredisapi.RedisProtocol):
+    pass
+
+
+@expand
+class OneDeferred(TestCase):
+    """A pool connection's command answered by the reply queue's own Deferred, as txredisapi answers it."""
+
+    def setUp(self) -> None:
+        self.fake = task.Clock()
+
+    def protocol(self, timeout: float | None = 2) -> txredisapi.RedisProtocol:
+        protocol = connected(_OneDeferred(charset=None, convertNumbers=False, replyTimeout=timeout))
+        fence.time_replies_with(protocol, Timekeeper(self.fake))
+        return protocol
+
+    def test_the_answer_is_the_queues_deferred(self) -> None:
+        """What the shortcut saves: txredisapi's own second Deferred, its three callbacks and closures."""
+        protocol = self.protocol()
+        answer = protocol.execute_command("GET", "k")
+        self.assertIs(protocol.replyQueue.waiting[-1], answer)
+        self.patch(fence, "ONE_DEFERRED", False)
+        self.assertIsNot(protocol.execute_command("GET", "k"), protocol.replyQueue.waiting[-1])
+
+    @cases(detected=True, fallback=False)
+    def test_replies_errors_timeouts_and_cancels_as_txredisapi(self, detected: bool) -> None:
+        self.patch(fence, "ONE_DEFERRED", detected)
+        protocol = self.protocol()
+        self.assertEqual(protocol.transport.value(), b"")
+        answers = [protocol.execute_command("GET", "k") for _ in range(5)]
+        self.assertEqual(protocol.transport.value(), b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n" * 5)
+        answers[2].cancel()  # (relayd's own timeout): its reply, when it comes, is nobody's
+        protocol.dataReceived(b"$1\r\nx\r\n-WRONGTYPE no\r\n$1\r\ny\r\n")
+        self.assertEqual(self.successResultOf(answers[0]), b"x")
+        self.assertEqual(str(self.failureResultOf(answers[1], txredisapi.ResponseError).value), "WRONGTYPE no")
+        self.failureResultOf(answers[2], CancelledError)
+        self.assertEqual(len(self.fake.getDelayedCalls()), 1)  # (the deadline of the two still waiting)
+        self.fake.advance(2)
+        for answer in answers[3:]:
+            failure = self.failureResultOf(answer, txredisapi.TimeoutError)
+            self.assertEqual(str(failure.value), "Not received Redis response in 2 seconds")
+        self.assertTrue(protocol.transport.disconnecting)  # the connection dropped
+        self.assertEqual(self.fake.getDelayedCalls(), [])
+
+    @cases(detected=True, fallback=False)
+    def test_a_reply_cancels_its_timer_and_a_lost_connection_fails_the_rest(self, detected: bool) -> None:
+        self.patch(fence, "ONE_DEFERRED", detected)
+        protocol = self.protocol()
+        answers = [protocol.execute_command("GET", "k") for _ in range(2)]
+        protocol.dataReceived(b":1\r\n")
+        self.fake.advance(1)
+        protocol.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(self.successResultOf(answers[0]), 1)
+        self.failureResultOf(answers[1], txredisapi.ConnectionError)
+        self.assertEqual(self.fake.getDelayedCalls(), [])
+        with self.assertRaises(txredisapi.ConnectionError):
+            protocol.execute_command("GET", "k")  # (raised at once, as txredisapi raises it)
+
+    @cases(detected=True, fallback=False)
+    def test_without_a_reply_timeout_none_is_set(self, detected: bool) -> None:
+        self.patch(fence, "ONE_DEFERRED", detected)
+        protocol = self.protocol(timeout=None)
+        answers = [protocol.execute_command("GET", "k"), protocol.execute_command("GET", "k")]
+        self.assertEqual(self.fake.getDelayedCalls(), [])
+        protocol.dataReceived(b"-ERR no\r\n$0\r\n\r\n")
+        self.assertEqual(str(self.failureResultOf(answers[0], txredisapi.ResponseError).value), "ERR no")
+        self.assertEqual(self.successResultOf(answers[1]), b"")
+
+    def test_keywords_pipelines_and_transactions_are_txredisapis(self) -> None:
+        protocol = self.protocol()
+        unbounded = protocol.execute_command("BLPOP", "k", 0, apply_timeout=False)
+        self.assertIsNot(unbounded, protocol.replyQueue.waiting[-1])
+        self.assertEqual(self.fake.getDelayedCalls(), [])
+        protocol.pipelining = True
+        self.assertIsNot(protocol.execute_command("GET", "k"), protocol.replyQueue.waiting[-1])
+
+    def test_relayds_pool_connections_take_one_deferred(self) -> None:
+        from relayd.storage.redis import _Protocol
+
+        self.assertTrue(issubclass(_Protocol, fence.OneDeferredCommands))
+
+
 class ReplyTimers(TestCase):
     """Reply timers set on relayd's deadlines: one reactor call for every pending reply."""
 
@@ -197,6 +392,16 @@ class ReplyTimers(TestCase):
             self.failureResultOf(answer, txredisapi.ConnectionError)
         self.assertEqual(self.fake.getDelayedCalls(), [])
 
+    def test_a_reply_timer_on_the_clock_is_a_timeout_of_its_length(self) -> None:
+        protocol = connected(txredisapi.RedisProtocol(charset=None, replyTimeout=2))
+        self.assertFalse(fence.reply_timer_first(protocol, self.clock, 2))  # (on the reactor: no order)
+        fence.time_replies_with(protocol, self.clock)
+        self.assertTrue(fence.reply_timer_first(protocol, self.clock, 2))
+        self.assertFalse(fence.reply_timer_first(protocol, self.clock, 3))
+        self.assertFalse(fence.reply_timer_first(protocol, Timekeeper(task.Clock()), 2))
+        self.patch(fence, "REPLY_TIMERS", False)
+        self.assertFalse(fence.reply_timer_first(protocol, self.clock, 2))
+
     def test_relayds_pool_connections_time_replies_on_its_clock(self) -> None:
         from relayd.storage.redis import _Protocol
 
@@ -224,7 +429,7 @@ class OwnReplies(TestCase):
         protocol = connected(_Own(charset=None, convertNumbers=False))
         answer = protocol.execute_command("PING")
         protocol.dataReceived(b"+PONG\r\n")  # before: txredisapi's own answer to its command
-        self.assertEqual(self.successResultOf(answer), "PONG")
+        self.assertEqual(self.successResultOf(answer), fence.status("PONG"))
         protocol.own_replies = True
         protocol.dataReceived(
             b"*3\r\n$10\r\nssubscribe\r\n$1\r\nc\r\n:1\r\n"
@@ -234,6 +439,26 @@ class OwnReplies(TestCase):
         self.assertEqual(protocol.replies[:2], [[b"ssubscribe", b"c", 1], [b"smessage", b"c", b"hi"]])
         self.assertIsInstance(protocol.replies[2], txredisapi.ResponseError)
         self.assertEqual(str(protocol.replies[2]), "MOVED 5 127.0.0.1:7000")
+
+
+class _Hears(fence.HearsReplies, fence.WholeReads, txredisapi.SubscriberProtocol):
+    times_heard = 0
+
+    def heard(self) -> None:
+        self.times_heard += 1
+
+
+class HearsReplies(TestCase):
+    """A subscriber's PONG (its heartbeat writes the PING itself) is taken, whichever parser reads it."""
+
+    def test_the_pong_status_and_the_subscribed_pong_go_no_further(self) -> None:
+        protocol = connected(_Hears(charset=None, convertNumbers=False))
+        protocol.dataReceived(b"+PONG\r\n")  # subscribed to nothing yet: the status
+        subscribed = protocol.execute_command("SUBSCRIBE", b"c")
+        protocol.dataReceived(b"*3\r\n$9\r\nsubscribe\r\n$1\r\nc\r\n:1\r\n*2\r\n$4\r\npong\r\n$0\r\n\r\n")
+        self.assertEqual(self.successResultOf(subscribed), [b"subscribe", b"c", 1])  # not the PONG
+        self.assertEqual(protocol.times_heard, 3)
+        self.assertEqual(protocol.replyQueue.pending, [])
 
 
 @expand
@@ -261,7 +486,7 @@ class Handshake(TestCase):
         redis = Redis(f"redis://127.0.0.1:{self.server.port}/2", Timekeeper(reactor), timeout=1)
         self.addCleanup(redis.close)
         await self.until_connected(redis)
-        self.assertEqual(await redis.execute("probe", "SET", "k", "v"), "OK")
+        self.assertEqual(await redis.execute("probe", "SET", "k", "v"), fence.status("OK"))
         # SELECT ran (database 2) and the keyspace version was written beside the key.
         found: Any = await redis.execute("probe", "KEYS", "*")
         self.assertEqual(sorted(found), [b"k", b"relayd:schema"])
@@ -325,7 +550,7 @@ class IdleConnections(TestCase):
         asked: list[bool] = []
         original = factory.getConnection
         self.patch(factory, "getConnection", lambda peek=False: asked.append(peek) or original(peek))
-        self.assertEqual(await redis.execute("probe", "SET", "k", "v"), "OK")
+        self.assertEqual(await redis.execute("probe", "SET", "k", "v"), fence.status("OK"))
         self.assertEqual(await redis.execute("probe", "GET", "k"), b"v")
         self.assertEqual(await gatherResults(redis.execute_many("probe", [("GET", "k"), ("GET", "k")])), [b"v", b"v"])
         self.assertEqual(asked, [])

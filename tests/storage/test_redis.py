@@ -12,8 +12,10 @@ from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
 from relayd.base.clock import Timekeeper
-from relayd.base.errors import StoreUnavailable
+from relayd.base.errors import OutcomeUnknown, StoreUnavailable
+from relayd.compat import txredisapi as fence
 from relayd.storage.redis import KEYSPACE_VERSION, Redis
+from tests.support.cases import cases, expand
 from tests.support.redis import RedisServer
 
 
@@ -66,9 +68,40 @@ class Reconnect(TestCase):
         self.assertEqual(admin(port, b"AUTH old\r\nCONFIG SET requirepass new\r\n"), b"+OK\r\n+OK\r\n")
         # Polling a reconnect that backs off by itself.
         await until(self, lambda: redis.connected, "the client did not reconnect", step=0.05)
-        self.assertEqual(await redis.execute("probe", "SET", "k", "v"), "OK")
+        self.assertEqual(await redis.execute("probe", "SET", "k", "v"), fence.status("OK"))
         # SELECT ran: the key is in database 1 (beside the keyspace version), not 0.
         self.assertEqual(sorted(await redis.execute("probe", "KEYS", "*")), [b"k", b"relayd:schema"])
+
+
+@expand
+class CommandTimeout(TestCase):
+    """A command written on a ready connection is timed once: its reply timer is the client's timeout
+    (relayd/compat/txredisapi.py reply_timer_first), and Redis silent it fails as with both."""
+
+    timeout = 30
+
+    def setUp(self) -> None:
+        self.server = RedisServer.start()
+        self.addCleanup(self.server.cleanup)
+
+    @cases(one_deadline=True, two=False)
+    async def test_a_command_redis_does_not_answer(self, reply_timer_only: bool) -> None:
+        if not reply_timer_only:
+            self.patch(fence, "reply_timer_first", lambda protocol, clock, seconds: False)
+        redis = Redis(self.server.url, Timekeeper(reactor), timeout=0.5)
+        self.addCleanup(redis.close)
+        await until(self, lambda: redis.connected, "the client did not connect")
+        self.server.pause(self)
+        answers = [redis.execute("probe", "GET", "k"), *redis.execute_many("probe", [("GET", "a"), ("GET", "b")])]
+        waiting = [d for d in redis.clock._queues[0.5].entries if d.active()]
+        self.assertEqual(len(waiting), 3 if reply_timer_only else 6)
+        for answer in answers:
+            failure = await self.assertFailure(answer, OutcomeUnknown)
+            self.assertEqual(
+                str(failure),
+                "probe store unavailable: no answer from Redis (Not received Redis response in 0.5 seconds); "
+                "the command may have run",
+            )
 
 
 class KeyspaceVersion(TestCase):
@@ -104,7 +137,7 @@ class KeyspaceVersion(TestCase):
         admin(self.server.port, b"SET relayd:schema " + mine + b"\r\n")
         redis = self.client()
         await until(self, lambda: redis.connected, "the client did not connect")
-        self.assertEqual(await redis.execute("probe", "SET", "k", "v"), "OK")
+        self.assertEqual(await redis.execute("probe", "SET", "k", "v"), fence.status("OK"))
         self.assertFalse(redis.refused.called)
 
     async def refused(self, stored: bytes, prefix: str = "relayd:") -> tuple[Redis, str]:
