@@ -229,9 +229,8 @@ class PlainPostParity(TwoRelays):
 
 
 class HeldWithoutADeferred(TwoRelays):
-    def test_a_held_post_s_answer_is_handed_over_directly(self) -> None:
-        # The plain path's held POST is told its answer by a direct call (a HeldAnswer), not
-        # through a Deferred made, called back and chained per held POST.
+    def watch_answers(self) -> list[Any]:
+        """What the plain path's handler answers each POST with, in order."""
         answers: list[Any] = []
         handler = self.fast.site.simple_posts[b"/"]
 
@@ -242,6 +241,12 @@ class HeldWithoutADeferred(TwoRelays):
 
         self.fast.site.simple_posts.clear()
         self.fast.site.simple_posts.claim(b"/", watched)
+        return answers
+
+    def test_a_held_post_s_answer_is_handed_over_directly(self) -> None:
+        # The plain path's held POST is told its answer by a direct call (a HeldAnswer), not
+        # through a Deferred made, called back and chained per held POST.
+        answers = self.watch_answers()
         replies, _, _ = self.run_case(self.fast, lambda sid: [mcp(sid, CALL)])
         self.assertEqual([reply.code for reply in replies], [200])
         self.assertNotIsInstance(answers[0], Deferred)
@@ -250,16 +255,7 @@ class HeldWithoutADeferred(TwoRelays):
     def test_a_held_post_s_end_is_told_without_a_deferred(self) -> None:
         # The forwarded request learns that its client left from the request's own list of what
         # to tell (its PostReply, through watch_end), not through a notifyFinish Deferred per POST.
-        answers: list[Any] = []
-        handler = self.fast.site.simple_posts[b"/"]
-
-        def watched(post: Any) -> Any:
-            answer = handler(post)
-            answers.append(answer)
-            return answer
-
-        self.fast.site.simple_posts.clear()
-        self.fast.site.simple_posts.claim(b"/", watched)
+        answers = self.watch_answers()
         self.on(self.fast)
         connection = self.fast.connect()
         connection.send(mcp(self.sid_of[self.fast], CALL))
