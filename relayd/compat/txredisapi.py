@@ -292,13 +292,13 @@ def time_replies_with(protocol: Any, clock: Any) -> None:
         protocol.reply_clock = clock  # (for L{OneDeferredCommands} and L{reply_timer_first})
 
 
-
 def reply_timer_first(protocol: Any, clock: Any, seconds: float) -> bool:
     """Whether a command written now on C{protocol} (without keywords) fails by its own reply timer
     before a C{clock} deadline of C{seconds} set after it would fire: the timer is a deadline of the
     same length on the same clock (L{time_replies_with}), and deadlines of one length expire in the
     order they were set. Such a deadline would never fire: the caller can go without it."""
     return REPLY_TIMERS and getattr(protocol, "reply_clock", None) is clock and protocol.replyTimeout == seconds
+
 
 # -- commands: a connection without a Deferred -------------------------------------------------------
 
