@@ -111,7 +111,7 @@ class Event(msgspec.Struct, gc=False, eq=False):
         else:
             position = (0, -1)
         return cls(
-            raw if raw is not None and b"\n" not in raw and b"\r" not in raw else None,
+            raw if raw is not None and raw.find(b"\n") < 0 and raw.find(b"\r") < 0 else None,
             kind,
             ev["type"],
             ev.get("session"),
@@ -210,7 +210,8 @@ def admit(raw: bytes) -> Event | None:
     if not raw.isascii():
         return None
     special = raw.translate(None, _NOT_SPECIAL)
-    if b"\r" in special or b"\n" in special:
+    # (find, not `in`: `in` on bytes first tries its operand as an int, raising and clearing a TypeError)
+    if special.find(b"\r") >= 0 or special.find(b"\n") >= 0:
         return None
     escapes = special.count(b"\\")
     if len(special) - escapes > MAX_DEPTH and len(raw) >= _DEEP_LINE:
@@ -241,14 +242,14 @@ def plain_body(body: bytes, longest_line: int | None = None) -> PlainBody | None
     escape or a line break); then whether no line can nest deeper than L{MAX_DEPTH}: every line
     (C{longest_line}: the length of the longest, when the caller knows it) too short to, or the
     body's brackets too few."""
-    if not body.isascii() or b"\r" in body or b"\\" in body:
+    if not body.isascii() or body.find(b"\r") >= 0 or body.find(b"\\") >= 0:
         return None
     # Counting is the costly part (a byte at a time, a tenth of a batch's cost): lines are usually
     # too short to need it (then nothing is counted, and "[" is not looked for: no line's count
     # needs it), and "[" is often absent (then it is not counted).
     if longest_line is not None and longest_line < _DEEP_LINE:
         return PlainBody(True, True)
-    arrays = b"[" in body
+    arrays = body.find(b"[") >= 0
     return PlainBody(arrays, body.count(b"{") + (body.count(b"[") if arrays else 0) <= MAX_DEPTH)
 
 
