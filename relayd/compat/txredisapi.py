@@ -262,9 +262,7 @@ class OneDeferredCommands:
         def answered(reply: Any) -> Any:
             if timer.active():
                 timer.cancel()
-            if isinstance(reply, Exception):
-                raise reply
-            return reply
+            return _raise_error_reply(reply)
 
         return answer.addBoth(answered)
 
