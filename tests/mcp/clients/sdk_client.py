@@ -19,6 +19,7 @@ import json
 import sys
 from typing import Any
 
+import anyio
 import httpx2
 import mcp_types as types
 from mcp import ClientSession
@@ -76,13 +77,21 @@ async def main(mode: str, url: str, token: str, tool: str = TOOL) -> dict[str, A
             transport = streamable_http_client(url, http_client=http)
         else:
             transport = sse_client(url, headers=headers)
-        async with transport as streams:
-            read, write = streams[0], streams[1]
-            async with ClientSession(read, write, message_handler=on_message) as session:
-                init = await session.initialize()
-                out["version"] = init.protocol_version
-                await exercise(session.call_tool, session.list_tools)
-                await asyncio.wait_for(changed.wait(), 20)
+        try:
+            async with transport as streams:
+                read, write = streams[0], streams[1]
+                async with ClientSession(read, write, message_handler=on_message) as session:
+                    init = await session.initialize()
+                    out["version"] = init.protocol_version
+                    await exercise(session.call_tool, session.list_tools)
+                    await asyncio.wait_for(changed.wait(), 20)
+        except BaseExceptionGroup as group:
+            # The SDK's legacy SSE reader hands a message that arrives while its session is closing (the
+            # page's list_changed for another client joining, say) to the closed read stream, then the
+            # error too, and fails with anyio.BrokenResourceError: its teardown race, after every answer
+            # this client waited for arrived. Anything else, or before that, is a failure.
+            if mode != "sse" or "result" not in out or group.split(anyio.BrokenResourceError)[1] is not None:
+                raise
     return out
 
 
