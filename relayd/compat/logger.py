@@ -1,8 +1,9 @@
 """The fence's twisted.logger half (and twistd's exit status): the reaches relayd's logs make.
 
 relayd.logs puts its secret scrubber ahead of every other observer of the global publisher, gives
-twistd's text-file observer a faster access-line formatter and a stream written once per reactor turn; the tap makes twistd exit 0 after a clean
-drain. Each reliance is detected once, at import, on the installed Twisted; without it the function
+twistd's text-file observer a faster access-line formatter and a stream written once per reactor turn,
+and watches the publisher's observers (access lines go straight to that stream while it is their only
+destination); the tap makes twistd exit 0 after a clean drain. Each reliance is detected once, at import, on the installed Twisted; without it the function
 takes the public path (the behaviour each docstring names). tests/compat/test_logger.py checks each
 detection and each fallback. This module loads neither twisted.web nor autobahn: formatting a log line
 needs neither.
@@ -11,6 +12,7 @@ needs neither.
 from __future__ import annotations
 
 import io
+import threading
 from collections.abc import Callable
 from typing import Any, TypeGuard, cast
 
@@ -128,3 +130,104 @@ def wrap_text_output(observer: FileLogObserver, wrap: Callable[[Any], Any]) -> N
     """
     if TEXT_OUTPUT and hasattr(observer, "_outFile"):
         observer._outFile = wrap(observer._outFile)
+
+
+# -- watching a publisher's observers -----------------------------------------------------------------
+
+OBSERVERS_WATCHABLE = (
+    PUBLISHER_LIST
+    and code_uses(LogPublisher.removeObserver, "_observers")
+    and code_uses(LogPublisher.__call__, "_observers")
+    and not code_uses(LogPublisher.__call__, "removeObserver")
+)
+"""A C{LogPublisher} keeps its observers in its C{_observers} list and nowhere else (C{addObserver},
+C{removeObserver} and publishing read it), and keeps an observer that raised (it logs the failure to
+the others)."""
+TEXT_ENCODING = code_uses(FileLogObserver.__call__, "_encoding") and "_encoding" in vars(
+    FileLogObserver(io.StringIO(), str)
+)
+"""A C{FileLogObserver} encodes each line with its C{_encoding} attribute (C{None}: writes text)."""
+
+
+class _WatchedObservers(list[Any]):
+    """A publisher's observer list that calls its watchers after each change (under one lock, so the
+    last watcher's call sees the last change)."""
+
+    def __init__(self, observers: list[Any]) -> None:
+        super().__init__(observers)
+        self.watchers: list[Callable[[], object]] = []
+        self.lock = threading.RLock()
+
+    def changed(self) -> None:
+        with self.lock:
+            for watcher in list(self.watchers):
+                watcher()
+
+
+def _reporting(name: str) -> Callable[..., Any]:
+    change = getattr(list, name)
+
+    def reporting(self: _WatchedObservers, *args: Any) -> Any:
+        with self.lock:
+            result = change(self, *args)
+            self.changed()
+        return result
+
+    reporting.__name__ = name
+    return reporting
+
+
+for _name in ("append", "extend", "insert", "remove", "pop", "clear", "sort", "reverse", "__setitem__",
+              "__delitem__", "__iadd__", "__imul__"):
+    setattr(_WatchedObservers, _name, _reporting(_name))
+
+
+def watch_observers(publisher: LogPublisher, changed: Callable[[], object]) -> bool:
+    """Call C{changed} after every change of C{publisher}'s observers from now on (added, removed,
+    however: C{addObserver}, C{globalLogBeginner.beginLoggingTo}, L{observe_first}) and after
+    L{observers_changed}; C{True} once watched.
+
+    The publisher's list is replaced by an equal one that says when it changes. C{False}, and nothing
+    done, for a publisher of another kind or where Twisted keeps observers otherwise: then C{changed}
+    is never called, and a watcher must assume any observer may be there.
+    """
+    if not (OBSERVERS_WATCHABLE and type(publisher) is LogPublisher):
+        return False
+    current = getattr(publisher, "_observers", None)
+    if not isinstance(current, list):
+        return False
+    if type(current) is not _WatchedObservers:
+        current = _WatchedObservers(current)
+        publisher._observers = current
+    with current.lock:
+        current.watchers.append(changed)
+    return True
+
+
+def unwatch_observers(publisher: LogPublisher, changed: Callable[[], object]) -> None:
+    """Stop calling C{changed} (L{watch_observers})."""
+    current = getattr(publisher, "_observers", None)
+    if type(current) is _WatchedObservers:
+        with current.lock:
+            if changed in current.watchers:
+                current.watchers.remove(changed)
+
+
+def observers_changed(publisher: LogPublisher) -> None:
+    """Call C{publisher}'s watchers: one of its observers changed in place (its formatter, its stream)."""
+    current = getattr(publisher, "_observers", None)
+    if type(current) is _WatchedObservers:
+        current.changed()
+
+
+def text_observer_parts(observer: Any) -> tuple[Any, Any, str | None] | None:
+    """The formatter, the stream and the encoding (C{None}: text) of C{observer} if it is a
+    C{FileLogObserver} as Twisted makes it (writing C{formatter(event)} to the stream, encoded, then
+    flushing it), else C{None} (also where those attributes are not known)."""
+    if not (TEXT_FORMATTER and TEXT_OUTPUT and TEXT_ENCODING) or type(observer) is not FileLogObserver:
+        return None
+    parts = vars(observer)
+    try:
+        return parts["formatEvent"], parts["_outFile"], parts["_encoding"]
+    except KeyError:
+        return None

@@ -12,7 +12,7 @@ from typing import Callable
 
 from twisted.logger import LogEvent, LogLevel, LogPublisher, globalLogPublisher
 
-from relayd.compat.logger import wrap_text_formatters
+from relayd.compat.logger import observers_changed, wrap_text_formatters
 
 # Twisted's own lines about each listening port ("RelaySite starting on 8787", "(TCP Port 8787
 # Closed)"): relayd's "<wing> listening on <url>" and "<wing>: stopped listening" lines say it, once,
@@ -36,7 +36,7 @@ def is_port_noise(event: LogEvent) -> bool:
 ACCESS_NAMESPACE = "relayd.access"
 
 
-class _AccessLines:
+class AccessLines:
     """Formats access lines exactly as twistd's text observer does, at a fraction of the cost.
 
     Twisted's classic format runs its general formatter and converts the time zone for every line,
@@ -48,8 +48,10 @@ class _AccessLines:
 
     def __init__(self, format_event: Callable[[LogEvent], str | None]) -> None:
         self.format_event = format_event
-        self._second: int | None = None
-        self._prefix = ""
+        # The second of the last line Twisted formatted, and that line's text before the line itself
+        # (relayd.logs.access_log writes lines of that second with it too).
+        self.second: int | None = None
+        self.prefix = ""
 
     def __call__(self, event: LogEvent) -> str | None:
         line = event.get("access_line")
@@ -65,12 +67,12 @@ class _AccessLines:
         ):
             return None if is_port_noise(event) else self.format_event(event)
         second = int(when)
-        if second == self._second:
-            return f"{self._prefix}{line}\n"
+        if second == self.second:
+            return f"{self.prefix}{line}\n"
         text = self.format_event(event)
         tail = f"{line}\n"
         if text and text.endswith(tail):
-            self._second, self._prefix = second, text[: -len(tail)]
+            self.second, self.prefix = second, text[: -len(tail)]
         return text
 
 
@@ -78,4 +80,5 @@ def quicken_access_lines(publisher: LogPublisher | None = None) -> None:
     """Give twistd's text-file observer (whatever file it writes to) the fast access-line formatter,
     which also leaves out Twisted's per-port lines (L{is_port_noise}). Calling it again changes nothing."""
     publisher = globalLogPublisher if publisher is None else publisher
-    wrap_text_formatters(publisher, _AccessLines)
+    wrap_text_formatters(publisher, AccessLines)
+    observers_changed(publisher)  # (an observer's formatter is now relayd's: relayd.logs.access_log)

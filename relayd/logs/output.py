@@ -19,7 +19,7 @@ from twisted.internet.interfaces import IReactorCore
 from twisted.logger import LogPublisher, globalLogPublisher
 
 from relayd.base.clock import NextTurn, Timekeeper
-from relayd.compat.logger import before_each_poll, is_text_observer, observers, wrap_text_output
+from relayd.compat.logger import before_each_poll, is_text_observer, observers, observers_changed, wrap_text_output
 from relayd.logs.json import JSONLinesObserver
 from relayd.logs.scrub import ScrubbingObserver
 
@@ -113,3 +113,4 @@ def write_once_per_turn(reactor: IReactorCore, clock: Timekeeper, publisher: Log
             inner.out = turn_writer(inner.out)
         elif is_text_observer(inner):
             wrap_text_output(inner, turn_writer)
+    observers_changed(publisher)  # (an observer's stream is now a turn writer: relayd.logs.access_log)

@@ -9,7 +9,7 @@ import weakref
 from typing import Any, Callable
 
 from twisted.internet.interfaces import IAddress
-from twisted.logger import Logger, LogLevel
+from twisted.logger import Logger
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Site
 
@@ -18,8 +18,7 @@ from relayd.base.clock import Timekeeper
 from relayd.base.reactor import installed
 from relayd.compat.prometheus import adder
 from relayd.compat.web import channel_of, channel_protocol, close_after
-from relayd.logs.access import ACCESS_NAMESPACE
-from relayd.logs.scrub import SCRUBBED_MARK
+from relayd.logs.access_log import access_log
 from relayd.process.settings import DEFAULT_SITE_SETTINGS, HEALTH_RESERVE, SiteSettings
 from relayd.web.admission import Admission
 from relayd.web.answers import Answer, json_answer, write_answer
@@ -28,41 +27,6 @@ from relayd.web.request import BodyLimit, ChannelSite, RelayRequest, host_of
 from relayd.web.simple_post import SimplePosts
 
 _MAX_SHARED_ADDRESSES = 64
-
-
-class _AccessLog(Logger):
-    """The access line's logger: one info event per request, built as C{Logger.emit} builds one (the
-    same keys) but without checking its level, which C{emit} does by sorting every log level for
-    each event: a third of emitting an access line."""
-
-    def line(
-        self,
-        when: float,
-        text: str,
-        relay: str,
-        peer: str,
-        method: str,
-        path: str,
-        status: int,
-        sent: int,
-        duration: float | None,
-    ) -> None:
-        """Emit the access line C{text} (rendered) and its fields as the info event C{{access_line}} at
-        C{when} (the epoch): one dict, built whole (not grown to its fifteen keys)."""
-        self.observer(
-            {
-                "access_line": text, "relay": relay, "peer": peer, "method": method, "path": path, "status": status,
-                "bytes": sent, "duration_ms": duration,
-                # Safe by construction (no query string, no headers): the scrubber need not render it.
-                SCRUBBED_MARK: True,
-                "log_logger": self, "log_level": LogLevel.info, "log_namespace": self.namespace, "log_source": None,
-                "log_format": "{access_line}", "log_time": when,
-            }
-        )  # fmt: skip
-
-
-# A module-level logger: a Logger class attribute would take the class's name as its namespace.
-_access_log = _AccessLog(namespace=ACCESS_NAMESPACE)
 
 
 class _Crowded(Resource):
@@ -285,13 +249,16 @@ class RelaySite(ChannelSite):
         if not self.access_log:
             return
         clock = self.clock
-        duration = round((clock.monotonic() - started) * 1000, 1) if started is not None else None
+        when = clock.seconds()
         verb = _loggable(method)
         where = _loggable(_strip_query(path))
         # Rendered here once: twisted.logger's own formatting of five fields cost a third of the
         # line's price, and one line is written per request.
         text = f'{relay} {peer} "{verb} {where}" {status} {sent}'
-        _access_log.line(clock.seconds(), text, relay, peer, verb, where, status, sent, duration)
+        if access_log.written(when, text):
+            return  # (straight to the text log, its only destination: relayd.logs.access_log)
+        duration = round((clock.monotonic() - started) * 1000, 1) if started is not None else None
+        access_log.line(when, text, relay, peer, verb, where, status, sent, duration)
 
     def open_connections(self) -> int:
         """How many HTTP connections this site still serves."""

@@ -44,6 +44,8 @@ class Logging(TestCase):
         self.assertTrue(fence.PUBLISHER_LIST)
         self.assertTrue(fence.TEXT_FORMATTER)
         self.assertTrue(fence.TEXT_OUTPUT)
+        self.assertTrue(fence.OBSERVERS_WATCHABLE)
+        self.assertTrue(fence.TEXT_ENCODING)
         self.assertIsInstance(globalLogPublisher._observers, list)
 
     @cases(detected=True, fallback=False)
@@ -120,6 +122,66 @@ class Logging(TestCase):
         plain = io.StringIO()
         textFileLogObserver(plain)(dict(event))
         self.assertEqual(out.getvalue(), plain.getvalue())
+
+
+@expand
+class WatchedObservers(TestCase):
+    @cases(detected=True, fallback=False)
+    def test_every_change_of_the_observers_is_told(self, detected: bool) -> None:
+        self.patch(fence, "OBSERVERS_WATCHABLE", detected)
+        first, second, third = (lambda e: None), (lambda e: None), (lambda e: None)
+        publisher = LogPublisher(first)
+        told: list[list[Any]] = []
+        # Without the list's attribute nothing is watched: the watcher is never told, and says so.
+        self.assertEqual(fence.watch_observers(publisher, lambda: told.append(fence.observers(publisher))), detected)
+        publisher.addObserver(second)
+        publisher.addObserver(second)  # (already there: no change, nothing told)
+        fence.observe_first(publisher, third)
+        publisher.removeObserver(first)
+        observers = publisher._observers
+        observers[0] = first
+        observers += [third]
+        del observers[-1]
+        observers.extend([third])
+        observers.pop()
+        observers.clear()
+        fence.observers_changed(publisher)
+        expected: list[list[Any]] = [[first, second], [third, first, second], [third, second], [first, second],
+                                     [first, second, third], [first, second], [first, second, third],
+                                     [first, second], [], []]
+        self.assertEqual(told, expected if detected else [])
+        publisher({"log_format": "x"})  # (publishing reads the list as before)
+
+    def test_a_publisher_of_another_kind_is_not_watched(self) -> None:
+        class Counting(LogPublisher):
+            pass
+
+        self.assertFalse(fence.watch_observers(Counting(), lambda: None))
+
+    def test_a_watcher_is_told_no_more_once_it_stops(self) -> None:
+        publisher = LogPublisher()
+        told: list[int] = []
+
+        def watcher() -> None:
+            told.append(1)
+
+        self.assertTrue(fence.watch_observers(publisher, watcher))
+        publisher.addObserver(lambda e: None)
+        fence.unwatch_observers(publisher, watcher)
+        publisher.addObserver(lambda e: None)
+        self.assertEqual(told, [1])
+
+    @cases(detected=True, fallback=False)
+    def test_the_parts_of_a_text_observer(self, detected: bool) -> None:
+        self.patch(fence, "TEXT_ENCODING", detected)
+        text, data = io.StringIO(), io.BytesIO()
+        observer = textFileLogObserver(text)
+        # Without the attribute no observer is known for Twisted's: access lines are then always published.
+        parts = fence.text_observer_parts(observer)
+        self.assertEqual(parts, (observer.formatEvent, text, None) if detected else None)
+        parts = fence.text_observer_parts(textFileLogObserver(data))
+        self.assertEqual(parts and parts[1:], (data, "utf-8") if detected else None)
+        self.assertIsNone(fence.text_observer_parts(lambda event: None))
 
 
 @expand
