@@ -215,7 +215,9 @@ class RelayChannel(ChannelHooks):
         waiting = self.simple_waiting
         if waiting is None:
             site = self._relay_site
-            if site is not None and site.simple_posts and data.startswith(b"POST ") and between_requests(self):
+            # (a site whose wings answer no plain POST declines each at its request line: no
+            # SimplePosts.__bool__ asked per read)
+            if site is not None and data.startswith(b"POST ") and between_requests(self):
                 if self._answer_simple(site, data):
                     return  # (answered within this read: a header clock started for it could never fire)
         if self._header_call is None and self.reading_head():
@@ -274,7 +276,7 @@ class RelayChannel(ChannelHooks):
         started = site.clock.monotonic()
         post.channel = self
         try:
-            answer = site.simple_posts[post.path](post)
+            answer = None if post.handler is None else post.handler(post)
         except Exception:
             # twisted.web's path then answers it (with its 500 if the fault is there too).
             _log.failure("a simple POST handler failed; the request goes to twisted.web")

@@ -28,6 +28,21 @@ from relayd.web.simple_post import HeldAnswer, SimplePost
 __all__ = ["PlainRequest", "render_plain"]
 
 
+# Header names known to be lower-case already (those relayd asks for and sets: a few dozen), so that
+# a name is not lowered again for each request that names it. Filled as names come; a name not
+# lower-case is never put here (it is lowered each time), and it stops growing when full.
+_LOWER: set[bytes] = set()
+_LOWER_KEPT = 256
+
+
+def _lower(name: bytes) -> bytes:
+    """C{name} lower-cased (remembered among L{_LOWER} when it already was)."""
+    lowered = name.lower()
+    if lowered == name and len(_LOWER) < _LOWER_KEPT:
+        _LOWER.add(name)
+    return lowered
+
+
 class _RequestFields:
     """A plain POST's headers as twisted.web's C{requestHeaders} reads them (one value per name)."""
 
@@ -37,11 +52,11 @@ class _RequestFields:
         self.fields = fields
 
     def getRawHeaders(self, name: bytes, default: Any = None) -> Any:
-        value = self.fields.get(name.lower())
+        value = self.fields.get(name if name in _LOWER else _lower(name))
         return default if value is None else [value]
 
     def hasHeader(self, name: bytes) -> bool:
-        return name.lower() in self.fields
+        return (name if name in _LOWER else _lower(name)) in self.fields
 
 
 class _ResponseFields:
@@ -54,19 +69,20 @@ class _ResponseFields:
         self.fields: dict[bytes, list[bytes]] = {}
 
     def setRawHeaders(self, name: bytes, values: list[bytes]) -> None:
-        self.fields[name.lower()] = list(values)
+        self.fields[name if name in _LOWER else _lower(name)] = list(values)
 
     def getRawHeaders(self, name: bytes, default: Any = None) -> Any:
-        return self.fields.get(name.lower(), default)
+        return self.fields.get(name if name in _LOWER else _lower(name), default)
 
     def hasHeader(self, name: bytes) -> bool:
-        return name.lower() in self.fields
+        return (name if name in _LOWER else _lower(name)) in self.fields
 
     def getAllRawHeaders(self) -> Any:
         return self.fields.items()
 
     def lines(self) -> tuple[Header, ...]:
-        return tuple((name, value) for name, values in self.fields.items() for value in values)
+        # (a list built in one call, not a generator resumed per header)
+        return tuple([(name, value) for name, values in self.fields.items() for value in values])
 
 
 class PlainRequest:
@@ -101,7 +117,7 @@ class PlainRequest:
     # what a handler reads ------------------------------------------------------------------------
 
     def getHeader(self, name: bytes) -> bytes | None:
-        return self.requestHeaders.fields.get(name.lower())
+        return self.requestHeaders.fields.get(name if name in _LOWER else _lower(name))
 
     def getClientAddress(self) -> Any:
         return self.channel.getPeer()
@@ -112,7 +128,7 @@ class PlainRequest:
         self.code = code
 
     def setHeader(self, name: bytes, value: bytes) -> None:
-        self.responseHeaders.setRawHeaders(name, [value])
+        self.responseHeaders.fields[name if name in _LOWER else _lower(name)] = [value]
 
     def write(self, data: bytes) -> None:
         self._written.append(data)

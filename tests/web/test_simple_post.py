@@ -15,7 +15,12 @@ from relayd.web.simple_post import SimplePost, SimplePosts, read_simple_post
 from relayd.web.site import RelaySite
 from tests.support.raw import RawClient
 
-PATHS = {b"/events"}
+
+def _events(post: SimplePost) -> None:
+    return None
+
+
+PATHS = {b"/events": _events}  # (the handlers a read looks its target up in)
 BODY = b'{"a":1}\n'
 
 
@@ -148,6 +153,7 @@ class Claimed(TestCase):
                                  max_fields=500, max_length_digits=18)
         assert found is not None
         self.assertEqual(found.path, b"/s/outbox?token=t")
+        self.assertIs(found.handler, posts.get(b"/s/outbox?token=t"))  # (looked up once, kept on the post)
         self.assertIsNone(read(post(line=b"POST /events?x=1 HTTP/1.1")))  # (an exact path: no query)
 
 
