@@ -4,9 +4,10 @@ case, the lower-cased ones remembered (relayd.web.plain_request._LOWER) and no o
 from __future__ import annotations
 
 from twisted.trial.unittest import TestCase
+from twisted.web.http import parse_qs
 
 from relayd.web import plain_request
-from relayd.web.plain_request import PlainRequest
+from relayd.web.plain_request import PlainRequest, query_args
 from relayd.web.simple_post import SimplePost
 
 
@@ -46,3 +47,14 @@ class Names(TestCase):
             made.setHeader(b"x-name-%d" % n, b"1")
         self.assertEqual(len(plain_request._LOWER), plain_request._LOWER_KEPT)
         self.assertEqual(made.responseHeaders.getRawHeaders(b"x-name-%d" % (plain_request._LOWER_KEPT + 9)), [b"1"])
+
+
+class Query(TestCase):
+    def test_the_arguments_are_read_as_twisted_web_reads_them(self) -> None:
+        queries = [
+            b"token=abc", b"token=", b"token", b"=x", b"token=a=b", b"a=1&b=2", b"a=1;b=2", b"a=1&a=2",
+            b"token=a%20b", b"token=a+b", b"to%6Ben=x", b"a+b=c", b"&", b";", b"token=abc&", b"x=%zz",
+            b"direction=outbound&token=t", b"token=\xff\xfe",
+        ]  # fmt: skip
+        for query in queries:
+            self.assertEqual(query_args(query), parse_qs(query, 1), query)
