@@ -286,10 +286,11 @@ class RelayChannel(ChannelHooks):
             return False
         if answer is None:
             return False
-        self._stop_header_clock()
+        if self._header_call is not None:  # (none running for most: no call to stop nothing)
+            self._stop_header_clock()
         if isinstance(answer, Answer):  # (asked first: isinstance against Deferred, an ABC, is slow for anything else)
             if not post.close:
-                self._idle()  # (an answer written now to a connection that then closes needs no idle timer)
+                self.setTimeout(self.timeOut)  # (L{_idle}; an answer written now to a connection that then closes needs no idle timer)
             self._write_simple(answer, site, post, peer, started)
             return True
         answer_to = getattr(answer, "answer_to", None)  # (a HeldAnswer; a Deferred has none)
@@ -320,7 +321,7 @@ class RelayChannel(ChannelHooks):
         waiting, self.simple_waiting = self.simple_waiting, None
         self.simple_answer = None
         if waiting is not None and not post.close:
-            self._idle()  # (answered later: the idle timeout counts from the answer, as twisted.web's)
+            self.setTimeout(self.timeOut)  # (L{_idle}: answered later, the idle timeout counts from the answer, as twisted.web's)
         transport = self.transport
         if transport is None or not getattr(transport, "connected", False):
             return  # (the client left while the store wrote)
