@@ -188,18 +188,27 @@ class Exchange:
                 return not_forwarded(Failure())
         return None
 
+    def find_here(self, session: str, token: str, sid: str, kind: ClientKind) -> Client | Answer | None:
+        """L{find}'s answer when client session C{sid} is held here (no coroutine made for the
+        usual request); C{None} when it is not."""
+        clients = self.clients
+        client = clients.clients.get(sid)
+        if client is None:
+            return None
+        if client.session != session or client.kind is not kind:
+            return UNKNOWN_CLIENT
+        client.last_used = clients.clock.seconds()
+        client.token = token
+        return client
+
     async def find(self, request: Request, session: str, token: str, sid: str, kind: ClientKind) -> Client | Answer:
         """Client session C{sid} of C{session} and of the transport's C{kind}: here, or attached from
         the shared store; else C{404}."""
         clients = self.clients
         while True:
-            client = clients.clients.get(sid)
-            if client is not None:
-                if client.session != session or client.kind is not kind:
-                    return UNKNOWN_CLIENT
-                client.last_used = clients.clock.seconds()
-                client.token = token
-                return client
+            here = self.find_here(session, token, sid, kind)
+            if here is not None:
+                return here
             try:
                 record = await self.tunnel.get_client(sid)
             except Exception:
