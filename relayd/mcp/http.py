@@ -116,6 +116,7 @@ def _token(request: Request) -> str:
 
 _FRAME_REFUSED: Final = Refused("invalid_token_or_frame")
 _PASS: Final = "relayd_mcp_pass"  # the request attribute holding the Pass of its accepted token
+_TOKEN: Final = "relayd_mcp_token"  # and the token itself, as the request presented it (read once)
 _PREPARED: Final = "relayd_mcp_prepared"  # the request attribute saying its CORS headers are set
 
 
@@ -123,6 +124,13 @@ def _pass(request: Request) -> Pass | None:
     """The L{Pass} the token of an C{inbox} or C{outbox} POST got at the end of its headers, if any."""
     passed: Pass | None = getattr(request, _PASS, None)
     return passed
+
+
+def _frame_token(request: Request) -> str:
+    """The token of an C{inbox} or C{outbox} POST: as read at the end of its headers, once accepted
+    there (L{McpResource._frame_check}), else read now."""
+    token: str | None = getattr(request, _TOKEN, None)
+    return _token(request) if token is None else token
 
 
 def _direction(request: Request) -> str:
@@ -336,6 +344,7 @@ class McpResource(RoutedResource):
             reason = answered[0]
         if reason is None:
             setattr(request, _PASS, passed)
+            setattr(request, _TOKEN, token)
             return None
         return refused_answer(Refused(reason) if reason == "session_gone" else _FRAME_REFUSED)
 
@@ -366,13 +375,13 @@ class McpResource(RoutedResource):
 
     def _inbox(self, request: Request, session: str) -> Deferred[Answer]:
         body = read_body(request)  # read before auth, as the contract orders it
-        return self.tunnel.inbox(session, _token(request), body, _label(request), _pass(request)).addCallback(
+        return self.tunnel.inbox(session, _frame_token(request), body, _label(request), _pass(request)).addCallback(
             lambda _: OK
         )
 
     def _outbox(self, request: Request, session: str) -> Answer | Deferred[Answer]:
         body = read_body(request)
-        sent = run_now(self.tunnel.from_page(session, _token(request), body, _pass(request)))
+        sent = run_now(self.tunnel.from_page(session, _frame_token(request), body, _pass(request)))
         # Taken at once (the memory store): answered in this call, no Deferred made and chained.
         return OK if sent is None else sent.addCallback(lambda _: OK)
 

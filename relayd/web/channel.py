@@ -164,14 +164,15 @@ class RelayChannel(ChannelHooks):
         held = hold_writes(transport)
         self.reading = True
         try:
-            self._read(data)
             # A line the reader holds unsplit once a read is parsed holds no CRLF: a line feed there
             # is a bare one, after which the client waits for an answer that would come only with
-            # the header timeout.
+            # the header timeout. (A read that was one plain POST left the reader as it found it,
+            # holding nothing: L{between_requests}. Not asked then.)
             # (find, not `in`: `in` on bytes first tries its operand as an int, raising and clearing a TypeError)
-            bare = self.reading_head() and not self.parsing_paused() and held_line(self).find(b"\n") >= 0
-            if bare and _open(self.transport):
-                self._refuse(_BARE_LINE_FEED)
+            if not self._read(data):
+                bare = self.reading_head() and not self.parsing_paused() and held_line(self).find(b"\n") >= 0
+                if bare and _open(self.transport):
+                    self._refuse(_BARE_LINE_FEED)
         finally:
             del self.reading
             if held:
@@ -211,20 +212,23 @@ class RelayChannel(ChannelHooks):
             self.transport.abortConnection()  # type: ignore[union-attr]
         return True
 
-    def _read(self, data: bytes) -> None:
+    def _read(self, data: bytes) -> bool:
+        """Read C{data}; C{True} when it was one plain POST, taken whole (nothing else was read)."""
         waiting = self.simple_waiting
         if waiting is None:
             site = self._relay_site
-            if site is not None and site.simple_posts and data.startswith(b"POST ") and between_requests(self):
+            # (a site whose wings answer no plain POST declines each at its request line: no
+            # SimplePosts.__bool__ asked per read)
+            if site is not None and data.startswith(b"POST ") and between_requests(self):
                 if self._answer_simple(site, data):
-                    return  # (answered within this read: a header clock started for it could never fire)
+                    return True  # (answered within this read: a header clock started for it could never fire)
         if self._header_call is None and self.reading_head():
             self._start_header_clock()  # the head's first byte
         if waiting is not None:  # a plain POST's answer is awaited: what follows it waits for it
             waiting += data  # (one buffer: its length is known at once however many reads came)
             if len(waiting) > _WAITING_READ_MAX:
                 pause_reading(self.transport)  # (the rest waits in the kernel until the answer is written)
-            return
+            return False
         # Twisted's line reader copies what follows each line it splits off, so a POST whose
         # headers and body arrive in one read had its body copied once per header line (a 50 KB
         # NDJSON batch about ten times). The header block goes first, then the rest: the parser
@@ -239,9 +243,10 @@ class RelayChannel(ChannelHooks):
                     del self.unparsed
                 transport = self.transport
                 if transport is None or getattr(transport, "disconnecting", False):
-                    return  # answered and closing: nothing more is read (as within one read)
+                    return False  # answered and closing: nothing more is read (as within one read)
                 data = data[end:]
         super().dataReceived(data)
+        return False
 
     def _answer_simple(self, site: ChannelSite, data: bytes) -> bool:
         """Answer the plain POST that C{data} is, if the wing whose path it names takes it
@@ -261,7 +266,7 @@ class RelayChannel(ChannelHooks):
         if not site.trust_forwarded_for:
             # (the peer's host, read when the connection was counted or its first plain POST came: no
             # address built again)
-            peer = client if client is not None else self._peer_host()
+            peer = client if client is not None else (self.peer_host or self._peer_host())
         else:
             forwarded = post.headers.get(b"x-forwarded-for")
             peer = site.client_of(None if forwarded is None else [forwarded], self.getPeer())
@@ -274,17 +279,18 @@ class RelayChannel(ChannelHooks):
         started = site.clock.monotonic()
         post.channel = self
         try:
-            answer = site.simple_posts[post.path](post)
+            answer = None if post.handler is None else post.handler(post)
         except Exception:
             # twisted.web's path then answers it (with its 500 if the fault is there too).
             _log.failure("a simple POST handler failed; the request goes to twisted.web")
             return False
         if answer is None:
             return False
-        self._stop_header_clock()
+        if self._header_call is not None:  # (none running for most: no call to stop nothing)
+            self._stop_header_clock()
         if isinstance(answer, Answer):  # (asked first: isinstance against Deferred, an ABC, is slow for anything else)
             if not post.close:
-                self._idle()  # (an answer written now to a connection that then closes needs no idle timer)
+                self.setTimeout(self.timeOut)  # (L{_idle}; an answer written now to a connection that then closes needs no idle timer)
             self._write_simple(answer, site, post, peer, started)
             return True
         answer_to = getattr(answer, "answer_to", None)  # (a HeldAnswer; a Deferred has none)
@@ -315,7 +321,7 @@ class RelayChannel(ChannelHooks):
         waiting, self.simple_waiting = self.simple_waiting, None
         self.simple_answer = None
         if waiting is not None and not post.close:
-            self._idle()  # (answered later: the idle timeout counts from the answer, as twisted.web's)
+            self.setTimeout(self.timeOut)  # (L{_idle}: answered later, the idle timeout counts from the answer, as twisted.web's)
         transport = self.transport
         if transport is None or not getattr(transport, "connected", False):
             return  # (the client left while the store wrote)

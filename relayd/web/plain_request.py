@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from io import BytesIO
-from typing import Any, cast
+from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionLost
@@ -25,7 +25,22 @@ from relayd.web.request import BodyLimit
 from relayd.web.routes import RoutedResource
 from relayd.web.simple_post import HeldAnswer, SimplePost
 
-__all__ = ["PlainRequest", "render_plain"]
+__all__ = ["PlainRequest", "query_args", "render_plain"]
+
+
+# Header names known to be lower-case already (those relayd asks for and sets: a few dozen), so that
+# a name is not lowered again for each request that names it. Filled as names come; a name not
+# lower-case is never put here (it is lowered each time), and it stops growing when full.
+_LOWER: set[bytes] = set()
+_LOWER_KEPT = 256
+
+
+def _lower(name: bytes) -> bytes:
+    """C{name} lower-cased (remembered among L{_LOWER} when it already was)."""
+    lowered = name.lower()
+    if lowered == name and len(_LOWER) < _LOWER_KEPT:
+        _LOWER.add(name)
+    return lowered
 
 
 class _RequestFields:
@@ -37,11 +52,11 @@ class _RequestFields:
         self.fields = fields
 
     def getRawHeaders(self, name: bytes, default: Any = None) -> Any:
-        value = self.fields.get(name.lower())
+        value = self.fields.get(name if name in _LOWER else _lower(name))
         return default if value is None else [value]
 
     def hasHeader(self, name: bytes) -> bool:
-        return name.lower() in self.fields
+        return (name if name in _LOWER else _lower(name)) in self.fields
 
 
 class _ResponseFields:
@@ -54,19 +69,30 @@ class _ResponseFields:
         self.fields: dict[bytes, list[bytes]] = {}
 
     def setRawHeaders(self, name: bytes, values: list[bytes]) -> None:
-        self.fields[name.lower()] = list(values)
+        self.fields[name if name in _LOWER else _lower(name)] = list(values)
 
     def getRawHeaders(self, name: bytes, default: Any = None) -> Any:
-        return self.fields.get(name.lower(), default)
+        return self.fields.get(name if name in _LOWER else _lower(name), default)
 
     def hasHeader(self, name: bytes) -> bool:
-        return name.lower() in self.fields
+        return (name if name in _LOWER else _lower(name)) in self.fields
 
     def getAllRawHeaders(self) -> Any:
         return self.fields.items()
 
     def lines(self) -> tuple[Header, ...]:
-        return tuple((name, value) for name, values in self.fields.items() for value in values)
+        # (a list built in one call, not a generator resumed per header)
+        return tuple([(name, value) for name, values in self.fields.items() for value in values])
+
+
+def query_args(query: bytes) -> dict[bytes, list[bytes]]:
+    """The arguments of C{query} as twisted.web's request reads them (C{parse_qs(query, 1)}); a
+    query of one argument with nothing to unquote or split (C{?token=...}) read without it."""
+    # (find, not `in`: `in` on bytes first tries its operand as an int, raising and clearing a TypeError)
+    if query.find(b"&") >= 0 or query.find(b";") >= 0 or query.find(b"%") >= 0 or query.find(b"+") >= 0:
+        return parse_qs(query, 1)
+    name, equals, value = query.partition(b"=")
+    return {name: [value]} if equals else {}
 
 
 class PlainRequest:
@@ -86,7 +112,7 @@ class PlainRequest:
         self.uri = target = post.path
         path, _, query = target.partition(b"?")
         self.path = path
-        self.args = parse_qs(query, 1) if query else {}
+        self.args = query_args(query) if query else {}
         self.requestHeaders = _RequestFields(post.headers)
         self.responseHeaders = _ResponseFields()
         self.content = BytesIO(post.body)
@@ -101,7 +127,7 @@ class PlainRequest:
     # what a handler reads ------------------------------------------------------------------------
 
     def getHeader(self, name: bytes) -> bytes | None:
-        return self.requestHeaders.fields.get(name.lower())
+        return self.requestHeaders.fields.get(name if name in _LOWER else _lower(name))
 
     def getClientAddress(self) -> Any:
         return self.channel.getPeer()
@@ -112,7 +138,7 @@ class PlainRequest:
         self.code = code
 
     def setHeader(self, name: bytes, value: bytes) -> None:
-        self.responseHeaders.setRawHeaders(name, [value])
+        self.responseHeaders.fields[name if name in _LOWER else _lower(name)] = [value]
 
     def write(self, data: bytes) -> None:
         self._written.append(data)
@@ -131,9 +157,10 @@ class PlainRequest:
         if answer_to is not None:
             self._answer_to = None
             answer_to(answered)
-        finishing, self.notifications = self.notifications, []
-        for d in finishing:
-            d.callback(None)
+        if self.notifications:  # (none for most: no list made for them)
+            finishing, self.notifications = self.notifications, []
+            for d in finishing:
+                d.callback(None)
 
     def answer_to(self, write: Callable[[Answer], object]) -> None:
         """Hand the response to C{write} once the handler finishes it (a direct call: no Deferred
@@ -161,7 +188,7 @@ def render_plain(resource: RoutedResource, limit: BodyLimit | None, post: Simple
     if not post.body:
         return None
     request = PlainRequest(post)
-    seen = cast(Request, request)
+    seen: Request = request  # type: ignore[assignment]  # (not cast(): a call per request)
     if limit is not None and limit.refusal(seen, len(post.body)) is not None:
         return None
     request.early = sum(map(len, request.responseHeaders.fields.values()))

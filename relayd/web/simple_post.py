@@ -13,10 +13,10 @@ the wing declines, goes to twisted.web as before.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Container
+from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["HeldAnswer", "SimplePost", "SimplePosts", "read_simple_post"]
+__all__ = ["Handlers", "HeldAnswer", "SimplePost", "SimplePosts", "read_simple_post"]
 
 # A header name: a token (RFC 9110 5.1).
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -40,19 +40,27 @@ _NOT_KEPT = frozenset((b"content-length", b"authorization", b"proxy-authorizatio
 class SimplePost:
     """A plain POST: its path (the request target: with its query, for a path a wing claims by
     prefix), its headers (lower-cased names, each at most once), its body, its HTTP version, whether
-    its connection closes once it is answered (as twisted.web decides), and the channel it came on
-    (set by the channel before a wing sees it)."""
+    its connection closes once it is answered (as twisted.web decides), the handler its path has
+    (L{read_simple_post}: looked up once), and the channel it came on (set by the channel before a
+    wing sees it)."""
 
-    __slots__ = ("body", "headers", "path", "version", "close", "channel")
+    __slots__ = ("body", "headers", "path", "version", "close", "handler", "channel")
 
     def __init__(
-        self, path: bytes, headers: dict[bytes, bytes], body: bytes, version: bytes = b"HTTP/1.1", close: bool = False
+        self,
+        path: bytes,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        version: bytes = b"HTTP/1.1",
+        close: bool = False,
+        handler: SimplePostHandler | None = None,
     ) -> None:
         self.path = path
         self.headers = headers
         self.body = body
         self.version = version
         self.close = close
+        self.handler = handler
         self.channel: Any = None
 
 
@@ -116,12 +124,19 @@ class SimplePosts:
         self._prefixes = ()
 
 
+class Handlers(Protocol):
+    """What L{read_simple_post} looks a target up in (L{SimplePosts}, or a plain dict)."""
+
+    def get(self, target: bytes, /) -> SimplePostHandler | None: ...
+
+
 def read_simple_post(
-    data: bytes, paths: Container[bytes], *, max_header_bytes: int, max_fields: int, max_length_digits: int
+    data: bytes, handlers: Handlers, *, max_header_bytes: int, max_fields: int, max_length_digits: int
 ) -> SimplePost | None:
-    """The POST that C{data} holds exactly (no byte before or after it), to one of C{paths} (its
-    target, query string included, C{in paths}: L{SimplePosts} takes a query under a claimed
-    prefix), or C{None} when C{data} is anything else or anything unusual: another method or version, a header block over C{max_header_bytes} or C{max_fields}, a bare line feed, a folded or
+    """The POST that C{data} holds exactly (no byte before or after it), to a target that has one of
+    C{handlers} (its target, query string included, looked up with C{handlers.get}, once: the
+    post's C{handler}; L{SimplePosts} takes a query under a claimed prefix), or C{None} when C{data}
+    is anything else or anything unusual: another method or version, a header block over C{max_header_bytes} or C{max_fields}, a bare line feed, a folded or
     repeated header, a header name that is not a token, a NUL, no C{Content-Length} (or one of more than
     C{max_length_digits} digits, or not all digits), a body not all there, bytes after it, C{Connection}
     other than C{keep-alive} or C{close}, or any of L{_DECLINED}."""
@@ -130,7 +145,10 @@ def read_simple_post(
         return None
     method, _, rest = data[:line_end].partition(b" ")
     path, _, version = rest.partition(b" ")
-    if method != b"POST" or version not in _VERSIONS or path not in paths:
+    if method != b"POST" or version not in _VERSIONS:
+        return None
+    handler = handlers.get(path)
+    if handler is None:
         return None
     end = data.find(b"\r\n\r\n", line_end, max_header_bytes + 2)
     if end < 0:
@@ -189,4 +207,4 @@ def read_simple_post(
     # twisted.web keeps an HTTP/1.1 connection unless told to close, and never an HTTP/1.0 one
     # (HTTPChannel.checkPersistence): the same here.
     close = version != b"HTTP/1.1" or connection == b"close"
-    return SimplePost(path, headers, body, version, close)
+    return SimplePost(path, headers, body, version, close, handler)

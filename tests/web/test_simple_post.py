@@ -15,7 +15,12 @@ from relayd.web.simple_post import SimplePost, SimplePosts, read_simple_post
 from relayd.web.site import RelaySite
 from tests.support.raw import RawClient
 
-PATHS = {b"/events"}
+
+def _events(post: SimplePost) -> None:
+    return None
+
+
+PATHS = {b"/events": _events}  # (the handlers a read looks its target up in)
 BODY = b'{"a":1}\n'
 
 
@@ -148,6 +153,7 @@ class Claimed(TestCase):
                                  max_fields=500, max_length_digits=18)
         assert found is not None
         self.assertEqual(found.path, b"/s/outbox?token=t")
+        self.assertIs(found.handler, posts.get(b"/s/outbox?token=t"))  # (looked up once, kept on the post)
         self.assertIsNone(read(post(line=b"POST /events?x=1 HTTP/1.1")))  # (an exact path: no query)
 
 
@@ -196,6 +202,22 @@ class AnsweredBySite(TestCase):
         await client.wait_for(b"from twisted.web")
         self.assertEqual(calls, [b"answer", b"decline", b"boom"])
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+
+    async def test_a_bare_line_feed_after_a_plain_post_is_refused_at_once(self) -> None:
+        # (a read that was one plain POST skips the channel's bare line feed check: the next read,
+        # which is not one, is checked)
+        site = RelaySite(Leaf(), relay="test")
+        site.simple_posts[b"/events"] = lambda post: Answer(202, b"{}")
+        port = reactor.listenTCP(0, site, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        client = RawClient()
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port), client)
+        self.addCleanup(client.transport.loseConnection)
+        client.transport.write(post())
+        await client.wait_for(b"{}")
+        client.received = b""
+        client.transport.write(b"POST /events HTTP/1.1\nHost: x\n")  # (no answer until the line ends: a hang)
+        await client.wait_for(b"HTTP/1.1 400 ").addTimeout(5, reactor)
 
 
 # read_simple_post as it checked the header block with one expression over it (each line with its

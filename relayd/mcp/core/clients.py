@@ -236,7 +236,7 @@ class Client:
     __slots__ = (
         "clients", "id", "session", "token", "label", "record", "kind", "pending",
         "progress", "stream", "events", "events_bytes", "next_event", "delivered", "last_used", "ended", "origin",
-        "address",
+        "address", "answer_headers",
     )
 
     def __init__(
@@ -270,6 +270,9 @@ class Client:
         self.delivered = 0
         self.last_used = clients.clock.seconds()
         self.ended = False
+        # What its transport answers its requests with, made by the transport once (it names the
+        # client session: the same for each of its requests).
+        self.answer_headers: Any = None
 
     def add_pending(self, key: bytes, pending: Pending) -> None:
         """Remember a forwarded request until its answer (a dict of its own from the first one)."""

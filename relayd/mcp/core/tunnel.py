@@ -134,6 +134,8 @@ class TunnelRelay:
     ) -> None:
         self.store = store
         self.clock = clock
+        # The wall clock, in seconds (the clock's own, bound once: read four times per round trip).
+        self._now: Callable[[], float] = clock.seconds
         self.config = config or TunnelConfig()
         self.bus: IMcpBus = bus or LocalBus()
         self.instance: str = self.bus.instance
@@ -394,9 +396,6 @@ class TunnelRelay:
             self._wake(key)
 
     # internals ---------------------------------------------------------------------------------
-
-    def _now(self) -> float:
-        return self.clock.seconds()
 
     def log_failure(self, failure: Failure, what: str) -> None:
         """Log a failure nobody is waiting for (a store outage as one line, anything else with its traceback)."""

@@ -11,7 +11,7 @@ The rules (revisions, header checks, progress tokens) are in L{relayd.mcp.core.s
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Final, cast
+from typing import Final
 
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
@@ -59,7 +59,7 @@ class _Admit:
         if type(answer) is Deferred:  # (not isinstance: an ABC's slow path for an Answer or None)
             answer.addCallbacks(_answered, _failed, callbackArgs=(request,), errbackArgs=(request,))
         else:
-            _answered(cast("Answer | None", answer), request)
+            _answered(answer, request)  # type: ignore[arg-type]  # (not cast(): a call per request)
         return TAKEN
 
     async def _admitted(self, request: Request, session: str, admitted: Admitted) -> Answer | None:

@@ -30,7 +30,7 @@ from relayd.mcp.endpoint.answers import (
     not_forwarded,
     rpc_error,
 )
-from relayd.web.answers import Answer, finish, gone, json_answer, watch_end
+from relayd.web.answers import JSON_TYPE, Answer, Header, finish, gone, watch_end
 from relayd.web.streams.sse import SSEHub, SSEStream
 
 SSE_HEADERS: Final = [
@@ -50,19 +50,32 @@ def message_event(raw: bytes, event_id: bytes | None = None) -> bytes:
     return b"id: " + event_id + b"\nevent: message\ndata: " + raw + b"\n\n"
 
 
-def session_header(client: Client) -> list[tuple[bytes, bytes]]:
-    """The C{Mcp-Session-Id} header of a Streamable HTTP client session's answers."""
-    return [(b"mcp-session-id", client.id.encode("ascii"))]
+_JSON_ONLY: Final = ((b"content-type", JSON_TYPE),)
+
+
+def session_header(client: Client) -> tuple[Header, ...]:
+    """The headers of a Streamable HTTP client session's JSON answers: their content type and its
+    C{Mcp-Session-Id} (made once per client session, kept on it)."""
+    headers: tuple[Header, ...] | None = client.answer_headers
+    if headers is None:
+        headers = client.answer_headers = (*_JSON_ONLY, (b"mcp-session-id", client.id.encode("ascii")))
+    return headers
+
+
+def json_only() -> tuple[Header, ...]:
+    """The headers of a JSON answer that names no client session (the stateless revision's)."""
+    return _JSON_ONLY
 
 
 class PostReply:
     """A Streamable HTTP POST awaiting the page's answer: one JSON body, or an SSE stream (opened by
-    the first message about the request, when the client accepts one) ending with the answer."""
+    the first message about the request, when the client accepts one) ending with the answer.
+    C{headers}: the JSON answer's (L{session_header}, L{json_only}: its content type first)."""
 
     __slots__ = ("request", "sse_ok", "headers", "hub", "max_bytes", "stream", "pending")
 
     def __init__(
-        self, request: Request, sse_ok: bool, headers: list[tuple[bytes, bytes]], hub: SSEHub, max_bytes: int
+        self, request: Request, sse_ok: bool, headers: tuple[Header, ...], hub: SSEHub, max_bytes: int
     ) -> None:
         self.request = request
         self.sse_ok = sse_ok
@@ -78,7 +91,7 @@ class PostReply:
             return False
         if self.stream is None:
             self.stream = SSEStream(request, self.hub, max_buffer=self.max_bytes)
-            self.stream.start(SSE_HEADERS + self.headers)
+            self.stream.start([*SSE_HEADERS, *self.headers[1:]])  # (the stream's content type, not JSON's)
         self.stream.write(message_event(raw))
         return True
 
@@ -90,7 +103,7 @@ class PostReply:
             self.stream.write(message_event(raw))
             self.stream.close()
             return
-        finish(request, json_answer(200, raw, self.headers))
+        finish(request, Answer(200, raw, self.headers))
 
     # How the POST ends, told as its notifyFinish Deferred would be (watch_end): no Deferred per
     # forwarded request.
@@ -175,18 +188,27 @@ class Exchange:
                 return not_forwarded(Failure())
         return None
 
+    def find_here(self, session: str, token: str, sid: str, kind: ClientKind) -> Client | Answer | None:
+        """L{find}'s answer when client session C{sid} is held here (no coroutine made for the
+        usual request); C{None} when it is not."""
+        clients = self.clients
+        client = clients.clients.get(sid)
+        if client is None:
+            return None
+        if client.session != session or client.kind is not kind:
+            return UNKNOWN_CLIENT
+        client.last_used = clients.clock.seconds()
+        client.token = token
+        return client
+
     async def find(self, request: Request, session: str, token: str, sid: str, kind: ClientKind) -> Client | Answer:
         """Client session C{sid} of C{session} and of the transport's C{kind}: here, or attached from
         the shared store; else C{404}."""
         clients = self.clients
         while True:
-            client = clients.clients.get(sid)
-            if client is not None:
-                if client.session != session or client.kind is not kind:
-                    return UNKNOWN_CLIENT
-                client.last_used = clients.clock.seconds()
-                client.token = token
-                return client
+            here = self.find_here(session, token, sid, kind)
+            if here is not None:
+                return here
             try:
                 record = await self.tunnel.get_client(sid)
             except Exception:
@@ -201,8 +223,9 @@ class Exchange:
             refused = await self.open(attached)
             return attached if refused is None else refused
 
-    def post_reply(self, request: Request, sse_ok: bool, headers: list[tuple[bytes, bytes]]) -> PostReply:
-        """The L{Reply} of a request answered on its own POST (JSON, or SSE when C{sse_ok})."""
+    def post_reply(self, request: Request, sse_ok: bool, headers: tuple[Header, ...]) -> PostReply:
+        """The L{Reply} of a request answered on its own POST (JSON, or SSE when C{sse_ok}), with
+        C{headers} (L{session_header}, L{json_only})."""
         return PostReply(request, sse_ok, headers, self.hub, self.clients.config.stream_max_bytes)
 
     async def forward(

@@ -10,7 +10,7 @@ from relayd.mcp.core import standard
 from relayd.mcp.core.clients import ClientKind
 from relayd.mcp.endpoint.admission import Admitted, header
 from relayd.mcp.endpoint.answers import Intake, rpc_error
-from relayd.mcp.endpoint.exchange import Exchange
+from relayd.mcp.endpoint.exchange import Exchange, json_only
 from relayd.web.answers import Answer
 
 # Each request is its own client session, ended by its answer or its cancellation; its answer goes
@@ -42,5 +42,5 @@ class Stateless:
         refused = await exchange.open(client)
         if refused is not None:
             return refused
-        reply = exchange.post_reply(request, sse_ok, [])
+        reply = exchange.post_reply(request, sse_ok, json_only())
         return await exchange.forward(request, client, intake, reply, checked=admitted.passed)

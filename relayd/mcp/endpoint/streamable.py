@@ -57,7 +57,9 @@ class StreamableHTTP:
                 return refused
             reply = exchange.post_reply(request, sse_ok, session_header(client))
             return await exchange.forward(request, client, intake, reply, first=True, checked=admitted.passed)
-        found = await exchange.find(request, session, token, sid, SESSIONS)
+        found = exchange.find_here(session, token, sid, SESSIONS)
+        if found is None:
+            found = await exchange.find(request, session, token, sid, SESSIONS)
         if isinstance(found, Answer):
             return found
         if requests:
