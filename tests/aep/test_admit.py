@@ -98,6 +98,30 @@ class AdmitTests(TestCase):
         wide = admit(json.dumps({**line, "epoch": 2**70, "seq": 2**64 + 1}).encode())
         assert wide is not None and wide.position == (2**70, 2**64 + 1)  # exact (decision AEP 3)
 
+    @cases(short=0, long=_DEEP_LINE)
+    def test_a_line_break_or_an_escape_is_seen_in_a_line_of_any_length(self, pad: int) -> None:
+        # A line shorter than any too deep is scanned for these without its special bytes copied out
+        # (a longer one is counted as well): either way a line break between members (valid JSON, but
+        # no SSE data line) and an escaped control character in an identifier go to the exact path.
+        def line(separator: bytes, id: str) -> bytes:
+            raw = json.dumps({**base(), "id": id, "note": "x" * pad}, separators=(",", ":")).encode()
+            return raw.replace(b'"aep":"0.1",', b'"aep":"0.1",' + separator)
+
+        assert (len(line(b"", "i")) < _DEEP_LINE) is (pad == 0)
+        plain = admit(line(b"", "i"))
+        assert plain is not None and plain.raw == line(b"", "i")
+        for separator in (b"\n", b"\r", b"\r\n"):
+            raw = line(separator, "i")
+            assert admit(raw) is None, separator
+            slow = exact(raw)
+            assert isinstance(slow, Event) and slow.raw is None  # accepted, forwarded re-encoded
+        escaped = line(b"", "a\u0007b")
+        assert admit(escaped) is None
+        assert exact(escaped) == "control character in id"
+        printable = line(b"", "aXb").replace(b'"aXb"', b'"a\\u0041b"')  # an escape of a plain character
+        fast = admit(printable)
+        assert fast is not None and fast.key == ("s", "aAb")
+
     def test_admitted_events_are_parsed_only_on_demand(self) -> None:
         raw = json.dumps({**base(), "data": {"m": "x"}, "ext": "v"}).encode()
         event = admit(raw)
