@@ -22,7 +22,7 @@ from relayd.aep.core.event import (
     parse_json,
     plain_body,
 )
-from relayd.aep.core.ingest import BatchParser, IngestError, parse_batch
+from relayd.aep.core.ingest import JSON_TYPE, NDJSON_TYPE, BatchParser, IngestError, IngestPolicy, parse_batch
 from tests.aep.test_classify import base, keys, scalars, types
 from tests.support.cases import cases, expand
 
@@ -322,3 +322,38 @@ class AdmitLinesTests(TestCase):
     def test_the_lines_of_a_body_are_its_stripped_pieces_between_line_feeds(self, body: bytes) -> None:
         # (BatchParser cuts them otherwise, by BytesIO.readlines, for speed: the same lines)
         self.assertEqual(BatchParser(body, ndjson=True, max_batch=10).lines, lines_of(body))
+
+
+_LINE = json.dumps({**base(), "data": {"m": "x" * 300}}, separators=(",", ":")).encode()
+
+
+@expand
+class PlainEvents(TestCase):
+    """IngestPolicy.plain_events: a JSON body of one plainly valid event read without a BatchParser,
+    as the parser reads it; anything else is left to the parser."""
+
+    @cases(
+        plain=(_LINE, True),
+        spaced=(b" \t" + _LINE + b"\r\n", True),
+        long=(json.dumps({**base(), "data": "x" * 4000}).encode(), True),
+        empty=(b"", False),
+        invalid_json=(b"{nope", False),
+        invalid_event=(b'{"aep":"0.1"}', False),
+        two_lines=(_LINE + b"\n" + _LINE, False),
+        a_line_break_inside=(_LINE.replace(b'"id":', b'\n"id":'), False),
+        a_float_position=(_LINE.replace(b'"seq":0', b'"seq":0.0'), False),
+    )
+    def test_a_json_body_reads_as_the_parser_reads_it(self, body: bytes, plain: bool) -> None:
+        fast = IngestPolicy(1 << 20, 5).plain_events(body, JSON_TYPE)
+        self.assertEqual(fast is not None, plain)
+        if fast is not None:
+            self.assertEqual(verdicts(fast), verdicts(parse_batch(body, ndjson=False, max_batch=5)))  # type: ignore[arg-type]
+
+    def test_a_body_the_batch_limit_refuses_is_left_to_the_parser(self) -> None:
+        self.assertIsNone(IngestPolicy(1 << 20, 0).plain_events(_LINE, JSON_TYPE))
+        with self.assertRaises(IngestError) as refused:
+            parse_batch(_LINE, ndjson=False, max_batch=0)
+        self.assertEqual(refused.exception.status, 413)
+
+    def test_an_ndjson_body_is_left_to_the_parser(self) -> None:
+        self.assertIsNone(IngestPolicy(1 << 20, 5).plain_events(_LINE + b"\n", NDJSON_TYPE))
