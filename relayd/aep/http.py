@@ -17,7 +17,15 @@ from relayd.aep.core import backlog
 from relayd.aep.core.backlog import HARD_BACKLOG, held_size
 from relayd.aep.core.event import Event, dumps
 from relayd.aep.core.filters import Pin
-from relayd.aep.core.ingest import ACCEPT_POST, MEDIA_UNSUPPORTED, PARSE_SLICE, BatchParser, IngestError, IngestPolicy
+from relayd.aep.core.ingest import (
+    ACCEPT_POST,
+    JSON_TYPE,
+    MEDIA_UNSUPPORTED,
+    PARSE_SLICE,
+    BatchParser,
+    IngestError,
+    IngestPolicy,
+)
 from relayd.aep.core.relay import (
     EventRelay,
     ReplayProducer,
@@ -346,7 +354,11 @@ class AEPResource(RoutedResource):
         refusal = self._ingest_headers(request)
         if refusal is not None:
             return refusal
-        parser = self.ingest_policy.parser(read_body(request), media_type(request.getHeader(b"content-type")))
+        policy, body, media = self.ingest_policy, read_body(request), media_type(request.getHeader(b"content-type"))
+        events = policy.plain_events(body, media)
+        if events is not None:
+            return self._store(events)
+        parser = policy.parser(body, media)
         if parser.step(PARSE_SLICE):  # (an IngestError is the table's refusal)
             return self._store(parser.result())
         answer: Deferred[Answer] = Deferred()
@@ -362,11 +374,17 @@ class AEPResource(RoutedResource):
         if self.wall(b"POST", post.path, headers) is not None:
             return None
         version = headers(b"aep-version")
-        media = media_type(headers(b"content-type"))
-        if self.ingest_policy.refusal(None if version is None else (version,), media, len(post.body)) is not None:
+        content_type = headers(b"content-type")
+        # (the SDK's exact header needs no reading)
+        media = JSON_TYPE if content_type == JSON_TYPE else media_type(content_type)
+        policy, body = self.ingest_policy, post.body
+        if policy.refusal(None if version is None else (version,), media, len(body)) is not None:
             return None
+        events = policy.plain_events(body, media)
+        if events is not None:
+            return self._store(events)
         try:
-            parser = self.ingest_policy.parser(post.body, media)
+            parser = policy.parser(body, media)
             if not parser.step(PARSE_SLICE):
                 return None
             events = parser.result()

@@ -22,7 +22,7 @@ from relayd.aep.core.event import (
     parse_json,
     plain_body,
 )
-from relayd.aep.core.ingest import BatchParser, IngestError, parse_batch
+from relayd.aep.core.ingest import JSON_TYPE, NDJSON_TYPE, BatchParser, IngestError, IngestPolicy, parse_batch
 from tests.aep.test_classify import base, keys, scalars, types
 from tests.support.cases import cases, expand
 
@@ -97,6 +97,30 @@ class AdmitTests(TestCase):
         assert admit(b'{"aep":"0.1",\r"id":"i"}') is None  # a line break cannot be forwarded as an SSE data line
         wide = admit(json.dumps({**line, "epoch": 2**70, "seq": 2**64 + 1}).encode())
         assert wide is not None and wide.position == (2**70, 2**64 + 1)  # exact (decision AEP 3)
+
+    @cases(short=0, long=_DEEP_LINE)
+    def test_a_line_break_or_an_escape_is_seen_in_a_line_of_any_length(self, pad: int) -> None:
+        # A line shorter than any too deep is scanned for these without its special bytes copied out
+        # (a longer one is counted as well): either way a line break between members (valid JSON, but
+        # no SSE data line) and an escaped control character in an identifier go to the exact path.
+        def line(separator: bytes, id: str) -> bytes:
+            raw = json.dumps({**base(), "id": id, "note": "x" * pad}, separators=(",", ":")).encode()
+            return raw.replace(b'"aep":"0.1",', b'"aep":"0.1",' + separator)
+
+        assert (len(line(b"", "i")) < _DEEP_LINE) is (pad == 0)
+        plain = admit(line(b"", "i"))
+        assert plain is not None and plain.raw == line(b"", "i")
+        for separator in (b"\n", b"\r", b"\r\n"):
+            raw = line(separator, "i")
+            assert admit(raw) is None, separator
+            slow = exact(raw)
+            assert isinstance(slow, Event) and slow.raw is None  # accepted, forwarded re-encoded
+        escaped = line(b"", "a\u0007b")
+        assert admit(escaped) is None
+        assert exact(escaped) == "control character in id"
+        printable = line(b"", "aXb").replace(b'"aXb"', b'"a\\u0041b"')  # an escape of a plain character
+        fast = admit(printable)
+        assert fast is not None and fast.key == ("s", "aAb")
 
     def test_admitted_events_are_parsed_only_on_demand(self) -> None:
         raw = json.dumps({**base(), "data": {"m": "x"}, "ext": "v"}).encode()
@@ -298,3 +322,38 @@ class AdmitLinesTests(TestCase):
     def test_the_lines_of_a_body_are_its_stripped_pieces_between_line_feeds(self, body: bytes) -> None:
         # (BatchParser cuts them otherwise, by BytesIO.readlines, for speed: the same lines)
         self.assertEqual(BatchParser(body, ndjson=True, max_batch=10).lines, lines_of(body))
+
+
+_LINE = json.dumps({**base(), "data": {"m": "x" * 300}}, separators=(",", ":")).encode()
+
+
+@expand
+class PlainEvents(TestCase):
+    """IngestPolicy.plain_events: a JSON body of one plainly valid event read without a BatchParser,
+    as the parser reads it; anything else is left to the parser."""
+
+    @cases(
+        plain=(_LINE, True),
+        spaced=(b" \t" + _LINE + b"\r\n", True),
+        long=(json.dumps({**base(), "data": "x" * 4000}).encode(), True),
+        empty=(b"", False),
+        invalid_json=(b"{nope", False),
+        invalid_event=(b'{"aep":"0.1"}', False),
+        two_lines=(_LINE + b"\n" + _LINE, False),
+        a_line_break_inside=(_LINE.replace(b'"id":', b'\n"id":'), False),
+        a_float_position=(_LINE.replace(b'"seq":0', b'"seq":0.0'), False),
+    )
+    def test_a_json_body_reads_as_the_parser_reads_it(self, body: bytes, plain: bool) -> None:
+        fast = IngestPolicy(1 << 20, 5).plain_events(body, JSON_TYPE)
+        self.assertEqual(fast is not None, plain)
+        if fast is not None:
+            self.assertEqual(verdicts(fast), verdicts(parse_batch(body, ndjson=False, max_batch=5)))  # type: ignore[arg-type]
+
+    def test_a_body_the_batch_limit_refuses_is_left_to_the_parser(self) -> None:
+        self.assertIsNone(IngestPolicy(1 << 20, 0).plain_events(_LINE, JSON_TYPE))
+        with self.assertRaises(IngestError) as refused:
+            parse_batch(_LINE, ndjson=False, max_batch=0)
+        self.assertEqual(refused.exception.status, 413)
+
+    def test_an_ndjson_body_is_left_to_the_parser(self) -> None:
+        self.assertIsNone(IngestPolicy(1 << 20, 5).plain_events(_LINE + b"\n", NDJSON_TYPE))

@@ -13,7 +13,9 @@ from relayd.aep.core.event import Event
 from relayd.aep.core.filters import match_all, pin_of
 from relayd.aep.core.relay import EventRelay, Subscriber
 from relayd.aep.core.store import MemoryEventLog
+from relayd.base.metrics import REGISTRY
 from tests.support.aep import event
+from tests.support.cases import cases, expand
 
 
 class Broken(Subscriber):
@@ -110,6 +112,18 @@ class FanoutNeeds(TestCase):
         self.assertIs(relay.reader(other, [("kept", (0, -1))], False).load(), True)
 
 
+# What an ingest counts: the events, the commands nobody could take, the fan-outs timed.
+COUNTS = (
+    ("relayd_events_ingested_total", {"relay": "aep"}),
+    ("relayd_events_dropped_total", {"relay": "aep", "reason": "unroutable"}),
+    ("relayd_fanout_seconds_count", {"relay": "aep"}),
+)
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 class Recording(Subscriber):
     def __init__(self) -> None:
         super().__init__(match_all, None)
@@ -119,6 +133,7 @@ class Recording(Subscriber):
         self.sent.append(event)
 
 
+@expand
 class IngestNow(TestCase):
     """A batch a POST sent is ingested within the call on the in-memory log (no Deferred to answer
     its 202 from), as L{EventRelay.ingest} would ingest it; a log that stores later declines it."""
@@ -134,6 +149,36 @@ class IngestNow(TestCase):
             [e.position for e in self.successResultOf(log.replay("now", (0, -1))).events], [(0, 0), (0, 1)]
         )
         self.assertEqual([e.position for e in subscriber.sent], [(0, 0), (0, 1), (0, 0)])
+
+    @cases(sequenced=event("one", 0), command=event("one", None, "control.pause"), agent=event(None, None, "agent.x"))
+    def test_one_event_alone_is_ingested_as_a_batch_of_it_is(self, ev: dict) -> None:
+        # One event per POST takes its own way through ingest_now (no list of the sequenced, the
+        # count added to directly): stored, fanned out, routed and counted as by ingest, with a
+        # subscriber and without one.
+        def ingested(now: bool, subscribed: bool) -> tuple[object, ...]:
+            log = MemoryEventLog(10, 10)
+            relay = EventRelay(log, token="t", buffer=10, max_from=10, seconds=lambda: 0.0)
+            subscriber = Recording()
+            if subscribed:
+                relay.subscribe(object(), subscriber)
+            before = {name: sample(name, **labels) for name, labels in COUNTS}
+            one = [Event.of(ev, json.dumps(ev).encode())]
+            if now:
+                self.assertIs(relay.ingest_now(one), True)
+            else:
+                self.successResultOf(relay.ingest(one))
+            stored = {s: [e.raw for e in self.successResultOf(log.replay(s, (0, -1))).events] for s in log._buffers}
+            counted = {name: sample(name, **labels) - before[name] for name, labels in COUNTS}
+            return stored, [e.raw for e in subscriber.sent], counted
+
+        for subscribed in (False, True):
+            self.assertEqual(ingested(True, subscribed), ingested(False, subscribed), subscribed)
+        stored, sent, counted = ingested(True, True)
+        self.assertEqual(counted["relayd_events_ingested_total"], 1)
+        self.assertEqual(counted["relayd_events_dropped_total"], 1 if ev["type"] == "control.pause" else 0)
+        self.assertEqual(counted["relayd_fanout_seconds_count"], 1)
+        self.assertEqual(stored, {"one": [json.dumps(ev).encode()]} if "seq" in ev else {})
+        self.assertEqual(sent, [] if ev["type"] == "control.pause" else [json.dumps(ev).encode()])
 
     def test_a_failed_fan_out_is_logged_and_the_batch_accepted(self) -> None:
         log = MemoryEventLog(10, 10)

@@ -80,6 +80,12 @@ class SubscriptionIndex:
         """A view for one batch of events (see L{Snapshot})."""
         return Snapshot(self)
 
+    @property
+    def empty(self) -> bool:
+        """Whether nobody is subscribed: a batch's L{snapshot} would be empty (asked first, so that
+        a relay without subscribers builds none)."""
+        return not self._buckets and not self._scan
+
     def sizes(self) -> tuple[int, int, int]:
         """(indexed subscribers, buckets, scan list length): what a leak test looks at."""
         buckets = sum(len(values) for values in self._buckets.values())

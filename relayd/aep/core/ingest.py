@@ -80,6 +80,15 @@ class IngestPolicy:
         """The parser of a body L{refusal} let through."""
         return BatchParser(body, media == NDJSON_TYPE, self.max_batch)
 
+    def plain_events(self, body: bytes, media: bytes) -> list[Event] | None:
+        """The events of a body L{refusal} let through, when it is one plainly valid JSON event
+        (L{admit}): what L{parser} would find, without it (one event per POST, the usual
+        client's); C{None} for anything else, which L{parser} reads."""
+        if media != JSON_TYPE or self.max_batch < 1:
+            return None
+        event = admit(body.strip())
+        return None if event is None else [event]
+
 
 def event_or_problem(value: Any, raw: bytes) -> Event | str:
     """The event C{value} (parsed from C{raw}) is, or what is wrong with it (the detail of an

@@ -32,9 +32,11 @@ from relayd.aep.core.filters import Pin, match_all
 from relayd.aep.core.index import Group, Snapshot, SubscriptionIndex
 from relayd.aep.core.store import IEventLog, Position, Replay
 from relayd.base.clock import BlockingClock
+from relayd.compat.prometheus import adder
 
 # Bound once: the ingest path counts per batch, never per delivery.
 _INGESTED = metrics.events_ingested.labels(relay="aep")
+_INGESTED_ONE = adder(_INGESTED)
 _DELIVERED = metrics.events_delivered.labels(relay="aep")
 _UNROUTABLE = metrics.events_dropped.labels(relay="aep", reason="unroutable")
 _FANOUT = metrics.fanout_seconds.labels(relay="aep")
@@ -488,12 +490,19 @@ class EventRelay:
         append_now = getattr(self.log, "append_now", None)
         if append_now is None:
             return False
-        sequenced = [e for e in events if e.kind is EventKind.SEQUENCED]
-        if sequenced:
-            append_now(sequenced)
+        if len(events) == 1:
+            # One event per POST, the usual client's: stored as it came (no list of the sequenced).
+            commands = events[0].kind is not EventKind.SEQUENCED
+            if not commands:
+                append_now(events)
+        else:
+            sequenced = [e for e in events if e.kind is EventKind.SEQUENCED]
+            if sequenced:
+                append_now(sequenced)
+            commands = len(sequenced) != len(events)
         # (The in-memory log publishes nothing itself: a fan-out to other instances, if any, goes
         # from the dispatch, as from L{ingest}'s.)
-        self._dispatch_stored(events, None, False, len(sequenced) != len(events))
+        self._dispatch_stored(events, None, False, commands)
         return True
 
     def _dispatch_stored(
@@ -512,19 +521,23 @@ class EventRelay:
         """Fan out and route C{events} in arrival order (C{commands}: whether any may be a command)."""
         started = perf_counter()
         delivered = 0
-        # One snapshot per batch, not per event: a subscriber that closes meanwhile refuses writes.
-        subscribers = self.index.snapshot()
-        if subscribers.empty:
-            # Nobody to offer an event to: only the commands have somewhere to go (a batch costs
-            # no fan-out call per event then).
+        index = self.index
+        if index.empty:
+            # Nobody to offer an event to (no snapshot built): only the commands have somewhere to
+            # go (a batch costs no fan-out call per event then).
             if commands:
                 for event in events:
                     if event.kind is EventKind.COMMAND:
                         self.route_command(event, sender)
         else:
-            delivered = self._fan_out_runs(events, subscribers, sender)
+            # One snapshot per batch, not per event: a subscriber that closes meanwhile refuses writes.
+            delivered = self._fan_out_runs(events, index.snapshot(), sender)
         _FANOUT.observe(perf_counter() - started)
-        _INGESTED.inc(len(events))
+        count = len(events)
+        if count == 1:
+            _INGESTED_ONE()  # (one event per POST: the count added to without Counter.inc's checks and lock)
+        else:
+            _INGESTED.inc(count)
         if delivered:
             _DELIVERED.inc(delivered)
         if self.fanout is not None and not published:
