@@ -32,14 +32,14 @@ from relayd.aep.core.filters import Pin, match_all
 from relayd.aep.core.index import Group, Snapshot, SubscriptionIndex
 from relayd.aep.core.store import IEventLog, Position, Replay
 from relayd.base.clock import BlockingClock
-from relayd.compat.prometheus import adder
+from relayd.compat.prometheus import adder, recorder
 
 # Bound once: the ingest path counts per batch, never per delivery.
 _INGESTED = metrics.events_ingested.labels(relay="aep")
 _INGESTED_ONE = adder(_INGESTED)
 _DELIVERED = metrics.events_delivered.labels(relay="aep")
 _UNROUTABLE = metrics.events_dropped.labels(relay="aep", reason="unroutable")
-_FANOUT = metrics.fanout_seconds.labels(relay="aep")
+_FANOUT = recorder(metrics.fanout_seconds.labels(relay="aep"))  # (observe without its checks and locks)
 _STORE_ERRORS = metrics.store_errors
 
 DISCOVERY_ENDPOINTS = {"events": "/events", "stream": "/stream", "socket": "/socket"}
@@ -532,7 +532,7 @@ class EventRelay:
         else:
             # One snapshot per batch, not per event: a subscriber that closes meanwhile refuses writes.
             delivered = self._fan_out_runs(events, index.snapshot(), sender)
-        _FANOUT.observe(perf_counter() - started)
+        _FANOUT(perf_counter() - started)
         count = len(events)
         if count == 1:
             _INGESTED_ONE()  # (one event per POST: the count added to without Counter.inc's checks and lock)
