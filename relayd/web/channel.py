@@ -168,7 +168,7 @@ class RelayChannel(ChannelHooks):
             # is a bare one, after which the client waits for an answer that would come only with
             # the header timeout. (A read that was one plain POST left the reader as it found it,
             # holding nothing: L{between_requests}. Not asked then.)
-            # (find, not `in`: `in` on bytes first tries its operand as an int, raising and clearing a TypeError)
+            # (find: docs/architecture.md, hot paths)
             if not self._read(data):
                 bare = self.reading_head() and not self.parsing_paused() and held_line(self).find(b"\n") >= 0
                 if bare and _open(self.transport):

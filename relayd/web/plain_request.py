@@ -88,7 +88,7 @@ class _ResponseFields:
 def query_args(query: bytes) -> dict[bytes, list[bytes]]:
     """The arguments of C{query} as twisted.web's request reads them (C{parse_qs(query, 1)}); a
     query of one argument with nothing to unquote or split (C{?token=...}) read without it."""
-    # (find, not `in`: `in` on bytes first tries its operand as an int, raising and clearing a TypeError)
+    # (find: docs/architecture.md, hot paths)
     if query.find(b"&") >= 0 or query.find(b";") >= 0 or query.find(b"%") >= 0 or query.find(b"+") >= 0:
         return parse_qs(query, 1)
     name, equals, value = query.partition(b"=")

@@ -162,7 +162,7 @@ def read_simple_post(
     # other controls and obs-text pass). Otherwise twisted.web's reading of it applies.
     if block:
         between = len(lines) - 1
-        # (find, not `in`: `in` on bytes first tries its operand as an int, raising and clearing a TypeError)
+        # (find: docs/architecture.md, hot paths)
         if block.count(b"\r") != between or block.count(b"\n") != between or block.find(b"\x00") >= 0:
             return None
     names, kept = _NAMES, _LINES

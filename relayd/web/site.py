@@ -287,7 +287,7 @@ def _connected(protocol: Any) -> bool:
 
 
 def _strip_query(path: bytes) -> bytes:
-    # (find, not `in`: `in` on bytes first tries its operand as an int, raising and clearing a TypeError)
+    # (find: docs/architecture.md, hot paths)
     return path.split(b"?", 1)[0] if path.find(b"?") >= 0 else path
 
 

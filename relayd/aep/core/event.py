@@ -209,7 +209,7 @@ def admit(raw: bytes) -> Event | None:
     """
     if not raw.isascii():
         return None
-    # (find, not `in`: `in` on bytes first tries its operand as an int, raising and clearing a TypeError)
+    # (find: docs/architecture.md, hot paths)
     if len(raw) < _DEEP_LINE:
         # Too short to nest deeper than MAX_DEPTH: its brackets need no count, and three scans for
         # one byte each (memchr) cost less than copying out its special bytes (the usual event).

@@ -152,7 +152,7 @@ class Endpoint:
         if version is not None and version.decode("utf-8", "replace") in standard.STATELESS_VERSIONS:
             return False
         body = post.body
-        # (find, not `in`: `in` on bytes first tries its operand as an int, raising and clearing a TypeError)
+        # (find: docs/architecture.md, hot paths)
         return body.find(b"progressToken") < 0 and body.find(b"\\u") < 0
 
     def routes(self) -> dict[str, dict[str, Handler]]:
