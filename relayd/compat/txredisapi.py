@@ -237,13 +237,18 @@ class OneDeferredCommands:
 
     reply_clock: Any = None  # (L{time_replies_with}: the clock its reply timers are deadlines of)
 
+    def send_command(self, data: bytes) -> None:
+        """Write a command's bytes as txredisapi does (relayd's pool connections send at once:
+        relayd/storage/redis.py)."""
+        self.transport.write(data)  # type: ignore[attr-defined]
+
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         clock = self.reply_clock
         if kwargs or clock is None or not ONE_DEFERRED or self.pipelining or self.inMulti:  # type: ignore[attr-defined]
             return super().execute_command(*args, **kwargs)  # type: ignore[misc]
         if self.connected == 0:  # type: ignore[attr-defined]
             raise txredisapi.ConnectionError("Not connected")
-        self.transport.write(self._build_command(*args))  # type: ignore[attr-defined]
+        self.send_command(self._build_command(*args))  # type: ignore[attr-defined]
         queue = self.replyQueue  # type: ignore[attr-defined]
         answer = queue.get()
         seconds = self.replyTimeout  # type: ignore[attr-defined]

@@ -30,6 +30,7 @@ from twisted.python.failure import Failure
 from relayd.base.clock import Timekeeper
 from relayd.base.errors import OutcomeUnknown, StoreRefused, StoreUnavailable, first_error
 from relayd.compat import txredisapi as fence
+from relayd.compat.tcp import write_now
 from relayd.compat.txredisapi import OneDeferredCommands, OnePassCommands, WholeReads
 from relayd.storage.heard import HeardChannels
 from relayd.storage.heartbeat import Heartbeat
@@ -395,6 +396,12 @@ class _Handshake:
 
 class _Protocol(_Handshake, OneDeferredCommands, OnePassCommands, WholeReads, txredisapi.RedisProtocol):
     _counted: Redis | None = None  # the client this connection counts as usable for
+
+    def send_command(self, data: bytes) -> None:
+        # At once on an idle plain TCP connection: one send, where transport.write watches the socket,
+        # sends on the reactor's next turn and unwatches it (two epoll calls and a turn more per
+        # command; relayd/compat/tcp.py). Else queued behind what waits, as txredisapi queues it.
+        write_now(self.transport, data)
 
     @defer.inlineCallbacks
     def _check_keyspace(self) -> Any:
