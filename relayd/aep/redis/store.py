@@ -90,6 +90,8 @@ def _epoch_key(epoch: int) -> bytes:
     return encode_int(max(epoch, 0))
 
 
+WRITTEN_KEPT = 1024  # sessions whose keys RedisEventLog keeps made (about 600 bytes each)
+
 FANOUT_CHANNEL = b"aep:fanout"  # after the prefix: every instance's accepted events
 
 
@@ -165,6 +167,10 @@ class RedisEventLog:
         self._held: dict[bytes, int] = {}
         self._sessions = 0
         self._bucket_keys: dict[bytes, tuple[bytes, bytes, bytes]] = {}
+        # Sessions appended to lately: each one's bucket tag, name in bytes, and an append's keys for
+        # it alone (its bucket's three, then its own four), so that the next append of its events
+        # hashes no name and builds no key (L{_written_session}). Emptied when it holds L{WRITTEN_KEPT}.
+        self._written: dict[str, tuple[bytes, bytes, tuple[bytes, ...]]] = {}
 
     def _bucket(self, tag: bytes) -> tuple[bytes, bytes, bytes]:
         """A bucket's LRU, write counter and evicting set (made once per bucket: every append names them)."""
@@ -173,6 +179,17 @@ class RedisEventLog:
             p = self.prefix + b"aep:" + tag
             keys = self._bucket_keys[tag] = (p + b":lru", p + b":clock", p + b":evicting")
         return keys
+
+    def _written_session(self, session: str) -> tuple[bytes, bytes, tuple[bytes, ...]]:
+        """C{session}'s bucket tag, name in bytes, and the keys of an append of its events alone."""
+        known = self._written.get(session)
+        if known is None:
+            if len(self._written) >= WRITTEN_KEPT:
+                self._written.clear()
+            name = session.encode("utf-8")
+            tag = self.buckets.tag_of(name)
+            known = self._written[session] = (tag, name, (*self._bucket(tag), *self._session_keys(name, tag)))
+        return known
 
     def _session_keys(self, session: bytes, tag: bytes | None = None) -> list[bytes]:
         """Members, events, dedupe keys and arrival counter of one session."""
@@ -188,12 +205,12 @@ class RedisEventLog:
         """Store the events; with C{publish}, also hand all of them (duplicates too) to the fan-out
         in the same script, so the batch is sent to Redis once (docs/performance.md). A batch
         whose sessions fall in several buckets is one script per bucket, sent at once."""
-        tag_of = self.buckets.tag_of
+        written = self._written_session
         tags: dict[str, bytes] = {}
         for event in events:
             session = event.session
             if session not in tags:
-                tags[session] = tag_of(session.encode("utf-8"))  # type: ignore[index, union-attr]
+                tags[session] = written(session)[0]  # type: ignore[index, arg-type]
         if not tags:
             return succeed([])
         deadline = self.redis.deadline()
@@ -222,7 +239,7 @@ class RedisEventLog:
 
     def _append_call(
         self, tag: bytes, events: Sequence[Event], publish: bool, deadline: int
-    ) -> tuple[list[bytes], list[Any]]:
+    ) -> tuple[Sequence[bytes], list[Any]]:
         """The keys and arguments of one bucket's append (all of C{events} are of sessions in the
         bucket C{tag}; C{deadline} as L{Redis.deadline} gave it for the batch)."""
         # Two arguments for the whole batch (building a command of four arguments per event cost
@@ -257,10 +274,15 @@ class RedisEventLog:
             add(b"%s%c%s%02d%s%s%s" % (number, len(epoch_key) + 2 + (n > 99) + n, epoch_key, n, digits, pack(len(key)), key))
             # The posted bytes when they are the wire form (no copy kept on the event).
             keep(event.raw if event.raw is not None else event.payload(None))
-        sessions = [s.encode("utf-8") for s in numbers]
-        keys = list(self._bucket(tag))
-        for name in sessions:
-            keys += self._session_keys(name, tag)
+        if len(numbers) == 1:  # (the usual batch, and every single event)
+            _, name, alone = self._written_session(next(iter(numbers)))
+            sessions = [name]
+            keys: Sequence[bytes] = alone
+        else:
+            sessions = [s.encode("utf-8") for s in numbers]
+            keys = list(self._bucket(tag))
+            for name in sessions:
+                keys += self._session_keys(name, tag)
         header = self._header if publish and self._header is not None else b""
         channel = self.channels.of(tag) if header else b""
         if header and payloads:
