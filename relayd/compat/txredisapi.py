@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 import random
-from typing import Any
+from typing import Any, Sequence
 
 import txredisapi
 
@@ -173,6 +173,32 @@ argument encoded by C{_encode_value}: bytes as they are, an C{int} by C{str}, a 
 protocol's C{charset} (UTF-8 when it is C{None})."""
 
 
+class Framed:
+    """Arguments (bytes) written once as the protocol writes them (C{$<length>\r\n<bytes>\r\n} each),
+    standing for them in a command: a command sent again and again with the same ones (an AEP append's
+    key names) does not frame them again. L{OnePassCommands} writes the bytes as they are; txredisapi's
+    own build (without L{ONE_PASS_COMMANDS}) is given the arguments themselves."""
+
+    __slots__ = ("args", "data")
+
+    def __init__(self, args: Sequence[bytes]) -> None:
+        self.args = tuple(args)
+        if any(type(arg) is not bytes for arg in self.args):
+            raise TypeError("Framed takes bytes only")
+        self.data = b"".join(b"$%d\r\n%s\r\n" % (len(arg), arg) for arg in self.args)
+
+
+def unframed(args: Sequence[Any]) -> list[Any]:
+    """C{args} with every L{Framed} replaced by the arguments it stands for."""
+    out: list[Any] = []
+    for arg in args:
+        if type(arg) is Framed:
+            out += arg.args
+        else:
+            out.append(arg)
+    return out
+
+
 class OnePassCommands:
     """Mixed into relayd's txredisapi pool protocol: a command's bytes built in one pass.
 
@@ -186,13 +212,18 @@ class OnePassCommands:
 
     def _build_command(self, *args: Any, **kwargs: Any) -> bytes:
         if not ONE_PASS_COMMANDS:
-            return super()._build_command(*args, **kwargs)  # type: ignore[misc]
+            return super()._build_command(*unframed(args), **kwargs)  # type: ignore[misc]
         charset = self.charset  # type: ignore[attr-defined]
-        parts = [b"*%d\r\n" % len(args)]
+        count = len(args)
+        parts = [b""]  # (the count, once L{Framed} arguments are counted)
         append = parts.append
         for arg in args:
             kind = type(arg)
             if kind is not bytes:
+                if kind is Framed:
+                    count += len(arg.args) - 1
+                    append(arg.data)
+                    continue
                 if kind is int:
                     arg = b"%d" % arg
                 elif kind is str and charset is None:
@@ -205,6 +236,7 @@ class OnePassCommands:
             append(b"$%d\r\n" % len(arg))
             append(arg)
             append(b"\r\n")
+        parts[0] = b"*%d\r\n" % count
         return b"".join(parts)
 
 

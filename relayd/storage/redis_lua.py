@@ -25,6 +25,7 @@ from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
 from relayd.base.errors import StoreRefused
+from relayd.compat.txredisapi import Framed
 from relayd.storage.redis import Redis
 
 SHEBANGS = (b"#!lua\n", b"#!lua flags=allow-oom\n", b"#!lua flags=no-writes\n")
@@ -61,7 +62,7 @@ class Script:
     def __call__(self, redis: Redis, store: str, keys: Sequence[Any], args: Sequence[Any] = ()) -> Deferred[Any]:
         """Run the script; errbacks as L{Redis.execute} does."""
         sha = self.sha if redis.script_flags else self.plain_sha
-        d = redis.execute(store, b"EVALSHA", sha, len(keys), *keys, *args, durable=self.durable)
+        d = redis.execute(store, b"EVALSHA", sha, key_count(keys), *keys, *args, durable=self.durable)
         return d.addErrback(self._unknown, redis, store, keys, args)
 
     def many(
@@ -70,7 +71,7 @@ class Script:
         """Run the script once per C{(keys, args)}, all sent at once (L{Redis.execute_many}: one
         write per connection, on a Redis Cluster one per master); each answer as L{__call__}'s."""
         sha = self.sha if redis.script_flags else self.plain_sha
-        commands = [(b"EVALSHA", sha, len(keys), *keys, *args) for keys, args in calls]
+        commands = [(b"EVALSHA", sha, key_count(keys), *keys, *args) for keys, args in calls]
         sent = redis.execute_many(store, commands, durable=self.durable)
         return [
             d.addErrback(self._unknown, redis, store, keys, args) for d, (keys, args) in zip(sent, calls, strict=True)
@@ -80,8 +81,18 @@ class Script:
         """C{NOSCRIPT}: the script in full (EVAL, which loads it for the next EVALSHA)."""
         if isinstance(f.value, StoreRefused) and f.value.code == "NOSCRIPT":
             body = self.body if redis.script_flags else self.plain_body
-            return redis.execute(store, b"EVAL", body, len(keys), *keys, *args, durable=self.durable)
+            return redis.execute(store, b"EVAL", body, key_count(keys), *keys, *args, durable=self.durable)
         return f
+
+
+def key_count(keys: Sequence[Any]) -> int:
+    """How many keys C{keys} names: a L{Framed} among them stands for several (the first key stays
+    plain: a Redis Cluster client routes the script by it, relayd/storage/cluster.py)."""
+    count = len(keys)
+    for key in keys:
+        if type(key) is Framed:
+            count += len(key.args) - 1
+    return count
 
 
 def tagged(session: bytes) -> bytes:

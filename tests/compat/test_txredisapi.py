@@ -258,6 +258,19 @@ class Commands(TestCase):
                          protocol._build_command("EVALSHA", b"sha", 2, b"key", "value"))  # fmt: skip
         self.assertEqual(fallback.encoded, 11)
 
+    @cases(one_pass=True, fallback=False)
+    def test_framed_arguments_are_written_as_the_arguments_themselves(self, detected: bool) -> None:
+        self.patch(fence, "ONE_PASS_COMMANDS", detected)
+        keys = [b"k", b"", b"\r\n$3\r\n", b"x" * 1000]
+        framed = fence.Framed(keys)
+        ours, theirs = _OnePass(charset=None), txredisapi.RedisProtocol(charset=None)
+        for args in [(framed,), ("EVALSHA", b"sha", 5, b"first", framed, 7, "value"), (framed, framed)]:
+            self.assertEqual(ours._build_command(*args), theirs._build_command(*fence.unframed(args)), repr(args))
+        self.assertEqual(fence.unframed(["EVALSHA", framed, 1]), ["EVALSHA", *keys, 1])
+        self.assertEqual(ours._build_command(fence.Framed([])), theirs._build_command())
+        with self.assertRaises(TypeError):
+            fence.Framed([b"k", "text"])
+
     def test_relayds_pool_connections_build_in_one_pass(self) -> None:
         from relayd.storage.redis import _Protocol
 

@@ -22,6 +22,7 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 
 from relayd.aep.redis import store as aep_store
+from relayd.compat.txredisapi import unframed
 from relayd.storage.buckets import BUCKETS, SLOTS, Buckets, key_slot, redis_prefix
 from relayd.tap import Options
 from tests.storage.test_redis_scripts import Ids, every_operation
@@ -87,6 +88,7 @@ _APPENDS = (aep_store._APPEND.sha, aep_store._APPEND.plain_sha, aep_store._APPEN
 def _keys_of(command: tuple[Any, ...]) -> list[bytes] | None:
     """A script's KEYS, and the shard channel the AEP append publishes on (C{SPUBLISH}: on a Redis
     Cluster it must be in the slot of the script's keys); C{None} for another command."""
+    command = tuple(unframed(command))  # (keys framed once: relayd/compat/txredisapi.py Framed)
     if command[0] in (b"EVALSHA", b"EVAL"):
         count = int(command[2])
         keys = list(command[3 : 3 + count])

@@ -53,6 +53,7 @@ from relayd.aep import metrics
 from relayd.aep.core.event import Event, stored_event
 from relayd.aep.core.store import IEventLog, Position, Replay, exhausted_marker
 from relayd.base.errors import StoreUnavailable, first_error
+from relayd.compat.txredisapi import Framed
 from relayd.storage.buckets import BUCKETS, Buckets
 from relayd.storage.redis import Redis
 from relayd.storage.redis_lua import Script
@@ -170,7 +171,10 @@ class RedisEventLog:
         # Sessions appended to lately: each one's bucket tag, name in bytes, and an append's keys for
         # it alone (its bucket's three, then its own four), so that the next append of its events
         # hashes no name and builds no key (L{_written_session}). Emptied when it holds L{WRITTEN_KEPT}.
-        self._written: dict[str, tuple[bytes, bytes, tuple[bytes, ...]]] = {}
+        # (The keys after the first framed once: relayd/compat/txredisapi.py Framed.)
+        self._written: dict[str, tuple[bytes, bytes, tuple[bytes, Framed]]] = {}
+        # The script's bounds, as the command writes them.
+        self._bounds = (b"%d" % capacity, b"%d" % self._quota)
 
     def _bucket(self, tag: bytes) -> tuple[bytes, bytes, bytes]:
         """A bucket's LRU, write counter and evicting set (made once per bucket: every append names them)."""
@@ -180,7 +184,7 @@ class RedisEventLog:
             keys = self._bucket_keys[tag] = (p + b":lru", p + b":clock", p + b":evicting")
         return keys
 
-    def _written_session(self, session: str) -> tuple[bytes, bytes, tuple[bytes, ...]]:
+    def _written_session(self, session: str) -> tuple[bytes, bytes, tuple[bytes, Framed]]:
         """C{session}'s bucket tag, name in bytes, and the keys of an append of its events alone."""
         known = self._written.get(session)
         if known is None:
@@ -188,7 +192,8 @@ class RedisEventLog:
                 self._written.clear()
             name = session.encode("utf-8")
             tag = self.buckets.tag_of(name)
-            known = self._written[session] = (tag, name, (*self._bucket(tag), *self._session_keys(name, tag)))
+            lru, *rest = (*self._bucket(tag), *self._session_keys(name, tag))
+            known = self._written[session] = (tag, name, (lru, Framed(rest)))
         return known
 
     def _session_keys(self, session: bytes, tag: bytes | None = None) -> list[bytes]:
@@ -239,7 +244,7 @@ class RedisEventLog:
 
     def _append_call(
         self, tag: bytes, events: Sequence[Event], publish: bool, deadline: int
-    ) -> tuple[Sequence[bytes], list[Any]]:
+    ) -> tuple[Sequence[bytes | Framed], list[Any]]:
         """The keys and arguments of one bucket's append (all of C{events} are of sessions in the
         bucket C{tag}; C{deadline} as L{Redis.deadline} gave it for the batch)."""
         # Two arguments for the whole batch (building a command of four arguments per event cost
@@ -277,7 +282,7 @@ class RedisEventLog:
         if len(numbers) == 1:  # (the usual batch, and every single event)
             _, name, alone = self._written_session(next(iter(numbers)))
             sessions = [name]
-            keys: Sequence[bytes] = alone
+            keys: Sequence[bytes | Framed] = alone
         else:
             sessions = [s.encode("utf-8") for s in numbers]
             keys = list(self._bucket(tag))
@@ -288,7 +293,7 @@ class RedisEventLog:
         if header and payloads:
             payloads[0] = header + payloads[0]  # (not the whole message copied again)
         message = b"\n".join(payloads) if payloads else header
-        args = [self.capacity, self._quota, b"".join(parts), channel, message, len(header), deadline,
+        args = [*self._bounds, b"".join(parts), channel, message, len(header), deadline,
                 self.channels.command, *sessions]  # fmt: skip
         return keys, args
 
