@@ -105,6 +105,58 @@ class HeldWrites(TestCase):
         self.assertEqual(lost, ["read handled", "ConnectionDone"])
         self.assertEqual(watched, [True])  # watched for writability until the next turn sent and closed
 
+    @staticmethod
+    def counting_writes(calls: list[str]) -> Callable[[Any], None]:
+        """L{answer_and_close}, with each C{doWrite} of the transport counted in C{calls}."""
+
+        def answer(transport: Any) -> None:
+            do_write = transport.doWrite
+
+            def counted() -> Any:
+                calls.append("doWrite")
+                return do_write()
+
+            transport.doWrite = counted
+            HeldWrites.answer_and_close(transport)
+
+        return answer
+
+    async def test_a_closing_answer_is_sent_and_closed_without_do_write(self) -> None:
+        # One send, then connectionLost: none of doWrite's bookkeeping, nor the socket taken out of
+        # the reactor's sets twice (issue 24, a connection per request).
+        self.assertTrue(fence.CLOSE_AT_ONCE)
+        calls: list[str] = []
+        lost: list[str] = []
+        received, watched = await self.exchange(self.counting_writes(calls), lost)
+        self.assertEqual(received, b"HTTP/1.1 202 Accepted\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
+        self.assertEqual((calls, lost, watched), ([], ["ConnectionDone", "read handled"], [False]))
+
+    async def test_without_close_at_once_do_write_closes_within_the_read(self) -> None:
+        self.patch(fence, "CLOSE_AT_ONCE", False)
+        calls: list[str] = []
+        lost: list[str] = []
+        received, watched = await self.exchange(self.counting_writes(calls), lost)
+        self.assertEqual(received, b"HTTP/1.1 202 Accepted\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
+        self.assertEqual((calls, lost, watched), (["doWrite"], ["ConnectionDone", "read handled"], [False]))
+
+    async def test_a_close_with_nothing_queued_closes_within_the_read(self) -> None:
+        lost: list[str] = []
+        received, watched = await self.exchange(lambda transport: transport.loseConnection(), lost)
+        self.assertEqual((received, lost, watched), (b"", ["ConnectionDone", "read handled"], [False]))
+
+    async def test_a_closing_answer_over_the_send_limit_is_finished_by_the_reactor(self) -> None:
+        big = b"x" * (16 * 2**20)
+        lost: list[str] = []
+
+        def answer(transport: Any) -> None:
+            transport.write(b"y")
+            transport.write(big)
+            transport.loseConnection()
+
+        received, watched = await self.exchange(answer, lost)
+        self.assertEqual(received, b"y" + big)
+        self.assertEqual((lost, watched), (["read handled", "ConnectionDone"], [True]))
+
     async def test_what_the_kernel_does_not_take_is_left_to_the_reactor(self) -> None:
         big = b"x" * (16 * 2**20)  # more than a loopback socket buffer takes at once
 
