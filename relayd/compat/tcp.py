@@ -245,6 +245,20 @@ def hand_over(transport: Any, protocol: Any, producer: Any) -> bool:
     return True
 
 
+SERVER_PEER_HOST = code_uses(tcp.Server.__init__, "client", "hostname") and code_uses(tcp.Server.getPeer, "client")
+"""A TCP server connection keeps its peer's host in C{hostname} (C{client[0]}), from which
+C{getPeer} builds its address."""
+
+
+def peer_host(transport: Any) -> Any:
+    """The host of C{transport}'s peer (C{getPeer().host}; C{None} when its address has none: a
+    UNIX socket's). A plain TCP server connection's is read without its address built (an attrs
+    object, validated, per call)."""
+    if SERVER_PEER_HOST and type(transport) is tcp.Server:
+        return transport.hostname
+    return getattr(transport.getPeer(), "host", None)
+
+
 def no_delay(transport: Any) -> None:
     """Disable Nagle's algorithm: a stream's small writes must not wait for the previous ACK."""
     try:

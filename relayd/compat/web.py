@@ -392,6 +392,14 @@ def held_line(channel: Any) -> bytes:
     return channel._buffer if CHANNEL_READ_AHEAD else b""
 
 
+CHANNEL_CONNECTION_MADE = code_uses(
+    http.HTTPChannel.connectionMade, "setTcpNoDelay", "setTimeout", "timeOut", "_networkProducer", "registerProducer"
+)
+"""C{HTTPChannel.connectionMade} disables Nagle on a TCP transport, arms its idle timeout, and
+registers itself as the streaming producer of its C{_networkProducer}: the transport, when it is a
+push producer."""
+
+
 class ChannelHooks(http.HTTPChannel):
     """An C{HTTPChannel} whose private state and hooks have public names for a subclass.
 
@@ -479,6 +487,19 @@ class ChannelHooks(http.HTTPChannel):
     def send_continue(self) -> None:
         """Send C{100 Continue} for a request whose headers asked for it (a subclass may not)."""
         super()._send100Continue()
+
+    def connectionMade(self) -> None:
+        transport = self.transport
+        if CHANNEL_CONNECTION_MADE and type(transport) in PLAIN_TCP:
+            # Twisted asks zope whether the transport is TCP, and adapts it to a push producer with
+            # a stand-in made per connection in case it is not: a plain TCP transport is both.
+            transport.setTcpNoDelay(True)  # type: ignore[union-attr]
+            if self.timeOut is not None:
+                self.setTimeout(self.timeOut)
+            self._networkProducer = transport  # type: ignore[assignment]
+            transport.registerProducer(self, True)  # type: ignore[union-attr]
+            return
+        super().connectionMade()
 
     def _maybeChooseTransferDecoder(self, header: bytes, data: bytes) -> bool:
         # Called for every header field: only a long value, or "chunked", costs a call.

@@ -8,9 +8,11 @@ import socket
 from typing import Any, Callable
 
 from twisted.internet import reactor
+from twisted.internet.address import IPv4Address, UNIXAddress
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import TestCase
 
 from relayd.compat import tcp as fence
@@ -314,3 +316,22 @@ class Producer:
 
     def stopProducing(self) -> None:
         self.calls.append("stop")
+
+
+class PeerHost(LoopbackCase):
+    async def test_a_server_connections_peer_host_is_its_address_host(self) -> None:
+        self.assertTrue(fence.SERVER_PEER_HOST)
+        transport, _ = await self.tcp_pair()
+        self.assertEqual(fence.peer_host(transport), transport.getPeer().host)
+        self.assertEqual(fence.peer_host(transport), "127.0.0.1")
+
+    async def test_without_the_state_the_address_is_asked(self) -> None:
+        self.patch(fence, "SERVER_PEER_HOST", False)
+        transport, _ = await self.tcp_pair()
+        transport.hostname = "not read"
+        self.assertEqual(fence.peer_host(transport), "127.0.0.1")
+
+    def test_another_transports_peer_host_is_its_address_host(self) -> None:
+        transport = StringTransport(peerAddress=IPv4Address("TCP", "10.0.0.7", 4321))
+        self.assertEqual(fence.peer_host(transport), "10.0.0.7")
+        self.assertIsNone(fence.peer_host(StringTransport(peerAddress=UNIXAddress(b"/tmp/s"))))
