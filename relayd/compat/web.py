@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
+from twisted.internet import protocol
 from twisted.protocols import basic
 from twisted.python import components
 from twisted.python.failure import Failure
@@ -531,6 +532,31 @@ def channel_protocol(channel: http.HTTPChannel) -> Any:
 
 # (Looked up once: twisted.web.http is a deprecation proxy, which builds an object per lookup.)
 _GENERIC_PROTOCOL: Any = getattr(http, "_GenericHTTPChannelProtocol", None)
+
+
+SITE_BUILDS_CHANNEL = (
+    code_uses(server.Site.buildProtocol, "requestFactory", "site")
+    and code_uses(http.HTTPFactory.buildProtocol, "callLater", "timeOut")
+    and code_uses(protocol.Factory.buildProtocol, "protocol", "factory")
+)
+"""A C{Site}'s C{buildProtocol} is C{Factory}'s (the protocol made, given its C{factory}) and
+C{HTTPFactory}'s (its C{callLater} and C{timeOut}), and gives the channel the site's
+C{requestFactory} and the C{site} itself."""
+
+
+def built_channel(site: Any, channel: http.HTTPChannel, call_later: Any) -> Any:
+    """What C{site.buildProtocol} returns for a C{channel} its C{protocol} made, its idle timeout
+    scheduled by C{call_later}: the settings of the three C{buildProtocol}s it goes through given
+    in one call, once per connection; C{None} when they are not known (or Twisted's HTTP/1.1-or-2
+    wrapper is needed, L{channel_protocol}): the caller then calls C{buildProtocol}."""
+    if not SITE_BUILDS_CHANNEL or HTTP2:
+        return None
+    channel.factory = site
+    channel.callLater = call_later  # type: ignore[method-assign]
+    channel.timeOut = site.timeOut
+    channel.requestFactory = site.requestFactory
+    channel.site = site  # type: ignore[attr-defined]
+    return channel
 
 
 def channel_of(protocol: Any) -> Any:

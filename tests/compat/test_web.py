@@ -20,11 +20,14 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 from twisted.web import http
 from twisted.web.http import HTTPChannel
+from twisted.web.server import Site
 
 from relayd.compat import tcp
 from relayd.compat import web as fence
 from relayd.compat.tcp import TCP_PROTOCOL
+from relayd.process.settings import SiteSettings
 from relayd.web.answers import Answer
+from relayd.web.channel import RelayChannel
 from relayd.web.routes import RoutedResource, RouteTable
 from relayd.web.site import RelaySite
 from relayd.web.streams.sse import http_chunk
@@ -389,6 +392,24 @@ class Channels(LoopbackCase):
         transport = StringTransport()
         channel.makeConnection(transport)
         self.assertEqual((transport.producer, transport.streaming), (channel, True))
+
+    @cases(detected=True, fallback=False)
+    def test_a_site_builds_its_channel_as_twisted_does(self, detected: bool) -> None:
+        # The three buildProtocols' settings given at once: the same channel state either way.
+        self.assertTrue(fence.SITE_BUILDS_CHANNEL)
+        self.patch(fence, "SITE_BUILDS_CHANNEL", detected)
+        self.patch(fence, "HTTP2", False)
+        clock = Clock()
+        site = RelaySite(Plain(), reactor=clock, settings=SiteSettings(idle_timeout=42))
+        twisteds = Site.buildProtocol(site, None)
+        self.assertIs(fence.built_channel(site, fence.ChannelHooks(), clock.callLater) is None, not detected)
+        channel = site.buildProtocol(None)
+        self.assertIsInstance(channel, RelayChannel)
+        for name in ("factory", "timeOut", "requestFactory", "site"):
+            self.assertIs(getattr(channel, name), getattr(twisteds, name), name)
+        self.assertEqual((channel.timeOut, channel.requestFactory), (42, site.requestFactory))
+        self.assertEqual(channel.callLater, clock.callLater)  # the idle timeout on the site's clock
+        self.assertEqual(sorted(vars(channel)), sorted(vars(twisteds)))
 
     def test_the_wrapper_only_where_http2_is_spoken(self) -> None:
         # Twisted's HTTP/1.1-or-2 wrapper costs an object per connection and a forwarded call per
