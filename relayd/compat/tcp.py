@@ -10,6 +10,8 @@ saves is measured in docs/performance.md ("Twisted internals").
 
 from __future__ import annotations
 
+import _socket
+import socket
 from typing import Any
 
 from twisted.internet import abstract, error, main, tcp
@@ -257,6 +259,41 @@ def peer_host(transport: Any) -> Any:
     if SERVER_PEER_HOST and type(transport) is tcp.Server:
         return transport.hostname
     return getattr(transport.getPeer(), "host", None)
+
+
+_SOCKET_FAMILY = _socket.socket.__dict__["family"].__get__  # (the number, not socket.family's enum)
+_SOCKET_TYPE = _socket.socket.__dict__["type"].__get__
+
+QUICK_ACCEPT = code_uses(getattr(tcp, "_accept", None), "accept") and code_uses(
+    socket.socket.accept, "_accept", "family", "type", "proto", "getdefaulttimeout", "gettimeout", "setblocking"
+)
+"""A TCP port accepts through its listening socket's C{accept}, which is Python's: the connection's
+socket made with the listening one's family, type and protocol."""
+
+
+class _QuickAccept(socket.socket):
+    """A listening socket whose C{accept} is Python's, given its family and type as the numbers
+    they are: Python's converts both to enums for each connection (two of its properties, four
+    calls into the enum module), which the new socket's constructor turns back into numbers."""
+
+    __slots__ = ()
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        fd, addr = self._accept()  # type: ignore[attr-defined]
+        sock = socket.socket(_SOCKET_FAMILY(self), _SOCKET_TYPE(self), self.proto, fileno=fd)
+        if socket.getdefaulttimeout() is None and self.gettimeout():
+            sock.setblocking(True)  # (as Python's: issue 7995)
+        return sock, addr
+
+
+def quick_accept(port: Any) -> bool:
+    """Have C{port}, a listening TCP port, accept its connections through L{_QuickAccept};
+    C{False}, nothing changed, when it is not a plain TCP port on a Python socket (or its accept
+    is not the one this knows)."""
+    if not QUICK_ACCEPT or type(port) is not tcp.Port or type(getattr(port, "socket", None)) is not socket.socket:
+        return False
+    port.socket.__class__ = _QuickAccept
+    return True
 
 
 def no_delay(transport: Any) -> None:

@@ -17,7 +17,7 @@ from twisted.trial.unittest import TestCase
 
 from relayd.compat import tcp as fence
 from relayd.compat.tcp import HOLD_WRITES, TCP_BUFFERS, hold_writes, nothing_queued, release_writes, write_now
-from tests.compat.loopback import LoopbackCase
+from tests.compat.loopback import LoopbackCase, Server
 
 
 class Answering(Protocol):
@@ -335,3 +335,45 @@ class PeerHost(LoopbackCase):
         transport = StringTransport(peerAddress=IPv4Address("TCP", "10.0.0.7", 4321))
         self.assertEqual(fence.peer_host(transport), "10.0.0.7")
         self.assertIsNone(fence.peer_host(StringTransport(peerAddress=UNIXAddress(b"/tmp/s"))))
+
+
+class QuickAccept(LoopbackCase):
+    async def accepted(self, quick: bool) -> tuple[Any, Any]:
+        made: Deferred[Any] = Deferred()
+        port = reactor.listenTCP(0, Factory.forProtocol(type("S", (Server,), {"made": made})), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        self.assertIs(fence.quick_accept(port), quick)
+        await self.connect(port.getHost().port)
+        transport = await made
+        return port, transport
+
+    async def test_a_port_accepts_sockets_as_pythons_accept_makes_them(self) -> None:
+        self.assertTrue(fence.QUICK_ACCEPT)
+        port, transport = await self.accepted(True)
+        self.assertIsInstance(port.socket, fence._QuickAccept)
+        sock = transport.socket
+        self.assertIs(type(sock), socket.socket)
+        self.assertIs(sock.family, socket.AF_INET)  # (the enum, asked of the socket as before)
+        self.assertIs(sock.type, socket.SOCK_STREAM)
+        self.assertEqual((sock.proto, sock.gettimeout(), sock.getblocking()), (0, 0.0, False))
+        self.assertEqual(transport.getPeer().host, "127.0.0.1")
+
+    async def test_without_the_accept_known_the_port_is_left_as_it_is(self) -> None:
+        self.patch(fence, "QUICK_ACCEPT", False)
+        port, transport = await self.accepted(False)
+        self.assertIs(type(port.socket), socket.socket)
+        self.assertIs(transport.socket.family, socket.AF_INET)
+
+    def test_python_and_the_quick_accept_make_the_same_socket(self) -> None:
+        for quick in (False, True):
+            with socket.socket() as listening:
+                listening.bind(("127.0.0.1", 0))
+                listening.listen()
+                listening.settimeout(2.5)  # (a listening timeout: the accepted socket is blocking)
+                if quick:
+                    listening.__class__ = fence._QuickAccept
+                with socket.create_connection(listening.getsockname()):
+                    sock, addr = listening.accept()
+                    with sock:
+                        seen = (type(sock), sock.family, sock.type, sock.proto, sock.gettimeout(), addr[0])
+                        self.assertEqual(seen, (socket.socket, socket.AF_INET, socket.SOCK_STREAM, 0, None, "127.0.0.1"))
