@@ -50,11 +50,6 @@ class Timekeeper:
         self._queues: dict[float, _DeadlineQueue] = {}
         self._timeout_queues: dict[float, _DeadlineQueue] = {}  # (L{call_after_timeout}'s: shutdown cancels them)
 
-    @property
-    def timeout_scheduler(self) -> Callable[..., IDelayedCall]:
-        """The one bound method through which L{give_timeouts} schedules protocols' idle timeouts."""
-        return self._schedule
-
     def give_timeouts(self, protocol: Any) -> None:
         """Have C{protocol}'s idle timeout (Twisted's C{TimeoutMixin}, which a factory gives the
         reactor's scheduler) scheduled on this clock's reactor through one bound method for every

@@ -544,15 +544,15 @@ C{HTTPFactory}'s (its C{callLater} and C{timeOut}), and gives the channel the si
 C{requestFactory} and the C{site} itself."""
 
 
-def built_channel(site: Any, channel: http.HTTPChannel, call_later: Any) -> Any:
-    """What C{site.buildProtocol} returns for a C{channel} its C{protocol} made, its idle timeout
-    scheduled by C{call_later}: the settings of the three C{buildProtocol}s it goes through given
-    in one call, once per connection; C{None} when they are not known (or Twisted's HTTP/1.1-or-2
-    wrapper is needed, L{channel_protocol}): the caller then calls C{buildProtocol}."""
+def built_channel(site: Any, channel: http.HTTPChannel) -> Any:
+    """What C{site.buildProtocol} returns for a C{channel} its C{protocol} made: the settings of
+    the three C{buildProtocol}s it goes through given in one call, once per connection, but for the
+    scheduler of its idle timeout, which the caller gives it (relayd's clock); C{None} when they are
+    not known (or Twisted's HTTP/1.1-or-2 wrapper is needed, L{channel_protocol}): the caller then
+    calls C{buildProtocol}."""
     if not SITE_BUILDS_CHANNEL or HTTP2:
         return None
     channel.factory = site
-    channel.callLater = call_later  # type: ignore[method-assign]
     channel.timeOut = site.timeOut
     channel.requestFactory = site.requestFactory
     channel.site = site  # type: ignore[attr-defined]

@@ -132,14 +132,14 @@ class RelaySite(ChannelSite):
         return address
 
     def buildProtocol(self, addr: IAddress | None) -> Any:
-        # (Once per connection: Site's, HTTPFactory's and Factory's settings given at once, and the
-        # idle timeout scheduled through the clock's one bound method, Timekeeper.give_timeouts.)
+        # (Once per connection: Site's, HTTPFactory's and Factory's settings given at once; the idle
+        # timeout scheduled through the clock's one bound method, Timekeeper.give_timeouts.)
         protocol = None
         if type(self).protocol is _relay_channel:  # (not when a test or subclass builds another)
-            protocol = built_channel(self, RelayChannel(), self.clock.timeout_scheduler)
+            protocol = built_channel(self, RelayChannel())
         if protocol is None:
             protocol = super().buildProtocol(addr)
-            self.clock.give_timeouts(protocol)
+        self.clock.give_timeouts(protocol)
         self._protocols.add(protocol)
         return protocol
 

@@ -402,7 +402,7 @@ class Channels(LoopbackCase):
         clock = Clock()
         site = RelaySite(Plain(), reactor=clock, settings=SiteSettings(idle_timeout=42))
         twisteds = Site.buildProtocol(site, None)
-        self.assertIs(fence.built_channel(site, fence.ChannelHooks(), clock.callLater) is None, not detected)
+        self.assertIs(fence.built_channel(site, fence.ChannelHooks()) is None, not detected)
         channel = site.buildProtocol(None)
         self.assertIsInstance(channel, RelayChannel)
         for name in ("factory", "timeOut", "requestFactory", "site"):
