@@ -10,6 +10,8 @@ saves is measured in docs/performance.md ("Twisted internals").
 
 from __future__ import annotations
 
+import _socket
+import socket
 from typing import Any
 
 from twisted.internet import abstract, error, main, tcp
@@ -34,6 +36,12 @@ SEND_AT_ONCE = (
 )
 """C{doWrite}'s bookkeeping is what L{release_writes} can do itself for an answer sent whole: its
 buffers, its producer (resumed only when paused) and a half-close asked for meanwhile."""
+CLOSE_AT_ONCE = SEND_AT_ONCE and all(
+    cls._postLoseConnection is abstract.FileDescriptor._postLoseConnection for cls in PLAIN_TCP
+)
+"""A plain TCP connection asked to close is done once its buffers are sent (its C{_postLoseConnection}
+is C{FileDescriptor}'s, C{CONNECTION_DONE}): L{release_writes} can send a closing answer and close
+without C{doWrite}."""
 # One Failure for every connection closed here, as the reactor shares one (its _disconnectSelectable).
 _CLOSED = Failure(main.CONNECTION_DONE)
 
@@ -118,14 +126,16 @@ def release_writes(transport: Any) -> None:
         # everything goes now, the connection closes now as the reactor would have closed it (two
         # epoll calls and a reactor turn fewer per connection that closes after one answer).
         if CLOSE_NOW:
+            if CLOSE_AT_ONCE and transport.offset == len(transport.dataBuffer) and _close_sent(transport):
+                return
             try:
                 why = transport.doWrite()
             except Exception:
                 why = None  # (Twisted's own write path will see it again and report it)
             if isinstance(why, error.ConnectionDone):
-                reactor = transport.reactor
-                reactor.removeReader(transport)
-                reactor.removeWriter(transport)
+                # (The reactor would remove the socket from its reader and writer sets first;
+                # connectionLost does that itself, FileDescriptor.connectionLost's stopReading
+                # and stopWriting.)
                 transport.connectionLost(_CLOSED)
                 return
             if not transport.connected:
@@ -144,6 +154,37 @@ def release_writes(transport: Any) -> None:
         failed = True
     if failed or transport._tempDataBuffer or transport.offset < len(transport.dataBuffer):
         transport.startWriting()  # the rest (or the error) is the reactor's to handle
+
+
+def _close_sent(transport: Any) -> bool:
+    """Send what was queued while writes were held by a connection asked to close, with one
+    C{send}, and close it once all of it went (as the reactor closes it when C{doWrite} answers
+    C{CONNECTION_DONE}, without the calls around: C{doWrite}'s join and bookkeeping, a writability
+    watch removed that was never set, the reactor's own removal of the socket, which
+    C{connectionLost} does again); the rest, if the kernel took only part, is the reactor's to send,
+    then close. C{False}, nothing changed, as L{_send_held}: C{doWrite} then does it all."""
+    producer = transport.producer
+    if (producer is not None and (transport.producerPaused or not transport.streamingProducer)) or (
+        transport._writeDisconnecting
+    ):
+        return False  # (doWrite resumes the producer, or half-closes, rather than close)
+    queued = transport._tempDataBuffer
+    if queued:
+        data = queued[0] if len(queued) == 1 else b"".join(queued)
+        if len(data) > transport.SEND_LIMIT:
+            return False
+        try:
+            sent = transport.socket.send(data)
+        except OSError:
+            return False  # (would block, or an error doWrite's own send sees again and reports)
+        transport._tempDataBuffer, transport._tempDataLen = [], 0
+        if sent < len(data):
+            transport.dataBuffer, transport.offset = data, sent
+            transport.startWriting()  # the rest is the reactor's to send, then close
+            return True
+        transport.dataBuffer, transport.offset = b"", 0
+    transport.connectionLost(_CLOSED)
+    return True
 
 
 def _send_held(transport: Any, queued: list[bytes]) -> bool:
@@ -203,6 +244,55 @@ def hand_over(transport: Any, protocol: Any, producer: Any) -> bool:
     transport.registerProducer(producer, True)
     transport.protocol = protocol
     transport.resumeProducing()  # (a channel handling a request may have stopped reading)
+    return True
+
+
+SERVER_PEER_HOST = code_uses(tcp.Server.__init__, "client", "hostname") and code_uses(tcp.Server.getPeer, "client")
+"""A TCP server connection keeps its peer's host in C{hostname} (C{client[0]}), from which
+C{getPeer} builds its address."""
+
+
+def peer_host(transport: Any) -> Any:
+    """The host of C{transport}'s peer (C{getPeer().host}; C{None} when its address has none: a
+    UNIX socket's). A plain TCP server connection's is read without its address built (an attrs
+    object, validated, per call)."""
+    if SERVER_PEER_HOST and type(transport) is tcp.Server:
+        return transport.hostname
+    return getattr(transport.getPeer(), "host", None)
+
+
+_SOCKET_FAMILY = _socket.socket.__dict__["family"].__get__  # (the number, not socket.family's enum)
+_SOCKET_TYPE = _socket.socket.__dict__["type"].__get__
+
+QUICK_ACCEPT = code_uses(getattr(tcp, "_accept", None), "accept") and code_uses(
+    socket.socket.accept, "_accept", "family", "type", "proto", "getdefaulttimeout", "gettimeout", "setblocking"
+)
+"""A TCP port accepts through its listening socket's C{accept}, which is Python's: the connection's
+socket made with the listening one's family, type and protocol."""
+
+
+class _QuickAccept(socket.socket):
+    """A listening socket whose C{accept} is Python's, given its family and type as the numbers
+    they are: Python's converts both to enums for each connection (two of its properties, four
+    calls into the enum module), which the new socket's constructor turns back into numbers."""
+
+    __slots__ = ()
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        fd, addr = self._accept()  # type: ignore[attr-defined]
+        sock = socket.socket(_SOCKET_FAMILY(self), _SOCKET_TYPE(self), self.proto, fileno=fd)
+        if socket.getdefaulttimeout() is None and self.gettimeout():
+            sock.setblocking(True)  # (as Python's: issue 7995)
+        return sock, addr
+
+
+def quick_accept(port: Any) -> bool:
+    """Have C{port}, a listening TCP port, accept its connections through L{_QuickAccept};
+    C{False}, nothing changed, when it is not a plain TCP port on a Python socket (or its accept
+    is not the one this knows)."""
+    if not QUICK_ACCEPT or type(port) is not tcp.Port or type(getattr(port, "socket", None)) is not socket.socket:
+        return False
+    port.socket.__class__ = _QuickAccept
     return True
 
 

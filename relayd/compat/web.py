@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
+from twisted.internet import protocol
 from twisted.protocols import basic
 from twisted.python import components
 from twisted.python.failure import Failure
@@ -392,6 +393,14 @@ def held_line(channel: Any) -> bytes:
     return channel._buffer if CHANNEL_READ_AHEAD else b""
 
 
+CHANNEL_CONNECTION_MADE = code_uses(
+    http.HTTPChannel.connectionMade, "setTcpNoDelay", "setTimeout", "timeOut", "_networkProducer", "registerProducer"
+)
+"""C{HTTPChannel.connectionMade} disables Nagle on a TCP transport, arms its idle timeout, and
+registers itself as the streaming producer of its C{_networkProducer}: the transport, when it is a
+push producer."""
+
+
 class ChannelHooks(http.HTTPChannel):
     """An C{HTTPChannel} whose private state and hooks have public names for a subclass.
 
@@ -480,6 +489,19 @@ class ChannelHooks(http.HTTPChannel):
         """Send C{100 Continue} for a request whose headers asked for it (a subclass may not)."""
         super()._send100Continue()
 
+    def connectionMade(self) -> None:
+        transport = self.transport
+        if CHANNEL_CONNECTION_MADE and type(transport) in PLAIN_TCP:
+            # Twisted asks zope whether the transport is TCP, and adapts it to a push producer with
+            # a stand-in made per connection in case it is not: a plain TCP transport is both.
+            transport.setTcpNoDelay(True)  # type: ignore[union-attr]
+            if self.timeOut is not None:
+                self.setTimeout(self.timeOut)
+            self._networkProducer = transport  # type: ignore[assignment]
+            transport.registerProducer(self, True)  # type: ignore[union-attr]
+            return
+        super().connectionMade()
+
     def _maybeChooseTransferDecoder(self, header: bytes, data: bytes) -> bool:
         # Called for every header field: only a long value, or "chunked", costs a call.
         if CHANNEL_LENGTH_HOOK and len(data) > self.length_digits:
@@ -510,6 +532,31 @@ def channel_protocol(channel: http.HTTPChannel) -> Any:
 
 # (Looked up once: twisted.web.http is a deprecation proxy, which builds an object per lookup.)
 _GENERIC_PROTOCOL: Any = getattr(http, "_GenericHTTPChannelProtocol", None)
+
+
+SITE_BUILDS_CHANNEL = (
+    code_uses(server.Site.buildProtocol, "requestFactory", "site")
+    and code_uses(http.HTTPFactory.buildProtocol, "callLater", "timeOut")
+    and code_uses(protocol.Factory.buildProtocol, "protocol", "factory")
+)
+"""A C{Site}'s C{buildProtocol} is C{Factory}'s (the protocol made, given its C{factory}) and
+C{HTTPFactory}'s (its C{callLater} and C{timeOut}), and gives the channel the site's
+C{requestFactory} and the C{site} itself."""
+
+
+def built_channel(site: Any, channel: http.HTTPChannel) -> Any:
+    """What C{site.buildProtocol} returns for a C{channel} its C{protocol} made: the settings of
+    the three C{buildProtocol}s it goes through given in one call, once per connection, but for the
+    scheduler of its idle timeout, which the caller gives it (relayd's clock); C{None} when they are
+    not known (or Twisted's HTTP/1.1-or-2 wrapper is needed, L{channel_protocol}): the caller then
+    calls C{buildProtocol}."""
+    if not SITE_BUILDS_CHANNEL or HTTP2:
+        return None
+    channel.factory = site
+    channel.timeOut = site.timeOut
+    channel.requestFactory = site.requestFactory
+    channel.site = site  # type: ignore[attr-defined]
+    return channel
 
 
 def channel_of(protocol: Any) -> Any:

@@ -13,7 +13,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from relayd.base.clock import Timekeeper
-from relayd.compat.tcp import hold_writes, pause_reading, release_writes, resume_reading
+from relayd.compat.tcp import hold_writes, pause_reading, peer_host, release_writes, resume_reading
 from relayd.compat.web import (
     ChannelHooks,
     between_requests,
@@ -148,7 +148,7 @@ class RelayChannel(ChannelHooks):
             # (Behind trusted proxies the client is known from each request's headers: getResourceFor.
             # A UNIX socket's peers have no address to tell them apart: not counted.)
             if site.max_client_connections and not site.trust_forwarded_for and self.transport is not None:
-                host = getattr(self.transport.getPeer(), "host", None)
+                host = peer_host(self.transport)
                 if host and not site.count_client(self, str(host)):
                     self._refuse(site.too_many_connections)
                     return

@@ -18,6 +18,7 @@ from zope.interface import implementer
 from relayd.base import metrics
 from relayd.base.clock import Timekeeper
 from relayd.base.config import is_loopback_endpoint, is_tls_endpoint
+from relayd.compat.tcp import quick_accept
 from relayd.web.site import RelaySite
 from relayd.wing import DEFAULT_GRACE, IWing
 
@@ -68,6 +69,7 @@ class StrictListener(StreamServerEndpointService):
             return failure  # a later failure is for whoever waits on bound_port()
 
         self.listening = self.endpoint.listen(self.factory)
+        self.listening.addCallback(_accepting_quickly)
         self.listening.addErrback(now)
         starting = False
         if failed:
@@ -91,6 +93,11 @@ class StrictListener(StreamServerEndpointService):
         """Fires with the port once it is bound (once started)."""
         assert self.listening is not None, "not started"
         return self.listening
+
+
+def _accepting_quickly(port: IListeningPort) -> IListeningPort:
+    quick_accept(port)  # (a connection per request: its socket made without enum conversions)
+    return port
 
 
 def with_default_backlog(description: str) -> str:

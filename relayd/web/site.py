@@ -17,7 +17,7 @@ from relayd.base import metrics
 from relayd.base.clock import Timekeeper
 from relayd.base.reactor import installed
 from relayd.compat.prometheus import adder
-from relayd.compat.web import channel_of, channel_protocol, close_after
+from relayd.compat.web import built_channel, channel_of, channel_protocol, close_after
 from relayd.logs.access_log import access_log
 from relayd.process.settings import DEFAULT_SITE_SETTINGS, HEALTH_RESERVE, SiteSettings
 from relayd.web.admission import Admission
@@ -132,7 +132,13 @@ class RelaySite(ChannelSite):
         return address
 
     def buildProtocol(self, addr: IAddress | None) -> Any:
-        protocol = super().buildProtocol(addr)
+        # (Once per connection: Site's, HTTPFactory's and Factory's settings given at once; the idle
+        # timeout scheduled through the clock's one bound method, Timekeeper.give_timeouts.)
+        protocol = None
+        if type(self).protocol is _relay_channel:  # (not when a test or subclass builds another)
+            protocol = built_channel(self, RelayChannel())
+        if protocol is None:
+            protocol = super().buildProtocol(addr)
         self.clock.give_timeouts(protocol)
         self._protocols.add(protocol)
         return protocol

@@ -8,14 +8,16 @@ import socket
 from typing import Any, Callable
 
 from twisted.internet import reactor
+from twisted.internet.address import IPv4Address, UNIXAddress
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import TestCase
 
 from relayd.compat import tcp as fence
 from relayd.compat.tcp import HOLD_WRITES, TCP_BUFFERS, hold_writes, nothing_queued, release_writes, write_now
-from tests.compat.loopback import LoopbackCase
+from tests.compat.loopback import LoopbackCase, Server
 
 
 class Answering(Protocol):
@@ -104,6 +106,58 @@ class HeldWrites(TestCase):
         self.assertEqual(received, b"HTTP/1.1 202 Accepted\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
         self.assertEqual(lost, ["read handled", "ConnectionDone"])
         self.assertEqual(watched, [True])  # watched for writability until the next turn sent and closed
+
+    @staticmethod
+    def counting_writes(calls: list[str]) -> Callable[[Any], None]:
+        """L{answer_and_close}, with each C{doWrite} of the transport counted in C{calls}."""
+
+        def answer(transport: Any) -> None:
+            do_write = transport.doWrite
+
+            def counted() -> Any:
+                calls.append("doWrite")
+                return do_write()
+
+            transport.doWrite = counted
+            HeldWrites.answer_and_close(transport)
+
+        return answer
+
+    async def test_a_closing_answer_is_sent_and_closed_without_do_write(self) -> None:
+        # One send, then connectionLost: none of doWrite's bookkeeping, nor the socket taken out of
+        # the reactor's sets twice (issue 24, a connection per request).
+        self.assertTrue(fence.CLOSE_AT_ONCE)
+        calls: list[str] = []
+        lost: list[str] = []
+        received, watched = await self.exchange(self.counting_writes(calls), lost)
+        self.assertEqual(received, b"HTTP/1.1 202 Accepted\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
+        self.assertEqual((calls, lost, watched), ([], ["ConnectionDone", "read handled"], [False]))
+
+    async def test_without_close_at_once_do_write_closes_within_the_read(self) -> None:
+        self.patch(fence, "CLOSE_AT_ONCE", False)
+        calls: list[str] = []
+        lost: list[str] = []
+        received, watched = await self.exchange(self.counting_writes(calls), lost)
+        self.assertEqual(received, b"HTTP/1.1 202 Accepted\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
+        self.assertEqual((calls, lost, watched), (["doWrite"], ["ConnectionDone", "read handled"], [False]))
+
+    async def test_a_close_with_nothing_queued_closes_within_the_read(self) -> None:
+        lost: list[str] = []
+        received, watched = await self.exchange(lambda transport: transport.loseConnection(), lost)
+        self.assertEqual((received, lost, watched), (b"", ["ConnectionDone", "read handled"], [False]))
+
+    async def test_a_closing_answer_over_the_send_limit_is_finished_by_the_reactor(self) -> None:
+        big = b"x" * (16 * 2**20)
+        lost: list[str] = []
+
+        def answer(transport: Any) -> None:
+            transport.write(b"y")
+            transport.write(big)
+            transport.loseConnection()
+
+        received, watched = await self.exchange(answer, lost)
+        self.assertEqual(received, b"y" + big)
+        self.assertEqual((lost, watched), (["read handled", "ConnectionDone"], [True]))
 
     async def test_what_the_kernel_does_not_take_is_left_to_the_reactor(self) -> None:
         big = b"x" * (16 * 2**20)  # more than a loopback socket buffer takes at once
@@ -262,3 +316,64 @@ class Producer:
 
     def stopProducing(self) -> None:
         self.calls.append("stop")
+
+
+class PeerHost(LoopbackCase):
+    async def test_a_server_connections_peer_host_is_its_address_host(self) -> None:
+        self.assertTrue(fence.SERVER_PEER_HOST)
+        transport, _ = await self.tcp_pair()
+        self.assertEqual(fence.peer_host(transport), transport.getPeer().host)
+        self.assertEqual(fence.peer_host(transport), "127.0.0.1")
+
+    async def test_without_the_state_the_address_is_asked(self) -> None:
+        self.patch(fence, "SERVER_PEER_HOST", False)
+        transport, _ = await self.tcp_pair()
+        transport.hostname = "not read"
+        self.assertEqual(fence.peer_host(transport), "127.0.0.1")
+
+    def test_another_transports_peer_host_is_its_address_host(self) -> None:
+        transport = StringTransport(peerAddress=IPv4Address("TCP", "10.0.0.7", 4321))
+        self.assertEqual(fence.peer_host(transport), "10.0.0.7")
+        self.assertIsNone(fence.peer_host(StringTransport(peerAddress=UNIXAddress(b"/tmp/s"))))
+
+
+class QuickAccept(LoopbackCase):
+    async def accepted(self, quick: bool) -> tuple[Any, Any]:
+        made: Deferred[Any] = Deferred()
+        port = reactor.listenTCP(0, Factory.forProtocol(type("S", (Server,), {"made": made})), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        self.assertIs(fence.quick_accept(port), quick)
+        await self.connect(port.getHost().port)
+        transport = await made
+        return port, transport
+
+    async def test_a_port_accepts_sockets_as_pythons_accept_makes_them(self) -> None:
+        self.assertTrue(fence.QUICK_ACCEPT)
+        port, transport = await self.accepted(True)
+        self.assertIsInstance(port.socket, fence._QuickAccept)
+        sock = transport.socket
+        self.assertIs(type(sock), socket.socket)
+        self.assertIs(sock.family, socket.AF_INET)  # (the enum, asked of the socket as before)
+        self.assertIs(sock.type, socket.SOCK_STREAM)
+        self.assertEqual((sock.proto, sock.gettimeout(), sock.getblocking()), (0, 0.0, False))
+        self.assertEqual(transport.getPeer().host, "127.0.0.1")
+
+    async def test_without_the_accept_known_the_port_is_left_as_it_is(self) -> None:
+        self.patch(fence, "QUICK_ACCEPT", False)
+        port, transport = await self.accepted(False)
+        self.assertIs(type(port.socket), socket.socket)
+        self.assertIs(transport.socket.family, socket.AF_INET)
+
+    def test_python_and_the_quick_accept_make_the_same_socket(self) -> None:
+        for quick in (False, True):
+            with socket.socket() as listening:
+                listening.bind(("127.0.0.1", 0))
+                listening.listen()
+                listening.settimeout(2.5)  # (a listening timeout: the accepted socket is blocking)
+                if quick:
+                    listening.__class__ = fence._QuickAccept
+                with socket.create_connection(listening.getsockname()):
+                    sock, addr = listening.accept()
+                    with sock:
+                        seen = (type(sock), sock.family, sock.type, sock.proto, sock.gettimeout(), addr[0])
+                        self.assertEqual(seen, (socket.socket, socket.AF_INET, socket.SOCK_STREAM, 0, None, "127.0.0.1"))

@@ -14,16 +14,20 @@ from typing import Any
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Protocol
+from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 from twisted.web import http
 from twisted.web.http import HTTPChannel
+from twisted.web.server import Site
 
 from relayd.compat import tcp
 from relayd.compat import web as fence
 from relayd.compat.tcp import TCP_PROTOCOL
+from relayd.process.settings import SiteSettings
 from relayd.web.answers import Answer
+from relayd.web.channel import RelayChannel
 from relayd.web.routes import RoutedResource, RouteTable
 from relayd.web.site import RelaySite
 from relayd.web.streams.sse import http_chunk
@@ -350,6 +354,62 @@ class Channels(LoopbackCase):
         channel.pauseProducing()
         self.assertIs(channel.waiting_for_transport(), False)  # pipelined requests are then not held back
         channel.resumeProducing()
+
+    @cases(detected=True, fallback=False)
+    async def test_a_connection_made_on_plain_tcp(self, detected: bool) -> None:
+        # Nagle off, the idle timeout armed, the channel the transport's streaming producer: the
+        # same whether Twisted's connectionMade (zope's checks, a stand-in producer) runs or not.
+        self.assertTrue(fence.CHANNEL_CONNECTION_MADE)
+        self.patch(fence, "CHANNEL_CONNECTION_MADE", detected)
+        transport, _ = await self.tcp_pair()
+        clock = Clock()
+        channel = fence.ChannelHooks()
+        channel.timeOut = 30
+        channel.callLater = clock.callLater  # type: ignore[method-assign]
+        channel.makeConnection(transport)
+        self.assertTrue(transport.getTcpNoDelay())
+        self.assertIs(channel._networkProducer, transport)
+        self.assertEqual((transport.producer, transport.streamingProducer), (channel, True))
+        self.assertEqual([call.getTime() for call in clock.getDelayedCalls()], [30])
+        transport.unregisterProducer()
+
+    @cases(detected=True, fallback=False)
+    async def test_a_connection_made_without_an_idle_timeout_arms_none(self, detected: bool) -> None:
+        self.patch(fence, "CHANNEL_CONNECTION_MADE", detected)
+        transport, _ = await self.tcp_pair()
+        clock = Clock()
+        channel = fence.ChannelHooks()
+        channel.timeOut = None
+        channel.callLater = clock.callLater  # type: ignore[method-assign]
+        channel.makeConnection(transport)
+        self.assertEqual(clock.getDelayedCalls(), [])
+        self.assertIs(channel.transport.producer, channel)
+        transport.unregisterProducer()
+
+    def test_a_connection_made_on_another_transport_is_twisteds(self) -> None:
+        channel = fence.ChannelHooks()
+        channel.timeOut = None
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        self.assertEqual((transport.producer, transport.streaming), (channel, True))
+
+    @cases(detected=True, fallback=False)
+    def test_a_site_builds_its_channel_as_twisted_does(self, detected: bool) -> None:
+        # The three buildProtocols' settings given at once: the same channel state either way.
+        self.assertTrue(fence.SITE_BUILDS_CHANNEL)
+        self.patch(fence, "SITE_BUILDS_CHANNEL", detected)
+        self.patch(fence, "HTTP2", False)
+        clock = Clock()
+        site = RelaySite(Plain(), reactor=clock, settings=SiteSettings(idle_timeout=42))
+        twisteds = Site.buildProtocol(site, None)
+        self.assertIs(fence.built_channel(site, fence.ChannelHooks()) is None, not detected)
+        channel = site.buildProtocol(None)
+        self.assertIsInstance(channel, RelayChannel)
+        for name in ("factory", "timeOut", "requestFactory", "site"):
+            self.assertIs(getattr(channel, name), getattr(twisteds, name), name)
+        self.assertEqual((channel.timeOut, channel.requestFactory), (42, site.requestFactory))
+        self.assertEqual(channel.callLater, clock.callLater)  # the idle timeout on the site's clock
+        self.assertEqual(sorted(vars(channel)), sorted(vars(twisteds)))
 
     def test_the_wrapper_only_where_http2_is_spoken(self) -> None:
         # Twisted's HTTP/1.1-or-2 wrapper costs an object per connection and a forwarded call per

@@ -12,6 +12,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.resource import Resource
 
 from relayd.base.clock import Timekeeper
+from relayd.compat.tcp import _QuickAccept
 from relayd.web.listen import DEFAULT_BACKLOG, HTTPWingService, StrictListener, with_default_backlog
 from relayd.web.site import RelaySite
 
@@ -26,6 +27,7 @@ class Listening(TestCase):
         number = port.getHost().port
         taken = StrictListener(endpoints.serverFromString(reactor, f"tcp:{number}:interface=127.0.0.1"), Factory())
         self.assertRaises(CannotListenError, taken.startService)  # at start, not in a log line
+        self.assertIsInstance(port.socket, _QuickAccept)  # (its connections' sockets made without enums)
         await parent.stopService()
         self.assertFalse(port.connected)
 
