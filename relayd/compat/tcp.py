@@ -163,26 +163,16 @@ def _close_sent(transport: Any) -> bool:
     watch removed that was never set, the reactor's own removal of the socket, which
     C{connectionLost} does again); the rest, if the kernel took only part, is the reactor's to send,
     then close. C{False}, nothing changed, as L{_send_held}: C{doWrite} then does it all."""
-    producer = transport.producer
-    if (producer is not None and (transport.producerPaused or not transport.streamingProducer)) or (
-        transport._writeDisconnecting
-    ):
+    if _more_for_doWrite(transport):
         return False  # (doWrite resumes the producer, or half-closes, rather than close)
     queued = transport._tempDataBuffer
     if queued:
-        data = queued[0] if len(queued) == 1 else b"".join(queued)
-        if len(data) > transport.SEND_LIMIT:
+        sent = _send_once(transport, queued)
+        if sent is None:
             return False
-        try:
-            sent = transport.socket.send(data)
-        except OSError:
-            return False  # (would block, or an error doWrite's own send sees again and reports)
-        transport._tempDataBuffer, transport._tempDataLen = [], 0
-        if sent < len(data):
-            transport.dataBuffer, transport.offset = data, sent
+        if transport.offset < len(transport.dataBuffer):
             transport.startWriting()  # the rest is the reactor's to send, then close
             return True
-        transport.dataBuffer, transport.offset = b"", 0
     transport.connectionLost(_CLOSED)
     return True
 
@@ -194,26 +184,38 @@ def _send_held(transport: Any, queued: list[bytes]) -> bool:
     queued and the socket watched, as C{doWrite} leaves it. C{False}, nothing changed, when the send
     failed or C{doWrite} has more to do than clear the buffers (a producer to resume, a half-close):
     C{doWrite} then does it all."""
-    producer = transport.producer
-    if (producer is not None and (transport.producerPaused or not transport.streamingProducer)) or (
-        transport._writeDisconnecting
-    ):
+    if _more_for_doWrite(transport) or _send_once(transport, queued) is None:
         return False
-    data = queued[0] if len(queued) == 1 else b"".join(queued)
-    if len(data) > transport.SEND_LIMIT:
-        return False
-    try:
-        sent = transport.socket.send(data)
-    except OSError:
-        return False  # (would block, or an error doWrite's own send sees again and reports)
-    transport._tempDataBuffer, transport._tempDataLen = [], 0
-    if sent == len(data):
-        transport.dataBuffer, transport.offset = b"", 0
+    if transport.offset == len(transport.dataBuffer):
         transport.stopWriting()  # (watched only if it was before writes were held)
     else:
-        transport.dataBuffer, transport.offset = data, sent
         transport.startWriting()  # the rest is the reactor's to send
     return True
+
+
+def _more_for_doWrite(transport: Any) -> bool:
+    """Whether C{doWrite} has more to do once the buffers are sent: a paused (or pulling) producer
+    to resume, a half-close asked for."""
+    producer = transport.producer
+    return (producer is not None and (transport.producerPaused or not transport.streamingProducer)) or bool(
+        transport._writeDisconnecting
+    )
+
+
+def _send_once(transport: Any, queued: list[bytes]) -> int | None:
+    """Send C{queued} (the transport's queue, its buffer empty) with one C{send}: how much went, the
+    queue then empty and the buffer what did not go, as C{doWrite} leaves them; C{None}, nothing
+    changed, when it is over C{doWrite}'s send limit or the send failed."""
+    data = queued[0] if len(queued) == 1 else b"".join(queued)
+    if len(data) > transport.SEND_LIMIT:
+        return None
+    try:
+        sent: int = transport.socket.send(data)
+    except OSError:
+        return None  # (would block, or an error doWrite's own send sees again and reports)
+    transport._tempDataBuffer, transport._tempDataLen = [], 0
+    transport.dataBuffer, transport.offset = (b"", 0) if sent == len(data) else (data, sent)
+    return sent
 
 
 TCP_PROTOCOL = (
