@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
 
 
@@ -296,3 +297,14 @@ class RawClient(Protocol):
         else:
             self._waiting.append((needle, d))
         return d.addTimeout(RAW_CLIENT_TIMEOUT, reactor)
+
+
+async def connect_raw(case: Any, site: Any) -> RawClient:
+    """A L{RawClient} connected to C{site}, listening on a free loopback port; the connection closed,
+    then the port, when C{case} (a TestCase) ends."""
+    port = reactor.listenTCP(0, site, interface="127.0.0.1")
+    case.addCleanup(port.stopListening)
+    client = RawClient()
+    await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port), client)
+    case.addCleanup(client.transport.loseConnection)
+    return client

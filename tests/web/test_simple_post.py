@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 from twisted.internet import reactor
-from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.trial.unittest import TestCase
 from twisted.web.resource import Resource
 
@@ -13,7 +12,7 @@ from relayd.web import simple_post
 from relayd.web.answers import Answer
 from relayd.web.simple_post import SimplePost, SimplePosts, read_simple_post
 from relayd.web.site import RelaySite
-from tests.support.raw import RawClient
+from tests.support.raw import connect_raw
 
 
 def _events(post: SimplePost) -> None:
@@ -181,11 +180,7 @@ class AnsweredBySite(TestCase):
             return Answer(201, b"{}", [(b"content-type", b"application/json"), (b"x-relay-thing", b"1")])
 
         site.simple_posts[b"/events"] = handler
-        port = reactor.listenTCP(0, site, interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
-        client = RawClient()
-        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port), client)
-        self.addCleanup(client.transport.loseConnection)
+        client = await connect_raw(self, site)
         client.transport.write(post(body=b"answer"))
         await client.wait_for(b"{}")
         head, _, body = client.received.partition(b"\r\n\r\n")
@@ -208,11 +203,7 @@ class AnsweredBySite(TestCase):
         # which is not one, is checked)
         site = RelaySite(Leaf(), relay="test")
         site.simple_posts[b"/events"] = lambda post: Answer(202, b"{}")
-        port = reactor.listenTCP(0, site, interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
-        client = RawClient()
-        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port), client)
-        self.addCleanup(client.transport.loseConnection)
+        client = await connect_raw(self, site)
         client.transport.write(post())
         await client.wait_for(b"{}")
         client.received = b""

@@ -27,7 +27,7 @@ from relayd.web.request import BodyLimit
 from relayd.web.site import RelaySite
 from relayd.web.streams.sse import SSEHub, SSEStream
 from tests.support.aep import AEPRelay, event, ndjson
-from tests.support.raw import RawClient, exchange
+from tests.support.raw import RawClient, connect_raw, exchange
 from tests.support.sse import SSEClient
 from tests.support.ws import WSClient
 
@@ -212,11 +212,7 @@ class PlainAnswerDate(TestCase):
         fake.advance(1_700_000_000 - tick)  # 2023-11-14T22:13:19.999 UTC
         site = RelaySite(_Plain(), clock=Timekeeper(fake))
         site.simple_posts[b"/events"] = lambda post: Answer(202, b"{}")
-        port = reactor.listenTCP(0, site, interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
-        client = RawClient()
-        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port), client)
-        self.addCleanup(client.transport.loseConnection)
+        client = await connect_raw(self, site)
         dates = []
         # Then a millisecond on (.000), to that second's end (.998, .999) and over it (a keep-alive connection).
         for step in (0, tick, 1 - 2 * tick, tick, tick):
