@@ -3,10 +3,10 @@ reactor's thread without a lock.
 
 C{Counter.inc} checks that the counter can be observed, that the amount is not negative and whether an
 exemplar came with it, then adds under its value's lock: about 4,000 instructions, and an MCP round trip
-counts four (two answered requests, two frames). L{adder} gives a call that adds one to the value
-itself. The lock guards one value against increments from two threads at once; the counters given to
+counts four (two answered requests, two frames). L{adder} gives a call that adds one (or a count)
+to the value itself. The lock guards one value against increments from two threads at once; the counters given to
 L{adder} are only ever incremented on the reactor's thread, and a scrape (which reads under the lock)
-reads the float whole either way. The value and its exposition are C{inc}'s: C{value += 1}.
+reads the float whole either way. The value and its exposition are C{inc}'s: C{value += amount}.
 
 A histogram's C{observe} pays the same checks and locks, for its sum and then its bucket, found by a
 walk over every bound: about 6,600 instructions, once per AEP ingest POST. L{recorder} gives a call
@@ -30,15 +30,15 @@ DIRECT_VALUES = values.ValueClass is values.MutexValue and code_uses(values.Mute
 """A counter holds its count as C{_value} of a C{MutexValue}, which C{inc} adds to under C{_lock}."""
 
 
-def adder(counter: Any) -> Callable[[], None]:
-    """A call adding one to C{counter} (a counter, or one labelled child of it), as C{counter.inc()}
-    does; for counters incremented on the reactor's thread only."""
+def adder(counter: Any) -> Callable[..., None]:
+    """A call adding one (or the count it is given) to C{counter} (a counter, or one labelled child
+    of it), as C{counter.inc(count)} does; for counters incremented on the reactor's thread only."""
     value = getattr(counter, "_value", None)
     if not DIRECT_VALUES or type(value) is not values.MutexValue:
         return counter.inc
 
-    def add() -> None:
-        value._value += 1
+    def add(count: int = 1) -> None:
+        value._value += count
 
     return add
 

@@ -40,6 +40,18 @@ class Adder(TestCase):
         self.assertIn('relayd_test_answers_total{code="200",relay="mcp"} 3.0', samples)
         self.assertEqual(samples, _samples(increased_registry))
 
+    def test_adds_a_count_as_inc_does(self) -> None:
+        """An adder given a count adds it, as C{inc(count)} does (a batch's events counted at once)."""
+        counted_registry, counted, increased_registry, increased = _counters()
+        add = adder(counted.labels(relay="aep", code="202"))
+        add(100)
+        add()
+        increased.labels(relay="aep", code="202").inc(100)
+        increased.labels(relay="aep", code="202").inc()
+        samples = _samples(counted_registry)
+        self.assertIn('relayd_test_answers_total{code="202",relay="aep"} 101.0', samples)
+        self.assertEqual(samples, _samples(increased_registry))
+
     def test_falls_back_to_inc(self) -> None:
         """Where the value is not reachable, the adder is the counter's own C{inc}, and counts."""
         self.patch(fence, "DIRECT_VALUES", False)

@@ -35,8 +35,7 @@ from relayd.base.clock import BlockingClock
 from relayd.compat.prometheus import adder, recorder
 
 # Bound once: the ingest path counts per batch, never per delivery.
-_INGESTED = metrics.events_ingested.labels(relay="aep")
-_INGESTED_ONE = adder(_INGESTED)
+_INGESTED = adder(metrics.events_ingested.labels(relay="aep"))
 _DELIVERED = metrics.events_delivered.labels(relay="aep")
 _UNROUTABLE = metrics.events_dropped.labels(relay="aep", reason="unroutable")
 _FANOUT = recorder(metrics.fanout_seconds.labels(relay="aep"))  # (observe without its checks and locks)
@@ -533,11 +532,7 @@ class EventRelay:
             # One snapshot per batch, not per event: a subscriber that closes meanwhile refuses writes.
             delivered = self._fan_out_runs(events, index.snapshot(), sender)
         _FANOUT(perf_counter() - started)
-        count = len(events)
-        if count == 1:
-            _INGESTED_ONE()  # (one event per POST: the count added to without Counter.inc's checks and lock)
-        else:
-            _INGESTED.inc(count)
+        _INGESTED(len(events))
         if delivered:
             _DELIVERED.inc(delivered)
         if self.fanout is not None and not published:
