@@ -143,11 +143,11 @@ def _direct_to(watched: list[Any]) -> tuple[AccessLines, Any] | None:
     return found
 
 
-access_log = AccessLog()
-"""The access lines' logger, on the global publisher."""
+access_logger = AccessLog()
+"""The access lines' logger, on the global publisher (a site's C{access_log} is whether it logs them)."""
 
 
 def write_access_lines_directly() -> None:
     """Write access lines straight to twistd's text log while it is their only destination (the tap
     calls it once that log has relayd's formatter and turn writer). Calling it again changes nothing."""
-    access_log.write_directly()
+    access_logger.write_directly()

@@ -18,7 +18,7 @@ from relayd.base.clock import Timekeeper
 from relayd.base.reactor import installed
 from relayd.compat.prometheus import adder
 from relayd.compat.web import built_channel, channel_of, channel_protocol, close_after
-from relayd.logs.access_log import access_log
+from relayd.logs.access_log import access_logger
 from relayd.process.settings import DEFAULT_SITE_SETTINGS, HEALTH_RESERVE, SiteSettings
 from relayd.web.admission import Admission
 from relayd.web.answers import Answer, json_answer, write_answer
@@ -261,10 +261,10 @@ class RelaySite(ChannelSite):
         # Rendered here once: twisted.logger's own formatting of five fields cost a third of the
         # line's price, and one line is written per request.
         text = f'{relay} {peer} "{verb} {where}" {status} {sent}'
-        if access_log.written(when, text):
+        if access_logger.written(when, text):
             return  # (straight to the text log, its only destination: relayd.logs.access_log)
         duration = round((clock.monotonic() - started) * 1000, 1) if started is not None else None
-        access_log.line(when, text, relay, peer, verb, where, status, sent, duration)
+        access_logger.line(when, text, relay, peer, verb, where, status, sent, duration)
 
     def open_connections(self) -> int:
         """How many HTTP connections this site still serves."""

@@ -64,7 +64,7 @@ class Relay:
         if direct:
             self.access_log.write_directly()
         test.addCleanup(self.access_log.publish_only)
-        test.patch(site_module, "access_log", self.access_log)
+        test.patch(site_module, "access_logger", self.access_log)
         self.site = RelaySite(Resource(), clock=clock, relay="aep")
         self.log = Logger(namespace="relayd.aep", observer=self.publisher)
 
@@ -74,7 +74,7 @@ class Relay:
                         "log_source": None, "log_format": fmt, "log_time": self.reactor.seconds()})
 
     def request(self, n: int = 0, peer: str = "127.0.0.1") -> None:
-        site_module.access_log = self.access_log  # (the sites' one logger: this relay's, patched back after the test)
+        site_module.access_logger = self.access_log  # (the sites' one logger: this relay's, patched back after the test)
         self.site.access(method=b"POST", path=b"/events?token=x", status=202, sent=n, peer=peer,
                          started=self.reactor.seconds())
 
