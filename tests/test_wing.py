@@ -26,6 +26,7 @@ from relayd.base.clock import Timekeeper
 from relayd.base.config import Resolved
 from relayd.base.metrics import REGISTRY
 from relayd.buzz.config import BuzzConfig
+from relayd.compat import reactor as compat_reactor
 from relayd.mcp.config import MCPConfig
 from relayd.process.settings import SiteSettings
 from relayd.web import metrics_listener
@@ -174,6 +175,19 @@ class FourthWing(_Wings):
             await kept.closeCachedConnections()
             await echo.stopService()
         self.assertEqual(value(parse(generate_latest(REGISTRY).decode()), "relayd_http_connections", relay="echo"), 0)
+
+    async def test_the_started_root_dispatches_the_reactor_s_events_through_the_fence(self) -> None:
+        """Once the root service starts, the process's epoll reactor handles its I/O events through
+        relayd/compat/reactor.py's doPoll."""
+        for name in ("doIteration", "doPoll"):
+            vars(reactor).pop(name, None)  # (an earlier test's root installed it on this process's reactor)
+        options = self.parse(["--no-aep", "--no-mcp", "--echo-listen", LOOPBACK], tap.options_for((*tap.WINGS, ECHO)))
+        root = tap.makeService(options, reactor)
+        root.startService()
+        try:
+            self.assertIs(getattr(reactor.doIteration, "__func__", None), compat_reactor._do_poll)
+        finally:
+            await root.stopService()
 
     def test_without_the_line_its_flag_is_unknown(self) -> None:
         self.assertRaises(usage.UsageError, self.parse, ["--echo-listen", LOOPBACK])
