@@ -49,14 +49,20 @@ C{context.call} does, the dictionary copied from C{context.get(ILogContext)}, a 
 
 
 def quick_dispatch(reactor: Any) -> bool:
-    """Have C{reactor}, the process's epoll reactor, handle its I/O events through L{_do_poll};
-    C{False}, nothing changed, when it is not Twisted's C{EPollReactor} itself or its dispatch is
-    not the one this knows. Installed once (on the instance): calling it again changes nothing."""
+    """Have C{reactor}, the process's epoll reactor, handle its I/O events through L{_do_poll}
+    (C{True} once it does); C{False}, nothing changed, when it is not Twisted's C{EPollReactor}
+    itself, its dispatch is not the one this knows, or its C{doIteration} is already another's hook
+    (relayd/compat/logger.py C{before_each_poll}'s, which calls what was there: so this goes first).
+    Installed once, on the instance: calling it again changes nothing, a hook put over it kept."""
     if not QUICK_DISPATCH or type(reactor) is not EPollReactor:
         return False
-    if getattr(reactor.doIteration, "__func__", None) is not _do_poll:
-        # (ReactorBase's mainLoop and iterate call doIteration, the class's doPoll.)
-        reactor.doIteration = reactor.doPoll = MethodType(_do_poll, reactor)  # type: ignore[method-assign]
+    installed = vars(reactor)
+    if getattr(installed.get("doPoll"), "__func__", None) is _do_poll:
+        return True
+    if "doIteration" in installed:
+        return False
+    # (ReactorBase's mainLoop and iterate call doIteration, the class's doPoll.)
+    reactor.doIteration = reactor.doPoll = MethodType(_do_poll, reactor)  # type: ignore[method-assign]
     return True
 
 

@@ -16,6 +16,7 @@ from twisted.python import context, log
 from twisted.trial.unittest import TestCase
 
 from relayd.compat import reactor as fence
+from relayd.compat.logger import before_each_poll
 from relayd.compat.reactor import QUICK_DISPATCH, quick_dispatch
 
 SPINS = 200  # reactor turns before a test gives up (each waits up to 0.05 s for an event)
@@ -232,13 +233,27 @@ class QuickDispatch(TestCase):
         self.spin(reactor, lambda: first not in reactor.getReaders() and second not in reactor.getReaders())
         self.assertEqual(sorted([first.read, second.read]), [0, 1])
 
-    def test_installed_once(self) -> None:
+    def test_installed_once_under_a_hook(self) -> None:
+        """Installed again, nothing changes: a hook put over it since (the log writers') is kept."""
         reactor = self.reactor(fenced=True)
         installed = reactor.doIteration
+        self.assertIs(installed.__func__, fence._do_poll)
         self.assertTrue(quick_dispatch(reactor))
         self.assertIs(reactor.doIteration, installed)
+        self.assertTrue(before_each_poll(reactor, lambda: None))
+        hooked = reactor.doIteration
+        self.assertTrue(quick_dispatch(reactor))
+        self.assertIs(reactor.doIteration, hooked)
         self.assertIs(reactor.doPoll, installed)
-        self.assertIs(installed.__func__, fence._do_poll)
+
+    def test_not_under_another_s_hook(self) -> None:
+        """A reactor whose poll another already hooked is left alone (the hook calls Twisted's)."""
+        reactor = self.reactor(fenced=False)
+        self.assertTrue(before_each_poll(reactor, lambda: None))
+        hooked = reactor.doIteration
+        self.assertFalse(quick_dispatch(reactor))
+        self.assertIs(reactor.doIteration, hooked)
+        self.assertNotIn("doPoll", vars(reactor))
 
     def test_another_reactor_is_left_alone(self) -> None:
         """Not Twisted's EPollReactor itself (a subclass, a clock): nothing changed."""
