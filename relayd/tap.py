@@ -242,9 +242,10 @@ class RelaydService(MultiService):
         if self.redis is not None:
             # Redis holding another relayd keyspace version: refuse to run on it (docs/deployment.md "Upgrades").
             self.redis.refused.addCallback(self.refuse)
-        super().startService()
-        # Each I/O event handled in the log context Twisted gives it, without its six calls per event.
+        # Each I/O event handled in the log context Twisted gives it, without its six calls per event
+        # (before anything hooks the reactor's poll: the log writers below do).
         compat_reactor.quick_dispatch(self.reactor)
+        super().startService()
         # twistd's text log is in place by now (it starts after makeService).
         access.quicken_access_lines()
         # Once the reactor runs, a turn's log lines are written together (one write(2), not one per
