@@ -28,7 +28,9 @@ class Talking(Protocol):
     def dataReceived(self, data: bytes) -> None:
         log.msg("read", mark="plain", outer=context.get("outer"))
         log.callWithContext({"nested": "yes"}, log.msg, "nested", mark="nested")
-        context.call({"key": "value"}, lambda: log.msg("keyed", mark="keyed", key=context.get("key")))
+        # (Not "key": relayd's scrubber, observing the log once a test has made a relay, blanks a
+        # field of that name; short values, which it never takes for a registered secret.)
+        context.call({"inner": "in"}, lambda: log.msg("inner", mark="inner", inner=context.get("inner")))
         if b"raise" in data:
             raise ZeroDivisionError("in dataReceived")
 
@@ -77,7 +79,7 @@ def _seen(event: dict[str, Any]) -> tuple[Any, ...]:
         event.get("message"),
         event.get("isError"),
         type(failure.value).__name__ if failure is not None else None,
-        tuple(sorted((k, v) for k, v in event.items() if k in ("mark", "outer", "nested", "key", "extra"))),
+        tuple(sorted((k, v) for k, v in event.items() if k in ("mark", "outer", "nested", "inner", "extra"))),
     )
 
 
@@ -153,7 +155,7 @@ class QuickDispatch(TestCase):
             [
                 (system, ("read",), 0, None, (("mark", "plain"), ("outer", None))),
                 (system, ("nested",), 0, None, (("mark", "nested"), ("nested", "yes"))),
-                (system, ("keyed",), 0, None, (("key", "value"), ("mark", "keyed"))),
+                (system, ("inner",), 0, None, (("inner", "in"), ("mark", "inner"))),
                 (system, (), 1, "ZeroDivisionError", ()),
             ],
         )
