@@ -242,7 +242,7 @@ class RelaydService(MultiService):
         if self.redis is not None:
             # Redis holding another relayd keyspace version: refuse to run on it (docs/deployment.md "Upgrades").
             self.redis.refused.addCallback(self.refuse)
-        # Each I/O event handled in the log context Twisted gives it, without its six calls per event
+        # Each I/O event handled in the log context Twisted gives it, without its eight calls per event
         # (before anything hooks the reactor's poll: the log writers below do).
         compat_reactor.quick_dispatch(self.reactor)
         super().startService()
