@@ -42,6 +42,7 @@ QUICK_DISPATCH = (
     and type(_TRACKER) is context.ThreadedContextTracker
     and _GET == _TRACKER.getContext
     and _CALL == _TRACKER.callWithContext
+    and code_uses(context.ThreadedContextTracker.getContext, "currentContext", "getContext")
     and code_uses(context.ThreadedContextTracker.callWithContext, "currentContext", "callWithContext")
     and code_uses(context.ContextTracker.callWithContext, "contexts", "append", "pop")
     and code_uses(context.ContextTracker.getContext, "contexts", "reversed")
