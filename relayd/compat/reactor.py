@@ -9,9 +9,9 @@ C{{ILogContext: copy of the current one, "system" set to selectable.logPrefix()}
 context stack for the call: about 1.2 us per event against 0.04 us for the call itself, a few per
 cent of every request. L{quick_dispatch} gives the process's epoll reactor a C{doPoll} that pushes
 and pops the same dictionary itself: one event per keep-alive POST went from 161,000 to 149,800
-instructions per request (-6.9 %), a connection per event from 280,700 to 269,100 (-4.1 %), an MCP
-endpoint round trip from 650,600 to 633,500 (-2.6 %) (callgrind, docs/performance.md "the epoll
-reactor's event dispatch without callWithLogger").
+instructions per request (-6.9 %), on --redis from 397,200 to 382,700 (-3.7 %), a connection per
+event from 279,700 to 267,900 (-4.2 %), an MCP endpoint round trip from 650,600 to 633,500 (-2.6 %)
+(callgrind, docs/performance.md "the epoll reactor's event dispatch without callWithLogger").
 """
 
 from __future__ import annotations
