@@ -21,6 +21,7 @@ from relayd.base.clock import Timekeeper
 from relayd.base.config import ConfigError, Resolved, Setting, resolve, show_value, shown_default
 from relayd.base.reactor import IReactor, installed
 from relayd.compat import logger as compat_logger
+from relayd.compat import reactor as compat_reactor
 from relayd.logs import access, access_log, output, scrub
 from relayd.process import host
 from relayd.process.host import CollectorPolicy, increase_rlimits
@@ -241,6 +242,9 @@ class RelaydService(MultiService):
         if self.redis is not None:
             # Redis holding another relayd keyspace version: refuse to run on it (docs/deployment.md "Upgrades").
             self.redis.refused.addCallback(self.refuse)
+        # Each I/O event handled in the log context Twisted gives it, without its eight calls per event
+        # (before anything hooks the reactor's poll: the log writers below do).
+        compat_reactor.quick_dispatch(self.reactor)
         super().startService()
         # twistd's text log is in place by now (it starts after makeService).
         access.quicken_access_lines()

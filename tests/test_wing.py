@@ -26,6 +26,7 @@ from relayd.base.clock import Timekeeper
 from relayd.base.config import Resolved
 from relayd.base.metrics import REGISTRY
 from relayd.buzz.config import BuzzConfig
+from relayd.compat import reactor as compat_reactor
 from relayd.mcp.config import MCPConfig
 from relayd.process.settings import SiteSettings
 from relayd.web import metrics_listener
@@ -174,6 +175,18 @@ class FourthWing(_Wings):
             await kept.closeCachedConnections()
             await echo.stopService()
         self.assertEqual(value(parse(generate_latest(REGISTRY).decode()), "relayd_http_connections", relay="echo"), 0)
+
+    async def test_the_started_root_hands_its_reactor_to_the_fence_s_dispatch(self) -> None:
+        """The root service's start has the fence give the process's reactor its event dispatch
+        (relayd/compat/reactor.py, tested there)."""
+        handed: list[Any] = []
+        quick_dispatch = compat_reactor.quick_dispatch
+        self.patch(compat_reactor, "quick_dispatch", lambda given: handed.append(given) or quick_dispatch(given))
+        options = self.parse(["--no-aep", "--no-mcp", "--echo-listen", LOOPBACK], tap.options_for((*tap.WINGS, ECHO)))
+        root = tap.makeService(options, reactor)
+        root.startService()
+        await root.stopService()
+        self.assertEqual(handed, [reactor])
 
     def test_without_the_line_its_flag_is_unknown(self) -> None:
         self.assertRaises(usage.UsageError, self.parse, ["--echo-listen", LOOPBACK])
