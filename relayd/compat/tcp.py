@@ -14,8 +14,7 @@ import _socket
 import socket
 from typing import Any
 
-from twisted.internet import abstract, error, main, posixbase, tcp
-from twisted.python import log
+from twisted.internet import abstract, error, main, tcp
 from twisted.python.failure import Failure
 
 from relayd.compat.detect import code_uses
@@ -297,38 +296,6 @@ def quick_accept(port: Any) -> bool:
         return False
     port.socket.__class__ = _QuickAccept
     return True
-
-
-READ_AT_ONCE = code_uses(
-    getattr(posixbase, "_PollLikeMixin", None) and posixbase._PollLikeMixin._doReadOrWrite,
-    "doRead",
-    "_disconnectSelectable",
-    "_reads",
-)
-"""A poll-like reactor (epoll, poll) handles a readable socket with C{_doReadOrWrite}: its C{doRead},
-then the connection's loss if that reports one, an error logged as the reactor logs it."""
-
-
-def read_waiting(transport: Any) -> None:
-    """Read what the peer of C{transport}, a server connection just accepted, has already sent, as
-    the reactor would on its next turn (the same call, under the connection's log prefix as the
-    reactor gives it); nothing when the transport is not plain TCP on a poll-like reactor, or does
-    not read (closing, or paused).
-
-    An HTTP client speaks first, and usually its request is in the socket by the time its connection
-    is accepted (three connections in four here, sent as the AEP SDK sends one event each): read now,
-    it is answered without waiting for the poll to report the socket readable and the reactor to
-    hand it over (docs/performance.md, "Reading a new connection at once"). When nothing has come,
-    the read costs one C{recv} that would block, and the reactor reads the request when it comes.
-    """
-    if not READ_AT_ONCE or type(transport) is not tcp.Server or not transport.connected or transport.disconnecting:
-        return
-    if not isinstance(transport.reactor, posixbase._PollLikeMixin):
-        return
-    reactor: Any = transport.reactor  # (its read set and read event: READ_AT_ONCE)
-    fd = transport.fileno()
-    if fd in reactor._reads:  # (not paused)
-        log.callWithLogger(transport, reactor._doReadOrWrite, transport, fd, reactor._POLL_IN)
 
 
 def no_delay(transport: Any) -> None:

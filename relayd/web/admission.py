@@ -67,10 +67,6 @@ class Admission:
             self._turn.request()
         return True
 
-    def room(self) -> bool:
-        """Whether a newcomer would start in this turn (as L{starts_now} answers, without counting it)."""
-        return self.started < self.per_turn and not self.waiting
-
     def wait(self, newcomer: Newcomer) -> None:
         """Queue C{newcomer}: its L{Newcomer.admitted} is called on a later turn, in arrival order."""
         self.waiting.append(newcomer)

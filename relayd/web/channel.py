@@ -13,7 +13,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from relayd.base.clock import Timekeeper
-from relayd.compat.tcp import hold_writes, pause_reading, peer_host, read_waiting, release_writes, resume_reading
+from relayd.compat.tcp import hold_writes, pause_reading, peer_host, release_writes, resume_reading
 from relayd.compat.web import (
     ChannelHooks,
     between_requests,
@@ -153,11 +153,6 @@ class RelayChannel(ChannelHooks):
                     self._refuse(site.too_many_connections)
                     return
         self._start_header_clock()
-        if site is None or site.admission.room():
-            # The request is usually in the socket already: read now, it is answered without a
-            # turn. (A newcomer that could not start this turn is read on the next, as before:
-            # one of many accepted in a turn would only wait, its reading paused and resumed.)
-            read_waiting(self.transport)
 
     def dataReceived(self, data: bytes) -> None:
         if self.newcomer and self._waits(data):

@@ -4,20 +4,15 @@ watch, and the same bytes with the shortcuts off."""
 
 from __future__ import annotations
 
-import select
 import socket
 from typing import Any, Callable
 
-from twisted.internet import main, reactor, tcp
+from twisted.internet import reactor
 from twisted.internet.address import IPv4Address, UNIXAddress
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
-from twisted.internet.epollreactor import EPollReactor
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.testing import StringTransport
-from twisted.python import context
-from twisted.python.failure import Failure
-from twisted.python.log import ILogContext
 from twisted.trial.unittest import TestCase
 
 from relayd.compat import tcp as fence
@@ -382,107 +377,3 @@ class QuickAccept(LoopbackCase):
                     with sock:
                         seen = (type(sock), sock.family, sock.type, sock.proto, sock.gettimeout(), addr[0])
                         self.assertEqual(seen, (socket.socket, socket.AF_INET, socket.SOCK_STREAM, 0, None, "127.0.0.1"))
-
-
-class Reading(Protocol):
-    """Reads what is waiting once connected (as relayd's HTTP channel does), unless paused first;
-    records its reads, the log system each was handled under, and how it was lost."""
-
-    pause = False
-
-    def __init__(self) -> None:
-        self.read: list[bytes] = []
-        self.systems: list[str] = []
-        self.lost: list[str] = []
-
-    def connectionMade(self) -> None:
-        if self.pause:
-            self.transport.pauseProducing()
-        fence.read_waiting(self.transport)
-
-    def dataReceived(self, data: bytes) -> None:
-        self.read.append(data)
-        self.systems.append(context.get(ILogContext)["system"])
-
-    def connectionLost(self, reason: Any) -> None:
-        self.lost.append(type(reason.value).__name__)
-
-
-class ReadWaiting(TestCase):
-    """L{fence.read_waiting}: a connection accepted with its peer's bytes already in the socket reads
-    them within the accept, as the reactor would on its next turn. The connections here are accepted
-    as Twisted's port accepts them (its transport made, then the protocol connected) on a reactor of
-    their own that never runs unless a test turns it: what happens within the accept is all there is."""
-
-    def setUp(self) -> None:
-        self.reactor = EPollReactor()
-        self.addCleanup(self.reactor._poller.close)
-        self.listening = socket.create_server(("127.0.0.1", 0))
-        self.addCleanup(self.listening.close)
-        self.made: list[Reading] = []
-
-    def accept(
-        self, sent: bytes = b"", protocol: type[Reading] = Reading, closed: bool = False
-    ) -> tuple[socket.socket, Any]:
-        """A client that sent C{sent} (and closed, if C{closed}), all of it in the server's socket,
-        and the server's transport once accepted: a Twisted C{tcp.Server} on this test's reactor,
-        its protocol (last of L{made}) connected."""
-        client = socket.create_connection(self.listening.getsockname())
-        self.addCleanup(client.close)
-        sock, addr = self.listening.accept()
-        client.sendall(sent)
-        if closed:
-            client.close()
-        if sent or closed:
-            select.select([sock], [], [], 5)  # (in the socket, as an accept finds a prompt client's request)
-        sock.setblocking(False)
-        port = type("Port", (), {"_realPortNumber": self.listening.getsockname()[1]})()
-        self.made.append(protocol())
-        transport = tcp.Server(sock, self.made[-1], addr, port, 7, self.reactor)
-        self.addCleanup(lambda: transport.connected and transport.connectionLost(Failure(main.CONNECTION_DONE)))
-        transport.protocol.makeConnection(transport)
-        return client, transport
-
-    def test_what_was_sent_is_read_within_the_accept(self) -> None:
-        self.assertTrue(fence.READ_AT_ONCE)
-        _, transport = self.accept(b"GET / HTTP/1.1\r\n\r\n")
-        self.assertEqual(transport.protocol.read, [b"GET / HTTP/1.1\r\n\r\n"])
-        self.assertIn(transport.fileno(), self.reactor._reads)  # (still read by the reactor after)
-
-    def test_the_read_is_under_the_connections_log_prefix(self) -> None:
-        # (as the reactor hands a readable socket over: under callWithLogger, Twisted's legacy log
-        # lines, its unhandled errors' included, name the connection)
-        _, transport = self.accept(b"x")
-        self.assertEqual(transport.protocol.systems, ["Reading,7,127.0.0.1"])
-
-    def test_without_it_nothing_is_read_until_the_reactor_turns(self) -> None:
-        self.patch(fence, "READ_AT_ONCE", False)
-        _, transport = self.accept(b"GET / HTTP/1.1\r\n\r\n")
-        self.assertEqual(transport.protocol.read, [])
-        self.reactor.doIteration(0)
-        self.assertEqual(transport.protocol.read, [b"GET / HTTP/1.1\r\n\r\n"])
-
-    def test_nothing_sent_yet_is_read_when_it_comes(self) -> None:
-        client, transport = self.accept()
-        self.assertEqual((transport.protocol.read, transport.protocol.lost), ([], []))
-        client.sendall(b"late")
-        select.select([transport.socket], [], [], 5)
-        self.reactor.doIteration(0)
-        self.assertEqual(transport.protocol.read, [b"late"])
-
-    def test_a_peer_gone_before_the_accept_is_lost_within_it(self) -> None:
-        self.accept(b"bye", closed=True)
-        self.assertEqual((self.made[-1].read, self.made[-1].lost), ([b"bye"], []))  # (one read: the bytes)
-        self.reactor.doIteration(0)  # (the next: the close)
-        self.assertEqual(self.made[-1].lost, ["ConnectionDone"])
-        _, gone = self.accept(closed=True)
-        self.assertEqual(self.made[-1].lost, ["ConnectionDone"])  # (within the accept, as the reactor loses it)
-        self.assertFalse(gone.connected)
-        self.assertNotIn(gone, self.reactor.getReaders())
-
-    def test_a_paused_connection_is_not_read(self) -> None:
-        _, transport = self.accept(b"GET / HTTP/1.1\r\n\r\n", type("Paused", (Reading,), {"pause": True}))
-        self.assertEqual(transport.protocol.read, [])
-
-    def test_another_transport_is_left_alone(self) -> None:
-        fence.read_waiting(StringTransport())  # (no socket, no reactor: nothing to read, no error)

@@ -81,20 +81,6 @@ class AdmissionCounts(TestCase):
         self.assertEqual(log, [4, 5])
         self.assertTrue(self.admission.starts_now())  # (nobody waits now: a newcomer starts)
 
-    def test_room_says_what_starts_now_would_without_counting(self) -> None:
-        log: list[int] = []
-        rooms = []
-        for n in range(6):
-            rooms.append(self.admission.room())
-            self.assertEqual(self.admission.room(), rooms[-1])  # (asking counts nothing)
-            if not self.admission.starts_now():
-                self.admission.wait(_Newcomer(n, log))
-        self.assertEqual(rooms, [True, True, True, True, False, False])
-        self.clock.turn()  # 4 and 5 start: room again, nobody waiting
-        self.assertTrue(self.admission.room())
-        self.admission.wait(_Newcomer(6, log))
-        self.assertFalse(self.admission.room())  # (someone waits: a newcomer would queue behind)
-
     def test_connections_arriving_one_per_turn_arm_no_timer(self) -> None:
         # (A client opening a connection per request must not pay a timer per connection.)
         self.assertTrue(self.admission.starts_now())

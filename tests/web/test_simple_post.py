@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import re
-import select
-import socket
 
-from twisted.internet import main, reactor, tcp
-from twisted.internet.address import IPv4Address
-from twisted.internet.epollreactor import EPollReactor
-from twisted.python.failure import Failure
+from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 from twisted.web.resource import Resource
 
-from relayd.compat import tcp as tcp_fence
 from relayd.web import simple_post
 from relayd.web.answers import Answer
 from relayd.web.simple_post import SimplePost, SimplePosts, read_simple_post
@@ -215,66 +209,6 @@ class AnsweredBySite(TestCase):
         client.received = b""
         client.transport.write(b"POST /events HTTP/1.1\nHost: x\n")  # (no answer until the line ends: a hang)
         await client.wait_for(b"HTTP/1.1 400 ").addTimeout(5, reactor)
-
-
-
-class AnsweredWithinTheAccept(TestCase):
-    """A request already in the socket when its connection is accepted (the AEP SDK's: a connection
-    per event, its request sent at once) is read and answered within the accept, not on the
-    reactor's next turn (relayd/compat/tcp.py read_waiting). The connection is accepted as Twisted's
-    port accepts it, on a reactor of its own that never runs: what is answered, is answered within."""
-
-    def accepted(self, request: bytes, turn_spent: bool = False) -> socket.socket:
-        """A client that sent C{request} before its connection was accepted by a L{RelaySite}
-        (C{turn_spent}: once the site started its share of newcomers for the turn)."""
-        poll = EPollReactor()
-        self.addCleanup(poll._poller.close)
-        site = self.site = RelaySite(Leaf(), relay="test")
-        site.simple_posts[b"/events"] = lambda post: Answer(202, b"{}")
-        if turn_spent:
-            site.admission.started = site.admission.per_turn
-        listening = socket.create_server(("127.0.0.1", 0))
-        self.addCleanup(listening.close)
-        client = socket.create_connection(listening.getsockname())
-        self.addCleanup(client.close)
-        sock, addr = listening.accept()
-        client.sendall(request)
-        select.select([sock], [], [], 5)
-        sock.setblocking(False)
-        port = type("Port", (), {"_realPortNumber": listening.getsockname()[1]})()
-        transport = tcp.Server(sock, site.buildProtocol(IPv4Address("TCP", *addr)), addr, port, 1, poll)
-        self.addCleanup(lambda: transport.connected and transport.connectionLost(Failure(main.CONNECTION_DONE)))
-        transport.protocol.makeConnection(transport)
-        return client
-
-    def answered(self, client: socket.socket) -> bytes:
-        client.setblocking(False)
-        try:
-            return client.recv(65536)
-        except BlockingIOError:
-            return b""
-
-    def test_a_closing_post_is_answered_and_closed_within_the_accept(self) -> None:
-        client = self.accepted(post(b"Connection: close"))
-        answer = self.answered(client)
-        self.assertTrue(answer.startswith(b"HTTP/1.1 202 Accepted\r\n"), answer)
-        self.assertTrue(answer.endswith(b"\r\n\r\n{}"), answer)
-        self.assertEqual(self.answered(client), b"")  # (closed: the end of the stream, not "nothing yet")
-
-    def test_without_reading_at_once_nothing_is_answered_before_the_reactor_turns(self) -> None:
-        self.patch(tcp_fence, "READ_AT_ONCE", False)
-        client = self.accepted(post(b"Connection: close"))
-        with self.assertRaises(BlockingIOError):
-            client.setblocking(False)
-            client.recv(65536)
-
-    def test_a_newcomer_beyond_the_turns_share_is_read_on_a_later_turn(self) -> None:
-        # (read now, it would only be kept and wait for its turn: relayd.web.admission)
-        client = self.accepted(post(b"Connection: close"), turn_spent=True)
-        self.assertEqual(list(self.site.admission.waiting), [])  # (not read: its request left in the socket)
-        with self.assertRaises(BlockingIOError):
-            client.setblocking(False)
-            client.recv(65536)
 
 
 # read_simple_post as it checked the header block with one expression over it (each line with its
