@@ -56,7 +56,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from relayd_process import TICK, RelaydServer, _stat, raise_nofile  # noqa: E402
+from relayd_process import TICK, RelaydServer, _stat, raise_nofile, wait_listening  # noqa: E402
 
 SSE_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
             b"transfer-encoding: chunked\r\n\r\n")
@@ -148,6 +148,25 @@ def event_body(seq: int) -> bytes:
                        "data": {"message": "x" * 330}}, separators=(",", ":")).encode()
 
 
+def post_event(conn: socket.socket | None, port: int, seq: int, headers: bytes = b"") -> socket.socket:
+    """POST the C{seq}th event on C{conn} (made to C{port} when C{None}) and read its answer, sized
+    and accepted (C{201} or C{202}); the connection, kept for the next."""
+    if conn is None:
+        conn = socket.create_connection(("127.0.0.1", port))
+    body = event_body(seq)
+    conn.sendall(b"POST /events HTTP/1.1\r\nHost: localhost\r\n%bcontent-type: application/json\r\n"
+                 b"content-length: %d\r\n\r\n%b" % (headers, len(body), body))
+    got = b""
+    while b"\r\n\r\n" not in got:
+        got += conn.recv(4096)
+    head, rest = got.split(b"\r\n\r\n", 1)
+    assert head.startswith((b"HTTP/1.1 201", b"HTTP/1.1 202")), head
+    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+    while len(rest) < length:
+        rest += conn.recv(4096)
+    return conn
+
+
 class RelaydFanout:
     def __init__(self, subscribers: int, prefix: tuple[str, ...]) -> None:
         # (No heartbeat within the run: under valgrind one round to every stream would land in it.)
@@ -164,15 +183,7 @@ class RelaydFanout:
         pass
 
     def emit(self, seq: int) -> None:
-        if self.conn is None:
-            self.conn = socket.create_connection(("127.0.0.1", self.port))
-        body = event_body(seq)
-        self.conn.sendall(b"POST /events HTTP/1.1\r\nHost: localhost\r\naep-version: 0.1\r\n"
-                          b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))
-        head = b""
-        while b"\r\n\r\n" not in head:
-            head += self.conn.recv(4096)
-        assert head.startswith(b"HTTP/1.1 202"), head
+        self.conn = post_event(self.conn, self.port, seq, b"aep-version: 0.1\r\n")
 
     def stop(self) -> None:
         if self.conn is not None:
@@ -224,15 +235,7 @@ class NchanFanout:
         env = {**os.environ, "LD_PRELOAD": nodelay_shim()} if nodelay else None
         self.proc = subprocess.Popen([*prefix, "nginx", "-p", str(self.dir), "-c", str(self.dir / "nginx.conf"),
                                       "-e", str(self.dir / "error.log")], preexec_fn=raise_nofile, env=env)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)  # waiting for another process to start listening
+        wait_listening(self.port, 20)
         self.conn: socket.socket | None = None
 
     @property
@@ -243,19 +246,7 @@ class NchanFanout:
         pass
 
     def emit(self, seq: int) -> None:
-        if self.conn is None:
-            self.conn = socket.create_connection(("127.0.0.1", self.port))
-        body = event_body(seq)
-        self.conn.sendall(b"POST /events HTTP/1.1\r\nHost: localhost\r\n"
-                          b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))
-        got = b""
-        while b"\r\n\r\n" not in got:
-            got += self.conn.recv(4096)
-        head, rest = got.split(b"\r\n\r\n", 1)
-        assert head.startswith((b"HTTP/1.1 201", b"HTTP/1.1 202")), head
-        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-        while len(rest) < length:
-            rest += self.conn.recv(4096)
+        self.conn = post_event(self.conn, self.port, seq)
 
     def stop(self) -> None:
         if self.conn is not None:

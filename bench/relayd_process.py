@@ -70,6 +70,19 @@ def process_rss_kb(pid: int) -> int:
     return 0
 
 
+
+def wait_listening(port: int, seconds: float) -> None:
+    """Until a server accepts connections on loopback C{port} (raises once C{seconds} have passed)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)  # another process still starting
+
 class RelaydServer:
     """Starts relayd with C{options} and waits until each listener in C{wait_for} announced its port."""
 
@@ -141,15 +154,7 @@ class RedisProcess:
         self.proc = subprocess.Popen([*REDIS_WRAPPER, binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                                       "--appendonly", "no"], stdout=subprocess.DEVNULL)
         time.sleep(0.5)  # waiting for another process to start listening
-        deadline = time.monotonic() + 60  # (under REDIS_WRAPPER's valgrind, seconds)
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)  # still starting
+        wait_listening(self.port, 60)  # (under REDIS_WRAPPER's valgrind, seconds)
         self.url = f"redis://127.0.0.1:{self.port}/0"
 
     def cpu(self) -> float:
